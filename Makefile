@@ -1,0 +1,153 @@
+# weightbridge — top-level build.
+#
+#   make            libraries and programs into build/ (CUDA=auto|0|1)
+#   make test       installs missing deps, builds with ASan+UBSan into build/asan, runs every test
+#   make demo       installs missing deps, builds, runs the main job on a small built-in example
+#   make bench      builds the benchmarks (build/bench/)
+#   make install PREFIX=/usr/local
+#
+# Sources are found by convention, so a part never edits this file to add a file:
+#   <part>/*.c, <part>/<sub>/*.c     -> libweightbridge.a
+#   *_cuda.c, *.cu                   -> only when building with CUDA
+#   *_nocuda.c                       -> only when building without CUDA
+#   <part>/bin/<prog>.c              -> build/bin/<prog>
+#   tests/{unit,func}/<name>_test.c  -> build/tests/<name> (linked with tests/wbtest.c)
+#   bench/<name>.c                   -> build/bench/<name>
+
+PARTS   := common matcher planner quant transport agent controller
+PREFIX  ?= /usr/local
+CUDA    ?= auto
+SAN     ?= 0
+BUILD   ?= build
+
+CC      ?= cc
+CSTD    := -std=c11 -D_GNU_SOURCE
+WARN    := -Wall -Wextra -Werror -Wstrict-prototypes -Wno-missing-field-initializers
+OPT     ?= -O2 -g
+CFLAGS_ALL := $(CSTD) $(WARN) $(OPT) -MMD -MP -I. -fPIC $(CFLAGS)
+LIBS    := -lfabric -libverbs -lnng -lmsgpackc -lyaml -ljansson -lpthread -lm
+
+ifeq ($(SAN),1)
+CFLAGS_ALL += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDSAN   := -fsanitize=address,undefined
+endif
+
+# ---- CUDA: auto uses nvcc when it can be found
+NVCC_FOUND := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+ifeq ($(CUDA),auto)
+  ifneq ($(NVCC_FOUND),)
+    override CUDA := 1
+  else
+    override CUDA := 0
+  endif
+endif
+ifeq ($(CUDA),1)
+  NVCC     ?= $(if $(NVCC_FOUND),$(NVCC_FOUND),nvcc)
+  CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+  NVFLAGS  := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+              -Xcompiler -fPIC,-Wall -I. -MMD -MP
+  CFLAGS_ALL += -I$(CUDA_HOME)/include
+  LIBS     += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+  CUDA_EXCL := %_nocuda.c
+else
+  CUDA_EXCL := %_cuda.c
+endif
+
+LIB_C   := $(filter-out %_test.c $(CUDA_EXCL),$(foreach p,$(PARTS),$(wildcard $(p)/*.c) \
+             $(filter-out $(p)/bin/%,$(wildcard $(p)/*/*.c))))
+LIB_CU  := $(if $(filter 1,$(CUDA)),$(foreach p,$(PARTS),$(wildcard $(p)/*.cu $(p)/*/*.cu)))
+PROG_C  := $(foreach p,$(PARTS),$(wildcard $(p)/bin/*.c))
+TEST_C  := $(wildcard tests/unit/*_test.c tests/func/*_test.c)
+BENCH_C := $(wildcard bench/*.c)
+
+# Objects depend on the build's configuration, so switching CUDA/SAN/OPT rebuilds everything.
+CONFIG_ID := cuda=$(CUDA) san=$(SAN) opt=$(OPT) cflags=$(CFLAGS)
+CONFIG    := $(BUILD)/config
+$(shell mkdir -p $(BUILD) && (echo '$(CONFIG_ID)' | cmp -s - $(CONFIG) || echo '$(CONFIG_ID)' > $(CONFIG)))
+
+OBJ     := $(BUILD)/obj
+LIB     := $(BUILD)/lib/libweightbridge.a
+LIB_O   := $(LIB_C:%.c=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu.o)
+PROGS   := $(foreach f,$(PROG_C),$(BUILD)/bin/$(basename $(notdir $(f))))
+TESTS   := $(foreach f,$(TEST_C),$(BUILD)/tests/$(patsubst %_test.c,%,$(notdir $(f))))
+BENCHES := $(foreach f,$(BENCH_C),$(BUILD)/bench/$(basename $(notdir $(f))))
+HEADERS := $(foreach p,$(PARTS),$(wildcard $(p)/$(p).h))
+
+.PHONY: all lib progs test tests bench demo deps install clean format check-format
+.DEFAULT_GOAL := all
+
+all: lib progs
+
+lib: $(LIB)
+progs: $(PROGS)
+tests: $(TESTS)
+bench: $(BENCHES)
+
+deps:
+	@scripts/deps.sh
+
+$(OBJ)/%.o: %.c $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(OBJ)/%.cu.o: %.cu $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_O)
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	ar rcs $@ $^
+
+# Programs: <part>/bin/<prog>.c
+define prog_rule
+$(BUILD)/bin/$(basename $(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB)
+	@mkdir -p $$(dir $$@)
+	$(CC) $(LDSAN) -o $$@ $$^ $(LIBS)
+endef
+$(foreach f,$(PROG_C),$(eval $(call prog_rule,$(f))))
+
+define test_rule
+$(BUILD)/tests/$(patsubst %_test.c,%,$(notdir $(1))): $(OBJ)/$(1:.c=.o) $(OBJ)/tests/wbtest.o $(LIB)
+	@mkdir -p $$(dir $$@)
+	$(CC) $(LDSAN) -o $$@ $$^ $(LIBS)
+endef
+$(foreach f,$(TEST_C),$(eval $(call test_rule,$(f))))
+
+define bench_rule
+$(BUILD)/bench/$(basename $(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB)
+	@mkdir -p $$(dir $$@)
+	$(CC) $(LDSAN) -o $$@ $$^ $(LIBS)
+endef
+$(foreach f,$(BENCH_C),$(eval $(call bench_rule,$(f))))
+
+# The test build: sanitizers on, its own directory so it never mixes with the release objects.
+# ASAN_OPTIONS: CUDA's runtime maps memory where ASan keeps its shadow gap; leak checking stays on.
+test: deps
+	@$(MAKE) --no-print-directory SAN=1 BUILD=$(BUILD)/asan OPT="-O1 -g" tests progs
+	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=0 \
+	  UBSAN_OPTIONS=print_stacktrace=1 WB_BIN=$(BUILD)/asan/bin \
+	  tests/run.sh $(BUILD)/asan/tests
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/demo.sh $(BUILD)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/weightbridge
+	$(if $(PROGS),install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/)
+	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 $(HEADERS) $(DESTDIR)$(PREFIX)/include/weightbridge/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LIBS)|' scripts/weightbridge.pc.in \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/weightbridge.pc
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
+
+check-format:
+	@clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h' '*.cu')
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(LIB_O:.o=.d) $(PROG_C:%.c=$(OBJ)/%.d) $(TEST_C:%.c=$(OBJ)/%.d) $(BENCH_C:%.c=$(OBJ)/%.d) $(OBJ)/tests/wbtest.d

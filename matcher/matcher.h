@@ -1,0 +1,135 @@
+/* matcher.h — the one public header of matcher/: parameter inventories, model-rule YAML, and
+ * the match that decides, once per job, how every rollout tensor is built from trainer tensors.
+ *
+ * The planner consumes struct wb_match: a list of mappings, each "rollout tensor <- ordered
+ * components (trainer tensor, box within it, box in the rollout tensor), transform, dtypes",
+ * plus how the rollout tensor is sharded over a replica's GPUs (TP along a dim, per component
+ * for fused tensors, EP over experts, or replicated).
+ *
+ * All tensors here are *global* (unsharded) tensors named as each side names them: trainer
+ * side Hugging Face names, rollout side vLLM names. Shards held by trainer ranks (FSDP/EP/PP)
+ * are the planner's business; shards held by rollout ranks are described by wb_shard below.
+ */
+#ifndef WB_MATCHER_H
+#define WB_MATCHER_H
+
+#include "common/common.h"
+
+/* ---------------------------------------------------------------- inventories */
+
+struct wb_param {
+    char name[WB_NAME_MAX];
+    enum wb_dtype dtype;
+    struct wb_shape shape;
+};
+
+/* A list of parameters with a name index. */
+struct wb_inventory {
+    struct wb_param *p;
+    size_t n, cap;
+    struct wb_inv_index *index; /* private hash index (matcher/) */
+};
+
+void wb_inv_init(struct wb_inventory *inv);
+void wb_inv_free(struct wb_inventory *inv);
+/* Appends a parameter; -EEXIST for a duplicate name, -EINVAL for a bad dtype/shape. */
+int wb_inv_add(struct wb_inventory *inv, const char *name, enum wb_dtype dt,
+               const struct wb_shape *shape);
+/* Index of a name, or -1. */
+ssize_t wb_inv_find(const struct wb_inventory *inv, const char *name);
+
+/* Loads an inventory file (YAML or JSON): a mapping name -> {dtype: bf16, shape: [a, b]}
+ * (or name -> [dtype, [a, b]]). Errors name file:line:col (YAML) and the tensor. */
+int wb_inv_load_file(const char *path, struct wb_inventory *inv, struct wb_errlist *el);
+
+/* Generates an inventory from a Hugging Face config.json and a model-family YAML whose entries
+ * are name templates with shapes written as arithmetic over config fields. `side` selects the
+ * family file's "trainer" or "rollout" section. */
+int wb_inv_generate(const char *family_yaml, const char *config_json, const char *side,
+                    struct wb_inventory *inv, struct wb_errlist *el);
+
+/* ---------------------------------------------------------------- rules and matching */
+
+/* Model rules loaded from configs/models/<family>.yaml (opaque). */
+struct wb_match_rules;
+
+int wb_match_rules_load(const char *path, struct wb_match_rules **out, struct wb_errlist *el);
+void wb_match_rules_free(struct wb_match_rules *r);
+
+/* What the trainer agent does to the components before writing. */
+enum wb_xform {
+    WB_XFORM_COPY = 0,  /* same dtype: bytes move as they are */
+    WB_XFORM_CAST,      /* dtype conversion (BF16<->FP16<->FP32) */
+    WB_XFORM_FP8_BLOCK, /* FP8 E4M3 128x128 block quantization + FP32 scale_inv tensor */
+};
+
+/* How a rollout tensor is split over the GPUs of one replica. */
+enum wb_shard_kind {
+    WB_SHARD_REPLICATE = 0, /* every rank holds the whole tensor */
+    WB_SHARD_TP,            /* split along `dim` over tp ranks (per component when fused) */
+    WB_SHARD_EP,            /* split along dim 0 (experts) over ep ranks */
+};
+
+struct wb_shard {
+    enum wb_shard_kind kind;
+    uint32_t dim;
+};
+
+/* One trainer tensor's contribution to a rollout tensor. */
+struct wb_component {
+    uint32_t trainer;  /* index into the trainer inventory */
+    struct wb_box src; /* box within the trainer tensor (usually all of it) */
+    struct wb_box dst; /* box within the rollout tensor (same extents, up to stacking: a
+                          stacked component has dst.ndim == src.ndim + 1 with ext[0] == 1) */
+    /* Heads in this component along the TP dim when the rule gives them (GQA k/v), else 0.
+     * A component with fewer heads than TP ranks is replicated: rank r holds head
+     * r * heads / tp. */
+    uint32_t heads;
+};
+
+struct wb_mapping {
+    uint32_t rollout; /* index of the rollout value tensor */
+    int32_t scale;    /* index of the rollout scale tensor (FP8), or -1 */
+    enum wb_xform xform;
+    enum wb_dtype src_dtype, dst_dtype;
+    struct wb_shard shard;
+    uint32_t ncomp;
+    struct wb_component *comp; /* ordered along the fused/stacked dim */
+    uint32_t rule_line;        /* line of the rule that produced it, for messages */
+};
+
+/* The match result. Owns its mappings; refers to the two inventories by index. */
+struct wb_match {
+    struct wb_mapping *map;
+    size_t n;
+    size_t nignored; /* trainer tensors declared ignorable and left out */
+};
+
+/* Matches trainer against rollout parameters by the rules. Every problem found is appended to
+ * el (all of them, not only the first), each naming the tensor(s), the rule (file:line) and
+ * the shapes involved; the return is then -WB_E_MATCH and *out is untouched. */
+int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *trainer,
+                 const struct wb_inventory *rollout, struct wb_match **out,
+                 struct wb_errlist *el);
+void wb_match_free(struct wb_match *m);
+
+/* ---------------------------------------------------------------- rollout sharding */
+
+/* One piece of a rollout rank's local tensor: the box of the global rollout tensor it holds
+ * and where that lands in the rank's local tensor. */
+struct wb_local_piece {
+    struct wb_box global;
+    struct wb_box local;
+};
+
+/* The local shape rank (tp_rank of tp, ep_rank of ep) holds of mapping m's rollout tensor, and
+ * its pieces (at most WB_MAX_PIECES: one per component when sharded per component).
+ * Returns -WB_E_PLAN with a message in el when the split is impossible (dimension not
+ * divisible, quant blocks cut by a shard edge). */
+enum { WB_MAX_PIECES = 16 };
+int wb_mapping_local(const struct wb_match *mt, const struct wb_inventory *rollout,
+                     const struct wb_mapping *m, uint32_t tp_rank, uint32_t tp,
+                     uint32_t ep_rank, uint32_t ep, struct wb_shape *local_shape,
+                     struct wb_local_piece *pieces, uint32_t *npieces, struct wb_errlist *el);
+
+#endif /* WB_MATCHER_H */

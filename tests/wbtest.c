@@ -1,0 +1,161 @@
+/* wbtest.c — main() of every test binary: runs the wb_tests[] table, each test in a forked
+ * child with a time limit, and prints one line per test and the closing tally. */
+#define _GNU_SOURCE
+#include "wbtest.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { EXIT_SKIP = 77 };
+
+static char tmpdir[256];
+
+_Noreturn void wb_test_fail(const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "    %s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(NULL);
+    _exit(1);
+}
+
+_Noreturn void wb_test_skip(const char *fmt, ...)
+{
+    va_list ap;
+    printf("skipped: ");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(NULL);
+    _exit(EXIT_SKIP);
+}
+
+const char *wb_test_tmpdir(void)
+{
+    if (!tmpdir[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(tmpdir, sizeof(tmpdir), "%s/wbtest.XXXXXX", base && *base ? base : "/tmp");
+        if (!mkdtemp(tmpdir))
+            wb_test_fail(__FILE__, __LINE__, "mkdtemp: %s", strerror(errno));
+    }
+    return tmpdir;
+}
+
+const char *wb_test_write_file(const char *name, const char *text)
+{
+    static char path[512];
+    snprintf(path, sizeof(path), "%s/%s", wb_test_tmpdir(), name);
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0)
+        wb_test_fail(__FILE__, __LINE__, "cannot write %s", path);
+    return path;
+}
+
+static void remove_tmpdir(void)
+{
+    if (tmpdir[0]) {
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "    warning: could not remove %s\n", tmpdir);
+    }
+}
+
+static bool selected(const char *name, int argc, char **argv)
+{
+    if (argc <= 1)
+        return true;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], name) == 0)
+            return true;
+    return false;
+}
+
+/* 0 pass, 1 fail, EXIT_SKIP skip. */
+static int run_one(const struct wb_test *t)
+{
+    if (getenv("WB_TEST_NOFORK")) {
+        t->fn();
+        return 0;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "    fork: %s\n", strerror(errno));
+        return 1;
+    }
+    if (pid == 0) {
+        setpgid(0, 0); /* the test and whatever it forks form one group we can kill */
+        t->fn();
+        remove_tmpdir();
+        fflush(NULL);
+        exit(0);
+    }
+    setpgid(pid, pid);
+    unsigned limit = t->seconds ? t->seconds : 60;
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) {
+            kill(-pid, SIGKILL); /* leftovers of the test's own children */
+            if (WIFEXITED(st))
+                return WEXITSTATUS(st) == 0 ? 0 : WEXITSTATUS(st) == EXIT_SKIP ? EXIT_SKIP : 1;
+            fprintf(stderr, "    killed by signal %d (%s)\n", WTERMSIG(st),
+                    strsignal(WTERMSIG(st)));
+            return 1;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - start.tv_sec >= (time_t)limit) {
+            kill(-pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            fprintf(stderr, "    timed out after %u s\n", limit);
+            return 1;
+        }
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int passed = 0, failed = 0, skipped = 0;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc > 1 && strcmp(argv[1], "-l") == 0) {
+        for (const struct wb_test *t = wb_tests; t->name; t++)
+            puts(t->name);
+        return 0;
+    }
+    const char *prog = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
+    for (const struct wb_test *t = wb_tests; t->name; t++) {
+        if (!selected(t->name, argc, argv))
+            continue;
+        printf("%s %s ...\n", prog, t->name);
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        int r = run_one(t);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+        const char *word = r == 0 ? "ok" : r == EXIT_SKIP ? "SKIP" : "FAIL";
+        printf("%s %s %s (%.0f ms)\n", word, prog, t->name, ms);
+        if (r == 0)
+            passed++;
+        else if (r == EXIT_SKIP)
+            skipped++;
+        else
+            failed++;
+    }
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    return failed ? 1 : 0;
+}

@@ -134,6 +134,17 @@ int wb_trainer_owners(const struct wb_trainer_layout *tl, const struct wb_invent
                       uint32_t tensor, struct wb_owner **owners, uint32_t *n,
                       struct wb_errlist *el);
 
+/* Every trainer tensor's placement, computed once (owner sets are enumerated on demand).
+ * `used` (may be NULL: all) limits the tensors that must match a rule. Problems are appended
+ * to el, each naming the tensor or the rule's file:line (at most 20, then a count). */
+struct wb_placement_map;
+int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_inventory *trainer,
+                           const bool *used, struct wb_placement_map **out, struct wb_errlist *el);
+/* Owners of one tensor, as wb_trainer_owners(). -EINVAL for a tensor the map did not place. */
+int wb_placement_owners(const struct wb_placement_map *pm, uint32_t tensor,
+                        struct wb_owner **owners, uint32_t *n);
+void wb_placement_map_free(struct wb_placement_map *pm);
+
 /* Layout checks that need no inventory (world size = product of mesh dims, divisibility of
  * GPUs per node, replicas x GPUs per replica, tp/ep dividing a replica ...). */
 int wb_layout_check(const struct wb_trainer_layout *tl, const struct wb_rollout_layout *rl,
@@ -190,23 +201,26 @@ struct wb_rt_gather {
     uint64_t bytes_in;      /* bytes this rank receives (full - own) */
 };
 
-/* Partial-amax exchange for FP8 blocks that straddle two owners. Both sides carry the mirror
- * op. The executor computes the partial amax (max |x| in FP32) over the elements of `region`
- * (tensor coordinates; stored at `src` laid out as region's extents) inside each block of
- * `blocks` (block-grid coordinates of the trainer tensor: 128x128 over the last two dims, 1
- * along leading dims), writes the FP32 array (blocks' extents, row-major) into `peer`'s amax
- * inbox at peer_inbox_off with immediate `tag`, waits for the peer's array in its own inbox at
- * inbox_off (same tag, sent by the peer), and stores max(existing, peer's) into the task's
- * amax grid at TMP amax_off (laid out as the QUANT op's grid, see wb_rt_quant). */
+/* Partial-amax exchange for FP8 blocks that straddle owners. Both sides carry the mirror op
+ * (same tag, same blocks). The executor computes its partial amax (max |x| in FP32, 0 where it
+ * holds no element of a block) over `region` (a box of the trainer tensor, tensor coordinates;
+ * its data is src_box of the view `src`) for each block of `blocks` (block-grid coordinates of
+ * the trainer tensor: 128x128 over the last two dims, 1 along leading dims), writes that FP32
+ * array (blocks' extents, row-major) into `peer`'s amax inbox at peer_inbox_off with
+ * immediate `tag`, waits for the peer's array in its own inbox at inbox_off (the peer sends
+ * with the same tag), and for the blocks of `blocks` inside `grid` stores max(grid value,
+ * peer's) into the task's amax grid at TMP amax_off (FP32, grid's extents, row-major; the
+ * executor zeroes it when the task starts). grid is the QUANT op's grid. */
 struct wb_rt_amax {
     uint32_t peer;
     uint32_t tag;
     struct wb_rt_view src;
+    struct wb_box src_box;
     struct wb_box region;
     struct wb_box blocks;
     uint64_t peer_inbox_off, inbox_off;
-    uint64_t amax_off;  /* TMP: the grid, zeroed by the executor when the task starts */
-    struct wb_box grid; /* the QUANT op's grid box (block coordinates), to index amax_off */
+    uint64_t amax_off;
+    struct wb_box grid;
 };
 
 /* Box copy: src_box of src goes to dst_box of dst (equal extents; a stacked destination may
@@ -217,13 +231,15 @@ struct wb_rt_copy {
 };
 
 /* FP8 block quantization of `region` (a box of the trainer tensor op.tensor, tensor
- * coordinates; its data at `src` laid out as region's extents). Blocks are 128x128 over the
- * last two dims from the tensor origin. grid = the blocks region touches (block coordinates).
- * For each block: amax = max(max |x| over region ∩ block, amax grid value at amax_off when
- * amax_off != WB_RT_NONE, 1e-4); values e4m3fn(x * 448/amax) go to `dst` (FP8, region's
- * extents); scale_inv = amax/448 to TMP scale_off (FP32, grid's extents, row-major). */
+ * coordinates; its data is src_box of the view `src`, same extents). Blocks are 128x128 over
+ * the last two dims from the tensor origin (1 along leading dims); grid = the blocks region
+ * touches (block coordinates). For each block: amax = max(max |x| over region ∩ block, the
+ * amax grid value at TMP amax_off when amax_off != WB_RT_NONE, 1e-4); values
+ * e4m3fn(float(x) * (448 / amax)) go to the view `dst` (FP8, region's extents, starting at its
+ * element 0); scale_inv = amax / 448 to TMP scale_off (FP32, grid's extents, row-major). */
 struct wb_rt_quant {
     struct wb_rt_view src, dst;
+    struct wb_box src_box;
     struct wb_box region;
     struct wb_box grid;
     uint64_t scale_off;
@@ -396,6 +412,13 @@ struct wb_plan {
 int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts,
                   struct wb_plan **out, struct wb_errlist *el);
 void wb_plan_free(struct wb_plan *p);
+
+/* Checks a plan against its input: every destination byte written exactly once and inside its
+ * local tensor; every write's source bytes held by the writing rank (its shard, an H2D copy of
+ * it, a gather, or an op output derived from those) and mapping to the same tensor elements as
+ * its destination; mesh groups disjoint; gathers in the same order on every mesh member;
+ * amax ops mirrored. Returns 0, or -WB_E_PLAN with the violations (at most 20) in el. */
+int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el);
 
 /* Prints the summary (tensors, bytes, phases, entries, writes, per-sender/per-receiver
  * min/mean/max, imbalance vs lower bound and vs the reference greedy). */

@@ -1,6 +1,5 @@
 /* wbtest.c — main() of every test binary: runs the wb_tests[] table, each test in a forked
  * child with a time limit, and prints one line per test and the closing tally. */
-#define _GNU_SOURCE
 #include "wbtest.h"
 
 #include <errno.h>

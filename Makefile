@@ -137,7 +137,7 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/weightbridge
 	$(if $(PROGS),install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/)
 	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 $(HEADERS) $(DESTDIR)$(PREFIX)/include/weightbridge/
+	for h in $(HEADERS); do install -D -m 644 $$h $(DESTDIR)$(PREFIX)/include/weightbridge/$$h; done
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LIBS)|' scripts/weightbridge.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/weightbridge.pc
 

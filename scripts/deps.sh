@@ -16,9 +16,7 @@ probe() {
 }
 # iproute2 only serves the network-namespace tests, which skip without it.
 if probe && command -v python3 >/dev/null; then
-    command -v ip >/dev/null || [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null ||
-        apt-get install -y -q iproute2 >/dev/null 2>&1 ||
-        echo "deps: iproute2 not installable here; network-namespace tests will skip"
+    command -v ip >/dev/null || echo "deps: no iproute2 here; network-namespace tests will skip"
     exit 0
 fi
 missing=()

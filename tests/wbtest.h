@@ -15,6 +15,7 @@
 
 #include <inttypes.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -35,6 +36,10 @@ _Noreturn void wb_test_skip(const char *fmt, ...) __attribute__((format(printf, 
 const char *wb_test_tmpdir(void);
 /* Writes text to <tmpdir>/<name> and returns the path (valid until the test ends). */
 const char *wb_test_write_file(const char *name, const char *text);
+
+/* Runs fn(arg) in a forked child with its stdout and stderr captured into out (NUL-terminated,
+ * truncated to cap-1 bytes); returns the child's exit status (fn returning = 0), or 128+signal. */
+int wb_test_capture(void (*fn)(void *), void *arg, char *out, size_t cap);
 
 #define CHECK(c)                                                                                   \
     do {                                                                                           \

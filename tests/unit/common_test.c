@@ -6,8 +6,6 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 static void test_dtypes(void)
 {
@@ -93,35 +91,23 @@ static void test_errlist(void)
     CHECK(el.msgs == NULL);
 }
 
-/* Runs `wb_log` in a child with WB_LOG set and returns what it wrote to stderr. */
+static void emit_logs(void *level_env)
+{
+    if (level_env)
+        setenv("WB_LOG", level_env, 1);
+    else
+        unsetenv("WB_LOG");
+    wb_log(WB_LOG_DEBUG, "planner", "debug %d", 1);
+    wb_log(WB_LOG_INFO, "agent", "info %s", "x");
+    wb_log(WB_LOG_WARN, "transport", "warn");
+    wb_log(WB_LOG_ERROR, "controller", "rank %d died", 3);
+}
+
+/* What wb_log writes, in a fresh process (the level is read once per process). */
 static const char *log_output(const char *level_env)
 {
     static char out[1024];
-    int fds[2];
-    CHECK_INT(pipe(fds), 0);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        dup2(fds[1], 2);
-        if (level_env)
-            setenv("WB_LOG", level_env, 1);
-        else
-            unsetenv("WB_LOG");
-        wb_log(WB_LOG_DEBUG, "planner", "debug %d", 1);
-        wb_log(WB_LOG_INFO, "agent", "info %s", "x");
-        wb_log(WB_LOG_WARN, "transport", "warn");
-        wb_log(WB_LOG_ERROR, "controller", "rank %d died", 3);
-        _exit(0);
-    }
-    close(fds[1]);
-    size_t n = 0;
-    ssize_t r;
-    while ((r = read(fds[0], out + n, sizeof(out) - 1 - n)) > 0)
-        n += (size_t)r;
-    out[n] = 0;
-    close(fds[0]);
-    int st;
-    waitpid(pid, &st, 0);
+    CHECK_INT(wb_test_capture(emit_logs, (void *)level_env, out, sizeof(out)), 0);
     return out;
 }
 

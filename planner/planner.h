@@ -413,6 +413,9 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
                   struct wb_plan **out, struct wb_errlist *el);
 void wb_plan_free(struct wb_plan *p);
 
+/* One line per phase, task, op and write (names from `in`, which may be NULL). */
+void wb_route_table_print(const struct wb_route_table *t, const struct wb_plan_input *in, FILE *f);
+
 /* Checks a plan against its input: every destination byte written exactly once and inside its
  * local tensor; every write's source bytes held by the writing rank (its shard, an H2D copy of
  * it, a gather, or an op output derived from those) and mapping to the same tensor elements as

@@ -470,7 +470,7 @@ static int eval(struct ectx *x, int32_t i, int64_t *out)
                      name);
             return -EINVAL;
         }
-        if ((r = eval(x, n->a, &a)))
+        if ((r = eval(x, n->b, &a))) /* a is the list name */
             return r;
         *out = 0;
         for (size_t k = 0; k < v->nlist; k++)

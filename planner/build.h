@@ -40,10 +40,34 @@ struct subpiece {
     struct wb_box S, D;
 };
 
-/* What one rank writes for an item: component ci, trainer box S -> rollout rank g, box D. */
+/* What one rank writes for an item: units [u0, u1) of subpiece `sub`'s intersection with
+ * shard k (k == UINT32_MAX: the whole subpiece, gather mode) to rollout rank g. The boxes are
+ * recomputed when needed (asg_boxes) instead of stored: there are millions. */
 struct assign {
-    uint32_t rank, g, ci;
+    uint32_t rank, g, ci, sub, k, u0, u1;
+};
+
+/* An assignment's trainer box S and rollout local box D. */
+struct sd {
     struct wb_box S, D;
+};
+
+/* Per item and component: the tensor, its placement and shard boxes. */
+struct icomp {
+    uint32_t t, nk;
+    const struct tplace *tp;
+    const struct wb_shape *sh;
+    uint32_t b0;  /* shard boxes at ctx.ibox[b0 .. b0+nk), set ids at ctx.iset[b0 ..] */
+    bool aligned; /* every shard edge on a 128 block edge (FP8 never straddles) */
+};
+
+/* One (subpiece, shard) demand of the current local-rank group, shared by all replicas. */
+struct dem {
+    uint32_t sub, k, nu, dim;
+    uint64_t gran, bytes;
+    int64_t set;
+    struct wb_box X;
+    bool straddle;
 };
 
 /* An amax exchange between two owners of one component (both directions). */
@@ -57,6 +81,7 @@ struct xchg {
 /* Per trainer rank output under construction. */
 struct rank_out {
     struct vec tasks, ops, writes, peers, amax;
+    struct intern boxes, shapes;
     uint64_t inbox;
     uint64_t send, gather_in, h2d;
 };
@@ -85,13 +110,16 @@ struct plan_ctx {
     uint64_t pieces_by_mode[4];
     uint64_t gathers, amax_ops;
     /* scratch */
-    struct vec sub, asg, xc;
+    struct vec sub, asg, xc, icomp, ibox, iset, dem, sd;
     size_t demand_cursor;
 };
 
 /* plan.c helpers used by emit.c */
 const struct wb_mapping *ctx_map(const struct plan_ctx *c, uint32_t m);
 const struct wb_component *item_comp(const struct plan_ctx *c, const struct item *it, uint32_t ci);
+/* Rank r's shard and replica index of trainer tensor t; false when r is not an owner. */
+bool rank_shard(const struct plan_ctx *c, uint32_t t, uint32_t r, uint32_t *shard,
+                uint32_t *replica);
 /* Rank r's box of trainer tensor t; false when r is not in the owner set. */
 bool rank_box(const struct plan_ctx *c, uint32_t t, uint32_t r, struct wb_box *box, uint32_t *shard,
               uint32_t *replica);
@@ -109,6 +137,12 @@ struct wb_box map_to_dst(const struct wb_box *S, const struct wb_box *D, const s
 uint64_t dst_bytes(const struct wb_mapping *m, const struct wb_box *S);
 /* Blocks whose origin element lies in S. */
 struct wb_box origin_blocks(const struct wb_box *S);
+
+/* Prepares c->icomp/ibox/iset for an item. */
+int item_comps_prepare(struct plan_ctx *c, const struct item *it);
+/* The boxes of an assignment. */
+void asg_boxes(const struct plan_ctx *c, const struct item *it, const struct assign *a,
+               struct sd *out);
 
 /* emit.c: builds the tasks of one item from its assignments (c->asg). */
 int emit_item(struct plan_ctx *c, uint32_t item_index);

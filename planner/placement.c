@@ -50,6 +50,96 @@ void *vec_push(struct vec *v, const void *e)
     return dst;
 }
 
+/* ---------------------------------------------------------------- interning */
+
+void intern_init(struct intern *in, size_t elem)
+{
+    memset(in, 0, sizeof(*in));
+    vec_init(&in->v, elem);
+}
+
+void intern_free(struct intern *in)
+{
+    vec_free(&in->v);
+    free(in->hash);
+    memset(in, 0, sizeof(*in));
+}
+
+static uint64_t hash_bytes(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        if (w) { /* unused dims are zero: skipping them keeps boxes cheap to hash */
+            h = (h ^ w ^ i) * 0xff51afd7ed558ccdull;
+            h ^= h >> 32;
+        }
+    }
+    for (; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h ^ (h >> 29);
+}
+
+static uint32_t intern_bytes(struct intern *in, const void *val)
+{
+    size_t elem = in->v.elem;
+    if (in->v.n * 2 >= in->cap) {
+        size_t cap = in->cap ? in->cap * 2 : 64;
+        uint32_t *h = calloc(cap, sizeof(uint32_t));
+        if (!h) {
+            in->err = -ENOMEM;
+            return 0;
+        }
+        for (size_t i = 0; i < in->v.n; i++) {
+            size_t j = hash_bytes((char *)in->v.p + i * elem, elem) & (cap - 1);
+            while (h[j])
+                j = (j + 1) & (cap - 1);
+            h[j] = (uint32_t)i + 1;
+        }
+        free(in->hash);
+        in->hash = h;
+        in->cap = cap;
+    }
+    size_t j = hash_bytes(val, elem) & (in->cap - 1);
+    while (in->hash[j]) {
+        if (memcmp((char *)in->v.p + (in->hash[j] - 1) * elem, val, elem) == 0)
+            return in->hash[j] - 1;
+        j = (j + 1) & (in->cap - 1);
+    }
+    if (!vec_push(&in->v, val)) {
+        in->err = -ENOMEM;
+        return 0;
+    }
+    in->hash[j] = (uint32_t)in->v.n;
+    return (uint32_t)in->v.n - 1;
+}
+
+uint32_t intern_box(struct intern *in, const struct wb_box *b)
+{
+    /* the hash below reads the whole struct; unused dims are zero */
+    struct wb_box c; /* canonical: unused dims zero */
+    memset(&c, 0, sizeof(c));
+    c.ndim = b->ndim;
+    for (uint32_t d = 0; d < b->ndim && d < WB_MAX_DIMS; d++) {
+        c.off[d] = b->off[d];
+        c.ext[d] = b->ext[d];
+    }
+    return intern_bytes(in, &c);
+}
+
+uint32_t intern_shape(struct intern *in, const struct wb_shape *s)
+{
+    struct wb_shape c;
+    memset(&c, 0, sizeof(c));
+    c.ndim = s->ndim;
+    for (uint32_t d = 0; d < s->ndim && d < WB_MAX_DIMS; d++)
+        c.dim[d] = s->dim[d];
+    return intern_bytes(in, &c);
+}
+
 /* ---------------------------------------------------------------- block grids */
 
 struct wb_box box_blocks(const struct wb_box *b)

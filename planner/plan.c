@@ -25,23 +25,39 @@ const struct wb_component *item_comp(const struct plan_ctx *c, const struct item
     return &ctx_map(c, it->mapping)->comp[*VEC_AT(&c->item_comps, uint32_t, it->c0 + ci)];
 }
 
-bool rank_box(const struct plan_ctx *c, uint32_t t, uint32_t r, struct wb_box *box, uint32_t *shard,
-              uint32_t *replica)
+bool rank_shard(const struct plan_ctx *c, uint32_t t, uint32_t r, uint32_t *shard,
+                uint32_t *replica)
 {
     const struct wb_placement_map *pm = c->pm;
     const struct tplace *tp = &pm->place[t];
     const struct wb_trainer_layout *tl = pm->tl;
-    uint32_t idx = 0;
+    const struct wb_place_rule *rule = &tl->rules[tp->rule];
+    uint32_t s = 0, q = 0;
     for (uint32_t d = 0; d < tl->ndims; d++) {
         uint32_t coord = (r / pm->stride[d]) % tl->dim[d].size;
         if (tp->sel[d] >= 0) {
             if ((int32_t)coord != tp->sel[d])
                 return false;
-            continue;
+        } else if (rule->place[d].kind == WB_PLACE_SHARD) {
+            s = s * tl->dim[d].size + coord;
+        } else {
+            q = q * tl->dim[d].size + coord;
         }
-        idx = idx * tl->dim[d].size + coord;
     }
-    place_rank(pm, tp, &c->in->trainer->p[t].shape, idx, box, shard, replica);
+    *shard = s;
+    *replica = q;
+    return true;
+}
+
+bool rank_box(const struct plan_ctx *c, uint32_t t, uint32_t r, struct wb_box *box, uint32_t *shard,
+              uint32_t *replica)
+{
+    uint32_t s, q;
+    if (!rank_shard(c, t, r, &s, &q))
+        return false;
+    *box = place_shard_box(c->pm, &c->pm->place[t], &c->in->trainer->p[t].shape, s);
+    *shard = s;
+    *replica = q;
     return true;
 }
 
@@ -394,6 +410,9 @@ int item_subpieces(struct plan_ctx *c, const struct item *it)
             for (uint32_t ci = 0; ci < it->nc; ci++) {
                 const struct wb_component *cp = item_comp(c, it, ci);
                 struct wb_box I;
+                if (cp->dst.ndim && (cp->dst.off[0] >= pc->global.off[0] + pc->global.ext[0] ||
+                                     pc->global.off[0] >= cp->dst.off[0] + cp->dst.ext[0]))
+                    continue; /* quick reject along dim 0 (experts, fused rows) */
                 if (!wb_box_intersect(&pc->global, &cp->dst, &I))
                     continue;
                 struct subpiece sp = {.l = l, .ci = ci};
@@ -431,54 +450,77 @@ static bool straddles(const struct wb_box *X, const struct wb_box *B, const stru
     return !wb_box_contains(B, &e);
 }
 
-/* Candidate sets of an item: [ci * nshards_max + k]; mesh set for gather items. */
-struct setcache {
-    int64_t *id;
-    uint32_t stride;
-    int64_t mesh_set;
-};
-
-static int item_sets(struct plan_ctx *c, const struct item *it, struct setcache *sc)
+int item_comps_prepare(struct plan_ctx *c, const struct item *it)
 {
-    uint32_t maxs = 1;
+    c->icomp.n = c->ibox.n = c->iset.n = 0;
     for (uint32_t ci = 0; ci < it->nc; ci++) {
-        uint32_t s = place_nshards(c->pm, &c->pm->place[item_comp(c, it, ci)->trainer]);
-        if (s > maxs)
-            maxs = s;
+        struct icomp ic = {.t = item_comp(c, it, ci)->trainer};
+        ic.tp = &c->pm->place[ic.t];
+        ic.sh = &c->in->trainer->p[ic.t].shape;
+        ic.nk = place_nshards(c->pm, ic.tp);
+        ic.b0 = (uint32_t)c->ibox.n;
+        ic.aligned = true;
+        if (vec_reserve(&c->ibox, ic.nk) || vec_reserve(&c->iset, ic.nk))
+            return -ENOMEM;
+        for (uint32_t k = 0; k < ic.nk; k++) {
+            struct wb_box B = place_shard_box(c->pm, ic.tp, ic.sh, k);
+            for (uint32_t d = 0; d < B.ndim; d++)
+                if (qblock(B.ndim, d) > 1 &&
+                    (B.off[d] % WB_QBLOCK ||
+                     ((B.off[d] + B.ext[d]) % WB_QBLOCK && B.off[d] + B.ext[d] != ic.sh->dim[d])))
+                    ic.aligned = false;
+            *VEC_AT(&c->ibox, struct wb_box, c->ibox.n++) = B;
+            *VEC_AT(&c->iset, int64_t, c->iset.n++) = -1;
+        }
+        if (!vec_push(&c->icomp, &ic))
+            return -ENOMEM;
     }
-    sc->stride = maxs;
-    sc->id = malloc((size_t)it->nc * maxs * sizeof(int64_t));
-    uint32_t *ranks = malloc((c->nt ? c->nt : 1) * sizeof(uint32_t));
-    if (!sc->id || !ranks) {
-        free(ranks);
-        return -ENOMEM;
-    }
-    for (size_t i = 0; i < (size_t)it->nc * maxs; i++)
-        sc->id[i] = -1;
+    return 0;
+}
+
+void asg_boxes(const struct plan_ctx *c, const struct item *it, const struct assign *a,
+               struct sd *out)
+{
+    const struct subpiece *sp = VEC_AT(&c->sub, struct subpiece, a->sub);
+    const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, a->ci);
+    struct wb_box X = sp->S;
+    if (a->k != UINT32_MAX)
+        wb_box_intersect(&sp->S, VEC_AT(&c->ibox, struct wb_box, ic->b0 + a->k), &X);
+    uint32_t dim;
+    uint64_t gran;
+    box_units(c, ctx_map(c, it->mapping), &X, &dim, &gran);
+    out->S = box_unit_range(&X, dim, gran, a->u0, a->u1);
+    out->D = map_to_dst(&sp->S, &sp->D, &out->S);
+}
+
+static int64_t mesh_set(struct plan_ctx *c, const struct item *it)
+{
     const struct mesh_int *mesh = VEC_AT(&c->meshes, struct mesh_int, it->mesh);
+    uint32_t *ranks = malloc((c->nt ? c->nt : 1) * sizeof(uint32_t));
+    if (!ranks)
+        return -ENOMEM;
     uint32_t n = 0;
     for (uint32_t r = 0; r < c->nt; r++)
         if (mesh->bits[r / 64] >> (r % 64) & 1)
             ranks[n++] = r;
-    sc->mesh_set = bal_set(&c->bal, ranks, n);
+    int64_t id = bal_set(&c->bal, ranks, n);
     free(ranks);
-    return sc->mesh_set < 0 ? (int)sc->mesh_set : 0;
+    return id;
 }
 
-static int64_t shard_set(struct plan_ctx *c, struct setcache *sc, const struct tplace *tp,
-                         uint32_t ci, uint32_t k)
+/* The candidate set of shard k of component ci: its replicas. */
+static int64_t shard_set(struct plan_ctx *c, const struct icomp *ic, uint32_t k)
 {
-    int64_t *slot = &sc->id[(size_t)ci * sc->stride + k];
+    int64_t *slot = VEC_AT(&c->iset, int64_t, ic->b0 + k);
     if (*slot >= 0)
         return *slot;
-    uint32_t nq = place_nreplicas(c->pm, tp);
+    uint32_t nq = place_nreplicas(c->pm, ic->tp);
     uint32_t *ranks = malloc(nq * sizeof(uint32_t));
     if (!ranks)
         return -ENOMEM;
     for (uint32_t q = 0; q < nq; q++)
-        ranks[q] = place_shard_rank(c->pm, tp, k, q);
-    /* ranks grow with q only when replicate dims are slower than... sort to be sure */
-    for (uint32_t i = 1; i < nq; i++)
+        ranks[q] = place_shard_rank(c->pm, ic->tp, k, q);
+    for (uint32_t i = 1; i < nq; i++) /* ascending ranks */
         for (uint32_t j = i; j > 0 && ranks[j - 1] > ranks[j]; j--) {
             uint32_t t = ranks[j];
             ranks[j] = ranks[j - 1];
@@ -489,20 +531,51 @@ static int64_t shard_set(struct plan_ctx *c, struct setcache *sc, const struct t
     return *slot;
 }
 
+/* The demands of subpieces [a, z) (one local rank), computed once for all replicas. */
+static int group_demands(struct plan_ctx *c, const struct item *it, size_t a, size_t z,
+                         int64_t mset)
+{
+    const struct wb_mapping *mp = ctx_map(c, it->mapping);
+    bool gather = it->mode == WB_MODE_GATHER, fp8 = mp->xform == WB_XFORM_FP8_BLOCK;
+    c->dem.n = 0;
+    for (size_t s = a; s < z; s++) {
+        const struct subpiece *sp = VEC_AT(&c->sub, struct subpiece, s);
+        const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, sp->ci);
+        uint32_t nk = gather ? 1 : ic->nk;
+        for (uint32_t k = 0; k < nk; k++) {
+            struct dem d = {.sub = (uint32_t)s, .k = UINT32_MAX, .set = mset, .X = sp->S};
+            if (!gather) {
+                const struct wb_box *B = VEC_AT(&c->ibox, struct wb_box, ic->b0 + k);
+                if (!wb_box_intersect(&sp->S, B, &d.X))
+                    continue;
+                d.k = k;
+                d.set = shard_set(c, ic, k);
+                if (d.set < 0)
+                    return (int)d.set;
+                d.straddle = fp8 && !ic->aligned && straddles(&d.X, B, ic->sh);
+            }
+            d.nu = box_units(c, mp, &d.X, &d.dim, &d.gran);
+            d.bytes = dst_bytes(mp, &d.X);
+            if (!vec_push(&c->dem, &d))
+                return -ENOMEM;
+        }
+    }
+    return 0;
+}
+
 /* Walks an item's demands in plan order. In pass 1 (emit == false) they go to the balancer;
  * in pass 3 their senders are read back and turned into assignments (c->asg). */
 static int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint32_t *group)
 {
-    const struct wb_mapping *mp = ctx_map(c, it->mapping);
     const struct wb_rollout_layout *rl = c->in->rl;
-    struct setcache sc = {0};
     int r = item_subpieces(c, it);
     if (!r)
-        r = item_sets(c, it, &sc);
-    if (r) {
-        free(sc.id);
+        r = item_comps_prepare(c, it);
+    if (r)
         return r;
-    }
+    int64_t mset = mesh_set(c, it);
+    if (mset < 0)
+        return (int)mset;
     bool gather = it->mode == WB_MODE_GATHER;
     if (emit)
         c->asg.n = 0;
@@ -511,60 +584,39 @@ static int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint3
         size_t z = a;
         while (z < c->sub.n && SP[z].l == SP[a].l)
             z++;
+        r = group_demands(c, it, a, z, mset);
+        const struct dem *DM = c->dem.p;
         for (uint32_t rep = 0; rep < rl->replicas && !r; rep++) {
             uint32_t g = rep * c->gpr + SP[a].l;
             bool any_straddle = false;
             if (gather)
                 (*group)++;
-            for (size_t s = a; s < z && !r; s++) {
-                const struct subpiece *sp = &SP[s];
-                uint32_t t = item_comp(c, it, sp->ci)->trainer;
-                const struct tplace *tp = &c->pm->place[t];
-                const struct wb_shape *tsh = &c->in->trainer->p[t].shape;
-                uint32_t nk = gather ? 1 : place_nshards(c->pm, tp);
-                for (uint32_t k = 0; k < nk && !r; k++) {
-                    struct wb_box X = sp->S;
-                    int64_t set = sc.mesh_set;
-                    if (!gather) {
-                        struct wb_box B = place_shard_box(c->pm, tp, tsh, k);
-                        if (!wb_box_intersect(&sp->S, &B, &X))
-                            continue;
-                        set = shard_set(c, &sc, tp, sp->ci, k);
-                        if (set < 0) {
-                            r = (int)set;
-                            break;
-                        }
-                        (*group)++;
-                        if (!emit && mp->xform == WB_XFORM_FP8_BLOCK && straddles(&X, &B, tsh))
-                            any_straddle = true;
-                    }
-                    uint32_t dim;
-                    uint64_t gran;
-                    uint32_t nu = box_units(c, mp, &X, &dim, &gran);
-                    const struct bal_set *bs = VEC_AT(&c->bal.sets, struct bal_set, set);
-                    if (!emit) {
-                        int a2 = bal_add(&c->bal, (uint32_t)set, dst_bytes(mp, &X), nu, *group);
-                        r = a2 < 0 ? a2 : 0;
-                        continue;
-                    }
-                    struct bal_part one = {*VEC_AT(&c->bal.set_ranks, uint32_t, bs->r0), 0, nu};
-                    const struct bal_part *parts = &one;
-                    uint32_t np = 1;
-                    if (bs->n > 1) {
-                        const struct bal_demand *d =
-                            VEC_AT(&c->bal.demands, struct bal_demand, c->demand_cursor++);
-                        parts = VEC_AT(&c->bal.parts, struct bal_part, d->part0);
-                        np = d->nparts;
-                    }
-                    for (uint32_t pi = 0; pi < np; pi++) {
-                        struct assign as = {.rank = parts[pi].rank, .g = g, .ci = sp->ci};
-                        as.S = box_unit_range(&X, dim, gran, parts[pi].u0, parts[pi].u1);
-                        if (wb_box_empty(&as.S) && as.S.ndim)
-                            continue;
-                        as.D = map_to_dst(&sp->S, &sp->D, &as.S);
-                        if (!vec_push(&c->asg, &as))
-                            r = -ENOMEM;
-                    }
+            for (size_t i = 0; i < c->dem.n && !r; i++) {
+                const struct dem *d = &DM[i];
+                if (!gather)
+                    (*group)++;
+                any_straddle |= d->straddle;
+                const struct bal_set *bs = VEC_AT(&c->bal.sets, struct bal_set, d->set);
+                if (!emit) {
+                    int a2 = bal_add(&c->bal, (uint32_t)d->set, d->bytes, d->nu, *group);
+                    r = a2 < 0 ? a2 : 0;
+                    continue;
+                }
+                struct bal_part one = {*VEC_AT(&c->bal.set_ranks, uint32_t, bs->r0), 0, d->nu};
+                const struct bal_part *parts = &one;
+                uint32_t np = 1;
+                if (bs->n > 1) {
+                    const struct bal_demand *bd =
+                        VEC_AT(&c->bal.demands, struct bal_demand, c->demand_cursor++);
+                    parts = VEC_AT(&c->bal.parts, struct bal_part, bd->part0);
+                    np = bd->nparts;
+                }
+                uint32_t ci = SP[d->sub].ci;
+                for (uint32_t pi = 0; pi < np && !r; pi++) {
+                    struct assign as = {parts[pi].rank, g,           ci, d->sub, d->k,
+                                        parts[pi].u0,   parts[pi].u1};
+                    if (!vec_push(&c->asg, &as))
+                        r = -ENOMEM;
                 }
             }
             if (!emit)
@@ -574,38 +626,34 @@ static int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint3
         }
         a = z;
     }
-    free(sc.id);
     return r;
 }
 
 /* AUTO: an item goes to gather mode when direct writes would explode (shards cut across the
  * destination's contiguous runs, e.g. Shard(1) sources for a row-split destination). */
-static void choose_modes(struct plan_ctx *c)
+static int choose_modes(struct plan_ctx *c)
 {
     for (size_t i = 0; i < c->items.n; i++) {
         struct item *it = VEC_AT(&c->items, struct item, i);
-        const struct wb_mapping *mp = ctx_map(c, it->mapping);
-        it->mode = WB_MODE_DIRECT;
-        if (c->opts->mode == WB_MODE_GATHER) {
-            it->mode = WB_MODE_GATHER;
+        it->mode = c->opts->mode == WB_MODE_GATHER ? WB_MODE_GATHER : WB_MODE_DIRECT;
+        if (c->opts->mode != WB_MODE_AUTO)
             continue;
-        }
-        if (c->opts->mode != WB_MODE_AUTO || item_subpieces(c, it))
-            continue;
-        (void)mp;
+        int r = item_subpieces(c, it);
+        if (!r)
+            r = item_comps_prepare(c, it);
+        if (r)
+            return r;
         uint64_t runs_gather = 0, runs_direct = 0;
         for (size_t s = 0; s < c->sub.n; s++) {
             const struct subpiece *sp = VEC_AT(&c->sub, struct subpiece, s);
             const struct rlocal *lo = &c->rloc[it->mapping * c->gpr + sp->l];
+            const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, sp->ci);
             struct wb_ranges rg;
             if (wb_ranges_init(&rg, &lo->shape, &sp->D, 1) == 0)
                 runs_gather += wb_ranges_count(&rg);
-            uint32_t t = item_comp(c, it, sp->ci)->trainer;
-            const struct tplace *tp = &c->pm->place[t];
-            const struct wb_shape *tsh = &c->in->trainer->p[t].shape;
-            for (uint32_t k = 0; k < place_nshards(c->pm, tp); k++) {
-                struct wb_box B = place_shard_box(c->pm, tp, tsh, k), X;
-                if (!wb_box_intersect(&sp->S, &B, &X))
+            for (uint32_t k = 0; k < ic->nk; k++) {
+                struct wb_box X;
+                if (!wb_box_intersect(&sp->S, VEC_AT(&c->ibox, struct wb_box, ic->b0 + k), &X))
                     continue;
                 struct wb_box Dx = map_to_dst(&sp->S, &sp->D, &X);
                 if (wb_ranges_init(&rg, &lo->shape, &Dx, 1) == 0)
@@ -615,6 +663,7 @@ static void choose_modes(struct plan_ctx *c)
         if (runs_direct > AUTO_GATHER_MIN_RUNS && runs_direct > 16 * runs_gather)
             it->mode = WB_MODE_GATHER;
     }
+    return 0;
 }
 
 /* ---------------------------------------------------------------- assembly */
@@ -673,6 +722,10 @@ static int finish_tables(struct plan_ctx *c, struct wb_plan *p)
         t->tasks = take(&ro->tasks, &t->ntasks);
         t->ops = take(&ro->ops, &t->nops);
         t->peers = take(&ro->peers, &t->npeers);
+        if (ro->boxes.err || ro->shapes.err)
+            return -ENOMEM;
+        t->boxes = take(&ro->boxes.v, &t->nboxes);
+        t->shapes = take(&ro->shapes.v, &t->nshapes);
         t->writes = take(&ro->writes, &t->nwrites);
         t->amax = take(&ro->amax, &t->namax);
         t->amax_inbox_bytes = ro->inbox;
@@ -784,6 +837,8 @@ static void ctx_free(struct plan_ctx *c)
             vec_free(&c->ro[r].writes);
             vec_free(&c->ro[r].peers);
             vec_free(&c->ro[r].amax);
+            intern_free(&c->ro[r].boxes);
+            intern_free(&c->ro[r].shapes);
         }
     free(c->ro);
     free(c->gather_seq);
@@ -792,6 +847,11 @@ static void ctx_free(struct plan_ctx *c)
     vec_free(&c->sub);
     vec_free(&c->asg);
     vec_free(&c->xc);
+    vec_free(&c->icomp);
+    vec_free(&c->ibox);
+    vec_free(&c->iset);
+    vec_free(&c->dem);
+    vec_free(&c->sd);
 }
 
 /* Pass 3 state reset (a rebuild with the greedy's assignment replays it). */
@@ -809,6 +869,10 @@ static int emit_all(struct plan_ctx *c)
     for (uint32_t r = 0; r < c->nt; r++) {
         struct rank_out *ro = &c->ro[r];
         ro->tasks.n = ro->ops.n = ro->writes.n = ro->peers.n = ro->amax.n = 0;
+        intern_free(&ro->boxes);
+        intern_free(&ro->shapes);
+        intern_init(&ro->boxes, sizeof(struct wb_box));
+        intern_init(&ro->shapes, sizeof(struct wb_shape));
         ro->inbox = ro->send = ro->gather_in = ro->h2d = 0;
     }
     c->next_tag = 0;
@@ -840,6 +904,11 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     vec_init(&c.sub, sizeof(struct subpiece));
     vec_init(&c.asg, sizeof(struct assign));
     vec_init(&c.xc, sizeof(struct xchg));
+    vec_init(&c.icomp, sizeof(struct icomp));
+    vec_init(&c.ibox, sizeof(struct wb_box));
+    vec_init(&c.iset, sizeof(int64_t));
+    vec_init(&c.dem, sizeof(struct dem));
+    vec_init(&c.sd, sizeof(struct sd));
     struct wb_plan *p = NULL;
     int r = wb_layout_check(in->tl, in->rl, el);
     if (r)
@@ -866,8 +935,9 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
         goto out;
     if ((r = build_items(&c)) || (r = build_phases(&c)))
         goto out;
-    choose_modes(&c);
-    r = bal_init(&c.bal, c.nt);
+    r = choose_modes(&c);
+    if (!r)
+        r = bal_init(&c.bal, c.nt);
     if (r)
         goto out;
     uint32_t group = 0;
@@ -905,6 +975,7 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
         if ((r = bal_init(&c.bal, c.nt)))
             goto out;
         group = 0;
+        memset(c.pieces_by_mode, 0, sizeof(c.pieces_by_mode));
         for (size_t i = 0; i < c.items.n && !r; i++)
             r = walk_item(&c, VEC_AT(&c.items, struct item, i), false, &group);
         if (r || (r = bal_solve(&c.bal, true)) || (r = emit_all(&c)))
@@ -964,6 +1035,8 @@ void wb_route_table_free(struct wb_route_table *t)
     free(t->tasks);
     free(t->ops);
     free(t->peers);
+    free(t->boxes);
+    free(t->shapes);
     free(t->writes);
     free(t->amax);
     memset(t, 0, sizeof(*t));

@@ -26,6 +26,20 @@ int vec_reserve(struct vec *v, size_t more);
 void *vec_push(struct vec *v, const void *e);
 #define VEC_AT(v, T, i) (&((T *)(v)->p)[i])
 
+/* A set of distinct boxes or shapes, each stored once; values are looked up by content. */
+struct intern {
+    struct vec v;
+    uint32_t *hash; /* open addressing, index + 1 */
+    size_t cap;
+    int err; /* -ENOMEM once an insertion failed */
+};
+
+void intern_init(struct intern *in, size_t elem);
+void intern_free(struct intern *in);
+/* Index of the value (inserted when new); 0 with in->err set on allocation failure. */
+uint32_t intern_box(struct intern *in, const struct wb_box *b);
+uint32_t intern_shape(struct intern *in, const struct wb_shape *s);
+
 /* ---------------------------------------------------------------- placement */
 
 /* Where one trainer tensor lives: the rule that placed it and, per mesh dim, the fixed

@@ -164,13 +164,18 @@ int wb_plan_mode_parse(const char *s, enum wb_plan_mode *out);
  * the task starts and frees when its last write completed. */
 enum wb_rt_buf_kind { WB_BUF_PARAM = 0, WB_BUF_TMP };
 
-/* A row-major array view: element (0,...,0) of `shape` sits at byte `off` of the buffer. */
+/* Boxes and shapes in ops are indices into the table's `boxes` and `shapes` arrays (each
+ * distinct value stored once: a 1T-parameter plan has millions of ops but few distinct boxes).
+ * wb_rt_box() / wb_rt_shape() below resolve them. */
+
+/* A row-major array view: element (0,...,0) of shapes[shape] sits at byte `off` of the
+ * buffer. */
 struct wb_rt_view {
     enum wb_rt_buf_kind kind;
     uint32_t tensor; /* PARAM: trainer tensor index; TMP: unused (0) */
     uint64_t off;
     enum wb_dtype dtype;
-    struct wb_shape shape;
+    uint32_t shape; /* index into table.shapes */
 };
 
 enum wb_rt_op_kind {
@@ -215,19 +220,16 @@ struct wb_rt_amax {
     uint32_t peer;
     uint32_t tag;
     struct wb_rt_view src;
-    struct wb_box src_box;
-    struct wb_box region;
-    struct wb_box blocks;
+    uint32_t src_box, region, blocks, grid; /* box indices */
     uint64_t peer_inbox_off, inbox_off;
     uint64_t amax_off;
-    struct wb_box grid;
 };
 
 /* Box copy: src_box of src goes to dst_box of dst (equal extents; a stacked destination may
  * have one more leading dim of extent 1). COPY requires equal dtypes; CAST converts. */
 struct wb_rt_copy {
     struct wb_rt_view src, dst;
-    struct wb_box src_box, dst_box;
+    uint32_t src_box, dst_box; /* box indices */
 };
 
 /* FP8 block quantization of `region` (a box of the trainer tensor op.tensor, tensor
@@ -239,9 +241,7 @@ struct wb_rt_copy {
  * element 0); scale_inv = amax / 448 to TMP scale_off (FP32, grid's extents, row-major). */
 struct wb_rt_quant {
     struct wb_rt_view src, dst;
-    struct wb_box src_box;
-    struct wb_box region;
-    struct wb_box grid;
+    uint32_t src_box, region, grid; /* box indices */
     uint64_t scale_off;
     uint64_t amax_off;
 };
@@ -263,7 +263,7 @@ struct wb_rt_op {
 /* A member of a GATHER. */
 struct wb_rt_peer {
     uint32_t rank;
-    struct wb_box box;
+    uint32_t box; /* box index */
 };
 
 /* One one-sided WRITE with a 32-bit immediate. Source: src_tensor == WB_RT_TMP_SRC means TMP
@@ -328,6 +328,10 @@ struct wb_route_table {
     struct wb_rt_op *ops;
     uint32_t npeers;
     struct wb_rt_peer *peers;
+    uint32_t nboxes;
+    struct wb_box *boxes; /* distinct boxes referenced by ops and peers */
+    uint32_t nshapes;
+    struct wb_shape *shapes; /* distinct view shapes */
     uint32_t nwrites;
     struct wb_rt_write *writes;
     uint64_t amax_inbox_bytes; /* size of the registered region peers write partial amax into */
@@ -336,6 +340,16 @@ struct wb_route_table {
     uint64_t send_bytes;       /* sum of write lengths */
     uint64_t max_tmp_bytes;    /* largest task.tmp_bytes: the memory cap must be >= this */
 };
+
+static inline const struct wb_box *wb_rt_box(const struct wb_route_table *t, uint32_t i)
+{
+    return &t->boxes[i];
+}
+
+static inline const struct wb_shape *wb_rt_shape(const struct wb_route_table *t, uint32_t i)
+{
+    return &t->shapes[i];
+}
 
 /* A local tensor a rollout rank holds (allocate/register it; bounds for incoming writes). */
 struct wb_rt_local {

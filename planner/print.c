@@ -17,14 +17,16 @@ static const char *rname(const struct wb_plan_input *in, uint32_t t)
     return in && t < in->rollout->n ? in->rollout->p[t].name : "?";
 }
 
-static void print_view(FILE *f, const struct wb_plan_input *in, const struct wb_rt_view *v)
+static void print_view(FILE *f, const struct wb_plan_input *in, const struct wb_route_table *t,
+                       const struct wb_rt_view *v)
 {
     char s[160];
     if (v->kind == WB_BUF_PARAM)
         fprintf(f, "param %s", tname(in, v->tensor));
     else
         fprintf(f, "tmp %" PRIu64, v->off);
-    fprintf(f, " %s %s", wb_dtype_name(v->dtype), wb_shape_str(&v->shape, s, sizeof(s)));
+    fprintf(f, " %s %s", wb_dtype_name(v->dtype),
+            wb_shape_str(wb_rt_shape(t, v->shape), s, sizeof(s)));
 }
 
 static void print_off(FILE *f, uint64_t off)
@@ -62,14 +64,15 @@ void wb_route_table_print(const struct wb_route_table *t, const struct wb_plan_i
                     break;
                 case WB_OP_GATHER:
                     fprintf(f, "    gather %s seq %u from ", tn, op->gather.seq);
-                    print_view(f, in, &op->gather.src);
+                    print_view(f, in, t, &op->gather.src);
                     fprintf(f, " peers");
                     for (uint32_t p = 0; p < op->gather.npeers; p++) {
                         const struct wb_rt_peer *pe = &t->peers[op->gather.peer0 + p];
-                        fprintf(f, " %u%s", pe->rank, wb_box_str(&pe->box, a, sizeof(a)));
+                        fprintf(f, " %u%s", pe->rank,
+                                wb_box_str(wb_rt_box(t, pe->box), a, sizeof(a)));
                     }
                     fprintf(f, " -> ");
-                    print_view(f, in, &op->gather.dst);
+                    print_view(f, in, t, &op->gather.dst);
                     fprintf(f, " in %" PRIu64 "\n", op->gather.bytes_in);
                     break;
                 case WB_OP_AMAX:
@@ -77,28 +80,30 @@ void wb_route_table_print(const struct wb_route_table *t, const struct wb_plan_i
                             "    amax %s peer %u tag %u region %s blocks %s inbox %" PRIu64
                             " peer-inbox %" PRIu64 " grid %s amax ",
                             tn, op->amax.peer, op->amax.tag,
-                            wb_box_str(&op->amax.region, a, sizeof(a)),
-                            wb_box_str(&op->amax.blocks, b, sizeof(b)), op->amax.inbox_off,
-                            op->amax.peer_inbox_off, wb_box_str(&op->amax.grid, c, sizeof(c)));
+                            wb_box_str(wb_rt_box(t, op->amax.region), a, sizeof(a)),
+                            wb_box_str(wb_rt_box(t, op->amax.blocks), b, sizeof(b)),
+                            op->amax.inbox_off, op->amax.peer_inbox_off,
+                            wb_box_str(wb_rt_box(t, op->amax.grid), c, sizeof(c)));
                     print_off(f, op->amax.amax_off);
                     fprintf(f, "\n");
                     break;
                 case WB_OP_COPY:
                 case WB_OP_CAST:
                     fprintf(f, "    %s %s ", op->kind == WB_OP_COPY ? "copy" : "cast", tn);
-                    print_view(f, in, &op->copy.src);
-                    fprintf(f, "%s -> ", wb_box_str(&op->copy.src_box, a, sizeof(a)));
-                    print_view(f, in, &op->copy.dst);
-                    fprintf(f, "%s\n", wb_box_str(&op->copy.dst_box, a, sizeof(a)));
+                    print_view(f, in, t, &op->copy.src);
+                    fprintf(f, "%s -> ", wb_box_str(wb_rt_box(t, op->copy.src_box), a, sizeof(a)));
+                    print_view(f, in, t, &op->copy.dst);
+                    fprintf(f, "%s\n", wb_box_str(wb_rt_box(t, op->copy.dst_box), a, sizeof(a)));
                     break;
                 case WB_OP_QUANT:
                     fprintf(f, "    quant %s ", tn);
-                    print_view(f, in, &op->quant.src);
+                    print_view(f, in, t, &op->quant.src);
                     fprintf(f,
                             "%s region %s -> tmp %" PRIu64 " scales tmp %" PRIu64 " grid %s amax ",
-                            wb_box_str(&op->quant.src_box, a, sizeof(a)),
-                            wb_box_str(&op->quant.region, b, sizeof(b)), op->quant.dst.off,
-                            op->quant.scale_off, wb_box_str(&op->quant.grid, c, sizeof(c)));
+                            wb_box_str(wb_rt_box(t, op->quant.src_box), a, sizeof(a)),
+                            wb_box_str(wb_rt_box(t, op->quant.region), b, sizeof(b)),
+                            op->quant.dst.off, op->quant.scale_off,
+                            wb_box_str(wb_rt_box(t, op->quant.grid), c, sizeof(c)));
                     print_off(f, op->quant.amax_off);
                     fprintf(f, "\n");
                     break;

@@ -19,7 +19,7 @@ static void put_view(struct wb_mpw *w, const struct wb_rt_view *v)
     wb_mpw_u64(w, v->tensor);
     wb_mpw_u64(w, v->off);
     wb_mpw_u64(w, v->dtype);
-    wb_wire_put_shape(w, &v->shape);
+    wb_mpw_u64(w, v->shape);
 }
 
 static void put_op(struct wb_mpw *w, const struct wb_rt_op *o)
@@ -52,13 +52,13 @@ static void put_op(struct wb_mpw *w, const struct wb_rt_op *o)
         wb_mpw_u64(w, o->amax.peer);
         wb_mpw_u64(w, o->amax.tag);
         put_view(w, &o->amax.src);
-        wb_wire_put_box(w, &o->amax.src_box);
-        wb_wire_put_box(w, &o->amax.region);
-        wb_wire_put_box(w, &o->amax.blocks);
+        wb_mpw_u64(w, o->amax.src_box);
+        wb_mpw_u64(w, o->amax.region);
+        wb_mpw_u64(w, o->amax.blocks);
         wb_mpw_u64(w, o->amax.peer_inbox_off);
         wb_mpw_u64(w, o->amax.inbox_off);
         wb_mpw_u64(w, o->amax.amax_off);
-        wb_wire_put_box(w, &o->amax.grid);
+        wb_mpw_u64(w, o->amax.grid);
         break;
     case WB_OP_COPY:
     case WB_OP_CAST:
@@ -67,8 +67,8 @@ static void put_op(struct wb_mpw *w, const struct wb_rt_op *o)
         wb_mpw_u64(w, o->tensor);
         put_view(w, &o->copy.src);
         put_view(w, &o->copy.dst);
-        wb_wire_put_box(w, &o->copy.src_box);
-        wb_wire_put_box(w, &o->copy.dst_box);
+        wb_mpw_u64(w, o->copy.src_box);
+        wb_mpw_u64(w, o->copy.dst_box);
         break;
     case WB_OP_QUANT:
         wb_mpw_array(w, 9);
@@ -76,9 +76,9 @@ static void put_op(struct wb_mpw *w, const struct wb_rt_op *o)
         wb_mpw_u64(w, o->tensor);
         put_view(w, &o->quant.src);
         put_view(w, &o->quant.dst);
-        wb_wire_put_box(w, &o->quant.src_box);
-        wb_wire_put_box(w, &o->quant.region);
-        wb_wire_put_box(w, &o->quant.grid);
+        wb_mpw_u64(w, o->quant.src_box);
+        wb_mpw_u64(w, o->quant.region);
+        wb_mpw_u64(w, o->quant.grid);
         wb_mpw_u64(w, o->quant.scale_off);
         wb_mpw_u64(w, o->quant.amax_off);
         break;
@@ -104,7 +104,7 @@ static void put_expects(struct wb_mpw *w, const struct wb_rt_expect *e, uint32_t
 void wb_route_table_encode(struct wb_mpw *w, const struct wb_route_table *t)
 {
     wb_mpw_envelope(w, WB_MSG_ROUTE_TABLE);
-    wb_mpw_map(w, 15);
+    wb_mpw_map(w, 17);
     wb_mpw_str(w, "format");
     wb_mpw_u64(w, WB_PLAN_FORMAT);
     wb_mpw_str(w, "rank");
@@ -151,8 +151,16 @@ void wb_route_table_encode(struct wb_mpw *w, const struct wb_route_table *t)
     for (uint32_t i = 0; i < t->npeers; i++) {
         wb_mpw_array(w, 2);
         wb_mpw_u64(w, t->peers[i].rank);
-        wb_wire_put_box(w, &t->peers[i].box);
+        wb_mpw_u64(w, t->peers[i].box);
     }
+    wb_mpw_str(w, "boxes");
+    wb_mpw_array(w, t->nboxes);
+    for (uint32_t i = 0; i < t->nboxes; i++)
+        wb_wire_put_box(w, &t->boxes[i]);
+    wb_mpw_str(w, "shapes");
+    wb_mpw_array(w, t->nshapes);
+    for (uint32_t i = 0; i < t->nshapes; i++)
+        wb_wire_put_shape(w, &t->shapes[i]);
     wb_mpw_str(w, "writes");
     wb_mpw_array(w, t->nwrites);
     for (uint32_t i = 0; i < t->nwrites; i++) {
@@ -246,18 +254,12 @@ static int get_view(struct wb_mpr *r, struct wb_rt_view *v)
     uint32_t extra, kind, dt;
     if (open_struct(r, 5, &extra) || get_enum(r, WB_BUF_PARAM, WB_BUF_TMP, &kind) ||
         get_u32(r, &v->tensor) || wb_mpr_u64(r, &v->off) ||
-        get_enum(r, WB_DTYPE_BF16, WB_DTYPE_COUNT - 1, &dt) || wb_wire_get_shape(r, &v->shape) ||
+        get_enum(r, WB_DTYPE_BF16, WB_DTYPE_COUNT - 1, &dt) || get_u32(r, &v->shape) ||
         skip_n(r, extra))
         return -EBADMSG;
     v->kind = (enum wb_rt_buf_kind)kind;
     v->dtype = (enum wb_dtype)dt;
     return 0;
-}
-
-/* A box inside the view's shape. */
-static bool box_in_view(const struct wb_rt_view *v, const struct wb_box *b)
-{
-    return b->ndim == v->shape.ndim && wb_box_within(&v->shape, b);
 }
 
 static int get_op(struct wb_mpr *r, struct wb_rt_op *o)
@@ -285,31 +287,21 @@ static int get_op(struct wb_mpr *r, struct wb_rt_op *o)
         break;
     case WB_OP_AMAX:
         e = get_u32(r, &o->amax.peer) || get_u32(r, &o->amax.tag) || get_view(r, &o->amax.src) ||
-            wb_wire_get_box(r, &o->amax.src_box) || wb_wire_get_box(r, &o->amax.region) ||
-            wb_wire_get_box(r, &o->amax.blocks) || wb_mpr_u64(r, &o->amax.peer_inbox_off) ||
+            get_u32(r, &o->amax.src_box) || get_u32(r, &o->amax.region) ||
+            get_u32(r, &o->amax.blocks) || wb_mpr_u64(r, &o->amax.peer_inbox_off) ||
             wb_mpr_u64(r, &o->amax.inbox_off) || wb_mpr_u64(r, &o->amax.amax_off) ||
-            wb_wire_get_box(r, &o->amax.grid);
-        e = e || !box_in_view(&o->amax.src, &o->amax.src_box) ||
-            o->amax.region.ndim != o->amax.src_box.ndim;
+            get_u32(r, &o->amax.grid);
         break;
     case WB_OP_COPY:
     case WB_OP_CAST:
         e = get_view(r, &o->copy.src) || get_view(r, &o->copy.dst) ||
-            wb_wire_get_box(r, &o->copy.src_box) || wb_wire_get_box(r, &o->copy.dst_box);
-        e = e || !box_in_view(&o->copy.src, &o->copy.src_box) ||
-            !box_in_view(&o->copy.dst, &o->copy.dst_box) ||
-            wb_box_numel(&o->copy.src_box) != wb_box_numel(&o->copy.dst_box) ||
-            (o->kind == WB_OP_COPY && o->copy.src.dtype != o->copy.dst.dtype);
+            get_u32(r, &o->copy.src_box) || get_u32(r, &o->copy.dst_box);
         break;
     case WB_OP_QUANT:
         e = get_view(r, &o->quant.src) || get_view(r, &o->quant.dst) ||
-            wb_wire_get_box(r, &o->quant.src_box) || wb_wire_get_box(r, &o->quant.region) ||
-            wb_wire_get_box(r, &o->quant.grid) || wb_mpr_u64(r, &o->quant.scale_off) ||
+            get_u32(r, &o->quant.src_box) || get_u32(r, &o->quant.region) ||
+            get_u32(r, &o->quant.grid) || wb_mpr_u64(r, &o->quant.scale_off) ||
             wb_mpr_u64(r, &o->quant.amax_off);
-        e = e || !box_in_view(&o->quant.src, &o->quant.src_box) ||
-            o->quant.region.ndim != o->quant.src_box.ndim ||
-            wb_box_numel(&o->quant.region) != wb_box_numel(&o->quant.src_box) ||
-            wb_shape_numel(&o->quant.dst.shape) < wb_box_numel(&o->quant.region);
         break;
     }
     return e || skip_n(r, extra) ? -EBADMSG : 0;
@@ -407,8 +399,22 @@ static int decode_table_body(struct wb_mpr *r, struct wb_route_table *t)
             for (uint32_t k = 0; k < t->npeers && !e; k++) {
                 uint32_t extra;
                 e = open_struct(r, 2, &extra) || get_u32(r, &t->peers[k].rank) ||
-                    wb_wire_get_box(r, &t->peers[k].box) || skip_n(r, extra);
+                    get_u32(r, &t->peers[k].box) || skip_n(r, extra);
             }
+        } else if (strcmp(key, "boxes") == 0 && !t->boxes) {
+            if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &t->nboxes))
+                return -EBADMSG;
+            if (!(t->boxes = alloc_n(t->nboxes, sizeof(*t->boxes))))
+                return -ENOMEM;
+            for (uint32_t k = 0; k < t->nboxes && !e; k++)
+                e = wb_wire_get_box(r, &t->boxes[k]);
+        } else if (strcmp(key, "shapes") == 0 && !t->shapes) {
+            if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &t->nshapes))
+                return -EBADMSG;
+            if (!(t->shapes = alloc_n(t->nshapes, sizeof(*t->shapes))))
+                return -ENOMEM;
+            for (uint32_t k = 0; k < t->nshapes && !e; k++)
+                e = wb_wire_get_shape(r, &t->shapes[k]);
         } else if (strcmp(key, "writes") == 0 && !t->writes) {
             if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &t->nwrites))
                 return -EBADMSG;
@@ -440,6 +446,51 @@ static int decode_table_body(struct wb_mpr *r, struct wb_route_table *t)
     return format == WB_PLAN_FORMAT ? 0 : -EBADMSG;
 }
 
+/* ---------------------------------------------------------------- consistency */
+
+static bool view_ok(const struct wb_route_table *t, const struct wb_rt_view *v)
+{
+    return v->shape < t->nshapes;
+}
+
+/* Box index valid and the box inside the view's shape. */
+static bool box_in(const struct wb_route_table *t, const struct wb_rt_view *v, uint32_t b)
+{
+    return view_ok(t, v) && b < t->nboxes && t->boxes[b].ndim == t->shapes[v->shape].ndim &&
+           wb_box_within(&t->shapes[v->shape], &t->boxes[b]);
+}
+
+static bool op_ok(const struct wb_route_table *t, const struct wb_rt_op *o)
+{
+    switch (o->kind) {
+    case WB_OP_H2D:
+        return o->h2d.src_off + o->h2d.bytes >= o->h2d.src_off;
+    case WB_OP_GATHER:
+        return view_ok(t, &o->gather.src) && view_ok(t, &o->gather.dst) &&
+               o->gather.peer0 <= t->npeers && o->gather.npeers <= t->npeers - o->gather.peer0;
+    case WB_OP_AMAX:
+        return o->amax.peer < t->ntrainers && box_in(t, &o->amax.src, o->amax.src_box) &&
+               o->amax.region < t->nboxes && o->amax.blocks < t->nboxes &&
+               o->amax.grid < t->nboxes &&
+               t->boxes[o->amax.region].ndim == t->boxes[o->amax.src_box].ndim;
+    case WB_OP_COPY:
+    case WB_OP_CAST:
+        return box_in(t, &o->copy.src, o->copy.src_box) &&
+               box_in(t, &o->copy.dst, o->copy.dst_box) &&
+               wb_box_numel(&t->boxes[o->copy.src_box]) ==
+                   wb_box_numel(&t->boxes[o->copy.dst_box]) &&
+               (o->kind == WB_OP_CAST || o->copy.src.dtype == o->copy.dst.dtype);
+    case WB_OP_QUANT:
+        return box_in(t, &o->quant.src, o->quant.src_box) && view_ok(t, &o->quant.dst) &&
+               o->quant.region < t->nboxes && o->quant.grid < t->nboxes &&
+               wb_box_numel(&t->boxes[o->quant.region]) ==
+                   wb_box_numel(&t->boxes[o->quant.src_box]) &&
+               wb_shape_numel(&t->shapes[o->quant.dst.shape]) >=
+                   wb_box_numel(&t->boxes[o->quant.region]);
+    }
+    return false;
+}
+
 /* Cross-checks indices once everything is read. */
 static int check_table(const struct wb_route_table *t)
 {
@@ -459,16 +510,11 @@ static int check_table(const struct wb_route_table *t)
             k->write0 > t->nwrites || k->nwrites > t->nwrites - k->write0)
             return -EBADMSG;
     }
-    for (uint32_t i = 0; i < t->nops; i++) {
-        const struct wb_rt_op *o = &t->ops[i];
-        if (o->kind == WB_OP_GATHER &&
-            (o->gather.peer0 > t->npeers || o->gather.npeers > t->npeers - o->gather.peer0))
+    for (uint32_t i = 0; i < t->nops; i++)
+        if (!op_ok(t, &t->ops[i]))
             return -EBADMSG;
-        if (o->kind == WB_OP_AMAX && o->amax.peer >= t->ntrainers)
-            return -EBADMSG;
-    }
     for (uint32_t i = 0; i < t->npeers; i++)
-        if (t->peers[i].rank >= t->ntrainers)
+        if (t->peers[i].rank >= t->ntrainers || t->peers[i].box >= t->nboxes)
             return -EBADMSG;
     uint64_t tagmax = t->tag_bits >= 32 ? UINT32_MAX : (1ull << t->tag_bits) - 1;
     for (uint32_t i = 0; i < t->nwrites; i++)

@@ -14,6 +14,9 @@
 
 #include <math.h>
 
+#define BOX(i)  wb_rt_box(tb, (i))
+#define PBOX(i) wb_rt_box(pt, (i))
+
 #include "tests/unit/planner_fx.h"
 
 static inline float sim_bf16_to_f(uint16_t b)
@@ -232,8 +235,9 @@ static inline uint8_t *sim_view(struct sim *s, uint32_t r, const struct wb_rt_vi
     return s->tmp[r] + v->off;
 }
 
-/* Partial amax over region (tensor coords, data at src_box of view) per block of `blocks`. */
-static inline void sim_partial(struct sim *s, uint32_t r, const struct wb_rt_view *v,
+/* Partial amax over region (tensor coords; data at src_box of a buffer of shape vshape) per
+ * block of `blocks`. */
+static inline void sim_partial(const uint8_t *base, const struct wb_shape *vshape,
                                const struct wb_box *src_box, const struct wb_box *region,
                                const struct wb_box *blocks, float *out)
 {
@@ -242,14 +246,13 @@ static inline void sim_partial(struct sim *s, uint32_t r, const struct wb_rt_vie
         out[i] = 0;
     if (wb_box_numel(region) == 0)
         return;
-    const uint8_t *base = sim_view(s, r, v);
     uint64_t c[WB_MAX_DIMS], cs[WB_MAX_DIMS];
     sim_start(region, c);
     sim_start(src_box, cs);
     struct wb_shape bs = wb_box_shape(blocks);
     do {
         uint16_t b;
-        memcpy(&b, base + sim_lin(&v->shape, cs) * 2, 2);
+        memcpy(&b, base + sim_lin(vshape, cs) * 2, 2);
         uint64_t bc[WB_MAX_DIMS];
         bool in = true;
         for (uint32_t d = 0; d < region->ndim; d++) {
@@ -289,61 +292,60 @@ static inline void sim_op(struct sim *s, uint32_t r, const struct wb_rt_op *op)
         break;
     case WB_OP_GATHER: {
         uint8_t *d = sim_view(s, r, &op->gather.dst);
-        const struct wb_shape *sh = &op->gather.dst.shape;
+        const struct wb_shape *sh = wb_rt_shape(tb, op->gather.dst.shape);
         for (uint32_t k = 0; k < op->gather.npeers; k++) {
             const struct wb_rt_peer *pe = &tb->peers[op->gather.peer0 + k];
-            if (wb_box_numel(&pe->box) == 0)
+            if (wb_box_numel(BOX(pe->box)) == 0)
                 continue;
             /* the peer must hold that box */
             CHECK(s->rk[pe->rank].shard[op->tensor] != NULL);
-            CHECK(wb_box_eq(&s->rk[pe->rank].box[op->tensor], &pe->box));
-            struct wb_shape ps = wb_box_shape(&pe->box);
+            CHECK(wb_box_eq(&s->rk[pe->rank].box[op->tensor], BOX(pe->box)));
+            struct wb_shape ps = wb_box_shape(BOX(pe->box));
             struct wb_box pf = wb_box_full(&ps);
             sim_boxcopy(s->rk[pe->rank].shard[op->tensor], &ps, WB_DTYPE_BF16, &pf, d, sh,
-                        WB_DTYPE_BF16, &pe->box);
+                        WB_DTYPE_BF16, BOX(pe->box));
         }
         break;
     }
     case WB_OP_COPY:
     case WB_OP_CAST:
-        sim_boxcopy(sim_view(s, r, &op->copy.src), &op->copy.src.shape, op->copy.src.dtype,
-                    &op->copy.src_box, sim_view(s, r, &op->copy.dst), &op->copy.dst.shape,
-                    op->copy.dst.dtype, &op->copy.dst_box);
+        sim_boxcopy(sim_view(s, r, &op->copy.src), wb_rt_shape(tb, op->copy.src.shape),
+                    op->copy.src.dtype, BOX(op->copy.src_box), sim_view(s, r, &op->copy.dst),
+                    wb_rt_shape(tb, op->copy.dst.shape), op->copy.dst.dtype, BOX(op->copy.dst_box));
         break;
     case WB_OP_AMAX: {
         const struct wb_rt_op *m = sim_mirror(s->p, op->amax.peer, op->amax.tag);
+        const struct wb_route_table *pt = &s->p->tables[op->amax.peer];
         CHECK(m != NULL);
         CHECK(m->amax.peer == r);
-        CHECK(wb_box_eq(&m->amax.blocks, &op->amax.blocks));
-        uint64_t nb = wb_box_numel(&op->amax.blocks);
+        CHECK(wb_box_eq(PBOX(m->amax.blocks), BOX(op->amax.blocks)));
+        uint64_t nb = wb_box_numel(BOX(op->amax.blocks));
         float *pa = calloc(nb + 1, sizeof(float));
-        /* the peer's partial, computed from the peer's own data */
+        /* the peer's partial, computed from the peer's own shard (its PARAM data; an H2D copy
+         * holds the same rows) */
         {
-            /* peer data: its shard (PARAM view), or its H2D copy which equals the shard rows */
-            struct wb_rt_view pv = m->amax.src;
-            struct wb_box sb = m->amax.src_box;
             const struct wb_box *pb = &s->rk[op->amax.peer].box[op->tensor];
-            if (pv.kind == WB_BUF_TMP) { /* same rows of the shard: read the shard instead */
-                pv = (struct wb_rt_view){WB_BUF_PARAM, op->tensor, 0, WB_DTYPE_BF16,
-                                         wb_box_shape(pb)};
-                for (uint32_t d = 0; d < sb.ndim; d++)
-                    sb.off[d] = m->amax.region.off[d] - pb->off[d];
-            }
-            sim_partial(s, op->amax.peer, &pv, &sb, &m->amax.region, &m->amax.blocks, pa);
+            struct wb_shape ps = wb_box_shape(pb);
+            struct wb_box sb = *PBOX(m->amax.region);
+            for (uint32_t d = 0; d < sb.ndim; d++)
+                sb.off[d] -= pb->off[d];
+            CHECK(s->rk[op->amax.peer].shard[op->tensor] != NULL);
+            sim_partial(s->rk[op->amax.peer].shard[op->tensor], &ps, &sb, PBOX(m->amax.region),
+                        PBOX(m->amax.blocks), pa);
         }
         if (op->amax.amax_off != (uint64_t)WB_RT_NONE) {
             float *g = (float *)(s->tmp[r] + op->amax.amax_off);
-            struct wb_shape gs = wb_box_shape(&op->amax.grid);
+            struct wb_shape gs = wb_box_shape(BOX(op->amax.grid));
             uint64_t c[WB_MAX_DIMS];
-            sim_start(&op->amax.blocks, c);
+            sim_start(BOX(op->amax.blocks), c);
             uint64_t i = 0;
             do {
                 bool in = true;
                 uint64_t gc[WB_MAX_DIMS];
                 for (uint32_t d = 0; d < gs.ndim; d++) {
-                    in &= c[d] >= op->amax.grid.off[d] &&
-                          c[d] < op->amax.grid.off[d] + op->amax.grid.ext[d];
-                    gc[d] = c[d] - op->amax.grid.off[d];
+                    in &= c[d] >= BOX(op->amax.grid)->off[d] &&
+                          c[d] < BOX(op->amax.grid)->off[d] + BOX(op->amax.grid)->ext[d];
+                    gc[d] = c[d] - BOX(op->amax.grid)->off[d];
                 }
                 if (in) {
                     float *x = &g[sim_lin(&gs, gc)];
@@ -351,16 +353,17 @@ static inline void sim_op(struct sim *s, uint32_t r, const struct wb_rt_op *op)
                         *x = pa[i];
                 }
                 i++;
-            } while (sim_next(&op->amax.blocks, c));
+            } while (sim_next(BOX(op->amax.blocks), c));
         }
         free(pa);
         break;
     }
     case WB_OP_QUANT: {
         const struct wb_rt_quant *q = &op->quant;
-        uint64_t nb = wb_box_numel(&q->grid);
+        uint64_t nb = wb_box_numel(BOX(q->grid));
         float *am = calloc(nb + 1, sizeof(float));
-        sim_partial(s, r, &q->src, &q->src_box, &q->region, &q->grid, am);
+        sim_partial(sim_view(s, r, &q->src), wb_rt_shape(tb, q->src.shape), BOX(q->src_box),
+                    BOX(q->region), BOX(q->grid), am);
         if (q->amax_off != (uint64_t)WB_RT_NONE)
             for (uint64_t i = 0; i < nb; i++) {
                 float e = ((float *)(s->tmp[r] + q->amax_off))[i];
@@ -375,21 +378,21 @@ static inline void sim_op(struct sim *s, uint32_t r, const struct wb_rt_op *op)
         }
         const uint8_t *base = sim_view(s, r, &q->src);
         uint8_t *out = sim_view(s, r, &q->dst);
-        struct wb_shape gs = wb_box_shape(&q->grid);
+        struct wb_shape gs = wb_box_shape(BOX(q->grid));
         uint64_t c[WB_MAX_DIMS], cs[WB_MAX_DIMS];
-        sim_start(&q->region, c);
-        sim_start(&q->src_box, cs);
+        sim_start(BOX(q->region), c);
+        sim_start(BOX(q->src_box), cs);
         uint64_t i = 0;
         do {
             uint16_t b;
-            memcpy(&b, base + sim_lin(&q->src.shape, cs) * 2, 2);
+            memcpy(&b, base + sim_lin(wb_rt_shape(tb, q->src.shape), cs) * 2, 2);
             uint64_t gc[WB_MAX_DIMS];
-            for (uint32_t d = 0; d < q->region.ndim; d++)
-                gc[d] = c[d] / ((d + 2 >= q->region.ndim) ? 128 : 1) - q->grid.off[d];
+            for (uint32_t d = 0; d < BOX(q->region)->ndim; d++)
+                gc[d] = c[d] / ((d + 2 >= BOX(q->region)->ndim) ? 128 : 1) - BOX(q->grid)->off[d];
             float a = am[sim_lin(&gs, gc)];
             out[i++] = sim_f_to_e4m3(sim_bf16_to_f(b) * (448.0f / a));
-            sim_next(&q->src_box, cs);
-        } while (sim_next(&q->region, c));
+            sim_next(BOX(q->src_box), cs);
+        } while (sim_next(BOX(q->region), c));
         free(am);
         break;
     }
@@ -402,7 +405,7 @@ static inline void sim_run(struct sim *s)
     const struct wb_plan *p = s->p;
     for (uint32_t ph = 0; ph < p->nphases; ph++)
         for (uint32_t r = 0; r < p->ntrainers; r++) {
-            const struct wb_route_table *t = &p->tables[r];
+            const struct wb_route_table *t = &p->tables[r], *tb = t;
             const struct wb_rt_phase *P = &t->phases[ph];
             for (uint32_t k = P->task0; k < P->task0 + P->ntasks; k++) {
                 const struct wb_rt_task *T = &t->tasks[k];
@@ -413,7 +416,8 @@ static inline void sim_run(struct sim *s)
                 for (uint32_t o = T->op0; o < T->op0 + T->nops; o++) {
                     const struct wb_rt_op *op = &t->ops[o];
                     if (op->kind == WB_OP_AMAX && op->amax.amax_off != (uint64_t)WB_RT_NONE)
-                        memset(s->tmp[r] + op->amax.amax_off, 0, wb_box_numel(&op->amax.grid) * 4);
+                        memset(s->tmp[r] + op->amax.amax_off, 0,
+                               wb_box_numel(BOX(op->amax.grid)) * 4);
                 }
                 for (uint32_t o = T->op0; o < T->op0 + T->nops; o++)
                     sim_op(s, r, &t->ops[o]);

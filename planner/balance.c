@@ -7,19 +7,21 @@
 
 #include "planner/balance.h"
 
-int bal_init(struct balance *b, uint32_t nranks)
+int bal_init(struct balance *b, uint32_t nranks, uint32_t nphases)
 {
     memset(b, 0, sizeof(*b));
     b->nranks = nranks;
+    b->nphases = nphases ? nphases : 1;
     vec_init(&b->sets, sizeof(struct bal_set));
     vec_init(&b->set_ranks, sizeof(uint32_t));
     vec_init(&b->demands, sizeof(struct bal_demand));
     vec_init(&b->parts, sizeof(struct bal_part));
     b->base = calloc(nranks ? nranks : 1, sizeof(uint64_t));
     b->load = calloc(nranks ? nranks : 1, sizeof(uint64_t));
+    b->pbase = calloc((size_t)b->nphases * nranks + 1, sizeof(uint64_t));
     b->hcap = 1024;
     b->hash = calloc(b->hcap, sizeof(uint32_t));
-    if (!b->base || !b->load || !b->hash) {
+    if (!b->base || !b->load || !b->hash || !b->pbase) {
         bal_free(b);
         return -ENOMEM;
     }
@@ -29,6 +31,7 @@ int bal_init(struct balance *b, uint32_t nranks)
 void bal_free(struct balance *b)
 {
     free(b->base);
+    free(b->pbase);
     free(b->load);
     free(b->hash);
     vec_free(&b->sets);
@@ -90,16 +93,21 @@ int64_t bal_set(struct balance *b, const uint32_t *ranks, uint32_t n)
     return (int64_t)b->sets.n - 1;
 }
 
-int bal_add(struct balance *b, uint32_t set, uint64_t bytes, uint32_t nunits, uint32_t group)
+int bal_add(struct balance *b, uint32_t set, uint64_t bytes, uint32_t nunits, uint32_t group,
+            uint32_t phase)
 {
     struct bal_set *s = VEC_AT(&b->sets, struct bal_set, set);
+    if (phase >= b->nphases)
+        phase = b->nphases - 1;
     if (s->n == 1) {
-        b->base[*VEC_AT(&b->set_ranks, uint32_t, s->r0)] += bytes;
+        uint32_t r = *VEC_AT(&b->set_ranks, uint32_t, s->r0);
+        b->base[r] += bytes;
+        b->pbase[(size_t)phase * b->nranks + r] += bytes;
         return 1;
     }
     s->total += bytes;
     struct bal_demand d = {
-        .bytes = bytes, .set = set, .nunits = nunits ? nunits : 1, .group = group};
+        .bytes = bytes, .set = set, .nunits = nunits ? nunits : 1, .group = group, .phase = phase};
     return vec_push(&b->demands, &d) ? 0 : -ENOMEM;
 }
 
@@ -218,7 +226,8 @@ static int64_t flow_max(struct flow *f, uint32_t s, uint32_t t)
 
 /* Builds the graph for load limit T; returns 1 when feasible, 0 when not, <0 on error. With
  * quota != NULL (per set-member slot, like set_ranks) the flows are written there. */
-static int feasible(const struct balance *b, uint64_t T, uint64_t *quota)
+static int feasible(const struct balance *b, uint64_t T, uint64_t *quota, const uint64_t *base,
+                    bool phase_only)
 {
     uint32_t ns = (uint32_t)b->sets.n, nt = b->nranks;
     uint32_t S = ns + nt, Tn = S + 1;
@@ -227,19 +236,20 @@ static int feasible(const struct balance *b, uint64_t T, uint64_t *quota)
     int64_t need = 0;
     for (uint32_t i = 0; !r && i < ns; i++) {
         const struct bal_set *s = VEC_AT(&b->sets, struct bal_set, i);
-        if (s->n < 2 || s->total == 0)
+        uint64_t tot = phase_only ? s->ptotal : s->total;
+        if (s->n < 2 || tot == 0)
             continue;
-        need += (int64_t)s->total;
-        r = flow_edge(&f, S, i, (int64_t)s->total);
+        need += (int64_t)tot;
+        r = flow_edge(&f, S, i, (int64_t)tot);
         for (uint32_t k = 0; !r && k < s->n; k++)
             r = flow_edge(&f, i, ns + *VEC_AT(&b->set_ranks, uint32_t, s->r0 + k), INT64_MAX / 4);
     }
     for (uint32_t k = 0; !r && k < nt; k++) {
-        if (b->base[k] > T) {
+        if (base[k] > T) {
             flow_free(&f);
             return 0;
         }
-        r = flow_edge(&f, ns + k, Tn, (int64_t)(T - b->base[k]));
+        r = flow_edge(&f, ns + k, Tn, (int64_t)(T - base[k]));
     }
     if (r) {
         flow_free(&f);
@@ -252,7 +262,7 @@ static int feasible(const struct balance *b, uint64_t T, uint64_t *quota)
             const struct bal_set *s = VEC_AT(&b->sets, struct bal_set, i);
             for (uint32_t k = 0; k < s->n; k++)
                 quota[s->r0 + k] = 0;
-            if (s->n < 2 || s->total == 0)
+            if (s->n < 2 || (phase_only ? s->ptotal : s->total) == 0)
                 continue;
             /* Edges were added in member order; walk the node's list (reverse order). */
             uint32_t k = s->n;
@@ -347,10 +357,8 @@ static int cmp_desc_bytes(const void *a, const void *b, void *ctx)
 }
 
 /* Fills the flow quotas set by set, largest demands first, splitting where a quota ends. */
-static int quota_fill(struct balance *b, const uint64_t *quota, uint64_t *load)
+static int quota_fill(struct balance *b, const uint64_t *quota, uint64_t *load, uint32_t phase)
 {
-    memcpy(load, b->base, b->nranks * sizeof(uint64_t));
-    b->parts.n = 0;
     size_t nd = b->demands.n, ns = b->sets.n;
     struct bal_demand *D = b->demands.p;
     uint32_t *order = malloc((nd ? nd : 1) * sizeof(uint32_t));
@@ -362,7 +370,8 @@ static int quota_fill(struct balance *b, const uint64_t *quota, uint64_t *load)
         goto out;
     }
     for (size_t i = 0; i < nd; i++)
-        start[D[i].set + 1]++;
+        if (D[i].phase == phase)
+            start[D[i].set + 1]++;
     for (size_t s = 0; s < ns; s++)
         start[s + 1] += start[s];
     {
@@ -373,7 +382,8 @@ static int quota_fill(struct balance *b, const uint64_t *quota, uint64_t *load)
         }
         memcpy(fill, start, ns * sizeof(uint32_t));
         for (size_t i = 0; i < nd; i++)
-            order[fill[D[i].set]++] = (uint32_t)i;
+            if (D[i].phase == phase)
+                order[fill[D[i].set]++] = (uint32_t)i;
         free(fill);
     }
     for (size_t i = 0; i < b->set_ranks.n; i++)
@@ -465,25 +475,23 @@ static void improve(struct balance *b, uint64_t *load)
     free(owner);
 }
 
-int bal_solve(struct balance *b, bool greedy_only)
+/* The smallest T (to 1e-7 relative) at which the demands (all, or the current phase's) fit
+ * over `base`. */
+static int min_feasible(const struct balance *b, const uint64_t *base, bool phase_only,
+                        uint64_t total, uint64_t *out)
 {
     uint32_t nt = b->nranks;
-    uint64_t total = 0;
-    for (size_t i = 0; i < b->sets.n; i++)
-        total += VEC_AT(&b->sets, struct bal_set, i)->total;
     uint64_t base_sum = 0;
     for (uint32_t r = 0; r < nt; r++)
-        base_sum += b->base[r];
-
-    /* Lower bound: binary search over T with the max-flow as the test. */
-    uint64_t lo = max_of(b->base, nt), hi = lo + total;
+        base_sum += base[r];
+    uint64_t lo = max_of(base, nt), hi = lo + total;
     uint64_t avg = nt ? ceil_div(total + base_sum, nt) : 0;
     if (avg > lo)
         lo = avg;
     if (lo > hi)
         hi = lo;
     if (total > 0) {
-        int f = feasible(b, lo, NULL);
+        int f = feasible(b, lo, NULL, base, phase_only);
         if (f < 0)
             return f;
         if (f) {
@@ -491,7 +499,7 @@ int bal_solve(struct balance *b, bool greedy_only)
         } else {
             while (hi - lo > 1 && (double)(hi - lo) > 1e-7 * (double)hi) {
                 uint64_t mid = lo + (hi - lo) / 2;
-                f = feasible(b, mid, NULL);
+                f = feasible(b, mid, NULL, base, phase_only);
                 if (f < 0)
                     return f;
                 if (f)
@@ -501,8 +509,21 @@ int bal_solve(struct balance *b, bool greedy_only)
             }
         }
     }
-    b->lower_bound = hi;
+    *out = hi;
+    return 0;
+}
 
+int bal_solve(struct balance *b, bool greedy_only)
+{
+    uint32_t nt = b->nranks;
+    uint64_t total = 0;
+    for (size_t i = 0; i < b->sets.n; i++)
+        total += VEC_AT(&b->sets, struct bal_set, i)->total;
+
+    /* Lower bound over all phases: binary search over T with the max-flow as the test. */
+    int r0 = min_feasible(b, b->base, false, total, &b->lower_bound);
+    if (r0)
+        return r0;
     uint64_t *gload = malloc((nt ? nt : 1) * sizeof(uint64_t));
     uint64_t *quota = malloc((b->set_ranks.n ? b->set_ranks.n : 1) * sizeof(uint64_t));
     struct vec gparts;
@@ -535,16 +556,37 @@ int bal_solve(struct balance *b, bool greedy_only)
         gpart0[2 * i] = VEC_AT(&b->demands, struct bal_demand, i)->part0;
         gpart0[2 * i + 1] = VEC_AT(&b->demands, struct bal_demand, i)->nparts;
     }
-    r = feasible(b, b->lower_bound, quota);
-    if (r < 0)
-        goto out;
-    if (r == 0) { /* cannot happen: hi was feasible */
-        r = -WB_E_PLAN;
-        goto out;
+    memset(b->load, 0, nt * sizeof(uint64_t));
+    for (uint32_t ph = 0; ph < b->nphases; ph++) {
+        uint64_t ptotal = 0;
+        for (size_t i = 0; i < b->sets.n; i++)
+            VEC_AT(&b->sets, struct bal_set, i)->ptotal = 0;
+        for (size_t i = 0; i < b->demands.n; i++) {
+            const struct bal_demand *d = VEC_AT(&b->demands, struct bal_demand, i);
+            if (d->phase == ph) {
+                VEC_AT(&b->sets, struct bal_set, d->set)->ptotal += d->bytes;
+                ptotal += d->bytes;
+            }
+        }
+        for (uint32_t k = 0; k < nt; k++)
+            b->load[k] += b->pbase[(size_t)ph * nt + k];
+        if (ptotal == 0)
+            continue;
+        uint64_t T;
+        r = min_feasible(b, b->load, true, ptotal, &T);
+        if (r)
+            goto out;
+        r = feasible(b, T, quota, b->load, true);
+        if (r < 0)
+            goto out;
+        if (r == 0) { /* cannot happen: T was feasible */
+            r = -WB_E_PLAN;
+            goto out;
+        }
+        r = quota_fill(b, quota, b->load, ph);
+        if (r)
+            goto out;
     }
-    r = quota_fill(b, quota, b->load);
-    if (r)
-        goto out;
     improve(b, b->load);
     b->max_load = max_of(b->load, nt);
     if (b->max_load > b->greedy_max) { /* never worse than the reference */

@@ -598,7 +598,7 @@ static int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint3
                 any_straddle |= d->straddle;
                 const struct bal_set *bs = VEC_AT(&c->bal.sets, struct bal_set, d->set);
                 if (!emit) {
-                    int a2 = bal_add(&c->bal, (uint32_t)d->set, d->bytes, d->nu, *group);
+                    int a2 = bal_add(&c->bal, (uint32_t)d->set, d->bytes, d->nu, *group, it->phase);
                     r = a2 < 0 ? a2 : 0;
                     continue;
                 }
@@ -937,7 +937,7 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
         goto out;
     r = choose_modes(&c);
     if (!r)
-        r = bal_init(&c.bal, c.nt);
+        r = bal_init(&c.bal, c.nt, c.nphases);
     if (r)
         goto out;
     uint32_t group = 0;
@@ -972,7 +972,7 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     if (mx > c.bal.greedy_max && !c.bal.used_greedy) {
         uint64_t lb = c.bal.lower_bound;
         bal_free(&c.bal);
-        if ((r = bal_init(&c.bal, c.nt)))
+        if ((r = bal_init(&c.bal, c.nt, c.nphases)))
             goto out;
         group = 0;
         memset(c.pieces_by_mode, 0, sizeof(c.pieces_by_mode));

@@ -582,7 +582,7 @@ int wb_layout_check(const struct wb_trainer_layout *tl, const struct wb_rollout_
                            tl->world, dims, (unsigned long long)prod);
             err = -WB_E_PLAN;
         }
-        if (tl->world % tl->gpus_per_node) {
+        if (tl->world > tl->gpus_per_node && tl->world % tl->gpus_per_node) {
             wb_errlist_add(el, "%s: world_size %u is not a multiple of gpus_per_node %u", tl->path,
                            tl->world, tl->gpus_per_node);
             err = -WB_E_PLAN;

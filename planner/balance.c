@@ -76,14 +76,16 @@ int64_t bal_set(struct balance *b, const uint32_t *ranks, uint32_t n)
     while (b->hash[j]) {
         const struct bal_set *s = VEC_AT(&b->sets, struct bal_set, b->hash[j] - 1);
         if (s->hash == hv && s->n == n &&
-            memcmp(VEC_AT(&b->set_ranks, uint32_t, s->r0), ranks, n * sizeof(uint32_t)) == 0)
+            (n == 0 ||
+             memcmp(VEC_AT(&b->set_ranks, uint32_t, s->r0), ranks, n * sizeof(uint32_t)) == 0))
             return b->hash[j] - 1;
         j = (j + 1) & (b->hcap - 1);
     }
     if (vec_reserve(&b->set_ranks, n))
         return -ENOMEM;
     struct bal_set s = {.r0 = (uint32_t)b->set_ranks.n, .n = n, .hash = hv};
-    memcpy(VEC_AT(&b->set_ranks, uint32_t, b->set_ranks.n), ranks, n * sizeof(uint32_t));
+    if (n)
+        memcpy(VEC_AT(&b->set_ranks, uint32_t, b->set_ranks.n), ranks, n * sizeof(uint32_t));
     b->set_ranks.n += n;
     if (!vec_push(&b->sets, &s))
         return -ENOMEM;
@@ -475,7 +477,7 @@ static void improve(struct balance *b, uint64_t *load)
     free(owner);
 }
 
-/* The smallest T (to 1e-7 relative) at which the demands (all, or the current phase's) fit
+/* The smallest T (exact, in bytes) at which the demands (all, or the current phase's) fit
  * over `base`. */
 static int min_feasible(const struct balance *b, const uint64_t *base, bool phase_only,
                         uint64_t total, uint64_t *out)
@@ -497,7 +499,7 @@ static int min_feasible(const struct balance *b, const uint64_t *base, bool phas
         if (f) {
             hi = lo;
         } else {
-            while (hi - lo > 1 && (double)(hi - lo) > 1e-7 * (double)hi) {
+            while (hi - lo > 1) {
                 uint64_t mid = lo + (hi - lo) / 2;
                 f = feasible(b, mid, NULL, base, phase_only);
                 if (f < 0)

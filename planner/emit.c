@@ -328,7 +328,8 @@ static int plan_exchanges(struct plan_ctx *c, const struct item *it)
         }
     }
     vec_free(&need);
-    qsort(c->xc.p, c->xc.n, sizeof(struct xchg), cmp_xchg);
+    if (c->xc.n > 1)
+        qsort(c->xc.p, c->xc.n, sizeof(struct xchg), cmp_xchg);
     return 0;
 }
 

@@ -187,7 +187,7 @@ int main(int argc, char **argv)
 
     int e1 = wb_trainer_layout_load(a.trainer, &tl, &el);
     int e2 = wb_rollout_layout_load(a.rollout, &rl, &el);
-    if (e1 || e2) {
+    if (e1 || e2 || wb_layout_check(&tl, &rl, &el)) {
         fail(&el, "layouts");
         goto out;
     }

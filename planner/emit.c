@@ -94,6 +94,65 @@ static struct wb_rt_op *push_op(struct tstate *ts, enum wb_rt_op_kind kind, uint
     return op;
 }
 
+/* The contiguous byte runs of a box in a row-major tensor (what common's wb_ranges does,
+ * without its checks: boxes here are known to lie inside their shapes; this is the planner's
+ * innermost loop). Trailing dims the box spans whole merge into one run. */
+struct runs {
+    uint32_t outer;
+    uint64_t run, count, base;
+    uint64_t stride[WB_MAX_DIMS], ext[WB_MAX_DIMS], idx[WB_MAX_DIMS];
+};
+
+static void runs_init(struct runs *r, const struct wb_shape *s, const struct wb_box *b, size_t elem)
+{
+    uint32_t n = b->ndim;
+    uint64_t st = elem;
+    for (uint32_t d = n; d-- > 0;) {
+        r->stride[d] = st;
+        st *= s->dim[d];
+    }
+    r->base = 0;
+    r->count = 1;
+    if (n == 0) {
+        r->outer = 0;
+        r->run = elem;
+        return;
+    }
+    uint32_t k = n - 1;
+    while (k > 0 && b->off[k] == 0 && b->ext[k] == s->dim[k])
+        k--;
+    r->outer = k;
+    r->run = b->ext[k] * r->stride[k];
+    for (uint32_t d = 0; d < n; d++) {
+        r->base += b->off[d] * r->stride[d];
+        if (d < k) {
+            r->count *= b->ext[d];
+            r->ext[d] = b->ext[d];
+            r->idx[d] = 0;
+        }
+    }
+    if (r->run == 0)
+        r->count = 0;
+}
+
+/* Offset of the next run; false when done. */
+static bool runs_next(struct runs *r, uint64_t *off)
+{
+    if (r->count == 0)
+        return false;
+    uint64_t o = r->base;
+    for (uint32_t d = 0; d < r->outer; d++)
+        o += r->idx[d] * r->stride[d];
+    *off = o;
+    r->count--;
+    for (uint32_t d = r->outer; d-- > 0;) {
+        if (++r->idx[d] < r->ext[d])
+            break;
+        r->idx[d] = 0;
+    }
+    return true;
+}
+
 /* Writes for tensor box S of view sv to box D of a rollout local tensor. */
 static int emit_writes(struct tstate *ts, const struct sview *sv, const struct wb_box *S,
                        uint32_t g, uint32_t dst_tensor, const struct wb_shape *dshape,
@@ -102,15 +161,17 @@ static int emit_writes(struct tstate *ts, const struct sview *sv, const struct w
     struct plan_ctx *c = ts->c;
     size_t elem = wb_dtype_size(sv->dtype);
     struct wb_box Sv = box_rel(S, &sv->cover);
-    struct wb_ranges rs, rd;
-    if (wb_ranges_init(&rs, &sv->shape, &Sv, elem) || wb_ranges_init(&rd, dshape, D, elem)) {
+    if (Sv.ndim != sv->shape.ndim || D->ndim != dshape->ndim) {
         char a[160], b[160];
         wb_errlist_add(c->el, "internal: write box %s of %s outside its view or destination %s",
                        wb_box_str(S, a, sizeof(a)), c->in->trainer->p[tensor].name,
                        wb_box_str(D, b, sizeof(b)));
         return -WB_E_PLAN;
     }
-    uint64_t ns = wb_ranges_count(&rs), nd = wb_ranges_count(&rd);
+    struct runs rs, rd;
+    runs_init(&rs, &sv->shape, &Sv, elem);
+    runs_init(&rd, dshape, D, elem);
+    uint64_t ns = rs.count, nd = rd.count;
     if (ns == 0)
         return 0;
     if (ns > 16 && ns > 4 * nd) { /* pack first so that writes follow the destination */
@@ -128,11 +189,19 @@ static int emit_writes(struct tstate *ts, const struct sview *sv, const struct w
     }
     uint64_t so = 0, sl = 0, dof = 0, dl = 0;
     bool param = sv->kind == WB_BUF_PARAM;
+    if (vec_reserve(&ts->ro->writes, ns > nd ? ns : nd))
+        return -ENOMEM;
     for (;;) {
-        if (sl == 0 && !wb_ranges_next(&rs, &so, &sl))
-            break;
-        if (dl == 0 && !wb_ranges_next(&rd, &dof, &dl))
-            break;
+        if (sl == 0) {
+            if (!runs_next(&rs, &so))
+                break;
+            sl = rs.run;
+        }
+        if (dl == 0) {
+            if (!runs_next(&rd, &dof))
+                break;
+            dl = rd.run;
+        }
         uint64_t len = sl < dl ? sl : dl;
         struct wb_rt_write w = {
             .src_off = sv->off + so,

@@ -235,8 +235,11 @@ static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct w
     struct rule_cfg c = {0};
     wb_yaml_where(y, n, at, sizeof(at));
     int r = wb_cfg_parse(y, n, rule_table, &c, el);
-    if (r)
+    if (r) {
+        if (c.shard) /* report the shard's problems too */
+            load_shard(y, c.shard, rl, el);
         goto out;
+    }
     {
         /* line and column, for messages about this rule */
         const char *p = strrchr(at, ':');

@@ -197,6 +197,7 @@ int main(int argc, char **argv)
     rc = 0;
 out:
     if (rc) {
+        fflush(stdout);
         size_t shown = el.n < 40 ? el.n : 40;
         for (size_t i = 0; i < shown; i++)
             fprintf(stderr, "wb-match: %s\n", el.msgs[i]);

@@ -128,7 +128,6 @@ struct build {
     const struct wb_rule *rl;
     const struct wb_caps *caps;
     const struct wb_param *R;
-    char where[64]; /* "(rule path:line)" is printed from rs->path and rl->line */
     struct wb_component *comp;
     size_t ncomp, cap;
     size_t nmissing;

@@ -19,7 +19,8 @@
  *     tied: model.embed_tokens.weight         # used when the trainer has no lm_head.weight
  *   - rollout: "*"                            # everything else: same name, replicated
  *     from: "*"
- * The first rule whose pattern matches a rollout name applies. Every key is checked; an
+ * The first rule whose pattern matches a rollout name applies. (YAML: inside a flow list
+ * [a, b], names with braces must be quoted: ["x.{L}.w", "y.{L}.w"]; block lists need not.) Every key is checked; an
  * unknown key is an error with its file:line:col, so a typo never silently drops a rule. */
 #include "matcher/mpriv.h"
 

@@ -3,7 +3,7 @@
  * Grammar (C precedence, lowest first):
  *   cond  := or ('?' cond ':' cond)?
  *   or    := and ('||' and)*            and := cmp ('&&' cmp)*
- *   cmp   := add (('=='|'!='|'<'|'<='|'>'|'>=') add)?
+ *   cmp   := rel (('=='|'!=') rel)*      rel := add (('<'|'<='|'>'|'>=') add)*
  *   add   := mul (('+'|'-') mul)*        mul := unary (('*'|'/'|'%') unary)*
  *   unary := ('-'|'!') unary | atom
  *   atom  := INT | NAME | NAME '(' args ')' | '(' cond ')'
@@ -280,20 +280,41 @@ static int32_t parse_add(struct parser *p)
     return a;
 }
 
-static int32_t parse_cmp(struct parser *p)
+/* C precedence: relational operators bind tighter than equality ones */
+static int32_t parse_rel(struct parser *p)
 {
-    int32_t a = parse_add(p);
-    if (a < 0)
-        return -1;
     static const struct {
         const char *tok;
         enum xop op;
-    } ops[] = {{"==", X_EQ}, {"!=", X_NE}, {"<=", X_LE}, {">=", X_GE}, {"<", X_LT}, {">", X_GT}};
-    for (size_t i = 0; i < WB_ARRAY_LEN(ops); i++)
-        if (accept(p, ops[i].tok)) {
-            int32_t b = parse_add(p);
-            return b < 0 ? -1 : add_node(p, ops[i].op, a, b);
-        }
+    } ops[] = {{"<=", X_LE}, {">=", X_GE}, {"<", X_LT}, {">", X_GT}};
+    int32_t a = parse_add(p);
+    for (bool more = true; a >= 0 && more;) {
+        more = false;
+        for (size_t i = 0; i < WB_ARRAY_LEN(ops); i++)
+            if (accept(p, ops[i].tok)) {
+                int32_t b = parse_add(p);
+                a = b < 0 ? -1 : add_node(p, ops[i].op, a, b);
+                more = true;
+                break;
+            }
+    }
+    return a;
+}
+
+static int32_t parse_cmp(struct parser *p)
+{
+    int32_t a = parse_rel(p);
+    while (a >= 0) {
+        enum xop op;
+        if (accept(p, "=="))
+            op = X_EQ;
+        else if (accept(p, "!="))
+            op = X_NE;
+        else
+            break;
+        int32_t b = parse_rel(p);
+        a = b < 0 ? -1 : add_node(p, op, a, b);
+    }
     return a;
 }
 

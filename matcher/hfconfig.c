@@ -58,7 +58,13 @@ static int push(struct flat *f, const char *name, const json_t *j)
         }
     }
     v->kind = WB_J_OTHER;
-    v->text = json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT);
+    if (json_is_real(j)) { /* "1e-06", not jansson's 17 digits */
+        char num[64];
+        snprintf(num, sizeof(num), "%g", json_real_value(j));
+        v->text = strdup(num);
+    } else {
+        v->text = json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT);
+    }
     return v->text ? 0 : -ENOMEM;
 }
 

@@ -29,6 +29,7 @@ struct mctx {
     uint64_t *t_used;  /* elements of each trainer tensor consumed */
     int32_t *t_user;   /* first rollout tensor using it */
     uint8_t *t_over;   /* over-use already reported */
+    uint8_t *t_failed; /* named by a mapping that failed: not reported as unused */
     int64_t *head_dim; /* per rule; 0 = none, -1 = could not be evaluated */
     struct wb_mapping *map;
     size_t n, cap;
@@ -127,7 +128,6 @@ struct build {
     const struct wb_rule *rl;
     const struct wb_caps *caps;
     const struct wb_param *R;
-    char where[64]; /* "(rule path:line)" is printed from rs->path and rl->line */
     struct wb_component *comp;
     size_t ncomp, cap;
     size_t nmissing;
@@ -229,16 +229,15 @@ static void build_from(struct build *b, enum wb_map_kind *kind)
         return;
     }
     const struct wb_param *T = &c->T->p[t];
+    struct wb_box full = wb_box_full(&T->shape);
+    push_comp(b, (uint32_t)t, &full, &full);
     if (!wb_shape_eq(&T->shape, &b->R->shape)) {
         char a[128], s[128];
         merr(c, "%s: rollout shape %s != trainer shape %s (%s) (rule %s:%u)", b->R->name,
              shp(&b->R->shape, a, sizeof(a)), shp(&T->shape, s, sizeof(s)), T->name, c->rs->path,
              b->rl->line);
         b->bad = true;
-        return;
     }
-    struct wb_box full = wb_box_full(&T->shape);
-    push_comp(b, (uint32_t)t, &full, &full);
 }
 
 /* Concatenates the rule's `from` tensors along item dim d into the rollout box at leading
@@ -401,6 +400,9 @@ static void build_unstack(struct build *b)
     const struct wb_param *T = &c->T->p[t];
     const struct wb_shape *rs = &b->R->shape;
     char a[128], s[128];
+    struct wb_box tfull = wb_box_full(&T->shape);
+    if (push_comp(b, (uint32_t)t, &tfull, &tfull)) /* its boxes are set below when all is well */
+        return;
     if (T->shape.ndim != rs->ndim + 1 || e >= T->shape.dim[0]) {
         merr(c, "%s: trainer tensor %s %s has no slice %llu for rollout shape %s (rule %s:%u)",
              b->R->name, T->name, shp(&T->shape, s, sizeof(s)), (unsigned long long)e,
@@ -438,8 +440,8 @@ static void build_unstack(struct build *b)
         b->bad = true;
         return;
     }
-    struct wb_box dst = wb_box_full(rs);
-    push_comp(b, (uint32_t)t, &src, &dst);
+    b->comp[b->ncomp - 1].src = src;
+    b->comp[b->ncomp - 1].dst = wb_box_full(rs);
 }
 
 /* dtype, FP8 scale and alignment checks; fills xform/dtypes/scale of m. */
@@ -667,8 +669,12 @@ static void build_one(struct mctx *c, size_t ri, size_t rule_index, const struct
         check_dtypes(&b, &m);
     if (!b.bad && !c->fatal)
         set_heads(&b, rule_index, &m);
-    for (size_t i = 0; i < b.ncomp && !b.bad; i++)
-        account(c, ri, &b.comp[i], m.kind == WB_MAP_TIE);
+    for (size_t i = 0; i < b.ncomp; i++) {
+        if (b.bad)
+            c->t_failed[b.comp[i].trainer] = 1;
+        else
+            account(c, ri, &b.comp[i], m.kind == WB_MAP_TIE);
+    }
     if (b.bad || c->fatal || !b.ncomp) {
         free(b.comp);
         return;
@@ -715,9 +721,10 @@ int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *
     c.t_used = calloc(nt + 1, sizeof(*c.t_used));
     c.t_user = malloc((nt + 1) * sizeof(*c.t_user));
     c.t_over = calloc(nt + 1, 1);
+    c.t_failed = calloc(nt + 1, 1);
     c.head_dim = calloc(rules->n + 1, sizeof(*c.head_dim));
     if (!c.r_scale || !c.r_is_scale || !c.t_scale || !c.t_is_scale || !c.t_used || !c.t_user ||
-        !c.t_over || !c.head_dim)
+        !c.t_over || !c.t_failed || !c.head_dim)
         goto out;
     for (size_t i = 0; i < nt; i++)
         c.t_user[i] = -1;
@@ -753,7 +760,7 @@ int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *
     for (size_t t = 0; t < nt && !c.fatal; t++) {
         const struct wb_param *T = &trainer->p[t];
         uint64_t numel = wb_shape_numel(&T->shape);
-        if (c.t_used[t] == numel || c.t_used[t] > numel)
+        if (c.t_used[t] >= numel || c.t_failed[t])
             continue;
         char a[128];
         if (c.t_used[t] == 0) {
@@ -815,6 +822,7 @@ out:
     free(c.t_used);
     free(c.t_user);
     free(c.t_over);
+    free(c.t_failed);
     free(c.head_dim);
     return r;
 }

@@ -39,14 +39,18 @@ int wb_inv_add(struct wb_inventory *inv, const char *name, enum wb_dtype dt,
 ssize_t wb_inv_find(const struct wb_inventory *inv, const char *name);
 
 /* Loads an inventory file (YAML or JSON): a mapping name -> {dtype: bf16, shape: [a, b]}
- * (or name -> [dtype, [a, b]]). Errors name file:line:col (YAML) and the tensor. */
+ * (or name -> [dtype, [a, b]]). Errors name file:line:col (YAML) and the tensor. On success
+ * the file's parameters replace inv's contents; on failure inv is untouched. */
 int wb_inv_load_file(const char *path, struct wb_inventory *inv, struct wb_errlist *el);
 /* Writes an inventory as a file wb_inv_load_file reads back (JSON, which is also YAML). */
 int wb_inv_save_file(const char *path, const struct wb_inventory *inv);
 
 /* Generates an inventory from a Hugging Face config.json and a model-family YAML whose entries
  * are name templates with shapes written as arithmetic over config fields. `side` selects the
- * family file's "trainer" or "rollout" section. */
+ * family file's "trainer" or "rollout" section. Like wb_inv_load_file, replaces inv's contents
+ * on success only. With an FP8 block rule in the section (`fp8:` true for the config), values
+ * are fp8_e4m3 and each gets an FP32 "<name><scale_suffix>" tensor of ceil(m/128) x ceil(n/128)
+ * blocks over its last two dims. */
 int wb_inv_generate(const char *family_yaml, const char *config_json, const char *side,
                     struct wb_inventory *inv, struct wb_errlist *el);
 

@@ -19,7 +19,8 @@
  *     tied: model.embed_tokens.weight         # used when the trainer has no lm_head.weight
  *   - rollout: "*"                            # everything else: same name, replicated
  *     from: "*"
- * The first rule whose pattern matches a rollout name applies. Every key is checked; an
+ * The first rule whose pattern matches a rollout name applies. (YAML: inside a flow list
+ * [a, b], names with braces must be quoted: ["x.{L}.w", "y.{L}.w"]; block lists need not.) Every key is checked; an
  * unknown key is an error with its file:line:col, so a typo never silently drops a rule. */
 #include "matcher/mpriv.h"
 
@@ -235,8 +236,11 @@ static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct w
     struct rule_cfg c = {0};
     wb_yaml_where(y, n, at, sizeof(at));
     int r = wb_cfg_parse(y, n, rule_table, &c, el);
-    if (r)
+    if (r) {
+        if (c.shard) /* report the shard's problems too */
+            load_shard(y, c.shard, rl, el);
         goto out;
+    }
     {
         /* line and column, for messages about this rule */
         const char *p = strrchr(at, ':');

@@ -424,6 +424,57 @@ static void test_unstack_trainer_stacked(void)
     fam_free(&f);
 }
 
+static void test_fp8_checkpoint_cast_and_rollout_ignore(void)
+{
+    /* checkpoint broadcast: the trainer side is itself an FP8 checkpoint (values + scales);
+     * fused into an FP8 rollout tensor, values and scales are copied. An FP32 trainer tensor
+     * is cast to a BF16 rollout tensor, and a rollout tensor declared ignorable (a KV-cache
+     * scale nothing writes) is left out. */
+    const char *cfg = wb_test_write_file("c.json", "{\"hidden\": 256}");
+    char cfg_path[512];
+    snprintf(cfg_path, sizeof(cfg_path), "%s", cfg);
+    const char *fam = wb_test_write_file(
+        "ckpt.yaml", "family: ckpt\n"
+                     "quant: {fp8: [\"*_proj.weight\"]}\n"
+                     "ignore: {rollout: [\"*.k_scale\"]}\n"
+                     "trainer:\n"
+                     "  - fp8: 1\n"
+                     "    tensors: {a.q_a_proj.weight: [1536, hidden], a.kv_a_proj.weight: [576, "
+                     "hidden]}\n"
+                     "  - dtype: fp32\n"
+                     "    tensors: {a.norm.weight: [hidden]}\n"
+                     "rollout:\n"
+                     "  - fp8: 1\n"
+                     "    tensors: {a.fused_proj.weight: [2112, hidden]}\n"
+                     "  - tensors: {a.norm.weight: [hidden], a.attn.k_scale: []}\n"
+                     "rules:\n"
+                     "  - rollout: a.fused_proj.weight\n"
+                     "    from: [a.q_a_proj.weight, a.kv_a_proj.weight]\n"
+                     "  - rollout: \"*\"\n"
+                     "    from: \"*\"\n");
+    char fam_path[512];
+    snprintf(fam_path, sizeof(fam_path), "%s", fam);
+    struct fam f;
+    run_family(fam_path, cfg_path, cfg_path, false, &f);
+    CHECK_INT(f.c.trainer, 5);
+    CHECK_INT(f.c.rollout, 4);
+    CHECK_INT(f.c.maps, 2);
+    const struct wb_mapping *m = find_map(&f, "a.fused_proj.weight");
+    CHECK_INT(m->xform, WB_XFORM_COPY);
+    CHECK_INT(m->src_dtype, WB_DTYPE_FP8_E4M3);
+    CHECK_INT(m->block, 128);
+    CHECK_STR(f.r.p[m->scale].name, "a.fused_proj.weight_scale_inv");
+    CHECK_U64(f.r.p[m->scale].shape.dim[0], 17);
+    CHECK_STR(f.t.p[m->comp[0].trainer_scale].name, "a.q_a_proj.weight_scale_inv");
+    CHECK_STR(f.t.p[m->comp[1].trainer_scale].name, "a.kv_a_proj.weight_scale_inv");
+    CHECK_U64(f.t.p[m->comp[1].trainer_scale].shape.dim[0], 5);
+    m = find_map(&f, "a.norm.weight");
+    CHECK_INT(m->xform, WB_XFORM_CAST);
+    CHECK_INT(m->src_dtype, WB_DTYPE_FP32);
+    CHECK_INT(m->dst_dtype, WB_DTYPE_BF16);
+    fam_free(&f);
+}
+
 /* ---------------------------------------------------------------- inventories */
 
 static void test_inventory_add_find(void)
@@ -524,6 +575,7 @@ const struct wb_test wb_tests[] = {
     {"tied_and_ignored", test_tied_and_ignored, 0},
     {"mixtral_yaml_only", test_mixtral_yaml_only, 0},
     {"unstack_trainer_stacked", test_unstack_trainer_stacked, 0},
+    {"fp8_checkpoint_cast_and_rollout_ignore", test_fp8_checkpoint_cast_and_rollout_ignore, 0},
     {"inventory_add_find", test_inventory_add_find, 0},
     {"inventory_file_roundtrip", test_inventory_file_roundtrip, 0},
     {"dry_run_from_files", test_dry_run_from_files, 0},

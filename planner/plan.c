@@ -918,6 +918,24 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     c.nr = in->rl->replicas * c.gpr;
     c.words = (c.nt + 63) / 64;
 
+    /* FP8 checkpoint copies (trainer values already FP8, scales copied from trainer scale
+     * tensors) are not planned yet: refuse them instead of planning the values alone. */
+    for (size_t m = 0; m < in->match->n; m++) {
+        const struct wb_mapping *mp = &in->match->map[m];
+        for (uint32_t k = 0; k < mp->ncomp; k++)
+            if (mp->comp[k].trainer_scale >= 0) {
+                wb_errlist_add(el,
+                               "%s: copying FP8 values with their trainer scale tensors (%s) is "
+                               "not supported by the planner yet (rule %s:%u)",
+                               in->rollout->p[mp->rollout].name,
+                               in->trainer->p[mp->comp[k].trainer_scale].name,
+                               in->match->rules_path ? in->match->rules_path : "?", mp->rule_line);
+                r = -WB_E_PLAN;
+                break;
+            }
+    }
+    if (r)
+        goto out;
     bool *used = calloc(in->trainer->n + 1, sizeof(bool));
     if (!used) {
         r = -ENOMEM;

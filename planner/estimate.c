@@ -7,7 +7,8 @@
  *    every peer reached it; over NVLink at nvlink_Bps when all peers share a node, else as
  *    ring flows through the NICs; AMAX: a rendezvous with the peer plus one collective launch)
  *    -> GPU stream (copies at copy_Bps, quantization at quant_Bps, kernel_s per op) -> CPU
- *    posting writes (write_submit_s per write per NIC stripe) -> network;
+ *    (one thread: kernel_s per op launched, gather_s per collective, write_submit_s per write
+ *    per NIC stripe for writes of 64 KiB or more, one post otherwise) -> network;
  *  - the network is fluid: every (sender, receiver) pair is a FIFO of byte chunks; each step
  *    the NIC egress of every GPU (nic_gbps x nics x efficiency) and the ingress of every GPU
  *    are shared max-min fairly among their active pairs (water-filling);
@@ -35,7 +36,7 @@ struct pair {
     uint32_t src, dst; /* node ids: trainers, then rollouts */
     struct vec q;      /* struct chunk FIFO */
     size_t head;
-    double rate;
+    double rate, give;
     uint64_t left; /* bytes queued */
     bool active;
 };
@@ -98,9 +99,15 @@ struct sim {
     uint32_t *last_coll;      /* per rank and phase: relative index of the last task of the phase
                                  (+1), 0 when the rank has none */
     double *egress, *ingress; /* bytes/s per node */
-    double *barrier_done;     /* per phase */
-    uint32_t *phase_left;     /* ranks not yet past the phase's last collective */
-    double *arrive;           /* per phase: latest arrival */
+    uint32_t *act;            /* active pair indices */
+    size_t nact, cact;
+    double *eleft, *ileft; /* per node, per step */
+    uint32_t *nout, *nin;
+    double *rollout_end; /* per rollout GPU: its last byte */
+    size_t ndone;
+    double *barrier_done; /* per phase */
+    uint32_t *phase_left; /* ranks not yet past the phase's last collective */
+    double *arrive;       /* per phase: latest arrival */
 };
 
 /* ---------------------------------------------------------------- pairs */
@@ -158,6 +165,17 @@ static int post(struct sim *s, uint32_t a, uint32_t b, uint32_t id, uint64_t byt
     if (!vec_push(&p->q, &c))
         return -ENOMEM;
     p->left += bytes;
+    if (!p->active) {
+        if (s->nact == s->cact) {
+            size_t c = s->cact ? 2 * s->cact : 1024;
+            uint32_t *na = realloc(s->act, c * sizeof(uint32_t));
+            if (!na)
+                return -ENOMEM;
+            s->act = na;
+            s->cact = c;
+        }
+        s->act[s->nact++] = (uint32_t)(p - s->pair);
+    }
     p->active = true;
     return 0;
 }
@@ -297,7 +315,10 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
                 posts += x->len >= (64u << 10) ? (uint32_t)hw->nics_per_gpu : 1;
             }
             e->nflow = (uint32_t)fi - e->f0;
-            e->submit_s = posts * hw->write_submit_s;
+            /* the executor's one CPU thread launches the task's GPU ops and collectives and
+             * posts its writes: all of that is CPU time on the rank's critical path */
+            e->submit_s =
+                posts * hw->write_submit_s + T->nops * hw->kernel_s + e->ncoll * hw->gather_s;
         }
     }
     free(hk);
@@ -336,30 +357,23 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
  * delivery in FIFO order per pair. Returns -ENOMEM or 0. */
 static int net_step(struct sim *s, double t, double dt, double *sent_tr, double *sent_gather)
 {
-    uint32_t nn = s->nt + s->nr;
-    double *eleft = malloc(nn * sizeof(double)), *ileft = malloc(nn * sizeof(double));
-    uint32_t *nout = malloc(nn * sizeof(uint32_t)), *nin = malloc(nn * sizeof(uint32_t));
-    if (!eleft || !ileft || !nout || !nin) {
-        free(eleft);
-        free(ileft);
-        free(nout);
-        free(nin);
-        return -ENOMEM;
+    double *eleft = s->eleft, *ileft = s->ileft;
+    uint32_t *nout = s->nout, *nin = s->nin;
+    for (size_t i = 0; i < s->nact; i++) {
+        struct pair *p = &s->pair[s->act[i]];
+        p->rate = 0;
+        eleft[p->src] = s->egress[p->src] * dt;
+        ileft[p->dst] = s->ingress[p->dst] * dt;
     }
-    for (uint32_t i = 0; i < nn; i++) {
-        eleft[i] = s->egress[i] * dt;
-        ileft[i] = s->ingress[i] * dt;
-    }
-    for (size_t i = 0; i < s->npair; i++)
-        s->pair[i].rate = 0;
     for (int round = 0; round < 4; round++) {
-        memset(nout, 0, nn * sizeof(uint32_t));
-        memset(nin, 0, nn * sizeof(uint32_t));
         size_t want = 0;
-        for (size_t i = 0; i < s->npair; i++) {
-            const struct pair *p = &s->pair[i];
-            if (p->active && (double)p->left > p->rate + 0.5 && eleft[p->src] > 1 &&
-                ileft[p->dst] > 1) {
+        for (size_t i = 0; i < s->nact; i++) {
+            const struct pair *p = &s->pair[s->act[i]];
+            nout[p->src] = nin[p->dst] = 0;
+        }
+        for (size_t i = 0; i < s->nact; i++) {
+            const struct pair *p = &s->pair[s->act[i]];
+            if ((double)p->left > p->rate + 0.5 && eleft[p->src] > 1 && ileft[p->dst] > 1) {
                 nout[p->src]++;
                 nin[p->dst]++;
                 want++;
@@ -367,12 +381,11 @@ static int net_step(struct sim *s, double t, double dt, double *sent_tr, double 
         }
         if (!want)
             break;
-        for (size_t i = 0; i < s->npair; i++) {
-            struct pair *p = &s->pair[i];
-            if (!(p->active && (double)p->left > p->rate + 0.5 && eleft[p->src] > 1 &&
-                  ileft[p->dst] > 1))
+        /* equal shares of what each end has left at the round's start: sums never exceed it */
+        for (size_t i = 0; i < s->nact; i++) {
+            struct pair *p = &s->pair[s->act[i]];
+            if (!((double)p->left > p->rate + 0.5 && eleft[p->src] > 1 && ileft[p->dst] > 1))
                 continue;
-            /* shares from the round's start: sums never exceed what is left */
             double give = eleft[p->src] / nout[p->src];
             double in = ileft[p->dst] / nin[p->dst];
             if (in < give)
@@ -380,43 +393,47 @@ static int net_step(struct sim *s, double t, double dt, double *sent_tr, double 
             if ((double)p->left - p->rate < give)
                 give = (double)p->left - p->rate;
             p->rate += give;
+            p->give = give;
         }
-        for (uint32_t k = 0; k < nn; k++) {
-            eleft[k] = s->egress[k] * dt;
-            ileft[k] = s->ingress[k] * dt;
-        }
-        for (size_t i = 0; i < s->npair; i++) {
-            eleft[s->pair[i].src] -= s->pair[i].rate;
-            ileft[s->pair[i].dst] -= s->pair[i].rate;
+        for (size_t i = 0; i < s->nact; i++) {
+            struct pair *p = &s->pair[s->act[i]];
+            eleft[p->src] -= p->give;
+            ileft[p->dst] -= p->give;
+            p->give = 0;
         }
     }
-    for (size_t i = 0; i < s->npair; i++) {
-        struct pair *p = &s->pair[i];
-        if (!p->active || p->rate <= 0)
-            continue;
+    size_t keep = 0;
+    for (size_t i = 0; i < s->nact; i++) {
+        struct pair *p = &s->pair[s->act[i]];
         double bytes = p->rate;
-        *(p->dst < s->nt ? sent_gather : sent_tr) += bytes;
-        while (p->head < p->q.n) {
+        if (bytes > 0)
+            *(p->dst < s->nt ? sent_gather : sent_tr) += bytes;
+        while (bytes > 0 && p->head < p->q.n) {
             struct chunk *c = VEC_AT(&p->q, struct chunk, p->head);
             if ((double)c->left > bytes + 0.5) {
                 c->left -= (uint64_t)bytes;
                 p->left -= (uint64_t)bytes;
                 break;
             }
+            double frac = p->rate > 0 ? 1.0 - (bytes - (double)c->left) / p->rate : 1.0;
             bytes -= (double)c->left;
             p->left -= c->left;
             c->left = 0;
+            double when = t + dt * (frac < 0 ? 0 : frac > 1 ? 1 : frac);
             if (c->task & (1u << 31)) {
                 struct inst *in = &s->inst[c->task & ~(1u << 31)];
                 if (--in->nflows == 0)
-                    in->t_done = t + dt;
+                    in->t_done = when;
             } else {
                 struct etask *e = &s->task[c->task];
+                if (p->dst >= s->nt && when > s->rollout_end[p->dst - s->nt])
+                    s->rollout_end[p->dst - s->nt] = when;
                 if (--e->pending == 0) {
                     e->done = true;
-                    e->t_end = t + dt;
+                    e->t_end = when;
                     s->rs[e->rank].mem -= e->tmp;
                     s->rs[e->rank].running--;
+                    s->ndone++;
                 }
             }
             p->head++;
@@ -425,12 +442,11 @@ static int net_step(struct sim *s, double t, double dt, double *sent_tr, double 
             p->active = false;
             p->left = 0;
             p->q.n = p->head = 0;
+        } else {
+            s->act[keep++] = s->act[i];
         }
     }
-    free(eleft);
-    free(ileft);
-    free(nout);
-    free(nin);
+    s->nact = keep;
     return 0;
 }
 
@@ -463,6 +479,7 @@ static double run_stage(struct sim *s, struct rank_state *rs, uint32_t *idx, uin
                 e->t_end = t + (dt - budget);
                 rs->mem -= e->tmp;
                 rs->running--;
+                s->ndone++;
             }
         }
         (*idx)++;
@@ -470,10 +487,14 @@ static double run_stage(struct sim *s, struct rank_state *rs, uint32_t *idx, uin
     return busy;
 }
 
-/* The collective stage of one rank: returns false on allocation failure. */
-static bool run_coll(struct sim *s, uint32_t r, double t, double dt, const struct wb_hw *hw)
+/* The collective stage of one rank: passes every collective that completes within this step.
+ * Returns 1 when it advanced, 0 when not, -1 on allocation failure. Collectives complete at
+ * their own times (start = last arrival), so the caller repeats all ranks until none advances:
+ * a collective costs its duration, not a simulation step. */
+static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct wb_hw *hw)
 {
     struct rank_state *rs = &s->rs[r];
+    int moved = 0;
     while (rs->coll < rs->h2d) {
         struct etask *e = &s->task[rs->t0 + rs->coll];
         if (rs->coll_k < e->ncoll) {
@@ -481,6 +502,7 @@ static bool run_coll(struct sim *s, uint32_t r, double t, double dt, const struc
             if (!rs->coll_arrived) {
                 rs->coll_arrived = true;
                 in->arrived++;
+                moved = 1;
             }
             if (!in->started && in->arrived == in->n) {
                 in->started = true;
@@ -496,25 +518,38 @@ static bool run_coll(struct sim *s, uint32_t r, double t, double dt, const struc
                     for (uint32_t f = in->f0; f < f1; f++)
                         if (post(s, s->rflow[f].src, s->rflow[f].dst,
                                  (uint32_t)(in - s->inst) | (1u << 31), s->rflow[f].bytes))
-                            return false;
+                            return -1;
                 }
             }
-            if (!in->started || in->t_done > t + dt) {
-                if (in->started)
-                    rs->busy_coll += dt;
-                else
-                    rs->wait_coll += dt;
+            if (!in->started || in->t_done > t + dt)
                 break;
-            }
             rs->coll_k++;
             rs->coll_arrived = false;
+            moved = 1;
             continue;
         }
         rs->coll_k = 0;
         rs->coll_arrived = false;
         rs->coll++;
+        moved = 1;
     }
-    return true;
+    return moved;
+}
+
+/* Where the rank's collective stage stands at the end of a step, for the time accounts. */
+static void coll_account(struct sim *s, uint32_t r, double dt)
+{
+    struct rank_state *rs = &s->rs[r];
+    if (rs->coll >= rs->h2d)
+        return;
+    const struct etask *e = &s->task[rs->t0 + rs->coll];
+    if (rs->coll_k >= e->ncoll)
+        return;
+    const struct inst *in = &s->inst[s->coll[e->c0 + rs->coll_k]];
+    if (in->started)
+        rs->busy_coll += dt;
+    else
+        rs->wait_coll += dt;
 }
 
 /* ---------------------------------------------------------------- main loop */
@@ -553,6 +588,10 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     uint32_t nn = s.nt + s.nr;
     s.egress = malloc(nn * sizeof(double));
     s.ingress = malloc(nn * sizeof(double));
+    s.eleft = malloc(nn * sizeof(double));
+    s.ileft = malloc(nn * sizeof(double));
+    s.nout = malloc(nn * sizeof(uint32_t));
+    s.nin = malloc(nn * sizeof(uint32_t));
     s.barrier_done = malloc(s.nphases * sizeof(double));
     s.arrive = calloc(s.nphases, sizeof(double));
     s.phase_left = calloc(s.nphases, sizeof(uint32_t));
@@ -565,12 +604,14 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     e.busy_submit_s = calloc(s.nt, sizeof(double));
     e.wait_s = calloc(s.nt, sizeof(double));
     e.rollout_end_s = calloc(s.nr ? s.nr : 1, sizeof(double));
-    if (!rc && (!s.egress || !s.ingress || !s.barrier_done || !s.arrive || !s.phase_left ||
-                !e.phase || !e.trainer_end_s || !e.busy_h2d_s || !e.busy_gpu_s ||
-                !e.busy_gather_s || !e.busy_submit_s || !e.wait_s || !e.rollout_end_s))
+    if (!rc &&
+        (!s.egress || !s.ingress || !s.eleft || !s.ileft || !s.nout || !s.nin || !s.barrier_done ||
+         !s.arrive || !s.phase_left || !e.phase || !e.trainer_end_s || !e.busy_h2d_s ||
+         !e.busy_gpu_s || !e.busy_gather_s || !e.busy_submit_s || !e.wait_s || !e.rollout_end_s))
         rc = -ENOMEM;
     if (rc)
         goto out;
+    s.rollout_end = e.rollout_end_s;
     double te = th->nic_gbps * 1e9 / 8 * (double)th->nics_per_gpu * th->nic_efficiency;
     double re = rh->nic_gbps * 1e9 / 8 * (double)rh->nics_per_gpu * rh->nic_efficiency;
     for (uint32_t i = 0; i < nn; i++)
@@ -582,29 +623,59 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         s.phase_left[q] = want ? s.nt : 0;
     }
 
-    /* the lower bound: the busiest NIC, copy engine or GPU at full speed */
+    /* the lower bound: the busiest NIC (writes plus gathers that leave the node), copy
+     * engine, GPU or CPU at full speed */
     double lb = 0;
-    for (uint32_t r = 0; r < s.nt; r++) {
-        const struct wb_plan_stats *st = &p->stats;
-        double x = (double)(st->send_bytes[r] + st->gather_in_bytes[r]) / te;
-        lb = x > lb ? x : lb;
+    {
+        uint64_t *out_b = calloc(s.nt, sizeof(uint64_t)), *in_b = calloc(s.nt, sizeof(uint64_t));
+        if (!out_b || !in_b) {
+            free(out_b);
+            free(in_b);
+            rc = -ENOMEM;
+            goto out;
+        }
+        for (size_t i = 0; i < s.nrflow; i++) {
+            out_b[s.rflow[i].src] += s.rflow[i].bytes;
+            in_b[s.rflow[i].dst] += s.rflow[i].bytes;
+        }
+        for (uint32_t r = 0; r < s.nt; r++) {
+            uint64_t eg = p->stats.send_bytes[r] + out_b[r];
+            double x = (double)(eg > in_b[r] ? eg : in_b[r]) / te;
+            lb = x > lb ? x : lb;
+        }
+        free(out_b);
+        free(in_b);
     }
     for (uint32_t g = 0; g < s.nr; g++) {
         double x = (double)p->stats.recv_bytes[g] / re;
         lb = x > lb ? x : lb;
     }
     for (uint32_t r = 0; r < s.nt; r++) {
-        double h = 0, q = 0;
+        double h = 0, q = 0, cpu = 0;
         for (uint32_t k = 0; k < s.rs[r].nt; k++) {
             h += s.task[s.rs[r].t0 + k].h2d_s;
             q += s.task[s.rs[r].t0 + k].gpu_s;
+            cpu += s.task[s.rs[r].t0 + k].submit_s;
         }
         lb = h > lb ? h : lb;
         lb = q > lb ? q : lb;
+        lb = cpu > lb ? cpu : lb;
     }
     e.lower_bound_s = lb;
 
+    /* The step: fine enough that per-step granularity stays small against the whole, and
+     * against the chain of collectives a rank passes one after another (each network gather
+     * ends on a step boundary). */
+    uint32_t max_coll = 0;
+    for (uint32_t r = 0; r < s.nt; r++) {
+        uint32_t n = 0;
+        for (uint32_t k = 0; k < s.rs[r].nt; k++)
+            n += s.task[s.rs[r].t0 + k].ncoll;
+        max_coll = n > max_coll ? n : max_coll;
+    }
     double dt = lb / 3000;
+    if (max_coll && lb / (8.0 * max_coll) < dt)
+        dt = lb / (8.0 * max_coll);
     if (dt < 20e-6)
         dt = 20e-6;
     if (dt > 1e-3)
@@ -617,6 +688,11 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     size_t done_tasks = 0, last_done = 0, stall = 0;
     double t = 0;
     uint64_t cap = p->mem_cap;
+    uint32_t *before = calloc(s.nt + 1, sizeof(uint32_t));
+    if (!before) {
+        rc = -ENOMEM;
+        goto out;
+    }
     for (uint32_t r = 0; r < s.nt; r++) /* ranks without tasks in a phase arrive at once */
         for (uint32_t q = 0; q < s.nphases; q++)
             if (s.phase_left[q] && !s.last_coll[(size_t)r * s.nphases + q])
@@ -646,13 +722,24 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
                 rs->admit++;
             }
             rs->busy_h2d += run_stage(&s, rs, &rs->h2d, rs->admit, &rs->h2d_left, 0, t, dt, cap);
-            uint32_t before = rs->coll;
-            if (!run_coll(&s, r, t, dt, th)) {
-                rc = -ENOMEM;
-                goto loop_out;
+            before[r] = rs->coll;
+        }
+        for (int pass = 0, moved = 1; moved && pass < 1000; pass++) {
+            moved = 0;
+            for (uint32_t r = 0; r < s.nt; r++) {
+                int m = run_coll(&s, r, t, dt, th);
+                if (m < 0) {
+                    rc = -ENOMEM;
+                    goto loop_out;
+                }
+                moved |= m;
             }
+        }
+        for (uint32_t r = 0; r < s.nt; r++) {
+            struct rank_state *rs = &s.rs[r];
+            coll_account(&s, r, dt);
             /* barrier arrivals: passing the last task of a phase */
-            for (uint32_t k = before; k < rs->coll; k++) {
+            for (uint32_t k = before[r]; k < rs->coll; k++) {
                 uint32_t ph = s.task[rs->t0 + k].phase;
                 if (s.last_coll[(size_t)r * s.nphases + ph] == k + 1 && s.phase_left[ph]) {
                     s.arrive[ph] = t + dt > s.arrive[ph] ? t + dt : s.arrive[ph];
@@ -672,21 +759,12 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         if ((rc = net_step(&s, t, dt, &sent, &gsent)))
             break;
         t += dt;
-        double ing = 0;
-        for (size_t i = 0; i < s.npair; i++)
-            if (s.pair[i].dst >= s.nt && s.pair[i].rate > 0) {
-                ing += s.pair[i].rate;
-                if (t > e.rollout_end_s[s.pair[i].dst - s.nt])
-                    e.rollout_end_s[s.pair[i].dst - s.nt] = t;
-            }
-        double v1 = sent / dt, v2 = ing / dt, v3 = gsent / dt;
+        double v1 = sent / dt, v2 = sent / dt, v3 = gsent / dt;
         if (!vec_push(&eg, &v1) || !vec_push(&ig, &v2) || !vec_push(&gg, &v3)) {
             rc = -ENOMEM;
             break;
         }
-        done_tasks = 0;
-        for (size_t i = 0; i < s.ntask; i++)
-            done_tasks += s.task[i].done;
+        done_tasks = s.ndone;
         stall = done_tasks == last_done ? stall + 1 : 0;
         last_done = done_tasks;
         if (stall > 2000000) {
@@ -696,6 +774,7 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         }
     }
 loop_out:
+    free(before);
     e.total_s = t;
     e.nsamples = (uint32_t)eg.n;
     e.egress_Bps = eg.p;
@@ -764,6 +843,11 @@ out:
     free(s.last_coll);
     free(s.egress);
     free(s.ingress);
+    free(s.eleft);
+    free(s.ileft);
+    free(s.nout);
+    free(s.nin);
+    free(s.act);
     free(s.barrier_done);
     free(s.arrive);
     free(s.phase_left);
@@ -809,10 +893,10 @@ static double max_of(const double *v, uint32_t n)
 
 void wb_estimate_print(const struct wb_estimate *e, const struct wb_plan *p, FILE *f)
 {
-    char a[32], b[32], c[32], d[32];
+    char a[32], b[32], c[32], d[32], h[32];
     fprintf(f,
-            "estimate: %.3f s (lower bound %.3f s: the busiest NIC, copy engine or GPU at "
-            "full speed)\n",
+            "estimate: %.3f s (lower bound %.3f s: the busiest NIC, copy engine, GPU or CPU "
+            "at full speed)\n",
             e->total_s, e->lower_bound_s);
     for (uint32_t q = 0; q < e->nphases; q++) {
         const struct wb_est_phase *ph = &e->phase[q];
@@ -824,14 +908,14 @@ void wb_estimate_print(const struct wb_estimate *e, const struct wb_plan *p, FIL
                 wb_fmt_bytes(ph->max_send_bytes, b, sizeof(b)),
                 wb_fmt_bytes(ph->gather_bytes, c, sizeof(c)),
                 wb_fmt_bytes(ph->max_gather_bytes, d, sizeof(d)),
-                wb_fmt_bytes(ph->h2d_bytes, a, sizeof(a)));
+                wb_fmt_bytes(ph->h2d_bytes, h, sizeof(h)));
     }
     uint32_t n = p->ntrainers;
     fprintf(f,
             "  per trainer GPU (mean / max): H2D %.0f / %.0f ms, GPU ops %.0f / %.0f ms, "
             "gathers %.0f / %.0f ms,\n"
-            "    waiting for peers %.0f / %.0f ms, posting writes %.0f / %.0f ms, done at %.0f / "
-            "%.0f ms\n",
+            "    waiting for peers %.0f / %.0f ms, CPU (launching ops, posting writes) %.0f / "
+            "%.0f ms,\n    done at %.0f / %.0f ms\n",
             1e3 * mean_of(e->busy_h2d_s, n), 1e3 * max_of(e->busy_h2d_s, n),
             1e3 * mean_of(e->busy_gpu_s, n), 1e3 * max_of(e->busy_gpu_s, n),
             1e3 * mean_of(e->busy_gather_s, n), 1e3 * max_of(e->busy_gather_s, n),

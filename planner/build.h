@@ -144,6 +144,9 @@ int item_comps_prepare(struct plan_ctx *c, const struct item *it);
 void asg_boxes(const struct plan_ctx *c, const struct item *it, const struct assign *a,
                struct sd *out);
 
+/* assemble.c: moves the per-rank output into p's tables and receive lists. */
+int finish_tables(struct plan_ctx *c, struct wb_plan *p);
+
 /* emit.c: builds the tasks of one item from its assignments (c->asg). */
 int emit_item(struct plan_ctx *c, uint32_t item_index);
 

@@ -86,6 +86,23 @@ struct rank_out {
     uint64_t send, gather_in, h2d;
 };
 
+/* Templates (stamp.c): representatives, what was recorded of them, and per item the one it
+ * is stamped from with the rank and rollout-local-rank offsets. */
+struct stamp {
+    bool on, logging, recording;
+    struct vec reps, sub, tens; /* representatives, their subpieces and tensors */
+    struct vec p1u32, p1u64;    /* pass 1: candidate-set requests, base-load deltas */
+    struct vec p3rk, p3u32;     /* pass 3: per mesh position ranges, first-use lists */
+    struct vec scratch;         /* mesh ranks */
+    int32_t *head;              /* signature hash -> representative, chained */
+    size_t hcap;
+    int32_t *rep_of, *dr, *dl; /* per item */
+    size_t demands0;           /* snapshots while a representative is walked */
+    uint32_t group0;
+    uint64_t pieces0[4];
+    size_t stamped; /* items stamped in the last emission pass */
+};
+
 struct plan_ctx {
     const struct wb_plan_input *in;
     const struct wb_plan_opts *opts;
@@ -112,6 +129,7 @@ struct plan_ctx {
     /* scratch */
     struct vec sub, asg, xc, icomp, ibox, iset, dem, sd;
     size_t demand_cursor;
+    struct stamp st;
 };
 
 /* plan.c helpers used by emit.c */
@@ -149,5 +167,29 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p);
 
 /* emit.c: builds the tasks of one item from its assignments (c->asg). */
 int emit_item(struct plan_ctx *c, uint32_t item_index);
+
+/* stamp.c: templates for congruent items (see there). stamp_prepare() once the items exist;
+ * stamp_classify() per item in plan order with its subpieces in c->sub (*like: the earlier
+ * item it is congruent to, or -1). Per pass: stamp_pass_reset();
+ * per item either *_apply() (returns 1 when it stamped the item) or *_begin(), the normal
+ * walk/emission, *_end(). stamp_log_set() records candidate-set requests while a
+ * representative is walked. */
+void stamp_init(struct stamp *st);
+void stamp_free(struct stamp *st);
+int stamp_prepare(struct plan_ctx *c, bool on);
+int stamp_classify(struct plan_ctx *c, uint32_t i, int64_t *like);
+void stamp_pass_reset(struct plan_ctx *c, int pass);
+int stamp_walk_begin(struct plan_ctx *c, uint32_t i, uint32_t group);
+int stamp_walk_end(struct plan_ctx *c, uint32_t i, uint32_t group);
+int stamp_walk_apply(struct plan_ctx *c, uint32_t i, uint32_t *group);
+int stamp_log_set(struct plan_ctx *c, int64_t set);
+int stamp_emit_begin(struct plan_ctx *c, uint32_t i);
+int stamp_emit_end(struct plan_ctx *c, uint32_t i);
+int stamp_emit_apply(struct plan_ctx *c, uint32_t i);
+
+/* plan.c: wb_plan_build() with templates on or off (tests compare the two); *nstamped (may
+ * be NULL): items stamped from a template in the final emission. */
+int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
+               struct wb_plan **out, size_t *nstamped, struct wb_errlist *el);
 
 #endif /* WB_PLANNER_BUILD_H */

@@ -505,7 +505,8 @@ static int64_t mesh_set(struct plan_ctx *c, const struct item *it)
             ranks[n++] = r;
     int64_t id = bal_set(&c->bal, ranks, n);
     free(ranks);
-    return id;
+    int r = stamp_log_set(c, id);
+    return r ? r : id;
 }
 
 /* The candidate set of shard k of component ci: its replicas. */
@@ -528,7 +529,8 @@ static int64_t shard_set(struct plan_ctx *c, const struct icomp *ic, uint32_t k)
         }
     *slot = bal_set(&c->bal, ranks, nq);
     free(ranks);
-    return *slot;
+    int r = stamp_log_set(c, *slot);
+    return r ? r : *slot;
 }
 
 /* The demands of subpieces [a, z) (one local rank), computed once for all replicas. */
@@ -630,17 +632,26 @@ static int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint3
 }
 
 /* AUTO: an item goes to gather mode when direct writes would explode (shards cut across the
- * destination's contiguous runs, e.g. Shard(1) sources for a row-split destination). */
+ * destination's contiguous runs, e.g. Shard(1) sources for a row-split destination). An item
+ * congruent to an earlier one (stamp.c) takes that one's mode. */
 static int choose_modes(struct plan_ctx *c)
 {
     for (size_t i = 0; i < c->items.n; i++) {
         struct item *it = VEC_AT(&c->items, struct item, i);
         it->mode = c->opts->mode == WB_MODE_GATHER ? WB_MODE_GATHER : WB_MODE_DIRECT;
-        if (c->opts->mode != WB_MODE_AUTO)
-            continue;
+        int64_t like;
         int r = item_subpieces(c, it);
         if (!r)
-            r = item_comps_prepare(c, it);
+            r = stamp_classify(c, (uint32_t)i, &like);
+        if (r)
+            return r;
+        if (like >= 0) {
+            it->mode = VEC_AT(&c->items, struct item, like)->mode;
+            continue;
+        }
+        if (c->opts->mode != WB_MODE_AUTO)
+            continue;
+        r = item_comps_prepare(c, it);
         if (r)
             return r;
         uint64_t runs_gather = 0, runs_direct = 0;
@@ -701,6 +712,28 @@ static void ctx_free(struct plan_ctx *c)
     vec_free(&c->iset);
     vec_free(&c->dem);
     vec_free(&c->sd);
+    stamp_free(&c->st);
+}
+
+/* Pass 1: every item's demands to the balancer (stamped where a template allows). */
+static int walk_all(struct plan_ctx *c)
+{
+    uint32_t group = 0;
+    stamp_pass_reset(c, 1);
+    for (size_t i = 0; i < c->items.n; i++) {
+        int r = stamp_walk_apply(c, (uint32_t)i, &group);
+        if (r > 0)
+            continue;
+        if (!r)
+            r = stamp_walk_begin(c, (uint32_t)i, group);
+        if (!r)
+            r = walk_item(c, VEC_AT(&c->items, struct item, i), false, &group);
+        if (!r)
+            r = stamp_walk_end(c, (uint32_t)i, group);
+        if (r)
+            return r;
+    }
+    return 0;
 }
 
 /* Pass 3 state reset (a rebuild with the greedy's assignment replays it). */
@@ -727,11 +760,20 @@ static int emit_all(struct plan_ctx *c)
     c->next_tag = 0;
     c->gathers = c->amax_ops = 0;
     c->demand_cursor = 0;
+    stamp_pass_reset(c, 3);
     uint32_t group = 0;
     for (size_t i = 0; i < c->items.n; i++) {
-        int r = walk_item(c, VEC_AT(&c->items, struct item, i), true, &group);
+        int r = stamp_emit_apply(c, (uint32_t)i);
+        if (r > 0)
+            continue;
+        if (!r)
+            r = walk_item(c, VEC_AT(&c->items, struct item, i), true, &group);
+        if (!r)
+            r = stamp_emit_begin(c, (uint32_t)i);
         if (!r)
             r = emit_item(c, (uint32_t)i);
+        if (!r)
+            r = stamp_emit_end(c, (uint32_t)i);
         if (r)
             return r;
     }
@@ -740,6 +782,12 @@ static int emit_all(struct plan_ctx *c)
 
 int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts,
                   struct wb_plan **out, struct wb_errlist *el)
+{
+    return plan_build(in, opts, true, out, NULL, el);
+}
+
+int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
+               struct wb_plan **out, size_t *nstamped, struct wb_errlist *el)
 {
     struct plan_ctx c;
     memset(&c, 0, sizeof(c));
@@ -758,6 +806,7 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     vec_init(&c.iset, sizeof(int64_t));
     vec_init(&c.dem, sizeof(struct dem));
     vec_init(&c.sd, sizeof(struct sd));
+    stamp_init(&c.st);
     struct wb_plan *p = NULL;
     int r = wb_layout_check(in->tl, in->rl, el);
     if (r)
@@ -800,16 +849,14 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     r = build_rollout_locals(&c);
     if (r)
         goto out;
-    if ((r = build_items(&c)) || (r = build_phases(&c)))
+    if ((r = build_items(&c)) || (r = build_phases(&c)) || (r = stamp_prepare(&c, stamp)))
         goto out;
     r = choose_modes(&c);
     if (!r)
         r = bal_init(&c.bal, c.nt, c.nphases);
     if (r)
         goto out;
-    uint32_t group = 0;
-    for (size_t i = 0; i < c.items.n && !r; i++)
-        r = walk_item(&c, VEC_AT(&c.items, struct item, i), false, &group);
+    r = walk_all(&c);
     if (r)
         goto out;
     r = bal_solve(&c.bal, false);
@@ -841,11 +888,8 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
         bal_free(&c.bal);
         if ((r = bal_init(&c.bal, c.nt, c.nphases)))
             goto out;
-        group = 0;
         memset(c.pieces_by_mode, 0, sizeof(c.pieces_by_mode));
-        for (size_t i = 0; i < c.items.n && !r; i++)
-            r = walk_item(&c, VEC_AT(&c.items, struct item, i), false, &group);
-        if (r || (r = bal_solve(&c.bal, true)) || (r = emit_all(&c)))
+        if ((r = walk_all(&c)) || (r = bal_solve(&c.bal, true)) || (r = emit_all(&c)))
             goto out;
         c.bal.lower_bound = lb;
     }
@@ -882,6 +926,8 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     memcpy(p->stats.pieces, c.pieces_by_mode, sizeof(p->stats.pieces));
     p->stats.lower_bound = c.bal.lower_bound;
     p->stats.greedy_max = c.bal.greedy_max;
+    if (nstamped)
+        *nstamped = c.st.stamped;
 out:
     ctx_free(&c);
     if (r) {

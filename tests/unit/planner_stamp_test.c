@@ -1,0 +1,185 @@
+/* planner_stamp_test.c — templates (planner/stamp.c): a plan built with congruent items
+ * stamped out from their representative must equal, byte for byte, the plan built by walking
+ * and emitting every item. The case is a cut-down Kimi-K2 (DeepSeek-V3 architecture, FP8
+ * rollout): 4 layers, 32 experts, FSDP rows of the down projection that straddle 128-row
+ * blocks (amax exchanges), on 32 trainer GPUs (fsdp 4 x pp 2 x ep 4) and 2 rollout replicas
+ * of 8 GPUs (tp 8, ep 8), in every mode and both residences. */
+#include "planner/build.h"
+#include "tests/unit/planner_fx.h"
+
+static const char *const CONFIG =
+    "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"kimi_k2\",\n"
+    " \"first_k_dense_replace\": 1, \"hidden_size\": 1792, \"intermediate_size\": 4096,\n"
+    " \"kv_lora_rank\": 512, \"moe_intermediate_size\": 1024, \"moe_layer_freq\": 1,\n"
+    " \"n_group\": 1, \"n_routed_experts\": 32, \"n_shared_experts\": 1,\n"
+    " \"num_attention_heads\": 16, \"num_experts_per_tok\": 4, \"num_hidden_layers\": 4,\n"
+    " \"num_key_value_heads\": 16, \"num_nextn_predict_layers\": 0, \"q_lora_rank\": 768,\n"
+    " \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128,\n"
+    " \"vocab_size\": 4096, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\",\n"
+    " \"quantization_config\": {\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\",\n"
+    "   \"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}}\n";
+
+static const char *const TRAINER = "world_size: 32\n"
+                                   "gpus_per_node: 8\n"
+                                   "residence: %s\n"
+                                   "mesh:\n"
+                                   "  - {name: fsdp, size: 4}\n"
+                                   "  - {name: pp, size: 2}\n"
+                                   "  - {name: ep, size: 4}\n"
+                                   "placements:\n"
+                                   "  - match: \"model.layers.{layer}.mlp.experts.{expert}.*\"\n"
+                                   "    place: {fsdp: shard(0), pp: layer, ep: expert}\n"
+                                   "  - match: \"model.layers.{layer}.*\"\n"
+                                   "    place: {fsdp: replicate, pp: layer, ep: shard(0)}\n"
+                                   "  - match: \"model.embed_tokens.*\"\n"
+                                   "    place: {fsdp: replicate, pp: 0, ep: shard(0)}\n"
+                                   "  - match: \"*\"\n"
+                                   "    place: {fsdp: replicate, pp: last, ep: shard(0)}\n";
+
+static const char *const ROLLOUT = "replicas: 2\n"
+                                   "gpus_per_replica: 8\n"
+                                   "tp: 8\n"
+                                   "ep: 8\n"
+                                   "gpus_per_node: 8\n"
+                                   "world_size: 16\n";
+
+static const char *const MODEL = "configs/models/deepseek_v3.yaml";
+
+/* The envelope bytes of a table or receive list (every field, canonical); the caller frees
+ * them with wb_mpw_free(). */
+static struct wb_mpw encode_table(const struct wb_route_table *t)
+{
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    wb_route_table_encode(&w, t);
+    CHECK_INT(wb_mpw_finish(&w), 0);
+    return w;
+}
+
+static struct wb_mpw encode_recv(const struct wb_recv_list *r)
+{
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    wb_recv_list_encode(&w, r);
+    CHECK_INT(wb_mpw_finish(&w), 0);
+    return w;
+}
+
+static bool same_bytes(struct wb_mpw *a, struct wb_mpw *b)
+{
+    bool same = a->len == b->len && memcmp(a->buf, b->buf, a->len) == 0;
+    wb_mpw_free(a);
+    wb_mpw_free(b);
+    return same;
+}
+
+static void check_same(const struct wb_plan *a, const struct wb_plan *b)
+{
+    CHECK_INT(a->ntrainers, b->ntrainers);
+    CHECK_INT(a->nrollouts, b->nrollouts);
+    CHECK_INT(a->nphases, b->nphases);
+    CHECK_INT(a->nmeshes, b->nmeshes);
+    for (uint32_t m = 0; m < a->nmeshes; m++) {
+        CHECK_INT(a->meshes[m].n, b->meshes[m].n);
+        CHECK_INT(a->meshes[m].phase, b->meshes[m].phase);
+        CHECK(memcmp(a->meshes[m].ranks, b->meshes[m].ranks, a->meshes[m].n * 4) == 0);
+    }
+    for (uint32_t r = 0; r < a->ntrainers; r++) {
+        struct wb_mpw ea = encode_table(&a->tables[r]), eb = encode_table(&b->tables[r]);
+        if (!same_bytes(&ea, &eb))
+            wb_test_fail(__FILE__, __LINE__, "trainer %u: tables differ", r);
+        CHECK_U64(a->tables[r].max_tmp_bytes, b->tables[r].max_tmp_bytes);
+        CHECK_U64(a->stats.send_bytes[r], b->stats.send_bytes[r]);
+        CHECK_U64(a->stats.gather_in_bytes[r], b->stats.gather_in_bytes[r]);
+    }
+    for (uint32_t g = 0; g < a->nrollouts; g++) {
+        struct wb_mpw ea = encode_recv(&a->recv[g]), eb = encode_recv(&b->recv[g]);
+        if (!same_bytes(&ea, &eb))
+            wb_test_fail(__FILE__, __LINE__, "rollout %u: receive lists differ", g);
+        CHECK_U64(a->stats.recv_bytes[g], b->stats.recv_bytes[g]);
+    }
+    const struct wb_plan_stats *x = &a->stats, *y = &b->stats;
+    CHECK_U64(x->tensors, y->tensors);
+    CHECK_U64(x->items, y->items);
+    CHECK_U64(x->tasks, y->tasks);
+    CHECK_U64(x->ops, y->ops);
+    CHECK_U64(x->writes, y->writes);
+    CHECK_U64(x->amax_ops, y->amax_ops);
+    CHECK_U64(x->gathers, y->gathers);
+    for (int m = 0; m < 4; m++)
+        CHECK_U64(x->pieces[m], y->pieces[m]);
+    CHECK_U64(x->total_bytes, y->total_bytes);
+    CHECK_U64(x->gather_bytes, y->gather_bytes);
+    CHECK_U64(x->h2d_bytes, y->h2d_bytes);
+    CHECK_U64(x->lower_bound, y->lower_bound);
+    CHECK_U64(x->greedy_max, y->greedy_max);
+    CHECK_U64(x->max_send, y->max_send);
+}
+
+/* Builds the case with and without templates and compares; returns the items stamped. */
+static size_t run(enum wb_plan_mode mode, const char *residence)
+{
+    struct fx f;
+    fx_init(&f);
+    char trainer[2048];
+    snprintf(trainer, sizeof(trainer), TRAINER, residence);
+    char *config = strdup(wb_test_write_file("config.json", CONFIG)); /* static buffer */
+    struct wb_match_rules *rules = NULL;
+    struct wb_match *mt = NULL;
+    if (fx_layouts(&f, trainer, ROLLOUT) ||
+        wb_inv_generate(MODEL, config, "trainer", &f.ti, &f.el) ||
+        wb_inv_generate(MODEL, config, "rollout", &f.ri, &f.el) ||
+        wb_match_rules_load(MODEL, &rules, &f.el) ||
+        wb_match_rules_bind_config(rules, config, &f.el) ||
+        wb_match_run(rules, &f.ti, &f.ri, &mt, &f.el))
+        wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
+    f.in.match = mt;
+    struct wb_plan_opts o = {mode, 1ull << 30};
+    struct wb_plan *ps, *pw;
+    size_t stamped = 0, none = 1;
+    if (plan_build(&f.in, &o, true, &ps, &stamped, &f.el) ||
+        plan_build(&f.in, &o, false, &pw, &none, &f.el))
+        wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
+    CHECK_U64(none, 0);
+    check_same(ps, pw);
+    if (wb_plan_verify(ps, &f.in, &f.el))
+        wb_test_fail(__FILE__, __LINE__, "verify:\n%s", fx_errors(&f.el));
+    wb_plan_free(ps);
+    wb_plan_free(pw);
+    wb_match_free(mt);
+    wb_match_rules_free(rules);
+    fx_free(&f);
+    free(config);
+    return stamped;
+}
+
+static void test_auto_host(void)
+{
+    /* experts: 3 MoE layers x 2 expert mappings x 4 ep ranks, all but the first of each kind
+     * stamped (both pipeline stages: the rank offset covers pp and ep) */
+    CHECK_U64(run(WB_MODE_AUTO, "host"), 22);
+}
+
+static void test_auto_gpu(void)
+{
+    CHECK_U64(run(WB_MODE_AUTO, "gpu"), 22);
+}
+
+static void test_direct(void)
+{
+    CHECK_U64(run(WB_MODE_DIRECT, "host"), 22);
+}
+
+static void test_gather(void)
+{
+    /* gather items are balanced over their mesh: walked and emitted, never stamped */
+    CHECK_U64(run(WB_MODE_GATHER, "host"), 0);
+}
+
+const struct wb_test wb_tests[] = {
+    {"auto_host", test_auto_host, 120},
+    {"auto_gpu", test_auto_gpu, 120},
+    {"direct", test_direct, 120},
+    {"gather", test_gather, 120},
+    {0},
+};

@@ -67,7 +67,7 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p)
         t->shapes = take(&ro->shapes.v, &t->nshapes);
         t->writes = take(&ro->writes, &t->nwrites);
         t->amax = take(&ro->amax, &t->namax);
-        t->amax_inbox_bytes = ro->inbox;
+        t->amax_inbox_bytes = c->inbox[r];
         t->send_bytes = ro->send;
         for (uint32_t ph = 0, k = 0; ph < c->nphases; ph++) {
             t->phases[ph].task0 = k;

@@ -349,13 +349,30 @@ static int greedy(struct balance *b, uint64_t *load)
     return 0;
 }
 
-static int cmp_desc_bytes(const void *a, const void *b, void *ctx)
+/* Sorts demand indices by bytes, largest first, keeping the given order among equals (LSD
+ * radix sort, 8 bits a pass, skipping the digits all keys share; tmp holds n). Hundreds of
+ * thousands of demands of a few distinct sizes: a comparison sort spends most of the
+ * balancer's time here. */
+static void sort_desc_bytes(uint32_t *idx, uint32_t n, const struct bal_demand *D, uint32_t *tmp)
 {
-    const struct bal_demand *D = ctx;
-    uint64_t x = D[*(const uint32_t *)a].bytes, y = D[*(const uint32_t *)b].bytes;
-    if (x != y)
-        return x < y ? 1 : -1;
-    return *(const uint32_t *)a < *(const uint32_t *)b ? -1 : 1;
+    uint64_t all = ~0ull, any = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        all &= ~D[idx[i]].bytes;
+        any |= ~D[idx[i]].bytes;
+    }
+    uint64_t differ = all ^ any;
+    for (int shift = 0; shift < 64; shift += 8) {
+        if (!((differ >> shift) & 0xff))
+            continue;
+        uint32_t count[257] = {0};
+        for (uint32_t i = 0; i < n; i++)
+            count[((~D[idx[i]].bytes >> shift) & 0xff) + 1]++;
+        for (int d = 0; d < 256; d++)
+            count[d + 1] += count[d];
+        for (uint32_t i = 0; i < n; i++)
+            tmp[count[(~D[idx[i]].bytes >> shift) & 0xff]++] = idx[i];
+        memcpy(idx, tmp, n * sizeof(uint32_t));
+    }
 }
 
 /* Fills the flow quotas set by set, largest demands first, splitting where a quota ends. */
@@ -364,10 +381,11 @@ static int quota_fill(struct balance *b, const uint64_t *quota, uint64_t *load, 
     size_t nd = b->demands.n, ns = b->sets.n;
     struct bal_demand *D = b->demands.p;
     uint32_t *order = malloc((nd ? nd : 1) * sizeof(uint32_t));
+    uint32_t *tmp = malloc((nd ? nd : 1) * sizeof(uint32_t));
     uint32_t *start = calloc(ns + 1, sizeof(uint32_t));
     int64_t *rem = malloc((b->set_ranks.n ? b->set_ranks.n : 1) * sizeof(int64_t));
     int r = 0;
-    if (!order || !start || !rem) {
+    if (!order || !tmp || !start || !rem) {
         r = -ENOMEM;
         goto out;
     }
@@ -395,7 +413,7 @@ static int quota_fill(struct balance *b, const uint64_t *quota, uint64_t *load, 
         const uint32_t *cand = VEC_AT(&b->set_ranks, uint32_t, set->r0);
         int64_t *q = &rem[set->r0];
         uint32_t a = start[s], z = start[s + 1];
-        qsort_r(order + a, z - a, sizeof(uint32_t), cmp_desc_bytes, D);
+        sort_desc_bytes(order + a, z - a, D, tmp);
         for (uint32_t k = a; k < z; k++) {
             struct bal_demand *d = &D[order[k]];
             d->nparts = 0;
@@ -428,6 +446,7 @@ static int quota_fill(struct balance *b, const uint64_t *quota, uint64_t *load, 
     }
 out:
     free(order);
+    free(tmp);
     free(start);
     free(rem);
     return r;

@@ -1,11 +1,13 @@
-/* build.h — the plan builder's working state (private to planner/plan.c and emit.c).
+/* build.h — the plan builder's working state (private to planner/plan.c, pass3.c, emit.c and
+ * stamp.c).
  *
  * Building runs in three passes over the items in phase order:
  *  1. enumerate every (item, rollout GPU, component, shard) demand and hand it to the balancer
  *     (fixed demands only add base load);
  *  2. balance (balance.c);
  *  3. replay the same enumeration, now with the chosen senders, and emit each rank's tasks:
- *     stage ops, writes, amax exchanges (emit.c).
+ *     stage ops, writes, amax exchanges (emit.c), or stamp an item out from a congruent one
+ *     (stamp.c); pass3.c sizes the tables first and may split the ranks among threads.
  * Replaying instead of storing keeps memory at one record per multi-candidate demand. */
 #ifndef WB_PLANNER_BUILD_H
 #define WB_PLANNER_BUILD_H
@@ -58,6 +60,7 @@ struct icomp {
     const struct tplace *tp;
     const struct wb_shape *sh;
     uint32_t b0;  /* shard boxes at ctx.ibox[b0 .. b0+nk), set ids at ctx.iset[b0 ..] */
+    uint32_t cls; /* shard box class: components of one class have the same shard boxes */
     bool aligned; /* every shard edge on a 128 block edge (FP8 never straddles) */
 };
 
@@ -78,11 +81,32 @@ struct xchg {
     uint64_t slot_a, slot_b; /* inbox offsets at a and at b */
 };
 
+/* What decides a component's shard boxes (placement.c: the rule's SHARD dims and the shape). */
+struct cls_key {
+    int32_t rule;
+    struct wb_shape shape;
+};
+
+struct cls_info {
+    uint32_t b0, nk; /* shard boxes cbox[b0 .. b0+nk) */
+    bool aligned;    /* every shard edge on a 128 block edge (FP8 never straddles) */
+};
+
+/* A rank's gather peers for tensors of one class, direct-mapped by class. The peers of rank r
+ * for a tensor it owns follow from r and the placement rule (the tensor's fixed coordinates
+ * are r's), their boxes from the class: an expert tensor's gather would otherwise place and
+ * intern its shards again on every rank. */
+enum { PEER_CACHE = 8 };
+struct peer_ids {
+    uint32_t cls, n; /* n == 0: empty */
+    struct wb_rt_peer *pe;
+};
+
 /* Per trainer rank output under construction. */
 struct rank_out {
     struct vec tasks, ops, writes, peers, amax;
     struct intern boxes, shapes;
-    uint64_t inbox;
+    struct peer_ids pcache[PEER_CACHE];
     uint64_t send, gather_in, h2d;
 };
 
@@ -113,11 +137,21 @@ struct plan_ctx {
     struct vec pieces;   /* struct wb_local_piece */
     struct vec meshes;   /* struct mesh_int */
     struct vec items;    /* struct item, phase order after ordering */
+    struct intern cls;   /* shard box classes: (placement rule, shape) */
+    uint32_t *tcls;      /* per trainer tensor: its class */
+    struct vec cinfo;    /* per class: struct cls_info */
+    struct vec cbox;     /* the classes' shard boxes */
     struct vec item_comps;
     uint32_t nphases;
     struct balance bal;
-    /* pass 3 */
-    struct rank_out *ro;  /* [nt] */
+    /* pass 3. Emission may run in several threads, each with its own copy of this context
+     * (emit_all): thread `me` fills the tables of the ranks r with part[r] == me (all of
+     * them when part is NULL) and keeps its own counters, receive counts and inbox cursors,
+     * which every thread advances for all ranks alike. */
+    struct rank_out *ro; /* [nt] */
+    const uint8_t *part; /* [nt] or NULL */
+    uint32_t me;
+    uint64_t *inbox;      /* [nt] amax inbox cursors */
     uint32_t next_tag;    /* amax tags, plan-wide */
     uint32_t *gather_seq; /* per mesh */
     bool *phase_coll;     /* per phase: has GATHER/AMAX ops */
@@ -129,8 +163,15 @@ struct plan_ctx {
     /* scratch */
     struct vec sub, asg, xc, icomp, ibox, iset, dem, sd;
     size_t demand_cursor;
+    uint32_t *dem0; /* per item (+1): its first balanced demand in bal.demands */
     struct stamp st;
 };
+
+/* Whether this emission thread fills rank r's table. */
+static inline bool owns(const struct plan_ctx *c, uint32_t r)
+{
+    return !c->part || c->part[r] == c->me;
+}
 
 /* plan.c helpers used by emit.c */
 const struct wb_mapping *ctx_map(const struct plan_ctx *c, uint32_t m);
@@ -156,6 +197,9 @@ uint64_t dst_bytes(const struct wb_mapping *m, const struct wb_box *S);
 /* Blocks whose origin element lies in S. */
 struct wb_box origin_blocks(const struct wb_box *S);
 
+/* Walks an item's demands in plan order: pass 1 (emit == false) hands them to the balancer,
+ * pass 3 reads their senders back into assignments (c->asg). */
+int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint32_t *group);
 /* Prepares c->icomp/ibox/iset for an item. */
 int item_comps_prepare(struct plan_ctx *c, const struct item *it);
 /* The boxes of an assignment. */
@@ -164,6 +208,12 @@ void asg_boxes(const struct plan_ctx *c, const struct item *it, const struct ass
 
 /* assemble.c: moves the per-rank output into p's tables and receive lists. */
 int finish_tables(struct plan_ctx *c, struct wb_plan *p);
+
+/* pass3.c: per-rank tables under construction, and pass 3 over every item (c->ro reset, then
+ * filled; threads per c->opts->threads). */
+struct rank_out *rank_outs_new(uint32_t n);
+void rank_outs_free(struct rank_out *ro, uint32_t n);
+int emit_all(struct plan_ctx *c);
 
 /* emit.c: builds the tasks of one item from its assignments (c->asg). */
 int emit_item(struct plan_ctx *c, uint32_t item_index);
@@ -186,10 +236,15 @@ int stamp_log_set(struct plan_ctx *c, int64_t set);
 int stamp_emit_begin(struct plan_ctx *c, uint32_t i);
 int stamp_emit_end(struct plan_ctx *c, uint32_t i);
 int stamp_emit_apply(struct plan_ctx *c, uint32_t i);
+/* The representative of item i (i itself when it is one; -1 when it has none) and i's rank
+ * offset from it. */
+int64_t stamp_rep_of(const struct plan_ctx *c, uint32_t i, int64_t *dr);
 
 /* plan.c: wb_plan_build() with templates on or off (tests compare the two); *nstamped (may
  * be NULL): items stamped from a template in the final emission. */
 int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
                struct wb_plan **out, size_t *nstamped, struct wb_errlist *el);
+/* Emission threads wb_plan_build() uses for opts->threads == 0 (one per CPU, at most 8). */
+uint32_t plan_threads_default(void);
 
 #endif /* WB_PLANNER_BUILD_H */

@@ -40,6 +40,27 @@ static uint32_t bx(struct tstate *ts, const struct wb_box *b)
     return intern_box(&ts->ro->boxes, b);
 }
 
+/* The gather peers of this rank for component ic (made on first use; NULL: no memory). */
+static const struct wb_rt_peer *peers_of(struct tstate *ts, const struct icomp *ic, uint32_t q)
+{
+    struct peer_ids *pc = &ts->ro->pcache[ic->cls % PEER_CACHE];
+    if (pc->n == ic->nk && pc->cls == ic->cls)
+        return pc->pe;
+    struct wb_rt_peer *pe = realloc(pc->pe, (ic->nk ? ic->nk : 1) * sizeof(*pe));
+    if (!pe)
+        return NULL;
+    pc->pe = pe;
+    pc->n = 0;
+    const struct wb_box *B = VEC_AT(&ts->c->ibox, struct wb_box, ic->b0);
+    for (uint32_t s = 0; s < ic->nk; s++)
+        pe[s] = (struct wb_rt_peer){place_shard_rank(ts->c->pm, ic->tp, s, q), bx(ts, &B[s])};
+    if (ts->ro->boxes.err)
+        return NULL;
+    pc->cls = ic->cls;
+    pc->n = ic->nk;
+    return pe;
+}
+
 static struct wb_rt_view rtv(struct tstate *ts, const struct sview *v)
 {
     struct wb_rt_view r = {v->kind, v->tensor, v->off, v->dtype,
@@ -383,13 +404,13 @@ static int plan_exchanges(struct plan_ctx *c, const struct item *it)
                 x.b = place_shard_rank(c->pm, tp, b, q);
                 uint64_t bytes = wb_box_numel(&X) * 4;
                 uint64_t al = (bytes + AMAX_ALIGN - 1) / AMAX_ALIGN * AMAX_ALIGN;
-                x.slot_a = c->ro[x.a].inbox;
-                c->ro[x.a].inbox += al;
-                x.slot_b = c->ro[x.b].inbox;
-                c->ro[x.b].inbox += al;
+                x.slot_a = c->inbox[x.a];
+                c->inbox[x.a] += al;
+                x.slot_b = c->inbox[x.b];
+                c->inbox[x.b] += al;
                 struct wb_rt_expect ea = {x.tag, UINT32_MAX, bytes, 1};
-                if (!vec_push(&c->xc, &x) || !vec_push(&c->ro[x.a].amax, &ea) ||
-                    !vec_push(&c->ro[x.b].amax, &ea)) {
+                if (!vec_push(&c->xc, &x) || (owns(c, x.a) && !vec_push(&c->ro[x.a].amax, &ea)) ||
+                    (owns(c, x.b) && !vec_push(&c->ro[x.b].amax, &ea))) {
                     vec_free(&need);
                     return -ENOMEM;
                 }
@@ -511,12 +532,11 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
         op->gather.seq = gather_seq;
         op->gather.bytes_in = (wb_shape_numel(sh) - wb_box_numel(&B)) * elem;
         ts->ro->gather_in += op->gather.bytes_in;
-        for (uint32_t s = 0; s < nk; s++) {
-            struct wb_rt_peer pe = {place_shard_rank(c->pm, tp, s, q),
-                                    bx(ts, VEC_AT(&c->ibox, struct wb_box, ic->b0 + s))};
-            if (!vec_push(&ts->ro->peers, &pe))
-                return -ENOMEM;
-        }
+        const struct wb_rt_peer *pe = peers_of(ts, ic, q);
+        if (!pe || vec_reserve(&ts->ro->peers, nk))
+            return -ENOMEM;
+        memcpy(VEC_AT(&ts->ro->peers, struct wb_rt_peer, ts->ro->peers.n), pe, nk * sizeof(*pe));
+        ts->ro->peers.n += nk;
         c->gathers++;
         ts->coll = true;
     } else {
@@ -699,7 +719,7 @@ int emit_item(struct plan_ctx *c, uint32_t ii)
     const struct assign *A = c->asg.p;
     size_t ai = 0;
     for (uint32_t rank = 0; rank < c->nt && !r; rank++) {
-        if (!(want[rank / 64] >> (rank % 64) & 1))
+        if (!(want[rank / 64] >> (rank % 64) & 1) || !owns(c, rank))
             continue;
         while (ai < c->asg.n && A[ai].rank < rank)
             ai++;

@@ -83,7 +83,7 @@ static uint64_t hash_bytes(const void *p, size_t n)
     return h ^ (h >> 29);
 }
 
-static uint32_t intern_bytes(struct intern *in, const void *val)
+uint32_t intern_bytes(struct intern *in, const void *val)
 {
     size_t elem = in->v.elem;
     if (in->v.n * 2 >= in->cap) {

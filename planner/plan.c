@@ -196,6 +196,50 @@ static int build_rollout_locals(struct plan_ctx *c)
     return err;
 }
 
+/* Shard box classes: a trainer tensor's shard boxes follow from its placement rule and shape
+ * (placement.c), so tensors with equal (rule, shape) share them. */
+static int build_classes(struct plan_ctx *c)
+{
+    const struct wb_inventory *ti = c->in->trainer;
+    c->tcls = calloc(ti->n + 1, sizeof(uint32_t));
+    if (!c->tcls)
+        return -ENOMEM;
+    for (size_t t = 0; t < ti->n; t++) {
+        struct cls_key key;
+        memset(&key, 0, sizeof(key)); /* interned by its bytes */
+        key.rule = c->pm->place[t].rule;
+        key.shape.ndim = ti->p[t].shape.ndim;
+        for (uint32_t d = 0; d < key.shape.ndim && d < WB_MAX_DIMS; d++)
+            key.shape.dim[d] = ti->p[t].shape.dim[d];
+        size_t before = c->cls.v.n;
+        c->tcls[t] = intern_bytes(&c->cls, &key);
+        if (c->cls.err)
+            return c->cls.err;
+        if (c->cls.v.n == before || c->pm->place[t].rule < 0)
+            continue;
+        /* a new class: its shard boxes, and whether every edge is on a 128 block edge */
+        const struct tplace *tp = &c->pm->place[t];
+        const struct wb_shape *sh = &ti->p[t].shape;
+        struct cls_info ci = {(uint32_t)c->cbox.n, place_nshards(c->pm, tp), true};
+        if (vec_reserve(&c->cbox, ci.nk))
+            return -ENOMEM;
+        for (uint32_t k = 0; k < ci.nk; k++) {
+            struct wb_box B = place_shard_box(c->pm, tp, sh, k);
+            for (uint32_t d = 0; d < B.ndim; d++)
+                if (qblock(B.ndim, d) > 1 &&
+                    (B.off[d] % WB_QBLOCK ||
+                     ((B.off[d] + B.ext[d]) % WB_QBLOCK && B.off[d] + B.ext[d] != sh->dim[d])))
+                    ci.aligned = false;
+            *VEC_AT(&c->cbox, struct wb_box, c->cbox.n++) = B;
+        }
+        while (c->cinfo.n <= c->tcls[t]) /* classes of unplaced tensors stay zero */
+            if (!vec_push(&c->cinfo, NULL))
+                return -ENOMEM;
+        *VEC_AT(&c->cinfo, struct cls_info, c->tcls[t]) = ci;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- meshes and items */
 
 static int64_t mesh_intern(struct plan_ctx *c, const struct tplace *tp)
@@ -457,21 +501,18 @@ int item_comps_prepare(struct plan_ctx *c, const struct item *it)
         struct icomp ic = {.t = item_comp(c, it, ci)->trainer};
         ic.tp = &c->pm->place[ic.t];
         ic.sh = &c->in->trainer->p[ic.t].shape;
-        ic.nk = place_nshards(c->pm, ic.tp);
+        ic.cls = c->tcls[ic.t];
+        const struct cls_info *cl = VEC_AT(&c->cinfo, struct cls_info, ic.cls);
+        ic.nk = cl->nk;
         ic.b0 = (uint32_t)c->ibox.n;
-        ic.aligned = true;
+        ic.aligned = cl->aligned;
         if (vec_reserve(&c->ibox, ic.nk) || vec_reserve(&c->iset, ic.nk))
             return -ENOMEM;
-        for (uint32_t k = 0; k < ic.nk; k++) {
-            struct wb_box B = place_shard_box(c->pm, ic.tp, ic.sh, k);
-            for (uint32_t d = 0; d < B.ndim; d++)
-                if (qblock(B.ndim, d) > 1 &&
-                    (B.off[d] % WB_QBLOCK ||
-                     ((B.off[d] + B.ext[d]) % WB_QBLOCK && B.off[d] + B.ext[d] != ic.sh->dim[d])))
-                    ic.aligned = false;
-            *VEC_AT(&c->ibox, struct wb_box, c->ibox.n++) = B;
+        memcpy(VEC_AT(&c->ibox, struct wb_box, c->ibox.n), VEC_AT(&c->cbox, struct wb_box, cl->b0),
+               ic.nk * sizeof(struct wb_box));
+        c->ibox.n += ic.nk;
+        for (uint32_t k = 0; k < ic.nk; k++)
             *VEC_AT(&c->iset, int64_t, c->iset.n++) = -1;
-        }
         if (!vec_push(&c->icomp, &ic))
             return -ENOMEM;
     }
@@ -567,7 +608,7 @@ static int group_demands(struct plan_ctx *c, const struct item *it, size_t a, si
 
 /* Walks an item's demands in plan order. In pass 1 (emit == false) they go to the balancer;
  * in pass 3 their senders are read back and turned into assignments (c->asg). */
-static int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint32_t *group)
+int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint32_t *group)
 {
     const struct wb_rollout_layout *rl = c->in->rl;
     int r = item_subpieces(c, it);
@@ -690,17 +731,13 @@ static void ctx_free(struct plan_ctx *c)
     vec_free(&c->items);
     vec_free(&c->item_comps);
     bal_free(&c->bal);
-    if (c->ro)
-        for (uint32_t r = 0; r < c->nt; r++) {
-            vec_free(&c->ro[r].tasks);
-            vec_free(&c->ro[r].ops);
-            vec_free(&c->ro[r].writes);
-            vec_free(&c->ro[r].peers);
-            vec_free(&c->ro[r].amax);
-            intern_free(&c->ro[r].boxes);
-            intern_free(&c->ro[r].shapes);
-        }
-    free(c->ro);
+    rank_outs_free(c->ro, c->nt);
+    free(c->inbox);
+    free(c->tcls);
+    free(c->dem0);
+    vec_free(&c->cbox);
+    vec_free(&c->cinfo);
+    intern_free(&c->cls);
     free(c->gather_seq);
     free(c->phase_coll);
     free(c->recv);
@@ -720,7 +757,12 @@ static int walk_all(struct plan_ctx *c)
 {
     uint32_t group = 0;
     stamp_pass_reset(c, 1);
+    free(c->dem0);
+    c->dem0 = calloc(c->items.n + 1, sizeof(uint32_t));
+    if (!c->dem0)
+        return -ENOMEM;
     for (size_t i = 0; i < c->items.n; i++) {
+        c->dem0[i] = (uint32_t)c->bal.demands.n;
         int r = stamp_walk_apply(c, (uint32_t)i, &group);
         if (r > 0)
             continue;
@@ -733,50 +775,7 @@ static int walk_all(struct plan_ctx *c)
         if (r)
             return r;
     }
-    return 0;
-}
-
-/* Pass 3 state reset (a rebuild with the greedy's assignment replays it). */
-static int emit_all(struct plan_ctx *c)
-{
-    size_t nrt = c->in->rollout->n;
-    free(c->recv);
-    c->recv = calloc((size_t)c->nr * nrt + 1, sizeof(*c->recv));
-    free(c->gather_seq);
-    c->gather_seq = calloc(c->meshes.n + 1, sizeof(uint32_t));
-    free(c->phase_coll);
-    c->phase_coll = calloc(c->nphases + 1, sizeof(bool));
-    if (!c->recv || !c->gather_seq || !c->phase_coll)
-        return -ENOMEM;
-    for (uint32_t r = 0; r < c->nt; r++) {
-        struct rank_out *ro = &c->ro[r];
-        ro->tasks.n = ro->ops.n = ro->writes.n = ro->peers.n = ro->amax.n = 0;
-        intern_free(&ro->boxes);
-        intern_free(&ro->shapes);
-        intern_init(&ro->boxes, sizeof(struct wb_box));
-        intern_init(&ro->shapes, sizeof(struct wb_shape));
-        ro->inbox = ro->send = ro->gather_in = ro->h2d = 0;
-    }
-    c->next_tag = 0;
-    c->gathers = c->amax_ops = 0;
-    c->demand_cursor = 0;
-    stamp_pass_reset(c, 3);
-    uint32_t group = 0;
-    for (size_t i = 0; i < c->items.n; i++) {
-        int r = stamp_emit_apply(c, (uint32_t)i);
-        if (r > 0)
-            continue;
-        if (!r)
-            r = walk_item(c, VEC_AT(&c->items, struct item, i), true, &group);
-        if (!r)
-            r = stamp_emit_begin(c, (uint32_t)i);
-        if (!r)
-            r = emit_item(c, (uint32_t)i);
-        if (!r)
-            r = stamp_emit_end(c, (uint32_t)i);
-        if (r)
-            return r;
-    }
+    c->dem0[c->items.n] = (uint32_t)c->bal.demands.n;
     return 0;
 }
 
@@ -797,6 +796,9 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
     vec_init(&c.pieces, sizeof(struct wb_local_piece));
     vec_init(&c.meshes, sizeof(struct mesh_int));
     vec_init(&c.items, sizeof(struct item));
+    intern_init(&c.cls, sizeof(struct cls_key));
+    vec_init(&c.cbox, sizeof(struct wb_box));
+    vec_init(&c.cinfo, sizeof(struct cls_info));
     vec_init(&c.item_comps, sizeof(uint32_t));
     vec_init(&c.sub, sizeof(struct subpiece));
     vec_init(&c.asg, sizeof(struct assign));
@@ -847,6 +849,8 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
     if (r)
         goto out;
     r = build_rollout_locals(&c);
+    if (!r)
+        r = build_classes(&c);
     if (r)
         goto out;
     if ((r = build_items(&c)) || (r = build_phases(&c)) || (r = stamp_prepare(&c, stamp)))
@@ -862,17 +866,10 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
     r = bal_solve(&c.bal, false);
     if (r)
         goto out;
-    c.ro = calloc(c.nt, sizeof(*c.ro));
+    c.ro = rank_outs_new(c.nt);
     if (!c.ro) {
         r = -ENOMEM;
         goto out;
-    }
-    for (uint32_t k = 0; k < c.nt; k++) {
-        vec_init(&c.ro[k].tasks, sizeof(struct wb_rt_task));
-        vec_init(&c.ro[k].ops, sizeof(struct wb_rt_op));
-        vec_init(&c.ro[k].writes, sizeof(struct wb_rt_write));
-        vec_init(&c.ro[k].peers, sizeof(struct wb_rt_peer));
-        vec_init(&c.ro[k].amax, sizeof(struct wb_rt_expect));
     }
     r = emit_all(&c);
     if (r)

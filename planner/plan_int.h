@@ -38,6 +38,8 @@ void intern_init(struct intern *in, size_t elem);
 void intern_free(struct intern *in);
 /* Index of the value (inserted when new); 0 with in->err set on allocation failure. */
 uint32_t intern_box(struct intern *in, const struct wb_box *b);
+/* Any value of in's element size whose bytes are canonical (padding zeroed). */
+uint32_t intern_bytes(struct intern *in, const void *val);
 uint32_t intern_shape(struct intern *in, const struct wb_shape *s);
 
 /* ---------------------------------------------------------------- placement */

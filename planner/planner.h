@@ -384,6 +384,8 @@ struct wb_plan_opts {
     enum wb_plan_mode mode; /* AUTO chooses per piece; DIRECT/GATHER force (DIRECT falls back
                                to AMAX where FP8 blocks straddle owners) */
     uint64_t mem_cap;       /* executor's temporary-memory cap, bytes; 0 = 1 GiB */
+    uint32_t threads;       /* building threads; 0 = one per CPU (at most 8). The plan is the
+                               same for any number. */
 };
 
 /* A mesh: sorted member ranks. */

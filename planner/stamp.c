@@ -422,7 +422,7 @@ int stamp_emit_begin(struct plan_ctx *c, uint32_t i)
     struct stamp *st = &c->st;
     struct stamp_rep *rp = rep_self(c, i);
     st->recording = false;
-    if (!rp || !rp->p1)
+    if (!rp)
         return 0;
     const struct item *it = VEC_AT(&c->items, struct item, i);
     uint32_t *R;
@@ -436,12 +436,14 @@ int stamp_emit_begin(struct plan_ctx *c, uint32_t i)
         const struct rank_out *ro = &c->ro[R[k]];
         struct stamp_rank *sr = VEC_AT(&st->p3rk, struct stamp_rank, st->p3rk.n++);
         memset(sr, 0, sizeof(*sr));
+        sr->inbox0 = c->inbox[R[k]];
+        if (!owns(c, R[k]))
+            continue; /* another thread's rank: only the inbox cursor is kept */
         sr->task0 = (uint32_t)ro->tasks.n;
         sr->op0 = (uint32_t)ro->ops.n;
         sr->w0 = (uint32_t)ro->writes.n;
         sr->p0 = (uint32_t)ro->peers.n;
         sr->a0 = (uint32_t)ro->amax.n;
-        sr->inbox0 = ro->inbox;
         sr->send = ro->send;
         sr->gin = ro->gather_in;
         sr->h2d = ro->h2d;
@@ -515,12 +517,14 @@ int stamp_emit_end(struct plan_ctx *c, uint32_t i)
     for (int k = 0; k < n; k++) {
         const struct rank_out *ro = &c->ro[R[k]];
         struct stamp_rank *sr = VEC_AT(&st->p3rk, struct stamp_rank, rp->rk0 + k);
+        sr->inbox1 = c->inbox[R[k]];
+        if (!owns(c, R[k]))
+            continue;
         sr->task1 = (uint32_t)ro->tasks.n;
         sr->op1 = (uint32_t)ro->ops.n;
         sr->w1 = (uint32_t)ro->writes.n;
         sr->p1 = (uint32_t)ro->peers.n;
         sr->a1 = (uint32_t)ro->amax.n;
-        sr->inbox1 = ro->inbox;
         sr->send = ro->send - sr->send;
         sr->gin = ro->gather_in - sr->gin;
         sr->h2d = ro->h2d - sr->h2d;
@@ -753,7 +757,7 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         c->recv[ri].writes++;
     }
     dst->writes.n += nw;
-    dst->inbox += sr->inbox1 - sr->inbox0;
+    c->inbox[ry] += sr->inbox1 - sr->inbox0;
     dst->send += sr->send;
     dst->gather_in += sr->gin;
     dst->h2d += sr->h2d;
@@ -763,10 +767,34 @@ out:
     return err;
 }
 
+/* Whether the balancer gave item y's demands the senders it gave x's, shifted by y's rank
+ * offset (then y's output is x's renumbered, as for fixed demands). */
+static bool same_senders(const struct plan_ctx *c, uint32_t x, uint32_t y)
+{
+    const struct balance *b = &c->bal;
+    uint32_t n = c->dem0[x + 1] - c->dem0[x];
+    if (c->dem0[y + 1] - c->dem0[y] != n)
+        return false;
+    const struct bal_demand *DX = VEC_AT(&b->demands, struct bal_demand, c->dem0[x]);
+    const struct bal_demand *DY = VEC_AT(&b->demands, struct bal_demand, c->dem0[y]);
+    int64_t dr = c->st.dr[y];
+    for (uint32_t j = 0; j < n; j++) {
+        if (DX[j].nparts != DY[j].nparts)
+            return false;
+        const struct bal_part *px = VEC_AT(&b->parts, struct bal_part, DX[j].part0);
+        const struct bal_part *py = VEC_AT(&b->parts, struct bal_part, DY[j].part0);
+        for (uint32_t k = 0; k < DX[j].nparts; k++)
+            if ((int64_t)py[k].rank != (int64_t)px[k].rank + dr || py[k].u0 != px[k].u0 ||
+                py[k].u1 != px[k].u1)
+                return false;
+    }
+    return true;
+}
+
 int stamp_emit_apply(struct plan_ctx *c, uint32_t i)
 {
     struct stamp_rep *rp = rep_for(c, i);
-    if (!rp || !rp->p3)
+    if (!rp || !rp->p3 || !same_senders(c, rp->item, i))
         return 0;
     struct stamp *st = &c->st;
     const struct item *x = VEC_AT(&c->items, struct item, rp->item);
@@ -775,6 +803,9 @@ int stamp_emit_apply(struct plan_ctx *c, uint32_t i)
     int n = mesh_ranks(c, x->mesh, &R);
     if (n < 0)
         return n;
+    for (int k = 0; k < n; k++) /* the representative's output there is another thread's */
+        if (owns(c, (uint32_t)((int64_t)R[k] + st->dr[i])) && !owns(c, R[k]))
+            return 0;
     /* the scratch list is reused below: keep a copy of the ranks and the inbox cursors */
     uint32_t *ranks = malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
     uint64_t *inbox_y = malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
@@ -785,16 +816,18 @@ int stamp_emit_apply(struct plan_ctx *c, uint32_t i)
     }
     memcpy(ranks, R, (size_t)n * sizeof(uint32_t));
     for (int k = 0; k < n; k++)
-        inbox_y[k] = c->ro[(int64_t)ranks[k] + st->dr[i]].inbox;
+        inbox_y[k] = c->inbox[(int64_t)ranks[k] + st->dr[i]];
     c->next_tag += rp->ntags;
     c->gather_seq[y->mesh] += rp->nseq;
     struct tmap tm = {VEC_AT(&st->tens, struct tens_pair, rp->tens0), x->nc, c, y, UINT32_MAX, 0};
     int r = 0;
     for (int k = 0; k < n && !r; k++) {
         const struct stamp_rank *sr = VEC_AT(&st->p3rk, struct stamp_rank, rp->rk0 + k);
-        if (sr->task1 == sr->task0 && sr->a1 == sr->a0 && sr->inbox1 == sr->inbox0)
-            continue;
-        r = stamp_rank(c, rp, y, i, (uint32_t)k, ranks, (uint32_t)n, inbox_y, &tm);
+        uint32_t ry = (uint32_t)((int64_t)ranks[k] + st->dr[i]);
+        if (!owns(c, ry)) /* another thread's: keep the inbox cursor in step */
+            c->inbox[ry] += sr->inbox1 - sr->inbox0;
+        else if (sr->task1 != sr->task0 || sr->a1 != sr->a0 || sr->inbox1 != sr->inbox0)
+            r = stamp_rank(c, rp, y, i, (uint32_t)k, ranks, (uint32_t)n, inbox_y, &tm);
     }
     free(ranks);
     free(inbox_y);
@@ -804,6 +837,16 @@ int stamp_emit_apply(struct plan_ctx *c, uint32_t i)
     c->amax_ops += rp->amax_ops;
     if (rp->coll)
         c->phase_coll[y->phase] = true;
+    c->demand_cursor += c->dem0[i + 1] - c->dem0[i];
     st->stamped++;
     return 1;
+}
+
+int64_t stamp_rep_of(const struct plan_ctx *c, uint32_t i, int64_t *dr)
+{
+    int32_t k = c->st.rep_of ? c->st.rep_of[i] : -1;
+    if (k < 0)
+        return -1;
+    *dr = c->st.dr[i];
+    return VEC_AT(&c->st.reps, struct stamp_rep, k)->item;
 }

@@ -11,7 +11,7 @@
 
 static const char usage[] =
     "usage: wb-plan --model FAMILY.yaml [--config config.json] --trainer T.yaml --rollout R.yaml\n"
-    "               [--mode auto|direct|gather] [--mem-cap 1GiB] [--estimate]\n"
+    "               [--mode auto|direct|gather] [--mem-cap 1GiB] [--threads N] [--estimate]\n"
     "               [--json plan.json [--tables]] [--svg plan.svg] [--dump RANK] [--verify]\n"
     "       wb-plan --model FAMILY.yaml --trainer-inv T.json --rollout-inv R.json --trainer ...\n"
     "       wb-plan --dump-config\n"
@@ -27,6 +27,8 @@ static const char usage[] =
     "                      exchange where FP8 blocks straddle owners; gather: the reference\n"
     "                      (full_tensor() first); direct: like auto but never gathers\n"
     "  --mem-cap SIZE      executor temporary-memory cap per GPU (default 1GiB)\n"
+    "  --threads N         threads building the tables (default: one per CPU, at most 8); the\n"
+    "                      plan is the same for any number\n"
     "  --estimate          simulate the execution: time per phase and overall, lower bound\n"
     "  --json FILE         write the plan summary as JSON (--tables: with every routing table)\n"
     "  --svg FILE          bar charts of bytes per trainer and rollout GPU and the timeline\n"
@@ -39,6 +41,7 @@ struct args {
     const char *model, *config, *tinv, *rinv, *trainer, *rollout, *json, *svg;
     enum wb_plan_mode mode;
     uint64_t mem_cap;
+    uint32_t threads;
     bool estimate, tables, verify;
     long dump;
 };
@@ -54,6 +57,7 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"rollout", required_argument, 0, 'r'},
         {"mode", required_argument, 0, 'M'},
         {"mem-cap", required_argument, 0, 'C'},
+        {"threads", required_argument, 0, 'n'},
         {"estimate", no_argument, 0, 'e'},
         {"json", required_argument, 0, 'j'},
         {"tables", no_argument, 0, 'b'},
@@ -103,6 +107,17 @@ static int parse_args(int argc, char **argv, struct args *a)
                 return 2;
             }
             break;
+        case 'n': {
+            char *end;
+            unsigned long v = strtoul(optarg, &end, 10);
+            if (*end || *optarg == '-' || v < 1 || v > 64) {
+                fprintf(stderr, "wb-plan: --threads: expected a number from 1 to 64, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            a->threads = (uint32_t)v;
+            break;
+        }
         case 'e':
             a->estimate = true;
             break;
@@ -212,7 +227,7 @@ int main(int argc, char **argv)
         goto out;
     }
     struct wb_plan_input in = {&ti, &ri, match, &tl, &rl};
-    struct wb_plan_opts po = {a.mode, a.mem_cap};
+    struct wb_plan_opts po = {a.mode, a.mem_cap, a.threads};
     uint64_t t0 = wb_now_ns();
     if (wb_plan_build(&in, &po, &plan, &el)) {
         fail(&el, "planning");

@@ -389,6 +389,9 @@ static void test_cli(void)
     char *bad[] = {exe, "--mode", "fast", NULL};
     CHECK_INT(wb_test_capture(run_argv, bad, out, sizeof(out)), 2);
     CHECK_STR(out, "wb-plan: --mode: expected auto, direct or gather, got 'fast'\n");
+    char *threads[] = {exe, "--threads", "0", NULL};
+    CHECK_INT(wb_test_capture(run_argv, threads, out, sizeof(out)), 2);
+    CHECK_STR(out, "wb-plan: --threads: expected a number from 1 to 64, got '0'\n");
     char *t = strdup(wb_test_write_file("t.yaml", "world_size: 8\n"
                                                   "mesh: [{name: fsdp, size: 4}]\n"
                                                   "placements: [{match: \"*\"}]\n"));

@@ -116,7 +116,9 @@ static void check_same(const struct wb_plan *a, const struct wb_plan *b)
     CHECK_U64(x->max_send, y->max_send);
 }
 
-/* Builds the case with and without templates and compares; returns the items stamped. */
+/* Builds the case without templates in one thread (the reference), then with templates in 1,
+ * 2 and 3 threads (ranks split along fsdp: 2 + 2, and 2 + 1 + 1), and compares each with the
+ * reference; returns the items stamped (one thread). */
 static size_t run(enum wb_plan_mode mode, const char *residence)
 {
     struct fx f;
@@ -134,17 +136,25 @@ static size_t run(enum wb_plan_mode mode, const char *residence)
         wb_match_run(rules, &f.ti, &f.ri, &mt, &f.el))
         wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
     f.in.match = mt;
-    struct wb_plan_opts o = {mode, 1ull << 30};
+    struct wb_plan_opts o = {mode, 1ull << 30, 1};
     struct wb_plan *ps, *pw;
     size_t stamped = 0, none = 1;
-    if (plan_build(&f.in, &o, true, &ps, &stamped, &f.el) ||
-        plan_build(&f.in, &o, false, &pw, &none, &f.el))
+    if (plan_build(&f.in, &o, false, &pw, &none, &f.el))
         wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
     CHECK_U64(none, 0);
-    check_same(ps, pw);
-    if (wb_plan_verify(ps, &f.in, &f.el))
-        wb_test_fail(__FILE__, __LINE__, "verify:\n%s", fx_errors(&f.el));
-    wb_plan_free(ps);
+    for (o.threads = 1; o.threads <= 3; o.threads++) {
+        size_t n = 0;
+        if (plan_build(&f.in, &o, true, &ps, &n, &f.el))
+            wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
+        check_same(ps, pw);
+        if (wb_plan_verify(ps, &f.in, &f.el))
+            wb_test_fail(__FILE__, __LINE__, "verify:\n%s", fx_errors(&f.el));
+        wb_plan_free(ps);
+        if (o.threads == 1)
+            stamped = n;
+        else /* every thread stamps the same items */
+            CHECK_U64(n, stamped);
+    }
     wb_plan_free(pw);
     wb_match_free(mt);
     wb_match_rules_free(rules);
@@ -156,24 +166,26 @@ static size_t run(enum wb_plan_mode mode, const char *residence)
 static void test_auto_host(void)
 {
     /* experts: 3 MoE layers x 2 expert mappings x 4 ep ranks, all but the first of each kind
-     * stamped (both pipeline stages: the rank offset covers pp and ep) */
-    CHECK_U64(run(WB_MODE_AUTO, "host"), 22);
+     * stamped (both pipeline stages: the rank offset covers pp and ep): 22; and items whose
+     * balanced demands got their representative's senders, shifted: 5 */
+    CHECK_U64(run(WB_MODE_AUTO, "host"), 27);
 }
 
 static void test_auto_gpu(void)
 {
-    CHECK_U64(run(WB_MODE_AUTO, "gpu"), 22);
+    CHECK_U64(run(WB_MODE_AUTO, "gpu"), 27);
 }
 
 static void test_direct(void)
 {
-    CHECK_U64(run(WB_MODE_DIRECT, "host"), 22);
+    CHECK_U64(run(WB_MODE_DIRECT, "host"), 27);
 }
 
 static void test_gather(void)
 {
-    /* gather items are balanced over their mesh: walked and emitted, never stamped */
-    CHECK_U64(run(WB_MODE_GATHER, "host"), 0);
+    /* gather items are balanced over their mesh: stamped where the balancer gave them their
+     * representative's senders, shifted */
+    CHECK_U64(run(WB_MODE_GATHER, "host"), 55);
 }
 
 const struct wb_test wb_tests[] = {

@@ -1,0 +1,342 @@
+/* pass3.c — pass 3's driver: each rank's tables reserved up front from the representatives'
+ * output (presize), then every item emitted in order, by one thread or by several that split
+ * the trainer ranks between them (a thread fills only its ranks' tables, and keeps its own
+ * counters, receive counts and inbox cursors, advancing them for every rank alike, so the
+ * tables come out the same for any number of threads). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "planner/build.h"
+
+/* Per-rank output under construction: n empty tables. */
+struct rank_out *rank_outs_new(uint32_t n)
+{
+    struct rank_out *ro = calloc(n ? n : 1, sizeof(*ro));
+    for (uint32_t k = 0; ro && k < n; k++) {
+        vec_init(&ro[k].tasks, sizeof(struct wb_rt_task));
+        vec_init(&ro[k].ops, sizeof(struct wb_rt_op));
+        vec_init(&ro[k].writes, sizeof(struct wb_rt_write));
+        vec_init(&ro[k].peers, sizeof(struct wb_rt_peer));
+        vec_init(&ro[k].amax, sizeof(struct wb_rt_expect));
+        intern_init(&ro[k].boxes, sizeof(struct wb_box));
+        intern_init(&ro[k].shapes, sizeof(struct wb_shape));
+    }
+    return ro;
+}
+
+/* Empties a table, keeping its arrays' memory. */
+static void rank_out_reset(struct rank_out *ro)
+{
+    ro->tasks.n = ro->ops.n = ro->writes.n = ro->peers.n = ro->amax.n = 0;
+    intern_free(&ro->boxes);
+    intern_free(&ro->shapes);
+    intern_init(&ro->boxes, sizeof(struct wb_box));
+    intern_init(&ro->shapes, sizeof(struct wb_shape));
+    for (int k = 0; k < PEER_CACHE; k++)
+        ro->pcache[k].n = 0; /* indices into the tables just reset */
+    ro->send = ro->gather_in = ro->h2d = 0;
+}
+
+void rank_outs_free(struct rank_out *ro, uint32_t n)
+{
+    for (uint32_t r = 0; ro && r < n; r++) {
+        vec_free(&ro[r].tasks);
+        vec_free(&ro[r].ops);
+        vec_free(&ro[r].writes);
+        vec_free(&ro[r].peers);
+        vec_free(&ro[r].amax);
+        intern_free(&ro[r].boxes);
+        intern_free(&ro[r].shapes);
+        for (int k = 0; k < PEER_CACHE; k++)
+            free(ro[r].pcache[k].pe);
+    }
+    free(ro);
+}
+
+/* Pass 3 over every item, filling the tables of the ranks this context owns. */
+static int emit_pass(struct plan_ctx *c)
+{
+    c->next_tag = 0;
+    c->gathers = c->amax_ops = 0;
+    c->demand_cursor = 0;
+    stamp_pass_reset(c, 3);
+    for (size_t i = 0; i < c->items.n; i++) {
+        int r = stamp_emit_apply(c, (uint32_t)i);
+        if (r > 0)
+            continue;
+        uint32_t group = 0; /* pass 1's greedy groups are not needed here */
+        if (!r)
+            r = walk_item(c, VEC_AT(&c->items, struct item, i), true, &group);
+        if (!r)
+            r = stamp_emit_begin(c, (uint32_t)i);
+        if (!r)
+            r = emit_item(c, (uint32_t)i);
+        if (!r)
+            r = stamp_emit_end(c, (uint32_t)i);
+        if (r)
+            return r;
+    }
+    return 0;
+}
+
+uint32_t plan_threads_default(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 8 ? 8 : (uint32_t)n;
+}
+
+/* Splits the ranks among up to `want` emission threads along one mesh dim that no placement
+ * rule fixes (a Shard or Replicate dim everywhere): templates shift owners only along fixed
+ * dims, so a stamped item's source and target ranks then belong to the same thread. Returns
+ * the number of parts (1: no split) and fills part[]. */
+static uint32_t split_ranks(const struct plan_ctx *c, uint32_t want, uint8_t *part)
+{
+    const struct wb_trainer_layout *tl = c->in->tl;
+    uint32_t best = UINT32_MAX, size = 1;
+    for (uint32_t d = 0; d < tl->ndims; d++) {
+        bool fixed = false;
+        for (size_t k = 0; k < tl->nrules && !fixed; k++) {
+            enum wb_place_kind kind = tl->rules[k].place[d].kind;
+            fixed = kind != WB_PLACE_SHARD && kind != WB_PLACE_REPLICATE;
+        }
+        if (!fixed && tl->dim[d].size > size) {
+            best = d;
+            size = tl->dim[d].size;
+        }
+    }
+    uint32_t n = want < size ? want : size;
+    if (best == UINT32_MAX || n < 2)
+        return 1;
+    for (uint32_t r = 0; r < c->nt; r++)
+        part[r] = (uint8_t)((r / c->pm->stride[best]) % size * n / size);
+    return n;
+}
+
+struct emit_thread {
+    struct plan_ctx c;
+    struct wb_errlist el;
+    pthread_t th;
+    int r;
+};
+
+static void *emit_thread_main(void *arg)
+{
+    struct emit_thread *t = arg;
+    t->r = emit_pass(&t->c);
+    return NULL;
+}
+
+static void emit_thread_free(struct emit_thread *t)
+{
+    struct plan_ctx *w = &t->c;
+    free(w->recv);
+    free(w->gather_seq);
+    free(w->phase_coll);
+    free(w->inbox);
+    vec_free(&w->sub);
+    vec_free(&w->asg);
+    vec_free(&w->xc);
+    vec_free(&w->icomp);
+    vec_free(&w->ibox);
+    vec_free(&w->iset);
+    vec_free(&w->dem);
+    vec_free(&w->sd);
+    vec_free(&w->st.reps);
+    vec_free(&w->st.p3rk);
+    vec_free(&w->st.p3u32);
+    vec_free(&w->st.scratch);
+    wb_errlist_free(&t->el);
+}
+
+/* A thread's context: the shared read-only state of c, its own scratch, counters and
+ * template records (the representatives' pass-1 records are copied). */
+static int emit_thread_init(struct emit_thread *t, const struct plan_ctx *c, const uint8_t *part,
+                            uint32_t me)
+{
+    struct plan_ctx *w = &t->c;
+    *w = *c;
+    wb_errlist_init(&t->el);
+    w->el = &t->el;
+    w->part = part;
+    w->me = me;
+    size_t nrt = c->in->rollout->n;
+    w->recv = calloc((size_t)c->nr * nrt + 1, sizeof(*w->recv));
+    w->gather_seq = calloc(c->meshes.n + 1, sizeof(uint32_t));
+    w->phase_coll = calloc(c->nphases + 1, sizeof(bool));
+    w->inbox = calloc(c->nt + 1, sizeof(uint64_t));
+    vec_init(&w->sub, sizeof(struct subpiece));
+    vec_init(&w->asg, sizeof(struct assign));
+    vec_init(&w->xc, sizeof(struct xchg));
+    vec_init(&w->icomp, sizeof(struct icomp));
+    vec_init(&w->ibox, sizeof(struct wb_box));
+    vec_init(&w->iset, sizeof(int64_t));
+    vec_init(&w->dem, sizeof(struct dem));
+    vec_init(&w->sd, sizeof(struct sd));
+    vec_init(&w->st.reps, c->st.reps.elem);
+    vec_init(&w->st.p3rk, c->st.p3rk.elem);
+    vec_init(&w->st.p3u32, sizeof(uint32_t));
+    vec_init(&w->st.scratch, sizeof(uint32_t));
+    if (!w->recv || !w->gather_seq || !w->phase_coll || !w->inbox ||
+        vec_reserve(&w->st.reps, c->st.reps.n))
+        return -ENOMEM;
+    if (c->st.reps.n)
+        memcpy(w->st.reps.p, c->st.reps.p, c->st.reps.n * c->st.reps.elem);
+    w->st.reps.n = c->st.reps.n;
+    return 0;
+}
+
+/* Reserves each rank's tables for what pass 3 will append to them. An item with a
+ * representative (stamp.c) appends at each mesh position what its representative appends at
+ * that position (exactly so when it is stamped; about so when the balancer gave it other
+ * senders), so each representative is emitted once into scratch tables and counted. Tables
+ * grown step by step instead are copied at every step and their pages faulted again. */
+static int presize(struct plan_ctx *c)
+{
+    enum { NV = 5 }; /* tasks, ops, writes, peers, amax */
+    struct emit_thread t;
+    memset(&t, 0, sizeof(t));
+    int r = emit_thread_init(&t, c, NULL, 0);
+    struct plan_ctx *w = &t.c;
+    w->ro = r ? NULL : rank_outs_new(c->nt);
+    uint64_t *need = calloc((size_t)c->nt * NV + 1, sizeof(uint64_t));
+    int64_t *first = malloc((c->items.n + 1) * sizeof(int64_t)); /* rep item -> its counts */
+    uint32_t *ranks = malloc((c->nt + 1) * sizeof(uint32_t));
+    struct vec cnt; /* uint64_t[NV] per mesh position of each representative */
+    vec_init(&cnt, NV * sizeof(uint64_t));
+    if (!r && (!w->ro || !need || !first || !ranks))
+        r = -ENOMEM;
+    for (size_t i = 0; !r && i < c->items.n; i++)
+        first[i] = -1;
+    for (size_t i = 0; !r && i < c->items.n; i++) {
+        int64_t dr;
+        int64_t x = stamp_rep_of(c, (uint32_t)i, &dr);
+        if (x < 0)
+            continue;
+        const struct item *it = VEC_AT(&c->items, struct item, x);
+        const struct mesh_int *mesh = VEC_AT(&c->meshes, struct mesh_int, it->mesh);
+        uint32_t n = 0;
+        for (uint32_t k = 0; k < c->nt; k++)
+            if (mesh->bits[k / 64] >> (k % 64) & 1)
+                ranks[n++] = k;
+        if (first[x] < 0) { /* the representative itself: emit it into scratch, count */
+            uint32_t group = 0;
+            w->demand_cursor = c->dem0[x];
+            if ((r = walk_item(w, it, true, &group)) || (r = emit_item(w, (uint32_t)x)) ||
+                (r = vec_reserve(&cnt, n)))
+                break;
+            first[x] = (int64_t)cnt.n;
+            for (uint32_t k = 0; k < n; k++) {
+                struct rank_out *ro = &w->ro[ranks[k]];
+                uint64_t *v = VEC_AT(&cnt, uint64_t, NV * cnt.n++);
+                v[0] = ro->tasks.n;
+                v[1] = ro->ops.n;
+                v[2] = ro->writes.n;
+                v[3] = ro->peers.n;
+                v[4] = ro->amax.n;
+                rank_out_reset(ro);
+            }
+        }
+        for (uint32_t k = 0; k < n; k++) {
+            const uint64_t *v = VEC_AT(&cnt, uint64_t, NV * (first[x] + k));
+            uint64_t *d = &need[NV * (size_t)((int64_t)ranks[k] + dr)];
+            for (int j = 0; j < NV; j++)
+                d[j] += v[j];
+        }
+    }
+    for (uint32_t k = 0; !r && k < c->nt; k++) {
+        struct rank_out *ro = &c->ro[k];
+        const uint64_t *d = &need[NV * (size_t)k];
+        if (vec_reserve(&ro->tasks, d[0]) || vec_reserve(&ro->ops, d[1]) ||
+            vec_reserve(&ro->writes, d[2]) || vec_reserve(&ro->peers, d[3]) ||
+            vec_reserve(&ro->amax, d[4]))
+            r = -ENOMEM;
+    }
+    rank_outs_free(w->ro, c->nt);
+    w->ro = NULL;
+    emit_thread_free(&t);
+    vec_free(&cnt);
+    free(need);
+    free(first);
+    free(ranks);
+    return r;
+}
+
+/* Pass 3: resets the tables and emits every item, in c->opts->threads threads (rank
+ * partitions, see split_ranks) or in this one. A rebuild with the greedy's assignment
+ * replays it. */
+int emit_all(struct plan_ctx *c)
+{
+    size_t nrt = c->in->rollout->n;
+    free(c->recv);
+    c->recv = calloc((size_t)c->nr * nrt + 1, sizeof(*c->recv));
+    free(c->gather_seq);
+    c->gather_seq = calloc(c->meshes.n + 1, sizeof(uint32_t));
+    free(c->phase_coll);
+    c->phase_coll = calloc(c->nphases + 1, sizeof(bool));
+    free(c->inbox);
+    c->inbox = calloc(c->nt + 1, sizeof(uint64_t));
+    if (!c->recv || !c->gather_seq || !c->phase_coll || !c->inbox)
+        return -ENOMEM;
+    for (uint32_t r = 0; r < c->nt; r++)
+        rank_out_reset(&c->ro[r]);
+    int r = presize(c);
+    if (r)
+        return r;
+    uint32_t want = c->opts->threads ? c->opts->threads : plan_threads_default();
+    uint8_t *part = malloc(c->nt + 1);
+    if (!part)
+        return -ENOMEM;
+    uint32_t n = want > 1 ? split_ranks(c, want, part) : 1;
+    if (n == 1) {
+        free(part);
+        return emit_pass(c);
+    }
+    struct emit_thread *T = calloc(n, sizeof(*T));
+    if (!T) {
+        free(part);
+        return -ENOMEM;
+    }
+    r = 0;
+    uint32_t started = 0, made = 0;
+    for (; made < n && !r; made++)
+        r = emit_thread_init(&T[made], c, part, made);
+    for (uint32_t k = 1; k < n && !r; k++, started++)
+        if (pthread_create(&T[k].th, NULL, emit_thread_main, &T[k]))
+            r = -EAGAIN;
+    if (!r)
+        emit_thread_main(&T[0]);
+    for (uint32_t k = 1; k <= started; k++)
+        pthread_join(T[k].th, NULL);
+    for (uint32_t k = 0; k < n && !r; k++)
+        r = T[k].r;
+    if (!r) { /* every thread advanced the tags, gather ordinals and inbox cursors alike */
+        const struct plan_ctx *w0 = &T[0].c;
+        c->next_tag = w0->next_tag;
+        memcpy(c->gather_seq, w0->gather_seq, c->meshes.n * sizeof(uint32_t));
+        memcpy(c->inbox, w0->inbox, c->nt * sizeof(uint64_t));
+        c->gathers = c->amax_ops = 0;
+        c->st.stamped = w0->st.stamped; /* every thread stamps the same items */
+        for (uint32_t k = 0; k < n; k++) {
+            const struct plan_ctx *w = &T[k].c;
+            c->gathers += w->gathers;
+            c->amax_ops += w->amax_ops;
+            for (uint32_t ph = 0; ph < c->nphases; ph++)
+                c->phase_coll[ph] |= w->phase_coll[ph];
+            for (size_t i = 0; i < (size_t)c->nr * nrt; i++) {
+                c->recv[i].bytes += w->recv[i].bytes;
+                c->recv[i].writes += w->recv[i].writes;
+            }
+        }
+    }
+    for (uint32_t k = 0; k < made; k++) {
+        for (size_t m = 0; m < T[k].el.n; m++)
+            wb_errlist_add(c->el, "%s", T[k].el.msgs[m]);
+        emit_thread_free(&T[k]);
+    }
+    free(T);
+    free(part);
+    return r;
+}

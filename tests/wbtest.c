@@ -1,6 +1,8 @@
 /* wbtest.c — main() of every test binary: runs the wb_tests[] table, each test in a forked
  * child with a time limit, and prints one line per test and the closing tally. */
+#ifndef _GNU_SOURCE /* the Makefile already defines it */
 #define _GNU_SOURCE
+#endif
 #include "wbtest.h"
 
 #include <errno.h>

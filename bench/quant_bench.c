@@ -28,8 +28,9 @@ struct opts {
 struct result {
     const char *name;
     uint64_t rows, cols;
-    uint64_t bytes; /* read + written per run */
-    double sec;     /* best time per run */
+    uint64_t bytes;    /* read + written per run */
+    double sec;        /* best time per run */
+    uint64_t in_bytes; /* input bytes per run, when printed (CPU) */
 };
 
 static void usage(FILE *f)
@@ -106,9 +107,11 @@ static void print_row(const struct result *r, const struct result *base, FILE *t
     char shape[64];
     snprintf(shape, sizeof(shape), "%llux%llu", (unsigned long long)r->rows,
              (unsigned long long)r->cols);
-    printf("  %-34s %-12s %10.1f us %9.1f GB/s", r->name, shape, r->sec * 1e6, gbps(r));
+    printf("  %-30s %-11s %10.1f us %8.2f GB/s", r->name, shape, r->sec * 1e6, gbps(r));
+    if (r->in_bytes)
+        printf("  input %6.2f GB/s", (double)r->in_bytes / r->sec / 1e9);
     if (base && base != r)
-        printf("   %5.2fx %s", gbps(r) / gbps(base), base->name);
+        printf("  %5.2fx %s", gbps(r) / gbps(base), base->name);
     printf("\n");
     if (tsv)
         fprintf(tsv, "%s\t%s\t%llu\t%.9f\t%.3f\n", r->name, shape, (unsigned long long)r->bytes,
@@ -295,8 +298,8 @@ static int cpu_bench(const struct opts *o, FILE *tsv)
     memset(c.q, 1, n);
     printf("quant_bench: CPU reference, one thread, %llux%llu (no GPU in use)\n",
            (unsigned long long)rows, (unsigned long long)cols);
-    printf("  %-34s %-12s %13s %14s   %s\n", "case", "shape", "time", "read+written",
-           "input GB/s, ratio to memcpy's");
+    printf("  GB/s: bytes read + written; input: bytes of the source tensor; ratio: GB/s to "
+           "memcpy's\n");
     static const enum wb_dtype dts[] = {WB_DTYPE_BF16, WB_DTYPE_FP16, WB_DTYPE_FP32};
     int rc = 0;
     for (size_t d = 0; d < WB_ARRAY_LEN(dts) && !rc; d++) {
@@ -323,11 +326,9 @@ static int cpu_bench(const struct opts *o, FILE *tsv)
                 rc = 1;
                 break;
             }
-            r[k] = (struct result){name[k], rows, cols, k == 0 ? 2 * n * es : n * (es + 1) + nb * 4,
-                                   t};
-            print_row(&r[k], NULL, tsv);
-            printf("  %50s input %6.2f GB/s = %.2fx memcpy\n", "", (double)(n * es) / t / 1e9,
-                   r[0].sec / t);
+            r[k] = (struct result){
+                name[k], rows, cols, k == 0 ? 2 * n * es : n * (es + 1) + nb * 4, t, n * es};
+            print_row(&r[k], &r[0], tsv);
         }
     }
     free(x);
@@ -350,7 +351,8 @@ int main(int argc, char **argv)
     }
     int rc;
     if (!o.cpu && wb_gpu_count() > 0) {
-        printf("quant_bench: GPU, BF16 -> FP8 e4m3 + FP32 scales; GB/s = bytes read + written\n");
+        printf("quant_bench: GPU, BF16 -> FP8 e4m3 + FP32 scales; GB/s = bytes read + written;"
+               " ratio: to the copy's GB/s\n");
         rc = gpu_shape(o.rows ? o.rows : 7168, o.cols ? o.cols : 18432, &o, tsv);
         if (!rc && !o.rows && !o.cols)
             rc = gpu_shape(512, 1024, &o, tsv); /* 1 MiB of BF16: launch-bound */

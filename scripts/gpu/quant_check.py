@@ -9,11 +9,14 @@ writes with PyTorch on the same GPU:
   - casts against Tensor.to(); pack against slicing.
 Prints, per case, the number of differing bytes (the goal is 0 everywhere) and exits 1 if any.
 
-Two diagnostic columns say which arithmetic a difference follows, in case PyTorch changes:
-  'div s'   the q bytes PyTorch would give with s = 448 / amax as one true division
-            (eager PyTorch computes 448 / amax as amax.reciprocal() * 448);
-  'div si'  the scale bytes with scale_inv = amax / 448 as a true division (PyTorch on CUDA
-            multiplies by the FP32 reciprocal of 448; on the CPU it divides).
+Diagnostic columns (not goals) say which arithmetic a difference follows:
+  'div s'   q bytes that differ from s = 448 / amax as one true division (eager PyTorch
+            computes 448 / amax as amax.reciprocal() * 448);
+  'div si'  scale bytes that differ from scale_inv = amax / 448 as a true division (PyTorch on
+            CUDA multiplies by the FP32 reciprocal of 448; on the CPU it divides);
+  'sf q'    q bytes that differ from today's DeepGEMM/vLLM form, q = e4m3(x * (1 / sf)) with
+            sf = amax / 448 (same scales; the issue's reference is the 448 / amax form);
+  'torch-CPU q/s'  differences from the reference run on CPU tensors (small shapes).
 Usage: quant_check.py [--tool build/bench/quant_tool] [--quick]
 """
 import argparse
@@ -28,23 +31,28 @@ import torch
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def per_block_cast_to_fp8(x, true_div_s=False, true_div_si=False):
-    """DeepGEMM's reference (tests/test_core.py), with switches for the diagnostic variants."""
+def per_block_cast_to_fp8(x, variant="ref"):
+    """DeepGEMM's reference as the issue states it (the original tests/test_core.py), or a
+    diagnostic variant: "div_s" s = 448 / amax as one IEEE division; "div_si" scale_inv =
+    amax / 448 as one IEEE division; "sf" today's DeepGEMM/vLLM form, sf = amax / 448.0 and
+    q = e4m3(x * (1.0 / sf)). The variants only explain differences; they are not goals."""
     m, n = x.shape
     xp = torch.zeros((math.ceil(m / 128) * 128, math.ceil(n / 128) * 128), dtype=x.dtype,
                      device=x.device)
     xp[:m, :n] = x
     xv = xp.view(-1, 128, xp.size(1) // 128, 128)
     amax = xv.abs().float().amax(dim=(1, 3), keepdim=True).clamp(1e-4)
-    if true_div_s:
+    if variant == "div_s":
         s = torch.full_like(amax, 448.0) / amax  # tensor / tensor: one IEEE division
+    elif variant == "sf":
+        s = 1.0 / (amax / 448.0)
     else:
-        s = 448.0 / amax  # as written in the reference
+        s = 448.0 / amax  # as written in the reference: amax.reciprocal() * 448
     q = (xv * s).to(torch.float8_e4m3fn)
-    if true_div_si:
+    if variant == "div_si":
         si = amax / torch.full_like(amax, 448.0)
     else:
-        si = amax / 448.0
+        si = amax / 448.0  # on CUDA: amax * fl(1/448)
     return q.view_as(xp)[:m, :n].contiguous(), si.view(xv.size(0), xv.size(2))
 
 
@@ -72,7 +80,8 @@ def write(t, path):
 
 
 def read(path, dtype, shape):
-    data = torch.from_file(path, size=os.path.getsize(path), dtype=torch.uint8)
+    with open(path, "rb") as f:
+        data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
     return data.view(dtype).view(shape)
 
 
@@ -106,8 +115,9 @@ class Check:
         write(x, xin)
         nb = (math.ceil(m / 128), math.ceil(n / 128))
         ref_q, ref_s = per_block_cast_to_fp8(x)
-        alt_q, _ = per_block_cast_to_fp8(x, true_div_s=True)
-        _, alt_s = per_block_cast_to_fp8(x, true_div_si=True)
+        alt_q, _ = per_block_cast_to_fp8(x, "div_s")
+        _, alt_s = per_block_cast_to_fp8(x, "div_si")
+        sf_q, _ = per_block_cast_to_fp8(x, "sf")
         cpu_q, cpu_s = per_block_cast_to_fp8(x.cpu()) if m * n <= (1 << 22) else (None, None)
         cols = []
         outs = {}
@@ -125,10 +135,11 @@ class Check:
                                diff_bytes(outs["gpu split"][1], gs)))
         cols.append(diff_bytes(gq, alt_q))
         cols.append(diff_bytes(gs, alt_s))
+        cols.append(diff_bytes(gq, sf_q))
         info = "-" if cpu_q is None else f"{diff_bytes(gq, cpu_q)}/{diff_bytes(gs, cpu_s)}"
         name = f"{dtype} [{m},{n}]" + (" +NaN/inf" if specials else "")
         print(f"  {name:28s} {cols[0]:9d} {cols[1]:9d} {cols[2]:9d} {cols[3]:9d}"
-              f" {cols[4]:9d} {cols[5]:9d}   {info}")
+              f" {cols[4]:9d} {cols[5]:9d} {cols[6]:9d}   {info}")
 
     def cast(self, src, dst, n, seed):
         g = torch.Generator(device="cuda").manual_seed(seed)
@@ -179,7 +190,7 @@ def main():
         c = Check(a.tool, tmp)
         print("\nFP8 block quantization: differing bytes (goal 0 in the first four columns)")
         print(f"  {'case':28s} {'q/torch':>9s} {'s/torch':>9s} {'GPU/CPU':>9s} {'split':>9s}"
-              f" {'(div s)':>9s} {'(div si)':>9s}   (torch-CPU q/s)")
+              f" {'(div s)':>9s} {'(div si)':>9s} {'(sf q)':>9s}   (torch-CPU q/s)")
         for i, (m, n) in enumerate(shapes):
             for dt in ("bf16", "fp16", "fp32"):
                 if m * n > (1 << 26) and dt != "bf16":

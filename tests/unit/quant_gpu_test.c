@@ -314,8 +314,8 @@ static void test_gpu_encoder_sweep(void)
     need_gpu();
     enum { N = 1 << 22 };
     uint32_t *u = malloc(N * 4);
-    uint8_t *q = malloc(N), *qd = malloc(N);
-    CHECK(u && q && qd);
+    uint8_t *qd = malloc(N);
+    CHECK(u && qd);
     for (uint64_t i = 0; i < N; i++)
         u[i] = (uint32_t)(i * 1021);
     struct wb_quant_tile t = {WB_DTYPE_FP32, N / 1024, 1024, 0, 0};
@@ -336,7 +336,6 @@ static void test_gpu_encoder_sweep(void)
     wb_quant_gpu_free(dq);
     wb_quant_gpu_free(da);
     free(u);
-    free(q);
     free(qd);
 }
 

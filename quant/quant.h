@@ -15,7 +15,9 @@
  *    cudaPointerGetAttributes() per pointer, which matters only for tiny tensors: hot paths that
  *    know where their buffers live say so.
  * Bad arguments return -EINVAL (and log the reason at error level) before anything is written.
- * Outputs may not overlap inputs.
+ * Element buffers must be aligned to their element size (16-byte alignment, a row length and a
+ * column origin that are multiples of 16 elements take the kernels' vector path; anything else
+ * is still correct, only slower). Outputs may not overlap inputs.
  *
  * The FP8 arithmetic is that of the PyTorch reference used for DeepSeek-V3 / Qwen3-FP8 /
  * Kimi-K2 checkpoints (DeepGEMM's per_block_cast_to_fp8) as it runs on a CUDA tensor, bit for

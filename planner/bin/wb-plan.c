@@ -1,0 +1,281 @@
+/* wb-plan — the dry-run planner: given a model and two cluster layouts, print what a weight
+ * update will cost (bytes per GPU, balance, mesh groups, entries, estimated time) and every
+ * problem found, without any hardware. Also writes the plan as JSON and an SVG report. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/planner.h"
+
+static const char usage[] =
+    "usage: wb-plan --model FAMILY.yaml [--config config.json] --trainer T.yaml --rollout R.yaml\n"
+    "               [--mode auto|direct|gather] [--mem-cap 1GiB] [--estimate]\n"
+    "               [--json plan.json [--tables]] [--svg plan.svg] [--dump RANK] [--verify]\n"
+    "       wb-plan --model FAMILY.yaml --trainer-inv T.json --rollout-inv R.json --trainer ...\n"
+    "       wb-plan --dump-config\n"
+    "\n"
+    "Plans a trainer -> rollout weight transfer and prints a summary.\n"
+    "  --model FILE        model family file (configs/models/): name templates and match rules\n"
+    "  --config FILE       Hugging Face config.json giving the model's sizes (configs/hf/)\n"
+    "  --trainer-inv FILE  trainer inventory (YAML/JSON name -> {dtype, shape}) instead of\n"
+    "  --rollout-inv FILE  rollout inventory      generating them from --model and --config\n"
+    "  --trainer FILE      trainer layout: mesh, placement rules, residence, hardware\n"
+    "  --rollout FILE      rollout layout: replicas, tp, ep, hardware\n"
+    "  --mode MODE         auto (default): direct where shards can be written as they are, amax\n"
+    "                      exchange where FP8 blocks straddle owners; gather: the reference\n"
+    "                      (full_tensor() first); direct: like auto but never gathers\n"
+    "  --mem-cap SIZE      executor temporary-memory cap per GPU (default 1GiB)\n"
+    "  --estimate          simulate the execution: time per phase and overall, lower bound\n"
+    "  --json FILE         write the plan summary as JSON (--tables: with every routing table)\n"
+    "  --svg FILE          bar charts of bytes per trainer and rollout GPU and the timeline\n"
+    "  --dump RANK         print trainer RANK's routing table, one line per op and write\n"
+    "  --verify            check the plan's invariants (bytes written once, sources held, ...)\n"
+    "  --dump-config       print the documented layout and hardware keys\n"
+    "Exit status: 0 ok, 1 a problem in the inputs (all problems are listed), 2 usage.\n";
+
+struct args {
+    const char *model, *config, *tinv, *rinv, *trainer, *rollout, *json, *svg;
+    enum wb_plan_mode mode;
+    uint64_t mem_cap;
+    bool estimate, tables, verify;
+    long dump;
+};
+
+static int parse_args(int argc, char **argv, struct args *a)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"config", required_argument, 0, 'c'},
+        {"trainer-inv", required_argument, 0, 'T'},
+        {"rollout-inv", required_argument, 0, 'R'},
+        {"trainer", required_argument, 0, 't'},
+        {"rollout", required_argument, 0, 'r'},
+        {"mode", required_argument, 0, 'M'},
+        {"mem-cap", required_argument, 0, 'C'},
+        {"estimate", no_argument, 0, 'e'},
+        {"json", required_argument, 0, 'j'},
+        {"tables", no_argument, 0, 'b'},
+        {"svg", required_argument, 0, 's'},
+        {"dump", required_argument, 0, 'd'},
+        {"verify", no_argument, 0, 'v'},
+        {"dump-config", no_argument, 0, 'D'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    memset(a, 0, sizeof(*a));
+    a->mode = WB_MODE_AUTO;
+    a->mem_cap = 1ull << 30;
+    a->dump = -1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            a->model = optarg;
+            break;
+        case 'c':
+            a->config = optarg;
+            break;
+        case 'T':
+            a->tinv = optarg;
+            break;
+        case 'R':
+            a->rinv = optarg;
+            break;
+        case 't':
+            a->trainer = optarg;
+            break;
+        case 'r':
+            a->rollout = optarg;
+            break;
+        case 'M':
+            if (wb_plan_mode_parse(optarg, &a->mode)) {
+                fprintf(stderr, "wb-plan: --mode: expected auto, direct or gather, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'C':
+            if (wb_parse_size(optarg, &a->mem_cap) || a->mem_cap == 0) {
+                fprintf(stderr, "wb-plan: --mem-cap: expected a size such as 1GiB, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'e':
+            a->estimate = true;
+            break;
+        case 'j':
+            a->json = optarg;
+            break;
+        case 'b':
+            a->tables = true;
+            break;
+        case 's':
+            a->svg = optarg;
+            break;
+        case 'd': {
+            char *end;
+            a->dump = strtol(optarg, &end, 10);
+            if (*end || a->dump < 0) {
+                fprintf(stderr, "wb-plan: --dump: expected a trainer rank, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        }
+        case 'v':
+            a->verify = true;
+            break;
+        case 'D':
+            wb_layout_dump_docs(stdout);
+            exit(0);
+        case 'h':
+            fputs(usage, stdout);
+            exit(0);
+        default:
+            fputs(usage, stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "wb-plan: unexpected argument '%s'\n%s", argv[optind], usage);
+        return 2;
+    }
+    const char *missing = !a->model                  ? "--model"
+                          : !a->trainer              ? "--trainer"
+                          : !a->rollout              ? "--rollout"
+                          : (!a->tinv != !a->rinv)   ? "--trainer-inv with --rollout-inv"
+                          : (!a->tinv && !a->config) ? "--config (or inventories)"
+                                                     : NULL;
+    if (missing) {
+        fprintf(stderr, "wb-plan: missing %s\n%s", missing, usage);
+        return 2;
+    }
+    return 0;
+}
+
+static int fail(struct wb_errlist *el, const char *what)
+{
+    fprintf(stderr, "wb-plan: %s: %zu problem%s\n", what, el->n, el->n == 1 ? "" : "s");
+    wb_errlist_print(el, "  ", stderr);
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    struct args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc)
+        return rc;
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_trainer_layout tl;
+    struct wb_rollout_layout rl;
+    struct wb_inventory ti, ri;
+    struct wb_match_rules *rules = NULL;
+    struct wb_match *match = NULL;
+    struct wb_plan *plan = NULL;
+    struct wb_estimate est;
+    bool have_est = false;
+    memset(&est, 0, sizeof(est));
+    wb_inv_init(&ti);
+    wb_inv_init(&ri);
+    memset(&tl, 0, sizeof(tl));
+    memset(&rl, 0, sizeof(rl));
+    rc = 1;
+
+    int e1 = wb_trainer_layout_load(a.trainer, &tl, &el);
+    int e2 = wb_rollout_layout_load(a.rollout, &rl, &el);
+    if (e1 || e2 || wb_layout_check(&tl, &rl, &el)) {
+        fail(&el, "layouts");
+        goto out;
+    }
+    if (a.tinv) {
+        e1 = wb_inv_load_file(a.tinv, &ti, &el);
+        e2 = wb_inv_load_file(a.rinv, &ri, &el);
+    } else {
+        e1 = wb_inv_generate(a.model, a.config, "trainer", &ti, &el);
+        e2 = wb_inv_generate(a.model, a.config, "rollout", &ri, &el);
+    }
+    if (e1 || e2) {
+        fail(&el, "inventories");
+        goto out;
+    }
+    if (wb_match_rules_load(a.model, &rules, &el) ||
+        (a.config && wb_match_rules_bind_config(rules, a.config, &el))) {
+        fail(&el, "model rules");
+        goto out;
+    }
+    if (wb_match_run(rules, &ti, &ri, &match, &el)) {
+        fail(&el, "matching");
+        goto out;
+    }
+    struct wb_plan_input in = {&ti, &ri, match, &tl, &rl};
+    struct wb_plan_opts po = {a.mode, a.mem_cap};
+    uint64_t t0 = wb_now_ns();
+    if (wb_plan_build(&in, &po, &plan, &el)) {
+        fail(&el, "planning");
+        goto out;
+    }
+    double plan_s = (double)(wb_now_ns() - t0) * 1e-9;
+    printf("wb-plan: %s (%s) -> %s, %zu trainer and %zu rollout tensors, planned in %.2f s\n",
+           a.trainer, a.model, a.rollout, ti.n, ri.n, plan_s);
+    wb_plan_print_summary(plan, &in, stdout);
+    if (a.verify) {
+        if (wb_plan_verify(plan, &in, &el)) {
+            fail(&el, "verify");
+            goto out;
+        }
+        printf("  verify: ok (every destination byte written once, every source held)\n");
+    }
+    if (a.estimate) {
+        if (wb_plan_estimate(plan, &in, &est, &el)) {
+            fail(&el, "estimate");
+            goto out;
+        }
+        have_est = true;
+        wb_estimate_print(&est, plan, stdout);
+    }
+    if (a.dump >= 0) {
+        if ((uint64_t)a.dump >= plan->ntrainers) {
+            fprintf(stderr, "wb-plan: --dump %ld: the trainer has %u ranks\n", a.dump,
+                    plan->ntrainers);
+            goto out;
+        }
+        wb_route_table_print(&plan->tables[a.dump], &in, stdout);
+    }
+    if (a.json) {
+        FILE *f = fopen(a.json, "w");
+        int e = f ? wb_plan_write_json(plan, &in, a.tables, f) : -errno;
+        if (f && fclose(f) && !e)
+            e = -errno;
+        if (e) {
+            fprintf(stderr, "wb-plan: %s: %s\n", a.json, wb_strerror(e));
+            goto out;
+        }
+    }
+    if (a.svg) {
+        FILE *f = fopen(a.svg, "w");
+        int e = f ? wb_plan_write_svg(plan, have_est ? &est : NULL, f) : -errno;
+        if (f && fclose(f) && !e)
+            e = -errno;
+        if (e) {
+            fprintf(stderr, "wb-plan: %s: %s\n", a.svg, wb_strerror(e));
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    if (have_est)
+        wb_estimate_free(&est);
+    wb_plan_free(plan);
+    wb_match_free(match);
+    wb_match_rules_free(rules);
+    wb_inv_free(&ti);
+    wb_inv_free(&ri);
+    wb_trainer_layout_free(&tl);
+    wb_rollout_layout_free(&rl);
+    wb_errlist_free(&el);
+    return rc;
+}

@@ -1,0 +1,929 @@
+/* estimate.c — wb_plan_estimate(): a discrete-time simulation of executing a plan.
+ *
+ * The model (also in the README):
+ *  - each trainer GPU runs its tasks in table order through FIFO stages, as the executor does:
+ *    admission under the memory cap (a task larger than the cap runs alone) -> H2D copy engine
+ *    (h2d_Bps) -> collectives (GATHER: an all-gather among the shard peers, which starts when
+ *    every peer reached it; over NVLink at nvlink_Bps when all peers share a node, else as
+ *    ring flows through the NICs; AMAX: a rendezvous with the peer plus one collective launch)
+ *    -> GPU stream (copies at copy_Bps, quantization at quant_Bps, kernel_s per op) -> CPU
+ *    (one thread: kernel_s per op launched, gather_s per collective, write_submit_s per write
+ *    per NIC stripe for writes of 64 KiB or more, one post otherwise) -> network;
+ *  - the network is fluid: every (sender, receiver) pair is a FIFO of byte chunks; each step
+ *    the NIC egress of every GPU (nic_gbps x nics x efficiency) and the ingress of every GPU
+ *    are shared max-min fairly among their active pairs (water-filling);
+ *  - phases with barrier_after: no task of the next phase starts before every rank passed its
+ *    last collective of the phase and barrier_s elapsed; writes of earlier phases go on;
+ *  - a task's memory is freed when its last byte arrived.
+ * Not modelled: PCIe contention between H2D and NIC reads, NVLink contention between
+ * concurrent gathers, switch/fabric congestion, stragglers, the controller's messages. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/plan_int.h"
+
+enum { MAX_STEPS = 4000000 };
+
+struct chunk {
+    uint32_t task; /* index into tasks, or gather instance | GATHER_BIT */
+    uint64_t left;
+};
+
+struct pair {
+    uint32_t src, dst; /* node ids: trainers, then rollouts */
+    struct vec q;      /* struct chunk FIFO */
+    size_t head;
+    double rate, give;
+    uint64_t left; /* bytes queued */
+    bool active;
+};
+
+struct etask {
+    uint32_t rank, phase, ncoll, ninst, nflow, f0;
+    uint64_t tmp, write_bytes, h2d_bytes, quant_bytes;
+    double h2d_s, gpu_s, submit_s;
+    uint32_t c0;      /* collectives at est.coll[c0 .. c0+ncoll) */
+    uint32_t pending; /* chunks not yet delivered */
+    double t_start, t_end;
+    bool started, done;
+};
+
+/* A collective: a gather instance (members) or an amax rendezvous (2 ranks). */
+struct inst {
+    uint32_t n, arrived, nflows;
+    uint64_t bytes_in; /* max over members */
+    bool nvlink, amax, started;
+    double t_done; /* NVLink and amax: known at start; network: when the last flow lands */
+    uint32_t f0;   /* network gathers: ring flows at sim.rflow[f0 .. f0+n) */
+};
+
+struct rflow {
+    uint32_t inst, src, dst;
+    uint64_t bytes;
+};
+
+struct rank_state {
+    uint32_t t0, nt;                     /* its tasks */
+    uint32_t admit, h2d, coll, gpu, sub; /* next task index per stage (relative) */
+    double h2d_left, gpu_left, sub_left; /* seconds of work left on the current task */
+    uint32_t coll_k;                     /* next collective of the current coll task */
+    bool coll_arrived;
+    uint64_t mem;
+    uint32_t running; /* admitted, not done */
+    double busy_h2d, busy_gpu, busy_sub, wait_coll, busy_coll;
+    double end;
+};
+
+struct sim {
+    const struct wb_plan *p;
+    uint32_t nt, nr, nphases;
+    struct etask *task;
+    size_t ntask;
+    uint32_t *coll; /* per task collective refs: instance ids */
+    struct inst *inst;
+    size_t ninst;
+    struct rank_state *rs;
+    struct pair *pair;
+    size_t npair, cpair;
+    uint32_t *phash;
+    size_t hcap;
+    struct {
+        uint32_t dst;
+        uint64_t bytes;
+    } * flow;            /* per task flows */
+    struct rflow *rflow; /* ring flows of network gathers */
+    size_t nrflow;
+    uint32_t *last_coll;      /* per rank and phase: relative index of the last task of the phase
+                                 (+1), 0 when the rank has none */
+    double *egress, *ingress; /* bytes/s per node */
+    uint32_t *act;            /* active pair indices */
+    size_t nact, cact;
+    double *eleft, *ileft; /* per node, per step */
+    uint32_t *nout, *nin;
+    double *rollout_end; /* per rollout GPU: its last byte */
+    size_t ndone;
+    double *barrier_done; /* per phase */
+    uint32_t *phase_left; /* ranks not yet past the phase's last collective */
+    double *arrive;       /* per phase: latest arrival */
+};
+
+/* ---------------------------------------------------------------- pairs */
+
+static struct pair *get_pair(struct sim *s, uint32_t a, uint32_t b)
+{
+    uint64_t key = ((uint64_t)a << 32) | b;
+    size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (s->hcap - 1);
+    while (s->phash[h]) {
+        struct pair *p = &s->pair[s->phash[h] - 1];
+        if (p->src == a && p->dst == b)
+            return p;
+        h = (h + 1) & (s->hcap - 1);
+    }
+    if (s->npair + 1 >= s->hcap / 2) {
+        size_t cap = s->hcap * 2;
+        uint32_t *nh = calloc(cap, sizeof(uint32_t));
+        if (!nh)
+            return NULL;
+        for (size_t i = 0; i < s->npair; i++) {
+            uint64_t k = ((uint64_t)s->pair[i].src << 32) | s->pair[i].dst;
+            size_t j = (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+            while (nh[j])
+                j = (j + 1) & (cap - 1);
+            nh[j] = (uint32_t)i + 1;
+        }
+        free(s->phash);
+        s->phash = nh;
+        s->hcap = cap;
+        return get_pair(s, a, b);
+    }
+    if (s->npair == s->cpair) {
+        size_t c = s->cpair ? s->cpair * 2 : 1024;
+        struct pair *np = realloc(s->pair, c * sizeof(*np));
+        if (!np)
+            return NULL;
+        s->pair = np;
+        s->cpair = c;
+    }
+    struct pair *p = &s->pair[s->npair++];
+    memset(p, 0, sizeof(*p));
+    p->src = a;
+    p->dst = b;
+    vec_init(&p->q, sizeof(struct chunk));
+    s->phash[h] = (uint32_t)s->npair;
+    return p;
+}
+
+static int post(struct sim *s, uint32_t a, uint32_t b, uint32_t id, uint64_t bytes)
+{
+    struct pair *p = get_pair(s, a, b);
+    if (!p)
+        return -ENOMEM;
+    struct chunk c = {id, bytes};
+    if (!vec_push(&p->q, &c))
+        return -ENOMEM;
+    p->left += bytes;
+    if (!p->active) {
+        if (s->nact == s->cact) {
+            size_t c = s->cact ? 2 * s->cact : 1024;
+            uint32_t *na = realloc(s->act, c * sizeof(uint32_t));
+            if (!na)
+                return -ENOMEM;
+            s->act = na;
+            s->cact = c;
+        }
+        s->act[s->nact++] = (uint32_t)(p - s->pair);
+    }
+    p->active = true;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- setup */
+
+static uint64_t op_box_bytes(const struct wb_route_table *t, uint32_t box, enum wb_dtype dt)
+{
+    return wb_box_numel(&t->boxes[box]) * wb_dtype_size(dt);
+}
+
+static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflows)
+{
+    const struct wb_plan *p = s->p;
+    const struct wb_hw *hw = &in->tl->hw;
+    size_t ntask = 0, ncoll = 0, nflow = 0;
+    for (uint32_t r = 0; r < p->ntrainers; r++) {
+        ntask += p->tables[r].ntasks;
+        for (uint32_t o = 0; o < p->tables[r].nops; o++)
+            ncoll +=
+                p->tables[r].ops[o].kind == WB_OP_GATHER || p->tables[r].ops[o].kind == WB_OP_AMAX;
+        nflow += p->tables[r].nwrites;
+    }
+    s->ntask = ntask;
+    s->task = calloc(ntask + 1, sizeof(*s->task));
+    s->coll = calloc(ncoll + 1, sizeof(uint32_t));
+    s->inst = calloc(ncoll + 1, sizeof(*s->inst));
+    s->flow = malloc((nflow + 1) * sizeof(*s->flow));
+    s->rs = calloc(p->ntrainers, sizeof(*s->rs));
+    if (!s->task || !s->coll || !s->inst || !s->flow || !s->rs)
+        return -ENOMEM;
+    /* gather instances keyed by (mesh, seq, first peer); amax by tag */
+    size_t hcap = 1024;
+    while (hcap < 4 * ncoll + 4)
+        hcap *= 2;
+    uint64_t *hk = calloc(hcap, sizeof(uint64_t));
+    uint32_t *hv = calloc(hcap, sizeof(uint32_t));
+    if (!hk || !hv) {
+        free(hk);
+        free(hv);
+        return -ENOMEM;
+    }
+    size_t ti = 0, ci = 0, fi = 0;
+    for (uint32_t r = 0; r < p->ntrainers; r++) {
+        const struct wb_route_table *t = &p->tables[r];
+        s->rs[r].t0 = (uint32_t)ti;
+        s->rs[r].nt = t->ntasks;
+        for (uint32_t k = 0; k < t->ntasks; k++, ti++) {
+            const struct wb_rt_task *T = &t->tasks[k];
+            struct etask *e = &s->task[ti];
+            e->rank = r;
+            e->phase = T->phase;
+            e->tmp = T->tmp_bytes;
+            e->write_bytes = T->write_bytes;
+            e->c0 = (uint32_t)ci;
+            for (uint32_t o = T->op0; o < T->op0 + T->nops; o++) {
+                const struct wb_rt_op *op = &t->ops[o];
+                uint64_t key = 0;
+                switch (op->kind) {
+                case WB_OP_H2D:
+                    e->h2d_bytes += op->h2d.bytes;
+                    break;
+                case WB_OP_COPY:
+                case WB_OP_CAST:
+                    e->gpu_s += hw->kernel_s +
+                                (double)op_box_bytes(t, op->copy.src_box, op->copy.src.dtype) /
+                                    hw->copy_Bps;
+                    break;
+                case WB_OP_QUANT: {
+                    uint64_t b = op_box_bytes(t, op->quant.src_box, op->quant.src.dtype);
+                    e->quant_bytes += b;
+                    e->gpu_s += hw->kernel_s + (double)b / hw->quant_Bps;
+                    break;
+                }
+                case WB_OP_GATHER:
+                    key = ((uint64_t)op->gather.mesh << 40) ^ ((uint64_t)op->gather.seq << 20) ^
+                          t->peers[op->gather.peer0].rank ^ (1ull << 63);
+                    break;
+                case WB_OP_AMAX:
+                    key = (uint64_t)op->amax.tag | (1ull << 62);
+                    break;
+                }
+                if (!key)
+                    continue;
+                size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (hcap - 1);
+                while (hk[h] && hk[h] != key)
+                    h = (h + 1) & (hcap - 1);
+                if (!hk[h]) {
+                    hk[h] = key;
+                    hv[h] = (uint32_t)s->ninst++;
+                }
+                struct inst *in2 = &s->inst[hv[h]];
+                in2->n++;
+                if (op->kind == WB_OP_AMAX) {
+                    in2->amax = true;
+                } else {
+                    if (op->gather.bytes_in > in2->bytes_in)
+                        in2->bytes_in = op->gather.bytes_in;
+                    bool same = true;
+                    uint32_t node = r / in->tl->gpus_per_node, prev = r, np = op->gather.npeers;
+                    for (uint32_t q = 0; q < np; q++) {
+                        uint32_t pr = t->peers[op->gather.peer0 + q].rank;
+                        same &= pr / in->tl->gpus_per_node == node;
+                        if (pr == r)
+                            prev = t->peers[op->gather.peer0 + (q + np - 1) % np].rank;
+                    }
+                    in2->nvlink = same;
+                    /* ring all-gather: each member receives its missing bytes from the
+                     * previous member */
+                    if (!same && op->gather.bytes_in) {
+                        struct rflow rf = {hv[h], prev, r, op->gather.bytes_in};
+                        if (!vec_push(rflows, &rf)) {
+                            free(hk);
+                            free(hv);
+                            return -ENOMEM;
+                        }
+                    }
+                }
+                s->coll[ci++] = hv[h];
+                e->ncoll++;
+            }
+            e->h2d_s = (double)e->h2d_bytes / hw->h2d_Bps;
+            /* flows: bytes per destination (writes are grouped per destination rank) */
+            e->f0 = (uint32_t)fi;
+            uint32_t posts = 0;
+            for (uint32_t w = T->write0; w < T->write0 + T->nwrites; w++) {
+                const struct wb_rt_write *x = &t->writes[w];
+                uint32_t f;
+                for (f = e->f0; f < fi; f++)
+                    if (s->flow[f].dst == x->dst_rank)
+                        break;
+                if (f == fi) {
+                    s->flow[fi].dst = x->dst_rank;
+                    s->flow[fi++].bytes = 0;
+                }
+                s->flow[f].bytes += x->len;
+                posts += x->len >= (64u << 10) ? (uint32_t)hw->nics_per_gpu : 1;
+            }
+            e->nflow = (uint32_t)fi - e->f0;
+            /* the executor's one CPU thread launches the task's GPU ops and collectives and
+             * posts its writes: all of that is CPU time on the rank's critical path */
+            e->submit_s =
+                posts * hw->write_submit_s + T->nops * hw->kernel_s + e->ncoll * hw->gather_s;
+        }
+    }
+    free(hk);
+    free(hv);
+    /* ring flows grouped by instance */
+    s->nrflow = rflows->n;
+    s->rflow = malloc((rflows->n + 1) * sizeof(struct rflow));
+    uint32_t *cnt = calloc(s->ninst + 1, sizeof(uint32_t));
+    if (!s->rflow || !cnt) {
+        free(cnt);
+        return -ENOMEM;
+    }
+    const struct rflow *R = rflows->p;
+    for (size_t i = 0; i < rflows->n; i++)
+        cnt[R[i].inst + 1]++;
+    for (size_t i = 0; i < s->ninst; i++) {
+        cnt[i + 1] += cnt[i];
+        s->inst[i].f0 = cnt[i];
+    }
+    for (size_t i = 0; i < rflows->n; i++)
+        s->rflow[cnt[R[i].inst]++] = R[i];
+    free(cnt);
+    /* per rank and phase: the last task of the phase (relative index + 1) */
+    s->last_coll = calloc((size_t)p->ntrainers * s->nphases + 1, sizeof(uint32_t));
+    if (!s->last_coll)
+        return -ENOMEM;
+    for (uint32_t r = 0; r < p->ntrainers; r++)
+        for (uint32_t k = 0; k < s->rs[r].nt; k++)
+            s->last_coll[(size_t)r * s->nphases + s->task[s->rs[r].t0 + k].phase] = k + 1;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- network step */
+
+/* One step of the fluid network: max-min fair shares by a few rounds of water-filling, then
+ * delivery in FIFO order per pair. Returns -ENOMEM or 0. */
+static int net_step(struct sim *s, double t, double dt, double *sent_tr, double *sent_gather)
+{
+    double *eleft = s->eleft, *ileft = s->ileft;
+    uint32_t *nout = s->nout, *nin = s->nin;
+    for (size_t i = 0; i < s->nact; i++) {
+        struct pair *p = &s->pair[s->act[i]];
+        p->rate = 0;
+        eleft[p->src] = s->egress[p->src] * dt;
+        ileft[p->dst] = s->ingress[p->dst] * dt;
+    }
+    for (int round = 0; round < 4; round++) {
+        size_t want = 0;
+        for (size_t i = 0; i < s->nact; i++) {
+            const struct pair *p = &s->pair[s->act[i]];
+            nout[p->src] = nin[p->dst] = 0;
+        }
+        for (size_t i = 0; i < s->nact; i++) {
+            const struct pair *p = &s->pair[s->act[i]];
+            if ((double)p->left > p->rate + 0.5 && eleft[p->src] > 1 && ileft[p->dst] > 1) {
+                nout[p->src]++;
+                nin[p->dst]++;
+                want++;
+            }
+        }
+        if (!want)
+            break;
+        /* equal shares of what each end has left at the round's start: sums never exceed it */
+        for (size_t i = 0; i < s->nact; i++) {
+            struct pair *p = &s->pair[s->act[i]];
+            if (!((double)p->left > p->rate + 0.5 && eleft[p->src] > 1 && ileft[p->dst] > 1))
+                continue;
+            double give = eleft[p->src] / nout[p->src];
+            double in = ileft[p->dst] / nin[p->dst];
+            if (in < give)
+                give = in;
+            if ((double)p->left - p->rate < give)
+                give = (double)p->left - p->rate;
+            p->rate += give;
+            p->give = give;
+        }
+        for (size_t i = 0; i < s->nact; i++) {
+            struct pair *p = &s->pair[s->act[i]];
+            eleft[p->src] -= p->give;
+            ileft[p->dst] -= p->give;
+            p->give = 0;
+        }
+    }
+    size_t keep = 0;
+    for (size_t i = 0; i < s->nact; i++) {
+        struct pair *p = &s->pair[s->act[i]];
+        double bytes = p->rate;
+        if (bytes > 0)
+            *(p->dst < s->nt ? sent_gather : sent_tr) += bytes;
+        while (bytes > 0 && p->head < p->q.n) {
+            struct chunk *c = VEC_AT(&p->q, struct chunk, p->head);
+            if ((double)c->left > bytes + 0.5) {
+                c->left -= (uint64_t)bytes;
+                p->left -= (uint64_t)bytes;
+                break;
+            }
+            double frac = p->rate > 0 ? 1.0 - (bytes - (double)c->left) / p->rate : 1.0;
+            bytes -= (double)c->left;
+            p->left -= c->left;
+            c->left = 0;
+            double when = t + dt * (frac < 0 ? 0 : frac > 1 ? 1 : frac);
+            if (c->task & (1u << 31)) {
+                struct inst *in = &s->inst[c->task & ~(1u << 31)];
+                if (--in->nflows == 0)
+                    in->t_done = when;
+            } else {
+                struct etask *e = &s->task[c->task];
+                if (p->dst >= s->nt && when > s->rollout_end[p->dst - s->nt])
+                    s->rollout_end[p->dst - s->nt] = when;
+                if (--e->pending == 0) {
+                    e->done = true;
+                    e->t_end = when;
+                    s->rs[e->rank].mem -= e->tmp;
+                    s->rs[e->rank].running--;
+                    s->ndone++;
+                }
+            }
+            p->head++;
+        }
+        if (p->head == p->q.n) {
+            p->active = false;
+            p->left = 0;
+            p->q.n = p->head = 0;
+        } else {
+            s->act[keep++] = s->act[i];
+        }
+    }
+    s->nact = keep;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- per-rank stages */
+
+/* Runs a FIFO stage: tasks [*idx, limit) each needing work(e) seconds; returns busy time. */
+static double run_stage(struct sim *s, struct rank_state *rs, uint32_t *idx, uint32_t limit,
+                        double *left, int which, double t, double dt, uint64_t cap)
+{
+    double budget = dt, busy = 0;
+    (void)cap;
+    while (*idx < limit) {
+        struct etask *e = &s->task[rs->t0 + *idx];
+        if (*left <= 0)
+            *left = which == 0 ? e->h2d_s : which == 1 ? e->gpu_s : e->submit_s;
+        double use = *left < budget ? *left : budget;
+        *left -= use;
+        budget -= use;
+        busy += use;
+        if (*left > 1e-12)
+            break;
+        *left = 0;
+        if (which == 2) { /* posted: its flows enter the network */
+            e->pending = e->nflow;
+            for (uint32_t f = e->f0; f < e->f0 + e->nflow; f++)
+                if (post(s, e->rank, s->nt + s->flow[f].dst, rs->t0 + *idx, s->flow[f].bytes))
+                    return -1;
+            if (e->nflow == 0) {
+                e->done = true;
+                e->t_end = t + (dt - budget);
+                rs->mem -= e->tmp;
+                rs->running--;
+                s->ndone++;
+            }
+        }
+        (*idx)++;
+    }
+    return busy;
+}
+
+/* The collective stage of one rank: passes every collective that completes within this step.
+ * Returns 1 when it advanced, 0 when not, -1 on allocation failure. Collectives complete at
+ * their own times (start = last arrival), so the caller repeats all ranks until none advances:
+ * a collective costs its duration, not a simulation step. */
+static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct wb_hw *hw)
+{
+    struct rank_state *rs = &s->rs[r];
+    int moved = 0;
+    while (rs->coll < rs->h2d) {
+        struct etask *e = &s->task[rs->t0 + rs->coll];
+        if (rs->coll_k < e->ncoll) {
+            struct inst *in = &s->inst[s->coll[e->c0 + rs->coll_k]];
+            if (!rs->coll_arrived) {
+                rs->coll_arrived = true;
+                in->arrived++;
+                moved = 1;
+            }
+            if (!in->started && in->arrived == in->n) {
+                in->started = true;
+                if (in->amax) {
+                    in->t_done = t + hw->gather_s;
+                } else if (in->nvlink) {
+                    in->t_done = t + hw->gather_s + (double)in->bytes_in / hw->nvlink_Bps;
+                } else {
+                    uint32_t f1 =
+                        (uint32_t)(in - s->inst) + 1 < s->ninst ? in[1].f0 : (uint32_t)s->nrflow;
+                    in->nflows = f1 - in->f0;
+                    in->t_done = in->nflows ? INFINITY : t + hw->gather_s;
+                    for (uint32_t f = in->f0; f < f1; f++)
+                        if (post(s, s->rflow[f].src, s->rflow[f].dst,
+                                 (uint32_t)(in - s->inst) | (1u << 31), s->rflow[f].bytes))
+                            return -1;
+                }
+            }
+            if (!in->started || in->t_done > t + dt)
+                break;
+            rs->coll_k++;
+            rs->coll_arrived = false;
+            moved = 1;
+            continue;
+        }
+        rs->coll_k = 0;
+        rs->coll_arrived = false;
+        rs->coll++;
+        moved = 1;
+    }
+    return moved;
+}
+
+/* Where the rank's collective stage stands at the end of a step, for the time accounts. */
+static void coll_account(struct sim *s, uint32_t r, double dt)
+{
+    struct rank_state *rs = &s->rs[r];
+    if (rs->coll >= rs->h2d)
+        return;
+    const struct etask *e = &s->task[rs->t0 + rs->coll];
+    if (rs->coll_k >= e->ncoll)
+        return;
+    const struct inst *in = &s->inst[s->coll[e->c0 + rs->coll_k]];
+    if (in->started)
+        rs->busy_coll += dt;
+    else
+        rs->wait_coll += dt;
+}
+
+/* ---------------------------------------------------------------- main loop */
+
+static bool gate_open(const struct sim *s, uint32_t phase, double t)
+{
+    for (uint32_t q = 0; q < phase; q++)
+        if (s->barrier_done[q] > t)
+            return false;
+    return true;
+}
+
+int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
+                     struct wb_estimate *out, struct wb_errlist *el)
+{
+    const struct wb_hw *th = &in->tl->hw, *rh = &in->rl->hw;
+    if (th->nic_gbps <= 0 || rh->nic_gbps <= 0) {
+        wb_errlist_add(el, "%s: no hardware model (a `hardware:` key) for the estimate",
+                       th->nic_gbps <= 0 ? in->tl->path : in->rl->path);
+        return -WB_E_CONFIG;
+    }
+    struct sim s;
+    memset(&s, 0, sizeof(s));
+    s.p = p;
+    s.nt = p->ntrainers;
+    s.nr = p->nrollouts;
+    s.nphases = p->nphases ? p->nphases : 1;
+    s.hcap = 4096;
+    s.phash = calloc(s.hcap, sizeof(uint32_t));
+    struct vec rflows;
+    vec_init(&rflows, sizeof(struct rflow));
+    struct wb_estimate e;
+    memset(&e, 0, sizeof(e));
+    int rc = s.phash ? build(&s, in, &rflows) : -ENOMEM;
+    vec_free(&rflows);
+    uint32_t nn = s.nt + s.nr;
+    s.egress = malloc(nn * sizeof(double));
+    s.ingress = malloc(nn * sizeof(double));
+    s.eleft = malloc(nn * sizeof(double));
+    s.ileft = malloc(nn * sizeof(double));
+    s.nout = malloc(nn * sizeof(uint32_t));
+    s.nin = malloc(nn * sizeof(uint32_t));
+    s.barrier_done = malloc(s.nphases * sizeof(double));
+    s.arrive = calloc(s.nphases, sizeof(double));
+    s.phase_left = calloc(s.nphases, sizeof(uint32_t));
+    e.nphases = p->nphases;
+    e.phase = calloc(s.nphases, sizeof(*e.phase));
+    e.trainer_end_s = calloc(s.nt, sizeof(double));
+    e.busy_h2d_s = calloc(s.nt, sizeof(double));
+    e.busy_gpu_s = calloc(s.nt, sizeof(double));
+    e.busy_gather_s = calloc(s.nt, sizeof(double));
+    e.busy_submit_s = calloc(s.nt, sizeof(double));
+    e.wait_s = calloc(s.nt, sizeof(double));
+    e.rollout_end_s = calloc(s.nr ? s.nr : 1, sizeof(double));
+    if (!rc &&
+        (!s.egress || !s.ingress || !s.eleft || !s.ileft || !s.nout || !s.nin || !s.barrier_done ||
+         !s.arrive || !s.phase_left || !e.phase || !e.trainer_end_s || !e.busy_h2d_s ||
+         !e.busy_gpu_s || !e.busy_gather_s || !e.busy_submit_s || !e.wait_s || !e.rollout_end_s))
+        rc = -ENOMEM;
+    if (rc)
+        goto out;
+    s.rollout_end = e.rollout_end_s;
+    double te = th->nic_gbps * 1e9 / 8 * (double)th->nics_per_gpu * th->nic_efficiency;
+    double re = rh->nic_gbps * 1e9 / 8 * (double)rh->nics_per_gpu * rh->nic_efficiency;
+    for (uint32_t i = 0; i < nn; i++)
+        s.egress[i] = s.ingress[i] = i < s.nt ? te : re;
+    /* barriers: only phases that ask for one gate the next phase */
+    for (uint32_t q = 0; q < s.nphases; q++) {
+        bool want = p->nphases && s.nt && p->tables[0].phases[q].barrier_after;
+        s.barrier_done[q] = want ? INFINITY : 0;
+        s.phase_left[q] = want ? s.nt : 0;
+    }
+
+    /* the lower bound: the busiest NIC (writes plus gathers that leave the node), copy
+     * engine, GPU or CPU at full speed */
+    double lb = 0;
+    {
+        uint64_t *out_b = calloc(s.nt, sizeof(uint64_t)), *in_b = calloc(s.nt, sizeof(uint64_t));
+        if (!out_b || !in_b) {
+            free(out_b);
+            free(in_b);
+            rc = -ENOMEM;
+            goto out;
+        }
+        for (size_t i = 0; i < s.nrflow; i++) {
+            out_b[s.rflow[i].src] += s.rflow[i].bytes;
+            in_b[s.rflow[i].dst] += s.rflow[i].bytes;
+        }
+        for (uint32_t r = 0; r < s.nt; r++) {
+            uint64_t eg = p->stats.send_bytes[r] + out_b[r];
+            double x = (double)(eg > in_b[r] ? eg : in_b[r]) / te;
+            lb = x > lb ? x : lb;
+        }
+        free(out_b);
+        free(in_b);
+    }
+    for (uint32_t g = 0; g < s.nr; g++) {
+        double x = (double)p->stats.recv_bytes[g] / re;
+        lb = x > lb ? x : lb;
+    }
+    for (uint32_t r = 0; r < s.nt; r++) {
+        double h = 0, q = 0, cpu = 0;
+        for (uint32_t k = 0; k < s.rs[r].nt; k++) {
+            h += s.task[s.rs[r].t0 + k].h2d_s;
+            q += s.task[s.rs[r].t0 + k].gpu_s;
+            cpu += s.task[s.rs[r].t0 + k].submit_s;
+        }
+        lb = h > lb ? h : lb;
+        lb = q > lb ? q : lb;
+        lb = cpu > lb ? cpu : lb;
+    }
+    e.lower_bound_s = lb;
+
+    /* The step: fine enough that per-step granularity stays small against the whole, and
+     * against the chain of collectives a rank passes one after another (each network gather
+     * ends on a step boundary). */
+    uint32_t max_coll = 0;
+    for (uint32_t r = 0; r < s.nt; r++) {
+        uint32_t n = 0;
+        for (uint32_t k = 0; k < s.rs[r].nt; k++)
+            n += s.task[s.rs[r].t0 + k].ncoll;
+        max_coll = n > max_coll ? n : max_coll;
+    }
+    double dt = lb / 3000;
+    if (max_coll && lb / (8.0 * max_coll) < dt)
+        dt = lb / (8.0 * max_coll);
+    if (dt < 20e-6)
+        dt = 20e-6;
+    if (dt > 1e-3)
+        dt = 1e-3;
+    e.sample_dt = dt;
+    struct vec eg, ig, gg;
+    vec_init(&eg, sizeof(double));
+    vec_init(&ig, sizeof(double));
+    vec_init(&gg, sizeof(double));
+    size_t done_tasks = 0, last_done = 0, stall = 0;
+    double t = 0;
+    uint64_t cap = p->mem_cap;
+    uint32_t *before = calloc(s.nt + 1, sizeof(uint32_t));
+    if (!before) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (uint32_t r = 0; r < s.nt; r++) /* ranks without tasks in a phase arrive at once */
+        for (uint32_t q = 0; q < s.nphases; q++)
+            if (s.phase_left[q] && !s.last_coll[(size_t)r * s.nphases + q])
+                s.phase_left[q]--;
+    for (uint32_t q = 0; q < s.nphases; q++)
+        if (s.barrier_done[q] == INFINITY && s.phase_left[q] == 0)
+            s.barrier_done[q] = th->barrier_s;
+    for (size_t step = 0; done_tasks < s.ntask; step++) {
+        if (step >= MAX_STEPS) {
+            wb_errlist_add(el, "estimate: simulation did not finish in %.0f s of simulated time",
+                           t);
+            rc = -WB_E_PLAN;
+            break;
+        }
+        for (uint32_t r = 0; r < s.nt; r++) {
+            struct rank_state *rs = &s.rs[r];
+            while (rs->admit < rs->nt) {
+                struct etask *x = &s.task[rs->t0 + rs->admit];
+                if (!gate_open(&s, x->phase, t))
+                    break;
+                if (rs->running && rs->mem + x->tmp > cap)
+                    break;
+                rs->mem += x->tmp;
+                rs->running++;
+                x->started = true;
+                x->t_start = t;
+                rs->admit++;
+            }
+            rs->busy_h2d += run_stage(&s, rs, &rs->h2d, rs->admit, &rs->h2d_left, 0, t, dt, cap);
+            before[r] = rs->coll;
+        }
+        for (int pass = 0, moved = 1; moved && pass < 1000; pass++) {
+            moved = 0;
+            for (uint32_t r = 0; r < s.nt; r++) {
+                int m = run_coll(&s, r, t, dt, th);
+                if (m < 0) {
+                    rc = -ENOMEM;
+                    goto loop_out;
+                }
+                moved |= m;
+            }
+        }
+        for (uint32_t r = 0; r < s.nt; r++) {
+            struct rank_state *rs = &s.rs[r];
+            coll_account(&s, r, dt);
+            /* barrier arrivals: passing the last task of a phase */
+            for (uint32_t k = before[r]; k < rs->coll; k++) {
+                uint32_t ph = s.task[rs->t0 + k].phase;
+                if (s.last_coll[(size_t)r * s.nphases + ph] == k + 1 && s.phase_left[ph]) {
+                    s.arrive[ph] = t + dt > s.arrive[ph] ? t + dt : s.arrive[ph];
+                    if (--s.phase_left[ph] == 0)
+                        s.barrier_done[ph] = s.arrive[ph] + th->barrier_s;
+                }
+            }
+            rs->busy_gpu += run_stage(&s, rs, &rs->gpu, rs->coll, &rs->gpu_left, 1, t, dt, cap);
+            double b = run_stage(&s, rs, &rs->sub, rs->gpu, &rs->sub_left, 2, t, dt, cap);
+            if (b < 0) {
+                rc = -ENOMEM;
+                goto loop_out;
+            }
+            rs->busy_sub += b;
+        }
+        double sent = 0, gsent = 0;
+        if ((rc = net_step(&s, t, dt, &sent, &gsent)))
+            break;
+        t += dt;
+        double v1 = sent / dt, v2 = sent / dt, v3 = gsent / dt;
+        if (!vec_push(&eg, &v1) || !vec_push(&ig, &v2) || !vec_push(&gg, &v3)) {
+            rc = -ENOMEM;
+            break;
+        }
+        done_tasks = s.ndone;
+        stall = done_tasks == last_done ? stall + 1 : 0;
+        last_done = done_tasks;
+        if (stall > 2000000) {
+            wb_errlist_add(el, "estimate: simulation stalled at %.3f s", t);
+            rc = -WB_E_PLAN;
+            break;
+        }
+    }
+loop_out:
+    free(before);
+    e.total_s = t;
+    e.nsamples = (uint32_t)eg.n;
+    e.egress_Bps = eg.p;
+    e.ingress_Bps = ig.p;
+    e.gather_Bps = gg.p;
+    for (uint32_t q = 0; q < e.nphases; q++) {
+        e.phase[q].start_s = INFINITY;
+        e.phase[q].end_s = 0;
+    }
+    for (size_t i = 0; i < s.ntask; i++) {
+        const struct etask *x = &s.task[i];
+        struct wb_est_phase *ph = &e.phase[x->phase];
+        if (x->t_start < ph->start_s)
+            ph->start_s = x->t_start;
+        if (x->t_end > ph->end_s)
+            ph->end_s = x->t_end;
+        ph->write_bytes += x->write_bytes;
+        ph->h2d_bytes += x->h2d_bytes;
+        ph->quant_bytes += x->quant_bytes;
+        if (x->t_end > e.trainer_end_s[x->rank])
+            e.trainer_end_s[x->rank] = x->t_end;
+    }
+    for (uint32_t r = 0; r < s.nt; r++) {
+        const struct wb_route_table *tb = &p->tables[r];
+        uint64_t per_phase_send[64] = {0}, per_phase_gather[64] = {0};
+        for (uint32_t k = 0; k < tb->ntasks; k++) {
+            uint32_t ph = tb->tasks[k].phase;
+            if (ph >= 64)
+                continue;
+            per_phase_send[ph] += tb->tasks[k].write_bytes;
+            for (uint32_t o = tb->tasks[k].op0; o < tb->tasks[k].op0 + tb->tasks[k].nops; o++)
+                if (tb->ops[o].kind == WB_OP_GATHER)
+                    per_phase_gather[ph] += tb->ops[o].gather.bytes_in;
+        }
+        for (uint32_t q = 0; q < e.nphases && q < 64; q++) {
+            e.phase[q].gather_bytes += per_phase_gather[q];
+            if (per_phase_send[q] > e.phase[q].max_send_bytes)
+                e.phase[q].max_send_bytes = per_phase_send[q];
+            if (per_phase_gather[q] > e.phase[q].max_gather_bytes)
+                e.phase[q].max_gather_bytes = per_phase_gather[q];
+        }
+        e.busy_h2d_s[r] = s.rs[r].busy_h2d;
+        e.busy_gpu_s[r] = s.rs[r].busy_gpu;
+        e.busy_gather_s[r] = s.rs[r].busy_coll;
+        e.busy_submit_s[r] = s.rs[r].busy_sub;
+        e.wait_s[r] = s.rs[r].wait_coll;
+    }
+    {
+        uint64_t peak = 0;
+        for (uint32_t r = 0; r < s.nt; r++)
+            if (p->tables[r].max_tmp_bytes > peak)
+                peak = p->tables[r].max_tmp_bytes;
+        e.peak_tmp_bytes = peak;
+    }
+out:
+    for (size_t i = 0; i < s.npair; i++)
+        vec_free(&s.pair[i].q);
+    free(s.pair);
+    free(s.phash);
+    free(s.task);
+    free(s.coll);
+    free(s.inst);
+    free(s.flow);
+    free(s.rflow);
+    free(s.rs);
+    free(s.last_coll);
+    free(s.egress);
+    free(s.ingress);
+    free(s.eleft);
+    free(s.ileft);
+    free(s.nout);
+    free(s.nin);
+    free(s.act);
+    free(s.barrier_done);
+    free(s.arrive);
+    free(s.phase_left);
+    if (rc) {
+        wb_estimate_free(&e);
+        return rc;
+    }
+    *out = e;
+    return 0;
+}
+
+void wb_estimate_free(struct wb_estimate *e)
+{
+    free(e->phase);
+    free(e->trainer_end_s);
+    free(e->busy_h2d_s);
+    free(e->busy_gpu_s);
+    free(e->busy_gather_s);
+    free(e->busy_submit_s);
+    free(e->wait_s);
+    free(e->rollout_end_s);
+    free(e->egress_Bps);
+    free(e->ingress_Bps);
+    free(e->gather_Bps);
+    memset(e, 0, sizeof(*e));
+}
+
+static double mean_of(const double *v, uint32_t n)
+{
+    double s = 0;
+    for (uint32_t i = 0; i < n; i++)
+        s += v[i];
+    return n ? s / n : 0;
+}
+
+static double max_of(const double *v, uint32_t n)
+{
+    double m = 0;
+    for (uint32_t i = 0; i < n; i++)
+        m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+void wb_estimate_print(const struct wb_estimate *e, const struct wb_plan *p, FILE *f)
+{
+    char a[32], b[32], c[32], d[32], h[32];
+    fprintf(f,
+            "estimate: %.3f s (lower bound %.3f s: the busiest NIC, copy engine, GPU or CPU "
+            "at full speed)\n",
+            e->total_s, e->lower_bound_s);
+    for (uint32_t q = 0; q < e->nphases; q++) {
+        const struct wb_est_phase *ph = &e->phase[q];
+        fprintf(f,
+                "  phase %u: %.3f .. %.3f s: %s written (busiest sender %s), %s gathered "
+                "(busiest %s), %s H2D\n",
+                q, ph->start_s == INFINITY ? 0.0 : ph->start_s, ph->end_s,
+                wb_fmt_bytes(ph->write_bytes, a, sizeof(a)),
+                wb_fmt_bytes(ph->max_send_bytes, b, sizeof(b)),
+                wb_fmt_bytes(ph->gather_bytes, c, sizeof(c)),
+                wb_fmt_bytes(ph->max_gather_bytes, d, sizeof(d)),
+                wb_fmt_bytes(ph->h2d_bytes, h, sizeof(h)));
+    }
+    uint32_t n = p->ntrainers;
+    fprintf(f,
+            "  per trainer GPU (mean / max): H2D %.0f / %.0f ms, GPU ops %.0f / %.0f ms, "
+            "gathers %.0f / %.0f ms,\n"
+            "    waiting for peers %.0f / %.0f ms, CPU (launching ops, posting writes) %.0f / "
+            "%.0f ms,\n    done at %.0f / %.0f ms\n",
+            1e3 * mean_of(e->busy_h2d_s, n), 1e3 * max_of(e->busy_h2d_s, n),
+            1e3 * mean_of(e->busy_gpu_s, n), 1e3 * max_of(e->busy_gpu_s, n),
+            1e3 * mean_of(e->busy_gather_s, n), 1e3 * max_of(e->busy_gather_s, n),
+            1e3 * mean_of(e->wait_s, n), 1e3 * max_of(e->wait_s, n),
+            1e3 * mean_of(e->busy_submit_s, n), 1e3 * max_of(e->busy_submit_s, n),
+            1e3 * mean_of(e->trainer_end_s, n), 1e3 * max_of(e->trainer_end_s, n));
+    fprintf(f, "  per rollout GPU: last byte at %.0f ms (mean %.0f ms); largest task %s\n",
+            1e3 * max_of(e->rollout_end_s, p->nrollouts),
+            1e3 * mean_of(e->rollout_end_s, p->nrollouts),
+            wb_fmt_bytes(e->peak_tmp_bytes, a, sizeof(a)));
+}

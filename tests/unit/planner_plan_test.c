@@ -1,0 +1,434 @@
+/* planner_plan_test.c — the plan around the tables: wire round trips and malformed input,
+ * balancing against the reference greedy and the lower bound, verify catching broken plans,
+ * the estimate on a case worked by hand, and the wb-plan CLI's exit codes and messages. */
+#include <errno.h>
+#include <math.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tests/unit/planner_sim.h"
+
+static const char *const FSDP4 = "world_size: 4\n"
+                                 "gpus_per_node: 4\n"
+                                 "mesh: [{name: fsdp, size: 4}]\n"
+                                 "placements:\n"
+                                 "  - {match: \"*\", place: {fsdp: shard(0)}}\n";
+
+/* FP8 amax case + a BF16 tensor + a fused pair, 2 replicas of TP 2: exercises most ops. */
+static void mixed_case(struct fx *f, bool host)
+{
+    fx_init(f);
+    CHECK_INT(fx_layouts(f, FSDP4, "replicas: 2\ntp: 2\n"), 0);
+    if (host)
+        f->tl.residence = WB_RESIDE_HOST;
+    uint32_t w = fx_t(f, "w", WB_DTYPE_BF16, fx_shape(2, 256, 256));
+    uint32_t rw = fx_r(f, "w", WB_DTYPE_FP8_E4M3, fx_shape(2, 256, 256));
+    uint32_t rs = fx_r(f, "w_scale", WB_DTYPE_FP32, fx_shape(2, 2, 2));
+    struct wb_mapping *m = fx_map(f, rw, (int32_t)rs, WB_XFORM_FP8_BLOCK, WB_SHARD_TP, 1);
+    fx_comp_full(f, m, w, fx_box(2, 0, 256, 0, 256));
+    uint32_t n = fx_t(f, "norm", WB_DTYPE_BF16, fx_shape(1, 10));
+    uint32_t rn = fx_r(f, "norm", WB_DTYPE_BF16, fx_shape(1, 10));
+    m = fx_map(f, rn, -1, WB_XFORM_COPY, WB_SHARD_REPLICATE, 0);
+    fx_comp_full(f, m, n, fx_box(1, 0, 10));
+    uint32_t g = fx_t(f, "gate", WB_DTYPE_BF16, fx_shape(2, 6, 4));
+    uint32_t u = fx_t(f, "up", WB_DTYPE_BF16, fx_shape(2, 6, 4));
+    uint32_t gu = fx_r(f, "gate_up", WB_DTYPE_BF16, fx_shape(2, 12, 4));
+    m = fx_map(f, gu, -1, WB_XFORM_COPY, WB_SHARD_TP, 0);
+    fx_comp_full(f, m, g, fx_box(2, 0, 6, 0, 4));
+    fx_comp_full(f, m, u, fx_box(2, 6, 6, 0, 4));
+}
+
+static struct wb_plan *build(struct fx *f, enum wb_plan_mode mode)
+{
+    struct wb_plan_opts o = {mode, 0};
+    struct wb_plan *p;
+    if (wb_plan_build(&f->in, &o, &p, &f->el))
+        wb_test_fail(__FILE__, __LINE__, "plan: %s", fx_errors(&f->el));
+    return p;
+}
+
+static void test_mixed_all_modes(void)
+{
+    for (int host = 0; host < 2; host++) {
+        struct fx f;
+        mixed_case(&f, host);
+        enum wb_plan_mode modes[] = {WB_MODE_AUTO, WB_MODE_DIRECT, WB_MODE_GATHER};
+        for (int i = 0; i < 3; i++) {
+            struct wb_plan *p = sim_plan_check(&f, modes[i]);
+            CHECK_INT(wb_plan_verify(p, &f.in, &f.el), 0);
+            wb_plan_free(p);
+        }
+        fx_free(&f);
+    }
+}
+
+/* ---------------------------------------------------------------- wire */
+
+static bool tables_equal(const struct wb_route_table *a, const struct wb_route_table *b)
+{
+#define SAME_ARR(field, n)                                                                         \
+    (a->n == b->n && (a->n == 0 || memcmp(a->field, b->field, a->n * sizeof(*a->field)) == 0))
+    bool ok = a->rank == b->rank && a->ntrainers == b->ntrainers && a->nrollouts == b->nrollouts &&
+              a->tag_bits == b->tag_bits && a->residence == b->residence &&
+              a->amax_inbox_bytes == b->amax_inbox_bytes && a->send_bytes == b->send_bytes &&
+              a->max_tmp_bytes == b->max_tmp_bytes && SAME_ARR(phases, nphases) &&
+              SAME_ARR(tasks, ntasks) && SAME_ARR(peers, npeers) && SAME_ARR(boxes, nboxes) &&
+              SAME_ARR(shapes, nshapes) && SAME_ARR(writes, nwrites) && SAME_ARR(amax, namax) &&
+              a->nops == b->nops;
+#undef SAME_ARR
+    for (uint32_t i = 0; ok && i < a->nops; i++) {
+        const struct wb_rt_op *x = &a->ops[i], *y = &b->ops[i];
+        ok = x->kind == y->kind && x->tensor == y->tensor;
+        switch (x->kind) {
+        case WB_OP_H2D:
+            ok = ok && !memcmp(&x->h2d, &y->h2d, sizeof(x->h2d));
+            break;
+        case WB_OP_GATHER:
+            ok = ok && !memcmp(&x->gather.src, &y->gather.src, sizeof(x->gather.src)) &&
+                 !memcmp(&x->gather.dst, &y->gather.dst, sizeof(x->gather.dst)) &&
+                 x->gather.peer0 == y->gather.peer0 && x->gather.npeers == y->gather.npeers &&
+                 x->gather.mesh == y->gather.mesh && x->gather.seq == y->gather.seq &&
+                 x->gather.bytes_in == y->gather.bytes_in;
+            break;
+        case WB_OP_AMAX:
+            ok = ok && x->amax.peer == y->amax.peer && x->amax.tag == y->amax.tag &&
+                 !memcmp(&x->amax.src, &y->amax.src, sizeof(x->amax.src)) &&
+                 x->amax.src_box == y->amax.src_box && x->amax.region == y->amax.region &&
+                 x->amax.blocks == y->amax.blocks && x->amax.grid == y->amax.grid &&
+                 x->amax.inbox_off == y->amax.inbox_off &&
+                 x->amax.peer_inbox_off == y->amax.peer_inbox_off &&
+                 x->amax.amax_off == y->amax.amax_off;
+            break;
+        case WB_OP_COPY:
+        case WB_OP_CAST:
+            ok = ok && !memcmp(&x->copy.src, &y->copy.src, sizeof(x->copy.src)) &&
+                 !memcmp(&x->copy.dst, &y->copy.dst, sizeof(x->copy.dst)) &&
+                 x->copy.src_box == y->copy.src_box && x->copy.dst_box == y->copy.dst_box;
+            break;
+        case WB_OP_QUANT:
+            ok = ok && !memcmp(&x->quant.src, &y->quant.src, sizeof(x->quant.src)) &&
+                 !memcmp(&x->quant.dst, &y->quant.dst, sizeof(x->quant.dst)) &&
+                 x->quant.src_box == y->quant.src_box && x->quant.region == y->quant.region &&
+                 x->quant.grid == y->quant.grid && x->quant.scale_off == y->quant.scale_off &&
+                 x->quant.amax_off == y->quant.amax_off;
+            break;
+        }
+    }
+    return ok;
+}
+
+static void test_wire_roundtrip(void)
+{
+    struct fx f;
+    mixed_case(&f, true);
+    enum wb_plan_mode modes[] = {WB_MODE_AUTO, WB_MODE_GATHER};
+    for (int mi = 0; mi < 2; mi++) {
+        struct wb_plan *p = build(&f, modes[mi]);
+        for (uint32_t r = 0; r < p->ntrainers; r++) {
+            struct wb_mpw w;
+            wb_mpw_init(&w);
+            wb_route_table_encode(&w, &p->tables[r]);
+            CHECK_INT(wb_mpw_finish(&w), 0);
+            struct wb_route_table t;
+            CHECK_INT(wb_route_table_decode(w.buf, w.len, &t), 0);
+            CHECK(tables_equal(&t, &p->tables[r]));
+            /* every truncation is refused, never crashes */
+            for (size_t cut = 0; cut < w.len; cut += (w.len > 400 ? 7 : 1)) {
+                struct wb_route_table u;
+                CHECK(wb_route_table_decode(w.buf, cut, &u) < 0);
+            }
+            wb_route_table_free(&t);
+            wb_mpw_free(&w);
+        }
+        for (uint32_t g = 0; g < p->nrollouts; g++) {
+            struct wb_mpw w;
+            wb_mpw_init(&w);
+            wb_recv_list_encode(&w, &p->recv[g]);
+            CHECK_INT(wb_mpw_finish(&w), 0);
+            struct wb_recv_list v;
+            CHECK_INT(wb_recv_list_decode(w.buf, w.len, &v), 0);
+            const struct wb_recv_list *o = &p->recv[g];
+            CHECK(v.rank == o->rank && v.replica == o->replica && v.tp_rank == o->tp_rank &&
+                  v.ep_rank == o->ep_rank && v.recv_bytes == o->recv_bytes &&
+                  v.recv_writes == o->recv_writes && v.nlocal == o->nlocal &&
+                  v.nexpect == o->nexpect);
+            CHECK(v.nlocal == 0 || memcmp(v.local, o->local, v.nlocal * sizeof(*v.local)) == 0);
+            CHECK(v.nexpect == 0 ||
+                  memcmp(v.expect, o->expect, v.nexpect * sizeof(*v.expect)) == 0);
+            /* a receive list is not a routing table */
+            struct wb_route_table t;
+            CHECK_INT(wb_route_table_decode(w.buf, w.len, &t), -EBADMSG);
+            wb_recv_list_free(&v);
+            wb_mpw_free(&w);
+        }
+        wb_plan_free(p);
+    }
+    fx_free(&f);
+}
+
+/* A table whose indices point outside their arrays is refused. */
+static void test_wire_bad_indices(void)
+{
+    struct fx f;
+    mixed_case(&f, false);
+    struct wb_plan *p = build(&f, WB_MODE_AUTO);
+    struct wb_route_table *t = &p->tables[0];
+    CHECK(t->ntasks > 0 && t->nwrites > 0);
+    struct {
+        const char *what;
+        void (*mutate)(struct wb_route_table *);
+    } cases[] = {
+        {"task op range", NULL},
+        {"write rank", NULL},
+        {"phase", NULL},
+    };
+    for (int i = 0; i < 3; i++) {
+        struct wb_rt_task save_task = t->tasks[0];
+        struct wb_rt_write save_write = t->writes[0];
+        struct wb_rt_phase save_phase = t->phases[0];
+        if (i == 0)
+            t->tasks[0].nops = t->nops + 1;
+        if (i == 1)
+            t->writes[0].dst_rank = t->nrollouts;
+        if (i == 2)
+            t->phases[0].ntasks = t->ntasks + 5;
+        struct wb_mpw w;
+        wb_mpw_init(&w);
+        wb_route_table_encode(&w, t);
+        struct wb_route_table u;
+        if (wb_route_table_decode(w.buf, w.len, &u) != -EBADMSG)
+            wb_test_fail(__FILE__, __LINE__, "%s: decoded", cases[i].what);
+        wb_mpw_free(&w);
+        t->tasks[0] = save_task;
+        t->writes[0] = save_write;
+        t->phases[0] = save_phase;
+    }
+    /* another version of the envelope */
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    wb_route_table_encode(&w, t);
+    CHECK(w.len > 6);
+    uint8_t *b = w.buf;
+    /* [magic (uint32: 0xce + 4), version (fixint 1)] */
+    CHECK_INT(b[0], 0x94);
+    CHECK_INT(b[6], 1);
+    b[6] = 2;
+    struct wb_route_table u;
+    CHECK_INT(wb_route_table_decode(w.buf, w.len, &u), -WB_E_VERSION);
+    wb_mpw_free(&w);
+    wb_plan_free(p);
+    fx_free(&f);
+}
+
+/* ---------------------------------------------------------------- balance */
+
+/* 4 replicas (dp) of 2-way shards, 3 tensors of different sizes, 3 rollout replicas that
+ * need everything: the reference greedy is not optimal; the plan splits demands to reach the
+ * lower bound (within 5%). */
+static void test_balance(void)
+{
+    struct fx f;
+    fx_init(&f);
+    CHECK_INT(fx_layouts(&f,
+                         "world_size: 8\ngpus_per_node: 8\n"
+                         "mesh: [{name: dp, size: 4}, {name: fsdp, size: 2}]\n"
+                         "placements: [{match: \"*\", place: {fsdp: shard(0), dp: replicate}}]\n",
+                         "replicas: 3\n"),
+              0);
+    uint64_t rows[] = {100000, 60000, 35000};
+    for (int i = 0; i < 3; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "t%d", i);
+        uint32_t t = fx_t(&f, name, WB_DTYPE_BF16, fx_shape(2, rows[i], 64));
+        uint32_t r = fx_r(&f, name, WB_DTYPE_BF16, fx_shape(2, rows[i], 64));
+        struct wb_mapping *m = fx_map(&f, r, -1, WB_XFORM_COPY, WB_SHARD_REPLICATE, 0);
+        fx_comp_full(&f, m, t, fx_box(2, 0, rows[i], 0, 64));
+    }
+    struct wb_plan *p = build(&f, WB_MODE_AUTO);
+    const struct wb_plan_stats *s = &p->stats;
+    /* 3 replicas x (1000+600+350) rows x 128 B over 8 senders */
+    CHECK_U64(s->total_bytes, 3ull * 195000 * 128);
+    CHECK_U64(s->lower_bound, 3ull * 195000 * 128 / 8);
+    CHECK(s->max_send <= s->greedy_max);
+    CHECK(s->greedy_max > s->lower_bound);
+    CHECK((double)s->max_send <= 1.05 * (double)s->lower_bound);
+    for (uint32_t r = 0; r < 8; r++)
+        CHECK(s->send_bytes[r] > 0);
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), 0);
+    wb_plan_free(p);
+    fx_free(&f);
+}
+
+/* ---------------------------------------------------------------- verify */
+
+static void test_verify_catches(void)
+{
+    struct fx f;
+    mixed_case(&f, false);
+    struct wb_plan *p = build(&f, WB_MODE_AUTO);
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), 0);
+    /* a write moved by one byte: one range written twice, one never */
+    struct wb_rt_write *w = NULL;
+    uint32_t rank = 0;
+    for (uint32_t r = 0; r < p->ntrainers && !w; r++)
+        for (uint32_t i = 0; i < p->tables[r].nwrites && !w; i++)
+            if (p->tables[r].writes[i].dst_off > 0 &&
+                p->tables[r].writes[i].dst_tensor == f.ri.n - 1) {
+                w = &p->tables[r].writes[i];
+                rank = r;
+            }
+    CHECK(w != NULL);
+    (void)rank;
+    w->dst_off -= 1;
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+    CHECK(f.el.n >= 1);
+    char want[256];
+    snprintf(want, sizeof(want), "rollout rank %u gate_up: bytes [%llu, %llu) written twice",
+             w->dst_rank, (unsigned long long)w->dst_off, (unsigned long long)w->dst_off + 1);
+    CHECK_STR(f.el.msgs[0], want);
+    w->dst_off += 1;
+    wb_errlist_free(&f.el);
+    wb_errlist_init(&f.el);
+    /* a write reading past its shard */
+    for (uint32_t r = 0; r < p->ntrainers; r++)
+        for (uint32_t i = 0; i < p->tables[r].nwrites; i++)
+            if (p->tables[r].writes[i].src_tensor != (uint32_t)WB_RT_TMP_SRC) {
+                p->tables[r].writes[i].src_off += 1u << 20;
+                CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+                snprintf(want, sizeof(want), "rank %u: write %u (to rank %u", r, i,
+                         p->tables[r].writes[i].dst_rank);
+                CHECK(strncmp(f.el.msgs[0], want, strlen(want)) == 0);
+                CHECK(strstr(f.el.msgs[0], "reads bytes it does not hold") != NULL);
+                r = p->ntrainers;
+                break;
+            }
+    wb_plan_free(p);
+    fx_free(&f);
+}
+
+/* ---------------------------------------------------------------- estimate */
+
+static void test_estimate_by_hand(void)
+{
+    struct fx f;
+    fx_init(&f);
+    /* 1 trainer -> 1 rollout, 100 MB BF16, 100 Gbps x 1 NIC at 100%: 8 ms of wire time */
+    const char *hw = "hardware: {nic_gbps: 100, nics_per_gpu: 1, nic_efficiency: 1.0,\n"
+                     "  nvlink_GBps: 400, h2d_GBps: 50, copy_GBps: 1000, quant_GBps: 1000,\n"
+                     "  kernel_launch: 0us, write_submit: 0us, barrier: 0ms,\n"
+                     "  collective_launch: 0us}\n";
+    char t[1024], r[1024];
+    snprintf(t, sizeof(t),
+             "world_size: 1\nmesh: [{name: dp, size: 1}]\nplacements: [{match: \"*\"}]\n%s", hw);
+    snprintf(r, sizeof(r), "replicas: 1\n%s", hw);
+    CHECK_INT(fx_layouts(&f, t, r), 0);
+    uint32_t a = fx_t(&f, "w", WB_DTYPE_BF16, fx_shape(2, 50000, 1000));
+    uint32_t b = fx_r(&f, "w", WB_DTYPE_BF16, fx_shape(2, 50000, 1000));
+    struct wb_mapping *m = fx_map(&f, b, -1, WB_XFORM_COPY, WB_SHARD_REPLICATE, 0);
+    fx_comp_full(&f, m, a, fx_box(2, 0, 50000, 0, 1000));
+    struct wb_plan *p = build(&f, WB_MODE_AUTO);
+    struct wb_estimate e;
+    CHECK_INT(wb_plan_estimate(p, &f.in, &e, &f.el), 0);
+    CHECK(fabs(e.lower_bound_s - 0.008) < 1e-9);
+    CHECK(fabs(e.total_s - 0.008) <= 2 * e.sample_dt + 1e-9);
+    wb_estimate_free(&e);
+    wb_plan_free(p);
+    /* host residence: 100 MB at 50 GB/s = 2 ms of H2D before the wire */
+    f.tl.residence = WB_RESIDE_HOST;
+    p = build(&f, WB_MODE_AUTO);
+    CHECK_INT(wb_plan_estimate(p, &f.in, &e, &f.el), 0);
+    CHECK(fabs(e.total_s - 0.010) <= 2 * e.sample_dt + 1e-9);
+    wb_estimate_free(&e);
+    wb_plan_free(p);
+    fx_free(&f);
+}
+
+static void test_estimate_needs_hardware(void)
+{
+    struct fx f;
+    mixed_case(&f, false);
+    struct wb_plan *p = build(&f, WB_MODE_AUTO);
+    struct wb_estimate e;
+    CHECK_INT(wb_plan_estimate(p, &f.in, &e, &f.el), -WB_E_CONFIG);
+    char want[512];
+    snprintf(want, sizeof(want), "%s: no hardware model (a `hardware:` key) for the estimate",
+             f.tl.path);
+    CHECK_INT(f.el.n, 1);
+    CHECK_STR(f.el.msgs[0], want);
+    wb_plan_free(p);
+    fx_free(&f);
+}
+
+/* ---------------------------------------------------------------- CLI */
+
+static char bin[512];
+
+static const char *plan_bin(void)
+{
+    const char *dir = getenv("WB_BIN");
+    snprintf(bin, sizeof(bin), "%s/wb-plan", dir ? dir : "build/bin");
+    if (access(bin, X_OK) != 0)
+        wb_test_skip("%s not built", bin);
+    return bin;
+}
+
+static void run_argv(void *arg)
+{
+    char **argv = arg;
+    execv(argv[0], argv);
+    _exit(127);
+}
+
+static void test_cli(void)
+{
+    char *exe = (char *)plan_bin();
+    char out[16384];
+    char *help[] = {exe, "--help", NULL};
+    CHECK_INT(wb_test_capture(run_argv, help, out, sizeof(out)), 0);
+    CHECK(strncmp(out, "usage: wb-plan --model", 22) == 0);
+    char *bad[] = {exe, "--mode", "fast", NULL};
+    CHECK_INT(wb_test_capture(run_argv, bad, out, sizeof(out)), 2);
+    CHECK_STR(out, "wb-plan: --mode: expected auto, direct or gather, got 'fast'\n");
+    char *t = strdup(wb_test_write_file("t.yaml", "world_size: 8\n"
+                                                  "mesh: [{name: fsdp, size: 4}]\n"
+                                                  "placements: [{match: \"*\"}]\n"));
+    char *r = strdup(wb_test_write_file("r.yaml", "replicas: 1\ntp: 3\ngpus_per_replica: 4\n"));
+    char *ti = strdup(wb_test_write_file("ti.yaml", "w: {dtype: bf16, shape: [8, 4]}\n"));
+    char *ri = strdup(wb_test_write_file("ri.yaml", "w: {dtype: bf16, shape: [8, 4]}\n"));
+    char *plan[] = {exe,
+                    "--model",
+                    "configs/models/qwen3.yaml",
+                    "--trainer",
+                    t,
+                    "--rollout",
+                    r,
+                    "--trainer-inv",
+                    ti,
+                    "--rollout-inv",
+                    ri,
+                    NULL};
+    CHECK_INT(wb_test_capture(run_argv, plan, out, sizeof(out)), 1);
+    char want[2048];
+    snprintf(want, sizeof(want),
+             "wb-plan: layouts: 2 problems\n"
+             "  %s: world_size 8 != product of mesh dims fsdp 4 = 4\n"
+             "  %s: tp 3 does not divide gpus_per_replica 4\n",
+             t, r);
+    CHECK_STR(out, want);
+    free(t);
+    free(r);
+    free(ti);
+    free(ri);
+}
+
+const struct wb_test wb_tests[] = {
+    {"mixed_all_modes", test_mixed_all_modes, 0},
+    {"wire_roundtrip", test_wire_roundtrip, 0},
+    {"wire_bad_indices", test_wire_bad_indices, 0},
+    {"balance", test_balance, 0},
+    {"verify_catches", test_verify_catches, 0},
+    {"estimate_by_hand", test_estimate_by_hand, 0},
+    {"estimate_needs_hardware", test_estimate_needs_hardware, 0},
+    {"cli", test_cli, 0},
+    {0},
+};

@@ -1,0 +1,104 @@
+/* planner_scenario_test.c — the shipped scenarios end to end (generated inventories, the
+ * matcher's rules, the shipped layouts): every destination byte written exactly once, every
+ * source byte read from an owner that holds it, mesh groups disjoint, phase order respected
+ * (wb_plan_verify), plus the balance figures and receive totals. */
+#include "tests/unit/planner_fx.h"
+
+struct scenario {
+    const char *model, *config, *trainer, *rollout;
+    uint32_t ntrainers, nrollouts;
+};
+
+static const struct scenario KIMI = {"configs/models/deepseek_v3.yaml",
+                                     "configs/hf/Kimi-K2-Instruct.json",
+                                     "configs/clusters/kimi-k2-trainer-256.yaml",
+                                     "configs/clusters/kimi-k2-rollout-128.yaml",
+                                     256,
+                                     128};
+static const struct scenario QWEN = {"configs/models/qwen3_moe.yaml",
+                                     "configs/clusters/Qwen3-235B-A22B-FP8.config.json",
+                                     "configs/clusters/qwen3-235b-trainer-128.yaml",
+                                     "configs/clusters/qwen3-235b-rollout-32.yaml",
+                                     128,
+                                     32};
+
+static void run(const struct scenario *sc, enum wb_plan_mode mode)
+{
+    struct fx f;
+    fx_init(&f);
+    struct wb_match_rules *rules = NULL;
+    struct wb_match *mt = NULL;
+    if (wb_trainer_layout_load(sc->trainer, &f.tl, &f.el) ||
+        wb_rollout_layout_load(sc->rollout, &f.rl, &f.el) ||
+        wb_inv_generate(sc->model, sc->config, "trainer", &f.ti, &f.el) ||
+        wb_inv_generate(sc->model, sc->config, "rollout", &f.ri, &f.el) ||
+        wb_match_rules_load(sc->model, &rules, &f.el) ||
+        wb_match_rules_bind_config(rules, sc->config, &f.el) ||
+        wb_match_run(rules, &f.ti, &f.ri, &mt, &f.el))
+        wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
+    f.in.match = mt;
+    struct wb_plan_opts o = {mode, 1ull << 30};
+    struct wb_plan *p;
+    if (wb_plan_build(&f.in, &o, &p, &f.el))
+        wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
+    CHECK_INT(p->ntrainers, sc->ntrainers);
+    CHECK_INT(p->nrollouts, sc->nrollouts);
+    if (wb_plan_verify(p, &f.in, &f.el))
+        wb_test_fail(__FILE__, __LINE__, "verify:\n%s", fx_errors(&f.el));
+    /* two mesh groups: dense weights on the pipeline-stage meshes, experts on (stage, ep) */
+    CHECK_INT(p->nphases, 2);
+    const struct wb_plan_stats *s = &p->stats;
+    CHECK(s->max_send >= s->lower_bound);
+    CHECK(s->max_send <= s->greedy_max);
+    CHECK((double)s->max_send <= 1.05 * (double)s->lower_bound);
+    uint64_t total = 0;
+    for (uint32_t r = 0; r < p->ntrainers; r++) {
+        CHECK(s->send_bytes[r] > 0); /* every trainer GPU sends */
+        total += s->send_bytes[r];
+    }
+    CHECK_U64(total, s->total_bytes);
+    /* each rollout GPU receives exactly its local tensors' bytes */
+    for (uint32_t g = 0; g < p->nrollouts; g++) {
+        uint64_t local = 0;
+        for (uint32_t i = 0; i < p->recv[g].nlocal; i++)
+            local += p->recv[g].local[i].bytes;
+        CHECK_U64(p->recv[g].recv_bytes, local);
+    }
+    if (mode == WB_MODE_GATHER) {
+        CHECK_U64(s->pieces[WB_MODE_DIRECT] + s->pieces[WB_MODE_AMAX], 0);
+        CHECK(s->gathers > 0);
+    } else {
+        CHECK_U64(s->pieces[WB_MODE_GATHER], 0);
+        CHECK_U64(s->gather_bytes, 0);
+        CHECK(s->pieces[WB_MODE_AMAX] > 0); /* FSDP rows that are not whole 128-row blocks */
+    }
+    wb_plan_free(p);
+    wb_match_free(mt);
+    wb_match_rules_free(rules);
+    fx_free(&f);
+}
+
+static void test_kimi_auto(void)
+{
+    run(&KIMI, WB_MODE_AUTO);
+}
+static void test_kimi_gather(void)
+{
+    run(&KIMI, WB_MODE_GATHER);
+}
+static void test_qwen_auto(void)
+{
+    run(&QWEN, WB_MODE_AUTO);
+}
+static void test_qwen_gather(void)
+{
+    run(&QWEN, WB_MODE_GATHER);
+}
+
+const struct wb_test wb_tests[] = {
+    {"kimi_k2_auto", test_kimi_auto, 120},
+    {"kimi_k2_gather", test_kimi_gather, 120},
+    {"qwen3_235b_auto", test_qwen_auto, 120},
+    {"qwen3_235b_gather", test_qwen_gather, 120},
+    {0},
+};

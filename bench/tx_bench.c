@@ -480,7 +480,10 @@ static void side_run(int role, int fd, const struct opts *o, struct engine eng[2
 {
     pin(role);
     struct side s = {.role = role, .fd = fd, .o = o};
-    if (wb_tx_mem_alloc(o->mem, o->mem == WB_TX_MEM_CUDA ? role : -1, REGION, &s.mem))
+    int dev = -1;
+    if (o->mem == WB_TX_MEM_CUDA) /* one GPU each when there are two */
+        dev = role < wb_gpu_count() ? role : 0;
+    if (wb_tx_mem_alloc(o->mem, dev, REGION, &s.mem))
         die("no %s memory for the region", o->mem == WB_TX_MEM_CUDA ? "GPU" : "host");
     if (wb_tx_mem_alloc(WB_TX_MEM_HOST, -1, REGION, &s.host_mem))
         die("out of memory");
@@ -732,13 +735,6 @@ int main(int argc, char **argv)
         char t[128];
         engine_ours(&eng[0], &o, o.provider, o.rails, "ours");
         engine_raw(&eng[1], "raw fi_write");
-        if (getenv("TXB_SWAP")) {
-            struct engine tmp = eng[0];
-            eng[0] = eng[1];
-            eng[1] = tmp;
-        }
-        if (getenv("TXB_RAWRAW"))
-            engine_raw(&eng[0], "raw2");
         snprintf(t, sizeof(t), "%s, %s memory, %" PRIu64 " rail(s): ours vs raw fi_writedata",
                  o.provider, o.mem == WB_TX_MEM_CUDA ? "GPU" : "host", o.rails);
         if (!o.domain && strcmp(o.provider, "tcp") == 0)

@@ -9,9 +9,10 @@
  *    to writers over the control plane.
  *  - Peers are added from the address blob a transport writes with wb_tx_addr().
  *  - wb_tx_write() copies [src+src_off, +len) into the peer's region at dst_off, optionally with a
- *    32-bit immediate. Nothing is ordered: not two writes, not a write and its immediate on
- *    another write. The one promise is that a write's immediate is counted at the destination
- *    only after all of that write's bytes are in place (in device memory, for device regions).
+ *    32-bit immediate. Nothing is ordered: two writes land in either order, and one write's
+ *    immediate says nothing about another write. The one promise is that a write's immediate is
+ *    counted at the destination only after all of that write's bytes are in place (in device
+ *    memory, for device regions).
  *  - The destination counts immediates per tag (wb_tx_expect(tag, n)) and is told once when n
  *    arrivals are reached, through wb_tx_poll() — writers agree on n with the receiver, the
  *    transport never reorders or waits.

@@ -42,6 +42,7 @@ static const char usage[] =
     "  --rails N        rails of our transport (default 1)\n"
     "  --rails-compare  tcp only: ours with --rails N (default 2) vs ours with 1 rail\n"
     "  --mem host|cuda  memory of both sides (cuda: device memory, bounce path without FI_HMEM)\n"
+    "  --no-hmem        never register device memory with the provider (force the bounce path)\n"
     "  --window W       writes in flight (default 64)\n"
     "  --sizes LIST     comma-separated sizes (default 4KiB,16KiB,...,64MiB)\n"
     "  --bytes B        bytes per measurement (default 64MiB; 8..20000 writes)\n"
@@ -57,7 +58,7 @@ struct opts {
     const char *provider, *domain, *config;
     int backend;
     uint64_t rails;
-    bool rails_compare;
+    bool rails_compare, no_hmem;
     enum wb_tx_mem mem;
     uint64_t window, bytes;
     int reps;
@@ -597,6 +598,8 @@ static void engine_ours(struct engine *e, const struct opts *o, const char *prov
     }
     e->cfg.rails = rails;
     e->cfg.window = o->window;
+    if (o->no_hmem)
+        e->cfg.hmem = WB_TX_HMEM_OFF;
 }
 
 static void engine_raw(struct engine *e, const char *label)
@@ -632,19 +635,13 @@ int main(int argc, char **argv)
     struct opts o = {
         .backend = WB_TX_FABRIC, .rails = 1, .window = 64, .bytes = 64u << 20, .reps = 11};
     parse_sizes("4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB", &o);
-    static const struct option lo[] = {{"provider", 1, 0, 'p'},
-                                       {"backend", 1, 0, 'b'},
-                                       {"domain", 1, 0, 'd'},
-                                       {"rails", 1, 0, 'r'},
-                                       {"rails-compare", 0, 0, 'C'},
-                                       {"mem", 1, 0, 'm'},
-                                       {"window", 1, 0, 'w'},
-                                       {"sizes", 1, 0, 's'},
-                                       {"bytes", 1, 0, 'B'},
-                                       {"reps", 1, 0, 'R'},
-                                       {"config", 1, 0, 'c'},
-                                       {"help", 0, 0, 'h'},
-                                       {0, 0, 0, 0}};
+    static const struct option lo[] = {{"provider", 1, 0, 'p'},      {"backend", 1, 0, 'b'},
+                                       {"domain", 1, 0, 'd'},        {"rails", 1, 0, 'r'},
+                                       {"rails-compare", 0, 0, 'C'}, {"mem", 1, 0, 'm'},
+                                       {"window", 1, 0, 'w'},        {"sizes", 1, 0, 's'},
+                                       {"bytes", 1, 0, 'B'},         {"reps", 1, 0, 'R'},
+                                       {"no-hmem", 0, 0, 'H'},       {"config", 1, 0, 'c'},
+                                       {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
     int c;
     bool rails_set = false;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {

@@ -60,9 +60,9 @@ build/bench/tx_bench --backend cudaipc --rails 2 --sizes "$sizes" --reps "$reps"
     echo "tx_bench cudaipc failed"
 
 section "bandwidth: device memory through the bounce path vs raw fi_writedata on host memory"
-build/bench/tx_bench --provider tcp --mem cuda --sizes "$sizes" --reps "$reps" ||
+build/bench/tx_bench --provider tcp --mem cuda --no-hmem --sizes "$sizes" --reps "$reps" ||
     echo "tx_bench tcp --mem cuda failed"
-build/bench/tx_bench --provider shm --mem cuda --sizes "$sizes" --reps "$reps" ||
+build/bench/tx_bench --provider shm --mem cuda --no-hmem --sizes "$sizes" --reps "$reps" ||
     echo "tx_bench shm --mem cuda failed"
 
 section "bandwidth: host memory, ours vs raw fi_writedata (tcp, shm) and tcp 2 rails vs 1"

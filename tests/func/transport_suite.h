@@ -63,37 +63,39 @@ struct bk {
     bool kill_idle; /* see case_killed */
 };
 
-static const struct bk TCP = {"tcp", "backend: fabric\nprovider: tcp\n", "lo", WB_TX_MEM_HOST, 0,
-                              false};
-static const struct bk TCP2 = {"tcp-2rails",
-                               "backend: fabric\nprovider: tcp\nrails: 2\nshard_size: 256KiB\n",
-                               "lo",
-                               WB_TX_MEM_HOST,
-                               0,
-                               false};
+static const struct bk TCP = {
+    .name = "tcp", .yaml = "backend: fabric\nprovider: tcp\n", .domain = "lo"};
+static const struct bk TCP2 = {.name = "tcp-2rails",
+                               .yaml =
+                                   "backend: fabric\nprovider: tcp\nrails: 2\nshard_size: 256KiB\n",
+                               .domain = "lo"};
 /* libfabric 1.17's shm provider spins forever on the region lock of a peer killed inside its
  * progress call (seen here: pthread_spin_lock in fi_writedata). The killed case therefore stops
  * B's polling before the kill on shm; what is tested is that the writer notices the death. */
-static const struct bk SHM = {"shm", "backend: fabric\nprovider: shm\n", NULL, WB_TX_MEM_HOST, 0,
-                              true};
-static const struct bk STAGED = {"tcp-staged",
-                                 "backend: fabric\nprovider: tcp\nstage_host: true\n"
-                                 "bounce_size: 64KiB\nbounce_chunks: 4\n",
-                                 "lo",
-                                 WB_TX_MEM_HOST,
-                                 0,
-                                 false};
-static const struct bk TCP_GPU = {"tcp-gpu",
-                                  "backend: fabric\nprovider: tcp\nrails: 2\n"
-                                  "shard_size: 1MiB\nbounce_size: 256KiB\n",
-                                  "lo",
-                                  WB_TX_MEM_CUDA,
-                                  1,
-                                  false};
-static const struct bk SHM_GPU = {
-    "shm-gpu", "backend: fabric\nprovider: shm\n", NULL, WB_TX_MEM_CUDA, 1, true};
-static const struct bk IPC = {
-    "cudaipc", "backend: cudaipc\nrails: 2\nshard_size: 1MiB\n", NULL, WB_TX_MEM_CUDA, 2, false};
+static const struct bk SHM = {
+    .name = "shm", .yaml = "backend: fabric\nprovider: shm\n", .kill_idle = true};
+/* The bounce/staging path on host memory, with few small chunks so they run out. */
+static const struct bk STAGED = {.name = "tcp-staged",
+                                 .yaml = "backend: fabric\nprovider: tcp\nstage_host: true\n"
+                                         "bounce_size: 64KiB\nbounce_chunks: 4\n",
+                                 .domain = "lo"};
+/* GPU memory over providers without FI_HMEM (hmem: off makes sure of it): bounce chunks at the
+ * writer, a host mirror and staged copies at the destination. */
+static const struct bk TCP_GPU = {.name = "tcp-gpu",
+                                  .yaml = "backend: fabric\nprovider: tcp\nrails: 2\n"
+                                          "shard_size: 1MiB\nbounce_size: 256KiB\nhmem: off\n",
+                                  .domain = "lo",
+                                  .mem = WB_TX_MEM_CUDA,
+                                  .gpus = 1};
+static const struct bk SHM_GPU = {.name = "shm-gpu",
+                                  .yaml = "backend: fabric\nprovider: shm\nhmem: off\n",
+                                  .mem = WB_TX_MEM_CUDA,
+                                  .gpus = 1,
+                                  .kill_idle = true};
+static const struct bk IPC = {.name = "cudaipc",
+                              .yaml = "backend: cudaipc\nrails: 2\nshard_size: 1MiB\n",
+                              .mem = WB_TX_MEM_CUDA,
+                              .gpus = 2};
 
 /* ---------------------------------------------------------------- plumbing */
 

@@ -1,7 +1,7 @@
 /* tx_bench.c — write bandwidth of the transport between two processes, against a baseline
  * measured in the same run: a raw libfabric loop (plain fi_writedata with the same provider,
  * window and sizes, every write carrying remote CQ data like ours), or, for cudaipc, plain
- * back-to-back peer copies between the two GPUs; and rails 2 against rails 1 on tcp.
+ * back-to-back cudaMemcpyPeerAsync between the two GPUs; and rails 2 against rails 1 on tcp.
  *
  * Each measurement: the writer posts n writes of one size (at most `window` in flight), each
  * with an immediate; the time runs from the first post until the destination reports that it
@@ -717,8 +717,8 @@ int main(int argc, char **argv)
         engine_ours(&eng[0], &o, NULL, o.rails, "cudaipc");
         memset(&eng[1], 0, sizeof(eng[1]));
         eng[1].kind = ENG_PEERCOPY;
-        snprintf(eng[1].label, sizeof(eng[1].label), "peer copy");
-        bad |= run_pair("cudaipc GPU0 -> GPU1 vs cudaMemcpyAsync peer copies", &o, eng, 2);
+        snprintf(eng[1].label, sizeof(eng[1].label), "MemcpyPeer");
+        bad |= run_pair("cudaipc GPU0 -> GPU1 vs plain cudaMemcpyPeerAsync", &o, eng, 2);
         engines_free(eng, 2);
     } else if (o.provider && o.rails_compare) {
         char t[128];

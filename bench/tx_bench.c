@@ -437,10 +437,9 @@ static uint64_t count_for(const struct opts *o, uint64_t size)
     return n < 8 ? 8 : n > 20000 ? 20000 : n;
 }
 
-/* One measurement, both sides: returns GB/s on the writer, 0 on the destination. */
-static double measure(struct side *s, struct engine *e, uint64_t size)
+/* One measurement of n writes, both sides: returns GB/s on the writer, 0 on the destination. */
+static double measure(struct side *s, struct engine *e, uint64_t size, uint64_t n)
 {
-    uint64_t n = count_for(s->o, size);
     uint32_t go = 1;
     if (s->role == 1) {
         msg_recv(s->fd, &go, sizeof(go));
@@ -493,8 +492,10 @@ static void side_run(int role, int fd, const struct opts *o, struct engine eng[2
     memset(s.host_mem, role ? 0x11 : 0x5a, REGION);
     if (wb_tx_mem_copy(s.mem, s.host_mem, REGION))
         die("filling the region failed");
-    for (int i = 0; i < neng; i++)
+    for (int i = 0; i < neng; i++) {
         engine_open(&s, &eng[i]);
+        (void)measure(&s, &eng[i], 65536, 64); /* warm-up: connections, first-touch */
+    }
     if (role == 0) {
         printf("%10s %14s %14s %8s\n", "size", eng[0].label, neng > 1 ? eng[1].label : "",
                neng > 1 ? "ratio   (spread of paired runs)" : "");
@@ -508,7 +509,7 @@ static void side_run(int role, int fd, const struct opts *o, struct engine eng[2
              * see the same load on a shared machine; the ratio is the median of those pairs. */
             for (int j = 0; j < neng; j++) {
                 int i = rep % 2 ? neng - 1 - j : j;
-                g[i] = measure(&s, &eng[i], o->sizes[k]);
+                g[i] = measure(&s, &eng[i], o->sizes[k], count_for(o, o->sizes[k]));
                 best[i] = g[i] > best[i] ? g[i] : best[i];
             }
             ratio[rep] = neng > 1 && g[1] > 0 ? g[0] / g[1] : 0;

@@ -696,6 +696,9 @@ int main(int argc, char **argv)
         case 'c':
             o.config = optarg;
             break;
+        case 'H':
+            o.no_hmem = true;
+            break;
         case 'h':
             fputs(usage, stdout);
             printf("\ntransport config keys:\n");

@@ -11,7 +11,8 @@
 #   *_cuda.c, *.cu                   -> only when building with CUDA
 #   *_nocuda.c                       -> only when building without CUDA
 #   <part>/bin/<prog>.c              -> build/bin/<prog>
-#   tests/{unit,func}/<name>_test.c  -> build/tests/<name> (linked with tests/wbtest.c)
+#   tests/{unit,func}/<name>_test.c  -> build/tests/<name> (linked with tests/wbtest.c);
+#                                       <name>_cuda_test.c only when building with CUDA
 #   bench/<name>.c                   -> build/bench/<name>
 
 PARTS   := common matcher planner quant transport agent controller
@@ -48,16 +49,16 @@ ifeq ($(CUDA),1)
               -Xcompiler -fPIC,-Wall -I. -MMD -MP
   CFLAGS_ALL += -I$(CUDA_HOME)/include
   LIBS     += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
-  CUDA_EXCL := %_nocuda.c
+  CUDA_EXCL := %_nocuda.c %_nocuda_test.c
 else
-  CUDA_EXCL := %_cuda.c
+  CUDA_EXCL := %_cuda.c %_cuda_test.c
 endif
 
 LIB_C   := $(filter-out %_test.c $(CUDA_EXCL),$(foreach p,$(PARTS),$(wildcard $(p)/*.c) \
              $(filter-out $(p)/bin/%,$(wildcard $(p)/*/*.c))))
 LIB_CU  := $(if $(filter 1,$(CUDA)),$(foreach p,$(PARTS),$(wildcard $(p)/*.cu $(p)/*/*.cu)))
 PROG_C  := $(foreach p,$(PARTS),$(wildcard $(p)/bin/*.c))
-TEST_C  := $(wildcard tests/unit/*_test.c tests/func/*_test.c)
+TEST_C  := $(filter-out $(CUDA_EXCL),$(wildcard tests/unit/*_test.c tests/func/*_test.c))
 BENCH_C := $(wildcard bench/*.c)
 
 # Objects depend on the build's configuration, so switching CUDA/SAN/OPT rebuilds everything.
@@ -137,7 +138,7 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/weightbridge
 	$(if $(PROGS),install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/)
 	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 $(HEADERS) $(DESTDIR)$(PREFIX)/include/weightbridge/
+	for h in $(HEADERS); do install -D -m 644 $$h $(DESTDIR)$(PREFIX)/include/weightbridge/$$h; done
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LIBS)|' scripts/weightbridge.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/weightbridge.pc
 

@@ -65,7 +65,10 @@ uint64_t wb_box_numel(const struct wb_box *b)
     return n;
 }
 
-bool wb_box_empty(const struct wb_box *b) { return wb_box_numel(b) == 0; }
+bool wb_box_empty(const struct wb_box *b)
+{
+    return wb_box_numel(b) == 0;
+}
 
 bool wb_box_eq(const struct wb_box *a, const struct wb_box *b)
 {

@@ -22,16 +22,16 @@
  * them negated, like errno values. */
 enum wb_errcode {
     WB_E_FIRST = 256,
-    WB_E_CONFIG = 256,  /* configuration file invalid */
-    WB_E_MATCH,         /* trainer/rollout names or shapes do not match */
-    WB_E_PLAN,          /* layout cannot be planned */
-    WB_E_VERSION,       /* wire message of an unsupported version */
-    WB_E_TOKEN,         /* control message with a wrong or missing cluster token */
-    WB_E_PEER,          /* a peer process died or stopped answering */
-    WB_E_CUDA,          /* a CUDA runtime call failed */
-    WB_E_FABRIC,        /* a libfabric call failed */
-    WB_E_NOGPU,         /* a GPU was needed and none is usable */
-    WB_E_BOUNDS,        /* a write would fall outside its destination region */
+    WB_E_CONFIG = 256, /* configuration file invalid */
+    WB_E_MATCH,        /* trainer/rollout names or shapes do not match */
+    WB_E_PLAN,         /* layout cannot be planned */
+    WB_E_VERSION,      /* wire message of an unsupported version */
+    WB_E_TOKEN,        /* control message with a wrong or missing cluster token */
+    WB_E_PEER,         /* a peer process died or stopped answering */
+    WB_E_CUDA,         /* a CUDA runtime call failed */
+    WB_E_FABRIC,       /* a libfabric call failed */
+    WB_E_NOGPU,        /* a GPU was needed and none is usable */
+    WB_E_BOUNDS,       /* a write would fall outside its destination region */
     WB_E_LAST
 };
 
@@ -139,9 +139,9 @@ struct wb_ranges {
     struct wb_shape shape;
     struct wb_box box;
     size_t elem;
-    uint32_t outer;           /* dims [0, outer) are iterated; the rest form one run */
-    uint64_t run_bytes;       /* bytes per range */
-    uint64_t count, index;    /* ranges in total, ranges produced */
+    uint32_t outer;        /* dims [0, outer) are iterated; the rest form one run */
+    uint64_t run_bytes;    /* bytes per range */
+    uint64_t count, index; /* ranges in total, ranges produced */
     uint64_t idx[WB_MAX_DIMS];
 };
 
@@ -149,7 +149,10 @@ struct wb_ranges {
 int wb_ranges_init(struct wb_ranges *r, const struct wb_shape *shape, const struct wb_box *box,
                    size_t elem_size);
 /* Number of ranges (0 for an empty box). */
-static inline uint64_t wb_ranges_count(const struct wb_ranges *r) { return r->count; }
+static inline uint64_t wb_ranges_count(const struct wb_ranges *r)
+{
+    return r->count;
+}
 /* Next range as byte offset from the tensor start and length; false when done. */
 bool wb_ranges_next(struct wb_ranges *r, uint64_t *offset, uint64_t *len);
 
@@ -184,7 +187,10 @@ void wb_mpw_str(struct wb_mpw *w, const char *s);
 void wb_mpw_strn(struct wb_mpw *w, const char *s, size_t n);
 void wb_mpw_bin(struct wb_mpw *w, const void *p, size_t n);
 /* Returns 0 or the first error. */
-static inline int wb_mpw_finish(const struct wb_mpw *w) { return w->err; }
+static inline int wb_mpw_finish(const struct wb_mpw *w)
+{
+    return w->err;
+}
 
 /* A zero-allocation pull decoder over a byte buffer. Every read checks the remaining length
  * and the expected type; any problem returns -EBADMSG and leaves the reader failed (every later
@@ -283,17 +289,17 @@ int wb_parse_size(const char *s, uint64_t *out);
 int wb_parse_duration(const char *s, uint64_t *out);
 
 enum wb_cfg_type {
-    WB_CFG_END = 0, /* terminates a table */
-    WB_CFG_STR,     /* char * (malloc'd; free with wb_cfg_free) */
-    WB_CFG_I64,     /* int64_t */
-    WB_CFG_U64,     /* uint64_t */
-    WB_CFG_F64,     /* double */
-    WB_CFG_BOOL,    /* bool */
-    WB_CFG_SIZE,    /* uint64_t bytes, with unit suffixes */
-    WB_CFG_DURATION,/* uint64_t nanoseconds, with unit suffixes */
-    WB_CFG_ENUM,    /* int: index into `choices` (NULL-terminated) */
-    WB_CFG_SECTION, /* nested mapping parsed with `sub` at offset */
-    WB_CFG_NODE,    /* const struct wb_ynode * left for the caller (lists, free-form parts) */
+    WB_CFG_END = 0,  /* terminates a table */
+    WB_CFG_STR,      /* char * (malloc'd; free with wb_cfg_free) */
+    WB_CFG_I64,      /* int64_t */
+    WB_CFG_U64,      /* uint64_t */
+    WB_CFG_F64,      /* double */
+    WB_CFG_BOOL,     /* bool */
+    WB_CFG_SIZE,     /* uint64_t bytes, with unit suffixes */
+    WB_CFG_DURATION, /* uint64_t nanoseconds, with unit suffixes */
+    WB_CFG_ENUM,     /* int: index into `choices` (NULL-terminated) */
+    WB_CFG_SECTION,  /* nested mapping parsed with `sub` at offset */
+    WB_CFG_NODE,     /* const struct wb_ynode * left for the caller (lists, free-form parts) */
 };
 
 /* One row of a config table. `def` is the default as YAML text; NULL means the key is required.
@@ -305,13 +311,14 @@ struct wb_cfg_field {
     const char *def;
     const char *doc;
     size_t offset;
-    const char *const *choices;            /* WB_CFG_ENUM */
-    const struct wb_cfg_field *sub;        /* WB_CFG_SECTION */
+    const char *const *choices;     /* WB_CFG_ENUM */
+    const struct wb_cfg_field *sub; /* WB_CFG_SECTION */
 };
 
 /* Fills the struct at `out` from a mapping node by the table. Every problem is appended to el
  * as "file:line:col: <key path>: <problem>" (unknown key, wrong type, out-of-range value,
- * missing required key) and the function returns -WB_E_CONFIG after visiting the whole node.
+ * missing required key) and the function returns -WB_E_CONFIG after visiting the whole node;
+ * on failure the strings it allocated are freed again, so nothing is left half-applied.
  * A NULL node is an empty mapping. Defaults are applied first. */
 int wb_cfg_parse(const struct wb_yaml *y, const struct wb_ynode *node,
                  const struct wb_cfg_field *table, void *out, struct wb_errlist *el);
@@ -338,7 +345,7 @@ uint64_t wb_now_ns(void);
 /* "1.50 GiB" style formatting into buf; returns buf. */
 char *wb_fmt_bytes(uint64_t bytes, char *buf, size_t cap);
 
-#define WB_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define WB_ARRAY_LEN(a)                    (sizeof(a) / sizeof((a)[0]))
 #define WB_CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 #endif /* WB_COMMON_H */

@@ -9,8 +9,8 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[WB_DTYPE_COUNT] = {
-    [WB_DTYPE_INVALID] = {"invalid", 0}, [WB_DTYPE_BF16] = {"bf16", 2},
-    [WB_DTYPE_FP16] = {"fp16", 2},       [WB_DTYPE_FP32] = {"fp32", 4},
+    [WB_DTYPE_INVALID] = {"invalid", 0},   [WB_DTYPE_BF16] = {"bf16", 2},
+    [WB_DTYPE_FP16] = {"fp16", 2},         [WB_DTYPE_FP32] = {"fp32", 4},
     [WB_DTYPE_FP8_E4M3] = {"fp8_e4m3", 1}, [WB_DTYPE_I32] = {"i32", 4},
     [WB_DTYPE_I64] = {"i64", 8},
 };
@@ -19,16 +19,16 @@ static const struct {
     const char *alias;
     enum wb_dtype dt;
 } aliases[] = {
-    {"bf16", WB_DTYPE_BF16},          {"bfloat16", WB_DTYPE_BF16},
-    {"fp16", WB_DTYPE_FP16},          {"f16", WB_DTYPE_FP16},
-    {"float16", WB_DTYPE_FP16},       {"half", WB_DTYPE_FP16},
-    {"fp32", WB_DTYPE_FP32},          {"f32", WB_DTYPE_FP32},
-    {"float32", WB_DTYPE_FP32},       {"float", WB_DTYPE_FP32},
-    {"fp8_e4m3", WB_DTYPE_FP8_E4M3},  {"fp8", WB_DTYPE_FP8_E4M3},
-    {"f8_e4m3", WB_DTYPE_FP8_E4M3},   {"float8_e4m3fn", WB_DTYPE_FP8_E4M3},
-    {"e4m3", WB_DTYPE_FP8_E4M3},      {"i32", WB_DTYPE_I32},
-    {"int32", WB_DTYPE_I32},          {"i64", WB_DTYPE_I64},
-    {"int64", WB_DTYPE_I64},          {"long", WB_DTYPE_I64},
+    {"bf16", WB_DTYPE_BF16},         {"bfloat16", WB_DTYPE_BF16},
+    {"fp16", WB_DTYPE_FP16},         {"f16", WB_DTYPE_FP16},
+    {"float16", WB_DTYPE_FP16},      {"half", WB_DTYPE_FP16},
+    {"fp32", WB_DTYPE_FP32},         {"f32", WB_DTYPE_FP32},
+    {"float32", WB_DTYPE_FP32},      {"float", WB_DTYPE_FP32},
+    {"fp8_e4m3", WB_DTYPE_FP8_E4M3}, {"fp8", WB_DTYPE_FP8_E4M3},
+    {"f8_e4m3", WB_DTYPE_FP8_E4M3},  {"float8_e4m3fn", WB_DTYPE_FP8_E4M3},
+    {"e4m3", WB_DTYPE_FP8_E4M3},     {"i32", WB_DTYPE_I32},
+    {"int32", WB_DTYPE_I32},         {"i64", WB_DTYPE_I64},
+    {"int64", WB_DTYPE_I64},         {"long", WB_DTYPE_I64},
 };
 
 size_t wb_dtype_size(enum wb_dtype dt)

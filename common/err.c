@@ -33,7 +33,10 @@ const char *wb_strerror(int err)
     return "unknown error";
 }
 
-void wb_errlist_init(struct wb_errlist *el) { memset(el, 0, sizeof(*el)); }
+void wb_errlist_init(struct wb_errlist *el)
+{
+    memset(el, 0, sizeof(*el));
+}
 
 int wb_errlist_vadd(struct wb_errlist *el, const char *fmt, va_list ap)
 {

@@ -26,4 +26,7 @@ bool wb_gpu_is_device_ptr(const void *p)
     return a.type == cudaMemoryTypeDevice;
 }
 
-bool wb_gpu_built(void) { return true; }
+bool wb_gpu_built(void)
+{
+    return true;
+}

@@ -1,7 +1,10 @@
 /* gpu_nocuda.c — the optional-GPU helpers in a build without CUDA: no devices, host memory. */
 #include "common/common.h"
 
-int wb_gpu_count(void) { return 0; }
+int wb_gpu_count(void)
+{
+    return 0;
+}
 
 bool wb_gpu_is_device_ptr(const void *p)
 {
@@ -9,4 +12,7 @@ bool wb_gpu_is_device_ptr(const void *p)
     return false;
 }
 
-bool wb_gpu_built(void) { return false; }
+bool wb_gpu_built(void)
+{
+    return false;
+}

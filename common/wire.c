@@ -37,9 +37,15 @@ static int mpw_write(void *data, const char *buf, size_t len)
 
 /* msgpack_packer is two pointers; making one per call keeps struct wb_mpw free of msgpack-c
  * types, so the public header does not include msgpack.h. */
-static msgpack_packer packer(struct wb_mpw *w) { return (msgpack_packer){w, mpw_write}; }
+static msgpack_packer packer(struct wb_mpw *w)
+{
+    return (msgpack_packer){w, mpw_write};
+}
 
-void wb_mpw_init(struct wb_mpw *w) { memset(w, 0, sizeof(*w)); }
+void wb_mpw_init(struct wb_mpw *w)
+{
+    memset(w, 0, sizeof(*w));
+}
 
 void wb_mpw_free(struct wb_mpw *w)
 {
@@ -108,7 +114,10 @@ void wb_mpw_strn(struct wb_mpw *w, const char *s, size_t n)
     msgpack_pack_str_body(&pk, s, n);
 }
 
-void wb_mpw_str(struct wb_mpw *w, const char *s) { wb_mpw_strn(w, s, strlen(s)); }
+void wb_mpw_str(struct wb_mpw *w, const char *s)
+{
+    wb_mpw_strn(w, s, strlen(s));
+}
 
 void wb_mpw_bin(struct wb_mpw *w, const void *p, size_t n)
 {
@@ -195,10 +204,7 @@ static int read_int(struct wb_mpr *r, uint64_t *v, bool *neg)
         uint64_t u;
         if (take_be(r, n, &u))
             return -EBADMSG;
-        int64_t s = n == 1   ? (int8_t)u
-                    : n == 2 ? (int16_t)u
-                    : n == 4 ? (int32_t)u
-                             : (int64_t)u;
+        int64_t s = n == 1 ? (int8_t)u : n == 2 ? (int16_t)u : n == 4 ? (int32_t)u : (int64_t)u;
         *v = (uint64_t)s;
         *neg = s < 0;
         return 0;
@@ -398,9 +404,15 @@ static int skip(struct wb_mpr *r, int depth)
     return fail(r);
 }
 
-int wb_mpr_skip(struct wb_mpr *r) { return skip(r, 0); }
+int wb_mpr_skip(struct wb_mpr *r)
+{
+    return skip(r, 0);
+}
 
-int wb_mpr_end(const struct wb_mpr *r) { return r->err || r->left ? -EBADMSG : 0; }
+int wb_mpr_end(const struct wb_mpr *r)
+{
+    return r->err || r->left ? -EBADMSG : 0;
+}
 
 int wb_mpr_envelope(struct wb_mpr *r, uint32_t *type)
 {

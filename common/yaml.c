@@ -18,8 +18,14 @@ struct wb_yaml {
 };
 
 /* struct wb_ynode is libyaml's node; the cast is the only place the two names meet. */
-static const yaml_node_t *YN(const struct wb_ynode *n) { return (const yaml_node_t *)n; }
-static const struct wb_ynode *WN(const yaml_node_t *n) { return (const struct wb_ynode *)n; }
+static const yaml_node_t *YN(const struct wb_ynode *n)
+{
+    return (const yaml_node_t *)n;
+}
+static const struct wb_ynode *WN(const yaml_node_t *n)
+{
+    return (const struct wb_ynode *)n;
+}
 
 static int load(const char *name, FILE *f, const char *text, struct wb_errlist *el,
                 struct wb_yaml **out)
@@ -88,7 +94,10 @@ const struct wb_ynode *wb_yaml_root(const struct wb_yaml *y)
     return WN(yaml_document_get_root_node((yaml_document_t *)&y->doc));
 }
 
-const char *wb_yaml_path(const struct wb_yaml *y) { return y->path; }
+const char *wb_yaml_path(const struct wb_yaml *y)
+{
+    return y->path;
+}
 
 char *wb_yaml_where(const struct wb_yaml *y, const struct wb_ynode *n, char *buf, size_t cap)
 {
@@ -252,7 +261,7 @@ static int parse_with_unit(const char *s, const char *const *names, const double
 
 int wb_parse_size(const char *s, uint64_t *out)
 {
-    static const char *const names[] = {"B",  "K",  "KiB", "M",  "MiB", "G",  "GiB", "T",
+    static const char *const names[] = {"B",   "K",  "KiB", "M",  "MiB", "G",  "GiB", "T",
                                         "TiB", "kB", "KB",  "MB", "GB",  "TB", NULL};
     static const double mult[] = {1,      0x1p10, 0x1p10, 0x1p20, 0x1p20, 0x1p30, 0x1p30,
                                   0x1p40, 0x1p40, 1e3,    1e3,    1e6,    1e9,    1e12};
@@ -450,7 +459,9 @@ static void parse_map(struct cfg_ctx *c, const struct wb_ynode *node,
                     snprintf(want, sizeof(want), "%s", type_word(f->type));
                 cfg_error(c, v, prefix, key, "expected %s%s, got %s%s%s",
                           f->type == WB_CFG_ENUM ? "one of " : "", want, s ? "'" : "",
-                          s ? s : wb_ynode_kind(v) == WB_YNODE_SEQ ? "a sequence" : "a mapping",
+                          s                                  ? s
+                          : wb_ynode_kind(v) == WB_YNODE_SEQ ? "a sequence"
+                                                             : "a mapping",
                           s ? "'" : "");
             }
         }
@@ -480,11 +491,14 @@ int wb_cfg_parse(const struct wb_yaml *y, const struct wb_ynode *node,
     if (node && wb_ynode_kind(node) != WB_YNODE_MAP &&
         !(wb_ynode_kind(node) == WB_YNODE_SCALAR && !*wb_ynode_scalar(node))) {
         char where[512];
-        wb_errlist_add(el, "%s: expected a mapping of keys", wb_yaml_where(y, node, where,
-                                                                            sizeof(where)));
+        wb_errlist_add(el, "%s: expected a mapping of keys",
+                       wb_yaml_where(y, node, where, sizeof(where)));
+        wb_cfg_free(table, out);
         return -WB_E_CONFIG;
     }
     parse_map(&c, wb_ynode_kind(node) == WB_YNODE_MAP ? node : NULL, table, out, "");
+    if (c.err)
+        wb_cfg_free(table, out); /* nothing half-applied stays allocated */
     return c.err;
 }
 
@@ -504,25 +518,23 @@ void wb_cfg_free(const struct wb_cfg_field *table, void *out)
 static void dump(const struct wb_cfg_field *table, FILE *f, int indent)
 {
     for (const struct wb_cfg_field *r = table; r->key; r++) {
+        char kv[512], extra[256] = "";
         if (r->type == WB_CFG_SECTION) {
-            fprintf(f, "%*s%s:%s%s\n", indent, "", r->key, r->doc ? "  # " : "",
-                    r->doc ? r->doc : "");
+            snprintf(kv, sizeof(kv), "%*s%s:", indent, "", r->key);
+        } else {
+            const char *val = r->type == WB_CFG_NODE ? (r->def ? "<optional>" : "<required>")
+                              : r->def               ? (*r->def ? r->def : "\"\"")
+                                                     : "<required>";
+            snprintf(kv, sizeof(kv), "%*s%s: %s", indent, "", r->key, val);
+            if (r->type == WB_CFG_ENUM) {
+                char ch[200];
+                choices_str(r, ch, sizeof(ch));
+                snprintf(extra, sizeof(extra), " (%s)", ch);
+            }
+        }
+        fprintf(f, "%-32s # %s%s\n", kv, r->doc ? r->doc : "", extra);
+        if (r->type == WB_CFG_SECTION)
             dump(r->sub, f, indent + 2);
-            continue;
-        }
-        char val[256];
-        if (r->type == WB_CFG_ENUM) {
-            char ch[200];
-            choices_str(r, ch, sizeof(ch));
-            snprintf(val, sizeof(val), "%s", r->def ? r->def : "<required>");
-            fprintf(f, "%*s%s: %-14s # %s (%s)\n", indent, "", r->key, val, r->doc ? r->doc : "",
-                    ch);
-            continue;
-        }
-        snprintf(val, sizeof(val), "%s",
-                 r->def ? (*r->def ? r->def : "\"\"")
-                        : (r->type == WB_CFG_NODE ? "<see docs>" : "<required>"));
-        fprintf(f, "%*s%s: %-14s # %s\n", indent, "", r->key, val, r->doc ? r->doc : "");
     }
 }
 

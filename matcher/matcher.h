@@ -39,12 +39,18 @@ int wb_inv_add(struct wb_inventory *inv, const char *name, enum wb_dtype dt,
 ssize_t wb_inv_find(const struct wb_inventory *inv, const char *name);
 
 /* Loads an inventory file (YAML or JSON): a mapping name -> {dtype: bf16, shape: [a, b]}
- * (or name -> [dtype, [a, b]]). Errors name file:line:col (YAML) and the tensor. */
+ * (or name -> [dtype, [a, b]]). Errors name file:line:col (YAML) and the tensor. On success
+ * the file's parameters replace inv's contents; on failure inv is untouched. */
 int wb_inv_load_file(const char *path, struct wb_inventory *inv, struct wb_errlist *el);
+/* Writes an inventory as a file wb_inv_load_file reads back (JSON, which is also YAML). */
+int wb_inv_save_file(const char *path, const struct wb_inventory *inv);
 
 /* Generates an inventory from a Hugging Face config.json and a model-family YAML whose entries
  * are name templates with shapes written as arithmetic over config fields. `side` selects the
- * family file's "trainer" or "rollout" section. */
+ * family file's "trainer" or "rollout" section. Like wb_inv_load_file, replaces inv's contents
+ * on success only. With an FP8 block rule in the section (`fp8:` true for the config), values
+ * are fp8_e4m3 and each gets an FP32 "<name><scale_suffix>" tensor of ceil(m/128) x ceil(n/128)
+ * blocks over its last two dims. */
 int wb_inv_generate(const char *family_yaml, const char *config_json, const char *side,
                     struct wb_inventory *inv, struct wb_errlist *el);
 
@@ -55,6 +61,11 @@ struct wb_match_rules;
 
 int wb_match_rules_load(const char *path, struct wb_match_rules **out, struct wb_errlist *el);
 void wb_match_rules_free(struct wb_match_rules *r);
+/* Optional: binds a Hugging Face config.json so that expressions in the rules (a shard's
+ * head_dim) read the model's values; without it they use the family file's `vars` defaults.
+ * Returns -WB_E_CONFIG (message in el) when the file cannot be read. */
+int wb_match_rules_bind_config(struct wb_match_rules *r, const char *config_json,
+                               struct wb_errlist *el);
 
 /* What the trainer agent does to the components before writing. */
 enum wb_xform {
@@ -73,6 +84,9 @@ enum wb_shard_kind {
 struct wb_shard {
     enum wb_shard_kind kind;
     uint32_t dim;
+    /* WB_SHARD_EP only: with ep == 1 (no expert parallelism) the tensor is split over the tp
+     * ranks along this dim, per component, as vLLM's FusedMoE does; -1 replicates it. */
+    int32_t ep1_tp_dim;
 };
 
 /* One trainer tensor's contribution to a rollout tensor. */
@@ -85,6 +99,20 @@ struct wb_component {
      * A component with fewer heads than TP ranks is replicated: rank r holds head
      * r * heads / tp. */
     uint32_t heads;
+    /* Index of the trainer's FP32 scale tensor when the trainer side is itself FP8 block-
+     * quantized (checkpoint broadcast: xform COPY of values and scales), else -1. */
+    int32_t trainer_scale;
+};
+/* An unstacking component (trainer stacked, rollout per expert) has src.ndim == dst.ndim + 1
+ * with src.ext[0] == 1: the leading 1 changes no element order. */
+
+/* How the mapping was formed, for counts and messages. */
+enum wb_map_kind {
+    WB_MAP_RENAME = 0, /* one trainer tensor, same shape */
+    WB_MAP_FUSE,       /* concatenation of several trainer tensors along a dim */
+    WB_MAP_STACK,      /* per-expert trainer tensors stacked along a new dim 0 (+ fused) */
+    WB_MAP_UNSTACK,    /* one slice (and chunk) of a stacked trainer tensor */
+    WB_MAP_TIE,        /* tied weights: built from another trainer tensor (lm_head) */
 };
 
 struct wb_mapping {
@@ -96,21 +124,23 @@ struct wb_mapping {
     uint32_t ncomp;
     struct wb_component *comp; /* ordered along the fused/stacked dim */
     uint32_t rule_line;        /* line of the rule that produced it, for messages */
+    enum wb_map_kind kind;
+    uint32_t block; /* quantization block edge (128) when scale >= 0, else 0 */
 };
 
 /* The match result. Owns its mappings; refers to the two inventories by index. */
 struct wb_match {
     struct wb_mapping *map;
     size_t n;
-    size_t nignored; /* trainer tensors declared ignorable and left out */
+    size_t nignored;  /* trainer tensors declared ignorable and left out */
+    char *rules_path; /* the rules file, for messages (owned) */
 };
 
 /* Matches trainer against rollout parameters by the rules. Every problem found is appended to
  * el (all of them, not only the first), each naming the tensor(s), the rule (file:line) and
  * the shapes involved; the return is then -WB_E_MATCH and *out is untouched. */
 int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *trainer,
-                 const struct wb_inventory *rollout, struct wb_match **out,
-                 struct wb_errlist *el);
+                 const struct wb_inventory *rollout, struct wb_match **out, struct wb_errlist *el);
 void wb_match_free(struct wb_match *m);
 
 /* ---------------------------------------------------------------- rollout sharding */
@@ -128,8 +158,13 @@ struct wb_local_piece {
  * divisible, quant blocks cut by a shard edge). */
 enum { WB_MAX_PIECES = 16 };
 int wb_mapping_local(const struct wb_match *mt, const struct wb_inventory *rollout,
-                     const struct wb_mapping *m, uint32_t tp_rank, uint32_t tp,
-                     uint32_t ep_rank, uint32_t ep, struct wb_shape *local_shape,
-                     struct wb_local_piece *pieces, uint32_t *npieces, struct wb_errlist *el);
+                     const struct wb_mapping *m, uint32_t tp_rank, uint32_t tp, uint32_t ep_rank,
+                     uint32_t ep, struct wb_shape *local_shape, struct wb_local_piece *pieces,
+                     uint32_t *npieces, struct wb_errlist *el);
+
+/* The box of the FP32 scale tensor that holds the scales of value box `value` (block-quantized
+ * over its last two dims in block x block tiles; leading dims are copied). Returns -EINVAL when
+ * the box starts inside a block (its end may be the tensor's unaligned end). */
+int wb_scale_box(const struct wb_box *value, uint32_t block, struct wb_box *scale);
 
 #endif /* WB_MATCHER_H */

@@ -1,8 +1,5 @@
 /* wbtest.c — main() of every test binary: runs the wb_tests[] table, each test in a forked
  * child with a time limit, and prints one line per test and the closing tally. */
-#ifndef _GNU_SOURCE /* the Makefile already defines it */
-#define _GNU_SOURCE
-#endif
 #include "wbtest.h"
 
 #include <errno.h>
@@ -62,6 +59,40 @@ const char *wb_test_write_file(const char *name, const char *text)
     if (!f || fputs(text, f) < 0 || fclose(f) != 0)
         wb_test_fail(__FILE__, __LINE__, "cannot write %s", path);
     return path;
+}
+
+int wb_test_capture(void (*fn)(void *), void *arg, char *out, size_t cap)
+{
+    int fds[2];
+    if (pipe(fds) != 0)
+        wb_test_fail(__FILE__, __LINE__, "pipe: %s", strerror(errno));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        wb_test_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], 1);
+        dup2(fds[1], 2);
+        fn(arg);
+        fflush(NULL);
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t n = 0;
+    ssize_t r;
+    char sink[256];
+    while ((r = read(fds[0], n + 1 < cap ? out + n : sink,
+                     n + 1 < cap ? cap - 1 - n : sizeof(sink))) > 0)
+        if (n + 1 < cap)
+            n += (size_t)r;
+    if (cap)
+        out[n] = 0;
+    close(fds[0]);
+    int st;
+    if (waitpid(pid, &st, 0) != pid)
+        wb_test_fail(__FILE__, __LINE__, "waitpid: %s", strerror(errno));
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 static void remove_tmpdir(void)

@@ -15,6 +15,7 @@
 
 #include <inttypes.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -36,41 +37,45 @@ const char *wb_test_tmpdir(void);
 /* Writes text to <tmpdir>/<name> and returns the path (valid until the test ends). */
 const char *wb_test_write_file(const char *name, const char *text);
 
-#define CHECK(c)                                                                               \
-    do {                                                                                       \
-        if (!(c))                                                                              \
-            wb_test_fail(__FILE__, __LINE__, "CHECK(%s)", #c);                                 \
+/* Runs fn(arg) in a forked child with its stdout and stderr captured into out (NUL-terminated,
+ * truncated to cap-1 bytes); returns the child's exit status (fn returning = 0), or 128+signal. */
+int wb_test_capture(void (*fn)(void *), void *arg, char *out, size_t cap);
+
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c))                                                                                  \
+            wb_test_fail(__FILE__, __LINE__, "CHECK(%s)", #c);                                     \
     } while (0)
 
-#define CHECK_INT(a, b)                                                                        \
-    do {                                                                                       \
-        long long wb_a_ = (long long)(a), wb_b_ = (long long)(b);                             \
-        if (wb_a_ != wb_b_)                                                                    \
-            wb_test_fail(__FILE__, __LINE__, "%s == %lld, expected %s == %lld", #a, wb_a_, #b, \
-                         wb_b_);                                                               \
+#define CHECK_INT(a, b)                                                                            \
+    do {                                                                                           \
+        long long wb_a_ = (long long)(a), wb_b_ = (long long)(b);                                  \
+        if (wb_a_ != wb_b_)                                                                        \
+            wb_test_fail(__FILE__, __LINE__, "%s == %lld, expected %s == %lld", #a, wb_a_, #b,     \
+                         wb_b_);                                                                   \
     } while (0)
 
-#define CHECK_U64(a, b)                                                                        \
-    do {                                                                                       \
-        uint64_t wb_a_ = (uint64_t)(a), wb_b_ = (uint64_t)(b);                                 \
-        if (wb_a_ != wb_b_)                                                                    \
-            wb_test_fail(__FILE__, __LINE__, "%s == %" PRIu64 ", expected %s == %" PRIu64, #a, \
-                         wb_a_, #b, wb_b_);                                                    \
+#define CHECK_U64(a, b)                                                                            \
+    do {                                                                                           \
+        uint64_t wb_a_ = (uint64_t)(a), wb_b_ = (uint64_t)(b);                                     \
+        if (wb_a_ != wb_b_)                                                                        \
+            wb_test_fail(__FILE__, __LINE__, "%s == %" PRIu64 ", expected %s == %" PRIu64, #a,     \
+                         wb_a_, #b, wb_b_);                                                        \
     } while (0)
 
-#define CHECK_STR(a, b)                                                                        \
-    do {                                                                                       \
-        const char *wb_a_ = (a), *wb_b_ = (b);                                                 \
-        if (!wb_a_ || !wb_b_ || strcmp(wb_a_, wb_b_) != 0)                                     \
-            wb_test_fail(__FILE__, __LINE__, "%s == \"%s\"\n      expected \"%s\"", #a,        \
-                         wb_a_ ? wb_a_ : "(null)", wb_b_ ? wb_b_ : "(null)");                  \
+#define CHECK_STR(a, b)                                                                            \
+    do {                                                                                           \
+        const char *wb_a_ = (a), *wb_b_ = (b);                                                     \
+        if (!wb_a_ || !wb_b_ || strcmp(wb_a_, wb_b_) != 0)                                         \
+            wb_test_fail(__FILE__, __LINE__, "%s == \"%s\"\n      expected \"%s\"", #a,            \
+                         wb_a_ ? wb_a_ : "(null)", wb_b_ ? wb_b_ : "(null)");                      \
     } while (0)
 
-#define CHECK_MEM(a, b, n)                                                                     \
-    do {                                                                                       \
-        if (memcmp((a), (b), (n)) != 0)                                                        \
-            wb_test_fail(__FILE__, __LINE__, "memory of %s differs from %s (%zu bytes)", #a,   \
-                         #b, (size_t)(n));                                                     \
+#define CHECK_MEM(a, b, n)                                                                         \
+    do {                                                                                           \
+        if (memcmp((a), (b), (n)) != 0)                                                            \
+            wb_test_fail(__FILE__, __LINE__, "memory of %s differs from %s (%zu bytes)", #a, #b,   \
+                         (size_t)(n));                                                             \
     } while (0)
 
 #endif /* WB_TEST_H */

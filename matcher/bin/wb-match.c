@@ -1,0 +1,213 @@
+/* wb-match — the matcher from the command line: generate or load the trainer and rollout
+ * inventories, match them by a model-family file's rules, and print the result (counts, every
+ * mapping with --list, a rollout rank's local pieces with --tp/--ep) or every problem found.
+ * Exit status: 0 matched, 1 problems found, 2 bad usage. */
+#include "matcher/matcher.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f, const char *prog)
+{
+    fprintf(f,
+            "usage: %s --family FILE [--config CONFIG.json] [options]\n"
+            "Matches trainer parameters (Hugging Face names) to rollout parameters (vLLM names)\n"
+            "by the rules of a model-family file (configs/models/*.yaml).\n"
+            "\n"
+            "  --family FILE          model-family YAML: generators and rules\n"
+            "  --config FILE          Hugging Face config.json for both sides\n"
+            "  --trainer-config FILE  config.json for the trainer side only (default --config)\n"
+            "  --trainer FILE         trainer inventory file (YAML/JSON) instead of generating\n"
+            "  --rollout FILE         rollout inventory file instead of generating\n"
+            "  --save-trainer FILE    write the trainer inventory (JSON) and continue\n"
+            "  --save-rollout FILE    write the rollout inventory (JSON) and continue\n"
+            "  --list                 print every mapping\n"
+            "  --tp N --ep N          print what rollout rank --rank holds of each mapping\n"
+            "  --rank R               tp rank (and ep rank) for --tp/--ep (default 0)\n"
+            "  --help                 this text\n",
+            prog);
+}
+
+static const char *const kind_names[] = {"rename", "fuse", "stack", "unstack", "tie"};
+static const char *const xform_names[] = {"copy", "cast", "fp8-block"};
+
+static void print_mapping(const struct wb_match *mt, const struct wb_inventory *t,
+                          const struct wb_inventory *r, const struct wb_mapping *m)
+{
+    char a[128], b[128];
+    const struct wb_param *R = &r->p[m->rollout];
+    printf("%s %s %s <- %s", R->name, wb_dtype_name(R->dtype),
+           wb_shape_str(&R->shape, a, sizeof(a)), kind_names[m->kind]);
+    if (m->ncomp <= 4) {
+        for (uint32_t i = 0; i < m->ncomp; i++) {
+            const struct wb_param *T = &t->p[m->comp[i].trainer];
+            struct wb_box full = wb_box_full(&T->shape);
+            char box[256] = "";
+            if (!wb_box_eq(&full, &m->comp[i].src)) /* a slice of a stacked tensor */
+                wb_box_str(&m->comp[i].src, box, sizeof(box));
+            printf("%s%s%s", i ? " + " : " ", T->name, box);
+        }
+    } else {
+        printf(" %u components (%s ... %s)", m->ncomp, t->p[m->comp[0].trainer].name,
+               t->p[m->comp[m->ncomp - 1].trainer].name);
+    }
+    printf(" [%s %s->%s", xform_names[m->xform], wb_dtype_name(m->src_dtype),
+           wb_dtype_name(m->dst_dtype));
+    if (m->scale >= 0)
+        printf(", scale %s %s", r->p[m->scale].name,
+               wb_shape_str(&r->p[m->scale].shape, b, sizeof(b)));
+    if (m->shard.kind == WB_SHARD_TP)
+        printf(", tp dim %u", m->shard.dim);
+    else if (m->shard.kind == WB_SHARD_EP)
+        printf(", ep dim %u", m->shard.dim);
+    printf(", rule %s:%u]\n", mt->rules_path, m->rule_line);
+}
+
+int main(int argc, char **argv)
+{
+    const char *family = NULL, *config = NULL, *tconfig = NULL, *tfile = NULL, *rfile = NULL;
+    const char *save_t = NULL, *save_r = NULL;
+    int list = 0;
+    long tp = 0, ep = 0, rank = 0;
+    static const struct option opts[] = {{"family", required_argument, 0, 'f'},
+                                         {"config", required_argument, 0, 'c'},
+                                         {"trainer-config", required_argument, 0, 'C'},
+                                         {"trainer", required_argument, 0, 't'},
+                                         {"rollout", required_argument, 0, 'r'},
+                                         {"save-trainer", required_argument, 0, 'T'},
+                                         {"save-rollout", required_argument, 0, 'R'},
+                                         {"list", no_argument, 0, 'l'},
+                                         {"tp", required_argument, 0, 'p'},
+                                         {"ep", required_argument, 0, 'e'},
+                                         {"rank", required_argument, 0, 'k'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'f':
+            family = optarg;
+            break;
+        case 'c':
+            config = optarg;
+            break;
+        case 'C':
+            tconfig = optarg;
+            break;
+        case 't':
+            tfile = optarg;
+            break;
+        case 'r':
+            rfile = optarg;
+            break;
+        case 'T':
+            save_t = optarg;
+            break;
+        case 'R':
+            save_r = optarg;
+            break;
+        case 'l':
+            list = 1;
+            break;
+        case 'p':
+            tp = strtol(optarg, NULL, 10);
+            break;
+        case 'e':
+            ep = strtol(optarg, NULL, 10);
+            break;
+        case 'k':
+            rank = strtol(optarg, NULL, 10);
+            break;
+        case 'h':
+            usage(stdout, argv[0]);
+            return 0;
+        default:
+            usage(stderr, argv[0]);
+            return 2;
+        }
+    }
+    if (!tconfig)
+        tconfig = config;
+    if (!family || (!tfile && !tconfig) || (!rfile && !config) || optind != argc || tp < 0 ||
+        ep < 0 || rank < 0 || tp > 4096 || ep > 4096) {
+        usage(stderr, argv[0]);
+        return 2;
+    }
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_inventory t, r;
+    wb_inv_init(&t);
+    wb_inv_init(&r);
+    struct wb_match_rules *rules = NULL;
+    struct wb_match *m = NULL;
+    int rc = 1;
+    if ((tfile ? wb_inv_load_file(tfile, &t, &el)
+               : wb_inv_generate(family, tconfig, "trainer", &t, &el)) ||
+        (rfile ? wb_inv_load_file(rfile, &r, &el)
+               : wb_inv_generate(family, config, "rollout", &r, &el)))
+        goto out;
+    if ((save_t && wb_inv_save_file(save_t, &t)) || (save_r && wb_inv_save_file(save_r, &r))) {
+        wb_errlist_add(&el, "cannot write an inventory file");
+        goto out;
+    }
+    if (wb_match_rules_load(family, &rules, &el) ||
+        (config && wb_match_rules_bind_config(rules, config, &el)) ||
+        wb_match_run(rules, &t, &r, &m, &el))
+        goto out;
+    size_t kinds[5] = {0}, xf[3] = {0};
+    for (size_t i = 0; i < m->n; i++) {
+        kinds[m->map[i].kind]++;
+        xf[m->map[i].xform]++;
+    }
+    printf("matched %zu rollout tensors (%zu in inventory) from %zu trainer tensors (%zu "
+           "ignored)\n",
+           m->n, r.n, t.n, m->nignored);
+    printf("  rename %zu, fuse %zu, stack %zu, unstack %zu, tie %zu; copy %zu, cast %zu, "
+           "fp8-block %zu\n",
+           kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], xf[0], xf[1], xf[2]);
+    for (size_t i = 0; list && i < m->n; i++)
+        print_mapping(m, &t, &r, &m->map[i]);
+    if (tp || ep) {
+        uint32_t ntp = tp ? (uint32_t)tp : 1, nep = ep ? (uint32_t)ep : 1;
+        bool bad = false;
+        for (size_t i = 0; i < m->n; i++) {
+            struct wb_shape ls;
+            struct wb_local_piece pc[WB_MAX_PIECES];
+            uint32_t np;
+            if (wb_mapping_local(m, &r, &m->map[i], (uint32_t)rank % ntp, ntp, (uint32_t)rank % nep,
+                                 nep, &ls, pc, &np, &el)) {
+                bad = true;
+                continue;
+            }
+            if (!list)
+                continue;
+            char a[128], b[256];
+            printf("  rank %ld: %s local %s:", rank, r.p[m->map[i].rollout].name,
+                   wb_shape_str(&ls, a, sizeof(a)));
+            for (uint32_t k = 0; k < np; k++)
+                printf(" %s", wb_box_str(&pc[k].global, b, sizeof(b)));
+            printf("\n");
+        }
+        if (bad)
+            goto out;
+        printf("rollout rank %ld of tp %u / ep %u: every mapping splits cleanly\n", rank, ntp, nep);
+    }
+    rc = 0;
+out:
+    if (rc) {
+        fflush(stdout);
+        size_t shown = el.n < 40 ? el.n : 40;
+        for (size_t i = 0; i < shown; i++)
+            fprintf(stderr, "wb-match: %s\n", el.msgs[i]);
+        fprintf(stderr, "wb-match: %zu problem%s%s\n", el.n, el.n == 1 ? "" : "s",
+                shown < el.n ? " (the first 40 shown)" : "");
+    }
+    wb_match_free(m);
+    wb_match_rules_free(rules);
+    wb_inv_free(&t);
+    wb_inv_free(&r);
+    wb_errlist_free(&el);
+    return rc;
+}

@@ -1,0 +1,651 @@
+/* generate.c — model-family files: opening and checking one (shared with rules.c), and
+ * generating a parameter inventory from a Hugging Face config.json plus the family file's
+ * "trainer" or "rollout" section.
+ *
+ * A section is a list of blocks:
+ *   - for: {layer: num_hidden_layers, expert: [0, n_routed_experts]}   # nested loops
+ *     when: layer >= first_k_dense_replace                             # condition
+ *     dtype: bf16                                                      # default dtype
+ *     fp8: defined(quantization_config)     # FP8 block-quantized values + FP32 scales
+ *     tensors:
+ *       model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight: [moe_intermediate_size,
+ * hidden_size] model.layers.{layer}.mlp.gate.e_score_correction_bias: {shape: [n_routed_experts],
+ * dtype: fp32} Everything in braces and every shape entry is an expression (expr.c) over the loop
+ * variables, the config.json fields and the family's `vars` (defaults for fields a config
+ * lacks). All expressions are compiled before anything runs, so a syntax error anywhere is
+ * reported with its file:line:col even if that block would never run. */
+#include "matcher/mpriv.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- family files */
+
+struct top {
+    char *family, *description;
+    const struct wb_ynode *vars, *quant, *ignore, *trainer, *rollout, *rules;
+};
+
+static const struct wb_cfg_field top_table[] = {
+    {"family", WB_CFG_STR, NULL, "family name", offsetof(struct top, family), NULL, NULL},
+    {"description", WB_CFG_STR, "", "what the file covers", offsetof(struct top, description), NULL,
+     NULL},
+    {"vars", WB_CFG_NODE, "",
+     "derived values: name: expression, used when config.json lacks"
+     " the name",
+     offsetof(struct top, vars), NULL, NULL},
+    {"quant", WB_CFG_NODE, "", "FP8 block quantization: scale_suffix, block, fp8 patterns",
+     offsetof(struct top, quant), NULL, NULL},
+    {"ignore", WB_CFG_NODE, "", "trainer/rollout name patterns left out of the match",
+     offsetof(struct top, ignore), NULL, NULL},
+    {"trainer", WB_CFG_NODE, "", "trainer-side inventory generator", offsetof(struct top, trainer),
+     NULL, NULL},
+    {"rollout", WB_CFG_NODE, "", "rollout-side inventory generator", offsetof(struct top, rollout),
+     NULL, NULL},
+    {"rules", WB_CFG_NODE, "", "how each rollout tensor is built", offsetof(struct top, rules),
+     NULL, NULL},
+    {0},
+};
+
+struct quant {
+    char *scale_suffix;
+    uint64_t block;
+    const struct wb_ynode *fp8;
+};
+
+static const struct wb_cfg_field quant_table[] = {
+    {"scale_suffix", WB_CFG_STR, "_scale_inv", "scale tensor = value tensor name + suffix",
+     offsetof(struct quant, scale_suffix), NULL, NULL},
+    {"block", WB_CFG_U64, "128", "quantization block edge (block x block tiles)",
+     offsetof(struct quant, block), NULL, NULL},
+    {"fp8", WB_CFG_NODE, "", "rollout name patterns that may be FP8 block-quantized",
+     offsetof(struct quant, fp8), NULL, NULL},
+    {0},
+};
+
+struct ignore {
+    const struct wb_ynode *trainer, *rollout;
+};
+
+static const struct wb_cfg_field ignore_table[] = {
+    {"trainer", WB_CFG_NODE, "", "trainer tensors that may stay unused",
+     offsetof(struct ignore, trainer), NULL, NULL},
+    {"rollout", WB_CFG_NODE, "", "rollout tensors nothing writes", offsetof(struct ignore, rollout),
+     NULL, NULL},
+    {0},
+};
+
+void wb_family_vars_free(struct wb_xderived *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(v[i].name);
+        wb_expr_free(v[i].e);
+    }
+    free(v);
+}
+
+static int family_vars(const struct wb_yaml *y, const struct wb_ynode *node,
+                       struct wb_xderived **out, size_t *nout, struct wb_errlist *el)
+{
+    size_t n = wb_ynode_len(node);
+    char at[300], err[256];
+    *out = NULL;
+    *nout = 0;
+    if (!node)
+        return 0;
+    if (wb_ynode_kind(node) != WB_YNODE_MAP) {
+        wb_errlist_add(el, "%s: vars: expected a mapping name: expression",
+                       wb_yaml_where(y, node, at, sizeof(at)));
+        return -WB_E_CONFIG;
+    }
+    struct wb_xderived *v = calloc(n + 1, sizeof(*v));
+    if (!v)
+        return -ENOMEM;
+    int r = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct wb_ynode *key, *val;
+        wb_ynode_pair(y, node, i, &key, &val);
+        const char *name = wb_ynode_scalar(key), *text = wb_ynode_scalar(val);
+        wb_yaml_where(y, val, at, sizeof(at));
+        if (!name || !text) {
+            wb_errlist_add(el, "%s: vars: expected name: expression", at);
+            r = -WB_E_CONFIG;
+            continue;
+        }
+        if (wb_expr_compile(text, &v[k].e, err, sizeof(err))) {
+            wb_errlist_add(el, "%s: vars.%s: bad expression '%s': %s", at, name, text, err);
+            r = -WB_E_CONFIG;
+            continue;
+        }
+        v[k].name = strdup(name);
+        snprintf(v[k].where, sizeof(v[k].where), "%s", at);
+        k++;
+        if (!v[k - 1].name) {
+            r = -ENOMEM;
+            break;
+        }
+    }
+    if (r) {
+        wb_family_vars_free(v, k);
+        return r;
+    }
+    *out = v;
+    *nout = k;
+    return 0;
+}
+
+void wb_family_close(struct wb_family *f)
+{
+    if (!f)
+        return;
+    free(f->family);
+    free(f->description);
+    free(f->quant.scale_suffix);
+    wb_family_vars_free(f->dv, f->ndv);
+    wb_yaml_free(f->y);
+    free(f);
+}
+
+int wb_family_open(const char *path, struct wb_family **out, struct wb_errlist *el)
+{
+    struct wb_family *f = calloc(1, sizeof(*f));
+    if (!f)
+        return -ENOMEM;
+    int r = wb_yaml_load(path, el, &f->y);
+    if (r) {
+        free(f);
+        return r;
+    }
+    struct top t = {0};
+    struct quant q = {0};
+    struct ignore ig = {0};
+    r = wb_cfg_parse(f->y, wb_yaml_root(f->y), top_table, &t, el);
+    f->family = t.family;
+    f->description = t.description;
+    if (r)
+        goto err;
+    r = wb_cfg_parse(f->y, t.quant, quant_table, &q, el);
+    f->quant.scale_suffix = q.scale_suffix;
+    f->quant.block = q.block;
+    f->quant.fp8 = q.fp8;
+    if (r)
+        goto err;
+    if (q.block == 0 || q.block > (1u << 20) || !*q.scale_suffix) {
+        char at[300];
+        wb_errlist_add(el, "%s: quant: block must be 1..1048576 and scale_suffix non-empty",
+                       wb_yaml_where(f->y, t.quant, at, sizeof(at)));
+        r = -WB_E_CONFIG;
+        goto err;
+    }
+    if ((r = wb_cfg_parse(f->y, t.ignore, ignore_table, &ig, el)))
+        goto err;
+    f->ignore.trainer = ig.trainer;
+    f->ignore.rollout = ig.rollout;
+    f->vars = t.vars;
+    f->trainer = t.trainer;
+    f->rollout = t.rollout;
+    f->rules = t.rules;
+    if ((r = family_vars(f->y, t.vars, &f->dv, &f->ndv, el)))
+        goto err;
+    *out = f;
+    return 0;
+err:
+    wb_family_close(f);
+    return r;
+}
+
+/* ---------------------------------------------------------------- the generator */
+
+struct gtensor {
+    struct wb_tmpl *name;
+    const char *src; /* template text (inside the YAML document) */
+    struct wb_expr *dim[WB_MAX_DIMS];
+    uint32_t ndim;
+    enum wb_dtype dt;
+    bool dt_explicit;
+    struct wb_expr *when;
+    char where[300];
+    bool reported; /* an evaluation error was already reported */
+};
+
+struct gloop {
+    const char *var;
+    struct wb_expr *from, *to;
+    char where[300];
+};
+
+struct gblock {
+    struct gloop loop[4];
+    size_t nloop;
+    struct wb_expr *when, *fp8;
+    enum wb_dtype dt;
+    struct gtensor *t;
+    size_t nt;
+    char where[300];
+    bool reported;
+};
+
+struct gen {
+    const struct wb_family *f;
+    const struct wb_jcfg *cfg;
+    struct gblock *b;
+    size_t nb;
+    struct wb_inventory inv;
+    uint32_t *origin; /* per generated parameter: block << 16 | tensor, for duplicate messages */
+    size_t origin_cap;
+    struct wb_errlist *el;
+    int err;
+};
+
+struct block_cfg {
+    const struct wb_ynode *loops, *tensors;
+    char *when, *dtype, *fp8;
+};
+
+static const struct wb_cfg_field block_table[] = {
+    {"for", WB_CFG_NODE, "", "loops: var: count or var: [from, to]",
+     offsetof(struct block_cfg, loops), NULL, NULL},
+    {"when", WB_CFG_STR, "", "condition", offsetof(struct block_cfg, when), NULL, NULL},
+    {"dtype", WB_CFG_STR, "bf16", "dtype of the tensors", offsetof(struct block_cfg, dtype), NULL,
+     NULL},
+    {"fp8", WB_CFG_STR, "", "condition for FP8 block quantization", offsetof(struct block_cfg, fp8),
+     NULL, NULL},
+    {"tensors", WB_CFG_NODE, NULL, "name template: shape", offsetof(struct block_cfg, tensors),
+     NULL, NULL},
+    {0},
+};
+
+/* Compiles one expression scalar, reporting "file:l:c: <what> 'text': problem". */
+static struct wb_expr *compile_at(struct gen *g, const struct wb_ynode *n, const char *what)
+{
+    char at[300], err[256];
+    const char *text = wb_ynode_scalar(n);
+    wb_yaml_where(g->f->y, n, at, sizeof(at));
+    if (!text) {
+        wb_errlist_add(g->el, "%s: %s: expected an expression", at, what);
+        g->err = -WB_E_CONFIG;
+        return NULL;
+    }
+    struct wb_expr *e;
+    int r = wb_expr_compile(text, &e, err, sizeof(err));
+    if (r) {
+        wb_errlist_add(g->el, "%s: %s: bad expression '%s': %s", at, what, text, err);
+        g->err = r == -ENOMEM ? r : -WB_E_CONFIG;
+        return NULL;
+    }
+    return e;
+}
+
+static struct wb_expr *compile_key(struct gen *g, const struct wb_ynode *map, const char *key)
+{
+    return compile_at(g, wb_ynode_get(g->f->y, map, key), key);
+}
+
+static void compile_tensor(struct gen *g, struct gblock *b, const struct wb_ynode *key,
+                           const struct wb_ynode *val)
+{
+    const struct wb_yaml *y = g->f->y;
+    struct gtensor *t = &b->t[b->nt];
+    char err[256];
+    t->src = wb_ynode_scalar(key);
+    t->dt = b->dt;
+    wb_yaml_where(y, key, t->where, sizeof(t->where));
+    if (!t->src) {
+        wb_errlist_add(g->el, "%s: tensor names must be strings", t->where);
+        g->err = -WB_E_CONFIG;
+        return;
+    }
+    if (wb_tmpl_compile(t->src, &t->name, err, sizeof(err))) {
+        wb_errlist_add(g->el, "%s: bad name template '%s': %s", t->where, t->src, err);
+        g->err = -WB_E_CONFIG;
+        return;
+    }
+    b->nt++;
+    const struct wb_ynode *shape = val;
+    if (wb_ynode_kind(val) == WB_YNODE_MAP) {
+        shape = NULL;
+        for (size_t i = 0; i < wb_ynode_len(val); i++) {
+            const struct wb_ynode *k, *v;
+            wb_ynode_pair(y, val, i, &k, &v);
+            const char *kn = wb_ynode_scalar(k);
+            char at[300];
+            wb_yaml_where(y, k, at, sizeof(at));
+            if (kn && strcmp(kn, "shape") == 0) {
+                shape = v;
+            } else if (kn && strcmp(kn, "when") == 0) {
+                t->when = compile_at(g, v, "when");
+            } else if (kn && strcmp(kn, "dtype") == 0) {
+                const char *d = wb_ynode_scalar(v);
+                if (!d || wb_dtype_parse(d, &t->dt)) {
+                    wb_errlist_add(g->el, "%s: %s: unknown dtype '%s'", at, t->src, d ? d : "?");
+                    g->err = -WB_E_CONFIG;
+                }
+                t->dt_explicit = true;
+            } else {
+                wb_errlist_add(g->el, "%s: %s: unknown key '%s' (expected shape, dtype, when)", at,
+                               t->src, kn ? kn : "?");
+                g->err = -WB_E_CONFIG;
+            }
+        }
+    }
+    if (wb_ynode_kind(shape) != WB_YNODE_SEQ || wb_ynode_len(shape) > WB_MAX_DIMS) {
+        wb_errlist_add(g->el, "%s: %s: shape must be a list of at most %d expressions", t->where,
+                       t->src, WB_MAX_DIMS);
+        g->err = -WB_E_CONFIG;
+        return;
+    }
+    t->ndim = (uint32_t)wb_ynode_len(shape);
+    for (uint32_t d = 0; d < t->ndim; d++) {
+        char what[300];
+        snprintf(what, sizeof(what), "shape of '%s'", t->src);
+        t->dim[d] = compile_at(g, wb_ynode_item(y, shape, d), what);
+    }
+}
+
+static void compile_block(struct gen *g, const struct wb_ynode *node)
+{
+    const struct wb_yaml *y = g->f->y;
+    struct gblock *b = &g->b[g->nb++];
+    struct block_cfg c = {0};
+    wb_yaml_where(y, node, b->where, sizeof(b->where));
+    if (wb_cfg_parse(y, node, block_table, &c, g->el)) {
+        g->err = -WB_E_CONFIG;
+        goto out;
+    }
+    if (wb_dtype_parse(c.dtype, &b->dt)) {
+        wb_errlist_add(g->el, "%s: unknown dtype '%s'", b->where, c.dtype);
+        g->err = -WB_E_CONFIG;
+    }
+    if (*c.when)
+        b->when = compile_key(g, node, "when");
+    if (*c.fp8)
+        b->fp8 = compile_key(g, node, "fp8");
+    if (c.loops) {
+        if (wb_ynode_kind(c.loops) != WB_YNODE_MAP || wb_ynode_len(c.loops) > 4) {
+            char at[300];
+            wb_errlist_add(g->el, "%s: for: expected a mapping of at most 4 loops",
+                           wb_yaml_where(y, c.loops, at, sizeof(at)));
+            g->err = -WB_E_CONFIG;
+        } else {
+            for (size_t i = 0; i < wb_ynode_len(c.loops); i++) {
+                const struct wb_ynode *k, *v;
+                wb_ynode_pair(y, c.loops, i, &k, &v);
+                struct gloop *l = &b->loop[b->nloop++];
+                l->var = wb_ynode_scalar(k);
+                wb_yaml_where(y, k, l->where, sizeof(l->where));
+                if (!l->var) {
+                    wb_errlist_add(g->el, "%s: for: loop variables must be names", l->where);
+                    g->err = -WB_E_CONFIG;
+                    continue;
+                }
+                if (wb_ynode_kind(v) == WB_YNODE_SEQ && wb_ynode_len(v) == 2) {
+                    l->from = compile_at(g, wb_ynode_item(y, v, 0), "for");
+                    l->to = compile_at(g, wb_ynode_item(y, v, 1), "for");
+                } else {
+                    l->to = compile_at(g, v, "for");
+                }
+            }
+        }
+    }
+    if (wb_ynode_kind(c.tensors) != WB_YNODE_MAP) {
+        wb_errlist_add(g->el, "%s: tensors: expected a mapping name template: shape", b->where);
+        g->err = -WB_E_CONFIG;
+        goto out;
+    }
+    if (!(b->t = calloc(wb_ynode_len(c.tensors) + 1, sizeof(*b->t)))) {
+        g->err = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < wb_ynode_len(c.tensors); i++) {
+        const struct wb_ynode *k, *v;
+        wb_ynode_pair(y, c.tensors, i, &k, &v);
+        compile_tensor(g, b, k, v);
+    }
+out:
+    wb_cfg_free(block_table, &c);
+}
+
+static void gen_free(struct gen *g)
+{
+    for (size_t i = 0; i < g->nb; i++) {
+        struct gblock *b = &g->b[i];
+        for (size_t l = 0; l < b->nloop; l++) {
+            wb_expr_free(b->loop[l].from);
+            wb_expr_free(b->loop[l].to);
+        }
+        wb_expr_free(b->when);
+        wb_expr_free(b->fp8);
+        for (size_t t = 0; t < b->nt; t++) {
+            wb_tmpl_free(b->t[t].name);
+            wb_expr_free(b->t[t].when);
+            for (uint32_t d = 0; d < b->t[t].ndim; d++)
+                wb_expr_free(b->t[t].dim[d]);
+        }
+        free(b->t);
+    }
+    free(g->b);
+    free(g->origin);
+    wb_inv_free(&g->inv);
+}
+
+/* Reports an evaluation error once per expression site. */
+static void eval_error(struct gen *g, bool *reported, int r, const char *err, const char *text,
+                       const char *where, const struct wb_xenv *env)
+{
+    g->err = r == -ENOMEM ? r : -WB_E_CONFIG;
+    if (*reported)
+        return;
+    *reported = true;
+    char loops[128] = "";
+    size_t pos = 0;
+    for (size_t i = 0; i < env->nvars && pos < sizeof(loops); i++)
+        pos += (size_t)snprintf(loops + pos, sizeof(loops) - pos, "%s%s=%lld", i ? ", " : " (with ",
+                                env->vars[i].name, (long long)env->vars[i].value);
+    if (env->nvars && pos < sizeof(loops))
+        snprintf(loops + pos, sizeof(loops) - pos, ")");
+    if (r == -ENOENT)
+        wb_errlist_add(g->el, "%s: %s (needed by '%s' at %s)", g->cfg->path, err, text, where);
+    else
+        wb_errlist_add(g->el, "%s: '%s': %s%s", where, text, err, loops);
+}
+
+static int add_param(struct gen *g, const char *name, enum wb_dtype dt, const struct wb_shape *s,
+                     uint32_t origin)
+{
+    int r = wb_inv_add(&g->inv, name, dt, s);
+    if (r == -EEXIST) {
+        ssize_t first = wb_inv_find(&g->inv, name);
+        uint32_t o = g->origin[first];
+        wb_errlist_add(g->el, "%s: generated tensor name '%s' twice (first by %s)",
+                       g->b[origin >> 16].t[origin & 0xffff].where, name,
+                       g->b[o >> 16].t[o & 0xffff].where);
+        g->err = -WB_E_CONFIG;
+        return 0;
+    }
+    if (r)
+        return r;
+    if (g->inv.n > g->origin_cap) {
+        size_t cap = g->origin_cap ? g->origin_cap * 2 : 1024;
+        uint32_t *o = realloc(g->origin, cap * sizeof(*o));
+        if (!o)
+            return -ENOMEM;
+        g->origin = o;
+        g->origin_cap = cap;
+    }
+    g->origin[g->inv.n - 1] = origin;
+    return 0;
+}
+
+static int emit(struct gen *g, size_t bi, struct wb_xenv *env, bool fp8)
+{
+    struct gblock *b = &g->b[bi];
+    char err[640], name[WB_NAME_MAX];
+    for (size_t ti = 0; ti < b->nt; ti++) {
+        struct gtensor *t = &b->t[ti];
+        int64_t v;
+        int r;
+        if (t->when) {
+            if ((r = wb_expr_eval(t->when, env, &v, err, sizeof(err)))) {
+                eval_error(g, &t->reported, r, err, wb_expr_text(t->when), t->where, env);
+                continue;
+            }
+            if (!v)
+                continue;
+        }
+        if ((r = wb_tmpl_render(t->name, env, name, sizeof(name), err, sizeof(err)))) {
+            eval_error(g, &t->reported, r, err, t->src, t->where, env);
+            continue;
+        }
+        struct wb_shape s = {.ndim = t->ndim};
+        bool ok = true;
+        for (uint32_t d = 0; d < t->ndim && ok; d++) {
+            if ((r = wb_expr_eval(t->dim[d], env, &v, err, sizeof(err)))) {
+                eval_error(g, &t->reported, r, err, wb_expr_text(t->dim[d]), t->where, env);
+                ok = false;
+            } else if (v < 0) {
+                snprintf(err, sizeof(err), "dimension %u of %s is negative (%lld)", d, name,
+                         (long long)v);
+                eval_error(g, &t->reported, -EINVAL, err, wb_expr_text(t->dim[d]), t->where, env);
+                ok = false;
+            } else {
+                s.dim[d] = (uint64_t)v;
+            }
+        }
+        if (!ok)
+            continue;
+        uint32_t origin = (uint32_t)(bi << 16 | ti);
+        bool quant = fp8 && !t->dt_explicit;
+        if (quant && t->ndim < 2) {
+            snprintf(err, sizeof(err), "FP8 block quantization needs at least 2 dimensions");
+            eval_error(g, &t->reported, -EINVAL, err, t->src, t->where, env);
+            continue;
+        }
+        if ((r = add_param(g, name, quant ? WB_DTYPE_FP8_E4M3 : t->dt, &s, origin)))
+            return r;
+        if (quant) {
+            char sname[WB_NAME_MAX];
+            if ((size_t)snprintf(sname, sizeof(sname), "%s%s", name, g->f->quant.scale_suffix) >=
+                sizeof(sname)) {
+                snprintf(err, sizeof(err), "scale name of %s too long", name);
+                eval_error(g, &t->reported, -EINVAL, err, t->src, t->where, env);
+                continue;
+            }
+            uint64_t bl = g->f->quant.block;
+            for (uint32_t d = s.ndim - 2; d < s.ndim; d++)
+                s.dim[d] = (s.dim[d] + bl - 1) / bl;
+            if ((r = add_param(g, sname, WB_DTYPE_FP32, &s, origin)))
+                return r;
+        }
+    }
+    return 0;
+}
+
+static int run_block(struct gen *g, size_t bi, size_t level, struct wb_xvar *vars)
+{
+    struct gblock *b = &g->b[bi];
+    struct wb_xenv env = {
+        .vars = vars, .nvars = level, .cfg = g->cfg, .derived = g->f->dv, .nderived = g->f->ndv};
+    char err[256];
+    int64_t v;
+    int r;
+    if (level < b->nloop) {
+        struct gloop *l = &b->loop[level];
+        int64_t from = 0, to;
+        if (l->from && (r = wb_expr_eval(l->from, &env, &from, err, sizeof(err)))) {
+            eval_error(g, &b->reported, r, err, wb_expr_text(l->from), l->where, &env);
+            return 0;
+        }
+        if ((r = wb_expr_eval(l->to, &env, &to, err, sizeof(err)))) {
+            eval_error(g, &b->reported, r, err, wb_expr_text(l->to), l->where, &env);
+            return 0;
+        }
+        if (to - from > (1 << 20)) {
+            snprintf(err, sizeof(err), "loop of %lld iterations", (long long)(to - from));
+            eval_error(g, &b->reported, -EINVAL, err, wb_expr_text(l->to), l->where, &env);
+            return 0;
+        }
+        vars[level].name = l->var;
+        for (int64_t i = from; i < to; i++) {
+            vars[level].value = i;
+            if ((r = run_block(g, bi, level + 1, vars)))
+                return r;
+        }
+        return 0;
+    }
+    if (b->when) {
+        if ((r = wb_expr_eval(b->when, &env, &v, err, sizeof(err)))) {
+            eval_error(g, &b->reported, r, err, wb_expr_text(b->when), b->where, &env);
+            return 0;
+        }
+        if (!v)
+            return 0;
+    }
+    bool fp8 = false;
+    if (b->fp8) {
+        if ((r = wb_expr_eval(b->fp8, &env, &v, err, sizeof(err)))) {
+            eval_error(g, &b->reported, r, err, wb_expr_text(b->fp8), b->where, &env);
+            return 0;
+        }
+        fp8 = v != 0;
+    }
+    return emit(g, bi, &env, fp8);
+}
+
+int wb_inv_generate(const char *family_yaml, const char *config_json, const char *side,
+                    struct wb_inventory *inv, struct wb_errlist *el)
+{
+    struct wb_family *f = NULL;
+    struct wb_jcfg *cfg = NULL;
+    struct gen g = {.el = el};
+    int r;
+    if (!side || (strcmp(side, "trainer") != 0 && strcmp(side, "rollout") != 0)) {
+        wb_errlist_add(el, "side must be \"trainer\" or \"rollout\", got \"%s\"",
+                       side ? side : "(null)");
+        return -EINVAL;
+    }
+    if ((r = wb_family_open(family_yaml, &f, el)))
+        return r;
+    if ((r = wb_jcfg_load(config_json, &cfg, el)))
+        goto out;
+    const struct wb_ynode *sec = strcmp(side, "trainer") == 0 ? f->trainer : f->rollout;
+    if (wb_ynode_kind(sec) != WB_YNODE_SEQ) {
+        wb_errlist_add(el, "%s: no \"%s\" section (a list of tensor blocks)", family_yaml, side);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
+    g.f = f;
+    g.cfg = cfg;
+    wb_inv_init(&g.inv);
+    size_t nb = wb_ynode_len(sec);
+    if (nb >= 1 << 15 || !(g.b = calloc(nb + 1, sizeof(*g.b)))) {
+        r = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < nb; i++)
+        compile_block(&g, wb_ynode_item(f->y, sec, i));
+    /* every block runs even after an evaluation error, so all of them are reported; a
+     * compile error stops before anything runs */
+    if (!g.err)
+        for (size_t i = 0; i < g.nb; i++) {
+            struct wb_xvar vars[4];
+            if ((r = run_block(&g, i, 0, vars))) {
+                g.err = r;
+                break;
+            }
+        }
+    r = g.err;
+    if (r == 0) {
+        wb_inv_free(inv);
+        *inv = g.inv;
+        wb_inv_init(&g.inv);
+    }
+out:
+    gen_free(&g);
+    wb_jcfg_free(cfg);
+    wb_family_close(f);
+    return r;
+}

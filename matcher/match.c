@@ -1,0 +1,828 @@
+/* match.c — wb_match_run: decides how every rollout tensor is built from trainer tensors.
+ *
+ * The passes follow the reference design (blog 02, 训推参数匹配):
+ *  1. quant grouping: on each side "X" + "X<scale_suffix>" become one quantized parameter;
+ *  2. per rollout value tensor, the first rule whose pattern matches builds the mapping:
+ *     rename / tie / fuse along a dim / stack per-expert tensors / take a slice of a stacked
+ *     trainer tensor; every trainer name is looked up in the trainer's hash index;
+ *  3. checks on each mapping: trainer tensors present, shapes agree after fusion/stacking,
+ *     dtype conversion supported, FP8 scale present with the right shape, fused components
+ *     aligned to the quantization block (only the last may end unaligned, as vLLM allows);
+ *  4. trainer coverage: every trainer tensor used exactly once (elements counted, so slices
+ *     of a stacked tensor add up), unless declared ignorable; tied weights are extra uses.
+ * Every problem goes to the error list; nothing stops at the first. The work is linear in
+ * the number of tensors (one hash probe per trainer name), so a 70k-tensor Kimi-K2 inventory
+ * matches in tens of milliseconds. */
+#include "matcher/mpriv.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct mctx {
+    const struct wb_match_rules *rs;
+    const struct wb_inventory *T, *R;
+    struct wb_errlist *el;
+    int32_t *r_scale, *t_scale; /* value -> its scale tensor, or -1 */
+    uint8_t *r_is_scale, *t_is_scale;
+    uint64_t *t_used;  /* elements of each trainer tensor consumed */
+    int32_t *t_user;   /* first rollout tensor using it */
+    uint8_t *t_over;   /* over-use already reported */
+    uint8_t *t_failed; /* named by a mapping that failed: not reported as unused */
+    int64_t *head_dim; /* per rule; 0 = none, -1 = could not be evaluated */
+    struct wb_mapping *map;
+    size_t n, cap;
+    size_t nerr;
+    int fatal; /* -ENOMEM */
+};
+
+static void merr(struct mctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void merr(struct mctx *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (wb_errlist_vadd(c->el, fmt, ap))
+        c->fatal = -ENOMEM;
+    va_end(ap);
+    c->nerr++;
+}
+
+static char *shp(const struct wb_shape *s, char *buf, size_t cap)
+{
+    return wb_shape_str(s, buf, cap);
+}
+
+static bool ends_with(const char *s, size_t len, const char *suf, size_t n)
+{
+    return len >= n && memcmp(s + len - n, suf, n) == 0;
+}
+
+/* Pass 1: pairs "X" with "X<suffix>" on one side. */
+static void group_scales(struct mctx *c, const struct wb_inventory *inv, int32_t *scale_of,
+                         uint8_t *is_scale, const char *side)
+{
+    const char *suf = c->rs->scale_suffix;
+    size_t sl = strlen(suf);
+    for (size_t i = 0; i < inv->n; i++)
+        scale_of[i] = -1;
+    for (size_t i = 0; i < inv->n; i++) {
+        const char *name = inv->p[i].name;
+        size_t len = strlen(name);
+        if (!ends_with(name, len, suf, sl) || len == sl)
+            continue;
+        char base[WB_NAME_MAX];
+        memcpy(base, name, len - sl);
+        base[len - sl] = 0;
+        ssize_t v = wb_inv_find(inv, base);
+        if (v < 0) {
+            merr(c, "%s: %s scale tensor without its value tensor %s", name, side, base);
+            is_scale[i] = 1;
+            continue;
+        }
+        scale_of[v] = (int32_t)i;
+        is_scale[i] = 1;
+    }
+}
+
+static bool any_match(const struct wb_pat *p, size_t n, const char *name)
+{
+    struct wb_caps caps;
+    for (size_t i = 0; i < n; i++)
+        if (wb_pat_match(&p[i], name, &caps))
+            return true;
+    return false;
+}
+
+/* The per-rule head size, evaluated once per match over the bound config and the vars. */
+static void eval_head_dims(struct mctx *c)
+{
+    const struct wb_match_rules *rs = c->rs;
+    for (size_t i = 0; i < rs->n; i++) {
+        const struct wb_rule *rl = &rs->r[i];
+        c->head_dim[i] = 0;
+        if (!rl->head_dim)
+            continue;
+        struct wb_xenv env = {.cfg = rs->cfg, .derived = rs->vars, .nderived = rs->nvars};
+        char err[256];
+        int64_t v;
+        int r = wb_expr_eval(rl->head_dim, &env, &v, err, sizeof(err));
+        if (r == 0 && v <= 0) {
+            snprintf(err, sizeof(err), "not positive (%lld)", (long long)v);
+            r = -EINVAL;
+        }
+        if (r) {
+            /* reported when a tensor uses the rule, with the tensor's name */
+            c->head_dim[i] = -1;
+            continue;
+        }
+        c->head_dim[i] = v;
+    }
+}
+
+/* ---------------------------------------------------------------- building one mapping */
+
+struct build {
+    struct mctx *c;
+    size_t ri; /* rollout index */
+    const struct wb_rule *rl;
+    const struct wb_caps *caps;
+    const struct wb_param *R;
+    struct wb_component *comp;
+    size_t ncomp, cap;
+    size_t nmissing;
+    char missing[3][WB_NAME_MAX];
+    bool bad;
+};
+
+static int push_comp(struct build *b, uint32_t t, const struct wb_box *src,
+                     const struct wb_box *dst)
+{
+    if (b->ncomp == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 4;
+        struct wb_component *p = realloc(b->comp, cap * sizeof(*p));
+        if (!p) {
+            b->c->fatal = -ENOMEM;
+            return -ENOMEM;
+        }
+        b->comp = p;
+        b->cap = cap;
+    }
+    b->comp[b->ncomp++] =
+        (struct wb_component){.trainer = t, .src = *src, .dst = *dst, .trainer_scale = -1};
+    return 0;
+}
+
+static void note_missing(struct build *b, const char *name)
+{
+    if (b->nmissing < 3)
+        snprintf(b->missing[b->nmissing], WB_NAME_MAX, "%s", name);
+    b->nmissing++;
+    b->bad = true;
+}
+
+static void report_missing(struct build *b)
+{
+    if (!b->nmissing)
+        return;
+    struct mctx *c = b->c;
+    const char *path = c->rs->path;
+    unsigned line = b->rl->line;
+    if (b->nmissing == 1)
+        merr(c, "%s: trainer tensor %s not found (rule %s:%u)", b->R->name, b->missing[0], path,
+             line);
+    else
+        merr(c, "%s: %zu trainer tensors not found: %s, %s%s%s%s (rule %s:%u)", b->R->name,
+             b->nmissing, b->missing[0], b->missing[1], b->nmissing > 2 ? ", " : "",
+             b->nmissing > 2 ? b->missing[2] : "", b->nmissing > 3 ? ", ..." : "", path, line);
+}
+
+static ssize_t lookup(struct build *b, const struct wb_pat *t, const char *over, uint64_t val,
+                      char *name)
+{
+    int r = wb_pat_subst(t, b->caps, over, val, name, WB_NAME_MAX);
+    if (r) {
+        merr(b->c, "%s: cannot build a trainer name from '%s' (rule %s:%u)", b->R->name, t->src,
+             b->c->rs->path, b->rl->line);
+        b->bad = true;
+        return -1;
+    }
+    return wb_inv_find(b->c->T, name);
+}
+
+/* "q_proj 4096 + k_proj 1024 + v_proj 1024" */
+static void parts_str(struct build *b, size_t first, size_t count, uint32_t dim, char *buf,
+                      size_t cap)
+{
+    size_t pos = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < count && pos < cap; i++) {
+        const struct wb_param *t = &b->c->T->p[b->comp[first + i].trainer];
+        char label[WB_NAME_MAX];
+        wb_name_label(t->name, label, sizeof(label));
+        uint64_t ext = dim < t->shape.ndim ? t->shape.dim[dim] : 0;
+        pos += (size_t)snprintf(buf + pos, cap - pos, "%s%s %llu", i ? " + " : "", label,
+                                (unsigned long long)ext);
+    }
+}
+
+static void build_from(struct build *b, enum wb_map_kind *kind)
+{
+    struct mctx *c = b->c;
+    char name[WB_NAME_MAX], tied[WB_NAME_MAX];
+    ssize_t t = lookup(b, &b->rl->from[0], NULL, 0, name);
+    *kind = WB_MAP_RENAME;
+    if (t < 0 && !b->bad && b->rl->tied.src) {
+        t = lookup(b, &b->rl->tied, NULL, 0, tied);
+        if (t >= 0)
+            *kind = WB_MAP_TIE;
+        else if (!b->bad) {
+            merr(c, "%s: trainer tensor %s not found, nor tied %s (rule %s:%u)", b->R->name, name,
+                 tied, c->rs->path, b->rl->line);
+            b->bad = true;
+            return;
+        }
+    }
+    if (t < 0) {
+        if (!b->bad)
+            note_missing(b, name);
+        return;
+    }
+    const struct wb_param *T = &c->T->p[t];
+    struct wb_box full = wb_box_full(&T->shape);
+    push_comp(b, (uint32_t)t, &full, &full);
+    if (!wb_shape_eq(&T->shape, &b->R->shape)) {
+        char a[128], s[128];
+        merr(c, "%s: rollout shape %s != trainer shape %s (%s) (rule %s:%u)", b->R->name,
+             shp(&b->R->shape, a, sizeof(a)), shp(&T->shape, s, sizeof(s)), T->name, c->rs->path,
+             b->rl->line);
+        b->bad = true;
+    }
+}
+
+/* Concatenates the rule's `from` tensors along item dim d into the rollout box at leading
+ * offset `lead` (stacking) or none. Returns false when a tensor is missing. Shapes are checked
+ * by the caller against the rollout shape. */
+static bool gather_fused(struct build *b, bool stacked, uint64_t e, uint32_t d)
+{
+    char name[WB_NAME_MAX];
+    bool ok = true;
+    uint64_t off = 0;
+    for (size_t j = 0; j < b->rl->nfrom; j++) {
+        ssize_t t = lookup(b, &b->rl->from[j], b->rl->stack_var, e, name);
+        if (t < 0) {
+            if (!b->bad || b->nmissing)
+                note_missing(b, name);
+            ok = false;
+            continue;
+        }
+        const struct wb_param *T = &b->c->T->p[t];
+        struct wb_box src = wb_box_full(&T->shape), dst = src;
+        if (stacked) {
+            dst.ndim = src.ndim + 1;
+            for (uint32_t k = src.ndim; k > 0; k--) {
+                dst.off[k] = src.off[k - 1];
+                dst.ext[k] = src.ext[k - 1];
+            }
+            dst.off[0] = e;
+            dst.ext[0] = 1;
+        }
+        uint32_t dd = stacked ? d + 1 : d;
+        if (d < T->shape.ndim) {
+            dst.off[dd] = off;
+            off += T->shape.dim[d];
+        }
+        if (push_comp(b, (uint32_t)t, &src, &dst))
+            return false;
+    }
+    return ok;
+}
+
+/* Checks that the components starting at `first` (count of them, concatenated along item
+ * dim d) make up `want`; reports "rollout shape != fused trainer shape (...)". */
+static bool check_fused(struct build *b, size_t first, size_t count, uint32_t d,
+                        const struct wb_shape *want, const struct wb_shape *rollout_shape,
+                        uint64_t stack)
+{
+    struct mctx *c = b->c;
+    const struct wb_param *T0 = &c->T->p[b->comp[first].trainer];
+    struct wb_shape got = T0->shape;
+    bool agree = true;
+    uint64_t sum = 0;
+    for (size_t i = 0; i < count; i++) {
+        const struct wb_param *T = &c->T->p[b->comp[first + i].trainer];
+        if (T->shape.ndim != got.ndim || d >= T->shape.ndim) {
+            agree = false;
+            continue;
+        }
+        for (uint32_t k = 0; k < got.ndim; k++)
+            if (k != d && T->shape.dim[k] != got.dim[k])
+                agree = false;
+        sum += T->shape.dim[d];
+    }
+    char a[128], s[128], parts[512];
+    if (!agree) {
+        size_t pos = 0;
+        parts[0] = 0;
+        for (size_t i = 0; i < count && pos < sizeof(parts); i++) {
+            const struct wb_param *T = &c->T->p[b->comp[first + i].trainer];
+            char label[WB_NAME_MAX];
+            wb_name_label(T->name, label, sizeof(label));
+            pos += (size_t)snprintf(parts + pos, sizeof(parts) - pos, "%s%s %s", i ? ", " : "",
+                                    label, shp(&T->shape, s, sizeof(s)));
+        }
+        merr(c, "%s: fused components do not agree outside dim %u: %s (rule %s:%u)", b->R->name, d,
+             parts, c->rs->path, b->rl->line);
+        b->bad = true;
+        return false;
+    }
+    if (d < got.ndim)
+        got.dim[d] = sum;
+    if (wb_shape_eq(&got, want))
+        return true;
+    parts_str(b, first, count, d, parts, sizeof(parts));
+    if (stack) {
+        struct wb_shape full = {.ndim = got.ndim + 1};
+        full.dim[0] = stack;
+        for (uint32_t k = 0; k < got.ndim; k++)
+            full.dim[k + 1] = got.dim[k];
+        merr(c, "%s: rollout shape %s != stacked trainer shape %s (%llu x (%s)) (rule %s:%u)",
+             b->R->name, shp(rollout_shape, a, sizeof(a)), shp(&full, s, sizeof(s)),
+             (unsigned long long)stack, parts, c->rs->path, b->rl->line);
+    } else {
+        merr(c, "%s: rollout shape %s != fused trainer shape %s (%s) (rule %s:%u)", b->R->name,
+             shp(rollout_shape, a, sizeof(a)), shp(&got, s, sizeof(s)), parts, c->rs->path,
+             b->rl->line);
+    }
+    b->bad = true;
+    return false;
+}
+
+static void build_fuse(struct build *b)
+{
+    if (!gather_fused(b, false, 0, b->rl->dim)) {
+        report_missing(b);
+        return;
+    }
+    check_fused(b, 0, b->ncomp, b->rl->dim, &b->R->shape, &b->R->shape, 0);
+}
+
+static void build_stack(struct build *b)
+{
+    struct mctx *c = b->c;
+    const struct wb_shape *rs = &b->R->shape;
+    if (rs->ndim < 2) {
+        char a[128];
+        merr(c, "%s: rollout shape %s has no stacked dim 0 (rule %s:%u)", b->R->name,
+             shp(rs, a, sizeof(a)), c->rs->path, b->rl->line);
+        b->bad = true;
+        return;
+    }
+    struct wb_shape item = {.ndim = rs->ndim - 1};
+    for (uint32_t k = 1; k < rs->ndim; k++)
+        item.dim[k - 1] = rs->dim[k];
+    uint32_t d = b->rl->nfrom > 1 ? b->rl->dim - 1 : 0;
+    bool ok = true, shape_reported = false;
+    for (uint64_t e = 0; e < rs->dim[0]; e++) {
+        size_t first = b->ncomp;
+        if (!gather_fused(b, true, e, d)) {
+            ok = false;
+            if (c->fatal)
+                return;
+            continue;
+        }
+        if (!shape_reported && !check_fused(b, first, b->ncomp - first, d, &item, rs, rs->dim[0]))
+            shape_reported = true;
+    }
+    if (!ok)
+        report_missing(b);
+}
+
+static void build_unstack(struct build *b)
+{
+    struct mctx *c = b->c;
+    const struct wb_rule *rl = b->rl;
+    char name[WB_NAME_MAX];
+    ssize_t t = lookup(b, &rl->from[0], NULL, 0, name);
+    if (t < 0) {
+        if (!b->bad)
+            note_missing(b, name);
+        report_missing(b);
+        return;
+    }
+    uint64_t e = 0;
+    for (size_t k = 0; k < b->caps->n; k++)
+        if (strcmp(b->caps->name[k], rl->index_var) == 0) {
+            char num[24];
+            snprintf(num, sizeof(num), "%.*s", (int)b->caps->len[k], b->caps->at[k]);
+            wb_parse_u64(num, &e);
+        }
+    const struct wb_param *T = &c->T->p[t];
+    const struct wb_shape *rs = &b->R->shape;
+    char a[128], s[128];
+    struct wb_box tfull = wb_box_full(&T->shape);
+    if (push_comp(b, (uint32_t)t, &tfull, &tfull)) /* its boxes are set below when all is well */
+        return;
+    if (T->shape.ndim != rs->ndim + 1 || e >= T->shape.dim[0]) {
+        merr(c, "%s: trainer tensor %s %s has no slice %llu for rollout shape %s (rule %s:%u)",
+             b->R->name, T->name, shp(&T->shape, s, sizeof(s)), (unsigned long long)e,
+             shp(rs, a, sizeof(a)), c->rs->path, rl->line);
+        b->bad = true;
+        return;
+    }
+    struct wb_box src = wb_box_full(&T->shape);
+    src.off[0] = e;
+    src.ext[0] = 1;
+    struct wb_shape want = {.ndim = rs->ndim};
+    for (uint32_t k = 0; k < rs->ndim; k++)
+        want.dim[k] = T->shape.dim[k + 1];
+    bool divisible = true;
+    if (rl->chunk_n) {
+        uint32_t d = rl->dim;
+        if (d >= want.ndim || want.dim[d] % rl->chunk_n) {
+            divisible = false;
+        } else {
+            uint64_t ext = want.dim[d] / rl->chunk_n;
+            want.dim[d] = ext;
+            src.off[d + 1] = rl->chunk_i * ext;
+            src.ext[d + 1] = ext;
+        }
+    }
+    if (!divisible || !wb_shape_eq(&want, rs)) {
+        char chunk[96] = "";
+        if (rl->chunk_n)
+            snprintf(chunk, sizeof(chunk), ", chunk %u of %u along dim %u", rl->chunk_i,
+                     rl->chunk_n, rl->dim);
+        merr(c, "%s: rollout shape %s != trainer slice shape %s (%s[%llu]%s) (rule %s:%u)",
+             b->R->name, shp(rs, a, sizeof(a)),
+             divisible ? shp(&want, s, sizeof(s)) : "(not divisible)", T->name,
+             (unsigned long long)e, chunk, c->rs->path, rl->line);
+        b->bad = true;
+        return;
+    }
+    b->comp[b->ncomp - 1].src = src;
+    b->comp[b->ncomp - 1].dst = wb_box_full(rs);
+}
+
+/* dtype, FP8 scale and alignment checks; fills xform/dtypes/scale of m. */
+static void check_dtypes(struct build *b, struct wb_mapping *m)
+{
+    struct mctx *c = b->c;
+    const struct wb_match_rules *rs = c->rs;
+    const struct wb_param *R = b->R;
+    const char *path = rs->path;
+    unsigned line = b->rl->line;
+    char a[128], s[128];
+    enum wb_dtype src = c->T->p[b->comp[0].trainer].dtype;
+    for (size_t i = 1; i < b->ncomp; i++) {
+        const struct wb_param *T = &c->T->p[b->comp[i].trainer];
+        if (T->dtype != src) {
+            merr(c, "%s: components have different dtypes: %s %s, %s %s (rule %s:%u)", R->name,
+                 c->T->p[b->comp[0].trainer].name, wb_dtype_name(src), T->name,
+                 wb_dtype_name(T->dtype), path, line);
+            b->bad = true;
+            return;
+        }
+    }
+    m->src_dtype = src;
+    m->dst_dtype = R->dtype;
+    int32_t scale = c->r_scale[b->ri];
+    bool floaty = src == WB_DTYPE_BF16 || src == WB_DTYPE_FP16 || src == WB_DTYPE_FP32;
+    bool dfloaty =
+        R->dtype == WB_DTYPE_BF16 || R->dtype == WB_DTYPE_FP16 || R->dtype == WB_DTYPE_FP32;
+    if (R->dtype != WB_DTYPE_FP8_E4M3) {
+        if (scale >= 0) {
+            merr(c, "%s: rollout tensor has scale %s but dtype %s, not fp8_e4m3 (rule %s:%u)",
+                 R->name, c->R->p[scale].name, wb_dtype_name(R->dtype), path, line);
+            b->bad = true;
+            return;
+        }
+        if (src == R->dtype)
+            m->xform = WB_XFORM_COPY;
+        else if (floaty && dfloaty)
+            m->xform = WB_XFORM_CAST;
+        else {
+            merr(c, "%s: dtype conversion %s -> %s not supported (trainer %s) (rule %s:%u)",
+                 R->name, wb_dtype_name(src), wb_dtype_name(R->dtype),
+                 c->T->p[b->comp[0].trainer].name, path, line);
+            b->bad = true;
+        }
+        return;
+    }
+    /* FP8 block-quantized rollout tensor */
+    m->block = rs->block;
+    if (!any_match(rs->fp8, rs->nfp8, R->name)) {
+        merr(c,
+             "%s: rollout dtype fp8_e4m3, but no quant.fp8 pattern of %s:%u allows FP8 for "
+             "it (it stays in higher precision)",
+             R->name, path, rs->fp8_line);
+        b->bad = true;
+        return;
+    }
+    if (scale < 0) {
+        merr(c, "%s: rollout dtype fp8_e4m3 needs scale tensor %s%s (rule %s:%u)", R->name, R->name,
+             rs->scale_suffix, path, line);
+        b->bad = true;
+        return;
+    }
+    m->scale = scale;
+    const struct wb_param *S = &c->R->p[scale];
+    if (R->shape.ndim < 2) {
+        merr(c, "%s: fp8_e4m3 block quantization needs at least 2 dims, shape %s (rule %s:%u)",
+             R->name, shp(&R->shape, a, sizeof(a)), path, line);
+        b->bad = true;
+        return;
+    }
+    struct wb_shape want = R->shape;
+    for (uint32_t k = want.ndim - 2; k < want.ndim; k++)
+        want.dim[k] = (want.dim[k] + rs->block - 1) / rs->block;
+    if (!wb_shape_eq(&S->shape, &want) || S->dtype != WB_DTYPE_FP32) {
+        char r[128];
+        merr(c, "%s: scale %s %s != expected fp32 %s for %s %s in %ux%u blocks (rule %s:%u)",
+             S->name, wb_dtype_name(S->dtype), shp(&S->shape, a, sizeof(a)),
+             shp(&want, s, sizeof(s)), R->name, shp(&R->shape, r, sizeof(r)), rs->block, rs->block,
+             path, line);
+        b->bad = true;
+    }
+    /* fused components: each must start on a block edge and end on one, except the one that
+     * ends the tensor (vLLM allows the last merged partition to be unaligned) */
+    uint32_t nd = R->shape.ndim;
+    for (size_t i = 0; i < b->ncomp; i++) {
+        const struct wb_box *dst = &b->comp[i].dst;
+        for (uint32_t k = nd - 2; k < nd; k++) {
+            uint64_t off = dst->off[k], end = off + dst->ext[k];
+            if (off % rs->block == 0 && (end % rs->block == 0 || end == R->shape.dim[k]))
+                continue;
+            char label[WB_NAME_MAX];
+            wb_name_label(c->T->p[b->comp[i].trainer].name, label, sizeof(label));
+            merr(c,
+                 "%s: component %s [%llu, %llu) along dim %u is not aligned to %u-element "
+                 "FP8 blocks; only the last component may end unaligned (rule %s:%u)",
+                 R->name, label, (unsigned long long)off, (unsigned long long)end, k, rs->block,
+                 path, line);
+            b->bad = true;
+            return;
+        }
+    }
+    if (floaty) {
+        m->xform = WB_XFORM_FP8_BLOCK;
+        return;
+    }
+    if (src != WB_DTYPE_FP8_E4M3) {
+        merr(c, "%s: dtype conversion %s -> fp8_e4m3 not supported (trainer %s) (rule %s:%u)",
+             R->name, wb_dtype_name(src), c->T->p[b->comp[0].trainer].name, path, line);
+        b->bad = true;
+        return;
+    }
+    /* trainer already FP8 (checkpoint broadcast): values and scales are copied */
+    m->xform = WB_XFORM_COPY;
+    for (size_t i = 0; i < b->ncomp; i++) {
+        struct wb_component *cp = &b->comp[i];
+        const struct wb_param *T = &c->T->p[cp->trainer];
+        int32_t ts = c->t_scale[cp->trainer];
+        struct wb_box sb;
+        if (ts < 0) {
+            merr(c, "%s: trainer tensor %s is fp8_e4m3 without scale %s%s (rule %s:%u)", R->name,
+                 T->name, T->name, rs->scale_suffix, path, line);
+            b->bad = true;
+            continue;
+        }
+        struct wb_box tfull = wb_box_full(&T->shape), tsb;
+        struct wb_box sfull = wb_box_full(&c->T->p[ts].shape);
+        if (wb_scale_box(&cp->src, rs->block, &sb) || wb_scale_box(&tfull, rs->block, &tsb) ||
+            !wb_box_eq(&sfull, &tsb) || c->T->p[ts].dtype != WB_DTYPE_FP32) {
+            merr(c, "%s: trainer scale %s %s does not cover %s %s in %ux%u blocks (rule %s:%u)",
+                 R->name, c->T->p[ts].name, shp(&c->T->p[ts].shape, a, sizeof(a)), T->name,
+                 shp(&T->shape, s, sizeof(s)), rs->block, rs->block, path, line);
+            b->bad = true;
+            continue;
+        }
+        cp->trainer_scale = ts;
+    }
+}
+
+static void set_heads(struct build *b, size_t rule_index, struct wb_mapping *m)
+{
+    struct mctx *c = b->c;
+    int64_t hd = c->head_dim[rule_index];
+    if (!hd)
+        return;
+    if (hd < 0) {
+        char err[256];
+        int64_t v;
+        struct wb_xenv env = {.cfg = c->rs->cfg, .derived = c->rs->vars, .nderived = c->rs->nvars};
+        if (wb_expr_eval(b->rl->head_dim, &env, &v, err, sizeof(err)) == 0)
+            snprintf(err, sizeof(err), "not positive (%lld)", (long long)v);
+        merr(c, "%s: shard head_dim '%s': %s (rule %s:%u)", b->R->name,
+             wb_expr_text(b->rl->head_dim), err, c->rs->path, b->rl->line);
+        b->bad = true;
+        return;
+    }
+    uint32_t d = m->shard.kind == WB_SHARD_TP ? m->shard.dim : (uint32_t)m->shard.ep1_tp_dim;
+    for (size_t i = 0; i < b->ncomp; i++) {
+        struct wb_component *cp = &b->comp[i];
+        if (d >= cp->dst.ndim)
+            continue;
+        uint64_t ext = cp->dst.ext[d];
+        if (ext % (uint64_t)hd) {
+            char label[WB_NAME_MAX];
+            wb_name_label(c->T->p[cp->trainer].name, label, sizeof(label));
+            merr(c,
+                 "%s: component %s has %llu elements along dim %u, not a whole number of "
+                 "%lld-element heads (rule %s:%u)",
+                 b->R->name, label, (unsigned long long)ext, d, (long long)hd, c->rs->path,
+                 b->rl->line);
+            b->bad = true;
+            return;
+        }
+        cp->heads = (uint32_t)(ext / (uint64_t)hd);
+    }
+}
+
+static void account(struct mctx *c, size_t ri, const struct wb_component *cp, bool tie)
+{
+    if (tie)
+        return;
+    uint32_t t = cp->trainer;
+    c->t_used[t] += wb_box_numel(&cp->src);
+    if (c->t_user[t] < 0)
+        c->t_user[t] = (int32_t)ri;
+    uint64_t numel = wb_shape_numel(&c->T->p[t].shape);
+    if (c->t_used[t] > numel && !c->t_over[t]) {
+        c->t_over[t] = 1;
+        merr(c, "%s: trainer tensor used more than once (by %s and %s)", c->T->p[t].name,
+             c->R->p[c->t_user[t]].name, c->R->p[ri].name);
+    }
+    if (cp->trainer_scale >= 0) {
+        uint32_t s = (uint32_t)cp->trainer_scale;
+        struct wb_box sb;
+        if (wb_scale_box(&cp->src, c->rs->block, &sb) == 0)
+            c->t_used[s] += wb_box_numel(&sb);
+    }
+}
+
+static void build_one(struct mctx *c, size_t ri, size_t rule_index, const struct wb_caps *caps)
+{
+    const struct wb_rule *rl = &c->rs->r[rule_index];
+    struct build b = {.c = c, .ri = ri, .rl = rl, .caps = caps, .R = &c->R->p[ri]};
+    struct wb_mapping m = {
+        .rollout = (uint32_t)ri, .scale = -1, .rule_line = rl->line, .shard = rl->shard};
+    switch (rl->kind) {
+    case WB_RULE_FROM:
+        build_from(&b, &m.kind);
+        report_missing(&b);
+        break;
+    case WB_RULE_FUSE:
+        m.kind = WB_MAP_FUSE;
+        build_fuse(&b);
+        break;
+    case WB_RULE_STACK:
+        m.kind = WB_MAP_STACK;
+        build_stack(&b);
+        break;
+    case WB_RULE_UNSTACK:
+        m.kind = WB_MAP_UNSTACK;
+        build_unstack(&b);
+        break;
+    }
+    if (!b.bad && !c->fatal && b.ncomp)
+        check_dtypes(&b, &m);
+    if (!b.bad && !c->fatal)
+        set_heads(&b, rule_index, &m);
+    for (size_t i = 0; i < b.ncomp; i++) {
+        if (b.bad)
+            c->t_failed[b.comp[i].trainer] = 1;
+        else
+            account(c, ri, &b.comp[i], m.kind == WB_MAP_TIE);
+    }
+    if (b.bad || c->fatal || !b.ncomp) {
+        free(b.comp);
+        return;
+    }
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 256;
+        struct wb_mapping *p = realloc(c->map, cap * sizeof(*p));
+        if (!p) {
+            c->fatal = -ENOMEM;
+            free(b.comp);
+            return;
+        }
+        c->map = p;
+        c->cap = cap;
+    }
+    m.ncomp = (uint32_t)b.ncomp;
+    m.comp = b.comp;
+    c->map[c->n++] = m;
+}
+
+/* ---------------------------------------------------------------- the run */
+
+void wb_match_free(struct wb_match *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->n; i++)
+        free(m->map[i].comp);
+    free(m->map);
+    free(m->rules_path);
+    free(m);
+}
+
+int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *trainer,
+                 const struct wb_inventory *rollout, struct wb_match **out, struct wb_errlist *el)
+{
+    struct mctx c = {.rs = rules, .T = trainer, .R = rollout, .el = el};
+    size_t nt = trainer->n, nr = rollout->n;
+    int r = -ENOMEM;
+    c.r_scale = calloc(nr + 1, sizeof(*c.r_scale));
+    c.r_is_scale = calloc(nr + 1, 1);
+    c.t_scale = calloc(nt + 1, sizeof(*c.t_scale));
+    c.t_is_scale = calloc(nt + 1, 1);
+    c.t_used = calloc(nt + 1, sizeof(*c.t_used));
+    c.t_user = malloc((nt + 1) * sizeof(*c.t_user));
+    c.t_over = calloc(nt + 1, 1);
+    c.t_failed = calloc(nt + 1, 1);
+    c.head_dim = calloc(rules->n + 1, sizeof(*c.head_dim));
+    if (!c.r_scale || !c.r_is_scale || !c.t_scale || !c.t_is_scale || !c.t_used || !c.t_user ||
+        !c.t_over || !c.t_failed || !c.head_dim)
+        goto out;
+    for (size_t i = 0; i < nt; i++)
+        c.t_user[i] = -1;
+    group_scales(&c, rollout, c.r_scale, c.r_is_scale, "rollout");
+    group_scales(&c, trainer, c.t_scale, c.t_is_scale, "trainer");
+    eval_head_dims(&c);
+
+    struct wb_caps caps;
+    for (size_t i = 0; i < nr && !c.fatal; i++) {
+        if (c.r_is_scale[i])
+            continue;
+        const char *name = rollout->p[i].name;
+        if (any_match(rules->ign_rollout, rules->nign_rollout, name))
+            continue;
+        size_t len = strlen(name), k = 0;
+        for (; k < rules->n; k++) {
+            const struct wb_rule *rl = &rules->r[k];
+            if (rl->suffix_len && !ends_with(name, len, rl->suffix, rl->suffix_len))
+                continue;
+            if (wb_pat_match(&rl->rollout, name, &caps))
+                break;
+        }
+        if (k == rules->n) {
+            char a[128];
+            merr(&c, "%s %s: no rule in %s builds this rollout tensor", name,
+                 shp(&rollout->p[i].shape, a, sizeof(a)), rules->path);
+            continue;
+        }
+        build_one(&c, i, k, &caps);
+    }
+
+    size_t nignored = 0;
+    for (size_t t = 0; t < nt && !c.fatal; t++) {
+        const struct wb_param *T = &trainer->p[t];
+        uint64_t numel = wb_shape_numel(&T->shape);
+        if (c.t_used[t] >= numel || c.t_failed[t])
+            continue;
+        char a[128];
+        if (c.t_used[t] == 0) {
+            const char *value_name = T->name;
+            char base[WB_NAME_MAX];
+            if (c.t_is_scale[t]) { /* a scale goes with its value */
+                size_t sl = strlen(rules->scale_suffix), len = strlen(T->name);
+                snprintf(base, sizeof(base), "%.*s", (int)(len - sl), T->name);
+                value_name = base;
+            }
+            if (any_match(rules->ign_trainer, rules->nign_trainer, value_name)) {
+                nignored++;
+                continue;
+            }
+            ssize_t v = c.t_is_scale[t] ? wb_inv_find(trainer, value_name) : -1;
+            if (v >= 0 && c.t_used[v] == 0)
+                continue; /* its value is reported already */
+            merr(&c,
+                 "%s %s %s: trainer tensor not used by any rollout tensor and not declared "
+                 "ignorable (%s)",
+                 T->name, wb_dtype_name(T->dtype), shp(&T->shape, a, sizeof(a)), rules->path);
+            continue;
+        }
+        merr(&c, "%s %s: only %llu of %llu elements used by rollout tensors (first: %s)", T->name,
+             shp(&T->shape, a, sizeof(a)), (unsigned long long)c.t_used[t],
+             (unsigned long long)numel, rollout->p[c.t_user[t]].name);
+    }
+
+    if (c.fatal) {
+        r = c.fatal;
+        goto out;
+    }
+    if (c.nerr) {
+        r = -WB_E_MATCH;
+        goto out;
+    }
+    struct wb_match *m = calloc(1, sizeof(*m));
+    if (!m || !(m->rules_path = strdup(rules->path))) {
+        free(m);
+        goto out;
+    }
+    m->map = c.map;
+    m->n = c.n;
+    m->nignored = nignored;
+    c.map = NULL;
+    c.n = 0;
+    *out = m;
+    r = 0;
+out:
+    if (r == -ENOMEM)
+        wb_errlist_add(el, "matcher: out of memory");
+    for (size_t i = 0; i < c.n; i++)
+        free(c.map[i].comp);
+    free(c.map);
+    free(c.r_scale);
+    free(c.r_is_scale);
+    free(c.t_scale);
+    free(c.t_is_scale);
+    free(c.t_used);
+    free(c.t_user);
+    free(c.t_over);
+    free(c.t_failed);
+    free(c.head_dim);
+    return r;
+}

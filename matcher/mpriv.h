@@ -1,0 +1,192 @@
+/* mpriv.h — private to matcher/: the small integer expression language used by model-family
+ * files (shapes, conditions, derived values), name templates, name patterns with captures,
+ * config.json values, and the rules structure shared by rules.c and match.c.
+ *
+ * Why a hand-written evaluator: shapes in family files are short arithmetic over config
+ * fields ("num_attention_heads*head_dim"). A general scripting engine would accept far more
+ * than we want to trust and give worse error messages; this one knows integers, + - * / %,
+ * comparisons, && || !, ?: and five functions, checks every operation for overflow, and says
+ * which token or field is wrong. */
+#ifndef WB_MATCHER_MPRIV_H
+#define WB_MATCHER_MPRIV_H
+
+#include "matcher/matcher.h"
+
+/* ---------------------------------------------------------------- config.json values */
+
+enum wb_jkind { WB_J_INT = 0, WB_J_LIST, WB_J_OTHER };
+
+struct wb_jval {
+    char *name; /* flattened: "quantization_config.quant_method" */
+    enum wb_jkind kind;
+    int64_t i;     /* WB_J_INT (booleans are 0/1) */
+    int64_t *list; /* WB_J_LIST: an array of integers */
+    size_t nlist;
+    char *text; /* WB_J_OTHER: the value as JSON text, for messages */
+};
+
+/* The fields of a config.json, sorted by name. Nulls are left out (so defined() is false). */
+struct wb_jcfg {
+    char *path;
+    struct wb_jval *v;
+    size_t n;
+};
+
+int wb_jcfg_load(const char *path, struct wb_jcfg **out, struct wb_errlist *el);
+void wb_jcfg_free(struct wb_jcfg *c);
+const struct wb_jval *wb_jcfg_get(const struct wb_jcfg *c, const char *name, size_t len);
+
+/* ---------------------------------------------------------------- expressions */
+
+struct wb_expr; /* a compiled expression (opaque) */
+
+/* A named value visible to an expression (loop variables). */
+struct wb_xvar {
+    const char *name;
+    int64_t value;
+};
+
+/* Derived values ("vars" of a family file): name = expression, used when the config lacks
+ * the name. Evaluated on demand. */
+struct wb_xderived {
+    char *name;
+    struct wb_expr *e;
+    char where[300]; /* file:line:col of the definition */
+};
+
+/* Where an expression looks names up: loop variables first, then the config, then the
+ * derived values. */
+struct wb_xenv {
+    const struct wb_xvar *vars;
+    size_t nvars;
+    const struct wb_jcfg *cfg; /* may be NULL */
+    const struct wb_xderived *derived;
+    size_t nderived;
+    unsigned depth; /* recursion guard for derived values */
+};
+
+/* Compiles text. On a syntax error returns -EINVAL and writes "<problem> at column N" into
+ * err. */
+int wb_expr_compile(const char *text, struct wb_expr **out, char *err, size_t errcap);
+void wb_expr_free(struct wb_expr *e);
+const char *wb_expr_text(const struct wb_expr *e);
+
+/* Evaluates. Errors (message in err): -ENOENT an unknown name (err is "missing field 'x'"),
+ * -EDOM division by zero, -ERANGE overflow, -EINVAL a non-integer value or a bad call. */
+int wb_expr_eval(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
+                 size_t errcap);
+
+/* ---------------------------------------------------------------- name templates */
+
+/* "model.layers.{layer}.mlp" with expressions in braces, rendered by the generator. */
+struct wb_tmpl;
+int wb_tmpl_compile(const char *text, struct wb_tmpl **out, char *err, size_t errcap);
+void wb_tmpl_free(struct wb_tmpl *t);
+/* Renders into buf (NUL-terminated); -ENAMETOOLONG when it does not fit; eval errors as
+ * wb_expr_eval. */
+int wb_tmpl_render(const struct wb_tmpl *t, struct wb_xenv *env, char *buf, size_t cap, char *err,
+                   size_t errcap);
+
+/* ---------------------------------------------------------------- name patterns */
+
+/* A pattern over tensor names: literal text, {NAME} capturing a decimal integer, and *
+ * capturing any text. Used by rules (rollout templates, trainer templates with captures
+ * substituted) and by ignore/quantize lists. */
+enum { WB_PAT_MAX_CAPS = 8 };
+
+struct wb_pat_seg {
+    enum { WB_SEG_LIT, WB_SEG_CAP, WB_SEG_STAR } kind;
+    char *text; /* literal text, or the capture name */
+    size_t len;
+};
+
+struct wb_pat {
+    char *src;
+    struct wb_pat_seg *seg;
+    size_t nseg;
+    size_t nstar;
+};
+
+struct wb_caps {
+    size_t n;
+    const char *name[WB_PAT_MAX_CAPS]; /* capture name, or "*" */
+    const char *at[WB_PAT_MAX_CAPS];
+    size_t len[WB_PAT_MAX_CAPS];
+};
+
+int wb_pat_compile(const char *text, struct wb_pat *p, char *err, size_t errcap);
+void wb_pat_free(struct wb_pat *p);
+/* Matches a whole name; captures filled on success. */
+bool wb_pat_match(const struct wb_pat *p, const char *name, struct wb_caps *caps);
+/* Builds a name from a template, replacing {NAME} by the capture of that name (or by
+ * override_value when NAME equals override_name) and the i-th * by the i-th * capture.
+ * Returns 0, -ENOENT (a capture is missing) or -ENAMETOOLONG. */
+int wb_pat_subst(const struct wb_pat *t, const struct wb_caps *caps, const char *override_name,
+                 uint64_t override_value, char *buf, size_t cap);
+/* True when the capture name occurs in the pattern. */
+bool wb_pat_has_cap(const struct wb_pat *p, const char *name);
+
+/* ---------------------------------------------------------------- rules */
+
+enum wb_rule_kind { WB_RULE_FROM, WB_RULE_FUSE, WB_RULE_STACK, WB_RULE_UNSTACK };
+
+struct wb_rule {
+    uint32_t line, col;
+    enum wb_rule_kind kind;
+    struct wb_pat rollout;
+    struct wb_pat *from; /* trainer templates, in concatenation order */
+    size_t nfrom;
+    uint32_t dim;              /* rollout dim of concatenation / chunking */
+    char *stack_var;           /* STACK: capture iterated along rollout dim 0 */
+    char *index_var;           /* UNSTACK: capture giving the slice of trainer dim 0 */
+    uint32_t chunk_i, chunk_n; /* UNSTACK: take chunk i of n along dim (n == 0: none) */
+    struct wb_pat tied;        /* src NULL when absent */
+    struct wb_shard shard;
+    struct wb_expr *head_dim; /* NULL when the rule gives no heads */
+    size_t suffix_len;        /* literal tail of the rollout pattern, for a quick reject */
+    const char *suffix;
+};
+
+struct wb_match_rules {
+    char *path;
+    char *family;
+    struct wb_rule *r;
+    size_t n;
+    char *scale_suffix; /* "_scale_inv" */
+    uint32_t block;     /* 128 */
+    struct wb_pat *fp8; /* rollout names that may be FP8 block-quantized */
+    size_t nfp8;
+    uint32_t fp8_line;
+    struct wb_pat *ign_trainer, *ign_rollout;
+    size_t nign_trainer, nign_rollout;
+    struct wb_xderived *vars;
+    size_t nvars;
+    struct wb_jcfg *cfg; /* bound config.json, or NULL */
+};
+
+/* A model-family file opened and checked at the top level (generate.c); shared by the
+ * generator and the rules loader, which read different sections of the same file. */
+struct wb_family {
+    struct wb_yaml *y;
+    char *family, *description;
+    const struct wb_ynode *vars, *trainer, *rollout, *rules;
+    struct {
+        char *scale_suffix;
+        uint64_t block;
+        const struct wb_ynode *fp8;
+    } quant;
+    struct {
+        const struct wb_ynode *trainer, *rollout;
+    } ignore;
+    struct wb_xderived *dv; /* compiled vars */
+    size_t ndv;
+};
+
+int wb_family_open(const char *path, struct wb_family **out, struct wb_errlist *el);
+void wb_family_close(struct wb_family *f);
+void wb_family_vars_free(struct wb_xderived *v, size_t n);
+
+/* A short label for a tensor in messages: "q_proj" for "model.layers.0.self_attn.q_proj.weight". */
+void wb_name_label(const char *name, char *buf, size_t cap);
+
+#endif /* WB_MATCHER_MPRIV_H */

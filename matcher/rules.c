@@ -1,0 +1,442 @@
+/* rules.c — loads the `rules`, `quant` and `ignore` sections of a model-family file into
+ * struct wb_match_rules. One rule says how one kind of rollout tensor is built:
+ *
+ *   - rollout: model.layers.{L}.self_attn.qkv_proj.weight     # pattern, {L} captures digits
+ *     from: [model.layers.{L}.self_attn.q_proj.weight, ...k_proj..., ...v_proj...]
+ *     dim: 0                                  # rollout dim the pieces are concatenated along
+ *     shard: {tp: 0, head_dim: head_dim}      # TP per component, GQA-aware
+ *   - rollout: model.layers.{L}.mlp.experts.w13_weight
+ *     stack: E                                # {E} runs over rollout dim 0 (the experts)
+ *     from: [model.layers.{L}.mlp.experts.{E}.gate_proj.weight, ...up_proj...]
+ *     dim: 1
+ *     shard: {ep: 0, tp: 1}                   # EP over experts; without EP, TP along dim 1
+ *   - rollout: model.layers.{L}.mlp.experts.{E}.gate_proj.weight
+ *     from: model.layers.{L}.mlp.experts.gate_up_proj
+ *     index: E                                # trainer[E] (trainer stacked, rollout not)
+ *     chunk: [0, 2]                           # first half along `dim`
+ *   - rollout: lm_head.weight
+ *     from: lm_head.weight
+ *     tied: model.embed_tokens.weight         # used when the trainer has no lm_head.weight
+ *   - rollout: "*"                            # everything else: same name, replicated
+ *     from: "*"
+ * The first rule whose pattern matches a rollout name applies. (YAML: inside a flow list
+ * [a, b], names with braces must be quoted: ["x.{L}.w", "y.{L}.w"]; block lists need not.) Every key is checked; an
+ * unknown key is an error with its file:line:col, so a typo never silently drops a rule. */
+#include "matcher/mpriv.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct rule_cfg {
+    char *rollout, *stack, *index, *tied;
+    const struct wb_ynode *from, *chunk, *shard;
+    uint64_t dim;
+};
+
+static const struct wb_cfg_field rule_table[] = {
+    {"rollout", WB_CFG_STR, NULL, "rollout name pattern", offsetof(struct rule_cfg, rollout), NULL,
+     NULL},
+    {"from", WB_CFG_NODE, NULL, "trainer name template, or a list of them (fused)",
+     offsetof(struct rule_cfg, from), NULL, NULL},
+    {"dim", WB_CFG_U64, "0", "rollout dim of concatenation / chunking",
+     offsetof(struct rule_cfg, dim), NULL, NULL},
+    {"stack", WB_CFG_STR, "", "capture iterated over rollout dim 0",
+     offsetof(struct rule_cfg, stack), NULL, NULL},
+    {"index", WB_CFG_STR, "", "capture selecting trainer dim 0 (unstacking)",
+     offsetof(struct rule_cfg, index), NULL, NULL},
+    {"chunk", WB_CFG_NODE, "", "[i, n]: chunk i of n along dim (with index)",
+     offsetof(struct rule_cfg, chunk), NULL, NULL},
+    {"tied", WB_CFG_STR, "", "trainer tensor used when `from` is absent (tied weights)",
+     offsetof(struct rule_cfg, tied), NULL, NULL},
+    {"shard", WB_CFG_NODE, "", "replicate, {tp: dim[, head_dim: expr]}, {ep: 0[, tp: dim]}",
+     offsetof(struct rule_cfg, shard), NULL, NULL},
+    {0},
+};
+
+struct shard_cfg {
+    int64_t tp, ep;
+    char *head_dim;
+};
+
+static const struct wb_cfg_field shard_table[] = {
+    {"tp", WB_CFG_I64, "-1", "dim split over tensor-parallel ranks", offsetof(struct shard_cfg, tp),
+     NULL, NULL},
+    {"ep", WB_CFG_I64, "-1", "dim split over expert-parallel ranks (0)",
+     offsetof(struct shard_cfg, ep), NULL, NULL},
+    {"head_dim", WB_CFG_STR, "", "head size: components are split by whole heads",
+     offsetof(struct shard_cfg, head_dim), NULL, NULL},
+    {0},
+};
+
+static void rule_free(struct wb_rule *r)
+{
+    wb_pat_free(&r->rollout);
+    for (size_t i = 0; i < r->nfrom; i++)
+        wb_pat_free(&r->from[i]);
+    free(r->from);
+    free(r->stack_var);
+    free(r->index_var);
+    wb_pat_free(&r->tied);
+    wb_expr_free(r->head_dim);
+}
+
+void wb_match_rules_free(struct wb_match_rules *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->n; i++)
+        rule_free(&r->r[i]);
+    free(r->r);
+    for (size_t i = 0; i < r->nfp8; i++)
+        wb_pat_free(&r->fp8[i]);
+    free(r->fp8);
+    for (size_t i = 0; i < r->nign_trainer; i++)
+        wb_pat_free(&r->ign_trainer[i]);
+    free(r->ign_trainer);
+    for (size_t i = 0; i < r->nign_rollout; i++)
+        wb_pat_free(&r->ign_rollout[i]);
+    free(r->ign_rollout);
+    wb_family_vars_free(r->vars, r->nvars);
+    wb_jcfg_free(r->cfg);
+    free(r->scale_suffix);
+    free(r->family);
+    free(r->path);
+    free(r);
+}
+
+/* A list of name patterns (or one pattern). */
+static int load_patterns(const struct wb_yaml *y, const struct wb_ynode *n, const char *what,
+                         struct wb_pat **out, size_t *nout, struct wb_errlist *el)
+{
+    char at[300], err[256];
+    *out = NULL;
+    *nout = 0;
+    if (!n)
+        return 0;
+    size_t cnt = wb_ynode_kind(n) == WB_YNODE_SEQ ? wb_ynode_len(n) : 1;
+    struct wb_pat *p = calloc(cnt + 1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    int r = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < cnt; i++) {
+        const struct wb_ynode *item = wb_ynode_kind(n) == WB_YNODE_SEQ ? wb_ynode_item(y, n, i) : n;
+        const char *s = wb_ynode_scalar(item);
+        wb_yaml_where(y, item, at, sizeof(at));
+        if (!s) {
+            wb_errlist_add(el, "%s: %s: expected a name pattern", at, what);
+            r = -WB_E_CONFIG;
+            continue;
+        }
+        if (wb_pat_compile(s, &p[k], err, sizeof(err))) {
+            wb_errlist_add(el, "%s: %s: %s", at, what, err);
+            r = -WB_E_CONFIG;
+            continue;
+        }
+        k++;
+    }
+    if (r) {
+        for (size_t i = 0; i < k; i++)
+            wb_pat_free(&p[i]);
+        free(p);
+        return r;
+    }
+    *out = p;
+    *nout = k;
+    return 0;
+}
+
+/* Every {X} in a trainer template must be captured by the rollout pattern or be the stack
+ * variable; the index variable must not appear there (it selects trainer dim 0 instead). */
+static int check_template(const struct wb_rule *rl, const struct wb_pat *t, const char *at,
+                          struct wb_errlist *el)
+{
+    int r = 0;
+    for (size_t i = 0; i < t->nseg; i++) {
+        const struct wb_pat_seg *g = &t->seg[i];
+        if (g->kind != WB_SEG_CAP)
+            continue;
+        if (rl->index_var && strcmp(g->text, rl->index_var) == 0) {
+            wb_errlist_add(el,
+                           "%s: from '%s': {%s} is the index variable; it selects trainer "
+                           "dim 0 and cannot appear in the trainer name",
+                           at, t->src, g->text);
+            r = -WB_E_CONFIG;
+        } else if (!wb_pat_has_cap(&rl->rollout, g->text) &&
+                   !(rl->stack_var && strcmp(g->text, rl->stack_var) == 0)) {
+            wb_errlist_add(el,
+                           "%s: from '%s': {%s} is neither captured by rollout '%s' nor the "
+                           "stack variable",
+                           at, t->src, g->text, rl->rollout.src);
+            r = -WB_E_CONFIG;
+        }
+    }
+    if (t->nstar > rl->rollout.nstar) {
+        wb_errlist_add(el, "%s: from '%s': %zu '*' but rollout '%s' captures only %zu", at, t->src,
+                       t->nstar, rl->rollout.src, rl->rollout.nstar);
+        r = -WB_E_CONFIG;
+    }
+    return r;
+}
+
+static int load_shard(const struct wb_yaml *y, const struct wb_ynode *n, struct wb_rule *rl,
+                      struct wb_errlist *el)
+{
+    char at[300], err[256];
+    rl->shard = (struct wb_shard){.kind = WB_SHARD_REPLICATE, .ep1_tp_dim = -1};
+    if (!n)
+        return 0;
+    wb_yaml_where(y, n, at, sizeof(at));
+    const char *s = wb_ynode_scalar(n);
+    if (s) {
+        if (strcmp(s, "replicate") == 0)
+            return 0;
+        wb_errlist_add(el,
+                       "%s: shard: expected replicate or a mapping {tp: dim} / {ep: 0}, "
+                       "got '%s'",
+                       at, s);
+        return -WB_E_CONFIG;
+    }
+    struct shard_cfg c = {0};
+    int r = wb_cfg_parse(y, n, shard_table, &c, el);
+    if (r)
+        goto out;
+    if (c.tp < -1 || c.tp >= WB_MAX_DIMS || (c.ep != -1 && c.ep != 0)) {
+        wb_errlist_add(el, "%s: shard: tp must be a dim 0..%d and ep must be 0 (experts)", at,
+                       WB_MAX_DIMS - 1);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
+    if (c.ep == 0) {
+        rl->shard = (struct wb_shard){.kind = WB_SHARD_EP, .dim = 0, .ep1_tp_dim = (int32_t)c.tp};
+    } else if (c.tp >= 0) {
+        rl->shard = (struct wb_shard){.kind = WB_SHARD_TP, .dim = (uint32_t)c.tp, .ep1_tp_dim = -1};
+    }
+    if (*c.head_dim) {
+        if (c.tp < 0) {
+            wb_errlist_add(el, "%s: shard: head_dim needs tp", at);
+            r = -WB_E_CONFIG;
+        } else if (wb_expr_compile(c.head_dim, &rl->head_dim, err, sizeof(err))) {
+            wb_errlist_add(el, "%s: shard.head_dim: bad expression '%s': %s", at, c.head_dim, err);
+            r = -WB_E_CONFIG;
+        }
+    }
+out:
+    wb_cfg_free(shard_table, &c);
+    return r;
+}
+
+static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct wb_rule *rl,
+                     struct wb_errlist *el)
+{
+    char at[300], err[256];
+    struct rule_cfg c = {0};
+    wb_yaml_where(y, n, at, sizeof(at));
+    int r = wb_cfg_parse(y, n, rule_table, &c, el);
+    if (r) {
+        if (c.shard) /* report the shard's problems too */
+            load_shard(y, c.shard, rl, el);
+        goto out;
+    }
+    {
+        /* line and column, for messages about this rule */
+        const char *p = strrchr(at, ':');
+        const char *q = p;
+        while (q > at && q[-1] != ':')
+            q--;
+        rl->line = (uint32_t)strtoul(q, NULL, 10);
+        rl->col = (uint32_t)strtoul(p + 1, NULL, 10);
+    }
+    if (wb_pat_compile(c.rollout, &rl->rollout, err, sizeof(err))) {
+        wb_errlist_add(el, "%s: rollout: %s", at, err);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
+    if (*c.stack && !(rl->stack_var = strdup(c.stack))) {
+        r = -ENOMEM;
+        goto out;
+    }
+    if (*c.index && !(rl->index_var = strdup(c.index))) {
+        r = -ENOMEM;
+        goto out;
+    }
+    if (rl->stack_var && rl->index_var) {
+        wb_errlist_add(el, "%s: a rule cannot both stack and index", at);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
+    if (rl->stack_var && wb_pat_has_cap(&rl->rollout, rl->stack_var)) {
+        wb_errlist_add(el,
+                       "%s: stack: {%s} is captured by rollout '%s'; the stack variable runs "
+                       "over rollout dim 0 and must not be in its name",
+                       at, rl->stack_var, c.rollout);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
+    if (rl->index_var && !wb_pat_has_cap(&rl->rollout, rl->index_var)) {
+        wb_errlist_add(el, "%s: index: {%s} is not captured by rollout '%s'", at, rl->index_var,
+                       c.rollout);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
+    if (c.dim >= WB_MAX_DIMS) {
+        wb_errlist_add(el, "%s: dim: %llu is not a dimension (0..%d)", at,
+                       (unsigned long long)c.dim, WB_MAX_DIMS - 1);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
+    rl->dim = (uint32_t)c.dim;
+    if ((r = load_patterns(y, c.from, "from", &rl->from, &rl->nfrom, el)))
+        goto out;
+    if (!rl->nfrom) {
+        wb_errlist_add(el, "%s: from: needs at least one trainer name", at);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
+    for (size_t i = 0; i < rl->nfrom; i++)
+        if (check_template(rl, &rl->from[i], at, el))
+            r = -WB_E_CONFIG;
+    if (*c.tied) {
+        if (wb_pat_compile(c.tied, &rl->tied, err, sizeof(err))) {
+            wb_errlist_add(el, "%s: tied: %s", at, err);
+            r = -WB_E_CONFIG;
+        } else if (check_template(rl, &rl->tied, at, el)) {
+            r = -WB_E_CONFIG;
+        }
+    }
+    if (rl->stack_var) {
+        rl->kind = WB_RULE_STACK;
+        if (rl->nfrom > 1 && rl->dim == 0) {
+            wb_errlist_add(el,
+                           "%s: dim: stacked components are concatenated along a rollout "
+                           "dim >= 1 (dim 0 holds the stack)",
+                           at);
+            r = -WB_E_CONFIG;
+        }
+    } else if (rl->index_var) {
+        rl->kind = WB_RULE_UNSTACK;
+        if (rl->nfrom != 1) {
+            wb_errlist_add(el, "%s: from: index takes exactly one stacked trainer tensor", at);
+            r = -WB_E_CONFIG;
+        }
+    } else {
+        rl->kind = rl->nfrom > 1 ? WB_RULE_FUSE : WB_RULE_FROM;
+    }
+    if (rl->tied.src && rl->kind != WB_RULE_FROM) {
+        wb_errlist_add(el, "%s: tied: only for a rule with a single `from`", at);
+        r = -WB_E_CONFIG;
+    }
+    if (c.chunk) {
+        const struct wb_ynode *a = wb_ynode_item(y, c.chunk, 0), *b = wb_ynode_item(y, c.chunk, 1);
+        uint64_t i, k;
+        if (wb_ynode_kind(c.chunk) != WB_YNODE_SEQ || wb_ynode_len(c.chunk) != 2 ||
+            wb_parse_u64(wb_ynode_scalar(a), &i) || wb_parse_u64(wb_ynode_scalar(b), &k) ||
+            k == 0 || i >= k || k > 1024) {
+            wb_errlist_add(el, "%s: chunk: expected [i, n] with 0 <= i < n",
+                           wb_yaml_where(y, c.chunk, err, sizeof(err)));
+            r = -WB_E_CONFIG;
+        } else if (rl->kind != WB_RULE_UNSTACK) {
+            wb_errlist_add(el, "%s: chunk: only with index", at);
+            r = -WB_E_CONFIG;
+        } else {
+            rl->chunk_i = (uint32_t)i;
+            rl->chunk_n = (uint32_t)k;
+        }
+    }
+    if (load_shard(y, c.shard, rl, el))
+        r = -WB_E_CONFIG;
+    const struct wb_pat_seg *last = &rl->rollout.seg[rl->rollout.nseg - 1];
+    if (last->kind == WB_SEG_LIT) {
+        rl->suffix = last->text;
+        rl->suffix_len = last->len;
+    }
+out:
+    wb_cfg_free(rule_table, &c);
+    return r;
+}
+
+int wb_match_rules_load(const char *path, struct wb_match_rules **out, struct wb_errlist *el)
+{
+    struct wb_family *f;
+    int r = wb_family_open(path, &f, el);
+    if (r)
+        return r;
+    struct wb_match_rules *rs = calloc(1, sizeof(*rs));
+    if (!rs || !(rs->path = strdup(path)) || !(rs->family = strdup(f->family)) ||
+        !(rs->scale_suffix = strdup(f->quant.scale_suffix))) {
+        r = -ENOMEM;
+        goto err;
+    }
+    const struct wb_yaml *y = f->y;
+    rs->block = (uint32_t)f->quant.block;
+    rs->vars = f->dv;
+    rs->nvars = f->ndv;
+    f->dv = NULL;
+    f->ndv = 0;
+    if (f->quant.fp8) {
+        char at[300];
+        wb_yaml_where(y, f->quant.fp8, at, sizeof(at));
+        const char *p = strrchr(at, ':'), *q = p;
+        while (q > at && q[-1] != ':')
+            q--;
+        rs->fp8_line = (uint32_t)strtoul(q, NULL, 10);
+    }
+    int lr = load_patterns(y, f->quant.fp8, "quant.fp8", &rs->fp8, &rs->nfp8, el);
+    int tr = load_patterns(y, f->ignore.trainer, "ignore.trainer", &rs->ign_trainer,
+                           &rs->nign_trainer, el);
+    int rr = load_patterns(y, f->ignore.rollout, "ignore.rollout", &rs->ign_rollout,
+                           &rs->nign_rollout, el);
+    r = lr ? lr : tr ? tr : rr;
+    if (wb_ynode_kind(f->rules) != WB_YNODE_SEQ) {
+        wb_errlist_add(el, "%s: no \"rules\" section (a list of rules)", path);
+        r = -WB_E_CONFIG;
+        goto err;
+    }
+    size_t n = wb_ynode_len(f->rules);
+    if (!(rs->r = calloc(n + 1, sizeof(*rs->r)))) {
+        r = -ENOMEM;
+        goto err;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct wb_rule *rl = &rs->r[rs->n];
+        const struct wb_ynode *node = wb_ynode_item(y, f->rules, i);
+        int e = load_rule(y, node, rl, el);
+        rs->n++; /* freed with the rest, even when half loaded */
+        if (e) {
+            r = r ? r : e;
+            continue;
+        }
+        for (size_t k = 0; k + 1 < rs->n; k++)
+            if (rs->r[k].rollout.src && strcmp(rs->r[k].rollout.src, rl->rollout.src) == 0) {
+                char at[300];
+                wb_errlist_add(el, "%s: rollout '%s' duplicates the rule at line %u",
+                               wb_yaml_where(y, node, at, sizeof(at)), rl->rollout.src,
+                               rs->r[k].line);
+                r = -WB_E_CONFIG;
+            }
+    }
+    if (r)
+        goto err;
+    wb_family_close(f);
+    *out = rs;
+    return 0;
+err:
+    wb_match_rules_free(rs);
+    wb_family_close(f);
+    return r;
+}
+
+int wb_match_rules_bind_config(struct wb_match_rules *r, const char *config_json,
+                               struct wb_errlist *el)
+{
+    struct wb_jcfg *c;
+    int e = wb_jcfg_load(config_json, &c, el);
+    if (e)
+        return e;
+    wb_jcfg_free(r->cfg);
+    r->cfg = c;
+    return 0;
+}

@@ -1,0 +1,160 @@
+/* common_test.c — dtypes, error texts, the error list, logging levels, sizes and the GPU
+ * helpers' behaviour on a machine without a GPU. */
+#include "common/common.h"
+#include "tests/wbtest.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static void test_dtypes(void)
+{
+    static const struct {
+        enum wb_dtype dt;
+        const char *name;
+        size_t size;
+    } all[] = {
+        {WB_DTYPE_BF16, "bf16", 2},         {WB_DTYPE_FP16, "fp16", 2}, {WB_DTYPE_FP32, "fp32", 4},
+        {WB_DTYPE_FP8_E4M3, "fp8_e4m3", 1}, {WB_DTYPE_I32, "i32", 4},   {WB_DTYPE_I64, "i64", 8},
+    };
+    CHECK_INT(WB_ARRAY_LEN(all), WB_DTYPE_COUNT - 1); /* every dtype is covered here */
+    for (size_t i = 0; i < WB_ARRAY_LEN(all); i++) {
+        enum wb_dtype parsed;
+        CHECK_STR(wb_dtype_name(all[i].dt), all[i].name);
+        CHECK_INT(wb_dtype_size(all[i].dt), all[i].size);
+        CHECK_INT(wb_dtype_parse(all[i].name, &parsed), 0);
+        CHECK_INT(parsed, all[i].dt);
+    }
+    static const struct {
+        const char *alias;
+        enum wb_dtype dt;
+    } aliases[] = {
+        {"torch.bfloat16", WB_DTYPE_BF16},
+        {"BF16", WB_DTYPE_BF16},
+        {"float16", WB_DTYPE_FP16},
+        {"F16", WB_DTYPE_FP16},
+        {"torch.float32", WB_DTYPE_FP32},
+        {"F32", WB_DTYPE_FP32},
+        {"float8_e4m3fn", WB_DTYPE_FP8_E4M3},
+        {"F8_E4M3", WB_DTYPE_FP8_E4M3},
+        {"int32", WB_DTYPE_I32},
+        {"I64", WB_DTYPE_I64},
+    };
+    for (size_t i = 0; i < WB_ARRAY_LEN(aliases); i++) {
+        enum wb_dtype parsed = WB_DTYPE_INVALID;
+        CHECK_INT(wb_dtype_parse(aliases[i].alias, &parsed), 0);
+        CHECK_INT(parsed, aliases[i].dt);
+    }
+    enum wb_dtype untouched = WB_DTYPE_FP32;
+    CHECK_INT(wb_dtype_parse("float8_e5m2", &untouched), -EINVAL);
+    CHECK_INT(wb_dtype_parse("", &untouched), -EINVAL);
+    CHECK_INT(wb_dtype_parse(NULL, &untouched), -EINVAL);
+    CHECK_INT(untouched, WB_DTYPE_FP32);
+    CHECK_INT(wb_dtype_size(WB_DTYPE_INVALID), 0);
+    CHECK_INT(wb_dtype_size((enum wb_dtype)99), 0);
+    CHECK_STR(wb_dtype_name((enum wb_dtype)99), "invalid");
+}
+
+static void test_strerror(void)
+{
+    CHECK_STR(wb_strerror(0), "success");
+    CHECK_STR(wb_strerror(-EINVAL), "Invalid argument");
+    CHECK_STR(wb_strerror(-EBADMSG), "Bad message");
+    CHECK_STR(wb_strerror(-WB_E_CONFIG), "invalid configuration");
+    CHECK_STR(wb_strerror(WB_E_BOUNDS), "write outside its destination region");
+    CHECK_STR(wb_strerror(-WB_E_PEER), "peer died or stopped answering");
+    CHECK_STR(wb_strerror(-WB_E_LAST), "unknown error");
+    for (int e = WB_E_FIRST; e < WB_E_LAST; e++)
+        CHECK(strcmp(wb_strerror(-e), "unknown error") != 0);
+}
+
+static void test_errlist(void)
+{
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    for (int i = 0; i < 20; i++)
+        CHECK_INT(wb_errlist_add(&el, "tensor %d: %s", i, "bad"), 0);
+    CHECK_INT(el.n, 20);
+    CHECK_STR(el.msgs[0], "tensor 0: bad");
+    CHECK_STR(el.msgs[19], "tensor 19: bad");
+    const char *path = wb_test_write_file("el.txt", "");
+    FILE *f = fopen(path, "w");
+    wb_errlist_print(&el, "error: ", f);
+    fclose(f);
+    f = fopen(path, "r");
+    char line[64];
+    CHECK(fgets(line, sizeof(line), f));
+    CHECK_STR(line, "error: tensor 0: bad\n");
+    fclose(f);
+    wb_errlist_free(&el);
+    CHECK_INT(el.n, 0);
+    CHECK(el.msgs == NULL);
+}
+
+static void emit_logs(void *level_env)
+{
+    if (level_env)
+        setenv("WB_LOG", level_env, 1);
+    else
+        unsetenv("WB_LOG");
+    wb_log(WB_LOG_DEBUG, "planner", "debug %d", 1);
+    wb_log(WB_LOG_INFO, "agent", "info %s", "x");
+    wb_log(WB_LOG_WARN, "transport", "warn");
+    wb_log(WB_LOG_ERROR, "controller", "rank %d died", 3);
+}
+
+/* What wb_log writes, in a fresh process (the level is read once per process). */
+static const char *log_output(const char *level_env)
+{
+    static char out[1024];
+    CHECK_INT(wb_test_capture(emit_logs, (void *)level_env, out, sizeof(out)), 0);
+    return out;
+}
+
+static void test_logging_levels(void)
+{
+    CHECK_STR(log_output(NULL), "wb warn transport: warn\nwb error controller: rank 3 died\n");
+    CHECK_STR(log_output("debug"), "wb debug planner: debug 1\nwb info agent: info x\n"
+                                   "wb warn transport: warn\nwb error controller: rank 3 died\n");
+    CHECK_STR(log_output("ERROR"), "wb error controller: rank 3 died\n");
+    CHECK_STR(log_output("off"), "");
+    CHECK_STR(log_output("loud"), "wb warn common: WB_LOG=loud is not debug|info|warn|error|off\n"
+                                  "wb warn transport: warn\nwb error controller: rank 3 died\n");
+    enum wb_log_level l;
+    CHECK_INT(wb_log_level_parse("info", &l), 0);
+    CHECK_INT(l, WB_LOG_INFO);
+    CHECK_INT(wb_log_level_parse("verbose", &l), -EINVAL);
+}
+
+static void test_fmt_bytes(void)
+{
+    char b[32];
+    CHECK_STR(wb_fmt_bytes(0, b, sizeof(b)), "0 B");
+    CHECK_STR(wb_fmt_bytes(1023, b, sizeof(b)), "1023 B");
+    CHECK_STR(wb_fmt_bytes(1536, b, sizeof(b)), "1.50 KiB");
+    CHECK_STR(wb_fmt_bytes(1ull << 40, b, sizeof(b)), "1.00 TiB");
+    uint64_t a = wb_now_ns(), c = wb_now_ns();
+    CHECK(c >= a);
+}
+
+static void test_gpu_helpers(void)
+{
+    int host = 0;
+    CHECK(!wb_gpu_is_device_ptr(&host));
+    CHECK(!wb_gpu_is_device_ptr(NULL));
+    if (!wb_gpu_built())
+        CHECK_INT(wb_gpu_count(), 0);
+    else if (wb_gpu_count() == 0)
+        wb_test_skip("built with CUDA but no GPU on this machine: device pointers not checked");
+    CHECK(wb_gpu_count() >= 0);
+}
+
+const struct wb_test wb_tests[] = {
+    {"dtypes", test_dtypes, 0},
+    {"strerror", test_strerror, 0},
+    {"errlist", test_errlist, 0},
+    {"logging_levels", test_logging_levels, 0},
+    {"fmt_bytes", test_fmt_bytes, 0},
+    {"gpu_helpers", test_gpu_helpers, 0},
+    {0},
+};

@@ -1,0 +1,184 @@
+/* matcher_expr_test.c — the matcher's small languages on their own: integer expressions
+ * (precedence, functions, config lookups, errors), name templates, and name patterns with
+ * captures. These are private to matcher/ (matcher/mpriv.h). */
+#include "matcher/mpriv.h"
+#include "tests/wbtest.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+static struct wb_jcfg *cfg(void)
+{
+    const char *p = wb_test_write_file(
+        "c.json", "{\"hidden_size\": 4096, \"heads\": 32, \"tie\": true, \"eps\": 1e-06, "
+                  "\"skip\": [0, 3], \"nothing\": null, \"name\": \"x\", "
+                  "\"quant\": {\"method\": \"fp8\", \"block\": [128, 128]}}");
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_jcfg *c = NULL;
+    CHECK_INT(wb_jcfg_load(p, &c, &el), 0);
+    wb_errlist_free(&el);
+    return c;
+}
+
+static int64_t ev(const char *text, struct wb_xenv *env)
+{
+    struct wb_expr *e;
+    char err[256];
+    int r = wb_expr_compile(text, &e, err, sizeof(err));
+    if (r)
+        wb_test_fail(__FILE__, __LINE__, "'%s': %s", text, err);
+    int64_t v = -999;
+    r = wb_expr_eval(e, env, &v, err, sizeof(err));
+    wb_expr_free(e);
+    if (r)
+        wb_test_fail(__FILE__, __LINE__, "'%s': %s", text, err);
+    return v;
+}
+
+static void ev_err(const char *text, struct wb_xenv *env, int want, const char *msg)
+{
+    struct wb_expr *e;
+    char err[256];
+    int r = wb_expr_compile(text, &e, err, sizeof(err));
+    if (r == 0) {
+        int64_t v;
+        r = wb_expr_eval(e, env, &v, err, sizeof(err));
+        wb_expr_free(e);
+    }
+    CHECK_INT(r, want);
+    CHECK_STR(err, msg);
+}
+
+static void test_arithmetic(void)
+{
+    struct wb_xvar vars[] = {{"layer", 3}, {"e", 7}};
+    struct wb_jcfg *c = cfg();
+    struct wb_xenv env = {.vars = vars, .nvars = 2, .cfg = c};
+    CHECK_INT(ev("1 + 2 * 3", &env), 7);
+    CHECK_INT(ev("(1 + 2) * 3", &env), 9);
+    CHECK_INT(ev("hidden_size / heads", &env), 128);
+    CHECK_INT(ev("-7 / 2", &env), -3); /* truncates like C */
+    CHECK_INT(ev("7 % 4 - -1", &env), 4);
+    CHECK_INT(ev("ceil_div(2112, 128)", &env), 17);
+    CHECK_INT(ev("min(layer, e) + max(layer, e)", &env), 10);
+    CHECK_INT(ev("layer >= 3 && e < 8", &env), 1);
+    CHECK_INT(ev("layer == 2 || !tie", &env), 0);
+    CHECK_INT(ev("layer != 3 ? 100 : 200", &env), 200);
+    CHECK_INT(ev("1 < 2 == 1", &env), 1);
+    CHECK_INT(ev("contains(skip, layer)", &env), 1);
+    CHECK_INT(ev("contains(skip, e)", &env), 0);
+    CHECK_INT(
+        ev("defined(quant) + defined(quant.method) + defined(nothing) + defined(layer)", &env), 3);
+    CHECK_INT(ev("  layer*2+e  ", &env), 13);
+    wb_jcfg_free(c);
+}
+
+static void test_derived_values(void)
+{
+    struct wb_jcfg *c = cfg();
+    struct wb_xderived d[2] = {{.name = "head_dim"}, {.name = "loop"}};
+    char err[256];
+    CHECK_INT(wb_expr_compile("hidden_size / heads", &d[0].e, err, sizeof(err)), 0);
+    CHECK_INT(wb_expr_compile("loop + 1", &d[1].e, err, sizeof(err)), 0);
+    snprintf(d[1].where, sizeof(d[1].where), "f.yaml:3:9");
+    struct wb_xenv env = {.cfg = c, .derived = d, .nderived = 2};
+    CHECK_INT(ev("2 * head_dim", &env), 256);
+    ev_err("loop", &env, -EINVAL, "'loop' is defined in terms of itself (f.yaml:3:9)");
+    wb_expr_free(d[0].e);
+    wb_expr_free(d[1].e);
+    wb_jcfg_free(c);
+}
+
+static void test_expression_errors(void)
+{
+    struct wb_jcfg *c = cfg();
+    struct wb_xenv env = {.cfg = c};
+    ev_err("heads**2", &env, -EINVAL, "unexpected '*' at column 7");
+    ev_err("(heads", &env, -EINVAL, "expected ')' but found end of expression at column 7");
+    ev_err("", &env, -EINVAL, "empty expression: end of expression at column 1");
+    ev_err("2heads", &env, -EINVAL, "unexpected 'heads' at column 2");
+    ev_err("sqrt(4)", &env, -EINVAL, "unknown function 'sqrt' at column 1");
+    ev_err("min(1)", &env, -EINVAL, "expected ',' but found ')' at column 6");
+    ev_err("defined(3)", &env, -EINVAL, "expected a field name but found '3' at column 9");
+    ev_err("heads $ 2", &env, -EINVAL, "unexpected '$' at column 7");
+    ev_err("99999999999999999999", &env, -EINVAL,
+           "number too large: '99999999999999999999' at column 1");
+    ev_err("layers + 1", &env, -ENOENT, "missing field 'layers'");
+    ev_err("eps * 2", &env, -EINVAL, "field 'eps' is not an integer (1e-06)");
+    ev_err("name", &env, -EINVAL, "field 'name' is not an integer (\"x\")");
+    ev_err("skip", &env, -EINVAL, "field 'skip' is not an integer (a list)");
+    ev_err("heads % (heads - 32)", &env, -EDOM, "division by zero");
+    ev_err("9223372036854775807 * 2", &env, -ERANGE, "integer overflow");
+    ev_err("contains(heads, 1)", &env, -EINVAL, "field 'heads' is not a list of integers");
+    wb_jcfg_free(c);
+}
+
+static void test_templates(void)
+{
+    struct wb_xvar vars[] = {{"layer", 12}, {"expert", 0}};
+    struct wb_xenv env = {.vars = vars, .nvars = 2};
+    struct wb_tmpl *t;
+    char err[256], buf[WB_NAME_MAX];
+    CHECK_INT(
+        wb_tmpl_compile("model.layers.{layer}.mlp.experts.{expert + 1}.w", &t, err, sizeof(err)),
+        0);
+    CHECK_INT(wb_tmpl_render(t, &env, buf, sizeof(buf), err, sizeof(err)), 0);
+    CHECK_STR(buf, "model.layers.12.mlp.experts.1.w");
+    CHECK_INT(wb_tmpl_render(t, &env, buf, 10, err, sizeof(err)), -ENAMETOOLONG);
+    CHECK_STR(err, "name longer than 9 bytes");
+    wb_tmpl_free(t);
+    CHECK_INT(wb_tmpl_compile("a.{layer", &t, err, sizeof(err)), -EINVAL);
+    CHECK_STR(err, "'{' without '}' at column 3");
+    CHECK_INT(wb_tmpl_compile("a.}b", &t, err, sizeof(err)), -EINVAL);
+    CHECK_STR(err, "'}' without '{' at column 3");
+    CHECK_INT(wb_tmpl_compile("a.{layer+}", &t, err, sizeof(err)), -EINVAL);
+    CHECK_STR(err, "in '{layer+}': unexpected end of expression at column 7");
+}
+
+static void test_patterns(void)
+{
+    struct wb_pat p, t;
+    struct wb_caps caps;
+    char err[256], buf[WB_NAME_MAX];
+    CHECK_INT(wb_pat_compile("model.layers.{L}.mlp.*down_proj.weight", &p, err, sizeof(err)), 0);
+    CHECK(wb_pat_match(&p, "model.layers.17.mlp.shared_experts.down_proj.weight", &caps));
+    CHECK_INT(caps.n, 2);
+    CHECK_STR(caps.name[0], "L");
+    CHECK_INT(caps.len[0], 2);
+    CHECK(wb_pat_match(&p, "model.layers.3.mlp.down_proj.weight", &caps));
+    CHECK_INT(caps.len[1], 0);
+    CHECK(!wb_pat_match(&p, "model.layers.x.mlp.down_proj.weight", &caps));
+    CHECK(!wb_pat_match(&p, "model.layers.3.mlp.down_proj.weight2", &caps));
+    CHECK(wb_pat_match(&p, "model.layers.17.mlp.shared_experts.down_proj.weight", &caps));
+    CHECK_INT(wb_pat_compile("blocks.{L}.ffn.*w2.{E}", &t, err, sizeof(err)), 0);
+    CHECK_INT(wb_pat_subst(&t, &caps, "E", 42, buf, sizeof(buf)), 0);
+    CHECK_STR(buf, "blocks.17.ffn.shared_experts.w2.42");
+    CHECK_INT(wb_pat_subst(&t, &caps, NULL, 0, buf, sizeof(buf)), -ENOENT);
+    CHECK_INT(wb_pat_subst(&t, &caps, "E", 42, buf, 8), -ENAMETOOLONG);
+    CHECK(wb_pat_has_cap(&t, "E"));
+    CHECK(!wb_pat_has_cap(&t, "X"));
+    wb_pat_free(&p);
+    wb_pat_free(&t);
+    CHECK_INT(wb_pat_compile("a.{1x}.b", &p, err, sizeof(err)), -EINVAL);
+    CHECK_STR(err, "bad capture at column 3 of 'a.{1x}.b' (want {NAME})");
+    CHECK_INT(wb_pat_compile("a.{L}*", &p, err, sizeof(err)), -EINVAL);
+    CHECK_STR(err, "two captures in a row at column 6 of 'a.{L}*'");
+    char label[64];
+    wb_name_label("model.layers.0.self_attn.q_proj.weight", label, sizeof(label));
+    CHECK_STR(label, "q_proj");
+    wb_name_label("model.layers.0.mlp.experts.w13_weight", label, sizeof(label));
+    CHECK_STR(label, "w13_weight");
+    wb_name_label("lm_head", label, sizeof(label));
+    CHECK_STR(label, "lm_head");
+}
+
+const struct wb_test wb_tests[] = {
+    {"arithmetic", test_arithmetic, 0},
+    {"derived_values", test_derived_values, 0},
+    {"expression_errors", test_expression_errors, 0},
+    {"templates", test_templates, 0},
+    {"patterns", test_patterns, 0},
+    {0},
+};

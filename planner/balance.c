@@ -1,0 +1,568 @@
+/* balance.c — source selection: lower bound, reference greedy and the planner's assignment.
+ * See balance.h for the model. The max-flow graph has one node per candidate set and per rank,
+ * so it stays small (hundreds of nodes) however many demands there are. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/balance.h"
+
+int bal_init(struct balance *b, uint32_t nranks)
+{
+    memset(b, 0, sizeof(*b));
+    b->nranks = nranks;
+    vec_init(&b->sets, sizeof(struct bal_set));
+    vec_init(&b->set_ranks, sizeof(uint32_t));
+    vec_init(&b->demands, sizeof(struct bal_demand));
+    vec_init(&b->parts, sizeof(struct bal_part));
+    b->base = calloc(nranks ? nranks : 1, sizeof(uint64_t));
+    b->load = calloc(nranks ? nranks : 1, sizeof(uint64_t));
+    b->hcap = 1024;
+    b->hash = calloc(b->hcap, sizeof(uint32_t));
+    if (!b->base || !b->load || !b->hash) {
+        bal_free(b);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+void bal_free(struct balance *b)
+{
+    free(b->base);
+    free(b->load);
+    free(b->hash);
+    vec_free(&b->sets);
+    vec_free(&b->set_ranks);
+    vec_free(&b->demands);
+    vec_free(&b->parts);
+    memset(b, 0, sizeof(*b));
+}
+
+static uint64_t hash_ranks(const uint32_t *r, uint32_t n)
+{
+    uint64_t h = 1469598103934665603ull ^ n;
+    for (uint32_t i = 0; i < n; i++) {
+        h ^= r[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static int rehash(struct balance *b)
+{
+    size_t cap = b->hcap * 2;
+    uint32_t *h = calloc(cap, sizeof(uint32_t));
+    if (!h)
+        return -ENOMEM;
+    for (size_t i = 0; i < b->sets.n; i++) {
+        size_t j = VEC_AT(&b->sets, struct bal_set, i)->hash & (cap - 1);
+        while (h[j])
+            j = (j + 1) & (cap - 1);
+        h[j] = (uint32_t)i + 1;
+    }
+    free(b->hash);
+    b->hash = h;
+    b->hcap = cap;
+    return 0;
+}
+
+int64_t bal_set(struct balance *b, const uint32_t *ranks, uint32_t n)
+{
+    uint64_t hv = hash_ranks(ranks, n);
+    size_t j = hv & (b->hcap - 1);
+    while (b->hash[j]) {
+        const struct bal_set *s = VEC_AT(&b->sets, struct bal_set, b->hash[j] - 1);
+        if (s->hash == hv && s->n == n &&
+            memcmp(VEC_AT(&b->set_ranks, uint32_t, s->r0), ranks, n * sizeof(uint32_t)) == 0)
+            return b->hash[j] - 1;
+        j = (j + 1) & (b->hcap - 1);
+    }
+    if (vec_reserve(&b->set_ranks, n))
+        return -ENOMEM;
+    struct bal_set s = {.r0 = (uint32_t)b->set_ranks.n, .n = n, .hash = hv};
+    memcpy(VEC_AT(&b->set_ranks, uint32_t, b->set_ranks.n), ranks, n * sizeof(uint32_t));
+    b->set_ranks.n += n;
+    if (!vec_push(&b->sets, &s))
+        return -ENOMEM;
+    b->hash[j] = (uint32_t)b->sets.n;
+    if (b->sets.n * 2 > b->hcap && rehash(b))
+        return -ENOMEM;
+    return (int64_t)b->sets.n - 1;
+}
+
+int bal_add(struct balance *b, uint32_t set, uint64_t bytes, uint32_t nunits, uint32_t group)
+{
+    struct bal_set *s = VEC_AT(&b->sets, struct bal_set, set);
+    if (s->n == 1) {
+        b->base[*VEC_AT(&b->set_ranks, uint32_t, s->r0)] += bytes;
+        return 1;
+    }
+    s->total += bytes;
+    struct bal_demand d = {
+        .bytes = bytes, .set = set, .nunits = nunits ? nunits : 1, .group = group};
+    return vec_push(&b->demands, &d) ? 0 : -ENOMEM;
+}
+
+/* ---------------------------------------------------------------- max-flow (Dinic) */
+
+struct fedge {
+    uint32_t to, next;
+    int64_t cap;
+};
+
+struct flow {
+    uint32_t nn;
+    struct vec e; /* struct fedge, paired: e ^ 1 is the reverse */
+    uint32_t *head, *level, *it, *queue;
+};
+
+static int flow_init(struct flow *f, uint32_t nn)
+{
+    memset(f, 0, sizeof(*f));
+    f->nn = nn;
+    vec_init(&f->e, sizeof(struct fedge));
+    f->head = malloc(nn * sizeof(uint32_t));
+    f->level = malloc(nn * sizeof(uint32_t));
+    f->it = malloc(nn * sizeof(uint32_t));
+    f->queue = malloc(nn * sizeof(uint32_t));
+    if (!f->head || !f->level || !f->it || !f->queue)
+        return -ENOMEM;
+    memset(f->head, 0xff, nn * sizeof(uint32_t));
+    return 0;
+}
+
+static void flow_free(struct flow *f)
+{
+    vec_free(&f->e);
+    free(f->head);
+    free(f->level);
+    free(f->it);
+    free(f->queue);
+}
+
+static int flow_edge(struct flow *f, uint32_t a, uint32_t z, int64_t cap)
+{
+    struct fedge e1 = {z, f->head[a], cap}, e2 = {a, f->head[z], 0};
+    if (!vec_push(&f->e, &e1) || !vec_push(&f->e, &e2))
+        return -ENOMEM;
+    f->head[a] = (uint32_t)f->e.n - 2;
+    f->head[z] = (uint32_t)f->e.n - 1;
+    return 0;
+}
+
+static bool flow_bfs(struct flow *f, uint32_t s, uint32_t t)
+{
+    struct fedge *E = f->e.p;
+    memset(f->level, 0xff, f->nn * sizeof(uint32_t));
+    uint32_t qh = 0, qt = 0;
+    f->level[s] = 0;
+    f->queue[qt++] = s;
+    while (qh < qt) {
+        uint32_t v = f->queue[qh++];
+        for (uint32_t i = f->head[v]; i != UINT32_MAX; i = E[i].next)
+            if (E[i].cap > 0 && f->level[E[i].to] == UINT32_MAX) {
+                f->level[E[i].to] = f->level[v] + 1;
+                f->queue[qt++] = E[i].to;
+            }
+    }
+    return f->level[t] != UINT32_MAX;
+}
+
+/* Iterative blocking-flow DFS. */
+static int64_t flow_dfs(struct flow *f, uint32_t s, uint32_t t)
+{
+    struct fedge *E = f->e.p;
+    int64_t total = 0;
+    uint32_t *stack = f->queue; /* edges on the current path */
+    for (;;) {
+        uint32_t depth = 0, v = s;
+        for (;;) {
+            if (v == t)
+                break;
+            uint32_t *i = &f->it[v];
+            while (*i != UINT32_MAX && !(E[*i].cap > 0 && f->level[E[*i].to] == f->level[v] + 1))
+                *i = E[*i].next;
+            if (*i == UINT32_MAX) {
+                if (depth == 0)
+                    return total;
+                f->level[v] = UINT32_MAX; /* dead end */
+                depth--;
+                v = E[stack[depth] ^ 1].to;
+                f->it[v] = E[f->it[v]].next;
+                continue;
+            }
+            stack[depth++] = *i;
+            v = E[*i].to;
+        }
+        int64_t push = INT64_MAX;
+        for (uint32_t k = 0; k < depth; k++)
+            if (E[stack[k]].cap < push)
+                push = E[stack[k]].cap;
+        for (uint32_t k = 0; k < depth; k++) {
+            E[stack[k]].cap -= push;
+            E[stack[k] ^ 1].cap += push;
+        }
+        total += push;
+    }
+}
+
+static int64_t flow_max(struct flow *f, uint32_t s, uint32_t t)
+{
+    int64_t total = 0;
+    while (flow_bfs(f, s, t)) {
+        memcpy(f->it, f->head, f->nn * sizeof(uint32_t));
+        total += flow_dfs(f, s, t);
+    }
+    return total;
+}
+
+/* Builds the graph for load limit T; returns 1 when feasible, 0 when not, <0 on error. With
+ * quota != NULL (per set-member slot, like set_ranks) the flows are written there. */
+static int feasible(const struct balance *b, uint64_t T, uint64_t *quota)
+{
+    uint32_t ns = (uint32_t)b->sets.n, nt = b->nranks;
+    uint32_t S = ns + nt, Tn = S + 1;
+    struct flow f;
+    int r = flow_init(&f, Tn + 1);
+    int64_t need = 0;
+    for (uint32_t i = 0; !r && i < ns; i++) {
+        const struct bal_set *s = VEC_AT(&b->sets, struct bal_set, i);
+        if (s->n < 2 || s->total == 0)
+            continue;
+        need += (int64_t)s->total;
+        r = flow_edge(&f, S, i, (int64_t)s->total);
+        for (uint32_t k = 0; !r && k < s->n; k++)
+            r = flow_edge(&f, i, ns + *VEC_AT(&b->set_ranks, uint32_t, s->r0 + k), INT64_MAX / 4);
+    }
+    for (uint32_t k = 0; !r && k < nt; k++) {
+        if (b->base[k] > T) {
+            flow_free(&f);
+            return 0;
+        }
+        r = flow_edge(&f, ns + k, Tn, (int64_t)(T - b->base[k]));
+    }
+    if (r) {
+        flow_free(&f);
+        return r;
+    }
+    int64_t got = flow_max(&f, S, Tn);
+    if (got == need && quota) {
+        const struct fedge *E = f.e.p;
+        for (uint32_t i = 0; i < ns; i++) {
+            const struct bal_set *s = VEC_AT(&b->sets, struct bal_set, i);
+            for (uint32_t k = 0; k < s->n; k++)
+                quota[s->r0 + k] = 0;
+            if (s->n < 2 || s->total == 0)
+                continue;
+            /* Edges were added in member order; walk the node's list (reverse order). */
+            uint32_t k = s->n;
+            for (uint32_t e = f.head[i]; e != UINT32_MAX; e = E[e].next) {
+                if (E[e].to == S || (e & 1))
+                    continue;
+                k--;
+                quota[s->r0 + k] = (uint64_t)E[e ^ 1].cap; /* reverse capacity = flow */
+            }
+        }
+    }
+    flow_free(&f);
+    return got == need;
+}
+
+/* ---------------------------------------------------------------- assignments */
+
+static uint64_t part_bytes(const struct bal_demand *d, uint32_t u0, uint32_t u1)
+{
+    if (u0 == 0 && u1 == d->nunits)
+        return d->bytes;
+    return (uint64_t)((double)d->bytes * (u1 - u0) / d->nunits);
+}
+
+static int push_part(struct balance *b, struct bal_demand *d, uint32_t rank, uint32_t u0,
+                     uint32_t u1)
+{
+    struct bal_part p = {rank, u0, u1};
+    if (d->nparts == 0)
+        d->part0 = (uint32_t)b->parts.n;
+    d->nparts++;
+    return vec_push(&b->parts, &p) ? 0 : -ENOMEM;
+}
+
+static uint64_t max_of(const uint64_t *v, uint32_t n)
+{
+    uint64_t m = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (v[i] > m)
+            m = v[i];
+    return m;
+}
+
+/* The reference: each greedy group to the least-loaded candidate (lowest rank on ties). */
+static int greedy(struct balance *b, uint64_t *load)
+{
+    memcpy(load, b->base, b->nranks * sizeof(uint64_t));
+    b->parts.n = 0;
+    struct bal_demand *D = b->demands.p;
+    for (size_t i = 0; i < b->demands.n;) {
+        size_t j = i;
+        uint64_t bytes = 0;
+        while (j < b->demands.n && D[j].group == D[i].group) {
+            bytes += D[j].bytes;
+            j++;
+        }
+        const struct bal_set *s = VEC_AT(&b->sets, struct bal_set, D[i].set);
+        const uint32_t *cand = VEC_AT(&b->set_ranks, uint32_t, s->r0);
+        uint32_t best = cand[0];
+        for (uint32_t k = 1; k < s->n; k++)
+            if (load[cand[k]] < load[best])
+                best = cand[k];
+        for (size_t k = i; k < j; k++) {
+            D[k].nparts = 0;
+            /* A group whose demands have different sets (never produced) would be split. */
+            const struct bal_set *sk = VEC_AT(&b->sets, struct bal_set, D[k].set);
+            uint32_t rk = best;
+            if (sk != s) {
+                const uint32_t *ck = VEC_AT(&b->set_ranks, uint32_t, sk->r0);
+                rk = ck[0];
+                for (uint32_t m = 1; m < sk->n; m++)
+                    if (load[ck[m]] < load[rk])
+                        rk = ck[m];
+            }
+            if (push_part(b, &D[k], rk, 0, D[k].nunits))
+                return -ENOMEM;
+            load[rk] += D[k].bytes;
+        }
+        (void)bytes;
+        i = j;
+    }
+    return 0;
+}
+
+static int cmp_desc_bytes(const void *a, const void *b, void *ctx)
+{
+    const struct bal_demand *D = ctx;
+    uint64_t x = D[*(const uint32_t *)a].bytes, y = D[*(const uint32_t *)b].bytes;
+    if (x != y)
+        return x < y ? 1 : -1;
+    return *(const uint32_t *)a < *(const uint32_t *)b ? -1 : 1;
+}
+
+/* Fills the flow quotas set by set, largest demands first, splitting where a quota ends. */
+static int quota_fill(struct balance *b, const uint64_t *quota, uint64_t *load)
+{
+    memcpy(load, b->base, b->nranks * sizeof(uint64_t));
+    b->parts.n = 0;
+    size_t nd = b->demands.n, ns = b->sets.n;
+    struct bal_demand *D = b->demands.p;
+    uint32_t *order = malloc((nd ? nd : 1) * sizeof(uint32_t));
+    uint32_t *start = calloc(ns + 1, sizeof(uint32_t));
+    int64_t *rem = malloc((b->set_ranks.n ? b->set_ranks.n : 1) * sizeof(int64_t));
+    int r = 0;
+    if (!order || !start || !rem) {
+        r = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < nd; i++)
+        start[D[i].set + 1]++;
+    for (size_t s = 0; s < ns; s++)
+        start[s + 1] += start[s];
+    {
+        uint32_t *fill = malloc((ns ? ns : 1) * sizeof(uint32_t));
+        if (!fill) {
+            r = -ENOMEM;
+            goto out;
+        }
+        memcpy(fill, start, ns * sizeof(uint32_t));
+        for (size_t i = 0; i < nd; i++)
+            order[fill[D[i].set]++] = (uint32_t)i;
+        free(fill);
+    }
+    for (size_t i = 0; i < b->set_ranks.n; i++)
+        rem[i] = (int64_t)quota[i];
+    for (size_t s = 0; s < ns; s++) {
+        const struct bal_set *set = VEC_AT(&b->sets, struct bal_set, s);
+        const uint32_t *cand = VEC_AT(&b->set_ranks, uint32_t, set->r0);
+        int64_t *q = &rem[set->r0];
+        uint32_t a = start[s], z = start[s + 1];
+        qsort_r(order + a, z - a, sizeof(uint32_t), cmp_desc_bytes, D);
+        for (uint32_t k = a; k < z; k++) {
+            struct bal_demand *d = &D[order[k]];
+            d->nparts = 0;
+            uint32_t u = 0;
+            while (u < d->nunits) {
+                uint32_t best = 0;
+                for (uint32_t m = 1; m < set->n; m++)
+                    if (q[m] > q[best])
+                        best = m;
+                uint64_t left = part_bytes(d, u, d->nunits);
+                uint32_t u1 = d->nunits;
+                if ((int64_t)left > q[best] && d->nunits > 1 && q[best] > 0) {
+                    double per = (double)d->bytes / d->nunits;
+                    uint32_t take = (uint32_t)((double)q[best] / per + 0.5);
+                    if (take == 0)
+                        take = 1;
+                    if (u + take < d->nunits)
+                        u1 = u + take;
+                }
+                uint64_t pb = part_bytes(d, u, u1);
+                if (push_part(b, d, cand[best], u, u1)) {
+                    r = -ENOMEM;
+                    goto out;
+                }
+                q[best] -= (int64_t)pb;
+                load[cand[best]] += pb;
+                u = u1;
+            }
+        }
+    }
+out:
+    free(order);
+    free(start);
+    free(rem);
+    return r;
+}
+
+/* Moves whole parts off the busiest rank while that lowers the maximum. */
+static void improve(struct balance *b, uint64_t *load)
+{
+    struct bal_demand *D = b->demands.p;
+    struct bal_part *P = b->parts.p;
+    size_t nparts = b->parts.n;
+    uint32_t *owner = malloc((nparts ? nparts : 1) * sizeof(uint32_t));
+    if (!owner)
+        return;
+    for (size_t i = 0; i < b->demands.n; i++)
+        for (uint32_t k = 0; k < D[i].nparts; k++)
+            owner[D[i].part0 + k] = (uint32_t)i;
+    for (int round = 0; round < 64; round++) {
+        uint32_t top = 0;
+        for (uint32_t r = 1; r < b->nranks; r++)
+            if (load[r] > load[top])
+                top = r;
+        bool moved = false;
+        for (size_t p = 0; p < nparts; p++) {
+            if (P[p].rank != top)
+                continue;
+            const struct bal_demand *d = &D[owner[p]];
+            uint64_t pb = part_bytes(d, P[p].u0, P[p].u1);
+            const struct bal_set *s = VEC_AT(&b->sets, struct bal_set, d->set);
+            const uint32_t *cand = VEC_AT(&b->set_ranks, uint32_t, s->r0);
+            uint32_t best = top;
+            for (uint32_t m = 0; m < s->n; m++)
+                if (load[cand[m]] < load[best])
+                    best = cand[m];
+            if (best != top && load[best] + pb < load[top]) {
+                load[top] -= pb;
+                load[best] += pb;
+                P[p].rank = best;
+                moved = true;
+                if (load[top] < load[best])
+                    break;
+            }
+        }
+        if (!moved)
+            break;
+    }
+    free(owner);
+}
+
+int bal_solve(struct balance *b, bool greedy_only)
+{
+    uint32_t nt = b->nranks;
+    uint64_t total = 0;
+    for (size_t i = 0; i < b->sets.n; i++)
+        total += VEC_AT(&b->sets, struct bal_set, i)->total;
+    uint64_t base_sum = 0;
+    for (uint32_t r = 0; r < nt; r++)
+        base_sum += b->base[r];
+
+    /* Lower bound: binary search over T with the max-flow as the test. */
+    uint64_t lo = max_of(b->base, nt), hi = lo + total;
+    uint64_t avg = nt ? ceil_div(total + base_sum, nt) : 0;
+    if (avg > lo)
+        lo = avg;
+    if (lo > hi)
+        hi = lo;
+    if (total > 0) {
+        int f = feasible(b, lo, NULL);
+        if (f < 0)
+            return f;
+        if (f) {
+            hi = lo;
+        } else {
+            while (hi - lo > 1 && (double)(hi - lo) > 1e-7 * (double)hi) {
+                uint64_t mid = lo + (hi - lo) / 2;
+                f = feasible(b, mid, NULL);
+                if (f < 0)
+                    return f;
+                if (f)
+                    hi = mid;
+                else
+                    lo = mid;
+            }
+        }
+    }
+    b->lower_bound = hi;
+
+    uint64_t *gload = malloc((nt ? nt : 1) * sizeof(uint64_t));
+    uint64_t *quota = malloc((b->set_ranks.n ? b->set_ranks.n : 1) * sizeof(uint64_t));
+    struct vec gparts;
+    vec_init(&gparts, sizeof(struct bal_part));
+    uint32_t *gpart0 = NULL;
+    int r = 0;
+    if (!gload || !quota) {
+        r = -ENOMEM;
+        goto out;
+    }
+    r = greedy(b, gload);
+    if (r)
+        goto out;
+    b->greedy_max = max_of(gload, nt);
+    if (greedy_only || b->demands.n == 0) {
+        memcpy(b->load, gload, nt * sizeof(uint64_t));
+        b->max_load = b->greedy_max;
+        b->used_greedy = true;
+        goto out;
+    }
+    /* Keep the greedy's parts aside, then build ours. */
+    gparts = b->parts;
+    vec_init(&b->parts, sizeof(struct bal_part));
+    gpart0 = malloc(b->demands.n * 2 * sizeof(uint32_t));
+    if (!gpart0) {
+        r = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < b->demands.n; i++) {
+        gpart0[2 * i] = VEC_AT(&b->demands, struct bal_demand, i)->part0;
+        gpart0[2 * i + 1] = VEC_AT(&b->demands, struct bal_demand, i)->nparts;
+    }
+    r = feasible(b, b->lower_bound, quota);
+    if (r < 0)
+        goto out;
+    if (r == 0) { /* cannot happen: hi was feasible */
+        r = -WB_E_PLAN;
+        goto out;
+    }
+    r = quota_fill(b, quota, b->load);
+    if (r)
+        goto out;
+    improve(b, b->load);
+    b->max_load = max_of(b->load, nt);
+    if (b->max_load > b->greedy_max) { /* never worse than the reference */
+        vec_free(&b->parts);
+        b->parts = gparts;
+        vec_init(&gparts, sizeof(struct bal_part));
+        for (size_t i = 0; i < b->demands.n; i++) {
+            VEC_AT(&b->demands, struct bal_demand, i)->part0 = gpart0[2 * i];
+            VEC_AT(&b->demands, struct bal_demand, i)->nparts = gpart0[2 * i + 1];
+        }
+        memcpy(b->load, gload, nt * sizeof(uint64_t));
+        b->max_load = b->greedy_max;
+        b->used_greedy = true;
+    }
+out:
+    vec_free(&gparts);
+    free(gpart0);
+    free(gload);
+    free(quota);
+    return r;
+}

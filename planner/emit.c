@@ -1,0 +1,685 @@
+/* emit.c — turns one item's assignments (which rank sends which trainer box to which rollout
+ * box) into routing-table tasks: stage ops and writes.
+ *
+ * Per rank and component the task gets: an H2D of the rows it needs (host residence), then
+ * either a GATHER (gather mode) or nothing (direct), then the transform — writes straight from
+ * the source when the bytes already match (BF16 -> BF16), a CAST, or a QUANT preceded by AMAX
+ * exchanges for blocks that straddle its shard — and finally the writes: each maximal run that
+ * is contiguous on both sides becomes one write; when the source runs are much shorter than
+ * the destination's, the box is first packed (COPY) so that writes follow the destination. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/build.h"
+
+enum { TMP_ALIGN = 256, AMAX_ALIGN = 16 };
+
+/* A view under construction (its shape inline) plus the tensor box it covers. */
+struct sview {
+    enum wb_rt_buf_kind kind;
+    uint32_t tensor;
+    uint64_t off;
+    enum wb_dtype dtype;
+    struct wb_shape shape;
+    struct wb_box cover;
+};
+
+struct tstate {
+    struct plan_ctx *c;
+    struct rank_out *ro;
+    uint32_t rank;
+    uint64_t tmp;
+    uint64_t write_bytes;
+    bool coll;
+};
+
+/* Interns a box or shape in the rank's table (each distinct value stored once). */
+static uint32_t bx(struct tstate *ts, const struct wb_box *b)
+{
+    return intern_box(&ts->ro->boxes, b);
+}
+
+static struct wb_rt_view rtv(struct tstate *ts, const struct sview *v)
+{
+    struct wb_rt_view r = {v->kind, v->tensor, v->off, v->dtype,
+                           intern_shape(&ts->ro->shapes, &v->shape)};
+    return r;
+}
+
+static struct sview sview_tmp(enum wb_dtype dt, const struct wb_box *cover)
+{
+    struct sview v = {WB_BUF_TMP, 0, 0, dt, wb_box_shape(cover), *cover};
+    return v;
+}
+
+static uint64_t tmp_alloc(struct tstate *ts, uint64_t bytes)
+{
+    uint64_t off = ts->tmp;
+    ts->tmp += (bytes + TMP_ALIGN - 1) / TMP_ALIGN * TMP_ALIGN;
+    return off;
+}
+
+static struct wb_box box_rel(const struct wb_box *b, const struct wb_box *cover)
+{
+    struct wb_box r = *b;
+    for (uint32_t d = 0; d < b->ndim; d++)
+        r.off[d] = b->off[d] - cover->off[d];
+    return r;
+}
+
+static struct wb_box box_bbox(const struct wb_box *a, const struct wb_box *b)
+{
+    if (wb_box_empty(a) && a->ndim)
+        return *b;
+    if (wb_box_empty(b) && b->ndim)
+        return *a;
+    struct wb_box r = {.ndim = a->ndim};
+    for (uint32_t d = 0; d < a->ndim; d++) {
+        uint64_t lo = a->off[d] < b->off[d] ? a->off[d] : b->off[d];
+        uint64_t ha = a->off[d] + a->ext[d], hb = b->off[d] + b->ext[d];
+        r.off[d] = lo;
+        r.ext[d] = (ha > hb ? ha : hb) - lo;
+    }
+    return r;
+}
+
+static struct wb_rt_op *push_op(struct tstate *ts, enum wb_rt_op_kind kind, uint32_t tensor)
+{
+    struct wb_rt_op *op = vec_push(&ts->ro->ops, NULL);
+    if (op) {
+        op->kind = kind;
+        op->tensor = tensor;
+    }
+    return op;
+}
+
+/* Writes for tensor box S of view sv to box D of a rollout local tensor. */
+static int emit_writes(struct tstate *ts, const struct sview *sv, const struct wb_box *S,
+                       uint32_t g, uint32_t dst_tensor, const struct wb_shape *dshape,
+                       const struct wb_box *D, uint32_t tensor)
+{
+    struct plan_ctx *c = ts->c;
+    size_t elem = wb_dtype_size(sv->dtype);
+    struct wb_box Sv = box_rel(S, &sv->cover);
+    struct wb_ranges rs, rd;
+    if (wb_ranges_init(&rs, &sv->shape, &Sv, elem) || wb_ranges_init(&rd, dshape, D, elem)) {
+        char a[160], b[160];
+        wb_errlist_add(c->el, "internal: write box %s of %s outside its view or destination %s",
+                       wb_box_str(S, a, sizeof(a)), c->in->trainer->p[tensor].name,
+                       wb_box_str(D, b, sizeof(b)));
+        return -WB_E_PLAN;
+    }
+    uint64_t ns = wb_ranges_count(&rs), nd = wb_ranges_count(&rd);
+    if (ns == 0)
+        return 0;
+    if (ns > 16 && ns > 4 * nd) { /* pack first so that writes follow the destination */
+        struct sview pk = sview_tmp(sv->dtype, S);
+        pk.off = tmp_alloc(ts, wb_box_numel(S) * elem);
+        struct wb_box pf = wb_box_full(&pk.shape);
+        struct wb_rt_op *op = push_op(ts, WB_OP_COPY, tensor);
+        if (!op)
+            return -ENOMEM;
+        op->copy.src = rtv(ts, sv);
+        op->copy.src_box = bx(ts, &Sv);
+        op->copy.dst = rtv(ts, &pk);
+        op->copy.dst_box = bx(ts, &pf);
+        return emit_writes(ts, &pk, S, g, dst_tensor, dshape, D, tensor);
+    }
+    uint64_t so = 0, sl = 0, dof = 0, dl = 0;
+    bool param = sv->kind == WB_BUF_PARAM;
+    for (;;) {
+        if (sl == 0 && !wb_ranges_next(&rs, &so, &sl))
+            break;
+        if (dl == 0 && !wb_ranges_next(&rd, &dof, &dl))
+            break;
+        uint64_t len = sl < dl ? sl : dl;
+        struct wb_rt_write w = {
+            .src_off = sv->off + so,
+            .dst_off = dof,
+            .len = len,
+            .src_tensor = param ? sv->tensor : (uint32_t)WB_RT_TMP_SRC,
+            .dst_rank = g,
+            .dst_tensor = dst_tensor,
+            .tag = dst_tensor + 1,
+        };
+        if (!vec_push(&ts->ro->writes, &w))
+            return -ENOMEM;
+        ts->write_bytes += len;
+        ts->ro->send += len;
+        size_t ri = (size_t)g * c->in->rollout->n + dst_tensor;
+        c->recv[ri].bytes += len;
+        c->recv[ri].writes++;
+        so += len;
+        sl -= len;
+        dof += len;
+        dl -= len;
+    }
+    return 0;
+}
+
+/* Scale blocks of trainer box S, and where they go in the local scale tensor of box D. */
+static bool scale_boxes(const struct wb_box *S, const struct wb_box *D, struct wb_box *Sb,
+                        struct wb_box *Db)
+{
+    *Sb = origin_blocks(S);
+    if (wb_box_empty(Sb))
+        return false;
+    int shift = (int)D->ndim - (int)S->ndim;
+    *Db = *D;
+    for (uint32_t jd = 0; jd < D->ndim; jd++) {
+        int j = (int)jd - shift;
+        if (j < 0) {
+            Db->ext[jd] = 1;
+            continue;
+        }
+        int64_t q = (int64_t)qblock(D->ndim, jd);
+        int64_t delta = (int64_t)D->off[jd] - (int64_t)S->off[j]; /* a multiple of q */
+        Db->off[jd] = (uint64_t)((int64_t)Sb->off[j] + delta / q);
+        Db->ext[jd] = Sb->ext[j];
+    }
+    return true;
+}
+
+/* Checks that trainer block edges land on local block edges (dst_off - src_off multiple of
+ * 128 along block dims). */
+static bool blocks_aligned(const struct wb_box *S, const struct wb_box *D)
+{
+    int shift = (int)D->ndim - (int)S->ndim;
+    for (uint32_t jd = 0; jd < D->ndim; jd++) {
+        int j = (int)jd - shift;
+        if (j < 0)
+            continue;
+        uint64_t q = qblock(D->ndim, jd);
+        if (q != qblock(S->ndim, (uint32_t)j))
+            return false;
+        if ((D->off[jd] + q * (1ull << 40) - S->off[j]) % q)
+            return false;
+    }
+    return true;
+}
+
+static bool same_piece(const struct assign *a, const struct assign *b)
+{
+    return a->sub == b->sub && a->k == b->k && a->u0 == b->u0 && a->u1 == b->u1;
+}
+
+static int cmp_asg(const void *a, const void *b)
+{
+    const struct assign *x = a, *y = b;
+    uint32_t kx[6] = {x->rank, x->ci, x->sub, x->k, x->u0, x->g};
+    uint32_t ky[6] = {y->rank, y->ci, y->sub, y->k, y->u0, y->g};
+    for (int i = 0; i < 6; i++)
+        if (kx[i] != ky[i])
+            return kx[i] < ky[i] ? -1 : 1;
+    return 0;
+}
+
+/* Sorts the item's assignments by rank (counting sort), then within a rank by component,
+ * piece and replica, so that the replicas of one piece are adjacent. */
+static int sort_asg(struct plan_ctx *c)
+{
+    size_t n = c->asg.n;
+    if (n < 2)
+        return 0;
+    uint32_t *cnt = calloc(c->nt + 1, sizeof(uint32_t));
+    struct assign *tmp = malloc(n * sizeof(struct assign));
+    if (!cnt || !tmp) {
+        free(cnt);
+        free(tmp);
+        return -ENOMEM;
+    }
+    struct assign *A = c->asg.p;
+    for (size_t i = 0; i < n; i++)
+        cnt[A[i].rank + 1]++;
+    for (uint32_t r = 0; r < c->nt; r++)
+        cnt[r + 1] += cnt[r];
+    for (size_t i = 0; i < n; i++)
+        tmp[cnt[A[i].rank]++] = A[i];
+    memcpy(A, tmp, n * sizeof(struct assign));
+    for (size_t a = 0; a < n;) {
+        size_t z = a;
+        while (z < n && A[z].rank == A[a].rank)
+            z++;
+        qsort(A + a, z - a, sizeof(struct assign), cmp_asg);
+        a = z;
+    }
+    free(cnt);
+    free(tmp);
+    return 0;
+}
+
+static int cmp_xchg(const void *a, const void *b)
+{
+    const struct xchg *x = a, *y = b;
+    if (x->ci != y->ci)
+        return x->ci < y->ci ? -1 : 1;
+    return x->tag < y->tag ? -1 : x->tag > y->tag;
+}
+
+/* Amax exchanges of a direct FP8 item: for every (component, replica) in which some writer's
+ * blocks straddle its shard, every pair of shards sharing blocks swaps partial amax. */
+static int plan_exchanges(struct plan_ctx *c, const struct item *it)
+{
+    c->xc.n = 0;
+    const struct wb_mapping *mp = ctx_map(c, it->mapping);
+    if (it->mode == WB_MODE_GATHER || mp->xform != WB_XFORM_FP8_BLOCK)
+        return 0;
+    struct vec need; /* uint32_t pairs (ci, q) */
+    vec_init(&need, 2 * sizeof(uint32_t));
+    const struct assign *A = c->asg.p;
+    for (size_t i = 0; i < c->asg.n; i++) {
+        const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, A[i].ci);
+        if (ic->aligned || (i > 0 && A[i].rank == A[i - 1].rank && same_piece(&A[i], &A[i - 1])))
+            continue;
+        uint32_t t = ic->t;
+        uint32_t k, q;
+        if (!rank_shard(c, t, A[i].rank, &k, &q))
+            continue;
+        const struct wb_box B = *VEC_AT(&c->ibox, struct wb_box, ic->b0 + k);
+        struct sd x;
+        asg_boxes(c, it, &A[i], &x);
+        struct wb_box bl = box_blocks(&x.S);
+        struct wb_box e = blocks_elems(&bl, &c->in->trainer->p[t].shape);
+        if (wb_box_contains(&B, &e))
+            continue;
+        uint32_t key[2] = {A[i].ci, q};
+        bool dup = false;
+        for (size_t j = 0; j < need.n && !dup; j++)
+            dup = memcmp(VEC_AT(&need, uint32_t, 2 * j), key, sizeof(key)) == 0;
+        if (!dup && !vec_push(&need, key)) {
+            vec_free(&need);
+            return -ENOMEM;
+        }
+    }
+    for (size_t j = 0; j < need.n; j++) {
+        uint32_t ci = *VEC_AT(&need, uint32_t, 2 * j), q = *VEC_AT(&need, uint32_t, 2 * j + 1);
+        const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, ci);
+        const struct tplace *tp = ic->tp;
+        uint32_t nk = ic->nk;
+        const struct wb_box *IB = VEC_AT(&c->ibox, struct wb_box, ic->b0);
+        for (uint32_t a = 0; a < nk; a++) {
+            if (wb_box_empty(&IB[a]))
+                continue;
+            struct wb_box ga = box_blocks(&IB[a]);
+            for (uint32_t b = a + 1; b < nk; b++) {
+                struct wb_box X;
+                if (wb_box_empty(&IB[b]))
+                    continue;
+                struct wb_box gb = box_blocks(&IB[b]);
+                if (!wb_box_intersect(&ga, &gb, &X))
+                    continue;
+                struct xchg x = {.ci = ci, .blocks = X, .tag = ++c->next_tag};
+                x.a = place_shard_rank(c->pm, tp, a, q);
+                x.b = place_shard_rank(c->pm, tp, b, q);
+                uint64_t bytes = wb_box_numel(&X) * 4;
+                uint64_t al = (bytes + AMAX_ALIGN - 1) / AMAX_ALIGN * AMAX_ALIGN;
+                x.slot_a = c->ro[x.a].inbox;
+                c->ro[x.a].inbox += al;
+                x.slot_b = c->ro[x.b].inbox;
+                c->ro[x.b].inbox += al;
+                struct wb_rt_expect ea = {x.tag, UINT32_MAX, bytes, 1};
+                if (!vec_push(&c->xc, &x) || !vec_push(&c->ro[x.a].amax, &ea) ||
+                    !vec_push(&c->ro[x.b].amax, &ea)) {
+                    vec_free(&need);
+                    return -ENOMEM;
+                }
+            }
+        }
+    }
+    vec_free(&need);
+    qsort(c->xc.p, c->xc.n, sizeof(struct xchg), cmp_xchg);
+    return 0;
+}
+
+/* The source view of rank ts->rank's shard B of tensor t covering at least region R. */
+static int source_view(struct tstate *ts, uint32_t t, const struct wb_box *B,
+                       const struct wb_box *R, struct sview *out)
+{
+    const struct wb_param *p = &ts->c->in->trainer->p[t];
+    size_t elem = wb_dtype_size(p->dtype);
+    *out = (struct sview){WB_BUF_PARAM, t, 0, p->dtype, wb_box_shape(B), *B};
+    if (ts->c->in->tl->residence != WB_RESIDE_HOST)
+        return 0;
+    uint64_t row = 1, a = 0, n = 1;
+    if (B->ndim) {
+        row = wb_box_numel(B) / (B->ext[0] ? B->ext[0] : 1) * elem;
+        a = R->off[0] - B->off[0];
+        n = R->ext[0];
+        out->cover.off[0] = R->off[0];
+        out->cover.ext[0] = R->ext[0];
+        out->shape.dim[0] = R->ext[0];
+    } else {
+        row = elem;
+    }
+    struct wb_rt_op *op = push_op(ts, WB_OP_H2D, t);
+    if (!op)
+        return -ENOMEM;
+    op->h2d.src_off = a * row;
+    op->h2d.bytes = n * row;
+    op->h2d.dst_off = tmp_alloc(ts, n * row);
+    ts->ro->h2d += n * row;
+    out->kind = WB_BUF_TMP;
+    out->tensor = 0;
+    out->off = op->h2d.dst_off;
+    return 0;
+}
+
+/* The same piece for another replica: copies writes [w0, w1) with destination rank g. */
+static int clone_writes(struct tstate *ts, size_t w0, size_t w1, uint32_t g)
+{
+    struct plan_ctx *c = ts->c;
+    if (vec_reserve(&ts->ro->writes, w1 - w0))
+        return -ENOMEM;
+    for (size_t i = w0; i < w1; i++) {
+        struct wb_rt_write w = *VEC_AT(&ts->ro->writes, struct wb_rt_write, i);
+        w.dst_rank = g;
+        *VEC_AT(&ts->ro->writes, struct wb_rt_write, ts->ro->writes.n++) = w;
+        ts->write_bytes += w.len;
+        ts->ro->send += w.len;
+        size_t ri = (size_t)g * c->in->rollout->n + w.dst_tensor;
+        c->recv[ri].bytes += w.len;
+        c->recv[ri].writes++;
+    }
+    return 0;
+}
+
+static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
+                          const struct assign *A, const struct sd *SD, size_t na,
+                          uint32_t gather_seq)
+{
+    struct plan_ctx *c = ts->c;
+    const struct wb_mapping *mp = ctx_map(c, it->mapping);
+    const struct wb_component *cp = item_comp(c, it, ci);
+    uint32_t t = cp->trainer;
+    const struct wb_param *p = &c->in->trainer->p[t];
+    const struct wb_shape *sh = &p->shape;
+    bool gather = it->mode == WB_MODE_GATHER, fp8 = mp->xform == WB_XFORM_FP8_BLOCK;
+    uint32_t k, q;
+    if (!rank_shard(c, t, ts->rank, &k, &q))
+        return 0;
+    const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, ci);
+    const struct wb_box B = *VEC_AT(&c->ibox, struct wb_box, ic->b0 + k);
+    /* exchanges this rank takes part in for this component */
+    size_t nx = 0;
+    size_t x0 = 0, x1 = 0; /* exchanges of this component: xc is sorted by component */
+    while (x0 < c->xc.n && VEC_AT(&c->xc, struct xchg, x0)->ci < ci)
+        x0++;
+    for (x1 = x0; x1 < c->xc.n && VEC_AT(&c->xc, struct xchg, x1)->ci == ci; x1++) {
+        const struct xchg *x = VEC_AT(&c->xc, struct xchg, x1);
+        nx += x->a == ts->rank || x->b == ts->rank;
+    }
+    if (!gather && na == 0 && nx == 0)
+        return 0;
+
+    struct sview sv;
+    int r;
+    if (gather) {
+        struct sview own;
+        if (!wb_box_empty(&B) || B.ndim == 0) {
+            r = source_view(ts, t, &B, &B, &own);
+        } else {
+            own = (struct sview){WB_BUF_PARAM, t, 0, p->dtype, wb_box_shape(&B), B};
+            r = 0;
+        }
+        if (r)
+            return r;
+        size_t elem = wb_dtype_size(p->dtype);
+        struct wb_box full = wb_box_full(sh);
+        sv = sview_tmp(p->dtype, &full);
+        sv.off = tmp_alloc(ts, wb_shape_numel(sh) * elem);
+        struct wb_rt_op *op = push_op(ts, WB_OP_GATHER, t);
+        if (!op)
+            return -ENOMEM;
+        const struct tplace *tp = &c->pm->place[t];
+        uint32_t nk = place_nshards(c->pm, tp);
+        op->gather.src = rtv(ts, &own);
+        op->gather.dst = rtv(ts, &sv);
+        op->gather.peer0 = (uint32_t)ts->ro->peers.n;
+        op->gather.npeers = nk;
+        op->gather.mesh = it->mesh;
+        op->gather.seq = gather_seq;
+        op->gather.bytes_in = (wb_shape_numel(sh) - wb_box_numel(&B)) * elem;
+        ts->ro->gather_in += op->gather.bytes_in;
+        for (uint32_t s = 0; s < nk; s++) {
+            struct wb_rt_peer pe = {place_shard_rank(c->pm, tp, s, q),
+                                    bx(ts, VEC_AT(&c->ibox, struct wb_box, ic->b0 + s))};
+            if (!vec_push(&ts->ro->peers, &pe))
+                return -ENOMEM;
+        }
+        c->gathers++;
+        ts->coll = true;
+    } else {
+        struct wb_box R = {.ndim = B.ndim};
+        for (size_t i = 0; i < na; i++) {
+            if (i > 0 && same_piece(&A[i], &A[i - 1]))
+                continue;
+            struct wb_box need = SD[i].S;
+            if (fp8) {
+                struct wb_box bl = box_blocks(&SD[i].S), e = blocks_elems(&bl, sh);
+                wb_box_intersect(&e, &B, &need);
+            }
+            R = box_bbox(&R, &need);
+        }
+        for (size_t i = x0; i < x1; i++) {
+            const struct xchg *x = VEC_AT(&c->xc, struct xchg, i);
+            if (x->ci != ci || (x->a != ts->rank && x->b != ts->rank))
+                continue;
+            struct wb_box e = blocks_elems(&x->blocks, sh), need;
+            wb_box_intersect(&e, &B, &need);
+            R = box_bbox(&R, &need);
+        }
+        r = source_view(ts, t, &B, &R, &sv);
+        if (r)
+            return r;
+    }
+
+    const struct wb_inventory *ri = c->in->rollout;
+    const struct wb_shape *lshape = NULL, *lscale = NULL;
+    if (!fp8) {
+        size_t pw0 = 0, pw1 = 0;
+        for (size_t i = 0; i < na; i++) {
+            if (i > 0 && same_piece(&A[i], &A[i - 1])) {
+                if ((r = clone_writes(ts, pw0, pw1, A[i].g)))
+                    return r;
+                continue;
+            }
+            pw0 = ts->ro->writes.n;
+            lshape = &c->rloc[it->mapping * c->gpr + A[i].g % c->gpr].shape;
+            struct sview src = sv;
+            if (p->dtype != mp->dst_dtype) { /* CAST into a packed buffer */
+                size_t de = wb_dtype_size(mp->dst_dtype);
+                src = sview_tmp(mp->dst_dtype, &SD[i].S);
+                src.off = tmp_alloc(ts, wb_box_numel(&SD[i].S) * de);
+                struct wb_box sb = box_rel(&SD[i].S, &sv.cover), db = wb_box_full(&src.shape);
+                struct wb_rt_op *op = push_op(ts, WB_OP_CAST, t);
+                if (!op)
+                    return -ENOMEM;
+                op->copy.src = rtv(ts, &sv);
+                op->copy.src_box = bx(ts, &sb);
+                op->copy.dst = rtv(ts, &src);
+                op->copy.dst_box = bx(ts, &db);
+            }
+            r = emit_writes(ts, &src, &SD[i].S, A[i].g, mp->rollout, lshape, &SD[i].D, t);
+            if (r)
+                return r;
+            pw1 = ts->ro->writes.n;
+        }
+        return 0;
+    }
+
+    /* FP8: one quantization over the blocks this rank writes, after the amax exchanges. */
+    struct wb_box W = {.ndim = sh->ndim};
+    for (size_t i = 0; i < na; i++) {
+        if (i > 0 && same_piece(&A[i], &A[i - 1]))
+            continue;
+        struct wb_box bl = box_blocks(&SD[i].S), e = blocks_elems(&bl, sh), w;
+        wb_box_intersect(&e, &sv.cover, &w);
+        W = box_bbox(&W, &w);
+    }
+    struct wb_box grid = box_blocks(&W);
+    if (na == 0) {
+        memset(&grid, 0, sizeof(grid));
+        grid.ndim = sh->ndim;
+    }
+    uint64_t amax_off = (uint64_t)WB_RT_NONE;
+    if (nx && na)
+        amax_off = tmp_alloc(ts, wb_box_numel(&grid) * 4);
+    for (size_t i = x0; i < x1; i++) {
+        const struct xchg *x = VEC_AT(&c->xc, struct xchg, i);
+        if (x->ci != ci || (x->a != ts->rank && x->b != ts->rank))
+            continue;
+        bool me_a = x->a == ts->rank;
+        struct wb_rt_op *op = push_op(ts, WB_OP_AMAX, t);
+        if (!op)
+            return -ENOMEM;
+        struct wb_box e = blocks_elems(&x->blocks, sh), reg;
+        wb_box_intersect(&e, &B, &reg);
+        op->amax.peer = me_a ? x->b : x->a;
+        op->amax.tag = x->tag;
+        struct wb_box rel = box_rel(&reg, &sv.cover);
+        op->amax.src = rtv(ts, &sv);
+        op->amax.src_box = bx(ts, &rel);
+        op->amax.region = bx(ts, &reg);
+        op->amax.blocks = bx(ts, &x->blocks);
+        op->amax.inbox_off = me_a ? x->slot_a : x->slot_b;
+        op->amax.peer_inbox_off = me_a ? x->slot_b : x->slot_a;
+        op->amax.amax_off = amax_off;
+        op->amax.grid = bx(ts, &grid);
+        c->amax_ops++;
+        ts->coll = true;
+    }
+    if (na == 0)
+        return 0;
+    struct sview qv = sview_tmp(WB_DTYPE_FP8_E4M3, &W), sc = sview_tmp(WB_DTYPE_FP32, &grid);
+    qv.off = tmp_alloc(ts, wb_box_numel(&W));
+    sc.off = tmp_alloc(ts, wb_box_numel(&grid) * 4);
+    struct wb_box wrel = box_rel(&W, &sv.cover);
+    struct wb_rt_op *op = push_op(ts, WB_OP_QUANT, t);
+    if (!op)
+        return -ENOMEM;
+    op->quant.src = rtv(ts, &sv);
+    op->quant.dst = rtv(ts, &qv);
+    op->quant.src_box = bx(ts, &wrel);
+    op->quant.region = bx(ts, &W);
+    op->quant.grid = bx(ts, &grid);
+    op->quant.scale_off = sc.off;
+    op->quant.amax_off = amax_off;
+    size_t pw0 = 0, pw1 = 0;
+    for (size_t i = 0; i < na; i++) {
+        if (i > 0 && same_piece(&A[i], &A[i - 1])) {
+            if ((r = clone_writes(ts, pw0, pw1, A[i].g)))
+                return r;
+            continue;
+        }
+        pw0 = ts->ro->writes.n;
+        const struct rlocal *lo = &c->rloc[it->mapping * c->gpr + A[i].g % c->gpr];
+        lshape = &lo->shape;
+        lscale = &lo->scale_shape;
+        if (!blocks_aligned(&SD[i].S, &SD[i].D)) {
+            char a[160], b[160];
+            wb_errlist_add(c->el,
+                           "%s: FP8 blocks of trainer box %s do not fall on 128 block edges of "
+                           "rollout rank %u's local box %s",
+                           ri->p[mp->rollout].name, wb_box_str(&SD[i].S, a, sizeof(a)), A[i].g,
+                           wb_box_str(&SD[i].D, b, sizeof(b)));
+            return -WB_E_PLAN;
+        }
+        r = emit_writes(ts, &qv, &SD[i].S, A[i].g, mp->rollout, lshape, &SD[i].D, t);
+        struct wb_box Sb, Db;
+        if (!r && scale_boxes(&SD[i].S, &SD[i].D, &Sb, &Db))
+            r = emit_writes(ts, &sc, &Sb, A[i].g, (uint32_t)mp->scale, lscale, &Db, t);
+        if (r)
+            return r;
+        pw1 = ts->ro->writes.n;
+    }
+    return 0;
+}
+
+int emit_item(struct plan_ctx *c, uint32_t ii)
+{
+    const struct item *it = VEC_AT(&c->items, struct item, ii);
+    int r = sort_asg(c);
+    if (r)
+        return r;
+    r = plan_exchanges(c, it);
+    if (r)
+        return r;
+    /* ranks with a task: mesh members (gather), else writers and exchange partners */
+    const struct mesh_int *mesh = VEC_AT(&c->meshes, struct mesh_int, it->mesh);
+    uint64_t *want = calloc(c->words, sizeof(uint64_t));
+    if (!want)
+        return -ENOMEM;
+    if (it->mode == WB_MODE_GATHER) {
+        memcpy(want, mesh->bits, c->words * sizeof(uint64_t));
+    } else {
+        for (size_t i = 0; i < c->asg.n; i++) {
+            uint32_t rk = VEC_AT(&c->asg, struct assign, i)->rank;
+            want[rk / 64] |= 1ull << (rk % 64);
+        }
+        for (size_t i = 0; i < c->xc.n; i++) {
+            const struct xchg *x = VEC_AT(&c->xc, struct xchg, i);
+            want[x->a / 64] |= 1ull << (x->a % 64);
+            want[x->b / 64] |= 1ull << (x->b % 64);
+        }
+    }
+    uint32_t seq0 = c->gather_seq[it->mesh];
+    if (it->mode == WB_MODE_GATHER)
+        c->gather_seq[it->mesh] += it->nc;
+    const struct assign *A = c->asg.p;
+    size_t ai = 0;
+    for (uint32_t rank = 0; rank < c->nt && !r; rank++) {
+        if (!(want[rank / 64] >> (rank % 64) & 1))
+            continue;
+        while (ai < c->asg.n && A[ai].rank < rank)
+            ai++;
+        struct rank_out *ro = &c->ro[rank];
+        struct tstate ts = {.c = c, .ro = ro, .rank = rank};
+        struct wb_rt_task task = {
+            .mapping = it->mapping,
+            .item = ii,
+            .phase = it->phase,
+            .mesh = it->mesh,
+            .mode = it->mode,
+            .op0 = (uint32_t)ro->ops.n,
+            .write0 = (uint32_t)ro->writes.n,
+        };
+        size_t a = ai;
+        for (uint32_t ci = 0; ci < it->nc && !r; ci++) {
+            size_t z = a;
+            while (z < c->asg.n && A[z].rank == rank && A[z].ci == ci)
+                z++;
+            c->sd.n = 0;
+            if (vec_reserve(&c->sd, z - a)) {
+                r = -ENOMEM;
+                break;
+            }
+            for (size_t k = a; k < z; k++, c->sd.n++) {
+                struct sd *x = VEC_AT(&c->sd, struct sd, c->sd.n);
+                if (k > a && same_piece(&A[k], &A[k - 1]))
+                    *x = x[-1]; /* another replica of the same piece */
+                else
+                    asg_boxes(c, it, &A[k], x);
+            }
+            r = emit_component(&ts, it, ci, A + a, c->sd.p, z - a, seq0 + ci);
+            a = z;
+        }
+        if (r)
+            break;
+        task.nops = (uint32_t)ro->ops.n - task.op0;
+        task.nwrites = (uint32_t)ro->writes.n - task.write0;
+        if (task.nops == 0 && task.nwrites == 0)
+            continue;
+        for (uint32_t o = task.op0; o < ro->ops.n; o++)
+            if (VEC_AT(&ro->ops, struct wb_rt_op, o)->kind == WB_OP_AMAX)
+                task.mode = WB_MODE_AMAX;
+        task.tmp_bytes = ts.tmp;
+        task.write_bytes = ts.write_bytes;
+        if (ts.coll)
+            c->phase_coll[it->phase] = true;
+        if (!vec_push(&ro->tasks, &task))
+            r = -ENOMEM;
+    }
+    free(want);
+    return r;
+}

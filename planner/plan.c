@@ -1,0 +1,1074 @@
+/* plan.c — wb_plan_build(): items, meshes, mesh groups and phases, demands, balancing, and the
+ * assembly of the per-rank tables and per-rollout receive lists (see build.h for the passes).
+ *
+ * Items: a mapping's components are grouped by mesh (their owner set); a group whose bytes
+ * exceed a quarter of the memory cap is cut into several items, so that one task's temporary
+ * memory stays well under the cap (a stacked-experts tensor gathered whole would not).
+ * Mesh groups: meshes sorted by size (largest first) are colored greedily so that each group's
+ * meshes share no rank; each group is one phase, in that order (dense weights first when they
+ * sit on the larger meshes, as in the reference). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/build.h"
+
+enum { AUTO_GATHER_MIN_RUNS = 64, MSG_CAP = 20 };
+
+const struct wb_mapping *ctx_map(const struct plan_ctx *c, uint32_t m)
+{
+    return &c->in->match->map[m];
+}
+
+const struct wb_component *item_comp(const struct plan_ctx *c, const struct item *it, uint32_t ci)
+{
+    return &ctx_map(c, it->mapping)->comp[*VEC_AT(&c->item_comps, uint32_t, it->c0 + ci)];
+}
+
+bool rank_shard(const struct plan_ctx *c, uint32_t t, uint32_t r, uint32_t *shard,
+                uint32_t *replica)
+{
+    const struct wb_placement_map *pm = c->pm;
+    const struct tplace *tp = &pm->place[t];
+    const struct wb_trainer_layout *tl = pm->tl;
+    const struct wb_place_rule *rule = &tl->rules[tp->rule];
+    uint32_t s = 0, q = 0;
+    for (uint32_t d = 0; d < tl->ndims; d++) {
+        uint32_t coord = (r / pm->stride[d]) % tl->dim[d].size;
+        if (tp->sel[d] >= 0) {
+            if ((int32_t)coord != tp->sel[d])
+                return false;
+        } else if (rule->place[d].kind == WB_PLACE_SHARD) {
+            s = s * tl->dim[d].size + coord;
+        } else {
+            q = q * tl->dim[d].size + coord;
+        }
+    }
+    *shard = s;
+    *replica = q;
+    return true;
+}
+
+bool rank_box(const struct plan_ctx *c, uint32_t t, uint32_t r, struct wb_box *box, uint32_t *shard,
+              uint32_t *replica)
+{
+    uint32_t s, q;
+    if (!rank_shard(c, t, r, &s, &q))
+        return false;
+    *box = place_shard_box(c->pm, &c->pm->place[t], &c->in->trainer->p[t].shape, s);
+    *shard = s;
+    *replica = q;
+    return true;
+}
+
+/* ---------------------------------------------------------------- geometry */
+
+struct wb_box origin_blocks(const struct wb_box *S)
+{
+    struct wb_box b = {.ndim = S->ndim};
+    for (uint32_t d = 0; d < S->ndim; d++) {
+        uint64_t q = qblock(S->ndim, d);
+        uint64_t a = ceil_div(S->off[d], q), z = ceil_div(S->off[d] + S->ext[d], q);
+        b.off[d] = a;
+        b.ext[d] = z > a ? z - a : 0;
+    }
+    return b;
+}
+
+uint64_t dst_bytes(const struct wb_mapping *m, const struct wb_box *S)
+{
+    uint64_t v = wb_box_numel(S) * wb_dtype_size(m->dst_dtype);
+    if (m->xform == WB_XFORM_FP8_BLOCK) {
+        struct wb_box ob = origin_blocks(S);
+        v += wb_box_numel(&ob) * 4;
+    }
+    return v;
+}
+
+uint32_t box_units(const struct plan_ctx *c, const struct wb_mapping *m, const struct wb_box *S,
+                   uint32_t *dim, uint64_t *gran)
+{
+    (void)c;
+    uint32_t d = 0;
+    while (d < S->ndim && S->ext[d] <= 1)
+        d++;
+    *dim = d;
+    *gran = 1;
+    if (d == S->ndim)
+        return 1;
+    uint64_t g0 =
+        (m->xform == WB_XFORM_FP8_BLOCK && qblock(S->ndim, d) == WB_QBLOCK) ? WB_QBLOCK : 1;
+    uint64_t row = wb_box_numel(S) / S->ext[d] * wb_dtype_size(m->dst_dtype);
+    uint64_t k = row * g0 >= (256u << 10) ? 1 : (256u << 10) / (row * g0);
+    uint64_t g = g0 * (k ? k : 1);
+    uint64_t a = S->off[d] / g, z = ceil_div(S->off[d] + S->ext[d], g);
+    while (z - a > (1u << 20)) {
+        g *= 2;
+        a = S->off[d] / g;
+        z = ceil_div(S->off[d] + S->ext[d], g);
+    }
+    *gran = g;
+    return (uint32_t)(z - a);
+}
+
+struct wb_box box_unit_range(const struct wb_box *S, uint32_t dim, uint64_t gran, uint32_t u0,
+                             uint32_t u1)
+{
+    struct wb_box b = *S;
+    if (dim >= S->ndim)
+        return b;
+    uint64_t base = S->off[dim] / gran * gran, end = S->off[dim] + S->ext[dim];
+    uint64_t a = base + (uint64_t)u0 * gran, z = base + (uint64_t)u1 * gran;
+    if (a < S->off[dim])
+        a = S->off[dim];
+    if (z > end)
+        z = end;
+    b.off[dim] = a;
+    b.ext[dim] = z > a ? z - a : 0;
+    return b;
+}
+
+struct wb_box map_to_dst(const struct wb_box *S, const struct wb_box *D, const struct wb_box *Sp)
+{
+    struct wb_box out = *D;
+    int shift = (int)D->ndim - (int)S->ndim;
+    for (uint32_t j = 0; j < S->ndim; j++) {
+        int jd = (int)j + shift;
+        if (jd < 0)
+            continue;
+        out.off[jd] = D->off[jd] + (Sp->off[j] - S->off[j]);
+        out.ext[jd] = Sp->ext[j];
+    }
+    return out;
+}
+
+/* ---------------------------------------------------------------- rollout locals */
+
+static int build_rollout_locals(struct plan_ctx *c)
+{
+    const struct wb_match *mt = c->in->match;
+    const struct wb_rollout_layout *rl = c->in->rl;
+    const struct wb_inventory *ri = c->in->rollout;
+    c->rloc = calloc(mt->n * c->gpr + 1, sizeof(*c->rloc));
+    if (!c->rloc)
+        return -ENOMEM;
+    int err = 0;
+    size_t nmsg = 0;
+    for (size_t m = 0; m < mt->n; m++) {
+        const struct wb_mapping *mp = &mt->map[m];
+        if (mp->scale >= 0) {
+            struct wb_shape g = grid_shape(&ri->p[mp->rollout].shape);
+            if (!wb_shape_eq(&g, &ri->p[mp->scale].shape)) {
+                char a[128], b[128];
+                wb_errlist_add(c->el, "%s: shape %s is not the 128x128 block grid %s of %s",
+                               ri->p[mp->scale].name,
+                               wb_shape_str(&ri->p[mp->scale].shape, a, sizeof(a)),
+                               wb_shape_str(&g, b, sizeof(b)), ri->p[mp->rollout].name);
+                err = -WB_E_PLAN;
+                continue;
+            }
+        }
+        for (uint32_t l = 0; l < c->gpr; l++) {
+            struct wb_local_piece pcs[WB_MAX_PIECES];
+            uint32_t np = 0;
+            struct rlocal *lo = &c->rloc[m * c->gpr + l];
+            size_t before = c->el->n;
+            int r = wb_mapping_local(mt, ri, mp, l % rl->tp, rl->tp, l % rl->ep, rl->ep, &lo->shape,
+                                     pcs, &np, c->el);
+            if (r) {
+                if (c->el->n == before)
+                    wb_errlist_add(c->el, "%s: cannot shard over tp %u, ep %u: %s",
+                                   ri->p[mp->rollout].name, rl->tp, rl->ep, wb_strerror(r));
+                /* one message per mapping is enough */
+                err = r == -ENOMEM ? r : -WB_E_PLAN;
+                if (++nmsg > MSG_CAP)
+                    return err;
+                break;
+            }
+            lo->p0 = (uint32_t)c->pieces.n;
+            lo->np = np;
+            lo->scale_shape = grid_shape(&lo->shape);
+            for (uint32_t k = 0; k < np; k++)
+                if (!vec_push(&c->pieces, &pcs[k]))
+                    return -ENOMEM;
+        }
+    }
+    return err;
+}
+
+/* ---------------------------------------------------------------- meshes and items */
+
+static int64_t mesh_intern(struct plan_ctx *c, const struct tplace *tp)
+{
+    const struct wb_trainer_layout *tl = c->in->tl;
+    int32_t sel[WB_MESH_MAX_DIMS];
+    for (uint32_t d = 0; d < WB_MESH_MAX_DIMS; d++)
+        sel[d] = d < tl->ndims && tl->dim[d].size > 1 ? tp->sel[d] : -1;
+    for (size_t i = c->meshes.n; i-- > 0;) {
+        const struct mesh_int *m = VEC_AT(&c->meshes, struct mesh_int, i);
+        if (memcmp(m->sel, sel, sizeof(sel)) == 0)
+            return (int64_t)i;
+    }
+    struct mesh_int m = {.order = (uint32_t)c->meshes.n};
+    memcpy(m.sel, sel, sizeof(sel));
+    m.bits = calloc(c->words, sizeof(uint64_t));
+    if (!m.bits)
+        return -ENOMEM;
+    struct tplace t = *tp;
+    memcpy(t.sel, sel, sizeof(sel));
+    m.n = place_nranks(c->pm, &t);
+    for (uint32_t i = 0; i < m.n; i++) {
+        uint32_t r = place_rank(c->pm, &t, NULL, i, NULL, NULL, NULL);
+        m.bits[r / 64] |= 1ull << (r % 64);
+    }
+    if (!vec_push(&c->meshes, &m)) {
+        free(m.bits);
+        return -ENOMEM;
+    }
+    return (int64_t)c->meshes.n - 1;
+}
+
+static int build_items(struct plan_ctx *c)
+{
+    const struct wb_match *mt = c->in->match;
+    const struct wb_inventory *ti = c->in->trainer;
+    uint64_t cap = c->opts->mem_cap ? c->opts->mem_cap : (1ull << 30);
+    uint64_t limit = cap / 4;
+    bool gather = c->opts->mode == WB_MODE_GATHER;
+    /* per mapping: open item per mesh */
+    struct open {
+        uint32_t mesh, item;
+        uint64_t bytes;
+    };
+    struct vec open;
+    vec_init(&open, sizeof(struct open));
+    for (size_t m = 0; m < mt->n; m++) {
+        const struct wb_mapping *mp = &mt->map[m];
+        open.n = 0;
+        for (uint32_t k = 0; k < mp->ncomp; k++) {
+            uint32_t t = mp->comp[k].trainer;
+            const struct tplace *tp = &c->pm->place[t];
+            int64_t mesh = mesh_intern(c, tp);
+            if (mesh < 0) {
+                vec_free(&open);
+                return (int)mesh;
+            }
+            uint64_t bytes = wb_shape_numel(&ti->p[t].shape) * wb_dtype_size(ti->p[t].dtype);
+            if (!gather)
+                bytes /= place_nshards(c->pm, tp);
+            struct open *o = NULL;
+            for (size_t i = 0; i < open.n; i++)
+                if (VEC_AT(&open, struct open, i)->mesh == (uint32_t)mesh)
+                    o = VEC_AT(&open, struct open, i);
+            if (o && o->bytes > 0 && o->bytes + bytes > limit)
+                o->item = UINT32_MAX; /* full: start a new one */
+            if (!o) {
+                o = vec_push(&open, NULL);
+                if (!o)
+                    goto nomem;
+                o->mesh = (uint32_t)mesh;
+                o->item = UINT32_MAX;
+            }
+            if (o->item == UINT32_MAX) {
+                struct item it = {.mapping = (uint32_t)m,
+                                  .mesh = (uint32_t)mesh,
+                                  .c0 = (uint32_t)c->item_comps.n,
+                                  .nc = 0};
+                /* components of one item must be contiguous in item_comps: items of one
+                 * mapping interleave, so each item gets its own run, appended as it grows
+                 * (fixed up below). */
+                if (!vec_push(&c->items, &it))
+                    goto nomem;
+                o->item = (uint32_t)c->items.n - 1;
+                o->bytes = 0;
+            }
+            o->bytes += bytes;
+            /* record (item, component) pairs; runs are made contiguous after the mapping */
+            uint32_t pair[2] = {o->item, k};
+            struct vec *ic = &c->item_comps;
+            if (vec_reserve(ic, 2))
+                goto nomem;
+            memcpy(VEC_AT(ic, uint32_t, ic->n), pair, sizeof(pair));
+            ic->n += 2;
+        }
+        /* Rewrite this mapping's (item, comp) pairs into per-item contiguous runs. */
+        size_t first = c->items.n, start = SIZE_MAX;
+        for (size_t i = c->items.n; i-- > 0;) {
+            if (VEC_AT(&c->items, struct item, i)->mapping != (uint32_t)m)
+                break;
+            first = i;
+        }
+        for (size_t i = first; i < c->items.n; i++) {
+            size_t c0 = VEC_AT(&c->items, struct item, i)->c0;
+            if (c0 < start)
+                start = c0;
+        }
+        if (start == SIZE_MAX)
+            continue;
+        size_t npairs = (c->item_comps.n - start) / 2;
+        uint32_t *pairs = malloc(npairs * 2 * sizeof(uint32_t));
+        if (!pairs)
+            goto nomem;
+        memcpy(pairs, VEC_AT(&c->item_comps, uint32_t, start), npairs * 2 * sizeof(uint32_t));
+        c->item_comps.n = start;
+        for (size_t i = first; i < c->items.n; i++) {
+            struct item *it = VEC_AT(&c->items, struct item, i);
+            it->c0 = (uint32_t)c->item_comps.n;
+            it->nc = 0;
+            for (size_t p = 0; p < npairs; p++)
+                if (pairs[2 * p] == i) {
+                    if (!vec_push(&c->item_comps, &pairs[2 * p + 1])) {
+                        free(pairs);
+                        goto nomem;
+                    }
+                    it->nc++;
+                }
+        }
+        free(pairs);
+    }
+    vec_free(&open);
+    return 0;
+nomem:
+    vec_free(&open);
+    return -ENOMEM;
+}
+
+static int cmp_mesh_order(const void *a, const void *b, void *ctx)
+{
+    const struct mesh_int *M = ctx;
+    const struct mesh_int *x = &M[*(const uint32_t *)a], *y = &M[*(const uint32_t *)b];
+    if (x->n != y->n)
+        return x->n > y->n ? -1 : 1;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+static int cmp_item_phase(const void *a, const void *b, void *ctx)
+{
+    const struct plan_ctx *c = ctx;
+    const struct item *x = a, *y = b;
+    uint32_t px = VEC_AT(&c->meshes, struct mesh_int, x->mesh)->phase;
+    uint32_t py = VEC_AT(&c->meshes, struct mesh_int, y->mesh)->phase;
+    if (px != py)
+        return px < py ? -1 : 1;
+    /* stable: items were appended in mapping order and c0 grows with it */
+    return x->c0 < y->c0 ? -1 : x->c0 > y->c0;
+}
+
+static int build_phases(struct plan_ctx *c)
+{
+    size_t nm = c->meshes.n;
+    uint32_t *order = malloc((nm ? nm : 1) * sizeof(uint32_t));
+    struct vec groups; /* uint64_t bitsets, words each */
+    vec_init(&groups, c->words * sizeof(uint64_t));
+    if (!order)
+        return -ENOMEM;
+    for (size_t i = 0; i < nm; i++)
+        order[i] = (uint32_t)i;
+    qsort_r(order, nm, sizeof(uint32_t), cmp_mesh_order, c->meshes.p);
+    for (size_t k = 0; k < nm; k++) {
+        struct mesh_int *m = VEC_AT(&c->meshes, struct mesh_int, order[k]);
+        size_t g = 0;
+        for (; g < groups.n; g++) {
+            const uint64_t *gb = (const uint64_t *)groups.p + g * c->words;
+            bool clash = false;
+            for (uint32_t w = 0; w < c->words && !clash; w++)
+                clash = (gb[w] & m->bits[w]) != 0;
+            if (!clash)
+                break;
+        }
+        if (g == groups.n && !vec_push(&groups, NULL)) {
+            free(order);
+            vec_free(&groups);
+            return -ENOMEM;
+        }
+        uint64_t *gb = (uint64_t *)groups.p + g * c->words;
+        for (uint32_t w = 0; w < c->words; w++)
+            gb[w] |= m->bits[w];
+        m->phase = (uint32_t)g;
+    }
+    c->nphases = (uint32_t)groups.n;
+    free(order);
+    vec_free(&groups);
+    for (size_t i = 0; i < c->items.n; i++) {
+        struct item *it = VEC_AT(&c->items, struct item, i);
+        it->phase = VEC_AT(&c->meshes, struct mesh_int, it->mesh)->phase;
+    }
+    qsort_r(c->items.p, c->items.n, sizeof(struct item), cmp_item_phase, c);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- subpieces and demands */
+
+int item_subpieces(struct plan_ctx *c, const struct item *it)
+{
+    const struct wb_mapping *mp = ctx_map(c, it->mapping);
+    c->sub.n = 0;
+    for (uint32_t l = 0; l < c->gpr; l++) {
+        const struct rlocal *lo = &c->rloc[it->mapping * c->gpr + l];
+        for (uint32_t p = 0; p < lo->np; p++) {
+            const struct wb_local_piece *pc = VEC_AT(&c->pieces, struct wb_local_piece, lo->p0 + p);
+            for (uint32_t ci = 0; ci < it->nc; ci++) {
+                const struct wb_component *cp = item_comp(c, it, ci);
+                struct wb_box I;
+                if (cp->dst.ndim && (cp->dst.off[0] >= pc->global.off[0] + pc->global.ext[0] ||
+                                     pc->global.off[0] >= cp->dst.off[0] + cp->dst.ext[0]))
+                    continue; /* quick reject along dim 0 (experts, fused rows) */
+                if (!wb_box_intersect(&pc->global, &cp->dst, &I))
+                    continue;
+                struct subpiece sp = {.l = l, .ci = ci};
+                uint32_t nd = I.ndim, ns = cp->src.ndim;
+                sp.S.ndim = ns;
+                for (uint32_t j = 0; j < ns; j++) {
+                    int jd = (int)j + (int)nd - (int)ns;
+                    if (jd < 0) {
+                        sp.S.off[j] = cp->src.off[j];
+                        sp.S.ext[j] = cp->src.ext[j];
+                    } else {
+                        sp.S.off[j] = I.off[jd] - cp->dst.off[jd] + cp->src.off[j];
+                        sp.S.ext[j] = I.ext[jd];
+                    }
+                }
+                sp.D.ndim = nd;
+                for (uint32_t j = 0; j < nd; j++) {
+                    sp.D.off[j] = I.off[j] - pc->global.off[j] + pc->local.off[j];
+                    sp.D.ext[j] = I.ext[j];
+                }
+                (void)mp;
+                if (!vec_push(&c->sub, &sp))
+                    return -ENOMEM;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Whether the blocks X touches reach outside B (FP8 blocks straddling owners). */
+static bool straddles(const struct wb_box *X, const struct wb_box *B, const struct wb_shape *sh)
+{
+    struct wb_box bl = box_blocks(X);
+    struct wb_box e = blocks_elems(&bl, sh);
+    return !wb_box_contains(B, &e);
+}
+
+int item_comps_prepare(struct plan_ctx *c, const struct item *it)
+{
+    c->icomp.n = c->ibox.n = c->iset.n = 0;
+    for (uint32_t ci = 0; ci < it->nc; ci++) {
+        struct icomp ic = {.t = item_comp(c, it, ci)->trainer};
+        ic.tp = &c->pm->place[ic.t];
+        ic.sh = &c->in->trainer->p[ic.t].shape;
+        ic.nk = place_nshards(c->pm, ic.tp);
+        ic.b0 = (uint32_t)c->ibox.n;
+        ic.aligned = true;
+        if (vec_reserve(&c->ibox, ic.nk) || vec_reserve(&c->iset, ic.nk))
+            return -ENOMEM;
+        for (uint32_t k = 0; k < ic.nk; k++) {
+            struct wb_box B = place_shard_box(c->pm, ic.tp, ic.sh, k);
+            for (uint32_t d = 0; d < B.ndim; d++)
+                if (qblock(B.ndim, d) > 1 &&
+                    (B.off[d] % WB_QBLOCK ||
+                     ((B.off[d] + B.ext[d]) % WB_QBLOCK && B.off[d] + B.ext[d] != ic.sh->dim[d])))
+                    ic.aligned = false;
+            *VEC_AT(&c->ibox, struct wb_box, c->ibox.n++) = B;
+            *VEC_AT(&c->iset, int64_t, c->iset.n++) = -1;
+        }
+        if (!vec_push(&c->icomp, &ic))
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+void asg_boxes(const struct plan_ctx *c, const struct item *it, const struct assign *a,
+               struct sd *out)
+{
+    const struct subpiece *sp = VEC_AT(&c->sub, struct subpiece, a->sub);
+    const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, a->ci);
+    struct wb_box X = sp->S;
+    if (a->k != UINT32_MAX)
+        wb_box_intersect(&sp->S, VEC_AT(&c->ibox, struct wb_box, ic->b0 + a->k), &X);
+    uint32_t dim;
+    uint64_t gran;
+    box_units(c, ctx_map(c, it->mapping), &X, &dim, &gran);
+    out->S = box_unit_range(&X, dim, gran, a->u0, a->u1);
+    out->D = map_to_dst(&sp->S, &sp->D, &out->S);
+}
+
+static int64_t mesh_set(struct plan_ctx *c, const struct item *it)
+{
+    const struct mesh_int *mesh = VEC_AT(&c->meshes, struct mesh_int, it->mesh);
+    uint32_t *ranks = malloc((c->nt ? c->nt : 1) * sizeof(uint32_t));
+    if (!ranks)
+        return -ENOMEM;
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < c->nt; r++)
+        if (mesh->bits[r / 64] >> (r % 64) & 1)
+            ranks[n++] = r;
+    int64_t id = bal_set(&c->bal, ranks, n);
+    free(ranks);
+    return id;
+}
+
+/* The candidate set of shard k of component ci: its replicas. */
+static int64_t shard_set(struct plan_ctx *c, const struct icomp *ic, uint32_t k)
+{
+    int64_t *slot = VEC_AT(&c->iset, int64_t, ic->b0 + k);
+    if (*slot >= 0)
+        return *slot;
+    uint32_t nq = place_nreplicas(c->pm, ic->tp);
+    uint32_t *ranks = malloc(nq * sizeof(uint32_t));
+    if (!ranks)
+        return -ENOMEM;
+    for (uint32_t q = 0; q < nq; q++)
+        ranks[q] = place_shard_rank(c->pm, ic->tp, k, q);
+    for (uint32_t i = 1; i < nq; i++) /* ascending ranks */
+        for (uint32_t j = i; j > 0 && ranks[j - 1] > ranks[j]; j--) {
+            uint32_t t = ranks[j];
+            ranks[j] = ranks[j - 1];
+            ranks[j - 1] = t;
+        }
+    *slot = bal_set(&c->bal, ranks, nq);
+    free(ranks);
+    return *slot;
+}
+
+/* The demands of subpieces [a, z) (one local rank), computed once for all replicas. */
+static int group_demands(struct plan_ctx *c, const struct item *it, size_t a, size_t z,
+                         int64_t mset)
+{
+    const struct wb_mapping *mp = ctx_map(c, it->mapping);
+    bool gather = it->mode == WB_MODE_GATHER, fp8 = mp->xform == WB_XFORM_FP8_BLOCK;
+    c->dem.n = 0;
+    for (size_t s = a; s < z; s++) {
+        const struct subpiece *sp = VEC_AT(&c->sub, struct subpiece, s);
+        const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, sp->ci);
+        uint32_t nk = gather ? 1 : ic->nk;
+        for (uint32_t k = 0; k < nk; k++) {
+            struct dem d = {.sub = (uint32_t)s, .k = UINT32_MAX, .set = mset, .X = sp->S};
+            if (!gather) {
+                const struct wb_box *B = VEC_AT(&c->ibox, struct wb_box, ic->b0 + k);
+                if (!wb_box_intersect(&sp->S, B, &d.X))
+                    continue;
+                d.k = k;
+                d.set = shard_set(c, ic, k);
+                if (d.set < 0)
+                    return (int)d.set;
+                d.straddle = fp8 && !ic->aligned && straddles(&d.X, B, ic->sh);
+            }
+            d.nu = box_units(c, mp, &d.X, &d.dim, &d.gran);
+            d.bytes = dst_bytes(mp, &d.X);
+            if (!vec_push(&c->dem, &d))
+                return -ENOMEM;
+        }
+    }
+    return 0;
+}
+
+/* Walks an item's demands in plan order. In pass 1 (emit == false) they go to the balancer;
+ * in pass 3 their senders are read back and turned into assignments (c->asg). */
+static int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint32_t *group)
+{
+    const struct wb_rollout_layout *rl = c->in->rl;
+    int r = item_subpieces(c, it);
+    if (!r)
+        r = item_comps_prepare(c, it);
+    if (r)
+        return r;
+    int64_t mset = mesh_set(c, it);
+    if (mset < 0)
+        return (int)mset;
+    bool gather = it->mode == WB_MODE_GATHER;
+    if (emit)
+        c->asg.n = 0;
+    const struct subpiece *SP = c->sub.p;
+    for (size_t a = 0; a < c->sub.n && !r;) {
+        size_t z = a;
+        while (z < c->sub.n && SP[z].l == SP[a].l)
+            z++;
+        r = group_demands(c, it, a, z, mset);
+        const struct dem *DM = c->dem.p;
+        for (uint32_t rep = 0; rep < rl->replicas && !r; rep++) {
+            uint32_t g = rep * c->gpr + SP[a].l;
+            bool any_straddle = false;
+            if (gather)
+                (*group)++;
+            for (size_t i = 0; i < c->dem.n && !r; i++) {
+                const struct dem *d = &DM[i];
+                if (!gather)
+                    (*group)++;
+                any_straddle |= d->straddle;
+                const struct bal_set *bs = VEC_AT(&c->bal.sets, struct bal_set, d->set);
+                if (!emit) {
+                    int a2 = bal_add(&c->bal, (uint32_t)d->set, d->bytes, d->nu, *group);
+                    r = a2 < 0 ? a2 : 0;
+                    continue;
+                }
+                struct bal_part one = {*VEC_AT(&c->bal.set_ranks, uint32_t, bs->r0), 0, d->nu};
+                const struct bal_part *parts = &one;
+                uint32_t np = 1;
+                if (bs->n > 1) {
+                    const struct bal_demand *bd =
+                        VEC_AT(&c->bal.demands, struct bal_demand, c->demand_cursor++);
+                    parts = VEC_AT(&c->bal.parts, struct bal_part, bd->part0);
+                    np = bd->nparts;
+                }
+                uint32_t ci = SP[d->sub].ci;
+                for (uint32_t pi = 0; pi < np && !r; pi++) {
+                    struct assign as = {parts[pi].rank, g,           ci, d->sub, d->k,
+                                        parts[pi].u0,   parts[pi].u1};
+                    if (!vec_push(&c->asg, &as))
+                        r = -ENOMEM;
+                }
+            }
+            if (!emit)
+                c->pieces_by_mode[gather         ? WB_MODE_GATHER
+                                  : any_straddle ? WB_MODE_AMAX
+                                                 : WB_MODE_DIRECT]++;
+        }
+        a = z;
+    }
+    return r;
+}
+
+/* AUTO: an item goes to gather mode when direct writes would explode (shards cut across the
+ * destination's contiguous runs, e.g. Shard(1) sources for a row-split destination). */
+static int choose_modes(struct plan_ctx *c)
+{
+    for (size_t i = 0; i < c->items.n; i++) {
+        struct item *it = VEC_AT(&c->items, struct item, i);
+        it->mode = c->opts->mode == WB_MODE_GATHER ? WB_MODE_GATHER : WB_MODE_DIRECT;
+        if (c->opts->mode != WB_MODE_AUTO)
+            continue;
+        int r = item_subpieces(c, it);
+        if (!r)
+            r = item_comps_prepare(c, it);
+        if (r)
+            return r;
+        uint64_t runs_gather = 0, runs_direct = 0;
+        for (size_t s = 0; s < c->sub.n; s++) {
+            const struct subpiece *sp = VEC_AT(&c->sub, struct subpiece, s);
+            const struct rlocal *lo = &c->rloc[it->mapping * c->gpr + sp->l];
+            const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, sp->ci);
+            struct wb_ranges rg;
+            if (wb_ranges_init(&rg, &lo->shape, &sp->D, 1) == 0)
+                runs_gather += wb_ranges_count(&rg);
+            for (uint32_t k = 0; k < ic->nk; k++) {
+                struct wb_box X;
+                if (!wb_box_intersect(&sp->S, VEC_AT(&c->ibox, struct wb_box, ic->b0 + k), &X))
+                    continue;
+                struct wb_box Dx = map_to_dst(&sp->S, &sp->D, &X);
+                if (wb_ranges_init(&rg, &lo->shape, &Dx, 1) == 0)
+                    runs_direct += wb_ranges_count(&rg);
+            }
+        }
+        if (runs_direct > AUTO_GATHER_MIN_RUNS && runs_direct > 16 * runs_gather)
+            it->mode = WB_MODE_GATHER;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- assembly */
+
+const char *wb_plan_mode_name(enum wb_plan_mode m)
+{
+    static const char *const names[] = {"auto", "direct", "amax", "gather"};
+    return (unsigned)m < 4 ? names[m] : "invalid";
+}
+
+int wb_plan_mode_parse(const char *s, enum wb_plan_mode *out)
+{
+    for (int m = 0; m < 4; m++)
+        if (m != WB_MODE_AMAX && strcmp(s, wb_plan_mode_name((enum wb_plan_mode)m)) == 0) {
+            *out = (enum wb_plan_mode)m;
+            return 0;
+        }
+    return -EINVAL;
+}
+
+static uint32_t bits_for(uint64_t v)
+{
+    uint32_t b = 1;
+    while (b < 32 && (v >> b))
+        b++;
+    return b;
+}
+
+static void *take(struct vec *v, uint32_t *n)
+{
+    void *p = v->p;
+    *n = (uint32_t)v->n;
+    v->p = NULL;
+    v->n = v->cap = 0;
+    return p;
+}
+
+static int finish_tables(struct plan_ctx *c, struct wb_plan *p)
+{
+    uint32_t tag_bits = bits_for(c->in->rollout->n + 1);
+    uint32_t tb2 = bits_for((uint64_t)c->next_tag + 1);
+    if (tb2 > tag_bits)
+        tag_bits = tb2;
+    for (uint32_t r = 0; r < c->nt; r++) {
+        struct wb_route_table *t = &p->tables[r];
+        struct rank_out *ro = &c->ro[r];
+        t->rank = r;
+        t->ntrainers = c->nt;
+        t->nrollouts = c->nr;
+        t->tag_bits = tag_bits;
+        t->residence = c->in->tl->residence;
+        t->nphases = c->nphases;
+        t->phases = calloc(c->nphases ? c->nphases : 1, sizeof(*t->phases));
+        if (!t->phases)
+            return -ENOMEM;
+        t->tasks = take(&ro->tasks, &t->ntasks);
+        t->ops = take(&ro->ops, &t->nops);
+        t->peers = take(&ro->peers, &t->npeers);
+        if (ro->boxes.err || ro->shapes.err)
+            return -ENOMEM;
+        t->boxes = take(&ro->boxes.v, &t->nboxes);
+        t->shapes = take(&ro->shapes.v, &t->nshapes);
+        t->writes = take(&ro->writes, &t->nwrites);
+        t->amax = take(&ro->amax, &t->namax);
+        t->amax_inbox_bytes = ro->inbox;
+        t->send_bytes = ro->send;
+        for (uint32_t ph = 0, k = 0; ph < c->nphases; ph++) {
+            t->phases[ph].task0 = k;
+            while (k < t->ntasks && t->tasks[k].phase == ph)
+                k++;
+            t->phases[ph].ntasks = k - t->phases[ph].task0;
+            bool later = false;
+            for (uint32_t q = ph + 1; q < c->nphases; q++)
+                later |= c->phase_coll[q];
+            t->phases[ph].barrier_after = c->phase_coll[ph] && later;
+        }
+        for (uint32_t k = 0; k < t->ntasks; k++)
+            if (t->tasks[k].tmp_bytes > t->max_tmp_bytes)
+                t->max_tmp_bytes = t->tasks[k].tmp_bytes;
+        p->stats.send_bytes[r] = ro->send;
+        p->stats.gather_in_bytes[r] = ro->gather_in;
+        p->stats.gather_bytes += ro->gather_in;
+        p->stats.h2d_bytes += ro->h2d;
+        p->stats.tasks += t->ntasks;
+        p->stats.ops += t->nops;
+        p->stats.writes += t->nwrites;
+        p->stats.total_bytes += ro->send;
+        if (ro->send > p->stats.max_send)
+            p->stats.max_send = ro->send;
+    }
+    const struct wb_match *mt = c->in->match;
+    size_t nrt = c->in->rollout->n;
+    for (uint32_t g = 0; g < c->nr; g++) {
+        struct wb_recv_list *rv = &p->recv[g];
+        uint32_t l = g % c->gpr;
+        rv->rank = g;
+        rv->replica = g / c->gpr;
+        rv->tp_rank = l % c->in->rl->tp;
+        rv->ep_rank = l % c->in->rl->ep;
+        rv->tag_bits = tag_bits;
+        struct vec loc, exp;
+        vec_init(&loc, sizeof(struct wb_rt_local));
+        vec_init(&exp, sizeof(struct wb_rt_expect));
+        for (size_t m = 0; m < mt->n; m++) {
+            const struct rlocal *lo = &c->rloc[m * c->gpr + l];
+            const struct wb_mapping *mp = &mt->map[m];
+            if (lo->np == 0)
+                continue;
+            for (int s = 0; s < (mp->scale >= 0 ? 2 : 1); s++) {
+                struct wb_rt_local e = {.tensor = s ? (uint32_t)mp->scale : mp->rollout};
+                e.dtype = s ? WB_DTYPE_FP32 : c->in->rollout->p[e.tensor].dtype;
+                e.shape = s ? lo->scale_shape : lo->shape;
+                e.bytes = wb_shape_numel(&e.shape) * wb_dtype_size(e.dtype);
+                if (!vec_push(&loc, &e))
+                    goto nomem;
+            }
+        }
+        for (size_t k = 0; k < nrt; k++) {
+            const struct wb_rt_expect e = {(uint32_t)k + 1, (uint32_t)k,
+                                           c->recv[(size_t)g * nrt + k].bytes,
+                                           c->recv[(size_t)g * nrt + k].writes};
+            if (e.writes == 0)
+                continue;
+            if (!vec_push(&exp, &e))
+                goto nomem;
+            rv->recv_bytes += e.bytes;
+            rv->recv_writes += e.writes;
+        }
+        rv->local = take(&loc, &rv->nlocal);
+        rv->expect = take(&exp, &rv->nexpect);
+        p->stats.recv_bytes[g] = rv->recv_bytes;
+        continue;
+    nomem:
+        vec_free(&loc);
+        vec_free(&exp);
+        return -ENOMEM;
+    }
+    p->nmeshes = (uint32_t)c->meshes.n;
+    p->meshes = calloc(p->nmeshes ? p->nmeshes : 1, sizeof(*p->meshes));
+    if (!p->meshes)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < p->nmeshes; i++) {
+        const struct mesh_int *m = VEC_AT(&c->meshes, struct mesh_int, i);
+        p->meshes[i].phase = m->phase;
+        p->meshes[i].ranks = malloc((m->n ? m->n : 1) * sizeof(uint32_t));
+        if (!p->meshes[i].ranks)
+            return -ENOMEM;
+        for (uint32_t r = 0; r < c->nt; r++)
+            if (m->bits[r / 64] >> (r % 64) & 1)
+                p->meshes[i].ranks[p->meshes[i].n++] = r;
+    }
+    p->nphases = c->nphases;
+    return 0;
+}
+
+static void ctx_free(struct plan_ctx *c)
+{
+    wb_placement_map_free(c->pm);
+    free(c->rloc);
+    vec_free(&c->pieces);
+    for (size_t i = 0; i < c->meshes.n; i++)
+        free(VEC_AT(&c->meshes, struct mesh_int, i)->bits);
+    vec_free(&c->meshes);
+    vec_free(&c->items);
+    vec_free(&c->item_comps);
+    bal_free(&c->bal);
+    if (c->ro)
+        for (uint32_t r = 0; r < c->nt; r++) {
+            vec_free(&c->ro[r].tasks);
+            vec_free(&c->ro[r].ops);
+            vec_free(&c->ro[r].writes);
+            vec_free(&c->ro[r].peers);
+            vec_free(&c->ro[r].amax);
+            intern_free(&c->ro[r].boxes);
+            intern_free(&c->ro[r].shapes);
+        }
+    free(c->ro);
+    free(c->gather_seq);
+    free(c->phase_coll);
+    free(c->recv);
+    vec_free(&c->sub);
+    vec_free(&c->asg);
+    vec_free(&c->xc);
+    vec_free(&c->icomp);
+    vec_free(&c->ibox);
+    vec_free(&c->iset);
+    vec_free(&c->dem);
+    vec_free(&c->sd);
+}
+
+/* Pass 3 state reset (a rebuild with the greedy's assignment replays it). */
+static int emit_all(struct plan_ctx *c)
+{
+    size_t nrt = c->in->rollout->n;
+    free(c->recv);
+    c->recv = calloc((size_t)c->nr * nrt + 1, sizeof(*c->recv));
+    free(c->gather_seq);
+    c->gather_seq = calloc(c->meshes.n + 1, sizeof(uint32_t));
+    free(c->phase_coll);
+    c->phase_coll = calloc(c->nphases + 1, sizeof(bool));
+    if (!c->recv || !c->gather_seq || !c->phase_coll)
+        return -ENOMEM;
+    for (uint32_t r = 0; r < c->nt; r++) {
+        struct rank_out *ro = &c->ro[r];
+        ro->tasks.n = ro->ops.n = ro->writes.n = ro->peers.n = ro->amax.n = 0;
+        intern_free(&ro->boxes);
+        intern_free(&ro->shapes);
+        intern_init(&ro->boxes, sizeof(struct wb_box));
+        intern_init(&ro->shapes, sizeof(struct wb_shape));
+        ro->inbox = ro->send = ro->gather_in = ro->h2d = 0;
+    }
+    c->next_tag = 0;
+    c->gathers = c->amax_ops = 0;
+    c->demand_cursor = 0;
+    uint32_t group = 0;
+    for (size_t i = 0; i < c->items.n; i++) {
+        int r = walk_item(c, VEC_AT(&c->items, struct item, i), true, &group);
+        if (!r)
+            r = emit_item(c, (uint32_t)i);
+        if (r)
+            return r;
+    }
+    return 0;
+}
+
+int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts,
+                  struct wb_plan **out, struct wb_errlist *el)
+{
+    struct plan_ctx c;
+    memset(&c, 0, sizeof(c));
+    c.in = in;
+    c.opts = opts;
+    c.el = el;
+    vec_init(&c.pieces, sizeof(struct wb_local_piece));
+    vec_init(&c.meshes, sizeof(struct mesh_int));
+    vec_init(&c.items, sizeof(struct item));
+    vec_init(&c.item_comps, sizeof(uint32_t));
+    vec_init(&c.sub, sizeof(struct subpiece));
+    vec_init(&c.asg, sizeof(struct assign));
+    vec_init(&c.xc, sizeof(struct xchg));
+    vec_init(&c.icomp, sizeof(struct icomp));
+    vec_init(&c.ibox, sizeof(struct wb_box));
+    vec_init(&c.iset, sizeof(int64_t));
+    vec_init(&c.dem, sizeof(struct dem));
+    vec_init(&c.sd, sizeof(struct sd));
+    struct wb_plan *p = NULL;
+    int r = wb_layout_check(in->tl, in->rl, el);
+    if (r)
+        goto out;
+    c.nt = in->tl->world;
+    c.gpr = in->rl->gpus_per_replica;
+    c.nr = in->rl->replicas * c.gpr;
+    c.words = (c.nt + 63) / 64;
+
+    bool *used = calloc(in->trainer->n + 1, sizeof(bool));
+    if (!used) {
+        r = -ENOMEM;
+        goto out;
+    }
+    for (size_t m = 0; m < in->match->n; m++)
+        for (uint32_t k = 0; k < in->match->map[m].ncomp; k++)
+            used[in->match->map[m].comp[k].trainer] = true;
+    r = wb_placement_map_build(in->tl, in->trainer, used, &c.pm, el);
+    free(used);
+    if (r)
+        goto out;
+    r = build_rollout_locals(&c);
+    if (r)
+        goto out;
+    if ((r = build_items(&c)) || (r = build_phases(&c)))
+        goto out;
+    r = choose_modes(&c);
+    if (!r)
+        r = bal_init(&c.bal, c.nt);
+    if (r)
+        goto out;
+    uint32_t group = 0;
+    for (size_t i = 0; i < c.items.n && !r; i++)
+        r = walk_item(&c, VEC_AT(&c.items, struct item, i), false, &group);
+    if (r)
+        goto out;
+    r = bal_solve(&c.bal, false);
+    if (r)
+        goto out;
+    c.ro = calloc(c.nt, sizeof(*c.ro));
+    if (!c.ro) {
+        r = -ENOMEM;
+        goto out;
+    }
+    for (uint32_t k = 0; k < c.nt; k++) {
+        vec_init(&c.ro[k].tasks, sizeof(struct wb_rt_task));
+        vec_init(&c.ro[k].ops, sizeof(struct wb_rt_op));
+        vec_init(&c.ro[k].writes, sizeof(struct wb_rt_write));
+        vec_init(&c.ro[k].peers, sizeof(struct wb_rt_peer));
+        vec_init(&c.ro[k].amax, sizeof(struct wb_rt_expect));
+    }
+    r = emit_all(&c);
+    if (r)
+        goto out;
+    /* Splits round part sizes; should that make the busiest sender worse than the reference
+     * greedy, emit the greedy's assignment instead. */
+    uint64_t mx = 0;
+    for (uint32_t k = 0; k < c.nt; k++)
+        if (c.ro[k].send > mx)
+            mx = c.ro[k].send;
+    if (mx > c.bal.greedy_max && !c.bal.used_greedy) {
+        uint64_t lb = c.bal.lower_bound;
+        bal_free(&c.bal);
+        if ((r = bal_init(&c.bal, c.nt)))
+            goto out;
+        group = 0;
+        memset(c.pieces_by_mode, 0, sizeof(c.pieces_by_mode));
+        for (size_t i = 0; i < c.items.n && !r; i++)
+            r = walk_item(&c, VEC_AT(&c.items, struct item, i), false, &group);
+        if (r || (r = bal_solve(&c.bal, true)) || (r = emit_all(&c)))
+            goto out;
+        c.bal.lower_bound = lb;
+    }
+
+    p = calloc(1, sizeof(*p));
+    if (!p) {
+        r = -ENOMEM;
+        goto out;
+    }
+    p->mode = opts->mode;
+    p->mem_cap = opts->mem_cap ? opts->mem_cap : (1ull << 30);
+    p->ntrainers = c.nt;
+    p->nrollouts = c.nr;
+    p->tables = calloc(c.nt, sizeof(*p->tables));
+    p->recv = calloc(c.nr ? c.nr : 1, sizeof(*p->recv));
+    p->stats.send_bytes = calloc(c.nt, sizeof(uint64_t));
+    p->stats.gather_in_bytes = calloc(c.nt, sizeof(uint64_t));
+    p->stats.recv_bytes = calloc(c.nr ? c.nr : 1, sizeof(uint64_t));
+    if (!p->tables || !p->recv || !p->stats.send_bytes || !p->stats.gather_in_bytes ||
+        !p->stats.recv_bytes) {
+        r = -ENOMEM;
+        goto out;
+    }
+    r = finish_tables(&c, p);
+    if (r)
+        goto out;
+    p->stats.tensors = 0;
+    for (size_t m = 0; m < in->match->n; m++)
+        p->stats.tensors += in->match->map[m].ncomp;
+    p->stats.mappings = in->match->n;
+    p->stats.items = c.items.n;
+    p->stats.amax_ops = c.amax_ops;
+    p->stats.gathers = c.gathers;
+    memcpy(p->stats.pieces, c.pieces_by_mode, sizeof(p->stats.pieces));
+    p->stats.lower_bound = c.bal.lower_bound;
+    p->stats.greedy_max = c.bal.greedy_max;
+out:
+    ctx_free(&c);
+    if (r) {
+        wb_plan_free(p);
+        if (r != -ENOMEM && r != -WB_E_CONFIG)
+            r = -WB_E_PLAN;
+        return r;
+    }
+    *out = p;
+    return 0;
+}
+
+void wb_route_table_free(struct wb_route_table *t)
+{
+    if (!t)
+        return;
+    free(t->phases);
+    free(t->tasks);
+    free(t->ops);
+    free(t->peers);
+    free(t->boxes);
+    free(t->shapes);
+    free(t->writes);
+    free(t->amax);
+    memset(t, 0, sizeof(*t));
+}
+
+void wb_recv_list_free(struct wb_recv_list *r)
+{
+    if (!r)
+        return;
+    free(r->local);
+    free(r->expect);
+    memset(r, 0, sizeof(*r));
+}
+
+void wb_plan_free(struct wb_plan *p)
+{
+    if (!p)
+        return;
+    if (p->tables)
+        for (uint32_t r = 0; r < p->ntrainers; r++)
+            wb_route_table_free(&p->tables[r]);
+    if (p->recv)
+        for (uint32_t g = 0; g < p->nrollouts; g++)
+            wb_recv_list_free(&p->recv[g]);
+    free(p->tables);
+    free(p->recv);
+    if (p->meshes)
+        for (uint32_t i = 0; i < p->nmeshes; i++)
+            free(p->meshes[i].ranks);
+    free(p->meshes);
+    free(p->stats.send_bytes);
+    free(p->stats.recv_bytes);
+    free(p->stats.gather_in_bytes);
+    free(p);
+}

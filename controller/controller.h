@@ -149,6 +149,7 @@ struct wb_job {
     char *token;  /* cluster token ("" -> $WB_TOKEN; required either way) */
     struct {
         char *rules;             /* model rules (configs/models/…) */
+        char *hf_config;         /* config.json: generate both inventories from the rules */
         char *trainer_inventory; /* inventory files (YAML/JSON) */
         char *rollout_inventory;
     } model;

@@ -13,6 +13,9 @@ static const char *const mode_choices[] = {"auto", "direct", "amax", "gather", N
 static const struct wb_cfg_field model_fields[] = {
     {"rules", WB_CFG_STR, "", "model rules YAML (configs/models/...)",
      offsetof(struct wb_job, model.rules) - offsetof(struct wb_job, model)},
+    {"hf_config", WB_CFG_STR, "",
+     "Hugging Face config.json: inventories generated from it and the rules' family entries",
+     offsetof(struct wb_job, model.hf_config) - offsetof(struct wb_job, model)},
     {"trainer_inventory", WB_CFG_STR, "", "trainer parameters: YAML/JSON name -> dtype, shape",
      offsetof(struct wb_job, model.trainer_inventory) - offsetof(struct wb_job, model)},
     {"rollout_inventory", WB_CFG_STR, "", "rollout parameters: YAML/JSON name -> dtype, shape",
@@ -91,6 +94,7 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
     }
     const char *dir = dirname(dup);
     err = resolve(&j.model.rules, dir);
+    err = err ? err : resolve(&j.model.hf_config, dir);
     err = err ? err : resolve(&j.model.trainer_inventory, dir);
     err = err ? err : resolve(&j.model.rollout_inventory, dir);
     err = err ? err : resolve(&j.trainer_layout, dir);
@@ -119,8 +123,10 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
     static const char *const need[] = {"model.rules", "model.trainer_inventory",
                                        "model.rollout_inventory", "trainer_layout",
                                        "rollout_layout"};
-    const char *have[] = {j.model.rules, j.model.trainer_inventory, j.model.rollout_inventory,
-                          j.trainer_layout, j.rollout_layout};
+    const char *gen = *j.model.hf_config ? "(from hf_config)" : "";
+    const char *have[] = {j.model.rules, *gen ? gen : j.model.trainer_inventory,
+                          *gen ? gen : j.model.rollout_inventory, j.trainer_layout,
+                          j.rollout_layout};
     bool any = false;
     for (size_t i = 0; i < WB_ARRAY_LEN(need); i++)
         any |= *have[i] != 0;

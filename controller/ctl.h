@@ -13,7 +13,8 @@ struct ctl_blob {
 struct ctl_plan {
     uint32_t ntrainers, nrollouts;
     struct ctl_blob *table;  /* [ntrainers] planner route-table envelope (empty: no model) */
-    struct ctl_blob *shards; /* [ntrainers] msgpack array of wb_tensor_meta the rank holds */
+    struct ctl_blob *shards; /* [ntrainers] msgpack array of [trainer tensor index,
+                                wb_tensor_meta] for every shard the rank holds */
     struct ctl_blob *recv;   /* [nrollouts] planner receive-list envelope */
     uint64_t *expect_bytes;  /* [nrollouts] bytes a rollout receives per update */
     char *summary;           /* human-readable plan summary (wb-ctl plan) */

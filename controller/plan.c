@@ -76,6 +76,8 @@ static int encode_shards(const struct wb_job *job, struct ctl_plan *p,
             struct wb_tensor_meta tm = {
                 .dtype = ti->p[t].dtype, .shape = ti->p[t].shape, .box = own[t][k].box};
             snprintf(tm.name, sizeof(tm.name), "%s", ti->p[t].name);
+            wb_mpw_array(&w[r], 2); /* [trainer tensor index, meta] */
+            wb_mpw_u64(&w[r], t);
             wb_wire_put_tensor_meta(&w[r], &tm);
         }
     for (uint32_t r = 0; !err && r < p->ntrainers; r++)

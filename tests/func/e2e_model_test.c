@@ -50,7 +50,7 @@ static void test_demo_plan_setup(void)
     pid_t ctl = e2e_spawn("controller.log", env, cargv);
     pid_t ag[6];
     for (int i = 0; i < 6; i++) {
-        char log[32], rk[8];
+        char log[32], rk[16];
         snprintf(log, sizeof(log), "agent%d.log", i);
         snprintf(rk, sizeof(rk), "%d", i < 4 ? i : i - 4);
         char *argv[] = {"wb-agent", "--role", i < 4 ? "trainer" : "rollout",

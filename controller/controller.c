@@ -82,7 +82,7 @@ struct wb_controller {
     uint64_t last_version; /* last complete transfer */
     struct xfer x;
     bool shutting_down;
-    uint64_t exit_deadline;
+    uint64_t exit_deadline, exit_linger;
 };
 
 static const char *M = "controller";
@@ -752,6 +752,7 @@ static void on_ctl_shutdown(struct wb_controller *c, nng_msg *req)
         xfer_fail(c, "controller shutting down");
     c->shutting_down = true;
     c->exit_deadline = wb_now_ns() + c->job->poll_hold_ns + 2 * c->job->heartbeat_ns;
+    c->exit_linger = wb_now_ns() + 200 * 1000000ull;
     for (uint32_t i = 0; i < c->nagents; i++)
         if (c->agents[i].alive)
             queue_simple(c, &c->agents[i], WB_CMD_EXIT, 0, NULL);
@@ -820,6 +821,10 @@ static bool shutdown_done(struct wb_controller *c, uint64_t now)
 {
     if (now >= c->exit_deadline)
         return true;
+    /* Replies leave asynchronously: give the last ones (the client's OK) time to be written
+     * before the socket closes. */
+    if (now < c->exit_linger)
+        return false;
     for (uint32_t i = 0; i < c->nagents; i++)
         if (c->agents[i].alive && c->agents[i].ncmds)
             return false;

@@ -270,10 +270,10 @@ static void cmd_peers(struct wb_agent *a, const struct wb_msg *b)
         wb_msg_ku64(w, "gen", gen);
 }
 
-static void cmd_transfer(struct wb_agent *a, uint64_t version)
+static void cmd_transfer(struct wb_agent *a, uint64_t version, uint64_t epoch)
 {
     char err[512] = "";
-    int rc = a->d ? data_start(a->d, version, err, sizeof(err)) : -EINVAL;
+    int rc = a->d ? data_start(a->d, version, epoch, err, sizeof(err)) : -EINVAL;
     if (rc) {
         if (!*err)
             snprintf(err, sizeof(err), "transfer before setup");
@@ -319,8 +319,9 @@ static int on_commands(struct wb_agent *a, void *buf, size_t len)
         if (wb_msg_index(&body, &bm))
             continue;
         bm.type = (uint32_t)kind;
-        uint64_t version = 0;
+        uint64_t version = 0, epoch = 0;
         wb_msg_u64(&bm, "version", &version);
+        wb_msg_u64(&bm, "epoch", &epoch);
         switch (kind) {
         case WB_CMD_SETUP:
             cmd_setup(a, &bm);
@@ -329,10 +330,15 @@ static int on_commands(struct wb_agent *a, void *buf, size_t len)
             cmd_peers(a, &bm);
             break;
         case WB_CMD_TRANSFER:
-            cmd_transfer(a, version);
+            cmd_transfer(a, version, epoch);
             break;
         case WB_CMD_COMPLETE:
             if (a->o.role == WB_ROLE_ROLLOUT) {
+                char err[512] = "";
+                int rc =
+                    a->o.dump && a->d ? data_dump(a->d, a->o.dump, version, err, sizeof(err)) : 0;
+                if (rc)
+                    wb_log(WB_LOG_ERROR, M, "rollout rank %u: %s", a->o.rank, err);
                 a->version = version;
                 a->in_flight = false;
                 struct wb_mpw *w = report_begin(a, WB_REP_COMMITTED, true, NULL, 1);
@@ -369,10 +375,15 @@ static int on_commands(struct wb_agent *a, void *buf, size_t len)
 
 static void data_step(struct wb_agent *a)
 {
-    if (!a->xfer_active || !a->d || wb_now_ns() < a->pace_until)
+    if (!a->d)
         return;
     struct data_done done;
-    if (data_progress(a->d, &done) != 1)
+    /* Always: the transport moves data only while it is polled, transfer or not. */
+    if (a->xfer_active && wb_now_ns() < a->pace_until) {
+        data_poll(a->d);
+        return;
+    }
+    if (data_progress(a->d, &done) != 1 || !a->xfer_active)
         return;
     a->xfer_active = false;
     bool tr = a->o.role == WB_ROLE_TRAINER;
@@ -420,7 +431,7 @@ int wb_agent_run(struct wb_agent *a)
 
         struct pollfd p[2] = {{.fd = a->call.fd, .events = POLLIN},
                               {.fd = a->pollc.fd, .events = POLLIN}};
-        poll(p, 2, a->xfer_active ? 0 : 10);
+        poll(p, 2, a->xfer_active ? 0 : a->d && data_busy(a->d) ? 1 : 10);
         void *buf;
         size_t len;
         while (wb_chan_try_recv(&a->call, &buf, &len) == 1) {

@@ -53,9 +53,11 @@ struct wb_agent_opts {
     int32_t device;         /* GPU index, -1 = host memory */
     const char *controller; /* nng URL */
     const char *token;
-    const char *trace;   /* Chrome trace JSON path, or NULL */
-    uint64_t give_up_ns; /* exit when the controller stays silent this long */
-    uint64_t pace_ns;    /* testing: extra delay before each task starts (0 = none) */
+    const char *trace;     /* Chrome trace JSON path, or NULL */
+    uint64_t give_up_ns;   /* exit when the controller stays silent this long */
+    uint64_t pace_ns;      /* testing: extra delay before each task starts (0 = none) */
+    const char *tx_domain; /* transport domain (NIC / interface), NULL = the provider's choice */
+    const char *dump;      /* rollouts: directory for rollout<rank>.v<N>.bin after each version */
 };
 
 struct wb_agent;

@@ -31,14 +31,19 @@ int data_setup(struct data **d, const struct wb_agent_opts *o, const struct agen
                char *err, size_t errcap);
 /* Trainer: the PEERS list (a msgpack array of [role, rank, addr, regions]). */
 int data_peers(struct data *d, const void *peers, size_t len, char *err, size_t errcap);
-/* Starts transfer `version` (trainers: regenerate synthetic weights, start the executor;
- * rollouts: start counting immediates for it). */
-int data_start(struct data *d, uint64_t version, char *err, size_t errcap);
+/* Starts transfer `version`, attempt `epoch` (trainers: regenerate synthetic weights, start
+ * the executor; rollouts: start counting immediates for it). */
+int data_start(struct data *d, uint64_t version, uint64_t epoch, char *err, size_t errcap);
 /* Makes progress without blocking; 1 when the transfer finished (*out filled), 0 when not. */
 int data_progress(struct data *d, struct data_done *out);
 /* Drops the transfer in flight (ABORT). */
 void data_abort(struct data *d);
-/* Rollouts: the bytes of local tensor i (for checks), NULL when absent. */
+/* Polls the transport only (completions, immediates), without advancing a transfer. */
+void data_poll(struct data *d);
+/* True when the data side has a transport that must be polled on every turn of the loop. */
+bool data_busy(const struct data *d);
+/* Rollouts: writes every local tensor to DIR/rollout<rank>.v<version>.bin (for checks). */
+int data_dump(struct data *d, const char *dir, uint64_t version, char *err, size_t errcap);
 void data_free(struct data *d);
 
 #endif /* WB_AGENT_PRIV_H */

@@ -80,6 +80,7 @@ struct wb_controller {
     uint64_t gen;
     uint64_t sessions;     /* session ids handed out */
     uint64_t last_version; /* last complete transfer */
+    uint64_t epochs;       /* transfer attempts started */
     struct xfer x;
     bool shutting_down;
     uint64_t exit_deadline, exit_linger;
@@ -474,11 +475,18 @@ static void on_ctl_transfer(struct wb_controller *c, nng_msg *req, const struct 
     c->x.start_ns = wb_now_ns();
     c->x.deadline = c->x.start_ns + timeout;
     c->x.client = req;
+    c->epochs++; /* each attempt has its own epoch: agents tag its immediates with it */
     for (uint32_t i = 0; i < c->nagents; i++) {
         struct agent *a = &c->agents[i];
         a->stats = (struct wb_xfer_stats){.rank = a->rank};
         a->rx_bytes = 0;
-        queue_simple(c, a, WB_CMD_TRANSFER, v, NULL);
+        struct wb_mpw *w = cmd_push(a, WB_CMD_TRANSFER);
+        if (!w)
+            continue;
+        wb_mpw_map(w, 2);
+        wb_msg_ku64(w, "version", v);
+        wb_msg_ku64(w, "epoch", c->epochs);
+        flush_poll(c, a);
     }
     wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " started", v);
 }

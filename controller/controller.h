@@ -52,7 +52,7 @@ int wb_role_parse(const char *s, enum wb_role *out);
 enum wb_cmd_kind {
     WB_CMD_SETUP = 1, /* body: {gen, table|recv (planner wire bytes), shards, job} */
     WB_CMD_PEERS,     /* body: {gen, agents: [{role, rank, addr, regions}]} */
-    WB_CMD_TRANSFER,  /* body: {version} */
+    WB_CMD_TRANSFER,  /* body: {version, epoch (attempt counter)} */
     WB_CMD_COMPLETE,  /* body: {version}: rollouts publish it */
     WB_CMD_ABORT,     /* body: {version, reason} */
     WB_CMD_EXIT,      /* body: {}: clean shutdown */
@@ -204,9 +204,27 @@ struct wb_xfer_stats {
     uint64_t peak_tmp, cap;
     uint64_t stage_ns[WB_STAGE_COUNT]; /* summed busy time per stage */
     uint64_t total_ns;                 /* TRANSFER received -> last write completed */
+    uint64_t mem_waits;                /* tasks that waited for memory under the cap */
 };
 
 void wb_xfer_stats_put(struct wb_mpw *w, const struct wb_xfer_stats *s);
 int wb_xfer_stats_get(struct wb_mpr *r, struct wb_xfer_stats *s);
+
+/* ================================================================ the reference check
+ *
+ * What every byte of a rollout rank's tensors must be after version N, computed independently
+ * of the planner and the executor (verify.c): the matcher's mappings, the synthetic source, the
+ * quant CPU reference, the rollout layout's boxes. Checked against a rollout agent's dump
+ * (wb-agent --dump DIR writes DIR/rollout<rank>.v<N>.bin: "WBDUMP1\n", u32 count, then per
+ * local tensor u32 rollout tensor index, u64 bytes, the bytes; host byte order). */
+struct wb_ref;
+int wb_ref_load(const struct wb_job *job, struct wb_ref **out, struct wb_errlist *el);
+void wb_ref_free(struct wb_ref *f);
+uint32_t wb_ref_nrollouts(const struct wb_ref *f);
+/* 0 when the dump of rollout `rank` at `path` equals the reference for `version` (*bytes: how
+ * many were compared); otherwise a negative code and msg naming the rank, tensor and first
+ * differing byte. */
+int wb_ref_check_dump(const struct wb_ref *f, uint32_t rank, uint64_t version, const char *path,
+                      char *msg, size_t cap, uint64_t *bytes);
 
 #endif /* WB_CONTROLLER_H */

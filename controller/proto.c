@@ -235,7 +235,7 @@ int wb_msg_bin(const struct wb_msg *m, const char *key, const void **p, size_t *
 
 void wb_xfer_stats_put(struct wb_mpw *w, const struct wb_xfer_stats *s)
 {
-    wb_mpw_array(w, 8);
+    wb_mpw_array(w, 9);
     wb_mpw_u64(w, s->rank);
     wb_mpw_u64(w, s->bytes);
     wb_mpw_u64(w, s->writes);
@@ -246,14 +246,15 @@ void wb_xfer_stats_put(struct wb_mpw *w, const struct wb_xfer_stats *s)
     for (int i = 0; i < WB_STAGE_COUNT; i++)
         wb_mpw_u64(w, s->stage_ns[i]);
     wb_mpw_u64(w, s->total_ns);
+    wb_mpw_u64(w, s->mem_waits);
 }
 
 int wb_xfer_stats_get(struct wb_mpr *r, struct wb_xfer_stats *s)
 {
     struct wb_xfer_stats t = {0};
     uint32_t n, ns;
-    wb_mpr_array(r, 8, &n);
-    if (n != 8)
+    wb_mpr_array(r, 64, &n);
+    if (n < 8) /* 8: before mem_waits; later versions only append */
         return -EBADMSG;
     wb_mpr_u32(r, &t.rank);
     wb_mpr_u64(r, &t.bytes);
@@ -265,6 +266,10 @@ int wb_xfer_stats_get(struct wb_mpr *r, struct wb_xfer_stats *s)
     for (uint32_t i = 0; i < ns; i++)
         wb_mpr_u64(r, &t.stage_ns[i]);
     wb_mpr_u64(r, &t.total_ns);
+    if (n > 8)
+        wb_mpr_u64(r, &t.mem_waits);
+    for (uint32_t i = 9; i < n; i++)
+        wb_mpr_skip(r);
     if (r->err)
         return r->err;
     *s = t;

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The README's main job on a small built-in example (configs/jobs/demo.yaml): a controller,
 # 4 trainer agents (BF16, FSDP 2 x EP 2) and 2 rollout agents (FP8, TP 2) of a small
-# Qwen3-MoE-shaped model on loopback; the plan, three transfers with per-GPU bytes and
-# per-stage times, the rollouts' versions, then a clean shutdown.
+# Qwen3-MoE-shaped model on loopback (libfabric tcp provider); the plan, three transfers with
+# per-GPU bytes and per-stage times, every rollout byte checked against the independent
+# reference after each transfer (wb-ctl verify), the rollouts' versions, then a clean shutdown.
+# Chrome traces of the trainers' stages are left in the log directory (open in Perfetto).
 # Usage: scripts/demo.sh [BUILD_DIR]   (make demo runs it after building)
 set -u
 build=${1:-build}
@@ -12,6 +14,7 @@ port=$((17420 + RANDOM % 2000))
 url=tcp://127.0.0.1:$port
 export WB_TOKEN=${WB_TOKEN:-demo-$RANDOM$RANDOM}
 logs=$(mktemp -d "${TMPDIR:-/tmp}/wb-demo.XXXXXX")
+mkdir -p "$logs/dump"
 pids=()
 
 cleanup() {
@@ -25,11 +28,13 @@ echo "== weightbridge demo: $url, logs in $logs"
     >"$logs/controller.log" 2>&1 &
 pids+=($!)
 for r in 0 1 2 3; do
-    "$bin/wb-agent" --role trainer --rank $r --controller "$url" >"$logs/trainer$r.log" 2>&1 &
+    "$bin/wb-agent" --role trainer --rank $r --controller "$url" --tx-domain lo \
+        --trace "$logs/trainer$r.trace.json" >"$logs/trainer$r.log" 2>&1 &
     pids+=($!)
 done
 for r in 0 1; do
-    "$bin/wb-agent" --role rollout --rank $r --controller "$url" >"$logs/rollout$r.log" 2>&1 &
+    "$bin/wb-agent" --role rollout --rank $r --controller "$url" --tx-domain lo \
+        --dump "$logs/dump" >"$logs/rollout$r.log" 2>&1 &
     pids+=($!)
 done
 
@@ -49,13 +54,28 @@ fi
 "$bin/wb-ctl" -c "$url" plan
 echo
 rc=0
+summary=()
 for v in 1 2 3; do
-    if ! "$bin/wb-ctl" -c "$url" --timeout 60s transfer --version $v; then
+    if ! "$bin/wb-ctl" -c "$url" --timeout 60s transfer --version $v | tee "$logs/result$v.txt"; then
         rc=1
         break
     fi
+    if ! "$bin/wb-ctl" verify --config "$here/configs/jobs/demo.yaml" --dump "$logs/dump" \
+        --version $v; then
+        rc=1
+        break
+    fi
+    summary+=("$(awk -v v=$v '/^all /{printf "%-8s %9s %9s %9s %9s %9s %9s %10s %10s", v, $6, $7, $8, $9, $10, $11, $12, $5}' "$logs/result$v.txt")")
     echo
 done
+if [ $rc -eq 0 ]; then
+    echo "== per-stage busy time summed over the 4 trainers (ms) and the slowest trainer's total"
+    printf "%-8s %9s %9s %9s %9s %9s %9s %10s %10s\n" version h2d gather fuse quant write \
+        barrier total_ms peak_tmp
+    printf "%s\n" "${summary[@]}"
+    echo "traces: $logs/trainer*.trace.json (Chrome trace format, open in ui.perfetto.dev)"
+    echo
+fi
 "$bin/wb-ctl" -c "$url" status
 "$bin/wb-ctl" -c "$url" shutdown
 for p in "${pids[@]}"; do

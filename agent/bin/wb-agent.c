@@ -23,6 +23,9 @@ static void usage(FILE *f)
                "      --trace FILE        write a Chrome trace JSON of every transfer's stages\n"
                "      --give-up DURATION  exit when the controller is silent this long (30s)\n"
                "      --pace DURATION     testing: wait this long before each task starts\n"
+               "      --tx-domain NAME    transport domain: NIC or interface (tcp: e.g. lo, eth0)\n"
+               "      --dump DIR          rollouts: write DIR/rollout<rank>.v<N>.bin after each\n"
+               "                          complete version (wb-ctl verify checks them)\n"
                "  -h, --help              this text\n");
 }
 
@@ -36,6 +39,8 @@ int main(int argc, char **argv)
                                        {"trace", required_argument, 0, 'T'},
                                        {"give-up", required_argument, 0, 'G'},
                                        {"pace", required_argument, 0, 'P'},
+                                       {"tx-domain", required_argument, 0, 'D'},
+                                       {"dump", required_argument, 0, 'U'},
                                        {"help", no_argument, 0, 'h'},
                                        {0}};
     struct wb_agent_opts o = {.device = -1, .controller = "tcp://127.0.0.1:7420"};
@@ -81,6 +86,12 @@ int main(int argc, char **argv)
             *(ch == 'G' ? &o.give_up_ns : &o.pace_ns) = ns;
             break;
         }
+        case 'D':
+            o.tx_domain = optarg;
+            break;
+        case 'U':
+            o.dump = optarg;
+            break;
         case 'h':
             usage(stdout);
             return 0;

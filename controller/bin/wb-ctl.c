@@ -12,6 +12,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: wb-ctl [options] transfer --version N | status | plan | shutdown\n"
+               "       wb-ctl verify --config JOB --dump DIR --version N\n"
                "\n"
                "  transfer --version N   run transfer N; prints per-GPU bytes, per-stage and\n"
                "                         total times; exit 1 with the reason when it fails\n"
@@ -19,10 +20,16 @@ static void usage(FILE *f)
                "                         version and whether an update is in flight)\n"
                "  plan                   the plan summary\n"
                "  shutdown               stop the agents and the controller\n"
+               "  verify                 check every rollout's dump of version N (wb-agent\n"
+               "                         --dump DIR) against the reference computed from the\n"
+               "                         job's model: synthetic source, fusion, quant CPU\n"
+               "                         reference, rollout boxes; needs no controller\n"
                "\n"
                "  -c, --controller URL   default tcp://127.0.0.1:7420\n"
                "  -t, --token TOKEN      default $WB_TOKEN\n"
                "      --timeout DURATION how long to wait for the answer (default 120s)\n"
+               "      --config JOB       verify: the job file\n"
+               "      --dump DIR         verify: the rollouts' dump directory\n"
                "  -h, --help             this text\n");
 }
 
@@ -44,7 +51,7 @@ static int print_result(const struct wb_msg *m)
     printf("%-8s %12s %7s %6s %10s", "trainer", "bytes", "writes", "tasks", "peak_tmp");
     for (int s = 0; s < WB_STAGE_COUNT; s++)
         printf(" %8s", wb_stage_name(s));
-    printf(" %9s\n", "total_ms");
+    printf(" %9s %10s %6s\n", "total_ms", "mem_cap", "queued");
     struct wb_xfer_stats sum = {0};
     for (uint32_t i = 0; i < n; i++) {
         struct wb_xfer_stats s;
@@ -56,8 +63,10 @@ static int print_result(const struct wb_msg *m)
             printf(" %8.3f", ms(s.stage_ns[k]));
             sum.stage_ns[k] += s.stage_ns[k];
         }
-        printf(" %9.3f\n", ms(s.total_ns));
+        printf(" %9.3f %10" PRIu64 " %6" PRIu64 "\n", ms(s.total_ns), s.cap, s.mem_waits);
         sum.bytes += s.bytes;
+        sum.mem_waits += s.mem_waits;
+        sum.cap = s.cap > sum.cap ? s.cap : sum.cap;
         sum.writes += s.writes;
         sum.tasks += s.tasks;
         if (s.total_ns > sum.total_ns)
@@ -69,7 +78,7 @@ static int print_result(const struct wb_msg *m)
            sum.tasks, sum.peak_tmp);
     for (int k = 0; k < WB_STAGE_COUNT; k++)
         printf(" %8.3f", ms(sum.stage_ns[k]));
-    printf(" %9.3f\n", ms(sum.total_ns));
+    printf(" %9.3f %10" PRIu64 " %6" PRIu64 "\n", ms(sum.total_ns), sum.cap, sum.mem_waits);
     r = wb_msg_get(m, "rollout_bytes");
     if (wb_mpr_array(&r, 1u << 20, &n) == 0)
         for (uint32_t i = 0; i < n; i++) {
@@ -174,15 +183,63 @@ static int call(const char *url, const char *token, uint64_t timeout, struct wb_
     return rc;
 }
 
+/* verify: every rollout's dump of `version` against the reference. */
+static int verify(const char *config, const char *dump, uint64_t version)
+{
+    if (!config || !dump || !version) {
+        fprintf(stderr, "wb-ctl: verify needs --config JOB, --dump DIR and --version N\n");
+        return 2;
+    }
+    if (!getenv("WB_TOKEN"))
+        setenv("WB_TOKEN", "unused-by-verify", 0); /* the job loader insists on one */
+    struct wb_errlist el;
+    struct wb_job job;
+    struct wb_ref *ref = NULL;
+    wb_errlist_init(&el);
+    int err = wb_job_load(config, &job, &el);
+    if (!err) {
+        err = wb_ref_load(&job, &ref, &el);
+        wb_job_free(&job);
+    }
+    if (err) {
+        wb_errlist_print(&el, "wb-ctl: ", stderr);
+        wb_errlist_free(&el);
+        return 1;
+    }
+    wb_errlist_free(&el);
+    int rc = 0;
+    uint64_t total = 0;
+    for (uint32_t r = 0; r < wb_ref_nrollouts(ref); r++) {
+        char path[4096], msg[512];
+        uint64_t bytes = 0;
+        snprintf(path, sizeof(path), "%s/rollout%u.v%" PRIu64 ".bin", dump, r, version);
+        if (wb_ref_check_dump(ref, r, version, path, msg, sizeof(msg), &bytes)) {
+            fprintf(stderr, "wb-ctl: verify: %s\n", msg);
+            rc = 1;
+        } else {
+            total += bytes;
+        }
+    }
+    if (!rc)
+        printf("verify version %" PRIu64 ": %u rollouts, %" PRIu64
+               " bytes, every byte equals the reference\n",
+               version, wb_ref_nrollouts(ref), total);
+    wb_ref_free(ref);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option lo[] = {{"controller", required_argument, 0, 'c'},
                                        {"token", required_argument, 0, 't'},
                                        {"timeout", required_argument, 0, 'T'},
                                        {"version", required_argument, 0, 'v'},
+                                       {"config", required_argument, 0, 'J'},
+                                       {"dump", required_argument, 0, 'U'},
                                        {"help", no_argument, 0, 'h'},
                                        {0}};
     const char *url = "tcp://127.0.0.1:7420", *token = getenv("WB_TOKEN");
+    const char *config = NULL, *dump = NULL;
     uint64_t timeout = 120ull * 1000000000, version = 0;
     int ch;
     while ((ch = getopt_long(argc, argv, "c:t:v:h", lo, NULL)) != -1) {
@@ -206,6 +263,12 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'J':
+            config = optarg;
+            break;
+        case 'U':
+            dump = optarg;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -218,6 +281,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (strcmp(argv[optind], "verify") == 0)
+        return verify(config, dump, version);
     if (!token || !*token) {
         fprintf(stderr, "wb-ctl: no cluster token: give --token or set $WB_TOKEN\n");
         return 2;

@@ -218,11 +218,12 @@ int exec_setup(struct data *d, char *err, size_t errcap)
     d->gather_ready = calloc(t->nops ? t->nops : 1, 1);
     d->barrier_done = calloc(np, 1);
     d->barrier_issued = calloc(np, sizeof(bool));
+    d->barrier_t0 = calloc(np, sizeof(uint64_t));
     d->gx_total = calloc(np, sizeof(uint32_t));
     d->gx_done = calloc(np, sizeof(uint32_t));
     d->spans = calloc(SPAN_MAX, sizeof(*d->spans));
     if (!d->tasks || !d->amax_out_off || !d->gather_ready || !d->barrier_done ||
-        !d->barrier_issued || !d->gx_total || !d->gx_done || !d->spans)
+        !d->barrier_issued || !d->barrier_t0 || !d->gx_total || !d->gx_done || !d->spans)
         return -ENOMEM;
     int rc = layout_gathers(d);
     if (rc) {
@@ -276,6 +277,7 @@ void exec_free(struct data *d)
     free(d->gather_ready);
     free(d->barrier_done);
     free(d->barrier_issued);
+    free(d->barrier_t0);
     free(d->gx_total);
     free(d->gx_done);
     free(d->spans);
@@ -326,6 +328,11 @@ int exec_start(struct data *d)
 {
     struct wb_route_table *t = &d->table;
     uint32_t np = t->nphases;
+    for (uint32_t i = 0; i < t->ntasks; i++) { /* what an aborted attempt left */
+        ag_event_destroy(d->tasks[i].ev);
+        for (int k = 0; k < 3; k++)
+            ag_host_free(d->tasks[i].h[k]);
+    }
     memset(d->tasks, 0, t->ntasks * sizeof(*d->tasks));
     for (uint32_t i = 0; i < t->ntasks; i++)
         d->tasks[i].span_stage = -1;
@@ -353,7 +360,7 @@ int exec_start(struct data *d)
         if (t->phases[p].barrier_after)
             rc = expect(d, imm_make(IMM_BARRIER, d->epoch, p), t->ntrainers - 1);
     if (rc)
-        fail(d, "trainer rank %u: arming immediate counters: %s", d->rank, wb_strerror(rc));
+        fail(d, "arming immediate counters: %s", wb_strerror(rc));
     return rc;
 }
 
@@ -365,8 +372,8 @@ static int post(struct data *d, struct task *tk, uint32_t ti, struct wb_tx_write
     w->ctx = wctx(d, role, rank, ti);
     int rc = wb_tx_write(d->tx, w);
     if (rc) {
-        fail(d, "trainer rank %u: write to %s rank %u (%" PRIu64 " bytes at %" PRIu64 "): %s",
-             d->rank, wb_role_name(role), rank, w->len, w->dst_off, wb_tx_errmsg(d->tx));
+        fail(d, "write to %s rank %u (%" PRIu64 " bytes at %" PRIu64 "): %s", wb_role_name(role),
+             rank, w->len, w->dst_off, wb_tx_errmsg(d->tx));
         return rc;
     }
     tk->writes_left++;
@@ -388,8 +395,8 @@ static int post_writes(struct data *d, struct task *tk, uint32_t ti)
             if (p->reg_tensor[i] == wr->dst_tensor)
                 dst = &p->reg[i];
         if (!dst) {
-            fail(d, "trainer rank %u: rollout rank %u has no registered region for tensor %u",
-                 d->rank, wr->dst_rank, wr->dst_tensor);
+            fail(d, "rollout rank %u has no registered region for tensor %u", wr->dst_rank,
+                 wr->dst_tensor);
             return -EINVAL;
         }
         struct wb_tx_write w = {.peer = p->idx,
@@ -404,8 +411,7 @@ static int post_writes(struct data *d, struct task *tk, uint32_t ti)
         } else {
             uint32_t s = wr->src_tensor < d->ntensors ? d->shard_of[wr->src_tensor] : 0;
             if (!s) {
-                fail(d, "trainer rank %u: write source tensor %u is not held here", d->rank,
-                     wr->src_tensor);
+                fail(d, "write source tensor %u is not held here", wr->src_tensor);
                 return -EINVAL;
             }
             w.src = d->param_mr;
@@ -448,8 +454,7 @@ static int gather_send(struct data *d, struct task *tk, uint32_t ti, uint32_t op
         struct peer *p = rank < t->ntrainers ? &d->tpeer[rank] : NULL;
         const struct gsec *s = p && p->present ? sec_of(p->sec, p->nsec, g->mesh) : NULL;
         if (!s || !p->has_inbox) {
-            fail(d, "trainer rank %u: trainer rank %u published no gather inbox for mesh %u",
-                 d->rank, rank, g->mesh);
+            fail(d, "trainer rank %u published no gather inbox for mesh %u", rank, g->mesh);
             return -EINVAL;
         }
         w.peer = p->idx;
@@ -542,7 +547,7 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
     case 2: { /* to the peer */
         struct peer *p = a->peer < t->ntrainers ? &d->tpeer[a->peer] : NULL;
         if (!p || !p->present || !p->has_amax) {
-            fail(d, "trainer rank %u: trainer rank %u published no amax inbox", d->rank, a->peer);
+            fail(d, "trainer rank %u published no amax inbox", a->peer);
             return -EINVAL;
         }
         struct wb_tx_write w = {.src = d->amax_out_mr,
@@ -665,7 +670,7 @@ static int step_task(struct data *d, uint32_t ti)
             break;
         }
         if (r < 0) {
-            fail(d, "trainer rank %u: task %u op %u (%s): %s", d->rank, ti, tk->op,
+            fail(d, "task %u op %u (%s): %s", ti, tk->op,
                  op->kind == WB_OP_QUANT    ? "quantize"
                  : op->kind == WB_OP_GATHER ? "gather"
                  : op->kind == WB_OP_AMAX   ? "amax"
@@ -718,8 +723,8 @@ void exec_event(struct data *d, const struct wb_tx_event *ev)
     enum wb_role role = (enum wb_role)((v >> 55) & 1);
     bool mine = d->active && ((v >> 56) & 0xff) == (d->epoch & 0xff);
     if (ev->err && mine)
-        fail(d, "trainer rank %u: write to %s rank %u failed: %s", d->rank, wb_role_name(role),
-             rank, ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));
+        fail(d, "write to %s rank %u failed: %s", wb_role_name(role), rank,
+             ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));
     if (mine && ti < d->table.ntasks && d->tasks[ti].writes_left)
         d->tasks[ti].writes_left--;
 }
@@ -731,7 +736,7 @@ static void issue_barriers(struct data *d)
         if (!t->phases[p].barrier_after || d->barrier_issued[p] || d->gx_done[p] < d->gx_total[p])
             continue;
         d->barrier_issued[p] = true;
-        uint64_t t0 = wb_now_ns();
+        d->barrier_t0[p] = wb_now_ns();
         for (uint32_t r = 0; r < t->ntrainers; r++) {
             if (r == d->rank)
                 continue;
@@ -741,14 +746,19 @@ static void issue_barriers(struct data *d)
                                            wctx(d, WB_ROLE_TRAINER, r, UINT32_MAX))
                          : -EINVAL;
             if (rc) {
-                fail(d, "trainer rank %u: barrier after phase %u to trainer rank %u: %s", d->rank,
-                     p, r, pp->present ? wb_tx_errmsg(d->tx) : "no address");
+                fail(d, "barrier after phase %u to trainer rank %u: %s", p, r,
+                     pp->present ? wb_tx_errmsg(d->tx) : "no address");
                 return;
             }
             d->outstanding++;
         }
-        span_add(d, WB_STAGE_BARRIER, UINT32_MAX, t0, wb_now_ns());
     }
+    /* a barrier's span: from issue to the last peer's arrival */
+    for (uint32_t p = 0; p < t->nphases; p++)
+        if (d->barrier_issued[p] && d->barrier_done[p] == 1) {
+            d->barrier_done[p] = 2;
+            span_add(d, WB_STAGE_BARRIER, UINT32_MAX, d->barrier_t0[p], wb_now_ns());
+        }
 }
 
 int exec_step(struct data *d)

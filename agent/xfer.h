@@ -130,7 +130,8 @@ struct data {
     uint32_t max_amax_tag;
     uint8_t *amax_arrived;       /* [max_amax_tag + 1] */
     uint8_t *gather_ready;       /* [table.nops]: the slot's peers all arrived */
-    uint8_t *barrier_done;       /* [nphases] */
+    uint8_t *barrier_done;       /* [nphases]: 1 all arrived, 2 its span recorded */
+    uint64_t *barrier_t0;        /* [nphases]: when this rank issued it */
     uint32_t *gx_total;          /* [nphases]: GATHER/AMAX ops of the phase */
     uint32_t *gx_done;           /* [nphases] */
     bool *barrier_issued;        /* [nphases] */

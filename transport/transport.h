@@ -9,9 +9,10 @@
  *    to writers over the control plane.
  *  - Peers are added from the address blob a transport writes with wb_tx_addr().
  *  - wb_tx_write() copies [src+src_off, +len) into the peer's region at dst_off, optionally with a
- *    32-bit immediate. Nothing is ordered: not two writes, not a write and its immediate on
- *    another write. The one promise is that a write's immediate is counted at the destination
- *    only after all of that write's bytes are in place (in device memory, for device regions).
+ *    32-bit immediate. Nothing is ordered: two writes land in either order, and one write's
+ *    immediate says nothing about another write. The one promise is that a write's immediate is
+ *    counted at the destination only after all of that write's bytes are in place (in device
+ *    memory, for device regions).
  *  - The destination counts immediates per tag (wb_tx_expect(tag, n)) and is told once when n
  *    arrivals are reached, through wb_tx_poll() — writers agree on n with the receiver, the
  *    transport never reorders or waits.
@@ -26,7 +27,12 @@
  *
  * Progress: software providers (tcp, shm) and the CUDA IPC mailbox move data only while both
  * sides call wb_tx_poll(), so a passive destination must still poll (it is the call that counts
- * its immediates). A transport is not thread-safe: one thread owns it.
+ * its immediates); a destination silent for longer than op_timeout is failed by its writers.
+ * A transport is not thread-safe: one thread owns it.
+ *
+ * Failure: every accepted write is reported exactly once. An error completion fails its peer:
+ * queued writes to it complete with -WB_E_PEER and new ones are refused; a same-host peer whose
+ * process is gone is noticed within 100 ms even where the provider never reports it (shm).
  *
  * Backends (see the registry in transport.c): "fabric" (libfabric FI_EP_RDM: efa,
  * verbs;ofi_rxm, tcp, shm), "cudaipc" (GPUs of one host), "verbs" (slot for the later libibverbs
@@ -217,7 +223,9 @@ struct wb_tx_ops {
     int (*mr_rdesc)(struct wb_tx *tx, const struct wb_tx_mr *mr, struct wb_tx_rdesc *out);
 
     /* Releases a registration. -EBUSY (and nothing released) while writes from or staged copies
-     * into it are in flight. */
+     * into it are in flight; writes already reported failed with their peer do not count. A
+     * peer may still hold the old descriptor: the owner must tell its writers first (a write
+     * through a stale descriptor is not detected by every provider — tcp drops it silently). */
     int (*mr_dereg)(struct wb_tx *tx, struct wb_tx_mr *mr);
 
     /* Queues a write already checked by wb_tx_check_write(). Returns 0 when queued (exactly

@@ -58,6 +58,18 @@ int wb_tx_mem_copy_reps(void *dst, const void *src, size_t len, size_t reps)
             memcpy(dst, src, len);
         return 0;
     }
+    /* Between two GPUs, map the destination's device into the source's so the copy is a direct
+     * peer copy (NVLink/PCIe P2P), not a trip through host memory. */
+    struct cudaPointerAttributes as, ad;
+    if (cudaPointerGetAttributes(&as, src) == cudaSuccess &&
+        cudaPointerGetAttributes(&ad, dst) == cudaSuccess && as.type == cudaMemoryTypeDevice &&
+        ad.type == cudaMemoryTypeDevice && as.device != ad.device) {
+        int can = 0;
+        cudaSetDevice(as.device);
+        if (cudaDeviceCanAccessPeer(&can, as.device, ad.device) == cudaSuccess && can)
+            cudaDeviceEnablePeerAccess(ad.device, 0); /* "already enabled" is fine */
+    }
+    (void)cudaGetLastError();
     cudaStream_t s;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
         return -WB_E_CUDA;

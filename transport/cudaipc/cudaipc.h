@@ -35,10 +35,10 @@ enum {
 };
 
 struct wb_mbox_ring {
-    _Atomic uint64_t owner; /* writer uid; 0 = free */
-    int64_t pid;            /* writer process, for reclaiming rings of dead writers */
-    uint64_t start;
-    char pad0[40];
+    /* The writer: its pid in the high half (to reclaim rings of dead writers), the low half of
+     * its uid below; 0 = free. One word, so claiming is a single compare-and-swap. */
+    _Atomic uint64_t owner;
+    char pad0[56];
     _Atomic uint64_t tail; /* written by the writer */
     char pad1[56];
     _Atomic uint64_t head; /* written by the owner */
@@ -64,8 +64,9 @@ struct wb_mbox {
 /* Creates the mailbox of transport `uid` (name "/wb-tx-<pid>-<uid>"), first removing the
  * segments of dead processes. 0, or a negative errno. */
 int wb_mbox_create(struct wb_mbox *mb, uint64_t uid);
-/* Opens a peer's mailbox and claims a ring for writer `uid` (reclaiming a drained ring of a dead
- * writer when all are taken). -ENOENT (no such mailbox), -EBUSY (no ring free), -EBADMSG. */
+/* Opens a peer's mailbox and claims a ring for writer `uid` of this process (reclaiming a
+ * drained ring of a dead process when all are taken). -ENOENT (no such mailbox), -EBUSY (no
+ * ring free), -EBADMSG. */
 int wb_mbox_open(struct wb_mbox *mb, const char *name, uint64_t uid);
 /* Writer: queues one tag. -EAGAIN when the ring is full. */
 int wb_mbox_push(struct wb_mbox *mb, uint32_t tag);

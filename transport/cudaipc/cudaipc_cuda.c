@@ -13,8 +13,11 @@
 
 enum { CHECK_NS = 100 * 1000 * 1000 };
 
+/* One opened allocation of a peer. Keyed by the handle, not the region: registrations inside
+ * one allocation (tensors of one allocator segment) share a handle, and a process may open a
+ * handle only once. */
 struct ipc_map {
-    uint64_t region;
+    cudaIpcMemHandle_t handle;
     void *base;
 };
 
@@ -316,8 +319,12 @@ static void notify(struct ipc_tx *ix, struct ipc_write *w)
         finish(ix, w);
         return;
     }
-    if (ix->immq.first || wb_mbox_push(&p->mb, w->tag) != 0) { /* keep FIFO behind waiters */
-        ix->st.eagain++;
+    if (ix->immq.first) { /* keep FIFO behind the ones already waiting */
+        wlist_push(&ix->immq, w);
+        return;
+    }
+    if (wb_mbox_push(&p->mb, w->tag) != 0) {
+        ix->st.eagain++; /* the destination's ring is full */
         wlist_push(&ix->immq, w);
         return;
     }
@@ -344,14 +351,16 @@ static int ipc_write_imm(struct wb_tx *tx, uint32_t peer, uint32_t tag, void *ct
 static void *peer_region(struct ipc_tx *ix, uint32_t peer, const struct wb_tx_rdesc *d, int *err)
 {
     struct ipc_peer *p = &ix->peers[peer];
-    for (size_t i = 0; i < p->nmaps; i++)
-        if (p->maps[i].region == d->id)
-            return p->maps[i].base;
     if (d->opaque_len != sizeof(cudaIpcMemHandle_t)) {
         *err = wb_txi_err(&ix->base, -EINVAL, "write: descriptor %" PRIu64 " has no IPC handle",
                           d->id);
         return NULL;
     }
+    cudaIpcMemHandle_t h;
+    memcpy(&h, d->opaque, sizeof(h));
+    for (size_t i = 0; i < p->nmaps; i++)
+        if (memcmp(&p->maps[i].handle, &h, sizeof(h)) == 0)
+            return p->maps[i].base;
     if (p->nmaps == p->cap) {
         size_t cap = p->cap ? 2 * p->cap : 8;
         struct ipc_map *n = realloc(p->maps, cap * sizeof(*n));
@@ -362,15 +371,13 @@ static void *peer_region(struct ipc_tx *ix, uint32_t peer, const struct wb_tx_rd
         p->maps = n;
         p->cap = cap;
     }
-    cudaIpcMemHandle_t h;
-    memcpy(&h, d->opaque, sizeof(h));
     void *base = NULL;
     cudaError_t r = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
     if (r != cudaSuccess) {
         *err = cuda_err(&ix->base, r, "cudaIpcOpenMemHandle");
         return NULL;
     }
-    p->maps[p->nmaps++] = (struct ipc_map){.region = d->id, .base = base};
+    p->maps[p->nmaps++] = (struct ipc_map){.handle = h, .base = base};
     return base;
 }
 
@@ -393,6 +400,11 @@ static int ipc_write(struct wb_tx *tx, const struct wb_tx_write *uw)
         finish(ix, w);
         return 0;
     }
+    /* Streams, events and IPC mappings belong to this transport's device, whatever device the
+     * calling thread has current. */
+    cudaError_t dr = cudaSetDevice(ix->device);
+    if (dr != cudaSuccess)
+        return cuda_err(tx, dr, "cudaSetDevice");
     int err = 0;
     uint8_t *base = peer_region(ix, uw->peer, uw->dst, &err);
     if (!base)
@@ -571,6 +583,8 @@ static void free_wlist(struct ipc_wlist *l)
 static void ipc_close(struct wb_tx *tx)
 {
     struct ipc_tx *ix = ipc_of(tx);
+    if (ix->stream[0].s)
+        cudaSetDevice(ix->device);
     for (uint32_t i = 0; i < ix->nrails; i++) {
         if (!ix->stream[i].s)
             continue;

@@ -18,21 +18,12 @@
 
 enum { MBOX_MAGIC = 0x57424d42u, MBOX_VERSION = 1 };
 
-/* 1 when pid names a live, non-zombie process; start (when not 0) must match its start time. */
-static int pid_alive(int64_t pid, uint64_t start)
+/* 1 while pid names a live, non-zombie process. */
+static int pid_alive(int64_t pid)
 {
     uint64_t st;
     bool zombie;
-    if (wb_txi_proc_stat(pid, &st, &zombie) != 0 || zombie)
-        return 0;
-    return start == 0 || st == start;
-}
-
-static uint64_t self_start(void)
-{
-    uint64_t st;
-    bool zombie;
-    return wb_txi_proc_stat(getpid(), &st, &zombie) == 0 ? st : 0;
+    return wb_txi_proc_stat(pid, &st, &zombie) == 0 && !zombie;
 }
 
 /* Removes /dev/shm/wb-tx-<pid>-* segments whose pid is gone (owners killed before close). */
@@ -101,13 +92,13 @@ int wb_mbox_create(struct wb_mbox *mb, uint64_t uid)
     return 0;
 }
 
-static bool claim(struct wb_mbox_ring *rg, uint64_t expect, uint64_t uid)
+static bool claim(struct wb_mbox_ring *rg, uint64_t expect, uint64_t me)
 {
     /* Only a drained ring is handed over, so a new writer never mixes with old tags. */
     if (atomic_load_explicit(&rg->head, memory_order_acquire) !=
         atomic_load_explicit(&rg->tail, memory_order_acquire))
         return false;
-    return atomic_compare_exchange_strong(&rg->owner, &expect, uid);
+    return atomic_compare_exchange_strong(&rg->owner, &expect, me);
 }
 
 int wb_mbox_open(struct wb_mbox *mb, const char *name, uint64_t uid)
@@ -124,21 +115,20 @@ int wb_mbox_open(struct wb_mbox *mb, const char *name, uint64_t uid)
         munmap(s, sizeof(*s));
         return -EBADMSG;
     }
+    uint64_t me = ((uint64_t)getpid() << 32) | (uid & 0xffffffffu);
     int got = -1;
     for (int i = 0; i < WB_MBOX_RINGS && got < 0; i++)
-        if (claim(&s->ring[i], 0, uid))
+        if (claim(&s->ring[i], 0, me))
             got = i;
     for (int i = 0; i < WB_MBOX_RINGS && got < 0; i++) {
         uint64_t o = atomic_load(&s->ring[i].owner);
-        if (o && !pid_alive(s->ring[i].pid, s->ring[i].start) && claim(&s->ring[i], o, uid))
+        if (o && !pid_alive((int64_t)(o >> 32)) && claim(&s->ring[i], o, me))
             got = i;
     }
     if (got < 0) {
         munmap(s, sizeof(*s));
         return -EBUSY;
     }
-    s->ring[got].pid = getpid();
-    s->ring[got].start = self_start();
     snprintf(mb->name, sizeof(mb->name), "%s", name);
     mb->shm = s;
     mb->ring = got;

@@ -456,29 +456,34 @@ static int open_rail(struct fab_tx *fx, uint32_t i, struct wb_errlist *el)
 {
     struct fab_rail *r = &fx->rail[i];
     struct fi_info *in = r->info;
-    const char *what = "fi_fabric";
-    int e = fi_fabric(in->fabric_attr, &r->fabric, NULL);
-    if (!e && (what = "fi_domain", 1))
-        e = fi_domain(r->fabric, in, &r->domain, NULL);
     size_t qs = in->tx_attr->size + in->rx_attr->size;
     struct fi_cq_attr cqa = {
         .format = FI_CQ_FORMAT_DATA, .size = qs < 8192 ? 8192 : qs, .wait_obj = FI_WAIT_NONE};
     struct fi_av_attr ava = {.type = FI_AV_TABLE};
-    if (!e && (what = "fi_cq_open", 1))
-        e = fi_cq_open(r->domain, &cqa, &r->cq, NULL);
-    if (!e && (what = "fi_av_open", 1))
-        e = fi_av_open(r->domain, &ava, &r->av, NULL);
-    if (!e && (what = "fi_endpoint", 1))
-        e = fi_endpoint(r->domain, in, &r->ep, NULL);
-    if (!e && (what = "fi_ep_bind(cq)", 1))
-        e = fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV);
-    if (!e && (what = "fi_ep_bind(av)", 1))
-        e = fi_ep_bind(r->ep, &r->av->fid, 0);
-    if (!e && (what = "fi_enable", 1))
-        e = fi_enable(r->ep);
-    r->namelen = sizeof(r->name);
-    if (!e && (what = "fi_getname", 1))
-        e = fi_getname(&r->ep->fid, r->name, &r->namelen);
+    const char *what;
+    int e;
+    /* Each step names itself for the message; whatever was opened is closed by fab_close. */
+    if ((e = fi_fabric(in->fabric_attr, &r->fabric, NULL))) {
+        what = "fi_fabric";
+    } else if ((e = fi_domain(r->fabric, in, &r->domain, NULL))) {
+        what = "fi_domain";
+    } else if ((e = fi_cq_open(r->domain, &cqa, &r->cq, NULL))) {
+        what = "fi_cq_open";
+    } else if ((e = fi_av_open(r->domain, &ava, &r->av, NULL))) {
+        what = "fi_av_open";
+    } else if ((e = fi_endpoint(r->domain, in, &r->ep, NULL))) {
+        what = "fi_endpoint";
+    } else if ((e = fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV))) {
+        what = "fi_ep_bind(cq)";
+    } else if ((e = fi_ep_bind(r->ep, &r->av->fid, 0))) {
+        what = "fi_ep_bind(av)";
+    } else if ((e = fi_enable(r->ep))) {
+        what = "fi_enable";
+    } else {
+        r->namelen = sizeof(r->name);
+        if ((e = fi_getname(&r->ep->fid, r->name, &r->namelen)))
+            what = "fi_getname";
+    }
     if (e) {
         wb_errlist_add(el, "fabric: provider '%s' domain '%s' rail %u: %s: %s",
                        in->fabric_attr->prov_name, in->domain_attr->name, i, what, fi_strerror(-e));

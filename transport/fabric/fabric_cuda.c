@@ -119,8 +119,12 @@ int fab_gpu_copy(struct fab_gpu *g, int stream, void *dst, const void *src, size
         *ev = NULL;
         return 0;
     }
+    /* The caller's thread may have another current device (PyTorch switches it freely); the
+     * streams and events belong to g->device. */
     cudaEvent_t e;
-    cudaError_t r = cudaSuccess;
+    cudaError_t r = cudaSetDevice(g->device);
+    if (r != cudaSuccess)
+        goto err;
     if (g->nspare)
         e = g->spare[--g->nspare];
     else if ((r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming)) != cudaSuccess)

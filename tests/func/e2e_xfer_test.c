@@ -26,11 +26,22 @@ struct cluster {
 
 static const char *TOK = "WB_TOKEN=xfer-tok";
 
-/* The demo job with absolute paths, the provider, mode and cap of the case. */
-static void write_job(struct cluster *c, const char *mode, const char *cap)
+/* The demo job with absolute paths, the provider, mode and cap of the case; with host_resident
+ * the trainers' parameters live in host memory (FSDP CPU offload: every task starts with H2D). */
+static void write_job(struct cluster *c, const char *mode, const char *cap, bool host_resident)
 {
-    char cwd[512];
+    char cwd[512], layout[700];
     CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
+    snprintf(layout, sizeof(layout), "%s/configs/jobs/demo/trainer.yaml", cwd);
+    if (host_resident) {
+        char *text = NULL, *dup;
+        CHECK_INT(e2e_run(&text, "cat %s", layout), 0);
+        CHECK((dup = malloc(strlen(text) + 32)) != NULL);
+        sprintf(dup, "%sresidence: host\n", text);
+        snprintf(layout, sizeof(layout), "%s", wb_test_write_file("trainer.yaml", dup));
+        free(dup);
+        free(text);
+    }
     snprintf(c->job, sizeof(c->job), "%s/job.yaml", wb_test_tmpdir());
     FILE *f = fopen(c->job, "w");
     CHECK(f != NULL);
@@ -39,11 +50,11 @@ static void write_job(struct cluster *c, const char *mode, const char *cap)
             "model:\n"
             "  rules: %s/configs/models/qwen3_moe.yaml\n"
             "  hf_config: %s/configs/jobs/demo/config.json\n"
-            "trainer_layout: %s/configs/jobs/demo/trainer.yaml\n"
+            "trainer_layout: %s\n"
             "rollout_layout: %s/configs/jobs/demo/rollout.yaml\n"
             "mode: %s\nmem_cap: %s\nseed: 7\nprovider: %s\n"
             "heartbeat: 200ms\ndead_after: 1500ms\n",
-            cwd, cwd, cwd, cwd, mode, cap, c->provider);
+            cwd, cwd, layout, cwd, mode, cap, c->provider);
     fclose(f);
     snprintf(c->dump, sizeof(c->dump), "%s/dump", wb_test_tmpdir());
     mkdir(c->dump, 0755);
@@ -212,11 +223,11 @@ static void transfer_ok(struct cluster *c, uint64_t v, uint64_t *queued)
 }
 
 static void run_case(const char *provider, const char *domain, const char *mode, const char *cap,
-                     bool expect_queueing)
+                     bool expect_queueing, bool host_resident)
 {
     struct cluster c = {.provider = provider, .domain = domain};
     snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(11));
-    write_job(&c, mode, cap);
+    write_job(&c, mode, cap, host_resident);
     start(&c, NULL);
     uint64_t queued = 0;
     for (uint64_t v = 1; v <= 3; v++)
@@ -228,28 +239,34 @@ static void run_case(const char *provider, const char *domain, const char *mode,
 
 static void test_tcp_auto(void)
 {
-    run_case("tcp", "lo", "auto", "4MiB", false);
+    run_case("tcp", "lo", "auto", "4MiB", false, false);
 }
 
 static void test_tcp_gather(void)
 {
-    run_case("tcp", "lo", "gather", "4MiB", false);
+    run_case("tcp", "lo", "gather", "4MiB", false, false);
 }
 
 static void test_shm_auto(void)
 {
-    run_case("shm", NULL, "auto", "4MiB", false);
+    run_case("shm", NULL, "auto", "4MiB", false, false);
 }
 
 static void test_shm_gather(void)
 {
-    run_case("shm", NULL, "gather", "4MiB", false);
+    run_case("shm", NULL, "gather", "4MiB", false, false);
 }
 
 /* The largest gather task needs 641 KiB: with a 700 KiB cap tasks must wait for each other. */
 static void test_mem_cap(void)
 {
-    run_case("tcp", "lo", "gather", "700KiB", true);
+    run_case("tcp", "lo", "gather", "700KiB", true, false);
+}
+
+/* Parameters in host memory: tasks copy their shards to TMP first (H2D), in both modes. */
+static void test_host_resident(void)
+{
+    run_case("tcp", "lo", "auto", "4MiB", false, true);
 }
 
 /* kill -9 a trainer while transfer 2 runs: the failure names it within the timeout, the
@@ -258,7 +275,7 @@ static void test_kill_trainer(void)
 {
     struct cluster c = {.provider = "tcp", .domain = "lo"};
     snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(12));
-    write_job(&c, "auto", "4MiB");
+    write_job(&c, "auto", "4MiB", false);
     start(&c, "60ms"); /* paced: 21 tasks hold a transfer open for about a second */
     transfer_ok(&c, 1, NULL);
     char cmd[700], *out;
@@ -379,7 +396,7 @@ static void test_netns_tcp(void)
         wb_test_skip("cannot wire namespaces with veth pairs and a bridge here");
     struct cluster c = {.provider = "tcp", .domain = "wb0", .netns_fmt = "wbx%d-%d", .id = id};
     snprintf(c.url, sizeof(c.url), "tcp://10.213.%d.1:%u", net, 7420);
-    write_job(&c, "auto", "4MiB");
+    write_job(&c, "auto", "4MiB", false);
     start(&c, NULL);
     for (uint64_t v = 1; v <= 2; v++)
         transfer_ok(&c, v, NULL);
@@ -387,8 +404,13 @@ static void test_netns_tcp(void)
 }
 
 const struct wb_test wb_tests[] = {
-    {"tcp_auto", test_tcp_auto, 120},   {"tcp_gather", test_tcp_gather, 120},
-    {"shm_auto", test_shm_auto, 120},   {"shm_gather", test_shm_gather, 120},
-    {"mem_cap", test_mem_cap, 120},     {"kill_trainer", test_kill_trainer, 120},
-    {"netns_tcp", test_netns_tcp, 120}, {0},
+    {"tcp_auto", test_tcp_auto, 120},
+    {"tcp_gather", test_tcp_gather, 120},
+    {"shm_auto", test_shm_auto, 120},
+    {"shm_gather", test_shm_gather, 120},
+    {"mem_cap", test_mem_cap, 120},
+    {"host_resident", test_host_resident, 120},
+    {"kill_trainer", test_kill_trainer, 120},
+    {"netns_tcp", test_netns_tcp, 120},
+    {0},
 };

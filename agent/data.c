@@ -319,6 +319,7 @@ int data_setup(struct data **dp, const struct wb_agent_opts *o, const struct age
     d->job = *job;
     d->device = o->device;
     d->empty = plan_len == 0;
+    uint64_t t0 = wb_now_ns();
     wb_mpw_init(&d->addr_blob);
     wb_mpw_init(&d->region_blob);
     int rc = 0;
@@ -349,13 +350,14 @@ int data_setup(struct data **dp, const struct wb_agent_opts *o, const struct age
     if (d->role == WB_ROLE_TRAINER && !d->empty)
         wb_log(WB_LOG_INFO, M,
                "trainer rank %u: %u tasks, %u writes, %u shards (%" PRIu64
-               " bytes), memory cap %" PRIu64 ", %s on %s",
+               " bytes), memory cap %" PRIu64 ", %s on %s, set up in %.0f ms",
                d->rank, d->table.ntasks, d->table.nwrites, d->nshards, d->param_bytes, d->cap,
-               d->caps.name, d->gpu ? "GPU" : "host memory");
+               d->caps.name, d->gpu ? "GPU" : "host memory", (double)(wb_now_ns() - t0) / 1e6);
     else if (!d->empty)
-        wb_log(WB_LOG_INFO, M, "rollout rank %u: %u local tensors (%" PRIu64 " bytes), %s on %s",
+        wb_log(WB_LOG_INFO, M,
+               "rollout rank %u: %u local tensors (%" PRIu64 " bytes), %s on %s, set up in %.0f ms",
                d->rank, d->recv.nlocal, d->local_bytes, d->caps.name,
-               d->gpu ? "GPU" : "host memory");
+               d->gpu ? "GPU" : "host memory", (double)(wb_now_ns() - t0) / 1e6);
     data_free(*dp);
     *dp = d;
     *addr = d->addr_blob.len ? d->addr_blob.buf : NULL;

@@ -11,6 +11,7 @@
 #include "tests/func/e2e_proc.h"
 
 #include <inttypes.h>
+#include <jansson.h>
 #include <sys/stat.h>
 
 enum { NTR = 4, NRO = 2 };
@@ -82,7 +83,7 @@ static pid_t spawn_agent(struct cluster *c, int i, const char *extra)
     snprintf(rk, sizeof(rk), "%d", i < NTR ? i : i - NTR);
     snprintf(path, sizeof(path), "%s/wb-agent", e2e_bin());
     snprintf(ns, sizeof(ns), c->netns_fmt ? c->netns_fmt : "-", c->id, i + 1);
-    char *argv[20];
+    char *argv[24];
     int n = 0;
     if (c->netns_fmt) {
         argv[n++] = "/usr/bin/env";
@@ -105,6 +106,12 @@ static pid_t spawn_agent(struct cluster *c, int i, const char *extra)
     if (i >= NTR) {
         argv[n++] = "--dump";
         argv[n++] = c->dump;
+    }
+    char trace[700];
+    if (i < NTR) {
+        snprintf(trace, sizeof(trace), "%s/trainer%d.trace.json", wb_test_tmpdir(), i);
+        argv[n++] = "--trace";
+        argv[n++] = trace;
     }
     if (extra && i < NTR) {
         argv[n++] = "--pace";
@@ -222,6 +229,36 @@ static void transfer_ok(struct cluster *c, uint64_t v, uint64_t *queued)
     free(out);
 }
 
+/* The trainer's Chrome trace: complete events ("X") of the stages, each span well-formed;
+ * returns a bit per stage seen. */
+static unsigned check_trace(int trainer)
+{
+    char path[700];
+    snprintf(path, sizeof(path), "%s/trainer%d.trace.json", wb_test_tmpdir(), trainer);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root)
+        wb_test_fail(__FILE__, __LINE__, "%s:%d: %s", path, je.line, je.text);
+    json_t *ev = json_object_get(root, "traceEvents");
+    CHECK(json_is_array(ev));
+    unsigned seen = 0;
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        json_t *e = json_array_get(ev, i);
+        const char *ph = json_string_value(json_object_get(e, "ph"));
+        const char *name = json_string_value(json_object_get(e, "name"));
+        CHECK(ph && name);
+        if (strcmp(ph, "X"))
+            continue;
+        CHECK(json_number_value(json_object_get(e, "dur")) >= 0);
+        CHECK(json_integer_value(json_object_get(e, "pid")) == trainer);
+        for (int s = 0; s < WB_STAGE_COUNT; s++)
+            if (!strcmp(name, wb_stage_name((enum wb_stage)s)))
+                seen |= 1u << s;
+    }
+    json_decref(root);
+    return seen;
+}
+
 static void run_case(const char *provider, const char *domain, const char *mode, const char *cap,
                      bool expect_queueing, bool host_resident)
 {
@@ -234,6 +271,13 @@ static void run_case(const char *provider, const char *domain, const char *mode,
         transfer_ok(&c, v, &queued);
     if (expect_queueing && queued == 0)
         wb_test_fail(__FILE__, __LINE__, "cap %s forced no task to wait for memory", cap);
+    unsigned seen = check_trace(0);
+    CHECK(seen & (1u << WB_STAGE_WRITE));
+    CHECK(seen & (1u << WB_STAGE_QUANT));
+    if (!strcmp(mode, "gather")) /* the demo's gather plan has a barrier after phase 0 */
+        CHECK((seen & (1u << WB_STAGE_GATHER)) && (seen & (1u << WB_STAGE_BARRIER)));
+    if (host_resident)
+        CHECK(seen & (1u << WB_STAGE_H2D));
     stop(&c);
 }
 

@@ -69,7 +69,8 @@ for v in 1 2 3; do
     echo
 done
 if [ $rc -eq 0 ]; then
-    echo "== per-stage busy time summed over the 4 trainers (ms) and the slowest trainer's total"
+    echo "== stage spans summed over tasks and trainers (ms; concurrent spans overlap), the slowest"
+    echo "   trainer's total (TRANSFER received -> last write completed) and the peak temporary bytes"
     printf "%-8s %9s %9s %9s %9s %9s %9s %10s %10s\n" version h2d gather fuse quant write \
         barrier total_ms peak_tmp
     printf "%s\n" "${summary[@]}"

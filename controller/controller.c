@@ -354,7 +354,13 @@ static void check_dead(struct wb_controller *c, uint64_t now)
 {
     for (uint32_t i = 0; i < c->nagents; i++) {
         struct agent *a = &c->agents[i];
-        if (a->alive && now - a->last_ns > c->job->dead_ns) {
+        /* An agent handling SETUP is busy for a while (transport open, allocation and
+         * registration block its loop): it gets four times the silence before it counts as
+         * dead, so a slow setup does not start a new round. */
+        uint64_t limit = c->job->dead_ns;
+        if (c->state == ST_SETUP && a->setup_session != a->session)
+            limit *= 4;
+        if (a->alive && now - a->last_ns > limit) {
             a->alive = false;
             wb_log(WB_LOG_WARN, M, "%s rank %u is dead: silent for %.2f s", wb_role_name(a->role),
                    a->rank, (double)(now - a->last_ns) / 1e9);

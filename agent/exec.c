@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,12 +128,6 @@ static bool tmp_alloc(struct data *d, uint64_t len, uint64_t *off)
 
 /* ---------------------------------------------------------------- setup */
 
-static int cmp_u32(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Inbox layout: per mesh this rank gathers in, a section; per gather of the mesh (in phase,
  * seq order), a slot of the full tensor's size; per member, its packed box at the sum of the
  * lower members' box bytes. Every member of the mesh computes the same slots. */
@@ -140,7 +135,12 @@ static int layout_gathers(struct data *d)
 {
     struct wb_route_table *t = &d->table;
     d->gref = calloc(t->nops ? t->nops : 1, sizeof(*d->gref));
-    if (!d->gref)
+    uint64_t members = 0, cursor = 0;
+    for (uint32_t i = 0; i < t->nops; i++)
+        if (t->ops[i].kind == WB_OP_GATHER)
+            members += t->ops[i].gather.npeers;
+    d->moff = calloc(members ? members : 1, sizeof(uint64_t));
+    if (!d->gref || !d->moff)
         return -ENOMEM;
     for (uint32_t ti = 0; ti < t->ntasks; ti++) {
         const struct wb_rt_task *tk = &t->tasks[ti];
@@ -149,8 +149,6 @@ static int layout_gathers(struct data *d)
             if (op->kind != WB_OP_GATHER)
                 continue;
             const struct wb_rt_gather *g = &op->gather;
-            if (g->npeers > 8)
-                return -ENOTSUP;
             struct gsec *s = NULL;
             for (uint32_t i = 0; i < d->nsec; i++)
                 if (d->sec[i].mesh == g->mesh)
@@ -170,11 +168,10 @@ static int layout_gathers(struct data *d)
             r->slot_off = s->off;
             s->tag++;
             s->off += r->full_bytes;
-            /* members by rank */
-            uint32_t ranks[8], n = g->npeers;
-            for (uint32_t j = 0; j < n; j++)
-                ranks[j] = t->peers[g->peer0 + j].rank;
-            qsort(ranks, n, sizeof(ranks[0]), cmp_u32);
+            /* members in rank order, whatever order the table lists them in */
+            uint32_t n = g->npeers;
+            r->moff0 = cursor;
+            cursor += n;
             for (uint32_t j = 0; j < n; j++) {
                 uint64_t off = 0;
                 for (uint32_t q = 0; q < n; q++) {
@@ -182,7 +179,7 @@ static int layout_gathers(struct data *d)
                     if (p->rank < t->peers[g->peer0 + j].rank)
                         off += wb_box_numel(wb_rt_box(t, p->box)) * wb_dtype_size(g->dst.dtype);
                 }
-                r->member_off[j] = off;
+                d->moff[r->moff0 + j] = off;
             }
         }
     }
@@ -282,6 +279,7 @@ void exec_free(struct data *d)
     free(d->gx_done);
     free(d->spans);
     free(d->gref);
+    free(d->moff);
     free(d->sec);
     free(d->amax_arrived);
 }
@@ -459,7 +457,7 @@ static int gather_send(struct data *d, struct task *tk, uint32_t ti, uint32_t op
         }
         w.peer = p->idx;
         w.dst = &p->inbox;
-        w.dst_off = s->off + r->slot_off + r->member_off[me];
+        w.dst_off = s->off + r->slot_off + d->moff[r->moff0 + me];
         w.imm = imm_make(IMM_GATHER, d->epoch, s->tag + r->slot);
         int rc = post(d, tk, ti, &w, WB_ROLE_TRAINER, rank);
         if (rc)
@@ -480,7 +478,8 @@ static int gather_unpack(struct data *d, const struct opctx *c, uint32_t opi)
         if (t->peers[g->peer0 + j].rank == d->rank)
             src = ops_view_ptr(c, &g->src);
         else
-            src = (uint8_t *)d->inbox + s->off + d->gref[opi].slot_off + d->gref[opi].member_off[j];
+            src = (uint8_t *)d->inbox + s->off + d->gref[opi].slot_off +
+                  d->moff[d->gref[opi].moff0 + j];
         int rc = ops_unpack_member(c, op, j, src);
         if (rc)
             return rc;

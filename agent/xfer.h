@@ -70,10 +70,10 @@ struct peer {
 
 /* Per GATHER op of the table: its place in the inbox layout. */
 struct gref {
-    uint32_t slot;          /* ordinal among the mesh's gathers (phase, seq order) */
-    uint64_t slot_off;      /* within the mesh section */
-    uint64_t full_bytes;    /* the slot's size */
-    uint64_t member_off[8]; /* per member (table.peers order): offset in the slot */
+    uint32_t slot;       /* ordinal among the mesh's gathers (phase, seq order) */
+    uint64_t slot_off;   /* within the mesh section */
+    uint64_t full_bytes; /* the slot's size */
+    uint64_t moff0;      /* d->moff[moff0 + j]: member j's (table.peers order) offset in the slot */
 };
 
 enum { SPAN_MAX = 1 << 16 };
@@ -123,6 +123,7 @@ struct data {
     uint32_t nsec;
     struct gsec *sec;
     struct gref *gref; /* [table.nops], only GATHER entries used */
+    uint64_t *moff;    /* members' offsets within their slots (struct gref) */
     void *amax_in, *amax_out;
     uint64_t amax_in_bytes, amax_out_bytes;
     uint64_t *amax_out_off; /* [table.nops] */

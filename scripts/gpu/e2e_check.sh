@@ -8,7 +8,9 @@
 #
 # Configurations: cudaipc (CUDA IPC peer copies over NVLink), then fabric/tcp with device
 # memory through the transport's bounce/staging buffers (no GPUDirect). Both in auto mode, the
-# first also in gather mode.
+# first also in gather mode; then a larger model of the same shape (~0.5 B parameters, 4
+# layers x 16 experts, hidden 2048) over cudaipc for times that mean something (its reference
+# check runs on the last version only: the CPU reference of the whole model takes a while).
 #
 # Usage: scripts/gpu/e2e_check.sh [--keep]   (--keep: leave the logs directory)
 # Assumes the build's libraries are reachable (CPATH/LIBRARY_PATH/LD_LIBRARY_PATH, as
@@ -60,9 +62,11 @@ nvidia-smi topo -m 2>/dev/null | head -n 4 || true
 
 failed=()
 
-# run NAME PROVIDER MODE: one cluster, three transfers, verify each.
+# run NAME PROVIDER MODE [CONFIG_JSON MEM_CAP VERIFY_LAST]: one cluster, three transfers,
+# verify each (or only the last).
 run() {
     local name=$1 provider=$2 mode=$3 dir=$tmp/$1
+    local config=${4:-$root/configs/jobs/demo/config.json} cap=${5:-4MiB} last=${6:-0}
     mkdir -p "$dir/dump"
     local port=$((21000 + RANDOM % 20000))
     local url=tcp://127.0.0.1:$port
@@ -70,11 +74,11 @@ run() {
 name: $name
 model:
   rules: $root/configs/models/qwen3_moe.yaml
-  hf_config: $root/configs/jobs/demo/config.json
+  hf_config: $config
 trainer_layout: $root/configs/jobs/demo/trainer.yaml
 rollout_layout: $root/configs/jobs/demo/rollout.yaml
 mode: $mode
-mem_cap: 4MiB
+mem_cap: $cap
 seed: 42
 provider: $provider
 heartbeat: 200ms
@@ -113,11 +117,16 @@ EOF
     fi
     for v in 1 2 3; do
         [ $ok -eq 1 ] || break
-        if ! "$bin/wb-ctl" -c "$url" --timeout 120s transfer --version $v; then
+        if ! "$bin/wb-ctl" -c "$url" --timeout 300s transfer --version $v | tee "$dir/result$v.txt"
+        then
             ok=0
             break
         fi
-        "$bin/wb-ctl" verify --config "$dir/job.yaml" --dump "$dir/dump" --version $v || ok=0
+        awk '/^all /{ if ($12 > 0) printf "throughput: %.2f GB/s (%d bytes in %.3f ms, slowest trainer)\n", $2 / ($12 * 1e6), $2, $12 }' \
+            "$dir/result$v.txt"
+        if [ "$last" -eq 0 ] || [ $v -eq 3 ]; then
+            "$bin/wb-ctl" verify --config "$dir/job.yaml" --dump "$dir/dump" --version $v || ok=0
+        fi
     done
     grep -h "GPU\|error\|failed" "$dir"/trainer0.log "$dir"/rollout0.log | head -n 6
     "$bin/wb-ctl" -c "$url" shutdown >/dev/null 2>&1
@@ -142,6 +151,17 @@ EOF
 run cudaipc-auto cudaipc auto
 run cudaipc-gather cudaipc gather
 run tcp-bounce-auto tcp auto
+
+# The larger model: the demo's config.json scaled up.
+python3 - "$root/configs/jobs/demo/config.json" "$tmp/large.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+         num_attention_heads=16, num_key_value_heads=4, num_experts=16, num_hidden_layers=4,
+         vocab_size=32768)
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+PY
+run large-cudaipc-auto cudaipc auto "$tmp/large.json" 1GiB 1
 
 echo
 if [ ${#failed[@]} -gt 0 ]; then

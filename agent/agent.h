@@ -58,6 +58,7 @@ struct wb_agent_opts {
     uint64_t pace_ns;      /* testing: extra delay before each task starts (0 = none) */
     const char *tx_domain; /* transport domain (NIC / interface), NULL = the provider's choice */
     const char *dump;      /* rollouts: directory for rollout<rank>.v<N>.bin after each version */
+    const char *tx_extra;  /* more transport config lines (YAML, wb_tx_cfg keys), or NULL */
 };
 
 struct wb_agent;

@@ -79,14 +79,16 @@ static void data_release(struct data *d)
 
 static int tx_open(struct data *d, char *err, size_t errcap)
 {
-    char yaml[512];
+    char yaml[2048];
     const char *prov = d->job.provider[0] ? d->job.provider : "tcp";
     const char *dom = d->o->tx_domain ? d->o->tx_domain : "";
+    const char *extra = d->o->tx_extra ? d->o->tx_extra : "";
     if (!strcmp(prov, "cudaipc") || !strcmp(prov, "cuda_ipc"))
-        snprintf(yaml, sizeof(yaml), "backend: cudaipc\nrails: 2\ndevice: %d\n", d->device);
+        snprintf(yaml, sizeof(yaml), "backend: cudaipc\nrails: 2\ndevice: %d\n%s\n", d->device,
+                 extra);
     else
-        snprintf(yaml, sizeof(yaml), "backend: fabric\nprovider: \"%s\"\ndomain: \"%s\"\n", prov,
-                 dom);
+        snprintf(yaml, sizeof(yaml), "backend: fabric\nprovider: \"%s\"\ndomain: \"%s\"\n%s\n",
+                 prov, dom, extra);
     struct wb_errlist el;
     struct wb_yaml *y = NULL;
     struct wb_tx_cfg cfg;

@@ -11,22 +11,26 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: wb-agent --role trainer|rollout [--rank R] --controller URL [options]\n"
-               "\n"
-               "  -r, --role ROLE         trainer or rollout\n"
-               "  -n, --rank R            rank within the role (default: $RANK (torchrun) or\n"
-               "                          $SLURM_PROCID (Slurm))\n"
-               "  -c, --controller URL    controller address (default tcp://127.0.0.1:7420)\n"
-               "  -d, --device D          GPU index (default: $LOCAL_RANK / $SLURM_LOCALID when\n"
-               "                          a GPU exists, else host memory)\n"
-               "  -t, --token TOKEN       cluster token (default $WB_TOKEN)\n"
-               "      --trace FILE        write a Chrome trace JSON of every transfer's stages\n"
-               "      --give-up DURATION  exit when the controller is silent this long (30s)\n"
-               "      --pace DURATION     testing: wait this long before each task starts\n"
-               "      --tx-domain NAME    transport domain: NIC or interface (tcp: e.g. lo, eth0)\n"
-               "      --dump DIR          rollouts: write DIR/rollout<rank>.v<N>.bin after each\n"
-               "                          complete version (wb-ctl verify checks them)\n"
-               "  -h, --help              this text\n");
+    fprintf(
+        f,
+        "usage: wb-agent --role trainer|rollout [--rank R] --controller URL [options]\n"
+        "\n"
+        "  -r, --role ROLE         trainer or rollout\n"
+        "  -n, --rank R            rank within the role (default: $RANK (torchrun) or\n"
+        "                          $SLURM_PROCID (Slurm))\n"
+        "  -c, --controller URL    controller address (default tcp://127.0.0.1:7420)\n"
+        "  -d, --device D          GPU index (default: $LOCAL_RANK / $SLURM_LOCALID when\n"
+        "                          a GPU exists, else host memory)\n"
+        "  -t, --token TOKEN       cluster token (default $WB_TOKEN)\n"
+        "      --trace FILE        write a Chrome trace JSON of every transfer's stages\n"
+        "      --give-up DURATION  exit when the controller is silent this long (30s)\n"
+        "      --pace DURATION     testing: wait this long before each task starts\n"
+        "      --tx-domain NAME    transport domain: NIC or interface (tcp: e.g. lo, eth0)\n"
+        "      --tx-extra YAML     more transport settings, e.g. 'hmem: off' or\n"
+        "                          $'rails: 2\\nshard_size: 1MiB' (keys: transport/transport.h)\n"
+        "      --dump DIR          rollouts: write DIR/rollout<rank>.v<N>.bin after each\n"
+        "                          complete version (wb-ctl verify checks them)\n"
+        "  -h, --help              this text\n");
 }
 
 int main(int argc, char **argv)
@@ -41,6 +45,7 @@ int main(int argc, char **argv)
                                        {"pace", required_argument, 0, 'P'},
                                        {"tx-domain", required_argument, 0, 'D'},
                                        {"dump", required_argument, 0, 'U'},
+                                       {"tx-extra", required_argument, 0, 'X'},
                                        {"help", no_argument, 0, 'h'},
                                        {0}};
     struct wb_agent_opts o = {.device = -1, .controller = "tcp://127.0.0.1:7420"};
@@ -91,6 +96,9 @@ int main(int argc, char **argv)
             break;
         case 'U':
             o.dump = optarg;
+            break;
+        case 'X':
+            o.tx_extra = optarg;
             break;
         case 'h':
             usage(stdout);

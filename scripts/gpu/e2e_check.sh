@@ -90,7 +90,7 @@ EOF
     "$bin/wb-controller" --config "$dir/job.yaml" --listen "$url" >"$dir/controller.log" 2>&1 &
     pids+=($!)
     local dom=()
-    [ "$provider" = tcp ] && dom=(--tx-domain lo)
+    [ "$provider" = tcp ] && dom=(--tx-domain lo --tx-extra "hmem: off") # the bounce path
     for r in 0 1 2 3; do
         "$bin/wb-agent" --role trainer --rank $r --device 0 --controller "$url" "${dom[@]}" \
             --trace "$dir/trainer$r.trace.json" >"$dir/trainer$r.log" 2>&1 &

@@ -19,6 +19,7 @@ enum { NTR = 4, NRO = 2 };
 struct cluster {
     char url[96], job[600], dump[600];
     const char *provider, *domain;
+    const char *tx_extra; /* more transport settings for the agents, or NULL */
     pid_t ctl, ag[NTR + NRO];
     const char *netns_fmt; /* "wbx%d-%d": per-process namespace names, or NULL */
     int id;
@@ -83,7 +84,7 @@ static pid_t spawn_agent(struct cluster *c, int i, const char *extra)
     snprintf(rk, sizeof(rk), "%d", i < NTR ? i : i - NTR);
     snprintf(path, sizeof(path), "%s/wb-agent", e2e_bin());
     snprintf(ns, sizeof(ns), c->netns_fmt ? c->netns_fmt : "-", c->id, i + 1);
-    char *argv[24];
+    char *argv[28];
     int n = 0;
     if (c->netns_fmt) {
         argv[n++] = "/usr/bin/env";
@@ -102,6 +103,10 @@ static pid_t spawn_agent(struct cluster *c, int i, const char *extra)
     if (c->domain) {
         argv[n++] = "--tx-domain";
         argv[n++] = (char *)c->domain;
+    }
+    if (c->tx_extra) {
+        argv[n++] = "--tx-extra";
+        argv[n++] = (char *)c->tx_extra;
     }
     if (i >= NTR) {
         argv[n++] = "--dump";
@@ -259,10 +264,10 @@ static unsigned check_trace(int trainer)
     return seen;
 }
 
-static void run_case(const char *provider, const char *domain, const char *mode, const char *cap,
-                     bool expect_queueing, bool host_resident)
+static void run_case_x(const char *provider, const char *domain, const char *mode, const char *cap,
+                       bool expect_queueing, bool host_resident, const char *tx_extra)
 {
-    struct cluster c = {.provider = provider, .domain = domain};
+    struct cluster c = {.provider = provider, .domain = domain, .tx_extra = tx_extra};
     snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(11));
     write_job(&c, mode, cap, host_resident);
     start(&c, NULL);
@@ -279,6 +284,12 @@ static void run_case(const char *provider, const char *domain, const char *mode,
     if (host_resident)
         CHECK(seen & (1u << WB_STAGE_H2D));
     stop(&c);
+}
+
+static void run_case(const char *provider, const char *domain, const char *mode, const char *cap,
+                     bool expect_queueing, bool host_resident)
+{
+    run_case_x(provider, domain, mode, cap, expect_queueing, host_resident, NULL);
 }
 
 static void test_tcp_auto(void)
@@ -305,6 +316,12 @@ static void test_shm_gather(void)
 static void test_mem_cap(void)
 {
     run_case("tcp", "lo", "gather", "700KiB", true, false);
+}
+
+/* Two rails (endpoints) per agent, writes split in 64 KiB shards striped over them. */
+static void test_tcp_two_rails(void)
+{
+    run_case_x("tcp", "lo", "auto", "4MiB", false, false, "rails: 2\nshard_size: 64KiB");
 }
 
 /* Parameters in host memory: tasks copy their shards to TMP first (H2D), in both modes. */
@@ -454,6 +471,7 @@ const struct wb_test wb_tests[] = {
     {"shm_gather", test_shm_gather, 120},
     {"mem_cap", test_mem_cap, 120},
     {"host_resident", test_host_resident, 120},
+    {"tcp_two_rails", test_tcp_two_rails, 120},
     {"kill_trainer", test_kill_trainer, 120},
     {"netns_tcp", test_netns_tcp, 120},
     {0},

@@ -362,7 +362,8 @@ void wb_tx_mem_free(enum wb_tx_mem kind, void *p);
 /* Synchronous copy between any two kinds (cudaMemcpy with cudaMemcpyDefault, or memcpy). */
 int wb_tx_mem_copy(void *dst, const void *src, size_t len);
 /* Baseline for benchmarks: `reps` back-to-back asynchronous copies of len bytes from src to dst
- * (a plain peer copy when they are on two GPUs) on one stream, then one synchronize. */
+ * on one stream, then one synchronize; between two GPUs, cudaMemcpyPeerAsync with peer access
+ * enabled. */
 int wb_tx_mem_copy_reps(void *dst, const void *src, size_t len, size_t reps);
 
 #endif /* WB_TRANSPORT_H */

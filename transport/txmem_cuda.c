@@ -58,12 +58,14 @@ int wb_tx_mem_copy_reps(void *dst, const void *src, size_t len, size_t reps)
             memcpy(dst, src, len);
         return 0;
     }
-    /* Between two GPUs, map the destination's device into the source's so the copy is a direct
-     * peer copy (NVLink/PCIe P2P), not a trip through host memory. */
+    /* Between two GPUs: a plain cudaMemcpyPeerAsync with peer access enabled, i.e. a direct
+     * NVLink/PCIe copy, not a trip through host memory. */
     struct cudaPointerAttributes as, ad;
-    if (cudaPointerGetAttributes(&as, src) == cudaSuccess &&
-        cudaPointerGetAttributes(&ad, dst) == cudaSuccess && as.type == cudaMemoryTypeDevice &&
-        ad.type == cudaMemoryTypeDevice && as.device != ad.device) {
+    bool peer = cudaPointerGetAttributes(&as, src) == cudaSuccess &&
+                cudaPointerGetAttributes(&ad, dst) == cudaSuccess &&
+                as.type == cudaMemoryTypeDevice && ad.type == cudaMemoryTypeDevice &&
+                as.device != ad.device;
+    if (peer) {
         int can = 0;
         cudaSetDevice(as.device);
         if (cudaDeviceCanAccessPeer(&can, as.device, ad.device) == cudaSuccess && can)
@@ -74,9 +76,12 @@ int wb_tx_mem_copy_reps(void *dst, const void *src, size_t len, size_t reps)
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
         return -WB_E_CUDA;
     int r = 0;
-    for (size_t i = 0; i < reps && !r; i++)
-        if (cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, s) != cudaSuccess)
+    for (size_t i = 0; i < reps && !r; i++) {
+        cudaError_t e = peer ? cudaMemcpyPeerAsync(dst, ad.device, src, as.device, len, s)
+                             : cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, s);
+        if (e != cudaSuccess)
             r = -WB_E_CUDA;
+    }
     if (cudaStreamSynchronize(s) != cudaSuccess)
         r = -WB_E_CUDA;
     cudaStreamDestroy(s);

@@ -2,7 +2,7 @@
 # tx_check.sh — transport/ on a lent GPU machine (2 GPUs, NVLink): builds, runs the transport
 # unit tests and the conformance suite (the cudaipc rows and the bounce/staging rows with GPU
 # memory over tcp and shm run here; they are skipped on machines without GPUs), then measures
-#   1. CUDA IPC writes GPU0 -> GPU1 against plain cudaMemcpyAsync peer copies, same run;
+#   1. CUDA IPC writes GPU0 -> GPU1 against plain cudaMemcpyPeerAsync copies, same run;
 #   2. the bounce path: device memory over tcp and shm against a raw fi_writedata loop on host
 #      memory, same run.
 # Self-contained: sources scripts/gpu/env.sh when the carried Debian packages (.deb/) are there.
@@ -55,7 +55,7 @@ if [ $quick = 1 ]; then
     sizes=64KiB,1MiB,16MiB
 fi
 
-section "bandwidth: CUDA IPC GPU0 -> GPU1 vs plain peer copies (same run)"
+section "bandwidth: CUDA IPC GPU0 -> GPU1 vs plain cudaMemcpyPeerAsync (same run)"
 build/bench/tx_bench --backend cudaipc --rails 2 --sizes "$sizes" --reps "$reps" --bytes 1GiB ||
     echo "tx_bench cudaipc failed"
 

@@ -20,6 +20,7 @@
 #include "tests/wbtest.h"
 #include "transport/transport.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -888,6 +889,27 @@ static void child(const struct run *rn, int role, int fd, int ctl)
     close(fd);
 }
 
+/* The shm provider names its region /dev/shm/<pid>:<n>:<n> and removes it at close; a process
+ * killed with SIGKILL cannot, so the test removes the killed destination's (its pid is dead and
+ * reaped, the files are garbage). */
+static void remove_shm_of(pid_t pid)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return;
+    char prefix[32];
+    int n = snprintf(prefix, sizeof(prefix), "%d:", (int)pid);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, (size_t)n) != 0)
+            continue;
+        char path[300];
+        snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+}
+
 static void run_pair(const struct run *rn)
 {
     if (rn->bk->gpus) {
@@ -934,6 +956,8 @@ static void run_pair(const struct run *rn)
         usleep(2000);
     }
     close(ctl[0]);
+    if (killed)
+        remove_shm_of(pid[1]);
     for (int r = 0; r < 2; r++) {
         if (r == 1 && killed) {
             CHECK(WIFSIGNALED(st[1]) && WTERMSIG(st[1]) == SIGKILL);

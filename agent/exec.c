@@ -718,6 +718,8 @@ void exec_event(struct data *d, const struct wb_tx_event *ev)
     uint64_t v = (uint64_t)(uintptr_t)ev->ctx;
     if (d->outstanding)
         d->outstanding--;
+    if (v == UINT64_MAX) /* the warm-up immediate of data_peers() */
+        return;
     uint32_t ti = (uint32_t)v, rank = (uint32_t)(v >> 32) & 0x7fffff;
     enum wb_role role = (enum wb_role)((v >> 55) & 1);
     bool mine = d->active && ((v >> 56) & 0xff) == (d->epoch & 0xff);

@@ -356,9 +356,11 @@ int data_setup(struct data **dp, const struct wb_agent_opts *o, const struct age
     if (d->role == WB_ROLE_TRAINER && !d->empty)
         wb_log(WB_LOG_INFO, M,
                "trainer rank %u: %u tasks, %u writes, %u shards (%" PRIu64
-               " bytes), memory cap %" PRIu64 ", %s on %s, set up in %.0f ms",
+               " bytes), memory cap %" PRIu64 ", gather inbox %" PRIu64
+               ", %s on %s, set up in %.0f ms",
                d->rank, d->table.ntasks, d->table.nwrites, d->nshards, d->param_bytes, d->cap,
-               d->caps.name, d->gpu ? "GPU" : "host memory", (double)(wb_now_ns() - t0) / 1e6);
+               d->inbox_bytes, d->caps.name, d->gpu ? "GPU" : "host memory",
+               (double)(wb_now_ns() - t0) / 1e6);
     else if (!d->empty)
         wb_log(WB_LOG_INFO, M,
                "rollout rank %u: %u local tensors (%" PRIu64 " bytes), %s on %s, set up in %.0f ms",

@@ -159,7 +159,7 @@ static int layout_gathers(struct data *d)
                     return -ENOMEM;
                 d->sec = ns;
                 s = &d->sec[d->nsec++];
-                *s = (struct gsec){.mesh = g->mesh};
+                *s = (struct gsec){.mesh = g->mesh, .phase = tk->phase};
             }
             struct gref *r = &d->gref[tk->op0 + k];
             const struct wb_shape *full = wb_rt_shape(t, g->dst.shape);
@@ -183,18 +183,29 @@ static int layout_gathers(struct data *d)
             }
         }
     }
-    /* sections back to back; tags: one per slot, sections one after another */
-    uint64_t off = 0;
-    uint32_t tag = 0;
+    /* Sections back to back, except that the inbox is reused after a barrier: a phase's
+     * barrier completes only once every rank has unpacked its gathers of the phase, and no
+     * rank sends a later phase's parts before that. A mesh lives in one phase, and sections
+     * come in phase order. Tags: one per slot, never reused. */
+    uint64_t off = 0, max = 0;
+    uint32_t tag = 0, group = 0;
     for (uint32_t i = 0; i < d->nsec; i++) {
         uint64_t size = d->sec[i].off;
-        uint32_t nslots = d->sec[i].tag;
+        uint32_t nslots = d->sec[i].tag, g = 0;
+        for (uint32_t p = 0; p < d->sec[i].phase && p < t->nphases; p++)
+            g += t->phases[p].barrier_after;
+        if (g != group) {
+            group = g;
+            off = 0;
+        }
         d->sec[i].off = off;
         d->sec[i].tag = tag;
         off += size;
         tag += nslots;
+        if (off > max)
+            max = off;
     }
-    d->inbox_bytes = off;
+    d->inbox_bytes = max;
     return tag >= (1u << IMM_TAG_BITS) ? -E2BIG : 0;
 }
 

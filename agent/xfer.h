@@ -49,6 +49,7 @@ struct gsec {
     uint32_t mesh;
     uint64_t off;
     uint32_t tag;
+    uint32_t phase; /* local only: the mesh's phase (not published) */
 };
 
 /* What a trainer knows about another agent. */

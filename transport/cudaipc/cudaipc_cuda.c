@@ -118,15 +118,10 @@ static int event_get(struct ipc_tx *ix, cudaEvent_t *e)
 
 static void event_put(struct ipc_tx *ix, cudaEvent_t e)
 {
-    if (ix->nspare == ix->spare_cap) {
-        size_t cap = ix->spare_cap ? 2 * ix->spare_cap : 64;
-        cudaEvent_t *n = realloc(ix->spare, cap * sizeof(*n));
-        if (!n) {
-            cudaEventDestroy(e);
-            return;
-        }
-        ix->spare = n;
-        ix->spare_cap = cap;
+    if (ix->nspare == ix->spare_cap &&
+        wb_grow(&ix->spare, &ix->spare_cap, 64, sizeof(*ix->spare)) != 0) {
+        cudaEventDestroy(e);
+        return;
     }
     ix->spare[ix->nspare++] = e;
 }
@@ -171,14 +166,8 @@ static int ipc_mr_reg(struct wb_tx *tx, void *ptr, uint64_t len, unsigned access
     if (a.device != ix->device)
         return wb_txi_err(tx, -EINVAL, "register: memory of GPU %d, this transport serves GPU %d",
                           a.device, ix->device);
-    if (ix->nmrs == ix->mrs_cap) {
-        size_t cap = ix->mrs_cap ? 2 * ix->mrs_cap : 16;
-        struct ipc_mr **n = realloc(ix->mrs, cap * sizeof(*n));
-        if (!n)
-            return -ENOMEM;
-        ix->mrs = n;
-        ix->mrs_cap = cap;
-    }
+    if (ix->nmrs == ix->mrs_cap && wb_grow(&ix->mrs, &ix->mrs_cap, 16, sizeof(*ix->mrs)) != 0)
+        return -ENOMEM;
     struct ipc_mr *m = calloc(1, sizeof(*m));
     if (!m)
         return -ENOMEM;
@@ -361,15 +350,9 @@ static void *peer_region(struct ipc_tx *ix, uint32_t peer, const struct wb_tx_rd
     for (size_t i = 0; i < p->nmaps; i++)
         if (memcmp(&p->maps[i].handle, &h, sizeof(h)) == 0)
             return p->maps[i].base;
-    if (p->nmaps == p->cap) {
-        size_t cap = p->cap ? 2 * p->cap : 8;
-        struct ipc_map *n = realloc(p->maps, cap * sizeof(*n));
-        if (!n) {
-            *err = -ENOMEM;
-            return NULL;
-        }
-        p->maps = n;
-        p->cap = cap;
+    if (p->nmaps == p->cap && wb_grow(&p->maps, &p->cap, 8, sizeof(*p->maps)) != 0) {
+        *err = -ENOMEM;
+        return NULL;
     }
     void *base = NULL;
     cudaError_t r = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);

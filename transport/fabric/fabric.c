@@ -143,14 +143,8 @@ static int fab_mr_reg(struct wb_tx *tx, void *ptr, uint64_t len, unsigned access
         }
         fx->gpu_device = dev;
     }
-    if (fx->nmrs == fx->mrs_cap) {
-        size_t cap = fx->mrs_cap ? 2 * fx->mrs_cap : 16;
-        struct fab_mr **n = realloc(fx->mrs, cap * sizeof(*n));
-        if (!n)
-            return -ENOMEM;
-        fx->mrs = n;
-        fx->mrs_cap = cap;
-    }
+    if (fx->nmrs == fx->mrs_cap && wb_grow(&fx->mrs, &fx->mrs_cap, 16, sizeof(*fx->mrs)) != 0)
+        return -ENOMEM;
     struct fab_mr *m = calloc(1, sizeof(*m));
     if (!m)
         return -ENOMEM;

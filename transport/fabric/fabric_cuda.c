@@ -98,15 +98,9 @@ void fab_gpu_host_free(void *p, bool pinned)
 
 static void event_release(struct fab_gpu *g, cudaEvent_t e)
 {
-    if (g->nspare == g->cap) {
-        size_t cap = g->cap ? 2 * g->cap : 64;
-        cudaEvent_t *n = realloc(g->spare, cap * sizeof(*n));
-        if (!n) {
-            cudaEventDestroy(e);
-            return;
-        }
-        g->spare = n;
-        g->cap = cap;
+    if (g->nspare == g->cap && wb_grow(&g->spare, &g->cap, 64, sizeof(*g->spare)) != 0) {
+        cudaEventDestroy(e);
+        return;
     }
     g->spare[g->nspare++] = e;
 }

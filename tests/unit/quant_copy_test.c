@@ -116,35 +116,6 @@ static void test_pack_examples(void)
     CHECK(got == 5.0f);
 }
 
-struct capture {
-    int saved;
-    char path[300];
-};
-
-static void capture_begin(struct capture *c)
-{
-    snprintf(c->path, sizeof(c->path), "%s/stderr", wb_test_tmpdir());
-    fflush(stderr);
-    int fd = open(c->path, O_CREAT | O_TRUNC | O_WRONLY, 0600);
-    CHECK(fd >= 0);
-    c->saved = dup(2);
-    CHECK(c->saved >= 0 && dup2(fd, 2) == 2);
-    close(fd);
-}
-
-static const char *capture_end(struct capture *c, char *buf, size_t cap)
-{
-    fflush(stderr);
-    CHECK(dup2(c->saved, 2) == 2);
-    close(c->saved);
-    FILE *f = fopen(c->path, "r");
-    CHECK(f);
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
-}
-
 static void test_pack_errors(void)
 {
     setenv("WB_LOG", "warn", 1);
@@ -154,24 +125,24 @@ static void test_pack_errors(void)
     struct wb_shape s = {2, {3, 4}};
     struct wb_box out = {2, {2, 1}, {2, 2}};
     char buf[512];
-    struct capture c;
-    capture_begin(&c);
+    struct wb_test_stderr c;
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_pack(&HOST, WB_DTYPE_FP32, &s, &out, x, p), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_pack: box [2:4, 1:3] is not inside shape [3, 4]\n");
     struct wb_box nd = {1, {0}, {3}};
-    capture_begin(&c);
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_unpack(&HOST, WB_DTYPE_FP32, &s, &nd, p, x), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_unpack: box [0:3] is not inside shape [3, 4]\n");
     struct wb_box ok = {2, {0, 0}, {1, 1}};
-    capture_begin(&c);
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_pack(&HOST, WB_DTYPE_INVALID, &s, &ok, x, p), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_pack: invalid dtype 0\n");
-    capture_begin(&c);
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_pack(&HOST, WB_DTYPE_FP32, &s, &ok, NULL, p), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_pack: shape, box, src and dst must not be NULL\n");
     for (int i = 0; i < 12; i++)
         CHECK(p[i] == -1.0f && x[i] == 0.0f);
@@ -221,20 +192,20 @@ static void test_concat_errors(void)
     memset(w, 0x5a, sizeof(w));
     struct wb_shape pa = {2, {2, 5}}, whole = {2, {8, 3}}, p3 = {2, {2, 3}};
     char buf[512];
-    struct capture c;
-    capture_begin(&c);
+    struct wb_test_stderr c;
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_concat(&HOST, WB_DTYPE_BF16, &pa, a, &whole, 0, 4, w), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_concat: part [2, 5] does not fit whole [8, 3] at "
               "offset 4 of dim 0\n");
-    capture_begin(&c);
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_concat(&HOST, WB_DTYPE_BF16, &p3, a, &whole, 0, 7, w), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_concat: part [2, 3] does not fit whole [8, 3] at "
               "offset 7 of dim 0\n");
-    capture_begin(&c);
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_concat(&HOST, WB_DTYPE_BF16, &p3, a, &whole, 2, 0, w), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_concat: cannot place a 2-d part into a 2-d tensor along "
               "dim 2\n");
     for (int i = 0; i < 24; i++)
@@ -435,18 +406,18 @@ static void test_cast_same_and_errors(void)
     CHECK_INT(wb_quant_cast(&HOST, WB_DTYPE_FP32, a, WB_DTYPE_FP32, b, 3), 0);
     CHECK_MEM(a, b, sizeof(a)); /* a plain copy: the NaN payload stays */
     char buf[512];
-    struct capture c;
-    capture_begin(&c);
+    struct wb_test_stderr c;
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_cast(&HOST, WB_DTYPE_I32, a, WB_DTYPE_FP32, b, 3), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_cast: cannot cast i32 to fp32 (bf16, fp16 and fp32 "
               "only)\n");
-    capture_begin(&c);
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_cast(&HOST, WB_DTYPE_FP32, a, WB_DTYPE_FP8_E4M3, b, 3), -EINVAL);
     CHECK_INT(wb_quant_cast(&HOST, WB_DTYPE_FP32, a, WB_DTYPE_BF16, NULL, 3), -EINVAL);
     CHECK_INT(wb_quant_cast(&HOST, WB_DTYPE_FP32, (const char *)a + 2, WB_DTYPE_BF16, b, 1),
               -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_cast: cannot cast fp32 to fp8_e4m3 (bf16, fp16 and fp32 "
               "only)\n"
               "wb error quant: wb_quant_cast: src and dst must not be NULL\n"

@@ -539,35 +539,6 @@ static void test_amax_merge(void)
 
 /* ---------------------------------------------------------------- errors */
 
-struct capture {
-    int saved;
-    char path[300];
-};
-
-static void capture_begin(struct capture *c)
-{
-    snprintf(c->path, sizeof(c->path), "%s/stderr", wb_test_tmpdir());
-    fflush(stderr);
-    int fd = open(c->path, O_CREAT | O_TRUNC | O_WRONLY, 0600);
-    CHECK(fd >= 0);
-    c->saved = dup(2);
-    CHECK(c->saved >= 0 && dup2(fd, 2) == 2);
-    close(fd);
-}
-
-static const char *capture_end(struct capture *c, char *buf, size_t cap)
-{
-    fflush(stderr);
-    CHECK(dup2(c->saved, 2) == 2);
-    close(c->saved);
-    FILE *f = fopen(c->path, "r");
-    CHECK(f);
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
-}
-
 static void test_errors(void)
 {
     setenv("WB_LOG", "warn", 1);
@@ -575,45 +546,45 @@ static void test_errors(void)
     uint8_t q[4] = {0xaa, 0xaa, 0xaa, 0xaa};
     float s = 7.0f, amax[2] = {1, 1};
     char buf[512];
-    struct capture c;
+    struct wb_test_stderr c;
 
-    capture_begin(&c);
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_fp8_block(&HOST, WB_DTYPE_I32, x, 2, 2, q, &s), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_fp8_block: source dtype i32 is not bf16, fp16 or fp32\n");
 
     struct wb_quant_tile t = {WB_DTYPE_BF16, 2, 2, 0, 0};
-    capture_begin(&c);
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_fp8_amax(&HOST, &t, x, 1, 3, amax), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_fp8_amax: row range [1, 3) is not inside the tile's 2 "
               "rows\n");
 
-    capture_begin(&c);
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_fp8_apply(&HOST, &t, x, 0, 2, NULL, q, NULL), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_fp8_apply: a required buffer is NULL\n");
 
-    capture_begin(&c);
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_fp8_block(&HOST, WB_DTYPE_BF16, x, 1ull << 62, 8, q, &s), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_fp8_block: tile of 4611686018427387904 x 8 elements is "
               "too large\n");
 
     t.row0 = UINT64_MAX;
-    capture_begin(&c);
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_fp8_apply(&HOST, &t, x, 0, 2, amax, q, NULL), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_fp8_apply: tile origin (18446744073709551615, 0) + "
               "extents overflow\n");
-    capture_begin(&c);
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_fp8_amax(&HOST, NULL, x, 0, 1, amax), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_fp8_amax: tile is NULL\n");
 
-    capture_begin(&c);
+    wb_test_stderr_begin(&c);
     CHECK_INT(wb_quant_fp8_block(&HOST, WB_DTYPE_BF16, (const char *)x + 1, 1, 2, q, &s), -EINVAL);
-    CHECK_STR(capture_end(&c, buf, sizeof(buf)),
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
               "wb error quant: wb_quant_fp8_block: src is not aligned to its 2-byte elements\n");
 
     /* nothing was written by any failed call */

@@ -340,6 +340,11 @@ bool wb_gpu_built(void);
 
 /* ---------------------------------------------------------------- small helpers */
 
+/* Grows a heap array for one more item: *cap doubles (or becomes `first` when 0) and the array
+ * at *(T **)arrp is reallocated to *cap items of elem bytes. Callers call it when n == *cap.
+ * On failure returns -ENOMEM and leaves both the array and *cap as they were. */
+int wb_grow(void *arrp, size_t *cap, size_t first, size_t elem);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t wb_now_ns(void);
 /* "1.50 GiB" style formatting into buf; returns buf. */

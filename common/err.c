@@ -40,14 +40,8 @@ void wb_errlist_init(struct wb_errlist *el)
 
 int wb_errlist_vadd(struct wb_errlist *el, const char *fmt, va_list ap)
 {
-    if (el->n == el->cap) {
-        size_t cap = el->cap ? el->cap * 2 : 8;
-        char **m = realloc(el->msgs, cap * sizeof(*m));
-        if (!m)
-            return -ENOMEM;
-        el->msgs = m;
-        el->cap = cap;
-    }
+    if (el->n == el->cap && wb_grow(&el->msgs, &el->cap, 8, sizeof(*el->msgs)) != 0)
+        return -ENOMEM;
     char *s;
     if (vasprintf(&s, fmt, ap) < 0)
         return -ENOMEM;

@@ -1,7 +1,11 @@
-/* util.c — clock and human-readable sizes. */
+/* util.c — clock, human-readable sizes, growable arrays. */
 #include "common/common.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 uint64_t wb_now_ns(void)
@@ -25,4 +29,20 @@ char *wb_fmt_bytes(uint64_t bytes, char *buf, size_t cap)
     else
         snprintf(buf, cap, "%.2f %s", v, units[u]);
     return buf;
+}
+
+int wb_grow(void *arrp, size_t *cap, size_t first, size_t elem)
+{
+    size_t n = *cap ? *cap : first;
+    if (*cap && n > SIZE_MAX / 2 / elem)
+        return -ENOMEM;
+    n = *cap ? 2 * n : n;
+    void *old;
+    memcpy(&old, arrp, sizeof(old)); /* arrp is a T **: only its pointer value is used */
+    void *p = realloc(old, n * elem);
+    if (!p)
+        return -ENOMEM;
+    memcpy(arrp, &p, sizeof(p));
+    *cap = n;
+    return 0;
 }

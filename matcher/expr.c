@@ -100,16 +100,10 @@ static int fail(struct parser *p, const char *what)
 static int32_t add_node(struct parser *p, enum xop op, int32_t a, int32_t b)
 {
     struct wb_expr *e = p->e;
-    if (e->nn == e->cap) {
-        size_t cap = e->cap ? e->cap * 2 : 16;
-        struct xnode *n = realloc(e->n, cap * sizeof(*n));
-        if (!n) {
-            snprintf(p->err, p->errcap, "out of memory");
-            p->failed = 1;
-            return -1;
-        }
-        e->n = n;
-        e->cap = cap;
+    if (e->nn == e->cap && wb_grow(&e->n, &e->cap, 16, sizeof(*e->n)) != 0) {
+        snprintf(p->err, p->errcap, "out of memory");
+        p->failed = 1;
+        return -1;
     }
     e->n[e->nn] = (struct xnode){.op = op, .a = a, .b = b, .c = -1};
     return (int32_t)e->nn++;

@@ -468,14 +468,9 @@ static int add_param(struct gen *g, const char *name, enum wb_dtype dt, const st
     }
     if (r)
         return r;
-    if (g->inv.n > g->origin_cap) {
-        size_t cap = g->origin_cap ? g->origin_cap * 2 : 1024;
-        uint32_t *o = realloc(g->origin, cap * sizeof(*o));
-        if (!o)
-            return -ENOMEM;
-        g->origin = o;
-        g->origin_cap = cap;
-    }
+    if (g->inv.n > g->origin_cap &&
+        wb_grow(&g->origin, &g->origin_cap, 1024, sizeof(*g->origin)) != 0)
+        return -ENOMEM;
     g->origin[g->inv.n - 1] = origin;
     return 0;
 }

@@ -20,14 +20,8 @@ static int push(struct flat *f, const char *name, const json_t *j)
 {
     if (json_is_null(j))
         return 0;
-    if (f->n == f->cap) {
-        size_t cap = f->cap ? f->cap * 2 : 64;
-        struct wb_jval *v = realloc(f->v, cap * sizeof(*v));
-        if (!v)
-            return -ENOMEM;
-        f->v = v;
-        f->cap = cap;
-    }
+    if (f->n == f->cap && wb_grow(&f->v, &f->cap, 64, sizeof(*f->v)) != 0)
+        return -ENOMEM;
     struct wb_jval *v = &f->v[f->n];
     memset(v, 0, sizeof(*v));
     if (!(v->name = strdup(name)))

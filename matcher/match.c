@@ -138,15 +138,9 @@ struct build {
 static int push_comp(struct build *b, uint32_t t, const struct wb_box *src,
                      const struct wb_box *dst)
 {
-    if (b->ncomp == b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 4;
-        struct wb_component *p = realloc(b->comp, cap * sizeof(*p));
-        if (!p) {
-            b->c->fatal = -ENOMEM;
-            return -ENOMEM;
-        }
-        b->comp = p;
-        b->cap = cap;
+    if (b->ncomp == b->cap && wb_grow(&b->comp, &b->cap, 4, sizeof(*b->comp)) != 0) {
+        b->c->fatal = -ENOMEM;
+        return -ENOMEM;
     }
     b->comp[b->ncomp++] =
         (struct wb_component){.trainer = t, .src = *src, .dst = *dst, .trainer_scale = -1};
@@ -679,16 +673,10 @@ static void build_one(struct mctx *c, size_t ri, size_t rule_index, const struct
         free(b.comp);
         return;
     }
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 256;
-        struct wb_mapping *p = realloc(c->map, cap * sizeof(*p));
-        if (!p) {
-            c->fatal = -ENOMEM;
-            free(b.comp);
-            return;
-        }
-        c->map = p;
-        c->cap = cap;
+    if (c->n == c->cap && wb_grow(&c->map, &c->cap, 256, sizeof(*c->map)) != 0) {
+        c->fatal = -ENOMEM;
+        free(b.comp);
+        return;
     }
     m.ncomp = (uint32_t)b.ncomp;
     m.comp = b.comp;

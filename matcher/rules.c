@@ -20,8 +20,9 @@
  *   - rollout: "*"                            # everything else: same name, replicated
  *     from: "*"
  * The first rule whose pattern matches a rollout name applies. (YAML: inside a flow list
- * [a, b], names with braces must be quoted: ["x.{L}.w", "y.{L}.w"]; block lists need not.) Every key is checked; an
- * unknown key is an error with its file:line:col, so a typo never silently drops a rule. */
+ * [a, b], names with braces must be quoted: ["x.{L}.w", "y.{L}.w"]; block lists need not.) Every
+ * key is checked; an unknown key is an error with its file:line:col, so a typo never silently drops
+ * a rule. */
 #include "matcher/mpriv.h"
 
 #include <errno.h>

@@ -3,6 +3,7 @@
 #include "wbtest.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -93,6 +94,30 @@ int wb_test_capture(void (*fn)(void *), void *arg, char *out, size_t cap)
     if (waitpid(pid, &st, 0) != pid)
         wb_test_fail(__FILE__, __LINE__, "waitpid: %s", strerror(errno));
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+void wb_test_stderr_begin(struct wb_test_stderr *c)
+{
+    snprintf(c->path, sizeof(c->path), "%s/stderr", wb_test_tmpdir());
+    fflush(stderr);
+    int fd = open(c->path, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    CHECK(fd >= 0);
+    c->saved = dup(2);
+    CHECK(c->saved >= 0 && dup2(fd, 2) == 2);
+    close(fd);
+}
+
+const char *wb_test_stderr_end(struct wb_test_stderr *c, char *buf, size_t cap)
+{
+    fflush(stderr);
+    CHECK(dup2(c->saved, 2) == 2);
+    close(c->saved);
+    FILE *f = fopen(c->path, "r");
+    CHECK(f);
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
 }
 
 static void remove_tmpdir(void)

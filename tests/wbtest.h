@@ -41,6 +41,16 @@ const char *wb_test_write_file(const char *name, const char *text);
  * truncated to cap-1 bytes); returns the child's exit status (fn returning = 0), or 128+signal. */
 int wb_test_capture(void (*fn)(void *), void *arg, char *out, size_t cap);
 
+/* Redirects this process's stderr into a file until wb_test_stderr_end(), which restores it
+ * and returns what was written (NUL-terminated in buf) — for checking exact error messages
+ * that a library logs. */
+struct wb_test_stderr {
+    int saved;
+    char path[300];
+};
+void wb_test_stderr_begin(struct wb_test_stderr *c);
+const char *wb_test_stderr_end(struct wb_test_stderr *c, char *buf, size_t cap);
+
 #define CHECK(c)                                                                                   \
     do {                                                                                           \
         if (!(c))                                                                                  \

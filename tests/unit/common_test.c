@@ -137,6 +137,25 @@ static void test_fmt_bytes(void)
     CHECK(c >= a);
 }
 
+static void test_grow(void)
+{
+    uint64_t *a = NULL;
+    size_t n = 0, cap = 0;
+    for (uint64_t i = 0; i < 1000; i++) {
+        if (n == cap)
+            CHECK_INT(wb_grow(&a, &cap, 4, sizeof(*a)), 0);
+        a[n++] = i * i;
+    }
+    CHECK_U64(cap, 1024); /* 4, 8, ..., 1024 */
+    CHECK_U64(a[999], 998001);
+    size_t huge = SIZE_MAX / 4;
+    uint64_t *keep = a;
+    CHECK_INT(wb_grow(&a, &huge, 4, sizeof(*a)), -ENOMEM);
+    CHECK(a == keep);
+    CHECK_U64(huge, SIZE_MAX / 4);
+    free(a);
+}
+
 static void test_gpu_helpers(void)
 {
     int host = 0;
@@ -150,11 +169,8 @@ static void test_gpu_helpers(void)
 }
 
 const struct wb_test wb_tests[] = {
-    {"dtypes", test_dtypes, 0},
-    {"strerror", test_strerror, 0},
-    {"errlist", test_errlist, 0},
-    {"logging_levels", test_logging_levels, 0},
-    {"fmt_bytes", test_fmt_bytes, 0},
-    {"gpu_helpers", test_gpu_helpers, 0},
-    {0},
+    {"dtypes", test_dtypes, 0},           {"strerror", test_strerror, 0},
+    {"errlist", test_errlist, 0},         {"logging_levels", test_logging_levels, 0},
+    {"fmt_bytes", test_fmt_bytes, 0},     {"grow", test_grow, 0},
+    {"gpu_helpers", test_gpu_helpers, 0}, {0},
 };

@@ -1,0 +1,152 @@
+/* wb-agent — the worker on one trainer or rollout GPU: registers with the controller and
+ * executes (trainer) or receives (rollout) every transfer. Started by hand, by a script, or by
+ * torchrun / srun (the rank and local GPU then come from the launcher's environment). */
+#include "agent/agent.h"
+
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f,
+        "usage: wb-agent --role trainer|rollout [--rank R] --controller URL [options]\n"
+        "\n"
+        "  -r, --role ROLE         trainer or rollout\n"
+        "  -n, --rank R            rank within the role (default: $RANK (torchrun) or\n"
+        "                          $SLURM_PROCID (Slurm))\n"
+        "  -c, --controller URL    controller address (default tcp://127.0.0.1:7420)\n"
+        "  -d, --device D          GPU index (default: $LOCAL_RANK / $SLURM_LOCALID when\n"
+        "                          a GPU exists, else host memory)\n"
+        "  -t, --token TOKEN       cluster token (default $WB_TOKEN)\n"
+        "      --trace FILE        write a Chrome trace JSON of every transfer's stages\n"
+        "      --give-up DURATION  exit when the controller is silent this long (30s)\n"
+        "      --pace DURATION     testing: wait this long before each task starts\n"
+        "      --tx-domain NAME    transport domain: NIC or interface (tcp: e.g. lo, eth0)\n"
+        "      --tx-extra YAML     more transport settings, e.g. 'hmem: off' or\n"
+        "                          $'rails: 2\\nshard_size: 1MiB' (keys: transport/transport.h)\n"
+        "      --dump DIR          rollouts: write DIR/rollout<rank>.v<N>.bin after each\n"
+        "                          complete version (wb-ctl verify checks them)\n"
+        "  -h, --help              this text\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option lo[] = {{"role", required_argument, 0, 'r'},
+                                       {"rank", required_argument, 0, 'n'},
+                                       {"controller", required_argument, 0, 'c'},
+                                       {"device", required_argument, 0, 'd'},
+                                       {"token", required_argument, 0, 't'},
+                                       {"trace", required_argument, 0, 'T'},
+                                       {"give-up", required_argument, 0, 'G'},
+                                       {"pace", required_argument, 0, 'P'},
+                                       {"tx-domain", required_argument, 0, 'D'},
+                                       {"dump", required_argument, 0, 'U'},
+                                       {"tx-extra", required_argument, 0, 'X'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0}};
+    struct wb_agent_opts o = {.device = -1, .controller = "tcp://127.0.0.1:7420"};
+    const char *role = NULL;
+    int64_t rank = -1, device = -2;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "r:n:c:d:t:h", lo, NULL)) != -1) {
+        switch (ch) {
+        case 'r':
+            role = optarg;
+            break;
+        case 'n':
+            if (wb_parse_i64(optarg, &rank) || rank < 0 || rank > UINT32_MAX) {
+                fprintf(stderr, "wb-agent: --rank: expected a non-negative integer, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'c':
+            o.controller = optarg;
+            break;
+        case 'd':
+            if (wb_parse_i64(optarg, &device) || device < -1 || device > INT32_MAX) {
+                fprintf(stderr, "wb-agent: --device: expected a GPU index or -1, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 't':
+            o.token = optarg;
+            break;
+        case 'T':
+            o.trace = optarg;
+            break;
+        case 'G':
+        case 'P': {
+            uint64_t ns;
+            if (wb_parse_duration(optarg, &ns)) {
+                fprintf(stderr, "wb-agent: --%s: expected a duration such as 2s, got '%s'\n",
+                        ch == 'G' ? "give-up" : "pace", optarg);
+                return 2;
+            }
+            *(ch == 'G' ? &o.give_up_ns : &o.pace_ns) = ns;
+            break;
+        }
+        case 'D':
+            o.tx_domain = optarg;
+            break;
+        case 'U':
+            o.dump = optarg;
+            break;
+        case 'X':
+            o.tx_extra = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!role || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    if (wb_role_parse(role, &o.role)) {
+        fprintf(stderr, "wb-agent: --role: expected trainer or rollout, got '%s'\n", role);
+        return 2;
+    }
+    struct wb_launch_env env;
+    const char *bad = NULL;
+    if (wb_launch_env_read(&env, &bad)) {
+        fprintf(stderr, "wb-agent: $%s is not a non-negative integer\n", bad);
+        return 2;
+    }
+    if (rank < 0)
+        rank = env.rank;
+    if (rank < 0) {
+        fprintf(stderr, "wb-agent: no rank: give --rank, or start under torchrun ($RANK) or "
+                        "srun ($SLURM_PROCID)\n");
+        return 2;
+    }
+    o.rank = (uint32_t)rank;
+    if (device == -2)
+        device = wb_gpu_count() > 0 ? (env.local_rank >= 0 ? env.local_rank : 0) : -1;
+    o.device = (int32_t)device;
+    if (!o.token)
+        o.token = getenv("WB_TOKEN");
+    if (!o.token || !*o.token) {
+        fprintf(stderr, "wb-agent: no cluster token: give --token or set $WB_TOKEN\n");
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    struct wb_agent *a;
+    int err = wb_agent_create(&o, &a);
+    if (err) {
+        fprintf(stderr, "wb-agent: cannot reach %s: %s\n", o.controller, wb_strerror(err));
+        return 1;
+    }
+    err = wb_agent_run(a);
+    wb_agent_destroy(a);
+    return err ? 1 : 0;
+}

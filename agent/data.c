@@ -1,0 +1,698 @@
+/* data.c — the agent's data side: what SETUP, PEERS and TRANSFER do to memory and the transport.
+ *
+ * SETUP decodes this agent's part of the plan, opens the transport, allocates and registers its
+ * memory and returns two blobs the controller relays: the transport address and the memory
+ * descriptors (xfer.h says which regions). A trainer materializes its shards from the synthetic
+ * source; a rollout allocates one buffer per local tensor — the memory peers write into.
+ * PEERS (trainers only) adds every other agent as a transport peer and keeps its descriptors.
+ * TRANSFER N starts the executor (trainers, exec.c) or arms the immediate counters of the
+ * receive list (rollouts); a rollout is done when every tag reached the plan's count.
+ *
+ * The transport moves data only while both sides poll it (software providers), so data_poll()
+ * runs on every turn of the agent's loop, transfer or not. A job without a model (control plane
+ * only) has empty plans: nothing is opened and a transfer finishes at once. */
+#include "agent/xfer.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *M = "agent";
+
+/* The warm-up immediate (data_peers): a tag no phase reaches, a ctx no task has. */
+enum { WARMUP_TAG = (1u << IMM_TAG_BITS) - 1 };
+static const uint64_t WARMUP_CTX = UINT64_MAX;
+
+static enum wb_tx_mem mem_kind(const struct data *d)
+{
+    return d->gpu ? WB_TX_MEM_CUDA : WB_TX_MEM_HOST;
+}
+
+static void peer_clear(struct peer *p)
+{
+    free(p->addr);
+    free(p->sec);
+    free(p->reg_tensor);
+    free(p->reg);
+    memset(p, 0, sizeof(*p));
+}
+
+static void data_release(struct data *d)
+{
+    wb_tx_close(d->tx); /* releases every registration */
+    d->tx = NULL;
+    enum wb_tx_mem k = mem_kind(d);
+    if (d->param != d->param_host_buf)
+        wb_tx_mem_free(k, d->param);
+    ag_host_free(d->param_host_buf);
+    wb_tx_mem_free(k, d->tmp);
+    wb_tx_mem_free(k, d->inbox);
+    wb_tx_mem_free(k, d->amax_in);
+    wb_tx_mem_free(k, d->amax_out);
+    wb_tx_mem_free(k, d->scratch[0]);
+    wb_tx_mem_free(k, d->scratch[1]);
+    free(d->hscratch);
+    for (uint32_t i = 0; d->tpeer && i < d->table.ntrainers; i++)
+        peer_clear(&d->tpeer[i]);
+    for (uint32_t i = 0; d->rpeer && i < d->table.nrollouts; i++)
+        peer_clear(&d->rpeer[i]);
+    free(d->tpeer);
+    free(d->rpeer);
+    if (d->have_table)
+        exec_free(d);
+    free(d->shards);
+    free(d->shard_of);
+    if (d->have_table)
+        wb_route_table_free(&d->table);
+    for (uint32_t i = 0; d->locals && i < d->recv.nlocal; i++)
+        wb_tx_mem_free(k, d->locals[i].buf);
+    free(d->locals);
+    free(d->expect_of);
+    free(d->reached);
+    if (d->have_recv)
+        wb_recv_list_free(&d->recv);
+    wb_mpw_free(&d->addr_blob);
+    wb_mpw_free(&d->region_blob);
+    ag_stream_destroy(d->stream);
+}
+
+/* ---------------------------------------------------------------- transport */
+
+static int tx_open(struct data *d, char *err, size_t errcap)
+{
+    char yaml[2048];
+    const char *prov = d->job.provider[0] ? d->job.provider : "tcp";
+    const char *dom = d->o->tx_domain ? d->o->tx_domain : "";
+    const char *extra = d->o->tx_extra ? d->o->tx_extra : "";
+    if (!strcmp(prov, "cudaipc") || !strcmp(prov, "cuda_ipc"))
+        snprintf(yaml, sizeof(yaml), "backend: cudaipc\nrails: 2\ndevice: %d\n%s\n", d->device,
+                 extra);
+    else
+        snprintf(yaml, sizeof(yaml), "backend: fabric\nprovider: \"%s\"\ndomain: \"%s\"\n%s\n",
+                 prov, dom, extra);
+    struct wb_errlist el;
+    struct wb_yaml *y = NULL;
+    struct wb_tx_cfg cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    wb_errlist_init(&el);
+    int rc = wb_yaml_load_string("transport", yaml, &el, &y);
+    rc = rc ? rc : wb_cfg_parse(y, wb_yaml_root(y), wb_tx_cfg_fields, &cfg, &el);
+    rc = rc ? rc : wb_tx_open(&cfg, &el, &d->tx);
+    if (rc) {
+        char *msg = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&msg, &len);
+        if (f) {
+            wb_errlist_print(&el, "", f);
+            fclose(f);
+        }
+        snprintf(err, errcap, "transport %s: %s", prov, msg && *msg ? msg : wb_strerror(rc));
+        for (char *p = err; *p; p++)
+            if (*p == '\n')
+                *p = *(p + 1) ? ';' : 0;
+        free(msg);
+    } else {
+        wb_tx_query(d->tx, &d->caps);
+    }
+    wb_cfg_free(wb_tx_cfg_fields, &cfg);
+    wb_yaml_free(y);
+    wb_errlist_free(&el);
+    return rc;
+}
+
+/* Allocates n bytes of the executor's memory kind and registers them. */
+static int reg_alloc(struct data *d, uint64_t n, unsigned access, void **buf, struct wb_tx_mr **mr,
+                     const char *what, char *err, size_t errcap)
+{
+    int rc = wb_tx_mem_alloc(mem_kind(d), d->device, n, buf);
+    if (rc) {
+        snprintf(err, errcap, "%s: cannot allocate %" PRIu64 " bytes: %s", what, n,
+                 wb_strerror(rc));
+        return rc;
+    }
+    if (!d->gpu)
+        memset(*buf, 0, n);
+    if (!mr)
+        return 0;
+    rc = wb_tx_mr_reg(d->tx, *buf, n, access, mr);
+    if (rc)
+        snprintf(err, errcap, "%s: cannot register %" PRIu64 " bytes: %s", what, n,
+                 wb_tx_errmsg(d->tx));
+    return rc;
+}
+
+static void put_rdesc(struct data *d, struct wb_mpw *w, const struct wb_tx_mr *mr)
+{
+    struct wb_tx_rdesc rd;
+    if (!mr || wb_tx_rdesc(d->tx, mr, &rd)) {
+        wb_mpw_nil(w);
+        return;
+    }
+    wb_tx_rdesc_put(w, &rd);
+}
+
+/* ---------------------------------------------------------------- trainer setup */
+
+static int setup_trainer(struct data *d, const void *plan, size_t plan_len, const void *shards,
+                         size_t shards_len, char *err, size_t errcap)
+{
+    int rc = wb_route_table_decode(plan, plan_len, &d->table);
+    if (rc) {
+        snprintf(err, errcap, "routing table: %s", wb_strerror(rc));
+        return rc;
+    }
+    d->have_table = true;
+    struct wb_route_table *t = &d->table;
+    struct wb_mpr r;
+    uint32_t n;
+    wb_mpr_init(&r, shards, shards_len);
+    if (wb_mpr_array(&r, WB_WIRE_MAX_ARRAY, &n)) {
+        snprintf(err, errcap, "shard list: malformed");
+        return -EBADMSG;
+    }
+    d->shards = calloc(n ? n : 1, sizeof(*d->shards));
+    if (!d->shards)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        struct shard *s = &d->shards[i];
+        uint32_t two;
+        uint64_t tn;
+        wb_mpr_array(&r, 2, &two);
+        wb_mpr_u64(&r, &tn);
+        if (two != 2 || tn > UINT32_MAX || wb_wire_get_tensor_meta(&r, &s->meta)) {
+            snprintf(err, errcap, "shard list: malformed entry %u", i);
+            return -EBADMSG;
+        }
+        s->tensor = (uint32_t)tn;
+        s->bytes = wb_box_numel(&s->meta.box) * wb_dtype_size(s->meta.dtype);
+        s->off = d->param_bytes;
+        d->param_bytes += (s->bytes + 255) / 256 * 256;
+        if (s->tensor + 1 > d->ntensors)
+            d->ntensors = s->tensor + 1;
+        d->nshards = i + 1;
+    }
+    if (wb_mpr_end(&r))
+        return -EBADMSG;
+    d->shard_of = calloc(d->ntensors ? d->ntensors : 1, sizeof(uint32_t));
+    if (!d->shard_of)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < d->nshards; i++)
+        d->shard_of[d->shards[i].tensor] = i + 1;
+    d->tpeer = calloc(t->ntrainers ? t->ntrainers : 1, sizeof(*d->tpeer));
+    d->rpeer = calloc(t->nrollouts ? t->nrollouts : 1, sizeof(*d->rpeer));
+    if (!d->tpeer || !d->rpeer)
+        return -ENOMEM;
+    if ((rc = exec_setup(d, err, errcap)) != 0)
+        return rc;
+
+    /* memory: parameters, TMP arena, inboxes, outbox, scratch */
+    uint64_t pb = d->param_bytes ? d->param_bytes : 256;
+    d->param_host = t->residence == WB_RESIDE_HOST;
+    if (d->gpu && !d->param_host) { /* parameters in GPU memory, written from in place */
+        rc = reg_alloc(d, pb, WB_TX_ACCESS_SRC, &d->param, &d->param_mr, "parameters", err, errcap);
+    } else if ((rc = ag_host_alloc(pb, &d->param_host_buf)) == 0 && !d->gpu) {
+        d->param = d->param_host_buf; /* host memory throughout: a write source */
+        if ((rc = wb_tx_mr_reg(d->tx, d->param, pb, WB_TX_ACCESS_SRC, &d->param_mr)) != 0)
+            snprintf(err, errcap, "parameters: cannot register %" PRIu64 " bytes: %s", pb,
+                     wb_tx_errmsg(d->tx));
+    } /* else GPU with host-resident parameters: only H2D ops read them */
+    if (rc)
+        return rc;
+    rc = reg_alloc(d, d->tmp_size ? d->tmp_size : 256, WB_TX_ACCESS_SRC, &d->tmp, &d->tmp_mr,
+                   "temporary memory", err, errcap);
+    if (!rc && d->inbox_bytes)
+        rc = reg_alloc(d, d->inbox_bytes, WB_TX_ACCESS_DST, &d->inbox, &d->inbox_mr, "gather inbox",
+                       err, errcap);
+    if (!rc && d->amax_in_bytes)
+        rc = reg_alloc(d, d->amax_in_bytes, WB_TX_ACCESS_DST, &d->amax_in, &d->amax_in_mr,
+                       "amax inbox", err, errcap);
+    if (!rc && d->amax_out_bytes)
+        rc = reg_alloc(d, d->amax_out_bytes, WB_TX_ACCESS_SRC, &d->amax_out, &d->amax_out_mr,
+                       "amax outbox", err, errcap);
+    for (int k = 0; !rc && k < 2; k++)
+        rc = reg_alloc(d, d->scratch_bytes, 0, &d->scratch[k], NULL, "scratch", err, errcap);
+    if (rc)
+        return rc;
+    d->hscratch = calloc(1, d->scratch_bytes);
+    if (!d->hscratch)
+        return -ENOMEM;
+
+    /* regions: [gather inbox, amax inbox, [[mesh, off, tag], ...]] */
+    struct wb_mpw *w = &d->region_blob;
+    wb_mpw_array(w, 3);
+    put_rdesc(d, w, d->inbox_mr);
+    put_rdesc(d, w, d->amax_in_mr);
+    wb_mpw_array(w, d->nsec);
+    for (uint32_t i = 0; i < d->nsec; i++) {
+        wb_mpw_array(w, 3);
+        wb_mpw_u64(w, d->sec[i].mesh);
+        wb_mpw_u64(w, d->sec[i].off);
+        wb_mpw_u64(w, d->sec[i].tag);
+    }
+    return wb_mpw_finish(w);
+}
+
+/* ---------------------------------------------------------------- rollout setup */
+
+static void on_data_imm(void *arg, uint32_t imm)
+{
+    struct data *d = arg;
+    uint32_t tag = imm & ((1u << IMM_TAG_BITS) - 1);
+    if ((imm >> 30) != IMM_DATA || ((imm >> IMM_TAG_BITS) & 0xff) != (d->epoch & 0xff))
+        return;
+    if (tag <= d->max_data_tag && d->expect_of[tag] >= 0 && !d->reached[d->expect_of[tag]]) {
+        d->reached[d->expect_of[tag]] = 1;
+        d->nreached++;
+    }
+}
+
+static int setup_rollout(struct data *d, const void *plan, size_t plan_len, char *err,
+                         size_t errcap)
+{
+    int rc = wb_recv_list_decode(plan, plan_len, &d->recv);
+    if (rc) {
+        snprintf(err, errcap, "receive list: %s", wb_strerror(rc));
+        return rc;
+    }
+    d->have_recv = true;
+    d->locals = calloc(d->recv.nlocal ? d->recv.nlocal : 1, sizeof(*d->locals));
+    if (!d->locals)
+        return -ENOMEM;
+    struct wb_mpw *w = &d->region_blob;
+    wb_mpw_array(w, d->recv.nlocal);
+    for (uint32_t i = 0; i < d->recv.nlocal; i++) {
+        struct local *l = &d->locals[i];
+        char what[64];
+        l->desc = d->recv.local[i];
+        snprintf(what, sizeof(what), "rollout tensor %u", l->desc.tensor);
+        rc = reg_alloc(d, l->desc.bytes ? l->desc.bytes : 1, WB_TX_ACCESS_DST, &l->buf, &l->mr,
+                       what, err, errcap);
+        if (rc)
+            return rc;
+        d->local_bytes += l->desc.bytes;
+        wb_mpw_array(w, 2);
+        wb_mpw_u64(w, l->desc.tensor);
+        put_rdesc(d, w, l->mr);
+    }
+    for (uint32_t i = 0; i < d->recv.nexpect; i++)
+        if (d->recv.expect[i].tag > d->max_data_tag)
+            d->max_data_tag = d->recv.expect[i].tag;
+    d->expect_of = malloc((d->max_data_tag + 1) * sizeof(int32_t));
+    d->reached = calloc(d->recv.nexpect ? d->recv.nexpect : 1, 1);
+    if (!d->expect_of || !d->reached)
+        return -ENOMEM;
+    for (uint32_t i = 0; i <= d->max_data_tag; i++)
+        d->expect_of[i] = -1;
+    for (uint32_t i = 0; i < d->recv.nexpect; i++)
+        d->expect_of[d->recv.expect[i].tag] = (int32_t)i;
+    return wb_mpw_finish(w);
+}
+
+int data_setup(struct data **dp, const struct wb_agent_opts *o, const struct agent_job *job,
+               const void *plan, size_t plan_len, const void *shards, size_t shards_len,
+               const void **addr, size_t *addr_len, const void **regions, size_t *regions_len,
+               char *err, size_t errcap)
+{
+    struct data *d = calloc(1, sizeof(*d));
+    if (!d)
+        return -ENOMEM;
+    d->role = o->role;
+    d->rank = o->rank;
+    d->o = o;
+    d->job = *job;
+    d->device = o->device;
+    d->empty = plan_len == 0;
+    uint64_t t0 = wb_now_ns();
+    wb_mpw_init(&d->addr_blob);
+    wb_mpw_init(&d->region_blob);
+    int rc = 0;
+    if (!d->empty && o->device >= 0) {
+        rc = ag_gpu_use(o->device);
+        rc = rc ? rc : ag_stream_create(&d->stream);
+        if (rc)
+            snprintf(err, errcap, "GPU %d: %s", o->device, wb_strerror(rc));
+        d->gpu = rc == 0;
+    }
+    if (!rc && !d->empty)
+        rc = tx_open(d, err, errcap);
+    if (!rc && !d->empty && o->role == WB_ROLE_TRAINER)
+        rc = setup_trainer(d, plan, plan_len, shards, shards_len, err, errcap);
+    else if (!rc && !d->empty)
+        rc = setup_rollout(d, plan, plan_len, err, errcap);
+    if (!rc && d->tx) {
+        rc = wb_tx_addr(d->tx, &d->addr_blob);
+        rc = rc ? rc : wb_mpw_finish(&d->addr_blob);
+    }
+    if (rc) {
+        if (!*err)
+            snprintf(err, errcap, "setup: %s", wb_strerror(rc));
+        data_release(d);
+        free(d);
+        return rc;
+    }
+    if (d->role == WB_ROLE_TRAINER && !d->empty)
+        wb_log(WB_LOG_INFO, M,
+               "trainer rank %u: %u tasks, %u writes, %u shards (%" PRIu64
+               " bytes), memory cap %" PRIu64 ", gather inbox %" PRIu64
+               ", %s on %s, set up in %.0f ms",
+               d->rank, d->table.ntasks, d->table.nwrites, d->nshards, d->param_bytes, d->cap,
+               d->inbox_bytes, d->caps.name, d->gpu ? "GPU" : "host memory",
+               (double)(wb_now_ns() - t0) / 1e6);
+    else if (!d->empty)
+        wb_log(WB_LOG_INFO, M,
+               "rollout rank %u: %u local tensors (%" PRIu64 " bytes), %s on %s, set up in %.0f ms",
+               d->rank, d->recv.nlocal, d->local_bytes, d->caps.name,
+               d->gpu ? "GPU" : "host memory", (double)(wb_now_ns() - t0) / 1e6);
+    data_free(*dp);
+    *dp = d;
+    *addr = d->addr_blob.len ? d->addr_blob.buf : NULL;
+    *addr_len = d->addr_blob.len;
+    *regions = d->region_blob.len ? d->region_blob.buf : NULL;
+    *regions_len = d->region_blob.len;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- peers */
+
+static int parse_trainer_regions(struct peer *p, struct wb_mpr *r)
+{
+    uint32_t three, n;
+    if (wb_mpr_array(r, 3, &three) || three != 3)
+        return -EBADMSG;
+    p->has_inbox = !wb_mpr_nil(r) && wb_tx_rdesc_get(r, &p->inbox) == 0;
+    p->has_amax = !wb_mpr_nil(r) && wb_tx_rdesc_get(r, &p->amaxbox) == 0;
+    if (wb_mpr_array(r, 1u << 20, &n))
+        return -EBADMSG;
+    p->sec = calloc(n ? n : 1, sizeof(*p->sec));
+    if (!p->sec)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t mesh, off, tag;
+        if (wb_mpr_array(r, 3, &three) || three != 3 || wb_mpr_u64(r, &mesh) ||
+            wb_mpr_u64(r, &off) || wb_mpr_u64(r, &tag))
+            return -EBADMSG;
+        p->sec[i] = (struct gsec){(uint32_t)mesh, off, (uint32_t)tag};
+    }
+    p->nsec = n;
+    return r->err;
+}
+
+static int parse_rollout_regions(struct peer *p, struct wb_mpr *r)
+{
+    uint32_t n, two;
+    if (wb_mpr_array(r, 1u << 24, &n))
+        return -EBADMSG;
+    p->reg_tensor = calloc(n ? n : 1, sizeof(uint32_t));
+    p->reg = calloc(n ? n : 1, sizeof(*p->reg));
+    if (!p->reg_tensor || !p->reg)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t tn;
+        if (wb_mpr_array(r, 2, &two) || two != 2 || wb_mpr_u64(r, &tn) ||
+            wb_tx_rdesc_get(r, &p->reg[i]))
+            return -EBADMSG;
+        p->reg_tensor[i] = (uint32_t)tn;
+    }
+    p->nreg = n;
+    return r->err;
+}
+
+int data_peers(struct data *d, const void *peers, size_t len, char *err, size_t errcap)
+{
+    if (d->empty || d->role != WB_ROLE_TRAINER)
+        return 0;
+    struct wb_mpr r;
+    uint32_t n;
+    wb_mpr_init(&r, peers, len);
+    if (wb_mpr_array(&r, WB_JOB_ROLE_MAX * 2, &n)) {
+        snprintf(err, errcap, "peer list: malformed");
+        return -EBADMSG;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t four;
+        uint64_t role, rank;
+        const void *addr, *reg;
+        size_t alen, rlen;
+        if (wb_mpr_array(&r, 4, &four) || four != 4 || wb_mpr_u64(&r, &role) ||
+            wb_mpr_u64(&r, &rank) || wb_mpr_bin(&r, &addr, &alen, 1u << 20) ||
+            wb_mpr_bin(&r, &reg, &rlen, 1u << 30)) {
+            snprintf(err, errcap, "peer list: malformed entry %u", i);
+            return -EBADMSG;
+        }
+        bool tr = role == WB_ROLE_TRAINER;
+        if (tr && rank == d->rank)
+            continue;
+        uint32_t max = tr ? d->table.ntrainers : d->table.nrollouts;
+        if (rank >= max || !alen)
+            continue;
+        struct peer *p = tr ? &d->tpeer[rank] : &d->rpeer[rank];
+        if (p->present && p->addr_len == alen && !memcmp(p->addr, addr, alen))
+            continue; /* the same process as before */
+        peer_clear(p);
+        struct wb_mpr ar;
+        wb_mpr_init(&ar, addr, alen);
+        int rc = wb_tx_peer_add(d->tx, &ar, &p->idx);
+        if (rc) {
+            snprintf(err, errcap, "%s rank %" PRIu64 ": transport address: %s",
+                     wb_role_name((enum wb_role)role), rank, wb_tx_errmsg(d->tx));
+            return rc;
+        }
+        struct wb_mpr rr;
+        wb_mpr_init(&rr, reg, rlen);
+        rc = tr ? parse_trainer_regions(p, &rr) : parse_rollout_regions(p, &rr);
+        if (rc) {
+            snprintf(err, errcap, "%s rank %" PRIu64 ": memory descriptors: %s",
+                     wb_role_name((enum wb_role)role), rank, wb_strerror(rc));
+            peer_clear(p);
+            return rc;
+        }
+        p->addr = malloc(alen);
+        if (!p->addr)
+            return -ENOMEM;
+        memcpy(p->addr, addr, alen);
+        p->addr_len = alen;
+        p->present = true;
+        /* Warm-up: one immediate now makes the provider connect (tcp;ofi_rxm connects on first
+         * use), so the first transfer does not pay for it. Its tag is one no receiver ever
+         * expects; its completion is not counted toward any transfer. */
+        if (wb_tx_write_imm(d->tx, p->idx, imm_make(IMM_BARRIER, 0xff, WARMUP_TAG),
+                            (void *)(uintptr_t)WARMUP_CTX) == 0)
+            d->outstanding++;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- transfers */
+
+/* The optimizer step: this version's weights, from the synthetic source. */
+static int fill_shards(struct data *d, uint64_t version, char *err, size_t errcap)
+{
+    uint8_t *host = d->param_host_buf;
+    for (uint32_t i = 0; i < d->nshards; i++) {
+        struct shard *s = &d->shards[i];
+        uint8_t *dst = host ? host + s->off : d->hscratch;
+        if (!host && s->bytes > d->scratch_bytes) {
+            void *tmp = malloc(s->bytes);
+            if (!tmp)
+                return -ENOMEM;
+            int rc = wb_synth_fill(s->meta.name, d->job.seed, version, s->meta.dtype,
+                                   &s->meta.shape, &s->meta.box, tmp);
+            rc = rc ? rc : wb_tx_mem_copy((uint8_t *)d->param + s->off, tmp, s->bytes);
+            free(tmp);
+            if (rc) {
+                snprintf(err, errcap, "%s: cannot generate values: %s", s->meta.name,
+                         wb_strerror(rc));
+                return rc;
+            }
+            continue;
+        }
+        int rc = wb_synth_fill(s->meta.name, d->job.seed, version, s->meta.dtype, &s->meta.shape,
+                               &s->meta.box, dst);
+        if (!rc && !host)
+            rc = wb_tx_mem_copy((uint8_t *)d->param + s->off, dst, s->bytes);
+        if (rc) {
+            snprintf(err, errcap, "%s: cannot generate %s values", s->meta.name,
+                     wb_dtype_name(s->meta.dtype));
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static int trainer_begin(struct data *d, char *err, size_t errcap)
+{
+    int rc = fill_shards(d, d->version, err, errcap);
+    if (rc)
+        return rc;
+    d->start_ns = wb_now_ns();
+    d->nspans = d->nspans < SPAN_MAX ? d->nspans : 0;
+    return exec_start(d);
+}
+
+int data_start(struct data *d, uint64_t version, uint64_t epoch, char *err, size_t errcap)
+{
+    d->version = version;
+    d->epoch = epoch;
+    d->start_ns = wb_now_ns();
+    d->fail[0] = 0;
+    d->active = true;
+    d->pending_start = false;
+    if (d->empty)
+        return 0;
+    if (d->role == WB_ROLE_TRAINER) {
+        if (d->outstanding) { /* writes of an aborted attempt still in flight: drain first */
+            d->pending_start = true;
+            return 0;
+        }
+        int rc = trainer_begin(d, err, errcap);
+        if (rc && !*err)
+            snprintf(err, errcap, "%s", d->fail[0] ? d->fail : wb_strerror(rc));
+        if (rc)
+            d->active = false;
+        return rc;
+    }
+    memset(d->reached, 0, d->recv.nexpect ? d->recv.nexpect : 1);
+    d->nreached = d->nwant = 0;
+    for (uint32_t i = 0; i < d->recv.nexpect; i++) {
+        const struct wb_rt_expect *e = &d->recv.expect[i];
+        if (!e->writes) {
+            d->reached[i] = 1;
+            continue;
+        }
+        d->nwant++;
+        int rc = wb_tx_expect(d->tx, imm_make(IMM_DATA, epoch, e->tag), e->writes, on_data_imm, d);
+        if (rc && rc != -EBUSY) {
+            snprintf(err, errcap, "rollout rank %u: immediate counter of tag %u: %s", d->rank,
+                     e->tag, wb_strerror(rc));
+            d->active = false;
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* Polls the transport: completions to the executor, immediates counted (callbacks). */
+void data_poll(struct data *d)
+{
+    if (!d->tx)
+        return;
+    struct wb_tx_event ev[64];
+    for (int round = 0; round < 4; round++) {
+        ssize_t n = wb_tx_poll(d->tx, ev, 64);
+        if (n < 0) {
+            if (d->active && !d->fail[0])
+                snprintf(d->fail, sizeof(d->fail), "%s rank %u: transport failed: %s",
+                         wb_role_name(d->role), d->rank, wb_tx_errmsg(d->tx));
+            return;
+        }
+        for (ssize_t i = 0; i < n; i++)
+            if (d->role == WB_ROLE_TRAINER)
+                exec_event(d, &ev[i]);
+        if (n < 64)
+            return;
+    }
+}
+
+int data_progress(struct data *d, struct data_done *out)
+{
+    if (d->tx)
+        data_poll(d);
+    if (!d->active)
+        return 0;
+    if (!d->empty && d->role == WB_ROLE_TRAINER) {
+        if (d->pending_start) {
+            if (d->outstanding)
+                return 0;
+            d->pending_start = false;
+            char err[256] = "";
+            if (trainer_begin(d, err, sizeof(err)) && !d->fail[0])
+                snprintf(d->fail, sizeof(d->fail), "%s", err);
+        }
+        if (!d->fail[0] && exec_step(d) == 0)
+            return 0;
+        if (d->fail[0]) { /* stop issuing; completions still drain through data_poll */
+            exec_abort(d);
+        }
+        exec_trace_write(d);
+    } else if (!d->empty && !d->fail[0] && d->nreached < d->nwant) {
+        return 0;
+    }
+    d->active = false;
+    memset(out, 0, sizeof(*out));
+    out->ok = d->fail[0] == 0;
+    snprintf(out->err, sizeof(out->err), "%s", d->fail);
+    if (d->role == WB_ROLE_TRAINER && !d->empty)
+        out->stats = d->stats;
+    out->stats.rank = d->rank;
+    out->stats.cap = d->empty ? d->job.mem_cap : d->cap;
+    out->stats.total_ns = wb_now_ns() - d->start_ns;
+    out->rx_bytes = d->role == WB_ROLE_ROLLOUT && !d->empty ? d->recv.recv_bytes : 0;
+    return 1;
+}
+
+bool data_busy(const struct data *d)
+{
+    return d->tx != NULL;
+}
+
+void data_abort(struct data *d)
+{
+    if (d->active && d->role == WB_ROLE_TRAINER && !d->empty)
+        exec_abort(d);
+    d->active = false;
+    d->pending_start = false;
+}
+
+/* ---------------------------------------------------------------- rollout dumps */
+
+int data_dump(struct data *d, const char *dir, uint64_t version, char *err, size_t errcap)
+{
+    if (d->role != WB_ROLE_ROLLOUT || d->empty)
+        return 0;
+    char path[1200], tmp[1300];
+    snprintf(path, sizeof(path), "%s/rollout%u.v%" PRIu64 ".bin", dir, d->rank, version);
+    snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        snprintf(err, errcap, "%s: cannot create", tmp);
+        return -errno;
+    }
+    int rc = 0;
+    uint8_t *host = NULL;
+    fwrite("WBDUMP1\n", 1, 8, f);
+    uint32_t n = d->recv.nlocal;
+    fwrite(&n, sizeof(n), 1, f);
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        const struct local *l = &d->locals[i];
+        uint64_t b = l->desc.bytes;
+        fwrite(&l->desc.tensor, sizeof(uint32_t), 1, f);
+        fwrite(&b, sizeof(b), 1, f);
+        const void *src = l->buf;
+        if (d->gpu) {
+            free(host);
+            host = malloc(b ? b : 1);
+            rc = host ? wb_tx_mem_copy(host, l->buf, b) : -ENOMEM;
+            src = host;
+        }
+        if (!rc && fwrite(src, 1, b, f) != b)
+            rc = -EIO;
+    }
+    free(host);
+    if (fclose(f) || rc || rename(tmp, path)) {
+        snprintf(err, errcap, "%s: cannot write the rollout's tensors", path);
+        unlink(tmp);
+        return rc ? rc : -EIO;
+    }
+    return 0;
+}
+
+void data_free(struct data *d)
+{
+    if (!d)
+        return;
+    data_release(d);
+    free(d);
+}

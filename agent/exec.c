@@ -1,0 +1,882 @@
+/* exec.c — the trainer's pipelined executor: the routing table's tasks move through their stages
+ * (H2D, gather or amax exchange with mesh members over the transport, fuse/pack, quantize,
+ * writes, completion) under a temporary-memory cap, driven by a loop that never blocks.
+ *
+ * Order. Tasks start first-in first-out in table order (the table is grouped by phase), each
+ * only when its TMP bytes fit in the arena (the cap); the peak is reported. A task then runs
+ * its ops in order. Ops that only need local work run at once on the host, or are enqueued on
+ * the executor's CUDA stream; before a step that hands memory to the transport or reads it on
+ * the host the task records an event and waits for it without blocking the loop.
+ *
+ * Exchanges. GATHER: each member writes its shard into every other member's gather inbox
+ * (section of the mesh, slot of the gather, place of the member) with an immediate counted
+ * there; when a member's slot has all peers' parts it unpacks them into the full tensor. AMAX:
+ * each side writes its partial block amax into the other's amax inbox with the op's tag and
+ * merges what arrives. Both start only when the barriers of earlier phases completed.
+ *
+ * Barrier. As soon as a phase's last GATHER/AMAX op on this rank completed, the rank sends one
+ * immediate to every other trainer; the barrier of the phase is complete when all of theirs
+ * arrived. The writes of the phase keep going meanwhile (they overlap the barrier).
+ *
+ * Why no deadlock under the cap: tasks start in the same relative order on every member of a
+ * mesh, a member sends its part as soon as its task starts, and inboxes are static, so the
+ * k-th exchange of a mesh only waits for tasks that have already started everywhere. */
+#include "agent/xfer.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum tstate { T_QUEUED = 0, T_RUN, T_WRITING, T_DONE };
+enum { TMP_ALIGN = 256 };
+
+struct task {
+    enum tstate st;
+    uint64_t tmp_off, tmp_len;
+    uint32_t op, sub; /* current op (relative) and its step */
+    void *ev;         /* GPU event being waited for */
+    uint64_t writes_left;
+    int span_stage;
+    uint64_t span_t0;
+    void *h[3];  /* host buffers of GPU amax steps, freed with the task */
+    bool waited; /* could not start at once for lack of memory */
+};
+
+static const char *M = "agent";
+
+/* ---------------------------------------------------------------- small helpers */
+
+static void fail(struct data *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(struct data *d, const char *fmt, ...)
+{
+    if (d->fail[0])
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->fail, sizeof(d->fail), fmt, ap);
+    va_end(ap);
+}
+
+static void span_add(struct data *d, int stage, uint32_t task, uint64_t t0, uint64_t t1)
+{
+    if (stage < 0 || stage >= WB_STAGE_COUNT)
+        return;
+    d->stats.stage_ns[stage] += t1 - t0;
+    if (d->nspans < SPAN_MAX)
+        d->spans[d->nspans++] = (struct span){(uint8_t)stage, task, t0, t1};
+}
+
+static void span_open(struct data *d, struct task *t, uint32_t ti, int stage)
+{
+    uint64_t now = wb_now_ns();
+    if (t->span_stage >= 0)
+        span_add(d, t->span_stage, ti, t->span_t0, now);
+    t->span_stage = stage;
+    t->span_t0 = now;
+}
+
+static void span_close(struct data *d, struct task *t, uint32_t ti)
+{
+    if (t->span_stage >= 0)
+        span_add(d, t->span_stage, ti, t->span_t0, wb_now_ns());
+    t->span_stage = -1;
+}
+
+/* ctx of a write: epoch, peer (role bit + rank) and task, so a late completion of an aborted
+ * attempt is recognized and a failure names its peer. */
+static void *wctx(const struct data *d, enum wb_role role, uint32_t rank, uint32_t task)
+{
+    uint64_t v = ((d->epoch & 0xff) << 56) | ((uint64_t)role << 55) |
+                 ((uint64_t)(rank & 0x7fffff) << 32) | (uint64_t)task;
+    return (void *)(uintptr_t)v;
+}
+
+/* ---------------------------------------------------------------- the TMP arena */
+
+static uint64_t align_up(uint64_t v)
+{
+    return (v + TMP_ALIGN - 1) / TMP_ALIGN * TMP_ALIGN;
+}
+
+/* First fit among the running tasks' allocations (sorted by offset as they are found). */
+static bool tmp_alloc(struct data *d, uint64_t len, uint64_t *off)
+{
+    uint64_t need = align_up(len ? len : 1), at = 0;
+    for (;;) {
+        bool moved = false;
+        for (uint32_t i = 0; i < d->table.ntasks; i++) {
+            struct task *t = &d->tasks[i];
+            if ((t->st != T_RUN && t->st != T_WRITING) || !t->tmp_len)
+                continue;
+            uint64_t e = t->tmp_off + align_up(t->tmp_len);
+            if (t->tmp_off < at + need && at < e) {
+                at = e;
+                moved = true;
+            }
+        }
+        if (!moved)
+            break;
+    }
+    if (at + need > d->tmp_size && !(at == 0 && len <= d->tmp_size))
+        return false;
+    *off = at;
+    return true;
+}
+
+/* ---------------------------------------------------------------- setup */
+
+/* Inbox layout: per mesh this rank gathers in, a section; per gather of the mesh (in phase,
+ * seq order), a slot of the full tensor's size; per member, its packed box at the sum of the
+ * lower members' box bytes. Every member of the mesh computes the same slots. */
+static int layout_gathers(struct data *d)
+{
+    struct wb_route_table *t = &d->table;
+    d->gref = calloc(t->nops ? t->nops : 1, sizeof(*d->gref));
+    uint64_t members = 0, cursor = 0;
+    for (uint32_t i = 0; i < t->nops; i++)
+        if (t->ops[i].kind == WB_OP_GATHER)
+            members += t->ops[i].gather.npeers;
+    d->moff = calloc(members ? members : 1, sizeof(uint64_t));
+    if (!d->gref || !d->moff)
+        return -ENOMEM;
+    for (uint32_t ti = 0; ti < t->ntasks; ti++) {
+        const struct wb_rt_task *tk = &t->tasks[ti];
+        for (uint32_t k = 0; k < tk->nops; k++) {
+            const struct wb_rt_op *op = &t->ops[tk->op0 + k];
+            if (op->kind != WB_OP_GATHER)
+                continue;
+            const struct wb_rt_gather *g = &op->gather;
+            struct gsec *s = NULL;
+            for (uint32_t i = 0; i < d->nsec; i++)
+                if (d->sec[i].mesh == g->mesh)
+                    s = &d->sec[i];
+            if (!s) {
+                struct gsec *ns = realloc(d->sec, (d->nsec + 1) * sizeof(*ns));
+                if (!ns)
+                    return -ENOMEM;
+                d->sec = ns;
+                s = &d->sec[d->nsec++];
+                *s = (struct gsec){.mesh = g->mesh, .phase = tk->phase};
+            }
+            struct gref *r = &d->gref[tk->op0 + k];
+            const struct wb_shape *full = wb_rt_shape(t, g->dst.shape);
+            r->full_bytes = wb_shape_numel(full) * wb_dtype_size(g->dst.dtype);
+            r->slot = s->tag; /* count of slots so far (section tags are assigned below) */
+            r->slot_off = s->off;
+            s->tag++;
+            s->off += r->full_bytes;
+            /* members in rank order, whatever order the table lists them in */
+            uint32_t n = g->npeers;
+            r->moff0 = cursor;
+            cursor += n;
+            for (uint32_t j = 0; j < n; j++) {
+                uint64_t off = 0;
+                for (uint32_t q = 0; q < n; q++) {
+                    const struct wb_rt_peer *p = &t->peers[g->peer0 + q];
+                    if (p->rank < t->peers[g->peer0 + j].rank)
+                        off += wb_box_numel(wb_rt_box(t, p->box)) * wb_dtype_size(g->dst.dtype);
+                }
+                d->moff[r->moff0 + j] = off;
+            }
+        }
+    }
+    /* Sections back to back, except that the inbox is reused after a barrier: a phase's
+     * barrier completes only once every rank has unpacked its gathers of the phase, and no
+     * rank sends a later phase's parts before that. A mesh lives in one phase, and sections
+     * come in phase order. Tags: one per slot, never reused. */
+    uint64_t off = 0, max = 0;
+    uint32_t tag = 0, group = 0;
+    for (uint32_t i = 0; i < d->nsec; i++) {
+        uint64_t size = d->sec[i].off;
+        uint32_t nslots = d->sec[i].tag, g = 0;
+        for (uint32_t p = 0; p < d->sec[i].phase && p < t->nphases; p++)
+            g += t->phases[p].barrier_after;
+        if (g != group) {
+            group = g;
+            off = 0;
+        }
+        d->sec[i].off = off;
+        d->sec[i].tag = tag;
+        off += size;
+        tag += nslots;
+        if (off > max)
+            max = off;
+    }
+    d->inbox_bytes = max;
+    return tag >= (1u << IMM_TAG_BITS) ? -E2BIG : 0;
+}
+
+static const struct gsec *sec_of(const struct gsec *sec, uint32_t n, uint32_t mesh)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (sec[i].mesh == mesh)
+            return &sec[i];
+    return NULL;
+}
+
+int exec_setup(struct data *d, char *err, size_t errcap)
+{
+    struct wb_route_table *t = &d->table;
+    uint32_t np = t->nphases ? t->nphases : 1;
+    d->tasks = calloc(t->ntasks ? t->ntasks : 1, sizeof(*d->tasks));
+    d->amax_out_off = calloc(t->nops ? t->nops : 1, sizeof(uint64_t));
+    d->gather_ready = calloc(t->nops ? t->nops : 1, 1);
+    d->barrier_done = calloc(np, 1);
+    d->barrier_issued = calloc(np, sizeof(bool));
+    d->barrier_t0 = calloc(np, sizeof(uint64_t));
+    d->gx_total = calloc(np, sizeof(uint32_t));
+    d->gx_done = calloc(np, sizeof(uint32_t));
+    d->spans = calloc(SPAN_MAX, sizeof(*d->spans));
+    if (!d->tasks || !d->amax_out_off || !d->gather_ready || !d->barrier_done ||
+        !d->barrier_issued || !d->barrier_t0 || !d->gx_total || !d->gx_done || !d->spans)
+        return -ENOMEM;
+    int rc = layout_gathers(d);
+    if (rc) {
+        snprintf(err, errcap, "gather inbox layout: %s", wb_strerror(rc));
+        return rc;
+    }
+    for (uint32_t i = 0; i < t->namax; i++)
+        if (t->amax[i].tag > d->max_amax_tag)
+            d->max_amax_tag = t->amax[i].tag;
+    d->amax_arrived = calloc(d->max_amax_tag + 1, 1);
+    if (!d->amax_arrived)
+        return -ENOMEM;
+    for (uint32_t ti = 0; ti < t->ntasks; ti++) {
+        const struct wb_rt_task *tk = &t->tasks[ti];
+        for (uint32_t k = 0; k < tk->nops; k++) {
+            const struct wb_rt_op *op = &t->ops[tk->op0 + k];
+            if (op->kind == WB_OP_AMAX) {
+                d->amax_out_off[tk->op0 + k] = d->amax_out_bytes;
+                d->amax_out_bytes += (ops_amax_bytes(t, op) + 63) / 64 * 64;
+            }
+            if ((op->kind == WB_OP_AMAX || op->kind == WB_OP_GATHER) && tk->phase < np)
+                d->gx_total[tk->phase]++;
+        }
+    }
+    d->amax_in_bytes = t->amax_inbox_bytes;
+    d->cap = d->job.mem_cap ? d->job.mem_cap : 1ull << 30;
+    if (t->max_tmp_bytes > d->cap) {
+        snprintf(err, errcap,
+                 "memory cap %" PRIu64 " bytes is below the largest task's %" PRIu64 " bytes",
+                 d->cap, t->max_tmp_bytes);
+        return -EINVAL;
+    }
+    /* The arena never needs more than all tasks together. */
+    uint64_t all = 0;
+    for (uint32_t i = 0; i < t->ntasks; i++)
+        all += align_up(t->tasks[i].tmp_bytes);
+    d->tmp_size = all < d->cap ? all : d->cap;
+    d->scratch_bytes = ops_scratch_need(t);
+    return 0;
+}
+
+void exec_free(struct data *d)
+{
+    for (uint32_t i = 0; d->tasks && i < d->table.ntasks; i++) {
+        ag_event_destroy(d->tasks[i].ev);
+        for (int k = 0; k < 3; k++)
+            ag_host_free(d->tasks[i].h[k]);
+    }
+    free(d->tasks);
+    free(d->amax_out_off);
+    free(d->gather_ready);
+    free(d->barrier_done);
+    free(d->barrier_issued);
+    free(d->barrier_t0);
+    free(d->gx_total);
+    free(d->gx_done);
+    free(d->spans);
+    free(d->gref);
+    free(d->moff);
+    free(d->sec);
+    free(d->amax_arrived);
+}
+
+/* ---------------------------------------------------------------- immediates */
+
+void exec_imm(struct data *d, uint32_t imm)
+{
+    uint32_t kind = imm >> 30, tag = imm & ((1u << IMM_TAG_BITS) - 1);
+    if (((imm >> IMM_TAG_BITS) & 0xff) != (d->epoch & 0xff))
+        return; /* an expectation of an aborted attempt */
+    if (kind == IMM_AMAX && tag <= d->max_amax_tag) {
+        d->amax_arrived[tag] = 1;
+    } else if (kind == IMM_BARRIER && tag < d->table.nphases) {
+        d->barrier_done[tag] = 1;
+    } else if (kind == IMM_GATHER) {
+        for (uint32_t i = 0; i < d->table.nops; i++) {
+            const struct wb_rt_op *op = &d->table.ops[i];
+            if (op->kind != WB_OP_GATHER)
+                continue;
+            const struct gsec *s = sec_of(d->sec, d->nsec, op->gather.mesh);
+            if (s && s->tag + d->gref[i].slot == tag)
+                d->gather_ready[i] = 1;
+        }
+    }
+}
+
+static void on_imm(void *arg, uint32_t tag)
+{
+    exec_imm(arg, tag);
+}
+
+static int expect(struct data *d, uint32_t imm, uint64_t n)
+{
+    int rc = wb_tx_expect(d->tx, imm, n, on_imm, d);
+    if (rc == -EBUSY) /* still armed from an attempt 256 epochs ago: it fires for this one */
+        return 0;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- start */
+
+int exec_start(struct data *d)
+{
+    struct wb_route_table *t = &d->table;
+    uint32_t np = t->nphases;
+    for (uint32_t i = 0; i < t->ntasks; i++) { /* what an aborted attempt left */
+        ag_event_destroy(d->tasks[i].ev);
+        for (int k = 0; k < 3; k++)
+            ag_host_free(d->tasks[i].h[k]);
+    }
+    memset(d->tasks, 0, t->ntasks * sizeof(*d->tasks));
+    for (uint32_t i = 0; i < t->ntasks; i++)
+        d->tasks[i].span_stage = -1;
+    memset(d->amax_arrived, 0, d->max_amax_tag + 1);
+    memset(d->gather_ready, 0, t->nops ? t->nops : 1);
+    memset(d->barrier_done, 0, np ? np : 1);
+    memset(d->barrier_issued, 0, (np ? np : 1) * sizeof(bool));
+    memset(d->gx_done, 0, (np ? np : 1) * sizeof(uint32_t));
+    d->next_task = d->tasks_done = 0;
+    d->tmp_used = d->peak_tmp = 0;
+    d->next_start_ns = 0;
+    d->stats = (struct wb_xfer_stats){.rank = d->rank, .cap = d->cap};
+    int rc = 0;
+    for (uint32_t i = 0; !rc && i < t->namax; i++)
+        rc = expect(d, imm_make(IMM_AMAX, d->epoch, t->amax[i].tag), t->amax[i].writes);
+    for (uint32_t i = 0; !rc && i < t->nops; i++) {
+        const struct wb_rt_op *op = &t->ops[i];
+        if (op->kind != WB_OP_GATHER)
+            continue;
+        const struct gsec *s = sec_of(d->sec, d->nsec, op->gather.mesh);
+        rc = expect(d, imm_make(IMM_GATHER, d->epoch, s->tag + d->gref[i].slot),
+                    op->gather.npeers - 1);
+    }
+    for (uint32_t p = 0; !rc && p < np; p++)
+        if (t->phases[p].barrier_after)
+            rc = expect(d, imm_make(IMM_BARRIER, d->epoch, p), t->ntrainers - 1);
+    if (rc)
+        fail(d, "arming immediate counters: %s", wb_strerror(rc));
+    return rc;
+}
+
+/* ---------------------------------------------------------------- posting */
+
+static int post(struct data *d, struct task *tk, uint32_t ti, struct wb_tx_write *w,
+                enum wb_role role, uint32_t rank)
+{
+    w->ctx = wctx(d, role, rank, ti);
+    int rc = wb_tx_write(d->tx, w);
+    if (rc) {
+        fail(d, "write to %s rank %u (%" PRIu64 " bytes at %" PRIu64 "): %s", wb_role_name(role),
+             rank, w->len, w->dst_off, wb_tx_errmsg(d->tx));
+        return rc;
+    }
+    tk->writes_left++;
+    d->outstanding++;
+    d->stats.bytes += role == WB_ROLE_ROLLOUT ? w->len : 0;
+    d->stats.writes += role == WB_ROLE_ROLLOUT;
+    return 0;
+}
+
+static int post_writes(struct data *d, struct task *tk, uint32_t ti)
+{
+    const struct wb_route_table *t = &d->table;
+    const struct wb_rt_task *rt = &t->tasks[ti];
+    for (uint32_t k = 0; k < rt->nwrites; k++) {
+        const struct wb_rt_write *wr = &t->writes[rt->write0 + k];
+        struct peer *p = wr->dst_rank < t->nrollouts ? &d->rpeer[wr->dst_rank] : NULL;
+        const struct wb_tx_rdesc *dst = NULL;
+        for (uint32_t i = 0; p && p->present && i < p->nreg; i++)
+            if (p->reg_tensor[i] == wr->dst_tensor)
+                dst = &p->reg[i];
+        if (!dst) {
+            fail(d, "rollout rank %u has no registered region for tensor %u", wr->dst_rank,
+                 wr->dst_tensor);
+            return -EINVAL;
+        }
+        struct wb_tx_write w = {.peer = p->idx,
+                                .dst = dst,
+                                .dst_off = wr->dst_off,
+                                .len = wr->len,
+                                .has_imm = true,
+                                .imm = imm_make(IMM_DATA, d->epoch, wr->tag)};
+        if (wr->src_tensor == (uint32_t)WB_RT_TMP_SRC) {
+            w.src = d->tmp_mr;
+            w.src_off = tk->tmp_off + wr->src_off;
+        } else {
+            uint32_t s = wr->src_tensor < d->ntensors ? d->shard_of[wr->src_tensor] : 0;
+            if (!s) {
+                fail(d, "write source tensor %u is not held here", wr->src_tensor);
+                return -EINVAL;
+            }
+            w.src = d->param_mr;
+            w.src_off = d->shards[s - 1].off + wr->src_off;
+        }
+        int rc = post(d, tk, ti, &w, WB_ROLE_ROLLOUT, wr->dst_rank);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* GATHER, first half: my part into every other member's inbox slot. */
+static int gather_send(struct data *d, struct task *tk, uint32_t ti, uint32_t opi)
+{
+    const struct wb_route_table *t = &d->table;
+    const struct wb_rt_gather *g = &t->ops[opi].gather;
+    const struct gref *r = &d->gref[opi];
+    uint32_t me = UINT32_MAX;
+    for (uint32_t j = 0; j < g->npeers; j++)
+        if (t->peers[g->peer0 + j].rank == d->rank)
+            me = j;
+    if (me == UINT32_MAX)
+        return -EINVAL;
+    uint64_t len =
+        wb_box_numel(wb_rt_box(t, t->peers[g->peer0 + me].box)) * wb_dtype_size(g->src.dtype);
+    struct wb_tx_write w = {.len = len, .has_imm = true};
+    if (g->src.kind == WB_BUF_TMP) {
+        w.src = d->tmp_mr;
+        w.src_off = tk->tmp_off + g->src.off;
+    } else {
+        uint32_t s = d->shard_of[g->src.tensor];
+        w.src = d->param_mr;
+        w.src_off = d->shards[s - 1].off + g->src.off;
+    }
+    for (uint32_t j = 0; j < g->npeers; j++) {
+        uint32_t rank = t->peers[g->peer0 + j].rank;
+        if (j == me)
+            continue;
+        struct peer *p = rank < t->ntrainers ? &d->tpeer[rank] : NULL;
+        const struct gsec *s = p && p->present ? sec_of(p->sec, p->nsec, g->mesh) : NULL;
+        if (!s || !p->has_inbox) {
+            fail(d, "trainer rank %u published no gather inbox for mesh %u", rank, g->mesh);
+            return -EINVAL;
+        }
+        w.peer = p->idx;
+        w.dst = &p->inbox;
+        w.dst_off = s->off + r->slot_off + d->moff[r->moff0 + me];
+        w.imm = imm_make(IMM_GATHER, d->epoch, s->tag + r->slot);
+        int rc = post(d, tk, ti, &w, WB_ROLE_TRAINER, rank);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* GATHER, second half: every member's part into the full tensor. */
+static int gather_unpack(struct data *d, const struct opctx *c, uint32_t opi)
+{
+    const struct wb_route_table *t = &d->table;
+    const struct wb_rt_op *op = &t->ops[opi];
+    const struct wb_rt_gather *g = &op->gather;
+    const struct gsec *s = sec_of(d->sec, d->nsec, g->mesh);
+    for (uint32_t j = 0; j < g->npeers; j++) {
+        const void *src;
+        if (t->peers[g->peer0 + j].rank == d->rank)
+            src = ops_view_ptr(c, &g->src);
+        else
+            src = (uint8_t *)d->inbox + s->off + d->gref[opi].slot_off +
+                  d->moff[d->gref[opi].moff0 + j];
+        int rc = ops_unpack_member(c, op, j, src);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static bool barriers_ok(const struct data *d, uint32_t phase)
+{
+    for (uint32_t p = 0; p < phase && p < d->table.nphases; p++)
+        if (d->table.phases[p].barrier_after && !d->barrier_done[p])
+            return false;
+    return true;
+}
+
+/* ---------------------------------------------------------------- stepping a task */
+
+enum { STEP_WAIT = 0, STEP_NEXT = 1 };
+
+/* Records an event (GPU) so the next step runs when the work issued so far is done. */
+static int sync_point(struct data *d, struct task *tk)
+{
+    if (!d->gpu)
+        return 0;
+    return ag_event_record(d->stream, &tk->ev);
+}
+
+static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct opctx *c,
+                     uint32_t opi)
+{
+    const struct wb_route_table *t = &d->table;
+    const struct wb_rt_op *op = &t->ops[opi];
+    const struct wb_rt_amax *a = &op->amax;
+    uint64_t nb = ops_amax_bytes(t, op);
+    int rc = 0;
+    switch (tk->sub) {
+    case 0: { /* partial amax of my region */
+        if (!barriers_ok(d, t->tasks[ti].phase))
+            return STEP_WAIT;
+        span_open(d, tk, ti, WB_STAGE_GATHER);
+        uint64_t part = (wb_box_numel(wb_rt_box(t, a->region)) + 1) * sizeof(float);
+        if (!tk->h[0] &&
+            (rc = ag_host_alloc(part > d->scratch_bytes ? part : d->scratch_bytes, &tk->h[0])) != 0)
+            return rc;
+        if ((rc = ops_amax_partial(c, op, d->scratch[1], tk->h[0])) != 0)
+            return rc;
+        tk->sub = 1;
+        return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
+    }
+    case 1: { /* arrange it over the op's blocks, into the outbox */
+        uint8_t *out = (uint8_t *)d->amax_out + d->amax_out_off[opi];
+        if (d->gpu) {
+            if (!tk->h[1] && (rc = ag_host_alloc(d->scratch_bytes, &tk->h[1])) != 0)
+                return rc;
+            ops_amax_blocks(c, op, tk->h[0], tk->h[1]);
+            if ((rc = ag_copy_async(out, tk->h[1], nb, d->stream)) != 0)
+                return rc;
+        } else {
+            ops_amax_blocks(c, op, tk->h[0], (float *)out);
+        }
+        tk->sub = 2;
+        return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
+    }
+    case 2: { /* to the peer */
+        struct peer *p = a->peer < t->ntrainers ? &d->tpeer[a->peer] : NULL;
+        if (!p || !p->present || !p->has_amax) {
+            fail(d, "trainer rank %u published no amax inbox", a->peer);
+            return -EINVAL;
+        }
+        struct wb_tx_write w = {.src = d->amax_out_mr,
+                                .src_off = d->amax_out_off[opi],
+                                .peer = p->idx,
+                                .dst = &p->amaxbox,
+                                .dst_off = a->peer_inbox_off,
+                                .len = nb,
+                                .has_imm = true,
+                                .imm = imm_make(IMM_AMAX, d->epoch, a->tag)};
+        if ((rc = post(d, tk, ti, &w, WB_ROLE_TRAINER, a->peer)) != 0)
+            return rc;
+        tk->sub = 3;
+    }
+    /* fall through */
+    case 3: { /* the peer's partials, merged into the task's amax grid */
+        if (a->tag > d->max_amax_tag || !d->amax_arrived[a->tag])
+            return STEP_WAIT;
+        const float *in = (const float *)((uint8_t *)d->amax_in + a->inbox_off);
+        if (!d->gpu) {
+            ops_amax_into_grid(c, op, in, (float *)(c->tmp + a->amax_off));
+            break;
+        }
+        if (!tk->h[2] && (rc = ag_host_alloc(d->scratch_bytes, &tk->h[2])) != 0)
+            return rc;
+        if ((rc = ag_copy_async(tk->h[2], in, nb, d->stream)) != 0)
+            return rc;
+        tk->sub = 4;
+        return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
+    }
+    case 4: { /* GPU: spread on the host, merge on the device */
+        uint64_t gb = ops_grid_bytes(t, a->grid);
+        memset(tk->h[1], 0, gb);
+        ops_amax_into_grid(c, op, tk->h[2], tk->h[1]);
+        if ((rc = ag_copy_async(d->scratch[0], tk->h[1], gb, d->stream)) != 0 ||
+            (rc = ag_amax_merge_async((float *)(c->tmp + a->amax_off), d->scratch[0],
+                                      gb / sizeof(float), d->stream)) != 0)
+            return rc;
+        break;
+    }
+    }
+    d->gx_done[t->tasks[ti].phase]++;
+    return STEP_NEXT;
+}
+
+static int step_gather(struct data *d, struct task *tk, uint32_t ti, const struct opctx *c,
+                       uint32_t opi)
+{
+    int rc;
+    switch (tk->sub) {
+    case 0:
+        if (!barriers_ok(d, d->table.tasks[ti].phase))
+            return STEP_WAIT;
+        span_open(d, tk, ti, WB_STAGE_GATHER);
+        tk->sub = 1;
+        if (d->gpu)
+            return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
+    /* fall through */
+    case 1:
+        if ((rc = gather_send(d, tk, ti, opi)) != 0)
+            return rc;
+        tk->sub = 2;
+    /* fall through */
+    case 2:
+        if (!d->gather_ready[opi])
+            return STEP_WAIT;
+        if ((rc = gather_unpack(d, c, opi)) != 0)
+            return rc;
+    }
+    d->gx_done[d->table.tasks[ti].phase]++;
+    return STEP_NEXT;
+}
+
+/* Advances one running task as far as it goes without waiting. Negative on failure. */
+static int step_task(struct data *d, uint32_t ti)
+{
+    struct task *tk = &d->tasks[ti];
+    const struct wb_rt_task *rt = &d->table.tasks[ti];
+    struct opctx c = {d, tk, (uint8_t *)d->tmp + tk->tmp_off};
+    if (tk->ev) {
+        int r = ag_event_done(tk->ev);
+        if (r <= 0)
+            return r;
+        ag_event_destroy(tk->ev);
+        tk->ev = NULL;
+    }
+    while (tk->st == T_RUN && tk->op < rt->nops) {
+        uint32_t opi = rt->op0 + tk->op;
+        const struct wb_rt_op *op = &d->table.ops[opi];
+        int r = 0;
+        switch (op->kind) {
+        case WB_OP_H2D: {
+            span_open(d, tk, ti, WB_STAGE_H2D);
+            uint32_t s = d->shard_of[op->tensor];
+            const uint8_t *src =
+                (const uint8_t *)d->param_host_buf + d->shards[s - 1].off + op->h2d.src_off;
+            if (d->gpu)
+                r = ag_copy_async(c.tmp + op->h2d.dst_off, src, op->h2d.bytes, d->stream);
+            else
+                memcpy(c.tmp + op->h2d.dst_off, src, op->h2d.bytes);
+            r = r ? r : STEP_NEXT;
+            break;
+        }
+        case WB_OP_COPY:
+        case WB_OP_CAST:
+            span_open(d, tk, ti, WB_STAGE_FUSE);
+            r = ops_copy(&c, op);
+            r = r ? r : STEP_NEXT;
+            break;
+        case WB_OP_QUANT:
+            span_open(d, tk, ti, WB_STAGE_QUANT);
+            r = ops_quant(&c, op);
+            r = r ? r : STEP_NEXT;
+            break;
+        case WB_OP_GATHER:
+            r = step_gather(d, tk, ti, &c, opi);
+            break;
+        case WB_OP_AMAX:
+            r = step_amax(d, tk, ti, &c, opi);
+            break;
+        }
+        if (r < 0) {
+            fail(d, "task %u op %u (%s): %s", ti, tk->op,
+                 op->kind == WB_OP_QUANT    ? "quantize"
+                 : op->kind == WB_OP_GATHER ? "gather"
+                 : op->kind == WB_OP_AMAX   ? "amax"
+                                            : "copy",
+                 wb_strerror(r));
+            return r;
+        }
+        if (r == STEP_WAIT)
+            return 0;
+        if (!d->gpu)
+            span_close(d, tk, ti);
+        tk->op++;
+        tk->sub = 0;
+    }
+    if (tk->st == T_RUN) { /* every op issued: wait for them, then write */
+        if (d->gpu && tk->sub == 0) {
+            tk->sub = 1;
+            int r = sync_point(d, tk);
+            return r < 0 ? r : 0;
+        }
+        span_open(d, tk, ti, WB_STAGE_WRITE);
+        tk->st = T_WRITING;
+        int r = post_writes(d, tk, ti);
+        if (r)
+            return r;
+    }
+    if (tk->st == T_WRITING && tk->writes_left == 0) {
+        span_close(d, tk, ti);
+        tk->st = T_DONE;
+        d->tmp_used -= rt->tmp_bytes;
+        d->tasks_done++;
+        for (int k = 0; k < 3; k++) {
+            ag_host_free(tk->h[k]);
+            tk->h[k] = NULL;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the loop's step */
+
+void exec_event(struct data *d, const struct wb_tx_event *ev)
+{
+    if (ev->kind != WB_TX_EV_WRITE)
+        return;
+    uint64_t v = (uint64_t)(uintptr_t)ev->ctx;
+    if (d->outstanding)
+        d->outstanding--;
+    if (v == UINT64_MAX) /* the warm-up immediate of data_peers() */
+        return;
+    uint32_t ti = (uint32_t)v, rank = (uint32_t)(v >> 32) & 0x7fffff;
+    enum wb_role role = (enum wb_role)((v >> 55) & 1);
+    bool mine = d->active && ((v >> 56) & 0xff) == (d->epoch & 0xff);
+    if (ev->err && mine)
+        fail(d, "write to %s rank %u failed: %s", wb_role_name(role), rank,
+             ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));
+    if (mine && ti < d->table.ntasks && d->tasks[ti].writes_left)
+        d->tasks[ti].writes_left--;
+}
+
+static void issue_barriers(struct data *d)
+{
+    const struct wb_route_table *t = &d->table;
+    for (uint32_t p = 0; p < t->nphases; p++) {
+        if (!t->phases[p].barrier_after || d->barrier_issued[p] || d->gx_done[p] < d->gx_total[p])
+            continue;
+        d->barrier_issued[p] = true;
+        d->barrier_t0[p] = wb_now_ns();
+        for (uint32_t r = 0; r < t->ntrainers; r++) {
+            if (r == d->rank)
+                continue;
+            struct peer *pp = &d->tpeer[r];
+            int rc = pp->present
+                         ? wb_tx_write_imm(d->tx, pp->idx, imm_make(IMM_BARRIER, d->epoch, p),
+                                           wctx(d, WB_ROLE_TRAINER, r, UINT32_MAX))
+                         : -EINVAL;
+            if (rc) {
+                fail(d, "barrier after phase %u to trainer rank %u: %s", p, r,
+                     pp->present ? wb_tx_errmsg(d->tx) : "no address");
+                return;
+            }
+            d->outstanding++;
+        }
+    }
+    /* a barrier's span: from issue to the last peer's arrival */
+    for (uint32_t p = 0; p < t->nphases; p++)
+        if (d->barrier_issued[p] && d->barrier_done[p] == 1) {
+            d->barrier_done[p] = 2;
+            span_add(d, WB_STAGE_BARRIER, UINT32_MAX, d->barrier_t0[p], wb_now_ns());
+        }
+}
+
+int exec_step(struct data *d)
+{
+    const struct wb_route_table *t = &d->table;
+    uint64_t now = wb_now_ns();
+    if (d->fail[0])
+        return 1;
+    /* start tasks in order while their memory fits */
+    while (d->next_task < t->ntasks) {
+        struct task *tk = &d->tasks[d->next_task];
+        uint64_t need = t->tasks[d->next_task].tmp_bytes, off = 0;
+        if (d->o->pace_ns && now < d->next_start_ns)
+            break;
+        if (need && !tmp_alloc(d, need, &off)) {
+            if (!tk->waited) {
+                tk->waited = true;
+                d->stats.mem_waits++;
+            }
+            break;
+        }
+        tk->st = T_RUN;
+        tk->tmp_off = off;
+        tk->tmp_len = need;
+        tk->span_stage = -1;
+        d->tmp_used += need;
+        if (d->tmp_used > d->peak_tmp)
+            d->peak_tmp = d->tmp_used;
+        bool has_amax = false;
+        const struct wb_rt_task *rt = &t->tasks[d->next_task];
+        for (uint32_t k = 0; k < rt->nops; k++)
+            has_amax |= t->ops[rt->op0 + k].kind == WB_OP_AMAX;
+        if (has_amax && need) { /* the amax grids start at zero */
+            if (d->gpu)
+                ag_memset_async((uint8_t *)d->tmp + off, 0, need, d->stream);
+            else
+                memset((uint8_t *)d->tmp + off, 0, need);
+        }
+        d->next_task++;
+        d->next_start_ns = now + d->o->pace_ns;
+        if (d->o->pace_ns)
+            break;
+    }
+    for (uint32_t i = 0; i < d->next_task && !d->fail[0]; i++) {
+        if (d->tasks[i].st == T_DONE)
+            continue;
+        if (step_task(d, i) < 0)
+            break;
+    }
+    issue_barriers(d);
+    if (d->fail[0])
+        return 1;
+    if (d->tasks_done < t->ntasks)
+        return 0;
+    for (uint32_t p = 0; p < t->nphases; p++)
+        if (t->phases[p].barrier_after && !d->barrier_done[p])
+            return 0;
+    d->stats.tasks = t->ntasks;
+    d->stats.peak_tmp = d->peak_tmp;
+    d->stats.cap = d->cap;
+    return 1;
+}
+
+void exec_abort(struct data *d)
+{
+    for (uint32_t i = 0; d->tasks && i < d->table.ntasks; i++) {
+        ag_event_destroy(d->tasks[i].ev);
+        d->tasks[i].ev = NULL;
+    }
+}
+
+/* ---------------------------------------------------------------- trace */
+
+void exec_trace_write(struct data *d)
+{
+    char path[1100];
+    if (d->o->trace && *d->o->trace)
+        snprintf(path, sizeof(path), "%s", d->o->trace);
+    else if (d->job.trace[0])
+        snprintf(path, sizeof(path), "%s/trainer%u.json", d->job.trace, d->rank);
+    else
+        return;
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        wb_log(WB_LOG_WARN, M, "trace %s: cannot write", path);
+        return;
+    }
+    fprintf(f, "{\"traceEvents\":[\n");
+    fprintf(f,
+            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"args\":{\"name\":\"trainer "
+            "%u\"}}",
+            d->rank, d->rank);
+    for (int s = 0; s < WB_STAGE_COUNT; s++)
+        fprintf(f,
+                ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%d,\"args\":{"
+                "\"name\":\"%s\"}}",
+                d->rank, s, wb_stage_name((enum wb_stage)s));
+    for (uint32_t i = 0; i < d->nspans; i++) {
+        const struct span *sp = &d->spans[i];
+        fprintf(f,
+                ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
+                "\"pid\":%u,\"tid\":%u,\"args\":{\"task\":%d}}",
+                wb_stage_name((enum wb_stage)sp->stage), wb_stage_name((enum wb_stage)sp->stage),
+                (double)sp->t0 / 1e3, (double)(sp->t1 - sp->t0) / 1e3, d->rank, sp->stage,
+                sp->task == UINT32_MAX ? -1 : (int)sp->task);
+    }
+    fprintf(f, "\n],\"displayTimeUnit\":\"ms\"}\n");
+    fclose(f);
+}

@@ -1,0 +1,130 @@
+/* gpu.cu — the agent's CUDA helpers: device selection, one stream, events the executor polls
+ * (so the CPU loop never blocks on GPU work), asynchronous copies and the partial-amax merge
+ * kernel. Built only with CUDA; gpu_nocuda.c has the same calls returning -WB_E_NOGPU. */
+extern "C" {
+#include "common/common.h"
+}
+#include "agent/gpu.h"
+
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdlib.h>
+
+static int cu(cudaError_t e)
+{
+    if (e == cudaSuccess)
+        return 0;
+    wb_log(WB_LOG_ERROR, "agent", "cuda: %s", cudaGetErrorString(e));
+    return -WB_E_CUDA;
+}
+
+extern "C" int ag_gpu_use(int device)
+{
+    if (wb_gpu_count() <= 0)
+        return -WB_E_NOGPU;
+    return cu(cudaSetDevice(device));
+}
+
+extern "C" int ag_stream_create(void **out)
+{
+    cudaStream_t s;
+    int e = cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    if (!e)
+        *out = (void *)s;
+    return e;
+}
+
+extern "C" void ag_stream_destroy(void *s)
+{
+    if (s)
+        cudaStreamDestroy((cudaStream_t)s);
+}
+
+extern "C" int ag_event_record(void *stream, void **out)
+{
+    cudaEvent_t ev;
+    int e = cu(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    if (e)
+        return e;
+    e = cu(cudaEventRecord(ev, (cudaStream_t)stream));
+    if (e) {
+        cudaEventDestroy(ev);
+        return e;
+    }
+    *out = (void *)ev;
+    return 0;
+}
+
+extern "C" int ag_event_done(void *ev)
+{
+    cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    if (e == cudaSuccess)
+        return 1;
+    if (e == cudaErrorNotReady)
+        return 0;
+    return cu(e);
+}
+
+extern "C" void ag_event_destroy(void *ev)
+{
+    if (ev)
+        cudaEventDestroy((cudaEvent_t)ev);
+}
+
+extern "C" int ag_copy_async(void *dst, const void *src, size_t n, void *stream)
+{
+    if (!n)
+        return 0;
+    return cu(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, (cudaStream_t)stream));
+}
+
+extern "C" int ag_memset_async(void *dst, int v, size_t n, void *stream)
+{
+    if (!n)
+        return 0;
+    return cu(cudaMemsetAsync(dst, v, n, (cudaStream_t)stream));
+}
+
+__global__ void amax_merge_kernel(float *acc, const float *part, size_t n)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    float a = acc[i], p = part[i];
+    acc[i] = (isnan(a) || isnan(p)) ? __int_as_float(0x7fffffff) : fmaxf(a, p);
+}
+
+extern "C" int ag_amax_merge_async(float *acc, const float *part, size_t n, void *stream)
+{
+    if (!n)
+        return 0;
+    unsigned blocks = (unsigned)((n + 255) / 256);
+    amax_merge_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(acc, part, n);
+    return cu(cudaGetLastError());
+}
+
+extern "C" int ag_host_alloc(size_t n, void **out)
+{
+    void *p = NULL;
+    if (wb_gpu_count() > 0) {
+        int e = cu(cudaMallocHost(&p, n ? n : 1));
+        if (e)
+            return e;
+    } else {
+        p = calloc(1, n ? n : 1);
+        if (!p)
+            return -ENOMEM;
+    }
+    *out = p;
+    return 0;
+}
+
+extern "C" void ag_host_free(void *p)
+{
+    if (!p)
+        return;
+    if (wb_gpu_count() > 0)
+        cudaFreeHost(p);
+    else
+        free(p);
+}

@@ -1,0 +1,35 @@
+/* gpu.h — private to agent/: the CUDA helpers the executor uses (gpu.cu; gpu_nocuda.c in
+ * builds without CUDA): a stream, events polled from the CPU loop, asynchronous copies, the
+ * partial-amax merge kernel and pinned host memory. Plain C declarations, also read by nvcc. */
+#ifndef WB_AGENT_GPU_H
+#define WB_AGENT_GPU_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* All return 0, -WB_E_NOGPU (no CUDA in this build) or -WB_E_CUDA. */
+int ag_gpu_use(int device);
+int ag_stream_create(void **out);
+void ag_stream_destroy(void *s);
+/* Records an event on the stream; *out is a new event (destroy it when done). */
+int ag_event_record(void *stream, void **out);
+/* 1 when the event completed, 0 when not yet, negative on a CUDA error. */
+int ag_event_done(void *ev);
+void ag_event_destroy(void *ev);
+/* Asynchronous copy between any memory kinds on the stream. */
+int ag_copy_async(void *dst, const void *src, size_t n, void *stream);
+int ag_memset_async(void *dst, int v, size_t n, void *stream);
+/* acc[i] = max(acc[i], part[i]) (NaN wins) on device memory, on the stream. */
+int ag_amax_merge_async(float *acc, const float *part, size_t n, void *stream);
+/* Pinned host memory (plain malloc'd memory in builds without CUDA). */
+int ag_host_alloc(size_t n, void **out);
+void ag_host_free(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WB_AGENT_GPU_H */

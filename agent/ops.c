@@ -1,0 +1,321 @@
+/* ops.c — the routing table's local ops (planner/planner.h: COPY, CAST, QUANT, the compute
+ * halves of AMAX and GATHER) on the agent's buffers, through quant/'s calls: the CPU reference
+ * on host memory, the CUDA kernels enqueued on the executor's stream on GPU memory. Nothing
+ * here waits: on a GPU the caller records an event after the ops it issued and polls it.
+ *
+ * Views are row-major arrays inside the PARAM arena (a shard) or the task's TMP allocation.
+ * A box of a view that is the whole view is used in place; otherwise it is packed into the
+ * scratch space first (one scratch per executor: ops run one after another on one stream). */
+#include "agent/xfer.h"
+#include "quant/quant.h"
+
+#include <errno.h>
+#include <string.h>
+
+static struct wb_quant_exec ex_of(const struct data *d)
+{
+    if (d->gpu)
+        return (struct wb_quant_exec){WB_QUANT_DEVICE, d->stream};
+    return (struct wb_quant_exec){WB_QUANT_HOST, NULL};
+}
+
+void *ops_view_ptr(const struct opctx *c, const struct wb_rt_view *v)
+{
+    const struct data *d = c->d;
+    if (v->kind == WB_BUF_TMP)
+        return c->tmp + v->off;
+    uint32_t s = v->tensor < d->ntensors ? d->shard_of[v->tensor] : 0;
+    if (!s)
+        return NULL;
+    uint8_t *base = d->param_host ? d->param_host_buf : d->param;
+    return base + d->shards[s - 1].off + v->off;
+}
+
+static bool box_is_full(const struct wb_box *b, const struct wb_shape *s)
+{
+    if (b->ndim != s->ndim)
+        return false;
+    for (uint32_t i = 0; i < b->ndim; i++)
+        if (b->off[i] != 0 || b->ext[i] != s->dim[i])
+            return false;
+    return true;
+}
+
+/* The box's elements of view v as one contiguous array: in place, or packed into scratch. */
+static int packed_src(const struct opctx *c, const struct wb_rt_view *v, uint32_t box,
+                      void *scratch, const void **out)
+{
+    const struct wb_route_table *t = &c->d->table;
+    struct wb_quant_exec ex = ex_of(c->d);
+    const void *p = ops_view_ptr(c, v);
+    if (!p)
+        return -EINVAL;
+    const struct wb_shape *sh = wb_rt_shape(t, v->shape);
+    const struct wb_box *b = wb_rt_box(t, box);
+    if (box_is_full(b, sh)) {
+        *out = p;
+        return 0;
+    }
+    int rc = wb_quant_pack(&ex, v->dtype, sh, b, p, scratch);
+    if (!rc)
+        *out = scratch;
+    return rc;
+}
+
+int ops_copy(const struct opctx *c, const struct wb_rt_op *op)
+{
+    const struct wb_route_table *t = &c->d->table;
+    const struct wb_rt_copy *cp = &op->copy;
+    struct wb_quant_exec ex = ex_of(c->d);
+    const void *src;
+    int rc = packed_src(c, &cp->src, cp->src_box, c->d->scratch[0], &src);
+    if (rc)
+        return rc;
+    uint64_t n = wb_box_numel(wb_rt_box(t, cp->src_box));
+    if (op->kind == WB_OP_CAST && cp->src.dtype != cp->dst.dtype) {
+        rc = wb_quant_cast(&ex, cp->src.dtype, src, cp->dst.dtype, c->d->scratch[1], n);
+        if (rc)
+            return rc;
+        src = c->d->scratch[1];
+    }
+    void *dst = ops_view_ptr(c, &cp->dst);
+    if (!dst)
+        return -EINVAL;
+    return wb_quant_unpack(&ex, cp->dst.dtype, wb_rt_shape(t, cp->dst.shape),
+                           wb_rt_box(t, cp->dst_box), src, dst);
+}
+
+/* The 2-D tile of a region (its last two dims) and the number of leading slices. */
+static void region_tile(const struct wb_box *r, enum wb_dtype dt, struct wb_quant_tile *tile,
+                        uint64_t *lead)
+{
+    uint32_t nd = r->ndim;
+    tile->dtype = dt;
+    tile->rows = nd >= 2 ? r->ext[nd - 2] : 1;
+    tile->cols = nd >= 1 ? r->ext[nd - 1] : 1;
+    tile->row0 = nd >= 2 ? r->off[nd - 2] : 0;
+    tile->col0 = nd >= 1 ? r->off[nd - 1] : 0;
+    uint64_t l = 1;
+    for (uint32_t i = 0; i + 2 < nd; i++)
+        l *= r->ext[i];
+    *lead = l;
+}
+
+/* Raw partial amax of every block the region touches: lead x grid, into amax (device or host
+ * memory, as the executor's buffers). */
+static int region_amax(const struct opctx *c, const struct wb_rt_view *v, uint32_t src_box,
+                       const struct wb_box *region, float *amax, const void **packed_out,
+                       struct wb_quant_grid *g, uint64_t *lead)
+{
+    struct wb_quant_exec ex = ex_of(c->d);
+    const void *src;
+    int rc = packed_src(c, v, src_box, c->d->scratch[0], &src);
+    if (rc)
+        return rc;
+    struct wb_quant_tile tile;
+    region_tile(region, v->dtype, &tile, lead);
+    if ((rc = wb_quant_fp8_grid(&tile, 0, tile.rows, g)) != 0)
+        return rc;
+    uint64_t esz = wb_dtype_size(v->dtype), gsz = g->rows * g->cols;
+    for (uint64_t l = 0; l < *lead; l++) {
+        rc = wb_quant_fp8_amax(&ex, &tile, (const uint8_t *)src + l * tile.rows * tile.cols * esz,
+                               0, tile.rows, amax + l * gsz);
+        if (rc)
+            return rc;
+    }
+    if (packed_out)
+        *packed_out = src;
+    return 0;
+}
+
+int ops_quant(const struct opctx *c, const struct wb_rt_op *op)
+{
+    const struct wb_route_table *t = &c->d->table;
+    const struct wb_rt_quant *q = &op->quant;
+    struct wb_quant_exec ex = ex_of(c->d);
+    const struct wb_box *region = wb_rt_box(t, q->region);
+    float *amax = c->d->scratch[1];
+    const void *src;
+    struct wb_quant_grid g;
+    uint64_t lead;
+    int rc = region_amax(c, &q->src, q->src_box, region, amax, &src, &g, &lead);
+    if (rc)
+        return rc;
+    uint64_t gsz = g.rows * g.cols;
+    if (wb_box_numel(wb_rt_box(t, q->grid)) != lead * gsz)
+        return -EINVAL;
+    if (q->amax_off != (uint64_t)WB_RT_NONE) { /* the peers' partials, merged by AMAX ops */
+        float *peer = (float *)(c->tmp + q->amax_off);
+        if (c->d->gpu)
+            rc = ag_amax_merge_async(amax, peer, lead * gsz, c->d->stream);
+        else
+            wb_quant_fp8_amax_merge(amax, peer, lead * gsz);
+        if (rc)
+            return rc;
+    }
+    struct wb_quant_tile tile;
+    region_tile(region, q->src.dtype, &tile, &lead);
+    uint8_t *dst = ops_view_ptr(c, &q->dst);
+    float *scale = (float *)(c->tmp + q->scale_off);
+    uint64_t esz = wb_dtype_size(q->src.dtype), per = tile.rows * tile.cols;
+    for (uint64_t l = 0; !rc && l < lead; l++)
+        rc = wb_quant_fp8_apply(&ex, &tile, (const uint8_t *)src + l * per * esz, 0, tile.rows,
+                                amax + l * gsz, dst + l * per, scale + l * gsz);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- amax exchange */
+
+/* The block-coordinate box of every block a region touches. */
+static struct wb_box region_grid_box(const struct wb_box *region)
+{
+    struct wb_box b = *region;
+    uint32_t nd = region->ndim;
+    for (uint32_t i = nd >= 2 ? nd - 2 : 0; i < nd; i++) {
+        b.off[i] = region->off[i] / WB_QUANT_BLOCK;
+        b.ext[i] = region->ext[i]
+                       ? (region->off[i] + region->ext[i] - 1) / WB_QUANT_BLOCK - b.off[i] + 1
+                       : 0;
+    }
+    return b;
+}
+
+uint64_t ops_amax_bytes(const struct wb_route_table *t, const struct wb_rt_op *op)
+{
+    return wb_box_numel(wb_rt_box(t, op->amax.blocks)) * sizeof(float);
+}
+
+uint64_t ops_grid_bytes(const struct wb_route_table *t, uint32_t grid)
+{
+    return wb_box_numel(wb_rt_box(t, grid)) * sizeof(float);
+}
+
+int ops_amax_partial(const struct opctx *c, const struct wb_rt_op *op, float *dev_part,
+                     float *host_part)
+{
+    const struct wb_route_table *t = &c->d->table;
+    const struct wb_rt_amax *a = &op->amax;
+    struct wb_quant_grid g;
+    uint64_t lead;
+    const struct wb_box *region = wb_rt_box(t, a->region);
+    int rc = region_amax(c, &a->src, a->src_box, region, c->d->gpu ? dev_part : host_part, NULL, &g,
+                         &lead);
+    if (!rc && c->d->gpu)
+        rc = ag_copy_async(host_part, dev_part, lead * g.rows * g.cols * sizeof(float),
+                           c->d->stream);
+    return rc;
+}
+
+/* Walks the elements of `inner` (a box inside both outer boxes' index spaces) and calls fn with
+ * the row-major index of the element in box a and in box b. */
+static void walk2(const struct wb_box *inner, const struct wb_box *a, const struct wb_box *b,
+                  void (*fn)(void *arg, uint64_t ia, uint64_t ib), void *arg)
+{
+    uint32_t nd = inner->ndim;
+    uint64_t idx[WB_MAX_DIMS] = {0};
+    if (wb_box_empty(inner))
+        return;
+    for (;;) {
+        uint64_t ia = 0, ib = 0;
+        for (uint32_t i = 0; i < nd; i++) {
+            uint64_t g = inner->off[i] + idx[i];
+            ia = ia * a->ext[i] + (g - a->off[i]);
+            ib = ib * b->ext[i] + (g - b->off[i]);
+        }
+        fn(arg, ia, ib);
+        uint32_t i = nd;
+        while (i > 0) {
+            i--;
+            if (++idx[i] < inner->ext[i])
+                break;
+            idx[i] = 0;
+            if (i == 0)
+                return;
+        }
+        if (nd == 0)
+            return;
+    }
+}
+
+struct mv {
+    float *dst;
+    const float *src;
+};
+
+static void put_b_from_a(void *arg, uint64_t ia, uint64_t ib)
+{
+    struct mv *m = arg;
+    m->dst[ib] = m->src[ia];
+}
+
+void ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const float *part,
+                     float *blocks)
+{
+    const struct wb_route_table *t = &c->d->table;
+    const struct wb_box *bl = wb_rt_box(t, op->amax.blocks);
+    struct wb_box rg = region_grid_box(wb_rt_box(t, op->amax.region)), in;
+    memset(blocks, 0, wb_box_numel(bl) * sizeof(float));
+    if (wb_box_intersect(&rg, bl, &in)) {
+        struct mv m = {blocks, part};
+        walk2(&in, &rg, bl, put_b_from_a, &m);
+    }
+}
+
+static void put_a_from_b(void *arg, uint64_t ia, uint64_t ib)
+{
+    struct mv *m = arg;
+    m->dst[ia] = m->src[ib];
+}
+
+void ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
+                        float *grid)
+{
+    const struct wb_route_table *t = &c->d->table;
+    const struct wb_box *bl = wb_rt_box(t, op->amax.blocks);
+    const struct wb_box *gr = wb_rt_box(t, op->amax.grid);
+    struct wb_box in;
+    if (!wb_box_intersect(gr, bl, &in))
+        return;
+    /* Spread the peer's values over the grid's layout, then merge (zero is neutral: amax >= 0,
+     * and a NaN still wins). On a GPU `grid` is a host array merged on the device later. */
+    uint64_t n = wb_box_numel(gr);
+    float *spread = grid;
+    if (!c->d->gpu) {
+        spread = c->d->hscratch;
+        memset(spread, 0, n * sizeof(float));
+    }
+    struct mv m = {spread, peer};
+    walk2(&in, gr, bl, put_a_from_b, &m);
+    if (!c->d->gpu)
+        wb_quant_fp8_amax_merge(grid, spread, n);
+}
+
+int ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint32_t member,
+                      const void *packed)
+{
+    const struct wb_route_table *t = &c->d->table;
+    const struct wb_rt_gather *g = &op->gather;
+    struct wb_quant_exec ex = ex_of(c->d);
+    void *dst = ops_view_ptr(c, &g->dst);
+    const struct wb_rt_peer *p = &t->peers[g->peer0 + member];
+    return wb_quant_unpack(&ex, g->dst.dtype, wb_rt_shape(t, g->dst.shape), wb_rt_box(t, p->box),
+                           packed, dst);
+}
+
+uint64_t ops_scratch_need(const struct wb_route_table *t)
+{
+    uint64_t need = 4096;
+    for (uint32_t i = 0; i < t->nops; i++) {
+        const struct wb_rt_op *op = &t->ops[i];
+        uint64_t n = 0;
+        if (op->kind == WB_OP_COPY || op->kind == WB_OP_CAST)
+            n = wb_box_numel(wb_rt_box(t, op->copy.src_box)) * 4;
+        else if (op->kind == WB_OP_QUANT)
+            n = wb_box_numel(wb_rt_box(t, op->quant.src_box)) * 4;
+        else if (op->kind == WB_OP_AMAX)
+            n = wb_box_numel(wb_rt_box(t, op->amax.src_box)) * 4;
+        if (n > need)
+            need = n;
+    }
+    return need;
+}

@@ -1,0 +1,200 @@
+/* xfer.h — private to agent/: the data side's state, shared by data.c (setup, registration,
+ * peers, the rollout's counters), exec.c (the trainer's pipelined executor), ops.c (the
+ * routing-table ops on host or GPU memory) and gpu.cu / gpu_nocuda.c (streams and events).
+ *
+ * Memory a trainer registers with the transport (one registration each, so the hot path never
+ * registers): the PARAM arena (every shard it holds, SRC), the TMP arena (the executor's
+ * temporary memory, exactly the memory cap, SRC: writes and gathers read from it), the gather
+ * inbox (DST: mesh peers write their shards into it), the amax inbox (DST) and the amax outbox
+ * (SRC). A rollout registers each local tensor (DST) and publishes one descriptor per tensor,
+ * so the transport checks every write against the bounds of the tensor it lands in.
+ *
+ * Immediates are 32 bits: kind (2 bits) | epoch (8 bits: which transfer attempt) | tag (22
+ * bits: the planner's tag, a gather slot or a phase). The epoch keeps a late immediate of an
+ * aborted attempt from counting toward the next one. */
+#ifndef WB_AGENT_XFER_H
+#define WB_AGENT_XFER_H
+
+#include "agent/gpu.h"
+#include "agent/priv.h"
+#include "planner/planner.h"
+#include "transport/transport.h"
+
+enum imm_kind { IMM_DATA = 0, IMM_AMAX, IMM_GATHER, IMM_BARRIER };
+enum { IMM_TAG_BITS = 22, IMM_EPOCH_BITS = 8 };
+
+static inline uint32_t imm_make(enum imm_kind k, uint64_t epoch, uint32_t tag)
+{
+    return ((uint32_t)k << 30) | ((uint32_t)(epoch & 0xff) << IMM_TAG_BITS) |
+           (tag & ((1u << IMM_TAG_BITS) - 1));
+}
+
+/* ---------------------------------------------------------------- state */
+
+struct shard {
+    uint32_t tensor; /* trainer tensor index */
+    struct wb_tensor_meta meta;
+    uint64_t off, bytes; /* in the PARAM arena */
+};
+
+/* A rollout's local tensor. */
+struct local {
+    struct wb_rt_local desc;
+    void *buf;
+    struct wb_tx_mr *mr;
+};
+
+/* A gather section of a trainer's inbox: the gathers of one mesh, laid out slot after slot. */
+struct gsec {
+    uint32_t mesh;
+    uint64_t off;
+    uint32_t tag;
+    uint32_t phase; /* local only: the mesh's phase (not published) */
+};
+
+/* What a trainer knows about another agent. */
+struct peer {
+    bool present;
+    uint32_t idx; /* transport peer index */
+    uint8_t *addr;
+    size_t addr_len;
+    /* trainers */
+    bool has_inbox, has_amax;
+    struct wb_tx_rdesc inbox, amaxbox;
+    uint32_t nsec;
+    struct gsec *sec;
+    /* rollouts: descriptor per rollout tensor (index into the rollout inventory) */
+    uint32_t nreg;
+    uint32_t *reg_tensor;
+    struct wb_tx_rdesc *reg;
+};
+
+/* Per GATHER op of the table: its place in the inbox layout. */
+struct gref {
+    uint32_t slot;       /* ordinal among the mesh's gathers (phase, seq order) */
+    uint64_t slot_off;   /* within the mesh section */
+    uint64_t full_bytes; /* the slot's size */
+    uint64_t moff0;      /* d->moff[moff0 + j]: member j's (table.peers order) offset in the slot */
+};
+
+enum { SPAN_MAX = 1 << 16 };
+
+struct span {
+    uint8_t stage;
+    uint32_t task;
+    uint64_t t0, t1;
+};
+
+struct task;
+
+struct data {
+    enum wb_role role;
+    uint32_t rank;
+    int device; /* CUDA device, -1 = host memory */
+    bool gpu;
+    const struct wb_agent_opts *o;
+    struct agent_job job;
+    bool empty; /* no plan: nothing to move */
+    bool active, pending_start;
+    uint64_t version, epoch, start_ns, end_ns;
+    char fail[512];
+    /* transport */
+    struct wb_tx *tx;
+    struct wb_tx_caps caps;
+    struct wb_mpw addr_blob, region_blob;
+    void *stream;
+    /* trainer */
+    struct wb_route_table table;
+    bool have_table;
+    struct shard *shards;
+    uint32_t nshards;
+    uint32_t *shard_of; /* trainer tensor -> shard index + 1 (0: not held) */
+    uint32_t ntensors;
+    void *param;
+    uint64_t param_bytes;
+    bool param_host; /* host-resident parameters (H2D ops read them) */
+    void *param_host_buf;
+    struct wb_tx_mr *param_mr;
+    void *tmp;
+    uint64_t tmp_size;
+    struct wb_tx_mr *tmp_mr;
+    void *inbox;
+    uint64_t inbox_bytes;
+    struct wb_tx_mr *inbox_mr;
+    uint32_t nsec;
+    struct gsec *sec;
+    struct gref *gref; /* [table.nops], only GATHER entries used */
+    uint64_t *moff;    /* members' offsets within their slots (struct gref) */
+    void *amax_in, *amax_out;
+    uint64_t amax_in_bytes, amax_out_bytes;
+    uint64_t *amax_out_off; /* [table.nops] */
+    struct wb_tx_mr *amax_in_mr, *amax_out_mr;
+    uint32_t max_amax_tag;
+    uint8_t *amax_arrived;       /* [max_amax_tag + 1] */
+    uint8_t *gather_ready;       /* [table.nops]: the slot's peers all arrived */
+    uint8_t *barrier_done;       /* [nphases]: 1 all arrived, 2 its span recorded */
+    uint64_t *barrier_t0;        /* [nphases]: when this rank issued it */
+    uint32_t *gx_total;          /* [nphases]: GATHER/AMAX ops of the phase */
+    uint32_t *gx_done;           /* [nphases] */
+    bool *barrier_issued;        /* [nphases] */
+    void *scratch[2], *hscratch; /* ops' pack/cast space (device or host), host space */
+    uint64_t scratch_bytes;
+    struct peer *tpeer; /* [ntrainers] */
+    struct peer *rpeer; /* [nrollouts] */
+    /* executor */
+    struct task *tasks;
+    uint32_t next_task, tasks_done;
+    uint64_t tmp_used, peak_tmp, cap;
+    uint64_t outstanding; /* writes posted and not completed, all epochs */
+    uint64_t next_start_ns;
+    struct wb_xfer_stats stats;
+    struct span *spans;
+    uint32_t nspans;
+    /* rollout */
+    struct wb_recv_list recv;
+    bool have_recv;
+    struct local *locals;
+    uint64_t local_bytes;
+    uint32_t max_data_tag;
+    int32_t *expect_of; /* data tag -> expect index, -1 */
+    uint8_t *reached;   /* [nexpect] */
+    uint32_t nreached, nwant;
+};
+
+/* exec.c */
+int exec_setup(struct data *d, char *err, size_t errcap);
+void exec_free(struct data *d);
+int exec_start(struct data *d);
+/* 1: finished (ok or failed: d->fail), 0: running. */
+int exec_step(struct data *d);
+void exec_event(struct data *d, const struct wb_tx_event *ev);
+void exec_imm(struct data *d, uint32_t imm);
+void exec_abort(struct data *d);
+void exec_trace_write(struct data *d);
+
+/* ops.c: one routing-table op, or part of one; see exec.c for the stepping. */
+struct opctx {
+    struct data *d;
+    struct task *t;
+    uint8_t *tmp; /* the task's TMP base */
+};
+void *ops_view_ptr(const struct opctx *c, const struct wb_rt_view *v);
+int ops_copy(const struct opctx *c, const struct wb_rt_op *op);
+int ops_quant(const struct opctx *c, const struct wb_rt_op *op);
+/* AMAX: partial amax of op's region over op's blocks, FP32 array (blocks' extents) into the
+ * host buffer out (device work is synchronous here only through the event the caller waits
+ * on: ops_amax_partial enqueues, the caller reads `out` after the event). */
+int ops_amax_partial(const struct opctx *c, const struct wb_rt_op *op, float *dev_part,
+                     float *host_part);
+void ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const float *part,
+                     float *blocks);
+/* Merges the peer's blocks array into the TMP amax grid (host: in place; GPU: via host). */
+void ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
+                        float *grid);
+uint64_t ops_amax_bytes(const struct wb_route_table *t, const struct wb_rt_op *op);
+uint64_t ops_grid_bytes(const struct wb_route_table *t, uint32_t grid);
+int ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint32_t member,
+                      const void *packed);
+uint64_t ops_scratch_need(const struct wb_route_table *t);
+
+#endif /* WB_AGENT_XFER_H */

@@ -1,0 +1,316 @@
+/* wb-ctl — the client of a running controller: trigger a transfer, show status, show the plan,
+ * shut the job down. This is what an RL loop calls after each optimizer step. */
+#include "controller/controller.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: wb-ctl [options] transfer --version N | status | plan | shutdown\n"
+               "       wb-ctl verify --config JOB --dump DIR --version N\n"
+               "\n"
+               "  transfer --version N   run transfer N; prints per-GPU bytes, per-stage and\n"
+               "                         total times; exit 1 with the reason when it fails\n"
+               "  status                 controller state and every agent (rollouts: complete\n"
+               "                         version and whether an update is in flight)\n"
+               "  plan                   the plan summary\n"
+               "  shutdown               stop the agents and the controller\n"
+               "  verify                 check every rollout's dump of version N (wb-agent\n"
+               "                         --dump DIR) against the reference computed from the\n"
+               "                         job's model: synthetic source, fusion, quant CPU\n"
+               "                         reference, rollout boxes; needs no controller\n"
+               "\n"
+               "  -c, --controller URL   default tcp://127.0.0.1:7420\n"
+               "  -t, --token TOKEN      default $WB_TOKEN\n"
+               "      --timeout DURATION how long to wait for the answer (default 120s)\n"
+               "      --config JOB       verify: the job file\n"
+               "      --dump DIR         verify: the rollouts' dump directory\n"
+               "  -h, --help             this text\n");
+}
+
+static double ms(uint64_t ns)
+{
+    return (double)ns / 1e6;
+}
+
+static int print_result(const struct wb_msg *m)
+{
+    uint64_t version = 0, total = 0;
+    wb_msg_u64(m, "version", &version);
+    wb_msg_u64(m, "total_ns", &total);
+    struct wb_mpr r = wb_msg_get(m, "trainers");
+    uint32_t n = 0;
+    if (wb_mpr_array(&r, 1u << 20, &n))
+        return -EBADMSG;
+    printf("transfer %" PRIu64 ": complete in %.3f ms\n", version, ms(total));
+    printf("%-8s %12s %7s %6s %10s", "trainer", "bytes", "writes", "tasks", "peak_tmp");
+    for (int s = 0; s < WB_STAGE_COUNT; s++)
+        printf(" %8s", wb_stage_name(s));
+    printf(" %9s %10s %6s\n", "total_ms", "mem_cap", "queued");
+    struct wb_xfer_stats sum = {0};
+    for (uint32_t i = 0; i < n; i++) {
+        struct wb_xfer_stats s;
+        if (wb_xfer_stats_get(&r, &s))
+            return -EBADMSG;
+        printf("%-8u %12" PRIu64 " %7" PRIu64 " %6" PRIu64 " %10" PRIu64, s.rank, s.bytes, s.writes,
+               s.tasks, s.peak_tmp);
+        for (int k = 0; k < WB_STAGE_COUNT; k++) {
+            printf(" %8.3f", ms(s.stage_ns[k]));
+            sum.stage_ns[k] += s.stage_ns[k];
+        }
+        printf(" %9.3f %10" PRIu64 " %6" PRIu64 "\n", ms(s.total_ns), s.cap, s.mem_waits);
+        sum.bytes += s.bytes;
+        sum.mem_waits += s.mem_waits;
+        sum.cap = s.cap > sum.cap ? s.cap : sum.cap;
+        sum.writes += s.writes;
+        sum.tasks += s.tasks;
+        if (s.total_ns > sum.total_ns)
+            sum.total_ns = s.total_ns;
+        if (s.peak_tmp > sum.peak_tmp)
+            sum.peak_tmp = s.peak_tmp;
+    }
+    printf("%-8s %12" PRIu64 " %7" PRIu64 " %6" PRIu64 " %10" PRIu64, "all", sum.bytes, sum.writes,
+           sum.tasks, sum.peak_tmp);
+    for (int k = 0; k < WB_STAGE_COUNT; k++)
+        printf(" %8.3f", ms(sum.stage_ns[k]));
+    printf(" %9.3f %10" PRIu64 " %6" PRIu64 "\n", ms(sum.total_ns), sum.cap, sum.mem_waits);
+    r = wb_msg_get(m, "rollout_bytes");
+    if (wb_mpr_array(&r, 1u << 20, &n) == 0)
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t b = 0;
+            wb_mpr_u64(&r, &b);
+            printf("rollout %u: %" PRIu64 " bytes received\n", i, b);
+        }
+    return 0;
+}
+
+static int print_status(const struct wb_msg *m)
+{
+    char job[128] = "", state[32] = "";
+    uint64_t gen = 0, version = 0, in_flight = 0;
+    wb_msg_str(m, "job", job, sizeof(job));
+    wb_msg_str(m, "state", state, sizeof(state));
+    wb_msg_u64(m, "gen", &gen);
+    wb_msg_u64(m, "version", &version);
+    wb_msg_u64(m, "in_flight", &in_flight);
+    printf("job %s: %s (gen %" PRIu64 "), version %" PRIu64 ", in flight: ", job, state, gen,
+           version);
+    if (in_flight)
+        printf("%" PRIu64 "\n", in_flight);
+    else
+        printf("none\n");
+    struct wb_mpr r = wb_msg_get(m, "agents");
+    uint32_t n = 0;
+    if (wb_mpr_array(&r, 1u << 20, &n))
+        return -EBADMSG;
+    printf("%-8s %5s %-7s %-16s %8s %6s %8s %9s %8s\n", "role", "rank", "state", "host", "pid",
+           "device", "version", "in_flight", "seen_ms");
+    for (uint32_t i = 0; i < n; i++) {
+        struct wb_msg am;
+        if (wb_msg_index(&r, &am))
+            return -EBADMSG;
+        char role[16] = "", st[16] = "", host[64] = "";
+        uint64_t rank = 0, pid = 0, v = 0, seen = 0;
+        int64_t dev = -1;
+        bool fl = false;
+        wb_msg_str(&am, "role", role, sizeof(role));
+        wb_msg_str(&am, "state", st, sizeof(st));
+        wb_msg_str(&am, "host", host, sizeof(host));
+        wb_msg_u64(&am, "rank", &rank);
+        wb_msg_u64(&am, "pid", &pid);
+        wb_msg_i64(&am, "device", &dev);
+        wb_msg_u64(&am, "version", &v);
+        wb_msg_bool(&am, "in_flight", &fl);
+        wb_msg_u64(&am, "seen_ms", &seen);
+        printf("%-8s %5" PRIu64 " %-7s %-16s %8" PRIu64 " %6" PRId64, role, rank, st, host, pid,
+               dev);
+        if (strcmp(role, "rollout") == 0)
+            printf(" %8" PRIu64 " %9s", v, fl ? "yes" : "no");
+        else
+            printf(" %8s %9s", "-", "-");
+        printf(" %8" PRIu64 "\n", seen);
+    }
+    return 0;
+}
+
+static int call(const char *url, const char *token, uint64_t timeout, struct wb_mpw *req)
+{
+    struct wb_chan ch;
+    void *buf = NULL;
+    size_t len = 0;
+    int err = wb_chan_open(&ch, url);
+    if (err) {
+        fprintf(stderr, "wb-ctl: %s: %s\n", url, wb_strerror(err));
+        return 1;
+    }
+    err = wb_chan_call(&ch, req, timeout, &buf, &len);
+    if (err) {
+        fprintf(stderr, "wb-ctl: controller %s: %s\n", url,
+                err == -ETIMEDOUT ? "no answer (timed out)" : wb_strerror(err));
+        wb_chan_close(&ch);
+        return 1;
+    }
+    struct wb_msg m;
+    const char *why = "";
+    int rc = 1;
+    if (wb_msg_open(buf, len, NULL, &m, &why) == 0 && m.type == WB_MSG_ERROR) {
+        char msg[1024] = "";
+        wb_msg_str(&m, "msg", msg, sizeof(msg));
+        fprintf(stderr, "wb-ctl: %s\n", msg);
+    } else if (wb_msg_open(buf, len, token, &m, &why)) {
+        fprintf(stderr, "wb-ctl: reply from %s: %s\n", url, why);
+    } else if (m.type == WB_MSG_RESULT) {
+        rc = print_result(&m) ? 1 : 0;
+    } else if (m.type == WB_MSG_STATUS) {
+        rc = print_status(&m) ? 1 : 0;
+    } else if (m.type == WB_MSG_PLAN_INFO) {
+        char *text = malloc(1 << 20);
+        if (text && wb_msg_str(&m, "summary", text, 1 << 20) == 0) {
+            fputs(text, stdout);
+            rc = 0;
+        }
+        free(text);
+    } else if (m.type == WB_MSG_OK) {
+        rc = 0;
+    }
+    wb_chan_free(buf);
+    wb_chan_close(&ch);
+    return rc;
+}
+
+/* verify: every rollout's dump of `version` against the reference. */
+static int verify(const char *config, const char *dump, uint64_t version)
+{
+    if (!config || !dump || !version) {
+        fprintf(stderr, "wb-ctl: verify needs --config JOB, --dump DIR and --version N\n");
+        return 2;
+    }
+    if (!getenv("WB_TOKEN"))
+        setenv("WB_TOKEN", "unused-by-verify", 0); /* the job loader insists on one */
+    struct wb_errlist el;
+    struct wb_job job;
+    struct wb_ref *ref = NULL;
+    wb_errlist_init(&el);
+    int err = wb_job_load(config, &job, &el);
+    if (!err) {
+        err = wb_ref_load(&job, &ref, &el);
+        wb_job_free(&job);
+    }
+    if (err) {
+        wb_errlist_print(&el, "wb-ctl: ", stderr);
+        wb_errlist_free(&el);
+        return 1;
+    }
+    wb_errlist_free(&el);
+    int rc = 0;
+    uint64_t total = 0;
+    for (uint32_t r = 0; r < wb_ref_nrollouts(ref); r++) {
+        char path[4096], msg[512];
+        uint64_t bytes = 0;
+        snprintf(path, sizeof(path), "%s/rollout%u.v%" PRIu64 ".bin", dump, r, version);
+        if (wb_ref_check_dump(ref, r, version, path, msg, sizeof(msg), &bytes)) {
+            fprintf(stderr, "wb-ctl: verify: %s\n", msg);
+            rc = 1;
+        } else {
+            total += bytes;
+        }
+    }
+    if (!rc)
+        printf("verify version %" PRIu64 ": %u rollouts, %" PRIu64
+               " bytes, every byte equals the reference\n",
+               version, wb_ref_nrollouts(ref), total);
+    wb_ref_free(ref);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option lo[] = {{"controller", required_argument, 0, 'c'},
+                                       {"token", required_argument, 0, 't'},
+                                       {"timeout", required_argument, 0, 'T'},
+                                       {"version", required_argument, 0, 'v'},
+                                       {"config", required_argument, 0, 'J'},
+                                       {"dump", required_argument, 0, 'U'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0}};
+    const char *url = "tcp://127.0.0.1:7420", *token = getenv("WB_TOKEN");
+    const char *config = NULL, *dump = NULL;
+    uint64_t timeout = 120ull * 1000000000, version = 0;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "c:t:v:h", lo, NULL)) != -1) {
+        switch (ch) {
+        case 'c':
+            url = optarg;
+            break;
+        case 't':
+            token = optarg;
+            break;
+        case 'T':
+            if (wb_parse_duration(optarg, &timeout)) {
+                fprintf(stderr, "wb-ctl: --timeout: expected a duration, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'v':
+            if (wb_parse_u64(optarg, &version) || version == 0) {
+                fprintf(stderr, "wb-ctl: --version: expected a positive integer, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'J':
+            config = optarg;
+            break;
+        case 'U':
+            dump = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[optind], "verify") == 0)
+        return verify(config, dump, version);
+    if (!token || !*token) {
+        fprintf(stderr, "wb-ctl: no cluster token: give --token or set $WB_TOKEN\n");
+        return 2;
+    }
+    const char *cmd = argv[optind];
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    if (strcmp(cmd, "transfer") == 0) {
+        if (!version) {
+            fprintf(stderr, "wb-ctl: transfer needs --version N\n");
+            return 2;
+        }
+        wb_msg_begin(&w, WB_MSG_CTL_TRANSFER, token, 2);
+        wb_msg_ku64(&w, "version", version);
+        wb_msg_ku64(&w, "timeout_ns", timeout);
+        timeout += 5ull * 1000000000; /* the controller's own failure report comes first */
+    } else if (strcmp(cmd, "status") == 0) {
+        wb_msg_begin(&w, WB_MSG_CTL_STATUS, token, 0);
+    } else if (strcmp(cmd, "plan") == 0) {
+        wb_msg_begin(&w, WB_MSG_CTL_PLAN, token, 0);
+    } else if (strcmp(cmd, "shutdown") == 0) {
+        wb_msg_begin(&w, WB_MSG_CTL_SHUTDOWN, token, 0);
+    } else {
+        fprintf(stderr, "wb-ctl: unknown command '%s'\n", cmd);
+        usage(stderr);
+        return 2;
+    }
+    int rc = call(url, token, timeout, &w);
+    wb_mpw_free(&w);
+    return rc;
+}

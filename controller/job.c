@@ -1,0 +1,164 @@
+/* job.c — the job file: one table of documented rows (common's table-driven loader) saying
+ * which model and layouts to plan, how the control plane times out, and how agents execute.
+ * `wb-controller --dump-config` prints the same rows, so the docs never drift from the code. */
+#include "controller/controller.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const mode_choices[] = {"auto", "direct", "amax", "gather", NULL};
+
+static const struct wb_cfg_field model_fields[] = {
+    {"rules", WB_CFG_STR, "", "model rules YAML (configs/models/...)",
+     offsetof(struct wb_job, model.rules) - offsetof(struct wb_job, model)},
+    {"hf_config", WB_CFG_STR, "",
+     "Hugging Face config.json: inventories generated from it and the rules' family entries",
+     offsetof(struct wb_job, model.hf_config) - offsetof(struct wb_job, model)},
+    {"trainer_inventory", WB_CFG_STR, "", "trainer parameters: YAML/JSON name -> dtype, shape",
+     offsetof(struct wb_job, model.trainer_inventory) - offsetof(struct wb_job, model)},
+    {"rollout_inventory", WB_CFG_STR, "", "rollout parameters: YAML/JSON name -> dtype, shape",
+     offsetof(struct wb_job, model.rollout_inventory) - offsetof(struct wb_job, model)},
+    {0},
+};
+
+const struct wb_cfg_field wb_job_fields[] = {
+    {"name", WB_CFG_STR, "job", "job name, shown in status and traces",
+     offsetof(struct wb_job, name)},
+    {"listen", WB_CFG_STR, "tcp://127.0.0.1:7420", "nng URL the controller listens on",
+     offsetof(struct wb_job, listen)},
+    {"token", WB_CFG_STR, "", "cluster token every message carries (empty: $WB_TOKEN)",
+     offsetof(struct wb_job, token)},
+    {"model", WB_CFG_SECTION, "", "what moves: rules and the two inventories",
+     offsetof(struct wb_job, model), NULL, model_fields},
+    {"trainer_layout", WB_CFG_STR, "", "trainer cluster layout YAML (configs/clusters/...)",
+     offsetof(struct wb_job, trainer_layout)},
+    {"rollout_layout", WB_CFG_STR, "", "rollout cluster layout YAML",
+     offsetof(struct wb_job, rollout_layout)},
+    {"mode", WB_CFG_ENUM, "auto", "how pieces are produced", offsetof(struct wb_job, mode),
+     mode_choices},
+    {"mem_cap", WB_CFG_SIZE, "1GiB", "temporary-memory cap of each trainer's executor",
+     offsetof(struct wb_job, mem_cap)},
+    {"seed", WB_CFG_U64, "1", "seed of the synthetic parameter source",
+     offsetof(struct wb_job, seed)},
+    {"provider", WB_CFG_STR, "tcp", "transport provider agents use (tcp, shm, cuda_ipc, ...)",
+     offsetof(struct wb_job, provider)},
+    {"heartbeat", WB_CFG_DURATION, "200ms", "agents send a heartbeat this often",
+     offsetof(struct wb_job, heartbeat_ns)},
+    {"dead_after", WB_CFG_DURATION, "1500ms",
+     "an agent silent this long is dead (its transfer fails)", offsetof(struct wb_job, dead_ns)},
+    {"transfer_timeout", WB_CFG_DURATION, "60s", "a transfer not done by then fails",
+     offsetof(struct wb_job, transfer_ns)},
+    {"poll_hold", WB_CFG_DURATION, "500ms", "how long the controller holds an idle agent poll",
+     offsetof(struct wb_job, poll_hold_ns)},
+    {"trainers", WB_CFG_U64, "0", "trainer agents expected (0: from trainer_layout)",
+     offsetof(struct wb_job, trainers)},
+    {"rollouts", WB_CFG_U64, "0", "rollout agents expected (0: from rollout_layout)",
+     offsetof(struct wb_job, rollouts)},
+    {"trace", WB_CFG_STR, "", "directory for Chrome trace JSON per agent (empty: none)",
+     offsetof(struct wb_job, trace)},
+    {0},
+};
+
+/* A relative path in the job file is relative to the file's directory. */
+static int resolve(char **p, const char *dir)
+{
+    if (!*p || !**p || (*p)[0] == '/')
+        return 0;
+    size_t n = strlen(dir) + strlen(*p) + 2;
+    char *s = malloc(n);
+    if (!s)
+        return -ENOMEM;
+    snprintf(s, n, "%s/%s", dir, *p);
+    free(*p);
+    *p = s;
+    return 0;
+}
+
+int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
+{
+    struct wb_yaml *y;
+    struct wb_job j;
+    memset(&j, 0, sizeof(j));
+    int err = wb_yaml_load(path, el, &y);
+    if (err)
+        return err;
+    err = wb_cfg_parse(y, wb_yaml_root(y), wb_job_fields, &j, el);
+    if (err)
+        goto err_free;
+    char *dup = strdup(path);
+    if (!dup) {
+        err = -ENOMEM;
+        goto err_free;
+    }
+    const char *dir = dirname(dup);
+    err = resolve(&j.model.rules, dir);
+    err = err ? err : resolve(&j.model.hf_config, dir);
+    err = err ? err : resolve(&j.model.trainer_inventory, dir);
+    err = err ? err : resolve(&j.model.rollout_inventory, dir);
+    err = err ? err : resolve(&j.trainer_layout, dir);
+    err = err ? err : resolve(&j.rollout_layout, dir);
+    err = err ? err : resolve(&j.trace, dir);
+    free(dup);
+    if (err)
+        goto err_free;
+    if (!*j.token) {
+        const char *env = getenv("WB_TOKEN");
+        if (!env || !*env) {
+            wb_errlist_add(el, "%s: token: no cluster token (set token: in the file or $WB_TOKEN)",
+                           path);
+            err = -WB_E_CONFIG;
+            goto err_free;
+        }
+        free(j.token);
+        j.token = strdup(env);
+        if (!j.token) {
+            err = -ENOMEM;
+            goto err_free;
+        }
+    }
+    /* Either a whole model (rules, inventories, layouts) or none: a job without a model runs
+     * the control plane alone with the agent counts given by trainers:/rollouts:. */
+    static const char *const need[] = {"model.rules", "model.trainer_inventory",
+                                       "model.rollout_inventory", "trainer_layout",
+                                       "rollout_layout"};
+    const char *gen = *j.model.hf_config ? "(from hf_config)" : "";
+    const char *have[] = {j.model.rules, *gen ? gen : j.model.trainer_inventory,
+                          *gen ? gen : j.model.rollout_inventory, j.trainer_layout,
+                          j.rollout_layout};
+    bool any = false;
+    for (size_t i = 0; i < WB_ARRAY_LEN(need); i++)
+        any |= *have[i] != 0;
+    for (size_t i = 0; any && i < WB_ARRAY_LEN(need); i++)
+        if (!*have[i]) {
+            wb_errlist_add(el,
+                           "%s: %s: required key missing (a model needs all of %s, %s, %s, "
+                           "%s and %s)",
+                           path, need[i], need[0], need[1], need[2], need[3], need[4]);
+            err = -WB_E_CONFIG;
+        }
+    if (!any && (j.trainers == 0 || j.rollouts == 0)) {
+        wb_errlist_add(el, "%s: trainers, rollouts: a job without a model needs both counts", path);
+        err = -WB_E_CONFIG;
+    }
+    if (j.heartbeat_ns == 0 || j.dead_ns <= j.heartbeat_ns) {
+        wb_errlist_add(el, "%s: dead_after: must be longer than heartbeat", path);
+        err = -WB_E_CONFIG;
+    }
+    if (err)
+        goto err_free;
+    wb_yaml_free(y);
+    *job = j;
+    return 0;
+
+err_free:
+    wb_cfg_free(wb_job_fields, &j);
+    wb_yaml_free(y);
+    return err;
+}
+
+void wb_job_free(struct wb_job *job)
+{
+    wb_cfg_free(wb_job_fields, job);
+}

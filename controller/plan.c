@@ -1,0 +1,217 @@
+/* plan.c — builds the controller's plan from the job file: without a model, the control plane
+ * alone (agents register, heartbeat, and run empty transfers); with a model, matcher + planner
+ * produce one routing table per trainer and one receive list per rollout, encoded once here so
+ * that handing them out later is a copy. */
+#include "controller/ctl.h"
+#include "matcher/matcher.h"
+#include "planner/planner.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int plan_empty(const struct wb_job *job, struct ctl_plan *p)
+{
+    p->ntrainers = (uint32_t)job->trainers;
+    p->nrollouts = (uint32_t)job->rollouts;
+    p->table = calloc(p->ntrainers, sizeof(*p->table));
+    p->shards = calloc(p->ntrainers, sizeof(*p->shards));
+    p->recv = calloc(p->nrollouts, sizeof(*p->recv));
+    p->expect_bytes = calloc(p->nrollouts, sizeof(*p->expect_bytes));
+    char text[256];
+    snprintf(text, sizeof(text),
+             "job %s: no model (control plane only): %u trainers, %u rollouts, 0 bytes\n",
+             job->name, p->ntrainers, p->nrollouts);
+    p->summary = strdup(text);
+    if (!p->table || !p->shards || !p->recv || !p->expect_bytes || !p->summary)
+        return -ENOMEM;
+    return 0;
+}
+
+static int blob_from(struct ctl_blob *b, struct wb_mpw *w)
+{
+    int err = wb_mpw_finish(w);
+    if (err) {
+        wb_mpw_free(w);
+        return err;
+    }
+    b->buf = w->buf;
+    b->len = w->len;
+    return 0; /* the writer's buffer now belongs to the blob */
+}
+
+/* Per trainer rank: the shards it holds of every trainer tensor the match uses, as an array
+ * of wb_tensor_meta (the synthetic source materializes exactly these). */
+static int encode_shards(const struct wb_job *job, struct ctl_plan *p,
+                         const struct wb_inventory *ti, const struct wb_match *mt,
+                         const struct wb_trainer_layout *tl, struct wb_errlist *el)
+{
+    bool *used = calloc(ti->n ? ti->n : 1, sizeof(bool));
+    uint32_t *count = calloc(p->ntrainers, sizeof(uint32_t));
+    struct wb_owner **own = calloc(ti->n ? ti->n : 1, sizeof(*own));
+    uint32_t *nown = calloc(ti->n ? ti->n : 1, sizeof(uint32_t));
+    struct wb_mpw *w = calloc(p->ntrainers, sizeof(*w));
+    int err = (!used || !count || !own || !nown || !w) ? -ENOMEM : 0;
+    for (size_t m = 0; !err && m < mt->n; m++)
+        for (uint32_t c = 0; c < mt->map[m].ncomp; c++)
+            used[mt->map[m].comp[c].trainer] = true;
+    for (size_t t = 0; !err && t < ti->n; t++) {
+        if (!used[t])
+            continue;
+        err = wb_trainer_owners(tl, ti, (uint32_t)t, &own[t], &nown[t], el);
+        for (uint32_t k = 0; !err && k < nown[t]; k++)
+            if (own[t][k].rank < p->ntrainers)
+                count[own[t][k].rank]++;
+    }
+    for (uint32_t r = 0; !err && r < p->ntrainers; r++) {
+        wb_mpw_init(&w[r]);
+        wb_mpw_array(&w[r], count[r]);
+    }
+    for (size_t t = 0; !err && t < ti->n; t++)
+        for (uint32_t k = 0; used[t] && k < nown[t]; k++) {
+            uint32_t r = own[t][k].rank;
+            if (r >= p->ntrainers)
+                continue;
+            struct wb_tensor_meta tm = {
+                .dtype = ti->p[t].dtype, .shape = ti->p[t].shape, .box = own[t][k].box};
+            snprintf(tm.name, sizeof(tm.name), "%s", ti->p[t].name);
+            wb_mpw_array(&w[r], 2); /* [trainer tensor index, meta] */
+            wb_mpw_u64(&w[r], t);
+            wb_wire_put_tensor_meta(&w[r], &tm);
+        }
+    for (uint32_t r = 0; !err && r < p->ntrainers; r++)
+        err = blob_from(&p->shards[r], &w[r]);
+    (void)job;
+    for (size_t t = 0; own && t < ti->n; t++)
+        free(own[t]);
+    free(own);
+    free(nown);
+    free(used);
+    free(count);
+    free(w);
+    return err;
+}
+
+static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_errlist *el)
+{
+    struct wb_match_rules *rules = NULL;
+    struct wb_inventory ti, ri;
+    struct wb_match *mt = NULL;
+    struct wb_trainer_layout tl;
+    struct wb_rollout_layout rl;
+    struct wb_plan *plan = NULL;
+    memset(&tl, 0, sizeof(tl));
+    memset(&rl, 0, sizeof(rl));
+    wb_inv_init(&ti);
+    wb_inv_init(&ri);
+    int err = wb_match_rules_load(job->model.rules, &rules, el);
+    if (!err && *job->model.hf_config)
+        err = wb_match_rules_bind_config(rules, job->model.hf_config, el);
+    if (!err && *job->model.hf_config) {
+        err = wb_inv_generate(job->model.rules, job->model.hf_config, "trainer", &ti, el);
+        err =
+            err ? err : wb_inv_generate(job->model.rules, job->model.hf_config, "rollout", &ri, el);
+    } else if (!err) {
+        err = wb_inv_load_file(job->model.trainer_inventory, &ti, el);
+        err = err ? err : wb_inv_load_file(job->model.rollout_inventory, &ri, el);
+    }
+    err = err ? err : wb_match_run(rules, &ti, &ri, &mt, el);
+    err = err ? err : wb_trainer_layout_load(job->trainer_layout, &tl, el);
+    err = err ? err : wb_rollout_layout_load(job->rollout_layout, &rl, el);
+    err = err ? err : wb_layout_check(&tl, &rl, el);
+    struct wb_plan_input in = {&ti, &ri, mt, &tl, &rl};
+    struct wb_plan_opts opts = {(enum wb_plan_mode)job->mode, job->mem_cap};
+    err = err ? err : wb_plan_build(&in, &opts, &plan, el);
+    if (err)
+        goto out;
+    if ((job->trainers && job->trainers != plan->ntrainers) ||
+        (job->rollouts && job->rollouts != plan->nrollouts)) {
+        wb_errlist_add(el, "job: trainers %llu, rollouts %llu disagree with the layouts (%u, %u)",
+                       (unsigned long long)job->trainers, (unsigned long long)job->rollouts,
+                       plan->ntrainers, plan->nrollouts);
+        err = -WB_E_CONFIG;
+        goto out;
+    }
+    p->ntrainers = plan->ntrainers;
+    p->nrollouts = plan->nrollouts;
+    p->table = calloc(p->ntrainers, sizeof(*p->table));
+    p->shards = calloc(p->ntrainers, sizeof(*p->shards));
+    p->recv = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->recv));
+    p->expect_bytes = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->expect_bytes));
+    if (!p->table || !p->shards || !p->recv || !p->expect_bytes) {
+        err = -ENOMEM;
+        goto out;
+    }
+    for (uint32_t r = 0; !err && r < p->ntrainers; r++) {
+        struct wb_mpw w;
+        wb_mpw_init(&w);
+        wb_route_table_encode(&w, &plan->tables[r]);
+        err = blob_from(&p->table[r], &w);
+    }
+    for (uint32_t r = 0; !err && r < p->nrollouts; r++) {
+        struct wb_mpw w;
+        wb_mpw_init(&w);
+        wb_recv_list_encode(&w, &plan->recv[r]);
+        err = blob_from(&p->recv[r], &w);
+        p->expect_bytes[r] = plan->recv[r].recv_bytes;
+    }
+    err = err ? err : encode_shards(job, p, &ti, mt, &tl, el);
+    if (!err) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        if (!f) {
+            err = -ENOMEM;
+            goto out;
+        }
+        fprintf(f, "job %s: mode %s, mem_cap %llu bytes\n", job->name,
+                wb_plan_mode_name((enum wb_plan_mode)job->mode), (unsigned long long)job->mem_cap);
+        wb_plan_print_summary(plan, &in, f);
+        fclose(f);
+        p->summary = text;
+    }
+out:
+    wb_plan_free(plan);
+    wb_rollout_layout_free(&rl);
+    wb_trainer_layout_free(&tl);
+    wb_match_free(mt);
+    wb_inv_free(&ri);
+    wb_inv_free(&ti);
+    wb_match_rules_free(rules);
+    return err;
+}
+
+int ctl_plan_build(const struct wb_job *job, struct ctl_plan *out, struct wb_errlist *el)
+{
+    struct ctl_plan p;
+    memset(&p, 0, sizeof(p));
+    int err;
+    if (!*job->model.rules) {
+        err = plan_empty(job, &p);
+    } else {
+        err = plan_model(job, &p, el);
+    }
+    if (err) {
+        ctl_plan_free(&p);
+        return err;
+    }
+    *out = p;
+    return 0;
+}
+
+void ctl_plan_free(struct ctl_plan *p)
+{
+    for (uint32_t i = 0; p->table && i < p->ntrainers; i++) {
+        free(p->table[i].buf);
+        free(p->shards[i].buf);
+    }
+    for (uint32_t i = 0; p->recv && i < p->nrollouts; i++)
+        free(p->recv[i].buf);
+    free(p->table);
+    free(p->shards);
+    free(p->recv);
+    free(p->expect_bytes);
+    free(p->summary);
+    memset(p, 0, sizeof(*p));
+}

@@ -1,0 +1,320 @@
+/* verify.c — the independent reference a transfer is checked against: what every byte of a
+ * rollout rank's tensors must be after version N, computed without the planner or the executor.
+ *
+ * For each mapping of the match (matcher/): regenerate each component's trainer values from
+ * the synthetic source (agent/: deterministic per name, seed and version), place them in the
+ * global rollout tensor (fusion, stacking), transform it whole with quant/'s CPU reference
+ * (copy, cast, or FP8 128x128 block quantization with its scale tensor), then cut out the boxes
+ * the rollout rank holds (wb_mapping_local()). The result is compared with the file a rollout
+ * agent writes after each complete version (wb-agent --dump). */
+#include "agent/agent.h"
+#include "controller/controller.h"
+#include "matcher/matcher.h"
+#include "planner/planner.h"
+#include "quant/quant.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct wb_ref {
+    uint64_t seed;
+    struct wb_match_rules *rules;
+    struct wb_inventory ti, ri;
+    struct wb_match *mt;
+    struct wb_rollout_layout rl;
+};
+
+int wb_ref_load(const struct wb_job *job, struct wb_ref **out, struct wb_errlist *el)
+{
+    struct wb_ref *f = calloc(1, sizeof(*f));
+    if (!f)
+        return -ENOMEM;
+    wb_inv_init(&f->ti);
+    wb_inv_init(&f->ri);
+    f->seed = job->seed;
+    int err = *job->model.rules ? 0 : -EINVAL;
+    if (err)
+        wb_errlist_add(el, "job %s: no model: nothing to verify", job->name);
+    err = err ? err : wb_match_rules_load(job->model.rules, &f->rules, el);
+    if (!err && *job->model.hf_config) {
+        err = wb_match_rules_bind_config(f->rules, job->model.hf_config, el);
+        err = err ? err
+                  : wb_inv_generate(job->model.rules, job->model.hf_config, "trainer", &f->ti, el);
+        err = err ? err
+                  : wb_inv_generate(job->model.rules, job->model.hf_config, "rollout", &f->ri, el);
+    } else if (!err) {
+        err = wb_inv_load_file(job->model.trainer_inventory, &f->ti, el);
+        err = err ? err : wb_inv_load_file(job->model.rollout_inventory, &f->ri, el);
+    }
+    err = err ? err : wb_match_run(f->rules, &f->ti, &f->ri, &f->mt, el);
+    err = err ? err : wb_rollout_layout_load(job->rollout_layout, &f->rl, el);
+    if (err) {
+        wb_ref_free(f);
+        return err;
+    }
+    *out = f;
+    return 0;
+}
+
+void wb_ref_free(struct wb_ref *f)
+{
+    if (!f)
+        return;
+    wb_rollout_layout_free(&f->rl);
+    wb_match_free(f->mt);
+    wb_inv_free(&f->ri);
+    wb_inv_free(&f->ti);
+    wb_match_rules_free(f->rules);
+    free(f);
+}
+
+uint32_t wb_ref_nrollouts(const struct wb_ref *f)
+{
+    return f->rl.replicas * f->rl.gpus_per_replica;
+}
+
+/* One expected local tensor. */
+struct expect {
+    uint32_t tensor;
+    uint64_t bytes;
+    uint8_t *buf;
+};
+
+/* The global rollout tensor of mapping m at `version`, transformed: values (dst dtype) and, for
+ * FP8, the scale tensor. */
+static int global_values(const struct wb_ref *f, const struct wb_mapping *m, uint64_t version,
+                         uint8_t **vals, float **scales, char *msg, size_t cap)
+{
+    const struct wb_param *rp = &f->ri.p[m->rollout];
+    uint64_t n = wb_shape_numel(&rp->shape);
+    size_t es = wb_dtype_size(m->src_dtype);
+    uint8_t *g = calloc(n ? n : 1, es), *part = NULL;
+    uint8_t *v = NULL;
+    float *s = NULL;
+    int rc = g ? 0 : -ENOMEM;
+    for (uint32_t c = 0; !rc && c < m->ncomp; c++) {
+        const struct wb_component *cp = &m->comp[c];
+        const struct wb_param *tp = &f->ti.p[cp->trainer];
+        if (cp->trainer_scale >= 0) {
+            snprintf(msg, cap, "%s: FP8 trainer checkpoints are not covered by the reference",
+                     rp->name);
+            rc = -ENOTSUP;
+            break;
+        }
+        free(part);
+        part = malloc(wb_box_numel(&cp->src) * es + 1);
+        rc = part ? wb_synth_fill(tp->name, f->seed, version, tp->dtype, &tp->shape, &cp->src, part)
+                  : -ENOMEM;
+        if (!rc)
+            rc = wb_quant_unpack(&(struct wb_quant_exec){WB_QUANT_HOST, NULL}, m->src_dtype,
+                                 &rp->shape, &cp->dst, part, g);
+        if (rc && !*msg)
+            snprintf(msg, cap, "%s: component %s: %s", rp->name, tp->name, wb_strerror(rc));
+    }
+    free(part);
+    const struct wb_quant_exec host = {WB_QUANT_HOST, NULL};
+    if (!rc && m->xform == WB_XFORM_FP8_BLOCK) {
+        uint32_t nd = rp->shape.ndim;
+        uint64_t rows = nd >= 2 ? rp->shape.dim[nd - 2] : 1, cols = rp->shape.dim[nd - 1];
+        uint64_t lead = (rows && cols) ? n / (rows * cols) : 0;
+        uint64_t gs = wb_quant_blocks(rows) * wb_quant_blocks(cols);
+        v = malloc(n ? n : 1);
+        s = malloc(((lead && gs) ? lead * gs : 1) * sizeof(float));
+        rc = v && s ? 0 : -ENOMEM;
+        for (uint64_t l = 0; !rc && l < lead; l++)
+            rc = wb_quant_fp8_block(&host, m->src_dtype, g + l * rows * cols * es, rows, cols,
+                                    v + l * rows * cols, s + l * gs);
+    } else if (!rc && m->xform == WB_XFORM_CAST) {
+        v = malloc((n ? n : 1) * wb_dtype_size(m->dst_dtype));
+        rc = v ? wb_quant_cast(&host, m->src_dtype, g, m->dst_dtype, v, n) : -ENOMEM;
+    } else if (!rc) {
+        v = g;
+        g = NULL;
+    }
+    free(g);
+    if (rc) {
+        free(v);
+        free(s);
+        if (!*msg)
+            snprintf(msg, cap, "%s: %s", rp->name, wb_strerror(rc));
+        return rc;
+    }
+    *vals = v;
+    *scales = s;
+    return 0;
+}
+
+/* Box `src` of the tensor (shape gs) at g into box `dst` of the tensor (shape ls) at l. */
+static int move_box(enum wb_dtype dt, const struct wb_shape *gs, const struct wb_box *src,
+                    const void *g, const struct wb_shape *ls, const struct wb_box *dst, void *l)
+{
+    const struct wb_quant_exec host = {WB_QUANT_HOST, NULL};
+    void *tmp = malloc(wb_box_numel(src) * wb_dtype_size(dt) + 1);
+    if (!tmp)
+        return -ENOMEM;
+    int rc = wb_quant_pack(&host, dt, gs, src, g, tmp);
+    rc = rc ? rc : wb_quant_unpack(&host, dt, ls, dst, tmp, l);
+    free(tmp);
+    return rc;
+}
+
+static struct wb_shape scale_shape(const struct wb_shape *v, uint32_t block)
+{
+    struct wb_shape s = *v;
+    for (uint32_t i = s.ndim >= 2 ? s.ndim - 2 : 0; i < s.ndim; i++)
+        s.dim[i] = (s.dim[i] + block - 1) / block;
+    return s;
+}
+
+/* Every local tensor rollout rank `rank` holds at `version`. */
+static int expected(const struct wb_ref *f, uint32_t rank, uint64_t version, struct expect **out,
+                    uint32_t *nout, char *msg, size_t cap)
+{
+    const struct wb_rollout_layout *rl = &f->rl;
+    uint32_t local = rank % rl->gpus_per_replica;
+    uint32_t tp_rank = local % rl->tp, ep_rank = local % rl->ep;
+    struct expect *e = calloc(f->mt->n * 2 + 1, sizeof(*e));
+    uint32_t ne = 0;
+    int rc = e ? 0 : -ENOMEM;
+    for (size_t k = 0; !rc && k < f->mt->n; k++) {
+        const struct wb_mapping *m = &f->mt->map[k];
+        const struct wb_param *rp = &f->ri.p[m->rollout];
+        struct wb_shape ls;
+        struct wb_local_piece pc[WB_MAX_PIECES];
+        uint32_t np = 0;
+        struct wb_errlist el;
+        wb_errlist_init(&el);
+        rc =
+            wb_mapping_local(f->mt, &f->ri, m, tp_rank, rl->tp, ep_rank, rl->ep, &ls, pc, &np, &el);
+        wb_errlist_free(&el);
+        if (rc) {
+            snprintf(msg, cap, "%s: rollout rank %u holds no valid split", rp->name, rank);
+            break;
+        }
+        if (wb_shape_numel(&ls) == 0)
+            continue; /* this rank holds none of it */
+        uint8_t *gv = NULL;
+        float *gsc = NULL;
+        if ((rc = global_values(f, m, version, &gv, &gsc, msg, cap)) != 0)
+            break;
+        struct expect *v = &e[ne++];
+        v->tensor = m->rollout;
+        v->bytes = wb_shape_numel(&ls) * wb_dtype_size(m->dst_dtype);
+        v->buf = calloc(1, v->bytes + 1);
+        rc = v->buf ? 0 : -ENOMEM;
+        for (uint32_t p = 0; !rc && p < np; p++)
+            rc = move_box(m->dst_dtype, &rp->shape, &pc[p].global, gv, &ls, &pc[p].local, v->buf);
+        if (!rc && m->scale >= 0 && gsc) {
+            struct wb_shape gss = scale_shape(&rp->shape, m->block);
+            struct wb_shape lss = scale_shape(&ls, m->block);
+            struct expect *s = &e[ne++];
+            s->tensor = (uint32_t)m->scale;
+            s->bytes = wb_shape_numel(&lss) * sizeof(float);
+            s->buf = calloc(1, s->bytes + 1);
+            rc = s->buf ? 0 : -ENOMEM;
+            for (uint32_t p = 0; !rc && p < np; p++) {
+                struct wb_box gb, lb;
+                rc = wb_scale_box(&pc[p].global, m->block, &gb);
+                rc = rc ? rc : wb_scale_box(&pc[p].local, m->block, &lb);
+                rc = rc ? rc : move_box(WB_DTYPE_FP32, &gss, &gb, gsc, &lss, &lb, s->buf);
+            }
+        }
+        free(gv);
+        free(gsc);
+        if (rc && !*msg)
+            snprintf(msg, cap, "%s: cannot cut rollout rank %u's boxes: %s", rp->name, rank,
+                     wb_strerror(rc));
+    }
+    if (rc) {
+        for (uint32_t i = 0; e && i < ne; i++)
+            free(e[i].buf);
+        free(e);
+        return rc;
+    }
+    *out = e;
+    *nout = ne;
+    return 0;
+}
+
+int wb_ref_check_dump(const struct wb_ref *f, uint32_t rank, uint64_t version, const char *path,
+                      char *msg, size_t cap, uint64_t *bytes)
+{
+    struct expect *e = NULL;
+    uint32_t ne = 0;
+    msg[0] = 0;
+    int rc = expected(f, rank, version, &e, &ne, msg, cap);
+    if (rc)
+        return rc;
+    FILE *fp = fopen(path, "rb");
+    char magic[8];
+    uint32_t n = 0;
+    uint64_t checked = 0;
+    if (!fp) {
+        snprintf(msg, cap, "%s: cannot open", path);
+        rc = -ENOENT;
+        goto out;
+    }
+    if (fread(magic, 1, 8, fp) != 8 || memcmp(magic, "WBDUMP1\n", 8) ||
+        fread(&n, sizeof(n), 1, fp) != 1) {
+        snprintf(msg, cap, "%s: not a rollout dump", path);
+        rc = -EBADMSG;
+        goto out;
+    }
+    uint32_t seen = 0;
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        uint32_t tensor;
+        uint64_t b;
+        if (fread(&tensor, sizeof(tensor), 1, fp) != 1 || fread(&b, sizeof(b), 1, fp) != 1) {
+            snprintf(msg, cap, "%s: truncated", path);
+            rc = -EBADMSG;
+            break;
+        }
+        const struct expect *x = NULL;
+        for (uint32_t k = 0; k < ne; k++)
+            if (e[k].tensor == tensor)
+                x = &e[k];
+        const char *name = tensor < f->ri.n ? f->ri.p[tensor].name : "?";
+        if (!x || x->bytes != b) {
+            snprintf(msg, cap,
+                     "rollout rank %u: %s: holds %" PRIu64 " bytes, the reference %" PRIu64, rank,
+                     name, b, x ? x->bytes : 0);
+            rc = -WB_E_PLAN;
+            break;
+        }
+        uint8_t *got = malloc(b + 1);
+        if (!got || fread(got, 1, b, fp) != b) {
+            free(got);
+            snprintf(msg, cap, "%s: truncated", path);
+            rc = -EBADMSG;
+            break;
+        }
+        for (uint64_t k = 0; k < b; k++)
+            if (got[k] != x->buf[k]) {
+                snprintf(msg, cap,
+                         "rollout rank %u, version %" PRIu64 ": %s: byte %" PRIu64
+                         " is 0x%02x, the reference 0x%02x",
+                         rank, version, name, k, got[k], x->buf[k]);
+                rc = -WB_E_PLAN;
+                break;
+            }
+        free(got);
+        checked += b;
+        seen++;
+    }
+    if (!rc && seen != ne) {
+        snprintf(msg, cap, "rollout rank %u: holds %u tensors, the reference %u", rank, seen, ne);
+        rc = -WB_E_PLAN;
+    }
+out:
+    if (fp)
+        fclose(fp);
+    for (uint32_t i = 0; i < ne; i++)
+        free(e[i].buf);
+    free(e);
+    if (!rc && bytes)
+        *bytes = checked;
+    return rc;
+}

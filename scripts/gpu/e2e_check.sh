@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# e2e_check.sh — the whole job on a GPU machine with two or more GPUs (H100/H200, CUDA 13):
+# builds with CUDA, starts wb-controller, 4 trainer agents on GPU 0 and 2 rollout agents on
+# GPU 1 (the demo model: Qwen3-MoE-shaped, BF16 FSDP 2 x EP 2 -> FP8 TP 2; parameters, TMP
+# arena, inboxes and rollout weights all in GPU memory; fuse/quantize on the CUDA kernels),
+# runs three transfers per configuration, checks every rollout byte against the independent
+# CPU reference (wb-ctl verify) after each, and prints the per-stage and total times.
+#
+# Configurations: cudaipc (CUDA IPC peer copies over NVLink), then fabric/tcp with device
+# memory through the transport's bounce/staging buffers (no GPUDirect). Both in auto mode, the
+# first also in gather mode; then a larger model of the same shape (~0.5 B parameters, 4
+# layers x 16 experts, hidden 2048) over cudaipc for times that mean something (its reference
+# check runs on the last version only: the CPU reference of the whole model takes a while).
+#
+# Usage: scripts/gpu/e2e_check.sh [--keep]   (--keep: leave the logs directory)
+# Assumes the build's libraries are reachable (CPATH/LIBRARY_PATH/LD_LIBRARY_PATH, as
+# scripts/gpu/env.sh sets them). Exits non-zero when a transfer fails or any byte differs;
+# timings never fail it.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+keep=0
+case "${1:-}" in
+--keep) keep=1 ;;
+"") ;;
+-h | --help)
+    sed -n '2,17p' "$0"
+    exit 0
+    ;;
+*)
+    echo "usage: scripts/gpu/e2e_check.sh [--keep]" >&2
+    exit 2
+    ;;
+esac
+root=$(pwd)
+bin=$root/build/bin
+jobs=$(nproc 2>/dev/null || echo 4)
+tmp=$(mktemp -d /tmp/e2e_check.XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    [ $keep -eq 1 ] && echo "logs: $tmp" || rm -rf "$tmp"
+}
+trap cleanup EXIT
+export WB_TOKEN=e2e-check-$RANDOM$RANDOM
+export WB_LOG=${WB_LOG:-info}
+
+echo "== build (make CUDA=1)"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
+    true
+if ! make -j"$jobs" CUDA=1 all >"$tmp/build.log" 2>&1; then
+    tail -n 40 "$tmp/build.log"
+    echo "e2e_check: build failed"
+    exit 1
+fi
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || echo 0)
+if [ "$ngpu" -lt 2 ]; then
+    echo "e2e_check: needs two GPUs, found $ngpu"
+    exit 1
+fi
+nvidia-smi topo -m 2>/dev/null | head -n 4 || true
+
+failed=()
+
+# run NAME PROVIDER MODE [CONFIG_JSON MEM_CAP VERIFY_LAST]: one cluster, three transfers,
+# verify each (or only the last).
+run() {
+    local name=$1 provider=$2 mode=$3 dir=$tmp/$1
+    local config=${4:-$root/configs/jobs/demo/config.json} cap=${5:-4MiB} last=${6:-0}
+    mkdir -p "$dir/dump"
+    local port=$((21000 + RANDOM % 20000))
+    local url=tcp://127.0.0.1:$port
+    cat >"$dir/job.yaml" <<EOF
+name: $name
+model:
+  rules: $root/configs/models/qwen3_moe.yaml
+  hf_config: $config
+trainer_layout: $root/configs/jobs/demo/trainer.yaml
+rollout_layout: $root/configs/jobs/demo/rollout.yaml
+mode: $mode
+mem_cap: $cap
+seed: 42
+provider: $provider
+heartbeat: 200ms
+dead_after: 3s
+EOF
+    echo
+    echo "== $name: provider $provider, mode $mode; trainers on GPU 0, rollouts on GPU 1"
+    pids=()
+    "$bin/wb-controller" --config "$dir/job.yaml" --listen "$url" >"$dir/controller.log" 2>&1 &
+    pids+=($!)
+    local dom=()
+    [ "$provider" = tcp ] && dom=(--tx-domain lo --tx-extra "hmem: off") # the bounce path
+    for r in 0 1 2 3; do
+        "$bin/wb-agent" --role trainer --rank $r --device 0 --controller "$url" "${dom[@]}" \
+            --trace "$dir/trainer$r.trace.json" >"$dir/trainer$r.log" 2>&1 &
+        pids+=($!)
+    done
+    for r in 0 1; do
+        "$bin/wb-agent" --role rollout --rank $r --device 1 --controller "$url" "${dom[@]}" \
+            --dump "$dir/dump" >"$dir/rollout$r.log" 2>&1 &
+        pids+=($!)
+    done
+    local ready=0
+    for _ in $(seq 1 300); do
+        if "$bin/wb-ctl" -c "$url" --timeout 2s status 2>/dev/null | grep -q ": ready"; then
+            ready=1
+            break
+        fi
+        sleep 0.1
+    done
+    local ok=1
+    if [ $ready -ne 1 ]; then
+        echo "$name: the agents did not become ready"
+        tail -n 5 "$dir"/*.log
+        ok=0
+    fi
+    for v in 1 2 3; do
+        [ $ok -eq 1 ] || break
+        if ! "$bin/wb-ctl" -c "$url" --timeout 300s transfer --version $v | tee "$dir/result$v.txt"
+        then
+            ok=0
+            break
+        fi
+        awk '/^all /{ if ($12 > 0) printf "throughput: %.2f GB/s (%d bytes in %.3f ms, slowest trainer)\n", $2 / ($12 * 1e6), $2, $12 }' \
+            "$dir/result$v.txt"
+        if [ "$last" -eq 0 ] || [ $v -eq 3 ]; then
+            "$bin/wb-ctl" verify --config "$dir/job.yaml" --dump "$dir/dump" --version $v || ok=0
+        fi
+    done
+    grep -h "GPU\|error\|failed" "$dir"/trainer0.log "$dir"/rollout0.log | head -n 6
+    "$bin/wb-ctl" -c "$url" shutdown >/dev/null 2>&1
+    for p in "${pids[@]}"; do
+        for _ in $(seq 1 100); do
+            kill -0 "$p" 2>/dev/null || break
+            sleep 0.1
+        done
+    done
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    pids=()
+    if [ $ok -ne 1 ]; then
+        echo "$name: FAILED (logs: $dir)"
+        keep=1
+        failed+=("$name")
+    else
+        echo "$name: three transfers, every rollout byte equals the reference"
+    fi
+}
+
+run cudaipc-auto cudaipc auto
+run cudaipc-gather cudaipc gather
+run tcp-bounce-auto tcp auto
+
+# The larger model: the demo's config.json scaled up.
+python3 - "$root/configs/jobs/demo/config.json" "$tmp/large.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+         num_attention_heads=16, num_key_value_heads=4, num_experts=16, num_hidden_layers=4,
+         vocab_size=32768)
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+PY
+run large-cudaipc-auto cudaipc auto "$tmp/large.json" 1GiB 1
+
+echo
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "e2e_check: FAILED: ${failed[*]}"
+    exit 1
+fi
+echo "e2e_check: all configurations passed"

@@ -1,0 +1,293 @@
+/* e2e_control_test.c — the control plane as real processes on loopback: wb-controller,
+ * wb-agent and wb-ctl with a job that has no model (empty plans), so that membership, token
+ * refusal, heartbeat death, re-registration, transfer bookkeeping and shutdown are tested on
+ * their own. The data path is tested by e2e_transfer_test.c. */
+#include "controller/controller.h"
+#include "tests/func/e2e_proc.h"
+
+struct cluster {
+    char url[64];
+    char job[1024];
+    pid_t ctl;
+    pid_t tr[4], ro[4];
+    int ntr, nro;
+};
+
+static void write_job(struct cluster *c, int ntr, int nro, const char *extra)
+{
+    char text[1024];
+    snprintf(c->url, sizeof(c->url), "tcp://127.0.0.1:%u", e2e_port(1));
+    snprintf(text, sizeof(text),
+             "name: ctltest\nlisten: %s\ntoken: tok-123\ntrainers: %d\nrollouts: %d\n"
+             "heartbeat: 100ms\ndead_after: 1s\npoll_hold: 300ms\n%s",
+             c->url, ntr, nro, extra ? extra : "");
+    snprintf(c->job, sizeof(c->job), "%s", wb_test_write_file("job.yaml", text));
+    c->ntr = ntr;
+    c->nro = nro;
+}
+
+static pid_t start_agent(struct cluster *c, const char *role, int rank, const char *extra)
+{
+    char log[64], rk[16];
+    snprintf(log, sizeof(log), "%s%d.log", role, rank);
+    snprintf(rk, sizeof(rk), "%d", rank);
+    char *argv[] = {"wb-agent",     "--role", (char *)role, "--rank", rk,
+                    "--controller", c->url,   "--give-up",  "20s",    extra ? "--pace" : NULL,
+                    (char *)extra,  NULL};
+    static char tok[] = "WB_TOKEN=tok-123";
+    char *env[] = {tok, NULL};
+    return e2e_spawn(log, env, argv);
+}
+
+static void start(struct cluster *c)
+{
+    char *argv[] = {"wb-controller", "--config", c->job, NULL};
+    static char lvl[] = "WB_LOG=info";
+    char *env[] = {lvl, NULL};
+    c->ctl = e2e_spawn("controller.log", env, argv);
+    for (int i = 0; i < c->ntr; i++)
+        c->tr[i] = start_agent(c, "trainer", i, NULL);
+    for (int i = 0; i < c->nro; i++)
+        c->ro[i] = start_agent(c, "rollout", i, NULL);
+}
+
+/* Polls wb-ctl status until it shows `want` (a substring), at most ms. */
+static char *wait_status(struct cluster *c, const char *want, unsigned ms)
+{
+    char *out = NULL;
+    for (unsigned t = 0; t <= ms; t += 100) {
+        free(out);
+        e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s --timeout 5s status", c->url);
+        if (strstr(out, want))
+            return out;
+        e2e_sleep_ms(100);
+    }
+    char *log = e2e_slurp("controller.log");
+    wb_test_fail(__FILE__, __LINE__, "status never showed \"%s\":\n%s\ncontroller log:\n%s", want,
+                 out, log);
+}
+
+static void shutdown_all(struct cluster *c)
+{
+    char *out;
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s shutdown", c->url), 0);
+    free(out);
+    CHECK_INT(e2e_wait(c->ctl, 5000), 0);
+    for (int i = 0; i < c->ntr; i++)
+        if (c->tr[i])
+            CHECK_INT(e2e_wait(c->tr[i], 5000), 0);
+    for (int i = 0; i < c->nro; i++)
+        CHECK_INT(e2e_wait(c->ro[i], 5000), 0);
+}
+
+static void test_transfers(void)
+{
+    struct cluster c = {0};
+    char *out, want[128];
+    write_job(&c, 2, 2, NULL);
+    start(&c);
+    out = wait_status(&c, "ready", 10000);
+    free(out);
+    for (int v = 1; v <= 3; v++) {
+        CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version %d", c.url, v),
+                  0);
+        snprintf(want, sizeof(want), "transfer %d: complete in", v);
+        CHECK_CONTAINS(out, want);
+        CHECK_CONTAINS(out, "rollout 1: 0 bytes received");
+        free(out);
+        e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s --timeout 5s status", c.url);
+        snprintf(want, sizeof(want), "), version %d, in flight: none", v);
+        CHECK_CONTAINS(out, want);
+        snprintf(want, sizeof(want), " %8d %9s", v, "no");
+        CHECK_CONTAINS(out, want); /* a rollout row: version v, not in flight */
+        free(out);
+    }
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 2", c.url), 1);
+    CHECK_STR(out, "wb-ctl: version 2 is not newer than the last complete version 3\n");
+    free(out);
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s plan", c.url), 0);
+    CHECK_STR(out, "job ctltest: no model (control plane only): 2 trainers, 2 rollouts, 0 bytes\n");
+    free(out);
+    shutdown_all(&c);
+}
+
+static void test_wrong_token(void)
+{
+    struct cluster c = {0};
+    char *out;
+    write_job(&c, 1, 1, NULL);
+    start(&c);
+    free(wait_status(&c, "ready", 10000));
+
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-124 wb-ctl -c %s --timeout 5s status", c.url), 1);
+    CHECK_STR(out, "wb-ctl: refused: wrong cluster token\n");
+    free(out);
+
+    /* an agent with the wrong token is refused and exits */
+    char *argv[] = {"wb-agent",     "--role", "rollout", "--rank", "0",
+                    "--controller", c.url,    "--token", "nope",   NULL};
+    pid_t bad = e2e_spawn("bad.log", NULL, argv);
+    CHECK_INT(e2e_wait(bad, 10000), 1);
+    char *log = e2e_slurp("bad.log");
+    char want[256];
+    snprintf(want, sizeof(want),
+             "wb-agent: rollout rank 0: controller %s: refused: wrong cluster token\n", c.url);
+    CHECK_STR(log, want);
+    free(log);
+
+    /* a message without any token */
+    struct wb_chan ch;
+    struct wb_mpw w;
+    struct wb_msg m;
+    void *buf;
+    size_t len;
+    const char *why;
+    char msg[128];
+    CHECK_INT(wb_chan_open(&ch, c.url), 0);
+    wb_mpw_init(&w);
+    wb_mpw_envelope(&w, WB_MSG_CTL_TRANSFER);
+    wb_mpw_map(&w, 1);
+    wb_msg_ku64(&w, "version", 5);
+    CHECK_INT(wb_chan_call(&ch, &w, 5000000000ull, &buf, &len), 0);
+    CHECK_INT(wb_msg_open(buf, len, "tok-123", &m, &why), 0);
+    CHECK_INT(m.type, WB_MSG_ERROR);
+    CHECK_INT(wb_msg_str(&m, "msg", msg, sizeof(msg)), 0);
+    CHECK_STR(msg, "refused: message without a cluster token");
+    wb_chan_free(buf);
+    wb_mpw_free(&w);
+    wb_chan_close(&ch);
+
+    /* nothing was started by the refused transfer, and the good agents are still in */
+    out = wait_status(&c, "version 0, in flight: none", 3000);
+    CHECK_CONTAINS(out, ": ready (gen ");
+    free(out);
+    shutdown_all(&c);
+}
+
+static void test_dead_agent_and_restart(void)
+{
+    struct cluster c = {0};
+    char *out;
+    write_job(&c, 2, 1, NULL);
+    start(&c);
+    free(wait_status(&c, "ready", 10000));
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 1", c.url), 0);
+    free(out);
+
+    kill(c.tr[1], SIGKILL);
+    CHECK_INT(e2e_wait(c.tr[1], 2000), 128 + SIGKILL);
+    out = wait_status(&c, "waiting", 4000);
+    CHECK_CONTAINS(out, "trainer      1 dead");
+    free(out);
+    char *log = e2e_slurp("controller.log");
+    CHECK_CONTAINS(log, "trainer rank 1 is dead: silent for 1.");
+    free(log);
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 2", c.url), 1);
+    CHECK_STR(out, "wb-ctl: not ready: waiting for trainer rank 1 (dead)\n");
+    free(out);
+
+    c.tr[1] = start_agent(&c, "trainer", 1, NULL);
+    free(wait_status(&c, "ready", 10000));
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 2", c.url), 0);
+    CHECK_CONTAINS(out, "transfer 2: complete in");
+    free(out);
+    shutdown_all(&c);
+}
+
+static void test_kill_mid_transfer(void)
+{
+    struct cluster c = {0};
+    char *out, cmd[512];
+    write_job(&c, 2, 2, NULL);
+    char *argv[] = {"wb-controller", "--config", c.job, NULL};
+    static char lvl[] = "WB_LOG=info";
+    char *env[] = {lvl, NULL};
+    c.ctl = e2e_spawn("controller.log", env, argv);
+    c.tr[0] = start_agent(&c, "trainer", 0, NULL);
+    c.tr[1] = start_agent(&c, "trainer", 1, "30s"); /* its transfer cannot finish by itself */
+    c.ro[0] = start_agent(&c, "rollout", 0, NULL);
+    c.ro[1] = start_agent(&c, "rollout", 1, NULL);
+    free(wait_status(&c, "ready", 10000));
+
+    snprintf(cmd, sizeof(cmd), "%s/wb-ctl", e2e_bin());
+    char *cargv[] = {cmd, "-c", c.url, "--token", "tok-123", "transfer", "--version", "1", NULL};
+    pid_t client = e2e_spawn("client.log", NULL, cargv);
+    free(wait_status(&c, "in flight: 1", 5000));
+    out = wait_status(&c, "yes", 5000); /* rollouts show the update in flight */
+    free(out);
+    uint64_t t0 = wb_now_ns();
+    kill(c.tr[1], SIGKILL);
+    CHECK_INT(e2e_wait(c.tr[1], 2000), 128 + SIGKILL);
+    CHECK_INT(e2e_wait(client, 10000), 1);
+    double waited = (double)(wb_now_ns() - t0) / 1e9;
+    char *log = e2e_slurp("client.log");
+    CHECK_CONTAINS(log, "wb-ctl: transfer 1 failed: trainer rank 1 died (silent for 1.");
+    free(log);
+    CHECK(waited < 10.0);
+
+    /* the rollouts kept their last complete version (none) and are not in flight */
+    out = wait_status(&c, "version 0, in flight: none", 3000);
+    for (int i = 0; i < 30 && strstr(out, "yes"); i++) { /* heartbeats carry the news */
+        free(out);
+        e2e_sleep_ms(100);
+        e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s --timeout 5s status", c.url);
+    }
+    CHECK_CONTAINS(out, "rollout      0 alive");
+    CHECK_CONTAINS(out, "       0        no");
+    CHECK(!strstr(out, "yes"));
+    free(out);
+
+    c.tr[1] = start_agent(&c, "trainer", 1, NULL);
+    free(wait_status(&c, "ready", 10000));
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 2", c.url), 0);
+    CHECK_CONTAINS(out, "transfer 2: complete in");
+    free(out);
+    out = wait_status(&c, "version 2, in flight: none", 3000);
+    free(out);
+    shutdown_all(&c);
+}
+
+static void test_rank_checks(void)
+{
+    struct cluster c = {0};
+    write_job(&c, 1, 1, NULL);
+    start(&c);
+    free(wait_status(&c, "ready", 10000));
+    char *argv[] = {"wb-agent",     "--role", "trainer", "--rank",  "5",
+                    "--controller", c.url,    "--token", "tok-123", NULL};
+    pid_t bad = e2e_spawn("bad.log", NULL, argv);
+    CHECK_INT(e2e_wait(bad, 10000), 1);
+    char *log = e2e_slurp("bad.log");
+    char want[256];
+    snprintf(want, sizeof(want),
+             "wb-agent: trainer rank 5: controller %s: register: trainer rank 5 is outside the "
+             "job's 1 trainers\n",
+             c.url);
+    CHECK_STR(log, want);
+    free(log);
+
+    /* launcher environment: torchrun's RANK picks the rank when --rank is absent */
+    char *argv2[] = {"wb-agent", "--role",  "rollout", "--controller",
+                     c.url,      "--token", "tok-123", NULL};
+    static char r[] = "RANK=3", lr[] = "LOCAL_RANK=0", ws[] = "WORLD_SIZE=4";
+    char *env[] = {r, lr, ws, NULL};
+    bad = e2e_spawn("env.log", env, argv2);
+    CHECK_INT(e2e_wait(bad, 10000), 1);
+    log = e2e_slurp("env.log");
+    snprintf(want, sizeof(want),
+             "wb-agent: rollout rank 3: controller %s: register: rollout rank 3 is outside the "
+             "job's 1 rollouts\n",
+             c.url);
+    CHECK_STR(log, want);
+    free(log);
+    shutdown_all(&c);
+}
+
+const struct wb_test wb_tests[] = {
+    {"transfers", test_transfers, 60},
+    {"wrong_token", test_wrong_token, 60},
+    {"dead_agent_and_restart", test_dead_agent_and_restart, 60},
+    {"kill_mid_transfer", test_kill_mid_transfer, 60},
+    {"rank_checks", test_rank_checks, 60},
+    {0},
+};

@@ -1,0 +1,478 @@
+/* e2e_xfer_test.c — the whole job with real data: wb-controller, 4 trainer agents and 2
+ * rollout agents (real processes) move the demo model (Qwen3-MoE-shaped, BF16 FSDP 2 x EP 2 ->
+ * FP8 TP 2) over libfabric's tcp and shm providers, in auto and gather mode, three versions;
+ * after each transfer every byte every rollout holds is compared with the reference computed
+ * here, independently of the planner and the executor (controller/verify.c: synthetic source,
+ * fusion, quant's CPU reference, the rollout boxes). Also: the memory cap (peak <= cap, and a
+ * cap that forces tasks to queue), a trainer killed mid-transfer (the failure names it, the
+ * rollouts keep their version, the retry after a restart succeeds), and the same job with every
+ * process in its own network namespace. Timing never decides a result. */
+#include "controller/controller.h"
+#include "tests/func/e2e_proc.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <sys/stat.h>
+
+enum { NTR = 4, NRO = 2 };
+
+struct cluster {
+    char url[96], job[600], dump[600];
+    const char *provider, *domain;
+    const char *tx_extra; /* more transport settings for the agents, or NULL */
+    pid_t ctl, ag[NTR + NRO];
+    const char *netns_fmt; /* "wbx%d-%d": per-process namespace names, or NULL */
+    int id;
+    uint64_t cap;
+};
+
+static const char *TOK = "WB_TOKEN=xfer-tok";
+
+/* The demo job with absolute paths, the provider, mode and cap of the case; with host_resident
+ * the trainers' parameters live in host memory (FSDP CPU offload: every task starts with H2D). */
+static void write_job(struct cluster *c, const char *mode, const char *cap, bool host_resident)
+{
+    char cwd[512], layout[700];
+    CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
+    snprintf(layout, sizeof(layout), "%s/configs/jobs/demo/trainer.yaml", cwd);
+    if (host_resident) {
+        char *text = NULL, *dup;
+        CHECK_INT(e2e_run(&text, "cat %s", layout), 0);
+        CHECK((dup = malloc(strlen(text) + 32)) != NULL);
+        sprintf(dup, "%sresidence: host\n", text);
+        snprintf(layout, sizeof(layout), "%s", wb_test_write_file("trainer.yaml", dup));
+        free(dup);
+        free(text);
+    }
+    snprintf(c->job, sizeof(c->job), "%s/job.yaml", wb_test_tmpdir());
+    FILE *f = fopen(c->job, "w");
+    CHECK(f != NULL);
+    fprintf(f,
+            "name: xfer\n"
+            "model:\n"
+            "  rules: %s/configs/models/qwen3_moe.yaml\n"
+            "  hf_config: %s/configs/jobs/demo/config.json\n"
+            "trainer_layout: %s\n"
+            "rollout_layout: %s/configs/jobs/demo/rollout.yaml\n"
+            "mode: %s\nmem_cap: %s\nseed: 7\nprovider: %s\n"
+            "heartbeat: 200ms\ndead_after: 1500ms\n",
+            cwd, cwd, layout, cwd, mode, cap, c->provider);
+    fclose(f);
+    snprintf(c->dump, sizeof(c->dump), "%s/dump", wb_test_tmpdir());
+    mkdir(c->dump, 0755);
+    CHECK_INT(wb_parse_size(cap, &c->cap), 0);
+}
+
+/* Runs wb-ctl (inside the controller's namespace when there is one). */
+static int ctl(struct cluster *c, char **out, const char *args)
+{
+    if (c->netns_fmt) {
+        char ns[64];
+        snprintf(ns, sizeof(ns), c->netns_fmt, c->id, 0);
+        return e2e_run(out, "%s ip netns exec %s %s/wb-ctl -c %s %s", TOK, ns, e2e_bin(), c->url,
+                       args);
+    }
+    return e2e_run(out, "%s wb-ctl -c %s %s", TOK, c->url, args);
+}
+
+static pid_t spawn_agent(struct cluster *c, int i, const char *extra)
+{
+    char log[32], rk[16], path[600], ns[64];
+    static char lvl[] = "WB_LOG=info";
+    char *env[] = {(char *)TOK, lvl, NULL};
+    snprintf(log, sizeof(log), "agent%d.log", i);
+    snprintf(rk, sizeof(rk), "%d", i < NTR ? i : i - NTR);
+    snprintf(path, sizeof(path), "%s/wb-agent", e2e_bin());
+    snprintf(ns, sizeof(ns), c->netns_fmt ? c->netns_fmt : "-", c->id, i + 1);
+    char *argv[28];
+    int n = 0;
+    if (c->netns_fmt) {
+        argv[n++] = "/usr/bin/env";
+        argv[n++] = "ip";
+        argv[n++] = "netns";
+        argv[n++] = "exec";
+        argv[n++] = ns;
+    }
+    argv[n++] = path;
+    argv[n++] = "--role";
+    argv[n++] = i < NTR ? "trainer" : "rollout";
+    argv[n++] = "--rank";
+    argv[n++] = rk;
+    argv[n++] = "--controller";
+    argv[n++] = c->url;
+    if (c->domain) {
+        argv[n++] = "--tx-domain";
+        argv[n++] = (char *)c->domain;
+    }
+    if (c->tx_extra) {
+        argv[n++] = "--tx-extra";
+        argv[n++] = (char *)c->tx_extra;
+    }
+    if (i >= NTR) {
+        argv[n++] = "--dump";
+        argv[n++] = c->dump;
+    }
+    char trace[700];
+    if (i < NTR) {
+        snprintf(trace, sizeof(trace), "%s/trainer%d.trace.json", wb_test_tmpdir(), i);
+        argv[n++] = "--trace";
+        argv[n++] = trace;
+    }
+    if (extra && i < NTR) {
+        argv[n++] = "--pace";
+        argv[n++] = (char *)extra;
+    }
+    argv[n] = NULL;
+    return e2e_spawn(log, env, argv);
+}
+
+static void start(struct cluster *c, const char *pace)
+{
+    char path[600], ns[64];
+    static char lvl[] = "WB_LOG=info";
+    char *env[] = {(char *)TOK, lvl, NULL};
+    snprintf(path, sizeof(path), "%s/wb-controller", e2e_bin());
+    snprintf(ns, sizeof(ns), c->netns_fmt ? c->netns_fmt : "-", c->id, 0);
+    char *nsargv[] = {"/usr/bin/env", "ip",   "netns",    "exec", ns,  path,
+                      "--config",     c->job, "--listen", c->url, NULL};
+    char *argv[] = {path, "--config", c->job, "--listen", c->url, NULL};
+    c->ctl = e2e_spawn("controller.log", env, c->netns_fmt ? nsargv : argv);
+    for (int i = 0; i < NTR + NRO; i++)
+        c->ag[i] = spawn_agent(c, i, pace);
+    char *out = NULL;
+    for (int t = 0; t < 150; t++) {
+        free(out);
+        ctl(c, &out, "--timeout 5s status");
+        if (strstr(out, ": ready"))
+            break;
+        e2e_sleep_ms(100);
+    }
+    if (!strstr(out, ": ready")) {
+        char *log = e2e_slurp("controller.log");
+        wb_test_fail(__FILE__, __LINE__, "not ready:\n%s\ncontroller log:\n%s", out, log);
+    }
+    free(out);
+}
+
+static void stop(struct cluster *c)
+{
+    char *out;
+    CHECK_INT(ctl(c, &out, "shutdown"), 0);
+    free(out);
+    CHECK_INT(e2e_wait(c->ctl, 10000), 0);
+    for (int i = 0; i < NTR + NRO; i++)
+        CHECK_INT(e2e_wait(c->ag[i], 10000), 0);
+}
+
+/* Every rollout's dump of version v against the reference. */
+static void verify(struct cluster *c, uint64_t v)
+{
+    struct wb_errlist el;
+    struct wb_job job;
+    struct wb_ref *ref = NULL;
+    wb_errlist_init(&el);
+    setenv("WB_TOKEN", "xfer-tok", 1);
+    CHECK_INT(wb_job_load(c->job, &job, &el), 0);
+    CHECK_INT(wb_ref_load(&job, &ref, &el), 0);
+    CHECK_INT(wb_ref_nrollouts(ref), NRO);
+    uint64_t total = 0;
+    for (uint32_t r = 0; r < NRO; r++) {
+        char path[700], msg[512];
+        uint64_t bytes = 0;
+        snprintf(path, sizeof(path), "%s/rollout%u.v%" PRIu64 ".bin", c->dump, r, v);
+        int rc = wb_ref_check_dump(ref, r, v, path, msg, sizeof(msg), &bytes);
+        if (rc)
+            wb_test_fail(__FILE__, __LINE__, "version %" PRIu64 ": %s", v, msg);
+        total += bytes;
+    }
+    CHECK_U64(total, 3423808); /* the demo plan's bytes: 2 x 1711904 */
+    wb_ref_free(ref);
+    wb_job_free(&job);
+    wb_errlist_free(&el);
+}
+
+/* The "all" row of a transfer result: peak_tmp, mem_cap and queued columns. */
+static void result_row(const char *out, uint64_t *bytes, uint64_t *peak, uint64_t *cap,
+                       uint64_t *queued)
+{
+    const char *all = strstr(out, "\nall ");
+    if (!all)
+        wb_test_fail(__FILE__, __LINE__, "no totals row:\n%s", out);
+    uint64_t writes, tasks;
+    double st[WB_STAGE_COUNT + 1];
+    int n = sscanf(all + 5,
+                   "%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
+                   " %lf %lf %lf %lf %lf %lf %lf %" SCNu64 " %" SCNu64,
+                   bytes, &writes, &tasks, peak, &st[0], &st[1], &st[2], &st[3], &st[4], &st[5],
+                   &st[6], cap, queued);
+    if (n != 13)
+        wb_test_fail(__FILE__, __LINE__, "cannot read the totals row:\n%s", all);
+}
+
+static void transfer_ok(struct cluster *c, uint64_t v, uint64_t *queued)
+{
+    char *out, args[64];
+    snprintf(args, sizeof(args), "--timeout 60s transfer --version %" PRIu64, v);
+    int rc = ctl(c, &out, args);
+    if (rc)
+        wb_test_fail(__FILE__, __LINE__, "transfer %" PRIu64 " failed:\n%s", v, out);
+    uint64_t bytes, peak, cap, q;
+    result_row(out, &bytes, &peak, &cap, &q);
+    CHECK_U64(bytes, 3423808);
+    CHECK_U64(cap, c->cap);
+    CHECK(peak > 0 && peak <= cap);
+    CHECK_CONTAINS(out, "rollout 0: 1711904 bytes received");
+    CHECK_CONTAINS(out, "rollout 1: 1711904 bytes received");
+    free(out);
+    if (queued)
+        *queued += q;
+    verify(c, v);
+    ctl(c, &out, "status");
+    char want[64];
+    snprintf(want, sizeof(want), "version %" PRIu64 ", in flight: none", v);
+    CHECK_CONTAINS(out, want);
+    free(out);
+}
+
+/* The trainer's Chrome trace: complete events ("X") of the stages, each span well-formed;
+ * returns a bit per stage seen. */
+static unsigned check_trace(int trainer)
+{
+    char path[700];
+    snprintf(path, sizeof(path), "%s/trainer%d.trace.json", wb_test_tmpdir(), trainer);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root)
+        wb_test_fail(__FILE__, __LINE__, "%s:%d: %s", path, je.line, je.text);
+    json_t *ev = json_object_get(root, "traceEvents");
+    CHECK(json_is_array(ev));
+    unsigned seen = 0;
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        json_t *e = json_array_get(ev, i);
+        const char *ph = json_string_value(json_object_get(e, "ph"));
+        const char *name = json_string_value(json_object_get(e, "name"));
+        CHECK(ph && name);
+        if (strcmp(ph, "X"))
+            continue;
+        CHECK(json_number_value(json_object_get(e, "dur")) >= 0);
+        CHECK(json_integer_value(json_object_get(e, "pid")) == trainer);
+        for (int s = 0; s < WB_STAGE_COUNT; s++)
+            if (!strcmp(name, wb_stage_name((enum wb_stage)s)))
+                seen |= 1u << s;
+    }
+    json_decref(root);
+    return seen;
+}
+
+static void run_case_x(const char *provider, const char *domain, const char *mode, const char *cap,
+                       bool expect_queueing, bool host_resident, const char *tx_extra)
+{
+    struct cluster c = {.provider = provider, .domain = domain, .tx_extra = tx_extra};
+    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(11));
+    write_job(&c, mode, cap, host_resident);
+    start(&c, NULL);
+    uint64_t queued = 0;
+    for (uint64_t v = 1; v <= 3; v++)
+        transfer_ok(&c, v, &queued);
+    if (expect_queueing && queued == 0)
+        wb_test_fail(__FILE__, __LINE__, "cap %s forced no task to wait for memory", cap);
+    unsigned seen = check_trace(0);
+    CHECK(seen & (1u << WB_STAGE_WRITE));
+    CHECK(seen & (1u << WB_STAGE_QUANT));
+    if (!strcmp(mode, "gather")) /* the demo's gather plan has a barrier after phase 0 */
+        CHECK((seen & (1u << WB_STAGE_GATHER)) && (seen & (1u << WB_STAGE_BARRIER)));
+    if (host_resident)
+        CHECK(seen & (1u << WB_STAGE_H2D));
+    stop(&c);
+}
+
+static void run_case(const char *provider, const char *domain, const char *mode, const char *cap,
+                     bool expect_queueing, bool host_resident)
+{
+    run_case_x(provider, domain, mode, cap, expect_queueing, host_resident, NULL);
+}
+
+static void test_tcp_auto(void)
+{
+    run_case("tcp", "lo", "auto", "4MiB", false, false);
+}
+
+static void test_tcp_gather(void)
+{
+    run_case("tcp", "lo", "gather", "4MiB", false, false);
+}
+
+static void test_shm_auto(void)
+{
+    run_case("shm", NULL, "auto", "4MiB", false, false);
+}
+
+static void test_shm_gather(void)
+{
+    run_case("shm", NULL, "gather", "4MiB", false, false);
+}
+
+/* The largest gather task needs 641 KiB: with a 700 KiB cap tasks must wait for each other. */
+static void test_mem_cap(void)
+{
+    run_case("tcp", "lo", "gather", "700KiB", true, false);
+}
+
+/* Two rails (endpoints) per agent, writes split in 64 KiB shards striped over them. */
+static void test_tcp_two_rails(void)
+{
+    run_case_x("tcp", "lo", "auto", "4MiB", false, false, "rails: 2\nshard_size: 64KiB");
+}
+
+/* Parameters in host memory: tasks copy their shards to TMP first (H2D), in both modes. */
+static void test_host_resident(void)
+{
+    run_case("tcp", "lo", "auto", "4MiB", false, true);
+}
+
+/* kill -9 a trainer while transfer 2 runs: the failure names it within the timeout, the
+ * rollouts keep version 1, and after a restart transfer 2 succeeds with correct bytes. */
+static void test_kill_trainer(void)
+{
+    struct cluster c = {.provider = "tcp", .domain = "lo"};
+    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(12));
+    write_job(&c, "auto", "4MiB", false);
+    start(&c, "60ms"); /* paced: 21 tasks hold a transfer open for about a second */
+    transfer_ok(&c, 1, NULL);
+    char cmd[700], *out;
+    snprintf(cmd, sizeof(cmd), "%s/wb-ctl", e2e_bin());
+    static char tok[] = "WB_TOKEN=xfer-tok";
+    char *env[] = {tok, NULL};
+    char *argv[] = {cmd, "-c", c.url, "--timeout", "20s", "transfer", "--version", "2", NULL};
+    uint64_t t0 = wb_now_ns();
+    pid_t client = e2e_spawn("transfer2.log", env, argv);
+    e2e_sleep_ms(400);
+    CHECK_INT(kill(c.ag[2], SIGKILL), 0);
+    CHECK_INT(e2e_wait(c.ag[2], 5000), 128 + SIGKILL);
+    CHECK_INT(e2e_wait(client, 30000), 1);
+    uint64_t took = wb_now_ns() - t0;
+    out = e2e_slurp("transfer2.log");
+    CHECK_CONTAINS(out, "transfer 2 failed");
+    CHECK_CONTAINS(out, "trainer rank 2");
+    free(out);
+    CHECK(took < 20ull * 1000000000); /* within the transfer timeout, not at it */
+    ctl(&c, &out, "status");
+    CHECK_CONTAINS(out, "version 1, in flight: none");
+    CHECK(strstr(out, "rollout      0 alive") && strstr(out, "rollout      1 alive"));
+    free(out);
+    char path[700];
+    snprintf(path, sizeof(path), "%s/rollout0.v2.bin", c.dump);
+    CHECK(access(path, F_OK) != 0); /* never published */
+    /* The controller may have failed the transfer on the survivors' reports before its own
+     * heartbeat check declared the rank dead: wait for that, then restart it. */
+    for (int t = 0; t < 100; t++) {
+        ctl(&c, &out, "--timeout 5s status");
+        bool waiting = strstr(out, ": waiting") != NULL;
+        free(out);
+        if (waiting)
+            break;
+        e2e_sleep_ms(100);
+    }
+    c.ag[2] = spawn_agent(&c, 2, "1ms");
+    for (int t = 0; t < 150; t++) {
+        ctl(&c, &out, "--timeout 5s status");
+        bool ready = strstr(out, ": ready") != NULL;
+        free(out);
+        if (ready)
+            break;
+        e2e_sleep_ms(100);
+    }
+    transfer_ok(&c, 2, NULL);
+    stop(&c);
+}
+
+/* ---------------------------------------------------------------- network namespaces */
+
+static bool sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static bool sh(const char *fmt, ...)
+{
+    char cmd[512], full[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof(full), "%s >/dev/null 2>&1", cmd);
+    return system(full) == 0;
+}
+
+/* Namespaces of earlier runs whose test process is gone. */
+static void sweep_netns(void)
+{
+    FILE *f = popen("ip netns list 2>/dev/null", "r");
+    char line[256];
+    while (f && fgets(line, sizeof(line), f)) {
+        int pid, k;
+        if (sscanf(line, "wbx%d-%d", &pid, &k) == 2 && kill(pid, 0) != 0)
+            sh("ip netns del wbx%d-%d", pid, k);
+        if (sscanf(line, "wbxhub%d", &pid) == 1 && kill(pid, 0) != 0)
+            sh("ip netns del wbxhub%d", pid);
+    }
+    if (f)
+        pclose(f);
+}
+
+static int netns_id;
+
+/* Runs at exit (also after a failed check): agents first, then the namespaces. */
+static void netns_cleanup(void)
+{
+    e2e_kill_all();
+    for (int k = 0; k <= NTR + NRO; k++)
+        sh("ip netns del wbx%d-%d", netns_id, k);
+    sh("ip netns del wbxhub%d", netns_id);
+}
+
+/* Each process in its own namespace (controller: 0, agents 1..6), each joined by a veth pair
+ * to a bridge that lives in a hub namespace of its own; addresses 10.213.<id>.<k+1>/24 exist
+ * only inside these namespaces. */
+static void test_netns_tcp(void)
+{
+    int id = (int)getpid();
+    if (geteuid() != 0 || !sh("command -v ip"))
+        wb_test_skip("network namespaces need root and the ip command (iproute2)");
+    sweep_netns();
+    char hub[32], ns[NTR + NRO + 1][32];
+    snprintf(hub, sizeof(hub), "wbxhub%d", id);
+    if (!sh("ip netns add %s", hub))
+        wb_test_skip("cannot create network namespaces here (ip netns add failed)");
+    netns_id = id;
+    atexit(netns_cleanup);
+    bool ok = sh("ip -n %s link add wbbr type bridge", hub) && sh("ip -n %s link set wbbr up", hub);
+    int net = id % 200 + 20;
+    for (int k = 0; ok && k <= NTR + NRO; k++) {
+        snprintf(ns[k], sizeof(ns[k]), "wbx%d-%d", id, k);
+        ok = sh("ip netns add %s", ns[k]) &&
+             sh("ip -n %s link add wb0 type veth peer name p%d netns %s", ns[k], k, hub) &&
+             sh("ip -n %s link set p%d master wbbr", hub, k) &&
+             sh("ip -n %s link set p%d up", hub, k) &&
+             sh("ip -n %s addr add 10.213.%d.%d/24 dev wb0", ns[k], net, k + 1) &&
+             sh("ip -n %s link set wb0 up", ns[k]) && sh("ip -n %s link set lo up", ns[k]);
+    }
+    if (!ok)
+        wb_test_skip("cannot wire namespaces with veth pairs and a bridge here");
+    struct cluster c = {.provider = "tcp", .domain = "wb0", .netns_fmt = "wbx%d-%d", .id = id};
+    snprintf(c.url, sizeof(c.url), "tcp://10.213.%d.1:%u", net, 7420);
+    write_job(&c, "auto", "4MiB", false);
+    start(&c, NULL);
+    for (uint64_t v = 1; v <= 2; v++)
+        transfer_ok(&c, v, NULL);
+    stop(&c);
+}
+
+const struct wb_test wb_tests[] = {
+    {"tcp_auto", test_tcp_auto, 120},
+    {"tcp_gather", test_tcp_gather, 120},
+    {"shm_auto", test_shm_auto, 120},
+    {"shm_gather", test_shm_gather, 120},
+    {"mem_cap", test_mem_cap, 120},
+    {"host_resident", test_host_resident, 120},
+    {"tcp_two_rails", test_tcp_two_rails, 120},
+    {"kill_trainer", test_kill_trainer, 120},
+    {"netns_tcp", test_netns_tcp, 120},
+    {0},
+};

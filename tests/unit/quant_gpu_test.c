@@ -1,0 +1,371 @@
+/* quant_gpu_test.c — every CUDA kernel of quant/ against the CPU reference, byte for byte: block
+ * quantization (16-byte and element-wise paths, ragged shapes, NaN/inf blocks), partial amax +
+ * apply on tiles with column origins, pack/unpack of random boxes, casts of every 16-bit
+ * pattern, and the choice of host or device by pointer. Needs a GPU; skips without one. */
+#include "quant/quant.h"
+#include "tests/wbtest.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+static const struct wb_quant_exec HOST = {WB_QUANT_HOST, NULL};
+static const struct wb_quant_exec DEV = {WB_QUANT_DEVICE, NULL};
+
+static void need_gpu(void)
+{
+    if (!wb_gpu_built())
+        wb_test_skip("built without CUDA");
+    if (wb_gpu_count() == 0)
+        wb_test_skip("no usable GPU on this machine");
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* A device copy of n host bytes (extra bytes allocated so offset views stay inside). */
+static void *to_dev(const void *h, size_t n)
+{
+    void *d = NULL;
+    CHECK_INT(wb_quant_gpu_alloc(n + 64, &d), 0);
+    if (h)
+        CHECK_INT(wb_quant_gpu_copy(d, h, n, NULL), 0);
+    CHECK_INT(wb_quant_gpu_sync(NULL), 0);
+    return d;
+}
+
+static void from_dev(void *h, const void *d, size_t n)
+{
+    CHECK_INT(wb_quant_gpu_sync(NULL), 0);
+    CHECK_INT(wb_quant_gpu_copy(h, d, n, NULL), 0);
+    CHECK_INT(wb_quant_gpu_sync(NULL), 0);
+}
+
+/* Random values with per-block magnitudes (see quant_test.c), plus a few specials. */
+static void *random_tensor(enum wb_dtype dt, uint64_t rows, uint64_t cols, uint64_t seed,
+                           bool specials)
+{
+    size_t es = wb_dtype_size(dt);
+    char *p = malloc(rows * cols * es + 64);
+    CHECK(p);
+    for (uint64_t i = 0; i < rows * cols; i++) {
+        uint64_t r = i / cols, c = i % cols, blk = (r / 128) * 7 + (c / 128) * 3;
+        int e = (int)(blk % 13) * 3 - 24;
+        float v = ldexpf((float)((rng_next(&seed) >> 40) & 0xffffff) / 16777216.0f, e);
+        if (rng_next(&seed) & 1)
+            v = -v;
+        if (dt == WB_DTYPE_FP32) {
+            memcpy(p + i * 4, &v, 4);
+        } else {
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            uint16_t h =
+                dt == WB_DTYPE_BF16 ? (uint16_t)(u >> 16) : (uint16_t)(rng_next(&seed) & 0xfbff);
+            memcpy(p + i * 2, &h, 2);
+        }
+    }
+    if (specials && rows * cols > 1000) {
+        static const uint32_t f32[] = {0x7fc00000, 0xff800000, 0x00000001, 0x80000000};
+        static const uint16_t f16[] = {0x7e00, 0xfc00, 0x0001, 0x8000};
+        for (int k = 0; k < 4; k++) {
+            uint64_t at = (rng_next(&seed) % (rows * cols));
+            if (dt == WB_DTYPE_FP32)
+                memcpy(p + at * 4, &f32[k], 4);
+            else
+                memcpy(p + at * 2, dt == WB_DTYPE_BF16 ? (const uint16_t *)&f32[k] + 1 : &f16[k],
+                       2);
+        }
+    }
+    return p;
+}
+
+static const enum wb_dtype DTYPES[] = {WB_DTYPE_BF16, WB_DTYPE_FP16, WB_DTYPE_FP32};
+
+static void test_gpu_block(void)
+{
+    need_gpu();
+    static const uint64_t shapes[][2] = {{1, 1},     {7, 5},     {128, 128}, {129, 130},
+                                         {300, 256}, {256, 384}, {17, 1000}, {1024, 2048},
+                                         {260, 16},  {513, 4112}};
+    for (size_t d = 0; d < WB_ARRAY_LEN(DTYPES); d++)
+        for (size_t i = 0; i < WB_ARRAY_LEN(shapes); i++)
+            for (int shift = 0; shift < 2; shift++) { /* 1: misaligned, element-wise path */
+                uint64_t rows = shapes[i][0], cols = shapes[i][1], n = rows * cols;
+                size_t es = wb_dtype_size(DTYPES[d]);
+                uint64_t ns = wb_quant_blocks(rows) * wb_quant_blocks(cols);
+                void *x = random_tensor(DTYPES[d], rows, cols, 3 + i, i % 2 == 1);
+                uint8_t *q = malloc(n), *qd = malloc(n);
+                float *s = malloc(ns * 4), *sd = malloc(ns * 4);
+                CHECK(q && qd && s && sd);
+                CHECK_INT(wb_quant_fp8_block(&HOST, DTYPES[d], x, rows, cols, q, s), 0);
+                char *dx = to_dev(NULL, n * es), *dq = to_dev(NULL, n);
+                float *ds = to_dev(NULL, ns * 4);
+                CHECK_INT(wb_quant_gpu_copy(dx + shift * es, x, n * es, NULL), 0);
+                CHECK_INT(wb_quant_fp8_block(&DEV, DTYPES[d], dx + shift * es, rows, cols,
+                                             (uint8_t *)dq + shift, ds),
+                          0);
+                from_dev(qd, dq + shift, n);
+                from_dev(sd, ds, ns * 4);
+                for (uint64_t k = 0; k < n; k++)
+                    if (q[k] != qd[k])
+                        wb_test_fail(__FILE__, __LINE__,
+                                     "%s [%llu,%llu] shift %d element %llu: GPU 0x%02x, CPU "
+                                     "0x%02x",
+                                     wb_dtype_name(DTYPES[d]), (unsigned long long)rows,
+                                     (unsigned long long)cols, shift, (unsigned long long)k, qd[k],
+                                     q[k]);
+                CHECK_MEM(sd, s, ns * 4);
+                wb_quant_gpu_free(dx);
+                wb_quant_gpu_free(dq);
+                wb_quant_gpu_free(ds);
+                free(x);
+                free(q);
+                free(qd);
+                free(s);
+                free(sd);
+            }
+}
+
+/* Owners hold tiles of a 390 x 300 tensor (column origins on and off 16-element boundaries);
+ * partial amax on the GPU, merged on the host, apply on the GPU == one-shot on the CPU. */
+static void test_gpu_split(void)
+{
+    need_gpu();
+    enum { R = 390, C = 304 };
+    static const uint64_t rcut[] = {0, 100, 128, 300, R};
+    static const uint64_t ccuts[][4] = {{0, 16, 144, C}, {0, 7, 129, C}, {0, 128, 256, C}};
+    for (size_t d = 0; d < WB_ARRAY_LEN(DTYPES); d++) {
+        enum wb_dtype dt = DTYPES[d];
+        size_t es = wb_dtype_size(dt);
+        char *x = random_tensor(dt, R, C, 17 + d, false);
+        uint8_t q1[R * C], q[R * C], tq[R * C];
+        float s1[4 * 3], amax[4 * 3], part[4 * 3], si[4 * 3];
+        char *tile = malloc(R * C * es);
+        CHECK(tile);
+        CHECK_INT(wb_quant_fp8_block(&HOST, dt, x, R, C, q1, s1), 0);
+        for (size_t cc = 0; cc < WB_ARRAY_LEN(ccuts); cc++) {
+            const uint64_t *ccut = ccuts[cc];
+            for (int k = 0; k < 12; k++)
+                amax[k] = 0;
+            for (int phase = 0; phase < 2; phase++)
+                for (int a = 0; a < 4; a++)
+                    for (int b = 0; b < 3; b++) {
+                        struct wb_quant_tile t = {dt, rcut[a + 1] - rcut[a], ccut[b + 1] - ccut[b],
+                                                  rcut[a], ccut[b]};
+                        for (uint64_t r = 0; r < t.rows; r++)
+                            memcpy(tile + r * t.cols * es, x + ((t.row0 + r) * C + t.col0) * es,
+                                   t.cols * es);
+                        void *dt_src = to_dev(tile, t.rows * t.cols * es);
+                        uint8_t *dq = to_dev(NULL, t.rows * t.cols);
+                        float *dp = to_dev(NULL, sizeof(part)), *dsi = to_dev(NULL, sizeof(si));
+                        struct wb_quant_grid g;
+                        CHECK_INT(wb_quant_fp8_grid(&t, 0, t.rows, &g), 0);
+                        if (phase == 0) {
+                            CHECK_INT(wb_quant_fp8_amax(&DEV, &t, dt_src, 0, t.rows, dp), 0);
+                            from_dev(part, dp, g.rows * g.cols * 4);
+                            for (uint64_t i = 0; i < g.rows; i++)
+                                wb_quant_fp8_amax_merge(amax + (g.row + i) * 3 + g.col,
+                                                        part + i * g.cols, g.cols);
+                        } else {
+                            for (uint64_t i = 0; i < g.rows; i++)
+                                memcpy(part + i * g.cols, amax + (g.row + i) * 3 + g.col,
+                                       g.cols * 4);
+                            CHECK_INT(wb_quant_gpu_copy(dp, part, g.rows * g.cols * 4, NULL), 0);
+                            uint64_t mid = t.rows / 2; /* two calls, as a pipeline would */
+                            struct wb_quant_grid g0, g1;
+                            CHECK_INT(wb_quant_fp8_grid(&t, 0, mid, &g0), 0);
+                            CHECK_INT(wb_quant_fp8_grid(&t, mid, t.rows, &g1), 0);
+                            CHECK_INT(wb_quant_fp8_apply(&DEV, &t, dt_src, 0, mid, dp, dq, dsi), 0);
+                            CHECK_INT(wb_quant_fp8_apply(&DEV, &t, dt_src, mid, t.rows,
+                                                         dp + (g1.row - g.row) * g.cols, dq, NULL),
+                                      0);
+                            from_dev(tq, dq, t.rows * t.cols);
+                            from_dev(si, dsi, g0.rows * g0.cols * 4);
+                            for (uint64_t i = 0; i < g0.rows * g0.cols; i++)
+                                CHECK_MEM(&si[i],
+                                          &s1[(g0.row + i / g0.cols) * 3 + g0.col + i % g0.cols],
+                                          4);
+                            for (uint64_t r = 0; r < t.rows; r++)
+                                memcpy(q + (t.row0 + r) * C + t.col0, tq + r * t.cols, t.cols);
+                        }
+                        wb_quant_gpu_free(dt_src);
+                        wb_quant_gpu_free(dq);
+                        wb_quant_gpu_free(dp);
+                        wb_quant_gpu_free(dsi);
+                    }
+            CHECK_MEM(q, q1, sizeof(q));
+        }
+        free(x);
+        free(tile);
+    }
+}
+
+static void test_gpu_pack(void)
+{
+    need_gpu();
+    static const enum wb_dtype dts[] = {WB_DTYPE_FP8_E4M3, WB_DTYPE_BF16, WB_DTYPE_FP32,
+                                        WB_DTYPE_I64};
+    uint64_t seed = 5;
+    for (int iter = 0; iter < 200; iter++) {
+        enum wb_dtype dt = dts[iter % 4];
+        size_t es = wb_dtype_size(dt);
+        struct wb_shape s = {.ndim = 1 + (uint32_t)(rng_next(&seed) % 5)};
+        struct wb_box b = {.ndim = s.ndim};
+        for (uint32_t d = 0; d < s.ndim; d++) {
+            s.dim[d] = 1 + rng_next(&seed) % (d + 1 == s.ndim ? 700 : 9);
+            uint64_t kind = rng_next(&seed) % 3;
+            b.off[d] = kind == 0 ? 0 : rng_next(&seed) % s.dim[d];
+            b.ext[d] = kind == 0 ? s.dim[d] : 1 + rng_next(&seed) % (s.dim[d] - b.off[d]);
+        }
+        uint64_t n = wb_shape_numel(&s), m = wb_box_numel(&b);
+        uint8_t *x = malloc(n * es), *p = malloc(m * es), *pd = malloc(m * es);
+        uint8_t *y = malloc(n * es), *yd = malloc(n * es);
+        CHECK(x && p && pd && y && yd);
+        for (uint64_t i = 0; i < n * es; i++)
+            x[i] = (uint8_t)rng_next(&seed);
+        CHECK_INT(wb_quant_pack(&HOST, dt, &s, &b, x, p), 0);
+        void *dx = to_dev(x, n * es), *dp = to_dev(NULL, m * es), *dy = to_dev(NULL, n * es);
+        CHECK_INT(wb_quant_pack(&DEV, dt, &s, &b, dx, dp), 0);
+        from_dev(pd, dp, m * es);
+        CHECK_MEM(pd, p, m * es);
+        memset(y, 0x33, n * es);
+        CHECK_INT(wb_quant_gpu_copy(dy, y, n * es, NULL), 0);
+        CHECK_INT(wb_quant_unpack(&HOST, dt, &s, &b, p, y), 0);
+        CHECK_INT(wb_quant_unpack(&DEV, dt, &s, &b, dp, dy), 0);
+        from_dev(yd, dy, n * es);
+        CHECK_MEM(yd, y, n * es);
+        wb_quant_gpu_free(dx);
+        wb_quant_gpu_free(dp);
+        wb_quant_gpu_free(dy);
+        free(x);
+        free(p);
+        free(pd);
+        free(y);
+        free(yd);
+    }
+    /* a large contiguous-run case (16-byte units, long runs split into chunks) */
+    enum { R = 64, C = 70000 };
+    struct wb_shape s = {2, {R, C}};
+    struct wb_box b = {2, {3, 16}, {50, 60000}};
+    uint16_t *x = malloc(R * C * 2), *p = malloc(50 * 60000 * 2), *pd = malloc(50 * 60000 * 2);
+    CHECK(x && p && pd);
+    for (uint64_t i = 0; i < (uint64_t)R * C; i++)
+        x[i] = (uint16_t)(i * 31);
+    void *dx = to_dev(x, R * C * 2), *dp = to_dev(NULL, 50 * 60000 * 2);
+    CHECK_INT(wb_quant_pack(&HOST, WB_DTYPE_BF16, &s, &b, x, p), 0);
+    CHECK_INT(wb_quant_pack(&DEV, WB_DTYPE_BF16, &s, &b, dx, dp), 0);
+    from_dev(pd, dp, 50 * 60000 * 2);
+    CHECK_MEM(pd, p, 50 * 60000 * 2);
+    wb_quant_gpu_free(dx);
+    wb_quant_gpu_free(dp);
+    free(x);
+    free(p);
+    free(pd);
+}
+
+static void test_gpu_cast(void)
+{
+    need_gpu();
+    enum { N = 65536 + 13 };
+    uint16_t *h = malloc(N * 2);
+    float *f = malloc(N * 4);
+    void *out = malloc(N * 4), *outd = malloc(N * 4);
+    CHECK(h && f && out && outd);
+    uint64_t seed = 3;
+    for (uint32_t i = 0; i < N; i++) {
+        h[i] = (uint16_t)i;
+        uint32_t u = (uint32_t)rng_next(&seed);
+        memcpy(&f[i], &u, 4);
+    }
+    static const enum wb_dtype all[] = {WB_DTYPE_BF16, WB_DTYPE_FP16, WB_DTYPE_FP32};
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 3; b++)
+            for (int shift = 0; shift < 2; shift++) {
+                enum wb_dtype from = all[a], to = all[b];
+                size_t sb = wb_dtype_size(from), db = wb_dtype_size(to);
+                const void *src = from == WB_DTYPE_FP32 ? (const void *)f : (const void *)h;
+                uint64_t n = N - (uint64_t)shift;
+                char *ds = to_dev(NULL, N * sb), *dd = to_dev(NULL, N * db);
+                CHECK_INT(wb_quant_gpu_copy(ds + shift * sb, src, n * sb, NULL), 0);
+                CHECK_INT(wb_quant_cast(&HOST, from, src, to, out, n), 0);
+                CHECK_INT(wb_quant_cast(&DEV, from, ds + shift * sb, to, dd, n), 0);
+                from_dev(outd, dd, n * db);
+                if (memcmp(out, outd, n * db) != 0)
+                    wb_test_fail(__FILE__, __LINE__, "cast %s -> %s (shift %d): GPU != CPU",
+                                 wb_dtype_name(from), wb_dtype_name(to), shift);
+                wb_quant_gpu_free(ds);
+                wb_quant_gpu_free(dd);
+            }
+    free(h);
+    free(f);
+    free(out);
+    free(outd);
+}
+
+/* The GPU's e4m3 conversion (cvt.rn.satfinite.e4m3x2.f32) against the CPU encoder over a sweep
+ * of FP32 patterns (scripts/gpu/quant_check.sh runs all 2^32). */
+static void test_gpu_encoder_sweep(void)
+{
+    need_gpu();
+    enum { N = 1 << 22 };
+    uint32_t *u = malloc(N * 4);
+    uint8_t *qd = malloc(N);
+    CHECK(u && qd);
+    for (uint64_t i = 0; i < N; i++)
+        u[i] = (uint32_t)(i * 1021);
+    struct wb_quant_tile t = {WB_DTYPE_FP32, N / 1024, 1024, 0, 0};
+    float amax[(N / 1024 / 128) * 8];
+    for (size_t i = 0; i < WB_ARRAY_LEN(amax); i++)
+        amax[i] = 448.0f;
+    void *du = to_dev(u, N * 4), *dq = to_dev(NULL, N), *da = to_dev(amax, sizeof(amax));
+    CHECK_INT(wb_quant_fp8_apply(&DEV, &t, du, 0, t.rows, da, dq, NULL), 0);
+    from_dev(qd, dq, N);
+    for (uint64_t i = 0; i < N; i++) {
+        float x;
+        memcpy(&x, &u[i], 4);
+        if (qd[i] != wb_quant_fp8_encode(x))
+            wb_test_fail(__FILE__, __LINE__, "GPU encode(%a) == 0x%02x, CPU 0x%02x", x, qd[i],
+                         wb_quant_fp8_encode(x));
+    }
+    wb_quant_gpu_free(du);
+    wb_quant_gpu_free(dq);
+    wb_quant_gpu_free(da);
+    free(u);
+    free(qd);
+}
+
+static void test_gpu_auto(void)
+{
+    need_gpu();
+    uint16_t x[256];
+    for (int i = 0; i < 256; i++)
+        x[i] = (uint16_t)(0x3f00 + i);
+    uint8_t q[256], qd[256];
+    float s, sd;
+    CHECK_INT(wb_quant_fp8_block(&HOST, WB_DTYPE_BF16, x, 16, 16, q, &s), 0);
+    void *dx = to_dev(x, sizeof(x)), *dq = to_dev(NULL, 256), *ds = to_dev(NULL, 4);
+    CHECK_INT(wb_quant_fp8_block(NULL, WB_DTYPE_BF16, dx, 16, 16, dq, ds), 0); /* AUTO */
+    from_dev(qd, dq, 256);
+    from_dev(&sd, ds, 4);
+    CHECK_MEM(qd, q, 256);
+    CHECK_MEM(&sd, &s, 4);
+    CHECK_INT(wb_quant_fp8_block(NULL, WB_DTYPE_BF16, dx, 16, 16, q, ds), -EINVAL); /* mixed */
+    wb_quant_gpu_free(dx);
+    wb_quant_gpu_free(dq);
+    wb_quant_gpu_free(ds);
+}
+
+const struct wb_test wb_tests[] = {
+    {"gpu_block", test_gpu_block, 120},
+    {"gpu_split", test_gpu_split, 0},
+    {"gpu_pack", test_gpu_pack, 0},
+    {"gpu_cast", test_gpu_cast, 0},
+    {"gpu_encoder_sweep", test_gpu_encoder_sweep, 0},
+    {"gpu_auto", test_gpu_auto, 0},
+    {0},
+};

@@ -1,0 +1,229 @@
+/* fabric.h — private header of the libfabric backend (transport/fabric/).
+ *
+ * One FI_EP_RDM endpoint per rail, each with its own fabric, domain, AV and CQ, so rails can be
+ * different NICs (efa: one domain per NIC) or, on tcp, different connections over one interface.
+ * Files:
+ *   fabric.c         open/close, rails, peers, registration, query
+ *   fabric_post.c    writes: splitting into shards and pieces, the bounce stage, pending queues,
+ *                    batched posting, batched completion reading, staged commits, peer failure
+ *   fabric_cuda.c    the CUDA half of the bounce/staging path (streams, events, pinned memory)
+ *   fabric_nocuda.c  the same interface without CUDA (host copies only)
+ *
+ * Why a bounce/staging path at all: none of the libfabric providers on the project's machines
+ * registers CUDA memory (no FI_HMEM). A device source is then copied into pinned host chunks
+ * (cudaMemcpyAsync, one stream, events) while earlier chunks are on the wire; a device
+ * destination is given a pinned host mirror that peers write into, and the writer follows the
+ * data of each write with a small "commit" message; the owner copies the committed range to the
+ * device and only then counts the write's immediate. The same code runs on host memory when
+ * stage_host is set, which is how it is tested on machines without a GPU.
+ *
+ * Immediates: a write that fits one provider operation carries its tag as remote CQ data. A
+ * write split into several operations (rails, bounce chunks) posts them with
+ * FI_DELIVERY_COMPLETE and, once all completed, one zero-length write with the tag to the
+ * peer's doorbell — so the destination counts each user write exactly once, whatever the
+ * split. (pplx-garden instead tags every shard and makes receivers expect shards; hiding the
+ * split keeps the plan independent of the writer's rail count, at one small message per
+ * striped write.)
+ */
+#ifndef WB_TX_FABRIC_H
+#define WB_TX_FABRIC_H
+
+#include "transport/tx_priv.h"
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+enum {
+    FAB_NAME_MAX = 64, /* endpoint address bytes */
+    FAB_NRECV = 32,    /* commit receives posted per rail */
+    FAB_MSG_SIZE = 64, /* bytes per commit receive buffer */
+    FAB_BELL_SIZE = 64,
+    FAB_CHECK_NS = 100 * 1000 * 1000, /* liveness/timeout checks at most every 100 ms */
+    FAB_MAX_OP = 1 << 30,             /* largest provider operation (tcp and shm report SIZE_MAX) */
+};
+
+enum fab_op_kind { OP_DATA = 1, OP_IMM, OP_COMMIT, OP_RECV };
+enum fab_op_state { ST_FREE = 0, ST_COPYQ, ST_COPYING, ST_PENDING, ST_POSTED, ST_ABANDONED };
+
+/* The commit message a writer sends after the data of a write into a STAGED region. */
+enum { FAB_COMMIT_MAGIC = 0x57427843u, FAB_COMMIT_VERSION = 1, FAB_COMMIT_IMM = 1 };
+struct fab_commit {
+    uint32_t magic;
+    uint16_t version, flags;
+    uint32_t tag;
+    uint32_t pad;
+    uint64_t region; /* the owner's registration id */
+    uint64_t off, len;
+};
+
+struct fab_write;
+struct fab_chunk;
+
+/* One provider operation. In exactly one list (per its state) at any time. */
+struct fab_op {
+    struct fi_context2 fctx; /* the context handed to libfabric (FI_CONTEXT/FI_CONTEXT2 modes) */
+    struct fab_op *next, *prev;
+    struct fab_write *w;
+    struct fab_mr *mr; /* source registration kept busy, or NULL */
+    uint8_t kind, state, rail;
+    uint32_t peer;
+    void *lbuf, *ldesc;   /* local buffer and its descriptor */
+    const void *copy_src; /* bounce: where the chunk is filled from */
+    struct fab_chunk *chunk;
+    void *gpu_ev;
+    uint64_t len, raddr, rkey, data, flags;
+    uint64_t t_post; /* ns, for op_timeout */
+    struct fab_commit commit;
+};
+
+struct fab_list {
+    struct fab_op *first, *last;
+    size_t n;
+};
+
+/* One wb_tx_write (or wb_tx_write_imm): done when `left` reaches 0. */
+struct fab_write {
+    struct fab_write *next; /* done list / free list */
+    void *ctx;
+    uint32_t peer, left;
+    int err, native_err;
+    bool has_imm, final_started;
+    uint8_t final_kind;      /* 0, OP_IMM or OP_COMMIT: sent after the data operations */
+    struct fab_op *final_op; /* reserved with the write, enqueued after its data */
+    uint32_t tag;
+    uint64_t region, dst_off, len; /* for the commit */
+};
+
+struct fab_chunk {
+    struct fab_chunk *next;
+    uint8_t *ptr;
+};
+
+struct fab_rail {
+    struct fi_info *info;
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_av *av;
+    struct fid_cq *cq;
+    struct fid_ep *ep;
+    uint8_t name[FAB_NAME_MAX];
+    size_t namelen;
+    uint64_t mr_mode, max_msg, window;
+    size_t inject_size;
+    struct fid_mr *ctrl_mr; /* doorbell + commit receive buffers of this rail */
+    void *ctrl_desc;
+    uint64_t ctrl_key;
+    struct fid_mr *pool_mr; /* bounce pool, registered on first use */
+    void *pool_desc;
+    struct fab_list pending, posted;
+    struct fab_op recv[FAB_NRECV];
+    uint32_t recv_repost; /* bitmask of receives to post again (EAGAIN) */
+};
+
+struct fab_peer {
+    fi_addr_t fa[WB_TX_MAX_RAILS]; /* per local rail: the remote rail it talks to */
+    uint32_t nrem;
+    uint64_t bell_addr[WB_TX_MAX_RAILS], bell_key[WB_TX_MAX_RAILS]; /* per remote rail */
+    bool failed;
+    int fail_err, fail_native;
+    uint64_t inflight; /* operations queued or posted */
+};
+
+struct fab_mr {
+    struct wb_tx_mr base;
+    struct fid_mr *mr[WB_TX_MAX_RAILS];
+    void *desc[WB_TX_MAX_RAILS];
+    uint64_t key[WB_TX_MAX_RAILS];
+    bool bounce;   /* source sent through bounce chunks (nothing registered for SRC) */
+    void *mirror;  /* staged destination: the host mirror peers write into */
+    bool pinned;   /* mirror from cudaHostAlloc */
+    uint64_t busy; /* operations reading it, staged copies writing it */
+};
+
+/* A staged copy (mirror -> registered memory) in flight at the destination. */
+struct fab_stage {
+    struct fab_stage *next;
+    struct fab_mr *mr;
+    void *ev;
+    uint32_t tag;
+    bool has_imm;
+};
+
+struct fab_gpu;
+
+struct fab_slab {
+    struct fab_slab *next;
+};
+
+struct fab_tx {
+    struct wb_tx base;
+    struct wb_tx_cfg cfg; /* scalars only; strings are not kept */
+    char prov[64], name[96];
+    uint32_t nrails;
+    struct fab_rail rail[WB_TX_MAX_RAILS];
+    bool hmem;      /* the provider registers CUDA memory */
+    int gpu_device; /* device of the first device registration, -1 before */
+    struct fab_gpu *gpu;
+    uint8_t *ctrl; /* doorbells and commit receive buffers, all rails */
+    uint64_t next_key;
+    uint32_t rr; /* next rail for round-robin */
+    struct fab_peer *peers;
+    uint32_t npeers, peer_cap;
+    struct fab_mr **mrs; /* sorted by id */
+    size_t nmrs, mrs_cap;
+    /* bounce pool */
+    uint8_t *pool;
+    bool pool_pinned;
+    struct fab_chunk *chunks, *free_chunks;
+    struct fab_list copyq, copying;
+    /* staged copies at the destination, FIFO (one stream) */
+    struct fab_stage *stage_first, *stage_last;
+    /* allocation */
+    struct fab_slab *slabs;
+    struct fab_op *free_ops;
+    struct fab_write *free_writes;
+    struct fab_write *done_first, *done_last;
+    uint64_t last_check;
+    struct wb_tx_stats st;
+};
+
+static inline struct fab_tx *fab_of(struct wb_tx *tx)
+{
+    return WB_CONTAINER_OF(tx, struct fab_tx, base);
+}
+
+/* fabric_post.c */
+int fab_write(struct wb_tx *tx, const struct wb_tx_write *w);
+int fab_write_imm(struct wb_tx *tx, uint32_t peer, uint32_t tag, void *ctx);
+ssize_t fab_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max);
+/* Posts the commit receives of a rail (at open). */
+int fab_post_recvs(struct fab_tx *fx, uint32_t rail);
+/* Frees operation slabs and bookkeeping lists (close). */
+void fab_post_fini(struct fab_tx *fx);
+
+/* fabric.c */
+struct fab_mr *fab_mr_find(struct fab_tx *fx, uint64_t id);
+/* Registers the bounce pool on every rail (first bounced write). */
+int fab_pool_init(struct fab_tx *fx);
+
+/* fabric_cuda.c / fabric_nocuda.c */
+/* The CUDA device of p, or -1 for host memory (always -1 without CUDA). */
+int fab_gpu_device_of(const void *p);
+bool fab_gpu_available(void);
+int fab_gpu_open(int device, struct fab_gpu **out);
+/* Waits for every copy, then frees (NULL-safe). */
+void fab_gpu_close(struct fab_gpu *g);
+int fab_gpu_host_alloc(size_t len, bool pinned, void **out);
+void fab_gpu_host_free(void *p, bool pinned);
+/* Starts a copy on stream 0 (to host) or 1 (to device). Host-to-host copies are done at once and
+ * *ev is NULL; otherwise *ev is queried with fab_gpu_done(). *native: cudaError_t on failure. */
+int fab_gpu_copy(struct fab_gpu *g, int stream, void *dst, const void *src, size_t len, void **ev,
+                 int *native);
+/* 1 when the copy behind ev finished (ev is released), 0 while running, -WB_E_CUDA (released). */
+int fab_gpu_done(struct fab_gpu *g, void *ev, int *native);
+
+#endif /* WB_TX_FABRIC_H */

@@ -1,0 +1,759 @@
+/* fabric_post.c — the libfabric backend's data path.
+ *
+ * A user write becomes operations: shards striped across rails (writes above shard_size,
+ * 4 KiB-aligned), each cut into pieces no larger than the provider's max message or, for bounced
+ * sources, a bounce chunk. Operations wait in a per-rail FIFO and are posted lazily from
+ * wb_tx_poll() in batches (post_batch) while fewer than `window` are in flight; -FI_EAGAIN
+ * leaves the operation at the head of its queue until completions free the provider (seeds/blog
+ * 07, 14, 15). Completions are read in batches of cq_batch. Bounced pieces first take a pinned
+ * chunk and a device-to-host copy; the copies of later chunks run while earlier ones are on the
+ * wire, and a chunk returns to the pool when its write operation completes.
+ *
+ * Failure: an error completion fails its write and marks the peer failed; the peer's queued
+ * operations then fail with -WB_E_PEER without reaching the provider, and new writes to it are
+ * refused. A same-host peer whose process is gone, or an operation in flight for longer than
+ * op_timeout, fails the peer the same way and also abandons what the provider still holds for it
+ * (the write is reported; the operation's memory stays until the provider returns it or the
+ * endpoint closes). That is what keeps a dead peer from hanging a writer: the shm provider never
+ * completes operations addressed to a dead process.
+ */
+#include "transport/fabric/fabric.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { SLAB_OPS = 256, SLAB_WRITES = 256, CQ_ROUNDS = 64, CQ_MAX = 1024 };
+
+/* ---------------------------------------------------------------- lists and allocation */
+
+static void list_push(struct fab_list *l, struct fab_op *op)
+{
+    op->next = NULL;
+    op->prev = l->last;
+    if (l->last)
+        l->last->next = op;
+    else
+        l->first = op;
+    l->last = op;
+    l->n++;
+}
+
+static void list_remove(struct fab_list *l, struct fab_op *op)
+{
+    if (op->prev)
+        op->prev->next = op->next;
+    else
+        l->first = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    else
+        l->last = op->prev;
+    op->next = op->prev = NULL;
+    l->n--;
+}
+
+/* A slab of `count` objects of `size` bytes, linked into fx->slabs. */
+static void *slab_new(struct fab_tx *fx, size_t size, size_t count)
+{
+    size_t head = (sizeof(struct fab_slab) + 63) & ~(size_t)63;
+    struct fab_slab *s = calloc(1, head + size * count);
+    if (!s)
+        return NULL;
+    s->next = fx->slabs;
+    fx->slabs = s;
+    return (char *)s + head;
+}
+
+static int ops_reserve(struct fab_tx *fx, size_t n)
+{
+    size_t have = 0;
+    for (struct fab_op *o = fx->free_ops; o && have < n; o = o->next)
+        have++;
+    while (have < n) {
+        struct fab_op *ops = slab_new(fx, sizeof(*ops), SLAB_OPS);
+        if (!ops)
+            return -ENOMEM;
+        for (size_t i = 0; i < SLAB_OPS; i++) {
+            ops[i].next = fx->free_ops;
+            fx->free_ops = &ops[i];
+        }
+        have += SLAB_OPS;
+    }
+    return 0;
+}
+
+/* Only after ops_reserve(). */
+static struct fab_op *op_get(struct fab_tx *fx)
+{
+    struct fab_op *op = fx->free_ops;
+    fx->free_ops = op->next;
+    memset(op, 0, sizeof(*op));
+    return op;
+}
+
+static void op_put(struct fab_tx *fx, struct fab_op *op)
+{
+    op->state = ST_FREE;
+    op->next = fx->free_ops;
+    fx->free_ops = op;
+}
+
+static struct fab_write *write_get(struct fab_tx *fx)
+{
+    if (!fx->free_writes) {
+        struct fab_write *ws = slab_new(fx, sizeof(*ws), SLAB_WRITES);
+        if (!ws)
+            return NULL;
+        for (size_t i = 0; i < SLAB_WRITES; i++) {
+            ws[i].next = fx->free_writes;
+            fx->free_writes = &ws[i];
+        }
+    }
+    struct fab_write *w = fx->free_writes;
+    fx->free_writes = w->next;
+    memset(w, 0, sizeof(*w));
+    return w;
+}
+
+void fab_post_fini(struct fab_tx *fx)
+{
+    while (fx->stage_first) {
+        struct fab_stage *s = fx->stage_first;
+        fx->stage_first = s->next;
+        free(s);
+    }
+    while (fx->slabs) {
+        struct fab_slab *s = fx->slabs;
+        fx->slabs = s->next;
+        free(s);
+    }
+}
+
+/* ---------------------------------------------------------------- completion bookkeeping */
+
+static void write_finish(struct fab_tx *fx, struct fab_write *w)
+{
+    w->next = NULL;
+    if (fx->done_last)
+        fx->done_last->next = w;
+    else
+        fx->done_first = w;
+    fx->done_last = w;
+}
+
+static void enqueue(struct fab_tx *fx, struct fab_op *op)
+{
+    op->state = ST_PENDING;
+    list_push(&fx->rail[op->rail].pending, op);
+}
+
+/* One operation of w finished with err. The last one either starts w's final operation (the
+ * immediate or commit that must follow the data) or completes w. */
+static void part_done(struct fab_tx *fx, struct fab_write *w, int err, int native)
+{
+    if (err && !w->err) {
+        w->err = err;
+        w->native_err = native;
+    }
+    if (--w->left)
+        return;
+    struct fab_op *fin = w->final_kind ? w->final_op : NULL;
+    if (fin && !w->final_started) {
+        w->final_started = true;
+        if (!w->err && !fx->peers[w->peer].failed) {
+            w->left = 1;
+            fx->peers[w->peer].inflight++;
+            enqueue(fx, fin);
+            return;
+        }
+        if (!w->err) {
+            w->err = -WB_E_PEER;
+            w->native_err = fx->peers[w->peer].fail_native;
+        }
+        op_put(fx, fin);
+    }
+    write_finish(fx, w);
+}
+
+/* An operation leaves the backend: the provider returned it, posting failed, or its peer failed
+ * before it was posted. */
+static void op_finish(struct fab_tx *fx, struct fab_op *op, int err, int native)
+{
+    if (op->chunk) {
+        op->chunk->next = fx->free_chunks;
+        fx->free_chunks = op->chunk;
+    }
+    if (op->mr)
+        op->mr->busy--;
+    if (op->state == ST_ABANDONED) { /* already reported with its peer's failure */
+        op_put(fx, op);
+        return;
+    }
+    struct fab_write *w = op->w;
+    fx->peers[op->peer].inflight--;
+    op_put(fx, op);
+    part_done(fx, w, err, native);
+}
+
+/* Marks a peer failed: queued operations fail with -WB_E_PEER, and with `abandon` so do the
+ * ones the provider holds (they stay allocated until the provider returns them). */
+static void peer_fail(struct fab_tx *fx, uint32_t peer, int err, int native, bool abandon)
+{
+    struct fab_peer *p = &fx->peers[peer];
+    if (!p->failed) {
+        p->failed = true;
+        p->fail_err = err;
+        p->fail_native = native;
+        wb_log(WB_LOG_WARN, "transport", "fabric: peer %u (pid %" PRId64 ") failed: %s", peer,
+               wb_txi_peer_pid(&fx->base, peer), wb_strerror(err));
+    }
+    int code = err == -ETIMEDOUT ? -ETIMEDOUT : -WB_E_PEER;
+    struct fab_list *queues[WB_TX_MAX_RAILS + 1];
+    size_t nq = 0;
+    queues[nq++] = &fx->copyq;
+    for (uint32_t i = 0; i < fx->nrails; i++)
+        queues[nq++] = &fx->rail[i].pending;
+    for (size_t q = 0; q < nq; q++) {
+        for (struct fab_op *op = queues[q]->first, *next; op; op = next) {
+            next = op->next;
+            if (op->peer != peer)
+                continue;
+            list_remove(queues[q], op);
+            op_finish(fx, op, code, native);
+        }
+    }
+    if (!abandon)
+        return;
+    for (uint32_t i = 0; i < fx->nrails; i++) {
+        struct fab_list *l = &fx->rail[i].posted;
+        for (struct fab_op *op = l->first, *next; op; op = next) {
+            next = op->next;
+            if (op->peer != peer)
+                continue;
+            list_remove(l, op);
+            struct fab_write *w = op->w;
+            op->state = ST_ABANDONED;
+            /* The peer is gone, so the provider will not read the source again: let the
+             * caller deregister it. The chunk stays with the operation until it returns. */
+            if (op->mr)
+                op->mr->busy--;
+            op->mr = NULL;
+            p->inflight--;
+            part_done(fx, w, code, native);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- writes */
+
+static uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+static uint64_t div_up(uint64_t a, uint64_t b)
+{
+    return a / b + (a % b != 0);
+}
+
+/* Fills the immediate-alone operation (a zero-length write with remote CQ data into the peer's
+ * doorbell on the remote rail this rail talks to). */
+static void make_imm(struct fab_tx *fx, struct fab_op *op, uint32_t rail, uint32_t peer,
+                     uint32_t tag)
+{
+    const struct fab_peer *p = &fx->peers[peer];
+    uint32_t j = rail % p->nrem;
+    op->kind = OP_IMM;
+    op->rail = (uint8_t)rail;
+    op->peer = peer;
+    op->lbuf = fx->ctrl + rail * FAB_BELL_SIZE;
+    op->ldesc = fx->rail[rail].ctrl_desc;
+    op->len = 0;
+    op->raddr = p->bell_addr[j];
+    op->rkey = p->bell_key[j];
+    op->data = tag;
+    op->flags = FI_REMOTE_CQ_DATA;
+}
+
+static int refuse_failed(struct fab_tx *fx, uint32_t peer)
+{
+    return wb_txi_err(&fx->base, -WB_E_PEER, "write: peer %u (pid %" PRId64 ") has failed: %s",
+                      peer, wb_txi_peer_pid(&fx->base, peer),
+                      wb_strerror(fx->peers[peer].fail_err));
+}
+
+int fab_write_imm(struct wb_tx *tx, uint32_t peer, uint32_t tag, void *ctx)
+{
+    struct fab_tx *fx = fab_of(tx);
+    if (fx->peers[peer].failed)
+        return refuse_failed(fx, peer);
+    if (ops_reserve(fx, 1))
+        return -ENOMEM;
+    struct fab_write *w = write_get(fx);
+    if (!w)
+        return -ENOMEM;
+    w->ctx = ctx;
+    w->peer = peer;
+    w->has_imm = true;
+    w->tag = tag;
+    w->left = 1;
+    struct fab_op *op = op_get(fx);
+    op->w = w;
+    make_imm(fx, op, fx->rr, peer, tag);
+    fx->rr = (fx->rr + 1) % fx->nrails;
+    fx->peers[peer].inflight++;
+    fx->st.writes++;
+    enqueue(fx, op);
+    return 0;
+}
+
+int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
+{
+    struct fab_tx *fx = fab_of(tx);
+    struct fab_peer *p = &fx->peers[uw->peer];
+    if (p->failed)
+        return refuse_failed(fx, uw->peer);
+    if (uw->dst->nrails != p->nrem)
+        return wb_txi_err(tx, -EINVAL, "write: descriptor has %u rails, peer %u has %u",
+                          uw->dst->nrails, uw->peer, p->nrem);
+    if (uw->len == 0) {
+        if (uw->has_imm)
+            return fab_write_imm(tx, uw->peer, uw->imm, uw->ctx);
+        /* Nothing to move and nothing to tell: complete at the next poll, post nothing. */
+        struct fab_write *w = write_get(fx);
+        if (!w)
+            return -ENOMEM;
+        w->ctx = uw->ctx;
+        w->peer = uw->peer;
+        fx->st.writes++;
+        write_finish(fx, w);
+        return 0;
+    }
+    struct fab_mr *m = WB_CONTAINER_OF(uw->src, struct fab_mr, base);
+    bool staged_dst = uw->dst->flags & WB_TX_RDESC_STAGED;
+    uint64_t piece = m->bounce ? fx->cfg.bounce_size : FAB_MAX_OP;
+    for (uint32_t i = 0; i < fx->nrails; i++)
+        piece = min_u64(piece, fx->rail[i].max_msg);
+    uint64_t len = uw->len, nshards = 1;
+    if (fx->nrails > 1 && len > fx->cfg.shard_size)
+        nshards = min_u64(fx->nrails, div_up(len, fx->cfg.shard_size));
+    uint64_t shard = (div_up(len, nshards) + 4095) & ~(uint64_t)4095;
+    uint64_t npieces = 0, nsh = 0;
+    for (uint64_t off = 0; off < len; off += shard, nsh++)
+        npieces += div_up(min_u64(shard, len - off), piece);
+    bool deferred = staged_dst || (uw->has_imm && npieces > 1);
+
+    struct fab_write *w = write_get(fx);
+    if (!w)
+        return -ENOMEM;
+    if (ops_reserve(fx, npieces + (deferred ? 1 : 0))) {
+        w->next = fx->free_writes;
+        fx->free_writes = w;
+        return -ENOMEM;
+    }
+    w->ctx = uw->ctx;
+    w->peer = uw->peer;
+    w->has_imm = uw->has_imm;
+    w->tag = uw->imm;
+    w->left = (uint32_t)npieces;
+    if (deferred) {
+        struct fab_op *fin = op_get(fx);
+        fin->w = w;
+        if (staged_dst) {
+            uint32_t rail = fx->rr;
+            fin->kind = OP_COMMIT;
+            fin->rail = (uint8_t)rail;
+            fin->peer = uw->peer;
+            fin->commit = (struct fab_commit){.magic = FAB_COMMIT_MAGIC,
+                                              .version = FAB_COMMIT_VERSION,
+                                              .flags = uw->has_imm ? FAB_COMMIT_IMM : 0,
+                                              .tag = uw->imm,
+                                              .region = uw->dst->id,
+                                              .off = uw->dst_off,
+                                              .len = len};
+            fin->lbuf = &fin->commit;
+            fin->len = sizeof(fin->commit);
+        } else {
+            make_imm(fx, fin, fx->rr, uw->peer, uw->imm);
+        }
+        w->final_kind = fin->kind;
+        w->final_op = fin;
+    }
+    uint64_t flags = deferred ? FI_DELIVERY_COMPLETE : uw->has_imm ? FI_REMOTE_CQ_DATA : 0;
+    uint32_t s = 0;
+    for (uint64_t off = 0; off < len; off += shard, s++) {
+        uint32_t rail = (fx->rr + s) % fx->nrails, j = rail % p->nrem;
+        uint64_t slen = min_u64(shard, len - off);
+        for (uint64_t po = 0; po < slen; po += piece) {
+            struct fab_op *op = op_get(fx);
+            uint64_t so = uw->src_off + off + po, dof = uw->dst_off + off + po;
+            op->kind = OP_DATA;
+            op->w = w;
+            op->mr = m;
+            op->rail = (uint8_t)rail;
+            op->peer = uw->peer;
+            op->len = min_u64(piece, slen - po);
+            op->raddr = uw->dst->rail[j].addr + dof;
+            op->rkey = uw->dst->rail[j].key;
+            op->flags = flags;
+            op->data = flags & FI_REMOTE_CQ_DATA ? uw->imm : 0;
+            m->busy++;
+            p->inflight++;
+            if (m->bounce) {
+                op->copy_src = (const uint8_t *)m->base.ptr + so;
+                op->state = ST_COPYQ;
+                list_push(&fx->copyq, op);
+            } else {
+                op->lbuf = (uint8_t *)m->base.ptr + so;
+                op->ldesc = m->desc[rail];
+                enqueue(fx, op);
+            }
+        }
+    }
+    fx->rr = (fx->rr + s) % fx->nrails;
+    fx->st.writes++;
+    fx->st.bytes += len;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- posting */
+
+/* 1 when the operation completed at once (injected), 0 when posted, else -FI_* from the
+ * provider. */
+static ssize_t post_op(struct fab_tx *fx, struct fab_op *op)
+{
+    struct fab_rail *r = &fx->rail[op->rail];
+    fi_addr_t to = fx->peers[op->peer].fa[op->rail];
+    if (op->kind == OP_COMMIT) {
+        if (r->inject_size >= sizeof(op->commit)) {
+            ssize_t e = fi_inject(r->ep, &op->commit, sizeof(op->commit), to);
+            return e ? e : 1;
+        }
+        return fi_send(r->ep, &op->commit, sizeof(op->commit), NULL, to, &op->fctx);
+    }
+    struct iovec iov = {.iov_base = op->lbuf, .iov_len = op->len};
+    struct fi_rma_iov rma = {.addr = op->raddr, .len = op->len, .key = op->rkey};
+    void *desc = op->ldesc;
+    struct fi_msg_rma msg = {.msg_iov = &iov,
+                             .desc = &desc,
+                             .iov_count = 1,
+                             .addr = to,
+                             .rma_iov = &rma,
+                             .rma_iov_count = 1,
+                             .context = &op->fctx,
+                             .data = op->data};
+    return fi_writemsg(r->ep, &msg, op->flags);
+}
+
+static void repost_recv(struct fab_tx *fx, uint32_t i, uint32_t k)
+{
+    struct fab_rail *r = &fx->rail[i];
+    struct fab_op *op = &r->recv[k];
+    ssize_t e = fi_recv(r->ep, op->lbuf, FAB_MSG_SIZE, op->ldesc, FI_ADDR_UNSPEC, &op->fctx);
+    if (e == -FI_EAGAIN)
+        r->recv_repost |= 1u << k;
+    else if (e)
+        wb_log(WB_LOG_ERROR, "transport", "fabric: rail %u: fi_recv: %s", i, fi_strerror(-e));
+}
+
+int fab_post_recvs(struct fab_tx *fx, uint32_t i)
+{
+    struct fab_rail *r = &fx->rail[i];
+    uint8_t *bufs = fx->ctrl + fx->nrails * FAB_BELL_SIZE;
+    for (uint32_t k = 0; k < FAB_NRECV; k++) {
+        struct fab_op *op = &r->recv[k];
+        op->kind = OP_RECV;
+        op->rail = (uint8_t)i;
+        op->data = k;
+        op->lbuf = bufs + ((size_t)i * FAB_NRECV + k) * FAB_MSG_SIZE;
+        op->ldesc = r->ctrl_desc;
+        repost_recv(fx, i, k);
+    }
+    return 0;
+}
+
+static void post_rail(struct fab_tx *fx, uint32_t i, uint64_t now)
+{
+    struct fab_rail *r = &fx->rail[i];
+    for (uint32_t bits = r->recv_repost; bits; bits &= bits - 1) {
+        uint32_t k = (uint32_t)__builtin_ctz(bits);
+        r->recv_repost &= ~(1u << k);
+        repost_recv(fx, i, k);
+    }
+    for (uint64_t n = 0; r->pending.first && r->posted.n < r->window && n < fx->cfg.post_batch;) {
+        struct fab_op *op = r->pending.first;
+        ssize_t e = post_op(fx, op);
+        if (e == -FI_EAGAIN) {
+            fx->st.eagain++;
+            break;
+        }
+        list_remove(&r->pending, op);
+        n++;
+        if (e < 0) {
+            wb_log(WB_LOG_WARN, "transport", "fabric: rail %u: posting to peer %u: %s", i, op->peer,
+                   fi_strerror((int)-e));
+            op_finish(fx, op, (int)e, (int)-e);
+            continue;
+        }
+        fx->st.ops_posted++;
+        if (e == 1) { /* injected: no completion will come */
+            op_finish(fx, op, 0, 0);
+            continue;
+        }
+        op->state = ST_POSTED;
+        op->t_post = now;
+        list_push(&r->posted, op);
+    }
+}
+
+/* ---------------------------------------------------------------- completions */
+
+/* A commit arrived: copy the committed range from the mirror to the registered memory, then
+ * count the immediate (at once for host copies, when the copy's event fires otherwise). The
+ * range is checked against our own registration: a commit is input from the network. */
+static void handle_commit(struct fab_tx *fx, uint32_t rail, const struct fab_op *rop, size_t len)
+{
+    struct fab_commit c;
+    memcpy(&c, rop->lbuf, sizeof(c));
+    if (len != sizeof(c) || c.magic != FAB_COMMIT_MAGIC || c.version != FAB_COMMIT_VERSION) {
+        wb_log(WB_LOG_WARN, "transport", "fabric: rail %u: dropped a malformed message", rail);
+        return;
+    }
+    struct fab_mr *m = fab_mr_find(fx, c.region);
+    if (!m || !m->mirror || c.off > m->base.size || c.len > m->base.size - c.off) {
+        wb_log(WB_LOG_ERROR, "transport",
+               "fabric: commit for region %" PRIu64 " [%" PRIu64 ", +%" PRIu64
+               ") does not match a staged registration; dropped",
+               c.region, c.off, c.len);
+        return;
+    }
+    void *ev = NULL;
+    int native = 0;
+    int e = fab_gpu_copy(fx->gpu, 1, (uint8_t *)m->base.ptr + c.off,
+                         (const uint8_t *)m->mirror + c.off, c.len, &ev, &native);
+    fx->st.staged_copies++;
+    if (e) {
+        wb_log(WB_LOG_ERROR, "transport",
+               "fabric: staging region %" PRIu64 " [%" PRIu64 ", +%" PRIu64
+               ") to the device failed (cuda error %d); immediate %u not counted",
+               c.region, c.off, c.len, native, c.tag);
+        return;
+    }
+    if (!ev) {
+        if (c.flags & FAB_COMMIT_IMM)
+            wb_txi_imm_arrived(&fx->base, c.tag);
+        return;
+    }
+    struct fab_stage *s = malloc(sizeof(*s));
+    if (!s) { /* cannot track the copy: wait for it rather than lose the immediate */
+        int d;
+        while ((d = fab_gpu_done(fx->gpu, ev, &native)) == 0) {
+        }
+        if (d == 1 && (c.flags & FAB_COMMIT_IMM))
+            wb_txi_imm_arrived(&fx->base, c.tag);
+        return;
+    }
+    *s = (struct fab_stage){.mr = m, .ev = ev, .tag = c.tag, .has_imm = c.flags & FAB_COMMIT_IMM};
+    m->busy++;
+    if (fx->stage_last)
+        fx->stage_last->next = s;
+    else
+        fx->stage_first = s;
+    fx->stage_last = s;
+}
+
+static void stage_check(struct fab_tx *fx)
+{
+    while (fx->stage_first) {
+        struct fab_stage *s = fx->stage_first;
+        int native = 0, d = fab_gpu_done(fx->gpu, s->ev, &native);
+        if (d == 0)
+            return; /* one stream: later copies finish later */
+        if (d < 0)
+            wb_log(WB_LOG_ERROR, "transport", "fabric: staged copy failed (cuda error %d)", native);
+        else if (s->has_imm)
+            wb_txi_imm_arrived(&fx->base, s->tag);
+        s->mr->busy--;
+        fx->stage_first = s->next;
+        if (!fx->stage_first)
+            fx->stage_last = NULL;
+        free(s);
+    }
+}
+
+static void handle_cqe(struct fab_tx *fx, uint32_t rail, const struct fi_cq_data_entry *e)
+{
+    if (e->flags & FI_REMOTE_WRITE) {
+        if (e->flags & FI_REMOTE_CQ_DATA) {
+            fx->st.imm_recv++;
+            wb_txi_imm_arrived(&fx->base, (uint32_t)e->data);
+        }
+        return;
+    }
+    if (!e->op_context)
+        return;
+    struct fab_op *op = WB_CONTAINER_OF(e->op_context, struct fab_op, fctx);
+    if (op->kind == OP_RECV) {
+        handle_commit(fx, rail, op, e->len);
+        repost_recv(fx, rail, (uint32_t)op->data);
+        return;
+    }
+    if (op->state == ST_POSTED)
+        list_remove(&fx->rail[op->rail].posted, op);
+    op_finish(fx, op, 0, 0);
+}
+
+static void handle_cq_err(struct fab_tx *fx, uint32_t rail)
+{
+    struct fi_cq_err_entry ee;
+    memset(&ee, 0, sizeof(ee));
+    ssize_t n = fi_cq_readerr(fx->rail[rail].cq, &ee, 0);
+    if (n != 1 || !ee.op_context)
+        return;
+    struct fab_op *op = WB_CONTAINER_OF(ee.op_context, struct fab_op, fctx);
+    if (op->kind == OP_RECV) {
+        if (ee.err != FI_ECANCELED)
+            repost_recv(fx, rail, (uint32_t)op->data);
+        return;
+    }
+    uint32_t peer = op->peer;
+    bool abandoned = op->state == ST_ABANDONED;
+    if (op->state == ST_POSTED)
+        list_remove(&fx->rail[op->rail].posted, op);
+    op_finish(fx, op, -ee.err, ee.prov_errno);
+    if (!abandoned)
+        peer_fail(fx, peer, -ee.err, ee.prov_errno, false);
+}
+
+static int drain_cq(struct fab_tx *fx, uint32_t rail)
+{
+    struct fi_cq_data_entry ents[CQ_MAX];
+    size_t batch = fx->cfg.cq_batch < CQ_MAX ? fx->cfg.cq_batch : CQ_MAX;
+    for (int round = 0; round < CQ_ROUNDS; round++) {
+        ssize_t n = fi_cq_read(fx->rail[rail].cq, ents, batch);
+        if (n == -FI_EAGAIN)
+            return 0;
+        if (n == -FI_EAVAIL) {
+            handle_cq_err(fx, rail);
+            continue;
+        }
+        if (n < 0)
+            return wb_txi_err(&fx->base, -WB_E_FABRIC, "fabric: rail %u: fi_cq_read: %s", rail,
+                              fi_strerror((int)-n));
+        for (ssize_t k = 0; k < n; k++)
+            handle_cqe(fx, rail, &ents[k]);
+        if ((size_t)n < batch)
+            return 0;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- bounce stage */
+
+static void to_pending(struct fab_tx *fx, struct fab_op *op)
+{
+    const struct fab_peer *p = &fx->peers[op->peer];
+    if (p->failed) {
+        op_finish(fx, op, -WB_E_PEER, p->fail_native);
+        return;
+    }
+    enqueue(fx, op);
+}
+
+static void copy_stage(struct fab_tx *fx)
+{
+    while (fx->copying.first) {
+        struct fab_op *op = fx->copying.first;
+        int native = 0, d = fab_gpu_done(fx->gpu, op->gpu_ev, &native);
+        if (d == 0)
+            break; /* one stream: the rest finish later */
+        list_remove(&fx->copying, op);
+        op->gpu_ev = NULL;
+        if (d < 0)
+            op_finish(fx, op, d, native);
+        else
+            to_pending(fx, op);
+    }
+    while (fx->copyq.first && (fx->free_chunks || !fx->pool)) {
+        struct fab_op *op = fx->copyq.first;
+        list_remove(&fx->copyq, op);
+        int e = fab_pool_init(fx);
+        if (e) {
+            op_finish(fx, op, e, 0);
+            continue;
+        }
+        struct fab_chunk *ch = fx->free_chunks;
+        fx->free_chunks = ch->next;
+        op->chunk = ch;
+        op->lbuf = ch->ptr;
+        op->ldesc = fx->rail[op->rail].pool_desc;
+        void *ev = NULL;
+        int native = 0;
+        e = fab_gpu_copy(fx->gpu, 0, ch->ptr, op->copy_src, op->len, &ev, &native);
+        fx->st.bounce_copies++;
+        if (e) {
+            op_finish(fx, op, e, native);
+        } else if (!ev) {
+            to_pending(fx, op);
+        } else {
+            op->gpu_ev = ev;
+            op->state = ST_COPYING;
+            list_push(&fx->copying, op);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- poll */
+
+static void check_peers(struct fab_tx *fx, uint64_t now)
+{
+    for (uint32_t k = 0; k < fx->npeers; k++)
+        if (!fx->peers[k].failed && fx->peers[k].inflight && !wb_txi_peer_alive(&fx->base, k))
+            peer_fail(fx, k, -WB_E_PEER, 0, true);
+    if (!fx->cfg.op_timeout)
+        return;
+    for (uint32_t i = 0; i < fx->nrails; i++) {
+        struct fab_op *op;
+        while ((op = fx->rail[i].posted.first) && now - op->t_post > fx->cfg.op_timeout)
+            peer_fail(fx, op->peer, -ETIMEDOUT, 0, true);
+    }
+}
+
+ssize_t fab_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
+{
+    struct fab_tx *fx = fab_of(tx);
+    uint64_t now = wb_now_ns();
+    if (now - fx->last_check >= FAB_CHECK_NS) {
+        check_peers(fx, now);
+        fx->last_check = now;
+    }
+    copy_stage(fx);
+    for (uint32_t i = 0; i < fx->nrails; i++)
+        post_rail(fx, i, now);
+    for (uint32_t i = 0; i < fx->nrails; i++) {
+        int e = drain_cq(fx, i);
+        if (e)
+            return e;
+    }
+    /* Completions freed chunks and window slots: post again rather than wait for the next
+     * call (the lazy part is that write() itself never posts). */
+    copy_stage(fx);
+    for (uint32_t i = 0; i < fx->nrails; i++)
+        post_rail(fx, i, now);
+    stage_check(fx);
+    size_t n = 0;
+    while (fx->done_first && n < max) {
+        struct fab_write *w = fx->done_first;
+        fx->done_first = w->next;
+        if (!fx->done_first)
+            fx->done_last = NULL;
+        ev[n++] = (struct wb_tx_event){
+            .kind = WB_TX_EV_WRITE, .err = w->err, .native_err = w->native_err, .ctx = w->ctx};
+        if (w->err)
+            fx->st.errors++;
+        w->next = fx->free_writes;
+        fx->free_writes = w;
+    }
+    return (ssize_t)(n + wb_txi_imm_drain(tx, ev + n, max - n));
+}

@@ -1,0 +1,91 @@
+/* txmem_cuda.c — the memory helpers of transport.h in a CUDA build: host memory as without CUDA,
+ * device memory with cudaMalloc, copies with cudaMemcpy(Default) so any pair of kinds works
+ * (two GPUs: a peer copy). Without a usable GPU, device requests are -WB_E_NOGPU and host
+ * copies never touch the CUDA runtime. Twin of txmem_nocuda.c. */
+#include "transport/transport.h"
+
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+int wb_tx_mem_alloc(enum wb_tx_mem kind, int device, size_t len, void **out)
+{
+    void *p = NULL;
+    if (kind == WB_TX_MEM_HOST) {
+        if (posix_memalign(&p, 4096, len ? len : 1) != 0)
+            return -ENOMEM;
+        *out = p;
+        return 0;
+    }
+    if (wb_gpu_count() == 0)
+        return -WB_E_NOGPU;
+    if (device >= 0 && cudaSetDevice(device) != cudaSuccess)
+        return -WB_E_CUDA;
+    if (cudaMalloc(&p, len ? len : 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -ENOMEM;
+    }
+    *out = p;
+    return 0;
+}
+
+void wb_tx_mem_free(enum wb_tx_mem kind, void *p)
+{
+    if (kind == WB_TX_MEM_HOST)
+        free(p);
+    else if (p)
+        cudaFree(p);
+}
+
+int wb_tx_mem_copy(void *dst, const void *src, size_t len)
+{
+    if (!wb_gpu_is_device_ptr(dst) && !wb_gpu_is_device_ptr(src)) {
+        memmove(dst, src, len);
+        return 0;
+    }
+    if (cudaMemcpy(dst, src, len, cudaMemcpyDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -WB_E_CUDA;
+    }
+    return 0;
+}
+
+int wb_tx_mem_copy_reps(void *dst, const void *src, size_t len, size_t reps)
+{
+    if (!wb_gpu_is_device_ptr(dst) && !wb_gpu_is_device_ptr(src)) {
+        for (size_t i = 0; i < reps; i++)
+            memcpy(dst, src, len);
+        return 0;
+    }
+    /* Between two GPUs: a plain cudaMemcpyPeerAsync with peer access enabled, i.e. a direct
+     * NVLink/PCIe copy, not a trip through host memory. */
+    struct cudaPointerAttributes as, ad;
+    bool peer = cudaPointerGetAttributes(&as, src) == cudaSuccess &&
+                cudaPointerGetAttributes(&ad, dst) == cudaSuccess &&
+                as.type == cudaMemoryTypeDevice && ad.type == cudaMemoryTypeDevice &&
+                as.device != ad.device;
+    if (peer) {
+        int can = 0;
+        cudaSetDevice(as.device);
+        if (cudaDeviceCanAccessPeer(&can, as.device, ad.device) == cudaSuccess && can)
+            cudaDeviceEnablePeerAccess(ad.device, 0); /* "already enabled" is fine */
+    }
+    (void)cudaGetLastError();
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
+        return -WB_E_CUDA;
+    int r = 0;
+    for (size_t i = 0; i < reps && !r; i++) {
+        cudaError_t e = peer ? cudaMemcpyPeerAsync(dst, ad.device, src, as.device, len, s)
+                             : cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, s);
+        if (e != cudaSuccess)
+            r = -WB_E_CUDA;
+    }
+    if (cudaStreamSynchronize(s) != cudaSuccess)
+        r = -WB_E_CUDA;
+    cudaStreamDestroy(s);
+    if (r)
+        (void)cudaGetLastError();
+    return r;
+}

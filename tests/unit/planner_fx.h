@@ -158,4 +158,78 @@ static inline char *fx_dump(const struct wb_plan *p, const struct wb_plan_input 
     return buf;
 }
 
+/* Plans equal byte for byte: meshes, every routing table and receive list (their envelope
+ * encodings), and the per-GPU figures. */
+
+/* The envelope bytes of a table or receive list (every field, canonical); the caller frees
+ * them with wb_mpw_free(). */
+static inline struct wb_mpw fx_encode_table(const struct wb_route_table *t)
+{
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    wb_route_table_encode(&w, t);
+    CHECK_INT(wb_mpw_finish(&w), 0);
+    return w;
+}
+
+static inline struct wb_mpw fx_encode_recv(const struct wb_recv_list *r)
+{
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    wb_recv_list_encode(&w, r);
+    CHECK_INT(wb_mpw_finish(&w), 0);
+    return w;
+}
+
+static inline bool fx_same_bytes(struct wb_mpw *a, struct wb_mpw *b)
+{
+    bool same = a->len == b->len && memcmp(a->buf, b->buf, a->len) == 0;
+    wb_mpw_free(a);
+    wb_mpw_free(b);
+    return same;
+}
+
+static inline void fx_check_same(const struct wb_plan *a, const struct wb_plan *b)
+{
+    CHECK_INT(a->ntrainers, b->ntrainers);
+    CHECK_INT(a->nrollouts, b->nrollouts);
+    CHECK_INT(a->nphases, b->nphases);
+    CHECK_INT(a->nmeshes, b->nmeshes);
+    for (uint32_t m = 0; m < a->nmeshes; m++) {
+        CHECK_INT(a->meshes[m].n, b->meshes[m].n);
+        CHECK_INT(a->meshes[m].phase, b->meshes[m].phase);
+        CHECK(memcmp(a->meshes[m].ranks, b->meshes[m].ranks, a->meshes[m].n * 4) == 0);
+    }
+    for (uint32_t r = 0; r < a->ntrainers; r++) {
+        struct wb_mpw ea = fx_encode_table(&a->tables[r]), eb = fx_encode_table(&b->tables[r]);
+        if (!fx_same_bytes(&ea, &eb))
+            wb_test_fail(__FILE__, __LINE__, "trainer %u: tables differ", r);
+        CHECK_U64(a->tables[r].max_tmp_bytes, b->tables[r].max_tmp_bytes);
+        CHECK_U64(a->stats.send_bytes[r], b->stats.send_bytes[r]);
+        CHECK_U64(a->stats.gather_in_bytes[r], b->stats.gather_in_bytes[r]);
+    }
+    for (uint32_t g = 0; g < a->nrollouts; g++) {
+        struct wb_mpw ea = fx_encode_recv(&a->recv[g]), eb = fx_encode_recv(&b->recv[g]);
+        if (!fx_same_bytes(&ea, &eb))
+            wb_test_fail(__FILE__, __LINE__, "rollout %u: receive lists differ", g);
+        CHECK_U64(a->stats.recv_bytes[g], b->stats.recv_bytes[g]);
+    }
+    const struct wb_plan_stats *x = &a->stats, *y = &b->stats;
+    CHECK_U64(x->tensors, y->tensors);
+    CHECK_U64(x->items, y->items);
+    CHECK_U64(x->tasks, y->tasks);
+    CHECK_U64(x->ops, y->ops);
+    CHECK_U64(x->writes, y->writes);
+    CHECK_U64(x->amax_ops, y->amax_ops);
+    CHECK_U64(x->gathers, y->gathers);
+    for (int m = 0; m < 4; m++)
+        CHECK_U64(x->pieces[m], y->pieces[m]);
+    CHECK_U64(x->total_bytes, y->total_bytes);
+    CHECK_U64(x->gather_bytes, y->gather_bytes);
+    CHECK_U64(x->h2d_bytes, y->h2d_bytes);
+    CHECK_U64(x->lower_bound, y->lower_bound);
+    CHECK_U64(x->greedy_max, y->greedy_max);
+    CHECK_U64(x->max_send, y->max_send);
+}
+
 #endif /* WB_PLANNER_FX_H */

@@ -1,7 +1,8 @@
 /* planner_scenario_test.c — the shipped scenarios end to end (generated inventories, the
  * matcher's rules, the shipped layouts): every destination byte written exactly once, every
  * source byte read from an owner that holds it, mesh groups disjoint, phase order respected
- * (wb_plan_verify), plus the balance figures and receive totals. */
+ * (wb_plan_verify), plus the balance figures and receive totals; and the plan built by the
+ * default number of threads equals the one-thread plan byte for byte. */
 #include "tests/unit/planner_fx.h"
 
 struct scenario {
@@ -64,6 +65,12 @@ static void run(const struct scenario *sc, enum wb_plan_mode mode)
             local += p->recv[g].local[i].bytes;
         CHECK_U64(p->recv[g].recv_bytes, local);
     }
+    struct wb_plan *p1;
+    o.threads = 1;
+    if (wb_plan_build(&f.in, &o, &p1, &f.el))
+        wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
+    fx_check_same(p, p1);
+    wb_plan_free(p1);
     if (mode == WB_MODE_GATHER) {
         CHECK_U64(s->pieces[WB_MODE_DIRECT] + s->pieces[WB_MODE_AMAX], 0);
         CHECK(s->gathers > 0);

@@ -45,77 +45,6 @@ static const char *const ROLLOUT = "replicas: 2\n"
 
 static const char *const MODEL = "configs/models/deepseek_v3.yaml";
 
-/* The envelope bytes of a table or receive list (every field, canonical); the caller frees
- * them with wb_mpw_free(). */
-static struct wb_mpw encode_table(const struct wb_route_table *t)
-{
-    struct wb_mpw w;
-    wb_mpw_init(&w);
-    wb_route_table_encode(&w, t);
-    CHECK_INT(wb_mpw_finish(&w), 0);
-    return w;
-}
-
-static struct wb_mpw encode_recv(const struct wb_recv_list *r)
-{
-    struct wb_mpw w;
-    wb_mpw_init(&w);
-    wb_recv_list_encode(&w, r);
-    CHECK_INT(wb_mpw_finish(&w), 0);
-    return w;
-}
-
-static bool same_bytes(struct wb_mpw *a, struct wb_mpw *b)
-{
-    bool same = a->len == b->len && memcmp(a->buf, b->buf, a->len) == 0;
-    wb_mpw_free(a);
-    wb_mpw_free(b);
-    return same;
-}
-
-static void check_same(const struct wb_plan *a, const struct wb_plan *b)
-{
-    CHECK_INT(a->ntrainers, b->ntrainers);
-    CHECK_INT(a->nrollouts, b->nrollouts);
-    CHECK_INT(a->nphases, b->nphases);
-    CHECK_INT(a->nmeshes, b->nmeshes);
-    for (uint32_t m = 0; m < a->nmeshes; m++) {
-        CHECK_INT(a->meshes[m].n, b->meshes[m].n);
-        CHECK_INT(a->meshes[m].phase, b->meshes[m].phase);
-        CHECK(memcmp(a->meshes[m].ranks, b->meshes[m].ranks, a->meshes[m].n * 4) == 0);
-    }
-    for (uint32_t r = 0; r < a->ntrainers; r++) {
-        struct wb_mpw ea = encode_table(&a->tables[r]), eb = encode_table(&b->tables[r]);
-        if (!same_bytes(&ea, &eb))
-            wb_test_fail(__FILE__, __LINE__, "trainer %u: tables differ", r);
-        CHECK_U64(a->tables[r].max_tmp_bytes, b->tables[r].max_tmp_bytes);
-        CHECK_U64(a->stats.send_bytes[r], b->stats.send_bytes[r]);
-        CHECK_U64(a->stats.gather_in_bytes[r], b->stats.gather_in_bytes[r]);
-    }
-    for (uint32_t g = 0; g < a->nrollouts; g++) {
-        struct wb_mpw ea = encode_recv(&a->recv[g]), eb = encode_recv(&b->recv[g]);
-        if (!same_bytes(&ea, &eb))
-            wb_test_fail(__FILE__, __LINE__, "rollout %u: receive lists differ", g);
-        CHECK_U64(a->stats.recv_bytes[g], b->stats.recv_bytes[g]);
-    }
-    const struct wb_plan_stats *x = &a->stats, *y = &b->stats;
-    CHECK_U64(x->tensors, y->tensors);
-    CHECK_U64(x->items, y->items);
-    CHECK_U64(x->tasks, y->tasks);
-    CHECK_U64(x->ops, y->ops);
-    CHECK_U64(x->writes, y->writes);
-    CHECK_U64(x->amax_ops, y->amax_ops);
-    CHECK_U64(x->gathers, y->gathers);
-    for (int m = 0; m < 4; m++)
-        CHECK_U64(x->pieces[m], y->pieces[m]);
-    CHECK_U64(x->total_bytes, y->total_bytes);
-    CHECK_U64(x->gather_bytes, y->gather_bytes);
-    CHECK_U64(x->h2d_bytes, y->h2d_bytes);
-    CHECK_U64(x->lower_bound, y->lower_bound);
-    CHECK_U64(x->greedy_max, y->greedy_max);
-    CHECK_U64(x->max_send, y->max_send);
-}
-
 /* Builds the case without templates in one thread (the reference), then with templates in 1,
  * 2 and 3 threads (ranks split along fsdp: 2 + 2, and 2 + 1 + 1), and compares each with the
  * reference; returns the items stamped (one thread). */
@@ -146,7 +75,7 @@ static size_t run(enum wb_plan_mode mode, const char *residence)
         size_t n = 0;
         if (plan_build(&f.in, &o, true, &ps, &n, &f.el))
             wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
-        check_same(ps, pw);
+        fx_check_same(ps, pw);
         if (wb_plan_verify(ps, &f.in, &f.el))
             wb_test_fail(__FILE__, __LINE__, "verify:\n%s", fx_errors(&f.el));
         wb_plan_free(ps);

@@ -7,6 +7,7 @@
  * once with one thread. Goals (issue 4): plan <= 1 s, peak RSS <= 1 GiB, busiest sender <= 1.05 x
  * lower bound, and never worse than the greedy. The goals are printed beside the figures; timing
  * never decides the exit status. Usage: see --help. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,8 +144,11 @@ int main(int argc, char **argv)
     }
     const char *defaults[] = {"auto", "gather"};
     int n = argc > i ? argc - i : 2;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    printf("plan_bench: Kimi-K2 %s -> %s (%ld CPUs)\n", TRAINER, ROLLOUT, ncpu);
+    cpu_set_t set;
+    long ncpu = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                             : sysconf(_SC_NPROCESSORS_ONLN);
+    printf("plan_bench: Kimi-K2 %s -> %s (%ld CPUs to run on; threads: %s)\n", TRAINER, ROLLOUT,
+           ncpu, threads ? argv[2] : "one per CPU, at most 8");
     for (int k = 0; k < n; k++) {
         enum wb_plan_mode mode;
         const char *name = argc > i ? argv[i + k] : defaults[k];

@@ -5,6 +5,7 @@
  * tables come out the same for any number of threads). */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -84,7 +85,9 @@ static int emit_pass(struct plan_ctx *c)
 
 uint32_t plan_threads_default(void)
 {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set; /* the CPUs this process may run on (taskset, cgroup cpusets) */
+    long n = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                          : sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : n > 8 ? 8 : (uint32_t)n;
 }
 

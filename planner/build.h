@@ -212,6 +212,10 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p);
 /* pass3.c: per-rank tables under construction, and pass 3 over every item (c->ro reset, then
  * filled; threads per c->opts->threads). */
 struct rank_out *rank_outs_new(uint32_t n);
+/* A context's own working state: scratch vectors and pass-3 counters (receive counts, gather
+ * ordinals, collective phases, inbox cursors). */
+void scratch_init(struct plan_ctx *c);
+void scratch_free(struct plan_ctx *c);
 void rank_outs_free(struct rank_out *ro, uint32_t n);
 int emit_all(struct plan_ctx *c);
 

@@ -132,21 +132,42 @@ static void *emit_thread_main(void *arg)
     return NULL;
 }
 
+void scratch_init(struct plan_ctx *c)
+{
+    c->recv = NULL;
+    c->gather_seq = NULL;
+    c->phase_coll = NULL;
+    c->inbox = NULL;
+    vec_init(&c->sub, sizeof(struct subpiece));
+    vec_init(&c->asg, sizeof(struct assign));
+    vec_init(&c->xc, sizeof(struct xchg));
+    vec_init(&c->icomp, sizeof(struct icomp));
+    vec_init(&c->ibox, sizeof(struct wb_box));
+    vec_init(&c->iset, sizeof(int64_t));
+    vec_init(&c->dem, sizeof(struct dem));
+    vec_init(&c->sd, sizeof(struct sd));
+}
+
+void scratch_free(struct plan_ctx *c)
+{
+    free(c->recv);
+    free(c->gather_seq);
+    free(c->phase_coll);
+    free(c->inbox);
+    vec_free(&c->sub);
+    vec_free(&c->asg);
+    vec_free(&c->xc);
+    vec_free(&c->icomp);
+    vec_free(&c->ibox);
+    vec_free(&c->iset);
+    vec_free(&c->dem);
+    vec_free(&c->sd);
+}
+
 static void emit_thread_free(struct emit_thread *t)
 {
     struct plan_ctx *w = &t->c;
-    free(w->recv);
-    free(w->gather_seq);
-    free(w->phase_coll);
-    free(w->inbox);
-    vec_free(&w->sub);
-    vec_free(&w->asg);
-    vec_free(&w->xc);
-    vec_free(&w->icomp);
-    vec_free(&w->ibox);
-    vec_free(&w->iset);
-    vec_free(&w->dem);
-    vec_free(&w->sd);
+    scratch_free(w);
     vec_free(&w->st.reps);
     vec_free(&w->st.p3rk);
     vec_free(&w->st.p3u32);
@@ -165,19 +186,12 @@ static int emit_thread_init(struct emit_thread *t, const struct plan_ctx *c, con
     w->el = &t->el;
     w->part = part;
     w->me = me;
+    scratch_init(w);
     size_t nrt = c->in->rollout->n;
     w->recv = calloc((size_t)c->nr * nrt + 1, sizeof(*w->recv));
     w->gather_seq = calloc(c->meshes.n + 1, sizeof(uint32_t));
     w->phase_coll = calloc(c->nphases + 1, sizeof(bool));
     w->inbox = calloc(c->nt + 1, sizeof(uint64_t));
-    vec_init(&w->sub, sizeof(struct subpiece));
-    vec_init(&w->asg, sizeof(struct assign));
-    vec_init(&w->xc, sizeof(struct xchg));
-    vec_init(&w->icomp, sizeof(struct icomp));
-    vec_init(&w->ibox, sizeof(struct wb_box));
-    vec_init(&w->iset, sizeof(int64_t));
-    vec_init(&w->dem, sizeof(struct dem));
-    vec_init(&w->sd, sizeof(struct sd));
     vec_init(&w->st.reps, c->st.reps.elem);
     vec_init(&w->st.p3rk, c->st.p3rk.elem);
     vec_init(&w->st.p3u32, sizeof(uint32_t));

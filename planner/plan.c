@@ -732,23 +732,12 @@ static void ctx_free(struct plan_ctx *c)
     vec_free(&c->item_comps);
     bal_free(&c->bal);
     rank_outs_free(c->ro, c->nt);
-    free(c->inbox);
     free(c->tcls);
     free(c->dem0);
     vec_free(&c->cbox);
     vec_free(&c->cinfo);
     intern_free(&c->cls);
-    free(c->gather_seq);
-    free(c->phase_coll);
-    free(c->recv);
-    vec_free(&c->sub);
-    vec_free(&c->asg);
-    vec_free(&c->xc);
-    vec_free(&c->icomp);
-    vec_free(&c->ibox);
-    vec_free(&c->iset);
-    vec_free(&c->dem);
-    vec_free(&c->sd);
+    scratch_free(c);
     stamp_free(&c->st);
 }
 
@@ -800,14 +789,7 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
     vec_init(&c.cbox, sizeof(struct wb_box));
     vec_init(&c.cinfo, sizeof(struct cls_info));
     vec_init(&c.item_comps, sizeof(uint32_t));
-    vec_init(&c.sub, sizeof(struct subpiece));
-    vec_init(&c.asg, sizeof(struct assign));
-    vec_init(&c.xc, sizeof(struct xchg));
-    vec_init(&c.icomp, sizeof(struct icomp));
-    vec_init(&c.ibox, sizeof(struct wb_box));
-    vec_init(&c.iset, sizeof(int64_t));
-    vec_init(&c.dem, sizeof(struct dem));
-    vec_init(&c.sd, sizeof(struct sd));
+    scratch_init(&c);
     stamp_init(&c.st);
     struct wb_plan *p = NULL;
     int r = wb_layout_check(in->tl, in->rl, el);

@@ -273,6 +273,8 @@ static int presize(struct plan_ctx *c)
     }
     rank_outs_free(w->ro, c->nt);
     w->ro = NULL;
+    for (size_t m = 0; m < t.el.n; m++)
+        wb_errlist_add(c->el, "%s", t.el.msgs[m]);
     emit_thread_free(&t);
     vec_free(&cnt);
     free(need);
@@ -317,16 +319,21 @@ int emit_all(struct plan_ctx *c)
         return -ENOMEM;
     }
     r = 0;
-    uint32_t started = 0, made = 0;
+    uint32_t made = 0;
     for (; made < n && !r; made++)
         r = emit_thread_init(&T[made], c, part, made);
-    for (uint32_t k = 1; k < n && !r; k++, started++)
-        if (pthread_create(&T[k].th, NULL, emit_thread_main, &T[k]))
-            r = -EAGAIN;
-    if (!r)
-        emit_thread_main(&T[0]);
-    for (uint32_t k = 1; k <= started; k++)
-        pthread_join(T[k].th, NULL);
+    bool *started = calloc(n, sizeof(bool));
+    if (!r && !started)
+        r = -ENOMEM;
+    for (uint32_t k = 1; k < n && !r; k++)
+        started[k] = pthread_create(&T[k].th, NULL, emit_thread_main, &T[k]) == 0;
+    for (uint32_t k = 0; k < n && !r; k++) /* parts no thread took run here, in turn */
+        if (!started[k])
+            emit_thread_main(&T[k]);
+    for (uint32_t k = 1; k < n && started; k++)
+        if (started[k])
+            pthread_join(T[k].th, NULL);
+    free(started);
     for (uint32_t k = 0; k < n && !r; k++)
         r = T[k].r;
     if (!r) { /* every thread advanced the tags, gather ordinals and inbox cursors alike */

@@ -308,6 +308,42 @@ static uint64_t max_of(const uint64_t *v, uint32_t n)
     return m;
 }
 
+/* The first candidate with the least load. Two passes (the minimum, then where it is) instead
+ * of one running comparison: the comparisons of the first pass do not wait on each other. */
+static uint32_t least_loaded(const uint64_t *load, const uint32_t *cand, uint32_t n)
+{
+    uint64_t m0 = load[cand[0]], m1 = m0;
+    uint32_t k = 1;
+    for (; k + 1 < n; k += 2) {
+        uint64_t a = load[cand[k]], b = load[cand[k + 1]];
+        m0 = a < m0 ? a : m0;
+        m1 = b < m1 ? b : m1;
+    }
+    if (k < n && load[cand[k]] < m0)
+        m0 = load[cand[k]];
+    uint64_t m = m0 < m1 ? m0 : m1;
+    for (k = 0; load[cand[k]] != m; k++)
+        ;
+    return cand[k];
+}
+
+/* The index of the first largest of q[0 .. n) (as least_loaded). */
+static uint32_t largest(const int64_t *q, uint32_t n)
+{
+    int64_t m0 = q[0], m1 = m0;
+    uint32_t k = 1;
+    for (; k + 1 < n; k += 2) {
+        m0 = q[k] > m0 ? q[k] : m0;
+        m1 = q[k + 1] > m1 ? q[k + 1] : m1;
+    }
+    if (k < n && q[k] > m0)
+        m0 = q[k];
+    int64_t m = m0 > m1 ? m0 : m1;
+    for (k = 0; q[k] != m; k++)
+        ;
+    return k;
+}
+
 /* The reference: each greedy group to the least-loaded candidate (lowest rank on ties). */
 static int greedy(struct balance *b, uint64_t *load)
 {
@@ -316,34 +352,21 @@ static int greedy(struct balance *b, uint64_t *load)
     struct bal_demand *D = b->demands.p;
     for (size_t i = 0; i < b->demands.n;) {
         size_t j = i;
-        uint64_t bytes = 0;
-        while (j < b->demands.n && D[j].group == D[i].group) {
-            bytes += D[j].bytes;
+        while (j < b->demands.n && D[j].group == D[i].group)
             j++;
-        }
         const struct bal_set *s = VEC_AT(&b->sets, struct bal_set, D[i].set);
         const uint32_t *cand = VEC_AT(&b->set_ranks, uint32_t, s->r0);
-        uint32_t best = cand[0];
-        for (uint32_t k = 1; k < s->n; k++)
-            if (load[cand[k]] < load[best])
-                best = cand[k];
+        uint32_t best = least_loaded(load, cand, s->n);
         for (size_t k = i; k < j; k++) {
             D[k].nparts = 0;
             /* A group whose demands have different sets (never produced) would be split. */
             const struct bal_set *sk = VEC_AT(&b->sets, struct bal_set, D[k].set);
-            uint32_t rk = best;
-            if (sk != s) {
-                const uint32_t *ck = VEC_AT(&b->set_ranks, uint32_t, sk->r0);
-                rk = ck[0];
-                for (uint32_t m = 1; m < sk->n; m++)
-                    if (load[ck[m]] < load[rk])
-                        rk = ck[m];
-            }
+            uint32_t rk =
+                sk == s ? best : least_loaded(load, VEC_AT(&b->set_ranks, uint32_t, sk->r0), sk->n);
             if (push_part(b, &D[k], rk, 0, D[k].nunits))
                 return -ENOMEM;
             load[rk] += D[k].bytes;
         }
-        (void)bytes;
         i = j;
     }
     return 0;
@@ -419,10 +442,7 @@ static int quota_fill(struct balance *b, const uint64_t *quota, uint64_t *load, 
             d->nparts = 0;
             uint32_t u = 0;
             while (u < d->nunits) {
-                uint32_t best = 0;
-                for (uint32_t m = 1; m < set->n; m++)
-                    if (q[m] > q[best])
-                        best = m;
+                uint32_t best = largest(q, set->n);
                 uint64_t left = part_bytes(d, u, d->nunits);
                 uint32_t u1 = d->nunits;
                 if ((int64_t)left > q[best] && d->nunits > 1 && q[best] > 0) {

@@ -164,6 +164,21 @@ void scratch_free(struct plan_ctx *c)
     vec_free(&c->sd);
 }
 
+/* Pass 3's counters, zeroed: receive counts, gather ordinals, collective phases, inbox
+ * cursors. */
+static int counters_reset(struct plan_ctx *c)
+{
+    free(c->recv);
+    free(c->gather_seq);
+    free(c->phase_coll);
+    free(c->inbox);
+    c->recv = calloc((size_t)c->nr * c->in->rollout->n + 1, sizeof(*c->recv));
+    c->gather_seq = calloc(c->meshes.n + 1, sizeof(uint32_t));
+    c->phase_coll = calloc(c->nphases + 1, sizeof(bool));
+    c->inbox = calloc(c->nt + 1, sizeof(uint64_t));
+    return c->recv && c->gather_seq && c->phase_coll && c->inbox ? 0 : -ENOMEM;
+}
+
 static void emit_thread_free(struct emit_thread *t)
 {
     struct plan_ctx *w = &t->c;
@@ -187,17 +202,11 @@ static int emit_thread_init(struct emit_thread *t, const struct plan_ctx *c, con
     w->part = part;
     w->me = me;
     scratch_init(w);
-    size_t nrt = c->in->rollout->n;
-    w->recv = calloc((size_t)c->nr * nrt + 1, sizeof(*w->recv));
-    w->gather_seq = calloc(c->meshes.n + 1, sizeof(uint32_t));
-    w->phase_coll = calloc(c->nphases + 1, sizeof(bool));
-    w->inbox = calloc(c->nt + 1, sizeof(uint64_t));
     vec_init(&w->st.reps, c->st.reps.elem);
     vec_init(&w->st.p3rk, c->st.p3rk.elem);
     vec_init(&w->st.p3u32, sizeof(uint32_t));
     vec_init(&w->st.scratch, sizeof(uint32_t));
-    if (!w->recv || !w->gather_seq || !w->phase_coll || !w->inbox ||
-        vec_reserve(&w->st.reps, c->st.reps.n))
+    if (counters_reset(w) || vec_reserve(&w->st.reps, c->st.reps.n))
         return -ENOMEM;
     if (c->st.reps.n)
         memcpy(w->st.reps.p, c->st.reps.p, c->st.reps.n * c->st.reps.elem);
@@ -289,15 +298,7 @@ static int presize(struct plan_ctx *c)
 int emit_all(struct plan_ctx *c)
 {
     size_t nrt = c->in->rollout->n;
-    free(c->recv);
-    c->recv = calloc((size_t)c->nr * nrt + 1, sizeof(*c->recv));
-    free(c->gather_seq);
-    c->gather_seq = calloc(c->meshes.n + 1, sizeof(uint32_t));
-    free(c->phase_coll);
-    c->phase_coll = calloc(c->nphases + 1, sizeof(bool));
-    free(c->inbox);
-    c->inbox = calloc(c->nt + 1, sizeof(uint64_t));
-    if (!c->recv || !c->gather_seq || !c->phase_coll || !c->inbox)
+    if (counters_reset(c))
         return -ENOMEM;
     for (uint32_t r = 0; r < c->nt; r++)
         rank_out_reset(&c->ro[r]);

@@ -150,9 +150,8 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p)
         p->meshes[i].ranks = malloc((m->n ? m->n : 1) * sizeof(uint32_t));
         if (!p->meshes[i].ranks)
             return -ENOMEM;
-        for (uint32_t r = 0; r < c->nt; r++)
-            if (m->bits[r / 64] >> (r % 64) & 1)
-                p->meshes[i].ranks[p->meshes[i].n++] = r;
+        memcpy(p->meshes[i].ranks, m->ranks, m->n * sizeof(uint32_t));
+        p->meshes[i].n = m->n;
     }
     p->nphases = c->nphases;
     return 0;

@@ -30,7 +30,8 @@ struct item {
 struct mesh_int {
     int32_t sel[WB_MESH_MAX_DIMS];
     uint32_t n;
-    uint64_t *bits; /* rank bitset, ctx.words words */
+    uint64_t *bits;  /* rank bitset, ctx.words words */
+    uint32_t *ranks; /* the n members, ascending */
     uint32_t phase;
     uint32_t order; /* first appearance */
 };
@@ -117,7 +118,6 @@ struct stamp {
     struct vec reps, sub, tens; /* representatives, their subpieces and tensors */
     struct vec p1u32, p1u64;    /* pass 1: candidate-set requests, base-load deltas */
     struct vec p3rk, p3u32;     /* pass 3: per mesh position ranges, first-use lists */
-    struct vec scratch;         /* mesh ranks */
     int32_t *head;              /* signature hash -> representative, chained */
     size_t hcap;
     int32_t *rep_of, *dr, *dl; /* per item */

@@ -186,7 +186,6 @@ static void emit_thread_free(struct emit_thread *t)
     vec_free(&w->st.reps);
     vec_free(&w->st.p3rk);
     vec_free(&w->st.p3u32);
-    vec_free(&w->st.scratch);
     wb_errlist_free(&t->el);
 }
 
@@ -205,7 +204,6 @@ static int emit_thread_init(struct emit_thread *t, const struct plan_ctx *c, con
     vec_init(&w->st.reps, c->st.reps.elem);
     vec_init(&w->st.p3rk, c->st.p3rk.elem);
     vec_init(&w->st.p3u32, sizeof(uint32_t));
-    vec_init(&w->st.scratch, sizeof(uint32_t));
     if (counters_reset(w) || vec_reserve(&w->st.reps, c->st.reps.n))
         return -ENOMEM;
     if (c->st.reps.n)
@@ -229,10 +227,9 @@ static int presize(struct plan_ctx *c)
     w->ro = r ? NULL : rank_outs_new(c->nt);
     uint64_t *need = calloc((size_t)c->nt * NV + 1, sizeof(uint64_t));
     int64_t *first = malloc((c->items.n + 1) * sizeof(int64_t)); /* rep item -> its counts */
-    uint32_t *ranks = malloc((c->nt + 1) * sizeof(uint32_t));
     struct vec cnt; /* uint64_t[NV] per mesh position of each representative */
     vec_init(&cnt, NV * sizeof(uint64_t));
-    if (!r && (!w->ro || !need || !first || !ranks))
+    if (!r && (!w->ro || !need || !first))
         r = -ENOMEM;
     for (size_t i = 0; !r && i < c->items.n; i++)
         first[i] = -1;
@@ -243,10 +240,8 @@ static int presize(struct plan_ctx *c)
             continue;
         const struct item *it = VEC_AT(&c->items, struct item, x);
         const struct mesh_int *mesh = VEC_AT(&c->meshes, struct mesh_int, it->mesh);
-        uint32_t n = 0;
-        for (uint32_t k = 0; k < c->nt; k++)
-            if (mesh->bits[k / 64] >> (k % 64) & 1)
-                ranks[n++] = k;
+        const uint32_t *ranks = mesh->ranks;
+        uint32_t n = mesh->n;
         if (first[x] < 0) { /* the representative itself: emit it into scratch, count */
             uint32_t group = 0;
             w->demand_cursor = c->dem0[x];
@@ -288,7 +283,6 @@ static int presize(struct plan_ctx *c)
     vec_free(&cnt);
     free(need);
     free(first);
-    free(ranks);
     return r;
 }
 

@@ -255,20 +255,23 @@ static int64_t mesh_intern(struct plan_ctx *c, const struct tplace *tp)
     }
     struct mesh_int m = {.order = (uint32_t)c->meshes.n};
     memcpy(m.sel, sel, sizeof(sel));
-    m.bits = calloc(c->words, sizeof(uint64_t));
-    if (!m.bits)
-        return -ENOMEM;
     struct tplace t = *tp;
     memcpy(t.sel, sel, sizeof(sel));
     m.n = place_nranks(c->pm, &t);
+    m.bits = calloc(c->words, sizeof(uint64_t));
+    m.ranks = malloc((m.n ? m.n : 1) * sizeof(uint32_t));
+    if (!m.bits || !m.ranks || !vec_push(&c->meshes, &m)) {
+        free(m.bits);
+        free(m.ranks);
+        return -ENOMEM;
+    }
     for (uint32_t i = 0; i < m.n; i++) {
         uint32_t r = place_rank(c->pm, &t, NULL, i, NULL, NULL, NULL);
         m.bits[r / 64] |= 1ull << (r % 64);
     }
-    if (!vec_push(&c->meshes, &m)) {
-        free(m.bits);
-        return -ENOMEM;
-    }
+    for (uint32_t r = 0, k = 0; r < c->nt; r++)
+        if (m.bits[r / 64] >> (r % 64) & 1)
+            m.ranks[k++] = r;
     return (int64_t)c->meshes.n - 1;
 }
 
@@ -537,15 +540,7 @@ void asg_boxes(const struct plan_ctx *c, const struct item *it, const struct ass
 static int64_t mesh_set(struct plan_ctx *c, const struct item *it)
 {
     const struct mesh_int *mesh = VEC_AT(&c->meshes, struct mesh_int, it->mesh);
-    uint32_t *ranks = malloc((c->nt ? c->nt : 1) * sizeof(uint32_t));
-    if (!ranks)
-        return -ENOMEM;
-    uint32_t n = 0;
-    for (uint32_t r = 0; r < c->nt; r++)
-        if (mesh->bits[r / 64] >> (r % 64) & 1)
-            ranks[n++] = r;
-    int64_t id = bal_set(&c->bal, ranks, n);
-    free(ranks);
+    int64_t id = bal_set(&c->bal, mesh->ranks, mesh->n);
     int r = stamp_log_set(c, id);
     return r ? r : id;
 }
@@ -725,8 +720,10 @@ static void ctx_free(struct plan_ctx *c)
     wb_placement_map_free(c->pm);
     free(c->rloc);
     vec_free(&c->pieces);
-    for (size_t i = 0; i < c->meshes.n; i++)
+    for (size_t i = 0; i < c->meshes.n; i++) {
         free(VEC_AT(&c->meshes, struct mesh_int, i)->bits);
+        free(VEC_AT(&c->meshes, struct mesh_int, i)->ranks);
+    }
     vec_free(&c->meshes);
     vec_free(&c->items);
     vec_free(&c->item_comps);

@@ -77,7 +77,6 @@ void stamp_init(struct stamp *st)
     vec_init(&st->p1u64, sizeof(uint64_t));
     vec_init(&st->p3rk, sizeof(struct stamp_rank));
     vec_init(&st->p3u32, sizeof(uint32_t));
-    vec_init(&st->scratch, sizeof(uint32_t));
 }
 
 void stamp_free(struct stamp *st)
@@ -89,7 +88,6 @@ void stamp_free(struct stamp *st)
     vec_free(&st->p1u64);
     vec_free(&st->p3rk);
     vec_free(&st->p3u32);
-    vec_free(&st->scratch);
     free(st->head);
     free(st->rep_of);
     free(st->dr);
@@ -261,20 +259,12 @@ static struct stamp_rep *rep_self(struct plan_ctx *c, uint32_t i)
     return rp->item == i ? rp : NULL;
 }
 
-/* Ranks of a mesh, ascending, into st->scratch; returns their number. */
-static int mesh_ranks(struct plan_ctx *c, uint32_t mesh, uint32_t **out)
+/* Ranks of a mesh, ascending; returns their number. */
+static uint32_t mesh_ranks(const struct plan_ctx *c, uint32_t mesh, const uint32_t **out)
 {
     const struct mesh_int *m = VEC_AT(&c->meshes, struct mesh_int, mesh);
-    struct vec *v = &c->st.scratch;
-    v->n = 0;
-    if (vec_reserve(v, m->n + 1))
-        return -ENOMEM;
-    uint32_t *r = v->p, n = 0;
-    for (uint32_t k = 0; k < c->nt; k++)
-        if (m->bits[k / 64] >> (k % 64) & 1)
-            r[n++] = k;
-    *out = r;
-    return (int)n;
+    *out = m->ranks;
+    return m->n;
 }
 
 /* Mesh position of rank r in the ascending list R of n ranks. */
@@ -316,15 +306,13 @@ int stamp_walk_begin(struct plan_ctx *c, uint32_t i, uint32_t group)
     if (!rp)
         return 0;
     const struct item *it = VEC_AT(&c->items, struct item, i);
-    uint32_t *R;
-    int n = mesh_ranks(c, it->mesh, &R);
-    if (n < 0)
-        return n;
+    const uint32_t *R;
+    uint32_t n = mesh_ranks(c, it->mesh, &R);
     rp->set0 = (uint32_t)st->p1u32.n;
     rp->base0 = (uint32_t)st->p1u64.n;
     if (vec_reserve(&st->p1u64, (size_t)n))
         return -ENOMEM;
-    for (int k = 0; k < n; k++)
+    for (uint32_t k = 0; k < n; k++)
         *VEC_AT(&st->p1u64, uint64_t, st->p1u64.n++) = c->bal.base[R[k]];
     st->demands0 = c->bal.demands.n;
     st->group0 = group;
@@ -351,12 +339,10 @@ int stamp_walk_end(struct plan_ctx *c, uint32_t i, uint32_t group)
     if (c->bal.demands.n != st->demands0) /* balanced demands: members are walked */
         return 0;
     const struct item *it = VEC_AT(&c->items, struct item, i);
-    uint32_t *R;
-    int n = mesh_ranks(c, it->mesh, &R);
-    if (n < 0)
-        return n;
+    const uint32_t *R;
+    uint32_t n = mesh_ranks(c, it->mesh, &R);
     uint64_t *B = VEC_AT(&st->p1u64, uint64_t, rp->base0);
-    for (int k = 0; k < n; k++)
+    for (uint32_t k = 0; k < n; k++)
         B[k] = c->bal.base[R[k]] - B[k];
     rp->nset = (uint32_t)st->p1u32.n - rp->set0;
     rp->groups = group - st->group0;
@@ -398,13 +384,11 @@ int stamp_walk_apply(struct plan_ctx *c, uint32_t i, uint32_t *group)
         }
     }
     free(heap);
-    uint32_t *R;
-    int n = mesh_ranks(c, x->mesh, &R);
-    if (n < 0)
-        return n;
+    const uint32_t *R;
+    uint32_t n = mesh_ranks(c, x->mesh, &R);
     const uint64_t *B = VEC_AT(&st->p1u64, uint64_t, rp->base0);
     size_t ph = y->phase < b->nphases ? y->phase : b->nphases - 1;
-    for (int k = 0; k < n; k++) {
+    for (uint32_t k = 0; k < n; k++) {
         uint32_t r = (uint32_t)((int64_t)R[k] + dr);
         b->base[r] += B[k];
         b->pbase[ph * b->nranks + r] += B[k];
@@ -425,14 +409,12 @@ int stamp_emit_begin(struct plan_ctx *c, uint32_t i)
     if (!rp)
         return 0;
     const struct item *it = VEC_AT(&c->items, struct item, i);
-    uint32_t *R;
-    int n = mesh_ranks(c, it->mesh, &R);
-    if (n < 0)
-        return n;
+    const uint32_t *R;
+    uint32_t n = mesh_ranks(c, it->mesh, &R);
     rp->rk0 = (uint32_t)st->p3rk.n;
     if (vec_reserve(&st->p3rk, (size_t)n))
         return -ENOMEM;
-    for (int k = 0; k < n; k++) {
+    for (uint32_t k = 0; k < n; k++) {
         const struct rank_out *ro = &c->ro[R[k]];
         struct stamp_rank *sr = VEC_AT(&st->p3rk, struct stamp_rank, st->p3rk.n++);
         memset(sr, 0, sizeof(*sr));
@@ -509,12 +491,10 @@ int stamp_emit_end(struct plan_ctx *c, uint32_t i)
         return 0;
     st->recording = false;
     const struct item *it = VEC_AT(&c->items, struct item, i);
-    uint32_t *R;
-    int n = mesh_ranks(c, it->mesh, &R);
-    if (n < 0)
-        return n;
+    const uint32_t *R;
+    uint32_t n = mesh_ranks(c, it->mesh, &R);
     rp->coll = false;
-    for (int k = 0; k < n; k++) {
+    for (uint32_t k = 0; k < n; k++) {
         const struct rank_out *ro = &c->ro[R[k]];
         struct stamp_rank *sr = VEC_AT(&st->p3rk, struct stamp_rank, rp->rk0 + k);
         sr->inbox1 = c->inbox[R[k]];
@@ -799,37 +779,29 @@ int stamp_emit_apply(struct plan_ctx *c, uint32_t i)
     struct stamp *st = &c->st;
     const struct item *x = VEC_AT(&c->items, struct item, rp->item);
     const struct item *y = VEC_AT(&c->items, struct item, i);
-    uint32_t *R;
-    int n = mesh_ranks(c, x->mesh, &R);
-    if (n < 0)
-        return n;
-    for (int k = 0; k < n; k++) /* the representative's output there is another thread's */
+    const uint32_t *R;
+    uint32_t n = mesh_ranks(c, x->mesh, &R);
+    for (uint32_t k = 0; k < n; k++) /* the representative's output there is another thread's */
         if (owns(c, (uint32_t)((int64_t)R[k] + st->dr[i])) && !owns(c, R[k]))
             return 0;
-    /* the scratch list is reused below: keep a copy of the ranks and the inbox cursors */
-    uint32_t *ranks = malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
+    /* the target ranks' inbox cursors before any of them moves */
     uint64_t *inbox_y = malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
-    if (!ranks || !inbox_y) {
-        free(ranks);
-        free(inbox_y);
+    if (!inbox_y)
         return -ENOMEM;
-    }
-    memcpy(ranks, R, (size_t)n * sizeof(uint32_t));
-    for (int k = 0; k < n; k++)
-        inbox_y[k] = c->inbox[(int64_t)ranks[k] + st->dr[i]];
+    for (uint32_t k = 0; k < n; k++)
+        inbox_y[k] = c->inbox[(int64_t)R[k] + st->dr[i]];
     c->next_tag += rp->ntags;
     c->gather_seq[y->mesh] += rp->nseq;
     struct tmap tm = {VEC_AT(&st->tens, struct tens_pair, rp->tens0), x->nc, c, y, UINT32_MAX, 0};
     int r = 0;
-    for (int k = 0; k < n && !r; k++) {
+    for (uint32_t k = 0; k < n && !r; k++) {
         const struct stamp_rank *sr = VEC_AT(&st->p3rk, struct stamp_rank, rp->rk0 + k);
-        uint32_t ry = (uint32_t)((int64_t)ranks[k] + st->dr[i]);
+        uint32_t ry = (uint32_t)((int64_t)R[k] + st->dr[i]);
         if (!owns(c, ry)) /* another thread's: keep the inbox cursor in step */
             c->inbox[ry] += sr->inbox1 - sr->inbox0;
         else if (sr->task1 != sr->task0 || sr->a1 != sr->a0 || sr->inbox1 != sr->inbox0)
-            r = stamp_rank(c, rp, y, i, (uint32_t)k, ranks, (uint32_t)n, inbox_y, &tm);
+            r = stamp_rank(c, rp, y, i, k, R, n, inbox_y, &tm);
     }
-    free(ranks);
     free(inbox_y);
     if (r)
         return r;

@@ -2,34 +2,14 @@
  * rollout GPU. It registers with the controller, receives its part of the plan once, and on
  * every "transfer N" executes it (trainers) or counts what lands (rollouts).
  *
- * Also here: the synthetic parameter source (deterministic values per tensor name, seed and
- * version, so any process — a test, a rollout checking itself — can recompute the exact bytes a
- * trainer holds) and the launcher-environment rank discovery (torchrun, Slurm).
+ * Also here: the launcher-environment rank discovery (torchrun, Slurm). The synthetic parameter
+ * source the agent fills trainer shards from is common's (wb_synth_fill()).
  */
 #ifndef WB_AGENT_H
 #define WB_AGENT_H
 
 #include "common/common.h"
 #include "controller/controller.h"
-
-/* ================================================================ synthetic source */
-
-/* The value of element `index` (row-major linear index into the global tensor) of tensor
- * `name` at (seed, version), as FP32. Values are in [-s, s) with s a per-tensor magnitude
- * between 1/64 and 4, so FP8 block scales differ between tensors. */
-float wb_synth_value(const char *name, uint64_t seed, uint64_t version, uint64_t index);
-
-/* Fills dst with the box `box` of the global tensor (name, dtype, shape) at (seed, version),
- * row-major with the box's extents. dtype: BF16, FP16 or FP32 (-EINVAL otherwise; -EINVAL when
- * the box is not within the shape). */
-int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dtype dtype,
-                  const struct wb_shape *shape, const struct wb_box *box, void *dst);
-
-/* FP32 -> BF16 / FP16 with round-to-nearest-even (NaN stays NaN). */
-uint16_t wb_f32_to_bf16(float f);
-float wb_bf16_to_f32(uint16_t h);
-uint16_t wb_f32_to_f16(float f);
-float wb_f16_to_f32(uint16_t h);
 
 /* ================================================================ launcher environment */
 

@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/fpbits.h" /* the float converters: one set for C and CUDA */
+
 /* ---------------------------------------------------------------- errors */
 
 /* Project error codes start at 256 so they never collide with errno values. Functions return
@@ -78,6 +80,12 @@ enum wb_dtype {
     WB_DTYPE_I64,
     WB_DTYPE_COUNT
 };
+
+/* FP8 block quantization works on WB_FP8_BLOCK x WB_FP8_BLOCK tiles counted from the tensor
+ * origin (DeepSeek-V3, Qwen3-FP8 and Kimi-K2 checkpoints; vLLM's block-FP8 layout). This is
+ * the one place the edge is defined: the matcher refuses models asking for another size, the
+ * planner and quant/ tile with it, and every routing table carries it. */
+enum { WB_FP8_BLOCK = 128 };
 
 /* Bytes per element; 0 for WB_DTYPE_INVALID or out-of-range values. */
 size_t wb_dtype_size(enum wb_dtype dt);
@@ -241,6 +249,22 @@ struct wb_tensor_meta {
 };
 void wb_wire_put_tensor_meta(struct wb_mpw *w, const struct wb_tensor_meta *t);
 int wb_wire_get_tensor_meta(struct wb_mpr *r, struct wb_tensor_meta *t);
+
+/* ---------------------------------------------------------------- synthetic source */
+
+/* Deterministic parameter values for the demo, the tests and the benchmarks: the value of
+ * element `index` (row-major linear index into the global tensor) of tensor `name` at (seed,
+ * version) depends on nothing else, so a trainer holding any shard, a test computing the
+ * expected rollout bytes and a rollout checking what landed agree without exchanging anything.
+ * Values are FP32 in [-s, s) with s a per-tensor magnitude between 1/64 and 4, so FP8 block
+ * scales differ between tensors. */
+float wb_synth_value(const char *name, uint64_t seed, uint64_t version, uint64_t index);
+
+/* Fills dst with the box `box` of the global tensor (name, dtype, shape) at (seed, version),
+ * row-major with the box's extents, converted as fpbits.h converts. dtype: BF16, FP16 or FP32
+ * (-EINVAL otherwise; -EINVAL when the box is not within the shape). */
+int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dtype dtype,
+                  const struct wb_shape *shape, const struct wb_box *box, void *dst);
 
 /* ---------------------------------------------------------------- YAML config */
 

@@ -2,12 +2,11 @@
  * rollout rank's tensors must be after version N, computed without the planner or the executor.
  *
  * For each mapping of the match (matcher/): regenerate each component's trainer values from
- * the synthetic source (agent/: deterministic per name, seed and version), place them in the
+ * the synthetic source (common/: deterministic per name, seed and version), place them in the
  * global rollout tensor (fusion, stacking), transform it whole with quant/'s CPU reference
  * (copy, cast, or FP8 128x128 block quantization with its scale tensor), then cut out the boxes
  * the rollout rank holds (wb_mapping_local()). The result is compared with the file a rollout
  * agent writes after each complete version (wb-agent --dump). */
-#include "agent/agent.h"
 #include "controller/controller.h"
 #include "matcher/matcher.h"
 #include "planner/planner.h"

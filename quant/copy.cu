@@ -12,7 +12,7 @@
  * the tail or on unaligned buffers), using the same fpbits.h functions as the CPU reference.
  */
 #include "quant/cuda_util.cuh"
-#include "quant/fpbits.h"
+#include "common/fpbits.h"
 
 namespace
 {

@@ -3,7 +3,7 @@
  * element at a time through fpbits.h, the code the CUDA cast kernel runs too). */
 #include "quant/quant_int.h"
 
-#include "quant/fpbits.h"
+#include "common/fpbits.h"
 
 void wb_quant_cpu_copy(const struct wb_quant_copy *c)
 {

@@ -25,7 +25,7 @@
  * an add, so nothing is contracted into an FMA.
  */
 #include "quant/cuda_util.cuh"
-#include "quant/fpbits.h"
+#include "common/fpbits.h"
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

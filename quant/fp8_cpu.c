@@ -12,7 +12,7 @@
  */
 #include "quant/quant_int.h"
 
-#include "quant/fpbits.h"
+#include "common/fpbits.h"
 
 #ifdef __SSE2__
 #include <emmintrin.h>

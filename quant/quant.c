@@ -6,7 +6,7 @@
  */
 #include "quant/quant_int.h"
 
-#include "quant/fpbits.h"
+#include "common/fpbits.h"
 
 #include <errno.h>
 

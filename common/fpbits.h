@@ -5,10 +5,12 @@
  * only the e4m3 encode has a faster device twin (the cvt instruction), checked against this one
  * over all 2^32 inputs by scripts/gpu/quant_check.sh.
  *
- * Private to quant/.
+ * These are the project's only float converters: common.h includes this file, so the synthetic
+ * source, the quant CPU reference and kernels, and the reference check all round (and turn NaN
+ * into the canonical quiet NaN) the same way, as PyTorch does.
  */
-#ifndef WB_QUANT_FPBITS_H
-#define WB_QUANT_FPBITS_H
+#ifndef WB_COMMON_FPBITS_H
+#define WB_COMMON_FPBITS_H
 
 #include <stdint.h>
 #include <string.h>
@@ -141,4 +143,4 @@ WB_FP_FN uint16_t wb_f32_to_fp16(float f)
     return (uint16_t)(r | sign);
 }
 
-#endif /* WB_QUANT_FPBITS_H */
+#endif /* WB_COMMON_FPBITS_H */

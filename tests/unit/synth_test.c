@@ -1,5 +1,5 @@
-/* agent_synth_test.c — the synthetic parameter source (deterministic, shard-consistent), the
- * BF16/FP16 conversions it uses, and the launcher-environment rank discovery. */
+/* synth_test.c — the synthetic parameter source (deterministic, shard-consistent), the
+ * BF16/FP16 conversions it uses (common/fpbits.h), and the launcher-environment rank discovery. */
 #include "agent/agent.h"
 #include "tests/wbtest.h"
 
@@ -55,13 +55,13 @@ static void test_half_conversions(void)
     CHECK_INT(wb_f32_to_bf16(1.00390625f), 0x3f80); /* tie -> even (down) */
     CHECK_INT(wb_f32_to_bf16(1.01171875f), 0x3f82); /* tie -> even (up) */
     CHECK(wb_bf16_to_f32(0x3f81) == 1.0078125f);
-    CHECK_INT(wb_f32_to_f16(1.0f), 0x3c00);
-    CHECK_INT(wb_f32_to_f16(65504.0f), 0x7bff);
-    CHECK_INT(wb_f32_to_f16(65520.0f), 0x7c00);
-    CHECK_INT(wb_f32_to_f16(5.9604645e-8f), 0x0001);  /* smallest subnormal */
-    CHECK_INT(wb_f32_to_f16(1.00048828125f), 0x3c00); /* tie -> even */
-    CHECK(wb_f16_to_f32(0x3555) == 0.333251953125f);
-    CHECK(wb_f16_to_f32(0x0001) == 5.9604645e-8f);
+    CHECK_INT(wb_f32_to_fp16(1.0f), 0x3c00);
+    CHECK_INT(wb_f32_to_fp16(65504.0f), 0x7bff);
+    CHECK_INT(wb_f32_to_fp16(65520.0f), 0x7c00);
+    CHECK_INT(wb_f32_to_fp16(5.9604645e-8f), 0x0001);  /* smallest subnormal */
+    CHECK_INT(wb_f32_to_fp16(1.00048828125f), 0x3c00); /* tie -> even */
+    CHECK(wb_fp16_to_f32(0x3555) == 0.333251953125f);
+    CHECK(wb_fp16_to_f32(0x0001) == 5.9604645e-8f);
 }
 
 static void test_launch_env(void)

@@ -1,0 +1,83 @@
+/* synth.c — the synthetic parameter source (the demo's, the tests' and the benchmarks' weights).
+ *
+ * A synthetic value depends only on (tensor name, seed, version, global element index), so a
+ * trainer rank holding any shard, a test computing the expected rollout bytes, and a rollout
+ * checking what landed all agree without exchanging anything. A counter-based hash
+ * (splitmix64) gives that; a stateful generator would make values depend on iteration order. */
+#include "common/common.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* Per (name, seed, version): the stream key and the magnitude. */
+static uint64_t stream_key(const char *name, uint64_t seed, uint64_t version, float *scale)
+{
+    uint64_t h = name_hash(name);
+    *scale = ldexpf(1.0f, (int)(h >> 60) % 9 - 6); /* 2^-6 .. 2^2 */
+    return splitmix64(h ^ splitmix64(seed ^ splitmix64(version)));
+}
+
+static float value_at(uint64_t key, float scale, uint64_t index)
+{
+    uint64_t u = splitmix64(key + index);
+    /* 24 random bits -> [-1, 1) exactly representable in FP32 */
+    float x = (float)(int32_t)((u >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
+    return x * scale;
+}
+
+float wb_synth_value(const char *name, uint64_t seed, uint64_t version, uint64_t index)
+{
+    float scale;
+    uint64_t key = stream_key(name, seed, version, &scale);
+    return value_at(key, scale, index);
+}
+
+int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dtype dtype,
+                  const struct wb_shape *shape, const struct wb_box *box, void *dst)
+{
+    if (dtype != WB_DTYPE_BF16 && dtype != WB_DTYPE_FP16 && dtype != WB_DTYPE_FP32)
+        return -EINVAL;
+    if (!wb_box_within(shape, box))
+        return -EINVAL;
+    float scale;
+    uint64_t key = stream_key(name, seed, version, &scale);
+    uint64_t n = wb_box_numel(box);
+    uint32_t nd = box->ndim;
+    uint64_t idx[WB_MAX_DIMS] = {0};
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t lin = 0;
+        for (uint32_t d = 0; d < nd; d++)
+            lin = lin * shape->dim[d] + box->off[d] + idx[d];
+        float v = value_at(key, scale, lin);
+        if (dtype == WB_DTYPE_FP32)
+            ((float *)dst)[k] = v;
+        else if (dtype == WB_DTYPE_BF16)
+            ((uint16_t *)dst)[k] = wb_f32_to_bf16(v);
+        else
+            ((uint16_t *)dst)[k] = wb_f32_to_fp16(v);
+        for (uint32_t d = nd; d-- > 0;) { /* odometer over the box */
+            if (++idx[d] < box->ext[d])
+                break;
+            idx[d] = 0;
+        }
+    }
+    return 0;
+}

@@ -33,7 +33,7 @@ struct wb_agent {
     uint64_t retry_at; /* no register before this time */
     uint64_t last_seq; /* last command handled */
     bool exiting;
-    /* reports waiting for the call channel */
+    /* reports waiting for the call channel, encoded */
     struct wb_mpw queue[MAX_QUEUED];
     size_t nq;
     /* data side */
@@ -52,60 +52,56 @@ static const char *M = "agent";
 
 static void send_register(struct wb_agent *a)
 {
-    struct wb_mpw w;
-    char host[64] = "";
-    gethostname(host, sizeof(host) - 1);
-    wb_mpw_init(&w);
-    wb_msg_begin(&w, WB_MSG_REGISTER, a->o.token, 6);
-    wb_msg_kstr(&w, "role", a->role);
-    wb_msg_ku64(&w, "rank", a->o.rank);
-    wb_msg_ki64(&w, "device", a->o.device);
-    wb_msg_kstr(&w, "host", host);
-    wb_msg_ku64(&w, "pid", (uint64_t)getpid());
+    struct wb_mpw w, inv;
+    struct wb_body_register b = {.rank = a->o.rank, .device = a->o.device};
+    snprintf(b.role, sizeof(b.role), "%s", a->role);
+    gethostname(b.host, sizeof(b.host) - 1);
+    b.pid = (uint64_t)getpid();
     /* The synthetic source holds exactly the shards the plan assigns (sent in SETUP), so the
      * inventory registered here is empty; a source with its own tensors lists them. */
-    wb_mpw_str(&w, "inv");
-    wb_mpw_array(&w, 0);
+    wb_mpw_init(&inv);
+    wb_mpw_array(&inv, 0);
+    b.inv = (struct wb_bytes){inv.buf, inv.len};
+    wb_mpw_init(&w);
+    wb_msg_encode(&w, WB_MSG_REGISTER, a->o.token, &b);
     int err = wb_chan_send(&a->call, &w);
     wb_mpw_free(&w);
+    wb_mpw_free(&inv);
     wb_log(WB_LOG_DEBUG, M, "%s rank %u: register sent: %s", a->role, a->o.rank, wb_strerror(err));
     a->registering = err == 0;
     a->call_is_report = false;
 }
 
-/* Starts a message that identifies this agent's session; npairs more pairs follow. */
-static void begin_session_msg(struct wb_agent *a, struct wb_mpw *w, uint32_t type, uint32_t npairs)
+/* This agent's session header (the first member of every call after REGISTER). */
+static struct wb_session session_of(const struct wb_agent *a)
 {
-    wb_mpw_init(w);
-    wb_msg_begin(w, type, a->o.token, npairs + 3);
-    wb_msg_kstr(w, "role", a->role);
-    wb_msg_ku64(w, "rank", a->o.rank);
-    wb_msg_ku64(w, "session", a->session);
+    struct wb_session s = {.rank = a->o.rank, .session = a->session};
+    snprintf(s.role, sizeof(s.role), "%s", a->role);
+    return s;
 }
 
 static void send_poll(struct wb_agent *a)
 {
     struct wb_mpw w;
-    begin_session_msg(a, &w, WB_MSG_POLL, 1);
-    wb_msg_ku64(&w, "ack", a->last_seq);
+    struct wb_body_poll b = {session_of(a), a->last_seq};
+    wb_mpw_init(&w);
+    wb_msg_encode(&w, WB_MSG_POLL, a->o.token, &b);
     wb_chan_send(&a->pollc, &w);
     wb_mpw_free(&w);
 }
 
-/* Queues a report; it leaves when the call channel is free. */
-static struct wb_mpw *report_begin(struct wb_agent *a, enum wb_report_kind what, bool ok,
-                                   const char *err, uint32_t npairs)
+/* Queues a report (a body of `type` whose first member is the session header, filled here); it
+ * leaves when the call channel is free. */
+static void report(struct wb_agent *a, uint32_t type, void *body)
 {
     if (a->nq == MAX_QUEUED) {
         wb_log(WB_LOG_ERROR, M, "%s rank %u: report queue full", a->role, a->o.rank);
-        return NULL;
+        return;
     }
+    *(struct wb_session *)body = session_of(a);
     struct wb_mpw *w = &a->queue[a->nq++];
-    begin_session_msg(a, w, WB_MSG_REPORT, npairs + 3);
-    wb_msg_ku64(w, "what", what);
-    wb_msg_kbool(w, "ok", ok);
-    wb_msg_kstr(w, "err", err ? err : "");
-    return w;
+    wb_mpw_init(w);
+    wb_msg_encode(w, type, a->o.token, body);
 }
 
 static void pump_calls(struct wb_agent *a, uint64_t now)
@@ -119,9 +115,9 @@ static void pump_calls(struct wb_agent *a, uint64_t now)
     }
     if (now >= a->next_hb) {
         struct wb_mpw w;
-        begin_session_msg(a, &w, WB_MSG_HEARTBEAT, 2);
-        wb_msg_ku64(&w, "version", a->version);
-        wb_msg_kbool(&w, "in_flight", a->in_flight);
+        struct wb_body_heartbeat b = {session_of(a), a->version, a->in_flight};
+        wb_mpw_init(&w);
+        wb_msg_encode(&w, WB_MSG_HEARTBEAT, a->o.token, &b);
         if (wb_chan_send(&a->call, &w) == 0)
             a->call_is_report = false;
         wb_mpw_free(&w);
@@ -149,27 +145,29 @@ static void lose_session(struct wb_agent *a, const char *why)
 /* Handles an ERROR reply; returns a negative code when the agent must stop. */
 static int on_error_reply(struct wb_agent *a, const struct wb_msg *m)
 {
-    int64_t code = 0;
-    char msg[512] = "";
-    wb_msg_i64(m, "code", &code);
-    wb_msg_str(m, "msg", msg, sizeof(msg));
-    if (code == -WB_E_TOKEN) {
-        fprintf(stderr, "wb-agent: %s rank %u: controller %s: %s\n", a->role, a->o.rank,
-                a->o.controller, msg);
-        return -WB_E_TOKEN;
-    }
-    if (code == -WB_E_PEER) {
-        lose_session(a, msg);
+    struct wb_body_error e;
+    char why[WB_ERRMSG_MAX];
+    if (wb_msg_decode(m, &e, why, sizeof(why))) {
+        wb_log(WB_LOG_ERROR, M, "reply from controller: %s", why);
         return 0;
     }
-    if (code == -EADDRINUSE && a->registering) { /* another live process holds the rank */
-        wb_log(WB_LOG_WARN, M, "%s", msg);
+    if (e.code == -WB_E_TOKEN) {
+        fprintf(stderr, "wb-agent: %s rank %u: controller %s: %s\n", a->role, a->o.rank,
+                a->o.controller, e.msg);
+        return -WB_E_TOKEN;
+    }
+    if (e.code == -WB_E_PEER) {
+        lose_session(a, e.msg);
+        return 0;
+    }
+    if (e.code == -EADDRINUSE && a->registering) { /* another live process holds the rank */
+        wb_log(WB_LOG_WARN, M, "%s", e.msg);
         a->registering = false;
         a->retry_at = wb_now_ns() + a->hb_ns;
         return 0;
     }
     fprintf(stderr, "wb-agent: %s rank %u: controller %s: %s\n", a->role, a->o.rank,
-            a->o.controller, msg);
+            a->o.controller, e.msg);
     return a->registering ? -EINVAL : 0;
 }
 
@@ -180,33 +178,44 @@ static void report_pop(struct wb_agent *a)
     a->nq--;
 }
 
-static int on_call_reply(struct wb_agent *a, void *buf, size_t len)
+/* Opens a reply from the controller: 1 with m ready to decode, 0 when it was an ERROR (handled
+ * into *rc) or unreadable (logged). */
+static int open_reply(struct wb_agent *a, const void *buf, size_t len, struct wb_msg *m, int *rc)
 {
-    struct wb_msg m;
     const char *why;
-    if (a->call_is_report && a->nq) /* answered (OK or ERROR): the report arrived */
-        report_pop(a);
-    a->call_is_report = false;
-    /* ERROR replies are read without the token check: a controller refusing our token
-     * cannot be expected to know it. */
-    int err = wb_msg_open(buf, len, NULL, &m, &why);
-    wb_log(WB_LOG_DEBUG, M, "%s rank %u: call reply type %#x: %s", a->role, a->o.rank, m.type,
-           err ? why : "ok");
-    if (err)
-        return 0;
-    if (m.type == WB_MSG_ERROR)
-        return on_error_reply(a, &m);
-    if (wb_msg_open(buf, len, a->o.token, &m, &why)) {
+    *rc = 0;
+    if (wb_msg_open(buf, len, a->o.token, m, &why)) {
         wb_log(WB_LOG_ERROR, M, "reply from controller: %s", why);
         return 0;
     }
+    if (m->type == WB_MSG_ERROR) {
+        *rc = on_error_reply(a, m);
+        return 0;
+    }
+    return 1;
+}
+
+static int on_call_reply(struct wb_agent *a, void *buf, size_t len)
+{
+    struct wb_msg m;
+    int rc;
+    if (a->call_is_report && a->nq) /* answered (OK or ERROR): the report arrived */
+        report_pop(a);
+    a->call_is_report = false;
+    if (!open_reply(a, buf, len, &m, &rc))
+        return rc;
     if (m.type == WB_MSG_REGISTERED && a->registering) {
+        struct wb_body_registered r;
+        char why[WB_ERRMSG_MAX];
         a->registering = false;
-        if (wb_msg_u64(&m, "session", &a->session))
+        if (wb_msg_decode(&m, &r, why, sizeof(why))) {
+            wb_log(WB_LOG_ERROR, M, "reply from controller: %s", why);
             return -EBADMSG;
-        wb_msg_u64(&m, "heartbeat_ns", &a->hb_ns);
-        wb_msg_u64(&m, "dead_ns", &a->dead_ns);
-        wb_msg_u64(&m, "poll_hold_ns", &a->hold_ns);
+        }
+        a->session = r.session;
+        a->hb_ns = r.heartbeat_ns;
+        a->dead_ns = r.dead_ns;
+        a->hold_ns = r.poll_hold_ns;
         a->last_seq = 0;
         wb_log(WB_LOG_INFO, M, "%s rank %u registered, session %" PRIu64, a->role, a->o.rank,
                a->session);
@@ -217,70 +226,68 @@ static int on_call_reply(struct wb_agent *a, void *buf, size_t len)
 
 /* ---------------------------------------------------------------- commands */
 
-static void cmd_setup(struct wb_agent *a, const struct wb_msg *b)
+static void cmd_setup(struct wb_agent *a, const struct wb_body_setup *b)
 {
-    struct agent_job j = {0};
-    const void *plan = NULL, *shards = NULL, *addr = NULL, *regions = NULL;
-    size_t plan_len = 0, shards_len = 0, addr_len = 0, regions_len = 0;
-    char err[512] = "";
-    wb_msg_u64(b, "gen", &j.gen);
-    wb_msg_u64(b, "seed", &j.seed);
-    wb_msg_u64(b, "mem_cap", &j.mem_cap);
-    wb_msg_u64(b, "mode", &j.mode);
-    wb_msg_str(b, "provider", j.provider, sizeof(j.provider));
-    wb_msg_str(b, "trace", j.trace, sizeof(j.trace));
-    wb_msg_str(b, "job", j.name, sizeof(j.name));
-    wb_msg_bin(b, "plan", &plan, &plan_len);
-    wb_msg_bin(b, "shards", &shards, &shards_len);
+    struct agent_job j = {.gen = b->gen, .seed = b->seed, .mem_cap = b->mem_cap};
+    const void *addr = NULL, *regions = NULL;
+    size_t addr_len = 0, regions_len = 0;
+    char err[WB_ERRMSG_MAX] = "";
+    snprintf(j.provider, sizeof(j.provider), "%s", b->provider);
+    snprintf(j.trace, sizeof(j.trace), "%s", b->trace);
+    snprintf(j.name, sizeof(j.name), "%s", b->job);
     a->job = j;
     if (a->xfer_active && a->d)
         data_abort(a->d);
     a->xfer_active = false;
-    int rc = data_setup(&a->d, &a->o, &j, plan, plan_len, shards, shards_len, &addr, &addr_len,
-                        &regions, &regions_len, err, sizeof(err));
+    int rc = data_setup(&a->d, &a->o, &j, b->plan.p, b->plan.n, b->shards.p, b->shards.n, &addr,
+                        &addr_len, &regions, &regions_len, err, sizeof(err));
     if (rc)
         wb_log(WB_LOG_ERROR, M, "%s rank %u: setup failed: %s", a->role, a->o.rank, err);
-    struct wb_mpw *w = report_begin(a, WB_REP_SETUP, rc == 0, err, 3);
-    if (!w)
-        return;
-    wb_msg_ku64(w, "gen", j.gen);
-    wb_msg_kbin(w, "addr", addr, addr_len);
-    wb_msg_kbin(w, "regions", regions, regions_len);
+    struct wb_body_rep_setup r = {
+        .gen = j.gen, .ok = rc == 0, .addr = {addr, addr_len}, .regions = {regions, regions_len}};
+    snprintf(r.err, sizeof(r.err), "%s", err);
+    report(a, WB_MSG_REP_SETUP, &r);
 }
 
-static void cmd_peers(struct wb_agent *a, const struct wb_msg *b)
+static void cmd_peers(struct wb_agent *a, const struct wb_body_peers *b)
 {
-    uint64_t gen = 0;
-    const void *p = NULL;
-    size_t n = 0;
-    char err[512] = "";
-    wb_msg_u64(b, "gen", &gen);
-    struct wb_mpr r = wb_msg_get(b, "agents");
-    if (r.err == 0) { /* the array object itself, as bytes */
-        struct wb_mpr end = r;
-        wb_mpr_skip(&end);
-        p = r.p;
-        n = (size_t)(end.p - r.p);
-    }
-    int rc = a->d ? data_peers(a->d, p, n, err, sizeof(err)) : -EINVAL;
+    char err[WB_ERRMSG_MAX] = "";
+    int rc = a->d ? data_peers(a->d, b->agents.p, b->agents.n, err, sizeof(err)) : -EINVAL;
     if (rc && !*err)
         snprintf(err, sizeof(err), "peers before setup");
-    struct wb_mpw *w = report_begin(a, WB_REP_CONNECTED, rc == 0, err, 1);
-    if (w)
-        wb_msg_ku64(w, "gen", gen);
+    struct wb_body_rep_connected r = {.gen = b->gen, .ok = rc == 0};
+    snprintf(r.err, sizeof(r.err), "%s", err);
+    report(a, WB_MSG_REP_CONNECTED, &r);
+}
+
+/* Reports the end of a transfer (ok or not); stats and rx_bytes only for a success. */
+static void report_done(struct wb_agent *a, uint64_t version, bool ok, const char *err,
+                        const struct wb_xfer_stats *stats, uint64_t rx_bytes)
+{
+    if (a->o.role == WB_ROLE_TRAINER) {
+        struct wb_mpw sw;
+        struct wb_xfer_stats none = {.rank = a->o.rank};
+        wb_mpw_init(&sw);
+        wb_body_put(&sw, WB_BODY_STATS, stats ? stats : &none);
+        struct wb_body_rep_sent r = {.version = version, .ok = ok, .stats = {sw.buf, sw.len}};
+        snprintf(r.err, sizeof(r.err), "%s", err ? err : "");
+        report(a, WB_MSG_REP_SENT, &r);
+        wb_mpw_free(&sw);
+    } else {
+        struct wb_body_rep_received r = {.version = version, .ok = ok, .bytes = rx_bytes};
+        snprintf(r.err, sizeof(r.err), "%s", err ? err : "");
+        report(a, WB_MSG_REP_RECEIVED, &r);
+    }
 }
 
 static void cmd_transfer(struct wb_agent *a, uint64_t version, uint64_t epoch)
 {
-    char err[512] = "";
+    char err[WB_ERRMSG_MAX] = "";
     int rc = a->d ? data_start(a->d, version, epoch, err, sizeof(err)) : -EINVAL;
     if (rc) {
         if (!*err)
             snprintf(err, sizeof(err), "transfer before setup");
-        struct wb_mpw *w = report_begin(
-            a, a->o.role == WB_ROLE_TRAINER ? WB_REP_SENT : WB_REP_RECEIVED, false, err, 1);
-        if (w)
-            wb_msg_ku64(w, "version", version);
+        report_done(a, version, false, err, NULL, 0);
         return;
     }
     a->xfer_active = true;
@@ -289,85 +296,92 @@ static void cmd_transfer(struct wb_agent *a, uint64_t version, uint64_t epoch)
     a->pace_until = wb_now_ns() + a->o.pace_ns;
 }
 
+static void cmd_complete(struct wb_agent *a, uint64_t version)
+{
+    if (a->o.role != WB_ROLE_ROLLOUT)
+        return;
+    char err[WB_ERRMSG_MAX] = "";
+    int rc = a->o.dump && a->d ? data_dump(a->d, a->o.dump, version, err, sizeof(err)) : 0;
+    if (rc)
+        wb_log(WB_LOG_ERROR, M, "rollout rank %u: %s", a->o.rank, err);
+    a->version = version;
+    a->in_flight = false;
+    struct wb_body_rep_committed r = {.version = version};
+    report(a, WB_MSG_REP_COMMITTED, &r);
+    wb_log(WB_LOG_INFO, M, "rollout rank %u: version %" PRIu64 " complete", a->o.rank, version);
+}
+
+static void cmd_abort(struct wb_agent *a, const struct wb_body_abort *b)
+{
+    wb_log(WB_LOG_WARN, M, "%s rank %u: transfer %" PRIu64 " aborted: %s", a->role, a->o.rank,
+           b->version, b->reason);
+    if (a->xfer_active && a->xfer_version == b->version && a->d)
+        data_abort(a->d);
+    if (a->xfer_version == b->version) {
+        a->xfer_active = false;
+        a->in_flight = false;
+    }
+}
+
+/* Every command body, decoded by its type. */
+union cmd_body {
+    struct wb_body_setup setup;
+    struct wb_body_peers peers;
+    struct wb_body_version_epoch xfer;
+    struct wb_body_version complete;
+    struct wb_body_abort abort;
+};
+
 static int on_commands(struct wb_agent *a, void *buf, size_t len)
 {
     struct wb_msg m;
-    const char *why;
-    if (wb_msg_open(buf, len, NULL, &m, &why))
+    struct wb_body_commands cb;
+    struct wb_cmd_reader cr;
+    char why[WB_ERRMSG_MAX];
+    int rc;
+    if (!open_reply(a, buf, len, &m, &rc))
+        return rc;
+    if (m.type != WB_MSG_COMMANDS || wb_msg_decode(&m, &cb, why, sizeof(why)) ||
+        wb_cmd_reader_init(&cr, &cb.cmds))
         return 0;
-    if (m.type == WB_MSG_ERROR)
-        return on_error_reply(a, &m);
-    if (wb_msg_open(buf, len, a->o.token, &m, &why) || m.type != WB_MSG_COMMANDS)
-        return 0;
-    struct wb_mpr r = wb_msg_get(&m, "cmds");
-    uint32_t n = 0;
-    if (wb_mpr_array(&r, WB_WIRE_MAX_ARRAY, &n))
-        return 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t three;
-        uint64_t seq = 0, kind = 0;
-        wb_mpr_array(&r, 3, &three);
-        wb_mpr_u64(&r, &seq);
-        wb_mpr_u64(&r, &kind);
-        struct wb_mpr body = r;
-        if (wb_mpr_skip(&r) || three != 3)
-            return 0;
+    uint64_t seq;
+    uint32_t type;
+    struct wb_mpr body;
+    while ((rc = wb_cmd_next(&cr, &seq, &type, &body)) == 1) {
         if (seq <= a->last_seq)
             continue; /* seen before: a re-sent command */
         a->last_seq = seq;
-        struct wb_msg bm;
-        if (wb_msg_index(&body, &bm))
+        union cmd_body b;
+        if (wb_body_get(&body, type, &b, why, sizeof(why))) {
+            wb_log(WB_LOG_ERROR, M, "%s rank %u: command refused: %s", a->role, a->o.rank, why);
             continue;
-        bm.type = (uint32_t)kind;
-        uint64_t version = 0, epoch = 0;
-        wb_msg_u64(&bm, "version", &version);
-        wb_msg_u64(&bm, "epoch", &epoch);
-        switch (kind) {
+        }
+        switch (type) {
         case WB_CMD_SETUP:
-            cmd_setup(a, &bm);
+            cmd_setup(a, &b.setup);
             break;
         case WB_CMD_PEERS:
-            cmd_peers(a, &bm);
+            cmd_peers(a, &b.peers);
             break;
         case WB_CMD_TRANSFER:
-            cmd_transfer(a, version, epoch);
+            cmd_transfer(a, b.xfer.version, b.xfer.epoch);
             break;
         case WB_CMD_COMPLETE:
-            if (a->o.role == WB_ROLE_ROLLOUT) {
-                char err[512] = "";
-                int rc =
-                    a->o.dump && a->d ? data_dump(a->d, a->o.dump, version, err, sizeof(err)) : 0;
-                if (rc)
-                    wb_log(WB_LOG_ERROR, M, "rollout rank %u: %s", a->o.rank, err);
-                a->version = version;
-                a->in_flight = false;
-                struct wb_mpw *w = report_begin(a, WB_REP_COMMITTED, true, NULL, 1);
-                if (w)
-                    wb_msg_ku64(w, "version", version);
-                wb_log(WB_LOG_INFO, M, "rollout rank %u: version %" PRIu64 " complete", a->o.rank,
-                       version);
-            }
+            cmd_complete(a, b.complete.version);
             break;
-        case WB_CMD_ABORT: {
-            char reason[512] = "";
-            wb_msg_str(&bm, "reason", reason, sizeof(reason));
-            wb_log(WB_LOG_WARN, M, "%s rank %u: transfer %" PRIu64 " aborted: %s", a->role,
-                   a->o.rank, version, reason);
-            if (a->xfer_active && a->xfer_version == version && a->d)
-                data_abort(a->d);
-            if (a->xfer_version == version) {
-                a->xfer_active = false;
-                a->in_flight = false;
-            }
+        case WB_CMD_ABORT:
+            cmd_abort(a, &b.abort);
             break;
-        }
         case WB_CMD_EXIT:
             a->exiting = true;
             break;
         default:
+            wb_log(WB_LOG_ERROR, M, "%s rank %u: unknown command %#x", a->role, a->o.rank, type);
             break;
         }
     }
+    if (rc < 0)
+        wb_log(WB_LOG_ERROR, M, "%s rank %u: malformed command list", a->role, a->o.rank);
     return 0;
 }
 
@@ -386,18 +400,7 @@ static void data_step(struct wb_agent *a)
     if (data_progress(a->d, &done) != 1 || !a->xfer_active)
         return;
     a->xfer_active = false;
-    bool tr = a->o.role == WB_ROLE_TRAINER;
-    struct wb_mpw *w =
-        report_begin(a, tr ? WB_REP_SENT : WB_REP_RECEIVED, done.ok, done.err, tr ? 2 : 2);
-    if (!w)
-        return;
-    wb_msg_ku64(w, "version", a->xfer_version);
-    if (tr) {
-        wb_mpw_str(w, "stats");
-        wb_xfer_stats_put(w, &done.stats);
-    } else {
-        wb_msg_ku64(w, "bytes", done.rx_bytes);
-    }
+    report_done(a, a->xfer_version, done.ok, done.err, &done.stats, done.rx_bytes);
     if (!done.ok)
         wb_log(WB_LOG_ERROR, M, "%s rank %u: transfer %" PRIu64 " failed: %s", a->role, a->o.rank,
                a->xfer_version, done.err);

@@ -9,7 +9,7 @@
 #define WB_AGENT_H
 
 #include "common/common.h"
-#include "controller/controller.h"
+#include "proto/proto.h"
 
 /* ================================================================ launcher environment */
 

@@ -427,7 +427,7 @@ int data_peers(struct data *d, const void *peers, size_t len, char *err, size_t 
     struct wb_mpr r;
     uint32_t n;
     wb_mpr_init(&r, peers, len);
-    if (wb_mpr_array(&r, WB_JOB_ROLE_MAX * 2, &n)) {
+    if (wb_mpr_array(&r, WB_RANKS_MAX * 2, &n)) {
         snprintf(err, errcap, "peer list: malformed");
         return -EBADMSG;
     }

@@ -194,6 +194,8 @@ void wb_mpw_nil(struct wb_mpw *w);
 void wb_mpw_str(struct wb_mpw *w, const char *s);
 void wb_mpw_strn(struct wb_mpw *w, const char *s, size_t n);
 void wb_mpw_bin(struct wb_mpw *w, const void *p, size_t n);
+/* Appends bytes that are already msgpack (one or more whole objects) as they are. */
+void wb_mpw_raw(struct wb_mpw *w, const void *p, size_t n);
 /* Returns 0 or the first error. */
 static inline int wb_mpw_finish(const struct wb_mpw *w)
 {

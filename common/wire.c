@@ -126,6 +126,12 @@ void wb_mpw_bin(struct wb_mpw *w, const void *p, size_t n)
     msgpack_pack_bin_body(&pk, p, n);
 }
 
+void wb_mpw_raw(struct wb_mpw *w, const void *p, size_t n)
+{
+    msgpack_packer pk = packer(w);
+    msgpack_pack_bin_body(&pk, p, n); /* appends the bytes as they are */
+}
+
 /* ---------------------------------------------------------------- reader */
 
 void wb_mpr_init(struct wb_mpr *r, const void *buf, size_t len)

@@ -109,45 +109,52 @@ static void reply(struct wb_controller *c, nng_msg *req, const struct wb_mpw *bo
     }
 }
 
+/* Refusals never carry the token: the sender may not know it. */
 static void reply_error(struct wb_controller *c, nng_msg *req, int code, const char *msg)
 {
     struct wb_mpw w;
     wb_mpw_init(&w);
-    wb_msg_error(&w, c->job->token, code, msg);
+    wb_msg_error(&w, code, msg);
+    reply(c, req, &w);
+    wb_mpw_free(&w);
+}
+
+static void reply_msg(struct wb_controller *c, nng_msg *req, uint32_t type, const void *body)
+{
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    wb_msg_encode(&w, type, c->job->token, body);
     reply(c, req, &w);
     wb_mpw_free(&w);
 }
 
 static void reply_ok(struct wb_controller *c, nng_msg *req)
 {
-    struct wb_mpw w;
-    wb_mpw_init(&w);
-    wb_msg_begin(&w, WB_MSG_OK, c->job->token, 0);
-    reply(c, req, &w);
-    wb_mpw_free(&w);
+    reply_msg(c, req, WB_MSG_OK, NULL);
+}
+
+static struct wb_bytes mpw_bytes(const struct wb_mpw *w)
+{
+    return (struct wb_bytes){w->buf, w->len};
 }
 
 /* ---------------------------------------------------------------- commands */
 
-/* Queues a command for an agent; the body is written by the caller into the returned writer
- * after this call ([seq, kind, <body>]). Returns NULL on allocation failure. */
-static struct wb_mpw *cmd_push(struct agent *a, enum wb_cmd_kind kind)
+static void flush_poll(struct wb_controller *c, struct agent *a);
+
+/* Queues a command for an agent (encoded now as [seq, type, body]) and answers its held poll. */
+static void cmd_queue(struct wb_controller *c, struct agent *a, uint32_t type, const void *body)
 {
-    if (a->ncmds == a->capcmds) {
-        size_t cap = a->capcmds ? 2 * a->capcmds : 8;
-        struct cmd *n = realloc(a->cmds, cap * sizeof(*n));
-        if (!n)
-            return NULL;
-        a->cmds = n;
-        a->capcmds = cap;
+    if (a->ncmds == a->capcmds && wb_grow(&a->cmds, &a->capcmds, 8, sizeof(*a->cmds))) {
+        wb_log(WB_LOG_ERROR, M, "%s rank %u: no memory to queue a command", wb_role_name(a->role),
+               a->rank);
+        return;
     }
     struct cmd *cm = &a->cmds[a->ncmds++];
     cm->seq = ++a->next_seq;
     wb_mpw_init(&cm->body);
-    wb_mpw_array(&cm->body, 3);
-    wb_mpw_u64(&cm->body, cm->seq);
-    wb_mpw_u64(&cm->body, kind);
-    return &cm->body;
+    wb_cmd_put(&cm->body, cm->seq, type, body);
+    flush_poll(c, a);
 }
 
 static void cmds_ack(struct agent *a, uint64_t ack)
@@ -168,57 +175,28 @@ static void cmds_clear(struct agent *a)
     a->next_seq = 0;
 }
 
-/* Appends an already encoded object (common's writer has no raw append). */
-static void mpw_raw(struct wb_mpw *w, const struct wb_mpw *obj)
-{
-    if (w->err || obj->err) {
-        w->err = w->err ? w->err : obj->err;
-        return;
-    }
-    if (w->len + obj->len > w->cap) {
-        size_t cap = w->cap ? w->cap : 256;
-        while (cap < w->len + obj->len)
-            cap *= 2;
-        uint8_t *nb = realloc(w->buf, cap);
-        if (!nb) {
-            w->err = -ENOMEM;
-            return;
-        }
-        w->buf = nb;
-        w->cap = cap;
-    }
-    memcpy(w->buf + w->len, obj->buf, obj->len);
-    w->len += obj->len;
-}
-
 /* Answers the agent's held poll with its pending commands. */
 static void flush_poll(struct wb_controller *c, struct agent *a)
 {
     if (!a->held)
         return;
-    struct wb_mpw w;
-    wb_mpw_init(&w);
-    wb_msg_begin(&w, WB_MSG_COMMANDS, c->job->token, 1);
-    wb_mpw_str(&w, "cmds");
-    wb_mpw_array(&w, (uint32_t)a->ncmds);
+    struct wb_mpw cmds;
+    wb_mpw_init(&cmds);
+    wb_mpw_array(&cmds, (uint32_t)a->ncmds);
     for (size_t i = 0; i < a->ncmds; i++)
-        mpw_raw(&w, &a->cmds[i].body);
-    reply(c, a->held, &w);
-    wb_mpw_free(&w);
+        wb_mpw_raw(&cmds, a->cmds[i].body.buf, a->cmds[i].body.len);
+    struct wb_body_commands b = {mpw_bytes(&cmds)};
+    reply_msg(c, a->held, WB_MSG_COMMANDS, &b);
+    wb_mpw_free(&cmds);
     a->held = NULL;
 }
 
-static void queue_simple(struct wb_controller *c, struct agent *a, enum wb_cmd_kind kind,
-                         uint64_t version, const char *reason)
+static void queue_abort(struct wb_controller *c, struct agent *a, uint64_t version,
+                        const char *reason)
 {
-    struct wb_mpw *w = cmd_push(a, kind);
-    if (!w)
-        return;
-    wb_mpw_map(w, reason ? 2 : 1);
-    wb_msg_ku64(w, "version", version);
-    if (reason)
-        wb_msg_kstr(w, "reason", reason);
-    flush_poll(c, a);
+    struct wb_body_abort b = {.version = version};
+    snprintf(b.reason, sizeof(b.reason), "%s", reason);
+    cmd_queue(c, a, WB_CMD_ABORT, &b);
 }
 
 /* ---------------------------------------------------------------- membership */
@@ -249,50 +227,36 @@ static void set_state(struct wb_controller *c, enum ctl_state s)
 
 static void send_setup(struct wb_controller *c, struct agent *a)
 {
-    struct wb_mpw *w = cmd_push(a, WB_CMD_SETUP);
-    if (!w)
-        return;
     const struct wb_job *j = c->job;
     bool tr = a->role == WB_ROLE_TRAINER;
     const struct ctl_blob *tbl = tr ? &c->plan.table[a->rank] : &c->plan.recv[a->rank];
-    wb_mpw_map(w, 10);
-    wb_msg_ku64(w, "gen", c->gen);
-    wb_msg_ku64(w, "session", a->session);
-    wb_msg_ku64(w, "seed", j->seed);
-    wb_msg_ku64(w, "mem_cap", j->mem_cap);
-    wb_msg_ku64(w, "mode", (uint64_t)j->mode);
-    wb_msg_kstr(w, "provider", j->provider);
-    wb_msg_kstr(w, "trace", j->trace);
-    wb_msg_kstr(w, "job", j->name);
-    wb_msg_kbin(w, "plan", tbl->buf, tbl->len);
+    struct wb_body_setup b = {
+        .gen = c->gen, .seed = j->seed, .mem_cap = j->mem_cap, .plan = {tbl->buf, tbl->len}};
     if (tr)
-        wb_msg_kbin(w, "shards", c->plan.shards[a->rank].buf, c->plan.shards[a->rank].len);
-    else
-        wb_msg_ku64(w, "expect_bytes", c->plan.expect_bytes[a->rank]);
-    flush_poll(c, a);
+        b.shards = (struct wb_bytes){c->plan.shards[a->rank].buf, c->plan.shards[a->rank].len};
+    snprintf(b.provider, sizeof(b.provider), "%s", j->provider);
+    snprintf(b.trace, sizeof(b.trace), "%s", j->trace);
+    snprintf(b.job, sizeof(b.job), "%s", j->name);
+    cmd_queue(c, a, WB_CMD_SETUP, &b);
 }
 
 static void send_peers(struct wb_controller *c)
 {
-    for (uint32_t t = 0; t < c->plan.ntrainers; t++) {
-        struct agent *a = &c->agents[t];
-        struct wb_mpw *w = cmd_push(a, WB_CMD_PEERS);
-        if (!w)
-            continue;
-        wb_mpw_map(w, 2);
-        wb_msg_ku64(w, "gen", c->gen);
-        wb_mpw_str(w, "agents");
-        wb_mpw_array(w, c->nagents);
-        for (uint32_t i = 0; i < c->nagents; i++) {
-            struct agent *p = &c->agents[i];
-            wb_mpw_array(w, 4);
-            wb_mpw_u64(w, p->role);
-            wb_mpw_u64(w, p->rank);
-            wb_mpw_bin(w, p->addr.len ? p->addr.buf : (uint8_t *)"", p->addr.len);
-            wb_mpw_bin(w, p->regions.len ? p->regions.buf : (uint8_t *)"", p->regions.len);
-        }
-        flush_poll(c, a);
+    struct wb_mpw agents;
+    wb_mpw_init(&agents);
+    wb_mpw_array(&agents, c->nagents);
+    for (uint32_t i = 0; i < c->nagents; i++) {
+        struct agent *p = &c->agents[i];
+        wb_mpw_array(&agents, 4);
+        wb_mpw_u64(&agents, p->role);
+        wb_mpw_u64(&agents, p->rank);
+        wb_mpw_bin(&agents, p->addr.len ? p->addr.buf : (uint8_t *)"", p->addr.len);
+        wb_mpw_bin(&agents, p->regions.len ? p->regions.buf : (uint8_t *)"", p->regions.len);
     }
+    struct wb_body_peers b = {.gen = c->gen, .agents = mpw_bytes(&agents)};
+    for (uint32_t t = 0; t < c->plan.ntrainers; t++)
+        cmd_queue(c, &c->agents[t], WB_CMD_PEERS, &b);
+    wb_mpw_free(&agents);
 }
 
 /* Moves the setup state machine forward after any event. */
@@ -394,7 +358,7 @@ static void xfer_fail(struct wb_controller *c, const char *fmt, ...)
     wb_log(WB_LOG_WARN, M, "%s", msg);
     for (uint32_t i = 0; i < c->nagents; i++)
         if (c->agents[i].alive)
-            queue_simple(c, &c->agents[i], WB_CMD_ABORT, c->x.version, why);
+            queue_abort(c, &c->agents[i], c->x.version, why);
     if (c->x.client)
         reply_error(c, c->x.client, -WB_E_PEER, msg);
     xfer_end(c);
@@ -402,26 +366,27 @@ static void xfer_fail(struct wb_controller *c, const char *fmt, ...)
 
 static void xfer_result(struct wb_controller *c)
 {
-    struct wb_mpw w;
     uint64_t now = wb_now_ns();
-    wb_mpw_init(&w);
-    wb_msg_begin(&w, WB_MSG_RESULT, c->job->token, 5);
-    wb_msg_ku64(&w, "version", c->x.version);
-    wb_msg_ku64(&w, "total_ns", now - c->x.start_ns);
-    wb_msg_ku64(&w, "gen", c->gen);
-    wb_mpw_str(&w, "trainers");
-    wb_mpw_array(&w, c->plan.ntrainers);
+    struct wb_mpw tr, rb;
+    wb_mpw_init(&tr);
+    wb_mpw_init(&rb);
+    wb_mpw_array(&tr, c->plan.ntrainers);
     for (uint32_t t = 0; t < c->plan.ntrainers; t++)
-        wb_xfer_stats_put(&w, &c->agents[t].stats);
-    wb_mpw_str(&w, "rollout_bytes");
-    wb_mpw_array(&w, c->plan.nrollouts);
+        wb_body_put(&tr, WB_BODY_STATS, &c->agents[t].stats);
+    wb_mpw_array(&rb, c->plan.nrollouts);
     for (uint32_t r = 0; r < c->plan.nrollouts; r++)
-        wb_mpw_u64(&w, c->agents[c->plan.ntrainers + r].rx_bytes);
+        wb_mpw_u64(&rb, c->agents[c->plan.ntrainers + r].rx_bytes);
+    struct wb_body_result b = {.version = c->x.version,
+                               .total_ns = now - c->x.start_ns,
+                               .gen = c->gen,
+                               .trainers = mpw_bytes(&tr),
+                               .rollout_bytes = mpw_bytes(&rb)};
     wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " complete in %.3f s", c->x.version,
            (double)(now - c->x.start_ns) / 1e9);
     if (c->x.client)
-        reply(c, c->x.client, &w);
-    wb_mpw_free(&w);
+        reply_msg(c, c->x.client, WB_MSG_RESULT, &b);
+    wb_mpw_free(&tr);
+    wb_mpw_free(&rb);
     c->last_version = c->x.version;
     xfer_end(c);
 }
@@ -435,22 +400,23 @@ static void xfer_check(struct wb_controller *c)
     if (!c->x.completing && c->x.trainers_done == c->plan.ntrainers &&
         c->x.rollouts_done == c->plan.nrollouts) {
         c->x.completing = true;
+        struct wb_body_version b = {c->x.version};
         for (uint32_t r = 0; r < c->plan.nrollouts; r++)
-            queue_simple(c, &c->agents[c->plan.ntrainers + r], WB_CMD_COMPLETE, c->x.version, NULL);
+            cmd_queue(c, &c->agents[c->plan.ntrainers + r], WB_CMD_COMPLETE, &b);
     }
     if (c->x.completing && c->x.committed == c->plan.nrollouts)
         xfer_result(c);
 }
 
-static void on_ctl_transfer(struct wb_controller *c, nng_msg *req, const struct wb_msg *m)
+static void on_ctl_transfer(struct wb_controller *c, nng_msg *req,
+                            const struct wb_body_ctl_transfer *b)
 {
-    uint64_t v, timeout = c->job->transfer_ns;
+    uint64_t v = b->version, timeout = b->timeout_ns ? b->timeout_ns : c->job->transfer_ns;
     char why[160], msg[256];
-    if (wb_msg_u64(m, "version", &v) || v == 0) {
+    if (v == 0) {
         reply_error(c, req, -EINVAL, "transfer: version must be a positive integer");
         return;
     }
-    wb_msg_u64(m, "timeout_ns", &timeout);
     if (c->shutting_down) {
         reply_error(c, req, -WB_E_PEER, "controller is shutting down");
         return;
@@ -482,17 +448,12 @@ static void on_ctl_transfer(struct wb_controller *c, nng_msg *req, const struct 
     c->x.deadline = c->x.start_ns + timeout;
     c->x.client = req;
     c->epochs++; /* each attempt has its own epoch: agents tag its immediates with it */
+    struct wb_body_version_epoch cmd = {v, c->epochs};
     for (uint32_t i = 0; i < c->nagents; i++) {
         struct agent *a = &c->agents[i];
         a->stats = (struct wb_xfer_stats){.rank = a->rank};
         a->rx_bytes = 0;
-        struct wb_mpw *w = cmd_push(a, WB_CMD_TRANSFER);
-        if (!w)
-            continue;
-        wb_mpw_map(w, 2);
-        wb_msg_ku64(w, "version", v);
-        wb_msg_ku64(w, "epoch", c->epochs);
-        flush_poll(c, a);
+        cmd_queue(c, a, WB_CMD_TRANSFER, &cmd);
     }
     wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " started", v);
 }
@@ -517,21 +478,21 @@ static void xfer_timeout(struct wb_controller *c, uint64_t now)
 
 /* ---------------------------------------------------------------- agent messages */
 
-static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_msg *m)
+static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_body_register *b)
 {
-    char role_s[16], msg[256];
+    char msg[256];
     enum wb_role role;
-    uint64_t rank;
-    if (wb_msg_str(m, "role", role_s, sizeof(role_s)) || wb_role_parse(role_s, &role) ||
-        wb_msg_u64(m, "rank", &rank)) {
-        reply_error(c, req, -EINVAL, "register: role (trainer|rollout) and rank are required");
+    if (wb_role_parse(b->role, &role)) {
+        snprintf(msg, sizeof(msg), "register: role must be trainer or rollout, got \"%s\"",
+                 b->role);
+        reply_error(c, req, -EINVAL, msg);
         return;
     }
-    struct agent *a = agent_at(c, role, (uint32_t)rank);
-    if (!a || rank > UINT32_MAX) {
+    struct agent *a = b->rank > UINT32_MAX ? NULL : agent_at(c, role, (uint32_t)b->rank);
+    if (!a) {
         snprintf(msg, sizeof(msg), "register: %s rank %" PRIu64 " is outside the job's %u %ss",
-                 role_s, rank, role == WB_ROLE_TRAINER ? c->plan.ntrainers : c->plan.nrollouts,
-                 role_s);
+                 b->role, b->rank, role == WB_ROLE_TRAINER ? c->plan.ntrainers : c->plan.nrollouts,
+                 b->role);
         reply_error(c, req, -EINVAL, msg);
         return;
     }
@@ -539,66 +500,51 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_m
         reply_error(c, req, -WB_E_PEER, "controller is shutting down");
         return;
     }
-    char host[64] = "";
-    uint64_t pid = 0;
-    wb_msg_str(m, "host", host, sizeof(host));
-    wb_msg_u64(m, "pid", &pid);
-    if (a->alive && (pid != a->pid || strcmp(host, a->host) != 0)) {
+    if (a->alive && (b->pid != a->pid || strcmp(b->host, a->host) != 0)) {
         /* Two live processes claiming one rank would take the rank from each other forever;
          * the newcomer waits until the holder is dead (silent for dead_after). */
         snprintf(msg, sizeof(msg),
                  "register: %s rank %u is held by %s pid %" PRIu64 " (alive); retry after it exits",
-                 role_s, a->rank, a->host, a->pid);
+                 b->role, a->rank, a->host, a->pid);
         reply_error(c, req, -EADDRINUSE, msg);
         return;
     }
     if (a->session) {
-        wb_log(WB_LOG_INFO, M, "%s rank %u re-registers (session %" PRIu64 " replaced)", role_s,
+        wb_log(WB_LOG_INFO, M, "%s rank %u re-registers (session %" PRIu64 " replaced)", b->role,
                a->rank, a->session);
         if (c->x.active)
-            xfer_fail(c, "%s rank %u restarted", role_s, a->rank);
+            xfer_fail(c, "%s rank %u restarted", b->role, a->rank);
     }
     agent_reset(a);
     a->session = ++c->sessions;
     a->alive = true;
     a->last_ns = wb_now_ns();
-    memcpy(a->host, host, sizeof(a->host));
-    a->pid = pid;
-    a->device = -1;
-    wb_msg_i64(m, "device", &a->device);
+    snprintf(a->host, sizeof(a->host), "%s", b->host);
+    a->pid = b->pid;
+    a->device = b->device;
     wb_log(WB_LOG_INFO, M,
            "%s rank %u registered: host %s pid %" PRIu64 " device %" PRId64 " session %" PRIu64,
-           role_s, a->rank, a->host, a->pid, a->device, a->session);
-
-    struct wb_mpw w;
-    wb_mpw_init(&w);
-    wb_msg_begin(&w, WB_MSG_REGISTERED, c->job->token, 4);
-    wb_msg_ku64(&w, "session", a->session);
-    wb_msg_ku64(&w, "heartbeat_ns", c->job->heartbeat_ns);
-    wb_msg_ku64(&w, "dead_ns", c->job->dead_ns);
-    wb_msg_ku64(&w, "poll_hold_ns", c->job->poll_hold_ns);
-    reply(c, req, &w);
-    wb_mpw_free(&w);
+           b->role, a->rank, a->host, a->pid, a->device, a->session);
+    struct wb_body_registered r = {a->session, c->job->heartbeat_ns, c->job->dead_ns,
+                                   c->job->poll_hold_ns};
+    reply_msg(c, req, WB_MSG_REGISTERED, &r);
     /* A new session always means a new setup round (its buffers and address are new). */
     set_state(c, ST_WAITING);
 }
 
 /* The agent a session-carrying message comes from, or NULL after replying with an error. */
-static struct agent *session_agent(struct wb_controller *c, nng_msg *req, const struct wb_msg *m)
+static struct agent *session_agent(struct wb_controller *c, nng_msg *req,
+                                   const struct wb_session *s)
 {
-    char role_s[16], msg[200];
+    char msg[200];
     enum wb_role role;
-    uint64_t rank, session;
-    if (wb_msg_str(m, "role", role_s, sizeof(role_s)) || wb_role_parse(role_s, &role) ||
-        wb_msg_u64(m, "rank", &rank) || wb_msg_u64(m, "session", &session)) {
-        reply_error(c, req, -EINVAL, "role, rank and session are required");
-        return NULL;
-    }
-    struct agent *a = agent_at(c, role, (uint32_t)rank);
-    if (!a || !a->alive || a->session != session) {
+    struct agent *a = NULL;
+    if (wb_role_parse(s->role, &role) == 0 && s->rank <= UINT32_MAX)
+        a = agent_at(c, role, (uint32_t)s->rank);
+    if (!a || !a->alive || a->session != s->session) {
         snprintf(msg, sizeof(msg),
-                 "%s rank %" PRIu64 ": unknown session %" PRIu64 ": register again", role_s, rank,
-                 session);
+                 "%s rank %" PRIu64 ": unknown session %" PRIu64 ": register again", s->role,
+                 s->rank, s->session);
         reply_error(c, req, -WB_E_PEER, msg);
         return NULL;
     }
@@ -606,158 +552,178 @@ static struct agent *session_agent(struct wb_controller *c, nng_msg *req, const 
     return a;
 }
 
-static void on_heartbeat(struct wb_controller *c, nng_msg *req, const struct wb_msg *m)
+static int blob_set(struct ctl_blob *b, const struct wb_bytes *x)
 {
-    struct agent *a = session_agent(c, req, m);
-    if (!a)
-        return;
-    wb_msg_u64(m, "version", &a->version);
-    wb_msg_bool(m, "in_flight", &a->in_flight);
-    reply_ok(c, req);
-}
-
-static int blob_set(struct ctl_blob *b, const void *p, size_t n)
-{
-    uint8_t *nb = malloc(n ? n : 1);
+    uint8_t *nb = malloc(x->n ? x->n : 1);
     if (!nb)
         return -ENOMEM;
-    if (n)
-        memcpy(nb, p, n);
+    if (x->n)
+        memcpy(nb, x->p, x->n);
     free(b->buf);
     b->buf = nb;
-    b->len = n;
+    b->len = x->n;
     return 0;
 }
 
-static void on_report(struct wb_controller *c, nng_msg *req, const struct wb_msg *m)
+static void on_rep_setup(struct wb_controller *c, struct agent *a,
+                         const struct wb_body_rep_setup *b)
 {
-    struct agent *a = session_agent(c, req, m);
-    if (!a)
-        return;
-    uint64_t what = 0, gen = 0, version = 0;
-    bool ok = false;
-    char err[512] = "";
-    wb_msg_u64(m, "what", &what);
-    wb_msg_u64(m, "gen", &gen);
-    wb_msg_u64(m, "version", &version);
-    wb_msg_bool(m, "ok", &ok);
-    wb_msg_str(m, "err", err, sizeof(err));
-    const char *role = wb_role_name(a->role);
-    switch (what) {
-    case WB_REP_SETUP: {
-        const void *p;
-        size_t n;
-        if (!ok) {
-            wb_log(WB_LOG_ERROR, M, "%s rank %u setup failed: %s", role, a->rank, err);
-            break;
-        }
-        if (gen != c->gen)
-            break;
-        if (wb_msg_bin(m, "addr", &p, &n) == 0 && blob_set(&a->addr, p, n) == 0 &&
-            wb_msg_bin(m, "regions", &p, &n) == 0 && blob_set(&a->regions, p, n) == 0)
-            a->setup_session = a->session;
-        break;
-    }
-    case WB_REP_CONNECTED:
-        if (!ok)
-            wb_log(WB_LOG_ERROR, M, "%s rank %u could not connect: %s", role, a->rank, err);
-        else
-            a->connected_gen = gen;
-        break;
-    case WB_REP_SENT:
-    case WB_REP_RECEIVED:
-        if (!c->x.active || version != c->x.version || a->done)
-            break;
-        if (!ok) {
-            reply_ok(c, req);
-            xfer_fail(c, "%s rank %u: %s", role, a->rank, err);
-            advance(c);
-            return;
-        }
-        a->done = true;
-        if (what == WB_REP_SENT) {
-            struct wb_mpr r = wb_msg_get(m, "stats");
-            if (wb_xfer_stats_get(&r, &a->stats) == 0)
-                a->stats.rank = a->rank;
-            c->x.trainers_done++;
-        } else {
-            wb_msg_u64(m, "bytes", &a->rx_bytes);
-            c->x.rollouts_done++;
-        }
-        break;
-    case WB_REP_COMMITTED:
-        if (c->x.active && c->x.completing && version == c->x.version && !a->committed) {
-            a->committed = true;
-            a->version = version;
-            a->in_flight = false;
-            c->x.committed++;
-        }
-        break;
-    default:
-        reply_error(c, req, -EINVAL, "report: unknown kind");
-        return;
-    }
-    reply_ok(c, req);
-    advance(c);
-    xfer_check(c);
+    if (!b->ok)
+        wb_log(WB_LOG_ERROR, M, "%s rank %u setup failed: %s", wb_role_name(a->role), a->rank,
+               b->err);
+    else if (b->gen == c->gen && blob_set(&a->addr, &b->addr) == 0 &&
+             blob_set(&a->regions, &b->regions) == 0)
+        a->setup_session = a->session;
 }
 
-static void on_poll(struct wb_controller *c, nng_msg *req, const struct wb_msg *m)
+/* A trainer's SENT or a rollout's RECEIVED for the transfer in flight. */
+static void on_rep_done(struct wb_controller *c, struct agent *a, uint64_t version, bool ok,
+                        const char *err)
 {
-    struct agent *a = session_agent(c, req, m);
+    if (!c->x.active || version != c->x.version || a->done)
+        return;
+    if (!ok) {
+        xfer_fail(c, "%s rank %u: %s", wb_role_name(a->role), a->rank, err);
+        return;
+    }
+    a->done = true;
+    if (a->role == WB_ROLE_TRAINER)
+        c->x.trainers_done++;
+    else
+        c->x.rollouts_done++;
+}
+
+static void on_rep_sent(struct wb_controller *c, struct agent *a, const struct wb_body_rep_sent *b)
+{
+    struct wb_xfer_stats st;
+    char why[160];
+    struct wb_mpr r;
+    wb_mpr_init(&r, b->stats.p, b->stats.n);
+    if (b->ok && c->x.active && b->version == c->x.version && !a->done) {
+        if (wb_body_get(&r, WB_BODY_STATS, &st, why, sizeof(why)) == 0) {
+            a->stats = st;
+            a->stats.rank = a->rank;
+        } else {
+            wb_log(WB_LOG_WARN, M, "trainer rank %u: statistics: %s", a->rank, why);
+        }
+    }
+    on_rep_done(c, a, b->version, b->ok, b->err);
+}
+
+static void on_rep_received(struct wb_controller *c, struct agent *a,
+                            const struct wb_body_rep_received *b)
+{
+    if (b->ok && c->x.active && b->version == c->x.version && !a->done)
+        a->rx_bytes = b->bytes;
+    on_rep_done(c, a, b->version, b->ok, b->err);
+}
+
+static void on_rep_committed(struct wb_controller *c, struct agent *a, uint64_t version)
+{
+    if (c->x.active && c->x.completing && version == c->x.version && !a->committed) {
+        a->committed = true;
+        a->version = version;
+        a->in_flight = false;
+        c->x.committed++;
+    }
+}
+
+/* Every body an agent or a client may send, decoded by its type. */
+union body {
+    struct wb_body_register reg;
+    struct wb_body_heartbeat hb;
+    struct wb_body_poll poll;
+    struct wb_body_rep_setup setup;
+    struct wb_body_rep_connected conn;
+    struct wb_body_rep_sent sent;
+    struct wb_body_rep_received recv;
+    struct wb_body_rep_committed commit;
+    struct wb_body_ctl_transfer xfer;
+    struct wb_session s; /* the first member of every agent call after REGISTER */
+};
+
+static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, union body *b)
+{
+    struct agent *a = session_agent(c, req, &b->s);
     if (!a)
         return;
-    uint64_t ack = 0;
-    wb_msg_u64(m, "ack", &ack);
-    cmds_ack(a, ack);
-    if (a->held) /* the agent gave up on its previous poll */
-        nng_msg_free(a->held);
-    a->held = req;
-    a->held_until = wb_now_ns() + c->job->poll_hold_ns;
-    if (a->ncmds)
-        flush_poll(c, a);
+    switch (type) {
+    case WB_MSG_HEARTBEAT:
+        a->version = b->hb.version;
+        a->in_flight = b->hb.in_flight;
+        reply_ok(c, req);
+        return;
+    case WB_MSG_POLL:
+        cmds_ack(a, b->poll.ack);
+        if (a->held) /* the agent gave up on its previous poll */
+            nng_msg_free(a->held);
+        a->held = req;
+        a->held_until = wb_now_ns() + c->job->poll_hold_ns;
+        if (a->ncmds)
+            flush_poll(c, a);
+        return;
+    case WB_MSG_REP_SETUP:
+        on_rep_setup(c, a, &b->setup);
+        break;
+    case WB_MSG_REP_CONNECTED:
+        if (!b->conn.ok)
+            wb_log(WB_LOG_ERROR, M, "%s rank %u could not connect: %s", wb_role_name(a->role),
+                   a->rank, b->conn.err);
+        else
+            a->connected_gen = b->conn.gen;
+        break;
+    case WB_MSG_REP_SENT:
+        on_rep_sent(c, a, &b->sent);
+        break;
+    case WB_MSG_REP_RECEIVED:
+        on_rep_received(c, a, &b->recv);
+        break;
+    case WB_MSG_REP_COMMITTED:
+        on_rep_committed(c, a, b->commit.version);
+        break;
+    }
+    reply_ok(c, req);
+    xfer_check(c);
 }
 
 /* ---------------------------------------------------------------- client messages */
 
 static void on_ctl_status(struct wb_controller *c, nng_msg *req)
 {
-    struct wb_mpw w;
     uint64_t now = wb_now_ns();
-    wb_mpw_init(&w);
-    wb_msg_begin(&w, WB_MSG_STATUS, c->job->token, 6);
-    wb_msg_kstr(&w, "job", c->job->name);
-    wb_msg_kstr(&w, "state", state_names[c->state]);
-    wb_msg_ku64(&w, "gen", c->gen);
-    wb_msg_ku64(&w, "version", c->last_version);
-    wb_msg_ku64(&w, "in_flight", c->x.active ? c->x.version : 0);
-    wb_mpw_str(&w, "agents");
-    wb_mpw_array(&w, c->nagents);
+    struct wb_mpw agents;
+    wb_mpw_init(&agents);
+    wb_mpw_array(&agents, c->nagents);
     for (uint32_t i = 0; i < c->nagents; i++) {
-        struct agent *a = &c->agents[i];
-        wb_mpw_map(&w, 9);
-        wb_msg_kstr(&w, "role", wb_role_name(a->role));
-        wb_msg_ku64(&w, "rank", a->rank);
-        wb_msg_kstr(&w, "state", a->alive ? "alive" : a->session ? "dead" : "absent");
-        wb_msg_kstr(&w, "host", a->host);
-        wb_msg_ku64(&w, "pid", a->pid);
-        wb_msg_ki64(&w, "device", a->device);
-        wb_msg_ku64(&w, "version", a->version);
-        wb_msg_kbool(&w, "in_flight", a->in_flight);
-        wb_msg_ku64(&w, "seen_ms", a->session ? (now - a->last_ns) / 1000000 : 0);
+        const struct agent *a = &c->agents[i];
+        struct wb_body_agent_status as = {.rank = a->rank,
+                                          .pid = a->pid,
+                                          .device = a->device,
+                                          .version = a->version,
+                                          .in_flight = a->in_flight,
+                                          .seen_ms = a->session ? (now - a->last_ns) / 1000000 : 0};
+        snprintf(as.role, sizeof(as.role), "%s", wb_role_name(a->role));
+        snprintf(as.state, sizeof(as.state), "%s",
+                 a->alive     ? "alive"
+                 : a->session ? "dead"
+                              : "absent");
+        snprintf(as.host, sizeof(as.host), "%s", a->host);
+        wb_body_put(&agents, WB_BODY_AGENT_STATUS, &as);
     }
-    reply(c, req, &w);
-    wb_mpw_free(&w);
+    struct wb_body_status b = {.gen = c->gen,
+                               .version = c->last_version,
+                               .in_flight = c->x.active ? c->x.version : 0,
+                               .agents = mpw_bytes(&agents)};
+    snprintf(b.job, sizeof(b.job), "%s", c->job->name);
+    snprintf(b.state, sizeof(b.state), "%s", state_names[c->state]);
+    reply_msg(c, req, WB_MSG_STATUS, &b);
+    wb_mpw_free(&agents);
 }
 
 static void on_ctl_plan(struct wb_controller *c, nng_msg *req)
 {
-    struct wb_mpw w;
-    wb_mpw_init(&w);
-    wb_msg_begin(&w, WB_MSG_PLAN_INFO, c->job->token, 1);
-    wb_msg_kstr(&w, "summary", c->plan.summary);
-    reply(c, req, &w);
-    wb_mpw_free(&w);
+    struct wb_body_plan_info b = {{c->plan.summary, strlen(c->plan.summary)}};
+    reply_msg(c, req, WB_MSG_PLAN_INFO, &b);
 }
 
 static void on_ctl_shutdown(struct wb_controller *c, nng_msg *req)
@@ -769,7 +735,7 @@ static void on_ctl_shutdown(struct wb_controller *c, nng_msg *req)
     c->exit_linger = wb_now_ns() + 200 * 1000000ull;
     for (uint32_t i = 0; i < c->nagents; i++)
         if (c->agents[i].alive)
-            queue_simple(c, &c->agents[i], WB_CMD_EXIT, 0, NULL);
+            cmd_queue(c, &c->agents[i], WB_CMD_EXIT, NULL);
     wb_log(WB_LOG_INFO, M, "shutting down");
     reply_ok(c, req);
 }
@@ -780,6 +746,8 @@ static void on_message(struct wb_controller *c, nng_msg *req)
 {
     struct wb_msg m;
     const char *why = NULL;
+    char msg[WB_ERRMSG_MAX];
+    union body b;
     int err = wb_msg_open(nng_msg_body(req), nng_msg_len(req), c->job->token, &m, &why);
     if (err) {
         wb_log(WB_LOG_WARN, M, "%s", why);
@@ -788,19 +756,33 @@ static void on_message(struct wb_controller *c, nng_msg *req)
     }
     switch (m.type) {
     case WB_MSG_REGISTER:
-        on_register(c, req, &m);
-        break;
     case WB_MSG_HEARTBEAT:
-        on_heartbeat(c, req, &m);
-        break;
-    case WB_MSG_REPORT:
-        on_report(c, req, &m);
-        return; /* advance() already ran */
     case WB_MSG_POLL:
-        on_poll(c, req, &m);
+    case WB_MSG_REP_SETUP:
+    case WB_MSG_REP_CONNECTED:
+    case WB_MSG_REP_SENT:
+    case WB_MSG_REP_RECEIVED:
+    case WB_MSG_REP_COMMITTED:
+    case WB_MSG_CTL_TRANSFER:
+    case WB_MSG_CTL_STATUS:
+    case WB_MSG_CTL_PLAN:
+    case WB_MSG_CTL_SHUTDOWN:
+        break;
+    default:
+        reply_error(c, req, -EBADMSG, "refused: unknown message type");
+        return;
+    }
+    if ((err = wb_msg_decode(&m, &b, msg, sizeof(msg))) != 0) {
+        wb_log(WB_LOG_WARN, M, "refused: %s", msg);
+        reply_error(c, req, err, msg);
+        return;
+    }
+    switch (m.type) {
+    case WB_MSG_REGISTER:
+        on_register(c, req, &b.reg);
         break;
     case WB_MSG_CTL_TRANSFER:
-        on_ctl_transfer(c, req, &m);
+        on_ctl_transfer(c, req, &b.xfer);
         break;
     case WB_MSG_CTL_STATUS:
         on_ctl_status(c, req);
@@ -812,8 +794,8 @@ static void on_message(struct wb_controller *c, nng_msg *req)
         on_ctl_shutdown(c, req);
         break;
     default:
-        reply_error(c, req, -EBADMSG, "refused: unknown message type");
-        return;
+        on_agent_call(c, req, m.type, &b);
+        break;
     }
     advance(c);
 }

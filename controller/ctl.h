@@ -16,7 +16,6 @@ struct ctl_plan {
     struct ctl_blob *shards; /* [ntrainers] msgpack array of [trainer tensor index,
                                 wb_tensor_meta] for every shard the rank holds */
     struct ctl_blob *recv;   /* [nrollouts] planner receive-list envelope */
-    uint64_t *expect_bytes;  /* [nrollouts] bytes a rollout receives per update */
     char *summary;           /* human-readable plan summary (wb-ctl plan) */
 };
 

@@ -18,13 +18,12 @@ static int plan_empty(const struct wb_job *job, struct ctl_plan *p)
     p->table = calloc(p->ntrainers, sizeof(*p->table));
     p->shards = calloc(p->ntrainers, sizeof(*p->shards));
     p->recv = calloc(p->nrollouts, sizeof(*p->recv));
-    p->expect_bytes = calloc(p->nrollouts, sizeof(*p->expect_bytes));
     char text[256];
     snprintf(text, sizeof(text),
              "job %s: no model (control plane only): %u trainers, %u rollouts, 0 bytes\n",
              job->name, p->ntrainers, p->nrollouts);
     p->summary = strdup(text);
-    if (!p->table || !p->shards || !p->recv || !p->expect_bytes || !p->summary)
+    if (!p->table || !p->shards || !p->recv || !p->summary)
         return -ENOMEM;
     return 0;
 }
@@ -138,8 +137,7 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
     p->table = calloc(p->ntrainers, sizeof(*p->table));
     p->shards = calloc(p->ntrainers, sizeof(*p->shards));
     p->recv = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->recv));
-    p->expect_bytes = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->expect_bytes));
-    if (!p->table || !p->shards || !p->recv || !p->expect_bytes) {
+    if (!p->table || !p->shards || !p->recv) {
         err = -ENOMEM;
         goto out;
     }
@@ -154,7 +152,6 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
         wb_mpw_init(&w);
         wb_recv_list_encode(&w, &plan->recv[r]);
         err = blob_from(&p->recv[r], &w);
-        p->expect_bytes[r] = plan->recv[r].recv_bytes;
     }
     err = err ? err : encode_shards(job, p, &ti, mt, &tl, el);
     if (!err) {
@@ -211,7 +208,6 @@ void ctl_plan_free(struct ctl_plan *p)
     free(p->table);
     free(p->shards);
     free(p->recv);
-    free(p->expect_bytes);
     free(p->summary);
     memset(p, 0, sizeof(*p));
 }

@@ -38,16 +38,19 @@ static double ms(uint64_t ns)
     return (double)ns / 1e6;
 }
 
-static int print_result(const struct wb_msg *m)
+static int print_result(const struct wb_msg *m, char *why, size_t cap)
 {
-    uint64_t version = 0, total = 0;
-    wb_msg_u64(m, "version", &version);
-    wb_msg_u64(m, "total_ns", &total);
-    struct wb_mpr r = wb_msg_get(m, "trainers");
+    struct wb_body_result res;
+    struct wb_mpr r;
     uint32_t n = 0;
-    if (wb_mpr_array(&r, 1u << 20, &n))
+    if (wb_msg_decode(m, &res, why, cap))
         return -EBADMSG;
-    printf("transfer %" PRIu64 ": complete in %.3f ms\n", version, ms(total));
+    wb_mpr_init(&r, res.trainers.p, res.trainers.n);
+    if (wb_mpr_array(&r, WB_RANKS_MAX, &n)) {
+        snprintf(why, cap, "RESULT: trainers: not an array");
+        return -EBADMSG;
+    }
+    printf("transfer %" PRIu64 ": complete in %.3f ms\n", res.version, ms(res.total_ns));
     printf("%-8s %12s %7s %6s %10s", "trainer", "bytes", "writes", "tasks", "peak_tmp");
     for (int s = 0; s < WB_STAGE_COUNT; s++)
         printf(" %8s", wb_stage_name(s));
@@ -55,10 +58,10 @@ static int print_result(const struct wb_msg *m)
     struct wb_xfer_stats sum = {0};
     for (uint32_t i = 0; i < n; i++) {
         struct wb_xfer_stats s;
-        if (wb_xfer_stats_get(&r, &s))
+        if (wb_body_get(&r, WB_BODY_STATS, &s, why, cap))
             return -EBADMSG;
-        printf("%-8u %12" PRIu64 " %7" PRIu64 " %6" PRIu64 " %10" PRIu64, s.rank, s.bytes, s.writes,
-               s.tasks, s.peak_tmp);
+        printf("%-8" PRIu64 " %12" PRIu64 " %7" PRIu64 " %6" PRIu64 " %10" PRIu64, s.rank, s.bytes,
+               s.writes, s.tasks, s.peak_tmp);
         for (int k = 0; k < WB_STAGE_COUNT; k++) {
             printf(" %8.3f", ms(s.stage_ns[k]));
             sum.stage_ns[k] += s.stage_ns[k];
@@ -79,8 +82,8 @@ static int print_result(const struct wb_msg *m)
     for (int k = 0; k < WB_STAGE_COUNT; k++)
         printf(" %8.3f", ms(sum.stage_ns[k]));
     printf(" %9.3f %10" PRIu64 " %6" PRIu64 "\n", ms(sum.total_ns), sum.cap, sum.mem_waits);
-    r = wb_msg_get(m, "rollout_bytes");
-    if (wb_mpr_array(&r, 1u << 20, &n) == 0)
+    wb_mpr_init(&r, res.rollout_bytes.p, res.rollout_bytes.n);
+    if (wb_mpr_array(&r, WB_RANKS_MAX, &n) == 0)
         for (uint32_t i = 0; i < n; i++) {
             uint64_t b = 0;
             wb_mpr_u64(&r, &b);
@@ -89,51 +92,37 @@ static int print_result(const struct wb_msg *m)
     return 0;
 }
 
-static int print_status(const struct wb_msg *m)
+static int print_status(const struct wb_msg *m, char *why, size_t cap)
 {
-    char job[128] = "", state[32] = "";
-    uint64_t gen = 0, version = 0, in_flight = 0;
-    wb_msg_str(m, "job", job, sizeof(job));
-    wb_msg_str(m, "state", state, sizeof(state));
-    wb_msg_u64(m, "gen", &gen);
-    wb_msg_u64(m, "version", &version);
-    wb_msg_u64(m, "in_flight", &in_flight);
-    printf("job %s: %s (gen %" PRIu64 "), version %" PRIu64 ", in flight: ", job, state, gen,
-           version);
-    if (in_flight)
-        printf("%" PRIu64 "\n", in_flight);
+    struct wb_body_status st;
+    struct wb_mpr r;
+    uint32_t n = 0;
+    if (wb_msg_decode(m, &st, why, cap))
+        return -EBADMSG;
+    printf("job %s: %s (gen %" PRIu64 "), version %" PRIu64 ", in flight: ", st.job, st.state,
+           st.gen, st.version);
+    if (st.in_flight)
+        printf("%" PRIu64 "\n", st.in_flight);
     else
         printf("none\n");
-    struct wb_mpr r = wb_msg_get(m, "agents");
-    uint32_t n = 0;
-    if (wb_mpr_array(&r, 1u << 20, &n))
+    wb_mpr_init(&r, st.agents.p, st.agents.n);
+    if (wb_mpr_array(&r, 2 * WB_RANKS_MAX, &n)) {
+        snprintf(why, cap, "STATUS: agents: not an array");
         return -EBADMSG;
+    }
     printf("%-8s %5s %-7s %-16s %8s %6s %8s %9s %8s\n", "role", "rank", "state", "host", "pid",
            "device", "version", "in_flight", "seen_ms");
     for (uint32_t i = 0; i < n; i++) {
-        struct wb_msg am;
-        if (wb_msg_index(&r, &am))
+        struct wb_body_agent_status a;
+        if (wb_body_get(&r, WB_BODY_AGENT_STATUS, &a, why, cap))
             return -EBADMSG;
-        char role[16] = "", st[16] = "", host[64] = "";
-        uint64_t rank = 0, pid = 0, v = 0, seen = 0;
-        int64_t dev = -1;
-        bool fl = false;
-        wb_msg_str(&am, "role", role, sizeof(role));
-        wb_msg_str(&am, "state", st, sizeof(st));
-        wb_msg_str(&am, "host", host, sizeof(host));
-        wb_msg_u64(&am, "rank", &rank);
-        wb_msg_u64(&am, "pid", &pid);
-        wb_msg_i64(&am, "device", &dev);
-        wb_msg_u64(&am, "version", &v);
-        wb_msg_bool(&am, "in_flight", &fl);
-        wb_msg_u64(&am, "seen_ms", &seen);
-        printf("%-8s %5" PRIu64 " %-7s %-16s %8" PRIu64 " %6" PRId64, role, rank, st, host, pid,
-               dev);
-        if (strcmp(role, "rollout") == 0)
-            printf(" %8" PRIu64 " %9s", v, fl ? "yes" : "no");
+        printf("%-8s %5" PRIu64 " %-7s %-16s %8" PRIu64 " %6" PRId64, a.role, a.rank, a.state,
+               a.host, a.pid, a.device);
+        if (strcmp(a.role, "rollout") == 0)
+            printf(" %8" PRIu64 " %9s", a.version, a.in_flight ? "yes" : "no");
         else
             printf(" %8s %9s", "-", "-");
-        printf(" %8" PRIu64 "\n", seen);
+        printf(" %8" PRIu64 "\n", a.seen_ms);
     }
     return 0;
 }
@@ -156,28 +145,30 @@ static int call(const char *url, const char *token, uint64_t timeout, struct wb_
         return 1;
     }
     struct wb_msg m;
-    const char *why = "";
+    const char *refused = "";
+    char why[WB_ERRMSG_MAX] = "";
     int rc = 1;
-    if (wb_msg_open(buf, len, NULL, &m, &why) == 0 && m.type == WB_MSG_ERROR) {
-        char msg[1024] = "";
-        wb_msg_str(&m, "msg", msg, sizeof(msg));
-        fprintf(stderr, "wb-ctl: %s\n", msg);
-    } else if (wb_msg_open(buf, len, token, &m, &why)) {
-        fprintf(stderr, "wb-ctl: reply from %s: %s\n", url, why);
+    if (wb_msg_open(buf, len, token, &m, &refused)) {
+        fprintf(stderr, "wb-ctl: reply from %s: %s\n", url, refused);
+    } else if (m.type == WB_MSG_ERROR) {
+        struct wb_body_error e;
+        if (wb_msg_decode(&m, &e, why, sizeof(why)) == 0)
+            fprintf(stderr, "wb-ctl: %s\n", e.msg);
     } else if (m.type == WB_MSG_RESULT) {
-        rc = print_result(&m) ? 1 : 0;
+        rc = print_result(&m, why, sizeof(why)) ? 1 : 0;
     } else if (m.type == WB_MSG_STATUS) {
-        rc = print_status(&m) ? 1 : 0;
+        rc = print_status(&m, why, sizeof(why)) ? 1 : 0;
     } else if (m.type == WB_MSG_PLAN_INFO) {
-        char *text = malloc(1 << 20);
-        if (text && wb_msg_str(&m, "summary", text, 1 << 20) == 0) {
-            fputs(text, stdout);
+        struct wb_body_plan_info pi;
+        if (wb_msg_decode(&m, &pi, why, sizeof(why)) == 0) {
+            fwrite(pi.summary.p, 1, pi.summary.n, stdout);
             rc = 0;
         }
-        free(text);
     } else if (m.type == WB_MSG_OK) {
-        rc = 0;
+        rc = wb_msg_decode(&m, NULL, why, sizeof(why)) ? 1 : 0;
     }
+    if (*why)
+        fprintf(stderr, "wb-ctl: reply from %s: %s\n", url, why);
     wb_chan_free(buf);
     wb_chan_close(&ch);
     return rc;
@@ -295,16 +286,15 @@ int main(int argc, char **argv)
             fprintf(stderr, "wb-ctl: transfer needs --version N\n");
             return 2;
         }
-        wb_msg_begin(&w, WB_MSG_CTL_TRANSFER, token, 2);
-        wb_msg_ku64(&w, "version", version);
-        wb_msg_ku64(&w, "timeout_ns", timeout);
+        struct wb_body_ctl_transfer b = {version, timeout};
+        wb_msg_encode(&w, WB_MSG_CTL_TRANSFER, token, &b);
         timeout += 5ull * 1000000000; /* the controller's own failure report comes first */
     } else if (strcmp(cmd, "status") == 0) {
-        wb_msg_begin(&w, WB_MSG_CTL_STATUS, token, 0);
+        wb_msg_encode(&w, WB_MSG_CTL_STATUS, token, NULL);
     } else if (strcmp(cmd, "plan") == 0) {
-        wb_msg_begin(&w, WB_MSG_CTL_PLAN, token, 0);
+        wb_msg_encode(&w, WB_MSG_CTL_PLAN, token, NULL);
     } else if (strcmp(cmd, "shutdown") == 0) {
-        wb_msg_begin(&w, WB_MSG_CTL_SHUTDOWN, token, 0);
+        wb_msg_encode(&w, WB_MSG_CTL_SHUTDOWN, token, NULL);
     } else {
         fprintf(stderr, "wb-ctl: unknown command '%s'\n", cmd);
         usage(stderr);

@@ -1,0 +1,122 @@
+/* chan.c — the nng request channel agents and clients reach the controller through: a REQ
+ * socket used one request at a time, non-blocking (send, then poll for the reply) or as a
+ * blocking call with a time limit. */
+#include "proto/proto.h"
+
+#include <errno.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Plans and routing tables can be large; nng's 1 MiB default receive limit would drop them. */
+enum { CHAN_MAX_MSG = 1 << 30 };
+
+static int nng_err(int rv)
+{
+    switch (rv) {
+    case 0:
+        return 0;
+    case NNG_ETIMEDOUT:
+        return -ETIMEDOUT;
+    case NNG_EAGAIN:
+        return -EAGAIN;
+    case NNG_ENOMEM:
+        return -ENOMEM;
+    default:
+        return -EIO;
+    }
+}
+
+int wb_chan_open(struct wb_chan *c, const char *url)
+{
+    nng_socket s;
+    int fd, rv = nng_req0_open(&s);
+    if (rv)
+        return nng_err(rv);
+    /* Resending would duplicate registers and reports at the controller: the agent resends
+     * itself, knowing what is idempotent. */
+    nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, CHAN_MAX_MSG);
+    nng_socket_set_ms(s, NNG_OPT_RECONNMINT, 20);
+    nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, 200);
+    rv = nng_dial(s, url, NULL, NNG_FLAG_NONBLOCK);
+    if (rv == 0)
+        rv = nng_socket_get_int(s, NNG_OPT_RECVFD, &fd);
+    if (rv) {
+        nng_close(s);
+        return rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP ? -EINVAL : nng_err(rv);
+    }
+    *c = (struct wb_chan){.sock = s.id, .fd = fd};
+    return 0;
+}
+
+void wb_chan_close(struct wb_chan *c)
+{
+    if (c->sock) {
+        nng_close((nng_socket){.id = c->sock});
+        c->sock = 0;
+    }
+}
+
+int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w)
+{
+    if (w->err)
+        return w->err;
+    int rv = nng_send((nng_socket){.id = c->sock}, w->buf, w->len, NNG_FLAG_NONBLOCK);
+    if (rv)
+        return nng_err(rv);
+    c->busy = true;
+    c->sent_ns = wb_now_ns();
+    return 0;
+}
+
+int wb_chan_try_recv(struct wb_chan *c, void **buf, size_t *len)
+{
+    void *p;
+    size_t n;
+    int rv = nng_recv((nng_socket){.id = c->sock}, &p, &n, NNG_FLAG_ALLOC | NNG_FLAG_NONBLOCK);
+    if (rv == NNG_EAGAIN)
+        return 0;
+    if (rv)
+        return nng_err(rv);
+    c->busy = false;
+    *buf = p;
+    *len = n;
+    return 1;
+}
+
+void wb_chan_free(void *buf)
+{
+    if (buf)
+        nng_free(buf, 0);
+}
+
+int wb_chan_call(struct wb_chan *c, const struct wb_mpw *w, uint64_t timeout_ns, void **buf,
+                 size_t *len)
+{
+    uint64_t deadline = wb_now_ns() + timeout_ns;
+    int err;
+    /* The dial completes in the background: until a connection exists, sends say EAGAIN. */
+    while ((err = wb_chan_send(c, w)) == -EAGAIN) {
+        if (wb_now_ns() >= deadline)
+            return -ETIMEDOUT;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    if (err)
+        return err;
+    for (;;) {
+        err = wb_chan_try_recv(c, buf, len);
+        if (err)
+            return err < 0 ? err : 0;
+        uint64_t now = wb_now_ns();
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        uint64_t left_ms = (deadline - now) / 1000000 + 1;
+        struct pollfd p = {.fd = c->fd, .events = POLLIN};
+        poll(&p, 1, left_ms > 100 ? 100 : (int)left_ms);
+    }
+}

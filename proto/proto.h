@@ -1,0 +1,356 @@
+/* proto.h — the one public header of proto/: the control-plane protocol every weightbridge
+ * process speaks (agents, the controller, wb-ctl): roles, message types, one C struct per
+ * message body with the table that encodes and decodes it, transfer statistics, and the nng
+ * request channel.
+ *
+ * It sits below both agent/ and controller/ so that neither includes the other: the agent and
+ * the controller stand side by side on this contract.
+ *
+ * Transport of control messages: nng. The controller listens on one raw REP socket; every
+ * agent dials it with two REQ sockets — a "call" socket for register / heartbeat / report
+ * (answered at once) and a "poll" socket the controller holds until it has commands for the
+ * agent (long poll). Commands carry sequence numbers and stay queued until the agent
+ * acknowledges them in its next poll, so a lost reply never loses a command. wb-ctl dials the
+ * same socket with one REQ.
+ *
+ * Wire form: common's versioned envelope [magic, version, type, body]. The body is a msgpack
+ * map; every message but ERROR has "token" (the cluster token from the job file or $WB_TOKEN)
+ * as its first key, and an ERROR never carries it, so a refusal tells a stranger nothing. The
+ * keys after the token are described by the message's field table (struct wb_field rows:
+ * key, type, required, offset); a decoder reports an unknown key, a missing required key, a
+ * wrong type or an oversized string as an error naming the message and the key, and fills
+ * nothing on failure. Nested maps (a command's body inside COMMANDS, one agent of STATUS,
+ * a trainer's statistics) are bodies with tables of their own.
+ */
+#ifndef WB_PROTO_H
+#define WB_PROTO_H
+
+#include "common/common.h"
+
+/* ================================================================ roles and stages */
+
+enum wb_role { WB_ROLE_TRAINER = 0, WB_ROLE_ROLLOUT, WB_ROLE_COUNT };
+const char *wb_role_name(enum wb_role r);
+int wb_role_parse(const char *s, enum wb_role *out);
+
+/* The executor's stages, as transfer statistics and traces report them. */
+enum wb_stage {
+    WB_STAGE_H2D = 0,
+    WB_STAGE_GATHER,
+    WB_STAGE_FUSE,
+    WB_STAGE_QUANT,
+    WB_STAGE_WRITE,
+    WB_STAGE_BARRIER,
+    WB_STAGE_COUNT
+};
+const char *wb_stage_name(enum wb_stage s);
+
+/* ================================================================ message types */
+
+/* Every body type. Messages travel alone in an envelope; commands travel inside COMMANDS as
+ * [seq, type, body]; the last group are maps nested inside other bodies. */
+enum wb_msg_type {
+    /* replies */
+    WB_MSG_ERROR = 0x0701, /* struct wb_body_error */
+    WB_MSG_OK,             /* no fields */
+    WB_MSG_REGISTERED,     /* struct wb_body_registered */
+    WB_MSG_COMMANDS,       /* struct wb_body_commands (poll reply) */
+    WB_MSG_RESULT,         /* struct wb_body_result (a transfer's outcome) */
+    WB_MSG_STATUS,         /* struct wb_body_status */
+    WB_MSG_PLAN_INFO,      /* struct wb_body_plan_info */
+    /* agent calls */
+    WB_MSG_REGISTER = 0x0710, /* struct wb_body_register */
+    WB_MSG_HEARTBEAT,         /* struct wb_body_heartbeat */
+    WB_MSG_POLL,              /* struct wb_body_poll */
+    WB_MSG_REP_SETUP,         /* struct wb_body_rep_setup: buffers allocated and registered */
+    WB_MSG_REP_CONNECTED,     /* struct wb_body_rep_connected: peers inserted */
+    WB_MSG_REP_SENT,          /* struct wb_body_rep_sent: a trainer finished a transfer */
+    WB_MSG_REP_RECEIVED,      /* struct wb_body_rep_received: a rollout's counters reached */
+    WB_MSG_REP_COMMITTED,     /* struct wb_body_rep_committed: a rollout published a version */
+    /* client calls (wb-ctl) */
+    WB_MSG_CTL_TRANSFER = 0x0720, /* struct wb_body_ctl_transfer -> RESULT or ERROR */
+    WB_MSG_CTL_STATUS,            /* no fields -> STATUS */
+    WB_MSG_CTL_PLAN,              /* no fields -> PLAN_INFO */
+    WB_MSG_CTL_SHUTDOWN,          /* no fields -> OK; agents are told to exit */
+    /* commands (inside COMMANDS) */
+    WB_CMD_SETUP = 0x0730, /* struct wb_body_setup */
+    WB_CMD_PEERS,          /* struct wb_body_peers */
+    WB_CMD_TRANSFER,       /* struct wb_body_version_epoch */
+    WB_CMD_COMPLETE,       /* struct wb_body_version: rollouts publish it */
+    WB_CMD_ABORT,          /* struct wb_body_abort */
+    WB_CMD_EXIT,           /* no fields: clean shutdown */
+    /* nested maps */
+    WB_BODY_STATS = 0x0740, /* struct wb_xfer_stats */
+    WB_BODY_AGENT_STATUS,   /* struct wb_body_agent_status (one entry of STATUS.agents) */
+};
+
+/* The type's name ("REGISTER", "SETUP", ...), or NULL for a type without a table. */
+const char *wb_msg_type_name(uint32_t type);
+
+/* ================================================================ bodies */
+
+enum {
+    WB_ERRMSG_MAX = 512,
+    WB_HOST_MAX = 64,
+    WB_ROLE_STR = 16,
+    WB_JOBNAME_MAX = 128,
+    WB_PATH_STR = 1024,
+    WB_RANKS_MAX = 4096, /* agents of one role a job may have */
+};
+
+/* Bytes inside a received message (bin or str payloads, or a nested msgpack object): valid as
+ * long as the message buffer is. Encoders copy them. */
+struct wb_bytes {
+    const void *p;
+    size_t n;
+};
+
+struct wb_body_error {
+    int64_t code;
+    char msg[WB_ERRMSG_MAX];
+};
+
+/* Every agent call after REGISTER names its session. */
+struct wb_session {
+    char role[WB_ROLE_STR];
+    uint64_t rank;
+    uint64_t session;
+};
+
+struct wb_body_register {
+    char role[WB_ROLE_STR];
+    uint64_t rank;
+    int64_t device; /* GPU index, -1: host memory */
+    char host[WB_HOST_MAX];
+    uint64_t pid;
+    struct wb_bytes inv; /* msgpack array of registered tensors (empty for synthetic agents) */
+};
+
+struct wb_body_registered {
+    uint64_t session, heartbeat_ns, dead_ns, poll_hold_ns;
+};
+
+struct wb_body_heartbeat {
+    struct wb_session s;
+    uint64_t version; /* rollouts: last complete version */
+    bool in_flight;
+};
+
+struct wb_body_poll {
+    struct wb_session s;
+    uint64_t ack; /* last command sequence number handled */
+};
+
+/* COMMANDS: a msgpack array of [seq, type, body] (wb_cmd_put / wb_cmd_next). */
+struct wb_body_commands {
+    struct wb_bytes cmds;
+};
+
+struct wb_body_rep_setup {
+    struct wb_session s;
+    uint64_t gen;
+    bool ok;
+    char err[WB_ERRMSG_MAX];
+    struct wb_bytes addr;    /* transport address blob */
+    struct wb_bytes regions; /* memory descriptors blob */
+};
+
+struct wb_body_rep_connected {
+    struct wb_session s;
+    uint64_t gen;
+    bool ok;
+    char err[WB_ERRMSG_MAX];
+};
+
+struct wb_body_rep_sent {
+    struct wb_session s;
+    uint64_t version;
+    bool ok;
+    char err[WB_ERRMSG_MAX];
+    struct wb_bytes stats; /* a WB_BODY_STATS map */
+};
+
+struct wb_body_rep_received {
+    struct wb_session s;
+    uint64_t version;
+    bool ok;
+    char err[WB_ERRMSG_MAX];
+    uint64_t bytes;
+};
+
+struct wb_body_rep_committed {
+    struct wb_session s;
+    uint64_t version;
+};
+
+struct wb_body_ctl_transfer {
+    uint64_t version;
+    uint64_t timeout_ns; /* 0: the job's transfer_timeout */
+};
+
+struct wb_body_result {
+    uint64_t version, total_ns, gen;
+    struct wb_bytes trainers;      /* array of WB_BODY_STATS maps, by rank */
+    struct wb_bytes rollout_bytes; /* array of u64, by rank */
+};
+
+struct wb_body_status {
+    char job[WB_JOBNAME_MAX];
+    char state[WB_ROLE_STR];
+    uint64_t gen, version, in_flight;
+    struct wb_bytes agents; /* array of WB_BODY_AGENT_STATUS maps */
+};
+
+struct wb_body_agent_status {
+    char role[WB_ROLE_STR];
+    uint64_t rank;
+    char state[WB_ROLE_STR]; /* alive, dead, absent */
+    char host[WB_HOST_MAX];
+    uint64_t pid;
+    int64_t device;
+    uint64_t version;
+    bool in_flight;
+    uint64_t seen_ms;
+};
+
+struct wb_body_plan_info {
+    struct wb_bytes summary; /* text */
+};
+
+struct wb_body_setup {
+    uint64_t gen;
+    uint64_t seed;           /* synthetic source seed */
+    uint64_t mem_cap;        /* trainers' temporary-memory cap */
+    char provider[64];       /* transport provider (wb_tx_cfg_provider) */
+    char trace[WB_PATH_STR]; /* "" or a directory for Chrome traces */
+    char job[WB_JOBNAME_MAX];
+    struct wb_bytes plan;   /* routing table (trainers) or receive list (rollouts) envelope */
+    struct wb_bytes shards; /* trainers: msgpack array of [trainer tensor, wb_tensor_meta] */
+};
+
+/* PEERS: a msgpack array of [role, rank, addr, regions] for every agent. */
+struct wb_body_peers {
+    uint64_t gen;
+    struct wb_bytes agents;
+};
+
+struct wb_body_version {
+    uint64_t version;
+};
+
+struct wb_body_version_epoch {
+    uint64_t version;
+    uint64_t epoch; /* attempt counter: immediates of an aborted attempt never count */
+};
+
+struct wb_body_abort {
+    uint64_t version;
+    char reason[WB_ERRMSG_MAX];
+};
+
+/* One trainer's figures for one transfer (REP_SENT, and RESULT per trainer). */
+struct wb_xfer_stats {
+    uint64_t rank;
+    uint64_t bytes, writes, tasks;
+    uint64_t peak_tmp, cap;
+    uint64_t stage_ns[WB_STAGE_COUNT]; /* summed busy time per stage */
+    uint64_t total_ns;                 /* TRANSFER received -> last write completed */
+    uint64_t mem_waits;                /* tasks that waited for memory under the cap */
+};
+
+/* ================================================================ field tables */
+
+enum wb_field_type {
+    WB_FIELD_U64 = 1, /* uint64_t */
+    WB_FIELD_I64,     /* int64_t */
+    WB_FIELD_BOOL,    /* bool */
+    WB_FIELD_STR,     /* char[size]: NUL-terminated, longer strings are an error */
+    WB_FIELD_BYTES,   /* struct wb_bytes: a str or bin payload */
+    WB_FIELD_OBJ,     /* struct wb_bytes: any one msgpack object, kept as its encoding */
+    WB_FIELD_U64S,    /* uint64_t[size / 8]: an array of at most that many (the rest zeroed) */
+};
+
+/* One row: key, type, whether a decoder insists on it, where it lives in the body struct and
+ * its size there. Encoders write every row. */
+struct wb_field {
+    const char *key;
+    enum wb_field_type type;
+    bool required;
+    size_t off, size;
+};
+
+/* The table of a body type (NULL for a type without one). *n gets its row count. */
+const struct wb_field *wb_msg_fields(uint32_t type, size_t *n);
+
+/* ================================================================ encoding and decoding */
+
+/* Writes a whole message: envelope, body map, "token" first (except for ERROR), then every
+ * field of `body` (a struct of the type's table; NULL for types without fields). Check
+ * wb_mpw_finish() afterwards. */
+void wb_msg_encode(struct wb_mpw *w, uint32_t type, const char *token, const void *body);
+/* Writes only the body map (commands, nested maps). */
+void wb_body_put(struct wb_mpw *w, uint32_t type, const void *body);
+
+/* A received message whose envelope and token were checked; its body is not decoded yet. */
+struct wb_msg {
+    uint32_t type;
+    uint32_t nkeys;  /* body keys after the token */
+    struct wb_mpr r; /* at the first of them */
+};
+
+/* Opens a message and checks its token (every type but ERROR must carry `token` as its first
+ * key). Errors, with *why set: -EBADMSG "refused: not a weightbridge message",
+ * -WB_E_VERSION "refused: unsupported message version", -EBADMSG "refused: message body is
+ * not a map", -WB_E_TOKEN "refused: message without a cluster token" or "refused: wrong
+ * cluster token". Nothing is copied: the buffer must outlive m. */
+int wb_msg_open(const void *buf, size_t len, const char *token, struct wb_msg *m, const char **why);
+/* Decodes an opened message's body into `body` (the struct of m->type's table). On failure
+ * (-EBADMSG) why holds e.g. "REPORT_SENT: unknown field \"stat\"" or "REGISTER: missing field
+ * \"rank\"" and body is untouched. */
+int wb_msg_decode(const struct wb_msg *m, void *body, char *why, size_t whycap);
+/* Decodes a body map at r (a command body, a nested map); r moves past it. */
+int wb_body_get(struct wb_mpr *r, uint32_t type, void *body, char *why, size_t whycap);
+
+/* The ERROR reply {code, msg}; it never carries the token. */
+void wb_msg_error(struct wb_mpw *w, int code, const char *msg);
+
+/* ---------------------------------------------------------------- commands */
+
+/* Appends one command [seq, type, body] to w (an array being written). */
+void wb_cmd_put(struct wb_mpw *w, uint64_t seq, uint32_t type, const void *body);
+
+/* Reads the commands of a COMMANDS body one by one. */
+struct wb_cmd_reader {
+    struct wb_mpr r;
+    uint32_t left;
+};
+int wb_cmd_reader_init(struct wb_cmd_reader *cr, const struct wb_bytes *cmds);
+/* 1 with *seq, *type and the body map in *body (a reader for wb_body_get), 0 when none is left,
+ * -EBADMSG for a malformed entry. */
+int wb_cmd_next(struct wb_cmd_reader *cr, uint64_t *seq, uint32_t *type, struct wb_mpr *body);
+
+/* ---------------------------------------------------------------- request channel */
+
+/* A REQ socket to the controller used one request at a time. Non-blocking use: send, then
+ * wb_chan_try_recv() until it yields the reply (fd is pollable for readability). */
+struct wb_chan {
+    uint32_t sock; /* nng_socket id (nng.h stays out of this header) */
+    int fd;        /* readable when a reply may be waiting */
+    bool busy;     /* a request is outstanding */
+    uint64_t sent_ns;
+};
+
+/* Dials url (asynchronously: the dial completes in the background and is retried). */
+int wb_chan_open(struct wb_chan *c, const char *url);
+void wb_chan_close(struct wb_chan *c);
+/* Sends w's bytes as the request; a request still outstanding is abandoned. */
+int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w);
+/* The reply, if one has arrived: 1 with *buf (free with wb_chan_free) and *len, 0 when none
+ * yet, negative on error. */
+int wb_chan_try_recv(struct wb_chan *c, void **buf, size_t *len);
+/* Blocking round trip with a time limit: -ETIMEDOUT when no reply came within timeout_ns. */
+int wb_chan_call(struct wb_chan *c, const struct wb_mpw *w, uint64_t timeout_ns, void **buf,
+                 size_t *len);
+void wb_chan_free(void *buf);
+
+#endif /* WB_PROTO_H */

@@ -1,0 +1,97 @@
+/* controller_job_test.c — the job file: defaults, every key, and the exact errors of bad ones. */
+#include "controller/controller.h"
+#include "tests/wbtest.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+static void test_job_load(void)
+{
+    const char *p = wb_test_write_file("job.yaml", "name: j1\n"
+                                                   "token: abc\n"
+                                                   "trainers: 4\n"
+                                                   "rollouts: 2\n"
+                                                   "mode: gather\n"
+                                                   "mem_cap: 64KiB\n"
+                                                   "dead_after: 2s\n");
+    struct wb_job j;
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), 0);
+    CHECK_STR(j.name, "j1");
+    CHECK_STR(j.listen, "tcp://127.0.0.1:7420");
+    CHECK_STR(j.token, "abc");
+    CHECK_INT(j.mode, 3);
+    CHECK_U64(j.mem_cap, 65536);
+    CHECK_U64(j.dead_ns, 2000000000ull);
+    CHECK_U64(j.heartbeat_ns, 200000000ull);
+    CHECK_U64(j.trainers, 4);
+    CHECK_STR(j.provider, "tcp");
+    wb_job_free(&j);
+    wb_errlist_free(&el);
+}
+
+static void test_job_errors(void)
+{
+    struct wb_job j;
+    struct wb_errlist el;
+    char want[512];
+
+    const char *p = wb_test_write_file("bad.yaml", "token: abc\n"
+                                                   "trainers: 1\n"
+                                                   "rollouts: 1\n"
+                                                   "mode: fast\n"
+                                                   "heartbeats: 1s\n");
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), -WB_E_CONFIG);
+    CHECK_INT(el.n, 2);
+    snprintf(want, sizeof(want),
+             "%s:4:7: mode: expected one of auto|direct|amax|gather, got 'fast'", p);
+    CHECK_STR(el.msgs[0], want);
+    snprintf(want, sizeof(want), "%s:5:1: heartbeats: unknown key", p);
+    CHECK_STR(el.msgs[1], want);
+    wb_errlist_free(&el);
+
+    p = wb_test_write_file("half.yaml", "token: abc\n"
+                                        "model:\n"
+                                        "  rules: r.yaml\n");
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), -WB_E_CONFIG);
+    CHECK_INT(el.n, 4);
+    snprintf(want, sizeof(want),
+             "%s: model.trainer_inventory: required key missing (a model needs all of "
+             "model.rules, model.trainer_inventory, model.rollout_inventory, trainer_layout and "
+             "rollout_layout)",
+             p);
+    CHECK_STR(el.msgs[0], want);
+    wb_errlist_free(&el);
+
+    p = wb_test_write_file("notoken.yaml", "trainers: 1\nrollouts: 1\n");
+    unsetenv("WB_TOKEN");
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), -WB_E_CONFIG);
+    snprintf(want, sizeof(want),
+             "%s: token: no cluster token (set token: in the file or $WB_TOKEN)", p);
+    CHECK_STR(el.msgs[0], want);
+    wb_errlist_free(&el);
+    setenv("WB_TOKEN", "from-env", 1);
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), 0);
+    CHECK_STR(j.token, "from-env");
+    wb_job_free(&j);
+    wb_errlist_free(&el);
+
+    p = wb_test_write_file("nocount.yaml", "token: t\ntrainers: 2\n");
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), -WB_E_CONFIG);
+    snprintf(want, sizeof(want), "%s: trainers, rollouts: a job without a model needs both counts",
+             p);
+    CHECK_STR(el.msgs[0], want);
+    wb_errlist_free(&el);
+}
+
+const struct wb_test wb_tests[] = {
+    {"job_load", test_job_load, 0},
+    {"job_errors", test_job_errors, 0},
+    {0},
+};

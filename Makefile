@@ -15,7 +15,7 @@
 #                                       <name>_cuda_test.c only when building with CUDA
 #   bench/<name>.c                   -> build/bench/<name>
 
-PARTS   := common proto matcher planner quant transport agent controller
+PARTS   := common proto route matcher planner quant transport agent controller
 PREFIX  ?= /usr/local
 CUDA    ?= auto
 SAN     ?= 0

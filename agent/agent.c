@@ -228,7 +228,7 @@ static int on_call_reply(struct wb_agent *a, void *buf, size_t len)
 
 static void cmd_setup(struct wb_agent *a, const struct wb_body_setup *b)
 {
-    struct agent_job j = {.gen = b->gen, .seed = b->seed, .mem_cap = b->mem_cap};
+    struct agent_job j = {.gen = b->gen, .seed = b->seed};
     const void *addr = NULL, *regions = NULL;
     size_t addr_len = 0, regions_len = 0;
     char err[WB_ERRMSG_MAX] = "";

@@ -627,7 +627,7 @@ int data_progress(struct data *d, struct data_done *out)
     if (d->role == WB_ROLE_TRAINER && !d->empty)
         out->stats = d->stats;
     out->stats.rank = d->rank;
-    out->stats.cap = d->empty ? d->job.mem_cap : d->cap;
+    out->stats.cap = d->empty ? 0 : d->cap;
     out->stats.total_ns = wb_now_ns() - d->start_ns;
     out->rx_bytes = d->role == WB_ROLE_ROLLOUT && !d->empty ? d->recv.recv_bytes : 0;
     return 1;

@@ -257,7 +257,7 @@ int exec_setup(struct data *d, char *err, size_t errcap)
         }
     }
     d->amax_in_bytes = t->amax_inbox_bytes;
-    d->cap = d->job.mem_cap ? d->job.mem_cap : 1ull << 30;
+    d->cap = t->mem_cap;
     if (t->max_tmp_bytes > d->cap) {
         snprintf(err, errcap,
                  "memory cap %" PRIu64 " bytes is below the largest task's %" PRIu64 " bytes",

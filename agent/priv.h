@@ -9,7 +9,7 @@ struct data; /* data.c's state (plan, buffers, transport, executor) */
 
 /* What the control loop learns from SETUP. */
 struct agent_job {
-    uint64_t gen, seed, mem_cap;
+    uint64_t gen, seed;
     char provider[64];
     char trace[1024];
     char name[128];

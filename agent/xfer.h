@@ -17,7 +17,7 @@
 
 #include "agent/gpu.h"
 #include "agent/priv.h"
-#include "planner/planner.h"
+#include "route/route.h"
 #include "transport/transport.h"
 
 enum imm_kind { IMM_DATA = 0, IMM_AMAX, IMM_GATHER, IMM_BARRIER };

@@ -33,25 +33,17 @@ static int child(enum wb_plan_mode mode, uint32_t threads, int fd)
 {
     struct wb_errlist el;
     wb_errlist_init(&el);
-    struct wb_trainer_layout tl;
-    struct wb_rollout_layout rl;
-    struct wb_inventory ti, ri;
-    struct wb_match_rules *rules = NULL;
-    struct wb_match *mt = NULL;
-    wb_inv_init(&ti);
-    wb_inv_init(&ri);
+    struct wb_model md;
+    struct wb_model_src src = {
+        .rules = MODEL, .config = CONFIG, .trainer_layout = TRAINER, .rollout_layout = ROLLOUT};
     uint64_t t0 = wb_now_ns();
-    if (wb_trainer_layout_load(TRAINER, &tl, &el) || wb_rollout_layout_load(ROLLOUT, &rl, &el) ||
-        wb_inv_generate(MODEL, CONFIG, "trainer", &ti, &el) ||
-        wb_inv_generate(MODEL, CONFIG, "rollout", &ri, &el) ||
-        wb_match_rules_load(MODEL, &rules, &el) || wb_match_rules_bind_config(rules, CONFIG, &el) ||
-        wb_match_run(rules, &ti, &ri, &mt, &el)) {
+    if (wb_model_load(&src, &md, &el)) {
         wb_errlist_print(&el, "plan_bench: ", stderr);
         return 1;
     }
     uint64_t t1 = wb_now_ns();
-    struct wb_plan_input in = {&ti, &ri, mt, &tl, &rl};
-    struct wb_plan_opts o = {mode, 1ull << 30, threads};
+    struct wb_plan_input in = wb_model_input(&md);
+    struct wb_plan_opts o = {mode, 0, threads};
     struct wb_plan *p;
     if (wb_plan_build(&in, &o, &p, &el)) {
         wb_errlist_print(&el, "plan_bench: ", stderr);
@@ -71,12 +63,7 @@ static int child(enum wb_plan_mode mode, uint32_t threads, int fd)
     if (write(fd, &res, sizeof(res)) != (ssize_t)sizeof(res))
         return 1;
     wb_plan_free(p);
-    wb_match_free(mt);
-    wb_match_rules_free(rules);
-    wb_inv_free(&ti);
-    wb_inv_free(&ri);
-    wb_trainer_layout_free(&tl);
-    wb_rollout_layout_free(&rl);
+    wb_model_free(&md);
     wb_errlist_free(&el);
     return 0;
 }

@@ -230,8 +230,7 @@ static void send_setup(struct wb_controller *c, struct agent *a)
     const struct wb_job *j = c->job;
     bool tr = a->role == WB_ROLE_TRAINER;
     const struct ctl_blob *tbl = tr ? &c->plan.table[a->rank] : &c->plan.recv[a->rank];
-    struct wb_body_setup b = {
-        .gen = c->gen, .seed = j->seed, .mem_cap = j->mem_cap, .plan = {tbl->buf, tbl->len}};
+    struct wb_body_setup b = {.gen = c->gen, .seed = j->seed, .plan = {tbl->buf, tbl->len}};
     if (tr)
         b.shards = (struct wb_bytes){c->plan.shards[a->rank].buf, c->plan.shards[a->rank].len};
     snprintf(b.provider, sizeof(b.provider), "%s", j->provider);

@@ -19,6 +19,10 @@ struct ctl_plan {
     char *summary;           /* human-readable plan summary (wb-ctl plan) */
 };
 
+/* The job file's model section as the planner's model source. */
+struct wb_model_src;
+void ctl_model_src(const struct wb_job *job, struct wb_model_src *src);
+
 /* Loads the job's model and layouts, matches and plans. Every problem goes to el (naming the
  * tensor, file:line or rank); nothing is half-built on failure. */
 int ctl_plan_build(const struct wb_job *job, struct ctl_plan *out, struct wb_errlist *el);

@@ -38,7 +38,7 @@ const struct wb_cfg_field wb_job_fields[] = {
      offsetof(struct wb_job, rollout_layout)},
     {"mode", WB_CFG_ENUM, "auto", "how pieces are produced", offsetof(struct wb_job, mode),
      mode_choices},
-    {"mem_cap", WB_CFG_SIZE, "1GiB", "temporary-memory cap of each trainer's executor",
+    {"mem_cap", WB_CFG_SIZE, "0", "temporary-memory cap of each trainer's executor (0: 1 GiB)",
      offsetof(struct wb_job, mem_cap)},
     {"seed", WB_CFG_U64, "1", "seed of the synthetic parameter source",
      offsetof(struct wb_job, seed)},

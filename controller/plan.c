@@ -92,36 +92,28 @@ static int encode_shards(const struct wb_job *job, struct ctl_plan *p,
     return err;
 }
 
+void ctl_model_src(const struct wb_job *job, struct wb_model_src *src)
+{
+    *src = (struct wb_model_src){.rules = job->model.rules,
+                                 .config = job->model.hf_config,
+                                 .trainer_inv = job->model.trainer_inventory,
+                                 .rollout_inv = job->model.rollout_inventory,
+                                 .trainer_layout = job->trainer_layout,
+                                 .rollout_layout = job->rollout_layout};
+}
+
 static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_errlist *el)
 {
-    struct wb_match_rules *rules = NULL;
-    struct wb_inventory ti, ri;
-    struct wb_match *mt = NULL;
-    struct wb_trainer_layout tl;
-    struct wb_rollout_layout rl;
+    struct wb_model_src src;
+    struct wb_model md;
     struct wb_plan *plan = NULL;
-    memset(&tl, 0, sizeof(tl));
-    memset(&rl, 0, sizeof(rl));
-    wb_inv_init(&ti);
-    wb_inv_init(&ri);
-    int err = wb_match_rules_load(job->model.rules, &rules, el);
-    if (!err && *job->model.hf_config)
-        err = wb_match_rules_bind_config(rules, job->model.hf_config, el);
-    if (!err && *job->model.hf_config) {
-        err = wb_inv_generate(job->model.rules, job->model.hf_config, "trainer", &ti, el);
-        err =
-            err ? err : wb_inv_generate(job->model.rules, job->model.hf_config, "rollout", &ri, el);
-    } else if (!err) {
-        err = wb_inv_load_file(job->model.trainer_inventory, &ti, el);
-        err = err ? err : wb_inv_load_file(job->model.rollout_inventory, &ri, el);
-    }
-    err = err ? err : wb_match_run(rules, &ti, &ri, &mt, el);
-    err = err ? err : wb_trainer_layout_load(job->trainer_layout, &tl, el);
-    err = err ? err : wb_rollout_layout_load(job->rollout_layout, &rl, el);
-    err = err ? err : wb_layout_check(&tl, &rl, el);
-    struct wb_plan_input in = {&ti, &ri, mt, &tl, &rl};
+    ctl_model_src(job, &src);
+    int err = wb_model_load(&src, &md, el);
+    if (err)
+        return err;
+    struct wb_plan_input in = wb_model_input(&md);
     struct wb_plan_opts opts = {(enum wb_plan_mode)job->mode, job->mem_cap};
-    err = err ? err : wb_plan_build(&in, &opts, &plan, el);
+    err = wb_plan_build(&in, &opts, &plan, el);
     if (err)
         goto out;
     if ((job->trainers && job->trainers != plan->ntrainers) ||
@@ -153,7 +145,7 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
         wb_recv_list_encode(&w, &plan->recv[r]);
         err = blob_from(&p->recv[r], &w);
     }
-    err = err ? err : encode_shards(job, p, &ti, mt, &tl, el);
+    err = err ? err : encode_shards(job, p, &md.trainer, md.match, &md.tl, el);
     if (!err) {
         char *text = NULL;
         size_t len = 0;
@@ -163,19 +155,14 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
             goto out;
         }
         fprintf(f, "job %s: mode %s, mem_cap %llu bytes\n", job->name,
-                wb_plan_mode_name((enum wb_plan_mode)job->mode), (unsigned long long)job->mem_cap);
+                wb_plan_mode_name(plan->mode), (unsigned long long)plan->mem_cap);
         wb_plan_print_summary(plan, &in, f);
         fclose(f);
         p->summary = text;
     }
 out:
     wb_plan_free(plan);
-    wb_rollout_layout_free(&rl);
-    wb_trainer_layout_free(&tl);
-    wb_match_free(mt);
-    wb_inv_free(&ri);
-    wb_inv_free(&ti);
-    wb_match_rules_free(rules);
+    wb_model_free(&md);
     return err;
 }
 

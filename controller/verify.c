@@ -7,7 +7,7 @@
  * (copy, cast, or FP8 128x128 block quantization with its scale tensor), then cut out the boxes
  * the rollout rank holds (wb_mapping_local()). The result is compared with the file a rollout
  * agent writes after each complete version (wb-agent --dump). */
-#include "controller/controller.h"
+#include "controller/ctl.h"
 #include "matcher/matcher.h"
 #include "planner/planner.h"
 #include "quant/quant.h"
@@ -20,38 +20,24 @@
 
 struct wb_ref {
     uint64_t seed;
-    struct wb_match_rules *rules;
-    struct wb_inventory ti, ri;
-    struct wb_match *mt;
-    struct wb_rollout_layout rl;
+    struct wb_model md;
 };
 
 int wb_ref_load(const struct wb_job *job, struct wb_ref **out, struct wb_errlist *el)
 {
+    if (!*job->model.rules) {
+        wb_errlist_add(el, "job %s: no model: nothing to verify", job->name);
+        return -EINVAL;
+    }
     struct wb_ref *f = calloc(1, sizeof(*f));
     if (!f)
         return -ENOMEM;
-    wb_inv_init(&f->ti);
-    wb_inv_init(&f->ri);
+    struct wb_model_src src;
+    ctl_model_src(job, &src);
     f->seed = job->seed;
-    int err = *job->model.rules ? 0 : -EINVAL;
-    if (err)
-        wb_errlist_add(el, "job %s: no model: nothing to verify", job->name);
-    err = err ? err : wb_match_rules_load(job->model.rules, &f->rules, el);
-    if (!err && *job->model.hf_config) {
-        err = wb_match_rules_bind_config(f->rules, job->model.hf_config, el);
-        err = err ? err
-                  : wb_inv_generate(job->model.rules, job->model.hf_config, "trainer", &f->ti, el);
-        err = err ? err
-                  : wb_inv_generate(job->model.rules, job->model.hf_config, "rollout", &f->ri, el);
-    } else if (!err) {
-        err = wb_inv_load_file(job->model.trainer_inventory, &f->ti, el);
-        err = err ? err : wb_inv_load_file(job->model.rollout_inventory, &f->ri, el);
-    }
-    err = err ? err : wb_match_run(f->rules, &f->ti, &f->ri, &f->mt, el);
-    err = err ? err : wb_rollout_layout_load(job->rollout_layout, &f->rl, el);
+    int err = wb_model_load(&src, &f->md, el);
     if (err) {
-        wb_ref_free(f);
+        free(f);
         return err;
     }
     *out = f;
@@ -62,17 +48,13 @@ void wb_ref_free(struct wb_ref *f)
 {
     if (!f)
         return;
-    wb_rollout_layout_free(&f->rl);
-    wb_match_free(f->mt);
-    wb_inv_free(&f->ri);
-    wb_inv_free(&f->ti);
-    wb_match_rules_free(f->rules);
+    wb_model_free(&f->md);
     free(f);
 }
 
 uint32_t wb_ref_nrollouts(const struct wb_ref *f)
 {
-    return f->rl.replicas * f->rl.gpus_per_replica;
+    return f->md.rl.replicas * f->md.rl.gpus_per_replica;
 }
 
 /* One expected local tensor. */
@@ -87,7 +69,7 @@ struct expect {
 static int global_values(const struct wb_ref *f, const struct wb_mapping *m, uint64_t version,
                          uint8_t **vals, float **scales, char *msg, size_t cap)
 {
-    const struct wb_param *rp = &f->ri.p[m->rollout];
+    const struct wb_param *rp = &f->md.rollout.p[m->rollout];
     uint64_t n = wb_shape_numel(&rp->shape);
     size_t es = wb_dtype_size(m->src_dtype);
     uint8_t *g = calloc(n ? n : 1, es), *part = NULL;
@@ -96,7 +78,7 @@ static int global_values(const struct wb_ref *f, const struct wb_mapping *m, uin
     int rc = g ? 0 : -ENOMEM;
     for (uint32_t c = 0; !rc && c < m->ncomp; c++) {
         const struct wb_component *cp = &m->comp[c];
-        const struct wb_param *tp = &f->ti.p[cp->trainer];
+        const struct wb_param *tp = &f->md.trainer.p[cp->trainer];
         if (cp->trainer_scale >= 0) {
             snprintf(msg, cap, "%s: FP8 trainer checkpoints are not covered by the reference",
                      rp->name);
@@ -172,22 +154,22 @@ static struct wb_shape scale_shape(const struct wb_shape *v, uint32_t block)
 static int expected(const struct wb_ref *f, uint32_t rank, uint64_t version, struct expect **out,
                     uint32_t *nout, char *msg, size_t cap)
 {
-    const struct wb_rollout_layout *rl = &f->rl;
+    const struct wb_rollout_layout *rl = &f->md.rl;
     uint32_t local = rank % rl->gpus_per_replica;
     uint32_t tp_rank = local % rl->tp, ep_rank = local % rl->ep;
-    struct expect *e = calloc(f->mt->n * 2 + 1, sizeof(*e));
+    struct expect *e = calloc(f->md.match->n * 2 + 1, sizeof(*e));
     uint32_t ne = 0;
     int rc = e ? 0 : -ENOMEM;
-    for (size_t k = 0; !rc && k < f->mt->n; k++) {
-        const struct wb_mapping *m = &f->mt->map[k];
-        const struct wb_param *rp = &f->ri.p[m->rollout];
+    for (size_t k = 0; !rc && k < f->md.match->n; k++) {
+        const struct wb_mapping *m = &f->md.match->map[k];
+        const struct wb_param *rp = &f->md.rollout.p[m->rollout];
         struct wb_shape ls;
         struct wb_local_piece pc[WB_MAX_PIECES];
         uint32_t np = 0;
         struct wb_errlist el;
         wb_errlist_init(&el);
-        rc =
-            wb_mapping_local(f->mt, &f->ri, m, tp_rank, rl->tp, ep_rank, rl->ep, &ls, pc, &np, &el);
+        rc = wb_mapping_local(f->md.match, &f->md.rollout, m, tp_rank, rl->tp, ep_rank, rl->ep, &ls,
+                              pc, &np, &el);
         wb_errlist_free(&el);
         if (rc) {
             snprintf(msg, cap, "%s: rollout rank %u holds no valid split", rp->name, rank);
@@ -275,7 +257,7 @@ int wb_ref_check_dump(const struct wb_ref *f, uint32_t rank, uint64_t version, c
         for (uint32_t k = 0; k < ne; k++)
             if (e[k].tensor == tensor)
                 x = &e[k];
-        const char *name = tensor < f->ri.n ? f->ri.p[tensor].name : "?";
+        const char *name = tensor < f->md.rollout.n ? f->md.rollout.p[tensor].name : "?";
         if (!x || x->bytes != b) {
             snprintf(msg, cap,
                      "rollout rank %u: %s: holds %" PRIu64 " bytes, the reference %" PRIu64, rank,

@@ -1,27 +1,11 @@
 /* assemble.c — turns the builder's per-rank output into the plan's routing tables and receive
- * lists (ownership of the arrays moves to the plan), and frees plans, tables and lists. Also
- * the mode names. Split from plan.c, which decides what goes where. */
+ * lists (ownership of the arrays moves to the plan), and frees plans. Split from plan.c, which
+ * decides what goes where. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "planner/build.h"
-
-const char *wb_plan_mode_name(enum wb_plan_mode m)
-{
-    static const char *const names[] = {"auto", "direct", "amax", "gather"};
-    return (unsigned)m < 4 ? names[m] : "invalid";
-}
-
-int wb_plan_mode_parse(const char *s, enum wb_plan_mode *out)
-{
-    for (int m = 0; m < 4; m++)
-        if (m != WB_MODE_AMAX && strcmp(s, wb_plan_mode_name((enum wb_plan_mode)m)) == 0) {
-            *out = (enum wb_plan_mode)m;
-            return 0;
-        }
-    return -EINVAL;
-}
 
 static uint32_t bits_for(uint64_t v)
 {
@@ -69,6 +53,9 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p)
         t->amax = take(&ro->amax, &t->namax);
         t->amax_inbox_bytes = c->inbox[r];
         t->send_bytes = ro->send;
+        t->mem_cap = p->mem_cap;
+        t->block = WB_FP8_BLOCK;
+        t->mode = p->mode;
         for (uint32_t ph = 0, k = 0; ph < c->nphases; ph++) {
             t->phases[ph].task0 = k;
             while (k < t->ntasks && t->tasks[k].phase == ph)
@@ -155,30 +142,6 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p)
     }
     p->nphases = c->nphases;
     return 0;
-}
-
-void wb_route_table_free(struct wb_route_table *t)
-{
-    if (!t)
-        return;
-    free(t->phases);
-    free(t->tasks);
-    free(t->ops);
-    free(t->peers);
-    free(t->boxes);
-    free(t->shapes);
-    free(t->writes);
-    free(t->amax);
-    memset(t, 0, sizeof(*t));
-}
-
-void wb_recv_list_free(struct wb_recv_list *r)
-{
-    if (!r)
-        return;
-    free(r->local);
-    free(r->expect);
-    memset(r, 0, sizeof(*r));
 }
 
 void wb_plan_free(struct wb_plan *p)

@@ -279,7 +279,7 @@ static int build_items(struct plan_ctx *c)
 {
     const struct wb_match *mt = c->in->match;
     const struct wb_inventory *ti = c->in->trainer;
-    uint64_t cap = c->opts->mem_cap ? c->opts->mem_cap : (1ull << 30);
+    uint64_t cap = c->opts->mem_cap ? c->opts->mem_cap : WB_MEM_CAP_DEFAULT;
     uint64_t limit = cap / 4;
     bool gather = c->opts->mode == WB_MODE_GATHER;
     /* per mapping: open item per mesh */
@@ -876,7 +876,7 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
         goto out;
     }
     p->mode = opts->mode;
-    p->mem_cap = opts->mem_cap ? opts->mem_cap : (1ull << 30);
+    p->mem_cap = opts->mem_cap ? opts->mem_cap : WB_MEM_CAP_DEFAULT;
     p->ntrainers = c.nt;
     p->nrollouts = c.nr;
     p->tables = calloc(c.nt, sizeof(*p->tables));

@@ -30,6 +30,7 @@
 
 #include "common/common.h"
 #include "matcher/matcher.h"
+#include "route/route.h"
 
 /* ================================================================ cluster layouts */
 
@@ -65,11 +66,6 @@ struct wb_place_rule {
     char *pattern;
     struct wb_placement place[WB_MESH_MAX_DIMS];
     uint32_t line; /* line in the layout file, for messages */
-};
-
-enum wb_residence {
-    WB_RESIDE_GPU = 0, /* parameters live in GPU memory */
-    WB_RESIDE_HOST,    /* FSDP CPU offload: pinned host memory, every task starts with H2D */
 };
 
 /* The hardware model behind estimates. Rates are bytes per second; times are seconds. The
@@ -150,226 +146,38 @@ void wb_placement_map_free(struct wb_placement_map *pm);
 int wb_layout_check(const struct wb_trainer_layout *tl, const struct wb_rollout_layout *rl,
                     struct wb_errlist *el);
 
-/* ================================================================ routing tables */
+/* ================================================================ the model of a job */
 
-/* How a piece is produced. WB_MODE_AUTO is only a request: the plan records the chosen mode. */
-enum wb_plan_mode { WB_MODE_AUTO = 0, WB_MODE_DIRECT, WB_MODE_AMAX, WB_MODE_GATHER };
-const char *wb_plan_mode_name(enum wb_plan_mode m);
-int wb_plan_mode_parse(const char *s, enum wb_plan_mode *out);
-
-/* Where an op reads or writes. PARAM is this rank's registered local shard of trainer tensor
- * `tensor` (row-major, shape = the shard box's extents, trainer dtype; host memory when the
- * layout's residence is host, then only H2D ops read it). TMP is the task's temporary
- * allocation of task.tmp_bytes bytes, which the executor allocates under its memory cap when
- * the task starts and frees when its last write completed. */
-enum wb_rt_buf_kind { WB_BUF_PARAM = 0, WB_BUF_TMP };
-
-/* Boxes and shapes in ops are indices into the table's `boxes` and `shapes` arrays (each
- * distinct value stored once: a 1T-parameter plan has millions of ops but few distinct boxes).
- * wb_rt_box() / wb_rt_shape() below resolve them. */
-
-/* A row-major array view: element (0,...,0) of shapes[shape] sits at byte `off` of the
- * buffer. */
-struct wb_rt_view {
-    enum wb_rt_buf_kind kind;
-    uint32_t tensor; /* PARAM: trainer tensor index; TMP: unused (0) */
-    uint64_t off;
-    enum wb_dtype dtype;
-    uint32_t shape; /* index into table.shapes */
+/* Where a job's model comes from. Paths; NULL or "" where absent. Inventories are generated
+ * from the rules' family entries and config.json unless inventory files are given; layouts are
+ * loaded (and checked against each other) only when both are given. */
+struct wb_model_src {
+    const char *rules;          /* model-family YAML (configs/models/...) */
+    const char *config;         /* config.json: the rollout inventory and the rules' bindings */
+    const char *trainer_config; /* config.json of the trainer side when it differs (an FP8
+                                   checkpoint); NULL: config */
+    const char *trainer_inv;    /* inventory files instead of generating from config.json */
+    const char *rollout_inv;
+    const char *trainer_layout; /* cluster layouts */
+    const char *rollout_layout;
 };
 
-enum wb_rt_op_kind {
-    WB_OP_H2D = 1, /* copy bytes [src_off, src_off+bytes) of the PARAM (host) shard to TMP */
-    WB_OP_GATHER,  /* all-gather a trainer tensor among its shard peers into a full TMP view */
-    WB_OP_AMAX,    /* exchange partial block amax with one peer owner */
-    WB_OP_COPY,    /* box copy, same dtype (projection fusion, packing, stacking) */
-    WB_OP_CAST,    /* box copy with dtype conversion */
-    WB_OP_QUANT,   /* FP8 E4M3 128x128 block quantization of a region */
+/* Everything matching and planning start from: rules, both inventories, the match and (when
+ * asked for) the layouts. */
+struct wb_model {
+    struct wb_match_rules *rules;
+    struct wb_inventory trainer, rollout;
+    struct wb_match *match;
+    bool have_layouts;
+    struct wb_trainer_layout tl;
+    struct wb_rollout_layout rl;
 };
 
-struct wb_rt_h2d {
-    uint64_t src_off; /* byte offset in the PARAM shard of op.tensor */
-    uint64_t bytes;
-    uint64_t dst_off; /* TMP offset */
-};
-
-/* All-gather (DTensor full_tensor()): the members are this rank and its shard peers (the
- * owners that share its Replicate coordinates), each with the box it contributes. After the
- * op, `dst` holds the whole trainer tensor. Every member of a mesh has the mesh's GATHER ops
- * in the same order (seq counts them per mesh and phase), as a collective requires. */
-struct wb_rt_gather {
-    struct wb_rt_view src;  /* my shard (PARAM, or TMP after H2D) */
-    struct wb_rt_view dst;  /* full tensor, TMP */
-    uint32_t peer0, npeers; /* members incl. me: table.peers[peer0 .. peer0+npeers) */
-    uint32_t mesh;          /* plan-wide mesh index */
-    uint32_t seq;           /* ordinal of this gather among its mesh's gathers in the phase */
-    uint64_t bytes_in;      /* bytes this rank receives (full - own) */
-};
-
-/* Partial-amax exchange for FP8 blocks that straddle owners. Both sides carry the mirror op
- * (same tag, same blocks). The executor computes its partial amax (max |x| in FP32, 0 where it
- * holds no element of a block) over `region` (a box of the trainer tensor, tensor coordinates;
- * its data is src_box of the view `src`) for each block of `blocks` (block-grid coordinates of
- * the trainer tensor: 128x128 over the last two dims, 1 along leading dims), writes that FP32
- * array (blocks' extents, row-major) into `peer`'s amax inbox at peer_inbox_off with
- * immediate `tag`, waits for the peer's array in its own inbox at inbox_off (the peer sends
- * with the same tag), and for the blocks of `blocks` inside `grid` stores max(grid value,
- * peer's) into the task's amax grid at TMP amax_off (FP32, grid's extents, row-major; the
- * executor zeroes it when the task starts). grid is the QUANT op's grid. */
-struct wb_rt_amax {
-    uint32_t peer;
-    uint32_t tag;
-    struct wb_rt_view src;
-    uint32_t src_box, region, blocks, grid; /* box indices */
-    uint64_t peer_inbox_off, inbox_off;
-    uint64_t amax_off;
-};
-
-/* Box copy: src_box of src goes to dst_box of dst (equal extents; a stacked destination may
- * have one more leading dim of extent 1). COPY requires equal dtypes; CAST converts. */
-struct wb_rt_copy {
-    struct wb_rt_view src, dst;
-    uint32_t src_box, dst_box; /* box indices */
-};
-
-/* FP8 block quantization of `region` (a box of the trainer tensor op.tensor, tensor
- * coordinates; its data is src_box of the view `src`, same extents). Blocks are 128x128 over
- * the last two dims from the tensor origin (1 along leading dims); grid = the blocks region
- * touches (block coordinates). For each block: amax = max(max |x| over region ∩ block, the
- * amax grid value at TMP amax_off when amax_off != WB_RT_NONE, 1e-4); values
- * e4m3fn(float(x) * (448 / amax)) go to the view `dst` (FP8, region's extents, starting at its
- * element 0); scale_inv = amax / 448 to TMP scale_off (FP32, grid's extents, row-major). */
-struct wb_rt_quant {
-    struct wb_rt_view src, dst;
-    uint32_t src_box, region, grid; /* box indices */
-    uint64_t scale_off;
-    uint64_t amax_off;
-};
-
-enum { WB_RT_NONE = -1 }; /* as uint64_t: no offset */
-
-struct wb_rt_op {
-    enum wb_rt_op_kind kind;
-    uint32_t tensor; /* trainer tensor the op concerns */
-    union {
-        struct wb_rt_h2d h2d;
-        struct wb_rt_gather gather;
-        struct wb_rt_amax amax;
-        struct wb_rt_copy copy; /* COPY and CAST */
-        struct wb_rt_quant quant;
-    };
-};
-
-/* A member of a GATHER. */
-struct wb_rt_peer {
-    uint32_t rank;
-    uint32_t box; /* box index */
-};
-
-/* One one-sided WRITE with a 32-bit immediate. Source: src_tensor == WB_RT_TMP_SRC means TMP
- * offset src_off; otherwise the PARAM shard of trainer tensor src_tensor at byte src_off (GPU
- * residence only). Destination: rollout rank dst_rank, its local tensor dst_tensor (rollout
- * inventory index; the receive list gives its local shape and bytes), byte offset dst_off.
- * The executor checks dst_off + len against the destination region before posting. */
-enum { WB_RT_TMP_SRC = -1 }; /* as uint32_t */
-struct wb_rt_write {
-    uint64_t src_off;
-    uint64_t dst_off;
-    uint64_t len;
-    uint32_t src_tensor;
-    uint32_t dst_rank;
-    uint32_t dst_tensor;
-    uint32_t tag;
-};
-
-/* One routing-table entry. Ops run in order (each may depend on the previous ones), then the
- * writes are posted (any order; completion is counted). `mesh` is the item's mesh (its owner
- * set); `group` the shard-group members share for the estimate. */
-struct wb_rt_task {
-    uint32_t mapping; /* index into struct wb_match */
-    uint32_t item;    /* plan-wide item index */
-    uint32_t phase;
-    uint32_t mesh;
-    enum wb_plan_mode mode; /* direct, amax or gather */
-    uint64_t tmp_bytes;     /* TMP bytes the task needs from start to last write completion */
-    uint32_t op0, nops;     /* table.ops[op0 .. op0+nops) */
-    uint32_t write0, nwrites;
-    uint64_t write_bytes;
-};
-
-/* Phases run in order. barrier_after: the executor issues a global barrier (asynchronously)
- * right after the phase's last GATHER/AMAX op, and starts the next phase's GATHER/AMAX ops only
- * once it completed; writes of a phase may overlap later phases. */
-struct wb_rt_phase {
-    uint32_t task0, ntasks;
-    bool barrier_after;
-};
-
-/* The tags a receiver counts: the planner uses only the low `tag_bits` bits of a tag, so an
- * executor may fold a version counter into the high bits. Rollout data tags are rollout tensor
- * index + 1; amax tags are per receiving trainer, 1..n. */
-struct wb_rt_expect {
-    uint32_t tag;
-    uint32_t tensor; /* rollout tensor (receive lists) or UINT32_MAX (amax) */
-    uint64_t bytes;
-    uint64_t writes;
-};
-
-/* A trainer rank's routing table. Arrays are owned by the table. */
-struct wb_route_table {
-    uint32_t rank, ntrainers, nrollouts;
-    uint32_t tag_bits;
-    enum wb_residence residence;
-    uint32_t nphases;
-    struct wb_rt_phase *phases;
-    uint32_t ntasks;
-    struct wb_rt_task *tasks; /* grouped by phase, in execution order */
-    uint32_t nops;
-    struct wb_rt_op *ops;
-    uint32_t npeers;
-    struct wb_rt_peer *peers;
-    uint32_t nboxes;
-    struct wb_box *boxes; /* distinct boxes referenced by ops and peers */
-    uint32_t nshapes;
-    struct wb_shape *shapes; /* distinct view shapes */
-    uint32_t nwrites;
-    struct wb_rt_write *writes;
-    uint64_t amax_inbox_bytes; /* size of the registered region peers write partial amax into */
-    uint32_t namax;
-    struct wb_rt_expect *amax; /* what arrives in the inbox, per tag */
-    uint64_t send_bytes;       /* sum of write lengths */
-    uint64_t max_tmp_bytes;    /* largest task.tmp_bytes: the memory cap must be >= this */
-};
-
-static inline const struct wb_box *wb_rt_box(const struct wb_route_table *t, uint32_t i)
-{
-    return &t->boxes[i];
-}
-
-static inline const struct wb_shape *wb_rt_shape(const struct wb_route_table *t, uint32_t i)
-{
-    return &t->shapes[i];
-}
-
-/* A local tensor a rollout rank holds (allocate/register it; bounds for incoming writes). */
-struct wb_rt_local {
-    uint32_t tensor;
-    enum wb_dtype dtype;
-    struct wb_shape shape;
-    uint64_t bytes;
-};
-
-/* A rollout rank's receive list: its local tensors and, per tag, the bytes and number of writes
- * that complete an update. */
-struct wb_recv_list {
-    uint32_t rank, replica, tp_rank, ep_rank;
-    uint32_t tag_bits;
-    uint32_t nlocal;
-    struct wb_rt_local *local;
-    uint32_t nexpect;
-    struct wb_rt_expect *expect;
-    uint64_t recv_bytes, recv_writes;
-};
+/* Loads the rules, the two inventories, matches them and loads the layouts. Every problem found
+ * goes to el (naming file:line, tensor or rank) and the return is its code (-WB_E_CONFIG,
+ * -WB_E_MATCH, ...); *out is then left empty and needs no free. */
+int wb_model_load(const struct wb_model_src *src, struct wb_model *out, struct wb_errlist *el);
+void wb_model_free(struct wb_model *m);
 
 /* ================================================================ plans */
 
@@ -380,10 +188,16 @@ struct wb_plan_input {
     const struct wb_rollout_layout *rl;
 };
 
+/* The plan input of a loaded model (its layouts must have been loaded). */
+static inline struct wb_plan_input wb_model_input(const struct wb_model *m)
+{
+    return (struct wb_plan_input){&m->trainer, &m->rollout, m->match, &m->tl, &m->rl};
+}
+
 struct wb_plan_opts {
     enum wb_plan_mode mode; /* AUTO chooses per piece; DIRECT/GATHER force (DIRECT falls back
                                to AMAX where FP8 blocks straddle owners) */
-    uint64_t mem_cap;       /* executor's temporary-memory cap, bytes; 0 = 1 GiB */
+    uint64_t mem_cap;       /* executor's temporary-memory cap, bytes; 0: WB_MEM_CAP_DEFAULT */
     uint32_t threads;       /* building threads; 0 = one per CPU (at most 8). The plan is the
                                same for any number. */
 };
@@ -443,26 +257,7 @@ int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, stru
  * min/mean/max, imbalance vs lower bound and vs the reference greedy). */
 void wb_plan_print_summary(const struct wb_plan *p, const struct wb_plan_input *in, FILE *f);
 
-/* ---------------------------------------------------------------- wire and JSON */
-
-/* Envelope types (common's versioned msgpack envelope). The body is a map whose first key is
- * "format" (WB_PLAN_FORMAT); later formats only add keys, and decoders skip unknown keys. */
-enum {
-    WB_MSG_ROUTE_TABLE = 0x0401,
-    WB_MSG_RECV_LIST = 0x0402,
-    WB_PLAN_FORMAT = 1,
-};
-
-/* Appends an envelope holding the table to w (check wb_mpw_finish()). */
-void wb_route_table_encode(struct wb_mpw *w, const struct wb_route_table *t);
-/* Decodes an envelope; every count and index is checked (indices within their arrays, boxes
- * within shapes, op kinds known) before it is trusted. -EBADMSG / -WB_E_VERSION / -ENOMEM. */
-int wb_route_table_decode(const void *buf, size_t len, struct wb_route_table *out);
-void wb_route_table_free(struct wb_route_table *t);
-
-void wb_recv_list_encode(struct wb_mpw *w, const struct wb_recv_list *r);
-int wb_recv_list_decode(const void *buf, size_t len, struct wb_recv_list *out);
-void wb_recv_list_free(struct wb_recv_list *r);
+/* ---------------------------------------------------------------- JSON */
 
 /* The whole plan as JSON (jansson): summary, meshes, phases, every table and receive list.
  * With tables == false only the summary, meshes and per-rank totals. Returns 0 or -errno. */

@@ -135,7 +135,6 @@ static const struct wb_field f_ctl_transfer[] = {
 static const struct wb_field f_setup[] = {
     F(struct wb_body_setup, "gen", WB_FIELD_U64, true, gen),
     F(struct wb_body_setup, "seed", WB_FIELD_U64, true, seed),
-    F(struct wb_body_setup, "mem_cap", WB_FIELD_U64, true, mem_cap),
     F(struct wb_body_setup, "provider", WB_FIELD_STR, true, provider),
     F(struct wb_body_setup, "trace", WB_FIELD_STR, true, trace),
     F(struct wb_body_setup, "job", WB_FIELD_STR, true, job),

@@ -220,7 +220,6 @@ struct wb_body_plan_info {
 struct wb_body_setup {
     uint64_t gen;
     uint64_t seed;           /* synthetic source seed */
-    uint64_t mem_cap;        /* trainers' temporary-memory cap */
     char provider[64];       /* transport provider (wb_tx_cfg_provider) */
     char trace[WB_PATH_STR]; /* "" or a directory for Chrome traces */
     char job[WB_JOBNAME_MAX];

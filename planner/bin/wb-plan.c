@@ -70,7 +70,7 @@ static int parse_args(int argc, char **argv, struct args *a)
     };
     memset(a, 0, sizeof(*a));
     a->mode = WB_MODE_AUTO;
-    a->mem_cap = 1ull << 30;
+    a->mem_cap = 0; /* the planner's default */
     a->dump = -1;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -185,48 +185,24 @@ int main(int argc, char **argv)
         return rc;
     struct wb_errlist el;
     wb_errlist_init(&el);
-    struct wb_trainer_layout tl;
-    struct wb_rollout_layout rl;
-    struct wb_inventory ti, ri;
-    struct wb_match_rules *rules = NULL;
-    struct wb_match *match = NULL;
+    struct wb_model md;
     struct wb_plan *plan = NULL;
     struct wb_estimate est;
     bool have_est = false;
     memset(&est, 0, sizeof(est));
-    wb_inv_init(&ti);
-    wb_inv_init(&ri);
-    memset(&tl, 0, sizeof(tl));
-    memset(&rl, 0, sizeof(rl));
     rc = 1;
-
-    int e1 = wb_trainer_layout_load(a.trainer, &tl, &el);
-    int e2 = wb_rollout_layout_load(a.rollout, &rl, &el);
-    if (e1 || e2 || wb_layout_check(&tl, &rl, &el)) {
-        fail(&el, "layouts");
-        goto out;
+    struct wb_model_src src = {.rules = a.model,
+                               .config = a.config,
+                               .trainer_inv = a.tinv,
+                               .rollout_inv = a.rinv,
+                               .trainer_layout = a.trainer,
+                               .rollout_layout = a.rollout};
+    if (wb_model_load(&src, &md, &el)) {
+        fail(&el, "model and layouts");
+        wb_errlist_free(&el);
+        return 1;
     }
-    if (a.tinv) {
-        e1 = wb_inv_load_file(a.tinv, &ti, &el);
-        e2 = wb_inv_load_file(a.rinv, &ri, &el);
-    } else {
-        e1 = wb_inv_generate(a.model, a.config, "trainer", &ti, &el);
-        e2 = wb_inv_generate(a.model, a.config, "rollout", &ri, &el);
-    }
-    if (e1 || e2) {
-        fail(&el, "inventories");
-        goto out;
-    }
-    if (wb_match_rules_load(a.model, &rules, &el) ||
-        (a.config && wb_match_rules_bind_config(rules, a.config, &el))) {
-        fail(&el, "model rules");
-        goto out;
-    }
-    if (wb_match_run(rules, &ti, &ri, &match, &el)) {
-        fail(&el, "matching");
-        goto out;
-    }
-    struct wb_plan_input in = {&ti, &ri, match, &tl, &rl};
+    struct wb_plan_input in = wb_model_input(&md);
     struct wb_plan_opts po = {a.mode, a.mem_cap, a.threads};
     uint64_t t0 = wb_now_ns();
     if (wb_plan_build(&in, &po, &plan, &el)) {
@@ -235,7 +211,7 @@ int main(int argc, char **argv)
     }
     double plan_s = (double)(wb_now_ns() - t0) * 1e-9;
     printf("wb-plan: %s (%s) -> %s, %zu trainer and %zu rollout tensors, planned in %.2f s\n",
-           a.trainer, a.model, a.rollout, ti.n, ri.n, plan_s);
+           a.trainer, a.model, a.rollout, md.trainer.n, md.rollout.n, plan_s);
     wb_plan_print_summary(plan, &in, stdout);
     if (a.verify) {
         if (wb_plan_verify(plan, &in, &el)) {
@@ -285,12 +261,7 @@ out:
     if (have_est)
         wb_estimate_free(&est);
     wb_plan_free(plan);
-    wb_match_free(match);
-    wb_match_rules_free(rules);
-    wb_inv_free(&ti);
-    wb_inv_free(&ri);
-    wb_trainer_layout_free(&tl);
-    wb_rollout_layout_free(&rl);
+    wb_model_free(&md);
     wb_errlist_free(&el);
     return rc;
 }

@@ -45,18 +45,13 @@ static uint64_t digest_blob(uint64_t h, struct wb_mpw *w)
 static void run(const struct scenario *sc, enum wb_plan_mode mode, uint64_t want)
 {
     struct fx f;
+    struct wb_model md;
+    struct wb_model_src src = {.rules = sc->model,
+                               .config = sc->config,
+                               .trainer_layout = sc->trainer,
+                               .rollout_layout = sc->rollout};
     fx_init(&f);
-    struct wb_match_rules *rules = NULL;
-    struct wb_match *mt = NULL;
-    if (wb_trainer_layout_load(sc->trainer, &f.tl, &f.el) ||
-        wb_rollout_layout_load(sc->rollout, &f.rl, &f.el) ||
-        wb_inv_generate(sc->model, sc->config, "trainer", &f.ti, &f.el) ||
-        wb_inv_generate(sc->model, sc->config, "rollout", &f.ri, &f.el) ||
-        wb_match_rules_load(sc->model, &rules, &f.el) ||
-        wb_match_rules_bind_config(rules, sc->config, &f.el) ||
-        wb_match_run(rules, &f.ti, &f.ri, &mt, &f.el))
-        wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
-    f.in.match = mt;
+    fx_model(&f, &src, &md);
     struct wb_plan_opts o = {mode, sc->mem_cap};
     struct wb_plan *p;
     if (wb_plan_build(&f.in, &o, &p, &f.el))
@@ -73,34 +68,33 @@ static void run(const struct scenario *sc, enum wb_plan_mode mode, uint64_t want
     printf("plan digest %#018" PRIx64 "\n", h);
     CHECK_U64(h, want);
     wb_plan_free(p);
-    wb_match_free(mt);
-    wb_match_rules_free(rules);
+    wb_model_free(&md);
     fx_free(&f);
 }
 
 static void test_kimi_auto(void)
 {
-    run(&KIMI, WB_MODE_AUTO, 0x71432acc0919e21cull);
+    run(&KIMI, WB_MODE_AUTO, 0x06c0144ec17dcd06ull);
 }
 static void test_kimi_gather(void)
 {
-    run(&KIMI, WB_MODE_GATHER, 0x39f94f60aa93cae3ull);
+    run(&KIMI, WB_MODE_GATHER, 0xc0607f05e97efe2bull);
 }
 static void test_qwen_auto(void)
 {
-    run(&QWEN, WB_MODE_AUTO, 0x0f4537b452ed6586ull);
+    run(&QWEN, WB_MODE_AUTO, 0xe810940fa4fc215eull);
 }
 static void test_qwen_gather(void)
 {
-    run(&QWEN, WB_MODE_GATHER, 0xee9e33cb9473fbdeull);
+    run(&QWEN, WB_MODE_GATHER, 0xff54371150d8816cull);
 }
 static void test_demo_auto(void)
 {
-    run(&DEMO, WB_MODE_AUTO, 0xf115994c98b1bb7cull);
+    run(&DEMO, WB_MODE_AUTO, 0xb3c91711806e0feaull);
 }
 static void test_demo_gather(void)
 {
-    run(&DEMO, WB_MODE_GATHER, 0x0bd459ed1b4352b8ull);
+    run(&DEMO, WB_MODE_GATHER, 0xdd74c0fa074d7646ull);
 }
 
 const struct wb_test wb_tests[] = {

@@ -135,6 +135,17 @@ static inline int fx_layouts(struct fx *f, const char *trainer_yaml, const char 
 }
 
 /* All messages of el joined by newlines (static buffer). */
+static inline const char *fx_errors(const struct wb_errlist *el);
+
+/* Loads a model (wb_model_load) and points f->in at it; fails the test with the problems. */
+static inline void fx_model(struct fx *f, const struct wb_model_src *src, struct wb_model *md)
+{
+    if (wb_model_load(src, md, &f->el))
+        wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f->el));
+    f->in = wb_model_input(md);
+}
+
+/* All messages of el joined by newlines (static buffer). */
 static inline const char *fx_errors(const struct wb_errlist *el)
 {
     static char buf[8192];

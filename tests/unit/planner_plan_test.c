@@ -413,7 +413,7 @@ static void test_cli(void)
     CHECK_INT(wb_test_capture(run_argv, plan, out, sizeof(out)), 1);
     char want[2048];
     snprintf(want, sizeof(want),
-             "wb-plan: layouts: 2 problems\n"
+             "wb-plan: model and layouts: 2 problems\n"
              "  %s: world_size 8 != product of mesh dims fsdp 4 = 4\n"
              "  %s: tp 3 does not divide gpus_per_replica 4\n",
              t, r);

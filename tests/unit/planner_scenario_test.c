@@ -26,18 +26,13 @@ static const struct scenario QWEN = {"configs/models/qwen3_moe.yaml",
 static void run(const struct scenario *sc, enum wb_plan_mode mode)
 {
     struct fx f;
+    struct wb_model md;
+    struct wb_model_src src = {.rules = sc->model,
+                               .config = sc->config,
+                               .trainer_layout = sc->trainer,
+                               .rollout_layout = sc->rollout};
     fx_init(&f);
-    struct wb_match_rules *rules = NULL;
-    struct wb_match *mt = NULL;
-    if (wb_trainer_layout_load(sc->trainer, &f.tl, &f.el) ||
-        wb_rollout_layout_load(sc->rollout, &f.rl, &f.el) ||
-        wb_inv_generate(sc->model, sc->config, "trainer", &f.ti, &f.el) ||
-        wb_inv_generate(sc->model, sc->config, "rollout", &f.ri, &f.el) ||
-        wb_match_rules_load(sc->model, &rules, &f.el) ||
-        wb_match_rules_bind_config(rules, sc->config, &f.el) ||
-        wb_match_run(rules, &f.ti, &f.ri, &mt, &f.el))
-        wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
-    f.in.match = mt;
+    fx_model(&f, &src, &md);
     struct wb_plan_opts o = {mode, 1ull << 30};
     struct wb_plan *p;
     if (wb_plan_build(&f.in, &o, &p, &f.el))
@@ -80,8 +75,7 @@ static void run(const struct scenario *sc, enum wb_plan_mode mode)
         CHECK(s->pieces[WB_MODE_AMAX] > 0); /* FSDP rows that are not whole 128-row blocks */
     }
     wb_plan_free(p);
-    wb_match_free(mt);
-    wb_match_rules_free(rules);
+    wb_model_free(&md);
     fx_free(&f);
 }
 

@@ -55,16 +55,13 @@ static size_t run(enum wb_plan_mode mode, const char *residence)
     char trainer[2048];
     snprintf(trainer, sizeof(trainer), TRAINER, residence);
     char *config = strdup(wb_test_write_file("config.json", CONFIG)); /* static buffer */
-    struct wb_match_rules *rules = NULL;
-    struct wb_match *mt = NULL;
-    if (fx_layouts(&f, trainer, ROLLOUT) ||
-        wb_inv_generate(MODEL, config, "trainer", &f.ti, &f.el) ||
-        wb_inv_generate(MODEL, config, "rollout", &f.ri, &f.el) ||
-        wb_match_rules_load(MODEL, &rules, &f.el) ||
-        wb_match_rules_bind_config(rules, config, &f.el) ||
-        wb_match_run(rules, &f.ti, &f.ri, &mt, &f.el))
-        wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
-    f.in.match = mt;
+    char *tl = strdup(wb_test_write_file("trainer.yaml", trainer));
+    struct wb_model md;
+    struct wb_model_src src = {.rules = MODEL,
+                               .config = config,
+                               .trainer_layout = tl,
+                               .rollout_layout = wb_test_write_file("rollout.yaml", ROLLOUT)};
+    fx_model(&f, &src, &md);
     struct wb_plan_opts o = {mode, 1ull << 30, 1};
     struct wb_plan *ps, *pw;
     size_t stamped = 0, none = 1;
@@ -85,10 +82,10 @@ static size_t run(enum wb_plan_mode mode, const char *residence)
             CHECK_U64(n, stamped);
     }
     wb_plan_free(pw);
-    wb_match_free(mt);
-    wb_match_rules_free(rules);
+    wb_model_free(&md);
     fx_free(&f);
     free(config);
+    free(tl);
     return stamped;
 }
 

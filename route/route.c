@@ -1,14 +1,17 @@
-/* wire.c — routing tables and receive lists on the wire: common's versioned msgpack envelope
+/* route.c — routing tables and receive lists on the wire: common's versioned msgpack envelope
  * around a map body ("format" first, then named arrays of compact struct arrays), and a
  * decoder that trusts nothing: every count is bounded before allocation, every index is
  * checked against its array, every box against its shape, every enum against its range.
  * Unknown map keys and extra trailing struct fields are skipped, so later formats can add
- * data without breaking older readers. */
+ * data without breaking older readers. Also the mode names and the free functions.
+ *
+ * Why compact arrays here and key/value tables in proto/: a Kimi-K2 plan has ten million
+ * writes; naming every field of every record would triple the bytes handed out at setup. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "planner/plan_int.h"
+#include "route/route.h"
 
 /* ---------------------------------------------------------------- encode */
 
@@ -104,7 +107,7 @@ static void put_expects(struct wb_mpw *w, const struct wb_rt_expect *e, uint32_t
 void wb_route_table_encode(struct wb_mpw *w, const struct wb_route_table *t)
 {
     wb_mpw_envelope(w, WB_MSG_ROUTE_TABLE);
-    wb_mpw_map(w, 17);
+    wb_mpw_map(w, 20);
     wb_mpw_str(w, "format");
     wb_mpw_u64(w, WB_PLAN_FORMAT);
     wb_mpw_str(w, "rank");
@@ -182,6 +185,12 @@ void wb_route_table_encode(struct wb_mpw *w, const struct wb_route_table *t)
     wb_mpw_u64(w, t->send_bytes);
     wb_mpw_str(w, "max_tmp_bytes");
     wb_mpw_u64(w, t->max_tmp_bytes);
+    wb_mpw_str(w, "mem_cap");
+    wb_mpw_u64(w, t->mem_cap);
+    wb_mpw_str(w, "block");
+    wb_mpw_u64(w, t->block);
+    wb_mpw_str(w, "mode");
+    wb_mpw_u64(w, t->mode);
 }
 
 void wb_recv_list_encode(struct wb_mpw *w, const struct wb_recv_list *r)
@@ -337,6 +346,7 @@ static int decode_table_body(struct wb_mpr *r, struct wb_route_table *t)
         return -EBADMSG;
     char key[32];
     uint64_t format = 0;
+    bool cap = false, block = false, mode = false; /* required since format 2 */
     for (uint32_t i = 0; i < npairs; i++) {
         if (wb_mpr_str(r, key, sizeof(key)))
             return -EBADMSG;
@@ -437,13 +447,24 @@ static int decode_table_body(struct wb_mpr *r, struct wb_route_table *t)
             e = wb_mpr_u64(r, &t->send_bytes);
         } else if (strcmp(key, "max_tmp_bytes") == 0) {
             e = wb_mpr_u64(r, &t->max_tmp_bytes);
+        } else if (strcmp(key, "mem_cap") == 0) {
+            e = wb_mpr_u64(r, &t->mem_cap) || t->mem_cap == 0;
+            cap = true;
+        } else if (strcmp(key, "block") == 0) {
+            e = get_enum(r, WB_FP8_BLOCK, WB_FP8_BLOCK, &t->block);
+            block = true;
+        } else if (strcmp(key, "mode") == 0) {
+            uint32_t v;
+            e = get_enum(r, WB_MODE_AUTO, WB_MODE_GATHER, &v);
+            t->mode = (enum wb_plan_mode)v;
+            mode = true;
         } else {
             e = wb_mpr_skip(r);
         }
         if (e)
             return e < 0 ? e : -EBADMSG;
     }
-    return format == WB_PLAN_FORMAT ? 0 : -EBADMSG;
+    return format == WB_PLAN_FORMAT && cap && block && mode ? 0 : -EBADMSG;
 }
 
 /* ---------------------------------------------------------------- consistency */
@@ -621,4 +642,46 @@ int wb_recv_list_decode(const void *buf, size_t len, struct wb_recv_list *out)
     }
     *out = v;
     return 0;
+}
+
+/* ---------------------------------------------------------------- names and freeing */
+
+const char *wb_plan_mode_name(enum wb_plan_mode m)
+{
+    static const char *const names[] = {"auto", "direct", "amax", "gather"};
+    return (unsigned)m < 4 ? names[m] : "invalid";
+}
+
+int wb_plan_mode_parse(const char *s, enum wb_plan_mode *out)
+{
+    for (int m = 0; m < 4; m++)
+        if (m != WB_MODE_AMAX && strcmp(s, wb_plan_mode_name((enum wb_plan_mode)m)) == 0) {
+            *out = (enum wb_plan_mode)m;
+            return 0;
+        }
+    return -EINVAL;
+}
+
+void wb_route_table_free(struct wb_route_table *t)
+{
+    if (!t)
+        return;
+    free(t->phases);
+    free(t->tasks);
+    free(t->ops);
+    free(t->peers);
+    free(t->boxes);
+    free(t->shapes);
+    free(t->writes);
+    free(t->amax);
+    memset(t, 0, sizeof(*t));
+}
+
+void wb_recv_list_free(struct wb_recv_list *r)
+{
+    if (!r)
+        return;
+    free(r->local);
+    free(r->expect);
+    memset(r, 0, sizeof(*r));
 }

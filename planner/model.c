@@ -1,0 +1,85 @@
+/* model.c — wb_model_load(): the one way every program, benchmark and test gets from files to
+ * what the planner needs — model rules, the trainer and rollout inventories (generated from
+ * config.json or read from files), the match between them, and the two cluster layouts.
+ *
+ * Written once here because the order matters and was easy to get subtly different in eight
+ * places: the rules must be bound to config.json before matching (shard expressions read its
+ * values), and the layouts are checked against each other before anyone plans with them. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/planner.h"
+
+static bool given(const char *s)
+{
+    return s && *s;
+}
+
+static int load_inventory(const struct wb_model_src *src, const char *side, const char *file,
+                          const char *config, struct wb_inventory *inv, struct wb_errlist *el)
+{
+    if (given(file))
+        return wb_inv_load_file(file, inv, el);
+    if (!given(config)) {
+        wb_errlist_add(el, "model: the %s inventory needs config.json or an inventory file", side);
+        return -WB_E_CONFIG;
+    }
+    return wb_inv_generate(src->rules, config, side, inv, el);
+}
+
+int wb_model_load(const struct wb_model_src *src, struct wb_model *out, struct wb_errlist *el)
+{
+    struct wb_model m;
+    memset(&m, 0, sizeof(m));
+    wb_inv_init(&m.trainer);
+    wb_inv_init(&m.rollout);
+    const char *tconfig = given(src->trainer_config) ? src->trainer_config : src->config;
+    int err = 0;
+    if (!given(src->rules)) {
+        wb_errlist_add(el, "model: no model rules given");
+        err = -WB_E_CONFIG;
+    }
+    if (!err && given(src->trainer_layout) != given(src->rollout_layout)) {
+        wb_errlist_add(el, "model: a trainer layout and a rollout layout go together");
+        err = -WB_E_CONFIG;
+    }
+    /* Layouts first: they are small, and a layout problem explains everything after it. Both
+     * files (and both inventories) are read even when the first fails, so that every problem
+     * of the input is reported at once. */
+    if (!err && given(src->trainer_layout)) {
+        int e1 = wb_trainer_layout_load(src->trainer_layout, &m.tl, el);
+        int e2 = wb_rollout_layout_load(src->rollout_layout, &m.rl, el);
+        err = e1 ? e1 : e2;
+        m.have_layouts = true;
+        err = err ? err : wb_layout_check(&m.tl, &m.rl, el);
+    }
+    if (!err) {
+        int e1 = load_inventory(src, "trainer", src->trainer_inv, tconfig, &m.trainer, el);
+        int e2 = load_inventory(src, "rollout", src->rollout_inv, src->config, &m.rollout, el);
+        err = e1 ? e1 : e2;
+    }
+    err = err ? err : wb_match_rules_load(src->rules, &m.rules, el);
+    if (!err && given(src->config))
+        err = wb_match_rules_bind_config(m.rules, src->config, el);
+    err = err ? err : wb_match_run(m.rules, &m.trainer, &m.rollout, &m.match, el);
+    if (err) {
+        wb_model_free(&m);
+        memset(out, 0, sizeof(*out));
+        return err;
+    }
+    *out = m;
+    return 0;
+}
+
+void wb_model_free(struct wb_model *m)
+{
+    if (m->have_layouts) {
+        wb_rollout_layout_free(&m->rl);
+        wb_trainer_layout_free(&m->tl);
+    }
+    wb_match_free(m->match);
+    wb_inv_free(&m->rollout);
+    wb_inv_free(&m->trainer);
+    wb_match_rules_free(m->rules);
+    memset(m, 0, sizeof(*m));
+}

@@ -81,25 +81,28 @@ static void data_release(struct data *d)
 
 /* ---------------------------------------------------------------- transport */
 
+/* Opens the transport: the job's provider, this agent's domain and device, and whatever more
+ * --tx-extra sets (a YAML mapping of wb_tx_cfg keys). */
 static int tx_open(struct data *d, char *err, size_t errcap)
 {
-    char yaml[2048];
     const char *prov = d->job.provider[0] ? d->job.provider : "tcp";
-    const char *dom = d->o->tx_domain ? d->o->tx_domain : "";
-    const char *extra = d->o->tx_extra ? d->o->tx_extra : "";
-    if (!strcmp(prov, "cudaipc") || !strcmp(prov, "cuda_ipc"))
-        snprintf(yaml, sizeof(yaml), "backend: cudaipc\nrails: 2\ndevice: %d\n%s\n", d->device,
-                 extra);
-    else
-        snprintf(yaml, sizeof(yaml), "backend: fabric\nprovider: \"%s\"\ndomain: \"%s\"\n%s\n",
-                 prov, dom, extra);
     struct wb_errlist el;
     struct wb_yaml *y = NULL;
     struct wb_tx_cfg cfg;
     memset(&cfg, 0, sizeof(cfg));
     wb_errlist_init(&el);
-    int rc = wb_yaml_load_string("transport", yaml, &el, &y);
-    rc = rc ? rc : wb_cfg_parse(y, wb_yaml_root(y), wb_tx_cfg_fields, &cfg, &el);
+    int rc = d->o->tx_extra ? wb_yaml_load_string("--tx-extra", d->o->tx_extra, &el, &y) : 0;
+    rc = rc ? rc : wb_cfg_parse(y, y ? wb_yaml_root(y) : NULL, wb_tx_cfg_fields, &cfg, &el);
+    rc = rc ? rc : wb_tx_cfg_provider(&cfg, prov);
+    if (!rc && d->o->tx_domain) {
+        char *dom = strdup(d->o->tx_domain);
+        rc = dom ? 0 : -ENOMEM;
+        if (dom) {
+            free(cfg.domain);
+            cfg.domain = dom;
+        }
+    }
+    cfg.device = d->device;
     rc = rc ? rc : wb_tx_open(&cfg, &el, &d->tx);
     if (rc) {
         char *msg = NULL;

@@ -29,8 +29,10 @@ const struct wb_cfg_field wb_tx_cfg_fields[] = {
      "comma-separated NIC/interface names for the rails (\"\": every domain the provider "
      "offers, in its order)",
      OFF(domain), NULL, NULL},
-    {"rails", WB_CFG_U64, "1", "endpoints (fabric) or copy streams (cudaipc), 1..8", OFF(rails),
-     NULL, NULL},
+    {"rails", WB_CFG_U64, "0",
+     "endpoints (fabric) or copy streams (cudaipc), 1..8; 0: the backend's own (fabric 1, "
+     "cudaipc 2)",
+     OFF(rails), NULL, NULL},
     {"shard_size", WB_CFG_SIZE, "1MiB", "writes longer than this are striped across rails",
      OFF(shard_size), NULL, NULL},
     {"window", WB_CFG_U64, "0", "operations in flight per rail (0: the provider's queue size)",
@@ -72,12 +74,15 @@ static int verbs_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct
 struct tx_backend {
     const char *name;
     int (*open)(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct wb_tx **out);
+    uint64_t rails; /* what rails: 0 means for it */
 };
 
+/* Copy streams are cheap and two keep a copy engine busy while the other is issued, so CUDA
+ * IPC uses two by default; a libfabric endpoint per rail only pays off with a NIC per rail. */
 static const struct tx_backend registry[WB_TX_BACKEND_COUNT] = {
-    [WB_TX_FABRIC] = {"fabric", wb_txi_fabric_open},
-    [WB_TX_CUDAIPC] = {"cudaipc", wb_txi_cudaipc_open},
-    [WB_TX_VERBS] = {"verbs", verbs_open},
+    [WB_TX_FABRIC] = {"fabric", wb_txi_fabric_open, 1},
+    [WB_TX_CUDAIPC] = {"cudaipc", wb_txi_cudaipc_open, 2},
+    [WB_TX_VERBS] = {"verbs", verbs_open, 1},
 };
 
 const char *wb_tx_backend_name(enum wb_tx_backend b)
@@ -90,7 +95,7 @@ static int check_cfg(const struct wb_tx_cfg *c, struct wb_errlist *el)
     int bad = 0;
     if ((unsigned)c->backend >= WB_TX_BACKEND_COUNT && ++bad)
         wb_errlist_add(el, "transport.backend: %d is not a backend", c->backend);
-    if ((c->rails < 1 || c->rails > WB_TX_MAX_RAILS) && ++bad)
+    if (c->rails > WB_TX_MAX_RAILS && ++bad)
         wb_errlist_add(el, "transport.rails: %" PRIu64 " is outside 1..%d", c->rails,
                        WB_TX_MAX_RAILS);
     if (c->shard_size < 4096 && ++bad)
@@ -116,7 +121,22 @@ int wb_tx_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct wb_tx 
     int r = check_cfg(cfg, el);
     if (r)
         return r;
-    return registry[cfg->backend].open(cfg, el, out);
+    struct wb_tx_cfg c = *cfg; /* shallow: the backend copies what it keeps */
+    if (!c.rails)
+        c.rails = registry[c.backend].rails;
+    return registry[c.backend].open(&c, el, out);
+}
+
+int wb_tx_cfg_provider(struct wb_tx_cfg *cfg, const char *provider)
+{
+    bool ipc = strcmp(provider, "cudaipc") == 0 || strcmp(provider, "cuda_ipc") == 0;
+    char *p = strdup(ipc ? "" : provider);
+    if (!p)
+        return -ENOMEM;
+    free(cfg->provider);
+    cfg->provider = p;
+    cfg->backend = ipc ? WB_TX_CUDAIPC : WB_TX_FABRIC;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- core */

@@ -79,6 +79,12 @@ struct wb_tx_cfg {
 /* The table behind struct wb_tx_cfg: keys, types, defaults and docs. */
 extern const struct wb_cfg_field wb_tx_cfg_fields[];
 
+/* Points a filled config at a data path by the name a job file uses: "cudaipc" (or "cuda_ipc")
+ * selects the CUDA IPC backend; any other name is a libfabric provider ("tcp", "shm", "efa",
+ * "verbs;ofi_rxm") of the fabric backend. Callers never branch on backend names themselves.
+ * Returns 0 or -ENOMEM (cfg unchanged). */
+int wb_tx_cfg_provider(struct wb_tx_cfg *cfg, const char *provider);
+
 /* ---------------------------------------------------------------- objects */
 
 struct wb_tx;

@@ -103,7 +103,7 @@ static void test_cfg_defaults(void)
     CHECK_INT(c.backend, WB_TX_FABRIC);
     CHECK_STR(c.provider, "tcp");
     CHECK_STR(c.domain, "");
-    CHECK_U64(c.rails, 1);
+    CHECK_U64(c.rails, 0); /* the backend's own */
     CHECK_U64(c.shard_size, 1u << 20);
     CHECK_U64(c.window, 0);
     CHECK_U64(c.bounce_size, 2u << 20);
@@ -172,7 +172,6 @@ static void test_cfg_yaml_section(void)
 static void test_cfg_invalid(void)
 {
     open_fails("rails: 9\n", -EINVAL, "transport.rails: 9 is outside 1..8");
-    open_fails("rails: 0\n", -EINVAL, "transport.rails: 0 is outside 1..8");
     open_fails("shard_size: 100\n", -EINVAL, "transport.shard_size: 100 is below 4096 bytes");
     open_fails("bounce_size: 5000\n", -EINVAL,
                "transport.bounce_size: 5000 is not a multiple of 4096 bytes");
@@ -204,6 +203,36 @@ static void test_open_errors(void)
     else if (wb_gpu_count() == 0)
         open_fails("backend: cudaipc\n", -WB_E_NOGPU,
                    "transport.backend: cudaipc needs a GPU and none is usable");
+}
+
+/* A job names its data path by provider; the transport, not its caller, maps that to a
+ * backend, and rails: 0 takes the backend's own default. */
+static void test_cfg_provider(void)
+{
+    struct wb_tx_cfg c;
+    memset(&c, 0, sizeof(c));
+    CHECK_INT(wb_cfg_defaults(wb_tx_cfg_fields, &c), 0);
+    CHECK_INT(wb_tx_cfg_provider(&c, "shm"), 0);
+    CHECK_INT(c.backend, WB_TX_FABRIC);
+    CHECK_STR(c.provider, "shm");
+    CHECK_INT(wb_tx_cfg_provider(&c, "cuda_ipc"), 0);
+    CHECK_INT(c.backend, WB_TX_CUDAIPC);
+    CHECK_INT(wb_tx_cfg_provider(&c, "cudaipc"), 0);
+    CHECK_INT(c.backend, WB_TX_CUDAIPC);
+    CHECK_INT(wb_tx_cfg_provider(&c, "tcp"), 0);
+    CHECK_INT(c.backend, WB_TX_FABRIC);
+    free(c.domain);
+    c.domain = strdup("lo");
+    struct wb_errlist el;
+    struct wb_tx *tx = NULL;
+    struct wb_tx_caps caps;
+    wb_errlist_init(&el);
+    CHECK_INT(wb_tx_open(&c, &el, &tx), 0);
+    CHECK_INT(wb_tx_query(tx, &caps), 0);
+    CHECK_INT(caps.rails, 1);
+    wb_tx_close(tx);
+    wb_cfg_free(wb_tx_cfg_fields, &c);
+    wb_errlist_free(&el);
 }
 
 static void test_query(void)
@@ -632,6 +661,7 @@ const struct wb_test wb_tests[] = {
     {"cfg_yaml_section", test_cfg_yaml_section, 0},
     {"cfg_invalid", test_cfg_invalid, 0},
     {"open_errors", test_open_errors, 0},
+    {"cfg_provider", test_cfg_provider, 0},
     {"query", test_query, 0},
     {"rdesc_wire", test_rdesc_wire, 0},
     {"addr_blob", test_addr_blob, 0},

@@ -172,9 +172,9 @@ static struct wb_box region_grid_box(const struct wb_box *region)
     struct wb_box b = *region;
     uint32_t nd = region->ndim;
     for (uint32_t i = nd >= 2 ? nd - 2 : 0; i < nd; i++) {
-        b.off[i] = region->off[i] / WB_QUANT_BLOCK;
+        b.off[i] = region->off[i] / WB_FP8_BLOCK;
         b.ext[i] = region->ext[i]
-                       ? (region->off[i] + region->ext[i] - 1) / WB_QUANT_BLOCK - b.off[i] + 1
+                       ? (region->off[i] + region->ext[i] - 1) / WB_FP8_BLOCK - b.off[i] + 1
                        : 0;
     }
     return b;

@@ -11,8 +11,8 @@
  * Casts: each thread converts eight consecutive elements with 16-byte accesses (element-wise at
  * the tail or on unaligned buffers), using the same fpbits.h functions as the CPU reference.
  */
-#include "quant/cuda_util.cuh"
 #include "common/fpbits.h"
+#include "quant/cuda_util.cuh"
 
 namespace
 {

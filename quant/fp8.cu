@@ -24,8 +24,8 @@
  * keep FP32 division IEEE-exact and denormals (no --use_fast_math), and no multiply here feeds
  * an add, so nothing is contracted into an FMA.
  */
-#include "quant/cuda_util.cuh"
 #include "common/fpbits.h"
+#include "quant/cuda_util.cuh"
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -58,7 +58,7 @@ template <int KIND> struct Group {
 __device__ __forceinline__ void span(uint64_t b, uint64_t origin, uint64_t from, uint64_t to,
                                      uint64_t *lo, uint64_t *hi)
 {
-    uint64_t g0 = b * WB_QUANT_BLOCK, g1 = g0 + WB_QUANT_BLOCK;
+    uint64_t g0 = b * WB_FP8_BLOCK, g1 = g0 + WB_FP8_BLOCK;
     uint64_t l0 = g0 > origin ? g0 - origin : 0, l1 = g1 - origin;
     *lo = l0 > from ? l0 : from;
     *hi = l1 < to ? l1 : to;

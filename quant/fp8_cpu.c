@@ -198,7 +198,7 @@ static const struct row_ops fp32_ops = {amax_fp32, apply_fp32};
 static void block_span(uint64_t b, uint64_t origin, uint64_t from, uint64_t to, uint64_t *lo,
                        uint64_t *hi)
 {
-    uint64_t g0 = b * WB_QUANT_BLOCK, g1 = g0 + WB_QUANT_BLOCK;
+    uint64_t g0 = b * WB_FP8_BLOCK, g1 = g0 + WB_FP8_BLOCK;
     uint64_t l0 = g0 > origin ? g0 - origin : 0, l1 = g1 - origin;
     *lo = l0 > from ? l0 : from;
     *hi = l1 < to ? l1 : to;

@@ -109,10 +109,10 @@ int wb_quant_fp8_grid(const struct wb_quant_tile *t, uint64_t r0, uint64_t r1,
         return -EINVAL;
     struct wb_quant_grid g = {0};
     if (r0 < r1 && t->cols > 0) {
-        g.row = (t->row0 + r0) / WB_QUANT_BLOCK;
-        g.rows = (t->row0 + r1 - 1) / WB_QUANT_BLOCK - g.row + 1;
-        g.col = t->col0 / WB_QUANT_BLOCK;
-        g.cols = (t->col0 + t->cols - 1) / WB_QUANT_BLOCK - g.col + 1;
+        g.row = (t->row0 + r0) / WB_FP8_BLOCK;
+        g.rows = (t->row0 + r1 - 1) / WB_FP8_BLOCK - g.row + 1;
+        g.col = t->col0 / WB_FP8_BLOCK;
+        g.cols = (t->col0 + t->cols - 1) / WB_FP8_BLOCK - g.col + 1;
     }
     *out = g;
     return 0;

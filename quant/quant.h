@@ -61,12 +61,12 @@ struct wb_quant_exec {
 
 /* ---------------------------------------------------------------- FP8 block quantization */
 
-enum { WB_QUANT_BLOCK = 128 }; /* block edge, rows and columns */
+/* The block edge, rows and columns, is WB_FP8_BLOCK (common.h), the project's one home of it. */
 
-/* Number of blocks covering n elements: ceil(n / 128). */
+/* Number of blocks covering n elements: ceil(n / WB_FP8_BLOCK). */
 static inline uint64_t wb_quant_blocks(uint64_t n)
 {
-    return (n + WB_QUANT_BLOCK - 1) / WB_QUANT_BLOCK;
+    return (n + WB_FP8_BLOCK - 1) / WB_FP8_BLOCK;
 }
 
 /* One-shot quantization of a row-major rows x cols tensor `src` (dtype bf16, fp16 or fp32,

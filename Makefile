@@ -13,6 +13,7 @@
 #   <part>/bin/<prog>.c              -> build/bin/<prog>
 #   tests/{unit,func}/<name>_test.c  -> build/tests/<name> (linked with tests/wbtest.c);
 #                                       <name>_cuda_test.c only when building with CUDA
+#   tests/sh/<name>_test.sh          -> build/tests/<name> (a script printing the same tally)
 #   bench/<name>.c                   -> build/bench/<name>
 
 PARTS   := common proto route matcher planner quant transport agent controller
@@ -59,6 +60,7 @@ LIB_C   := $(filter-out %_test.c $(CUDA_EXCL),$(foreach p,$(PARTS),$(wildcard $(
 LIB_CU  := $(if $(filter 1,$(CUDA)),$(foreach p,$(PARTS),$(wildcard $(p)/*.cu $(p)/*/*.cu)))
 PROG_C  := $(foreach p,$(PARTS),$(wildcard $(p)/bin/*.c))
 TEST_C  := $(filter-out $(CUDA_EXCL),$(wildcard tests/unit/*_test.c tests/func/*_test.c))
+TEST_SH := $(wildcard tests/sh/*_test.sh)
 BENCH_C := $(wildcard bench/*.c)
 
 # Objects depend on the build's configuration, so switching CUDA/SAN/OPT rebuilds everything.
@@ -68,9 +70,11 @@ $(shell mkdir -p $(BUILD) && (echo '$(CONFIG_ID)' | cmp -s - $(CONFIG) || echo '
 
 OBJ     := $(BUILD)/obj
 LIB     := $(BUILD)/lib/libweightbridge.a
+LIB_INT := $(BUILD)/lib/libweightbridge-internal.a
 LIB_O   := $(LIB_C:%.c=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu.o)
 PROGS   := $(foreach f,$(PROG_C),$(BUILD)/bin/$(basename $(notdir $(f))))
-TESTS   := $(foreach f,$(TEST_C),$(BUILD)/tests/$(patsubst %_test.c,%,$(notdir $(f))))
+TESTS   := $(foreach f,$(TEST_C),$(BUILD)/tests/$(patsubst %_test.c,%,$(notdir $(f)))) \
+           $(foreach f,$(TEST_SH),$(BUILD)/tests/$(patsubst %_test.sh,%,$(notdir $(f))))
 BENCHES := $(foreach f,$(BENCH_C),$(BUILD)/bench/$(basename $(notdir $(f))))
 HEADERS := $(foreach p,$(PARTS),$(wildcard $(p)/$(p).h))
 
@@ -95,7 +99,20 @@ $(OBJ)/%.cu.o: %.cu $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
+# The library users link is one relocatable object whose only global symbols are the wb_ API:
+# functions shared between the files of a part (private prefixes such as pl_, ag_, fab_, and
+# what nvcc generates) are made local, so nothing of ours can collide with a symbol of the
+# process weightbridge is linked into. tests/sh/symbols_test.sh checks it.
 $(LIB): $(LIB_O)
+	@mkdir -p $(dir $@)
+	@rm -f $@ $(BUILD)/lib/weightbridge.o
+	$(LD) -r -o $(BUILD)/lib/weightbridge.o $^
+	objcopy --wildcard --keep-global-symbol='wb_*' $(BUILD)/lib/weightbridge.o
+	ar rcs $@ $(BUILD)/lib/weightbridge.o
+
+# Tests may reach a part's internals (planner_stamp_test builds plans with templates off), so
+# they link the objects as compiled.
+$(LIB_INT): $(LIB_O)
 	@mkdir -p $(dir $@)
 	@rm -f $@
 	ar rcs $@ $^
@@ -109,11 +126,17 @@ endef
 $(foreach f,$(PROG_C),$(eval $(call prog_rule,$(f))))
 
 define test_rule
-$(BUILD)/tests/$(patsubst %_test.c,%,$(notdir $(1))): $(OBJ)/$(1:.c=.o) $(OBJ)/tests/wbtest.o $(LIB)
+$(BUILD)/tests/$(patsubst %_test.c,%,$(notdir $(1))): $(OBJ)/$(1:.c=.o) $(OBJ)/tests/wbtest.o $(LIB_INT)
 	@mkdir -p $$(dir $$@)
 	$(CC) $(LDSAN) -o $$@ $$^ $(LIBS)
 endef
 $(foreach f,$(TEST_C),$(eval $(call test_rule,$(f))))
+
+# Script tests check the built library (symbols) or the sources (layering); the library is a
+# prerequisite so that the symbol check always sees the current one.
+$(BUILD)/tests/%: tests/sh/%_test.sh $(LIB)
+	@mkdir -p $(dir $@)
+	install -m 755 $< $@
 
 define bench_rule
 $(BUILD)/bench/$(basename $(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB)

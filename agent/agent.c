@@ -2,7 +2,7 @@
  * commands, run them on the data side (data.c) and report back.
  *
  * One thread, never blocking: the loop polls the two channel fds with a short timeout and
- * calls data_progress() between polls, so the executor advances while control messages flow.
+ * calls ag_data_progress() between polls, so the executor advances while control messages flow.
  * Two REQ channels because a REQ socket has one request in flight: the "poll" channel is
  * parked at the controller most of the time, the "call" channel carries registers, heartbeats
  * and reports, answered at once. Reports go out in order through a small queue. */
@@ -136,7 +136,7 @@ static void lose_session(struct wb_agent *a, const char *why)
         wb_mpw_free(&a->queue[i]);
     a->nq = 0;
     if (a->xfer_active && a->d)
-        data_abort(a->d);
+        ag_data_abort(a->d);
     a->xfer_active = false;
     a->in_flight = false;
     a->pollc.busy = false;
@@ -237,10 +237,10 @@ static void cmd_setup(struct wb_agent *a, const struct wb_body_setup *b)
     snprintf(j.name, sizeof(j.name), "%s", b->job);
     a->job = j;
     if (a->xfer_active && a->d)
-        data_abort(a->d);
+        ag_data_abort(a->d);
     a->xfer_active = false;
-    int rc = data_setup(&a->d, &a->o, &j, b->plan.p, b->plan.n, b->shards.p, b->shards.n, &addr,
-                        &addr_len, &regions, &regions_len, err, sizeof(err));
+    int rc = ag_data_setup(&a->d, &a->o, &j, b->plan.p, b->plan.n, b->shards.p, b->shards.n, &addr,
+                           &addr_len, &regions, &regions_len, err, sizeof(err));
     if (rc)
         wb_log(WB_LOG_ERROR, M, "%s rank %u: setup failed: %s", a->role, a->o.rank, err);
     struct wb_body_rep_setup r = {
@@ -252,7 +252,7 @@ static void cmd_setup(struct wb_agent *a, const struct wb_body_setup *b)
 static void cmd_peers(struct wb_agent *a, const struct wb_body_peers *b)
 {
     char err[WB_ERRMSG_MAX] = "";
-    int rc = a->d ? data_peers(a->d, b->agents.p, b->agents.n, err, sizeof(err)) : -EINVAL;
+    int rc = a->d ? ag_data_peers(a->d, b->agents.p, b->agents.n, err, sizeof(err)) : -EINVAL;
     if (rc && !*err)
         snprintf(err, sizeof(err), "peers before setup");
     struct wb_body_rep_connected r = {.gen = b->gen, .ok = rc == 0};
@@ -283,7 +283,7 @@ static void report_done(struct wb_agent *a, uint64_t version, bool ok, const cha
 static void cmd_transfer(struct wb_agent *a, uint64_t version, uint64_t epoch)
 {
     char err[WB_ERRMSG_MAX] = "";
-    int rc = a->d ? data_start(a->d, version, epoch, err, sizeof(err)) : -EINVAL;
+    int rc = a->d ? ag_data_start(a->d, version, epoch, err, sizeof(err)) : -EINVAL;
     if (rc) {
         if (!*err)
             snprintf(err, sizeof(err), "transfer before setup");
@@ -301,7 +301,7 @@ static void cmd_complete(struct wb_agent *a, uint64_t version)
     if (a->o.role != WB_ROLE_ROLLOUT)
         return;
     char err[WB_ERRMSG_MAX] = "";
-    int rc = a->o.dump && a->d ? data_dump(a->d, a->o.dump, version, err, sizeof(err)) : 0;
+    int rc = a->o.dump && a->d ? ag_data_dump(a->d, a->o.dump, version, err, sizeof(err)) : 0;
     if (rc)
         wb_log(WB_LOG_ERROR, M, "rollout rank %u: %s", a->o.rank, err);
     a->version = version;
@@ -316,7 +316,7 @@ static void cmd_abort(struct wb_agent *a, const struct wb_body_abort *b)
     wb_log(WB_LOG_WARN, M, "%s rank %u: transfer %" PRIu64 " aborted: %s", a->role, a->o.rank,
            b->version, b->reason);
     if (a->xfer_active && a->xfer_version == b->version && a->d)
-        data_abort(a->d);
+        ag_data_abort(a->d);
     if (a->xfer_version == b->version) {
         a->xfer_active = false;
         a->in_flight = false;
@@ -394,10 +394,10 @@ static void data_step(struct wb_agent *a)
     struct data_done done;
     /* Always: the transport moves data only while it is polled, transfer or not. */
     if (a->xfer_active && wb_now_ns() < a->pace_until) {
-        data_poll(a->d);
+        ag_data_poll(a->d);
         return;
     }
-    if (data_progress(a->d, &done) != 1 || !a->xfer_active)
+    if (ag_data_progress(a->d, &done) != 1 || !a->xfer_active)
         return;
     a->xfer_active = false;
     report_done(a, a->xfer_version, done.ok, done.err, &done.stats, done.rx_bytes);
@@ -434,7 +434,7 @@ int wb_agent_run(struct wb_agent *a)
 
         struct pollfd p[2] = {{.fd = a->call.fd, .events = POLLIN},
                               {.fd = a->pollc.fd, .events = POLLIN}};
-        poll(p, 2, a->xfer_active ? 0 : a->d && data_busy(a->d) ? 1 : 10);
+        poll(p, 2, a->xfer_active ? 0 : a->d && ag_data_busy(a->d) ? 1 : 10);
         void *buf;
         size_t len;
         while (wb_chan_try_recv(&a->call, &buf, &len) == 1) {
@@ -497,7 +497,7 @@ void wb_agent_destroy(struct wb_agent *a)
         return;
     for (size_t i = 0; i < a->nq; i++)
         wb_mpw_free(&a->queue[i]);
-    data_free(a->d);
+    ag_data_free(a->d);
     wb_chan_close(&a->pollc);
     wb_chan_close(&a->call);
     free(a);

@@ -8,7 +8,7 @@
  * TRANSFER N starts the executor (trainers, exec.c) or arms the immediate counters of the
  * receive list (rollouts); a rollout is done when every tag reached the plan's count.
  *
- * The transport moves data only while both sides poll it (software providers), so data_poll()
+ * The transport moves data only while both sides poll it (software providers), so ag_data_poll()
  * runs on every turn of the agent's loop, transfer or not. A job without a model (control plane
  * only) has empty plans: nothing is opened and a transfer finishes at once. */
 #include "agent/xfer.h"
@@ -22,7 +22,7 @@
 
 static const char *M = "agent";
 
-/* The warm-up immediate (data_peers): a tag no phase reaches, a ctx no task has. */
+/* The warm-up immediate (ag_data_peers): a tag no phase reaches, a ctx no task has. */
 enum { WARMUP_TAG = (1u << IMM_TAG_BITS) - 1 };
 static const uint64_t WARMUP_CTX = UINT64_MAX;
 
@@ -62,7 +62,7 @@ static void data_release(struct data *d)
     free(d->tpeer);
     free(d->rpeer);
     if (d->have_table)
-        exec_free(d);
+        ag_exec_free(d);
     free(d->shards);
     free(d->shard_of);
     if (d->have_table)
@@ -208,7 +208,7 @@ static int setup_trainer(struct data *d, const void *plan, size_t plan_len, cons
     d->rpeer = calloc(t->nrollouts ? t->nrollouts : 1, sizeof(*d->rpeer));
     if (!d->tpeer || !d->rpeer)
         return -ENOMEM;
-    if ((rc = exec_setup(d, err, errcap)) != 0)
+    if ((rc = ag_exec_setup(d, err, errcap)) != 0)
         return rc;
 
     /* memory: parameters, TMP arena, inboxes, outbox, scratch */
@@ -314,10 +314,10 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len, char
     return wb_mpw_finish(w);
 }
 
-int data_setup(struct data **dp, const struct wb_agent_opts *o, const struct agent_job *job,
-               const void *plan, size_t plan_len, const void *shards, size_t shards_len,
-               const void **addr, size_t *addr_len, const void **regions, size_t *regions_len,
-               char *err, size_t errcap)
+int ag_data_setup(struct data **dp, const struct wb_agent_opts *o, const struct agent_job *job,
+                  const void *plan, size_t plan_len, const void *shards, size_t shards_len,
+                  const void **addr, size_t *addr_len, const void **regions, size_t *regions_len,
+                  char *err, size_t errcap)
 {
     struct data *d = calloc(1, sizeof(*d));
     if (!d)
@@ -369,7 +369,7 @@ int data_setup(struct data **dp, const struct wb_agent_opts *o, const struct age
                "rollout rank %u: %u local tensors (%" PRIu64 " bytes), %s on %s, set up in %.0f ms",
                d->rank, d->recv.nlocal, d->local_bytes, d->caps.name,
                d->gpu ? "GPU" : "host memory", (double)(wb_now_ns() - t0) / 1e6);
-    data_free(*dp);
+    ag_data_free(*dp);
     *dp = d;
     *addr = d->addr_blob.len ? d->addr_blob.buf : NULL;
     *addr_len = d->addr_blob.len;
@@ -423,7 +423,7 @@ static int parse_rollout_regions(struct peer *p, struct wb_mpr *r)
     return r->err;
 }
 
-int data_peers(struct data *d, const void *peers, size_t len, char *err, size_t errcap)
+int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size_t errcap)
 {
     if (d->empty || d->role != WB_ROLE_TRAINER)
         return 0;
@@ -532,10 +532,10 @@ static int trainer_begin(struct data *d, char *err, size_t errcap)
         return rc;
     d->start_ns = wb_now_ns();
     d->nspans = d->nspans < SPAN_MAX ? d->nspans : 0;
-    return exec_start(d);
+    return ag_exec_start(d);
 }
 
-int data_start(struct data *d, uint64_t version, uint64_t epoch, char *err, size_t errcap)
+int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, char *err, size_t errcap)
 {
     d->version = version;
     d->epoch = epoch;
@@ -578,7 +578,7 @@ int data_start(struct data *d, uint64_t version, uint64_t epoch, char *err, size
 }
 
 /* Polls the transport: completions to the executor, immediates counted (callbacks). */
-void data_poll(struct data *d)
+void ag_data_poll(struct data *d)
 {
     if (!d->tx)
         return;
@@ -593,16 +593,16 @@ void data_poll(struct data *d)
         }
         for (ssize_t i = 0; i < n; i++)
             if (d->role == WB_ROLE_TRAINER)
-                exec_event(d, &ev[i]);
+                ag_exec_event(d, &ev[i]);
         if (n < 64)
             return;
     }
 }
 
-int data_progress(struct data *d, struct data_done *out)
+int ag_data_progress(struct data *d, struct data_done *out)
 {
     if (d->tx)
-        data_poll(d);
+        ag_data_poll(d);
     if (!d->active)
         return 0;
     if (!d->empty && d->role == WB_ROLE_TRAINER) {
@@ -614,12 +614,12 @@ int data_progress(struct data *d, struct data_done *out)
             if (trainer_begin(d, err, sizeof(err)) && !d->fail[0])
                 snprintf(d->fail, sizeof(d->fail), "%s", err);
         }
-        if (!d->fail[0] && exec_step(d) == 0)
+        if (!d->fail[0] && ag_exec_step(d) == 0)
             return 0;
-        if (d->fail[0]) { /* stop issuing; completions still drain through data_poll */
-            exec_abort(d);
+        if (d->fail[0]) { /* stop issuing; completions still drain through ag_data_poll */
+            ag_exec_abort(d);
         }
-        exec_trace_write(d);
+        ag_exec_trace_write(d);
     } else if (!d->empty && !d->fail[0] && d->nreached < d->nwant) {
         return 0;
     }
@@ -636,22 +636,22 @@ int data_progress(struct data *d, struct data_done *out)
     return 1;
 }
 
-bool data_busy(const struct data *d)
+bool ag_data_busy(const struct data *d)
 {
     return d->tx != NULL;
 }
 
-void data_abort(struct data *d)
+void ag_data_abort(struct data *d)
 {
     if (d->active && d->role == WB_ROLE_TRAINER && !d->empty)
-        exec_abort(d);
+        ag_exec_abort(d);
     d->active = false;
     d->pending_start = false;
 }
 
 /* ---------------------------------------------------------------- rollout dumps */
 
-int data_dump(struct data *d, const char *dir, uint64_t version, char *err, size_t errcap)
+int ag_data_dump(struct data *d, const char *dir, uint64_t version, char *err, size_t errcap)
 {
     if (d->role != WB_ROLE_ROLLOUT || d->empty)
         return 0;
@@ -692,7 +692,7 @@ int data_dump(struct data *d, const char *dir, uint64_t version, char *err, size
     return 0;
 }
 
-void data_free(struct data *d)
+void ag_data_free(struct data *d)
 {
     if (!d)
         return;

@@ -217,7 +217,7 @@ static const struct gsec *sec_of(const struct gsec *sec, uint32_t n, uint32_t me
     return NULL;
 }
 
-int exec_setup(struct data *d, char *err, size_t errcap)
+int ag_exec_setup(struct data *d, char *err, size_t errcap)
 {
     struct wb_route_table *t = &d->table;
     uint32_t np = t->nphases ? t->nphases : 1;
@@ -250,7 +250,7 @@ int exec_setup(struct data *d, char *err, size_t errcap)
             const struct wb_rt_op *op = &t->ops[tk->op0 + k];
             if (op->kind == WB_OP_AMAX) {
                 d->amax_out_off[tk->op0 + k] = d->amax_out_bytes;
-                d->amax_out_bytes += (ops_amax_bytes(t, op) + 63) / 64 * 64;
+                d->amax_out_bytes += (ag_ops_amax_bytes(t, op) + 63) / 64 * 64;
             }
             if ((op->kind == WB_OP_AMAX || op->kind == WB_OP_GATHER) && tk->phase < np)
                 d->gx_total[tk->phase]++;
@@ -269,11 +269,11 @@ int exec_setup(struct data *d, char *err, size_t errcap)
     for (uint32_t i = 0; i < t->ntasks; i++)
         all += align_up(t->tasks[i].tmp_bytes);
     d->tmp_size = all < d->cap ? all : d->cap;
-    d->scratch_bytes = ops_scratch_need(t);
+    d->scratch_bytes = ag_ops_scratch_need(t);
     return 0;
 }
 
-void exec_free(struct data *d)
+void ag_exec_free(struct data *d)
 {
     for (uint32_t i = 0; d->tasks && i < d->table.ntasks; i++) {
         ag_event_destroy(d->tasks[i].ev);
@@ -297,7 +297,7 @@ void exec_free(struct data *d)
 
 /* ---------------------------------------------------------------- immediates */
 
-void exec_imm(struct data *d, uint32_t imm)
+void ag_exec_imm(struct data *d, uint32_t imm)
 {
     uint32_t kind = imm >> 30, tag = imm & ((1u << IMM_TAG_BITS) - 1);
     if (((imm >> IMM_TAG_BITS) & 0xff) != (d->epoch & 0xff))
@@ -320,7 +320,7 @@ void exec_imm(struct data *d, uint32_t imm)
 
 static void on_imm(void *arg, uint32_t tag)
 {
-    exec_imm(arg, tag);
+    ag_exec_imm(arg, tag);
 }
 
 static int expect(struct data *d, uint32_t imm, uint64_t n)
@@ -333,7 +333,7 @@ static int expect(struct data *d, uint32_t imm, uint64_t n)
 
 /* ---------------------------------------------------------------- start */
 
-int exec_start(struct data *d)
+int ag_exec_start(struct data *d)
 {
     struct wb_route_table *t = &d->table;
     uint32_t np = t->nphases;
@@ -487,11 +487,11 @@ static int gather_unpack(struct data *d, const struct opctx *c, uint32_t opi)
     for (uint32_t j = 0; j < g->npeers; j++) {
         const void *src;
         if (t->peers[g->peer0 + j].rank == d->rank)
-            src = ops_view_ptr(c, &g->src);
+            src = ag_ops_view_ptr(c, &g->src);
         else
             src = (uint8_t *)d->inbox + s->off + d->gref[opi].slot_off +
                   d->moff[d->gref[opi].moff0 + j];
-        int rc = ops_unpack_member(c, op, j, src);
+        int rc = ag_ops_unpack_member(c, op, j, src);
         if (rc)
             return rc;
     }
@@ -524,7 +524,7 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
     const struct wb_route_table *t = &d->table;
     const struct wb_rt_op *op = &t->ops[opi];
     const struct wb_rt_amax *a = &op->amax;
-    uint64_t nb = ops_amax_bytes(t, op);
+    uint64_t nb = ag_ops_amax_bytes(t, op);
     int rc = 0;
     switch (tk->sub) {
     case 0: { /* partial amax of my region */
@@ -535,7 +535,7 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
         if (!tk->h[0] &&
             (rc = ag_host_alloc(part > d->scratch_bytes ? part : d->scratch_bytes, &tk->h[0])) != 0)
             return rc;
-        if ((rc = ops_amax_partial(c, op, d->scratch[1], tk->h[0])) != 0)
+        if ((rc = ag_ops_amax_partial(c, op, d->scratch[1], tk->h[0])) != 0)
             return rc;
         tk->sub = 1;
         return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
@@ -545,11 +545,11 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
         if (d->gpu) {
             if (!tk->h[1] && (rc = ag_host_alloc(d->scratch_bytes, &tk->h[1])) != 0)
                 return rc;
-            ops_amax_blocks(c, op, tk->h[0], tk->h[1]);
+            ag_ops_amax_blocks(c, op, tk->h[0], tk->h[1]);
             if ((rc = ag_copy_async(out, tk->h[1], nb, d->stream)) != 0)
                 return rc;
         } else {
-            ops_amax_blocks(c, op, tk->h[0], (float *)out);
+            ag_ops_amax_blocks(c, op, tk->h[0], (float *)out);
         }
         tk->sub = 2;
         return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
@@ -578,7 +578,7 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
             return STEP_WAIT;
         const float *in = (const float *)((uint8_t *)d->amax_in + a->inbox_off);
         if (!d->gpu) {
-            ops_amax_into_grid(c, op, in, (float *)(c->tmp + a->amax_off));
+            ag_ops_amax_into_grid(c, op, in, (float *)(c->tmp + a->amax_off));
             break;
         }
         if (!tk->h[2] && (rc = ag_host_alloc(d->scratch_bytes, &tk->h[2])) != 0)
@@ -589,9 +589,9 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
         return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
     }
     case 4: { /* GPU: spread on the host, merge on the device */
-        uint64_t gb = ops_grid_bytes(t, a->grid);
+        uint64_t gb = ag_ops_grid_bytes(t, a->grid);
         memset(tk->h[1], 0, gb);
-        ops_amax_into_grid(c, op, tk->h[2], tk->h[1]);
+        ag_ops_amax_into_grid(c, op, tk->h[2], tk->h[1]);
         if ((rc = ag_copy_async(d->scratch[0], tk->h[1], gb, d->stream)) != 0 ||
             (rc = ag_amax_merge_async((float *)(c->tmp + a->amax_off), d->scratch[0],
                                       gb / sizeof(float), d->stream)) != 0)
@@ -664,12 +664,12 @@ static int step_task(struct data *d, uint32_t ti)
         case WB_OP_COPY:
         case WB_OP_CAST:
             span_open(d, tk, ti, WB_STAGE_FUSE);
-            r = ops_copy(&c, op);
+            r = ag_ops_copy(&c, op);
             r = r ? r : STEP_NEXT;
             break;
         case WB_OP_QUANT:
             span_open(d, tk, ti, WB_STAGE_QUANT);
-            r = ops_quant(&c, op);
+            r = ag_ops_quant(&c, op);
             r = r ? r : STEP_NEXT;
             break;
         case WB_OP_GATHER:
@@ -722,14 +722,14 @@ static int step_task(struct data *d, uint32_t ti)
 
 /* ---------------------------------------------------------------- the loop's step */
 
-void exec_event(struct data *d, const struct wb_tx_event *ev)
+void ag_exec_event(struct data *d, const struct wb_tx_event *ev)
 {
     if (ev->kind != WB_TX_EV_WRITE)
         return;
     uint64_t v = (uint64_t)(uintptr_t)ev->ctx;
     if (d->outstanding)
         d->outstanding--;
-    if (v == UINT64_MAX) /* the warm-up immediate of data_peers() */
+    if (v == UINT64_MAX) /* the warm-up immediate of ag_data_peers() */
         return;
     uint32_t ti = (uint32_t)v, rank = (uint32_t)(v >> 32) & 0x7fffff;
     enum wb_role role = (enum wb_role)((v >> 55) & 1);
@@ -773,7 +773,7 @@ static void issue_barriers(struct data *d)
         }
 }
 
-int exec_step(struct data *d)
+int ag_exec_step(struct data *d)
 {
     const struct wb_route_table *t = &d->table;
     uint64_t now = wb_now_ns();
@@ -834,7 +834,7 @@ int exec_step(struct data *d)
     return 1;
 }
 
-void exec_abort(struct data *d)
+void ag_exec_abort(struct data *d)
 {
     for (uint32_t i = 0; d->tasks && i < d->table.ntasks; i++) {
         ag_event_destroy(d->tasks[i].ev);
@@ -844,7 +844,7 @@ void exec_abort(struct data *d)
 
 /* ---------------------------------------------------------------- trace */
 
-void exec_trace_write(struct data *d)
+void ag_exec_trace_write(struct data *d)
 {
     char path[1100];
     if (d->o->trace && *d->o->trace)

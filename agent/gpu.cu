@@ -85,7 +85,7 @@ extern "C" int ag_memset_async(void *dst, int v, size_t n, void *stream)
     return cu(cudaMemsetAsync(dst, v, n, (cudaStream_t)stream));
 }
 
-__global__ void amax_merge_kernel(float *acc, const float *part, size_t n)
+static __global__ void amax_merge_kernel(float *acc, const float *part, size_t n)
 {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= n)

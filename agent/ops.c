@@ -19,7 +19,7 @@ static struct wb_quant_exec ex_of(const struct data *d)
     return (struct wb_quant_exec){WB_QUANT_HOST, NULL};
 }
 
-void *ops_view_ptr(const struct opctx *c, const struct wb_rt_view *v)
+void *ag_ops_view_ptr(const struct opctx *c, const struct wb_rt_view *v)
 {
     const struct data *d = c->d;
     if (v->kind == WB_BUF_TMP)
@@ -47,7 +47,7 @@ static int packed_src(const struct opctx *c, const struct wb_rt_view *v, uint32_
 {
     const struct wb_route_table *t = &c->d->table;
     struct wb_quant_exec ex = ex_of(c->d);
-    const void *p = ops_view_ptr(c, v);
+    const void *p = ag_ops_view_ptr(c, v);
     if (!p)
         return -EINVAL;
     const struct wb_shape *sh = wb_rt_shape(t, v->shape);
@@ -62,7 +62,7 @@ static int packed_src(const struct opctx *c, const struct wb_rt_view *v, uint32_
     return rc;
 }
 
-int ops_copy(const struct opctx *c, const struct wb_rt_op *op)
+int ag_ops_copy(const struct opctx *c, const struct wb_rt_op *op)
 {
     const struct wb_route_table *t = &c->d->table;
     const struct wb_rt_copy *cp = &op->copy;
@@ -78,7 +78,7 @@ int ops_copy(const struct opctx *c, const struct wb_rt_op *op)
             return rc;
         src = c->d->scratch[1];
     }
-    void *dst = ops_view_ptr(c, &cp->dst);
+    void *dst = ag_ops_view_ptr(c, &cp->dst);
     if (!dst)
         return -EINVAL;
     return wb_quant_unpack(&ex, cp->dst.dtype, wb_rt_shape(t, cp->dst.shape),
@@ -128,7 +128,7 @@ static int region_amax(const struct opctx *c, const struct wb_rt_view *v, uint32
     return 0;
 }
 
-int ops_quant(const struct opctx *c, const struct wb_rt_op *op)
+int ag_ops_quant(const struct opctx *c, const struct wb_rt_op *op)
 {
     const struct wb_route_table *t = &c->d->table;
     const struct wb_rt_quant *q = &op->quant;
@@ -155,7 +155,7 @@ int ops_quant(const struct opctx *c, const struct wb_rt_op *op)
     }
     struct wb_quant_tile tile;
     region_tile(region, q->src.dtype, &tile, &lead);
-    uint8_t *dst = ops_view_ptr(c, &q->dst);
+    uint8_t *dst = ag_ops_view_ptr(c, &q->dst);
     float *scale = (float *)(c->tmp + q->scale_off);
     uint64_t esz = wb_dtype_size(q->src.dtype), per = tile.rows * tile.cols;
     for (uint64_t l = 0; !rc && l < lead; l++)
@@ -180,18 +180,18 @@ static struct wb_box region_grid_box(const struct wb_box *region)
     return b;
 }
 
-uint64_t ops_amax_bytes(const struct wb_route_table *t, const struct wb_rt_op *op)
+uint64_t ag_ops_amax_bytes(const struct wb_route_table *t, const struct wb_rt_op *op)
 {
     return wb_box_numel(wb_rt_box(t, op->amax.blocks)) * sizeof(float);
 }
 
-uint64_t ops_grid_bytes(const struct wb_route_table *t, uint32_t grid)
+uint64_t ag_ops_grid_bytes(const struct wb_route_table *t, uint32_t grid)
 {
     return wb_box_numel(wb_rt_box(t, grid)) * sizeof(float);
 }
 
-int ops_amax_partial(const struct opctx *c, const struct wb_rt_op *op, float *dev_part,
-                     float *host_part)
+int ag_ops_amax_partial(const struct opctx *c, const struct wb_rt_op *op, float *dev_part,
+                        float *host_part)
 {
     const struct wb_route_table *t = &c->d->table;
     const struct wb_rt_amax *a = &op->amax;
@@ -248,8 +248,8 @@ static void put_b_from_a(void *arg, uint64_t ia, uint64_t ib)
     m->dst[ib] = m->src[ia];
 }
 
-void ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const float *part,
-                     float *blocks)
+void ag_ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const float *part,
+                        float *blocks)
 {
     const struct wb_route_table *t = &c->d->table;
     const struct wb_box *bl = wb_rt_box(t, op->amax.blocks);
@@ -267,8 +267,8 @@ static void put_a_from_b(void *arg, uint64_t ia, uint64_t ib)
     m->dst[ia] = m->src[ib];
 }
 
-void ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
-                        float *grid)
+void ag_ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
+                           float *grid)
 {
     const struct wb_route_table *t = &c->d->table;
     const struct wb_box *bl = wb_rt_box(t, op->amax.blocks);
@@ -290,19 +290,19 @@ void ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, const 
         wb_quant_fp8_amax_merge(grid, spread, n);
 }
 
-int ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint32_t member,
-                      const void *packed)
+int ag_ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint32_t member,
+                         const void *packed)
 {
     const struct wb_route_table *t = &c->d->table;
     const struct wb_rt_gather *g = &op->gather;
     struct wb_quant_exec ex = ex_of(c->d);
-    void *dst = ops_view_ptr(c, &g->dst);
+    void *dst = ag_ops_view_ptr(c, &g->dst);
     const struct wb_rt_peer *p = &t->peers[g->peer0 + member];
     return wb_quant_unpack(&ex, g->dst.dtype, wb_rt_shape(t, g->dst.shape), wb_rt_box(t, p->box),
                            packed, dst);
 }
 
-uint64_t ops_scratch_need(const struct wb_route_table *t)
+uint64_t ag_ops_scratch_need(const struct wb_route_table *t)
 {
     uint64_t need = 4096;
     for (uint32_t i = 0; i < t->nops; i++) {

@@ -162,15 +162,15 @@ struct data {
 };
 
 /* exec.c */
-int exec_setup(struct data *d, char *err, size_t errcap);
-void exec_free(struct data *d);
-int exec_start(struct data *d);
+int ag_exec_setup(struct data *d, char *err, size_t errcap);
+void ag_exec_free(struct data *d);
+int ag_exec_start(struct data *d);
 /* 1: finished (ok or failed: d->fail), 0: running. */
-int exec_step(struct data *d);
-void exec_event(struct data *d, const struct wb_tx_event *ev);
-void exec_imm(struct data *d, uint32_t imm);
-void exec_abort(struct data *d);
-void exec_trace_write(struct data *d);
+int ag_exec_step(struct data *d);
+void ag_exec_event(struct data *d, const struct wb_tx_event *ev);
+void ag_exec_imm(struct data *d, uint32_t imm);
+void ag_exec_abort(struct data *d);
+void ag_exec_trace_write(struct data *d);
 
 /* ops.c: one routing-table op, or part of one; see exec.c for the stepping. */
 struct opctx {
@@ -178,23 +178,23 @@ struct opctx {
     struct task *t;
     uint8_t *tmp; /* the task's TMP base */
 };
-void *ops_view_ptr(const struct opctx *c, const struct wb_rt_view *v);
-int ops_copy(const struct opctx *c, const struct wb_rt_op *op);
-int ops_quant(const struct opctx *c, const struct wb_rt_op *op);
+void *ag_ops_view_ptr(const struct opctx *c, const struct wb_rt_view *v);
+int ag_ops_copy(const struct opctx *c, const struct wb_rt_op *op);
+int ag_ops_quant(const struct opctx *c, const struct wb_rt_op *op);
 /* AMAX: partial amax of op's region over op's blocks, FP32 array (blocks' extents) into the
  * host buffer out (device work is synchronous here only through the event the caller waits
- * on: ops_amax_partial enqueues, the caller reads `out` after the event). */
-int ops_amax_partial(const struct opctx *c, const struct wb_rt_op *op, float *dev_part,
-                     float *host_part);
-void ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const float *part,
-                     float *blocks);
+ * on: ag_ops_amax_partial enqueues, the caller reads `out` after the event). */
+int ag_ops_amax_partial(const struct opctx *c, const struct wb_rt_op *op, float *dev_part,
+                        float *host_part);
+void ag_ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const float *part,
+                        float *blocks);
 /* Merges the peer's blocks array into the TMP amax grid (host: in place; GPU: via host). */
-void ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
-                        float *grid);
-uint64_t ops_amax_bytes(const struct wb_route_table *t, const struct wb_rt_op *op);
-uint64_t ops_grid_bytes(const struct wb_route_table *t, uint32_t grid);
-int ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint32_t member,
-                      const void *packed);
-uint64_t ops_scratch_need(const struct wb_route_table *t);
+void ag_ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
+                           float *grid);
+uint64_t ag_ops_amax_bytes(const struct wb_route_table *t, const struct wb_rt_op *op);
+uint64_t ag_ops_grid_bytes(const struct wb_route_table *t, uint32_t grid);
+int ag_ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint32_t member,
+                         const void *packed);
+uint64_t ag_ops_scratch_need(const struct wb_route_table *t);
 
 #endif /* WB_AGENT_XFER_H */

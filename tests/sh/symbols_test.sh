@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# symbols_test.sh — the library exports only its API: every global symbol libweightbridge.a
+# defines starts with wb_, so linking it into a trainer or an inference engine can clash with
+# nothing of theirs. (Internal functions shared between a part's files carry private prefixes
+# and are made local when the library is built; see the Makefile.) Prints the harness tally.
+build=$(cd "$(dirname "$0")/.." && pwd)
+lib=$build/lib/libweightbridge.a
+echo "symbols exported ..."
+if ! syms=$(nm -g --defined-only "$lib" 2>&1); then
+    echo "    $lib: $syms"
+    echo "FAIL symbols exported"
+    echo "0 passed, 1 failed, 0 skipped"
+    exit 1
+fi
+all=$(awk 'NF == 3 {print $3}' <<<"$syms" | sort -u)
+bad=$(grep -v '^wb_' <<<"$all")
+if [ -n "$bad" ] || [ -z "$all" ]; then
+    echo "    global symbols without the wb_ prefix in $lib:"
+    sed 's/^/      /' <<<"${bad:-(no symbols at all)}"
+    echo "FAIL symbols exported"
+    echo "0 passed, 1 failed, 0 skipped"
+    exit 1
+fi
+echo "ok symbols exported ($(wc -l <<<"$all") wb_ symbols, no others)"
+echo "1 passed, 0 failed, 0 skipped"

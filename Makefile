@@ -71,6 +71,7 @@ $(shell mkdir -p $(BUILD) && (echo '$(CONFIG_ID)' | cmp -s - $(CONFIG) || echo '
 OBJ     := $(BUILD)/obj
 LIB     := $(BUILD)/lib/libweightbridge.a
 LIB_INT := $(BUILD)/lib/libweightbridge-internal.a
+SOLIB   := $(BUILD)/lib/libweightbridge.so
 LIB_O   := $(LIB_C:%.c=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu.o)
 PROGS   := $(foreach f,$(PROG_C),$(BUILD)/bin/$(basename $(notdir $(f))))
 TESTS   := $(foreach f,$(TEST_C),$(BUILD)/tests/$(patsubst %_test.c,%,$(notdir $(f)))) \
@@ -83,7 +84,7 @@ HEADERS := $(foreach p,$(PARTS),$(wildcard $(p)/$(p).h))
 
 all: lib progs
 
-lib: $(LIB)
+lib: $(LIB) $(SOLIB)
 progs: $(PROGS)
 tests: $(TESTS)
 bench: $(BENCHES)
@@ -110,6 +111,13 @@ $(LIB): $(LIB_O)
 	objcopy --wildcard --keep-global-symbol='wb_*' $(BUILD)/lib/weightbridge.o
 	ar rcs $@ $(BUILD)/lib/weightbridge.o
 
+# The shared library (for Python and for programs that load it): the same objects, the wb_ API
+# exported by a version script, the dependencies recorded as its own.
+$(SOLIB): $(LIB_O) scripts/weightbridge.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -o $@ -Wl,-soname,libweightbridge.so.0 -Wl,--version-script=scripts/weightbridge.map \
+	  -Wl,--no-undefined $(LDSAN) $(LIB_O) $(LIBS)
+
 # Tests may reach a part's internals (planner_stamp_test builds plans with templates off), so
 # they link the objects as compiled.
 $(LIB_INT): $(LIB_O)
@@ -134,7 +142,7 @@ $(foreach f,$(TEST_C),$(eval $(call test_rule,$(f))))
 
 # Script tests check the built library (symbols) or the sources (layering); the library is a
 # prerequisite so that the symbol check always sees the current one.
-$(BUILD)/tests/%: tests/sh/%_test.sh $(LIB)
+$(BUILD)/tests/%: tests/sh/%_test.sh $(LIB) $(SOLIB)
 	@mkdir -p $(dir $@)
 	install -m 755 $< $@
 
@@ -158,10 +166,14 @@ demo: deps
 	@scripts/demo.sh $(BUILD)
 
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/weightbridge
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/weightbridge \
+	  $(DESTDIR)$(PREFIX)/share/weightbridge
 	$(if $(PROGS),install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/)
 	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SOLIB) $(DESTDIR)$(PREFIX)/lib/libweightbridge.so.0
+	ln -sf libweightbridge.so.0 $(DESTDIR)$(PREFIX)/lib/libweightbridge.so
 	for h in $(HEADERS); do install -D -m 644 $$h $(DESTDIR)$(PREFIX)/include/weightbridge/$$h; done
+	cp -R configs $(DESTDIR)$(PREFIX)/share/weightbridge/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LIBS)|' scripts/weightbridge.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/weightbridge.pc
 

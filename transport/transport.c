@@ -307,7 +307,7 @@ int wb_txi_peer_alive(const struct wb_tx *tx, uint32_t peer)
 
 /* ---------------------------------------------------------------- address blobs */
 
-enum { ADDR_VERSION = 1, RDESC_VERSION = 1 };
+enum { ADDR_VERSION = 1, RDESC_VERSION = 2 /* 2: base */ };
 
 int wb_tx_addr(struct wb_tx *tx, struct wb_mpw *w)
 {
@@ -374,17 +374,29 @@ int wb_tx_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t *peer)
 
 /* ---------------------------------------------------------------- descriptors */
 
+int wb_tx_rdesc_view(const struct wb_tx_rdesc *d, uint64_t off, uint64_t len,
+                     struct wb_tx_rdesc *out)
+{
+    if (off > d->size || len > d->size - off)
+        return -WB_E_BOUNDS;
+    *out = *d;
+    out->base = d->base + off;
+    out->size = len;
+    return 0;
+}
+
 void wb_tx_rdesc_put(struct wb_mpw *w, const struct wb_tx_rdesc *d)
 {
     uint32_t nr = d->nrails <= WB_TX_MAX_RAILS ? d->nrails : WB_TX_MAX_RAILS;
     uint32_t no = d->opaque_len <= WB_TX_RDESC_OPAQUE ? d->opaque_len : WB_TX_RDESC_OPAQUE;
-    wb_mpw_array(w, 8);
+    wb_mpw_array(w, 9);
     wb_mpw_u64(w, RDESC_VERSION);
     wb_mpw_u64(w, d->backend);
     wb_mpw_u64(w, d->flags);
     wb_mpw_u64(w, d->owner);
     wb_mpw_u64(w, d->id);
     wb_mpw_u64(w, d->size);
+    wb_mpw_u64(w, d->base);
     wb_mpw_array(w, nr);
     for (uint32_t i = 0; i < nr; i++) {
         wb_mpw_array(w, 2);
@@ -402,15 +414,20 @@ int wb_tx_rdesc_get(struct wb_mpr *r, struct wb_tx_rdesc *out)
     uint64_t ver = 0, backend = 0, flags = 0;
     wb_mpr_array(r, 16, &n);
     wb_mpr_u64(r, &ver);
-    if (r->err || n != 8)
+    if (r->err)
         return -EBADMSG;
     if (ver != RDESC_VERSION)
         return -WB_E_VERSION;
+    if (n != 9)
+        return -EBADMSG;
     wb_mpr_u64(r, &backend);
     wb_mpr_u64(r, &flags);
     wb_mpr_u64(r, &d.owner);
     wb_mpr_u64(r, &d.id);
     wb_mpr_u64(r, &d.size);
+    wb_mpr_u64(r, &d.base);
+    if (d.base + d.size < d.base)
+        return -EBADMSG;
     if (wb_mpr_array(r, WB_TX_MAX_RAILS, &nr) || nr == 0)
         return -EBADMSG;
     for (uint32_t i = 0; i < nr; i++) {

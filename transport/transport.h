@@ -128,6 +128,7 @@ struct wb_tx_rdesc {
     uint64_t owner;   /* uid of the owning transport (must be the peer written to) */
     uint64_t id;      /* the owner's wb_tx_mr.id */
     uint64_t size;    /* writable bytes: [0, size) */
+    uint64_t base;    /* where [0, size) starts in the owner's registration (0; a view's offset) */
     uint32_t nrails;
     struct {
         uint64_t addr, key;
@@ -278,6 +279,13 @@ int wb_tx_addr(struct wb_tx *tx, struct wb_mpw *w);
  * its index for wb_tx_write(). -WB_E_VERSION for another blob version, -EPROTO for another
  * backend, -EEXIST for this transport's own blob, else as the backend's peer_add. */
 int wb_tx_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t *peer);
+
+/* A view of a descriptor: bytes [off, off + len) of d, addressed from 0 and bounded by len, so
+ * that one registration (a whole allocation) can be handed out as one descriptor per tensor and
+ * every write is still checked against the tensor it lands in. -WB_E_BOUNDS when the range is
+ * not inside d (overflow-safe). */
+int wb_tx_rdesc_view(const struct wb_tx_rdesc *d, uint64_t off, uint64_t len,
+                     struct wb_tx_rdesc *out);
 
 /* Remote descriptor wire codec (a msgpack array carrying its own version). _get returns
  * -WB_E_VERSION for another version and -EBADMSG for anything malformed. */

@@ -669,6 +669,56 @@ static void case_bounds(struct side *s)
     step_send(s, 1);
 }
 
+/* A view of the region (one tensor of an allocation registered whole): writes address it from
+ * 0, land at its offset in the region, and are bounded by the view, not by the region. */
+static void case_view(struct side *s)
+{
+    enum { VOFF = 3 * 4096 + 512, VLEN = 8192 };
+    if (s->role == 0) {
+        struct wb_tx_rdesc v;
+        CHECK_INT(wb_tx_rdesc_view(&s->desc, VOFF, VLEN, &v), 0);
+        CHECK_INT(wb_tx_rdesc_view(&s->desc, REGION - 10, 11, &v), -WB_E_BOUNDS);
+        CHECK_INT(wb_tx_rdesc_view(&s->desc, VOFF, VLEN, &v), 0);
+        struct wb_tx_write w = {.src = s->mr,
+                                .src_off = 100,
+                                .peer = s->peer,
+                                .dst = &v,
+                                .dst_off = 4096,
+                                .len = 4097,
+                                .has_imm = true,
+                                .imm = 40};
+        CHECK_INT(wb_tx_write(s->tx, &w), -WB_E_BOUNDS);
+        CHECK_STR(wb_tx_errmsg(s->tx),
+                  "write: destination [4096, +4097) outside region 1 of 8192 bytes");
+        w.len = 4096; /* the view's last byte included */
+        CHECK_INT(wb_tx_write(s->tx, &w), 0);
+        w.src_off = 7;
+        w.dst_off = 0;
+        w.len = 1000;
+        w.imm = 41;
+        CHECK_INT(wb_tx_write(s->tx, &w), 0);
+        struct tally t = {0};
+        drain_writes(s, &t, 2);
+        CHECK_INT(t.errors, 0);
+        CHECK_INT(step_wait(s), 1);
+        return;
+    }
+    CHECK_INT(wb_tx_expect(s->tx, 40, 1, NULL, NULL), 0);
+    CHECK_INT(wb_tx_expect(s->tx, 41, 1, NULL, NULL), 0);
+    uint32_t tags[2] = {40, 41};
+    wait_imm(s, tags, 2);
+    fetch(s);
+    check_guards(s);
+    check_landed(s, VOFF + 4096, 100, 4096);
+    check_landed(s, VOFF, 7, 1000);
+    for (size_t i = 0; i < REGION; i++) {
+        bool in = (i >= VOFF && i < VOFF + 1000) || (i >= VOFF + 4096 && i < VOFF + VLEN);
+        if (!in && s->host[GUARD + i] != 0xEE)
+            wb_test_fail(__FILE__, __LINE__, "byte %zu outside the writes was written", i);
+    }
+    step_send(s, 1);
+}
+
 /* Thousands of writes queued before the first poll, with a window above the provider's queue
  * so the provider pushes back with -FI_EAGAIN. Slots are rewritten with the same bytes, so the
  * final content is defined whatever the order. */
@@ -839,10 +889,10 @@ static void case_two(struct side *s)
 
 /* ---------------------------------------------------------------- two processes */
 
-enum case_id { C_SIZES, C_IMM, C_ZERO, C_BOUNDS, C_EAGAIN, C_KILLED, C_TWO };
+enum case_id { C_SIZES, C_IMM, C_ZERO, C_BOUNDS, C_EAGAIN, C_KILLED, C_TWO, C_VIEW };
 
 static void (*const cases[])(struct side *) = {case_sizes,  case_imm,    case_zero, case_bounds,
-                                               case_eagain, case_killed, case_two};
+                                               case_eagain, case_killed, case_two,  case_view};
 
 struct run {
     const struct bk *bk;

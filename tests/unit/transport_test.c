@@ -269,6 +269,7 @@ static void test_rdesc_wire(void)
     d.owner = 0x1234567890abcdefull;
     d.id = 42;
     d.size = 1ull << 40;
+    d.base = 4096;
     d.nrails = 3;
     for (int i = 0; i < 3; i++)
         d.rail[i].addr = 0x7f0000000000ull + (uint64_t)i, d.rail[i].key = 100u + (uint64_t)i;
@@ -296,18 +297,18 @@ static void test_rdesc_wire(void)
 
     /* Another version; too many rails; an opaque part too long; zero rails. */
     wb_mpw_init(&w);
-    wb_mpw_array(&w, 8);
-    wb_mpw_u64(&w, 2);
-    for (int i = 0; i < 7; i++)
+    wb_mpw_array(&w, 9);
+    wb_mpw_u64(&w, 3);
+    for (int i = 0; i < 8; i++)
         wb_mpw_u64(&w, 0);
     wb_mpr_init(&r, w.buf, w.len);
     CHECK_INT(wb_tx_rdesc_get(&r, &e), -WB_E_VERSION);
     wb_mpw_free(&w);
     for (int variant = 0; variant < 3; variant++) {
         wb_mpw_init(&w);
-        wb_mpw_array(&w, 8);
-        for (int i = 0; i < 6; i++)
-            wb_mpw_u64(&w, i == 0 ? 1 : 0);
+        wb_mpw_array(&w, 9);
+        for (int i = 0; i < 7; i++)
+            wb_mpw_u64(&w, i == 0 ? 2 : 0);
         uint32_t nr = variant == 0 ? 9 : variant == 1 ? 1 : 0;
         wb_mpw_array(&w, nr);
         for (uint32_t i = 0; i < nr; i++) {

@@ -398,7 +398,7 @@ static int ipc_write(struct wb_tx *tx, const struct wb_tx_write *uw)
     struct ipc_mr *m = WB_CONTAINER_OF(uw->src, struct ipc_mr, base);
     *w = (struct ipc_write){
         .ctx = uw->ctx, .peer = uw->peer, .has_imm = uw->has_imm, .tag = uw->imm, .src = m};
-    uint8_t *dst = base + uw->dst->rail[0].addr + uw->dst_off;
+    uint8_t *dst = base + uw->dst->rail[0].addr + uw->dst->base + uw->dst_off;
     const uint8_t *src = (const uint8_t *)m->base.ptr + uw->src_off;
     uint64_t len = uw->len, n = 1;
     if (ix->nrails > 1 && len > ix->cfg.shard_size)

@@ -370,7 +370,7 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
                                               .flags = uw->has_imm ? FAB_COMMIT_IMM : 0,
                                               .tag = uw->imm,
                                               .region = uw->dst->id,
-                                              .off = uw->dst_off,
+                                              .off = uw->dst->base + uw->dst_off,
                                               .len = len};
             fin->lbuf = &fin->commit;
             fin->len = sizeof(fin->commit);
@@ -394,7 +394,7 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
             op->rail = (uint8_t)rail;
             op->peer = uw->peer;
             op->len = min_u64(piece, slen - po);
-            op->raddr = uw->dst->rail[j].addr + dof;
+            op->raddr = uw->dst->rail[j].addr + uw->dst->base + dof;
             op->rkey = uw->dst->rail[j].key;
             op->flags = flags;
             op->data = flags & FI_REMOTE_CQ_DATA ? uw->imm : 0;

@@ -173,7 +173,7 @@ static inline bool owns(const struct plan_ctx *c, uint32_t r)
     return !c->part || c->part[r] == c->me;
 }
 
-/* plan.c helpers used by emit.c */
+/* geometry.c: box and shard arithmetic (a leaf: calls nothing else in the builder). */
 const struct wb_mapping *ctx_map(const struct plan_ctx *c, uint32_t m);
 const struct wb_component *item_comp(const struct plan_ctx *c, const struct item *it, uint32_t ci);
 /* Rank r's shard and replica index of trainer tensor t; false when r is not an owner. */
@@ -182,8 +182,6 @@ bool rank_shard(const struct plan_ctx *c, uint32_t t, uint32_t r, uint32_t *shar
 /* Rank r's box of trainer tensor t; false when r is not in the owner set. */
 bool rank_box(const struct plan_ctx *c, uint32_t t, uint32_t r, struct wb_box *box, uint32_t *shard,
               uint32_t *replica);
-/* Subpieces of an item (into c->sub). */
-int item_subpieces(struct plan_ctx *c, const struct item *it);
 /* Units along which a trainer box may be split, and the sub-box of units [u0, u1). */
 uint32_t box_units(const struct plan_ctx *c, const struct wb_mapping *m, const struct wb_box *S,
                    uint32_t *dim, uint64_t *gran);
@@ -196,15 +194,18 @@ struct wb_box map_to_dst(const struct wb_box *S, const struct wb_box *D, const s
 uint64_t dst_bytes(const struct wb_mapping *m, const struct wb_box *S);
 /* Blocks whose origin element lies in S. */
 struct wb_box origin_blocks(const struct wb_box *S);
+/* The boxes of an assignment (of the item whose subpieces and shard boxes are in c). */
+void asg_boxes(const struct plan_ctx *c, const struct item *it, const struct assign *a,
+               struct sd *out);
 
+/* plan.c: an item's subpieces and demands. */
+/* Subpieces of an item (into c->sub). */
+int item_subpieces(struct plan_ctx *c, const struct item *it);
 /* Walks an item's demands in plan order: pass 1 (emit == false) hands them to the balancer,
  * pass 3 reads their senders back into assignments (c->asg). */
 int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint32_t *group);
 /* Prepares c->icomp/ibox/iset for an item. */
 int item_comps_prepare(struct plan_ctx *c, const struct item *it);
-/* The boxes of an assignment. */
-void asg_boxes(const struct plan_ctx *c, const struct item *it, const struct assign *a,
-               struct sd *out);
 
 /* assemble.c: moves the per-rank output into p's tables and receive lists. */
 int finish_tables(struct plan_ctx *c, struct wb_plan *p);

@@ -198,7 +198,8 @@ struct wb_box origin_blocks(const struct wb_box *S);
 void asg_boxes(const struct plan_ctx *c, const struct item *it, const struct assign *a,
                struct sd *out);
 
-/* plan.c: an item's subpieces and demands. */
+/* walk.c: an item's subpieces and demands in plan order (pass 1 to the balancer, pass 3 back
+ * into assignments). */
 /* Subpieces of an item (into c->sub). */
 int item_subpieces(struct plan_ctx *c, const struct item *it);
 /* Walks an item's demands in plan order: pass 1 (emit == false) hands them to the balancer,

@@ -1,5 +1,5 @@
-/* build.h — the plan builder's working state (private to planner/plan.c, pass3.c, emit.c and
- * stamp.c).
+/* build.h — the plan builder's working state (private to planner/plan.c, emit_threads.c,
+ * emit.c and stamp.c).
  *
  * Building runs in three passes over the items in phase order:
  *  1. enumerate every (item, rollout GPU, component, shard) demand and hand it to the balancer
@@ -7,7 +7,7 @@
  *  2. balance (balance.c);
  *  3. replay the same enumeration, now with the chosen senders, and emit each rank's tasks:
  *     stage ops, writes, amax exchanges (emit.c), or stamp an item out from a congruent one
- *     (stamp.c); pass3.c sizes the tables first and may split the ranks among threads.
+ *     (stamp.c); emit_threads.c sizes the tables first and may split the ranks among threads.
  * Replaying instead of storing keeps memory at one record per multi-candidate demand. */
 #ifndef WB_PLANNER_BUILD_H
 #define WB_PLANNER_BUILD_H
@@ -211,7 +211,7 @@ int item_comps_prepare(struct plan_ctx *c, const struct item *it);
 /* assemble.c: moves the per-rank output into p's tables and receive lists. */
 int finish_tables(struct plan_ctx *c, struct wb_plan *p);
 
-/* pass3.c: per-rank tables under construction, and pass 3 over every item (c->ro reset, then
+/* emit_threads.c: per-rank tables under construction, and pass 3 over every item (c->ro reset, then
  * filled; threads per c->opts->threads). */
 struct rank_out *rank_outs_new(uint32_t n);
 /* A context's own working state: scratch vectors and pass-3 counters (receive counts, gather

@@ -1,8 +1,9 @@
-/* pass3.c — pass 3's driver: each rank's tables reserved up front from the representatives'
- * output (presize), then every item emitted in order, by one thread or by several that split
- * the trainer ranks between them (a thread fills only its ranks' tables, and keeps its own
- * counters, receive counts and inbox cursors, advancing them for every rank alike, so the
- * tables come out the same for any number of threads). */
+/* emit_threads.c — pass 3 over every item (emit_all) and the per-rank tables it fills. Each
+ * rank's tables are reserved up front from the representatives' output (presize), then every
+ * item is walked and emitted in order, by one thread or by several that split the trainer
+ * ranks between them (a thread fills only its ranks' tables, and keeps its own counters,
+ * receive counts and inbox cursors, advancing them for every rank alike, so the tables come
+ * out the same for any number of threads). Also each context's scratch and counters. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>

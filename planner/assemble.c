@@ -1,6 +1,7 @@
 /* assemble.c — turns the builder's per-rank output into the plan's routing tables and receive
  * lists (ownership of the arrays moves to the plan), and frees plans, tables and lists. Also
- * the mode names. Split from plan.c, which decides what goes where. */
+ * the mode names. Split from plan.c, which decides what goes where and calls it once pass 3 is
+ * done; it calls nothing else in the builder. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

@@ -6,7 +6,9 @@
  * the source when the bytes already match (BF16 -> BF16), a CAST, or a QUANT preceded by AMAX
  * exchanges for blocks that straddle its shard — and finally the writes: each maximal run that
  * is contiguous on both sides becomes one write; when the source runs are much shorter than
- * the destination's, the box is first packed (COPY) so that writes follow the destination. */
+ * the destination's, the box is first packed (COPY) so that writes follow the destination.
+ *
+ * Pass 3 (emit_threads.c) calls it per item; it uses only geometry.c of the builder. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

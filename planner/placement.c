@@ -1,4 +1,5 @@
-/* placement.c — which trainer ranks hold which box of every trainer tensor.
+/* placement.c — which trainer ranks hold which box of every trainer tensor; also the planner's
+ * small shared tools declared in plan_int.h (growable vectors, interning, FP8 block grids).
  *
  * A tensor is placed by the first rule whose pattern matches its name. Mesh dims taking
  * `layer`, `expert` or an index fix one coordinate (pipeline stage, expert shard, a fixed

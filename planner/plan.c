@@ -1,5 +1,7 @@
-/* plan.c — wb_plan_build(): items, meshes, mesh groups and phases, demands, balancing, and the
- * assembly of the per-rank tables and per-rollout receive lists (see build.h for the passes).
+/* plan.c — wb_plan_build(), the builder's driver: rollout local layouts, shard box classes,
+ * items, meshes, mesh groups and phases, and modes; then pass 1 (walk.c), balancing
+ * (balance.c), pass 3 (emit_threads.c), the greedy fallback, and the plan's assembly
+ * (assemble.c). See build.h for the passes and which file does what.
  *
  * Items: a mapping's components are grouped by mesh (their owner set); a group whose bytes
  * exceed a quarter of the memory cap is cut into several items, so that one task's temporary

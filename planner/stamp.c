@@ -22,7 +22,10 @@
  * interned box/shape indices renumbered. Boxes and shapes are interned into Y's ranks in the
  * order X first used them, so the tables come out identical to an un-stamped build (the unit
  * test planner_stamp_test checks that, and wb_plan_verify checks the shipped scenarios).
- * Items with balanced demands are walked and emitted as before. */
+ * Items with balanced demands are walked and emitted as before.
+ *
+ * plan.c classifies the items and runs pass 1 through it, walk.c logs candidate sets to it, and
+ * emit_threads.c runs pass 3 through it; it uses only balance.c and geometry.c of the builder. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

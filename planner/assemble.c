@@ -105,8 +105,8 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p)
         rv->ep_rank = l % c->in->rl->ep;
         rv->tag_bits = tag_bits;
         struct vec loc, exp;
-        vec_init(&loc, sizeof(struct wb_rt_local));
-        vec_init(&exp, sizeof(struct wb_rt_expect));
+        pl_vec_init(&loc, sizeof(struct wb_rt_local));
+        pl_vec_init(&exp, sizeof(struct wb_rt_expect));
         for (size_t m = 0; m < mt->n; m++) {
             const struct rlocal *lo = &c->rloc[m * c->gpr + l];
             const struct wb_mapping *mp = &mt->map[m];
@@ -117,7 +117,7 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p)
                 e.dtype = s ? WB_DTYPE_FP32 : c->in->rollout->p[e.tensor].dtype;
                 e.shape = s ? lo->scale_shape : lo->shape;
                 e.bytes = wb_shape_numel(&e.shape) * wb_dtype_size(e.dtype);
-                if (!vec_push(&loc, &e))
+                if (!pl_vec_push(&loc, &e))
                     goto nomem;
             }
         }
@@ -127,7 +127,7 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p)
                                            c->recv[(size_t)g * nrt + k].writes};
             if (e.writes == 0)
                 continue;
-            if (!vec_push(&exp, &e))
+            if (!pl_vec_push(&exp, &e))
                 goto nomem;
             rv->recv_bytes += e.bytes;
             rv->recv_writes += e.writes;
@@ -137,8 +137,8 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p)
         p->stats.recv_bytes[g] = rv->recv_bytes;
         continue;
     nomem:
-        vec_free(&loc);
-        vec_free(&exp);
+        pl_vec_free(&loc);
+        pl_vec_free(&exp);
         return -ENOMEM;
     }
     p->nmeshes = (uint32_t)c->meshes.n;

@@ -18,13 +18,13 @@ struct rank_out *rank_outs_new(uint32_t n)
 {
     struct rank_out *ro = calloc(n ? n : 1, sizeof(*ro));
     for (uint32_t k = 0; ro && k < n; k++) {
-        vec_init(&ro[k].tasks, sizeof(struct wb_rt_task));
-        vec_init(&ro[k].ops, sizeof(struct wb_rt_op));
-        vec_init(&ro[k].writes, sizeof(struct wb_rt_write));
-        vec_init(&ro[k].peers, sizeof(struct wb_rt_peer));
-        vec_init(&ro[k].amax, sizeof(struct wb_rt_expect));
-        intern_init(&ro[k].boxes, sizeof(struct wb_box));
-        intern_init(&ro[k].shapes, sizeof(struct wb_shape));
+        pl_vec_init(&ro[k].tasks, sizeof(struct wb_rt_task));
+        pl_vec_init(&ro[k].ops, sizeof(struct wb_rt_op));
+        pl_vec_init(&ro[k].writes, sizeof(struct wb_rt_write));
+        pl_vec_init(&ro[k].peers, sizeof(struct wb_rt_peer));
+        pl_vec_init(&ro[k].amax, sizeof(struct wb_rt_expect));
+        pl_intern_init(&ro[k].boxes, sizeof(struct wb_box));
+        pl_intern_init(&ro[k].shapes, sizeof(struct wb_shape));
     }
     return ro;
 }
@@ -33,10 +33,10 @@ struct rank_out *rank_outs_new(uint32_t n)
 static void rank_out_reset(struct rank_out *ro)
 {
     ro->tasks.n = ro->ops.n = ro->writes.n = ro->peers.n = ro->amax.n = 0;
-    intern_free(&ro->boxes);
-    intern_free(&ro->shapes);
-    intern_init(&ro->boxes, sizeof(struct wb_box));
-    intern_init(&ro->shapes, sizeof(struct wb_shape));
+    pl_intern_free(&ro->boxes);
+    pl_intern_free(&ro->shapes);
+    pl_intern_init(&ro->boxes, sizeof(struct wb_box));
+    pl_intern_init(&ro->shapes, sizeof(struct wb_shape));
     for (int k = 0; k < PEER_CACHE; k++)
         ro->pcache[k].n = 0; /* indices into the tables just reset */
     ro->send = ro->gather_in = ro->h2d = 0;
@@ -45,13 +45,13 @@ static void rank_out_reset(struct rank_out *ro)
 void rank_outs_free(struct rank_out *ro, uint32_t n)
 {
     for (uint32_t r = 0; ro && r < n; r++) {
-        vec_free(&ro[r].tasks);
-        vec_free(&ro[r].ops);
-        vec_free(&ro[r].writes);
-        vec_free(&ro[r].peers);
-        vec_free(&ro[r].amax);
-        intern_free(&ro[r].boxes);
-        intern_free(&ro[r].shapes);
+        pl_vec_free(&ro[r].tasks);
+        pl_vec_free(&ro[r].ops);
+        pl_vec_free(&ro[r].writes);
+        pl_vec_free(&ro[r].peers);
+        pl_vec_free(&ro[r].amax);
+        pl_intern_free(&ro[r].boxes);
+        pl_intern_free(&ro[r].shapes);
         for (int k = 0; k < PEER_CACHE; k++)
             free(ro[r].pcache[k].pe);
     }
@@ -139,14 +139,14 @@ void scratch_init(struct plan_ctx *c)
     c->gather_seq = NULL;
     c->phase_coll = NULL;
     c->inbox = NULL;
-    vec_init(&c->sub, sizeof(struct subpiece));
-    vec_init(&c->asg, sizeof(struct assign));
-    vec_init(&c->xc, sizeof(struct xchg));
-    vec_init(&c->icomp, sizeof(struct icomp));
-    vec_init(&c->ibox, sizeof(struct wb_box));
-    vec_init(&c->iset, sizeof(int64_t));
-    vec_init(&c->dem, sizeof(struct dem));
-    vec_init(&c->sd, sizeof(struct sd));
+    pl_vec_init(&c->sub, sizeof(struct subpiece));
+    pl_vec_init(&c->asg, sizeof(struct assign));
+    pl_vec_init(&c->xc, sizeof(struct xchg));
+    pl_vec_init(&c->icomp, sizeof(struct icomp));
+    pl_vec_init(&c->ibox, sizeof(struct wb_box));
+    pl_vec_init(&c->iset, sizeof(int64_t));
+    pl_vec_init(&c->dem, sizeof(struct dem));
+    pl_vec_init(&c->sd, sizeof(struct sd));
 }
 
 void scratch_free(struct plan_ctx *c)
@@ -155,14 +155,14 @@ void scratch_free(struct plan_ctx *c)
     free(c->gather_seq);
     free(c->phase_coll);
     free(c->inbox);
-    vec_free(&c->sub);
-    vec_free(&c->asg);
-    vec_free(&c->xc);
-    vec_free(&c->icomp);
-    vec_free(&c->ibox);
-    vec_free(&c->iset);
-    vec_free(&c->dem);
-    vec_free(&c->sd);
+    pl_vec_free(&c->sub);
+    pl_vec_free(&c->asg);
+    pl_vec_free(&c->xc);
+    pl_vec_free(&c->icomp);
+    pl_vec_free(&c->ibox);
+    pl_vec_free(&c->iset);
+    pl_vec_free(&c->dem);
+    pl_vec_free(&c->sd);
 }
 
 /* Pass 3's counters, zeroed: receive counts, gather ordinals, collective phases, inbox
@@ -184,9 +184,9 @@ static void emit_thread_free(struct emit_thread *t)
 {
     struct plan_ctx *w = &t->c;
     scratch_free(w);
-    vec_free(&w->st.reps);
-    vec_free(&w->st.p3rk);
-    vec_free(&w->st.p3u32);
+    pl_vec_free(&w->st.reps);
+    pl_vec_free(&w->st.p3rk);
+    pl_vec_free(&w->st.p3u32);
     wb_errlist_free(&t->el);
 }
 
@@ -202,10 +202,10 @@ static int emit_thread_init(struct emit_thread *t, const struct plan_ctx *c, con
     w->part = part;
     w->me = me;
     scratch_init(w);
-    vec_init(&w->st.reps, c->st.reps.elem);
-    vec_init(&w->st.p3rk, c->st.p3rk.elem);
-    vec_init(&w->st.p3u32, sizeof(uint32_t));
-    if (counters_reset(w) || vec_reserve(&w->st.reps, c->st.reps.n))
+    pl_vec_init(&w->st.reps, c->st.reps.elem);
+    pl_vec_init(&w->st.p3rk, c->st.p3rk.elem);
+    pl_vec_init(&w->st.p3u32, sizeof(uint32_t));
+    if (counters_reset(w) || pl_vec_reserve(&w->st.reps, c->st.reps.n))
         return -ENOMEM;
     if (c->st.reps.n)
         memcpy(w->st.reps.p, c->st.reps.p, c->st.reps.n * c->st.reps.elem);
@@ -229,7 +229,7 @@ static int presize(struct plan_ctx *c)
     uint64_t *need = calloc((size_t)c->nt * NV + 1, sizeof(uint64_t));
     int64_t *first = malloc((c->items.n + 1) * sizeof(int64_t)); /* rep item -> its counts */
     struct vec cnt; /* uint64_t[NV] per mesh position of each representative */
-    vec_init(&cnt, NV * sizeof(uint64_t));
+    pl_vec_init(&cnt, NV * sizeof(uint64_t));
     if (!r && (!w->ro || !need || !first))
         r = -ENOMEM;
     for (size_t i = 0; !r && i < c->items.n; i++)
@@ -247,7 +247,7 @@ static int presize(struct plan_ctx *c)
             uint32_t group = 0;
             w->demand_cursor = c->dem0[x];
             if ((r = walk_item(w, it, true, &group)) || (r = emit_item(w, (uint32_t)x)) ||
-                (r = vec_reserve(&cnt, n)))
+                (r = pl_vec_reserve(&cnt, n)))
                 break;
             first[x] = (int64_t)cnt.n;
             for (uint32_t k = 0; k < n; k++) {
@@ -271,9 +271,9 @@ static int presize(struct plan_ctx *c)
     for (uint32_t k = 0; !r && k < c->nt; k++) {
         struct rank_out *ro = &c->ro[k];
         const uint64_t *d = &need[NV * (size_t)k];
-        if (vec_reserve(&ro->tasks, d[0]) || vec_reserve(&ro->ops, d[1]) ||
-            vec_reserve(&ro->writes, d[2]) || vec_reserve(&ro->peers, d[3]) ||
-            vec_reserve(&ro->amax, d[4]))
+        if (pl_vec_reserve(&ro->tasks, d[0]) || pl_vec_reserve(&ro->ops, d[1]) ||
+            pl_vec_reserve(&ro->writes, d[2]) || pl_vec_reserve(&ro->peers, d[3]) ||
+            pl_vec_reserve(&ro->amax, d[4]))
             r = -ENOMEM;
     }
     rank_outs_free(w->ro, c->nt);
@@ -281,7 +281,7 @@ static int presize(struct plan_ctx *c)
     for (size_t m = 0; m < t.el.n; m++)
         wb_errlist_add(c->el, "%s", t.el.msgs[m]);
     emit_thread_free(&t);
-    vec_free(&cnt);
+    pl_vec_free(&cnt);
     free(need);
     free(first);
     return r;

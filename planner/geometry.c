@@ -46,7 +46,7 @@ bool rank_box(const struct plan_ctx *c, uint32_t t, uint32_t r, struct wb_box *b
     uint32_t s, q;
     if (!rank_shard(c, t, r, &s, &q))
         return false;
-    *box = place_shard_box(c->pm, &c->pm->place[t], &c->in->trainer->p[t].shape, s);
+    *box = pl_place_shard_box(c->pm, &c->pm->place[t], &c->in->trainer->p[t].shape, s);
     *shard = s;
     *replica = q;
     return true;

@@ -32,7 +32,7 @@ static int build_rollout_locals(struct plan_ctx *c)
     for (size_t m = 0; m < mt->n; m++) {
         const struct wb_mapping *mp = &mt->map[m];
         if (mp->scale >= 0) {
-            struct wb_shape g = grid_shape(&ri->p[mp->rollout].shape);
+            struct wb_shape g = pl_grid_shape(&ri->p[mp->rollout].shape);
             if (!wb_shape_eq(&g, &ri->p[mp->scale].shape)) {
                 char a[128], b[128];
                 wb_errlist_add(c->el, "%s: shape %s is not the 128x128 block grid %s of %s",
@@ -62,9 +62,9 @@ static int build_rollout_locals(struct plan_ctx *c)
             }
             lo->p0 = (uint32_t)c->pieces.n;
             lo->np = np;
-            lo->scale_shape = grid_shape(&lo->shape);
+            lo->scale_shape = pl_grid_shape(&lo->shape);
             for (uint32_t k = 0; k < np; k++)
-                if (!vec_push(&c->pieces, &pcs[k]))
+                if (!pl_vec_push(&c->pieces, &pcs[k]))
                     return -ENOMEM;
         }
     }
@@ -87,7 +87,7 @@ static int build_classes(struct plan_ctx *c)
         for (uint32_t d = 0; d < key.shape.ndim && d < WB_MAX_DIMS; d++)
             key.shape.dim[d] = ti->p[t].shape.dim[d];
         size_t before = c->cls.v.n;
-        c->tcls[t] = intern_bytes(&c->cls, &key);
+        c->tcls[t] = pl_intern_bytes(&c->cls, &key);
         if (c->cls.err)
             return c->cls.err;
         if (c->cls.v.n == before || c->pm->place[t].rule < 0)
@@ -95,11 +95,11 @@ static int build_classes(struct plan_ctx *c)
         /* a new class: its shard boxes, and whether every edge is on a 128 block edge */
         const struct tplace *tp = &c->pm->place[t];
         const struct wb_shape *sh = &ti->p[t].shape;
-        struct cls_info ci = {(uint32_t)c->cbox.n, place_nshards(c->pm, tp), true};
-        if (vec_reserve(&c->cbox, ci.nk))
+        struct cls_info ci = {(uint32_t)c->cbox.n, pl_place_nshards(c->pm, tp), true};
+        if (pl_vec_reserve(&c->cbox, ci.nk))
             return -ENOMEM;
         for (uint32_t k = 0; k < ci.nk; k++) {
-            struct wb_box B = place_shard_box(c->pm, tp, sh, k);
+            struct wb_box B = pl_place_shard_box(c->pm, tp, sh, k);
             for (uint32_t d = 0; d < B.ndim; d++)
                 if (qblock(B.ndim, d) > 1 &&
                     (B.off[d] % WB_QBLOCK ||
@@ -108,7 +108,7 @@ static int build_classes(struct plan_ctx *c)
             *VEC_AT(&c->cbox, struct wb_box, c->cbox.n++) = B;
         }
         while (c->cinfo.n <= c->tcls[t]) /* classes of unplaced tensors stay zero */
-            if (!vec_push(&c->cinfo, NULL))
+            if (!pl_vec_push(&c->cinfo, NULL))
                 return -ENOMEM;
         *VEC_AT(&c->cinfo, struct cls_info, c->tcls[t]) = ci;
     }
@@ -132,16 +132,16 @@ static int64_t mesh_intern(struct plan_ctx *c, const struct tplace *tp)
     memcpy(m.sel, sel, sizeof(sel));
     struct tplace t = *tp;
     memcpy(t.sel, sel, sizeof(sel));
-    m.n = place_nranks(c->pm, &t);
+    m.n = pl_place_nranks(c->pm, &t);
     m.bits = calloc(c->words, sizeof(uint64_t));
     m.ranks = malloc((m.n ? m.n : 1) * sizeof(uint32_t));
-    if (!m.bits || !m.ranks || !vec_push(&c->meshes, &m)) {
+    if (!m.bits || !m.ranks || !pl_vec_push(&c->meshes, &m)) {
         free(m.bits);
         free(m.ranks);
         return -ENOMEM;
     }
     for (uint32_t i = 0; i < m.n; i++) {
-        uint32_t r = place_rank(c->pm, &t, NULL, i, NULL, NULL, NULL);
+        uint32_t r = pl_place_rank(c->pm, &t, NULL, i, NULL, NULL, NULL);
         m.bits[r / 64] |= 1ull << (r % 64);
     }
     for (uint32_t r = 0, k = 0; r < c->nt; r++)
@@ -163,7 +163,7 @@ static int build_items(struct plan_ctx *c)
         uint64_t bytes;
     };
     struct vec open;
-    vec_init(&open, sizeof(struct open));
+    pl_vec_init(&open, sizeof(struct open));
     for (size_t m = 0; m < mt->n; m++) {
         const struct wb_mapping *mp = &mt->map[m];
         open.n = 0;
@@ -172,12 +172,12 @@ static int build_items(struct plan_ctx *c)
             const struct tplace *tp = &c->pm->place[t];
             int64_t mesh = mesh_intern(c, tp);
             if (mesh < 0) {
-                vec_free(&open);
+                pl_vec_free(&open);
                 return (int)mesh;
             }
             uint64_t bytes = wb_shape_numel(&ti->p[t].shape) * wb_dtype_size(ti->p[t].dtype);
             if (!gather)
-                bytes /= place_nshards(c->pm, tp);
+                bytes /= pl_place_nshards(c->pm, tp);
             struct open *o = NULL;
             for (size_t i = 0; i < open.n; i++)
                 if (VEC_AT(&open, struct open, i)->mesh == (uint32_t)mesh)
@@ -185,7 +185,7 @@ static int build_items(struct plan_ctx *c)
             if (o && o->bytes > 0 && o->bytes + bytes > limit)
                 o->item = UINT32_MAX; /* full: start a new one */
             if (!o) {
-                o = vec_push(&open, NULL);
+                o = pl_vec_push(&open, NULL);
                 if (!o)
                     goto nomem;
                 o->mesh = (uint32_t)mesh;
@@ -199,7 +199,7 @@ static int build_items(struct plan_ctx *c)
                 /* components of one item must be contiguous in item_comps: items of one
                  * mapping interleave, so each item gets its own run, appended as it grows
                  * (fixed up below). */
-                if (!vec_push(&c->items, &it))
+                if (!pl_vec_push(&c->items, &it))
                     goto nomem;
                 o->item = (uint32_t)c->items.n - 1;
                 o->bytes = 0;
@@ -208,7 +208,7 @@ static int build_items(struct plan_ctx *c)
             /* record (item, component) pairs; runs are made contiguous after the mapping */
             uint32_t pair[2] = {o->item, k};
             struct vec *ic = &c->item_comps;
-            if (vec_reserve(ic, 2))
+            if (pl_vec_reserve(ic, 2))
                 goto nomem;
             memcpy(VEC_AT(ic, uint32_t, ic->n), pair, sizeof(pair));
             ic->n += 2;
@@ -239,7 +239,7 @@ static int build_items(struct plan_ctx *c)
             it->nc = 0;
             for (size_t p = 0; p < npairs; p++)
                 if (pairs[2 * p] == i) {
-                    if (!vec_push(&c->item_comps, &pairs[2 * p + 1])) {
+                    if (!pl_vec_push(&c->item_comps, &pairs[2 * p + 1])) {
                         free(pairs);
                         goto nomem;
                     }
@@ -248,10 +248,10 @@ static int build_items(struct plan_ctx *c)
         }
         free(pairs);
     }
-    vec_free(&open);
+    pl_vec_free(&open);
     return 0;
 nomem:
-    vec_free(&open);
+    pl_vec_free(&open);
     return -ENOMEM;
 }
 
@@ -281,7 +281,7 @@ static int build_phases(struct plan_ctx *c)
     size_t nm = c->meshes.n;
     uint32_t *order = malloc((nm ? nm : 1) * sizeof(uint32_t));
     struct vec groups; /* uint64_t bitsets, words each */
-    vec_init(&groups, c->words * sizeof(uint64_t));
+    pl_vec_init(&groups, c->words * sizeof(uint64_t));
     if (!order)
         return -ENOMEM;
     for (size_t i = 0; i < nm; i++)
@@ -298,9 +298,9 @@ static int build_phases(struct plan_ctx *c)
             if (!clash)
                 break;
         }
-        if (g == groups.n && !vec_push(&groups, NULL)) {
+        if (g == groups.n && !pl_vec_push(&groups, NULL)) {
             free(order);
-            vec_free(&groups);
+            pl_vec_free(&groups);
             return -ENOMEM;
         }
         uint64_t *gb = (uint64_t *)groups.p + g * c->words;
@@ -310,7 +310,7 @@ static int build_phases(struct plan_ctx *c)
     }
     c->nphases = (uint32_t)groups.n;
     free(order);
-    vec_free(&groups);
+    pl_vec_free(&groups);
     for (size_t i = 0; i < c->items.n; i++) {
         struct item *it = VEC_AT(&c->items, struct item, i);
         it->phase = VEC_AT(&c->meshes, struct mesh_int, it->mesh)->phase;
@@ -371,21 +371,21 @@ static void ctx_free(struct plan_ctx *c)
 {
     wb_placement_map_free(c->pm);
     free(c->rloc);
-    vec_free(&c->pieces);
+    pl_vec_free(&c->pieces);
     for (size_t i = 0; i < c->meshes.n; i++) {
         free(VEC_AT(&c->meshes, struct mesh_int, i)->bits);
         free(VEC_AT(&c->meshes, struct mesh_int, i)->ranks);
     }
-    vec_free(&c->meshes);
-    vec_free(&c->items);
-    vec_free(&c->item_comps);
+    pl_vec_free(&c->meshes);
+    pl_vec_free(&c->items);
+    pl_vec_free(&c->item_comps);
     bal_free(&c->bal);
     rank_outs_free(c->ro, c->nt);
     free(c->tcls);
     free(c->dem0);
-    vec_free(&c->cbox);
-    vec_free(&c->cinfo);
-    intern_free(&c->cls);
+    pl_vec_free(&c->cbox);
+    pl_vec_free(&c->cinfo);
+    pl_intern_free(&c->cls);
     scratch_free(c);
     stamp_free(&c->st);
 }
@@ -431,13 +431,13 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
     c.in = in;
     c.opts = opts;
     c.el = el;
-    vec_init(&c.pieces, sizeof(struct wb_local_piece));
-    vec_init(&c.meshes, sizeof(struct mesh_int));
-    vec_init(&c.items, sizeof(struct item));
-    intern_init(&c.cls, sizeof(struct cls_key));
-    vec_init(&c.cbox, sizeof(struct wb_box));
-    vec_init(&c.cinfo, sizeof(struct cls_info));
-    vec_init(&c.item_comps, sizeof(uint32_t));
+    pl_vec_init(&c.pieces, sizeof(struct wb_local_piece));
+    pl_vec_init(&c.meshes, sizeof(struct mesh_int));
+    pl_vec_init(&c.items, sizeof(struct item));
+    pl_intern_init(&c.cls, sizeof(struct cls_key));
+    pl_vec_init(&c.cbox, sizeof(struct wb_box));
+    pl_vec_init(&c.cinfo, sizeof(struct cls_info));
+    pl_vec_init(&c.item_comps, sizeof(uint32_t));
     scratch_init(&c);
     stamp_init(&c.st);
     struct wb_plan *p = NULL;

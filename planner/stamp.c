@@ -73,24 +73,24 @@ static int cmp_tens(const void *a, const void *b)
 void stamp_init(struct stamp *st)
 {
     memset(st, 0, sizeof(*st));
-    vec_init(&st->reps, sizeof(struct stamp_rep));
-    vec_init(&st->sub, sizeof(struct subpiece));
-    vec_init(&st->tens, sizeof(struct tens_pair));
-    vec_init(&st->p1u32, sizeof(uint32_t));
-    vec_init(&st->p1u64, sizeof(uint64_t));
-    vec_init(&st->p3rk, sizeof(struct stamp_rank));
-    vec_init(&st->p3u32, sizeof(uint32_t));
+    pl_vec_init(&st->reps, sizeof(struct stamp_rep));
+    pl_vec_init(&st->sub, sizeof(struct subpiece));
+    pl_vec_init(&st->tens, sizeof(struct tens_pair));
+    pl_vec_init(&st->p1u32, sizeof(uint32_t));
+    pl_vec_init(&st->p1u64, sizeof(uint64_t));
+    pl_vec_init(&st->p3rk, sizeof(struct stamp_rank));
+    pl_vec_init(&st->p3u32, sizeof(uint32_t));
 }
 
 void stamp_free(struct stamp *st)
 {
-    vec_free(&st->reps);
-    vec_free(&st->sub);
-    vec_free(&st->tens);
-    vec_free(&st->p1u32);
-    vec_free(&st->p1u64);
-    vec_free(&st->p3rk);
-    vec_free(&st->p3u32);
+    pl_vec_free(&st->reps);
+    pl_vec_free(&st->sub);
+    pl_vec_free(&st->tens);
+    pl_vec_free(&st->p1u32);
+    pl_vec_free(&st->p1u64);
+    pl_vec_free(&st->p3rk);
+    pl_vec_free(&st->p3u32);
     free(st->head);
     free(st->rep_of);
     free(st->dr);
@@ -220,7 +220,7 @@ int stamp_classify(struct plan_ctx *c, uint32_t i, int64_t *like)
     struct stamp_rep rp = {.item = i, .sig = sig, .sub0 = (uint32_t)st->sub.n};
     rp.nsub = (uint32_t)c->sub.n;
     rp.tens0 = (uint32_t)st->tens.n;
-    if (vec_reserve(&st->sub, c->sub.n) || vec_reserve(&st->tens, y->nc))
+    if (pl_vec_reserve(&st->sub, c->sub.n) || pl_vec_reserve(&st->tens, y->nc))
         return -ENOMEM;
     struct tens_pair *tp = VEC_AT(&st->tens, struct tens_pair, rp.tens0);
     for (uint32_t ci = 0; ci < y->nc; ci++)
@@ -235,7 +235,7 @@ int stamp_classify(struct plan_ctx *c, uint32_t i, int64_t *like)
     st->sub.n += c->sub.n;
     size_t slot = sig & (st->hcap - 1);
     rp.next = st->head[slot];
-    if (!vec_push(&st->reps, &rp))
+    if (!pl_vec_push(&st->reps, &rp))
         return -ENOMEM;
     st->head[slot] = (int32_t)st->reps.n - 1;
     st->rep_of[i] = (int32_t)st->reps.n - 1;
@@ -313,7 +313,7 @@ int stamp_walk_begin(struct plan_ctx *c, uint32_t i, uint32_t group)
     uint32_t n = mesh_ranks(c, it->mesh, &R);
     rp->set0 = (uint32_t)st->p1u32.n;
     rp->base0 = (uint32_t)st->p1u64.n;
-    if (vec_reserve(&st->p1u64, (size_t)n))
+    if (pl_vec_reserve(&st->p1u64, (size_t)n))
         return -ENOMEM;
     for (uint32_t k = 0; k < n; k++)
         *VEC_AT(&st->p1u64, uint64_t, st->p1u64.n++) = c->bal.base[R[k]];
@@ -329,7 +329,7 @@ int stamp_log_set(struct plan_ctx *c, int64_t set)
     if (!c->st.logging || set < 0)
         return 0;
     uint32_t id = (uint32_t)set;
-    return vec_push(&c->st.p1u32, &id) ? 0 : -ENOMEM;
+    return pl_vec_push(&c->st.p1u32, &id) ? 0 : -ENOMEM;
 }
 
 int stamp_walk_end(struct plan_ctx *c, uint32_t i, uint32_t group)
@@ -415,7 +415,7 @@ int stamp_emit_begin(struct plan_ctx *c, uint32_t i)
     const uint32_t *R;
     uint32_t n = mesh_ranks(c, it->mesh, &R);
     rp->rk0 = (uint32_t)st->p3rk.n;
-    if (vec_reserve(&st->p3rk, (size_t)n))
+    if (pl_vec_reserve(&st->p3rk, (size_t)n))
         return -ENOMEM;
     for (uint32_t k = 0; k < n; k++) {
         const struct rank_out *ro = &c->ro[R[k]];
@@ -447,7 +447,7 @@ static int first_use(struct vec *v, uint32_t n0, uint32_t idx)
     for (size_t k = n0; k < v->n; k++)
         if (*VEC_AT(v, uint32_t, k) == idx)
             return 0;
-    return vec_push(v, &idx) ? 0 : -ENOMEM;
+    return pl_vec_push(v, &idx) ? 0 : -ENOMEM;
 }
 
 /* Box and shape indices an op uses, in the order emit.c interns them. */
@@ -588,7 +588,7 @@ static int renum_build(struct renum *m, struct intern *from, struct intern *to,
     for (uint32_t k = 0; k < n; k++) {
         const void *v = (const char *)from->v.p + (size_t)list[k] * from->v.elem;
         m->pair[2 * k] = list[k];
-        m->pair[2 * k + 1] = box ? intern_box(to, v) : intern_shape(to, v);
+        m->pair[2 * k + 1] = box ? pl_intern_box(to, v) : pl_intern_shape(to, v);
         if (to->err)
             return to->err;
     }
@@ -643,9 +643,9 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
     int64_t dr = st->dr[yi], dl = st->dl[yi];
     uint32_t nops = sr->op1 - sr->op0, nw = sr->w1 - sr->w0, np = sr->p1 - sr->p0;
     uint32_t nt = sr->task1 - sr->task0, na = sr->a1 - sr->a0;
-    if (vec_reserve(&dst->tasks, nt) || vec_reserve(&dst->ops, nops) ||
-        vec_reserve(&dst->writes, nw) || vec_reserve(&dst->peers, np) ||
-        vec_reserve(&dst->amax, na))
+    if (pl_vec_reserve(&dst->tasks, nt) || pl_vec_reserve(&dst->ops, nops) ||
+        pl_vec_reserve(&dst->writes, nw) || pl_vec_reserve(&dst->peers, np) ||
+        pl_vec_reserve(&dst->amax, na))
         return -ENOMEM;
     struct renum bx = {0, NULL}, sh = {0, NULL};
     int err = 0;

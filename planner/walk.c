@@ -47,7 +47,7 @@ int item_subpieces(struct plan_ctx *c, const struct item *it)
                     sp.D.ext[j] = I.ext[j];
                 }
                 (void)mp;
-                if (!vec_push(&c->sub, &sp))
+                if (!pl_vec_push(&c->sub, &sp))
                     return -ENOMEM;
             }
         }
@@ -58,8 +58,8 @@ int item_subpieces(struct plan_ctx *c, const struct item *it)
 /* Whether the blocks X touches reach outside B (FP8 blocks straddling owners). */
 static bool straddles(const struct wb_box *X, const struct wb_box *B, const struct wb_shape *sh)
 {
-    struct wb_box bl = box_blocks(X);
-    struct wb_box e = blocks_elems(&bl, sh);
+    struct wb_box bl = pl_box_blocks(X);
+    struct wb_box e = pl_blocks_elems(&bl, sh);
     return !wb_box_contains(B, &e);
 }
 
@@ -75,14 +75,14 @@ int item_comps_prepare(struct plan_ctx *c, const struct item *it)
         ic.nk = cl->nk;
         ic.b0 = (uint32_t)c->ibox.n;
         ic.aligned = cl->aligned;
-        if (vec_reserve(&c->ibox, ic.nk) || vec_reserve(&c->iset, ic.nk))
+        if (pl_vec_reserve(&c->ibox, ic.nk) || pl_vec_reserve(&c->iset, ic.nk))
             return -ENOMEM;
         memcpy(VEC_AT(&c->ibox, struct wb_box, c->ibox.n), VEC_AT(&c->cbox, struct wb_box, cl->b0),
                ic.nk * sizeof(struct wb_box));
         c->ibox.n += ic.nk;
         for (uint32_t k = 0; k < ic.nk; k++)
             *VEC_AT(&c->iset, int64_t, c->iset.n++) = -1;
-        if (!vec_push(&c->icomp, &ic))
+        if (!pl_vec_push(&c->icomp, &ic))
             return -ENOMEM;
     }
     return 0;
@@ -103,12 +103,12 @@ static int64_t shard_set(struct plan_ctx *c, const struct icomp *ic, uint32_t k)
     int64_t *slot = VEC_AT(&c->iset, int64_t, ic->b0 + k);
     if (*slot >= 0)
         return *slot;
-    uint32_t nq = place_nreplicas(c->pm, ic->tp);
+    uint32_t nq = pl_place_nreplicas(c->pm, ic->tp);
     uint32_t *ranks = malloc(nq * sizeof(uint32_t));
     if (!ranks)
         return -ENOMEM;
     for (uint32_t q = 0; q < nq; q++)
-        ranks[q] = place_shard_rank(c->pm, ic->tp, k, q);
+        ranks[q] = pl_place_shard_rank(c->pm, ic->tp, k, q);
     for (uint32_t i = 1; i < nq; i++) /* ascending ranks */
         for (uint32_t j = i; j > 0 && ranks[j - 1] > ranks[j]; j--) {
             uint32_t t = ranks[j];
@@ -146,7 +146,7 @@ static int group_demands(struct plan_ctx *c, const struct item *it, size_t a, si
             }
             d.nu = box_units(c, mp, &d.X, &d.dim, &d.gran);
             d.bytes = dst_bytes(mp, &d.X);
-            if (!vec_push(&c->dem, &d))
+            if (!pl_vec_push(&c->dem, &d))
                 return -ENOMEM;
         }
     }
@@ -205,7 +205,7 @@ int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint32_t *gr
                 for (uint32_t pi = 0; pi < np && !r; pi++) {
                     struct assign as = {parts[pi].rank, g,           ci, d->sub, d->k,
                                         parts[pi].u0,   parts[pi].u1};
-                    if (!vec_push(&c->asg, &as))
+                    if (!pl_vec_push(&c->asg, &as))
                         r = -ENOMEM;
                 }
             }

@@ -7,7 +7,7 @@
 
 #include "planner/balance.h"
 
-int bal_init(struct balance *b, uint32_t nranks, uint32_t nphases)
+int pl_bal_init(struct balance *b, uint32_t nranks, uint32_t nphases)
 {
     memset(b, 0, sizeof(*b));
     b->nranks = nranks;
@@ -22,13 +22,13 @@ int bal_init(struct balance *b, uint32_t nranks, uint32_t nphases)
     b->hcap = 1024;
     b->hash = calloc(b->hcap, sizeof(uint32_t));
     if (!b->base || !b->load || !b->hash || !b->pbase) {
-        bal_free(b);
+        pl_bal_free(b);
         return -ENOMEM;
     }
     return 0;
 }
 
-void bal_free(struct balance *b)
+void pl_bal_free(struct balance *b)
 {
     free(b->base);
     free(b->pbase);
@@ -69,7 +69,7 @@ static int rehash(struct balance *b)
     return 0;
 }
 
-int64_t bal_set(struct balance *b, const uint32_t *ranks, uint32_t n)
+int64_t pl_bal_set(struct balance *b, const uint32_t *ranks, uint32_t n)
 {
     uint64_t hv = hash_ranks(ranks, n);
     size_t j = hv & (b->hcap - 1);
@@ -95,8 +95,8 @@ int64_t bal_set(struct balance *b, const uint32_t *ranks, uint32_t n)
     return (int64_t)b->sets.n - 1;
 }
 
-int bal_add(struct balance *b, uint32_t set, uint64_t bytes, uint32_t nunits, uint32_t group,
-            uint32_t phase)
+int pl_bal_add(struct balance *b, uint32_t set, uint64_t bytes, uint32_t nunits, uint32_t group,
+               uint32_t phase)
 {
     struct bal_set *s = VEC_AT(&b->sets, struct bal_set, set);
     if (phase >= b->nphases)
@@ -554,7 +554,7 @@ static int min_feasible(const struct balance *b, const uint64_t *base, bool phas
     return 0;
 }
 
-int bal_solve(struct balance *b, bool greedy_only)
+int pl_bal_solve(struct balance *b, bool greedy_only)
 {
     uint32_t nt = b->nranks;
     uint64_t total = 0;

@@ -379,7 +379,7 @@ static void ctx_free(struct plan_ctx *c)
     pl_vec_free(&c->meshes);
     pl_vec_free(&c->items);
     pl_vec_free(&c->item_comps);
-    bal_free(&c->bal);
+    pl_bal_free(&c->bal);
     rank_outs_free(c->ro, c->nt);
     free(c->tcls);
     free(c->dem0);
@@ -488,13 +488,13 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
         goto out;
     r = choose_modes(&c);
     if (!r)
-        r = bal_init(&c.bal, c.nt, c.nphases);
+        r = pl_bal_init(&c.bal, c.nt, c.nphases);
     if (r)
         goto out;
     r = walk_all(&c);
     if (r)
         goto out;
-    r = bal_solve(&c.bal, false);
+    r = pl_bal_solve(&c.bal, false);
     if (r)
         goto out;
     c.ro = rank_outs_new(c.nt);
@@ -513,11 +513,11 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
             mx = c.ro[k].send;
     if (mx > c.bal.greedy_max && !c.bal.used_greedy) {
         uint64_t lb = c.bal.lower_bound;
-        bal_free(&c.bal);
-        if ((r = bal_init(&c.bal, c.nt, c.nphases)))
+        pl_bal_free(&c.bal);
+        if ((r = pl_bal_init(&c.bal, c.nt, c.nphases)))
             goto out;
         memset(c.pieces_by_mode, 0, sizeof(c.pieces_by_mode));
-        if ((r = walk_all(&c)) || (r = bal_solve(&c.bal, true)) || (r = emit_all(&c)))
+        if ((r = walk_all(&c)) || (r = pl_bal_solve(&c.bal, true)) || (r = emit_all(&c)))
             goto out;
         c.bal.lower_bound = lb;
     }

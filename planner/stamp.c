@@ -380,7 +380,7 @@ int stamp_walk_apply(struct plan_ctx *c, uint32_t i, uint32_t *group)
         const uint32_t *src = VEC_AT(&b->set_ranks, uint32_t, s->r0);
         for (uint32_t m = 0; m < s->n; m++)
             dst[m] = (uint32_t)((int64_t)src[m] + dr);
-        int64_t id2 = bal_set(b, dst, s->n);
+        int64_t id2 = pl_bal_set(b, dst, s->n);
         if (id2 < 0) {
             free(heap);
             return (int)id2;

@@ -92,7 +92,7 @@ int item_comps_prepare(struct plan_ctx *c, const struct item *it)
 static int64_t mesh_set(struct plan_ctx *c, const struct item *it)
 {
     const struct mesh_int *mesh = VEC_AT(&c->meshes, struct mesh_int, it->mesh);
-    int64_t id = bal_set(&c->bal, mesh->ranks, mesh->n);
+    int64_t id = pl_bal_set(&c->bal, mesh->ranks, mesh->n);
     int r = stamp_log_set(c, id);
     return r ? r : id;
 }
@@ -115,7 +115,7 @@ static int64_t shard_set(struct plan_ctx *c, const struct icomp *ic, uint32_t k)
             ranks[j] = ranks[j - 1];
             ranks[j - 1] = t;
         }
-    *slot = bal_set(&c->bal, ranks, nq);
+    *slot = pl_bal_set(&c->bal, ranks, nq);
     free(ranks);
     int r = stamp_log_set(c, *slot);
     return r ? r : *slot;
@@ -188,7 +188,8 @@ int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint32_t *gr
                 any_straddle |= d->straddle;
                 const struct bal_set *bs = VEC_AT(&c->bal.sets, struct bal_set, d->set);
                 if (!emit) {
-                    int a2 = bal_add(&c->bal, (uint32_t)d->set, d->bytes, d->nu, *group, it->phase);
+                    int a2 =
+                        pl_bal_add(&c->bal, (uint32_t)d->set, d->bytes, d->nu, *group, it->phase);
                     r = a2 < 0 ? a2 : 0;
                     continue;
                 }

@@ -41,7 +41,7 @@ static void *take(struct vec *v, uint32_t *n)
     return p;
 }
 
-int finish_tables(struct plan_ctx *c, struct wb_plan *p)
+int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
 {
     uint32_t tag_bits = bits_for(c->in->rollout->n + 1);
     uint32_t tb2 = bits_for((uint64_t)c->next_tag + 1);

@@ -254,7 +254,7 @@ static int emit_writes(struct tstate *ts, const struct sview *sv, const struct w
 static bool scale_boxes(const struct wb_box *S, const struct wb_box *D, struct wb_box *Sb,
                         struct wb_box *Db)
 {
-    *Sb = origin_blocks(S);
+    *Sb = pl_origin_blocks(S);
     if (wb_box_empty(Sb))
         return false;
     int shift = (int)D->ndim - (int)S->ndim;
@@ -354,7 +354,7 @@ static int cmp_xchg(const void *a, const void *b)
 static int plan_exchanges(struct plan_ctx *c, const struct item *it)
 {
     c->xc.n = 0;
-    const struct wb_mapping *mp = ctx_map(c, it->mapping);
+    const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
     if (it->mode == WB_MODE_GATHER || mp->xform != WB_XFORM_FP8_BLOCK)
         return 0;
     struct vec need; /* uint32_t pairs (ci, q) */
@@ -366,11 +366,11 @@ static int plan_exchanges(struct plan_ctx *c, const struct item *it)
             continue;
         uint32_t t = ic->t;
         uint32_t k, q;
-        if (!rank_shard(c, t, A[i].rank, &k, &q))
+        if (!pl_rank_shard(c, t, A[i].rank, &k, &q))
             continue;
         const struct wb_box B = *VEC_AT(&c->ibox, struct wb_box, ic->b0 + k);
         struct sd x;
-        asg_boxes(c, it, &A[i], &x);
+        pl_asg_boxes(c, it, &A[i], &x);
         struct wb_box bl = pl_box_blocks(&x.S);
         struct wb_box e = pl_blocks_elems(&bl, &c->in->trainer->p[t].shape);
         if (wb_box_contains(&B, &e))
@@ -483,14 +483,14 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
                           uint32_t gather_seq)
 {
     struct plan_ctx *c = ts->c;
-    const struct wb_mapping *mp = ctx_map(c, it->mapping);
-    const struct wb_component *cp = item_comp(c, it, ci);
+    const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
+    const struct wb_component *cp = pl_item_comp(c, it, ci);
     uint32_t t = cp->trainer;
     const struct wb_param *p = &c->in->trainer->p[t];
     const struct wb_shape *sh = &p->shape;
     bool gather = it->mode == WB_MODE_GATHER, fp8 = mp->xform == WB_XFORM_FP8_BLOCK;
     uint32_t k, q;
-    if (!rank_shard(c, t, ts->rank, &k, &q))
+    if (!pl_rank_shard(c, t, ts->rank, &k, &q))
         return 0;
     const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, ci);
     const struct wb_box B = *VEC_AT(&c->ibox, struct wb_box, ic->b0 + k);
@@ -689,7 +689,7 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
     return 0;
 }
 
-int emit_item(struct plan_ctx *c, uint32_t ii)
+int pl_emit_item(struct plan_ctx *c, uint32_t ii)
 {
     const struct item *it = VEC_AT(&c->items, struct item, ii);
     int r = sort_asg(c);
@@ -752,7 +752,7 @@ int emit_item(struct plan_ctx *c, uint32_t ii)
                 if (k > a && same_piece(&A[k], &A[k - 1]))
                     *x = x[-1]; /* another replica of the same piece */
                 else
-                    asg_boxes(c, it, &A[k], x);
+                    pl_asg_boxes(c, it, &A[k], x);
             }
             r = emit_component(&ts, it, ci, A + a, c->sd.p, z - a, seq0 + ci);
             a = z;

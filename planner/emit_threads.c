@@ -1,4 +1,4 @@
-/* emit_threads.c — pass 3 over every item (emit_all) and the per-rank tables it fills. Each
+/* emit_threads.c — pass 3 over every item (pl_emit_all) and the per-rank tables it fills. Each
  * rank's tables are reserved up front from the representatives' output (presize), then every
  * item is walked and emitted in order, by one thread or by several that split the trainer
  * ranks between them (a thread fills only its ranks' tables, and keeps its own counters,
@@ -14,7 +14,7 @@
 #include "planner/build.h"
 
 /* Per-rank output under construction: n empty tables. */
-struct rank_out *rank_outs_new(uint32_t n)
+struct rank_out *pl_rank_outs_new(uint32_t n)
 {
     struct rank_out *ro = calloc(n ? n : 1, sizeof(*ro));
     for (uint32_t k = 0; ro && k < n; k++) {
@@ -42,7 +42,7 @@ static void rank_out_reset(struct rank_out *ro)
     ro->send = ro->gather_in = ro->h2d = 0;
 }
 
-void rank_outs_free(struct rank_out *ro, uint32_t n)
+void pl_rank_outs_free(struct rank_out *ro, uint32_t n)
 {
     for (uint32_t r = 0; ro && r < n; r++) {
         pl_vec_free(&ro[r].tasks);
@@ -64,27 +64,27 @@ static int emit_pass(struct plan_ctx *c)
     c->next_tag = 0;
     c->gathers = c->amax_ops = 0;
     c->demand_cursor = 0;
-    stamp_pass_reset(c, 3);
+    pl_stamp_pass_reset(c, 3);
     for (size_t i = 0; i < c->items.n; i++) {
-        int r = stamp_emit_apply(c, (uint32_t)i);
+        int r = pl_stamp_emit_apply(c, (uint32_t)i);
         if (r > 0)
             continue;
         uint32_t group = 0; /* pass 1's greedy groups are not needed here */
         if (!r)
-            r = walk_item(c, VEC_AT(&c->items, struct item, i), true, &group);
+            r = pl_walk_item(c, VEC_AT(&c->items, struct item, i), true, &group);
         if (!r)
-            r = stamp_emit_begin(c, (uint32_t)i);
+            r = pl_stamp_emit_begin(c, (uint32_t)i);
         if (!r)
-            r = emit_item(c, (uint32_t)i);
+            r = pl_emit_item(c, (uint32_t)i);
         if (!r)
-            r = stamp_emit_end(c, (uint32_t)i);
+            r = pl_stamp_emit_end(c, (uint32_t)i);
         if (r)
             return r;
     }
     return 0;
 }
 
-uint32_t plan_threads_default(void)
+uint32_t pl_plan_threads_default(void)
 {
     cpu_set_t set; /* the CPUs this process may run on (taskset, cgroup cpusets) */
     long n = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
@@ -133,7 +133,7 @@ static void *emit_thread_main(void *arg)
     return NULL;
 }
 
-void scratch_init(struct plan_ctx *c)
+void pl_scratch_init(struct plan_ctx *c)
 {
     c->recv = NULL;
     c->gather_seq = NULL;
@@ -149,7 +149,7 @@ void scratch_init(struct plan_ctx *c)
     pl_vec_init(&c->sd, sizeof(struct sd));
 }
 
-void scratch_free(struct plan_ctx *c)
+void pl_scratch_free(struct plan_ctx *c)
 {
     free(c->recv);
     free(c->gather_seq);
@@ -183,7 +183,7 @@ static int counters_reset(struct plan_ctx *c)
 static void emit_thread_free(struct emit_thread *t)
 {
     struct plan_ctx *w = &t->c;
-    scratch_free(w);
+    pl_scratch_free(w);
     pl_vec_free(&w->st.reps);
     pl_vec_free(&w->st.p3rk);
     pl_vec_free(&w->st.p3u32);
@@ -201,7 +201,7 @@ static int emit_thread_init(struct emit_thread *t, const struct plan_ctx *c, con
     w->el = &t->el;
     w->part = part;
     w->me = me;
-    scratch_init(w);
+    pl_scratch_init(w);
     pl_vec_init(&w->st.reps, c->st.reps.elem);
     pl_vec_init(&w->st.p3rk, c->st.p3rk.elem);
     pl_vec_init(&w->st.p3u32, sizeof(uint32_t));
@@ -225,7 +225,7 @@ static int presize(struct plan_ctx *c)
     memset(&t, 0, sizeof(t));
     int r = emit_thread_init(&t, c, NULL, 0);
     struct plan_ctx *w = &t.c;
-    w->ro = r ? NULL : rank_outs_new(c->nt);
+    w->ro = r ? NULL : pl_rank_outs_new(c->nt);
     uint64_t *need = calloc((size_t)c->nt * NV + 1, sizeof(uint64_t));
     int64_t *first = malloc((c->items.n + 1) * sizeof(int64_t)); /* rep item -> its counts */
     struct vec cnt; /* uint64_t[NV] per mesh position of each representative */
@@ -236,7 +236,7 @@ static int presize(struct plan_ctx *c)
         first[i] = -1;
     for (size_t i = 0; !r && i < c->items.n; i++) {
         int64_t dr;
-        int64_t x = stamp_rep_of(c, (uint32_t)i, &dr);
+        int64_t x = pl_stamp_rep_of(c, (uint32_t)i, &dr);
         if (x < 0)
             continue;
         const struct item *it = VEC_AT(&c->items, struct item, x);
@@ -246,7 +246,7 @@ static int presize(struct plan_ctx *c)
         if (first[x] < 0) { /* the representative itself: emit it into scratch, count */
             uint32_t group = 0;
             w->demand_cursor = c->dem0[x];
-            if ((r = walk_item(w, it, true, &group)) || (r = emit_item(w, (uint32_t)x)) ||
+            if ((r = pl_walk_item(w, it, true, &group)) || (r = pl_emit_item(w, (uint32_t)x)) ||
                 (r = pl_vec_reserve(&cnt, n)))
                 break;
             first[x] = (int64_t)cnt.n;
@@ -276,7 +276,7 @@ static int presize(struct plan_ctx *c)
             pl_vec_reserve(&ro->amax, d[4]))
             r = -ENOMEM;
     }
-    rank_outs_free(w->ro, c->nt);
+    pl_rank_outs_free(w->ro, c->nt);
     w->ro = NULL;
     for (size_t m = 0; m < t.el.n; m++)
         wb_errlist_add(c->el, "%s", t.el.msgs[m]);
@@ -290,7 +290,7 @@ static int presize(struct plan_ctx *c)
 /* Pass 3: resets the tables and emits every item, in c->opts->threads threads (rank
  * partitions, see split_ranks) or in this one. A rebuild with the greedy's assignment
  * replays it. */
-int emit_all(struct plan_ctx *c)
+int pl_emit_all(struct plan_ctx *c)
 {
     size_t nrt = c->in->rollout->n;
     if (counters_reset(c))
@@ -300,7 +300,7 @@ int emit_all(struct plan_ctx *c)
     int r = presize(c);
     if (r)
         return r;
-    uint32_t want = c->opts->threads ? c->opts->threads : plan_threads_default();
+    uint32_t want = c->opts->threads ? c->opts->threads : pl_plan_threads_default();
     uint8_t *part = malloc(c->nt + 1);
     if (!part)
         return -ENOMEM;

@@ -1,23 +1,24 @@
 /* geometry.c — the plan builder's box and shard arithmetic: which shard of a trainer tensor a
  * rank holds, how a trainer box maps into a rollout local box, its destination bytes and FP8
  * block origins, the units along which a demand may be split, and an assignment's boxes.
- * Pure functions of the context's read-only state (and, for asg_boxes, the current item's
+ * Pure functions of the context's read-only state (and, for pl_asg_boxes, the current item's
  * subpieces and shard boxes); they call nothing else in the builder, so every other builder
  * file may use them. */
 #include "planner/build.h"
 
-const struct wb_mapping *ctx_map(const struct plan_ctx *c, uint32_t m)
+const struct wb_mapping *pl_ctx_map(const struct plan_ctx *c, uint32_t m)
 {
     return &c->in->match->map[m];
 }
 
-const struct wb_component *item_comp(const struct plan_ctx *c, const struct item *it, uint32_t ci)
+const struct wb_component *pl_item_comp(const struct plan_ctx *c, const struct item *it,
+                                        uint32_t ci)
 {
-    return &ctx_map(c, it->mapping)->comp[*VEC_AT(&c->item_comps, uint32_t, it->c0 + ci)];
+    return &pl_ctx_map(c, it->mapping)->comp[*VEC_AT(&c->item_comps, uint32_t, it->c0 + ci)];
 }
 
-bool rank_shard(const struct plan_ctx *c, uint32_t t, uint32_t r, uint32_t *shard,
-                uint32_t *replica)
+bool pl_rank_shard(const struct plan_ctx *c, uint32_t t, uint32_t r, uint32_t *shard,
+                   uint32_t *replica)
 {
     const struct wb_placement_map *pm = c->pm;
     const struct tplace *tp = &pm->place[t];
@@ -40,11 +41,11 @@ bool rank_shard(const struct plan_ctx *c, uint32_t t, uint32_t r, uint32_t *shar
     return true;
 }
 
-bool rank_box(const struct plan_ctx *c, uint32_t t, uint32_t r, struct wb_box *box, uint32_t *shard,
-              uint32_t *replica)
+bool pl_rank_box(const struct plan_ctx *c, uint32_t t, uint32_t r, struct wb_box *box,
+                 uint32_t *shard, uint32_t *replica)
 {
     uint32_t s, q;
-    if (!rank_shard(c, t, r, &s, &q))
+    if (!pl_rank_shard(c, t, r, &s, &q))
         return false;
     *box = pl_place_shard_box(c->pm, &c->pm->place[t], &c->in->trainer->p[t].shape, s);
     *shard = s;
@@ -52,7 +53,7 @@ bool rank_box(const struct plan_ctx *c, uint32_t t, uint32_t r, struct wb_box *b
     return true;
 }
 
-struct wb_box origin_blocks(const struct wb_box *S)
+struct wb_box pl_origin_blocks(const struct wb_box *S)
 {
     struct wb_box b = {.ndim = S->ndim};
     for (uint32_t d = 0; d < S->ndim; d++) {
@@ -64,18 +65,18 @@ struct wb_box origin_blocks(const struct wb_box *S)
     return b;
 }
 
-uint64_t dst_bytes(const struct wb_mapping *m, const struct wb_box *S)
+uint64_t pl_dst_bytes(const struct wb_mapping *m, const struct wb_box *S)
 {
     uint64_t v = wb_box_numel(S) * wb_dtype_size(m->dst_dtype);
     if (m->xform == WB_XFORM_FP8_BLOCK) {
-        struct wb_box ob = origin_blocks(S);
+        struct wb_box ob = pl_origin_blocks(S);
         v += wb_box_numel(&ob) * 4;
     }
     return v;
 }
 
-uint32_t box_units(const struct plan_ctx *c, const struct wb_mapping *m, const struct wb_box *S,
-                   uint32_t *dim, uint64_t *gran)
+uint32_t pl_box_units(const struct plan_ctx *c, const struct wb_mapping *m, const struct wb_box *S,
+                      uint32_t *dim, uint64_t *gran)
 {
     (void)c;
     uint32_t d = 0;
@@ -100,8 +101,8 @@ uint32_t box_units(const struct plan_ctx *c, const struct wb_mapping *m, const s
     return (uint32_t)(z - a);
 }
 
-struct wb_box box_unit_range(const struct wb_box *S, uint32_t dim, uint64_t gran, uint32_t u0,
-                             uint32_t u1)
+struct wb_box pl_box_unit_range(const struct wb_box *S, uint32_t dim, uint64_t gran, uint32_t u0,
+                                uint32_t u1)
 {
     struct wb_box b = *S;
     if (dim >= S->ndim)
@@ -117,7 +118,7 @@ struct wb_box box_unit_range(const struct wb_box *S, uint32_t dim, uint64_t gran
     return b;
 }
 
-struct wb_box map_to_dst(const struct wb_box *S, const struct wb_box *D, const struct wb_box *Sp)
+struct wb_box pl_map_to_dst(const struct wb_box *S, const struct wb_box *D, const struct wb_box *Sp)
 {
     struct wb_box out = *D;
     int shift = (int)D->ndim - (int)S->ndim;
@@ -131,8 +132,8 @@ struct wb_box map_to_dst(const struct wb_box *S, const struct wb_box *D, const s
     return out;
 }
 
-void asg_boxes(const struct plan_ctx *c, const struct item *it, const struct assign *a,
-               struct sd *out)
+void pl_asg_boxes(const struct plan_ctx *c, const struct item *it, const struct assign *a,
+                  struct sd *out)
 {
     const struct subpiece *sp = VEC_AT(&c->sub, struct subpiece, a->sub);
     const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, a->ci);
@@ -141,7 +142,7 @@ void asg_boxes(const struct plan_ctx *c, const struct item *it, const struct ass
         wb_box_intersect(&sp->S, VEC_AT(&c->ibox, struct wb_box, ic->b0 + a->k), &X);
     uint32_t dim;
     uint64_t gran;
-    box_units(c, ctx_map(c, it->mapping), &X, &dim, &gran);
-    out->S = box_unit_range(&X, dim, gran, a->u0, a->u1);
-    out->D = map_to_dst(&sp->S, &sp->D, &out->S);
+    pl_box_units(c, pl_ctx_map(c, it->mapping), &X, &dim, &gran);
+    out->S = pl_box_unit_range(&X, dim, gran, a->u0, a->u1);
+    out->D = pl_map_to_dst(&sp->S, &sp->D, &out->S);
 }

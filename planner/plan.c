@@ -328,9 +328,9 @@ static int choose_modes(struct plan_ctx *c)
         struct item *it = VEC_AT(&c->items, struct item, i);
         it->mode = c->opts->mode == WB_MODE_GATHER ? WB_MODE_GATHER : WB_MODE_DIRECT;
         int64_t like;
-        int r = item_subpieces(c, it);
+        int r = pl_item_subpieces(c, it);
         if (!r)
-            r = stamp_classify(c, (uint32_t)i, &like);
+            r = pl_stamp_classify(c, (uint32_t)i, &like);
         if (r)
             return r;
         if (like >= 0) {
@@ -339,7 +339,7 @@ static int choose_modes(struct plan_ctx *c)
         }
         if (c->opts->mode != WB_MODE_AUTO)
             continue;
-        r = item_comps_prepare(c, it);
+        r = pl_item_comps_prepare(c, it);
         if (r)
             return r;
         uint64_t runs_gather = 0, runs_direct = 0;
@@ -354,7 +354,7 @@ static int choose_modes(struct plan_ctx *c)
                 struct wb_box X;
                 if (!wb_box_intersect(&sp->S, VEC_AT(&c->ibox, struct wb_box, ic->b0 + k), &X))
                     continue;
-                struct wb_box Dx = map_to_dst(&sp->S, &sp->D, &X);
+                struct wb_box Dx = pl_map_to_dst(&sp->S, &sp->D, &X);
                 if (wb_ranges_init(&rg, &lo->shape, &Dx, 1) == 0)
                     runs_direct += wb_ranges_count(&rg);
             }
@@ -380,36 +380,36 @@ static void ctx_free(struct plan_ctx *c)
     pl_vec_free(&c->items);
     pl_vec_free(&c->item_comps);
     pl_bal_free(&c->bal);
-    rank_outs_free(c->ro, c->nt);
+    pl_rank_outs_free(c->ro, c->nt);
     free(c->tcls);
     free(c->dem0);
     pl_vec_free(&c->cbox);
     pl_vec_free(&c->cinfo);
     pl_intern_free(&c->cls);
-    scratch_free(c);
-    stamp_free(&c->st);
+    pl_scratch_free(c);
+    pl_stamp_free(&c->st);
 }
 
 /* Pass 1: every item's demands to the balancer (stamped where a template allows). */
 static int walk_all(struct plan_ctx *c)
 {
     uint32_t group = 0;
-    stamp_pass_reset(c, 1);
+    pl_stamp_pass_reset(c, 1);
     free(c->dem0);
     c->dem0 = calloc(c->items.n + 1, sizeof(uint32_t));
     if (!c->dem0)
         return -ENOMEM;
     for (size_t i = 0; i < c->items.n; i++) {
         c->dem0[i] = (uint32_t)c->bal.demands.n;
-        int r = stamp_walk_apply(c, (uint32_t)i, &group);
+        int r = pl_stamp_walk_apply(c, (uint32_t)i, &group);
         if (r > 0)
             continue;
         if (!r)
-            r = stamp_walk_begin(c, (uint32_t)i, group);
+            r = pl_stamp_walk_begin(c, (uint32_t)i, group);
         if (!r)
-            r = walk_item(c, VEC_AT(&c->items, struct item, i), false, &group);
+            r = pl_walk_item(c, VEC_AT(&c->items, struct item, i), false, &group);
         if (!r)
-            r = stamp_walk_end(c, (uint32_t)i, group);
+            r = pl_stamp_walk_end(c, (uint32_t)i, group);
         if (r)
             return r;
     }
@@ -420,11 +420,11 @@ static int walk_all(struct plan_ctx *c)
 int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts,
                   struct wb_plan **out, struct wb_errlist *el)
 {
-    return plan_build(in, opts, true, out, NULL, el);
+    return pl_plan_build(in, opts, true, out, NULL, el);
 }
 
-int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
-               struct wb_plan **out, size_t *nstamped, struct wb_errlist *el)
+int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
+                  struct wb_plan **out, size_t *nstamped, struct wb_errlist *el)
 {
     struct plan_ctx c;
     memset(&c, 0, sizeof(c));
@@ -438,8 +438,8 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
     pl_vec_init(&c.cbox, sizeof(struct wb_box));
     pl_vec_init(&c.cinfo, sizeof(struct cls_info));
     pl_vec_init(&c.item_comps, sizeof(uint32_t));
-    scratch_init(&c);
-    stamp_init(&c.st);
+    pl_scratch_init(&c);
+    pl_stamp_init(&c.st);
     struct wb_plan *p = NULL;
     int r = wb_layout_check(in->tl, in->rl, el);
     if (r)
@@ -484,7 +484,7 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
         r = build_classes(&c);
     if (r)
         goto out;
-    if ((r = build_items(&c)) || (r = build_phases(&c)) || (r = stamp_prepare(&c, stamp)))
+    if ((r = build_items(&c)) || (r = build_phases(&c)) || (r = pl_stamp_prepare(&c, stamp)))
         goto out;
     r = choose_modes(&c);
     if (!r)
@@ -497,12 +497,12 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
     r = pl_bal_solve(&c.bal, false);
     if (r)
         goto out;
-    c.ro = rank_outs_new(c.nt);
+    c.ro = pl_rank_outs_new(c.nt);
     if (!c.ro) {
         r = -ENOMEM;
         goto out;
     }
-    r = emit_all(&c);
+    r = pl_emit_all(&c);
     if (r)
         goto out;
     /* Splits round part sizes; should that make the busiest sender worse than the reference
@@ -517,7 +517,7 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
         if ((r = pl_bal_init(&c.bal, c.nt, c.nphases)))
             goto out;
         memset(c.pieces_by_mode, 0, sizeof(c.pieces_by_mode));
-        if ((r = walk_all(&c)) || (r = pl_bal_solve(&c.bal, true)) || (r = emit_all(&c)))
+        if ((r = walk_all(&c)) || (r = pl_bal_solve(&c.bal, true)) || (r = pl_emit_all(&c)))
             goto out;
         c.bal.lower_bound = lb;
     }
@@ -541,7 +541,7 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
         r = -ENOMEM;
         goto out;
     }
-    r = finish_tables(&c, p);
+    r = pl_finish_tables(&c, p);
     if (r)
         goto out;
     p->stats.tensors = 0;

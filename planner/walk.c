@@ -12,16 +12,16 @@
 
 #include "planner/build.h"
 
-int item_subpieces(struct plan_ctx *c, const struct item *it)
+int pl_item_subpieces(struct plan_ctx *c, const struct item *it)
 {
-    const struct wb_mapping *mp = ctx_map(c, it->mapping);
+    const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
     c->sub.n = 0;
     for (uint32_t l = 0; l < c->gpr; l++) {
         const struct rlocal *lo = &c->rloc[it->mapping * c->gpr + l];
         for (uint32_t p = 0; p < lo->np; p++) {
             const struct wb_local_piece *pc = VEC_AT(&c->pieces, struct wb_local_piece, lo->p0 + p);
             for (uint32_t ci = 0; ci < it->nc; ci++) {
-                const struct wb_component *cp = item_comp(c, it, ci);
+                const struct wb_component *cp = pl_item_comp(c, it, ci);
                 struct wb_box I;
                 if (cp->dst.ndim && (cp->dst.off[0] >= pc->global.off[0] + pc->global.ext[0] ||
                                      pc->global.off[0] >= cp->dst.off[0] + cp->dst.ext[0]))
@@ -63,11 +63,11 @@ static bool straddles(const struct wb_box *X, const struct wb_box *B, const stru
     return !wb_box_contains(B, &e);
 }
 
-int item_comps_prepare(struct plan_ctx *c, const struct item *it)
+int pl_item_comps_prepare(struct plan_ctx *c, const struct item *it)
 {
     c->icomp.n = c->ibox.n = c->iset.n = 0;
     for (uint32_t ci = 0; ci < it->nc; ci++) {
-        struct icomp ic = {.t = item_comp(c, it, ci)->trainer};
+        struct icomp ic = {.t = pl_item_comp(c, it, ci)->trainer};
         ic.tp = &c->pm->place[ic.t];
         ic.sh = &c->in->trainer->p[ic.t].shape;
         ic.cls = c->tcls[ic.t];
@@ -93,7 +93,7 @@ static int64_t mesh_set(struct plan_ctx *c, const struct item *it)
 {
     const struct mesh_int *mesh = VEC_AT(&c->meshes, struct mesh_int, it->mesh);
     int64_t id = pl_bal_set(&c->bal, mesh->ranks, mesh->n);
-    int r = stamp_log_set(c, id);
+    int r = pl_stamp_log_set(c, id);
     return r ? r : id;
 }
 
@@ -117,7 +117,7 @@ static int64_t shard_set(struct plan_ctx *c, const struct icomp *ic, uint32_t k)
         }
     *slot = pl_bal_set(&c->bal, ranks, nq);
     free(ranks);
-    int r = stamp_log_set(c, *slot);
+    int r = pl_stamp_log_set(c, *slot);
     return r ? r : *slot;
 }
 
@@ -125,7 +125,7 @@ static int64_t shard_set(struct plan_ctx *c, const struct icomp *ic, uint32_t k)
 static int group_demands(struct plan_ctx *c, const struct item *it, size_t a, size_t z,
                          int64_t mset)
 {
-    const struct wb_mapping *mp = ctx_map(c, it->mapping);
+    const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
     bool gather = it->mode == WB_MODE_GATHER, fp8 = mp->xform == WB_XFORM_FP8_BLOCK;
     c->dem.n = 0;
     for (size_t s = a; s < z; s++) {
@@ -144,8 +144,8 @@ static int group_demands(struct plan_ctx *c, const struct item *it, size_t a, si
                     return (int)d.set;
                 d.straddle = fp8 && !ic->aligned && straddles(&d.X, B, ic->sh);
             }
-            d.nu = box_units(c, mp, &d.X, &d.dim, &d.gran);
-            d.bytes = dst_bytes(mp, &d.X);
+            d.nu = pl_box_units(c, mp, &d.X, &d.dim, &d.gran);
+            d.bytes = pl_dst_bytes(mp, &d.X);
             if (!pl_vec_push(&c->dem, &d))
                 return -ENOMEM;
         }
@@ -155,12 +155,12 @@ static int group_demands(struct plan_ctx *c, const struct item *it, size_t a, si
 
 /* Walks an item's demands in plan order. In pass 1 (emit == false) they go to the balancer;
  * in pass 3 their senders are read back and turned into assignments (c->asg). */
-int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint32_t *group)
+int pl_walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint32_t *group)
 {
     const struct wb_rollout_layout *rl = c->in->rl;
-    int r = item_subpieces(c, it);
+    int r = pl_item_subpieces(c, it);
     if (!r)
-        r = item_comps_prepare(c, it);
+        r = pl_item_comps_prepare(c, it);
     if (r)
         return r;
     int64_t mset = mesh_set(c, it);

@@ -1,6 +1,7 @@
 /* assemble.c — turns the builder's per-rank output into the plan's routing tables and receive
  * lists (ownership of the arrays moves to the plan), and frees plans. Split from plan.c, which
- * decides what goes where. */
+ * decides what goes where and calls it once pass 3 is done; it calls nothing else in the
+ * builder. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,7 @@ static void *take(struct vec *v, uint32_t *n)
     return p;
 }
 
-int finish_tables(struct plan_ctx *c, struct wb_plan *p)
+int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
 {
     uint32_t tag_bits = bits_for(c->in->rollout->n + 1);
     uint32_t tb2 = bits_for((uint64_t)c->next_tag + 1);
@@ -91,8 +92,8 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p)
         rv->ep_rank = l % c->in->rl->ep;
         rv->tag_bits = tag_bits;
         struct vec loc, exp;
-        vec_init(&loc, sizeof(struct wb_rt_local));
-        vec_init(&exp, sizeof(struct wb_rt_expect));
+        pl_vec_init(&loc, sizeof(struct wb_rt_local));
+        pl_vec_init(&exp, sizeof(struct wb_rt_expect));
         for (size_t m = 0; m < mt->n; m++) {
             const struct rlocal *lo = &c->rloc[m * c->gpr + l];
             const struct wb_mapping *mp = &mt->map[m];
@@ -103,7 +104,7 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p)
                 e.dtype = s ? WB_DTYPE_FP32 : c->in->rollout->p[e.tensor].dtype;
                 e.shape = s ? lo->scale_shape : lo->shape;
                 e.bytes = wb_shape_numel(&e.shape) * wb_dtype_size(e.dtype);
-                if (!vec_push(&loc, &e))
+                if (!pl_vec_push(&loc, &e))
                     goto nomem;
             }
         }
@@ -113,7 +114,7 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p)
                                            c->recv[(size_t)g * nrt + k].writes};
             if (e.writes == 0)
                 continue;
-            if (!vec_push(&exp, &e))
+            if (!pl_vec_push(&exp, &e))
                 goto nomem;
             rv->recv_bytes += e.bytes;
             rv->recv_writes += e.writes;
@@ -123,8 +124,8 @@ int finish_tables(struct plan_ctx *c, struct wb_plan *p)
         p->stats.recv_bytes[g] = rv->recv_bytes;
         continue;
     nomem:
-        vec_free(&loc);
-        vec_free(&exp);
+        pl_vec_free(&loc);
+        pl_vec_free(&exp);
         return -ENOMEM;
     }
     p->nmeshes = (uint32_t)c->meshes.n;

@@ -7,37 +7,37 @@
 
 #include "planner/balance.h"
 
-int bal_init(struct balance *b, uint32_t nranks, uint32_t nphases)
+int pl_bal_init(struct balance *b, uint32_t nranks, uint32_t nphases)
 {
     memset(b, 0, sizeof(*b));
     b->nranks = nranks;
     b->nphases = nphases ? nphases : 1;
-    vec_init(&b->sets, sizeof(struct bal_set));
-    vec_init(&b->set_ranks, sizeof(uint32_t));
-    vec_init(&b->demands, sizeof(struct bal_demand));
-    vec_init(&b->parts, sizeof(struct bal_part));
+    pl_vec_init(&b->sets, sizeof(struct bal_set));
+    pl_vec_init(&b->set_ranks, sizeof(uint32_t));
+    pl_vec_init(&b->demands, sizeof(struct bal_demand));
+    pl_vec_init(&b->parts, sizeof(struct bal_part));
     b->base = calloc(nranks ? nranks : 1, sizeof(uint64_t));
     b->load = calloc(nranks ? nranks : 1, sizeof(uint64_t));
     b->pbase = calloc((size_t)b->nphases * nranks + 1, sizeof(uint64_t));
     b->hcap = 1024;
     b->hash = calloc(b->hcap, sizeof(uint32_t));
     if (!b->base || !b->load || !b->hash || !b->pbase) {
-        bal_free(b);
+        pl_bal_free(b);
         return -ENOMEM;
     }
     return 0;
 }
 
-void bal_free(struct balance *b)
+void pl_bal_free(struct balance *b)
 {
     free(b->base);
     free(b->pbase);
     free(b->load);
     free(b->hash);
-    vec_free(&b->sets);
-    vec_free(&b->set_ranks);
-    vec_free(&b->demands);
-    vec_free(&b->parts);
+    pl_vec_free(&b->sets);
+    pl_vec_free(&b->set_ranks);
+    pl_vec_free(&b->demands);
+    pl_vec_free(&b->parts);
     memset(b, 0, sizeof(*b));
 }
 
@@ -69,7 +69,7 @@ static int rehash(struct balance *b)
     return 0;
 }
 
-int64_t bal_set(struct balance *b, const uint32_t *ranks, uint32_t n)
+int64_t pl_bal_set(struct balance *b, const uint32_t *ranks, uint32_t n)
 {
     uint64_t hv = hash_ranks(ranks, n);
     size_t j = hv & (b->hcap - 1);
@@ -81,13 +81,13 @@ int64_t bal_set(struct balance *b, const uint32_t *ranks, uint32_t n)
             return b->hash[j] - 1;
         j = (j + 1) & (b->hcap - 1);
     }
-    if (vec_reserve(&b->set_ranks, n))
+    if (pl_vec_reserve(&b->set_ranks, n))
         return -ENOMEM;
     struct bal_set s = {.r0 = (uint32_t)b->set_ranks.n, .n = n, .hash = hv};
     if (n)
         memcpy(VEC_AT(&b->set_ranks, uint32_t, b->set_ranks.n), ranks, n * sizeof(uint32_t));
     b->set_ranks.n += n;
-    if (!vec_push(&b->sets, &s))
+    if (!pl_vec_push(&b->sets, &s))
         return -ENOMEM;
     b->hash[j] = (uint32_t)b->sets.n;
     if (b->sets.n * 2 > b->hcap && rehash(b))
@@ -95,8 +95,8 @@ int64_t bal_set(struct balance *b, const uint32_t *ranks, uint32_t n)
     return (int64_t)b->sets.n - 1;
 }
 
-int bal_add(struct balance *b, uint32_t set, uint64_t bytes, uint32_t nunits, uint32_t group,
-            uint32_t phase)
+int pl_bal_add(struct balance *b, uint32_t set, uint64_t bytes, uint32_t nunits, uint32_t group,
+               uint32_t phase)
 {
     struct bal_set *s = VEC_AT(&b->sets, struct bal_set, set);
     if (phase >= b->nphases)
@@ -110,7 +110,7 @@ int bal_add(struct balance *b, uint32_t set, uint64_t bytes, uint32_t nunits, ui
     s->total += bytes;
     struct bal_demand d = {
         .bytes = bytes, .set = set, .nunits = nunits ? nunits : 1, .group = group, .phase = phase};
-    return vec_push(&b->demands, &d) ? 0 : -ENOMEM;
+    return pl_vec_push(&b->demands, &d) ? 0 : -ENOMEM;
 }
 
 /* ---------------------------------------------------------------- max-flow (Dinic) */
@@ -130,7 +130,7 @@ static int flow_init(struct flow *f, uint32_t nn)
 {
     memset(f, 0, sizeof(*f));
     f->nn = nn;
-    vec_init(&f->e, sizeof(struct fedge));
+    pl_vec_init(&f->e, sizeof(struct fedge));
     f->head = malloc(nn * sizeof(uint32_t));
     f->level = malloc(nn * sizeof(uint32_t));
     f->it = malloc(nn * sizeof(uint32_t));
@@ -143,7 +143,7 @@ static int flow_init(struct flow *f, uint32_t nn)
 
 static void flow_free(struct flow *f)
 {
-    vec_free(&f->e);
+    pl_vec_free(&f->e);
     free(f->head);
     free(f->level);
     free(f->it);
@@ -153,7 +153,7 @@ static void flow_free(struct flow *f)
 static int flow_edge(struct flow *f, uint32_t a, uint32_t z, int64_t cap)
 {
     struct fedge e1 = {z, f->head[a], cap}, e2 = {a, f->head[z], 0};
-    if (!vec_push(&f->e, &e1) || !vec_push(&f->e, &e2))
+    if (!pl_vec_push(&f->e, &e1) || !pl_vec_push(&f->e, &e2))
         return -ENOMEM;
     f->head[a] = (uint32_t)f->e.n - 2;
     f->head[z] = (uint32_t)f->e.n - 1;
@@ -296,7 +296,7 @@ static int push_part(struct balance *b, struct bal_demand *d, uint32_t rank, uin
     if (d->nparts == 0)
         d->part0 = (uint32_t)b->parts.n;
     d->nparts++;
-    return vec_push(&b->parts, &p) ? 0 : -ENOMEM;
+    return pl_vec_push(&b->parts, &p) ? 0 : -ENOMEM;
 }
 
 static uint64_t max_of(const uint64_t *v, uint32_t n)
@@ -554,7 +554,7 @@ static int min_feasible(const struct balance *b, const uint64_t *base, bool phas
     return 0;
 }
 
-int bal_solve(struct balance *b, bool greedy_only)
+int pl_bal_solve(struct balance *b, bool greedy_only)
 {
     uint32_t nt = b->nranks;
     uint64_t total = 0;
@@ -568,7 +568,7 @@ int bal_solve(struct balance *b, bool greedy_only)
     uint64_t *gload = malloc((nt ? nt : 1) * sizeof(uint64_t));
     uint64_t *quota = malloc((b->set_ranks.n ? b->set_ranks.n : 1) * sizeof(uint64_t));
     struct vec gparts;
-    vec_init(&gparts, sizeof(struct bal_part));
+    pl_vec_init(&gparts, sizeof(struct bal_part));
     uint32_t *gpart0 = NULL;
     int r = 0;
     if (!gload || !quota) {
@@ -587,7 +587,7 @@ int bal_solve(struct balance *b, bool greedy_only)
     }
     /* Keep the greedy's parts aside, then build ours. */
     gparts = b->parts;
-    vec_init(&b->parts, sizeof(struct bal_part));
+    pl_vec_init(&b->parts, sizeof(struct bal_part));
     gpart0 = malloc(b->demands.n * 2 * sizeof(uint32_t));
     if (!gpart0) {
         r = -ENOMEM;
@@ -631,9 +631,9 @@ int bal_solve(struct balance *b, bool greedy_only)
     improve(b, b->load);
     b->max_load = max_of(b->load, nt);
     if (b->max_load > b->greedy_max) { /* never worse than the reference */
-        vec_free(&b->parts);
+        pl_vec_free(&b->parts);
         b->parts = gparts;
-        vec_init(&gparts, sizeof(struct bal_part));
+        pl_vec_init(&gparts, sizeof(struct bal_part));
         for (size_t i = 0; i < b->demands.n; i++) {
             VEC_AT(&b->demands, struct bal_demand, i)->part0 = gpart0[2 * i];
             VEC_AT(&b->demands, struct bal_demand, i)->nparts = gpart0[2 * i + 1];
@@ -643,7 +643,7 @@ int bal_solve(struct balance *b, bool greedy_only)
         b->used_greedy = true;
     }
 out:
-    vec_free(&gparts);
+    pl_vec_free(&gparts);
     free(gpart0);
     free(gload);
     free(quota);

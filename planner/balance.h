@@ -57,14 +57,14 @@ struct bal_set {
     uint64_t hash;
 };
 
-int bal_init(struct balance *b, uint32_t nranks, uint32_t nphases);
-void bal_free(struct balance *b);
+int pl_bal_init(struct balance *b, uint32_t nranks, uint32_t nphases);
+void pl_bal_free(struct balance *b);
 /* Interns a sorted candidate list; returns the set id (>= 0) or -ENOMEM. */
-int64_t bal_set(struct balance *b, const uint32_t *ranks, uint32_t n);
+int64_t pl_bal_set(struct balance *b, const uint32_t *ranks, uint32_t n);
 /* Adds a demand; a single-candidate set adds to the base load instead and returns 1. */
-int bal_add(struct balance *b, uint32_t set, uint64_t bytes, uint32_t nunits, uint32_t group,
-            uint32_t phase);
+int pl_bal_add(struct balance *b, uint32_t set, uint64_t bytes, uint32_t nunits, uint32_t group,
+               uint32_t phase);
 /* Balances. `greedy_only` skips the optimization (the reference alone). */
-int bal_solve(struct balance *b, bool greedy_only);
+int pl_bal_solve(struct balance *b, bool greedy_only);
 
 #endif /* WB_PLANNER_BALANCE_H */

@@ -1,14 +1,24 @@
-/* build.h — the plan builder's working state (private to planner/plan.c, pass3.c, emit.c and
- * stamp.c).
+/* build.h — the plan builder's working state, and the functions its files share (private to
+ * the builder: planner/plan.c, emit_threads.c, walk.c, stamp.c, assemble.c, emit.c and
+ * geometry.c; balance.c has balance.h).
  *
  * Building runs in three passes over the items in phase order:
- *  1. enumerate every (item, rollout GPU, component, shard) demand and hand it to the balancer
- *     (fixed demands only add base load);
+ *  1. enumerate every (item, rollout GPU, component, shard) demand (walk.c) and hand it to the
+ *     balancer (fixed demands only add base load);
  *  2. balance (balance.c);
  *  3. replay the same enumeration, now with the chosen senders, and emit each rank's tasks:
  *     stage ops, writes, amax exchanges (emit.c), or stamp an item out from a congruent one
- *     (stamp.c); pass3.c sizes the tables first and may split the ranks among threads.
- * Replaying instead of storing keeps memory at one record per multi-candidate demand. */
+ *     (stamp.c); emit_threads.c sizes the tables first and may split the ranks among threads.
+ * Replaying instead of storing keeps memory at one record per multi-candidate demand.
+ *
+ * Each file calls only files below it, never back up (below them all sit placement.c's
+ * vectors, interning and placement, and layout.c's checks):
+ *   plan.c         -> emit_threads.c walk.c stamp.c assemble.c balance.c geometry.c
+ *   emit_threads.c -> walk.c stamp.c emit.c
+ *   walk.c         -> stamp.c balance.c geometry.c
+ *   stamp.c        -> balance.c geometry.c
+ *   emit.c         -> geometry.c
+ *   assemble.c, balance.c, geometry.c: leaves. */
 #ifndef WB_PLANNER_BUILD_H
 #define WB_PLANNER_BUILD_H
 
@@ -45,7 +55,7 @@ struct subpiece {
 
 /* What one rank writes for an item: units [u0, u1) of subpiece `sub`'s intersection with
  * shard k (k == UINT32_MAX: the whole subpiece, gather mode) to rollout rank g. The boxes are
- * recomputed when needed (asg_boxes) instead of stored: there are millions. */
+ * recomputed when needed (pl_asg_boxes) instead of stored: there are millions. */
 struct assign {
     uint32_t rank, g, ci, sub, k, u0, u1;
 };
@@ -145,7 +155,7 @@ struct plan_ctx {
     uint32_t nphases;
     struct balance bal;
     /* pass 3. Emission may run in several threads, each with its own copy of this context
-     * (emit_all): thread `me` fills the tables of the ranks r with part[r] == me (all of
+     * (pl_emit_all): thread `me` fills the tables of the ranks r with part[r] == me (all of
      * them when part is NULL) and keeps its own counters, receive counts and inbox cursors,
      * which every thread advances for all ranks alike. */
     struct rank_out *ro; /* [nt] */
@@ -173,82 +183,101 @@ static inline bool owns(const struct plan_ctx *c, uint32_t r)
     return !c->part || c->part[r] == c->me;
 }
 
-/* plan.c helpers used by emit.c */
-const struct wb_mapping *ctx_map(const struct plan_ctx *c, uint32_t m);
-const struct wb_component *item_comp(const struct plan_ctx *c, const struct item *it, uint32_t ci);
-/* Rank r's shard and replica index of trainer tensor t; false when r is not an owner. */
-bool rank_shard(const struct plan_ctx *c, uint32_t t, uint32_t r, uint32_t *shard,
-                uint32_t *replica);
-/* Rank r's box of trainer tensor t; false when r is not in the owner set. */
-bool rank_box(const struct plan_ctx *c, uint32_t t, uint32_t r, struct wb_box *box, uint32_t *shard,
-              uint32_t *replica);
-/* Subpieces of an item (into c->sub). */
-int item_subpieces(struct plan_ctx *c, const struct item *it);
-/* Units along which a trainer box may be split, and the sub-box of units [u0, u1). */
-uint32_t box_units(const struct plan_ctx *c, const struct wb_mapping *m, const struct wb_box *S,
-                   uint32_t *dim, uint64_t *gran);
-struct wb_box box_unit_range(const struct wb_box *S, uint32_t dim, uint64_t gran, uint32_t u0,
-                             uint32_t u1);
-/* D for a sub-box S' of subpiece (S, D). */
-struct wb_box map_to_dst(const struct wb_box *S, const struct wb_box *D, const struct wb_box *Sp);
-/* Destination bytes of trainer box S under mapping m (values + the scales whose block origin
- * lies in S). */
-uint64_t dst_bytes(const struct wb_mapping *m, const struct wb_box *S);
-/* Blocks whose origin element lies in S. */
-struct wb_box origin_blocks(const struct wb_box *S);
+/* ---------------------------------------------------------------- plan.c */
+/* The driver: items, meshes, phases, modes, pass 1, balancing, pass 3, plan assembly. */
 
-/* Walks an item's demands in plan order: pass 1 (emit == false) hands them to the balancer,
- * pass 3 reads their senders back into assignments (c->asg). */
-int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint32_t *group);
-/* Prepares c->icomp/ibox/iset for an item. */
-int item_comps_prepare(struct plan_ctx *c, const struct item *it);
-/* The boxes of an assignment. */
-void asg_boxes(const struct plan_ctx *c, const struct item *it, const struct assign *a,
-               struct sd *out);
+/* wb_plan_build() with templates on or off (tests compare the two); *nstamped (may be NULL):
+ * items stamped from a template in the final emission. */
+int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
+                  struct wb_plan **out, size_t *nstamped, struct wb_errlist *el);
 
-/* assemble.c: moves the per-rank output into p's tables and receive lists. */
-int finish_tables(struct plan_ctx *c, struct wb_plan *p);
+/* ---------------------------------------------------------------- emit_threads.c */
+/* Pass 3 over every item, ranks split among threads; per-rank tables under construction. */
 
-/* pass3.c: per-rank tables under construction, and pass 3 over every item (c->ro reset, then
- * filled; threads per c->opts->threads). */
-struct rank_out *rank_outs_new(uint32_t n);
+struct rank_out *pl_rank_outs_new(uint32_t n);
+void pl_rank_outs_free(struct rank_out *ro, uint32_t n);
 /* A context's own working state: scratch vectors and pass-3 counters (receive counts, gather
  * ordinals, collective phases, inbox cursors). */
-void scratch_init(struct plan_ctx *c);
-void scratch_free(struct plan_ctx *c);
-void rank_outs_free(struct rank_out *ro, uint32_t n);
-int emit_all(struct plan_ctx *c);
+void pl_scratch_init(struct plan_ctx *c);
+void pl_scratch_free(struct plan_ctx *c);
+/* Pass 3: c->ro reset, then filled, in c->opts->threads threads. */
+int pl_emit_all(struct plan_ctx *c);
+/* Emission threads wb_plan_build() uses for opts->threads == 0 (one per CPU, at most 8). */
+uint32_t pl_plan_threads_default(void);
 
-/* emit.c: builds the tasks of one item from its assignments (c->asg). */
-int emit_item(struct plan_ctx *c, uint32_t item_index);
+/* ---------------------------------------------------------------- walk.c */
+/* An item's subpieces and demands in plan order (pass 1: to the balancer; pass 3: assignments). */
 
-/* stamp.c: templates for congruent items (see there). stamp_prepare() once the items exist;
- * stamp_classify() per item in plan order with its subpieces in c->sub (*like: the earlier
- * item it is congruent to, or -1). Per pass: stamp_pass_reset();
- * per item either *_apply() (returns 1 when it stamped the item) or *_begin(), the normal
- * walk/emission, *_end(). stamp_log_set() records candidate-set requests while a
- * representative is walked. */
-void stamp_init(struct stamp *st);
-void stamp_free(struct stamp *st);
-int stamp_prepare(struct plan_ctx *c, bool on);
-int stamp_classify(struct plan_ctx *c, uint32_t i, int64_t *like);
-void stamp_pass_reset(struct plan_ctx *c, int pass);
-int stamp_walk_begin(struct plan_ctx *c, uint32_t i, uint32_t group);
-int stamp_walk_end(struct plan_ctx *c, uint32_t i, uint32_t group);
-int stamp_walk_apply(struct plan_ctx *c, uint32_t i, uint32_t *group);
-int stamp_log_set(struct plan_ctx *c, int64_t set);
-int stamp_emit_begin(struct plan_ctx *c, uint32_t i);
-int stamp_emit_end(struct plan_ctx *c, uint32_t i);
-int stamp_emit_apply(struct plan_ctx *c, uint32_t i);
+/* Subpieces of an item (into c->sub). */
+int pl_item_subpieces(struct plan_ctx *c, const struct item *it);
+/* Prepares c->icomp/ibox/iset for an item. */
+int pl_item_comps_prepare(struct plan_ctx *c, const struct item *it);
+/* Walks an item's demands in plan order: pass 1 (emit == false) hands them to the balancer,
+ * pass 3 reads their senders back into assignments (c->asg). */
+int pl_walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint32_t *group);
+
+/* ---------------------------------------------------------------- stamp.c */
+/* Templates: items stamped out from a congruent representative's recorded output. */
+
+/* pl_stamp_prepare() once the items exist; pl_stamp_classify() per item in plan order with
+ * its subpieces in c->sub (*like: the earlier item it is congruent to, or -1). Per pass:
+ * pl_stamp_pass_reset(); per item either *_apply() (returns 1 when it stamped the item) or
+ * *_begin(), the normal walk/emission, *_end(). pl_stamp_log_set() records candidate-set
+ * requests while a representative is walked. */
+void pl_stamp_init(struct stamp *st);
+void pl_stamp_free(struct stamp *st);
+int pl_stamp_prepare(struct plan_ctx *c, bool on);
+int pl_stamp_classify(struct plan_ctx *c, uint32_t i, int64_t *like);
+void pl_stamp_pass_reset(struct plan_ctx *c, int pass);
+int pl_stamp_walk_begin(struct plan_ctx *c, uint32_t i, uint32_t group);
+int pl_stamp_walk_end(struct plan_ctx *c, uint32_t i, uint32_t group);
+int pl_stamp_walk_apply(struct plan_ctx *c, uint32_t i, uint32_t *group);
+int pl_stamp_log_set(struct plan_ctx *c, int64_t set);
+int pl_stamp_emit_begin(struct plan_ctx *c, uint32_t i);
+int pl_stamp_emit_end(struct plan_ctx *c, uint32_t i);
+int pl_stamp_emit_apply(struct plan_ctx *c, uint32_t i);
 /* The representative of item i (i itself when it is one; -1 when it has none) and i's rank
  * offset from it. */
-int64_t stamp_rep_of(const struct plan_ctx *c, uint32_t i, int64_t *dr);
+int64_t pl_stamp_rep_of(const struct plan_ctx *c, uint32_t i, int64_t *dr);
 
-/* plan.c: wb_plan_build() with templates on or off (tests compare the two); *nstamped (may
- * be NULL): items stamped from a template in the final emission. */
-int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
-               struct wb_plan **out, size_t *nstamped, struct wb_errlist *el);
-/* Emission threads wb_plan_build() uses for opts->threads == 0 (one per CPU, at most 8). */
-uint32_t plan_threads_default(void);
+/* ---------------------------------------------------------------- assemble.c */
+/* The per-rank output moved into the plan's routing tables and receive lists. */
+
+int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p);
+
+/* ---------------------------------------------------------------- emit.c */
+/* One item's tasks (stage ops, writes, amax exchanges) from its assignments. */
+
+/* Builds the tasks of item item_index from its assignments (c->asg). */
+int pl_emit_item(struct plan_ctx *c, uint32_t item_index);
+
+/* ---------------------------------------------------------------- geometry.c */
+/* Box and shard arithmetic (a leaf: calls nothing else in the builder). */
+
+const struct wb_mapping *pl_ctx_map(const struct plan_ctx *c, uint32_t m);
+const struct wb_component *pl_item_comp(const struct plan_ctx *c, const struct item *it,
+                                        uint32_t ci);
+/* Rank r's shard and replica index of trainer tensor t; false when r is not an owner. */
+bool pl_rank_shard(const struct plan_ctx *c, uint32_t t, uint32_t r, uint32_t *shard,
+                   uint32_t *replica);
+/* Rank r's box of trainer tensor t; false when r is not in the owner set. */
+bool pl_rank_box(const struct plan_ctx *c, uint32_t t, uint32_t r, struct wb_box *box,
+                 uint32_t *shard, uint32_t *replica);
+/* Units along which a trainer box may be split, and the sub-box of units [u0, u1). */
+uint32_t pl_box_units(const struct plan_ctx *c, const struct wb_mapping *m, const struct wb_box *S,
+                      uint32_t *dim, uint64_t *gran);
+struct wb_box pl_box_unit_range(const struct wb_box *S, uint32_t dim, uint64_t gran, uint32_t u0,
+                                uint32_t u1);
+/* D for a sub-box S' of subpiece (S, D). */
+struct wb_box pl_map_to_dst(const struct wb_box *S, const struct wb_box *D,
+                            const struct wb_box *Sp);
+/* Destination bytes of trainer box S under mapping m (values + the scales whose block origin
+ * lies in S). */
+uint64_t pl_dst_bytes(const struct wb_mapping *m, const struct wb_box *S);
+/* Blocks whose origin element lies in S. */
+struct wb_box pl_origin_blocks(const struct wb_box *S);
+/* The boxes of an assignment (of the item whose subpieces and shard boxes are in c). */
+void pl_asg_boxes(const struct plan_ctx *c, const struct item *it, const struct assign *a,
+                  struct sd *out);
 
 #endif /* WB_PLANNER_BUILD_H */

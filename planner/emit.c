@@ -6,7 +6,9 @@
  * the source when the bytes already match (BF16 -> BF16), a CAST, or a QUANT preceded by AMAX
  * exchanges for blocks that straddle its shard — and finally the writes: each maximal run that
  * is contiguous on both sides becomes one write; when the source runs are much shorter than
- * the destination's, the box is first packed (COPY) so that writes follow the destination. */
+ * the destination's, the box is first packed (COPY) so that writes follow the destination.
+ *
+ * Pass 3 (emit_threads.c) calls it per item; it uses only geometry.c of the builder. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +39,7 @@ struct tstate {
 /* Interns a box or shape in the rank's table (each distinct value stored once). */
 static uint32_t bx(struct tstate *ts, const struct wb_box *b)
 {
-    return intern_box(&ts->ro->boxes, b);
+    return pl_intern_box(&ts->ro->boxes, b);
 }
 
 /* The gather peers of this rank for component ic (made on first use; NULL: no memory). */
@@ -53,7 +55,7 @@ static const struct wb_rt_peer *peers_of(struct tstate *ts, const struct icomp *
     pc->n = 0;
     const struct wb_box *B = VEC_AT(&ts->c->ibox, struct wb_box, ic->b0);
     for (uint32_t s = 0; s < ic->nk; s++)
-        pe[s] = (struct wb_rt_peer){place_shard_rank(ts->c->pm, ic->tp, s, q), bx(ts, &B[s])};
+        pe[s] = (struct wb_rt_peer){pl_place_shard_rank(ts->c->pm, ic->tp, s, q), bx(ts, &B[s])};
     if (ts->ro->boxes.err)
         return NULL;
     pc->cls = ic->cls;
@@ -64,7 +66,7 @@ static const struct wb_rt_peer *peers_of(struct tstate *ts, const struct icomp *
 static struct wb_rt_view rtv(struct tstate *ts, const struct sview *v)
 {
     struct wb_rt_view r = {v->kind, v->tensor, v->off, v->dtype,
-                           intern_shape(&ts->ro->shapes, &v->shape)};
+                           pl_intern_shape(&ts->ro->shapes, &v->shape)};
     return r;
 }
 
@@ -107,7 +109,7 @@ static struct wb_box box_bbox(const struct wb_box *a, const struct wb_box *b)
 
 static struct wb_rt_op *push_op(struct tstate *ts, enum wb_rt_op_kind kind, uint32_t tensor)
 {
-    struct wb_rt_op *op = vec_push(&ts->ro->ops, NULL);
+    struct wb_rt_op *op = pl_vec_push(&ts->ro->ops, NULL);
     if (op) {
         op->kind = kind;
         op->tensor = tensor;
@@ -210,7 +212,7 @@ static int emit_writes(struct tstate *ts, const struct sview *sv, const struct w
     }
     uint64_t so = 0, sl = 0, dof = 0, dl = 0;
     bool param = sv->kind == WB_BUF_PARAM;
-    if (vec_reserve(&ts->ro->writes, ns > nd ? ns : nd))
+    if (pl_vec_reserve(&ts->ro->writes, ns > nd ? ns : nd))
         return -ENOMEM;
     for (;;) {
         if (sl == 0) {
@@ -233,7 +235,7 @@ static int emit_writes(struct tstate *ts, const struct sview *sv, const struct w
             .dst_tensor = dst_tensor,
             .tag = dst_tensor + 1,
         };
-        if (!vec_push(&ts->ro->writes, &w))
+        if (!pl_vec_push(&ts->ro->writes, &w))
             return -ENOMEM;
         ts->write_bytes += len;
         ts->ro->send += len;
@@ -252,7 +254,7 @@ static int emit_writes(struct tstate *ts, const struct sview *sv, const struct w
 static bool scale_boxes(const struct wb_box *S, const struct wb_box *D, struct wb_box *Sb,
                         struct wb_box *Db)
 {
-    *Sb = origin_blocks(S);
+    *Sb = pl_origin_blocks(S);
     if (wb_box_empty(Sb))
         return false;
     int shift = (int)D->ndim - (int)S->ndim;
@@ -352,11 +354,11 @@ static int cmp_xchg(const void *a, const void *b)
 static int plan_exchanges(struct plan_ctx *c, const struct item *it)
 {
     c->xc.n = 0;
-    const struct wb_mapping *mp = ctx_map(c, it->mapping);
+    const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
     if (it->mode == WB_MODE_GATHER || mp->xform != WB_XFORM_FP8_BLOCK)
         return 0;
     struct vec need; /* uint32_t pairs (ci, q) */
-    vec_init(&need, 2 * sizeof(uint32_t));
+    pl_vec_init(&need, 2 * sizeof(uint32_t));
     const struct assign *A = c->asg.p;
     for (size_t i = 0; i < c->asg.n; i++) {
         const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, A[i].ci);
@@ -364,21 +366,21 @@ static int plan_exchanges(struct plan_ctx *c, const struct item *it)
             continue;
         uint32_t t = ic->t;
         uint32_t k, q;
-        if (!rank_shard(c, t, A[i].rank, &k, &q))
+        if (!pl_rank_shard(c, t, A[i].rank, &k, &q))
             continue;
         const struct wb_box B = *VEC_AT(&c->ibox, struct wb_box, ic->b0 + k);
         struct sd x;
-        asg_boxes(c, it, &A[i], &x);
-        struct wb_box bl = box_blocks(&x.S);
-        struct wb_box e = blocks_elems(&bl, &c->in->trainer->p[t].shape);
+        pl_asg_boxes(c, it, &A[i], &x);
+        struct wb_box bl = pl_box_blocks(&x.S);
+        struct wb_box e = pl_blocks_elems(&bl, &c->in->trainer->p[t].shape);
         if (wb_box_contains(&B, &e))
             continue;
         uint32_t key[2] = {A[i].ci, q};
         bool dup = false;
         for (size_t j = 0; j < need.n && !dup; j++)
             dup = memcmp(VEC_AT(&need, uint32_t, 2 * j), key, sizeof(key)) == 0;
-        if (!dup && !vec_push(&need, key)) {
-            vec_free(&need);
+        if (!dup && !pl_vec_push(&need, key)) {
+            pl_vec_free(&need);
             return -ENOMEM;
         }
     }
@@ -391,17 +393,17 @@ static int plan_exchanges(struct plan_ctx *c, const struct item *it)
         for (uint32_t a = 0; a < nk; a++) {
             if (wb_box_empty(&IB[a]))
                 continue;
-            struct wb_box ga = box_blocks(&IB[a]);
+            struct wb_box ga = pl_box_blocks(&IB[a]);
             for (uint32_t b = a + 1; b < nk; b++) {
                 struct wb_box X;
                 if (wb_box_empty(&IB[b]))
                     continue;
-                struct wb_box gb = box_blocks(&IB[b]);
+                struct wb_box gb = pl_box_blocks(&IB[b]);
                 if (!wb_box_intersect(&ga, &gb, &X))
                     continue;
                 struct xchg x = {.ci = ci, .blocks = X, .tag = ++c->next_tag};
-                x.a = place_shard_rank(c->pm, tp, a, q);
-                x.b = place_shard_rank(c->pm, tp, b, q);
+                x.a = pl_place_shard_rank(c->pm, tp, a, q);
+                x.b = pl_place_shard_rank(c->pm, tp, b, q);
                 uint64_t bytes = wb_box_numel(&X) * 4;
                 uint64_t al = (bytes + AMAX_ALIGN - 1) / AMAX_ALIGN * AMAX_ALIGN;
                 x.slot_a = c->inbox[x.a];
@@ -409,15 +411,16 @@ static int plan_exchanges(struct plan_ctx *c, const struct item *it)
                 x.slot_b = c->inbox[x.b];
                 c->inbox[x.b] += al;
                 struct wb_rt_expect ea = {x.tag, UINT32_MAX, bytes, 1};
-                if (!vec_push(&c->xc, &x) || (owns(c, x.a) && !vec_push(&c->ro[x.a].amax, &ea)) ||
-                    (owns(c, x.b) && !vec_push(&c->ro[x.b].amax, &ea))) {
-                    vec_free(&need);
+                if (!pl_vec_push(&c->xc, &x) ||
+                    (owns(c, x.a) && !pl_vec_push(&c->ro[x.a].amax, &ea)) ||
+                    (owns(c, x.b) && !pl_vec_push(&c->ro[x.b].amax, &ea))) {
+                    pl_vec_free(&need);
                     return -ENOMEM;
                 }
             }
         }
     }
-    vec_free(&need);
+    pl_vec_free(&need);
     if (c->xc.n > 1)
         qsort(c->xc.p, c->xc.n, sizeof(struct xchg), cmp_xchg);
     return 0;
@@ -460,7 +463,7 @@ static int source_view(struct tstate *ts, uint32_t t, const struct wb_box *B,
 static int clone_writes(struct tstate *ts, size_t w0, size_t w1, uint32_t g)
 {
     struct plan_ctx *c = ts->c;
-    if (vec_reserve(&ts->ro->writes, w1 - w0))
+    if (pl_vec_reserve(&ts->ro->writes, w1 - w0))
         return -ENOMEM;
     for (size_t i = w0; i < w1; i++) {
         struct wb_rt_write w = *VEC_AT(&ts->ro->writes, struct wb_rt_write, i);
@@ -480,14 +483,14 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
                           uint32_t gather_seq)
 {
     struct plan_ctx *c = ts->c;
-    const struct wb_mapping *mp = ctx_map(c, it->mapping);
-    const struct wb_component *cp = item_comp(c, it, ci);
+    const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
+    const struct wb_component *cp = pl_item_comp(c, it, ci);
     uint32_t t = cp->trainer;
     const struct wb_param *p = &c->in->trainer->p[t];
     const struct wb_shape *sh = &p->shape;
     bool gather = it->mode == WB_MODE_GATHER, fp8 = mp->xform == WB_XFORM_FP8_BLOCK;
     uint32_t k, q;
-    if (!rank_shard(c, t, ts->rank, &k, &q))
+    if (!pl_rank_shard(c, t, ts->rank, &k, &q))
         return 0;
     const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, ci);
     const struct wb_box B = *VEC_AT(&c->ibox, struct wb_box, ic->b0 + k);
@@ -523,7 +526,7 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
         if (!op)
             return -ENOMEM;
         const struct tplace *tp = &c->pm->place[t];
-        uint32_t nk = place_nshards(c->pm, tp);
+        uint32_t nk = pl_place_nshards(c->pm, tp);
         op->gather.src = rtv(ts, &own);
         op->gather.dst = rtv(ts, &sv);
         op->gather.peer0 = (uint32_t)ts->ro->peers.n;
@@ -533,7 +536,7 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
         op->gather.bytes_in = (wb_shape_numel(sh) - wb_box_numel(&B)) * elem;
         ts->ro->gather_in += op->gather.bytes_in;
         const struct wb_rt_peer *pe = peers_of(ts, ic, q);
-        if (!pe || vec_reserve(&ts->ro->peers, nk))
+        if (!pe || pl_vec_reserve(&ts->ro->peers, nk))
             return -ENOMEM;
         memcpy(VEC_AT(&ts->ro->peers, struct wb_rt_peer, ts->ro->peers.n), pe, nk * sizeof(*pe));
         ts->ro->peers.n += nk;
@@ -546,7 +549,7 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
                 continue;
             struct wb_box need = SD[i].S;
             if (fp8) {
-                struct wb_box bl = box_blocks(&SD[i].S), e = blocks_elems(&bl, sh);
+                struct wb_box bl = pl_box_blocks(&SD[i].S), e = pl_blocks_elems(&bl, sh);
                 wb_box_intersect(&e, &B, &need);
             }
             R = box_bbox(&R, &need);
@@ -555,7 +558,7 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
             const struct xchg *x = VEC_AT(&c->xc, struct xchg, i);
             if (x->ci != ci || (x->a != ts->rank && x->b != ts->rank))
                 continue;
-            struct wb_box e = blocks_elems(&x->blocks, sh), need;
+            struct wb_box e = pl_blocks_elems(&x->blocks, sh), need;
             wb_box_intersect(&e, &B, &need);
             R = box_bbox(&R, &need);
         }
@@ -603,11 +606,11 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
     for (size_t i = 0; i < na; i++) {
         if (i > 0 && same_piece(&A[i], &A[i - 1]))
             continue;
-        struct wb_box bl = box_blocks(&SD[i].S), e = blocks_elems(&bl, sh), w;
+        struct wb_box bl = pl_box_blocks(&SD[i].S), e = pl_blocks_elems(&bl, sh), w;
         wb_box_intersect(&e, &sv.cover, &w);
         W = box_bbox(&W, &w);
     }
-    struct wb_box grid = box_blocks(&W);
+    struct wb_box grid = pl_box_blocks(&W);
     if (na == 0) {
         memset(&grid, 0, sizeof(grid));
         grid.ndim = sh->ndim;
@@ -623,7 +626,7 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
         struct wb_rt_op *op = push_op(ts, WB_OP_AMAX, t);
         if (!op)
             return -ENOMEM;
-        struct wb_box e = blocks_elems(&x->blocks, sh), reg;
+        struct wb_box e = pl_blocks_elems(&x->blocks, sh), reg;
         wb_box_intersect(&e, &B, &reg);
         op->amax.peer = me_a ? x->b : x->a;
         op->amax.tag = x->tag;
@@ -686,7 +689,7 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
     return 0;
 }
 
-int emit_item(struct plan_ctx *c, uint32_t ii)
+int pl_emit_item(struct plan_ctx *c, uint32_t ii)
 {
     const struct item *it = VEC_AT(&c->items, struct item, ii);
     int r = sort_asg(c);
@@ -740,7 +743,7 @@ int emit_item(struct plan_ctx *c, uint32_t ii)
             while (z < c->asg.n && A[z].rank == rank && A[z].ci == ci)
                 z++;
             c->sd.n = 0;
-            if (vec_reserve(&c->sd, z - a)) {
+            if (pl_vec_reserve(&c->sd, z - a)) {
                 r = -ENOMEM;
                 break;
             }
@@ -749,7 +752,7 @@ int emit_item(struct plan_ctx *c, uint32_t ii)
                 if (k > a && same_piece(&A[k], &A[k - 1]))
                     *x = x[-1]; /* another replica of the same piece */
                 else
-                    asg_boxes(c, it, &A[k], x);
+                    pl_asg_boxes(c, it, &A[k], x);
             }
             r = emit_component(&ts, it, ci, A + a, c->sd.p, z - a, seq0 + ci);
             a = z;
@@ -767,7 +770,7 @@ int emit_item(struct plan_ctx *c, uint32_t ii)
         task.write_bytes = ts.write_bytes;
         if (ts.coll)
             c->phase_coll[it->phase] = true;
-        if (!vec_push(&ro->tasks, &task))
+        if (!pl_vec_push(&ro->tasks, &task))
             r = -ENOMEM;
     }
     free(want);

@@ -151,7 +151,7 @@ static struct pair *get_pair(struct sim *s, uint32_t a, uint32_t b)
     memset(p, 0, sizeof(*p));
     p->src = a;
     p->dst = b;
-    vec_init(&p->q, sizeof(struct chunk));
+    pl_vec_init(&p->q, sizeof(struct chunk));
     s->phash[h] = (uint32_t)s->npair;
     return p;
 }
@@ -162,7 +162,7 @@ static int post(struct sim *s, uint32_t a, uint32_t b, uint32_t id, uint64_t byt
     if (!p)
         return -ENOMEM;
     struct chunk c = {id, bytes};
-    if (!vec_push(&p->q, &c))
+    if (!pl_vec_push(&p->q, &c))
         return -ENOMEM;
     p->left += bytes;
     if (!p->active) {
@@ -287,7 +287,7 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
                      * previous member */
                     if (!same && op->gather.bytes_in) {
                         struct rflow rf = {hv[h], prev, r, op->gather.bytes_in};
-                        if (!vec_push(rflows, &rf)) {
+                        if (!pl_vec_push(rflows, &rf)) {
                             free(hk);
                             free(hv);
                             return -ENOMEM;
@@ -580,11 +580,11 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     s.hcap = 4096;
     s.phash = calloc(s.hcap, sizeof(uint32_t));
     struct vec rflows;
-    vec_init(&rflows, sizeof(struct rflow));
+    pl_vec_init(&rflows, sizeof(struct rflow));
     struct wb_estimate e;
     memset(&e, 0, sizeof(e));
     int rc = s.phash ? build(&s, in, &rflows) : -ENOMEM;
-    vec_free(&rflows);
+    pl_vec_free(&rflows);
     uint32_t nn = s.nt + s.nr;
     s.egress = malloc(nn * sizeof(double));
     s.ingress = malloc(nn * sizeof(double));
@@ -682,9 +682,9 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         dt = 1e-3;
     e.sample_dt = dt;
     struct vec eg, ig, gg;
-    vec_init(&eg, sizeof(double));
-    vec_init(&ig, sizeof(double));
-    vec_init(&gg, sizeof(double));
+    pl_vec_init(&eg, sizeof(double));
+    pl_vec_init(&ig, sizeof(double));
+    pl_vec_init(&gg, sizeof(double));
     size_t done_tasks = 0, last_done = 0, stall = 0;
     double t = 0;
     uint64_t cap = p->mem_cap;
@@ -760,7 +760,7 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
             break;
         t += dt;
         double v1 = sent / dt, v2 = sent / dt, v3 = gsent / dt;
-        if (!vec_push(&eg, &v1) || !vec_push(&ig, &v2) || !vec_push(&gg, &v3)) {
+        if (!pl_vec_push(&eg, &v1) || !pl_vec_push(&ig, &v2) || !pl_vec_push(&gg, &v3)) {
             rc = -ENOMEM;
             break;
         }
@@ -831,7 +831,7 @@ loop_out:
     }
 out:
     for (size_t i = 0; i < s.npair; i++)
-        vec_free(&s.pair[i].q);
+        pl_vec_free(&s.pair[i].q);
     free(s.pair);
     free(s.phash);
     free(s.task);

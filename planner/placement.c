@@ -1,4 +1,5 @@
-/* placement.c — which trainer ranks hold which box of every trainer tensor.
+/* placement.c — which trainer ranks hold which box of every trainer tensor; also the planner's
+ * small shared tools declared in plan_int.h (growable vectors, interning, FP8 block grids).
  *
  * A tensor is placed by the first rule whose pattern matches its name. Mesh dims taking
  * `layer`, `expert` or an index fix one coordinate (pipeline stage, expert shard, a fixed
@@ -15,14 +16,14 @@
 
 /* ---------------------------------------------------------------- vectors */
 
-void vec_free(struct vec *v)
+void pl_vec_free(struct vec *v)
 {
     free(v->p);
     v->p = NULL;
     v->n = v->cap = 0;
 }
 
-int vec_reserve(struct vec *v, size_t more)
+int pl_vec_reserve(struct vec *v, size_t more)
 {
     if (v->n + more <= v->cap)
         return 0;
@@ -37,9 +38,9 @@ int vec_reserve(struct vec *v, size_t more)
     return 0;
 }
 
-void *vec_push(struct vec *v, const void *e)
+void *pl_vec_push(struct vec *v, const void *e)
 {
-    if (vec_reserve(v, 1))
+    if (pl_vec_reserve(v, 1))
         return NULL;
     void *dst = (char *)v->p + v->n * v->elem;
     if (e)
@@ -52,15 +53,15 @@ void *vec_push(struct vec *v, const void *e)
 
 /* ---------------------------------------------------------------- interning */
 
-void intern_init(struct intern *in, size_t elem)
+void pl_intern_init(struct intern *in, size_t elem)
 {
     memset(in, 0, sizeof(*in));
-    vec_init(&in->v, elem);
+    pl_vec_init(&in->v, elem);
 }
 
-void intern_free(struct intern *in)
+void pl_intern_free(struct intern *in)
 {
-    vec_free(&in->v);
+    pl_vec_free(&in->v);
     free(in->hash);
     memset(in, 0, sizeof(*in));
 }
@@ -83,7 +84,7 @@ static uint64_t hash_bytes(const void *p, size_t n)
     return h ^ (h >> 29);
 }
 
-uint32_t intern_bytes(struct intern *in, const void *val)
+uint32_t pl_intern_bytes(struct intern *in, const void *val)
 {
     size_t elem = in->v.elem;
     if (in->v.n * 2 >= in->cap) {
@@ -109,7 +110,7 @@ uint32_t intern_bytes(struct intern *in, const void *val)
             return in->hash[j] - 1;
         j = (j + 1) & (in->cap - 1);
     }
-    if (!vec_push(&in->v, val)) {
+    if (!pl_vec_push(&in->v, val)) {
         in->err = -ENOMEM;
         return 0;
     }
@@ -117,7 +118,7 @@ uint32_t intern_bytes(struct intern *in, const void *val)
     return (uint32_t)in->v.n - 1;
 }
 
-uint32_t intern_box(struct intern *in, const struct wb_box *b)
+uint32_t pl_intern_box(struct intern *in, const struct wb_box *b)
 {
     /* the hash below reads the whole struct; unused dims are zero */
     struct wb_box c; /* canonical: unused dims zero */
@@ -127,22 +128,22 @@ uint32_t intern_box(struct intern *in, const struct wb_box *b)
         c.off[d] = b->off[d];
         c.ext[d] = b->ext[d];
     }
-    return intern_bytes(in, &c);
+    return pl_intern_bytes(in, &c);
 }
 
-uint32_t intern_shape(struct intern *in, const struct wb_shape *s)
+uint32_t pl_intern_shape(struct intern *in, const struct wb_shape *s)
 {
     struct wb_shape c;
     memset(&c, 0, sizeof(c));
     c.ndim = s->ndim;
     for (uint32_t d = 0; d < s->ndim && d < WB_MAX_DIMS; d++)
         c.dim[d] = s->dim[d];
-    return intern_bytes(in, &c);
+    return pl_intern_bytes(in, &c);
 }
 
 /* ---------------------------------------------------------------- block grids */
 
-struct wb_box box_blocks(const struct wb_box *b)
+struct wb_box pl_box_blocks(const struct wb_box *b)
 {
     struct wb_box g = {.ndim = b->ndim};
     for (uint32_t d = 0; d < b->ndim; d++) {
@@ -158,7 +159,7 @@ struct wb_box box_blocks(const struct wb_box *b)
     return g;
 }
 
-struct wb_box blocks_elems(const struct wb_box *blocks, const struct wb_shape *shape)
+struct wb_box pl_blocks_elems(const struct wb_box *blocks, const struct wb_shape *shape)
 {
     struct wb_box e = {.ndim = blocks->ndim};
     for (uint32_t d = 0; d < blocks->ndim; d++) {
@@ -172,7 +173,7 @@ struct wb_box blocks_elems(const struct wb_box *blocks, const struct wb_shape *s
     return e;
 }
 
-struct wb_shape grid_shape(const struct wb_shape *s)
+struct wb_shape pl_grid_shape(const struct wb_shape *s)
 {
     struct wb_shape g = {.ndim = s->ndim};
     for (uint32_t d = 0; d < s->ndim; d++)
@@ -386,7 +387,7 @@ int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_i
 
 /* ---------------------------------------------------------------- owner enumeration */
 
-void chunk_range(uint64_t ext, uint32_t n, uint32_t i, uint64_t *off, uint64_t *len)
+void pl_chunk_range(uint64_t ext, uint32_t n, uint32_t i, uint64_t *off, uint64_t *len)
 {
     uint64_t cs = ceil_div(ext, n);
     uint64_t a = (uint64_t)i * cs;
@@ -394,7 +395,7 @@ void chunk_range(uint64_t ext, uint32_t n, uint32_t i, uint64_t *off, uint64_t *
     *len = a >= ext ? 0 : (ext - a < cs ? ext - a : cs);
 }
 
-uint32_t place_nranks(const struct wb_placement_map *pm, const struct tplace *tp)
+uint32_t pl_place_nranks(const struct wb_placement_map *pm, const struct tplace *tp)
 {
     uint32_t n = 1;
     for (uint32_t d = 0; d < pm->tl->ndims; d++)
@@ -403,7 +404,7 @@ uint32_t place_nranks(const struct wb_placement_map *pm, const struct tplace *tp
     return n;
 }
 
-uint32_t place_nshards(const struct wb_placement_map *pm, const struct tplace *tp)
+uint32_t pl_place_nshards(const struct wb_placement_map *pm, const struct tplace *tp)
 {
     uint32_t n = 1;
     const struct wb_place_rule *rule = &pm->tl->rules[tp->rule];
@@ -413,9 +414,9 @@ uint32_t place_nshards(const struct wb_placement_map *pm, const struct tplace *t
     return n;
 }
 
-uint32_t place_nreplicas(const struct wb_placement_map *pm, const struct tplace *tp)
+uint32_t pl_place_nreplicas(const struct wb_placement_map *pm, const struct tplace *tp)
 {
-    return place_nranks(pm, tp) / place_nshards(pm, tp);
+    return pl_place_nranks(pm, tp) / pl_place_nshards(pm, tp);
 }
 
 /* Box from per-dim coordinates. */
@@ -429,16 +430,16 @@ static struct wb_box coords_box(const struct wb_placement_map *pm, const struct 
         if (pl->kind != WB_PLACE_SHARD)
             continue;
         uint64_t off, len;
-        chunk_range(b.ext[pl->arg], pm->tl->dim[d].size, coord[d], &off, &len);
+        pl_chunk_range(b.ext[pl->arg], pm->tl->dim[d].size, coord[d], &off, &len);
         b.off[pl->arg] += off;
         b.ext[pl->arg] = len;
     }
     return b;
 }
 
-uint32_t place_rank(const struct wb_placement_map *pm, const struct tplace *tp,
-                    const struct wb_shape *shape, uint32_t i, struct wb_box *box, uint32_t *shard,
-                    uint32_t *replica)
+uint32_t pl_place_rank(const struct wb_placement_map *pm, const struct tplace *tp,
+                       const struct wb_shape *shape, uint32_t i, struct wb_box *box,
+                       uint32_t *shard, uint32_t *replica)
 {
     const struct wb_trainer_layout *tl = pm->tl;
     const struct wb_place_rule *rule = &tl->rules[tp->rule];
@@ -489,16 +490,16 @@ static void sq_coords(const struct wb_placement_map *pm, const struct tplace *tp
     }
 }
 
-struct wb_box place_shard_box(const struct wb_placement_map *pm, const struct tplace *tp,
-                              const struct wb_shape *shape, uint32_t s)
+struct wb_box pl_place_shard_box(const struct wb_placement_map *pm, const struct tplace *tp,
+                                 const struct wb_shape *shape, uint32_t s)
 {
     uint32_t coord[WB_MESH_MAX_DIMS] = {0};
     sq_coords(pm, tp, s, 0, coord);
     return coords_box(pm, tp, shape, coord);
 }
 
-uint32_t place_shard_rank(const struct wb_placement_map *pm, const struct tplace *tp, uint32_t s,
-                          uint32_t q)
+uint32_t pl_place_shard_rank(const struct wb_placement_map *pm, const struct tplace *tp, uint32_t s,
+                             uint32_t q)
 {
     uint32_t coord[WB_MESH_MAX_DIMS] = {0};
     sq_coords(pm, tp, s, q, coord);
@@ -514,13 +515,13 @@ int wb_placement_owners(const struct wb_placement_map *pm, uint32_t tensor,
     if (tensor >= pm->inv->n || pm->place[tensor].rule < 0)
         return -EINVAL;
     const struct tplace *tp = &pm->place[tensor];
-    uint32_t nr = place_nranks(pm, tp), k = 0;
+    uint32_t nr = pl_place_nranks(pm, tp), k = 0;
     struct wb_owner *o = malloc((nr ? nr : 1) * sizeof(*o));
     if (!o)
         return -ENOMEM;
     for (uint32_t i = 0; i < nr; i++) {
         struct wb_box b;
-        uint32_t rank = place_rank(pm, tp, &pm->inv->p[tensor].shape, i, &b, NULL, NULL);
+        uint32_t rank = pl_place_rank(pm, tp, &pm->inv->p[tensor].shape, i, &b, NULL, NULL);
         if (wb_box_empty(&b) && b.ndim > 0)
             continue;
         o[k].rank = rank;

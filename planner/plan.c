@@ -1,5 +1,7 @@
-/* plan.c — wb_plan_build(): items, meshes, mesh groups and phases, demands, balancing, and the
- * assembly of the per-rank tables and per-rollout receive lists (see build.h for the passes).
+/* plan.c — wb_plan_build(), the builder's driver: rollout local layouts, shard box classes,
+ * items, meshes, mesh groups and phases, and modes; then pass 1 (walk.c), balancing
+ * (balance.c), pass 3 (emit_threads.c), the greedy fallback, and the plan's assembly
+ * (assemble.c). See build.h for the passes and which file does what.
  *
  * Items: a mapping's components are grouped by mesh (their owner set); a group whose bytes
  * exceed a quarter of the memory cap is cut into several items, so that one task's temporary
@@ -14,133 +16,6 @@
 #include "planner/build.h"
 
 enum { AUTO_GATHER_MIN_RUNS = 64, MSG_CAP = 20 };
-
-const struct wb_mapping *ctx_map(const struct plan_ctx *c, uint32_t m)
-{
-    return &c->in->match->map[m];
-}
-
-const struct wb_component *item_comp(const struct plan_ctx *c, const struct item *it, uint32_t ci)
-{
-    return &ctx_map(c, it->mapping)->comp[*VEC_AT(&c->item_comps, uint32_t, it->c0 + ci)];
-}
-
-bool rank_shard(const struct plan_ctx *c, uint32_t t, uint32_t r, uint32_t *shard,
-                uint32_t *replica)
-{
-    const struct wb_placement_map *pm = c->pm;
-    const struct tplace *tp = &pm->place[t];
-    const struct wb_trainer_layout *tl = pm->tl;
-    const struct wb_place_rule *rule = &tl->rules[tp->rule];
-    uint32_t s = 0, q = 0;
-    for (uint32_t d = 0; d < tl->ndims; d++) {
-        uint32_t coord = (r / pm->stride[d]) % tl->dim[d].size;
-        if (tp->sel[d] >= 0) {
-            if ((int32_t)coord != tp->sel[d])
-                return false;
-        } else if (rule->place[d].kind == WB_PLACE_SHARD) {
-            s = s * tl->dim[d].size + coord;
-        } else {
-            q = q * tl->dim[d].size + coord;
-        }
-    }
-    *shard = s;
-    *replica = q;
-    return true;
-}
-
-bool rank_box(const struct plan_ctx *c, uint32_t t, uint32_t r, struct wb_box *box, uint32_t *shard,
-              uint32_t *replica)
-{
-    uint32_t s, q;
-    if (!rank_shard(c, t, r, &s, &q))
-        return false;
-    *box = place_shard_box(c->pm, &c->pm->place[t], &c->in->trainer->p[t].shape, s);
-    *shard = s;
-    *replica = q;
-    return true;
-}
-
-/* ---------------------------------------------------------------- geometry */
-
-struct wb_box origin_blocks(const struct wb_box *S)
-{
-    struct wb_box b = {.ndim = S->ndim};
-    for (uint32_t d = 0; d < S->ndim; d++) {
-        uint64_t q = qblock(S->ndim, d);
-        uint64_t a = ceil_div(S->off[d], q), z = ceil_div(S->off[d] + S->ext[d], q);
-        b.off[d] = a;
-        b.ext[d] = z > a ? z - a : 0;
-    }
-    return b;
-}
-
-uint64_t dst_bytes(const struct wb_mapping *m, const struct wb_box *S)
-{
-    uint64_t v = wb_box_numel(S) * wb_dtype_size(m->dst_dtype);
-    if (m->xform == WB_XFORM_FP8_BLOCK) {
-        struct wb_box ob = origin_blocks(S);
-        v += wb_box_numel(&ob) * 4;
-    }
-    return v;
-}
-
-uint32_t box_units(const struct plan_ctx *c, const struct wb_mapping *m, const struct wb_box *S,
-                   uint32_t *dim, uint64_t *gran)
-{
-    (void)c;
-    uint32_t d = 0;
-    while (d < S->ndim && S->ext[d] <= 1)
-        d++;
-    *dim = d;
-    *gran = 1;
-    if (d == S->ndim)
-        return 1;
-    uint64_t g0 =
-        (m->xform == WB_XFORM_FP8_BLOCK && qblock(S->ndim, d) == WB_QBLOCK) ? WB_QBLOCK : 1;
-    uint64_t row = wb_box_numel(S) / S->ext[d] * wb_dtype_size(m->dst_dtype);
-    uint64_t k = row * g0 >= (256u << 10) ? 1 : (256u << 10) / (row * g0);
-    uint64_t g = g0 * (k ? k : 1);
-    uint64_t a = S->off[d] / g, z = ceil_div(S->off[d] + S->ext[d], g);
-    while (z - a > (1u << 20)) {
-        g *= 2;
-        a = S->off[d] / g;
-        z = ceil_div(S->off[d] + S->ext[d], g);
-    }
-    *gran = g;
-    return (uint32_t)(z - a);
-}
-
-struct wb_box box_unit_range(const struct wb_box *S, uint32_t dim, uint64_t gran, uint32_t u0,
-                             uint32_t u1)
-{
-    struct wb_box b = *S;
-    if (dim >= S->ndim)
-        return b;
-    uint64_t base = S->off[dim] / gran * gran, end = S->off[dim] + S->ext[dim];
-    uint64_t a = base + (uint64_t)u0 * gran, z = base + (uint64_t)u1 * gran;
-    if (a < S->off[dim])
-        a = S->off[dim];
-    if (z > end)
-        z = end;
-    b.off[dim] = a;
-    b.ext[dim] = z > a ? z - a : 0;
-    return b;
-}
-
-struct wb_box map_to_dst(const struct wb_box *S, const struct wb_box *D, const struct wb_box *Sp)
-{
-    struct wb_box out = *D;
-    int shift = (int)D->ndim - (int)S->ndim;
-    for (uint32_t j = 0; j < S->ndim; j++) {
-        int jd = (int)j + shift;
-        if (jd < 0)
-            continue;
-        out.off[jd] = D->off[jd] + (Sp->off[j] - S->off[j]);
-        out.ext[jd] = Sp->ext[j];
-    }
-    return out;
-}
 
 /* ---------------------------------------------------------------- rollout locals */
 
@@ -157,7 +32,7 @@ static int build_rollout_locals(struct plan_ctx *c)
     for (size_t m = 0; m < mt->n; m++) {
         const struct wb_mapping *mp = &mt->map[m];
         if (mp->scale >= 0) {
-            struct wb_shape g = grid_shape(&ri->p[mp->rollout].shape);
+            struct wb_shape g = pl_grid_shape(&ri->p[mp->rollout].shape);
             if (!wb_shape_eq(&g, &ri->p[mp->scale].shape)) {
                 char a[128], b[128];
                 wb_errlist_add(c->el, "%s: shape %s is not the 128x128 block grid %s of %s",
@@ -187,9 +62,9 @@ static int build_rollout_locals(struct plan_ctx *c)
             }
             lo->p0 = (uint32_t)c->pieces.n;
             lo->np = np;
-            lo->scale_shape = grid_shape(&lo->shape);
+            lo->scale_shape = pl_grid_shape(&lo->shape);
             for (uint32_t k = 0; k < np; k++)
-                if (!vec_push(&c->pieces, &pcs[k]))
+                if (!pl_vec_push(&c->pieces, &pcs[k]))
                     return -ENOMEM;
         }
     }
@@ -212,7 +87,7 @@ static int build_classes(struct plan_ctx *c)
         for (uint32_t d = 0; d < key.shape.ndim && d < WB_MAX_DIMS; d++)
             key.shape.dim[d] = ti->p[t].shape.dim[d];
         size_t before = c->cls.v.n;
-        c->tcls[t] = intern_bytes(&c->cls, &key);
+        c->tcls[t] = pl_intern_bytes(&c->cls, &key);
         if (c->cls.err)
             return c->cls.err;
         if (c->cls.v.n == before || c->pm->place[t].rule < 0)
@@ -220,11 +95,11 @@ static int build_classes(struct plan_ctx *c)
         /* a new class: its shard boxes, and whether every edge is on a 128 block edge */
         const struct tplace *tp = &c->pm->place[t];
         const struct wb_shape *sh = &ti->p[t].shape;
-        struct cls_info ci = {(uint32_t)c->cbox.n, place_nshards(c->pm, tp), true};
-        if (vec_reserve(&c->cbox, ci.nk))
+        struct cls_info ci = {(uint32_t)c->cbox.n, pl_place_nshards(c->pm, tp), true};
+        if (pl_vec_reserve(&c->cbox, ci.nk))
             return -ENOMEM;
         for (uint32_t k = 0; k < ci.nk; k++) {
-            struct wb_box B = place_shard_box(c->pm, tp, sh, k);
+            struct wb_box B = pl_place_shard_box(c->pm, tp, sh, k);
             for (uint32_t d = 0; d < B.ndim; d++)
                 if (qblock(B.ndim, d) > 1 &&
                     (B.off[d] % WB_QBLOCK ||
@@ -233,7 +108,7 @@ static int build_classes(struct plan_ctx *c)
             *VEC_AT(&c->cbox, struct wb_box, c->cbox.n++) = B;
         }
         while (c->cinfo.n <= c->tcls[t]) /* classes of unplaced tensors stay zero */
-            if (!vec_push(&c->cinfo, NULL))
+            if (!pl_vec_push(&c->cinfo, NULL))
                 return -ENOMEM;
         *VEC_AT(&c->cinfo, struct cls_info, c->tcls[t]) = ci;
     }
@@ -257,16 +132,16 @@ static int64_t mesh_intern(struct plan_ctx *c, const struct tplace *tp)
     memcpy(m.sel, sel, sizeof(sel));
     struct tplace t = *tp;
     memcpy(t.sel, sel, sizeof(sel));
-    m.n = place_nranks(c->pm, &t);
+    m.n = pl_place_nranks(c->pm, &t);
     m.bits = calloc(c->words, sizeof(uint64_t));
     m.ranks = malloc((m.n ? m.n : 1) * sizeof(uint32_t));
-    if (!m.bits || !m.ranks || !vec_push(&c->meshes, &m)) {
+    if (!m.bits || !m.ranks || !pl_vec_push(&c->meshes, &m)) {
         free(m.bits);
         free(m.ranks);
         return -ENOMEM;
     }
     for (uint32_t i = 0; i < m.n; i++) {
-        uint32_t r = place_rank(c->pm, &t, NULL, i, NULL, NULL, NULL);
+        uint32_t r = pl_place_rank(c->pm, &t, NULL, i, NULL, NULL, NULL);
         m.bits[r / 64] |= 1ull << (r % 64);
     }
     for (uint32_t r = 0, k = 0; r < c->nt; r++)
@@ -288,7 +163,7 @@ static int build_items(struct plan_ctx *c)
         uint64_t bytes;
     };
     struct vec open;
-    vec_init(&open, sizeof(struct open));
+    pl_vec_init(&open, sizeof(struct open));
     for (size_t m = 0; m < mt->n; m++) {
         const struct wb_mapping *mp = &mt->map[m];
         open.n = 0;
@@ -297,12 +172,12 @@ static int build_items(struct plan_ctx *c)
             const struct tplace *tp = &c->pm->place[t];
             int64_t mesh = mesh_intern(c, tp);
             if (mesh < 0) {
-                vec_free(&open);
+                pl_vec_free(&open);
                 return (int)mesh;
             }
             uint64_t bytes = wb_shape_numel(&ti->p[t].shape) * wb_dtype_size(ti->p[t].dtype);
             if (!gather)
-                bytes /= place_nshards(c->pm, tp);
+                bytes /= pl_place_nshards(c->pm, tp);
             struct open *o = NULL;
             for (size_t i = 0; i < open.n; i++)
                 if (VEC_AT(&open, struct open, i)->mesh == (uint32_t)mesh)
@@ -310,7 +185,7 @@ static int build_items(struct plan_ctx *c)
             if (o && o->bytes > 0 && o->bytes + bytes > limit)
                 o->item = UINT32_MAX; /* full: start a new one */
             if (!o) {
-                o = vec_push(&open, NULL);
+                o = pl_vec_push(&open, NULL);
                 if (!o)
                     goto nomem;
                 o->mesh = (uint32_t)mesh;
@@ -324,7 +199,7 @@ static int build_items(struct plan_ctx *c)
                 /* components of one item must be contiguous in item_comps: items of one
                  * mapping interleave, so each item gets its own run, appended as it grows
                  * (fixed up below). */
-                if (!vec_push(&c->items, &it))
+                if (!pl_vec_push(&c->items, &it))
                     goto nomem;
                 o->item = (uint32_t)c->items.n - 1;
                 o->bytes = 0;
@@ -333,7 +208,7 @@ static int build_items(struct plan_ctx *c)
             /* record (item, component) pairs; runs are made contiguous after the mapping */
             uint32_t pair[2] = {o->item, k};
             struct vec *ic = &c->item_comps;
-            if (vec_reserve(ic, 2))
+            if (pl_vec_reserve(ic, 2))
                 goto nomem;
             memcpy(VEC_AT(ic, uint32_t, ic->n), pair, sizeof(pair));
             ic->n += 2;
@@ -364,7 +239,7 @@ static int build_items(struct plan_ctx *c)
             it->nc = 0;
             for (size_t p = 0; p < npairs; p++)
                 if (pairs[2 * p] == i) {
-                    if (!vec_push(&c->item_comps, &pairs[2 * p + 1])) {
+                    if (!pl_vec_push(&c->item_comps, &pairs[2 * p + 1])) {
                         free(pairs);
                         goto nomem;
                     }
@@ -373,10 +248,10 @@ static int build_items(struct plan_ctx *c)
         }
         free(pairs);
     }
-    vec_free(&open);
+    pl_vec_free(&open);
     return 0;
 nomem:
-    vec_free(&open);
+    pl_vec_free(&open);
     return -ENOMEM;
 }
 
@@ -406,7 +281,7 @@ static int build_phases(struct plan_ctx *c)
     size_t nm = c->meshes.n;
     uint32_t *order = malloc((nm ? nm : 1) * sizeof(uint32_t));
     struct vec groups; /* uint64_t bitsets, words each */
-    vec_init(&groups, c->words * sizeof(uint64_t));
+    pl_vec_init(&groups, c->words * sizeof(uint64_t));
     if (!order)
         return -ENOMEM;
     for (size_t i = 0; i < nm; i++)
@@ -423,9 +298,9 @@ static int build_phases(struct plan_ctx *c)
             if (!clash)
                 break;
         }
-        if (g == groups.n && !vec_push(&groups, NULL)) {
+        if (g == groups.n && !pl_vec_push(&groups, NULL)) {
             free(order);
-            vec_free(&groups);
+            pl_vec_free(&groups);
             return -ENOMEM;
         }
         uint64_t *gb = (uint64_t *)groups.p + g * c->words;
@@ -435,236 +310,13 @@ static int build_phases(struct plan_ctx *c)
     }
     c->nphases = (uint32_t)groups.n;
     free(order);
-    vec_free(&groups);
+    pl_vec_free(&groups);
     for (size_t i = 0; i < c->items.n; i++) {
         struct item *it = VEC_AT(&c->items, struct item, i);
         it->phase = VEC_AT(&c->meshes, struct mesh_int, it->mesh)->phase;
     }
     qsort_r(c->items.p, c->items.n, sizeof(struct item), cmp_item_phase, c);
     return 0;
-}
-
-/* ---------------------------------------------------------------- subpieces and demands */
-
-int item_subpieces(struct plan_ctx *c, const struct item *it)
-{
-    const struct wb_mapping *mp = ctx_map(c, it->mapping);
-    c->sub.n = 0;
-    for (uint32_t l = 0; l < c->gpr; l++) {
-        const struct rlocal *lo = &c->rloc[it->mapping * c->gpr + l];
-        for (uint32_t p = 0; p < lo->np; p++) {
-            const struct wb_local_piece *pc = VEC_AT(&c->pieces, struct wb_local_piece, lo->p0 + p);
-            for (uint32_t ci = 0; ci < it->nc; ci++) {
-                const struct wb_component *cp = item_comp(c, it, ci);
-                struct wb_box I;
-                if (cp->dst.ndim && (cp->dst.off[0] >= pc->global.off[0] + pc->global.ext[0] ||
-                                     pc->global.off[0] >= cp->dst.off[0] + cp->dst.ext[0]))
-                    continue; /* quick reject along dim 0 (experts, fused rows) */
-                if (!wb_box_intersect(&pc->global, &cp->dst, &I))
-                    continue;
-                struct subpiece sp = {.l = l, .ci = ci};
-                uint32_t nd = I.ndim, ns = cp->src.ndim;
-                sp.S.ndim = ns;
-                for (uint32_t j = 0; j < ns; j++) {
-                    int jd = (int)j + (int)nd - (int)ns;
-                    if (jd < 0) {
-                        sp.S.off[j] = cp->src.off[j];
-                        sp.S.ext[j] = cp->src.ext[j];
-                    } else {
-                        sp.S.off[j] = I.off[jd] - cp->dst.off[jd] + cp->src.off[j];
-                        sp.S.ext[j] = I.ext[jd];
-                    }
-                }
-                sp.D.ndim = nd;
-                for (uint32_t j = 0; j < nd; j++) {
-                    sp.D.off[j] = I.off[j] - pc->global.off[j] + pc->local.off[j];
-                    sp.D.ext[j] = I.ext[j];
-                }
-                (void)mp;
-                if (!vec_push(&c->sub, &sp))
-                    return -ENOMEM;
-            }
-        }
-    }
-    return 0;
-}
-
-/* Whether the blocks X touches reach outside B (FP8 blocks straddling owners). */
-static bool straddles(const struct wb_box *X, const struct wb_box *B, const struct wb_shape *sh)
-{
-    struct wb_box bl = box_blocks(X);
-    struct wb_box e = blocks_elems(&bl, sh);
-    return !wb_box_contains(B, &e);
-}
-
-int item_comps_prepare(struct plan_ctx *c, const struct item *it)
-{
-    c->icomp.n = c->ibox.n = c->iset.n = 0;
-    for (uint32_t ci = 0; ci < it->nc; ci++) {
-        struct icomp ic = {.t = item_comp(c, it, ci)->trainer};
-        ic.tp = &c->pm->place[ic.t];
-        ic.sh = &c->in->trainer->p[ic.t].shape;
-        ic.cls = c->tcls[ic.t];
-        const struct cls_info *cl = VEC_AT(&c->cinfo, struct cls_info, ic.cls);
-        ic.nk = cl->nk;
-        ic.b0 = (uint32_t)c->ibox.n;
-        ic.aligned = cl->aligned;
-        if (vec_reserve(&c->ibox, ic.nk) || vec_reserve(&c->iset, ic.nk))
-            return -ENOMEM;
-        memcpy(VEC_AT(&c->ibox, struct wb_box, c->ibox.n), VEC_AT(&c->cbox, struct wb_box, cl->b0),
-               ic.nk * sizeof(struct wb_box));
-        c->ibox.n += ic.nk;
-        for (uint32_t k = 0; k < ic.nk; k++)
-            *VEC_AT(&c->iset, int64_t, c->iset.n++) = -1;
-        if (!vec_push(&c->icomp, &ic))
-            return -ENOMEM;
-    }
-    return 0;
-}
-
-void asg_boxes(const struct plan_ctx *c, const struct item *it, const struct assign *a,
-               struct sd *out)
-{
-    const struct subpiece *sp = VEC_AT(&c->sub, struct subpiece, a->sub);
-    const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, a->ci);
-    struct wb_box X = sp->S;
-    if (a->k != UINT32_MAX)
-        wb_box_intersect(&sp->S, VEC_AT(&c->ibox, struct wb_box, ic->b0 + a->k), &X);
-    uint32_t dim;
-    uint64_t gran;
-    box_units(c, ctx_map(c, it->mapping), &X, &dim, &gran);
-    out->S = box_unit_range(&X, dim, gran, a->u0, a->u1);
-    out->D = map_to_dst(&sp->S, &sp->D, &out->S);
-}
-
-static int64_t mesh_set(struct plan_ctx *c, const struct item *it)
-{
-    const struct mesh_int *mesh = VEC_AT(&c->meshes, struct mesh_int, it->mesh);
-    int64_t id = bal_set(&c->bal, mesh->ranks, mesh->n);
-    int r = stamp_log_set(c, id);
-    return r ? r : id;
-}
-
-/* The candidate set of shard k of component ci: its replicas. */
-static int64_t shard_set(struct plan_ctx *c, const struct icomp *ic, uint32_t k)
-{
-    int64_t *slot = VEC_AT(&c->iset, int64_t, ic->b0 + k);
-    if (*slot >= 0)
-        return *slot;
-    uint32_t nq = place_nreplicas(c->pm, ic->tp);
-    uint32_t *ranks = malloc(nq * sizeof(uint32_t));
-    if (!ranks)
-        return -ENOMEM;
-    for (uint32_t q = 0; q < nq; q++)
-        ranks[q] = place_shard_rank(c->pm, ic->tp, k, q);
-    for (uint32_t i = 1; i < nq; i++) /* ascending ranks */
-        for (uint32_t j = i; j > 0 && ranks[j - 1] > ranks[j]; j--) {
-            uint32_t t = ranks[j];
-            ranks[j] = ranks[j - 1];
-            ranks[j - 1] = t;
-        }
-    *slot = bal_set(&c->bal, ranks, nq);
-    free(ranks);
-    int r = stamp_log_set(c, *slot);
-    return r ? r : *slot;
-}
-
-/* The demands of subpieces [a, z) (one local rank), computed once for all replicas. */
-static int group_demands(struct plan_ctx *c, const struct item *it, size_t a, size_t z,
-                         int64_t mset)
-{
-    const struct wb_mapping *mp = ctx_map(c, it->mapping);
-    bool gather = it->mode == WB_MODE_GATHER, fp8 = mp->xform == WB_XFORM_FP8_BLOCK;
-    c->dem.n = 0;
-    for (size_t s = a; s < z; s++) {
-        const struct subpiece *sp = VEC_AT(&c->sub, struct subpiece, s);
-        const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, sp->ci);
-        uint32_t nk = gather ? 1 : ic->nk;
-        for (uint32_t k = 0; k < nk; k++) {
-            struct dem d = {.sub = (uint32_t)s, .k = UINT32_MAX, .set = mset, .X = sp->S};
-            if (!gather) {
-                const struct wb_box *B = VEC_AT(&c->ibox, struct wb_box, ic->b0 + k);
-                if (!wb_box_intersect(&sp->S, B, &d.X))
-                    continue;
-                d.k = k;
-                d.set = shard_set(c, ic, k);
-                if (d.set < 0)
-                    return (int)d.set;
-                d.straddle = fp8 && !ic->aligned && straddles(&d.X, B, ic->sh);
-            }
-            d.nu = box_units(c, mp, &d.X, &d.dim, &d.gran);
-            d.bytes = dst_bytes(mp, &d.X);
-            if (!vec_push(&c->dem, &d))
-                return -ENOMEM;
-        }
-    }
-    return 0;
-}
-
-/* Walks an item's demands in plan order. In pass 1 (emit == false) they go to the balancer;
- * in pass 3 their senders are read back and turned into assignments (c->asg). */
-int walk_item(struct plan_ctx *c, const struct item *it, bool emit, uint32_t *group)
-{
-    const struct wb_rollout_layout *rl = c->in->rl;
-    int r = item_subpieces(c, it);
-    if (!r)
-        r = item_comps_prepare(c, it);
-    if (r)
-        return r;
-    int64_t mset = mesh_set(c, it);
-    if (mset < 0)
-        return (int)mset;
-    bool gather = it->mode == WB_MODE_GATHER;
-    if (emit)
-        c->asg.n = 0;
-    const struct subpiece *SP = c->sub.p;
-    for (size_t a = 0; a < c->sub.n && !r;) {
-        size_t z = a;
-        while (z < c->sub.n && SP[z].l == SP[a].l)
-            z++;
-        r = group_demands(c, it, a, z, mset);
-        const struct dem *DM = c->dem.p;
-        for (uint32_t rep = 0; rep < rl->replicas && !r; rep++) {
-            uint32_t g = rep * c->gpr + SP[a].l;
-            bool any_straddle = false;
-            if (gather)
-                (*group)++;
-            for (size_t i = 0; i < c->dem.n && !r; i++) {
-                const struct dem *d = &DM[i];
-                if (!gather)
-                    (*group)++;
-                any_straddle |= d->straddle;
-                const struct bal_set *bs = VEC_AT(&c->bal.sets, struct bal_set, d->set);
-                if (!emit) {
-                    int a2 = bal_add(&c->bal, (uint32_t)d->set, d->bytes, d->nu, *group, it->phase);
-                    r = a2 < 0 ? a2 : 0;
-                    continue;
-                }
-                struct bal_part one = {*VEC_AT(&c->bal.set_ranks, uint32_t, bs->r0), 0, d->nu};
-                const struct bal_part *parts = &one;
-                uint32_t np = 1;
-                if (bs->n > 1) {
-                    const struct bal_demand *bd =
-                        VEC_AT(&c->bal.demands, struct bal_demand, c->demand_cursor++);
-                    parts = VEC_AT(&c->bal.parts, struct bal_part, bd->part0);
-                    np = bd->nparts;
-                }
-                uint32_t ci = SP[d->sub].ci;
-                for (uint32_t pi = 0; pi < np && !r; pi++) {
-                    struct assign as = {parts[pi].rank, g,           ci, d->sub, d->k,
-                                        parts[pi].u0,   parts[pi].u1};
-                    if (!vec_push(&c->asg, &as))
-                        r = -ENOMEM;
-                }
-            }
-            if (!emit)
-                c->pieces_by_mode[gather         ? WB_MODE_GATHER
-                                  : any_straddle ? WB_MODE_AMAX
-                                                 : WB_MODE_DIRECT]++;
-        }
-        a = z;
-    }
-    return r;
 }
 
 /* AUTO: an item goes to gather mode when direct writes would explode (shards cut across the
@@ -676,9 +328,9 @@ static int choose_modes(struct plan_ctx *c)
         struct item *it = VEC_AT(&c->items, struct item, i);
         it->mode = c->opts->mode == WB_MODE_GATHER ? WB_MODE_GATHER : WB_MODE_DIRECT;
         int64_t like;
-        int r = item_subpieces(c, it);
+        int r = pl_item_subpieces(c, it);
         if (!r)
-            r = stamp_classify(c, (uint32_t)i, &like);
+            r = pl_stamp_classify(c, (uint32_t)i, &like);
         if (r)
             return r;
         if (like >= 0) {
@@ -687,7 +339,7 @@ static int choose_modes(struct plan_ctx *c)
         }
         if (c->opts->mode != WB_MODE_AUTO)
             continue;
-        r = item_comps_prepare(c, it);
+        r = pl_item_comps_prepare(c, it);
         if (r)
             return r;
         uint64_t runs_gather = 0, runs_direct = 0;
@@ -702,7 +354,7 @@ static int choose_modes(struct plan_ctx *c)
                 struct wb_box X;
                 if (!wb_box_intersect(&sp->S, VEC_AT(&c->ibox, struct wb_box, ic->b0 + k), &X))
                     continue;
-                struct wb_box Dx = map_to_dst(&sp->S, &sp->D, &X);
+                struct wb_box Dx = pl_map_to_dst(&sp->S, &sp->D, &X);
                 if (wb_ranges_init(&rg, &lo->shape, &Dx, 1) == 0)
                     runs_direct += wb_ranges_count(&rg);
             }
@@ -719,45 +371,45 @@ static void ctx_free(struct plan_ctx *c)
 {
     wb_placement_map_free(c->pm);
     free(c->rloc);
-    vec_free(&c->pieces);
+    pl_vec_free(&c->pieces);
     for (size_t i = 0; i < c->meshes.n; i++) {
         free(VEC_AT(&c->meshes, struct mesh_int, i)->bits);
         free(VEC_AT(&c->meshes, struct mesh_int, i)->ranks);
     }
-    vec_free(&c->meshes);
-    vec_free(&c->items);
-    vec_free(&c->item_comps);
-    bal_free(&c->bal);
-    rank_outs_free(c->ro, c->nt);
+    pl_vec_free(&c->meshes);
+    pl_vec_free(&c->items);
+    pl_vec_free(&c->item_comps);
+    pl_bal_free(&c->bal);
+    pl_rank_outs_free(c->ro, c->nt);
     free(c->tcls);
     free(c->dem0);
-    vec_free(&c->cbox);
-    vec_free(&c->cinfo);
-    intern_free(&c->cls);
-    scratch_free(c);
-    stamp_free(&c->st);
+    pl_vec_free(&c->cbox);
+    pl_vec_free(&c->cinfo);
+    pl_intern_free(&c->cls);
+    pl_scratch_free(c);
+    pl_stamp_free(&c->st);
 }
 
 /* Pass 1: every item's demands to the balancer (stamped where a template allows). */
 static int walk_all(struct plan_ctx *c)
 {
     uint32_t group = 0;
-    stamp_pass_reset(c, 1);
+    pl_stamp_pass_reset(c, 1);
     free(c->dem0);
     c->dem0 = calloc(c->items.n + 1, sizeof(uint32_t));
     if (!c->dem0)
         return -ENOMEM;
     for (size_t i = 0; i < c->items.n; i++) {
         c->dem0[i] = (uint32_t)c->bal.demands.n;
-        int r = stamp_walk_apply(c, (uint32_t)i, &group);
+        int r = pl_stamp_walk_apply(c, (uint32_t)i, &group);
         if (r > 0)
             continue;
         if (!r)
-            r = stamp_walk_begin(c, (uint32_t)i, group);
+            r = pl_stamp_walk_begin(c, (uint32_t)i, group);
         if (!r)
-            r = walk_item(c, VEC_AT(&c->items, struct item, i), false, &group);
+            r = pl_walk_item(c, VEC_AT(&c->items, struct item, i), false, &group);
         if (!r)
-            r = stamp_walk_end(c, (uint32_t)i, group);
+            r = pl_stamp_walk_end(c, (uint32_t)i, group);
         if (r)
             return r;
     }
@@ -768,26 +420,26 @@ static int walk_all(struct plan_ctx *c)
 int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts,
                   struct wb_plan **out, struct wb_errlist *el)
 {
-    return plan_build(in, opts, true, out, NULL, el);
+    return pl_plan_build(in, opts, true, out, NULL, el);
 }
 
-int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
-               struct wb_plan **out, size_t *nstamped, struct wb_errlist *el)
+int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
+                  struct wb_plan **out, size_t *nstamped, struct wb_errlist *el)
 {
     struct plan_ctx c;
     memset(&c, 0, sizeof(c));
     c.in = in;
     c.opts = opts;
     c.el = el;
-    vec_init(&c.pieces, sizeof(struct wb_local_piece));
-    vec_init(&c.meshes, sizeof(struct mesh_int));
-    vec_init(&c.items, sizeof(struct item));
-    intern_init(&c.cls, sizeof(struct cls_key));
-    vec_init(&c.cbox, sizeof(struct wb_box));
-    vec_init(&c.cinfo, sizeof(struct cls_info));
-    vec_init(&c.item_comps, sizeof(uint32_t));
-    scratch_init(&c);
-    stamp_init(&c.st);
+    pl_vec_init(&c.pieces, sizeof(struct wb_local_piece));
+    pl_vec_init(&c.meshes, sizeof(struct mesh_int));
+    pl_vec_init(&c.items, sizeof(struct item));
+    pl_intern_init(&c.cls, sizeof(struct cls_key));
+    pl_vec_init(&c.cbox, sizeof(struct wb_box));
+    pl_vec_init(&c.cinfo, sizeof(struct cls_info));
+    pl_vec_init(&c.item_comps, sizeof(uint32_t));
+    pl_scratch_init(&c);
+    pl_stamp_init(&c.st);
     struct wb_plan *p = NULL;
     int r = wb_layout_check(in->tl, in->rl, el);
     if (r)
@@ -832,25 +484,25 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
         r = build_classes(&c);
     if (r)
         goto out;
-    if ((r = build_items(&c)) || (r = build_phases(&c)) || (r = stamp_prepare(&c, stamp)))
+    if ((r = build_items(&c)) || (r = build_phases(&c)) || (r = pl_stamp_prepare(&c, stamp)))
         goto out;
     r = choose_modes(&c);
     if (!r)
-        r = bal_init(&c.bal, c.nt, c.nphases);
+        r = pl_bal_init(&c.bal, c.nt, c.nphases);
     if (r)
         goto out;
     r = walk_all(&c);
     if (r)
         goto out;
-    r = bal_solve(&c.bal, false);
+    r = pl_bal_solve(&c.bal, false);
     if (r)
         goto out;
-    c.ro = rank_outs_new(c.nt);
+    c.ro = pl_rank_outs_new(c.nt);
     if (!c.ro) {
         r = -ENOMEM;
         goto out;
     }
-    r = emit_all(&c);
+    r = pl_emit_all(&c);
     if (r)
         goto out;
     /* Splits round part sizes; should that make the busiest sender worse than the reference
@@ -861,11 +513,11 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
             mx = c.ro[k].send;
     if (mx > c.bal.greedy_max && !c.bal.used_greedy) {
         uint64_t lb = c.bal.lower_bound;
-        bal_free(&c.bal);
-        if ((r = bal_init(&c.bal, c.nt, c.nphases)))
+        pl_bal_free(&c.bal);
+        if ((r = pl_bal_init(&c.bal, c.nt, c.nphases)))
             goto out;
         memset(c.pieces_by_mode, 0, sizeof(c.pieces_by_mode));
-        if ((r = walk_all(&c)) || (r = bal_solve(&c.bal, true)) || (r = emit_all(&c)))
+        if ((r = walk_all(&c)) || (r = pl_bal_solve(&c.bal, true)) || (r = pl_emit_all(&c)))
             goto out;
         c.bal.lower_bound = lb;
     }
@@ -889,7 +541,7 @@ int plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, 
         r = -ENOMEM;
         goto out;
     }
-    r = finish_tables(&c, p);
+    r = pl_finish_tables(&c, p);
     if (r)
         goto out;
     p->stats.tensors = 0;

@@ -13,17 +13,17 @@ struct vec {
     size_t n, cap, elem;
 };
 
-static inline void vec_init(struct vec *v, size_t elem)
+static inline void pl_vec_init(struct vec *v, size_t elem)
 {
     v->p = NULL;
     v->n = v->cap = 0;
     v->elem = elem;
 }
-void vec_free(struct vec *v);
+void pl_vec_free(struct vec *v);
 /* Room for `more` elements; returns 0 or -ENOMEM. */
-int vec_reserve(struct vec *v, size_t more);
+int pl_vec_reserve(struct vec *v, size_t more);
 /* Appends one element (copied from e, or zeroed when e is NULL); returns its address or NULL. */
-void *vec_push(struct vec *v, const void *e);
+void *pl_vec_push(struct vec *v, const void *e);
 #define VEC_AT(v, T, i) (&((T *)(v)->p)[i])
 
 /* A set of distinct boxes or shapes, each stored once; values are looked up by content. */
@@ -34,13 +34,13 @@ struct intern {
     int err; /* -ENOMEM once an insertion failed */
 };
 
-void intern_init(struct intern *in, size_t elem);
-void intern_free(struct intern *in);
+void pl_intern_init(struct intern *in, size_t elem);
+void pl_intern_free(struct intern *in);
 /* Index of the value (inserted when new); 0 with in->err set on allocation failure. */
-uint32_t intern_box(struct intern *in, const struct wb_box *b);
+uint32_t pl_intern_box(struct intern *in, const struct wb_box *b);
 /* Any value of in's element size whose bytes are canonical (padding zeroed). */
-uint32_t intern_bytes(struct intern *in, const void *val);
-uint32_t intern_shape(struct intern *in, const struct wb_shape *s);
+uint32_t pl_intern_bytes(struct intern *in, const void *val);
+uint32_t pl_intern_shape(struct intern *in, const struct wb_shape *s);
 
 /* ---------------------------------------------------------------- placement */
 
@@ -61,22 +61,22 @@ struct wb_placement_map {
 };
 
 /* Number of ranks in the owner set (product of free dims). */
-uint32_t place_nranks(const struct wb_placement_map *pm, const struct tplace *tp);
-/* The i-th rank of the set (i < place_nranks), in ascending rank order, with the box it holds,
+uint32_t pl_place_nranks(const struct wb_placement_map *pm, const struct tplace *tp);
+/* The i-th rank of the set (i < pl_place_nranks), in ascending rank order, with the box it holds,
  * its shard index (mixed radix over SHARD dims) and replica index (over REPLICATE dims). */
-uint32_t place_rank(const struct wb_placement_map *pm, const struct tplace *tp,
-                    const struct wb_shape *shape, uint32_t i, struct wb_box *box, uint32_t *shard,
-                    uint32_t *replica);
+uint32_t pl_place_rank(const struct wb_placement_map *pm, const struct tplace *tp,
+                       const struct wb_shape *shape, uint32_t i, struct wb_box *box,
+                       uint32_t *shard, uint32_t *replica);
 /* Number of distinct shards and replicas. */
-uint32_t place_nshards(const struct wb_placement_map *pm, const struct tplace *tp);
-uint32_t place_nreplicas(const struct wb_placement_map *pm, const struct tplace *tp);
+uint32_t pl_place_nshards(const struct wb_placement_map *pm, const struct tplace *tp);
+uint32_t pl_place_nreplicas(const struct wb_placement_map *pm, const struct tplace *tp);
 /* Box of shard s, and the rank holding shard s in replica q. */
-struct wb_box place_shard_box(const struct wb_placement_map *pm, const struct tplace *tp,
-                              const struct wb_shape *shape, uint32_t s);
-uint32_t place_shard_rank(const struct wb_placement_map *pm, const struct tplace *tp, uint32_t s,
-                          uint32_t q);
+struct wb_box pl_place_shard_box(const struct wb_placement_map *pm, const struct tplace *tp,
+                                 const struct wb_shape *shape, uint32_t s);
+uint32_t pl_place_shard_rank(const struct wb_placement_map *pm, const struct tplace *tp, uint32_t s,
+                             uint32_t q);
 /* Chunk i of n of extent ext under torch.chunk rules: offset and length (length may be 0). */
-void chunk_range(uint64_t ext, uint32_t n, uint32_t i, uint64_t *off, uint64_t *len);
+void pl_chunk_range(uint64_t ext, uint32_t n, uint32_t i, uint64_t *off, uint64_t *len);
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -93,10 +93,10 @@ static inline uint64_t qblock(uint32_t ndim, uint32_t d)
     return (d + 2 >= ndim) ? WB_QBLOCK : 1;
 }
 /* The blocks a box touches (block coordinates). */
-struct wb_box box_blocks(const struct wb_box *b);
+struct wb_box pl_box_blocks(const struct wb_box *b);
 /* The elements covered by a box of blocks, clipped to the shape. */
-struct wb_box blocks_elems(const struct wb_box *blocks, const struct wb_shape *shape);
+struct wb_box pl_blocks_elems(const struct wb_box *blocks, const struct wb_shape *shape);
 /* Block grid shape of a tensor shape. */
-struct wb_shape grid_shape(const struct wb_shape *s);
+struct wb_shape pl_grid_shape(const struct wb_shape *s);
 
 #endif /* WB_PLAN_INT_H */

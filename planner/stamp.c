@@ -22,7 +22,10 @@
  * interned box/shape indices renumbered. Boxes and shapes are interned into Y's ranks in the
  * order X first used them, so the tables come out identical to an un-stamped build (the unit
  * test planner_stamp_test checks that, and wb_plan_verify checks the shipped scenarios).
- * Items with balanced demands are walked and emitted as before. */
+ * Items with balanced demands are walked and emitted as before.
+ *
+ * plan.c classifies the items and runs pass 1 through it, walk.c logs candidate sets to it, and
+ * emit_threads.c runs pass 3 through it; it uses only balance.c and geometry.c of the builder. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,27 +70,27 @@ static int cmp_tens(const void *a, const void *b)
     return x->t < y->t ? -1 : x->t > y->t;
 }
 
-void stamp_init(struct stamp *st)
+void pl_stamp_init(struct stamp *st)
 {
     memset(st, 0, sizeof(*st));
-    vec_init(&st->reps, sizeof(struct stamp_rep));
-    vec_init(&st->sub, sizeof(struct subpiece));
-    vec_init(&st->tens, sizeof(struct tens_pair));
-    vec_init(&st->p1u32, sizeof(uint32_t));
-    vec_init(&st->p1u64, sizeof(uint64_t));
-    vec_init(&st->p3rk, sizeof(struct stamp_rank));
-    vec_init(&st->p3u32, sizeof(uint32_t));
+    pl_vec_init(&st->reps, sizeof(struct stamp_rep));
+    pl_vec_init(&st->sub, sizeof(struct subpiece));
+    pl_vec_init(&st->tens, sizeof(struct tens_pair));
+    pl_vec_init(&st->p1u32, sizeof(uint32_t));
+    pl_vec_init(&st->p1u64, sizeof(uint64_t));
+    pl_vec_init(&st->p3rk, sizeof(struct stamp_rank));
+    pl_vec_init(&st->p3u32, sizeof(uint32_t));
 }
 
-void stamp_free(struct stamp *st)
+void pl_stamp_free(struct stamp *st)
 {
-    vec_free(&st->reps);
-    vec_free(&st->sub);
-    vec_free(&st->tens);
-    vec_free(&st->p1u32);
-    vec_free(&st->p1u64);
-    vec_free(&st->p3rk);
-    vec_free(&st->p3u32);
+    pl_vec_free(&st->reps);
+    pl_vec_free(&st->sub);
+    pl_vec_free(&st->tens);
+    pl_vec_free(&st->p1u32);
+    pl_vec_free(&st->p1u64);
+    pl_vec_free(&st->p3rk);
+    pl_vec_free(&st->p3u32);
     free(st->head);
     free(st->rep_of);
     free(st->dr);
@@ -95,7 +98,7 @@ void stamp_free(struct stamp *st)
     memset(st, 0, sizeof(*st));
 }
 
-int stamp_prepare(struct plan_ctx *c, bool on)
+int pl_stamp_prepare(struct plan_ctx *c, bool on)
 {
     struct stamp *st = &c->st;
     size_t n = c->items.n + 1;
@@ -132,11 +135,11 @@ static uint64_t mix_box(uint64_t h, const struct wb_box *b)
  * subpieces. */
 static uint64_t item_sig(const struct plan_ctx *c, const struct item *it)
 {
-    const struct wb_mapping *mp = ctx_map(c, it->mapping);
+    const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
     uint64_t h =
         mix(mix(mix(mix(0x9E3779B97F4A7C15ull, it->nc), mp->xform), mp->dst_dtype), mp->scale >= 0);
     for (uint32_t ci = 0; ci < it->nc; ci++) {
-        uint32_t t = item_comp(c, it, ci)->trainer;
+        uint32_t t = pl_item_comp(c, it, ci)->trainer;
         const struct wb_param *p = &c->in->trainer->p[t];
         h = mix(mix(h, p->dtype), (uint64_t)c->pm->place[t].rule);
         for (uint32_t d = 0; d < p->shape.ndim; d++)
@@ -154,14 +157,14 @@ static bool congruent(const struct plan_ctx *c, const struct stamp_rep *rp, cons
                       int64_t *dr, int64_t *dl)
 {
     const struct item *x = VEC_AT(&c->items, struct item, rp->item);
-    const struct wb_mapping *mx = ctx_map(c, x->mapping), *my = ctx_map(c, y->mapping);
+    const struct wb_mapping *mx = pl_ctx_map(c, x->mapping), *my = pl_ctx_map(c, y->mapping);
     if (x->nc != y->nc || rp->nsub != c->sub.n || mx->xform != my->xform ||
         mx->dst_dtype != my->dst_dtype || (mx->scale >= 0) != (my->scale >= 0))
         return false;
     const struct wb_placement_map *pm = c->pm;
     int64_t shift = 0;
     for (uint32_t ci = 0; ci < x->nc; ci++) {
-        uint32_t tx = item_comp(c, x, ci)->trainer, ty = item_comp(c, y, ci)->trainer;
+        uint32_t tx = pl_item_comp(c, x, ci)->trainer, ty = pl_item_comp(c, y, ci)->trainer;
         const struct wb_param *px = &c->in->trainer->p[tx], *py = &c->in->trainer->p[ty];
         const struct tplace *ax = &pm->place[tx], *ay = &pm->place[ty];
         if (px->dtype != py->dtype || !wb_shape_eq(&px->shape, &py->shape) || ax->rule != ay->rule)
@@ -193,7 +196,7 @@ static bool congruent(const struct plan_ctx *c, const struct stamp_rep *rp, cons
     return true;
 }
 
-int stamp_classify(struct plan_ctx *c, uint32_t i, int64_t *like)
+int pl_stamp_classify(struct plan_ctx *c, uint32_t i, int64_t *like)
 {
     struct stamp *st = &c->st;
     *like = -1;
@@ -217,11 +220,11 @@ int stamp_classify(struct plan_ctx *c, uint32_t i, int64_t *like)
     struct stamp_rep rp = {.item = i, .sig = sig, .sub0 = (uint32_t)st->sub.n};
     rp.nsub = (uint32_t)c->sub.n;
     rp.tens0 = (uint32_t)st->tens.n;
-    if (vec_reserve(&st->sub, c->sub.n) || vec_reserve(&st->tens, y->nc))
+    if (pl_vec_reserve(&st->sub, c->sub.n) || pl_vec_reserve(&st->tens, y->nc))
         return -ENOMEM;
     struct tens_pair *tp = VEC_AT(&st->tens, struct tens_pair, rp.tens0);
     for (uint32_t ci = 0; ci < y->nc; ci++)
-        tp[ci] = (struct tens_pair){item_comp(c, y, ci)->trainer, ci};
+        tp[ci] = (struct tens_pair){pl_item_comp(c, y, ci)->trainer, ci};
     qsort(tp, y->nc, sizeof(*tp), cmp_tens);
     for (uint32_t ci = 1; ci < y->nc; ci++)
         if (tp[ci].t == tp[ci - 1].t)
@@ -232,7 +235,7 @@ int stamp_classify(struct plan_ctx *c, uint32_t i, int64_t *like)
     st->sub.n += c->sub.n;
     size_t slot = sig & (st->hcap - 1);
     rp.next = st->head[slot];
-    if (!vec_push(&st->reps, &rp))
+    if (!pl_vec_push(&st->reps, &rp))
         return -ENOMEM;
     st->head[slot] = (int32_t)st->reps.n - 1;
     st->rep_of[i] = (int32_t)st->reps.n - 1;
@@ -283,7 +286,7 @@ static uint32_t rank_pos(const uint32_t *R, uint32_t n, uint32_t r)
 
 /* ---------------------------------------------------------------- pass 1 */
 
-void stamp_pass_reset(struct plan_ctx *c, int pass)
+void pl_stamp_pass_reset(struct plan_ctx *c, int pass)
 {
     struct stamp *st = &c->st;
     for (size_t k = 0; k < st->reps.n; k++) {
@@ -298,7 +301,7 @@ void stamp_pass_reset(struct plan_ctx *c, int pass)
     st->stamped = 0;
 }
 
-int stamp_walk_begin(struct plan_ctx *c, uint32_t i, uint32_t group)
+int pl_stamp_walk_begin(struct plan_ctx *c, uint32_t i, uint32_t group)
 {
     struct stamp *st = &c->st;
     struct stamp_rep *rp = rep_self(c, i);
@@ -310,7 +313,7 @@ int stamp_walk_begin(struct plan_ctx *c, uint32_t i, uint32_t group)
     uint32_t n = mesh_ranks(c, it->mesh, &R);
     rp->set0 = (uint32_t)st->p1u32.n;
     rp->base0 = (uint32_t)st->p1u64.n;
-    if (vec_reserve(&st->p1u64, (size_t)n))
+    if (pl_vec_reserve(&st->p1u64, (size_t)n))
         return -ENOMEM;
     for (uint32_t k = 0; k < n; k++)
         *VEC_AT(&st->p1u64, uint64_t, st->p1u64.n++) = c->bal.base[R[k]];
@@ -321,15 +324,15 @@ int stamp_walk_begin(struct plan_ctx *c, uint32_t i, uint32_t group)
     return 0;
 }
 
-int stamp_log_set(struct plan_ctx *c, int64_t set)
+int pl_stamp_log_set(struct plan_ctx *c, int64_t set)
 {
     if (!c->st.logging || set < 0)
         return 0;
     uint32_t id = (uint32_t)set;
-    return vec_push(&c->st.p1u32, &id) ? 0 : -ENOMEM;
+    return pl_vec_push(&c->st.p1u32, &id) ? 0 : -ENOMEM;
 }
 
-int stamp_walk_end(struct plan_ctx *c, uint32_t i, uint32_t group)
+int pl_stamp_walk_end(struct plan_ctx *c, uint32_t i, uint32_t group)
 {
     struct stamp *st = &c->st;
     struct stamp_rep *rp = rep_self(c, i);
@@ -352,7 +355,7 @@ int stamp_walk_end(struct plan_ctx *c, uint32_t i, uint32_t group)
     return 0;
 }
 
-int stamp_walk_apply(struct plan_ctx *c, uint32_t i, uint32_t *group)
+int pl_stamp_walk_apply(struct plan_ctx *c, uint32_t i, uint32_t *group)
 {
     struct stamp_rep *rp = rep_for(c, i);
     if (!rp || !rp->p1)
@@ -377,7 +380,7 @@ int stamp_walk_apply(struct plan_ctx *c, uint32_t i, uint32_t *group)
         const uint32_t *src = VEC_AT(&b->set_ranks, uint32_t, s->r0);
         for (uint32_t m = 0; m < s->n; m++)
             dst[m] = (uint32_t)((int64_t)src[m] + dr);
-        int64_t id2 = bal_set(b, dst, s->n);
+        int64_t id2 = pl_bal_set(b, dst, s->n);
         if (id2 < 0) {
             free(heap);
             return (int)id2;
@@ -401,7 +404,7 @@ int stamp_walk_apply(struct plan_ctx *c, uint32_t i, uint32_t *group)
 
 /* ---------------------------------------------------------------- pass 3 */
 
-int stamp_emit_begin(struct plan_ctx *c, uint32_t i)
+int pl_stamp_emit_begin(struct plan_ctx *c, uint32_t i)
 {
     struct stamp *st = &c->st;
     struct stamp_rep *rp = rep_self(c, i);
@@ -412,7 +415,7 @@ int stamp_emit_begin(struct plan_ctx *c, uint32_t i)
     const uint32_t *R;
     uint32_t n = mesh_ranks(c, it->mesh, &R);
     rp->rk0 = (uint32_t)st->p3rk.n;
-    if (vec_reserve(&st->p3rk, (size_t)n))
+    if (pl_vec_reserve(&st->p3rk, (size_t)n))
         return -ENOMEM;
     for (uint32_t k = 0; k < n; k++) {
         const struct rank_out *ro = &c->ro[R[k]];
@@ -444,7 +447,7 @@ static int first_use(struct vec *v, uint32_t n0, uint32_t idx)
     for (size_t k = n0; k < v->n; k++)
         if (*VEC_AT(v, uint32_t, k) == idx)
             return 0;
-    return vec_push(v, &idx) ? 0 : -ENOMEM;
+    return pl_vec_push(v, &idx) ? 0 : -ENOMEM;
 }
 
 /* Box and shape indices an op uses, in the order emit.c interns them. */
@@ -483,7 +486,7 @@ static void op_refs(const struct wb_rt_op *op, uint32_t *box, uint32_t *nbox, ui
     }
 }
 
-int stamp_emit_end(struct plan_ctx *c, uint32_t i)
+int pl_stamp_emit_end(struct plan_ctx *c, uint32_t i)
 {
     struct stamp *st = &c->st;
     struct stamp_rep *rp = rep_self(c, i);
@@ -585,7 +588,7 @@ static int renum_build(struct renum *m, struct intern *from, struct intern *to,
     for (uint32_t k = 0; k < n; k++) {
         const void *v = (const char *)from->v.p + (size_t)list[k] * from->v.elem;
         m->pair[2 * k] = list[k];
-        m->pair[2 * k + 1] = box ? intern_box(to, v) : intern_shape(to, v);
+        m->pair[2 * k + 1] = box ? pl_intern_box(to, v) : pl_intern_shape(to, v);
         if (to->err)
             return to->err;
     }
@@ -615,7 +618,7 @@ static uint32_t tmap(struct tmap *m, uint32_t t)
             hi = mid;
     }
     m->last_from = t;
-    m->last_to = item_comp(m->c, m->y, m->tp[lo].ci)->trainer;
+    m->last_to = pl_item_comp(m->c, m->y, m->tp[lo].ci)->trainer;
     return m->last_to;
 }
 
@@ -636,13 +639,13 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
     uint32_t r = R[me], ry = (uint32_t)((int64_t)r + st->dr[yi]);
     struct rank_out *src = &c->ro[r], *dst = &c->ro[ry];
     const struct item *x = VEC_AT(&c->items, struct item, rp->item);
-    const struct wb_mapping *mx = ctx_map(c, x->mapping), *my = ctx_map(c, y->mapping);
+    const struct wb_mapping *mx = pl_ctx_map(c, x->mapping), *my = pl_ctx_map(c, y->mapping);
     int64_t dr = st->dr[yi], dl = st->dl[yi];
     uint32_t nops = sr->op1 - sr->op0, nw = sr->w1 - sr->w0, np = sr->p1 - sr->p0;
     uint32_t nt = sr->task1 - sr->task0, na = sr->a1 - sr->a0;
-    if (vec_reserve(&dst->tasks, nt) || vec_reserve(&dst->ops, nops) ||
-        vec_reserve(&dst->writes, nw) || vec_reserve(&dst->peers, np) ||
-        vec_reserve(&dst->amax, na))
+    if (pl_vec_reserve(&dst->tasks, nt) || pl_vec_reserve(&dst->ops, nops) ||
+        pl_vec_reserve(&dst->writes, nw) || pl_vec_reserve(&dst->peers, np) ||
+        pl_vec_reserve(&dst->amax, na))
         return -ENOMEM;
     struct renum bx = {0, NULL}, sh = {0, NULL};
     int err = 0;
@@ -771,7 +774,7 @@ static bool same_senders(const struct plan_ctx *c, uint32_t x, uint32_t y)
     return true;
 }
 
-int stamp_emit_apply(struct plan_ctx *c, uint32_t i)
+int pl_stamp_emit_apply(struct plan_ctx *c, uint32_t i)
 {
     struct stamp_rep *rp = rep_for(c, i);
     if (!rp || !rp->p3 || !same_senders(c, rp->item, i))
@@ -814,7 +817,7 @@ int stamp_emit_apply(struct plan_ctx *c, uint32_t i)
     return 1;
 }
 
-int64_t stamp_rep_of(const struct plan_ctx *c, uint32_t i, int64_t *dr)
+int64_t pl_stamp_rep_of(const struct plan_ctx *c, uint32_t i, int64_t *dr)
 {
     int32_t k = c->st.rep_of ? c->st.rep_of[i] : -1;
     if (k < 0)

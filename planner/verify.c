@@ -56,7 +56,7 @@ static bool shard_of(struct vctx *v, uint32_t t, uint32_t r, struct wb_box *box)
         }
         idx = idx * tl->dim[d].size + coord;
     }
-    place_rank(pm, tp, &v->in->trainer->p[t].shape, idx, box, NULL, NULL);
+    pl_place_rank(pm, tp, &v->in->trainer->p[t].shape, idx, box, NULL, NULL);
     return true;
 }
 
@@ -98,7 +98,7 @@ static bool view_readable(struct vctx *v, const struct wb_route_table *t, const 
 static int push_range(struct vec *pr, uint64_t a, uint64_t n)
 {
     struct range x = {a, a + n};
-    return vec_push(pr, &x) ? 0 : -ENOMEM;
+    return pl_vec_push(pr, &x) ? 0 : -ENOMEM;
 }
 
 static int check_task(struct vctx *v, const struct wb_route_table *t, const struct wb_rt_task *k,
@@ -356,7 +356,7 @@ static void check_order(struct vctx *v)
         const struct wb_plan_mesh *ms = &p->meshes[m];
         const struct wb_route_table *ref = NULL;
         struct vec rs;
-        vec_init(&rs, 2 * sizeof(uint32_t));
+        pl_vec_init(&rs, 2 * sizeof(uint32_t));
         for (uint32_t k = 0; k < ms->n; k++) {
             const struct wb_route_table *t = &p->tables[ms->ranks[k]];
             size_t pos = 0;
@@ -367,7 +367,7 @@ static void check_order(struct vctx *v)
                     continue;
                 uint32_t e[2] = {op->gather.seq, op->tensor};
                 if (!ref) {
-                    if (!vec_push(&rs, e))
+                    if (!pl_vec_push(&rs, e))
                         break;
                 } else if (pos >= rs.n || memcmp(VEC_AT(&rs, uint32_t, 2 * pos), e, sizeof(e))) {
                     bad = true;
@@ -379,7 +379,7 @@ static void check_order(struct vctx *v)
             if (!ref)
                 ref = t;
         }
-        vec_free(&rs);
+        pl_vec_free(&rs);
     }
     for (uint32_t r = 0; r < p->ntrainers; r++) {
         const struct wb_route_table *t = &p->tables[r];
@@ -406,13 +406,13 @@ int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, stru
     if (r)
         return r;
     struct vec pr;
-    vec_init(&pr, sizeof(struct range));
+    pl_vec_init(&pr, sizeof(struct range));
     for (uint32_t rk = 0; rk < p->ntrainers && !r; rk++) {
         const struct wb_route_table *t = &p->tables[rk];
         for (uint32_t k = 0; k < t->ntasks && !r; k++)
             r = check_task(&v, t, &t->tasks[k], &pr);
     }
-    vec_free(&pr);
+    pl_vec_free(&pr);
     if (!r)
         r = check_destinations(&v);
     if (!r)

@@ -65,12 +65,12 @@ static size_t run(enum wb_plan_mode mode, const char *residence)
     struct wb_plan_opts o = {mode, 1ull << 30, 1};
     struct wb_plan *ps, *pw;
     size_t stamped = 0, none = 1;
-    if (plan_build(&f.in, &o, false, &pw, &none, &f.el))
+    if (pl_plan_build(&f.in, &o, false, &pw, &none, &f.el))
         wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
     CHECK_U64(none, 0);
     for (o.threads = 1; o.threads <= 3; o.threads++) {
         size_t n = 0;
-        if (plan_build(&f.in, &o, true, &ps, &n, &f.el))
+        if (pl_plan_build(&f.in, &o, true, &ps, &n, &f.el))
             wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
         fx_check_same(ps, pw);
         if (wb_plan_verify(ps, &f.in, &f.el))

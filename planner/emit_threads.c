@@ -1,8 +1,9 @@
-/* pass3.c — pass 3's driver: each rank's tables reserved up front from the representatives'
- * output (presize), then every item emitted in order, by one thread or by several that split
- * the trainer ranks between them (a thread fills only its ranks' tables, and keeps its own
- * counters, receive counts and inbox cursors, advancing them for every rank alike, so the
- * tables come out the same for any number of threads). */
+/* emit_threads.c — pass 3 over every item (pl_emit_all) and the per-rank tables it fills. Each
+ * rank's tables are reserved up front from the representatives' output (presize), then every
+ * item is walked and emitted in order, by one thread or by several that split the trainer
+ * ranks between them (a thread fills only its ranks' tables, and keeps its own counters,
+ * receive counts and inbox cursors, advancing them for every rank alike, so the tables come
+ * out the same for any number of threads). Also each context's scratch and counters. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -13,17 +14,17 @@
 #include "planner/build.h"
 
 /* Per-rank output under construction: n empty tables. */
-struct rank_out *rank_outs_new(uint32_t n)
+struct rank_out *pl_rank_outs_new(uint32_t n)
 {
     struct rank_out *ro = calloc(n ? n : 1, sizeof(*ro));
     for (uint32_t k = 0; ro && k < n; k++) {
-        vec_init(&ro[k].tasks, sizeof(struct wb_rt_task));
-        vec_init(&ro[k].ops, sizeof(struct wb_rt_op));
-        vec_init(&ro[k].writes, sizeof(struct wb_rt_write));
-        vec_init(&ro[k].peers, sizeof(struct wb_rt_peer));
-        vec_init(&ro[k].amax, sizeof(struct wb_rt_expect));
-        intern_init(&ro[k].boxes, sizeof(struct wb_box));
-        intern_init(&ro[k].shapes, sizeof(struct wb_shape));
+        pl_vec_init(&ro[k].tasks, sizeof(struct wb_rt_task));
+        pl_vec_init(&ro[k].ops, sizeof(struct wb_rt_op));
+        pl_vec_init(&ro[k].writes, sizeof(struct wb_rt_write));
+        pl_vec_init(&ro[k].peers, sizeof(struct wb_rt_peer));
+        pl_vec_init(&ro[k].amax, sizeof(struct wb_rt_expect));
+        pl_intern_init(&ro[k].boxes, sizeof(struct wb_box));
+        pl_intern_init(&ro[k].shapes, sizeof(struct wb_shape));
     }
     return ro;
 }
@@ -32,25 +33,25 @@ struct rank_out *rank_outs_new(uint32_t n)
 static void rank_out_reset(struct rank_out *ro)
 {
     ro->tasks.n = ro->ops.n = ro->writes.n = ro->peers.n = ro->amax.n = 0;
-    intern_free(&ro->boxes);
-    intern_free(&ro->shapes);
-    intern_init(&ro->boxes, sizeof(struct wb_box));
-    intern_init(&ro->shapes, sizeof(struct wb_shape));
+    pl_intern_free(&ro->boxes);
+    pl_intern_free(&ro->shapes);
+    pl_intern_init(&ro->boxes, sizeof(struct wb_box));
+    pl_intern_init(&ro->shapes, sizeof(struct wb_shape));
     for (int k = 0; k < PEER_CACHE; k++)
         ro->pcache[k].n = 0; /* indices into the tables just reset */
     ro->send = ro->gather_in = ro->h2d = 0;
 }
 
-void rank_outs_free(struct rank_out *ro, uint32_t n)
+void pl_rank_outs_free(struct rank_out *ro, uint32_t n)
 {
     for (uint32_t r = 0; ro && r < n; r++) {
-        vec_free(&ro[r].tasks);
-        vec_free(&ro[r].ops);
-        vec_free(&ro[r].writes);
-        vec_free(&ro[r].peers);
-        vec_free(&ro[r].amax);
-        intern_free(&ro[r].boxes);
-        intern_free(&ro[r].shapes);
+        pl_vec_free(&ro[r].tasks);
+        pl_vec_free(&ro[r].ops);
+        pl_vec_free(&ro[r].writes);
+        pl_vec_free(&ro[r].peers);
+        pl_vec_free(&ro[r].amax);
+        pl_intern_free(&ro[r].boxes);
+        pl_intern_free(&ro[r].shapes);
         for (int k = 0; k < PEER_CACHE; k++)
             free(ro[r].pcache[k].pe);
     }
@@ -63,27 +64,27 @@ static int emit_pass(struct plan_ctx *c)
     c->next_tag = 0;
     c->gathers = c->amax_ops = 0;
     c->demand_cursor = 0;
-    stamp_pass_reset(c, 3);
+    pl_stamp_pass_reset(c, 3);
     for (size_t i = 0; i < c->items.n; i++) {
-        int r = stamp_emit_apply(c, (uint32_t)i);
+        int r = pl_stamp_emit_apply(c, (uint32_t)i);
         if (r > 0)
             continue;
         uint32_t group = 0; /* pass 1's greedy groups are not needed here */
         if (!r)
-            r = walk_item(c, VEC_AT(&c->items, struct item, i), true, &group);
+            r = pl_walk_item(c, VEC_AT(&c->items, struct item, i), true, &group);
         if (!r)
-            r = stamp_emit_begin(c, (uint32_t)i);
+            r = pl_stamp_emit_begin(c, (uint32_t)i);
         if (!r)
-            r = emit_item(c, (uint32_t)i);
+            r = pl_emit_item(c, (uint32_t)i);
         if (!r)
-            r = stamp_emit_end(c, (uint32_t)i);
+            r = pl_stamp_emit_end(c, (uint32_t)i);
         if (r)
             return r;
     }
     return 0;
 }
 
-uint32_t plan_threads_default(void)
+uint32_t pl_plan_threads_default(void)
 {
     cpu_set_t set; /* the CPUs this process may run on (taskset, cgroup cpusets) */
     long n = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
@@ -132,36 +133,36 @@ static void *emit_thread_main(void *arg)
     return NULL;
 }
 
-void scratch_init(struct plan_ctx *c)
+void pl_scratch_init(struct plan_ctx *c)
 {
     c->recv = NULL;
     c->gather_seq = NULL;
     c->phase_coll = NULL;
     c->inbox = NULL;
-    vec_init(&c->sub, sizeof(struct subpiece));
-    vec_init(&c->asg, sizeof(struct assign));
-    vec_init(&c->xc, sizeof(struct xchg));
-    vec_init(&c->icomp, sizeof(struct icomp));
-    vec_init(&c->ibox, sizeof(struct wb_box));
-    vec_init(&c->iset, sizeof(int64_t));
-    vec_init(&c->dem, sizeof(struct dem));
-    vec_init(&c->sd, sizeof(struct sd));
+    pl_vec_init(&c->sub, sizeof(struct subpiece));
+    pl_vec_init(&c->asg, sizeof(struct assign));
+    pl_vec_init(&c->xc, sizeof(struct xchg));
+    pl_vec_init(&c->icomp, sizeof(struct icomp));
+    pl_vec_init(&c->ibox, sizeof(struct wb_box));
+    pl_vec_init(&c->iset, sizeof(int64_t));
+    pl_vec_init(&c->dem, sizeof(struct dem));
+    pl_vec_init(&c->sd, sizeof(struct sd));
 }
 
-void scratch_free(struct plan_ctx *c)
+void pl_scratch_free(struct plan_ctx *c)
 {
     free(c->recv);
     free(c->gather_seq);
     free(c->phase_coll);
     free(c->inbox);
-    vec_free(&c->sub);
-    vec_free(&c->asg);
-    vec_free(&c->xc);
-    vec_free(&c->icomp);
-    vec_free(&c->ibox);
-    vec_free(&c->iset);
-    vec_free(&c->dem);
-    vec_free(&c->sd);
+    pl_vec_free(&c->sub);
+    pl_vec_free(&c->asg);
+    pl_vec_free(&c->xc);
+    pl_vec_free(&c->icomp);
+    pl_vec_free(&c->ibox);
+    pl_vec_free(&c->iset);
+    pl_vec_free(&c->dem);
+    pl_vec_free(&c->sd);
 }
 
 /* Pass 3's counters, zeroed: receive counts, gather ordinals, collective phases, inbox
@@ -182,10 +183,10 @@ static int counters_reset(struct plan_ctx *c)
 static void emit_thread_free(struct emit_thread *t)
 {
     struct plan_ctx *w = &t->c;
-    scratch_free(w);
-    vec_free(&w->st.reps);
-    vec_free(&w->st.p3rk);
-    vec_free(&w->st.p3u32);
+    pl_scratch_free(w);
+    pl_vec_free(&w->st.reps);
+    pl_vec_free(&w->st.p3rk);
+    pl_vec_free(&w->st.p3u32);
     wb_errlist_free(&t->el);
 }
 
@@ -200,11 +201,11 @@ static int emit_thread_init(struct emit_thread *t, const struct plan_ctx *c, con
     w->el = &t->el;
     w->part = part;
     w->me = me;
-    scratch_init(w);
-    vec_init(&w->st.reps, c->st.reps.elem);
-    vec_init(&w->st.p3rk, c->st.p3rk.elem);
-    vec_init(&w->st.p3u32, sizeof(uint32_t));
-    if (counters_reset(w) || vec_reserve(&w->st.reps, c->st.reps.n))
+    pl_scratch_init(w);
+    pl_vec_init(&w->st.reps, c->st.reps.elem);
+    pl_vec_init(&w->st.p3rk, c->st.p3rk.elem);
+    pl_vec_init(&w->st.p3u32, sizeof(uint32_t));
+    if (counters_reset(w) || pl_vec_reserve(&w->st.reps, c->st.reps.n))
         return -ENOMEM;
     if (c->st.reps.n)
         memcpy(w->st.reps.p, c->st.reps.p, c->st.reps.n * c->st.reps.elem);
@@ -224,18 +225,18 @@ static int presize(struct plan_ctx *c)
     memset(&t, 0, sizeof(t));
     int r = emit_thread_init(&t, c, NULL, 0);
     struct plan_ctx *w = &t.c;
-    w->ro = r ? NULL : rank_outs_new(c->nt);
+    w->ro = r ? NULL : pl_rank_outs_new(c->nt);
     uint64_t *need = calloc((size_t)c->nt * NV + 1, sizeof(uint64_t));
     int64_t *first = malloc((c->items.n + 1) * sizeof(int64_t)); /* rep item -> its counts */
     struct vec cnt; /* uint64_t[NV] per mesh position of each representative */
-    vec_init(&cnt, NV * sizeof(uint64_t));
+    pl_vec_init(&cnt, NV * sizeof(uint64_t));
     if (!r && (!w->ro || !need || !first))
         r = -ENOMEM;
     for (size_t i = 0; !r && i < c->items.n; i++)
         first[i] = -1;
     for (size_t i = 0; !r && i < c->items.n; i++) {
         int64_t dr;
-        int64_t x = stamp_rep_of(c, (uint32_t)i, &dr);
+        int64_t x = pl_stamp_rep_of(c, (uint32_t)i, &dr);
         if (x < 0)
             continue;
         const struct item *it = VEC_AT(&c->items, struct item, x);
@@ -245,8 +246,8 @@ static int presize(struct plan_ctx *c)
         if (first[x] < 0) { /* the representative itself: emit it into scratch, count */
             uint32_t group = 0;
             w->demand_cursor = c->dem0[x];
-            if ((r = walk_item(w, it, true, &group)) || (r = emit_item(w, (uint32_t)x)) ||
-                (r = vec_reserve(&cnt, n)))
+            if ((r = pl_walk_item(w, it, true, &group)) || (r = pl_emit_item(w, (uint32_t)x)) ||
+                (r = pl_vec_reserve(&cnt, n)))
                 break;
             first[x] = (int64_t)cnt.n;
             for (uint32_t k = 0; k < n; k++) {
@@ -270,17 +271,17 @@ static int presize(struct plan_ctx *c)
     for (uint32_t k = 0; !r && k < c->nt; k++) {
         struct rank_out *ro = &c->ro[k];
         const uint64_t *d = &need[NV * (size_t)k];
-        if (vec_reserve(&ro->tasks, d[0]) || vec_reserve(&ro->ops, d[1]) ||
-            vec_reserve(&ro->writes, d[2]) || vec_reserve(&ro->peers, d[3]) ||
-            vec_reserve(&ro->amax, d[4]))
+        if (pl_vec_reserve(&ro->tasks, d[0]) || pl_vec_reserve(&ro->ops, d[1]) ||
+            pl_vec_reserve(&ro->writes, d[2]) || pl_vec_reserve(&ro->peers, d[3]) ||
+            pl_vec_reserve(&ro->amax, d[4]))
             r = -ENOMEM;
     }
-    rank_outs_free(w->ro, c->nt);
+    pl_rank_outs_free(w->ro, c->nt);
     w->ro = NULL;
     for (size_t m = 0; m < t.el.n; m++)
         wb_errlist_add(c->el, "%s", t.el.msgs[m]);
     emit_thread_free(&t);
-    vec_free(&cnt);
+    pl_vec_free(&cnt);
     free(need);
     free(first);
     return r;
@@ -289,7 +290,7 @@ static int presize(struct plan_ctx *c)
 /* Pass 3: resets the tables and emits every item, in c->opts->threads threads (rank
  * partitions, see split_ranks) or in this one. A rebuild with the greedy's assignment
  * replays it. */
-int emit_all(struct plan_ctx *c)
+int pl_emit_all(struct plan_ctx *c)
 {
     size_t nrt = c->in->rollout->n;
     if (counters_reset(c))
@@ -299,7 +300,7 @@ int emit_all(struct plan_ctx *c)
     int r = presize(c);
     if (r)
         return r;
-    uint32_t want = c->opts->threads ? c->opts->threads : plan_threads_default();
+    uint32_t want = c->opts->threads ? c->opts->threads : pl_plan_threads_default();
     uint8_t *part = malloc(c->nt + 1);
     if (!part)
         return -ENOMEM;

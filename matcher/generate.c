@@ -16,6 +16,7 @@
  * reported with its file:line:col even if that block would never run. */
 #include "matcher/mpriv.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -26,13 +27,19 @@
 
 struct top {
     char *family, *description;
-    const struct wb_ynode *vars, *quant, *ignore, *trainer, *rollout, *rules;
+    const struct wb_ynode *model_type, *checks, *vars, *quant, *ignore, *trainer, *rollout, *rules;
 };
 
 static const struct wb_cfg_field top_table[] = {
     {"family", WB_CFG_STR, NULL, "family name", offsetof(struct top, family), NULL, NULL},
     {"description", WB_CFG_STR, "", "what the file covers", offsetof(struct top, description), NULL,
      NULL},
+    {"model_type", WB_CFG_NODE, "",
+     "config.json model_type values the file covers (a name or a list); others are refused",
+     offsetof(struct top, model_type), NULL, NULL},
+    {"checks", WB_CFG_NODE, "",
+     "conditions over config.json fields that must hold (a list of expressions)",
+     offsetof(struct top, checks), NULL, NULL},
     {"vars", WB_CFG_NODE, "",
      "derived values: name: expression, used when config.json lacks"
      " the name",
@@ -138,10 +145,145 @@ static int family_vars(const struct wb_yaml *y, const struct wb_ynode *node,
     return 0;
 }
 
+void wb_family_free_types(char **types, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(types[i]);
+    free(types);
+}
+
+/* model_type: a name or a list of names (config.json model_type values the file covers). */
+static int family_model_types(struct wb_family *f, const struct wb_ynode *node,
+                              struct wb_errlist *el)
+{
+    if (!node)
+        return 0;
+    wb_yaml_where(f->y, node, f->model_type_at, sizeof(f->model_type_at));
+    bool seq = wb_ynode_kind(node) == WB_YNODE_SEQ;
+    size_t n = seq ? wb_ynode_len(node) : 1;
+    if (!(f->model_types = calloc(n + 1, sizeof(char *))))
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const struct wb_ynode *it = seq ? wb_ynode_item(f->y, node, i) : node;
+        const char *t = wb_ynode_scalar(it);
+        if (!t || !*t) {
+            char at[300];
+            wb_errlist_add(el, "%s: model_type: expected a name or a list of names",
+                           wb_yaml_where(f->y, it, at, sizeof(at)));
+            return -WB_E_CONFIG;
+        }
+        if (!(f->model_types[f->nmodel_types] = strdup(t)))
+            return -ENOMEM;
+        f->nmodel_types++;
+    }
+    if (!n) {
+        wb_errlist_add(el, "%s: model_type: an empty list covers no model", f->model_type_at);
+        return -WB_E_CONFIG;
+    }
+    return 0;
+}
+
+int wb_check_model_type(char *const *types, size_t n, const char *at, const struct wb_jcfg *cfg,
+                        struct wb_errlist *el)
+{
+    if (!n)
+        return 0;
+    char list[256];
+    size_t pos = 0;
+    list[0] = 0;
+    for (size_t i = 0; i < n && pos < sizeof(list); i++)
+        pos += (size_t)snprintf(list + pos, sizeof(list) - pos, "%s%s", i ? ", " : "", types[i]);
+    const struct wb_jval *v = wb_jcfg_get(cfg, "model_type", strlen("model_type"));
+    if (!v) {
+        wb_errlist_add(el, "%s: model_type: missing; the family file covers %s (%s)", cfg->path,
+                       list, at);
+        return -WB_E_CONFIG;
+    }
+    if (!v->str) {
+        wb_errlist_add(el, "%s: model_type: %s: expected a string", cfg->path,
+                       v->kind == WB_J_OTHER  ? v->text
+                       : v->kind == WB_J_LIST ? "a list"
+                                              : "a number");
+        return -WB_E_CONFIG;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(types[i], v->str) == 0)
+            return 0;
+    wb_errlist_add(el,
+                   "%s: model_type: %s: not a model this family file covers (%s: model_type: %s)",
+                   cfg->path, v->str, at, list);
+    return -WB_E_CONFIG;
+}
+
+/* checks: a list of expressions, each compiled once (so a syntax error is reported with its
+ * place even when no config is given). */
+static int family_checks(struct wb_family *f, const struct wb_ynode *node, struct wb_errlist *el)
+{
+    char at[300], err[256];
+    if (!node)
+        return 0;
+    if (wb_ynode_kind(node) != WB_YNODE_SEQ) {
+        wb_errlist_add(el, "%s: checks: expected a list of expressions",
+                       wb_yaml_where(f->y, node, at, sizeof(at)));
+        return -WB_E_CONFIG;
+    }
+    size_t n = wb_ynode_len(node);
+    if (!(f->checks = calloc(n + 1, sizeof(*f->checks))))
+        return -ENOMEM;
+    int r = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct wb_ynode *it = wb_ynode_item(f->y, node, i);
+        const char *text = wb_ynode_scalar(it);
+        struct wb_xderived *c = &f->checks[f->nchecks];
+        wb_yaml_where(f->y, it, at, sizeof(at));
+        if (!text) {
+            wb_errlist_add(el, "%s: checks: expected an expression", at);
+            r = -WB_E_CONFIG;
+            continue;
+        }
+        int e = wb_expr_compile(text, &c->e, err, sizeof(err));
+        if (e) {
+            wb_errlist_add(el, "%s: checks: bad expression '%s': %s", at, text, err);
+            r = e == -ENOMEM ? e : -WB_E_CONFIG;
+            continue;
+        }
+        snprintf(c->where, sizeof(c->where), "%s", at);
+        f->nchecks++;
+        if (!(c->name = strdup(text)))
+            return -ENOMEM;
+    }
+    return r;
+}
+
+/* Every check must hold for the config.json; each failing one is reported. A check over a
+ * field the config lacks is left to the generator, which names every place needing it. */
+static int run_checks(const struct wb_family *f, const struct wb_jcfg *cfg, struct wb_errlist *el)
+{
+    int r = 0;
+    for (size_t i = 0; i < f->nchecks; i++) {
+        const struct wb_xderived *c = &f->checks[i];
+        struct wb_xenv env = {.cfg = cfg, .derived = f->dv, .nderived = f->ndv};
+        char err[256];
+        int64_t v;
+        int e = wb_expr_eval(c->e, &env, &v, err, sizeof(err));
+        if (e == -ENOENT) /* the tensors that need the field report it where they need it */
+            continue;
+        if (e)
+            wb_errlist_add(el, "%s: check '%s' (%s): %s", cfg->path, c->name, c->where, err);
+        else if (!v)
+            wb_errlist_add(el, "%s: check failed: '%s' (%s)", cfg->path, c->name, c->where);
+        if (e || !v)
+            r = e == -ENOMEM ? e : -WB_E_CONFIG;
+    }
+    return r;
+}
+
 void wb_family_close(struct wb_family *f)
 {
     if (!f)
         return;
+    wb_family_vars_free(f->checks, f->nchecks);
+    wb_family_free_types(f->model_types, f->nmodel_types);
     free(f->family);
     free(f->description);
     free(f->quant.scale_suffix);
@@ -181,6 +323,8 @@ int wb_family_open(const char *path, struct wb_family **out, struct wb_errlist *
         r = -WB_E_CONFIG;
         goto err;
     }
+    if ((r = family_model_types(f, t.model_type, el)))
+        goto err;
     if ((r = wb_cfg_parse(f->y, t.ignore, ignore_table, &ig, el)))
         goto err;
     f->ignore.trainer = ig.trainer;
@@ -190,6 +334,8 @@ int wb_family_open(const char *path, struct wb_family **out, struct wb_errlist *
     f->rollout = t.rollout;
     f->rules = t.rules;
     if ((r = family_vars(f->y, t.vars, &f->dv, &f->ndv, el)))
+        goto err;
+    if ((r = family_checks(f, t.checks, el)))
         goto err;
     *out = f;
     return 0;
@@ -237,6 +383,8 @@ struct gen {
     struct wb_inventory inv;
     uint32_t *origin; /* per generated parameter: block << 16 | tensor, for duplicate messages */
     size_t origin_cap;
+    uint64_t iters; /* loop iterations run so far, all levels and blocks together */
+    bool too_many;  /* WB_GEN_MAX_TENSORS reached (reported) */
     struct wb_errlist *el;
     int err;
 };
@@ -258,6 +406,16 @@ static const struct wb_cfg_field block_table[] = {
      NULL, NULL},
     {0},
 };
+
+static bool is_name(const char *s)
+{
+    if (!(isalpha((unsigned char)*s) || *s == '_'))
+        return false;
+    for (s++; *s; s++)
+        if (!(isalnum((unsigned char)*s) || *s == '_'))
+            return false;
+    return true;
+}
 
 /* Compiles one expression scalar, reporting "file:l:c: <what> 'text': problem". */
 static struct wb_expr *compile_at(struct gen *g, const struct wb_ynode *n, const char *what)
@@ -377,11 +535,18 @@ static void compile_block(struct gen *g, const struct wb_ynode *node)
                 struct gloop *l = &b->loop[b->nloop++];
                 l->var = wb_ynode_scalar(k);
                 wb_yaml_where(y, k, l->where, sizeof(l->where));
-                if (!l->var) {
-                    wb_errlist_add(g->el, "%s: for: loop variables must be names", l->where);
+                if (!l->var || !is_name(l->var)) {
+                    wb_errlist_add(g->el, "%s: for: loop variable '%s' is not a name", l->where,
+                                   l->var ? l->var : "(a collection)");
                     g->err = -WB_E_CONFIG;
                     continue;
                 }
+                for (size_t j = 0; j + 1 < b->nloop; j++)
+                    if (b->loop[j].var && strcmp(b->loop[j].var, l->var) == 0) {
+                        wb_errlist_add(g->el, "%s: for: loop variable '%s' twice", l->where,
+                                       l->var);
+                        g->err = -WB_E_CONFIG;
+                    }
                 if (wb_ynode_kind(v) == WB_YNODE_SEQ && wb_ynode_len(v) == 2) {
                     l->from = compile_at(g, wb_ynode_item(y, v, 0), "for");
                     l->to = compile_at(g, wb_ynode_item(y, v, 1), "for");
@@ -393,6 +558,12 @@ static void compile_block(struct gen *g, const struct wb_ynode *node)
     }
     if (wb_ynode_kind(c.tensors) != WB_YNODE_MAP) {
         wb_errlist_add(g->el, "%s: tensors: expected a mapping name template: shape", b->where);
+        g->err = -WB_E_CONFIG;
+        goto out;
+    }
+    if (wb_ynode_len(c.tensors) > 0xffff) {
+        wb_errlist_add(g->el, "%s: tensors: %zu names, at most 65535 in one block", b->where,
+                       wb_ynode_len(c.tensors));
         g->err = -WB_E_CONFIG;
         goto out;
     }
@@ -456,13 +627,28 @@ static void eval_error(struct gen *g, bool *reported, int r, const char *err, co
 static int add_param(struct gen *g, const char *name, enum wb_dtype dt, const struct wb_shape *s,
                      uint32_t origin)
 {
+    const char *where = g->b[origin >> 16].t[origin & 0xffff].where;
+    if (g->inv.n >= WB_GEN_MAX_TENSORS) {
+        if (!g->too_many)
+            wb_errlist_add(g->el, "%s: %s: more than %d tensors generated; stopped", where, name,
+                           WB_GEN_MAX_TENSORS);
+        g->too_many = true;
+        g->err = -WB_E_CONFIG;
+        return -WB_E_CONFIG;
+    }
     int r = wb_inv_add(&g->inv, name, dt, s);
     if (r == -EEXIST) {
         ssize_t first = wb_inv_find(&g->inv, name);
         uint32_t o = g->origin[first];
-        wb_errlist_add(g->el, "%s: generated tensor name '%s' twice (first by %s)",
-                       g->b[origin >> 16].t[origin & 0xffff].where, name,
+        wb_errlist_add(g->el, "%s: generated tensor name '%s' twice (first by %s)", where, name,
                        g->b[o >> 16].t[o & 0xffff].where);
+        g->err = -WB_E_CONFIG;
+        return 0;
+    }
+    if (r == -EOVERFLOW) {
+        char a[160];
+        wb_errlist_add(g->el, "%s: %s %s: more than 2^48 bytes (%s)", where, name,
+                       wb_shape_str(s, a, sizeof(a)), wb_dtype_name(dt));
         g->err = -WB_E_CONFIG;
         return 0;
     }
@@ -498,12 +684,14 @@ static int emit(struct gen *g, size_t bi, struct wb_xenv *env, bool fp8)
         struct wb_shape s = {.ndim = t->ndim};
         bool ok = true;
         for (uint32_t d = 0; d < t->ndim && ok; d++) {
-            if ((r = wb_expr_eval(t->dim[d], env, &v, err, sizeof(err)))) {
+            if ((r = wb_expr_eval_num(t->dim[d], env, &v, err, sizeof(err)))) {
                 eval_error(g, &t->reported, r, err, wb_expr_text(t->dim[d]), t->where, env);
                 ok = false;
-            } else if (v < 0) {
-                snprintf(err, sizeof(err), "dimension %u of %s is negative (%lld)", d, name,
-                         (long long)v);
+            } else if (v <= 0) {
+                /* a zero is a config.json field set to 0 (or missing from a product): an
+                 * empty tensor no model has */
+                snprintf(err, sizeof(err), "dimension %u of %s is %s (%lld)", d, name,
+                         v ? "negative" : "zero", (long long)v);
                 eval_error(g, &t->reported, -EINVAL, err, wb_expr_text(t->dim[d]), t->where, env);
                 ok = false;
             } else {
@@ -519,9 +707,10 @@ static int emit(struct gen *g, size_t bi, struct wb_xenv *env, bool fp8)
             eval_error(g, &t->reported, -EINVAL, err, t->src, t->where, env);
             continue;
         }
+        size_t before = g->inv.n;
         if ((r = add_param(g, name, quant ? WB_DTYPE_FP8_E4M3 : t->dt, &s, origin)))
             return r;
-        if (quant) {
+        if (quant && g->inv.n > before) {
             char sname[WB_NAME_MAX];
             if ((size_t)snprintf(sname, sizeof(sname), "%s%s", name, g->f->quant.scale_suffix) >=
                 sizeof(sname)) {
@@ -539,29 +728,91 @@ static int emit(struct gen *g, size_t bi, struct wb_xenv *env, bool fp8)
     return 0;
 }
 
+/* Nested loops multiply: before a block runs, its loop counts (each evaluated with the outer
+ * variables at their first value) are multiplied, so {a: 1000, b: 1000, c: 1000} is refused at
+ * once instead of after a million iterations. Bounds that depend on outer variables can still
+ * grow; the running count in run_block() catches those. Returns 0 when the block may run (or
+ * when a bound cannot be evaluated here: run_block() reports that with its loop values). */
+static int loops_precheck(struct gen *g, struct gblock *b, struct wb_xvar *vars)
+{
+    char what[256], err[256];
+    size_t pos = 0;
+    uint64_t prod = 1;
+    for (size_t level = 0; level < b->nloop; level++) {
+        struct gloop *l = &b->loop[level];
+        struct wb_xenv env = {.vars = vars,
+                              .nvars = level,
+                              .cfg = g->cfg,
+                              .derived = g->f->dv,
+                              .nderived = g->f->ndv};
+        int64_t from = 0, to;
+        if ((l->from && wb_expr_eval_num(l->from, &env, &from, err, sizeof(err))) ||
+            wb_expr_eval_num(l->to, &env, &to, err, sizeof(err)) || from < 0 || to < 0)
+            return 0;
+        uint64_t count = to > from ? (uint64_t)(to - from) : 0;
+        if (__builtin_mul_overflow(prod, count, &prod))
+            prod = UINT64_MAX;
+        if (pos < sizeof(what))
+            pos += (size_t)snprintf(what + pos, sizeof(what) - pos, "%s%s %llu", level ? " x " : "",
+                                    l->var, (unsigned long long)count);
+        vars[level].name = l->var;
+        vars[level].value = from;
+    }
+    if (prod <= WB_GEN_MAX_ITERS - g->iters)
+        return 0;
+    wb_errlist_add(g->el,
+                   "%s: for: %s = %llu iterations, more than %d in all (nested loops multiply)",
+                   b->where, what, (unsigned long long)prod, WB_GEN_MAX_ITERS);
+    g->err = -WB_E_CONFIG;
+    return -WB_E_CONFIG;
+}
+
 static int run_block(struct gen *g, size_t bi, size_t level, struct wb_xvar *vars)
 {
     struct gblock *b = &g->b[bi];
+    int r;
+    if (level == 0 && b->nloop > 1 && (r = loops_precheck(g, b, vars)))
+        return r;
     struct wb_xenv env = {
         .vars = vars, .nvars = level, .cfg = g->cfg, .derived = g->f->dv, .nderived = g->f->ndv};
     char err[256];
     int64_t v;
-    int r;
     if (level < b->nloop) {
         struct gloop *l = &b->loop[level];
         int64_t from = 0, to;
-        if (l->from && (r = wb_expr_eval(l->from, &env, &from, err, sizeof(err)))) {
+        if (l->from && (r = wb_expr_eval_num(l->from, &env, &from, err, sizeof(err)))) {
             eval_error(g, &b->reported, r, err, wb_expr_text(l->from), l->where, &env);
             return 0;
         }
-        if ((r = wb_expr_eval(l->to, &env, &to, err, sizeof(err)))) {
+        if ((r = wb_expr_eval_num(l->to, &env, &to, err, sizeof(err)))) {
             eval_error(g, &b->reported, r, err, wb_expr_text(l->to), l->where, &env);
             return 0;
         }
-        if (to - from > (1 << 20)) {
-            snprintf(err, sizeof(err), "loop of %lld iterations", (long long)(to - from));
+        /* loop variables index tensors: both bounds are counts, never negative */
+        if (from < 0 || to < 0) {
+            const struct wb_expr *e = from < 0 ? l->from : l->to;
+            snprintf(err, sizeof(err), "loop %s %s at %lld, a negative index", l->var,
+                     from < 0 ? "starts" : "ends", (long long)(from < 0 ? from : to));
+            eval_error(g, &b->reported, -EINVAL, err, wb_expr_text(e), l->where, &env);
+            return 0;
+        }
+        uint64_t count = to > from ? (uint64_t)(to - from) : 0;
+        if (count > WB_GEN_MAX_ITERS) {
+            snprintf(err, sizeof(err), "loop %s of %llu iterations (at most %d)", l->var,
+                     (unsigned long long)count, WB_GEN_MAX_ITERS);
             eval_error(g, &b->reported, -EINVAL, err, wb_expr_text(l->to), l->where, &env);
             return 0;
+        }
+        /* nested loops multiply: every iteration of every level counts against one budget for
+         * the whole section, so {a: 1000, b: 1000, c: 1000} stops here instead of running */
+        g->iters += count;
+        if (g->iters > WB_GEN_MAX_ITERS) {
+            wb_errlist_add(g->el,
+                           "%s: for: the loops of this section run more than %d iterations in "
+                           "all (nested loops multiply); stopped",
+                           b->where, WB_GEN_MAX_ITERS);
+            g->err = -WB_E_CONFIG;
+            return -WB_E_CONFIG;
         }
         vars[level].name = l->var;
         for (int64_t i = from; i < to; i++) {
@@ -596,6 +847,7 @@ int wb_inv_generate(const char *family_yaml, const char *config_json, const char
     struct wb_family *f = NULL;
     struct wb_jcfg *cfg = NULL;
     struct gen g = {.el = el};
+    size_t before = el->n;
     int r;
     if (!side || (strcmp(side, "trainer") != 0 && strcmp(side, "rollout") != 0)) {
         wb_errlist_add(el, "side must be \"trainer\" or \"rollout\", got \"%s\"",
@@ -603,20 +855,31 @@ int wb_inv_generate(const char *family_yaml, const char *config_json, const char
         return -EINVAL;
     }
     if ((r = wb_family_open(family_yaml, &f, el)))
-        return r;
+        goto out;
     if ((r = wb_jcfg_load(config_json, &cfg, el)))
         goto out;
-    const struct wb_ynode *sec = strcmp(side, "trainer") == 0 ? f->trainer : f->rollout;
+    bool rollout = strcmp(side, "rollout") == 0;
+    const struct wb_ynode *sec = rollout ? f->rollout : f->trainer;
     if (wb_ynode_kind(sec) != WB_YNODE_SEQ) {
         wb_errlist_add(el, "%s: no \"%s\" section (a list of tensor blocks)", family_yaml, side);
         r = -WB_E_CONFIG;
         goto out;
     }
+    if ((r = wb_check_model_type(f->model_types, f->nmodel_types, f->model_type_at, cfg, el)) ||
+        (r = run_checks(f, cfg, el)))
+        goto out;
     g.f = f;
     g.cfg = cfg;
     wb_inv_init(&g.inv);
     size_t nb = wb_ynode_len(sec);
-    if (nb >= 1 << 15 || !(g.b = calloc(nb + 1, sizeof(*g.b)))) {
+    if (nb >= 1 << 15) {
+        char at[300];
+        wb_errlist_add(el, "%s: %s: %zu blocks, at most %d",
+                       wb_yaml_where(f->y, sec, at, sizeof(at)), side, nb, (1 << 15) - 1);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
+    if (!(g.b = calloc(nb + 1, sizeof(*g.b)))) {
         r = -ENOMEM;
         goto out;
     }
@@ -639,6 +902,9 @@ int wb_inv_generate(const char *family_yaml, const char *config_json, const char
         wb_inv_init(&g.inv);
     }
 out:
+    /* an allocation failure is an error with a message, never an empty success */
+    if (r == -ENOMEM && el->n == before)
+        wb_errlist_add(el, "%s: out of memory generating the %s inventory", family_yaml, side);
     gen_free(&g);
     wb_jcfg_free(cfg);
     wb_family_close(f);

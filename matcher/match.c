@@ -35,7 +35,21 @@ struct mctx {
     size_t n, cap;
     size_t nerr;
     int fatal; /* -ENOMEM */
+    /* scale tensors of the wrong dtype: one line per side however many (a whole checkpoint's
+     * scales saved in BF16 is one problem, not one per tensor) */
+    struct {
+        size_t n;
+        uint32_t tensor, line;
+    } bad_scale[2]; /* 0: trainer, 1: rollout */
 };
+
+static void bad_scale_dtype(struct mctx *c, int side, uint32_t tensor, uint32_t line)
+{
+    if (c->bad_scale[side].n++ == 0) {
+        c->bad_scale[side].tensor = tensor;
+        c->bad_scale[side].line = line;
+    }
+}
 
 static void merr(struct mctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void merr(struct mctx *c, const char *fmt, ...)
@@ -106,7 +120,7 @@ static void eval_head_dims(struct mctx *c)
         struct wb_xenv env = {.cfg = rs->cfg, .derived = rs->vars, .nderived = rs->nvars};
         char err[256];
         int64_t v;
-        int r = wb_expr_eval(rl->head_dim, &env, &v, err, sizeof(err));
+        int r = wb_expr_eval_num(rl->head_dim, &env, &v, err, sizeof(err));
         if (r == 0 && v <= 0) {
             snprintf(err, sizeof(err), "not positive (%lld)", (long long)v);
             r = -EINVAL;
@@ -510,7 +524,10 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
     struct wb_shape want = R->shape;
     for (uint32_t k = want.ndim - 2; k < want.ndim; k++)
         want.dim[k] = (want.dim[k] + rs->block - 1) / rs->block;
-    if (!wb_shape_eq(&S->shape, &want) || S->dtype != WB_DTYPE_FP32) {
+    if (wb_shape_eq(&S->shape, &want) && S->dtype != WB_DTYPE_FP32) {
+        bad_scale_dtype(c, 1, (uint32_t)scale, line);
+        b->bad = true;
+    } else if (!wb_shape_eq(&S->shape, &want) || S->dtype != WB_DTYPE_FP32) {
         char r[128];
         merr(c, "%s: scale %s %s != expected fp32 %s for %s %s in %ux%u blocks (rule %s:%u)",
              S->name, wb_dtype_name(S->dtype), shp(&S->shape, a, sizeof(a)),
@@ -564,10 +581,15 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
         struct wb_box tfull = wb_box_full(&T->shape), tsb;
         struct wb_box sfull = wb_box_full(&c->T->p[ts].shape);
         if (wb_scale_box(&cp->src, rs->block, &sb) || wb_scale_box(&tfull, rs->block, &tsb) ||
-            !wb_box_eq(&sfull, &tsb) || c->T->p[ts].dtype != WB_DTYPE_FP32) {
+            !wb_box_eq(&sfull, &tsb)) {
             merr(c, "%s: trainer scale %s %s does not cover %s %s in %ux%u blocks (rule %s:%u)",
                  R->name, c->T->p[ts].name, shp(&c->T->p[ts].shape, a, sizeof(a)), T->name,
                  shp(&T->shape, s, sizeof(s)), rs->block, rs->block, path, line);
+            b->bad = true;
+            continue;
+        }
+        if (c->T->p[ts].dtype != WB_DTYPE_FP32) {
+            bad_scale_dtype(c, 0, (uint32_t)ts, line);
             b->bad = true;
             continue;
         }
@@ -585,7 +607,7 @@ static void set_heads(struct build *b, size_t rule_index, struct wb_mapping *m)
         char err[256];
         int64_t v;
         struct wb_xenv env = {.cfg = c->rs->cfg, .derived = c->rs->vars, .nderived = c->rs->nvars};
-        if (wb_expr_eval(b->rl->head_dim, &env, &v, err, sizeof(err)) == 0)
+        if (wb_expr_eval_num(b->rl->head_dim, &env, &v, err, sizeof(err)) == 0)
             snprintf(err, sizeof(err), "not positive (%lld)", (long long)v);
         merr(c, "%s: shard head_dim '%s': %s (rule %s:%u)", b->R->name,
              wb_expr_text(b->rl->head_dim), err, c->rs->path, b->rl->line);
@@ -606,6 +628,13 @@ static void set_heads(struct build *b, size_t rule_index, struct wb_mapping *m)
                  "%lld-element heads (rule %s:%u)",
                  b->R->name, label, (unsigned long long)ext, d, (long long)hd, c->rs->path,
                  b->rl->line);
+            b->bad = true;
+            return;
+        }
+        if (ext / (uint64_t)hd > UINT32_MAX) {
+            merr(c, "%s: %llu heads of %lld elements along dim %u: too many (rule %s:%u)",
+                 b->R->name, (unsigned long long)(ext / (uint64_t)hd), (long long)hd, d,
+                 c->rs->path, b->rl->line);
             b->bad = true;
             return;
         }
@@ -777,6 +806,14 @@ int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *
              (unsigned long long)numel, rollout->p[c.t_user[t]].name);
     }
 
+    for (int side = 0; side < 2; side++) {
+        if (!c.bad_scale[side].n)
+            continue;
+        const struct wb_param *S = &(side ? rollout : trainer)->p[c.bad_scale[side].tensor];
+        merr(&c, "%s scale tensors must be fp32: %zu are not (first %s, %s) (rule %s:%u)",
+             side ? "rollout" : "trainer", c.bad_scale[side].n, S->name, wb_dtype_name(S->dtype),
+             rules->path, c.bad_scale[side].line);
+    }
     if (c.fatal) {
         r = c.fatal;
         goto out;

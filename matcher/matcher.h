@@ -30,9 +30,14 @@ struct wb_inventory {
     struct wb_inv_index *index; /* private hash index (matcher/) */
 };
 
+/* The largest tensor an inventory holds: 2^48 bytes (256 TiB) and no dim above that, so that
+ * every product of dims, offsets and element sizes computed later fits in 64 bits. */
+#define WB_INV_MAX_BYTES (1ull << 48)
+
 void wb_inv_init(struct wb_inventory *inv);
 void wb_inv_free(struct wb_inventory *inv);
-/* Appends a parameter; -EEXIST for a duplicate name, -EINVAL for a bad dtype/shape. */
+/* Appends a parameter; -EEXIST for a duplicate name, -EINVAL for a bad dtype/shape,
+ * -EOVERFLOW for a tensor over WB_INV_MAX_BYTES. */
 int wb_inv_add(struct wb_inventory *inv, const char *name, enum wb_dtype dt,
                const struct wb_shape *shape);
 /* Index of a name, or -1. */
@@ -53,6 +58,10 @@ int wb_inv_save_file(const char *path, const struct wb_inventory *inv);
  * blocks over its last two dims. */
 int wb_inv_generate(const char *family_yaml, const char *config_json, const char *side,
                     struct wb_inventory *inv, struct wb_errlist *el);
+/* Bounds of one generation, so that a config.json value never makes it run for long or grow
+ * without end: loop iterations of a section, all levels and blocks counted together, and
+ * generated tensors. Past either the generator stops with an error. */
+enum { WB_GEN_MAX_ITERS = 1 << 20, WB_GEN_MAX_TENSORS = 1 << 19 };
 
 /* ---------------------------------------------------------------- rules and matching */
 

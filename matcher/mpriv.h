@@ -20,9 +20,11 @@ struct wb_jval {
     char *name; /* flattened: "quantization_config.quant_method" */
     enum wb_jkind kind;
     int64_t i;     /* WB_J_INT (booleans are 0/1) */
+    bool is_bool;  /* WB_J_INT from true/false: a truth value, never a number */
     int64_t *list; /* WB_J_LIST: an array of integers */
     size_t nlist;
     char *text; /* WB_J_OTHER: the value as JSON text, for messages */
+    char *str;  /* WB_J_OTHER from a JSON string: the string itself, else NULL */
 };
 
 /* The fields of a config.json, sorted by name. Nulls are left out (so defined() is false). */
@@ -72,9 +74,15 @@ void wb_expr_free(struct wb_expr *e);
 const char *wb_expr_text(const struct wb_expr *e);
 
 /* Evaluates. Errors (message in err): -ENOENT an unknown name (err is "missing field 'x'"),
- * -EDOM division by zero, -ERANGE overflow, -EINVAL a non-integer value or a bad call. */
+ * -EDOM division by zero, -ERANGE overflow, -EINVAL a non-integer value, a config boolean
+ * used as a number (arithmetic, <, >) or a bad call. For conditions: a boolean result is
+ * fine. */
 int wb_expr_eval(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
                  size_t errcap);
+/* The same for numbers (shapes, loop bounds, names): a config boolean as the result is
+ * -EINVAL "field 'x' is a boolean (true), not a number". */
+int wb_expr_eval_num(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
+                     size_t errcap);
 
 /* ---------------------------------------------------------------- name templates */
 
@@ -162,6 +170,9 @@ struct wb_match_rules {
     struct wb_xderived *vars;
     size_t nvars;
     struct wb_jcfg *cfg; /* bound config.json, or NULL */
+    char **model_types;  /* as struct wb_family's */
+    size_t nmodel_types;
+    char model_type_at[300];
 };
 
 /* A model-family file opened and checked at the top level (generate.c); shared by the
@@ -180,11 +191,22 @@ struct wb_family {
     } ignore;
     struct wb_xderived *dv; /* compiled vars */
     size_t ndv;
+    char **model_types; /* config.json model_type values covered; none: any */
+    size_t nmodel_types;
+    char model_type_at[300];
+    struct wb_xderived *checks; /* conditions that must hold (name: the expression text) */
+    size_t nchecks;
 };
 
 int wb_family_open(const char *path, struct wb_family **out, struct wb_errlist *el);
 void wb_family_close(struct wb_family *f);
 void wb_family_vars_free(struct wb_xderived *v, size_t n);
+void wb_family_free_types(char **types, size_t n);
+
+/* config.json's model_type must be one of types (n == 0: anything); `at` is where the family
+ * file lists them. Returns 0 or -WB_E_CONFIG with one message. */
+int wb_check_model_type(char *const *types, size_t n, const char *at, const struct wb_jcfg *cfg,
+                        struct wb_errlist *el);
 
 /* A short label for a tensor in messages: "q_proj" for "model.layers.0.self_attn.q_proj.weight". */
 void wb_name_label(const char *name, char *buf, size_t cap);

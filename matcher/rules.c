@@ -101,6 +101,7 @@ void wb_match_rules_free(struct wb_match_rules *r)
         wb_pat_free(&r->ign_rollout[i]);
     free(r->ign_rollout);
     wb_family_vars_free(r->vars, r->nvars);
+    wb_family_free_types(r->model_types, r->nmodel_types);
     wb_jcfg_free(r->cfg);
     free(r->scale_suffix);
     free(r->family);
@@ -359,7 +360,18 @@ out:
     return r;
 }
 
+static int rules_load(const char *path, struct wb_match_rules **out, struct wb_errlist *el);
+
 int wb_match_rules_load(const char *path, struct wb_match_rules **out, struct wb_errlist *el)
+{
+    size_t before = el->n;
+    int r = rules_load(path, out, el);
+    if (r == -ENOMEM && el->n == before)
+        wb_errlist_add(el, "%s: out of memory loading the rules", path);
+    return r;
+}
+
+static int rules_load(const char *path, struct wb_match_rules **out, struct wb_errlist *el)
 {
     struct wb_family *f;
     int r = wb_family_open(path, &f, el);
@@ -377,6 +389,11 @@ int wb_match_rules_load(const char *path, struct wb_match_rules **out, struct wb
     rs->nvars = f->ndv;
     f->dv = NULL;
     f->ndv = 0;
+    rs->model_types = f->model_types;
+    rs->nmodel_types = f->nmodel_types;
+    f->model_types = NULL;
+    f->nmodel_types = 0;
+    snprintf(rs->model_type_at, sizeof(rs->model_type_at), "%s", f->model_type_at);
     if (f->quant.fp8) {
         char at[300];
         wb_yaml_where(y, f->quant.fp8, at, sizeof(at));
@@ -433,10 +450,14 @@ err:
 int wb_match_rules_bind_config(struct wb_match_rules *r, const char *config_json,
                                struct wb_errlist *el)
 {
-    struct wb_jcfg *c;
+    struct wb_jcfg *c = NULL;
     int e = wb_jcfg_load(config_json, &c, el);
-    if (e)
+    if (!e)
+        e = wb_check_model_type(r->model_types, r->nmodel_types, r->model_type_at, c, el);
+    if (e) {
+        wb_jcfg_free(c);
         return e;
+    }
     wb_jcfg_free(r->cfg);
     r->cfg = c;
     return 0;

@@ -15,6 +15,7 @@
  * lacks). All expressions are compiled before anything runs, so a syntax error anywhere is
  * reported with its file:line:col even if that block would never run. */
 #include "matcher/mpriv.h"
+#include "quant/quant.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -66,7 +67,7 @@ struct quant {
 static const struct wb_cfg_field quant_table[] = {
     {"scale_suffix", WB_CFG_STR, "_scale_inv", "scale tensor = value tensor name + suffix",
      offsetof(struct quant, scale_suffix), NULL, NULL},
-    {"block", WB_CFG_U64, "128", "quantization block edge (block x block tiles)",
+    {"block", WB_CFG_U64, "128", "quantization block edge: 128 (the only one quant/ produces)",
      offsetof(struct quant, block), NULL, NULL},
     {"fp8", WB_CFG_NODE, "", "rollout name patterns that may be FP8 block-quantized",
      offsetof(struct quant, fp8), NULL, NULL},
@@ -215,6 +216,115 @@ int wb_check_model_type(char *const *types, size_t n, const char *at, const stru
     return -WB_E_CONFIG;
 }
 
+/* "[64, 64]", or the value's JSON text. */
+static const char *jval_str(const struct wb_jval *v, char *buf, size_t cap)
+{
+    if (v->kind == WB_J_OTHER)
+        return v->str ? v->str : v->text;
+    if (v->kind == WB_J_INT) {
+        snprintf(buf, cap, v->is_bool ? (v->i ? "true" : "false") : "%lld", (long long)v->i);
+        return buf;
+    }
+    size_t pos = (size_t)snprintf(buf, cap, "[");
+    for (size_t i = 0; i < v->nlist && pos < cap; i++)
+        pos +=
+            (size_t)snprintf(buf + pos, cap - pos, "%s%lld", i ? ", " : "", (long long)v->list[i]);
+    if (pos < cap)
+        snprintf(buf + pos, cap - pos, "]");
+    return buf;
+}
+
+int wb_check_quant_config(const struct wb_jcfg *cfg, struct wb_errlist *el)
+{
+    static const char pre[] = "quantization_config";
+    const size_t pl = sizeof(pre) - 1;
+    const char *path = cfg->path;
+    char buf[256];
+    const struct wb_jval *top = wb_jcfg_get(cfg, pre, pl);
+    if (top) { /* a value, not an object (nulls are left out: no quantization) */
+        wb_errlist_add(el, "%s: %s: %s: expected an object", path, pre,
+                       jval_str(top, buf, sizeof(buf)));
+        return -WB_E_CONFIG;
+    }
+    size_t first = cfg->n;
+    for (size_t i = 0; i < cfg->n && first == cfg->n; i++)
+        if (strncmp(cfg->v[i].name, pre, pl) == 0 && cfg->v[i].name[pl] == '.')
+            first = i;
+    if (first == cfg->n)
+        return 0; /* no quantization: every tensor stays in the family's dtype */
+    const struct wb_jval *m = wb_jcfg_get(cfg, "quantization_config.quant_method",
+                                          strlen("quantization_config.quant_method"));
+    if (!m || !m->str) {
+        wb_errlist_add(el, "%s: quantization_config.quant_method: %s", path,
+                       m ? "expected a string" : "missing");
+        return -WB_E_CONFIG;
+    }
+    if (strcmp(m->str, "fp8") != 0) {
+        wb_errlist_add(el,
+                       "%s: quantization_config.quant_method: %s: not produced by weightbridge "
+                       "(only fp8 with %ux%u blocks)",
+                       path, m->str, WB_QUANT_BLOCK, WB_QUANT_BLOCK);
+        return -WB_E_CONFIG;
+    }
+    int r = 0;
+    const struct wb_jval *bs = wb_jcfg_get(cfg, "quantization_config.weight_block_size",
+                                           strlen("quantization_config.weight_block_size"));
+    if (!bs) {
+        wb_errlist_add(el,
+                       "%s: quantization_config.weight_block_size: missing: only %ux%u FP8 "
+                       "blocks are produced (quant/), not per-tensor scales",
+                       path, WB_QUANT_BLOCK, WB_QUANT_BLOCK);
+        r = -WB_E_CONFIG;
+    } else if (bs->kind != WB_J_LIST || bs->nlist != 2 || bs->list[0] != WB_QUANT_BLOCK ||
+               bs->list[1] != WB_QUANT_BLOCK) {
+        wb_errlist_add(el,
+                       "%s: quantization_config.weight_block_size: %s: only %ux%u FP8 blocks are "
+                       "produced (quant/)",
+                       path, jval_str(bs, buf, sizeof(buf)), WB_QUANT_BLOCK, WB_QUANT_BLOCK);
+        r = -WB_E_CONFIG;
+    }
+    /* the other keys an FP8 block config may have, each with the one value produced */
+    static const struct {
+        const char *key, *want, *why;
+    } keys[] = {{"quantization_config.fmt", "e4m3", "only e4m3 values are produced (quant/)"},
+                {"quantization_config.activation_scheme", "dynamic",
+                 "only dynamic activation scales (no input_scale tensors are produced)"}};
+    for (size_t k = 0; k < WB_ARRAY_LEN(keys); k++) {
+        const struct wb_jval *v = wb_jcfg_get(cfg, keys[k].key, strlen(keys[k].key));
+        if (v && (!v->str || strcmp(v->str, keys[k].want) != 0)) {
+            wb_errlist_add(el, "%s: %s: %s: %s", path, keys[k].key, jval_str(v, buf, sizeof(buf)),
+                           keys[k].why);
+            r = -WB_E_CONFIG;
+        }
+    }
+    /* anything else (modules_to_not_convert, ignored_layers, ...) would change which tensors
+     * are FP8; the family's fp8 blocks say that, so such a key is refused, once per key */
+    const char *last = NULL;
+    size_t last_len = 0;
+    for (size_t i = first; i < cfg->n; i++) {
+        const char *nm = cfg->v[i].name;
+        if (strncmp(nm, pre, pl) != 0 || nm[pl] != '.')
+            break;
+        const char *key = nm + pl + 1;
+        size_t kl = strcspn(key, ".");
+        static const char *const known[] = {"quant_method", "weight_block_size", "fmt",
+                                            "activation_scheme"};
+        bool ok = false;
+        for (size_t k = 0; k < WB_ARRAY_LEN(known); k++)
+            ok = ok || (strlen(known[k]) == kl && strncmp(known[k], key, kl) == 0);
+        if (ok || (last && last_len == kl && strncmp(last, key, kl) == 0))
+            continue;
+        last = key;
+        last_len = kl;
+        wb_errlist_add(el,
+                       "%s: quantization_config.%.*s: not supported (the family file says which "
+                       "tensors are FP8)",
+                       path, (int)kl, key);
+        r = -WB_E_CONFIG;
+    }
+    return r;
+}
+
 /* checks: a list of expressions, each compiled once (so a syntax error is reported with its
  * place even when no config is given). */
 static int family_checks(struct wb_family *f, const struct wb_ynode *node, struct wb_errlist *el)
@@ -316,10 +426,20 @@ int wb_family_open(const char *path, struct wb_family **out, struct wb_errlist *
     f->quant.fp8 = q.fp8;
     if (r)
         goto err;
-    if (q.block == 0 || q.block > (1u << 20) || !*q.scale_suffix) {
+    if (q.block != WB_QUANT_BLOCK) {
         char at[300];
-        wb_errlist_add(el, "%s: quant: block must be 1..1048576 and scale_suffix non-empty",
-                       wb_yaml_where(f->y, t.quant, at, sizeof(at)));
+        const struct wb_ynode *bn = wb_ynode_get(f->y, t.quant, "block");
+        wb_errlist_add(el, "%s: quant.block: %llu: only %ux%u FP8 blocks are produced (quant/)",
+                       wb_yaml_where(f->y, bn ? bn : t.quant, at, sizeof(at)),
+                       (unsigned long long)q.block, WB_QUANT_BLOCK, WB_QUANT_BLOCK);
+        r = -WB_E_CONFIG;
+        goto err;
+    }
+    if (!*q.scale_suffix) {
+        char at[300];
+        const struct wb_ynode *sn = wb_ynode_get(f->y, t.quant, "scale_suffix");
+        wb_errlist_add(el, "%s: quant.scale_suffix: must not be empty",
+                       wb_yaml_where(f->y, sn ? sn : t.quant, at, sizeof(at)));
         r = -WB_E_CONFIG;
         goto err;
     }
@@ -383,8 +503,10 @@ struct gen {
     struct wb_inventory inv;
     uint32_t *origin; /* per generated parameter: block << 16 | tensor, for duplicate messages */
     size_t origin_cap;
-    uint64_t iters; /* loop iterations run so far, all levels and blocks together */
-    bool too_many;  /* WB_GEN_MAX_TENSORS reached (reported) */
+    uint64_t iters;     /* loop iterations run so far, all levels and blocks together */
+    bool too_many;      /* WB_GEN_MAX_TENSORS reached (reported) */
+    bool quant_checked; /* quantization_config checked (quant_err is the result) */
+    int quant_err;
     struct wb_errlist *el;
     int err;
 };
@@ -718,14 +840,29 @@ static int emit(struct gen *g, size_t bi, struct wb_xenv *env, bool fp8)
                 eval_error(g, &t->reported, -EINVAL, err, t->src, t->where, env);
                 continue;
             }
-            uint64_t bl = g->f->quant.block;
             for (uint32_t d = s.ndim - 2; d < s.ndim; d++)
-                s.dim[d] = (s.dim[d] + bl - 1) / bl;
+                s.dim[d] = wb_quant_blocks(s.dim[d]);
             if ((r = add_param(g, sname, WB_DTYPE_FP32, &s, origin)))
                 return r;
         }
     }
     return 0;
+}
+
+/* The trainer side is checked against quantization_config only where a block makes FP8
+ * tensors from it; the rollout side always (a rollout's config.json says what vLLM holds). */
+static int fp8_config_ok(struct gen *g)
+{
+    if (!g->quant_checked) {
+        g->quant_checked = true;
+        size_t before = g->el->n;
+        g->quant_err = wb_check_quant_config(g->cfg, g->el);
+        if (g->quant_err && g->el->n == before)
+            wb_errlist_add(g->el, "%s: out of memory", g->cfg->path);
+    }
+    if (g->quant_err)
+        g->err = g->quant_err;
+    return g->quant_err;
 }
 
 /* Nested loops multiply: before a block runs, its loop counts (each evaluated with the outer
@@ -837,6 +974,8 @@ static int run_block(struct gen *g, size_t bi, size_t level, struct wb_xvar *var
             return 0;
         }
         fp8 = v != 0;
+        if (fp8 && (r = fp8_config_ok(g)))
+            return r;
     }
     return emit(g, bi, &env, fp8);
 }
@@ -883,6 +1022,8 @@ int wb_inv_generate(const char *family_yaml, const char *config_json, const char
         r = -ENOMEM;
         goto out;
     }
+    if (rollout && (r = fp8_config_ok(&g)))
+        goto out;
     for (size_t i = 0; i < nb; i++)
         compile_block(&g, wb_ynode_item(f->y, sec, i));
     /* every block runs even after an evaluation error, so all of them are reported; a

@@ -161,7 +161,7 @@ struct wb_match_rules {
     struct wb_rule *r;
     size_t n;
     char *scale_suffix; /* "_scale_inv" */
-    uint32_t block;     /* 128 */
+    uint32_t block;     /* WB_QUANT_BLOCK: the only block edge quant/ produces */
     struct wb_pat *fp8; /* rollout names that may be FP8 block-quantized */
     size_t nfp8;
     uint32_t fp8_line;
@@ -207,6 +207,10 @@ void wb_family_free_types(char **types, size_t n);
  * file lists them. Returns 0 or -WB_E_CONFIG with one message. */
 int wb_check_model_type(char *const *types, size_t n, const char *at, const struct wb_jcfg *cfg,
                         struct wb_errlist *el);
+/* config.json's quantization_config, when present, must be what quant/ produces: quant_method
+ * fp8, weight_block_size [128, 128], fmt e4m3 and activation_scheme dynamic when given, and no
+ * other key. Returns 0 or -WB_E_CONFIG with a message per offending key. */
+int wb_check_quant_config(const struct wb_jcfg *cfg, struct wb_errlist *el);
 
 /* A short label for a tensor in messages: "q_proj" for "model.layers.0.self_attn.q_proj.weight". */
 void wb_name_label(const char *name, char *buf, size_t cap);

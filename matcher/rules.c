@@ -24,6 +24,7 @@
  * key is checked; an unknown key is an error with its file:line:col, so a typo never silently drops
  * a rule. */
 #include "matcher/mpriv.h"
+#include "quant/quant.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -384,7 +385,7 @@ static int rules_load(const char *path, struct wb_match_rules **out, struct wb_e
         goto err;
     }
     const struct wb_yaml *y = f->y;
-    rs->block = (uint32_t)f->quant.block;
+    rs->block = WB_QUANT_BLOCK; /* the family file may only say 128 (wb_family_open) */
     rs->vars = f->dv;
     rs->nvars = f->ndv;
     f->dv = NULL;

@@ -550,6 +550,12 @@ static void test_family_file_mistakes(void)
                     "column 4",
                     fam));
     wb_errlist_free(&el);
+    fam = put("f3.yaml", "family: t\n"
+                         "quant: {scale_suffix: \"\"}\n"
+                         "trainer: []\n");
+    gen_fails(fam, cfg, "trainer", &el);
+    EXPECT(&el, fmt("%s:2:23: quant.scale_suffix: must not be empty", fam));
+    wb_errlist_free(&el);
     char long_name[400];
     memset(long_name, 'x', 300);
     long_name[300] = 0;

@@ -90,12 +90,25 @@ enum wb_shard_kind {
     WB_SHARD_EP,            /* split along dim 0 (experts) over ep ranks */
 };
 
+/* ep1_tp_dim value: without EP, tp rank 0 holds the whole tensor and the other tp ranks hold
+ * a tensor of the same shape that nothing writes (vLLM loads FusedMoE's w2 bias on rank 0 and
+ * zeros on the others, so the all-reduce adds it once). */
+enum { WB_SHARD_RANK0 = -2 };
+
 struct wb_shard {
     enum wb_shard_kind kind;
     uint32_t dim;
     /* WB_SHARD_EP only: with ep == 1 (no expert parallelism) the tensor is split over the tp
-     * ranks along this dim, per component, as vLLM's FusedMoE does; -1 replicates it. */
+     * ranks along this dim, per component, as vLLM's FusedMoE does; -1 replicates it;
+     * WB_SHARD_RANK0 puts it whole on tp rank 0 only. */
     int32_t ep1_tp_dim;
+    /* WB_SHARD_TP only, 0 or a padding multiple (vLLM's VocabParallelEmbedding/ParallelLMHead:
+     * 64): the dim is padded up to a multiple of `pad`, the padded size is split evenly over
+     * the tp ranks and each rank's local tensor is padded/tp long along it. A rank holds the
+     * real rows of its range first; the padding rows after them are never written (they keep
+     * what the engine put there when it loaded the model: vLLM's weight loader zeroes them).
+     * The rollout inventory keeps the real size: padding exists only in the local tensors. */
+    uint32_t pad;
 };
 
 /* One trainer tensor's contribution to a rollout tensor. */
@@ -162,7 +175,10 @@ struct wb_local_piece {
 };
 
 /* The local shape rank (tp_rank of tp, ep_rank of ep) holds of mapping m's rollout tensor, and
- * its pieces (at most WB_MAX_PIECES: one per component when sharded per component).
+ * its pieces (at most WB_MAX_PIECES: one per component when sharded per component). The
+ * pieces cover every element of the local tensor that the trainer writes; they may cover less
+ * than the local shape (vocab padding rows, shard.pad) or nothing at all (a rank holding only
+ * padding, or a WB_SHARD_RANK0 tensor on tp rank > 0): the rest is never written.
  * Returns -WB_E_PLAN with a message in el when the split is impossible (dimension not
  * divisible, quant blocks cut by a shard edge). */
 enum { WB_MAX_PIECES = 16 };

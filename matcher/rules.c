@@ -59,15 +59,19 @@ static const struct wb_cfg_field rule_table[] = {
 };
 
 struct shard_cfg {
-    int64_t tp, ep;
+    char *tp;
+    int64_t ep;
+    uint64_t pad;
     char *head_dim;
 };
 
 static const struct wb_cfg_field shard_table[] = {
-    {"tp", WB_CFG_I64, "-1", "dim split over tensor-parallel ranks", offsetof(struct shard_cfg, tp),
-     NULL, NULL},
+    {"tp", WB_CFG_STR, "", "dim split over tensor-parallel ranks, or rank0 (with ep)",
+     offsetof(struct shard_cfg, tp), NULL, NULL},
     {"ep", WB_CFG_I64, "-1", "dim split over expert-parallel ranks (0)",
      offsetof(struct shard_cfg, ep), NULL, NULL},
+    {"pad", WB_CFG_U64, "0", "pad the tp dim to a multiple of this before splitting (vocab)",
+     offsetof(struct shard_cfg, pad), NULL, NULL},
     {"head_dim", WB_CFG_STR, "", "head size: components are split by whole heads",
      offsetof(struct shard_cfg, head_dim), NULL, NULL},
     {0},
@@ -207,20 +211,49 @@ static int load_shard(const struct wb_yaml *y, const struct wb_ynode *n, struct 
     int r = wb_cfg_parse(y, n, shard_table, &c, el);
     if (r)
         goto out;
-    if (c.tp < -1 || c.tp >= WB_MAX_DIMS || (c.ep != -1 && c.ep != 0)) {
+    int64_t tp = -1;
+    bool rank0 = strcmp(c.tp, "rank0") == 0;
+    if (*c.tp && !rank0 && (wb_parse_i64(c.tp, &tp) || tp < 0 || tp >= WB_MAX_DIMS)) {
+        wb_errlist_add(el, "%s: shard: tp: '%s': expected a dim 0..%d (or rank0 with ep)", at, c.tp,
+                       WB_MAX_DIMS - 1);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
+    if (c.ep != -1 && c.ep != 0) {
         wb_errlist_add(el, "%s: shard: tp must be a dim 0..%d and ep must be 0 (experts)", at,
                        WB_MAX_DIMS - 1);
         r = -WB_E_CONFIG;
         goto out;
     }
+    if (rank0 && c.ep != 0) {
+        wb_errlist_add(el,
+                       "%s: shard: tp: rank0 only with ep: 0 (a FusedMoE tensor that tp rank 0 "
+                       "holds whole without EP)",
+                       at);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
+    if (c.pad && (tp != 0 || c.ep == 0 || c.pad > (1u << 16))) {
+        wb_errlist_add(el,
+                       "%s: shard: pad: %llu: needs tp: 0 (vocab rows) without ep, and at most "
+                       "65536",
+                       at, (unsigned long long)c.pad);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
     if (c.ep == 0) {
-        rl->shard = (struct wb_shard){.kind = WB_SHARD_EP, .dim = 0, .ep1_tp_dim = (int32_t)c.tp};
-    } else if (c.tp >= 0) {
-        rl->shard = (struct wb_shard){.kind = WB_SHARD_TP, .dim = (uint32_t)c.tp, .ep1_tp_dim = -1};
+        rl->shard = (struct wb_shard){
+            .kind = WB_SHARD_EP, .dim = 0, .ep1_tp_dim = rank0 ? WB_SHARD_RANK0 : (int32_t)tp};
+    } else if (tp >= 0) {
+        rl->shard = (struct wb_shard){
+            .kind = WB_SHARD_TP, .dim = (uint32_t)tp, .ep1_tp_dim = -1, .pad = (uint32_t)c.pad};
     }
     if (*c.head_dim) {
-        if (c.tp < 0) {
+        if (tp < 0) {
             wb_errlist_add(el, "%s: shard: head_dim needs tp", at);
+            r = -WB_E_CONFIG;
+        } else if (c.pad) {
+            wb_errlist_add(el, "%s: shard: head_dim and pad do not go together", at);
             r = -WB_E_CONFIG;
         } else if (wb_expr_compile(c.head_dim, &rl->head_dim, err, sizeof(err))) {
             wb_errlist_add(el, "%s: shard.head_dim: bad expression '%s': %s", at, c.head_dim, err);

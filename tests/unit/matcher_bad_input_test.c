@@ -575,6 +575,41 @@ static void test_family_file_mistakes(void)
     wb_errlist_free(&el);
 }
 
+static void test_rule_shard_mistakes(void)
+{
+    const char *path = put("rules.yaml", "family: t\n"
+                                         "rules:\n"
+                                         "  - rollout: a.w\n"
+                                         "    from: a.w\n"
+                                         "    shard: {tp: 7}\n"
+                                         "  - rollout: b.w\n"
+                                         "    from: b.w\n"
+                                         "    shard: {tp: rank0}\n"
+                                         "  - rollout: c.w\n"
+                                         "    from: c.w\n"
+                                         "    shard: {tp: 1, pad: 64}\n"
+                                         "  - rollout: d.w\n"
+                                         "    from: d.w\n"
+                                         "    shard: {tp: 0, pad: 64, head_dim: 128}\n"
+                                         "  - rollout: e.w\n"
+                                         "    from: e.w\n"
+                                         "    shard: {ep: 1}\n");
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_match_rules *r = NULL;
+    CHECK_INT(wb_match_rules_load(path, &r, &el), -WB_E_CONFIG);
+    CHECK(r == NULL);
+    EXPECT(&el, fmt("%s:5:12: shard: tp: '7': expected a dim 0..5 (or rank0 with ep)", path),
+           fmt("%s:8:12: shard: tp: rank0 only with ep: 0 (a FusedMoE tensor that tp rank 0 holds "
+               "whole without EP)",
+               path),
+           fmt("%s:11:12: shard: pad: 64: needs tp: 0 (vocab rows) without ep, and at most 65536",
+               path),
+           fmt("%s:14:12: shard: head_dim and pad do not go together", path),
+           fmt("%s:17:12: shard: tp must be a dim 0..5 and ep must be 0 (experts)", path));
+    wb_errlist_free(&el);
+}
+
 /* ---------------------------------------------------------------- wb-match */
 
 static char bin[512];
@@ -640,6 +675,7 @@ const struct wb_test wb_tests[] = {
     {"oom_is_an_error", test_oom_is_an_error, 30},
     {"bf16_scales_one_line", test_bf16_scales_one_line, 0},
     {"family_file_mistakes", test_family_file_mistakes, 0},
+    {"rule_shard_mistakes", test_rule_shard_mistakes, 0},
     {"wb_match_options", test_wb_match_options, 0},
     {0},
 };

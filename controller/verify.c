@@ -111,9 +111,9 @@ static int global_values(const struct wb_ref *f, const struct wb_mapping *m, uin
     for (uint32_t c = 0; !rc && c < m->ncomp; c++) {
         const struct wb_component *cp = &m->comp[c];
         const struct wb_param *tp = &f->ti.p[cp->trainer];
-        if (cp->trainer_scale >= 0) {
-            snprintf(msg, cap, "%s: FP8 trainer checkpoints are not covered by the reference",
-                     rp->name);
+        if (cp->trainer_scale >= 0 || cp->permuted) {
+            snprintf(msg, cap, "%s: %s are not covered by the reference", rp->name,
+                     cp->permuted ? "transposed components" : "FP8 trainer checkpoints");
             rc = -ENOTSUP;
             break;
         }

@@ -214,6 +214,40 @@ static void parts_str(struct build *b, size_t first, size_t count, uint32_t dim,
     }
 }
 
+/* A transposed rename: rollout dim k is trainer dim perm[k]. */
+static void build_permuted(struct build *b, uint32_t t)
+{
+    struct mctx *c = b->c;
+    const struct wb_rule *rl = b->rl;
+    const struct wb_param *T = &c->T->p[t];
+    const struct wb_shape *rs = &b->R->shape;
+    struct wb_box src = wb_box_full(&T->shape), dst = wb_box_full(rs);
+    if (push_comp(b, t, &src, &dst))
+        return;
+    struct wb_component *cp = &b->comp[b->ncomp - 1];
+    cp->permuted = true;
+    memcpy(cp->perm, rl->perm, sizeof(cp->perm));
+    struct wb_shape want = {.ndim = T->shape.ndim};
+    bool ok = T->shape.ndim == rl->nperm;
+    for (uint32_t k = 0; ok && k < rl->nperm; k++)
+        want.dim[k] = T->shape.dim[rl->perm[k]];
+    if (ok && wb_shape_eq(&want, rs))
+        return;
+    char a[128], s[128], w[128], p[64];
+    size_t pos = 0;
+    for (uint32_t k = 0; k < rl->nperm && pos < sizeof(p); k++)
+        pos += (size_t)snprintf(p + pos, sizeof(p) - pos, "%s%u", k ? ", " : "", rl->perm[k]);
+    if (!ok)
+        merr(c, "%s: permute [%s] has %u dims, trainer tensor %s %s has %u (rule %s:%u)",
+             b->R->name, p, rl->nperm, T->name, shp(&T->shape, s, sizeof(s)), T->shape.ndim,
+             c->rs->path, rl->line);
+    else
+        merr(c, "%s: rollout shape %s != trainer shape %s permuted [%s] = %s (%s) (rule %s:%u)",
+             b->R->name, shp(rs, a, sizeof(a)), shp(&T->shape, s, sizeof(s)), p,
+             shp(&want, w, sizeof(w)), T->name, c->rs->path, rl->line);
+    b->bad = true;
+}
+
 static void build_from(struct build *b, enum wb_map_kind *kind)
 {
     struct mctx *c = b->c;
@@ -238,6 +272,10 @@ static void build_from(struct build *b, enum wb_map_kind *kind)
     }
     const struct wb_param *T = &c->T->p[t];
     struct wb_box full = wb_box_full(&T->shape);
+    if (b->rl->nperm) {
+        build_permuted(b, (uint32_t)t);
+        return;
+    }
     push_comp(b, (uint32_t)t, &full, &full);
     if (!wb_shape_eq(&T->shape, &b->R->shape)) {
         char a[128], s[128];
@@ -566,6 +604,13 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
         return;
     }
     /* trainer already FP8 (checkpoint broadcast): values and scales are copied */
+    if (b->comp[0].permuted) { /* the scale grid would have to be transposed too */
+        merr(c,
+             "%s: an FP8 trainer tensor cannot be copied transposed with its scales (rule %s:%u)",
+             R->name, path, line);
+        b->bad = true;
+        return;
+    }
     m->xform = WB_XFORM_COPY;
     for (size_t i = 0; i < b->ncomp; i++) {
         struct wb_component *cp = &b->comp[i];

@@ -124,6 +124,13 @@ struct wb_component {
     /* Index of the trainer's FP32 scale tensor when the trainer side is itself FP8 block-
      * quantized (checkpoint broadcast: xform COPY of values and scales), else -1. */
     int32_t trainer_scale;
+    /* A transpose (any dim permutation): when `permuted`, src and dst have the same ndim n,
+     * dst.ext[k] == src.ext[perm[k]], and dst element (i_0, ..., i_{n-1}) is src element j with
+     * j[perm[k]] = i_k for every k: dst = src.permute(perm) in PyTorch terms (gpt-oss experts:
+     * trainer [E, H, 2I], rollout [E, 2I, H], perm [0, 2, 1]). Not permuted: dims correspond
+     * in order, up to stacking. The planner refuses permuted components for now. */
+    bool permuted;
+    uint8_t perm[WB_MAX_DIMS];
 };
 /* An unstacking component (trainer stacked, rollout per expert) has src.ndim == dst.ndim + 1
  * with src.ext[0] == 1: the leading 1 changes no element order. */

@@ -149,6 +149,8 @@ struct wb_rule {
     char *index_var;           /* UNSTACK: capture giving the slice of trainer dim 0 */
     uint32_t chunk_i, chunk_n; /* UNSTACK: take chunk i of n along dim (n == 0: none) */
     struct wb_pat tied;        /* src NULL when absent */
+    uint32_t nperm;            /* FROM: rollout dim k is trainer dim perm[k]; 0: no permute */
+    uint8_t perm[WB_MAX_DIMS];
     struct wb_shard shard;
     struct wb_expr *head_dim; /* NULL when the rule gives no heads */
     size_t suffix_len;        /* literal tail of the rollout pattern, for a quick reject */

@@ -17,6 +17,9 @@
  *   - rollout: lm_head.weight
  *     from: lm_head.weight
  *     tied: model.embed_tokens.weight         # used when the trainer has no lm_head.weight
+ *   - rollout: model.layers.{L}.mlp.experts.w13_weight
+ *     from: model.layers.{L}.mlp.experts.gate_up_proj
+ *     permute: [0, 2, 1]                      # rollout dim k is trainer dim permute[k]
  *   - rollout: "*"                            # everything else: same name, replicated
  *     from: "*"
  * The first rule whose pattern matches a rollout name applies. (YAML: inside a flow list
@@ -34,7 +37,7 @@
 
 struct rule_cfg {
     char *rollout, *stack, *index, *tied;
-    const struct wb_ynode *from, *chunk, *shard;
+    const struct wb_ynode *from, *chunk, *shard, *permute;
     uint64_t dim;
 };
 
@@ -55,6 +58,8 @@ static const struct wb_cfg_field rule_table[] = {
      offsetof(struct rule_cfg, tied), NULL, NULL},
     {"shard", WB_CFG_NODE, "", "replicate, {tp: dim[, head_dim: expr]}, {ep: 0[, tp: dim]}",
      offsetof(struct rule_cfg, shard), NULL, NULL},
+    {"permute", WB_CFG_NODE, "", "[d0, d1, ...]: rollout dim k is trainer dim dk (a transpose)",
+     offsetof(struct rule_cfg, permute), NULL, NULL},
     {0},
 };
 
@@ -265,6 +270,38 @@ out:
     return r;
 }
 
+/* permute: [d0, d1, ...], a permutation of 0..n-1, for a rule with one trainer tensor. */
+static int load_permute(const struct wb_yaml *y, const struct wb_ynode *n, struct wb_rule *rl,
+                        struct wb_errlist *el)
+{
+    char at[300];
+    wb_yaml_where(y, n, at, sizeof(at));
+    size_t len = wb_ynode_kind(n) == WB_YNODE_SEQ ? wb_ynode_len(n) : 0;
+    bool seen[WB_MAX_DIMS] = {0}, ok = len >= 2 && len <= WB_MAX_DIMS;
+    for (size_t i = 0; ok && i < len; i++) {
+        uint64_t d;
+        ok = wb_parse_u64(wb_ynode_scalar(wb_ynode_item(y, n, i)), &d) == 0 && d < len && !seen[d];
+        if (ok) {
+            seen[d] = true;
+            rl->perm[i] = (uint8_t)d;
+        }
+    }
+    if (!ok) {
+        wb_errlist_add(el,
+                       "%s: permute: expected a permutation of 0..n-1 (2 <= n <= %d), such as "
+                       "[0, 2, 1]",
+                       at, WB_MAX_DIMS);
+        return -WB_E_CONFIG;
+    }
+    if (rl->kind != WB_RULE_FROM) {
+        wb_errlist_add(el, "%s: permute: only for a rule with a single `from` (no fuse or stack)",
+                       at);
+        return -WB_E_CONFIG;
+    }
+    rl->nperm = (uint32_t)len;
+    return 0;
+}
+
 static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct wb_rule *rl,
                      struct wb_errlist *el)
 {
@@ -382,6 +419,8 @@ static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct w
             rl->chunk_n = (uint32_t)k;
         }
     }
+    if (c.permute && load_permute(y, c.permute, rl, el))
+        r = -WB_E_CONFIG;
     if (load_shard(y, c.shard, rl, el))
         r = -WB_E_CONFIG;
     const struct wb_pat_seg *last = &rl->rollout.seg[rl->rollout.nseg - 1];

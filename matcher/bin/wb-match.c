@@ -49,6 +49,9 @@ static void print_mapping(const struct wb_match *mt, const struct wb_inventory *
             if (!wb_box_eq(&full, &m->comp[i].src)) /* a slice of a stacked tensor */
                 wb_box_str(&m->comp[i].src, box, sizeof(box));
             printf("%s%s%s", i ? " + " : " ", T->name, box);
+            for (uint32_t k = 0; m->comp[i].permuted && k < m->comp[i].dst.ndim; k++)
+                printf("%s%u%s", k ? ", " : " permuted [", m->comp[i].perm[k],
+                       k + 1 == m->comp[i].dst.ndim ? "]" : "");
         }
     } else {
         printf(" %u components (%s ... %s)", m->ncomp, t->p[m->comp[0].trainer].name,
@@ -182,17 +185,21 @@ int main(int argc, char **argv)
         (config && (err = wb_match_rules_bind_config(rules, config, &el))) ||
         (err = wb_match_run(rules, &t, &r, &m, &el)))
         goto out;
-    size_t kinds[5] = {0}, xf[3] = {0};
+    size_t kinds[5] = {0}, xf[3] = {0}, transposed = 0;
     for (size_t i = 0; i < m->n; i++) {
         kinds[m->map[i].kind]++;
         xf[m->map[i].xform]++;
+        transposed += m->map[i].ncomp && m->map[i].comp[0].permuted;
     }
     printf("matched %zu rollout tensors (%zu in inventory) from %zu trainer tensors (%zu "
            "ignored)\n",
            m->n, r.n, t.n, m->nignored);
     printf("  rename %zu, fuse %zu, stack %zu, unstack %zu, tie %zu; copy %zu, cast %zu, "
-           "fp8-block %zu\n",
-           kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], xf[0], xf[1], xf[2]);
+           "fp8-block %zu%s",
+           kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], xf[0], xf[1], xf[2],
+           transposed ? "" : "\n");
+    if (transposed)
+        printf("; %zu transposed (not planned yet)\n", transposed);
     for (size_t i = 0; list && i < m->n; i++)
         print_mapping(m, &t, &r, &m->map[i]);
     if (tp || ep) {

@@ -683,6 +683,56 @@ static void test_head_dim_errors(void)
     wb_errlist_free(&el);
 }
 
+static void test_permute_errors(void)
+{
+    const char *path = put("perm.yaml", "family: t\n"
+                                        "rules:\n"
+                                        "  - rollout: a.w\n"
+                                        "    from: a.w\n"
+                                        "    permute: [0, 0, 1]\n"
+                                        "  - rollout: b.w\n"
+                                        "    from: [b1.w, b2.w]\n"
+                                        "    permute: [1, 0]\n"
+                                        "  - rollout: c.w\n"
+                                        "    from: c.w\n"
+                                        "    permute: 1\n");
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_match_rules *r = NULL;
+    CHECK_INT(wb_match_rules_load(path, &r, &el), -WB_E_CONFIG);
+    EXPECT(&el,
+           fmt("%s:5:14: permute: expected a permutation of 0..n-1 (2 <= n <= 6), such as "
+               "[0, 2, 1]",
+               path),
+           fmt("%s:8:14: permute: only for a rule with a single `from` (no fuse or stack)", path),
+           fmt("%s:11:14: permute: expected a permutation of 0..n-1 (2 <= n <= 6), such as "
+               "[0, 2, 1]",
+               path));
+    wb_errlist_free(&el);
+    /* shapes that do not agree once permuted, and a permutation of the wrong length */
+    tiny_match("family: t\n"
+               "trainer:\n"
+               "  - tensors: {a.w: [n, rows, hidden], b.w: [n, rows, hidden]}\n"
+               "rollout:\n"
+               "  - tensors: {a.w: [n, rows, hidden], b.w: [n, hidden, rows]}\n"
+               "rules:\n"
+               "  - rollout: a.w\n"
+               "    from: a.w\n"
+               "    permute: [0, 2, 1]\n"
+               "  - rollout: b.w\n"
+               "    from: b.w\n"
+               "    permute: [1, 0]\n",
+               &el, -WB_E_MATCH);
+    const char *fam = fmt("%s/tiny.yaml", wb_test_tmpdir());
+    EXPECT(&el,
+           fmt("a.w: rollout shape [2, 64, 256] != trainer shape [2, 64, 256] permuted [0, 2, 1] = "
+               "[2, 256, 64] (a.w) (rule %s:7)",
+               fam),
+           fmt("b.w: permute [1, 0] has 2 dims, trainer tensor b.w [2, 64, 256] has 3 (rule %s:10)",
+               fam));
+    wb_errlist_free(&el);
+}
+
 /* ---------------------------------------------------------------- quantization configs */
 
 /* Qwen3-8B-FP8's config.json with its quantization_config replaced by `q` (JSON text). */
@@ -863,6 +913,7 @@ const struct wb_test wb_tests[] = {
     {"stacked_shape_mismatch", test_stacked_shape_mismatch, 0},
     {"fp8_misaligned_component", test_fp8_misaligned_component, 0},
     {"head_dim_errors", test_head_dim_errors, 0},
+    {"permute_errors", test_permute_errors, 0},
     {"quantization_config_refused", test_quantization_config_refused, 0},
     {"quantization_config_trainer_side", test_quantization_config_trainer_side, 0},
     {"family_block_size", test_family_block_size, 0},

@@ -380,6 +380,101 @@ static void test_tied_and_ignored(void)
     wb_errlist_free(&el);
 }
 
+/* gpt-oss-20b's published config.json (configs/hf/) says MXFP4; its BF16 form has no
+ * quantization_config (what a BF16 checkpoint's config.json says). */
+static const char *gpt_oss_bf16(void)
+{
+    FILE *f = fopen("configs/hf/gpt-oss-20b.json", "r");
+    CHECK(f);
+    static char buf[8192], out[8192];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *a = strstr(buf, "  \"quantization_config\": {");
+    char *z = a ? strstr(a, "\"quant_method\": \"mxfp4\"\n  },\n") : NULL;
+    CHECK(a && z);
+    z += strlen("\"quant_method\": \"mxfp4\"\n  },\n");
+    snprintf(out, sizeof(out), "%.*s%s", (int)(a - buf), buf, z);
+    return wb_test_write_file("gpt-oss-20b-bf16.json", out);
+}
+
+static void test_gpt_oss_20b(void)
+{
+    char cfg[512];
+    snprintf(cfg, sizeof(cfg), "%s", gpt_oss_bf16());
+    struct fam f;
+    run_family("configs/models/gpt_oss.yaml", cfg, cfg, true, &f);
+    /* 3 + 24 x (2 norms, q/k/v/o weights and biases, sinks, router weight and bias, 4 expert
+     * tensors) */
+    CHECK_INT(f.c.trainer, 3 + 24 * 17);
+    CHECK_INT(f.c.rollout, 3 + 24 * 13);
+    CHECK_INT(f.c.maps, 315);
+    CHECK_INT(f.c.kind[WB_MAP_FUSE], 48); /* qkv weight and bias */
+    CHECK_INT(f.c.kind[WB_MAP_RENAME], 267);
+    CHECK_INT(f.c.xform[WB_XFORM_COPY], 315);
+    size_t permuted = 0;
+    for (size_t i = 0; i < f.m->n; i++)
+        permuted += f.m->map[i].comp[0].permuted;
+    CHECK_INT(permuted, 48); /* w13 and w2 of every layer */
+
+    const struct wb_mapping *m = find_map(&f, "model.layers.7.mlp.experts.w13_weight");
+    CHECK_INT(m->ncomp, 1);
+    CHECK_STR(tname(&f, m, 0), "model.layers.7.mlp.experts.gate_up_proj");
+    CHECK(m->comp[0].permuted);
+    CHECK_INT(m->comp[0].perm[0], 0);
+    CHECK_INT(m->comp[0].perm[1], 2);
+    CHECK_INT(m->comp[0].perm[2], 1);
+    check_box(&m->comp[0].src, 3, (uint64_t[]){0, 0, 0}, (uint64_t[]){32, 2880, 5760});
+    check_box(&m->comp[0].dst, 3, (uint64_t[]){0, 0, 0}, (uint64_t[]){32, 5760, 2880});
+    CHECK_INT(m->shard.kind, WB_SHARD_EP);
+    CHECK_INT(m->shard.ep1_tp_dim, 1);
+    m = find_map(&f, "model.layers.7.mlp.experts.w2_weight");
+    check_box(&m->comp[0].src, 3, (uint64_t[]){0, 0, 0}, (uint64_t[]){32, 2880, 2880});
+    CHECK(m->comp[0].permuted);
+    CHECK_INT(m->shard.ep1_tp_dim, 2);
+    m = find_map(&f, "model.layers.7.mlp.experts.w2_bias");
+    CHECK(!m->comp[0].permuted);
+    CHECK_INT(m->shard.ep1_tp_dim, WB_SHARD_RANK0);
+    m = find_map(&f, "model.layers.7.attn.qkv_proj.bias");
+    CHECK_INT(m->ncomp, 3);
+    check_box(&m->comp[2].dst, 1, (uint64_t[]){4608}, (uint64_t[]){512});
+    CHECK_INT(m->comp[0].heads, 64);
+    CHECK_INT(m->comp[1].heads, 8);
+    m = find_map(&f, "model.layers.7.attn.sinks");
+    CHECK_STR(tname(&f, m, 0), "model.layers.7.self_attn.sinks");
+    CHECK_INT(m->shard.kind, WB_SHARD_TP);
+    m = find_map(&f, "model.layers.7.attn.o_proj.bias");
+    CHECK_INT(m->shard.kind, WB_SHARD_REPLICATE);
+    m = find_map(&f, "model.embedding.weight");
+    CHECK_STR(tname(&f, m, 0), "model.embed_tokens.weight");
+    CHECK_INT(m->shard.pad, 64);
+    fam_free(&f);
+}
+
+static void test_gpt_oss_mxfp4_refused(void)
+{
+    /* the published config: the trainer (BF16 in training) is generated, the MXFP4 rollout is
+     * refused naming the key */
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_inventory t, r;
+    wb_inv_init(&t);
+    wb_inv_init(&r);
+    CHECK_INT(wb_inv_generate("configs/models/gpt_oss.yaml", "configs/hf/gpt-oss-20b.json",
+                              "trainer", &t, &el),
+              0);
+    CHECK_INT(t.n, 411);
+    CHECK_INT(wb_inv_generate("configs/models/gpt_oss.yaml", "configs/hf/gpt-oss-20b.json",
+                              "rollout", &r, &el),
+              -WB_E_CONFIG);
+    CHECK_INT(el.n, 1);
+    CHECK_STR(el.msgs[0], "configs/hf/gpt-oss-20b.json: quantization_config.quant_method: mxfp4: "
+                          "not produced by weightbridge (only fp8 with 128x128 blocks)");
+    wb_inv_free(&t);
+    wb_inv_free(&r);
+    wb_errlist_free(&el);
+}
+
 /* ---------------------------------------------------------------- YAML-only families */
 
 static void test_mixtral_yaml_only(void)
@@ -573,6 +668,8 @@ const struct wb_test wb_tests[] = {
     {"kimi_k2", test_kimi_k2, 0},
     {"llama31_8b", test_llama31_8b, 0},
     {"tied_and_ignored", test_tied_and_ignored, 0},
+    {"gpt_oss_20b", test_gpt_oss_20b, 0},
+    {"gpt_oss_mxfp4_refused", test_gpt_oss_mxfp4_refused, 0},
     {"mixtral_yaml_only", test_mixtral_yaml_only, 0},
     {"unstack_trainer_stacked", test_unstack_trainer_stacked, 0},
     {"fp8_checkpoint_cast_and_rollout_ignore", test_fp8_checkpoint_cast_and_rollout_ignore, 0},

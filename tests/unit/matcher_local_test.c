@@ -409,6 +409,92 @@ static void test_vocab_padding_rank_of_padding(void)
     fam_free(&f);
 }
 
+/* ---------------------------------------------------------------- gpt-oss */
+
+/* vLLM's GptOssModel._load_weights_other at TP 1, 2, 4 (gpt-oss-20b in BF16): qkv split per
+ * head (64 q, 8 kv heads of 64), sinks by heads, w13 and its bias as one block along 2I, w2
+ * along I after the transpose, w2_bias whole on rank 0 and nothing written elsewhere, the
+ * vocab (201,088 = 64 x 3,142) split evenly. */
+static void test_gpt_oss_tp(void)
+{
+    const char *cfg = derived_config("configs/hf/gpt-oss-20b.json", "gpt-oss-bf16.json",
+                                     "\"quant_method\": \"mxfp4\"", "\"quant_method\": \"none\"");
+    /* no quantization_config at all: drop the object (whose method was replaced above) */
+    FILE *fp = fopen(cfg, "r");
+    CHECK(fp);
+    char buf[8192], out[8192];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, fp);
+    fclose(fp);
+    buf[n] = 0;
+    char *a = strstr(buf, "  \"quantization_config\": {"), *z = a ? strstr(a, "  },\n") : NULL;
+    CHECK(a && z);
+    snprintf(out, sizeof(out), "%.*s%s", (int)(a - buf), buf, z + 5);
+    char path[512];
+    snprintf(path, sizeof(path), "%s", wb_test_write_file("gpt-oss-bf16.json", out));
+    struct fam f;
+    load("configs/models/gpt_oss.yaml", path, &f);
+    const char *qkv = "model.layers.3.attn.qkv_proj.weight",
+               *qkvb = "model.layers.3.attn.qkv_proj.bias";
+    const char *w13 = "model.layers.3.mlp.experts.w13_weight",
+               *w13b = "model.layers.3.mlp.experts.w13_bias";
+    const char *w2 = "model.layers.3.mlp.experts.w2_weight",
+               *w2b = "model.layers.3.mlp.experts.w2_bias";
+    const char *sinks = "model.layers.3.attn.sinks", *emb = "model.embedding.weight";
+    uint32_t tps[] = {1, 2, 4};
+    for (int i = 0; i < 3; i++) {
+        uint32_t tp = tps[i];
+        for (uint32_t r = 0; r < tp; r++) {
+            struct local l;
+            uint64_t q = 4096 / tp, kv = 512 / tp;
+            local_ok(&f, qkv, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 2, (uint64_t[]){q + 2 * kv, 2880});
+            local_ok(&f, qkvb, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 1, (uint64_t[]){q + 2 * kv});
+            if (tp == 1) { /* the whole tensor, one piece */
+                CHECK_INT(l.n, 1);
+                check_piece(&l, 0, rshape(&f, qkvb), 0, 0, 5120, 0);
+            } else {
+                CHECK_INT(l.n, 3);
+                check_piece(&l, 0, rshape(&f, qkvb), 0, r * q, q, 0);
+                check_piece(&l, 1, rshape(&f, qkvb), 0, 4096 + r * kv, kv, q);
+                check_piece(&l, 2, rshape(&f, qkvb), 0, 4608 + r * kv, kv, q + kv);
+                local_ok(&f, qkv, r, tp, 0, 1, &l);
+                check_piece(&l, 2, rshape(&f, qkv), 0, 4608 + r * kv, kv, q + kv);
+            }
+            local_ok(&f, sinks, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 1, (uint64_t[]){64 / tp});
+            check_piece(&l, 0, rshape(&f, sinks), 0, r * 64 / tp, 64 / tp, 0);
+            local_ok(&f, w13, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 3, (uint64_t[]){32, 5760 / tp, 2880});
+            CHECK_INT(l.n, 1); /* one block: gate and up are interleaved, not two parts */
+            check_piece(&l, 0, rshape(&f, w13), 1, r * 5760 / tp, 5760 / tp, 0);
+            local_ok(&f, w13b, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 2, (uint64_t[]){32, 5760 / tp});
+            check_piece(&l, 0, rshape(&f, w13b), 1, r * 5760 / tp, 5760 / tp, 0);
+            local_ok(&f, w2, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 3, (uint64_t[]){32, 2880, 2880 / tp});
+            check_piece(&l, 0, rshape(&f, w2), 2, r * 2880 / tp, 2880 / tp, 0);
+            local_ok(&f, w2b, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 2, (uint64_t[]){32, 2880});
+            CHECK_INT(l.n, r == 0 ? 1 : 0);
+            if (r == 0)
+                check_piece(&l, 0, rshape(&f, w2b), 0, 0, 32, 0);
+            local_ok(&f, emb, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 2, (uint64_t[]){201088 / tp, 2880});
+            check_piece(&l, 0, rshape(&f, emb), 0, r * 201088 / tp, 201088 / tp, 0);
+        }
+    }
+    /* EP 4: whole experts, the biases too */
+    struct local l;
+    local_ok(&f, w13, 0, 4, 2, 4, &l);
+    check_dims(&l.shape, 3, (uint64_t[]){8, 5760, 2880});
+    check_piece(&l, 0, rshape(&f, w13), 0, 16, 8, 0);
+    local_ok(&f, w2b, 0, 4, 3, 4, &l);
+    check_dims(&l.shape, 2, (uint64_t[]){8, 2880});
+    check_piece(&l, 0, rshape(&f, w2b), 0, 24, 8, 0);
+    fam_free(&f);
+}
+
 static void test_scale_box(void)
 {
     /* fused_qkv_a_proj of DeepSeek-V3: kv_a part [1536, 2112) ends unaligned, which is fine */
@@ -435,6 +521,7 @@ const struct wb_test wb_tests[] = {
     {"vocab_padding_151672_tp8", test_vocab_padding_151672_tp8, 0},
     {"vocab_padding_32001_tp2", test_vocab_padding_32001_tp2, 0},
     {"vocab_padding_rank_of_padding", test_vocab_padding_rank_of_padding, 0},
+    {"gpt_oss_tp", test_gpt_oss_tp, 0},
     {"scale_box", test_scale_box, 0},
     {0},
 };

@@ -106,12 +106,13 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
     wb_inv_init(&ti);
     wb_inv_init(&ri);
     int err = wb_match_rules_load(job->model.rules, &rules, el);
+    err = err ? err : wb_match_rules_set_vars(rules, job->model.vars, el);
     if (!err && *job->model.hf_config)
         err = wb_match_rules_bind_config(rules, job->model.hf_config, el);
     if (!err && *job->model.hf_config) {
-        err = wb_inv_generate(job->model.rules, job->model.hf_config, "trainer", &ti, el);
-        err =
-            err ? err : wb_inv_generate(job->model.rules, job->model.hf_config, "rollout", &ri, el);
+        const char *m = job->model.rules, *hf = job->model.hf_config, *v = job->model.vars;
+        err = wb_inv_generate_vars(m, hf, v, "trainer", &ti, el);
+        err = err ? err : wb_inv_generate_vars(m, hf, v, "rollout", &ri, el);
     } else if (!err) {
         err = wb_inv_load_file(job->model.trainer_inventory, &ti, el);
         err = err ? err : wb_inv_load_file(job->model.rollout_inventory, &ri, el);

@@ -39,12 +39,12 @@ int wb_ref_load(const struct wb_job *job, struct wb_ref **out, struct wb_errlist
     if (err)
         wb_errlist_add(el, "job %s: no model: nothing to verify", job->name);
     err = err ? err : wb_match_rules_load(job->model.rules, &f->rules, el);
+    err = err ? err : wb_match_rules_set_vars(f->rules, job->model.vars, el);
     if (!err && *job->model.hf_config) {
-        err = wb_match_rules_bind_config(f->rules, job->model.hf_config, el);
-        err = err ? err
-                  : wb_inv_generate(job->model.rules, job->model.hf_config, "trainer", &f->ti, el);
-        err = err ? err
-                  : wb_inv_generate(job->model.rules, job->model.hf_config, "rollout", &f->ri, el);
+        const char *m = job->model.rules, *hf = job->model.hf_config, *v = job->model.vars;
+        err = wb_match_rules_bind_config(f->rules, hf, el);
+        err = err ? err : wb_inv_generate_vars(m, hf, v, "trainer", &f->ti, el);
+        err = err ? err : wb_inv_generate_vars(m, hf, v, "rollout", &f->ri, el);
     } else if (!err) {
         err = wb_inv_load_file(job->model.trainer_inventory, &f->ti, el);
         err = err ? err : wb_inv_load_file(job->model.rollout_inventory, &f->ri, el);

@@ -431,6 +431,11 @@ static int lookup(struct ectx *x, const char *name, size_t len, struct xval *out
             out->v = env->vars[i].value;
             return 0;
         }
+    for (size_t i = 0; i < env->nsets; i++)
+        if (strlen(env->sets[i].name) == len && memcmp(env->sets[i].name, name, len) == 0) {
+            out->v = env->sets[i].value;
+            return 0;
+        }
     const struct wb_jval *v = env->cfg ? wb_jcfg_get(env->cfg, name, len) : NULL;
     if (v) {
         if (v->kind == WB_J_INT) {
@@ -486,6 +491,12 @@ static int eval(struct ectx *x, int32_t i, struct xval *out)
         for (size_t k = 0; k < x->env->nvars; k++)
             if (strlen(x->env->vars[k].name) == n->name_len &&
                 memcmp(x->env->vars[k].name, name, n->name_len) == 0) {
+                out->v = 1;
+                return 0;
+            }
+        for (size_t k = 0; k < x->env->nsets; k++)
+            if (strlen(x->env->sets[k].name) == n->name_len &&
+                memcmp(x->env->sets[k].name, name, n->name_len) == 0) {
                 out->v = 1;
                 return 0;
             }

@@ -365,14 +365,80 @@ static int family_checks(struct wb_family *f, const struct wb_ynode *node, struc
     return r;
 }
 
+int wb_vars_parse(const char *text, const struct wb_xderived *dv, size_t ndv, const char *path,
+                  struct wb_xvar **out, size_t *nout, char **buf, struct wb_errlist *el)
+{
+    *out = NULL;
+    *nout = 0;
+    *buf = NULL;
+    if (!text || !*text)
+        return 0;
+    size_t n = 1;
+    for (const char *p = text; *p; p++)
+        n += *p == ',';
+    char *b = strdup(text);
+    struct wb_xvar *v = calloc(n, sizeof(*v));
+    if (!b || !v) {
+        free(b);
+        free(v);
+        return -ENOMEM;
+    }
+    int r = 0;
+    size_t k = 0;
+    for (char *item = b, *next; item && !r; item = next) {
+        next = strchr(item, ',');
+        if (next)
+            *next++ = 0;
+        char *eq = strchr(item, '=');
+        int64_t val;
+        if (!eq || eq == item || wb_parse_i64(eq + 1, &val)) {
+            wb_errlist_add(el, "vars '%s': expected NAME=INTEGER[,NAME=INTEGER...]", text);
+            r = -WB_E_CONFIG;
+            break;
+        }
+        *eq = 0;
+        size_t d = 0;
+        while (d < ndv && strcmp(dv[d].name, item) != 0)
+            d++;
+        if (d == ndv) {
+            char names[256] = "";
+            size_t pos = 0;
+            for (size_t i = 0; i < ndv && pos < sizeof(names); i++)
+                pos += (size_t)snprintf(names + pos, sizeof(names) - pos, "%s%s", i ? ", " : "",
+                                        dv[i].name);
+            wb_errlist_add(el, "vars '%s': '%s' is not one of %s's vars (%s)", text, item, path,
+                           ndv ? names : "it has none");
+            r = -WB_E_CONFIG;
+            break;
+        }
+        for (size_t i = 0; i < k; i++)
+            if (strcmp(v[i].name, item) == 0) {
+                wb_errlist_add(el, "vars '%s': '%s' given twice", text, item);
+                r = -WB_E_CONFIG;
+            }
+        v[k++] = (struct wb_xvar){item, val};
+    }
+    if (r) {
+        free(b);
+        free(v);
+        return r;
+    }
+    *out = v;
+    *nout = k;
+    *buf = b;
+    return 0;
+}
+
 /* Every check must hold for the config.json; each failing one is reported. A check over a
  * field the config lacks is left to the generator, which names every place needing it. */
-static int run_checks(const struct wb_family *f, const struct wb_jcfg *cfg, struct wb_errlist *el)
+static int run_checks(const struct wb_family *f, const struct wb_jcfg *cfg,
+                      const struct wb_xvar *sets, size_t nsets, struct wb_errlist *el)
 {
     int r = 0;
     for (size_t i = 0; i < f->nchecks; i++) {
         const struct wb_xderived *c = &f->checks[i];
-        struct wb_xenv env = {.cfg = cfg, .derived = f->dv, .nderived = f->ndv};
+        struct wb_xenv env = {
+            .sets = sets, .nsets = nsets, .cfg = cfg, .derived = f->dv, .nderived = f->ndv};
         char err[256];
         int64_t v;
         int e = wb_expr_eval(c->e, &env, &v, err, sizeof(err));
@@ -503,6 +569,8 @@ struct gen {
     struct wb_inventory inv;
     uint32_t *origin; /* per generated parameter: block << 16 | tensor, for duplicate messages */
     size_t origin_cap;
+    const struct wb_xvar *sets; /* the job's values of the family's vars */
+    size_t nsets;
     uint64_t iters;     /* loop iterations run so far, all levels and blocks together */
     bool too_many;      /* WB_GEN_MAX_TENSORS reached (reported) */
     bool quant_checked; /* quantization_config checked (quant_err is the result) */
@@ -879,6 +947,8 @@ static int loops_precheck(struct gen *g, struct gblock *b, struct wb_xvar *vars)
         struct gloop *l = &b->loop[level];
         struct wb_xenv env = {.vars = vars,
                               .nvars = level,
+                              .sets = g->sets,
+                              .nsets = g->nsets,
                               .cfg = g->cfg,
                               .derived = g->f->dv,
                               .nderived = g->f->ndv};
@@ -910,8 +980,13 @@ static int run_block(struct gen *g, size_t bi, size_t level, struct wb_xvar *var
     int r;
     if (level == 0 && b->nloop > 1 && (r = loops_precheck(g, b, vars)))
         return r;
-    struct wb_xenv env = {
-        .vars = vars, .nvars = level, .cfg = g->cfg, .derived = g->f->dv, .nderived = g->f->ndv};
+    struct wb_xenv env = {.vars = vars,
+                          .nvars = level,
+                          .sets = g->sets,
+                          .nsets = g->nsets,
+                          .cfg = g->cfg,
+                          .derived = g->f->dv,
+                          .nderived = g->f->ndv};
     char err[256];
     int64_t v;
     if (level < b->nloop) {
@@ -983,10 +1058,18 @@ static int run_block(struct gen *g, size_t bi, size_t level, struct wb_xvar *var
 int wb_inv_generate(const char *family_yaml, const char *config_json, const char *side,
                     struct wb_inventory *inv, struct wb_errlist *el)
 {
+    return wb_inv_generate_vars(family_yaml, config_json, NULL, side, inv, el);
+}
+
+int wb_inv_generate_vars(const char *family_yaml, const char *config_json, const char *vars,
+                         const char *side, struct wb_inventory *inv, struct wb_errlist *el)
+{
     struct wb_family *f = NULL;
     struct wb_jcfg *cfg = NULL;
     struct gen g = {.el = el};
-    size_t before = el->n;
+    struct wb_xvar *sets = NULL;
+    char *sets_buf = NULL;
+    size_t nsets = 0, before = el->n;
     int r;
     if (!side || (strcmp(side, "trainer") != 0 && strcmp(side, "rollout") != 0)) {
         wb_errlist_add(el, "side must be \"trainer\" or \"rollout\", got \"%s\"",
@@ -995,7 +1078,8 @@ int wb_inv_generate(const char *family_yaml, const char *config_json, const char
     }
     if ((r = wb_family_open(family_yaml, &f, el)))
         goto out;
-    if ((r = wb_jcfg_load(config_json, &cfg, el)))
+    if ((r = wb_vars_parse(vars, f->dv, f->ndv, family_yaml, &sets, &nsets, &sets_buf, el)) ||
+        (r = wb_jcfg_load(config_json, &cfg, el)))
         goto out;
     bool rollout = strcmp(side, "rollout") == 0;
     const struct wb_ynode *sec = rollout ? f->rollout : f->trainer;
@@ -1005,10 +1089,12 @@ int wb_inv_generate(const char *family_yaml, const char *config_json, const char
         goto out;
     }
     if ((r = wb_check_model_type(f->model_types, f->nmodel_types, f->model_type_at, cfg, el)) ||
-        (r = run_checks(f, cfg, el)))
+        (r = run_checks(f, cfg, sets, nsets, el)))
         goto out;
     g.f = f;
     g.cfg = cfg;
+    g.sets = sets;
+    g.nsets = nsets;
     wb_inv_init(&g.inv);
     size_t nb = wb_ynode_len(sec);
     if (nb >= 1 << 15) {
@@ -1047,6 +1133,8 @@ out:
     if (r == -ENOMEM && el->n == before)
         wb_errlist_add(el, "%s: out of memory generating the %s inventory", family_yaml, side);
     gen_free(&g);
+    free(sets);
+    free(sets_buf);
     wb_jcfg_free(cfg);
     wb_family_close(f);
     return r;

@@ -117,7 +117,11 @@ static void eval_head_dims(struct mctx *c)
         c->head_dim[i] = 0;
         if (!rl->head_dim)
             continue;
-        struct wb_xenv env = {.cfg = rs->cfg, .derived = rs->vars, .nderived = rs->nvars};
+        struct wb_xenv env = {.sets = rs->sets,
+                              .nsets = rs->nsets,
+                              .cfg = rs->cfg,
+                              .derived = rs->vars,
+                              .nderived = rs->nvars};
         char err[256];
         int64_t v;
         int r = wb_expr_eval_num(rl->head_dim, &env, &v, err, sizeof(err));
@@ -651,7 +655,11 @@ static void set_heads(struct build *b, size_t rule_index, struct wb_mapping *m)
     if (hd < 0) {
         char err[256];
         int64_t v;
-        struct wb_xenv env = {.cfg = c->rs->cfg, .derived = c->rs->vars, .nderived = c->rs->nvars};
+        struct wb_xenv env = {.sets = c->rs->sets,
+                              .nsets = c->rs->nsets,
+                              .cfg = c->rs->cfg,
+                              .derived = c->rs->vars,
+                              .nderived = c->rs->nvars};
         if (wb_expr_eval_num(b->rl->head_dim, &env, &v, err, sizeof(err)) == 0)
             snprintf(err, sizeof(err), "not positive (%lld)", (long long)v);
         merr(c, "%s: shard head_dim '%s': %s (rule %s:%u)", b->R->name,

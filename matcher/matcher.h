@@ -58,6 +58,12 @@ int wb_inv_save_file(const char *path, const struct wb_inventory *inv);
  * blocks over its last two dims. */
 int wb_inv_generate(const char *family_yaml, const char *config_json, const char *side,
                     struct wb_inventory *inv, struct wb_errlist *el);
+/* The same with a job's values of the family file's vars, "NAME=INTEGER[,NAME=INTEGER...]"
+ * (NULL or "": none): they take precedence over config.json fields and the file's defaults,
+ * and every NAME must be one of the file's vars. deepseek_v3.yaml's mtp=1 adds the
+ * multi-token-prediction layers (configs/models/README.md). */
+int wb_inv_generate_vars(const char *family_yaml, const char *config_json, const char *vars,
+                         const char *side, struct wb_inventory *inv, struct wb_errlist *el);
 /* Bounds of one generation, so that a config.json value never makes it run for long or grow
  * without end: loop iterations of a section, all levels and blocks counted together, and
  * generated tensors. Past either the generator stops with an error. */
@@ -75,6 +81,9 @@ void wb_match_rules_free(struct wb_match_rules *r);
  * Returns -WB_E_CONFIG (message in el) when the file cannot be read. */
 int wb_match_rules_bind_config(struct wb_match_rules *r, const char *config_json,
                                struct wb_errlist *el);
+/* Optional: the job's values of the family's vars, as for wb_inv_generate_vars() (the same
+ * text must be given to both, so that both sides and the rules agree). */
+int wb_match_rules_set_vars(struct wb_match_rules *r, const char *vars, struct wb_errlist *el);
 
 /* What the trainer agent does to the components before writing. */
 enum wb_xform {

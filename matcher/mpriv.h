@@ -56,11 +56,13 @@ struct wb_xderived {
     char where[300]; /* file:line:col of the definition */
 };
 
-/* Where an expression looks names up: loop variables first, then the config, then the
- * derived values. */
+/* Where an expression looks names up: loop variables first, then the job's values of the
+ * family's vars (sets), then the config, then the derived values. */
 struct wb_xenv {
     const struct wb_xvar *vars;
     size_t nvars;
+    const struct wb_xvar *sets; /* per-job values ("mtp=1"), over config and defaults */
+    size_t nsets;
     const struct wb_jcfg *cfg; /* may be NULL */
     const struct wb_xderived *derived;
     size_t nderived;
@@ -175,6 +177,9 @@ struct wb_match_rules {
     char **model_types;  /* as struct wb_family's */
     size_t nmodel_types;
     char model_type_at[300];
+    struct wb_xvar *sets; /* the job's values of vars (wb_match_rules_set_vars) */
+    size_t nsets;
+    char *sets_buf;
 };
 
 /* A model-family file opened and checked at the top level (generate.c); shared by the
@@ -213,6 +218,12 @@ int wb_check_model_type(char *const *types, size_t n, const char *at, const stru
  * fp8, weight_block_size [128, 128], fmt e4m3 and activation_scheme dynamic when given, and no
  * other key. Returns 0 or -WB_E_CONFIG with a message per offending key. */
 int wb_check_quant_config(const struct wb_jcfg *cfg, struct wb_errlist *el);
+
+/* Parses a job's values of a family's vars, "NAME=INTEGER[,NAME=INTEGER...]" (NULL or ""
+ * sets nothing). Every NAME must be one of the family's vars (dv, from the file at `path`).
+ * On success *out holds the values, their names pointing into *buf (free both). */
+int wb_vars_parse(const char *text, const struct wb_xderived *dv, size_t ndv, const char *path,
+                  struct wb_xvar **out, size_t *nout, char **buf, struct wb_errlist *el);
 
 /* A short label for a tensor in messages: "q_proj" for "model.layers.0.self_attn.q_proj.weight". */
 void wb_name_label(const char *name, char *buf, size_t cap);

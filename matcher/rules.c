@@ -112,6 +112,8 @@ void wb_match_rules_free(struct wb_match_rules *r)
     free(r->ign_rollout);
     wb_family_vars_free(r->vars, r->nvars);
     wb_family_free_types(r->model_types, r->nmodel_types);
+    free(r->sets);
+    free(r->sets_buf);
     wb_jcfg_free(r->cfg);
     free(r->scale_suffix);
     free(r->family);
@@ -533,5 +535,21 @@ int wb_match_rules_bind_config(struct wb_match_rules *r, const char *config_json
     }
     wb_jcfg_free(r->cfg);
     r->cfg = c;
+    return 0;
+}
+
+int wb_match_rules_set_vars(struct wb_match_rules *r, const char *vars, struct wb_errlist *el)
+{
+    struct wb_xvar *sets;
+    size_t n;
+    char *buf;
+    int e = wb_vars_parse(vars, r->vars, r->nvars, r->path, &sets, &n, &buf, el);
+    if (e)
+        return e;
+    free(r->sets);
+    free(r->sets_buf);
+    r->sets = sets;
+    r->nsets = n;
+    r->sets_buf = buf;
     return 0;
 }

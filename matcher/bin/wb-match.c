@@ -24,6 +24,8 @@ static void usage(FILE *f, const char *prog)
             "  --rollout FILE         rollout inventory file instead of generating\n"
             "  --save-trainer FILE    write the trainer inventory (JSON) and continue\n"
             "  --save-rollout FILE    write the rollout inventory (JSON) and continue\n"
+            "  --var NAME=VALUE       a value for one of the family file's vars (repeatable),\n"
+            "                         e.g. --var mtp=1 (DeepSeek-V3's draft layer)\n"
             "  --list                 print every mapping\n"
             "  --tp N --ep N          print what rollout rank --rank holds of each mapping\n"
             "  --rank R               tp rank (and ep rank) for --tp/--ep (default 0)\n"
@@ -73,6 +75,7 @@ int main(int argc, char **argv)
 {
     const char *family = NULL, *config = NULL, *tconfig = NULL, *tfile = NULL, *rfile = NULL;
     const char *save_t = NULL, *save_r = NULL;
+    char vars[1024] = "";
     int list = 0, have_rank = 0;
     long tp = 0, ep = 0, rank = 0;
     static const struct option opts[] = {{"family", required_argument, 0, 'f'},
@@ -86,6 +89,7 @@ int main(int argc, char **argv)
                                          {"tp", required_argument, 0, 'p'},
                                          {"ep", required_argument, 0, 'e'},
                                          {"rank", required_argument, 0, 'k'},
+                                         {"var", required_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int o;
@@ -115,6 +119,15 @@ int main(int argc, char **argv)
         case 'l':
             list = 1;
             break;
+        case 'v': {
+            size_t len = strlen(vars);
+            if ((size_t)snprintf(vars + len, sizeof(vars) - len, "%s%s", len ? "," : "", optarg) >=
+                sizeof(vars) - len) {
+                fprintf(stderr, "wb-match: --var: too many values\n");
+                return 2;
+            }
+            break;
+        }
         case 'p':
         case 'e':
         case 'k': {
@@ -171,9 +184,9 @@ int main(int argc, char **argv)
     struct wb_match *m = NULL;
     int rc = 1, err = 0;
     if ((err = tfile ? wb_inv_load_file(tfile, &t, &el)
-                     : wb_inv_generate(family, tconfig, "trainer", &t, &el)) ||
+                     : wb_inv_generate_vars(family, tconfig, vars, "trainer", &t, &el)) ||
         (err = rfile ? wb_inv_load_file(rfile, &r, &el)
-                     : wb_inv_generate(family, config, "rollout", &r, &el)))
+                     : wb_inv_generate_vars(family, config, vars, "rollout", &r, &el)))
         goto out;
     const char *save = NULL;
     if ((save_t && (err = wb_inv_save_file(save = save_t, &t))) ||
@@ -182,6 +195,7 @@ int main(int argc, char **argv)
         goto out;
     }
     if ((err = wb_match_rules_load(family, &rules, &el)) ||
+        (err = wb_match_rules_set_vars(rules, vars, &el)) ||
         (config && (err = wb_match_rules_bind_config(rules, config, &el))) ||
         (err = wb_match_run(rules, &t, &r, &m, &el)))
         goto out;

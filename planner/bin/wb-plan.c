@@ -19,6 +19,7 @@ static const char usage[] =
     "Plans a trainer -> rollout weight transfer and prints a summary.\n"
     "  --model FILE        model family file (configs/models/): name templates and match rules\n"
     "  --config FILE       Hugging Face config.json giving the model's sizes (configs/hf/)\n"
+    "  --var NAME=VALUE    a value for one of the model file's vars (repeatable), e.g. mtp=1\n"
     "  --trainer-inv FILE  trainer inventory (YAML/JSON name -> {dtype, shape}) instead of\n"
     "  --rollout-inv FILE  rollout inventory      generating them from --model and --config\n"
     "  --trainer FILE      trainer layout: mesh, placement rules, residence, hardware\n"
@@ -39,6 +40,7 @@ static const char usage[] =
 
 struct args {
     const char *model, *config, *tinv, *rinv, *trainer, *rollout, *json, *svg;
+    char vars[1024];
     enum wb_plan_mode mode;
     uint64_t mem_cap;
     uint32_t threads;
@@ -51,6 +53,7 @@ static int parse_args(int argc, char **argv, struct args *a)
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"config", required_argument, 0, 'c'},
+        {"var", required_argument, 0, 'a'},
         {"trainer-inv", required_argument, 0, 'T'},
         {"rollout-inv", required_argument, 0, 'R'},
         {"trainer", required_argument, 0, 't'},
@@ -81,6 +84,15 @@ static int parse_args(int argc, char **argv, struct args *a)
         case 'c':
             a->config = optarg;
             break;
+        case 'a': {
+            size_t len = strlen(a->vars);
+            if ((size_t)snprintf(a->vars + len, sizeof(a->vars) - len, "%s%s", len ? "," : "",
+                                 optarg) >= sizeof(a->vars) - len) {
+                fprintf(stderr, "wb-plan: --var: too many values\n");
+                return 2;
+            }
+            break;
+        }
         case 'T':
             a->tinv = optarg;
             break;
@@ -210,14 +222,14 @@ int main(int argc, char **argv)
         e1 = wb_inv_load_file(a.tinv, &ti, &el);
         e2 = wb_inv_load_file(a.rinv, &ri, &el);
     } else {
-        e1 = wb_inv_generate(a.model, a.config, "trainer", &ti, &el);
-        e2 = wb_inv_generate(a.model, a.config, "rollout", &ri, &el);
+        e1 = wb_inv_generate_vars(a.model, a.config, a.vars, "trainer", &ti, &el);
+        e2 = wb_inv_generate_vars(a.model, a.config, a.vars, "rollout", &ri, &el);
     }
     if (e1 || e2) {
         fail(&el, "inventories");
         goto out;
     }
-    if (wb_match_rules_load(a.model, &rules, &el) ||
+    if (wb_match_rules_load(a.model, &rules, &el) || wb_match_rules_set_vars(rules, a.vars, &el) ||
         (a.config && wb_match_rules_bind_config(rules, a.config, &el))) {
         fail(&el, "model rules");
         goto out;

@@ -114,9 +114,9 @@ static void test_layer_start_int64_min(void)
     gen_fails(DSV3, cfg, "trainer", &el);
     CHECK(ms_since(t0) < 1000);
     EXPECT(&el,
-           "configs/models/deepseek_v3.yaml:60:11: 'first_k_dense_replace': loop layer starts at "
+           "configs/models/deepseek_v3.yaml:72:11: 'first_k_dense_replace': loop layer starts at "
            "-9223372036854775808, a negative index",
-           "configs/models/deepseek_v3.yaml:68:11: 'first_k_dense_replace': loop layer starts at "
+           "configs/models/deepseek_v3.yaml:80:11: 'first_k_dense_replace': loop layer starts at "
            "-9223372036854775808, a negative index");
     wb_errlist_free(&el);
 }
@@ -341,6 +341,58 @@ static void test_negation_overflow(void)
     gen_fails(fam, cfg, "trainer", &el);
     EXPECT(&el, fmt("%s:4:7: '-n': integer overflow", fam));
     wb_errlist_free(&el);
+}
+
+/* ---------------------------------------------------------------- a job's vars */
+
+static void test_job_vars(void)
+{
+    struct wb_errlist el;
+    const char *cfg = "configs/hf/DeepSeek-V3.json";
+    struct wb_inventory inv;
+    wb_inv_init(&inv);
+    const char *bad[][2] = {
+        {"mpt=1", "vars 'mpt=1': 'mpt' is not one of configs/models/deepseek_v3.yaml's vars "
+                  "(mtp, all_layers)"},
+        {"mtp", "vars 'mtp': expected NAME=INTEGER[,NAME=INTEGER...]"},
+        {"mtp=yes", "vars 'mtp=yes': expected NAME=INTEGER[,NAME=INTEGER...]"},
+        {"=1", "vars '=1': expected NAME=INTEGER[,NAME=INTEGER...]"},
+        {"mtp=1,mtp=0", "vars 'mtp=1,mtp=0': 'mtp' given twice"},
+    };
+    for (size_t i = 0; i < WB_ARRAY_LEN(bad); i++) {
+        wb_errlist_init(&el);
+        CHECK_INT(wb_inv_generate_vars(DSV3, cfg, bad[i][0], "trainer", &inv, &el), -WB_E_CONFIG);
+        EXPECT(&el, bad[i][1]);
+        wb_errlist_free(&el);
+    }
+    /* the rules check the same names */
+    struct wb_match_rules *rules;
+    wb_errlist_init(&el);
+    CHECK_INT(wb_match_rules_load(DSV3, &rules, &el), 0);
+    CHECK_INT(wb_match_rules_set_vars(rules, "mpt=1", &el), -WB_E_CONFIG);
+    EXPECT(&el, "vars 'mpt=1': 'mpt' is not one of configs/models/deepseek_v3.yaml's vars (mtp, "
+                "all_layers)");
+    wb_match_rules_free(rules);
+    wb_errlist_free(&el);
+    /* a family without vars */
+    const char *fam = put("novars.yaml", "family: t\ntrainer: []\n");
+    wb_errlist_init(&el);
+    CHECK_INT(wb_inv_generate_vars(fam, put("e.json", "{}"), "mtp=1", "trainer", &inv, &el),
+              -WB_E_CONFIG);
+    EXPECT(&el, fmt("vars 'mtp=1': 'mtp' is not one of %s's vars (it has none)", fam));
+    wb_errlist_free(&el);
+    /* MTP asked of a config that does not say how many MTP layers there are */
+    const char *nomtp = derived("configs/hf/DeepSeek-V3.json", "nomtp.json",
+                                "  \"num_nextn_predict_layers\": 1,\n", "");
+    wb_errlist_init(&el);
+    CHECK_INT(wb_inv_generate(DSV3, nomtp, "trainer", &inv, &el), 0); /* mtp=0 never asks */
+    CHECK_INT(wb_inv_generate_vars(DSV3, nomtp, "mtp=1", "trainer", &inv, &el), -WB_E_CONFIG);
+    CHECK(el.n >= 1);
+    CHECK_STR(el.msgs[0], fmt("%s: missing field 'num_nextn_predict_layers' (needed by "
+                              "'all_layers' at configs/models/deepseek_v3.yaml:43:11)",
+                              nomtp));
+    wb_errlist_free(&el);
+    wb_inv_free(&inv);
 }
 
 /* ---------------------------------------------------------------- loops */
@@ -650,6 +702,9 @@ static void test_wb_match_options(void)
     wbm("wb-match: --rank needs --tp or --ep\n", 2, "--rank", "1", NULL);
     wbm("wb-match: --tp 3 and --ep 2: the smaller must divide the larger\n", 2, "--tp", "3", "--ep",
         "2", NULL);
+    wbm("wb-match: vars 'nope=1': 'nope' is not one of configs/models/qwen3.yaml's vars "
+        "(head_dim)\nwb-match: 1 problem\n",
+        1, "--var", "nope=1", NULL);
 }
 
 const struct wb_test wb_tests[] = {
@@ -667,6 +722,7 @@ const struct wb_test wb_tests[] = {
     {"model_type_missing_or_not_a_string", test_model_type_missing_or_not_a_string, 0},
     {"big_integer_and_dotted_keys", test_big_integer_and_dotted_keys, 0},
     {"negation_overflow", test_negation_overflow, 0},
+    {"job_vars", test_job_vars, 0},
     {"nested_loops_product", test_nested_loops_product, 10},
     {"single_loop_too_long", test_single_loop_too_long, 10},
     {"too_many_tensors", test_too_many_tensors, 20},

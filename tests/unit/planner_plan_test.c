@@ -498,6 +498,31 @@ static void test_cli(void)
              "  %s: tp 3 does not divide gpus_per_replica 4\n",
              t, r);
     CHECK_STR(out, want);
+    /* --var reaches both generated inventories */
+    char *t1 = strdup(wb_test_write_file("t1.yaml", "world_size: 1\n"
+                                                    "mesh: [{name: fsdp, size: 1}]\n"
+                                                    "placements: [{match: \"*\"}]\n"));
+    char *r1 = strdup(wb_test_write_file("r1.yaml", "replicas: 1\n"));
+    char *var[] = {exe,
+                   "--model",
+                   "configs/models/deepseek_v3.yaml",
+                   "--config",
+                   "configs/hf/DeepSeek-V3.json",
+                   "--trainer",
+                   t1,
+                   "--rollout",
+                   r1,
+                   "--var",
+                   "mpt=1",
+                   NULL};
+    CHECK_INT(wb_test_capture(run_argv, var, out, sizeof(out)), 1);
+    CHECK_STR(out, "wb-plan: inventories: 2 problems\n"
+                   "  vars 'mpt=1': 'mpt' is not one of configs/models/deepseek_v3.yaml's vars "
+                   "(mtp, all_layers)\n"
+                   "  vars 'mpt=1': 'mpt' is not one of configs/models/deepseek_v3.yaml's vars "
+                   "(mtp, all_layers)\n");
+    free(t1);
+    free(r1);
     free(t);
     free(r);
     free(ti);

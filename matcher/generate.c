@@ -1,6 +1,6 @@
 /* generate.c — model-family files: opening and checking one (shared with rules.c), and
  * generating a parameter inventory from a Hugging Face config.json plus the family file's
- * "trainer" or "rollout" section.
+ * "trainer" or "rollout" section. The file format's reference is configs/models/README.md.
  *
  * A section is a list of blocks:
  *   - for: {layer: num_hidden_layers, expert: [0, n_routed_experts]}   # nested loops

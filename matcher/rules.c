@@ -1,5 +1,6 @@
 /* rules.c — loads the `rules`, `quant` and `ignore` sections of a model-family file into
- * struct wb_match_rules. One rule says how one kind of rollout tensor is built:
+ * struct wb_match_rules (reference: configs/models/README.md). One rule says how one kind of
+ * rollout tensor is built:
  *
  *   - rollout: model.layers.{L}.self_attn.qkv_proj.weight     # pattern, {L} captures digits
  *     from: [model.layers.{L}.self_attn.q_proj.weight, ...k_proj..., ...v_proj...]

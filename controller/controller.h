@@ -26,6 +26,7 @@ struct wb_job {
     struct {
         char *rules;             /* model rules (configs/models/…) */
         char *hf_config;         /* config.json: generate both inventories from the rules */
+        char *vars;              /* the job's values of the family file's vars ("mtp=1") */
         char *trainer_inventory; /* inventory files (YAML/JSON) */
         char *rollout_inventory;
     } model;

@@ -10,6 +10,8 @@
  * NAME is [A-Za-z_][A-Za-z0-9_.]* (dots reach into nested config objects). Functions:
  * min(a,b), max(a,b), ceil_div(a,b), defined(name), contains(list, x).
  * Values are int64; every + - * checks overflow, / and % check for zero and truncate like C.
+ * config.json booleans are truth values: conditions, == and != take them, arithmetic and
+ * numbers (shapes, loop bounds, names) do not.
  * An expression compiles once into a node array and is evaluated many times (the generator
  * evaluates shapes ~100k times for Kimi-K2), so evaluation does no allocation. */
 #include "matcher/mpriv.h"
@@ -400,20 +402,48 @@ struct ectx {
     size_t errcap;
 };
 
+/* A value and whether it is a config.json boolean (true/false): booleans are truth values for
+ * conditions (!, &&, ||, ?:, comparisons) but never numbers, so that "num_hidden_layers: true"
+ * is an error instead of one layer. `name` is the field it came from, for messages. */
+struct xval {
+    int64_t v;
+    const char *name; /* non-NULL: a boolean read from this field */
+    size_t len;
+};
+
+static int eval(struct ectx *x, int32_t i, struct xval *out);
+
+static int not_a_number(struct ectx *x, const struct xval *v)
+{
+    snprintf(x->err, x->errcap, "field '%.*s' is a boolean (%s), not a number", (int)v->len,
+             v->name, v->v ? "true" : "false");
+    return -EINVAL;
+}
+
 /* Looks a name up: loop variables, config, derived values. Returns 0, -ENOENT, or an error
  * of evaluating the derived value. A config list or non-integer is reported as -EINVAL. */
-static int lookup(struct ectx *x, const char *name, size_t len, int64_t *out)
+static int lookup(struct ectx *x, const char *name, size_t len, struct xval *out)
 {
     struct wb_xenv *env = x->env;
+    *out = (struct xval){0};
     for (size_t i = 0; i < env->nvars; i++)
         if (strlen(env->vars[i].name) == len && memcmp(env->vars[i].name, name, len) == 0) {
-            *out = env->vars[i].value;
+            out->v = env->vars[i].value;
+            return 0;
+        }
+    for (size_t i = 0; i < env->nsets; i++)
+        if (strlen(env->sets[i].name) == len && memcmp(env->sets[i].name, name, len) == 0) {
+            out->v = env->sets[i].value;
             return 0;
         }
     const struct wb_jval *v = env->cfg ? wb_jcfg_get(env->cfg, name, len) : NULL;
     if (v) {
         if (v->kind == WB_J_INT) {
-            *out = v->i;
+            out->v = v->i;
+            if (v->is_bool) {
+                out->name = v->name;
+                out->len = strlen(v->name);
+            }
             return 0;
         }
         snprintf(x->err, x->errcap, "field '%.*s' is not an integer (%s)", (int)len, name,
@@ -430,7 +460,8 @@ static int lookup(struct ectx *x, const char *name, size_t len, int64_t *out)
             return -EINVAL;
         }
         env->depth++;
-        int r = wb_expr_eval(d->e, env, out, x->err, x->errcap);
+        struct ectx sub = {.e = d->e, .env = env, .err = x->err, .errcap = x->errcap};
+        int r = eval(&sub, d->e->root, out);
         env->depth--;
         return r;
     }
@@ -438,28 +469,35 @@ static int lookup(struct ectx *x, const char *name, size_t len, int64_t *out)
     return -ENOENT;
 }
 
-static int eval(struct ectx *x, int32_t i, int64_t *out)
+static int eval(struct ectx *x, int32_t i, struct xval *out)
 {
     const struct xnode *n = &x->e->n[i];
     const char *name = x->e->text + n->name_off;
-    int64_t a = 0, b = 0;
+    struct xval a = {0}, b = {0};
     int r;
+    *out = (struct xval){0};
     switch (n->op) {
     case X_NUM:
-        *out = n->num;
+        out->v = n->num;
         return 0;
     case X_NAME:
         return lookup(x, name, n->name_len, out);
     case X_DEFINED: {
         const struct wb_jval *v = x->env->cfg ? wb_jcfg_get(x->env->cfg, name, n->name_len) : NULL;
         if (v) {
-            *out = 1;
+            out->v = 1;
             return 0;
         }
         for (size_t k = 0; k < x->env->nvars; k++)
             if (strlen(x->env->vars[k].name) == n->name_len &&
                 memcmp(x->env->vars[k].name, name, n->name_len) == 0) {
-                *out = 1;
+                out->v = 1;
+                return 0;
+            }
+        for (size_t k = 0; k < x->env->nsets; k++)
+            if (strlen(x->env->sets[k].name) == n->name_len &&
+                memcmp(x->env->sets[k].name, name, n->name_len) == 0) {
+                out->v = 1;
                 return 0;
             }
         /* a nested object counts as defined when any of its fields is */
@@ -467,11 +505,11 @@ static int eval(struct ectx *x, int32_t i, int64_t *out)
             for (size_t k = 0; k < x->env->cfg->n; k++) {
                 const char *f = x->env->cfg->v[k].name;
                 if (strncmp(f, name, n->name_len) == 0 && f[n->name_len] == '.') {
-                    *out = 1;
+                    out->v = 1;
                     return 0;
                 }
             }
-        *out = 0;
+        out->v = 0;
         return 0;
     }
     case X_CONTAINS: {
@@ -485,99 +523,107 @@ static int eval(struct ectx *x, int32_t i, int64_t *out)
                      name);
             return -EINVAL;
         }
-        if ((r = eval(x, n->b, &a))) /* a is the list name */
+        if ((r = eval(x, n->b, &a))) /* a is the value looked for */
             return r;
-        *out = 0;
+        if (a.name)
+            return not_a_number(x, &a);
+        out->v = 0;
         for (size_t k = 0; k < v->nlist; k++)
-            if (v->list[k] == a)
-                *out = 1;
+            if (v->list[k] == a.v)
+                out->v = 1;
         return 0;
     }
     case X_AND:
     case X_OR:
         if ((r = eval(x, n->a, &a)))
             return r;
-        if ((n->op == X_AND && !a) || (n->op == X_OR && a)) {
-            *out = n->op == X_OR;
+        if ((n->op == X_AND && !a.v) || (n->op == X_OR && a.v)) {
+            out->v = n->op == X_OR;
             return 0;
         }
         if ((r = eval(x, n->b, &b)))
             return r;
-        *out = b != 0;
+        out->v = b.v != 0;
         return 0;
     case X_COND:
         if ((r = eval(x, n->a, &a)))
             return r;
-        return eval(x, a ? n->b : n->c, out);
+        return eval(x, a.v ? n->b : n->c, out);
     default:
         break;
     }
     if ((r = eval(x, n->a, &a)))
         return r;
-    if (n->op == X_NEG) {
-        if (a == INT64_MIN)
-            goto overflow;
-        *out = -a;
+    if (n->op == X_NOT) {
+        out->v = !a.v;
         return 0;
     }
-    if (n->op == X_NOT) {
-        *out = !a;
+    if (n->op == X_NEG) {
+        if (a.name)
+            return not_a_number(x, &a);
+        if (a.v == INT64_MIN)
+            goto overflow;
+        out->v = -a.v;
         return 0;
     }
     if ((r = eval(x, n->b, &b)))
         return r;
+    bool cmp = n->op == X_EQ || n->op == X_NE;
+    if (!cmp && (a.name || b.name)) /* == and != compare a boolean with 0/1; nothing else may */
+        return not_a_number(x, a.name ? &a : &b);
+    int64_t *o = &out->v;
     switch (n->op) {
     case X_ADD:
-        if (__builtin_add_overflow(a, b, out))
+        if (__builtin_add_overflow(a.v, b.v, o))
             goto overflow;
         return 0;
     case X_SUB:
-        if (__builtin_sub_overflow(a, b, out))
+        if (__builtin_sub_overflow(a.v, b.v, o))
             goto overflow;
         return 0;
     case X_MUL:
-        if (__builtin_mul_overflow(a, b, out))
+        if (__builtin_mul_overflow(a.v, b.v, o))
             goto overflow;
         return 0;
     case X_DIV:
     case X_MOD:
     case X_CEILDIV:
-        if (b == 0) {
+        if (b.v == 0) {
             snprintf(x->err, x->errcap, "division by zero");
             return -EDOM;
         }
-        if (a == INT64_MIN && b == -1)
+        if (a.v == INT64_MIN && b.v == -1)
             goto overflow;
         if (n->op == X_DIV)
-            *out = a / b;
+            *o = a.v / b.v;
         else if (n->op == X_MOD)
-            *out = a % b;
+            *o = a.v % b.v;
         else
-            *out = a / b + ((a % b != 0) && ((a < 0) == (b < 0)));
+            *o = a.v / b.v + ((a.v % b.v != 0) && ((a.v < 0) == (b.v < 0)));
         return 0;
     case X_MIN:
-        *out = a < b ? a : b;
+        *o = a.v < b.v ? a.v : b.v;
         return 0;
     case X_MAX:
-        *out = a > b ? a : b;
+        *o = a.v > b.v ? a.v : b.v;
         return 0;
     case X_LT:
-        *out = a < b;
+        *o = a.v < b.v;
         return 0;
     case X_LE:
-        *out = a <= b;
+        *o = a.v <= b.v;
         return 0;
     case X_GT:
-        *out = a > b;
+        *o = a.v > b.v;
         return 0;
     case X_GE:
-        *out = a >= b;
+        *o = a.v >= b.v;
         return 0;
     case X_EQ:
-        *out = a == b;
+        *o = a.v == b.v;
         return 0;
     case X_NE:
-        *out = a != b;
+        *o = a.v != b.v;
         return 0;
     default:
         snprintf(x->err, x->errcap, "internal error: bad node");
@@ -592,10 +638,23 @@ int wb_expr_eval(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, cha
                  size_t errcap)
 {
     struct ectx x = {.e = e, .env = env, .err = err, .errcap = errcap};
-    int64_t v;
+    struct xval v;
     int r = eval(&x, e->root, &v);
     if (r == 0)
-        *out = v;
+        *out = v.v;
+    return r;
+}
+
+int wb_expr_eval_num(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
+                     size_t errcap)
+{
+    struct ectx x = {.e = e, .env = env, .err = err, .errcap = errcap};
+    struct xval v;
+    int r = eval(&x, e->root, &v);
+    if (r == 0 && v.name)
+        r = not_a_number(&x, &v);
+    if (r == 0)
+        *out = v.v;
     return r;
 }
 
@@ -683,7 +742,7 @@ int wb_tmpl_render(const struct wb_tmpl *t, struct wb_xenv *env, char *buf, size
         size_t n = pc->len;
         if (pc->e) {
             int64_t v;
-            int r = wb_expr_eval(pc->e, env, &v, err, errcap);
+            int r = wb_expr_eval_num(pc->e, env, &v, err, errcap);
             if (r)
                 return r;
             n = (size_t)snprintf(num, sizeof(num), "%lld", (long long)v);

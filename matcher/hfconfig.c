@@ -35,6 +35,7 @@ static int push(struct flat *f, const char *name, const json_t *j)
     if (json_is_boolean(j)) {
         v->kind = WB_J_INT;
         v->i = json_is_true(j);
+        v->is_bool = true;
         return 0;
     }
     if (json_is_array(j)) {
@@ -58,19 +59,27 @@ static int push(struct flat *f, const char *name, const json_t *j)
         v->text = strdup(num);
     } else {
         v->text = json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT);
+        if (json_is_string(j) && !(v->str = strdup(json_string_value(j))))
+            return -ENOMEM;
     }
     return v->text ? 0 : -ENOMEM;
 }
 
-static int flatten(struct flat *f, const char *prefix, const json_t *obj)
+static int flatten(struct flat *f, const char *prefix, const json_t *obj, const char *path,
+                   struct wb_errlist *el)
 {
     const char *key;
     json_t *val;
     json_object_foreach((json_t *)obj, key, val)
     {
         char name[512];
-        snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", key);
-        int r = json_is_object(val) ? flatten(f, name, val) : push(f, name, val);
+        if ((size_t)snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", key) >=
+            sizeof(name)) {
+            wb_errlist_add(el, "%s: key '%.40s...' is longer than %zu bytes", path, name,
+                           sizeof(name) - 1);
+            return -WB_E_CONFIG;
+        }
+        int r = json_is_object(val) ? flatten(f, name, val, path, el) : push(f, name, val);
         if (r)
             return r;
     }
@@ -90,6 +99,7 @@ void wb_jcfg_free(struct wb_jcfg *c)
         free(c->v[i].name);
         free(c->v[i].list);
         free(c->v[i].text);
+        free(c->v[i].str);
     }
     free(c->v);
     free(c->path);
@@ -117,9 +127,20 @@ int wb_jcfg_load(const char *path, struct wb_jcfg **out, struct wb_errlist *el)
         r = -WB_E_CONFIG;
         goto err;
     }
-    if ((r = flatten(&f, "", root)))
+    if ((r = flatten(&f, "", root, path, el)))
         goto err;
-    qsort(f.v, f.n, sizeof(*f.v), cmp_jval);
+    if (f.n)
+        qsort(f.v, f.n, sizeof(*f.v), cmp_jval);
+    /* {"a.b": 1, "a": {"b": 2}} flattens to one name twice: which one an expression saw would
+     * depend on the sort */
+    for (size_t i = 1; i < f.n; i++)
+        if (strcmp(f.v[i - 1].name, f.v[i].name) == 0) {
+            wb_errlist_add(el, "%s: key '%s' is given twice (once with a dot in its name)", path,
+                           f.v[i].name);
+            r = -WB_E_CONFIG;
+        }
+    if (r)
+        goto err;
     c->v = f.v;
     c->n = f.n;
     json_decref(root);
@@ -136,6 +157,7 @@ err:
             free(f.v[i].name);
             free(f.v[i].list);
             free(f.v[i].text);
+            free(f.v[i].str);
         }
         free(f.v);
     }

@@ -101,6 +101,14 @@ int wb_inv_add(struct wb_inventory *inv, const char *name, enum wb_dtype dt,
     if (!len || len >= WB_NAME_MAX || wb_dtype_size(dt) == 0 || shape->ndim > WB_MAX_DIMS ||
         inv->n >= UINT32_MAX - 1)
         return -EINVAL;
+    /* every later product of dims, offsets and element sizes stays far from 2^64 */
+    uint64_t bytes = wb_dtype_size(dt);
+    for (uint32_t d = 0; d < shape->ndim; d++)
+        if (shape->dim[d] > WB_INV_MAX_BYTES ||
+            (shape->dim[d] && __builtin_mul_overflow(bytes, shape->dim[d], &bytes)))
+            return -EOVERFLOW;
+    if (bytes > WB_INV_MAX_BYTES)
+        return -EOVERFLOW;
     uint64_t h = fnv1a(name);
     if (find_hashed(inv, name, h) >= 0)
         return -EEXIST;
@@ -201,7 +209,18 @@ static int parse_entry(const struct wb_yaml *y, const struct wb_ynode *v, const 
     return parse_dims(y, snode, name, s, el);
 }
 
+static int load_file(const char *path, struct wb_inventory *inv, struct wb_errlist *el);
+
 int wb_inv_load_file(const char *path, struct wb_inventory *inv, struct wb_errlist *el)
+{
+    size_t before = el->n;
+    int r = load_file(path, inv, el);
+    if (r == -ENOMEM && el->n == before)
+        wb_errlist_add(el, "%s: out of memory loading the inventory", path);
+    return r;
+}
+
+static int load_file(const char *path, struct wb_inventory *inv, struct wb_errlist *el)
 {
     struct wb_yaml *y;
     int r = wb_yaml_load(path, el, &y);
@@ -248,6 +267,13 @@ int wb_inv_load_file(const char *path, struct wb_inventory *inv, struct wb_errli
             continue;
         }
         int a = wb_inv_add(&tmp, name, dt, &s);
+        if (a == -EOVERFLOW) {
+            char sh[160];
+            wb_errlist_add(el, "%s: %s %s: more than 2^48 bytes (%s)", at, name,
+                           wb_shape_str(&s, sh, sizeof(sh)), wb_dtype_name(dt));
+            r = -WB_E_CONFIG;
+            continue;
+        }
         if (a) {
             r = a;
             wb_errlist_add(el, "%s: %s: %s", at, name, wb_strerror(a));

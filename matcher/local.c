@@ -5,9 +5,13 @@
  *    all experts) are each split over the tp ranks and concatenated in the rank's local tensor.
  *    A part with a head count (GQA k/v) is split by whole heads; with fewer heads than ranks
  *    it is replicated, rank r holding head r * heads / tp (vLLM's QKVParallelLinear);
+ *  - TP with vocab padding (shard.pad, vLLM's VocabParallelEmbedding and ParallelLMHead):
+ *    the dim is padded up to a multiple of pad, rank r's local tensor is padded/tp long and
+ *    holds the real rows [r*padded/tp, min((r+1)*padded/tp, size)) first, padding after;
  *  - EP over experts: with ep > 1 rank r holds experts [r*E/ep, (r+1)*E/ep) whole (vLLM's
  *    linear expert placement, no tensor parallelism inside experts); with ep == 1 the shard's
- *    ep1_tp_dim is split like TP (FusedMoE without expert parallelism).
+ *    ep1_tp_dim is split like TP (FusedMoE without expert parallelism), or the tensor sits
+ *    whole on tp rank 0 only (WB_SHARD_RANK0).
  * FP8 block-quantized tensors must not be cut inside a 128x128 block by a TP split: vLLM
  * refuses such a layout, and so does this, with the numbers. */
 #include "matcher/mpriv.h"
@@ -77,6 +81,55 @@ static int parts_along(const struct wb_mapping *m, uint32_t d, uint64_t size, st
     return 0;
 }
 
+/* vLLM's vocab-parallel split (vocab_parallel_embedding.py: pad_vocab_size, _get_indices):
+ * padded = size rounded up to a multiple of pad, per = padded / tp (which must divide), rank r
+ * holds padded rows [r*per, (r+1)*per), of which those below `size` are real. */
+static int vocab_split(const struct wb_match *mt, const struct wb_param *R,
+                       const struct wb_mapping *m, uint32_t d, uint32_t tp_rank, uint32_t tp,
+                       struct wb_shape *ls, struct wb_local_piece *pc, uint32_t *np,
+                       struct wb_errlist *el)
+{
+    const struct wb_shape *S = &R->shape;
+    const char *path = mt && mt->rules_path ? mt->rules_path : "?";
+    if (d >= S->ndim) {
+        wb_errlist_add(el, "%s: shard dim %u outside shape of %u dims (rule %s:%u)", R->name, d,
+                       S->ndim, path, m->rule_line);
+        return -WB_E_PLAN;
+    }
+    if (m->ncomp != 1 || m->scale >= 0) {
+        wb_errlist_add(el,
+                       "%s: vocab padding (shard pad) needs one unquantized component, not %u%s "
+                       "(rule %s:%u)",
+                       R->name, m->ncomp, m->scale >= 0 ? " FP8-quantized" : "", path,
+                       m->rule_line);
+        return -WB_E_PLAN;
+    }
+    uint64_t size = S->dim[d], pad = m->shard.pad;
+    uint64_t padded = (size + pad - 1) / pad * pad; /* size <= 2^48: no overflow */
+    if (padded % tp) {
+        wb_errlist_add(el,
+                       "%s: tp %u does not divide the %llu rows along dim %u padded to a multiple "
+                       "of %u (%llu real) (rule %s:%u)",
+                       R->name, tp, (unsigned long long)padded, d, m->shard.pad,
+                       (unsigned long long)size, path, m->rule_line);
+        return -WB_E_PLAN;
+    }
+    uint64_t per = padded / tp, start = tp_rank * per;
+    uint64_t lo = start < size ? start : size, hi = start + per < size ? start + per : size;
+    *ls = *S;
+    ls->dim[d] = per;
+    *np = 0;
+    if (hi > lo) { /* a rank past the real rows holds only padding: no piece */
+        pc[0].global = wb_box_full(S);
+        pc[0].global.off[d] = lo;
+        pc[0].global.ext[d] = hi - lo;
+        pc[0].local = wb_box_full(ls);
+        pc[0].local.ext[d] = hi - lo;
+        *np = 1;
+    }
+    return 0;
+}
+
 int wb_mapping_local(const struct wb_match *mt, const struct wb_inventory *rollout,
                      const struct wb_mapping *m, uint32_t tp_rank, uint32_t tp, uint32_t ep_rank,
                      uint32_t ep, struct wb_shape *local_shape, struct wb_local_piece *pieces,
@@ -95,7 +148,7 @@ int wb_mapping_local(const struct wb_match *mt, const struct wb_inventory *rollo
     uint32_t np = 0;
 
     int32_t tdim = -1; /* dim split over tp ranks, or -1 */
-    if (m->shard.kind == WB_SHARD_TP && tp > 1)
+    if (m->shard.kind == WB_SHARD_TP && (tp > 1 || m->shard.pad)) /* padded even at tp 1 */
         tdim = (int32_t)m->shard.dim;
     else if (m->shard.kind == WB_SHARD_EP && ep == 1 && tp > 1)
         tdim = m->shard.ep1_tp_dim;
@@ -117,10 +170,21 @@ int wb_mapping_local(const struct wb_match *mt, const struct wb_inventory *rollo
         pc[0].global.ext[d] = per;
         pc[0].local = wb_box_full(&ls);
         np = 1;
+    } else if (tdim == WB_SHARD_RANK0) {
+        if (tp_rank == 0) {
+            pc[0].global = wb_box_full(S);
+            pc[0].local = wb_box_full(S);
+            np = 1;
+        }
     } else if (tdim < 0) {
         pc[0].global = wb_box_full(S);
         pc[0].local = wb_box_full(S);
         np = 1;
+    } else if (m->shard.kind == WB_SHARD_TP && m->shard.pad) {
+        uint32_t d = (uint32_t)tdim;
+        int r = vocab_split(mt, R, m, d, tp_rank, tp, &ls, pc, &np, el);
+        if (r)
+            return r;
     } else {
         uint32_t d = (uint32_t)tdim;
         if (d >= S->ndim) {

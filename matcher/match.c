@@ -35,7 +35,21 @@ struct mctx {
     size_t n, cap;
     size_t nerr;
     int fatal; /* -ENOMEM */
+    /* scale tensors of the wrong dtype: one line per side however many (a whole checkpoint's
+     * scales saved in BF16 is one problem, not one per tensor) */
+    struct {
+        size_t n;
+        uint32_t tensor, line;
+    } bad_scale[2]; /* 0: trainer, 1: rollout */
 };
+
+static void bad_scale_dtype(struct mctx *c, int side, uint32_t tensor, uint32_t line)
+{
+    if (c->bad_scale[side].n++ == 0) {
+        c->bad_scale[side].tensor = tensor;
+        c->bad_scale[side].line = line;
+    }
+}
 
 static void merr(struct mctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void merr(struct mctx *c, const char *fmt, ...)
@@ -103,10 +117,14 @@ static void eval_head_dims(struct mctx *c)
         c->head_dim[i] = 0;
         if (!rl->head_dim)
             continue;
-        struct wb_xenv env = {.cfg = rs->cfg, .derived = rs->vars, .nderived = rs->nvars};
+        struct wb_xenv env = {.sets = rs->sets,
+                              .nsets = rs->nsets,
+                              .cfg = rs->cfg,
+                              .derived = rs->vars,
+                              .nderived = rs->nvars};
         char err[256];
         int64_t v;
-        int r = wb_expr_eval(rl->head_dim, &env, &v, err, sizeof(err));
+        int r = wb_expr_eval_num(rl->head_dim, &env, &v, err, sizeof(err));
         if (r == 0 && v <= 0) {
             snprintf(err, sizeof(err), "not positive (%lld)", (long long)v);
             r = -EINVAL;
@@ -200,6 +218,40 @@ static void parts_str(struct build *b, size_t first, size_t count, uint32_t dim,
     }
 }
 
+/* A transposed rename: rollout dim k is trainer dim perm[k]. */
+static void build_permuted(struct build *b, uint32_t t)
+{
+    struct mctx *c = b->c;
+    const struct wb_rule *rl = b->rl;
+    const struct wb_param *T = &c->T->p[t];
+    const struct wb_shape *rs = &b->R->shape;
+    struct wb_box src = wb_box_full(&T->shape), dst = wb_box_full(rs);
+    if (push_comp(b, t, &src, &dst))
+        return;
+    struct wb_component *cp = &b->comp[b->ncomp - 1];
+    cp->permuted = true;
+    memcpy(cp->perm, rl->perm, sizeof(cp->perm));
+    struct wb_shape want = {.ndim = T->shape.ndim};
+    bool ok = T->shape.ndim == rl->nperm;
+    for (uint32_t k = 0; ok && k < rl->nperm; k++)
+        want.dim[k] = T->shape.dim[rl->perm[k]];
+    if (ok && wb_shape_eq(&want, rs))
+        return;
+    char a[128], s[128], w[128], p[64];
+    size_t pos = 0;
+    for (uint32_t k = 0; k < rl->nperm && pos < sizeof(p); k++)
+        pos += (size_t)snprintf(p + pos, sizeof(p) - pos, "%s%u", k ? ", " : "", rl->perm[k]);
+    if (!ok)
+        merr(c, "%s: permute [%s] has %u dims, trainer tensor %s %s has %u (rule %s:%u)",
+             b->R->name, p, rl->nperm, T->name, shp(&T->shape, s, sizeof(s)), T->shape.ndim,
+             c->rs->path, rl->line);
+    else
+        merr(c, "%s: rollout shape %s != trainer shape %s permuted [%s] = %s (%s) (rule %s:%u)",
+             b->R->name, shp(rs, a, sizeof(a)), shp(&T->shape, s, sizeof(s)), p,
+             shp(&want, w, sizeof(w)), T->name, c->rs->path, rl->line);
+    b->bad = true;
+}
+
 static void build_from(struct build *b, enum wb_map_kind *kind)
 {
     struct mctx *c = b->c;
@@ -224,6 +276,10 @@ static void build_from(struct build *b, enum wb_map_kind *kind)
     }
     const struct wb_param *T = &c->T->p[t];
     struct wb_box full = wb_box_full(&T->shape);
+    if (b->rl->nperm) {
+        build_permuted(b, (uint32_t)t);
+        return;
+    }
     push_comp(b, (uint32_t)t, &full, &full);
     if (!wb_shape_eq(&T->shape, &b->R->shape)) {
         char a[128], s[128];
@@ -510,7 +566,10 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
     struct wb_shape want = R->shape;
     for (uint32_t k = want.ndim - 2; k < want.ndim; k++)
         want.dim[k] = (want.dim[k] + rs->block - 1) / rs->block;
-    if (!wb_shape_eq(&S->shape, &want) || S->dtype != WB_DTYPE_FP32) {
+    if (wb_shape_eq(&S->shape, &want) && S->dtype != WB_DTYPE_FP32) {
+        bad_scale_dtype(c, 1, (uint32_t)scale, line);
+        b->bad = true;
+    } else if (!wb_shape_eq(&S->shape, &want) || S->dtype != WB_DTYPE_FP32) {
         char r[128];
         merr(c, "%s: scale %s %s != expected fp32 %s for %s %s in %ux%u blocks (rule %s:%u)",
              S->name, wb_dtype_name(S->dtype), shp(&S->shape, a, sizeof(a)),
@@ -549,6 +608,13 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
         return;
     }
     /* trainer already FP8 (checkpoint broadcast): values and scales are copied */
+    if (b->comp[0].permuted) { /* the scale grid would have to be transposed too */
+        merr(c,
+             "%s: an FP8 trainer tensor cannot be copied transposed with its scales (rule %s:%u)",
+             R->name, path, line);
+        b->bad = true;
+        return;
+    }
     m->xform = WB_XFORM_COPY;
     for (size_t i = 0; i < b->ncomp; i++) {
         struct wb_component *cp = &b->comp[i];
@@ -564,10 +630,15 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
         struct wb_box tfull = wb_box_full(&T->shape), tsb;
         struct wb_box sfull = wb_box_full(&c->T->p[ts].shape);
         if (wb_scale_box(&cp->src, rs->block, &sb) || wb_scale_box(&tfull, rs->block, &tsb) ||
-            !wb_box_eq(&sfull, &tsb) || c->T->p[ts].dtype != WB_DTYPE_FP32) {
+            !wb_box_eq(&sfull, &tsb)) {
             merr(c, "%s: trainer scale %s %s does not cover %s %s in %ux%u blocks (rule %s:%u)",
                  R->name, c->T->p[ts].name, shp(&c->T->p[ts].shape, a, sizeof(a)), T->name,
                  shp(&T->shape, s, sizeof(s)), rs->block, rs->block, path, line);
+            b->bad = true;
+            continue;
+        }
+        if (c->T->p[ts].dtype != WB_DTYPE_FP32) {
+            bad_scale_dtype(c, 0, (uint32_t)ts, line);
             b->bad = true;
             continue;
         }
@@ -584,8 +655,12 @@ static void set_heads(struct build *b, size_t rule_index, struct wb_mapping *m)
     if (hd < 0) {
         char err[256];
         int64_t v;
-        struct wb_xenv env = {.cfg = c->rs->cfg, .derived = c->rs->vars, .nderived = c->rs->nvars};
-        if (wb_expr_eval(b->rl->head_dim, &env, &v, err, sizeof(err)) == 0)
+        struct wb_xenv env = {.sets = c->rs->sets,
+                              .nsets = c->rs->nsets,
+                              .cfg = c->rs->cfg,
+                              .derived = c->rs->vars,
+                              .nderived = c->rs->nvars};
+        if (wb_expr_eval_num(b->rl->head_dim, &env, &v, err, sizeof(err)) == 0)
             snprintf(err, sizeof(err), "not positive (%lld)", (long long)v);
         merr(c, "%s: shard head_dim '%s': %s (rule %s:%u)", b->R->name,
              wb_expr_text(b->rl->head_dim), err, c->rs->path, b->rl->line);
@@ -606,6 +681,13 @@ static void set_heads(struct build *b, size_t rule_index, struct wb_mapping *m)
                  "%lld-element heads (rule %s:%u)",
                  b->R->name, label, (unsigned long long)ext, d, (long long)hd, c->rs->path,
                  b->rl->line);
+            b->bad = true;
+            return;
+        }
+        if (ext / (uint64_t)hd > UINT32_MAX) {
+            merr(c, "%s: %llu heads of %lld elements along dim %u: too many (rule %s:%u)",
+                 b->R->name, (unsigned long long)(ext / (uint64_t)hd), (long long)hd, d,
+                 c->rs->path, b->rl->line);
             b->bad = true;
             return;
         }
@@ -777,6 +859,14 @@ int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *
              (unsigned long long)numel, rollout->p[c.t_user[t]].name);
     }
 
+    for (int side = 0; side < 2; side++) {
+        if (!c.bad_scale[side].n)
+            continue;
+        const struct wb_param *S = &(side ? rollout : trainer)->p[c.bad_scale[side].tensor];
+        merr(&c, "%s scale tensors must be fp32: %zu are not (first %s, %s) (rule %s:%u)",
+             side ? "rollout" : "trainer", c.bad_scale[side].n, S->name, wb_dtype_name(S->dtype),
+             rules->path, c.bad_scale[side].line);
+    }
     if (c.fatal) {
         r = c.fatal;
         goto out;

@@ -30,9 +30,14 @@ struct wb_inventory {
     struct wb_inv_index *index; /* private hash index (matcher/) */
 };
 
+/* The largest tensor an inventory holds: 2^48 bytes (256 TiB) and no dim above that, so that
+ * every product of dims, offsets and element sizes computed later fits in 64 bits. */
+#define WB_INV_MAX_BYTES (1ull << 48)
+
 void wb_inv_init(struct wb_inventory *inv);
 void wb_inv_free(struct wb_inventory *inv);
-/* Appends a parameter; -EEXIST for a duplicate name, -EINVAL for a bad dtype/shape. */
+/* Appends a parameter; -EEXIST for a duplicate name, -EINVAL for a bad dtype/shape,
+ * -EOVERFLOW for a tensor over WB_INV_MAX_BYTES. */
 int wb_inv_add(struct wb_inventory *inv, const char *name, enum wb_dtype dt,
                const struct wb_shape *shape);
 /* Index of a name, or -1. */
@@ -53,6 +58,16 @@ int wb_inv_save_file(const char *path, const struct wb_inventory *inv);
  * blocks over its last two dims. */
 int wb_inv_generate(const char *family_yaml, const char *config_json, const char *side,
                     struct wb_inventory *inv, struct wb_errlist *el);
+/* The same with a job's values of the family file's vars, "NAME=INTEGER[,NAME=INTEGER...]"
+ * (NULL or "": none): they take precedence over config.json fields and the file's defaults,
+ * and every NAME must be one of the file's vars. deepseek_v3.yaml's mtp=1 adds the
+ * multi-token-prediction layers (configs/models/README.md). */
+int wb_inv_generate_vars(const char *family_yaml, const char *config_json, const char *vars,
+                         const char *side, struct wb_inventory *inv, struct wb_errlist *el);
+/* Bounds of one generation, so that a config.json value never makes it run for long or grow
+ * without end: loop iterations of a section, all levels and blocks counted together, and
+ * generated tensors. Past either the generator stops with an error. */
+enum { WB_GEN_MAX_ITERS = 1 << 20, WB_GEN_MAX_TENSORS = 1 << 19 };
 
 /* ---------------------------------------------------------------- rules and matching */
 
@@ -66,6 +81,9 @@ void wb_match_rules_free(struct wb_match_rules *r);
  * Returns -WB_E_CONFIG (message in el) when the file cannot be read. */
 int wb_match_rules_bind_config(struct wb_match_rules *r, const char *config_json,
                                struct wb_errlist *el);
+/* Optional: the job's values of the family's vars, as for wb_inv_generate_vars() (the same
+ * text must be given to both, so that both sides and the rules agree). */
+int wb_match_rules_set_vars(struct wb_match_rules *r, const char *vars, struct wb_errlist *el);
 
 /* What the trainer agent does to the components before writing. */
 enum wb_xform {
@@ -81,12 +99,25 @@ enum wb_shard_kind {
     WB_SHARD_EP,            /* split along dim 0 (experts) over ep ranks */
 };
 
+/* ep1_tp_dim value: without EP, tp rank 0 holds the whole tensor and the other tp ranks hold
+ * a tensor of the same shape that nothing writes (vLLM loads FusedMoE's w2 bias on rank 0 and
+ * zeros on the others, so the all-reduce adds it once). */
+enum { WB_SHARD_RANK0 = -2 };
+
 struct wb_shard {
     enum wb_shard_kind kind;
     uint32_t dim;
     /* WB_SHARD_EP only: with ep == 1 (no expert parallelism) the tensor is split over the tp
-     * ranks along this dim, per component, as vLLM's FusedMoE does; -1 replicates it. */
+     * ranks along this dim, per component, as vLLM's FusedMoE does; -1 replicates it;
+     * WB_SHARD_RANK0 puts it whole on tp rank 0 only. */
     int32_t ep1_tp_dim;
+    /* WB_SHARD_TP only, 0 or a padding multiple (vLLM's VocabParallelEmbedding/ParallelLMHead:
+     * 64): the dim is padded up to a multiple of `pad`, the padded size is split evenly over
+     * the tp ranks and each rank's local tensor is padded/tp long along it. A rank holds the
+     * real rows of its range first; the padding rows after them are never written (they keep
+     * what the engine put there when it loaded the model: vLLM's weight loader zeroes them).
+     * The rollout inventory keeps the real size: padding exists only in the local tensors. */
+    uint32_t pad;
 };
 
 /* One trainer tensor's contribution to a rollout tensor. */
@@ -102,6 +133,13 @@ struct wb_component {
     /* Index of the trainer's FP32 scale tensor when the trainer side is itself FP8 block-
      * quantized (checkpoint broadcast: xform COPY of values and scales), else -1. */
     int32_t trainer_scale;
+    /* A transpose (any dim permutation): when `permuted`, src and dst have the same ndim n,
+     * dst.ext[k] == src.ext[perm[k]], and dst element (i_0, ..., i_{n-1}) is src element j with
+     * j[perm[k]] = i_k for every k: dst = src.permute(perm) in PyTorch terms (gpt-oss experts:
+     * trainer [E, H, 2I], rollout [E, 2I, H], perm [0, 2, 1]). Not permuted: dims correspond
+     * in order, up to stacking. The planner refuses permuted components for now. */
+    bool permuted;
+    uint8_t perm[WB_MAX_DIMS];
 };
 /* An unstacking component (trainer stacked, rollout per expert) has src.ndim == dst.ndim + 1
  * with src.ext[0] == 1: the leading 1 changes no element order. */
@@ -153,7 +191,10 @@ struct wb_local_piece {
 };
 
 /* The local shape rank (tp_rank of tp, ep_rank of ep) holds of mapping m's rollout tensor, and
- * its pieces (at most WB_MAX_PIECES: one per component when sharded per component).
+ * its pieces (at most WB_MAX_PIECES: one per component when sharded per component). The
+ * pieces cover every element of the local tensor that the trainer writes; they may cover less
+ * than the local shape (vocab padding rows, shard.pad) or nothing at all (a rank holding only
+ * padding, or a WB_SHARD_RANK0 tensor on tp rank > 0): the rest is never written.
  * Returns -WB_E_PLAN with a message in el when the split is impossible (dimension not
  * divisible, quant blocks cut by a shard edge). */
 enum { WB_MAX_PIECES = 16 };

@@ -20,9 +20,11 @@ struct wb_jval {
     char *name; /* flattened: "quantization_config.quant_method" */
     enum wb_jkind kind;
     int64_t i;     /* WB_J_INT (booleans are 0/1) */
+    bool is_bool;  /* WB_J_INT from true/false: a truth value, never a number */
     int64_t *list; /* WB_J_LIST: an array of integers */
     size_t nlist;
     char *text; /* WB_J_OTHER: the value as JSON text, for messages */
+    char *str;  /* WB_J_OTHER from a JSON string: the string itself, else NULL */
 };
 
 /* The fields of a config.json, sorted by name. Nulls are left out (so defined() is false). */
@@ -54,11 +56,13 @@ struct wb_xderived {
     char where[300]; /* file:line:col of the definition */
 };
 
-/* Where an expression looks names up: loop variables first, then the config, then the
- * derived values. */
+/* Where an expression looks names up: loop variables first, then the job's values of the
+ * family's vars (sets), then the config, then the derived values. */
 struct wb_xenv {
     const struct wb_xvar *vars;
     size_t nvars;
+    const struct wb_xvar *sets; /* per-job values ("mtp=1"), over config and defaults */
+    size_t nsets;
     const struct wb_jcfg *cfg; /* may be NULL */
     const struct wb_xderived *derived;
     size_t nderived;
@@ -72,9 +76,15 @@ void wb_expr_free(struct wb_expr *e);
 const char *wb_expr_text(const struct wb_expr *e);
 
 /* Evaluates. Errors (message in err): -ENOENT an unknown name (err is "missing field 'x'"),
- * -EDOM division by zero, -ERANGE overflow, -EINVAL a non-integer value or a bad call. */
+ * -EDOM division by zero, -ERANGE overflow, -EINVAL a non-integer value, a config boolean
+ * used as a number (arithmetic, <, >) or a bad call. For conditions: a boolean result is
+ * fine. */
 int wb_expr_eval(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
                  size_t errcap);
+/* The same for numbers (shapes, loop bounds, names): a config boolean as the result is
+ * -EINVAL "field 'x' is a boolean (true), not a number". */
+int wb_expr_eval_num(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
+                     size_t errcap);
 
 /* ---------------------------------------------------------------- name templates */
 
@@ -141,6 +151,8 @@ struct wb_rule {
     char *index_var;           /* UNSTACK: capture giving the slice of trainer dim 0 */
     uint32_t chunk_i, chunk_n; /* UNSTACK: take chunk i of n along dim (n == 0: none) */
     struct wb_pat tied;        /* src NULL when absent */
+    uint32_t nperm;            /* FROM: rollout dim k is trainer dim perm[k]; 0: no permute */
+    uint8_t perm[WB_MAX_DIMS];
     struct wb_shard shard;
     struct wb_expr *head_dim; /* NULL when the rule gives no heads */
     size_t suffix_len;        /* literal tail of the rollout pattern, for a quick reject */
@@ -153,7 +165,7 @@ struct wb_match_rules {
     struct wb_rule *r;
     size_t n;
     char *scale_suffix; /* "_scale_inv" */
-    uint32_t block;     /* 128 */
+    uint32_t block;     /* WB_FP8_BLOCK: the only block edge quant/ produces */
     struct wb_pat *fp8; /* rollout names that may be FP8 block-quantized */
     size_t nfp8;
     uint32_t fp8_line;
@@ -162,6 +174,12 @@ struct wb_match_rules {
     struct wb_xderived *vars;
     size_t nvars;
     struct wb_jcfg *cfg; /* bound config.json, or NULL */
+    char **model_types;  /* as struct wb_family's */
+    size_t nmodel_types;
+    char model_type_at[300];
+    struct wb_xvar *sets; /* the job's values of vars (wb_match_rules_set_vars) */
+    size_t nsets;
+    char *sets_buf;
 };
 
 /* A model-family file opened and checked at the top level (generate.c); shared by the
@@ -180,11 +198,32 @@ struct wb_family {
     } ignore;
     struct wb_xderived *dv; /* compiled vars */
     size_t ndv;
+    char **model_types; /* config.json model_type values covered; none: any */
+    size_t nmodel_types;
+    char model_type_at[300];
+    struct wb_xderived *checks; /* conditions that must hold (name: the expression text) */
+    size_t nchecks;
 };
 
 int wb_family_open(const char *path, struct wb_family **out, struct wb_errlist *el);
 void wb_family_close(struct wb_family *f);
 void wb_family_vars_free(struct wb_xderived *v, size_t n);
+void wb_family_free_types(char **types, size_t n);
+
+/* config.json's model_type must be one of types (n == 0: anything); `at` is where the family
+ * file lists them. Returns 0 or -WB_E_CONFIG with one message. */
+int wb_check_model_type(char *const *types, size_t n, const char *at, const struct wb_jcfg *cfg,
+                        struct wb_errlist *el);
+/* config.json's quantization_config, when present, must be what quant/ produces: quant_method
+ * fp8, weight_block_size [128, 128], fmt e4m3 and activation_scheme dynamic when given, and no
+ * other key. Returns 0 or -WB_E_CONFIG with a message per offending key. */
+int wb_check_quant_config(const struct wb_jcfg *cfg, struct wb_errlist *el);
+
+/* Parses a job's values of a family's vars, "NAME=INTEGER[,NAME=INTEGER...]" (NULL or ""
+ * sets nothing). Every NAME must be one of the family's vars (dv, from the file at `path`).
+ * On success *out holds the values, their names pointing into *buf (free both). */
+int wb_vars_parse(const char *text, const struct wb_xderived *dv, size_t ndv, const char *path,
+                  struct wb_xvar **out, size_t *nout, char **buf, struct wb_errlist *el);
 
 /* A short label for a tensor in messages: "q_proj" for "model.layers.0.self_attn.q_proj.weight". */
 void wb_name_label(const char *name, char *buf, size_t cap);

@@ -1,5 +1,6 @@
 /* rules.c — loads the `rules`, `quant` and `ignore` sections of a model-family file into
- * struct wb_match_rules. One rule says how one kind of rollout tensor is built:
+ * struct wb_match_rules (reference: configs/models/README.md). One rule says how one kind of
+ * rollout tensor is built:
  *
  *   - rollout: model.layers.{L}.self_attn.qkv_proj.weight     # pattern, {L} captures digits
  *     from: [model.layers.{L}.self_attn.q_proj.weight, ...k_proj..., ...v_proj...]
@@ -17,6 +18,9 @@
  *   - rollout: lm_head.weight
  *     from: lm_head.weight
  *     tied: model.embed_tokens.weight         # used when the trainer has no lm_head.weight
+ *   - rollout: model.layers.{L}.mlp.experts.w13_weight
+ *     from: model.layers.{L}.mlp.experts.gate_up_proj
+ *     permute: [0, 2, 1]                      # rollout dim k is trainer dim permute[k]
  *   - rollout: "*"                            # everything else: same name, replicated
  *     from: "*"
  * The first rule whose pattern matches a rollout name applies. (YAML: inside a flow list
@@ -33,7 +37,7 @@
 
 struct rule_cfg {
     char *rollout, *stack, *index, *tied;
-    const struct wb_ynode *from, *chunk, *shard;
+    const struct wb_ynode *from, *chunk, *shard, *permute;
     uint64_t dim;
 };
 
@@ -54,19 +58,25 @@ static const struct wb_cfg_field rule_table[] = {
      offsetof(struct rule_cfg, tied), NULL, NULL},
     {"shard", WB_CFG_NODE, "", "replicate, {tp: dim[, head_dim: expr]}, {ep: 0[, tp: dim]}",
      offsetof(struct rule_cfg, shard), NULL, NULL},
+    {"permute", WB_CFG_NODE, "", "[d0, d1, ...]: rollout dim k is trainer dim dk (a transpose)",
+     offsetof(struct rule_cfg, permute), NULL, NULL},
     {0},
 };
 
 struct shard_cfg {
-    int64_t tp, ep;
+    char *tp;
+    int64_t ep;
+    uint64_t pad;
     char *head_dim;
 };
 
 static const struct wb_cfg_field shard_table[] = {
-    {"tp", WB_CFG_I64, "-1", "dim split over tensor-parallel ranks", offsetof(struct shard_cfg, tp),
-     NULL, NULL},
+    {"tp", WB_CFG_STR, "", "dim split over tensor-parallel ranks, or rank0 (with ep)",
+     offsetof(struct shard_cfg, tp), NULL, NULL},
     {"ep", WB_CFG_I64, "-1", "dim split over expert-parallel ranks (0)",
      offsetof(struct shard_cfg, ep), NULL, NULL},
+    {"pad", WB_CFG_U64, "0", "pad the tp dim to a multiple of this before splitting (vocab)",
+     offsetof(struct shard_cfg, pad), NULL, NULL},
     {"head_dim", WB_CFG_STR, "", "head size: components are split by whole heads",
      offsetof(struct shard_cfg, head_dim), NULL, NULL},
     {0},
@@ -101,6 +111,9 @@ void wb_match_rules_free(struct wb_match_rules *r)
         wb_pat_free(&r->ign_rollout[i]);
     free(r->ign_rollout);
     wb_family_vars_free(r->vars, r->nvars);
+    wb_family_free_types(r->model_types, r->nmodel_types);
+    free(r->sets);
+    free(r->sets_buf);
     wb_jcfg_free(r->cfg);
     free(r->scale_suffix);
     free(r->family);
@@ -205,20 +218,49 @@ static int load_shard(const struct wb_yaml *y, const struct wb_ynode *n, struct 
     int r = wb_cfg_parse(y, n, shard_table, &c, el);
     if (r)
         goto out;
-    if (c.tp < -1 || c.tp >= WB_MAX_DIMS || (c.ep != -1 && c.ep != 0)) {
+    int64_t tp = -1;
+    bool rank0 = strcmp(c.tp, "rank0") == 0;
+    if (*c.tp && !rank0 && (wb_parse_i64(c.tp, &tp) || tp < 0 || tp >= WB_MAX_DIMS)) {
+        wb_errlist_add(el, "%s: shard: tp: '%s': expected a dim 0..%d (or rank0 with ep)", at, c.tp,
+                       WB_MAX_DIMS - 1);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
+    if (c.ep != -1 && c.ep != 0) {
         wb_errlist_add(el, "%s: shard: tp must be a dim 0..%d and ep must be 0 (experts)", at,
                        WB_MAX_DIMS - 1);
         r = -WB_E_CONFIG;
         goto out;
     }
+    if (rank0 && c.ep != 0) {
+        wb_errlist_add(el,
+                       "%s: shard: tp: rank0 only with ep: 0 (a FusedMoE tensor that tp rank 0 "
+                       "holds whole without EP)",
+                       at);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
+    if (c.pad && (tp != 0 || c.ep == 0 || c.pad > (1u << 16))) {
+        wb_errlist_add(el,
+                       "%s: shard: pad: %llu: needs tp: 0 (vocab rows) without ep, and at most "
+                       "65536",
+                       at, (unsigned long long)c.pad);
+        r = -WB_E_CONFIG;
+        goto out;
+    }
     if (c.ep == 0) {
-        rl->shard = (struct wb_shard){.kind = WB_SHARD_EP, .dim = 0, .ep1_tp_dim = (int32_t)c.tp};
-    } else if (c.tp >= 0) {
-        rl->shard = (struct wb_shard){.kind = WB_SHARD_TP, .dim = (uint32_t)c.tp, .ep1_tp_dim = -1};
+        rl->shard = (struct wb_shard){
+            .kind = WB_SHARD_EP, .dim = 0, .ep1_tp_dim = rank0 ? WB_SHARD_RANK0 : (int32_t)tp};
+    } else if (tp >= 0) {
+        rl->shard = (struct wb_shard){
+            .kind = WB_SHARD_TP, .dim = (uint32_t)tp, .ep1_tp_dim = -1, .pad = (uint32_t)c.pad};
     }
     if (*c.head_dim) {
-        if (c.tp < 0) {
+        if (tp < 0) {
             wb_errlist_add(el, "%s: shard: head_dim needs tp", at);
+            r = -WB_E_CONFIG;
+        } else if (c.pad) {
+            wb_errlist_add(el, "%s: shard: head_dim and pad do not go together", at);
             r = -WB_E_CONFIG;
         } else if (wb_expr_compile(c.head_dim, &rl->head_dim, err, sizeof(err))) {
             wb_errlist_add(el, "%s: shard.head_dim: bad expression '%s': %s", at, c.head_dim, err);
@@ -228,6 +270,38 @@ static int load_shard(const struct wb_yaml *y, const struct wb_ynode *n, struct 
 out:
     wb_cfg_free(shard_table, &c);
     return r;
+}
+
+/* permute: [d0, d1, ...], a permutation of 0..n-1, for a rule with one trainer tensor. */
+static int load_permute(const struct wb_yaml *y, const struct wb_ynode *n, struct wb_rule *rl,
+                        struct wb_errlist *el)
+{
+    char at[300];
+    wb_yaml_where(y, n, at, sizeof(at));
+    size_t len = wb_ynode_kind(n) == WB_YNODE_SEQ ? wb_ynode_len(n) : 0;
+    bool seen[WB_MAX_DIMS] = {0}, ok = len >= 2 && len <= WB_MAX_DIMS;
+    for (size_t i = 0; ok && i < len; i++) {
+        uint64_t d;
+        ok = wb_parse_u64(wb_ynode_scalar(wb_ynode_item(y, n, i)), &d) == 0 && d < len && !seen[d];
+        if (ok) {
+            seen[d] = true;
+            rl->perm[i] = (uint8_t)d;
+        }
+    }
+    if (!ok) {
+        wb_errlist_add(el,
+                       "%s: permute: expected a permutation of 0..n-1 (2 <= n <= %d), such as "
+                       "[0, 2, 1]",
+                       at, WB_MAX_DIMS);
+        return -WB_E_CONFIG;
+    }
+    if (rl->kind != WB_RULE_FROM) {
+        wb_errlist_add(el, "%s: permute: only for a rule with a single `from` (no fuse or stack)",
+                       at);
+        return -WB_E_CONFIG;
+    }
+    rl->nperm = (uint32_t)len;
+    return 0;
 }
 
 static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct wb_rule *rl,
@@ -347,6 +421,8 @@ static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct w
             rl->chunk_n = (uint32_t)k;
         }
     }
+    if (c.permute && load_permute(y, c.permute, rl, el))
+        r = -WB_E_CONFIG;
     if (load_shard(y, c.shard, rl, el))
         r = -WB_E_CONFIG;
     const struct wb_pat_seg *last = &rl->rollout.seg[rl->rollout.nseg - 1];
@@ -359,7 +435,18 @@ out:
     return r;
 }
 
+static int rules_load(const char *path, struct wb_match_rules **out, struct wb_errlist *el);
+
 int wb_match_rules_load(const char *path, struct wb_match_rules **out, struct wb_errlist *el)
+{
+    size_t before = el->n;
+    int r = rules_load(path, out, el);
+    if (r == -ENOMEM && el->n == before)
+        wb_errlist_add(el, "%s: out of memory loading the rules", path);
+    return r;
+}
+
+static int rules_load(const char *path, struct wb_match_rules **out, struct wb_errlist *el)
 {
     struct wb_family *f;
     int r = wb_family_open(path, &f, el);
@@ -372,11 +459,16 @@ int wb_match_rules_load(const char *path, struct wb_match_rules **out, struct wb
         goto err;
     }
     const struct wb_yaml *y = f->y;
-    rs->block = (uint32_t)f->quant.block;
+    rs->block = WB_FP8_BLOCK; /* the family file may only say 128 (wb_family_open) */
     rs->vars = f->dv;
     rs->nvars = f->ndv;
     f->dv = NULL;
     f->ndv = 0;
+    rs->model_types = f->model_types;
+    rs->nmodel_types = f->nmodel_types;
+    f->model_types = NULL;
+    f->nmodel_types = 0;
+    snprintf(rs->model_type_at, sizeof(rs->model_type_at), "%s", f->model_type_at);
     if (f->quant.fp8) {
         char at[300];
         wb_yaml_where(y, f->quant.fp8, at, sizeof(at));
@@ -433,11 +525,31 @@ err:
 int wb_match_rules_bind_config(struct wb_match_rules *r, const char *config_json,
                                struct wb_errlist *el)
 {
-    struct wb_jcfg *c;
+    struct wb_jcfg *c = NULL;
     int e = wb_jcfg_load(config_json, &c, el);
-    if (e)
+    if (!e)
+        e = wb_check_model_type(r->model_types, r->nmodel_types, r->model_type_at, c, el);
+    if (e) {
+        wb_jcfg_free(c);
         return e;
+    }
     wb_jcfg_free(r->cfg);
     r->cfg = c;
+    return 0;
+}
+
+int wb_match_rules_set_vars(struct wb_match_rules *r, const char *vars, struct wb_errlist *el)
+{
+    struct wb_xvar *sets;
+    size_t n;
+    char *buf;
+    int e = wb_vars_parse(vars, r->vars, r->nvars, r->path, &sets, &n, &buf, el);
+    if (e)
+        return e;
+    free(r->sets);
+    free(r->sets_buf);
+    r->sets = sets;
+    r->nsets = n;
+    r->sets_buf = buf;
     return 0;
 }

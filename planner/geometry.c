@@ -87,7 +87,7 @@ uint32_t pl_box_units(const struct plan_ctx *c, const struct wb_mapping *m, cons
     if (d == S->ndim)
         return 1;
     uint64_t g0 =
-        (m->xform == WB_XFORM_FP8_BLOCK && qblock(S->ndim, d) == WB_QBLOCK) ? WB_QBLOCK : 1;
+        (m->xform == WB_XFORM_FP8_BLOCK && qblock(S->ndim, d) == WB_FP8_BLOCK) ? WB_FP8_BLOCK : 1;
     uint64_t row = wb_box_numel(S) / S->ext[d] * wb_dtype_size(m->dst_dtype);
     uint64_t k = row * g0 >= (256u << 10) ? 1 : (256u << 10) / (row * g0);
     uint64_t g = g0 * (k ? k : 1);

@@ -24,7 +24,7 @@ static int load_inventory(const struct wb_model_src *src, const char *side, cons
         wb_errlist_add(el, "model: the %s inventory needs config.json or an inventory file", side);
         return -WB_E_CONFIG;
     }
-    return wb_inv_generate(src->rules, config, side, inv, el);
+    return wb_inv_generate_vars(src->rules, config, src->vars, side, inv, el);
 }
 
 int wb_model_load(const struct wb_model_src *src, struct wb_model *out, struct wb_errlist *el)
@@ -53,12 +53,16 @@ int wb_model_load(const struct wb_model_src *src, struct wb_model *out, struct w
         m.have_layouts = true;
         err = err ? err : wb_layout_check(&m.tl, &m.rl, el);
     }
+    /* The rules (and the job's vars) before the inventories: a bad family file or var is then
+     * reported once, not once per generated side. */
+    err = err ? err : wb_match_rules_load(src->rules, &m.rules, el);
+    if (!err && given(src->vars))
+        err = wb_match_rules_set_vars(m.rules, src->vars, el);
     if (!err) {
         int e1 = load_inventory(src, "trainer", src->trainer_inv, tconfig, &m.trainer, el);
         int e2 = load_inventory(src, "rollout", src->rollout_inv, src->config, &m.rollout, el);
         err = e1 ? e1 : e2;
     }
-    err = err ? err : wb_match_rules_load(src->rules, &m.rules, el);
     if (!err && given(src->config))
         err = wb_match_rules_bind_config(m.rules, src->config, el);
     err = err ? err : wb_match_run(m.rules, &m.trainer, &m.rollout, &m.match, el);

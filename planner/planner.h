@@ -154,6 +154,7 @@ int wb_layout_check(const struct wb_trainer_layout *tl, const struct wb_rollout_
 struct wb_model_src {
     const char *rules;          /* model-family YAML (configs/models/...) */
     const char *config;         /* config.json: the rollout inventory and the rules' bindings */
+    const char *vars;           /* "NAME=VALUE,..." for the family file's vars (e.g. "mtp=1") */
     const char *trainer_config; /* config.json of the trainer side when it differs (an FP8
                                    checkpoint); NULL: config */
     const char *trainer_inv;    /* inventory files instead of generating from config.json */

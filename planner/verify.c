@@ -1,7 +1,8 @@
 /* verify.c — wb_plan_verify(): checks a plan's invariants without data, so that it runs on
  * 1T-parameter plans in seconds:
- *  - destinations: every byte of every rollout rank's local tensors is written exactly once,
- *    and every write lies inside its local tensor;
+ *  - destinations: every byte of every rollout rank's local tensors is written exactly once
+ *    (but for the padding rows of a vocab-padded tensor, which nothing writes), and every
+ *    write lies inside its local tensor;
  *  - sources: a write reads the rank's own shard (PARAM, GPU residence, inside the shard) or
  *    bytes of its task's TMP that an earlier op of the task produced; every op reads only
  *    such bytes; H2D reads the rank's own shard; a GATHER's peers are owners holding exactly
@@ -200,13 +201,63 @@ static int cmp_wref(const void *a, const void *b)
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
+/* The bytes of rollout rank g's local tensor `tensor` that the plan must write: all of it,
+ * except for a mapping whose rollout pieces cover less than its local shape (vocab padding
+ * rows, or a tensor only tp rank 0 holds); those pieces start at local byte 0 (padding rows
+ * come last along dim 0), so the written bytes are a prefix. */
+static uint64_t bytes_written(struct vctx *v, const uint32_t *map_of, uint32_t g,
+                              const struct wb_rt_local *lo)
+{
+    uint32_t mi = map_of[lo->tensor];
+    if (mi == UINT32_MAX)
+        return lo->bytes;
+    const struct wb_mapping *m = &v->in->match->map[mi];
+    if (!m->shard.pad && m->shard.ep1_tp_dim != WB_SHARD_RANK0)
+        return lo->bytes;
+    const struct wb_recv_list *rv = &v->p->recv[g];
+    struct wb_shape ls;
+    struct wb_local_piece pc[WB_MAX_PIECES];
+    uint32_t np = 0;
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    int r = wb_mapping_local(v->in->match, v->in->rollout, m, rv->tp_rank, v->in->rl->tp,
+                             rv->ep_rank, v->in->rl->ep, &ls, pc, &np, &el);
+    wb_errlist_free(&el);
+    if (r)
+        return lo->bytes; /* the plan could not have been built; report against the whole */
+    uint64_t n = 0;
+    bool scale = lo->tensor != m->rollout;
+    for (uint32_t k = 0; k < np; k++) {
+        struct wb_box sb;
+        if (!scale)
+            n += wb_box_numel(&pc[k].local);
+        else if (wb_scale_box(&pc[k].local, m->block, &sb) == 0)
+            n += wb_box_numel(&sb);
+    }
+    return n * wb_dtype_size(lo->dtype);
+}
+
 static int check_destinations(struct vctx *v)
 {
     const struct wb_plan *p = v->p;
+    /* rollout tensor -> the mapping that builds it (value or scale), for bytes_written() */
+    uint32_t *map_of = malloc((v->in->rollout->n + 1) * sizeof(uint32_t));
+    if (!map_of)
+        return -ENOMEM;
+    for (size_t t = 0; t < v->in->rollout->n; t++)
+        map_of[t] = UINT32_MAX;
+    for (size_t m = 0; m < v->in->match->n; m++) {
+        const struct wb_mapping *mp = &v->in->match->map[m];
+        map_of[mp->rollout] = (uint32_t)m;
+        if (mp->scale >= 0)
+            map_of[mp->scale] = (uint32_t)m;
+    }
     /* CSR index of writes by destination rank: (table, write) pairs */
     uint64_t *start = calloc(p->nrollouts + 1, sizeof(uint64_t));
-    if (!start)
+    if (!start) {
+        free(map_of);
         return -ENOMEM;
+    }
     for (uint32_t r = 0; r < p->ntrainers; r++)
         for (uint32_t w = 0; w < p->tables[r].nwrites; w++) {
             uint32_t g = p->tables[r].writes[w].dst_rank;
@@ -224,6 +275,7 @@ static int check_destinations(struct vctx *v)
         free(start);
         free(refs);
         free(fill);
+        free(map_of);
         return -ENOMEM;
     }
     memcpy(fill, start, p->nrollouts * sizeof(uint64_t));
@@ -264,11 +316,13 @@ static int check_destinations(struct vctx *v)
                 }
                 at = W[j].off + W[j].len > at ? W[j].off + W[j].len : at;
             }
-            if (at != lo->bytes)
+            uint64_t want = bytes_written(v, map_of, g, lo);
+            if (at != want)
                 verr(v, "rollout rank %u %s: %s at byte %" PRIu64 " of %" PRIu64, g, name,
-                     at < lo->bytes ? "writes end" : "writes run past the end", at, lo->bytes);
+                     at < want ? "writes end" : "writes run past the end", at, want);
         }
     }
+    free(map_of);
     free(W);
     free(refs);
     free(fill);

@@ -4,6 +4,7 @@
  * Exit status: 0 matched, 1 problems found, 2 bad usage. */
 #include "matcher/matcher.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,8 @@ static void usage(FILE *f, const char *prog)
             "  --rollout FILE         rollout inventory file instead of generating\n"
             "  --save-trainer FILE    write the trainer inventory (JSON) and continue\n"
             "  --save-rollout FILE    write the rollout inventory (JSON) and continue\n"
+            "  --var NAME=VALUE       a value for one of the family file's vars (repeatable),\n"
+            "                         e.g. --var mtp=1 (DeepSeek-V3's draft layer)\n"
             "  --list                 print every mapping\n"
             "  --tp N --ep N          print what rollout rank --rank holds of each mapping\n"
             "  --rank R               tp rank (and ep rank) for --tp/--ep (default 0)\n"
@@ -48,6 +51,9 @@ static void print_mapping(const struct wb_match *mt, const struct wb_inventory *
             if (!wb_box_eq(&full, &m->comp[i].src)) /* a slice of a stacked tensor */
                 wb_box_str(&m->comp[i].src, box, sizeof(box));
             printf("%s%s%s", i ? " + " : " ", T->name, box);
+            for (uint32_t k = 0; m->comp[i].permuted && k < m->comp[i].dst.ndim; k++)
+                printf("%s%u%s", k ? ", " : " permuted [", m->comp[i].perm[k],
+                       k + 1 == m->comp[i].dst.ndim ? "]" : "");
         }
     } else {
         printf(" %u components (%s ... %s)", m->ncomp, t->p[m->comp[0].trainer].name,
@@ -69,7 +75,8 @@ int main(int argc, char **argv)
 {
     const char *family = NULL, *config = NULL, *tconfig = NULL, *tfile = NULL, *rfile = NULL;
     const char *save_t = NULL, *save_r = NULL;
-    int list = 0;
+    char vars[1024] = "";
+    int list = 0, have_rank = 0;
     long tp = 0, ep = 0, rank = 0;
     static const struct option opts[] = {{"family", required_argument, 0, 'f'},
                                          {"config", required_argument, 0, 'c'},
@@ -82,6 +89,7 @@ int main(int argc, char **argv)
                                          {"tp", required_argument, 0, 'p'},
                                          {"ep", required_argument, 0, 'e'},
                                          {"rank", required_argument, 0, 'k'},
+                                         {"var", required_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int o;
@@ -111,15 +119,31 @@ int main(int argc, char **argv)
         case 'l':
             list = 1;
             break;
+        case 'v': {
+            size_t len = strlen(vars);
+            if ((size_t)snprintf(vars + len, sizeof(vars) - len, "%s%s", len ? "," : "", optarg) >=
+                sizeof(vars) - len) {
+                fprintf(stderr, "wb-match: --var: too many values\n");
+                return 2;
+            }
+            break;
+        }
         case 'p':
-            tp = strtol(optarg, NULL, 10);
-            break;
         case 'e':
-            ep = strtol(optarg, NULL, 10);
+        case 'k': {
+            /* whole-string integers only: "--tp abc" or "--tp 0" must not skip the check */
+            const char *opt = o == 'p' ? "--tp" : o == 'e' ? "--ep" : "--rank";
+            long lo = o == 'k' ? 0 : 1;
+            int64_t v;
+            if (wb_parse_i64(optarg, &v) || v < lo || v > 4096) {
+                fprintf(stderr, "wb-match: %s '%s': expected an integer %ld..4096\n", opt, optarg,
+                        lo);
+                return 2;
+            }
+            *(o == 'p' ? &tp : o == 'e' ? &ep : &rank) = (long)v;
+            have_rank |= o == 'k';
             break;
-        case 'k':
-            rank = strtol(optarg, NULL, 10);
-            break;
+        }
         case 'h':
             usage(stdout, argv[0]);
             return 0;
@@ -130,9 +154,25 @@ int main(int argc, char **argv)
     }
     if (!tconfig)
         tconfig = config;
-    if (!family || (!tfile && !tconfig) || (!rfile && !config) || optind != argc || tp < 0 ||
-        ep < 0 || rank < 0 || tp > 4096 || ep > 4096) {
+    if (!family || (!tfile && !tconfig) || (!rfile && !config) || optind != argc) {
         usage(stderr, argv[0]);
+        return 2;
+    }
+    /* a replica has max(tp, ep) GPUs (the planner's default gpus_per_replica): the rank must
+     * be one of them, and both must divide it */
+    long gpr = tp > ep ? tp : ep;
+    if (have_rank && !gpr) {
+        fprintf(stderr, "wb-match: --rank needs --tp or --ep\n");
+        return 2;
+    }
+    if (gpr && ((tp && gpr % tp) || (ep && gpr % ep))) {
+        fprintf(stderr, "wb-match: --tp %ld and --ep %ld: the smaller must divide the larger\n", tp,
+                ep);
+        return 2;
+    }
+    if (gpr && rank >= gpr) {
+        fprintf(stderr, "wb-match: --rank %ld: a replica of tp %ld / ep %ld has ranks 0..%ld\n",
+                rank, tp ? tp : 1, ep ? ep : 1, gpr - 1);
         return 2;
     }
     struct wb_errlist el;
@@ -142,31 +182,38 @@ int main(int argc, char **argv)
     wb_inv_init(&r);
     struct wb_match_rules *rules = NULL;
     struct wb_match *m = NULL;
-    int rc = 1;
-    if ((tfile ? wb_inv_load_file(tfile, &t, &el)
-               : wb_inv_generate(family, tconfig, "trainer", &t, &el)) ||
-        (rfile ? wb_inv_load_file(rfile, &r, &el)
-               : wb_inv_generate(family, config, "rollout", &r, &el)))
+    int rc = 1, err = 0;
+    if ((err = tfile ? wb_inv_load_file(tfile, &t, &el)
+                     : wb_inv_generate_vars(family, tconfig, vars, "trainer", &t, &el)) ||
+        (err = rfile ? wb_inv_load_file(rfile, &r, &el)
+                     : wb_inv_generate_vars(family, config, vars, "rollout", &r, &el)))
         goto out;
-    if ((save_t && wb_inv_save_file(save_t, &t)) || (save_r && wb_inv_save_file(save_r, &r))) {
-        wb_errlist_add(&el, "cannot write an inventory file");
+    const char *save = NULL;
+    if ((save_t && (err = wb_inv_save_file(save = save_t, &t))) ||
+        (save_r && (err = wb_inv_save_file(save = save_r, &r)))) {
+        wb_errlist_add(&el, "%s: cannot write the inventory: %s", save, wb_strerror(err));
         goto out;
     }
-    if (wb_match_rules_load(family, &rules, &el) ||
-        (config && wb_match_rules_bind_config(rules, config, &el)) ||
-        wb_match_run(rules, &t, &r, &m, &el))
+    if ((err = wb_match_rules_load(family, &rules, &el)) ||
+        (err = wb_match_rules_set_vars(rules, vars, &el)) ||
+        (config && (err = wb_match_rules_bind_config(rules, config, &el))) ||
+        (err = wb_match_run(rules, &t, &r, &m, &el)))
         goto out;
-    size_t kinds[5] = {0}, xf[3] = {0};
+    size_t kinds[5] = {0}, xf[3] = {0}, transposed = 0;
     for (size_t i = 0; i < m->n; i++) {
         kinds[m->map[i].kind]++;
         xf[m->map[i].xform]++;
+        transposed += m->map[i].ncomp && m->map[i].comp[0].permuted;
     }
     printf("matched %zu rollout tensors (%zu in inventory) from %zu trainer tensors (%zu "
            "ignored)\n",
            m->n, r.n, t.n, m->nignored);
     printf("  rename %zu, fuse %zu, stack %zu, unstack %zu, tie %zu; copy %zu, cast %zu, "
-           "fp8-block %zu\n",
-           kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], xf[0], xf[1], xf[2]);
+           "fp8-block %zu%s",
+           kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], xf[0], xf[1], xf[2],
+           transposed ? "" : "\n");
+    if (transposed)
+        printf("; %zu transposed (not planned yet)\n", transposed);
     for (size_t i = 0; list && i < m->n; i++)
         print_mapping(m, &t, &r, &m->map[i]);
     if (tp || ep) {
@@ -176,8 +223,10 @@ int main(int argc, char **argv)
             struct wb_shape ls;
             struct wb_local_piece pc[WB_MAX_PIECES];
             uint32_t np;
-            if (wb_mapping_local(m, &r, &m->map[i], (uint32_t)rank % ntp, ntp, (uint32_t)rank % nep,
-                                 nep, &ls, pc, &np, &el)) {
+            if ((err = wb_mapping_local(m, &r, &m->map[i], (uint32_t)rank % ntp, ntp,
+                                        (uint32_t)rank % nep, nep, &ls, pc, &np, &el))) {
+                if (err == -ENOMEM)
+                    goto out;
                 bad = true;
                 continue;
             }
@@ -198,11 +247,15 @@ int main(int argc, char **argv)
 out:
     if (rc) {
         fflush(stdout);
+        /* a failure always says why: an allocation failure that could not even record its
+         * message is still an error, never "0 problems" */
+        if (el.n == 0)
+            fprintf(stderr, "wb-match: %s\n", wb_strerror(err ? err : -ENOMEM));
         size_t shown = el.n < 40 ? el.n : 40;
         for (size_t i = 0; i < shown; i++)
             fprintf(stderr, "wb-match: %s\n", el.msgs[i]);
-        fprintf(stderr, "wb-match: %zu problem%s%s\n", el.n, el.n == 1 ? "" : "s",
-                shown < el.n ? " (the first 40 shown)" : "");
+        fprintf(stderr, "wb-match: %zu problem%s%s\n", el.n ? el.n : 1,
+                el.n == 1 || el.n == 0 ? "" : "s", shown < el.n ? " (the first 40 shown)" : "");
     }
     wb_match_free(m);
     wb_match_rules_free(rules);

@@ -19,6 +19,7 @@ static const char usage[] =
     "Plans a trainer -> rollout weight transfer and prints a summary.\n"
     "  --model FILE        model family file (configs/models/): name templates and match rules\n"
     "  --config FILE       Hugging Face config.json giving the model's sizes (configs/hf/)\n"
+    "  --var NAME=VALUE    a value for one of the model file's vars (repeatable), e.g. mtp=1\n"
     "  --trainer-inv FILE  trainer inventory (YAML/JSON name -> {dtype, shape}) instead of\n"
     "  --rollout-inv FILE  rollout inventory      generating them from --model and --config\n"
     "  --trainer FILE      trainer layout: mesh, placement rules, residence, hardware\n"
@@ -39,6 +40,7 @@ static const char usage[] =
 
 struct args {
     const char *model, *config, *tinv, *rinv, *trainer, *rollout, *json, *svg;
+    char vars[1024];
     enum wb_plan_mode mode;
     uint64_t mem_cap;
     uint32_t threads;
@@ -51,6 +53,7 @@ static int parse_args(int argc, char **argv, struct args *a)
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"config", required_argument, 0, 'c'},
+        {"var", required_argument, 0, 'a'},
         {"trainer-inv", required_argument, 0, 'T'},
         {"rollout-inv", required_argument, 0, 'R'},
         {"trainer", required_argument, 0, 't'},
@@ -81,6 +84,15 @@ static int parse_args(int argc, char **argv, struct args *a)
         case 'c':
             a->config = optarg;
             break;
+        case 'a': {
+            size_t len = strlen(a->vars);
+            if ((size_t)snprintf(a->vars + len, sizeof(a->vars) - len, "%s%s", len ? "," : "",
+                                 optarg) >= sizeof(a->vars) - len) {
+                fprintf(stderr, "wb-plan: --var: too many values\n");
+                return 2;
+            }
+            break;
+        }
         case 'T':
             a->tinv = optarg;
             break;
@@ -193,6 +205,7 @@ int main(int argc, char **argv)
     rc = 1;
     struct wb_model_src src = {.rules = a.model,
                                .config = a.config,
+                               .vars = a.vars,
                                .trainer_inv = a.tinv,
                                .rollout_inv = a.rinv,
                                .trainer_layout = a.trainer,

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static void test_job_load(void)
 {
@@ -27,6 +28,40 @@ static void test_job_load(void)
     CHECK_U64(j.heartbeat_ns, 200000000ull);
     CHECK_U64(j.trainers, 4);
     CHECK_STR(j.provider, "tcp");
+    wb_job_free(&j);
+    wb_errlist_free(&el);
+}
+
+/* model.vars reaches the rules and both generated inventories (controller/plan.c and the
+ * reference load them the same way). */
+static void test_job_model_vars(void)
+{
+    char cwd[256], text[4096];
+    CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
+    const char *fmt_job = "token: t\n"
+                          "model:\n"
+                          "  rules: %s/configs/models/deepseek_v3.yaml\n"
+                          "  hf_config: %s/configs/hf/DeepSeek-V3.json\n"
+                          "  vars: \"%s\"\n"
+                          "trainer_layout: %s/configs/jobs/demo/trainer.yaml\n"
+                          "rollout_layout: %s/configs/jobs/demo/rollout.yaml\n";
+    snprintf(text, sizeof(text), fmt_job, cwd, cwd, "mtp=1", cwd, cwd);
+    const char *p = wb_test_write_file("vars.yaml", text);
+    struct wb_job j;
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), 0);
+    CHECK_STR(j.model.vars, "mtp=1");
+    struct wb_ref *ref = NULL;
+    CHECK_INT(wb_ref_load(&j, &ref, &el), 0);
+    wb_ref_free(ref);
+    wb_job_free(&j);
+    snprintf(text, sizeof(text), fmt_job, cwd, cwd, "mtp=on", cwd, cwd);
+    p = wb_test_write_file("vars.yaml", text);
+    CHECK_INT(wb_job_load(p, &j, &el), 0);
+    CHECK_INT(wb_ref_load(&j, &ref, &el), -WB_E_CONFIG);
+    CHECK_INT(el.n, 1);
+    CHECK_STR(el.msgs[0], "vars 'mtp=on': expected NAME=INTEGER[,NAME=INTEGER...]");
     wb_job_free(&j);
     wb_errlist_free(&el);
 }
@@ -92,6 +127,7 @@ static void test_job_errors(void)
 
 const struct wb_test wb_tests[] = {
     {"job_load", test_job_load, 0},
+    {"job_model_vars", test_job_model_vars, 0},
     {"job_errors", test_job_errors, 0},
     {0},
 };

@@ -683,6 +683,207 @@ static void test_head_dim_errors(void)
     wb_errlist_free(&el);
 }
 
+static void test_permute_errors(void)
+{
+    const char *path = put("perm.yaml", "family: t\n"
+                                        "rules:\n"
+                                        "  - rollout: a.w\n"
+                                        "    from: a.w\n"
+                                        "    permute: [0, 0, 1]\n"
+                                        "  - rollout: b.w\n"
+                                        "    from: [b1.w, b2.w]\n"
+                                        "    permute: [1, 0]\n"
+                                        "  - rollout: c.w\n"
+                                        "    from: c.w\n"
+                                        "    permute: 1\n");
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_match_rules *r = NULL;
+    CHECK_INT(wb_match_rules_load(path, &r, &el), -WB_E_CONFIG);
+    EXPECT(&el,
+           fmt("%s:5:14: permute: expected a permutation of 0..n-1 (2 <= n <= 6), such as "
+               "[0, 2, 1]",
+               path),
+           fmt("%s:8:14: permute: only for a rule with a single `from` (no fuse or stack)", path),
+           fmt("%s:11:14: permute: expected a permutation of 0..n-1 (2 <= n <= 6), such as "
+               "[0, 2, 1]",
+               path));
+    wb_errlist_free(&el);
+    /* shapes that do not agree once permuted, and a permutation of the wrong length */
+    tiny_match("family: t\n"
+               "trainer:\n"
+               "  - tensors: {a.w: [n, rows, hidden], b.w: [n, rows, hidden]}\n"
+               "rollout:\n"
+               "  - tensors: {a.w: [n, rows, hidden], b.w: [n, hidden, rows]}\n"
+               "rules:\n"
+               "  - rollout: a.w\n"
+               "    from: a.w\n"
+               "    permute: [0, 2, 1]\n"
+               "  - rollout: b.w\n"
+               "    from: b.w\n"
+               "    permute: [1, 0]\n",
+               &el, -WB_E_MATCH);
+    const char *fam = fmt("%s/tiny.yaml", wb_test_tmpdir());
+    EXPECT(&el,
+           fmt("a.w: rollout shape [2, 64, 256] != trainer shape [2, 64, 256] permuted [0, 2, 1] = "
+               "[2, 256, 64] (a.w) (rule %s:7)",
+               fam),
+           fmt("b.w: permute [1, 0] has 2 dims, trainer tensor b.w [2, 64, 256] has 3 (rule %s:10)",
+               fam));
+    wb_errlist_free(&el);
+}
+
+/* ---------------------------------------------------------------- quantization configs */
+
+/* Qwen3-8B-FP8's config.json with its quantization_config replaced by `q` (JSON text). */
+static const char *fp8_config_with(const char *name, const char *q)
+{
+    FILE *f = fopen("configs/hf/Qwen3-8B-FP8.json", "r");
+    CHECK(f);
+    char buf[4096], out[4096];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *a = strstr(buf, "\"quantization_config\": {"), *z = a ? strstr(a, "},\n") : NULL;
+    CHECK(a && z);
+    snprintf(out, sizeof(out), "%.*s\"quantization_config\": %s%s", (int)(a - buf), buf, q, z + 1);
+    return put(name, out);
+}
+
+/* Generating the rollout from `q` fails with exactly the messages given. */
+static void quant_refused(const char *q, size_t n, const char *const *want, int line)
+{
+    const char *cfg = fp8_config_with("q.json", q);
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_inventory inv;
+    wb_inv_init(&inv);
+    CHECK_INT(wb_inv_generate(QWEN3, cfg, "rollout", &inv, &el), -WB_E_CONFIG);
+    CHECK_INT(inv.n, 0);
+    char w[8][512];
+    const char *wp[8];
+    for (size_t i = 0; i < n && i < 8; i++) {
+        snprintf(w[i], sizeof(w[i]), "%s: %s", cfg, want[i]);
+        wp[i] = w[i];
+    }
+    expect(&el, n, wp, line);
+    wb_errlist_free(&el);
+}
+#define QUANT_REFUSED(q, ...)                                                                      \
+    do {                                                                                           \
+        const char *const want_[] = {__VA_ARGS__};                                                 \
+        quant_refused((q), WB_ARRAY_LEN(want_), want_, __LINE__);                                  \
+    } while (0)
+
+static void test_quantization_config_refused(void)
+{
+    /* each of these used to be taken as FP8 128x128 blocks, exit 0, wrong rollout */
+    QUANT_REFUSED("{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128}",
+                  "quantization_config.quant_method: awq: not produced by weightbridge (only fp8 "
+                  "with 128x128 blocks)");
+    QUANT_REFUSED("{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": "
+                  "{\"weights\": {\"num_bits\": 8}}}}",
+                  "quantization_config.quant_method: compressed-tensors: not produced by "
+                  "weightbridge (only fp8 with 128x128 blocks)");
+    QUANT_REFUSED("{\"quant_method\": \"mxfp4\"}",
+                  "quantization_config.quant_method: mxfp4: not produced by weightbridge (only fp8 "
+                  "with 128x128 blocks)");
+    QUANT_REFUSED("{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", \"quant_method\": "
+                  "\"fp8\", \"weight_block_size\": [64, 64]}",
+                  "quantization_config.weight_block_size: [64, 64]: only 128x128 FP8 blocks are "
+                  "produced (quant/)");
+    QUANT_REFUSED("{\"quant_method\": \"fp8\", \"weight_block_size\": [128]}",
+                  "quantization_config.weight_block_size: [128]: only 128x128 FP8 blocks are "
+                  "produced (quant/)");
+    QUANT_REFUSED("{\"quant_method\": \"fp8\", \"activation_scheme\": \"dynamic\"}",
+                  "quantization_config.weight_block_size: missing: only 128x128 FP8 blocks are "
+                  "produced (quant/), not per-tensor scales");
+    QUANT_REFUSED("{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128], \"fmt\": "
+                  "\"e5m2\", \"activation_scheme\": \"static\"}",
+                  "quantization_config.fmt: e5m2: only e4m3 values are produced (quant/)",
+                  "quantization_config.activation_scheme: static: only dynamic activation scales "
+                  "(no input_scale tensors are produced)");
+    QUANT_REFUSED("{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128], "
+                  "\"modules_to_not_convert\": [\"lm_head\"], \"ignored_layers\": [\"x\"]}",
+                  "quantization_config.ignored_layers: not supported (the family file says which "
+                  "tensors are FP8)",
+                  "quantization_config.modules_to_not_convert: not supported (the family file says "
+                  "which tensors are FP8)");
+    QUANT_REFUSED("\"fp8\"", "quantization_config: fp8: expected an object");
+    QUANT_REFUSED("{\"weight_block_size\": [128, 128]}",
+                  "quantization_config.quant_method: missing");
+    /* null means no quantization: a BF16 rollout, as without the key */
+    const char *cfg = fp8_config_with("null.json", "null");
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_inventory inv;
+    wb_inv_init(&inv);
+    CHECK_INT(wb_inv_generate(QWEN3, cfg, "rollout", &inv, &el), 0);
+    CHECK_INT(inv.n, 3 + 36 * 8);
+    wb_inv_free(&inv);
+    wb_errlist_free(&el);
+}
+
+static void test_quantization_config_trainer_side(void)
+{
+    /* a BF16 trainer generated from a config whose rollout would be MXFP4 is fine (no FP8 block
+     * reads it); a trainer block that makes FP8 tensors from a 64x64 config is not */
+    const char *mx = fp8_config_with("mx.json", "{\"quant_method\": \"mxfp4\"}");
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_inventory inv;
+    wb_inv_init(&inv);
+    CHECK_INT(wb_inv_generate(QWEN3, mx, "trainer", &inv, &el), 0);
+    CHECK_INT(inv.n, 3 + 36 * 11);
+    const char *fam = put("ckpt.yaml", "family: ckpt\n"
+                                       "quant: {fp8: [\"*\"]}\n"
+                                       "trainer:\n"
+                                       "  - fp8: defined(quantization_config)\n"
+                                       "    tensors: {a.weight: [256, hidden_size]}\n");
+    const char *cfg =
+        fp8_config_with("b64.json", "{\"quant_method\": \"fp8\", \"weight_block_size\": [64, 64]}");
+    CHECK_INT(wb_inv_generate(fam, cfg, "trainer", &inv, &el), -WB_E_CONFIG);
+    EXPECT(&el, fmt("%s: quantization_config.weight_block_size: [64, 64]: only 128x128 FP8 blocks "
+                    "are produced (quant/)",
+                    cfg));
+    wb_inv_free(&inv);
+    wb_errlist_free(&el);
+}
+
+static void test_family_block_size(void)
+{
+    /* the block edge has one home (common.h's WB_FP8_BLOCK); a family asking for another one
+     * is refused with the place and key */
+    const char *fam = put("b64.yaml", "family: t\n"
+                                      "quant:\n"
+                                      "  block: 64\n"
+                                      "  fp8: [\"*\"]\n"
+                                      "rules:\n"
+                                      "  - rollout: a.w\n"
+                                      "    from: a.w\n");
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_match_rules *r = NULL;
+    CHECK_INT(wb_match_rules_load(fam, &r, &el), -WB_E_CONFIG);
+    EXPECT(&el,
+           fmt("%s:3:10: quant.block: 64: only 128x128 FP8 blocks are produced (quant/)", fam));
+    wb_errlist_free(&el);
+    struct wb_inventory inv;
+    wb_inv_init(&inv);
+    wb_errlist_init(&el);
+    CHECK_INT(wb_inv_generate(fam, tiny_cfg(), "trainer", &inv, &el), -WB_E_CONFIG);
+    EXPECT(&el,
+           fmt("%s:3:10: quant.block: 64: only 128x128 FP8 blocks are produced (quant/)", fam));
+    wb_errlist_free(&el);
+    /* 128 written out is the same as leaving it out */
+    fam = put("b128.yaml",
+              "family: t\nquant: {block: 128}\nrules:\n  - rollout: a.w\n    from: a.w\n");
+    wb_errlist_init(&el);
+    CHECK_INT(wb_match_rules_load(fam, &r, &el), 0);
+    wb_match_rules_free(r);
+    wb_errlist_free(&el);
+}
+
 const struct wb_test wb_tests[] = {
     {"missing_trainer_tensor", test_missing_trainer_tensor, 0},
     {"missing_fused_component", test_missing_fused_component, 0},
@@ -712,5 +913,9 @@ const struct wb_test wb_tests[] = {
     {"stacked_shape_mismatch", test_stacked_shape_mismatch, 0},
     {"fp8_misaligned_component", test_fp8_misaligned_component, 0},
     {"head_dim_errors", test_head_dim_errors, 0},
+    {"permute_errors", test_permute_errors, 0},
+    {"quantization_config_refused", test_quantization_config_refused, 0},
+    {"quantization_config_trainer_side", test_quantization_config_trainer_side, 0},
+    {"family_block_size", test_family_block_size, 0},
     {0},
 };

@@ -305,6 +305,125 @@ static void test_deepseek_v3(void)
     fam_free(&f);
 }
 
+/* Both sides and the rules with a job's values of the family's vars. */
+static void run_family_vars(const char *family, const char *cfg, const char *vars, struct fam *f)
+{
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    memset(f, 0, sizeof(*f));
+    wb_inv_init(&f->t);
+    wb_inv_init(&f->r);
+    int r = wb_inv_generate_vars(family, cfg, vars, "trainer", &f->t, &el);
+    r = r ? r : wb_inv_generate_vars(family, cfg, vars, "rollout", &f->r, &el);
+    r = r ? r : wb_match_rules_load(family, &f->rules, &el);
+    r = r ? r : wb_match_rules_set_vars(f->rules, vars, &el);
+    r = r ? r : wb_match_rules_bind_config(f->rules, cfg, &el);
+    r = r ? r : wb_match_run(f->rules, &f->t, &f->r, &f->m, &el);
+    if (r)
+        print_errors(&el);
+    CHECK_INT(r, 0);
+    wb_errlist_free(&el);
+    f->c.trainer = f->t.n;
+    f->c.rollout = f->r.n;
+    f->c.maps = f->m->n;
+    f->c.ignored = f->m->nignored;
+    for (size_t i = 0; i < f->m->n; i++) {
+        f->c.kind[f->m->map[i].kind]++;
+        f->c.xform[f->m->map[i].xform]++;
+    }
+}
+
+static void test_deepseek_v3_mtp(void)
+{
+    /* mtp=0 is the default: exactly the main model (test_deepseek_v3) */
+    struct fam f;
+    run_family_vars("configs/models/deepseek_v3.yaml", "configs/hf/DeepSeek-V3.json", "mtp=0", &f);
+    CHECK_INT(f.c.trainer, 45395);
+    CHECK_INT(f.c.rollout, 1327);
+    CHECK_INT(f.c.maps, 845);
+    CHECK(wb_inv_find(&f.t, "model.layers.61.eh_proj.weight") < 0);
+    fam_free(&f);
+
+    /* mtp=1: layer 61 as the HF checkpoint holds it (788 tensors, ~13.5 B parameters) and as
+     * vLLM's DeepSeekMTP draft holds it */
+    run_family_vars("configs/models/deepseek_v3.yaml", "configs/hf/DeepSeek-V3.json", "mtp=1", &f);
+    CHECK_INT(f.c.trainer, 45395 + 788);
+    CHECK_INT(f.c.rollout, 1327 + 27); /* 19 tensors + 8 FP8 scales */
+    CHECK_INT(f.c.maps, 845 + 19);
+    CHECK_INT(f.c.ignored, 1); /* model.layers.61.embed_tokens: vLLM shares the target's */
+    CHECK_INT(f.c.kind[WB_MAP_FUSE], 122 + 2);
+    CHECK_INT(f.c.kind[WB_MAP_STACK], 116 + 2);
+    CHECK_INT(f.c.xform[WB_XFORM_FP8_BLOCK], 482 + 8);
+    CHECK_INT(f.c.xform[WB_XFORM_COPY], 363 + 11);
+    size_t n61 = 0;
+    uint64_t params = 0;
+    for (size_t i = 0; i < f.t.n; i++)
+        if (strncmp(f.t.p[i].name, "model.layers.61.", 16) == 0) {
+            n61++;
+            params += wb_shape_numel(&f.t.p[i].shape);
+        }
+    CHECK_INT(n61, 788);
+    CHECK_U64(params, 13463426304ull); /* 2 x 0.93 B vocab, 11.27 B experts, ... */
+
+    const struct wb_mapping *m = find_map(&f, "model.layers.61.mtp_block.mlp.experts.w13_weight");
+    CHECK_INT(m->kind, WB_MAP_STACK);
+    CHECK_INT(m->ncomp, 512);
+    CHECK_STR(tname(&f, m, 1), "model.layers.61.mlp.experts.0.up_proj.weight");
+    CHECK_INT(m->xform, WB_XFORM_FP8_BLOCK);
+    CHECK_INT(m->shard.kind, WB_SHARD_EP);
+    m = find_map(&f, "model.layers.61.mtp_block.self_attn.fused_qkv_a_proj.weight");
+    CHECK_STR(tname(&f, m, 0), "model.layers.61.self_attn.q_a_proj.weight");
+    CHECK_INT(m->shard.kind, WB_SHARD_REPLICATE);
+    m = find_map(&f, "model.layers.61.mtp_block.mlp.gate.e_score_correction_bias");
+    CHECK_INT(m->src_dtype, WB_DTYPE_FP32);
+    m = find_map(&f, "model.layers.61.eh_proj.weight");
+    CHECK_INT(m->xform, WB_XFORM_COPY); /* an nn.Linear in vLLM: BF16, replicated */
+    CHECK_INT(m->shard.kind, WB_SHARD_REPLICATE);
+    CHECK_U64(f.r.p[m->rollout].shape.dim[1], 14336);
+    m = find_map(&f, "model.layers.61.shared_head.head.weight");
+    CHECK_INT(m->kind, WB_MAP_RENAME);
+    CHECK_INT(m->dst_dtype, WB_DTYPE_BF16);
+    CHECK_INT(m->shard.pad, 64);
+    CHECK(wb_inv_find(&f.r, "model.layers.61.embed_tokens.weight") < 0);
+    fam_free(&f);
+
+    /* a trainer that shares the output head (no shared_head.head of its own): built from
+     * lm_head.weight */
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_inventory t, t2, r;
+    wb_inv_init(&t);
+    wb_inv_init(&t2);
+    wb_inv_init(&r);
+    CHECK_INT(wb_inv_generate_vars("configs/models/deepseek_v3.yaml", "configs/hf/DeepSeek-V3.json",
+                                   "mtp=1", "trainer", &t, &el),
+              0);
+    CHECK_INT(wb_inv_generate_vars("configs/models/deepseek_v3.yaml", "configs/hf/DeepSeek-V3.json",
+                                   "mtp=1", "rollout", &r, &el),
+              0);
+    for (size_t i = 0; i < t.n; i++)
+        if (strcmp(t.p[i].name, "model.layers.61.shared_head.head.weight") != 0)
+            CHECK_INT(wb_inv_add(&t2, t.p[i].name, t.p[i].dtype, &t.p[i].shape), 0);
+    struct wb_match_rules *rules;
+    struct wb_match *mt;
+    CHECK_INT(wb_match_rules_load("configs/models/deepseek_v3.yaml", &rules, &el), 0);
+    CHECK_INT(wb_match_run(rules, &t2, &r, &mt, &el), 0);
+    size_t ties = 0;
+    for (size_t i = 0; i < mt->n; i++)
+        if (mt->map[i].kind == WB_MAP_TIE) {
+            ties++;
+            CHECK_STR(r.p[mt->map[i].rollout].name, "model.layers.61.shared_head.head.weight");
+            CHECK_STR(t2.p[mt->map[i].comp[0].trainer].name, "lm_head.weight");
+        }
+    CHECK_INT(ties, 1);
+    wb_match_free(mt);
+    wb_match_rules_free(rules);
+    wb_inv_free(&t);
+    wb_inv_free(&t2);
+    wb_inv_free(&r);
+    wb_errlist_free(&el);
+}
+
 static void test_kimi_k2(void)
 {
     struct fam f;
@@ -377,6 +496,101 @@ static void test_tied_and_ignored(void)
     wb_inv_free(&t);
     wb_inv_free(&r);
     CHECK_INT(el.n, 0);
+    wb_errlist_free(&el);
+}
+
+/* gpt-oss-20b's published config.json (configs/hf/) says MXFP4; its BF16 form has no
+ * quantization_config (what a BF16 checkpoint's config.json says). */
+static const char *gpt_oss_bf16(void)
+{
+    FILE *f = fopen("configs/hf/gpt-oss-20b.json", "r");
+    CHECK(f);
+    static char buf[8192], out[8192];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *a = strstr(buf, "  \"quantization_config\": {");
+    char *z = a ? strstr(a, "\"quant_method\": \"mxfp4\"\n  },\n") : NULL;
+    CHECK(a && z);
+    z += strlen("\"quant_method\": \"mxfp4\"\n  },\n");
+    snprintf(out, sizeof(out), "%.*s%s", (int)(a - buf), buf, z);
+    return wb_test_write_file("gpt-oss-20b-bf16.json", out);
+}
+
+static void test_gpt_oss_20b(void)
+{
+    char cfg[512];
+    snprintf(cfg, sizeof(cfg), "%s", gpt_oss_bf16());
+    struct fam f;
+    run_family("configs/models/gpt_oss.yaml", cfg, cfg, true, &f);
+    /* 3 + 24 x (2 norms, q/k/v/o weights and biases, sinks, router weight and bias, 4 expert
+     * tensors) */
+    CHECK_INT(f.c.trainer, 3 + 24 * 17);
+    CHECK_INT(f.c.rollout, 3 + 24 * 13);
+    CHECK_INT(f.c.maps, 315);
+    CHECK_INT(f.c.kind[WB_MAP_FUSE], 48); /* qkv weight and bias */
+    CHECK_INT(f.c.kind[WB_MAP_RENAME], 267);
+    CHECK_INT(f.c.xform[WB_XFORM_COPY], 315);
+    size_t permuted = 0;
+    for (size_t i = 0; i < f.m->n; i++)
+        permuted += f.m->map[i].comp[0].permuted;
+    CHECK_INT(permuted, 48); /* w13 and w2 of every layer */
+
+    const struct wb_mapping *m = find_map(&f, "model.layers.7.mlp.experts.w13_weight");
+    CHECK_INT(m->ncomp, 1);
+    CHECK_STR(tname(&f, m, 0), "model.layers.7.mlp.experts.gate_up_proj");
+    CHECK(m->comp[0].permuted);
+    CHECK_INT(m->comp[0].perm[0], 0);
+    CHECK_INT(m->comp[0].perm[1], 2);
+    CHECK_INT(m->comp[0].perm[2], 1);
+    check_box(&m->comp[0].src, 3, (uint64_t[]){0, 0, 0}, (uint64_t[]){32, 2880, 5760});
+    check_box(&m->comp[0].dst, 3, (uint64_t[]){0, 0, 0}, (uint64_t[]){32, 5760, 2880});
+    CHECK_INT(m->shard.kind, WB_SHARD_EP);
+    CHECK_INT(m->shard.ep1_tp_dim, 1);
+    m = find_map(&f, "model.layers.7.mlp.experts.w2_weight");
+    check_box(&m->comp[0].src, 3, (uint64_t[]){0, 0, 0}, (uint64_t[]){32, 2880, 2880});
+    CHECK(m->comp[0].permuted);
+    CHECK_INT(m->shard.ep1_tp_dim, 2);
+    m = find_map(&f, "model.layers.7.mlp.experts.w2_bias");
+    CHECK(!m->comp[0].permuted);
+    CHECK_INT(m->shard.ep1_tp_dim, WB_SHARD_RANK0);
+    m = find_map(&f, "model.layers.7.attn.qkv_proj.bias");
+    CHECK_INT(m->ncomp, 3);
+    check_box(&m->comp[2].dst, 1, (uint64_t[]){4608}, (uint64_t[]){512});
+    CHECK_INT(m->comp[0].heads, 64);
+    CHECK_INT(m->comp[1].heads, 8);
+    m = find_map(&f, "model.layers.7.attn.sinks");
+    CHECK_STR(tname(&f, m, 0), "model.layers.7.self_attn.sinks");
+    CHECK_INT(m->shard.kind, WB_SHARD_TP);
+    m = find_map(&f, "model.layers.7.attn.o_proj.bias");
+    CHECK_INT(m->shard.kind, WB_SHARD_REPLICATE);
+    m = find_map(&f, "model.embedding.weight");
+    CHECK_STR(tname(&f, m, 0), "model.embed_tokens.weight");
+    CHECK_INT(m->shard.pad, 64);
+    fam_free(&f);
+}
+
+static void test_gpt_oss_mxfp4_refused(void)
+{
+    /* the published config: the trainer (BF16 in training) is generated, the MXFP4 rollout is
+     * refused naming the key */
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_inventory t, r;
+    wb_inv_init(&t);
+    wb_inv_init(&r);
+    CHECK_INT(wb_inv_generate("configs/models/gpt_oss.yaml", "configs/hf/gpt-oss-20b.json",
+                              "trainer", &t, &el),
+              0);
+    CHECK_INT(t.n, 411);
+    CHECK_INT(wb_inv_generate("configs/models/gpt_oss.yaml", "configs/hf/gpt-oss-20b.json",
+                              "rollout", &r, &el),
+              -WB_E_CONFIG);
+    CHECK_INT(el.n, 1);
+    CHECK_STR(el.msgs[0], "configs/hf/gpt-oss-20b.json: quantization_config.quant_method: mxfp4: "
+                          "not produced by weightbridge (only fp8 with 128x128 blocks)");
+    wb_inv_free(&t);
+    wb_inv_free(&r);
     wb_errlist_free(&el);
 }
 
@@ -570,9 +784,12 @@ const struct wb_test wb_tests[] = {
     {"qwen3_235b_a22b", test_qwen3_235b_a22b, 0},
     {"qwen3_moe_fp8_and_dense_layers", test_qwen3_moe_fp8_and_dense_layers, 0},
     {"deepseek_v3", test_deepseek_v3, 0},
+    {"deepseek_v3_mtp", test_deepseek_v3_mtp, 0},
     {"kimi_k2", test_kimi_k2, 0},
     {"llama31_8b", test_llama31_8b, 0},
     {"tied_and_ignored", test_tied_and_ignored, 0},
+    {"gpt_oss_20b", test_gpt_oss_20b, 0},
+    {"gpt_oss_mxfp4_refused", test_gpt_oss_mxfp4_refused, 0},
     {"mixtral_yaml_only", test_mixtral_yaml_only, 0},
     {"unstack_trainer_stacked", test_unstack_trainer_stacked, 0},
     {"fp8_checkpoint_cast_and_rollout_ignore", test_fp8_checkpoint_cast_and_rollout_ignore, 0},

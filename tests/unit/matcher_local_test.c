@@ -213,8 +213,8 @@ static void test_non_divisible_split(void)
               "model.layers.0.self_attn.qkv_proj.weight: tp 3 does not divide the 32 heads of "
               "component [0, 4096) along dim 0 (rule configs/models/qwen3.yaml:71)");
     local_err(&f, "model.embed_tokens.weight", 2, 3, 0, 1,
-              "model.embed_tokens.weight: tp 3 does not divide component [0, 151936) (151936 "
-              "elements) along dim 0 (rule configs/models/qwen3.yaml:90)");
+              "model.embed_tokens.weight: tp 3 does not divide the 151936 rows along dim 0 "
+              "padded to a multiple of 64 (151936 real) (rule configs/models/qwen3.yaml:90)");
     struct wb_errlist el;
     wb_errlist_init(&el);
     struct local l;
@@ -306,6 +306,195 @@ static void test_fp8_blocks_cut(void)
     fam_free(&f);
 }
 
+/* ---------------------------------------------------------------- vocab padding */
+
+/* A config.json derived from a shipped one by replacing one text. */
+static const char *derived_config(const char *from, const char *name, const char *old,
+                                  const char *new)
+{
+    FILE *fp = fopen(from, "r");
+    CHECK(fp);
+    static char buf[1 << 16], out[1 << 16], path[512];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, fp);
+    fclose(fp);
+    buf[n] = 0;
+    char *at = strstr(buf, old);
+    CHECK(at);
+    snprintf(out, sizeof(out), "%.*s%s%s", (int)(at - buf), buf, new, at + strlen(old));
+    snprintf(path, sizeof(path), "%s", wb_test_write_file(name, out));
+    return path;
+}
+
+/* Rank r of tp holds rows [lo, hi) of the real vocab in a local tensor of `per` rows; both the
+ * embedding and the LM head (vLLM's VocabParallelEmbedding / ParallelLMHead). */
+static void check_vocab_rank(const struct fam *f, const char *name, uint32_t r, uint32_t tp,
+                             uint64_t per, uint64_t lo, uint64_t hi)
+{
+    struct local l;
+    local_ok(f, name, r, tp, 0, 1, &l);
+    const struct wb_shape *g = rshape(f, name);
+    check_dims(&l.shape, 2, (uint64_t[]){per, g->dim[1]});
+    if (hi == lo) {
+        CHECK_INT(l.n, 0); /* only padding: nothing written */
+        return;
+    }
+    CHECK_INT(l.n, 1);
+    const struct wb_local_piece *p = &l.p[0];
+    CHECK_U64(p->global.off[0], lo);
+    CHECK_U64(p->global.ext[0], hi - lo);
+    CHECK_U64(p->global.off[1], 0);
+    CHECK_U64(p->global.ext[1], g->dim[1]);
+    CHECK_U64(p->local.off[0], 0); /* real rows first, padding after */
+    CHECK_U64(p->local.ext[0], hi - lo);
+    CHECK_U64(p->local.ext[1], g->dim[1]);
+}
+
+static void test_vocab_padding_151672_tp8(void)
+{
+    /* 151,672 rows pad to 151,680 (a multiple of 64); 8 ranks of 18,960: rank 0 holds 0:18960
+     * (not 0:18959, the unpadded split), rank 7 holds 132720:151672 and 8 padding rows */
+    const char *cfg = derived_config("configs/hf/Qwen3-8B.json", "v151672.json",
+                                     "\"vocab_size\": 151936", "\"vocab_size\": 151672");
+    struct fam f;
+    load("configs/models/qwen3.yaml", cfg, &f);
+    /* the rollout inventory keeps the real vocab: padding is only in the local tensors */
+    check_dims(rshape(&f, "model.embed_tokens.weight"), 2, (uint64_t[]){151672, 4096});
+    for (int k = 0; k < 2; k++) {
+        const char *name = k ? "lm_head.weight" : "model.embed_tokens.weight";
+        for (uint32_t r = 0; r < 7; r++)
+            check_vocab_rank(&f, name, r, 8, 18960, r * 18960ull, (r + 1) * 18960ull);
+        check_vocab_rank(&f, name, 7, 8, 18960, 132720, 151672);
+        /* tp 1 holds the padded 151,680 rows too */
+        check_vocab_rank(&f, name, 0, 1, 151680, 0, 151672);
+    }
+    fam_free(&f);
+}
+
+static void test_vocab_padding_32001_tp2(void)
+{
+    /* Llama-2 style vocab of 32,001 (32,000 + a pad token): refused before, vLLM serves it:
+     * padded to 32,064, 16,032 rows per rank, rank 1 holds 16032:32001 and 63 padding rows */
+    const char *cfg = derived_config("configs/hf/Llama-3.1-8B.json", "v32001.json",
+                                     "\"vocab_size\": 128256", "\"vocab_size\": 32001");
+    struct fam f;
+    load("configs/models/llama3.yaml", cfg, &f);
+    for (int k = 0; k < 2; k++) {
+        const char *name = k ? "lm_head.weight" : "model.embed_tokens.weight";
+        check_vocab_rank(&f, name, 0, 2, 16032, 0, 16032);
+        check_vocab_rank(&f, name, 1, 2, 16032, 16032, 32001);
+    }
+    /* tp 3 splits the padded 32,064 rows (10,688 each), not the 32,001 real ones (10,667) */
+    check_vocab_rank(&f, "lm_head.weight", 0, 3, 10688, 0, 10688);
+    check_vocab_rank(&f, "lm_head.weight", 1, 3, 10688, 10688, 21376);
+    check_vocab_rank(&f, "lm_head.weight", 2, 3, 10688, 21376, 32001);
+    /* tp 5 does not divide 32,064: vLLM refuses it too (divide() in VocabParallelEmbedding) */
+    local_err(&f, "lm_head.weight", 0, 5, 0, 1,
+              "lm_head.weight: tp 5 does not divide the 32064 rows along dim 0 padded to a "
+              "multiple of 64 (32001 real) (rule configs/models/llama3.yaml:89)");
+    fam_free(&f);
+}
+
+static void test_vocab_padding_rank_of_padding(void)
+{
+    /* 130 rows pad to 192; tp 4 gives 48 rows per rank: rank 2 holds 96:130 (34 real rows),
+     * rank 3 holds only padding and gets no piece at all */
+    const char *cfg = derived_config("configs/hf/Qwen3-8B.json", "v130.json",
+                                     "\"vocab_size\": 151936", "\"vocab_size\": 130");
+    struct fam f;
+    load("configs/models/qwen3.yaml", cfg, &f);
+    check_vocab_rank(&f, "model.embed_tokens.weight", 0, 4, 48, 0, 48);
+    check_vocab_rank(&f, "model.embed_tokens.weight", 1, 4, 48, 48, 96);
+    check_vocab_rank(&f, "model.embed_tokens.weight", 2, 4, 48, 96, 130);
+    check_vocab_rank(&f, "model.embed_tokens.weight", 3, 4, 48, 0, 0);
+    fam_free(&f);
+}
+
+/* ---------------------------------------------------------------- gpt-oss */
+
+/* vLLM's GptOssModel._load_weights_other at TP 1, 2, 4 (gpt-oss-20b in BF16): qkv split per
+ * head (64 q, 8 kv heads of 64), sinks by heads, w13 and its bias as one block along 2I, w2
+ * along I after the transpose, w2_bias whole on rank 0 and nothing written elsewhere, the
+ * vocab (201,088 = 64 x 3,142) split evenly. */
+static void test_gpt_oss_tp(void)
+{
+    const char *cfg = derived_config("configs/hf/gpt-oss-20b.json", "gpt-oss-bf16.json",
+                                     "\"quant_method\": \"mxfp4\"", "\"quant_method\": \"none\"");
+    /* no quantization_config at all: drop the object (whose method was replaced above) */
+    FILE *fp = fopen(cfg, "r");
+    CHECK(fp);
+    char buf[8192], out[8192];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, fp);
+    fclose(fp);
+    buf[n] = 0;
+    char *a = strstr(buf, "  \"quantization_config\": {"), *z = a ? strstr(a, "  },\n") : NULL;
+    CHECK(a && z);
+    snprintf(out, sizeof(out), "%.*s%s", (int)(a - buf), buf, z + 5);
+    char path[512];
+    snprintf(path, sizeof(path), "%s", wb_test_write_file("gpt-oss-bf16.json", out));
+    struct fam f;
+    load("configs/models/gpt_oss.yaml", path, &f);
+    const char *qkv = "model.layers.3.attn.qkv_proj.weight",
+               *qkvb = "model.layers.3.attn.qkv_proj.bias";
+    const char *w13 = "model.layers.3.mlp.experts.w13_weight",
+               *w13b = "model.layers.3.mlp.experts.w13_bias";
+    const char *w2 = "model.layers.3.mlp.experts.w2_weight",
+               *w2b = "model.layers.3.mlp.experts.w2_bias";
+    const char *sinks = "model.layers.3.attn.sinks", *emb = "model.embedding.weight";
+    uint32_t tps[] = {1, 2, 4};
+    for (int i = 0; i < 3; i++) {
+        uint32_t tp = tps[i];
+        for (uint32_t r = 0; r < tp; r++) {
+            struct local l;
+            uint64_t q = 4096 / tp, kv = 512 / tp;
+            local_ok(&f, qkv, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 2, (uint64_t[]){q + 2 * kv, 2880});
+            local_ok(&f, qkvb, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 1, (uint64_t[]){q + 2 * kv});
+            if (tp == 1) { /* the whole tensor, one piece */
+                CHECK_INT(l.n, 1);
+                check_piece(&l, 0, rshape(&f, qkvb), 0, 0, 5120, 0);
+            } else {
+                CHECK_INT(l.n, 3);
+                check_piece(&l, 0, rshape(&f, qkvb), 0, r * q, q, 0);
+                check_piece(&l, 1, rshape(&f, qkvb), 0, 4096 + r * kv, kv, q);
+                check_piece(&l, 2, rshape(&f, qkvb), 0, 4608 + r * kv, kv, q + kv);
+                local_ok(&f, qkv, r, tp, 0, 1, &l);
+                check_piece(&l, 2, rshape(&f, qkv), 0, 4608 + r * kv, kv, q + kv);
+            }
+            local_ok(&f, sinks, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 1, (uint64_t[]){64 / tp});
+            check_piece(&l, 0, rshape(&f, sinks), 0, r * 64 / tp, 64 / tp, 0);
+            local_ok(&f, w13, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 3, (uint64_t[]){32, 5760 / tp, 2880});
+            CHECK_INT(l.n, 1); /* one block: gate and up are interleaved, not two parts */
+            check_piece(&l, 0, rshape(&f, w13), 1, r * 5760 / tp, 5760 / tp, 0);
+            local_ok(&f, w13b, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 2, (uint64_t[]){32, 5760 / tp});
+            check_piece(&l, 0, rshape(&f, w13b), 1, r * 5760 / tp, 5760 / tp, 0);
+            local_ok(&f, w2, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 3, (uint64_t[]){32, 2880, 2880 / tp});
+            check_piece(&l, 0, rshape(&f, w2), 2, r * 2880 / tp, 2880 / tp, 0);
+            local_ok(&f, w2b, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 2, (uint64_t[]){32, 2880});
+            CHECK_INT(l.n, r == 0 ? 1 : 0);
+            if (r == 0)
+                check_piece(&l, 0, rshape(&f, w2b), 0, 0, 32, 0);
+            local_ok(&f, emb, r, tp, 0, 1, &l);
+            check_dims(&l.shape, 2, (uint64_t[]){201088 / tp, 2880});
+            check_piece(&l, 0, rshape(&f, emb), 0, r * 201088 / tp, 201088 / tp, 0);
+        }
+    }
+    /* EP 4: whole experts, the biases too */
+    struct local l;
+    local_ok(&f, w13, 0, 4, 2, 4, &l);
+    check_dims(&l.shape, 3, (uint64_t[]){8, 5760, 2880});
+    check_piece(&l, 0, rshape(&f, w13), 0, 16, 8, 0);
+    local_ok(&f, w2b, 0, 4, 3, 4, &l);
+    check_dims(&l.shape, 2, (uint64_t[]){8, 2880});
+    check_piece(&l, 0, rshape(&f, w2b), 0, 24, 8, 0);
+    fam_free(&f);
+}
+
 static void test_scale_box(void)
 {
     /* fused_qkv_a_proj of DeepSeek-V3: kv_a part [1536, 2112) ends unaligned, which is fine */
@@ -329,6 +518,10 @@ const struct wb_test wb_tests[] = {
     {"non_divisible_split", test_non_divisible_split, 0},
     {"gqa_not_replicable", test_gqa_not_replicable, 0},
     {"fp8_blocks_cut", test_fp8_blocks_cut, 0},
+    {"vocab_padding_151672_tp8", test_vocab_padding_151672_tp8, 0},
+    {"vocab_padding_32001_tp2", test_vocab_padding_32001_tp2, 0},
+    {"vocab_padding_rank_of_padding", test_vocab_padding_rank_of_padding, 0},
+    {"gpt_oss_tp", test_gpt_oss_tp, 0},
     {"scale_box", test_scale_box, 0},
     {0},
 };

@@ -259,6 +259,86 @@ static void test_balance(void)
     fx_free(&f);
 }
 
+/* ---------------------------------------------------------------- refused, not planned */
+
+/* A family's match planned over 2 FSDP trainers and a TP 2 rollout; returns the plan's error. */
+static int plan_family(struct fx *f, const char *family, const char *config)
+{
+    fx_init(f);
+    struct wb_match_rules *rules = NULL;
+    struct wb_match *mt = NULL;
+    if (fx_layouts(f,
+                   "world_size: 2\ngpus_per_node: 2\nmesh: [{name: fsdp, size: 2}]\n"
+                   "placements: [{match: \"*\", place: {fsdp: shard(0)}}]\n",
+                   "replicas: 1\ntp: 2\n") ||
+        wb_inv_generate(family, config, "trainer", &f->ti, &f->el) ||
+        wb_inv_generate(family, config, "rollout", &f->ri, &f->el) ||
+        wb_match_rules_load(family, &rules, &f->el) ||
+        wb_match_rules_bind_config(rules, config, &f->el) ||
+        wb_match_run(rules, &f->ti, &f->ri, &mt, &f->el))
+        wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f->el));
+    f->in.match = mt;
+    struct wb_plan_opts o = {WB_MODE_AUTO, 0};
+    struct wb_plan *p = NULL;
+    int r = wb_plan_build(&f->in, &o, &p, &f->el);
+    CHECK(p == NULL || r == 0);
+    wb_plan_free(p);
+    wb_match_free(mt);
+    wb_match_rules_free(rules);
+    return r;
+}
+
+static void test_refused_not_planned(void)
+{
+    /* gpt-oss's transposed experts: one line naming the first tensor and its rule, not a plan
+     * that cuts [E, H, 2I] boxes as if they were [E, 2I, H] */
+    FILE *fp = fopen("configs/hf/gpt-oss-20b.json", "r");
+    CHECK(fp);
+    char buf[8192], out[8192];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, fp);
+    fclose(fp);
+    buf[n] = 0;
+    char *a = strstr(buf, "  \"quantization_config\": {"), *z = a ? strstr(a, "  },\n") : NULL;
+    CHECK(a && z);
+    snprintf(out, sizeof(out), "%.*s%s", (int)(a - buf), buf, z + 5);
+    char cfg[512];
+    snprintf(cfg, sizeof(cfg), "%s", wb_test_write_file("gpt-oss-bf16.json", out));
+    struct fx f;
+    CHECK_INT(plan_family(&f, "configs/models/gpt_oss.yaml", cfg), -WB_E_PLAN);
+    CHECK_INT(f.el.n, 1);
+    CHECK_STR(f.el.msgs[0], "model.layers.0.mlp.experts.w13_weight: built from "
+                            "model.layers.0.mlp.experts.gate_up_proj transposed (permute); the "
+                            "planner does not plan transposes yet (rule "
+                            "configs/models/gpt_oss.yaml:109); 47 more mappings like it");
+    fx_free(&f);
+    /* FP8 checkpoint copies, refused in the same place */
+    const char *fam = wb_test_write_file(
+        "ckpt.yaml", "family: ckpt\n"
+                     "quant: {fp8: [\"*.weight\"]}\n"
+                     "trainer:\n"
+                     "  - fp8: 1\n"
+                     "    tensors: {a.weight: [256, 256], b.weight: [256, 256]}\n"
+                     "rollout:\n"
+                     "  - fp8: 1\n"
+                     "    tensors: {a.weight: [256, 256], b.weight: [256, 256]}\n"
+                     "rules:\n"
+                     "  - rollout: \"*\"\n"
+                     "    from: \"*\"\n");
+    char fam_path[512];
+    snprintf(fam_path, sizeof(fam_path), "%s", fam);
+    snprintf(cfg, sizeof(cfg), "%s", wb_test_write_file("c.json", "{}"));
+    CHECK_INT(plan_family(&f, fam_path, cfg), -WB_E_PLAN);
+    CHECK_INT(f.el.n, 1);
+    char want[1024];
+    snprintf(want, sizeof(want),
+             "a.weight: copying FP8 values with their trainer scale tensors "
+             "(a.weight_scale_inv) is not supported by the planner yet (rule %s:10); 1 more "
+             "mapping like it",
+             fam_path);
+    CHECK_STR(f.el.msgs[0], want);
+    fx_free(&f);
+}
+
 /* ---------------------------------------------------------------- verify */
 
 static void test_verify_catches(void)
@@ -418,6 +498,29 @@ static void test_cli(void)
              "  %s: tp 3 does not divide gpus_per_replica 4\n",
              t, r);
     CHECK_STR(out, want);
+    /* --var reaches both generated inventories */
+    char *t1 = strdup(wb_test_write_file("t1.yaml", "world_size: 1\n"
+                                                    "mesh: [{name: fsdp, size: 1}]\n"
+                                                    "placements: [{match: \"*\"}]\n"));
+    char *r1 = strdup(wb_test_write_file("r1.yaml", "replicas: 1\n"));
+    char *var[] = {exe,
+                   "--model",
+                   "configs/models/deepseek_v3.yaml",
+                   "--config",
+                   "configs/hf/DeepSeek-V3.json",
+                   "--trainer",
+                   t1,
+                   "--rollout",
+                   r1,
+                   "--var",
+                   "mpt=1",
+                   NULL};
+    CHECK_INT(wb_test_capture(run_argv, var, out, sizeof(out)), 1);
+    CHECK_STR(out, "wb-plan: model and layouts: 1 problem\n"
+                   "  vars 'mpt=1': 'mpt' is not one of configs/models/deepseek_v3.yaml's vars "
+                   "(mtp, all_layers)\n");
+    free(t1);
+    free(r1);
     free(t);
     free(r);
     free(ti);
@@ -429,6 +532,7 @@ const struct wb_test wb_tests[] = {
     {"wire_roundtrip", test_wire_roundtrip, 0},
     {"wire_bad_indices", test_wire_bad_indices, 0},
     {"balance", test_balance, 0},
+    {"refused_not_planned", test_refused_not_planned, 0},
     {"verify_catches", test_verify_catches, 0},
     {"estimate_by_hand", test_estimate_by_hand, 0},
     {"estimate_needs_hardware", test_estimate_needs_hardware, 0},

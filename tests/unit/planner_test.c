@@ -305,7 +305,44 @@ static void test_gather_mode(void)
     check_case(case_fsdp2_tp2, WB_MODE_GATHER, false, EXPECT_FSDP2_TP2_GATHER);
 }
 
+/* A vocab-padded embedding (vLLM pads the vocab to a multiple of 64, then splits it): 130
+ * rows [130, 4] pad to 192, 48 per rank over tp 4. Rank 2 gets rows 96..129 at the start of
+ * its 48-row local tensor, rank 3 only padding: it receives nothing, and the padding rows of
+ * rank 2 are never written (the simulation checks they keep their poison). */
+static void case_vocab_pad(struct fx *f)
+{
+    fx_init(f);
+    CHECK_INT(fx_layouts(f, FSDP2, "replicas: 1\ntp: 4\n"), 0);
+    uint32_t t = fx_t(f, "embed", WB_DTYPE_BF16, fx_shape(2, 130, 4));
+    uint32_t r = fx_r(f, "embed", WB_DTYPE_BF16, fx_shape(2, 130, 4));
+    struct wb_mapping *m = fx_map(f, r, -1, WB_XFORM_COPY, WB_SHARD_TP, 0);
+    m->shard.pad = 64;
+    fx_comp_full(f, m, t, fx_box(2, 0, 130, 0, 4));
+}
+
+static void test_vocab_pad(void)
+{
+    struct fx f;
+    case_vocab_pad(&f);
+    enum wb_plan_mode modes[] = {WB_MODE_AUTO, WB_MODE_DIRECT, WB_MODE_GATHER};
+    for (int i = 0; i < 3; i++) {
+        struct wb_plan *p = sim_plan_check(&f, modes[i]);
+        CHECK_INT(wb_plan_verify(p, &f.in, &f.el), 0);
+        for (uint32_t g = 0; g < 3; g++) {
+            CHECK_INT(p->recv[g].nlocal, 1);
+            CHECK_U64(p->recv[g].local[0].bytes, 48 * 4 * 2); /* padded local tensor */
+            CHECK_U64(p->recv[g].local[0].shape.dim[0], 48);
+            CHECK_U64(p->recv[g].recv_bytes, (g < 2 ? 48 : 34) * 4 * 2);
+        }
+        CHECK_INT(p->recv[3].nlocal, 0);
+        CHECK_U64(p->recv[3].recv_bytes, 0);
+        wb_plan_free(p);
+    }
+    fx_free(&f);
+}
+
 const struct wb_test wb_tests[] = {
+    {"vocab_pad", test_vocab_pad, 0},
     {"uneven_shards", test_uneven, 0},
     {"fused_qkv_tp", test_qkv, 0},
     {"experts_ep", test_experts, 0},

@@ -1,9 +1,32 @@
-/* agent.h — the one public header of agent/: the worker process that runs on every trainer and
- * rollout GPU. It registers with the controller, receives its part of the plan once, and on
- * every "transfer N" executes it (trainers) or counts what lands (rollouts).
+/* agent.h — the one public header of agent/: the endpoint, by which a process takes part in a
+ * weightbridge job as one trainer rank or one rollout rank.
  *
- * Also here: the launcher-environment rank discovery (torchrun, Slurm). The synthetic parameter
- * source the agent fills trainer shards from is common's (wb_synth_fill()).
+ * A trainer process (PyTorch under torchrun, say) opens an endpoint, registers the tensors it
+ * already holds — name, dtype, global shape, the box of it this rank holds, strides, pointer —
+ * and starts it; then, after each optimizer step, pushes a version. A rollout process (an
+ * inference engine) registers its own parameters in the engine's layout (vLLM names, fused,
+ * FP8 with scales) and waits for versions: the bytes are written into its memory in place.
+ * What is registered is the metadata the controller checks against the model rules and the
+ * layout before anything is planned for the rank: every missing, extra or mis-shaped tensor is
+ * refused together, with the rank, the tensor, what was expected and what came.
+ *
+ * A started endpoint runs its own thread: it talks to the controller (heartbeats never wait on
+ * the caller), executes the routing table (trainers) or counts what lands (rollouts). The
+ * calls below are thread-safe; the waits have time limits.
+ *
+ * Memory: tensors may live in GPU memory (of the endpoint's device) or in host memory. The
+ * endpoint registers whole allocations with the transport, not one region per tensor (for GPU
+ * memory, the allocation a tensor lies in, as cuMemGetAddressRange reports it — the caching
+ * allocator's segment), and hands peers one bounded view per tensor. Registered memory must
+ * stay valid until the endpoint is closed; trainers must not modify a pushed version's tensors
+ * until wb_endpoint_wait_push(WB_PUSH_SOURCES) returned, rollouts must not read a version
+ * before wb_endpoint_wait() returned it.
+ *
+ * wb-agent is this API with `synthetic` set: it registers nothing, allocates what the plan
+ * assigns its rank and fills trainer shards from the synthetic source at every transfer (the
+ * demo, tests and benchmarks).
+ *
+ * Also here: the launcher-environment rank discovery (torchrun, Slurm).
  */
 #ifndef WB_AGENT_H
 #define WB_AGENT_H
@@ -25,28 +48,94 @@ struct wb_launch_env {
  * variable's name in *bad. */
 int wb_launch_env_read(struct wb_launch_env *out, const char **bad);
 
-/* ================================================================ the agent */
+/* ================================================================ the endpoint */
 
-struct wb_agent_opts {
+struct wb_endpoint_opts {
     enum wb_role role;
     uint32_t rank;
-    int32_t device;         /* GPU index, -1 = host memory */
+    int32_t device;         /* GPU index of the tensors, -1 = host memory */
     const char *controller; /* nng URL */
     const char *token;
+    bool synthetic;        /* wb-agent: hold what the plan assigns, synthetic values */
     const char *trace;     /* Chrome trace JSON path, or NULL */
-    uint64_t give_up_ns;   /* exit when the controller stays silent this long */
+    uint64_t give_up_ns;   /* stop when the controller stays silent this long (0: 30 s) */
     uint64_t pace_ns;      /* testing: extra delay before each task starts (0 = none) */
     const char *tx_domain; /* transport domain (NIC / interface), NULL = the provider's choice */
     const char *dump;      /* rollouts: directory for rollout<rank>.v<N>.bin after each version */
     const char *tx_extra;  /* more transport config lines (YAML, wb_tx_cfg keys), or NULL */
 };
 
-struct wb_agent;
+struct wb_endpoint;
 
-int wb_agent_create(const struct wb_agent_opts *opts, struct wb_agent **out);
-/* Runs until the controller says EXIT (returns 0), the controller refuses this agent (wrong
- * token: -WB_E_TOKEN) or stays silent past give_up_ns (-WB_E_PEER). Messages go to stderr. */
-int wb_agent_run(struct wb_agent *a);
-void wb_agent_destroy(struct wb_agent *a);
+/* Creates an endpoint (nothing is sent yet). Strings in opts are copied. -EINVAL for a bad
+ * controller URL, -ENOMEM. */
+int wb_endpoint_open(const struct wb_endpoint_opts *opts, struct wb_endpoint **out);
+
+/* One tensor this process owns. Trainers: `shape` is the global (unsharded) shape and `box` the
+ * part this rank holds (global coordinates). Rollouts: `shape` is the local tensor as the
+ * engine holds it and `box` all of it. `strides` (elements, box.ndim of them) may be NULL for
+ * a contiguous row-major tensor; a tensor registered with other strides is reported by the
+ * controller. `ptr` is its first element, in the endpoint's device memory or host memory. */
+struct wb_tensor_reg {
+    const char *name;
+    enum wb_dtype dtype;
+    struct wb_shape shape;
+    struct wb_box box;
+    const int64_t *strides;
+    void *ptr;
+};
+
+/* Adds a tensor (before wb_endpoint_start). Checked here: the name is new (-EEXIST), dtype and
+ * box are valid and inside the shape, the pointer is of the endpoint's memory kind (-EINVAL);
+ * wb_endpoint_error() says which and why. */
+int wb_endpoint_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t);
+
+/* Rollouts: called on the endpoint's thread after every byte of `version` landed and before
+ * the rollout reports it received (so "complete" is only published once it ran on every
+ * rollout) — engines derive tensors from weights (vLLM's MLA W_UK_T/W_UV from kv_b_proj).
+ * Return 0, or non-zero with a message in err to fail the version. */
+typedef int (*wb_endpoint_hook)(void *arg, uint64_t version, char *err, size_t errcap);
+void wb_endpoint_set_hook(struct wb_endpoint *ep, wb_endpoint_hook fn, void *arg);
+
+/* Registers with the controller (the tensors added so far are the registration) and starts the
+ * endpoint's thread; returns when the whole job is ready (every agent registered and set up),
+ * or with the reason it will not be: -WB_E_CONFIG when the controller refused the registration
+ * (wb_endpoint_error() lists every problem), -WB_E_TOKEN, -ETIMEDOUT, -WB_E_PEER. */
+int wb_endpoint_start(struct wb_endpoint *ep, uint64_t timeout_ns);
+
+/* Trainers: asks for transfer `version` (every trainer rank pushes the same versions in the
+ * same order; the transfer starts when all did). Returns at once. */
+int wb_endpoint_push(struct wb_endpoint *ep, uint64_t version);
+
+enum wb_push_event {
+    WB_PUSH_SOURCES = 1, /* this rank finished reading its tensors: they may change again */
+    WB_PUSH_DONE,        /* every rollout holds the version (or it failed) */
+};
+/* Trainers: waits for an event of a pushed version. 0 when it happened and the version has
+ * not failed; -WB_E_PEER when the version failed (wb_endpoint_error(): the controller's
+ * reason); -ETIMEDOUT; -EINVAL for a version never pushed. */
+int wb_endpoint_wait_push(struct wb_endpoint *ep, uint64_t version, enum wb_push_event ev,
+                          uint64_t timeout_ns);
+
+/* Rollouts: waits until this rank holds `version` or a newer one complete. -WB_E_PEER when that
+ * version failed (the rollout still holds its last complete one; wb_endpoint_error() has the
+ * reason), -ETIMEDOUT, -WB_E_PEER when the endpoint stopped. */
+int wb_endpoint_wait(struct wb_endpoint *ep, uint64_t version, uint64_t timeout_ns);
+
+/* The last complete version this rank holds (rollouts) or pushed successfully (trainers). */
+uint64_t wb_endpoint_version(struct wb_endpoint *ep);
+
+/* The message of the last failure on this endpoint ("" when none). Valid until the next call on
+ * the endpoint from this thread. */
+const char *wb_endpoint_error(struct wb_endpoint *ep);
+
+/* Runs the endpoint on the calling thread until the controller says EXIT (0), refuses the
+ * registration (-WB_E_CONFIG) or the token (-WB_E_TOKEN), or stays silent past give_up_ns
+ * (-WB_E_PEER). What wb-agent does; not together with wb_endpoint_start. */
+int wb_endpoint_run(struct wb_endpoint *ep);
+
+/* Stops the thread, releases every registration and the transport (the caller's memory is left
+ * alone), frees ep. NULL is a no-op. */
+void wb_endpoint_close(struct wb_endpoint *ep);
 
 #endif /* WB_AGENT_H */

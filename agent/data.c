@@ -68,7 +68,10 @@ static void data_release(struct data *d)
     if (d->have_table)
         wb_route_table_free(&d->table);
     for (uint32_t i = 0; d->locals && i < d->recv.nlocal; i++)
-        wb_tx_mem_free(k, d->locals[i].buf);
+        if (d->locals[i].owned)
+            wb_tx_mem_free(k, d->locals[i].buf);
+    for (uint32_t i = 0; d->ep && i < d->ep->nsegs; i++)
+        d->ep->segs[i].mr = NULL; /* released with the transport */
     free(d->locals);
     free(d->expect_of);
     free(d->reached);
@@ -159,6 +162,80 @@ static void put_rdesc(struct data *d, struct wb_mpw *w, const struct wb_tx_mr *m
 
 /* ---------------------------------------------------------------- trainer setup */
 
+/* Synthetic source: every shard in one arena of the executor's memory kind, registered once. */
+static int param_arena(struct data *d, char *err, size_t errcap)
+{
+    uint64_t pb = d->param_bytes ? d->param_bytes : 256;
+    int rc = 0;
+    if (d->gpu && !d->param_host) { /* parameters in GPU memory, written from in place */
+        rc = reg_alloc(d, pb, WB_TX_ACCESS_SRC, &d->param, &d->param_mr, "parameters", err, errcap);
+    } else if ((rc = ag_host_alloc(pb, &d->param_host_buf)) == 0 && !d->gpu) {
+        d->param = d->param_host_buf; /* host memory throughout: a write source */
+        if ((rc = wb_tx_mr_reg(d->tx, d->param, pb, WB_TX_ACCESS_SRC, &d->param_mr)) != 0)
+            snprintf(err, errcap, "parameters: cannot register %" PRIu64 " bytes: %s", pb,
+                     wb_tx_errmsg(d->tx));
+    } /* else GPU with host-resident parameters: only H2D ops read them */
+    if (rc)
+        return rc;
+    uint8_t *base = d->param_host ? d->param_host_buf : d->param;
+    for (uint32_t i = 0; i < d->nshards; i++) {
+        d->shards[i].ptr = base + d->shards[i].off;
+        d->shards[i].mr = d->param_host && d->gpu ? NULL : d->param_mr;
+        d->shards[i].mr_off = d->shards[i].off;
+    }
+    return 0;
+}
+
+/* Registers segment k of the endpoint's allocations (once per setup). */
+static int seg_reg(struct data *d, int k, unsigned access, char *err, size_t errcap)
+{
+    struct seg *g = &d->ep->segs[k];
+    if (g->mr)
+        return 0;
+    int rc = wb_tx_mr_reg(d->tx, (void *)g->base, g->len, access, &g->mr);
+    if (rc)
+        snprintf(err, errcap, "%s memory at %#" PRIxPTR " (%" PRIu64 " bytes): cannot register: %s",
+                 g->device ? "GPU" : "host", g->base, g->len, wb_tx_errmsg(d->tx));
+    return rc;
+}
+
+/* A registering endpoint: each shard the plan gives this rank is the process's own tensor of
+ * that name (the controller checked the registration; checked again here, it costs nothing).
+ * Shards are written from where they are, through their allocation's registration. */
+static int param_bind(struct data *d, char *err, size_t errcap)
+{
+    for (uint32_t i = 0; i < d->nshards; i++) {
+        struct shard *s = &d->shards[i];
+        const struct reg *r = ag_regs_find(d->ep, s->meta.name);
+        if (!r || r->t.meta.dtype != s->meta.dtype ||
+            !wb_shape_eq(&r->t.meta.shape, &s->meta.shape) ||
+            !wb_box_eq(&r->t.meta.box, &s->meta.box) || !wb_reg_contiguous(&r->t)) {
+            snprintf(err, errcap, "%s: the plan's shard differs from the registered tensor",
+                     s->meta.name);
+            return -EINVAL;
+        }
+        if (d->param_host && r->device) {
+            snprintf(err, errcap,
+                     "%s: the layout keeps parameters in host memory (residence: "
+                     "host), but this tensor is in GPU memory",
+                     s->meta.name);
+            return -EINVAL;
+        }
+        s->ptr = r->ptr;
+        if (!s->bytes || (d->param_host && d->gpu))
+            continue; /* nothing to write, or read only by H2D ops */
+        int k = ag_seg_of(d->ep, s->ptr, s->bytes);
+        int rc = k < 0 ? -EINVAL : seg_reg(d, k, WB_TX_ACCESS_SRC, err, errcap);
+        if (k < 0)
+            snprintf(err, errcap, "%s: no registered allocation holds it", s->meta.name);
+        if (rc)
+            return rc;
+        s->mr = d->ep->segs[k].mr;
+        s->mr_off = (uintptr_t)s->ptr - d->ep->segs[k].base;
+    }
+    return 0;
+}
+
 static int setup_trainer(struct data *d, const void *plan, size_t plan_len, const void *shards,
                          size_t shards_len, char *err, size_t errcap)
 {
@@ -212,16 +289,8 @@ static int setup_trainer(struct data *d, const void *plan, size_t plan_len, cons
         return rc;
 
     /* memory: parameters, TMP arena, inboxes, outbox, scratch */
-    uint64_t pb = d->param_bytes ? d->param_bytes : 256;
     d->param_host = t->residence == WB_RESIDE_HOST;
-    if (d->gpu && !d->param_host) { /* parameters in GPU memory, written from in place */
-        rc = reg_alloc(d, pb, WB_TX_ACCESS_SRC, &d->param, &d->param_mr, "parameters", err, errcap);
-    } else if ((rc = ag_host_alloc(pb, &d->param_host_buf)) == 0 && !d->gpu) {
-        d->param = d->param_host_buf; /* host memory throughout: a write source */
-        if ((rc = wb_tx_mr_reg(d->tx, d->param, pb, WB_TX_ACCESS_SRC, &d->param_mr)) != 0)
-            snprintf(err, errcap, "parameters: cannot register %" PRIu64 " bytes: %s", pb,
-                     wb_tx_errmsg(d->tx));
-    } /* else GPU with host-resident parameters: only H2D ops read them */
+    rc = d->synthetic ? param_arena(d, err, errcap) : param_bind(d, err, errcap);
     if (rc)
         return rc;
     rc = reg_alloc(d, d->tmp_size ? d->tmp_size : 256, WB_TX_ACCESS_SRC, &d->tmp, &d->tmp_mr,
@@ -272,8 +341,52 @@ static void on_data_imm(void *arg, uint32_t imm)
     }
 }
 
-static int setup_rollout(struct data *d, const void *plan, size_t plan_len, char *err,
-                         size_t errcap)
+/* A registering rollout: local i of the receive list is the engine's tensor of the i-th name
+ * the controller sent; peers write it through a bounded view of its allocation's
+ * registration. */
+static int local_bind(struct data *d, struct local *l, struct wb_mpr *names, char *err,
+                      size_t errcap)
+{
+    char name[WB_NAME_MAX], a[160], b[160];
+    if (wb_mpr_str(names, name, sizeof(name))) {
+        snprintf(err, errcap, "setup: the names of the local tensors are malformed");
+        return -EBADMSG;
+    }
+    const struct reg *r = ag_regs_find(d->ep, name);
+    if (!r || r->t.meta.dtype != l->desc.dtype || !wb_shape_eq(&r->t.meta.shape, &l->desc.shape) ||
+        !wb_reg_contiguous(&r->t)) {
+        snprintf(err, errcap, "%s: the plan's %s %s differs from the registered tensor", name,
+                 wb_dtype_name(l->desc.dtype), wb_shape_str(&l->desc.shape, a, sizeof(a)));
+        if (r)
+            snprintf(err + strlen(err), errcap - strlen(err), " (%s %s)",
+                     wb_dtype_name(r->t.meta.dtype), wb_shape_str(&r->t.meta.shape, b, sizeof(b)));
+        return -EINVAL;
+    }
+    l->buf = r->ptr;
+    if (!l->desc.bytes) { /* nothing lands: any descriptor of size 0 will do */
+        int k = d->ep->nsegs ? 0 : -1;
+        int rc = k < 0 ? 0 : seg_reg(d, k, WB_TX_ACCESS_DST, err, errcap);
+        rc = rc || k < 0 ? rc : wb_tx_rdesc(d->tx, d->ep->segs[k].mr, &l->rd);
+        return rc ? rc : wb_tx_rdesc_view(&l->rd, 0, 0, &l->rd);
+    }
+    int k = ag_seg_of(d->ep, l->buf, l->desc.bytes);
+    if (k < 0) {
+        snprintf(err, errcap, "%s: no registered allocation holds it", name);
+        return -EINVAL;
+    }
+    struct wb_tx_rdesc whole;
+    int rc = seg_reg(d, k, WB_TX_ACCESS_DST, err, errcap);
+    rc = rc ? rc : wb_tx_rdesc(d->tx, d->ep->segs[k].mr, &whole);
+    rc = rc ? rc
+            : wb_tx_rdesc_view(&whole, (uintptr_t)l->buf - d->ep->segs[k].base, l->desc.bytes,
+                               &l->rd);
+    if (rc && !*err)
+        snprintf(err, errcap, "%s: cannot describe it for writers: %s", name, wb_strerror(rc));
+    return rc;
+}
+
+static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
+                         const struct wb_bytes *names, char *err, size_t errcap)
 {
     int rc = wb_recv_list_decode(plan, plan_len, &d->recv);
     if (rc) {
@@ -284,21 +397,35 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len, char
     d->locals = calloc(d->recv.nlocal ? d->recv.nlocal : 1, sizeof(*d->locals));
     if (!d->locals)
         return -ENOMEM;
+    struct wb_mpr nr;
+    uint32_t nn = 0;
+    wb_mpr_init(&nr, names->p, names->n);
+    if (!d->synthetic && (wb_mpr_array(&nr, WB_WIRE_MAX_ARRAY, &nn) || nn != d->recv.nlocal)) {
+        snprintf(err, errcap, "setup: %u local tensor names for %u local tensors", nn,
+                 d->recv.nlocal);
+        return -EBADMSG;
+    }
     struct wb_mpw *w = &d->region_blob;
     wb_mpw_array(w, d->recv.nlocal);
     for (uint32_t i = 0; i < d->recv.nlocal; i++) {
         struct local *l = &d->locals[i];
         char what[64];
         l->desc = d->recv.local[i];
-        snprintf(what, sizeof(what), "rollout tensor %u", l->desc.tensor);
-        rc = reg_alloc(d, l->desc.bytes ? l->desc.bytes : 1, WB_TX_ACCESS_DST, &l->buf, &l->mr,
-                       what, err, errcap);
+        if (d->synthetic) {
+            snprintf(what, sizeof(what), "rollout tensor %u", l->desc.tensor);
+            rc = reg_alloc(d, l->desc.bytes ? l->desc.bytes : 1, WB_TX_ACCESS_DST, &l->buf, &l->mr,
+                           what, err, errcap);
+            l->owned = rc == 0;
+            rc = rc ? rc : wb_tx_rdesc(d->tx, l->mr, &l->rd);
+        } else {
+            rc = local_bind(d, l, &nr, err, errcap);
+        }
         if (rc)
             return rc;
         d->local_bytes += l->desc.bytes;
         wb_mpw_array(w, 2);
         wb_mpw_u64(w, l->desc.tensor);
-        put_rdesc(d, w, l->mr);
+        wb_tx_rdesc_put(w, &l->rd);
     }
     for (uint32_t i = 0; i < d->recv.nexpect; i++)
         if (d->recv.expect[i].tag > d->max_data_tag)
@@ -314,18 +441,27 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len, char
     return wb_mpw_finish(w);
 }
 
-int ag_data_setup(struct data **dp, const struct wb_agent_opts *o, const struct agent_job *job,
-                  const void *plan, size_t plan_len, const void *shards, size_t shards_len,
+int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body_setup *b,
                   const void **addr, size_t *addr_len, const void **regions, size_t *regions_len,
                   char *err, size_t errcap)
 {
+    const struct wb_endpoint_opts *o = &ep->o;
+    const void *plan = b->plan.p, *shards = b->shards.p;
+    size_t plan_len = b->plan.n, shards_len = b->shards.n;
+    /* The old setup goes first: its transport holds the registrations of the endpoint's
+     * allocations, which the new one registers again (and its memory is freed before more is
+     * allocated). */
+    ag_data_free(*dp);
+    *dp = NULL;
     struct data *d = calloc(1, sizeof(*d));
     if (!d)
         return -ENOMEM;
     d->role = o->role;
     d->rank = o->rank;
+    d->ep = ep;
     d->o = o;
-    d->job = *job;
+    d->synthetic = o->synthetic;
+    d->job = ep->job;
     d->device = o->device;
     d->empty = plan_len == 0;
     uint64_t t0 = wb_now_ns();
@@ -344,7 +480,7 @@ int ag_data_setup(struct data **dp, const struct wb_agent_opts *o, const struct 
     if (!rc && !d->empty && o->role == WB_ROLE_TRAINER)
         rc = setup_trainer(d, plan, plan_len, shards, shards_len, err, errcap);
     else if (!rc && !d->empty)
-        rc = setup_rollout(d, plan, plan_len, err, errcap);
+        rc = setup_rollout(d, plan, plan_len, &b->locals, err, errcap);
     if (!rc && d->tx) {
         rc = wb_tx_addr(d->tx, &d->addr_blob);
         rc = rc ? rc : wb_mpw_finish(&d->addr_blob);
@@ -369,7 +505,6 @@ int ag_data_setup(struct data **dp, const struct wb_agent_opts *o, const struct 
                "rollout rank %u: %u local tensors (%" PRIu64 " bytes), %s on %s, set up in %.0f ms",
                d->rank, d->recv.nlocal, d->local_bytes, d->caps.name,
                d->gpu ? "GPU" : "host memory", (double)(wb_now_ns() - t0) / 1e6);
-    ag_data_free(*dp);
     *dp = d;
     *addr = d->addr_blob.len ? d->addr_blob.buf : NULL;
     *addr_len = d->addr_blob.len;
@@ -490,7 +625,7 @@ int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size
 
 /* ---------------------------------------------------------------- transfers */
 
-/* The optimizer step: this version's weights, from the synthetic source. */
+/* The synthetic "optimizer step": this version's weights, from the synthetic source. */
 static int fill_shards(struct data *d, uint64_t version, char *err, size_t errcap)
 {
     uint8_t *host = d->param_host_buf;
@@ -527,7 +662,8 @@ static int fill_shards(struct data *d, uint64_t version, char *err, size_t errca
 
 static int trainer_begin(struct data *d, char *err, size_t errcap)
 {
-    int rc = fill_shards(d, d->version, err, errcap);
+    /* A registering trainer's tensors hold what its process put there. */
+    int rc = d->synthetic ? fill_shards(d, d->version, err, errcap) : 0;
     if (rc)
         return rc;
     d->start_ns = wb_now_ns();

@@ -423,8 +423,8 @@ static int post_writes(struct data *d, struct task *tk, uint32_t ti)
                 fail(d, "write source tensor %u is not held here", wr->src_tensor);
                 return -EINVAL;
             }
-            w.src = d->param_mr;
-            w.src_off = d->shards[s - 1].off + wr->src_off;
+            w.src = d->shards[s - 1].mr;
+            w.src_off = d->shards[s - 1].mr_off + wr->src_off;
         }
         int rc = post(d, tk, ti, &w, WB_ROLE_ROLLOUT, wr->dst_rank);
         if (rc)
@@ -453,8 +453,8 @@ static int gather_send(struct data *d, struct task *tk, uint32_t ti, uint32_t op
         w.src_off = tk->tmp_off + g->src.off;
     } else {
         uint32_t s = d->shard_of[g->src.tensor];
-        w.src = d->param_mr;
-        w.src_off = d->shards[s - 1].off + g->src.off;
+        w.src = d->shards[s - 1].mr;
+        w.src_off = d->shards[s - 1].mr_off + g->src.off;
     }
     for (uint32_t j = 0; j < g->npeers; j++) {
         uint32_t rank = t->peers[g->peer0 + j].rank;
@@ -652,8 +652,7 @@ static int step_task(struct data *d, uint32_t ti)
         case WB_OP_H2D: {
             span_open(d, tk, ti, WB_STAGE_H2D);
             uint32_t s = d->shard_of[op->tensor];
-            const uint8_t *src =
-                (const uint8_t *)d->param_host_buf + d->shards[s - 1].off + op->h2d.src_off;
+            const uint8_t *src = (const uint8_t *)d->shards[s - 1].ptr + op->h2d.src_off;
             if (d->gpu)
                 r = ag_copy_async(c.tmp + op->h2d.dst_off, src, op->h2d.bytes, d->stream);
             else

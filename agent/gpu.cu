@@ -25,6 +25,29 @@ extern "C" int ag_gpu_use(int device)
     return cu(cudaSetDevice(device));
 }
 
+typedef int (*addr_range_fn)(unsigned long long *base, size_t *size, unsigned long long p);
+
+extern "C" int ag_gpu_addr_range(const void *p, uintptr_t *base, uint64_t *size)
+{
+    static addr_range_fn fn; /* resolved once; the driver's entry point never changes */
+    if (!fn) {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q;
+        int e = cu(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000,
+                                                    cudaEnableDefault, &q));
+        if (e || q != cudaDriverEntryPointSuccess || !f)
+            return e ? e : -WB_E_CUDA;
+        fn = (addr_range_fn)f;
+    }
+    unsigned long long b = 0;
+    size_t n = 0;
+    if (fn(&b, &n, (unsigned long long)(uintptr_t)p) != 0) /* CUDA_SUCCESS */
+        return -EINVAL;
+    *base = (uintptr_t)b;
+    *size = n;
+    return 0;
+}
+
 extern "C" int ag_stream_create(void **out)
 {
     cudaStream_t s;

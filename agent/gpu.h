@@ -5,6 +5,7 @@
 #define WB_AGENT_GPU_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,6 +25,9 @@ int ag_copy_async(void *dst, const void *src, size_t n, void *stream);
 int ag_memset_async(void *dst, int v, size_t n, void *stream);
 /* acc[i] = max(acc[i], part[i]) (NaN wins) on device memory, on the stream. */
 int ag_amax_merge_async(float *acc, const float *part, size_t n, void *stream);
+/* The allocation (cudaMalloc'd block) device pointer p lies in: its base and size, from the
+ * driver's cuMemGetAddressRange (reached through the runtime, so nothing links libcuda). */
+int ag_gpu_addr_range(const void *p, uintptr_t *base, uint64_t *size);
 /* Pinned host memory (plain malloc'd memory in builds without CUDA). */
 int ag_host_alloc(size_t n, void **out);
 void ag_host_free(void *p);

@@ -11,6 +11,14 @@ int ag_gpu_use(int device)
     return -WB_E_NOGPU;
 }
 
+int ag_gpu_addr_range(const void *p, uintptr_t *base, uint64_t *size)
+{
+    (void)p;
+    (void)base;
+    (void)size;
+    return -WB_E_NOGPU;
+}
+
 int ag_stream_create(void **out)
 {
     (void)out;

@@ -27,8 +27,7 @@ void *ag_ops_view_ptr(const struct opctx *c, const struct wb_rt_view *v)
     uint32_t s = v->tensor < d->ntensors ? d->shard_of[v->tensor] : 0;
     if (!s)
         return NULL;
-    uint8_t *base = d->param_host ? d->param_host_buf : d->param;
-    return base + d->shards[s - 1].off + v->off;
+    return d->shards[s - 1].ptr + v->off;
 }
 
 static bool box_is_full(const struct wb_box *b, const struct wb_shape *s)

@@ -1,7 +1,15 @@
-/* priv.h — private to agent/: the agent object shared by the control loop (agent.c) and the
- * data side (data.c: setup, peers, the trainer's executor and the rollout's counters). */
+/* priv.h — private to agent/: the endpoint object shared by its public calls (endpoint.c), its
+ * control loop (agent.c), its registrations (regs.c) and its data side (data.c: setup, peers,
+ * the trainer's executor and the rollout's counters).
+ *
+ * Threads: the control loop runs on the endpoint's thread (or the caller's, wb_endpoint_run).
+ * Everything the public calls read or request — readiness, pushes asked for and their
+ * outcomes, the rollout's complete version, failures — sits under `mu` and is signalled on
+ * `cv`; the rest is the loop's alone. */
 #ifndef WB_AGENT_PRIV_H
 #define WB_AGENT_PRIV_H
+
+#include <pthread.h>
 
 #include "agent/agent.h"
 
@@ -23,16 +31,121 @@ struct data_done {
     uint64_t rx_bytes;          /* rollouts */
 };
 
-/* Setup: decode the plan bytes, allocate and register buffers, open the transport. On success
- * *addr and *regions are msgpack blobs owned by the data side (valid until the next setup). */
-int ag_data_setup(struct data **d, const struct wb_agent_opts *o, const struct agent_job *job,
-                  const void *plan, size_t plan_len, const void *shards, size_t shards_len,
+/* A registered tensor (a copy of the caller's description). */
+struct reg {
+    struct wb_reg_tensor t;
+    void *ptr;
+    bool device;
+};
+
+/* The registrations, grouped into the allocations they lie in (what is registered with the
+ * transport). */
+struct seg {
+    uintptr_t base;
+    uint64_t len;
+    bool device;
+    struct wb_tx_mr *mr;
+};
+
+/* A pushed version as the trainer's process sees it. */
+struct push {
+    uint64_t version;
+    bool sent;    /* PUSH went to the controller */
+    bool sources; /* this rank's executor no longer reads its tensors */
+    bool done;    /* COMPLETE or ABORT arrived */
+    bool failed;
+    char reason[WB_ERRMSG_MAX];
+};
+
+enum { MAX_QUEUED = 64, MAX_PUSHES = 16 };
+
+struct wb_endpoint {
+    struct wb_endpoint_opts o;
+    char *s_controller, *s_token, *s_trace, *s_domain, *s_dump, *s_extra; /* opts' copies */
+    const char *role;
+    struct wb_chan call, pollc;
+    /* session (loop only) */
+    uint64_t session;
+    uint64_t hb_ns, dead_ns, hold_ns;
+    uint64_t last_heard; /* last reply from the controller */
+    uint64_t next_hb;
+    bool call_is_report; /* the call in flight is queue[0] */
+    uint64_t call_push;  /* ... and it is the PUSH of this version (0: not a push) */
+    bool registering;
+    uint64_t retry_at; /* no register before this time */
+    uint64_t last_seq; /* last command handled */
+    bool exiting;
+    struct wb_mpw queue[MAX_QUEUED]; /* calls waiting for the call channel, encoded */
+    uint64_t queue_push[MAX_QUEUED]; /* the version of a queued PUSH, 0 for a report */
+    size_t nq;
+    /* registrations (fixed once started) */
+    struct reg *regs;
+    uint32_t nregs;
+    size_t capregs;
+    struct seg *segs;
+    uint32_t nsegs;
+    wb_endpoint_hook hook;
+    void *hook_arg;
+    /* data side (loop only) */
+    struct agent_job job;
+    struct data *d;
+    bool xfer_active;
+    uint64_t xfer_version;
+    bool in_flight;
+    uint64_t pace_until;
+    /* shared with the public calls, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    bool thread_started, stop;
+    bool ready;       /* the controller said READY */
+    int fatal;        /* the loop stopped with this code (0: running) */
+    char err[4096];   /* the last failure's message */
+    uint64_t version; /* rollouts: last complete version; trainers: last done push */
+    uint64_t failed_version;
+    char failed_reason[WB_ERRMSG_MAX];
+    struct push pushes[MAX_PUSHES];
+    uint32_t npushes;
+    char err_copy[4096]; /* wb_endpoint_error()'s snapshot */
+};
+
+/* agent.c: the control loop. Returns as wb_endpoint_run() does. */
+int ag_loop(struct wb_endpoint *ep);
+
+/* endpoint.c: state changes the loop publishes (each takes mu and signals cv). */
+void ag_set_fatal(struct wb_endpoint *ep, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void ag_set_ready(struct wb_endpoint *ep, bool ready);
+/* Trainers: the next push the loop should send (0: none), and what happened to one. */
+uint64_t ag_push_next(struct wb_endpoint *ep);
+void ag_push_event(struct wb_endpoint *ep, uint64_t version, enum wb_push_event ev, bool failed,
+                   const char *reason);
+/* Rollouts: a version completed or failed. */
+void ag_version_done(struct wb_endpoint *ep, uint64_t version, bool failed, const char *reason);
+
+/* regs.c: registrations. */
+int ag_regs_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t, char *err, size_t errcap);
+const struct reg *ag_regs_find(const struct wb_endpoint *ep, const char *name);
+/* REGISTER.inv: every registration (wb_reg_put). */
+void ag_regs_put(const struct wb_endpoint *ep, struct wb_mpw *w);
+/* Groups the registrations into allocations (ep->segs): GPU memory by the allocation the
+ * driver reports, host memory by page-aligned ranges merged where they touch. */
+int ag_segs_build(struct wb_endpoint *ep, char *err, size_t errcap);
+/* The segment holding [p, p + n): its index, or -1. */
+int ag_seg_of(const struct wb_endpoint *ep, const void *p, uint64_t n);
+void ag_regs_free(struct wb_endpoint *ep);
+
+/* data.c: setup decodes the plan bytes (and, for trainers, the shard list; for rollouts of a
+ * registering endpoint, the names of its locals), binds or allocates and registers memory, and
+ * opens the transport. On success *addr and *regions are msgpack blobs owned by the data side
+ * (valid until the next setup). */
+int ag_data_setup(struct data **d, struct wb_endpoint *ep, const struct wb_body_setup *b,
                   const void **addr, size_t *addr_len, const void **regions, size_t *regions_len,
                   char *err, size_t errcap);
 /* Trainer: the PEERS list (a msgpack array of [role, rank, addr, regions]). */
 int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size_t errcap);
-/* Starts transfer `version`, attempt `epoch` (trainers: regenerate synthetic weights, start
- * the executor; rollouts: start counting immediates for it). */
+/* Starts transfer `version`, attempt `epoch` (trainers: synthetic values are generated, the
+ * executor starts; rollouts: counting immediates for it starts). */
 int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, char *err, size_t errcap);
 /* Makes progress without blocking; 1 when the transfer finished (*out filled), 0 when not. */
 int ag_data_progress(struct data *d, struct data_done *out);

@@ -31,17 +31,25 @@ static inline uint32_t imm_make(enum imm_kind k, uint64_t epoch, uint32_t tag)
 
 /* ---------------------------------------------------------------- state */
 
+/* A trainer shard: where its bytes are, and the registration writes read it through. The
+ * synthetic source keeps every shard in one arena; a registering endpoint's shards are the
+ * process's own tensors, registered by the allocations they lie in. */
 struct shard {
     uint32_t tensor; /* trainer tensor index */
     struct wb_tensor_meta meta;
-    uint64_t off, bytes; /* in the PARAM arena */
+    uint64_t off, bytes; /* synthetic: offset in the PARAM arena */
+    uint8_t *ptr;        /* its first byte */
+    struct wb_tx_mr *mr; /* NULL where nothing writes from it (host-resident: H2D only) */
+    uint64_t mr_off;     /* ptr's offset in mr */
 };
 
-/* A rollout's local tensor. */
+/* A rollout's local tensor: its own allocation (synthetic) or the engine's memory. */
 struct local {
     struct wb_rt_local desc;
     void *buf;
-    struct wb_tx_mr *mr;
+    struct wb_tx_mr *mr; /* synthetic only: its own registration */
+    bool owned;
+    struct wb_tx_rdesc rd; /* what peers write through: the tensor's bounded view */
 };
 
 /* A gather section of a trainer's inbox: the gathers of one mesh, laid out slot after slot. */
@@ -92,7 +100,9 @@ struct data {
     uint32_t rank;
     int device; /* CUDA device, -1 = host memory */
     bool gpu;
-    const struct wb_agent_opts *o;
+    struct wb_endpoint *ep;
+    const struct wb_endpoint_opts *o;
+    bool synthetic;
     struct agent_job job;
     bool empty; /* no plan: nothing to move */
     bool active, pending_start;

@@ -40,6 +40,8 @@ struct agent {
     char host[64];
     uint64_t pid;
     int64_t device;
+    bool synthetic;  /* holds no tensors of its own (wb-agent): nothing to check */
+    uint64_t pushed; /* trainers: the version this agent's process asked for (PUSH), 0: none */
     /* setup */
     uint64_t setup_session;  /* session whose SETUP report arrived */
     uint64_t connected_gen;  /* gen of the last CONNECTED report */
@@ -216,6 +218,7 @@ static bool agents_all_alive(struct wb_controller *c, char *why, size_t cap)
 
 static void xfer_fail(struct wb_controller *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+static void push_check(struct wb_controller *c);
 
 static void set_state(struct wb_controller *c, enum ctl_state s)
 {
@@ -233,6 +236,8 @@ static void send_setup(struct wb_controller *c, struct agent *a)
     struct wb_body_setup b = {.gen = c->gen, .seed = j->seed, .plan = {tbl->buf, tbl->len}};
     if (tr)
         b.shards = (struct wb_bytes){c->plan.shards[a->rank].buf, c->plan.shards[a->rank].len};
+    else if (c->plan.locals)
+        b.locals = (struct wb_bytes){c->plan.locals[a->rank].buf, c->plan.locals[a->rank].len};
     snprintf(b.provider, sizeof(b.provider), "%s", j->provider);
     snprintf(b.trace, sizeof(b.trace), "%s", j->trace);
     snprintf(b.job, sizeof(b.job), "%s", j->name);
@@ -291,6 +296,10 @@ static void advance(struct wb_controller *c)
         set_state(c, ST_READY);
         wb_log(WB_LOG_INFO, M, "ready: %u trainers, %u rollouts", c->plan.ntrainers,
                c->plan.nrollouts);
+        struct wb_body_ready r = {c->gen};
+        for (uint32_t i = 0; i < c->nagents; i++)
+            cmd_queue(c, &c->agents[i], WB_CMD_READY, &r);
+        push_check(c);
     }
 }
 
@@ -403,8 +412,34 @@ static void xfer_check(struct wb_controller *c)
         for (uint32_t r = 0; r < c->plan.nrollouts; r++)
             cmd_queue(c, &c->agents[c->plan.ntrainers + r], WB_CMD_COMPLETE, &b);
     }
-    if (c->x.completing && c->x.committed == c->plan.nrollouts)
+    if (c->x.completing && c->x.committed == c->plan.nrollouts) {
+        /* the trainers' processes learn that every rollout holds the version */
+        struct wb_body_version b = {c->x.version};
+        for (uint32_t t = 0; t < c->plan.ntrainers; t++)
+            cmd_queue(c, &c->agents[t], WB_CMD_COMPLETE, &b);
         xfer_result(c);
+    }
+}
+
+/* Starts transfer v (client: the wb-ctl request to answer at the end, or NULL for a push). */
+static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nng_msg *client)
+{
+    xfer_end(c);
+    c->x.active = true;
+    c->x.version = v;
+    c->x.start_ns = wb_now_ns();
+    c->x.deadline = c->x.start_ns + timeout;
+    c->x.client = client;
+    c->epochs++; /* each attempt has its own epoch: agents tag its immediates with it */
+    struct wb_body_version_epoch cmd = {v, c->epochs};
+    for (uint32_t i = 0; i < c->nagents; i++) {
+        struct agent *a = &c->agents[i];
+        a->stats = (struct wb_xfer_stats){.rank = a->rank};
+        a->rx_bytes = 0;
+        a->pushed = 0;
+        cmd_queue(c, a, WB_CMD_TRANSFER, &cmd);
+    }
+    wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " started", v);
 }
 
 static void on_ctl_transfer(struct wb_controller *c, nng_msg *req,
@@ -440,21 +475,56 @@ static void on_ctl_transfer(struct wb_controller *c, nng_msg *req,
         reply_error(c, req, -EAGAIN, msg);
         return;
     }
-    xfer_end(c);
-    c->x.active = true;
-    c->x.version = v;
-    c->x.start_ns = wb_now_ns();
-    c->x.deadline = c->x.start_ns + timeout;
-    c->x.client = req;
-    c->epochs++; /* each attempt has its own epoch: agents tag its immediates with it */
-    struct wb_body_version_epoch cmd = {v, c->epochs};
-    for (uint32_t i = 0; i < c->nagents; i++) {
-        struct agent *a = &c->agents[i];
-        a->stats = (struct wb_xfer_stats){.rank = a->rank};
-        a->rx_bytes = 0;
-        cmd_queue(c, a, WB_CMD_TRANSFER, &cmd);
+    xfer_start(c, v, timeout, req);
+}
+
+/* A trainer's process asks for transfer `version` (its endpoint's push). The transfer starts
+ * once every trainer asked for the same version and the job is ready; until then the request
+ * stands (an agent that re-registers asks again). */
+static void on_push(struct wb_controller *c, nng_msg *req, struct agent *a, uint64_t v)
+{
+    char msg[256] = "";
+    if (a->role != WB_ROLE_TRAINER) {
+        reply_error(c, req, -EINVAL, "push: only trainers push versions");
+        return;
     }
-    wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " started", v);
+    if (c->x.active && c->x.version == v) {
+        reply_ok(c, req); /* already running (a repeated request) */
+        return;
+    }
+    if (v == 0)
+        snprintf(msg, sizeof(msg), "push: version must be a positive integer");
+    else if (v <= c->last_version)
+        snprintf(msg, sizeof(msg),
+                 "push: version %" PRIu64 " is not newer than the last complete version %" PRIu64,
+                 v, c->last_version);
+    else if (c->x.active)
+        snprintf(msg, sizeof(msg), "push: transfer %" PRIu64 " is in flight", c->x.version);
+    for (uint32_t t = 0; !*msg && t < c->plan.ntrainers; t++)
+        if (c->agents[t].pushed && c->agents[t].pushed != v)
+            snprintf(msg, sizeof(msg),
+                     "push: trainer rank %u asked for version %" PRIu64 ", trainer rank %u for "
+                     "%" PRIu64 "; every trainer pushes the same versions in the same order",
+                     a->rank, v, t, c->agents[t].pushed);
+    if (*msg) {
+        reply_error(c, req, -EINVAL, msg);
+        return;
+    }
+    a->pushed = v;
+    reply_ok(c, req);
+    push_check(c);
+}
+
+/* Starts the transfer every trainer pushed, once the job is ready. */
+static void push_check(struct wb_controller *c)
+{
+    if (c->x.active || c->state != ST_READY || c->shutting_down || !c->plan.ntrainers)
+        return;
+    uint64_t v = c->agents[0].pushed;
+    for (uint32_t t = 0; t < c->plan.ntrainers; t++)
+        if (!c->agents[t].pushed || c->agents[t].pushed != v)
+            return;
+    xfer_start(c, v, c->job->transfer_ns, NULL);
 }
 
 static void xfer_timeout(struct wb_controller *c, uint64_t now)
@@ -476,6 +546,47 @@ static void xfer_timeout(struct wb_controller *c, uint64_t now)
 }
 
 /* ---------------------------------------------------------------- agent messages */
+
+/* The tensors an agent registered are the metadata the plan was made for; anything else is
+ * refused before the agent joins, every problem listed (ERROR detail), so that nothing is set
+ * up or transferred with a wrong layout. */
+static bool registration_ok(struct wb_controller *c, nng_msg *req, enum wb_role role, uint32_t rank,
+                            const struct wb_body_register *b)
+{
+    char msg[WB_ERRMSG_MAX], *detail = NULL;
+    uint32_t n = 0;
+    if (b->synthetic)
+        return true;
+    if (!c->plan.has_model) {
+        if (b->inv.n <= 1) /* an empty array */
+            return true;
+        snprintf(msg, sizeof(msg), "register: job %s has no model; %s rank %u registers tensors",
+                 c->job->name, b->role, rank);
+        reply_error(c, req, -WB_E_CONFIG, msg);
+        return false;
+    }
+    int err = ctl_check_registration(&c->plan, role, rank, &b->inv, &detail, &n);
+    if (err) {
+        snprintf(msg, sizeof(msg), "register: %s rank %u: malformed tensor list", b->role, rank);
+        reply_error(c, req, -EBADMSG, msg);
+        return false;
+    }
+    if (n) {
+        struct wb_mpw w;
+        struct wb_body_error e = {.code = -WB_E_CONFIG, .detail = {detail, strlen(detail)}};
+        snprintf(e.msg, sizeof(e.msg),
+                 "register: %u registration problem%s (nothing is planned "
+                 "for this rank until they are fixed)",
+                 n, n == 1 ? "" : "s");
+        wb_log(WB_LOG_WARN, M, "%s:\n%s", e.msg, detail);
+        wb_mpw_init(&w);
+        wb_msg_encode(&w, WB_MSG_ERROR, NULL, &e);
+        reply(c, req, &w);
+        wb_mpw_free(&w);
+    }
+    free(detail);
+    return n == 0;
+}
 
 static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_body_register *b)
 {
@@ -508,6 +619,8 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
         reply_error(c, req, -EADDRINUSE, msg);
         return;
     }
+    if (!registration_ok(c, req, role, a->rank, b))
+        return;
     if (a->session) {
         wb_log(WB_LOG_INFO, M, "%s rank %u re-registers (session %" PRIu64 " replaced)", b->role,
                a->rank, a->session);
@@ -521,6 +634,7 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
     snprintf(a->host, sizeof(a->host), "%s", b->host);
     a->pid = b->pid;
     a->device = b->device;
+    a->synthetic = b->synthetic;
     wb_log(WB_LOG_INFO, M,
            "%s rank %u registered: host %s pid %" PRIu64 " device %" PRId64 " session %" PRIu64,
            b->role, a->rank, a->host, a->pid, a->device, a->session);
@@ -637,6 +751,7 @@ union body {
     struct wb_body_rep_sent sent;
     struct wb_body_rep_received recv;
     struct wb_body_rep_committed commit;
+    struct wb_body_push push;
     struct wb_body_ctl_transfer xfer;
     struct wb_session s; /* the first member of every agent call after REGISTER */
 };
@@ -680,6 +795,9 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
     case WB_MSG_REP_COMMITTED:
         on_rep_committed(c, a, b->commit.version);
         break;
+    case WB_MSG_PUSH:
+        on_push(c, req, a, b->push.version);
+        return;
     }
     reply_ok(c, req);
     xfer_check(c);
@@ -762,6 +880,7 @@ static void on_message(struct wb_controller *c, nng_msg *req)
     case WB_MSG_REP_SENT:
     case WB_MSG_REP_RECEIVED:
     case WB_MSG_REP_COMMITTED:
+    case WB_MSG_PUSH:
     case WB_MSG_CTL_TRANSFER:
     case WB_MSG_CTL_STATUS:
     case WB_MSG_CTL_PLAN:

@@ -12,11 +12,16 @@ struct ctl_blob {
 
 struct ctl_plan {
     uint32_t ntrainers, nrollouts;
+    bool has_model;          /* false: control plane only (empty tables) */
     struct ctl_blob *table;  /* [ntrainers] planner route-table envelope (empty: no model) */
     struct ctl_blob *shards; /* [ntrainers] msgpack array of [trainer tensor index,
                                 wb_tensor_meta] for every shard the rank holds */
     struct ctl_blob *recv;   /* [nrollouts] planner receive-list envelope */
-    char *summary;           /* human-readable plan summary (wb-ctl plan) */
+    struct ctl_blob *locals; /* [nrollouts] msgpack array of the names of each receive list's
+                                local tensors, in its order */
+    char **rollout_names;    /* [rollout inventory size] names, for registration checks */
+    uint32_t nrollout_names;
+    char *summary; /* human-readable plan summary (wb-ctl plan) */
 };
 
 /* The job file's model section as the planner's model source. */
@@ -27,5 +32,12 @@ void ctl_model_src(const struct wb_job *job, struct wb_model_src *src);
  * tensor, file:line or rank); nothing is half-built on failure. */
 int ctl_plan_build(const struct wb_job *job, struct ctl_plan *out, struct wb_errlist *el);
 void ctl_plan_free(struct ctl_plan *p);
+
+/* register.c: checks the tensors an agent registered (REGISTER.inv) against what the plan
+ * expects of (role, rank). On success *detail (malloc'd, free it) holds one line per problem
+ * and *nproblems their count (0: the registration is exactly right). -EBADMSG for a malformed
+ * inventory, -ENOMEM. */
+int ctl_check_registration(const struct ctl_plan *p, enum wb_role role, uint32_t rank,
+                           const struct wb_bytes *inv, char **detail, uint32_t *nproblems);
 
 #endif /* WB_CTL_H */

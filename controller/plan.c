@@ -125,6 +125,7 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
         err = -WB_E_CONFIG;
         goto out;
     }
+    p->has_model = true;
     p->ntrainers = plan->ntrainers;
     p->nrollouts = plan->nrollouts;
     p->table = calloc(p->ntrainers, sizeof(*p->table));
@@ -140,13 +141,30 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
         wb_route_table_encode(&w, &plan->tables[r]);
         err = blob_from(&p->table[r], &w);
     }
+    p->locals = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->locals));
+    err = p->locals ? 0 : -ENOMEM;
     for (uint32_t r = 0; !err && r < p->nrollouts; r++) {
-        struct wb_mpw w;
+        struct wb_mpw w, names;
         wb_mpw_init(&w);
         wb_recv_list_encode(&w, &plan->recv[r]);
         err = blob_from(&p->recv[r], &w);
+        wb_mpw_init(&names);
+        wb_mpw_array(&names, plan->recv[r].nlocal);
+        for (uint32_t i = 0; i < plan->recv[r].nlocal; i++)
+            wb_mpw_str(&names, md.rollout.p[plan->recv[r].local[i].tensor].name);
+        int e2 = blob_from(&p->locals[r], &names);
+        err = err ? err : e2;
     }
     err = err ? err : encode_shards(job, p, &md.trainer, md.match, &md.tl, el);
+    if (!err) {
+        p->rollout_names = calloc(md.rollout.n + 1, sizeof(char *));
+        err = p->rollout_names ? 0 : -ENOMEM;
+        for (size_t i = 0; !err && i < md.rollout.n; i++) {
+            p->rollout_names[i] = strdup(md.rollout.p[i].name);
+            err = p->rollout_names[i] ? 0 : -ENOMEM;
+            p->nrollout_names = (uint32_t)i + 1;
+        }
+    }
     if (!err) {
         char *text = NULL;
         size_t len = 0;
@@ -193,6 +211,12 @@ void ctl_plan_free(struct ctl_plan *p)
     }
     for (uint32_t i = 0; p->recv && i < p->nrollouts; i++)
         free(p->recv[i].buf);
+    for (uint32_t i = 0; p->locals && i < p->nrollouts; i++)
+        free(p->locals[i].buf);
+    free(p->locals);
+    for (uint32_t i = 0; i < p->nrollout_names; i++)
+        free(p->rollout_names[i]);
+    free(p->rollout_names);
     free(p->table);
     free(p->shards);
     free(p->recv);

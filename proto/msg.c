@@ -51,6 +51,7 @@ const char *wb_stage_name(enum wb_stage s)
 static const struct wb_field f_error[] = {
     F(struct wb_body_error, "code", WB_FIELD_I64, true, code),
     F(struct wb_body_error, "msg", WB_FIELD_STR, true, msg),
+    F(struct wb_body_error, "detail", WB_FIELD_BYTES, false, detail),
 };
 static const struct wb_field f_registered[] = {
     F(struct wb_body_registered, "session", WB_FIELD_U64, true, session),
@@ -85,6 +86,7 @@ static const struct wb_field f_register[] = {
     F(struct wb_body_register, "device", WB_FIELD_I64, true, device),
     F(struct wb_body_register, "host", WB_FIELD_STR, true, host),
     F(struct wb_body_register, "pid", WB_FIELD_U64, true, pid),
+    F(struct wb_body_register, "synthetic", WB_FIELD_BOOL, false, synthetic),
     F(struct wb_body_register, "inv", WB_FIELD_OBJ, false, inv),
 };
 static const struct wb_field f_heartbeat[] = {
@@ -128,6 +130,13 @@ static const struct wb_field f_rep_committed[] = {
     SESSION(struct wb_body_rep_committed),
     F(struct wb_body_rep_committed, "version", WB_FIELD_U64, true, version),
 };
+static const struct wb_field f_push[] = {
+    SESSION(struct wb_body_push),
+    F(struct wb_body_push, "version", WB_FIELD_U64, true, version),
+};
+static const struct wb_field f_ready[] = {
+    F(struct wb_body_ready, "gen", WB_FIELD_U64, true, gen),
+};
 static const struct wb_field f_ctl_transfer[] = {
     F(struct wb_body_ctl_transfer, "version", WB_FIELD_U64, true, version),
     F(struct wb_body_ctl_transfer, "timeout_ns", WB_FIELD_U64, false, timeout_ns),
@@ -140,6 +149,7 @@ static const struct wb_field f_setup[] = {
     F(struct wb_body_setup, "job", WB_FIELD_STR, true, job),
     F(struct wb_body_setup, "plan", WB_FIELD_BYTES, true, plan),
     F(struct wb_body_setup, "shards", WB_FIELD_BYTES, false, shards),
+    F(struct wb_body_setup, "locals", WB_FIELD_BYTES, false, locals),
 };
 static const struct wb_field f_peers[] = {
     F(struct wb_body_peers, "gen", WB_FIELD_U64, true, gen),
@@ -212,6 +222,7 @@ static const struct spec specs[] = {
     S(WB_MSG_REP_SENT, "REPORT_SENT", f_rep_sent),
     S(WB_MSG_REP_RECEIVED, "REPORT_RECEIVED", f_rep_received),
     S(WB_MSG_REP_COMMITTED, "REPORT_COMMITTED", f_rep_committed),
+    S(WB_MSG_PUSH, "PUSH", f_push),
     S(WB_MSG_CTL_TRANSFER, "TRANSFER", f_ctl_transfer),
     S0(WB_MSG_CTL_STATUS, "STATUS_REQUEST"),
     S0(WB_MSG_CTL_PLAN, "PLAN_REQUEST"),
@@ -222,6 +233,7 @@ static const struct spec specs[] = {
     S(WB_CMD_COMPLETE, "COMPLETE", f_version),
     S(WB_CMD_ABORT, "ABORT", f_abort),
     S0(WB_CMD_EXIT, "EXIT"),
+    S(WB_CMD_READY, "READY", f_ready),
     S(WB_BODY_STATS, "STATS", f_stats),
     S(WB_BODY_AGENT_STATUS, "AGENT_STATUS", f_agent_status),
 };
@@ -526,6 +538,54 @@ int wb_body_get(struct wb_mpr *r, uint32_t type, void *body, char *why, size_t w
         return -EBADMSG;
     }
     return get_pairs(r, n, s, body, why, whycap);
+}
+
+/* ---------------------------------------------------------------- registered tensors */
+
+void wb_reg_put(struct wb_mpw *w, const struct wb_reg_tensor *t)
+{
+    wb_mpw_array(w, 2);
+    wb_wire_put_tensor_meta(w, &t->meta);
+    if (!t->has_strides) {
+        wb_mpw_nil(w);
+        return;
+    }
+    wb_mpw_array(w, t->meta.box.ndim);
+    for (uint32_t d = 0; d < t->meta.box.ndim; d++)
+        wb_mpw_i64(w, t->strides[d]);
+}
+
+int wb_reg_get(struct wb_mpr *r, struct wb_reg_tensor *t)
+{
+    struct wb_reg_tensor x;
+    uint32_t two, n;
+    memset(&x, 0, sizeof(x));
+    if (wb_mpr_array(r, 2, &two) || two != 2 || wb_wire_get_tensor_meta(r, &x.meta))
+        return -EBADMSG;
+    if (!wb_mpr_nil(r)) {
+        if (wb_mpr_array(r, WB_MAX_DIMS, &n) || n != x.meta.box.ndim)
+            return -EBADMSG;
+        for (uint32_t d = 0; d < n; d++)
+            if (wb_mpr_i64(r, &x.strides[d]))
+                return -EBADMSG;
+        x.has_strides = true;
+    }
+    *t = x;
+    return 0;
+}
+
+bool wb_reg_contiguous(const struct wb_reg_tensor *t)
+{
+    if (!t->has_strides)
+        return true;
+    int64_t want = 1;
+    for (uint32_t d = t->meta.box.ndim; d-- > 0;) {
+        /* a dim of extent 1 may carry any stride (PyTorch leaves them arbitrary) */
+        if (t->meta.box.ext[d] != 1 && t->strides[d] != want)
+            return false;
+        want *= (int64_t)t->meta.box.ext[d];
+    }
+    return true;
 }
 
 /* ---------------------------------------------------------------- commands */

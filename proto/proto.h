@@ -67,6 +67,7 @@ enum wb_msg_type {
     WB_MSG_REP_SENT,          /* struct wb_body_rep_sent: a trainer finished a transfer */
     WB_MSG_REP_RECEIVED,      /* struct wb_body_rep_received: a rollout's counters reached */
     WB_MSG_REP_COMMITTED,     /* struct wb_body_rep_committed: a rollout published a version */
+    WB_MSG_PUSH,              /* struct wb_body_push: a trainer asks for a transfer -> OK/ERROR */
     /* client calls (wb-ctl) */
     WB_MSG_CTL_TRANSFER = 0x0720, /* struct wb_body_ctl_transfer -> RESULT or ERROR */
     WB_MSG_CTL_STATUS,            /* no fields -> STATUS */
@@ -79,6 +80,7 @@ enum wb_msg_type {
     WB_CMD_COMPLETE,       /* struct wb_body_version: rollouts publish it */
     WB_CMD_ABORT,          /* struct wb_body_abort */
     WB_CMD_EXIT,           /* no fields: clean shutdown */
+    WB_CMD_READY,          /* struct wb_body_ready: every agent is set up; transfers may run */
     /* nested maps */
     WB_BODY_STATS = 0x0740, /* struct wb_xfer_stats */
     WB_BODY_AGENT_STATUS,   /* struct wb_body_agent_status (one entry of STATUS.agents) */
@@ -108,6 +110,7 @@ struct wb_bytes {
 struct wb_body_error {
     int64_t code;
     char msg[WB_ERRMSG_MAX];
+    struct wb_bytes detail; /* optional: every problem, one per line (a refused registration) */
 };
 
 /* Every agent call after REGISTER names its session. */
@@ -123,8 +126,24 @@ struct wb_body_register {
     int64_t device; /* GPU index, -1: host memory */
     char host[WB_HOST_MAX];
     uint64_t pid;
-    struct wb_bytes inv; /* msgpack array of registered tensors (empty for synthetic agents) */
+    bool synthetic;      /* the agent holds no tensors of its own: it allocates what the plan
+                            assigns and fills trainer shards from the synthetic source */
+    struct wb_bytes inv; /* msgpack array of struct wb_reg_tensor (wb_reg_put) */
 };
+
+/* One tensor an endpoint registers: its metadata (name, dtype, global shape, the box this rank
+ * holds; a rollout's shape is its local tensor's and the box all of it) and, when it is not
+ * laid out contiguously row-major, its strides in elements. */
+struct wb_reg_tensor {
+    struct wb_tensor_meta meta;
+    bool has_strides;
+    int64_t strides[WB_MAX_DIMS];
+};
+void wb_reg_put(struct wb_mpw *w, const struct wb_reg_tensor *t);
+/* -EBADMSG for a malformed entry (r fails). */
+int wb_reg_get(struct wb_mpr *r, struct wb_reg_tensor *t);
+/* True when the strides (if any) are those of a contiguous row-major box. */
+bool wb_reg_contiguous(const struct wb_reg_tensor *t);
 
 struct wb_body_registered {
     uint64_t session, heartbeat_ns, dead_ns, poll_hold_ns;
@@ -183,6 +202,15 @@ struct wb_body_rep_committed {
     uint64_t version;
 };
 
+struct wb_body_push {
+    struct wb_session s;
+    uint64_t version;
+};
+
+struct wb_body_ready {
+    uint64_t gen;
+};
+
 struct wb_body_ctl_transfer {
     uint64_t version;
     uint64_t timeout_ns; /* 0: the job's transfer_timeout */
@@ -225,6 +253,8 @@ struct wb_body_setup {
     char job[WB_JOBNAME_MAX];
     struct wb_bytes plan;   /* routing table (trainers) or receive list (rollouts) envelope */
     struct wb_bytes shards; /* trainers: msgpack array of [trainer tensor, wb_tensor_meta] */
+    struct wb_bytes locals; /* rollouts: msgpack array of the names of the receive list's
+                               local tensors, in its order (a registering rollout binds them) */
 };
 
 /* PEERS: a msgpack array of [role, rank, addr, regions] for every agent. */

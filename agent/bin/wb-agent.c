@@ -1,6 +1,9 @@
-/* wb-agent — the worker on one trainer or rollout GPU: registers with the controller and
- * executes (trainer) or receives (rollout) every transfer. Started by hand, by a script, or by
- * torchrun / srun (the rank and local GPU then come from the launcher's environment). */
+/* wb-agent — a synthetic worker on one trainer or rollout GPU: an endpoint (agent/agent.h) that
+ * holds what the plan assigns its rank instead of a process's own tensors, with trainer values
+ * from the synthetic source, for the demo, tests and benchmarks. It registers with the
+ * controller and executes (trainer) or receives (rollout) every transfer. Started by hand, by a
+ * script, or by torchrun / srun (the rank and local GPU then come from the launcher's
+ * environment). */
 #include "agent/agent.h"
 
 #include <getopt.h>
@@ -48,7 +51,8 @@ int main(int argc, char **argv)
                                        {"tx-extra", required_argument, 0, 'X'},
                                        {"help", no_argument, 0, 'h'},
                                        {0}};
-    struct wb_agent_opts o = {.device = -1, .controller = "tcp://127.0.0.1:7420"};
+    struct wb_endpoint_opts o = {
+        .device = -1, .controller = "tcp://127.0.0.1:7420", .synthetic = true};
     const char *role = NULL;
     int64_t rank = -1, device = -2;
     int ch;
@@ -140,13 +144,15 @@ int main(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
-    struct wb_agent *a;
-    int err = wb_agent_create(&o, &a);
+    struct wb_endpoint *ep;
+    int err = wb_endpoint_open(&o, &ep);
     if (err) {
         fprintf(stderr, "wb-agent: cannot reach %s: %s\n", o.controller, wb_strerror(err));
         return 1;
     }
-    err = wb_agent_run(a);
-    wb_agent_destroy(a);
+    err = wb_endpoint_run(ep);
+    if (err)
+        fprintf(stderr, "wb-agent: %s\n", wb_endpoint_error(ep));
+    wb_endpoint_close(ep);
     return err ? 1 : 0;
 }

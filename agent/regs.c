@@ -1,0 +1,183 @@
+/* regs.c — the tensors an endpoint registers: checked and copied when added, sent to the
+ * controller in REGISTER, found again by name when the plan arrives, and grouped into the
+ * allocations they lie in.
+ *
+ * Why allocations and not tensors: a 1T-parameter rollout holds tens of thousands of tensors,
+ * and one memory registration each would cost a key per tensor at every NIC and — without
+ * FI_HMEM — a pinned host mirror per tensor. The caching allocator of PyTorch places many
+ * tensors in one segment (cudaMalloc'd block); registering that segment once and handing peers
+ * a bounded view per tensor (wb_tx_rdesc_view) keeps both the key count and the per-tensor
+ * bounds checks. */
+#include "agent/gpu.h"
+#include "agent/priv.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { PAGE = 4096 };
+
+int ag_regs_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t, char *err, size_t errcap)
+{
+    const char *name = t->name ? t->name : "";
+    char a[160], b[320];
+    if (!*name || strlen(name) >= WB_NAME_MAX) {
+        snprintf(err, errcap, "tensor name '%.40s': must be 1 to %d bytes", name, WB_NAME_MAX - 1);
+        return -EINVAL;
+    }
+    if (ag_regs_find(ep, name)) {
+        snprintf(err, errcap, "%s: registered twice", name);
+        return -EEXIST;
+    }
+    if (!wb_dtype_size(t->dtype)) {
+        snprintf(err, errcap, "%s: invalid dtype %d", name, (int)t->dtype);
+        return -EINVAL;
+    }
+    if (t->shape.ndim == 0 || t->shape.ndim > WB_MAX_DIMS || t->box.ndim != t->shape.ndim ||
+        !wb_box_within(&t->shape, &t->box)) {
+        snprintf(err, errcap, "%s: box %s is not inside shape %s", name,
+                 wb_box_str(&t->box, b, sizeof(b)), wb_shape_str(&t->shape, a, sizeof(a)));
+        return -EINVAL;
+    }
+    uint64_t n = wb_box_numel(&t->box);
+    if (n && !t->ptr) {
+        snprintf(err, errcap, "%s: no memory (NULL pointer)", name);
+        return -EINVAL;
+    }
+    bool dev = n && wb_gpu_is_device_ptr(t->ptr);
+    if (n && dev != (ep->o.device >= 0)) {
+        snprintf(err, errcap, "%s: %s memory, but the endpoint's tensors live in %s", name,
+                 dev ? "GPU" : "host", ep->o.device >= 0 ? "GPU memory" : "host memory");
+        return -EINVAL;
+    }
+    if (ep->nregs == ep->capregs && wb_grow(&ep->regs, &ep->capregs, 64, sizeof(*ep->regs)))
+        return -ENOMEM;
+    struct reg *r = &ep->regs[ep->nregs];
+    memset(r, 0, sizeof(*r));
+    snprintf(r->t.meta.name, sizeof(r->t.meta.name), "%s", name);
+    r->t.meta.dtype = t->dtype;
+    r->t.meta.shape = t->shape;
+    r->t.meta.box = t->box;
+    if (t->strides) {
+        r->t.has_strides = true;
+        memcpy(r->t.strides, t->strides, t->box.ndim * sizeof(int64_t));
+    }
+    r->ptr = t->ptr;
+    r->device = dev;
+    ep->nregs++;
+    return 0;
+}
+
+const struct reg *ag_regs_find(const struct wb_endpoint *ep, const char *name)
+{
+    /* Linear: called once per tensor at setup; a hash would only pay off past ~100k tensors
+     * per rank. */
+    for (uint32_t i = 0; i < ep->nregs; i++)
+        if (strcmp(ep->regs[i].t.meta.name, name) == 0)
+            return &ep->regs[i];
+    return NULL;
+}
+
+void ag_regs_put(const struct wb_endpoint *ep, struct wb_mpw *w)
+{
+    wb_mpw_array(w, ep->nregs);
+    for (uint32_t i = 0; i < ep->nregs; i++)
+        wb_reg_put(w, &ep->regs[i].t);
+}
+
+/* A tensor's bytes as it lies in memory (contiguous: numel x size; strided: up to its last
+ * element). */
+static uint64_t extent_bytes(const struct reg *r)
+{
+    size_t es = wb_dtype_size(r->t.meta.dtype);
+    uint64_t n = wb_box_numel(&r->t.meta.box);
+    if (!n)
+        return 0;
+    if (!r->t.has_strides)
+        return n * es;
+    uint64_t last = 0;
+    for (uint32_t d = 0; d < r->t.meta.box.ndim; d++)
+        if (r->t.strides[d] > 0)
+            last += (uint64_t)r->t.strides[d] * (r->t.meta.box.ext[d] - 1);
+    return (last + 1) * es;
+}
+
+static int cmp_seg(const void *a, const void *b)
+{
+    const struct seg *x = a, *y = b;
+    return x->base < y->base ? -1 : x->base > y->base;
+}
+
+int ag_segs_build(struct wb_endpoint *ep, char *err, size_t errcap)
+{
+    struct seg *s = calloc(ep->nregs ? ep->nregs : 1, sizeof(*s));
+    uint32_t n = 0;
+    if (!s)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < ep->nregs; i++) {
+        const struct reg *r = &ep->regs[i];
+        uint64_t len = extent_bytes(r);
+        if (!len)
+            continue;
+        uintptr_t p = (uintptr_t)r->ptr, base;
+        uint64_t size;
+        if (r->device) {
+            int rc = ag_gpu_addr_range(r->ptr, &base, &size);
+            if (rc) {
+                snprintf(err, errcap, "%s: cannot find the GPU allocation it lies in: %s",
+                         r->t.meta.name, wb_strerror(rc));
+                free(s);
+                return rc;
+            }
+            if (p < base || p + len > base + size) {
+                snprintf(err, errcap,
+                         "%s: %" PRIu64 " bytes at %#" PRIxPTR
+                         " run past their allocation (%#" PRIxPTR ", %" PRIu64 " bytes)",
+                         r->t.meta.name, len, p, base, size);
+                free(s);
+                return -EINVAL;
+            }
+        } else {
+            base = p / PAGE * PAGE;
+            size = (p + len + PAGE - 1) / PAGE * PAGE - base;
+        }
+        s[n++] = (struct seg){.base = base, .len = size, .device = r->device};
+    }
+    /* Merge what overlaps or touches (host pages; GPU tensors of one allocation). */
+    qsort(s, n, sizeof(*s), cmp_seg);
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (m && s[i].device == s[m - 1].device && s[i].base <= s[m - 1].base + s[m - 1].len) {
+            uintptr_t end = s[i].base + s[i].len;
+            if (end > s[m - 1].base + s[m - 1].len)
+                s[m - 1].len = end - s[m - 1].base;
+        } else {
+            s[m++] = s[i];
+        }
+    }
+    free(ep->segs);
+    ep->segs = s;
+    ep->nsegs = m;
+    return 0;
+}
+
+int ag_seg_of(const struct wb_endpoint *ep, const void *p, uint64_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (uint32_t i = 0; i < ep->nsegs; i++)
+        if (a >= ep->segs[i].base && a + n <= ep->segs[i].base + ep->segs[i].len)
+            return (int)i;
+    return -1;
+}
+
+void ag_regs_free(struct wb_endpoint *ep)
+{
+    free(ep->regs);
+    free(ep->segs);
+    ep->regs = NULL;
+    ep->segs = NULL;
+    ep->nregs = ep->nsegs = 0;
+    ep->capregs = 0;
+}

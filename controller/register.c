@@ -1,0 +1,221 @@
+/* register.c — checks what an agent registers against what the plan expects of its rank: a
+ * trainer rank must hold exactly the shards the layout gives it (name, dtype, global shape,
+ * box), a rollout rank exactly the local tensors of its receive list (name, dtype, local shape).
+ * Every missing, extra, duplicated or mis-described tensor is reported together, one line
+ * each naming the rank, the tensor, what was expected and what came, so that a user fixes all
+ * of them in one round; a refused agent gets nothing of the plan.
+ *
+ * The expectations are read back from the setup payloads the controller already encoded (the
+ * trainers' shard lists, the rollouts' receive lists), so checking costs no memory of its own. */
+#include "controller/ctl.h"
+#include "route/route.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct entry {
+    struct wb_reg_tensor t;
+    bool matched;
+};
+
+static int cmp_entry(const void *a, const void *b)
+{
+    return strcmp(((const struct entry *)a)->t.meta.name, ((const struct entry *)b)->t.meta.name);
+}
+
+/* Decodes the registered tensors. */
+static int read_registered(const struct wb_bytes *inv, struct entry **out, uint32_t *n)
+{
+    struct wb_mpr r;
+    uint32_t k = 0;
+    wb_mpr_init(&r, inv->p, inv->n);
+    if (inv->n && wb_mpr_array(&r, WB_WIRE_MAX_ARRAY, &k))
+        return -EBADMSG;
+    struct entry *e = calloc(k ? k : 1, sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < k; i++)
+        if (wb_reg_get(&r, &e[i].t)) {
+            free(e);
+            return -EBADMSG;
+        }
+    if (inv->n && wb_mpr_end(&r)) {
+        free(e);
+        return -EBADMSG;
+    }
+    qsort(e, k, sizeof(*e), cmp_entry);
+    *out = e;
+    *n = k;
+    return 0;
+}
+
+/* The expected tensors of a trainer rank (its shard list) or a rollout rank (its locals). */
+static int read_expected(const struct ctl_plan *p, enum wb_role role, uint32_t rank,
+                         struct entry **out, uint32_t *n)
+{
+    struct entry *e = NULL;
+    uint32_t k = 0;
+    if (role == WB_ROLE_TRAINER) {
+        struct wb_mpr r;
+        wb_mpr_init(&r, p->shards[rank].buf, p->shards[rank].len);
+        if (wb_mpr_array(&r, WB_WIRE_MAX_ARRAY, &k))
+            return -EBADMSG;
+        e = calloc(k ? k : 1, sizeof(*e));
+        if (!e)
+            return -ENOMEM;
+        for (uint32_t i = 0; i < k; i++) {
+            uint32_t two;
+            uint64_t tensor;
+            if (wb_mpr_array(&r, 2, &two) || two != 2 || wb_mpr_u64(&r, &tensor) ||
+                wb_wire_get_tensor_meta(&r, &e[i].t.meta)) {
+                free(e);
+                return -EBADMSG;
+            }
+        }
+    } else {
+        struct wb_recv_list rl;
+        int err = wb_recv_list_decode(p->recv[rank].buf, p->recv[rank].len, &rl);
+        if (err)
+            return err;
+        k = rl.nlocal;
+        e = calloc(k ? k : 1, sizeof(*e));
+        for (uint32_t i = 0; e && i < k; i++) {
+            struct wb_tensor_meta *m = &e[i].t.meta;
+            snprintf(m->name, sizeof(m->name), "%s", p->rollout_names[rl.local[i].tensor]);
+            m->dtype = rl.local[i].dtype;
+            m->shape = rl.local[i].shape;
+            m->box = wb_box_full(&m->shape);
+        }
+        wb_recv_list_free(&rl);
+        if (!e)
+            return -ENOMEM;
+    }
+    qsort(e, k, sizeof(*e), cmp_entry);
+    *out = e;
+    *n = k;
+    return 0;
+}
+
+static const char *shape_s(const struct wb_shape *s, char *buf, size_t cap)
+{
+    return wb_shape_str(s, buf, cap);
+}
+
+static const char *box_s(const struct wb_box *b, char *buf, size_t cap)
+{
+    return wb_box_str(b, buf, cap);
+}
+
+static void describe(const struct wb_tensor_meta *m, enum wb_role role, char *buf, size_t cap)
+{
+    char a[160], b[320];
+    if (role == WB_ROLE_TRAINER)
+        snprintf(buf, cap, "%s %s box %s", wb_dtype_name(m->dtype), shape_s(&m->shape, a, 160),
+                 box_s(&m->box, b, 320));
+    else
+        snprintf(buf, cap, "%s %s", wb_dtype_name(m->dtype), shape_s(&m->shape, a, 160));
+}
+
+/* Compares one matched pair; appends a line per difference. */
+static void compare(FILE *f, const char *who, enum wb_role role, const struct wb_reg_tensor *want,
+                    const struct wb_reg_tensor *got, uint32_t *n)
+{
+    char a[320], b[320];
+    const char *name = got->meta.name;
+    if (got->meta.dtype != want->meta.dtype) {
+        fprintf(f, "%s: %s: dtype %s, expected %s\n", who, name, wb_dtype_name(got->meta.dtype),
+                wb_dtype_name(want->meta.dtype));
+        (*n)++;
+    }
+    if (!wb_shape_eq(&got->meta.shape, &want->meta.shape)) {
+        fprintf(f, "%s: %s: %sshape %s, expected %s\n", who, name,
+                role == WB_ROLE_TRAINER ? "global " : "", shape_s(&got->meta.shape, a, sizeof(a)),
+                shape_s(&want->meta.shape, b, sizeof(b)));
+        (*n)++;
+    } else if (!wb_box_eq(&got->meta.box, &want->meta.box)) {
+        fprintf(f, "%s: %s: box %s, expected %s\n", who, name, box_s(&got->meta.box, a, sizeof(a)),
+                box_s(&want->meta.box, b, sizeof(b)));
+        (*n)++;
+    }
+    if (!wb_reg_contiguous(got)) {
+        size_t pos = 0;
+        for (uint32_t d = 0; d < got->meta.box.ndim && pos < sizeof(a); d++)
+            pos += (size_t)snprintf(a + pos, sizeof(a) - pos, "%s%" PRId64, d ? ", " : "",
+                                    got->strides[d]);
+        fprintf(f,
+                "%s: %s: strides [%s] are not contiguous row-major; register a contiguous tensor\n",
+                who, name, a);
+        (*n)++;
+    }
+}
+
+int ctl_check_registration(const struct ctl_plan *p, enum wb_role role, uint32_t rank,
+                           const struct wb_bytes *inv, char **detail, uint32_t *nproblems)
+{
+    struct entry *got = NULL, *want = NULL;
+    uint32_t ng = 0, nw = 0, n = 0;
+    char who[64], d[700];
+    int err = read_registered(inv, &got, &ng);
+    if (err)
+        return err;
+    if ((err = read_expected(p, role, rank, &want, &nw)) != 0) {
+        free(got);
+        return err;
+    }
+    snprintf(who, sizeof(who), "%s rank %u", wb_role_name(role), rank);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) {
+        free(got);
+        free(want);
+        return -ENOMEM;
+    }
+    /* Both lists are sorted by name: one merge walk finds the pairs, the missing and the extra. */
+    uint32_t i = 0, j = 0;
+    while (i < ng || j < nw) {
+        int c = i == ng ? 1 : j == nw ? -1 : strcmp(got[i].t.meta.name, want[j].t.meta.name);
+        if (c < 0) {
+            if (i + 1 < ng && strcmp(got[i].t.meta.name, got[i + 1].t.meta.name) == 0) {
+                fprintf(f, "%s: %s: registered twice\n", who, got[i].t.meta.name);
+                n++;
+                while (i + 1 < ng && strcmp(got[i].t.meta.name, got[i + 1].t.meta.name) == 0)
+                    i++;
+            } else if (!got[i].matched) {
+                fprintf(f, "%s: %s: registered, but the plan gives this rank no such tensor\n", who,
+                        got[i].t.meta.name);
+                n++;
+            }
+            i++;
+        } else if (c > 0) {
+            describe(&want[j].t.meta, role, d, sizeof(d));
+            fprintf(f, "%s: %s: not registered (expected %s)\n", who, want[j].t.meta.name, d);
+            n++;
+            j++;
+        } else {
+            compare(f, who, role, &want[j].t, &got[i].t, &n);
+            got[i].matched = true;
+            /* the same name again is a duplicate, reported when the walk moves past it */
+            if (i + 1 < ng && strcmp(got[i].t.meta.name, got[i + 1].t.meta.name) == 0) {
+                fprintf(f, "%s: %s: registered twice\n", who, got[i].t.meta.name);
+                n++;
+                while (i + 1 < ng && strcmp(got[i].t.meta.name, got[i + 1].t.meta.name) == 0)
+                    i++;
+            }
+            i++;
+            j++;
+        }
+    }
+    free(got);
+    free(want);
+    if (fclose(f)) {
+        free(text);
+        return -ENOMEM;
+    }
+    *nproblems = n;
+    *detail = text;
+    return 0;
+}

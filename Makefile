@@ -77,7 +77,7 @@ PROGS   := $(foreach f,$(PROG_C),$(BUILD)/bin/$(basename $(notdir $(f))))
 TESTS   := $(foreach f,$(TEST_C),$(BUILD)/tests/$(patsubst %_test.c,%,$(notdir $(f)))) \
            $(foreach f,$(TEST_SH),$(BUILD)/tests/$(patsubst %_test.sh,%,$(notdir $(f))))
 BENCHES := $(foreach f,$(BENCH_C),$(BUILD)/bench/$(basename $(notdir $(f))))
-HEADERS := $(foreach p,$(PARTS),$(wildcard $(p)/$(p).h))
+HEADERS := $(foreach p,$(PARTS),$(wildcard $(p)/$(p).h)) common/fpbits.h
 
 .PHONY: all lib progs test tests bench demo deps install clean format check-format
 .DEFAULT_GOAL := all

@@ -462,6 +462,17 @@ static bool stop_asked(struct wb_endpoint *ep)
     return s;
 }
 
+/* Close asked: true once the reports already queued (a rollout's COMMITTED, say) reached the
+ * controller, or after a second, so that closing right after a wait never loses them. */
+static bool may_stop(struct wb_endpoint *ep, uint64_t now)
+{
+    if (!stop_asked(ep))
+        return false;
+    if (!ep->stop_at)
+        ep->stop_at = now + 1000000000ull;
+    return !ep->session || (ep->nq == 0 && !ep->call.busy) || now >= ep->stop_at;
+}
+
 int ag_loop(struct wb_endpoint *ep)
 {
     int rc = 0;
@@ -471,8 +482,10 @@ int ag_loop(struct wb_endpoint *ep)
         return rc;
     }
     ep->last_heard = wb_now_ns();
-    while (!ep->exiting && !stop_asked(ep)) {
+    for (;;) {
         uint64_t now = wb_now_ns();
+        if (ep->exiting || may_stop(ep, now))
+            break;
         if (!ep->session && !ep->call.busy && now >= ep->retry_at)
             send_register(ep);
         if (now - ep->last_heard > ep->o.give_up_ns) {

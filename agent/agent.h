@@ -138,4 +138,19 @@ int wb_endpoint_run(struct wb_endpoint *ep);
  * alone), frees ep. NULL is a no-op. */
 void wb_endpoint_close(struct wb_endpoint *ep);
 
+/* ---------------------------------------------------------------- for language bindings
+ *
+ * The same calls with plain arguments, so that a binding (Python's ctypes) needs no copy of the
+ * structs above. Strings may be NULL where the struct field may; role is "trainer" or
+ * "rollout"; dtype any name wb_dtype_parse() accepts ("bfloat16", "torch.float8_e4m3fn", ...);
+ * shape, box_off and box_ext have ndim entries; strides ndim entries or NULL. Errors as the
+ * struct calls; wb_endpoint_open_args() explains a bad argument in *why (static text). */
+int wb_endpoint_open_args(const char *controller, const char *role, uint32_t rank,
+                          const char *token, int32_t device, const char *tx_domain,
+                          const char *tx_extra, const char *dump, const char *trace,
+                          uint64_t give_up_ns, struct wb_endpoint **out, const char **why);
+int wb_endpoint_add_args(struct wb_endpoint *ep, const char *name, const char *dtype, uint32_t ndim,
+                         const uint64_t *shape, const uint64_t *box_off, const uint64_t *box_ext,
+                         const int64_t *strides, void *ptr);
+
 #endif /* WB_AGENT_H */

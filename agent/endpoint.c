@@ -371,3 +371,63 @@ void wb_endpoint_close(struct wb_endpoint *ep)
     free(ep->s_extra);
     free(ep);
 }
+
+/* ---------------------------------------------------------------- for language bindings */
+
+int wb_endpoint_open_args(const char *controller, const char *role, uint32_t rank,
+                          const char *token, int32_t device, const char *tx_domain,
+                          const char *tx_extra, const char *dump, const char *trace,
+                          uint64_t give_up_ns, struct wb_endpoint **out, const char **why)
+{
+    struct wb_endpoint_opts o = {.rank = rank,
+                                 .device = device,
+                                 .controller = controller,
+                                 .token = token,
+                                 .tx_domain = tx_domain,
+                                 .tx_extra = tx_extra,
+                                 .dump = dump,
+                                 .trace = trace,
+                                 .give_up_ns = give_up_ns};
+    *why = NULL;
+    if (!role || wb_role_parse(role, &o.role))
+        *why = "role: expected trainer or rollout";
+    else if (!controller || !*controller)
+        *why = "controller: an nng URL such as tcp://host:7420 is required";
+    else if (!token || !*token)
+        *why = "token: the cluster token is required (or $WB_TOKEN)";
+    else if (device < -1)
+        *why = "device: a GPU index, or -1 for host memory";
+    if (*why)
+        return -EINVAL;
+    int rc = wb_endpoint_open(&o, out);
+    if (rc == -EINVAL)
+        *why = "controller: not a usable nng URL";
+    return rc;
+}
+
+int wb_endpoint_add_args(struct wb_endpoint *ep, const char *name, const char *dtype, uint32_t ndim,
+                         const uint64_t *shape, const uint64_t *box_off, const uint64_t *box_ext,
+                         const int64_t *strides, void *ptr)
+{
+    struct wb_tensor_reg t = {.name = name, .strides = strides, .ptr = ptr};
+    if (!dtype || wb_dtype_parse(dtype, &t.dtype)) {
+        pthread_mutex_lock(&ep->mu);
+        set_err(ep, "%s: unknown dtype '%s'", name ? name : "?", dtype ? dtype : "");
+        pthread_mutex_unlock(&ep->mu);
+        return -EINVAL;
+    }
+    if (ndim == 0 || ndim > WB_MAX_DIMS) {
+        pthread_mutex_lock(&ep->mu);
+        set_err(ep, "%s: %u dimensions (1 to %d are supported)", name ? name : "?", ndim,
+                WB_MAX_DIMS);
+        pthread_mutex_unlock(&ep->mu);
+        return -EINVAL;
+    }
+    t.shape.ndim = t.box.ndim = ndim;
+    for (uint32_t d = 0; d < ndim; d++) {
+        t.shape.dim[d] = shape[d];
+        t.box.off[d] = box_off ? box_off[d] : 0;
+        t.box.ext[d] = box_ext ? box_ext[d] : shape[d];
+    }
+    return wb_endpoint_add(ep, &t);
+}

@@ -98,6 +98,7 @@ struct wb_endpoint {
     pthread_cond_t cv;
     pthread_t thread;
     bool thread_started, stop;
+    uint64_t stop_at; /* loop only: when a close stops waiting for queued reports */
     bool ready;       /* the controller said READY */
     int fatal;        /* the loop stopped with this code (0: running) */
     char err[4096];   /* the last failure's message */

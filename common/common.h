@@ -267,6 +267,10 @@ float wb_synth_value(const char *name, uint64_t seed, uint64_t version, uint64_t
  * (-EINVAL otherwise; -EINVAL when the box is not within the shape). */
 int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dtype dtype,
                   const struct wb_shape *shape, const struct wb_box *box, void *dst);
+/* The same with plain arguments (for language bindings): dtype by name, ndim entries each. */
+int wb_synth_fill_args(const char *name, uint64_t seed, uint64_t version, const char *dtype,
+                       uint32_t ndim, const uint64_t *shape, const uint64_t *box_off,
+                       const uint64_t *box_ext, void *dst);
 
 /* ---------------------------------------------------------------- YAML config */
 

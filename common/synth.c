@@ -81,3 +81,20 @@ int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dty
     }
     return 0;
 }
+
+int wb_synth_fill_args(const char *name, uint64_t seed, uint64_t version, const char *dtype,
+                       uint32_t ndim, const uint64_t *shape, const uint64_t *box_off,
+                       const uint64_t *box_ext, void *dst)
+{
+    enum wb_dtype dt;
+    if (!dtype || wb_dtype_parse(dtype, &dt) || ndim == 0 || ndim > WB_MAX_DIMS)
+        return -EINVAL;
+    struct wb_shape s = {.ndim = ndim};
+    struct wb_box b = {.ndim = ndim};
+    for (uint32_t d = 0; d < ndim; d++) {
+        s.dim[d] = shape[d];
+        b.off[d] = box_off[d];
+        b.ext[d] = box_ext[d];
+    }
+    return wb_synth_fill(name, seed, version, dt, &s, &b, dst);
+}

@@ -5,6 +5,8 @@
  * Written once here because the order matters and was easy to get subtly different in eight
  * places: the rules must be bound to config.json before matching (shard expressions read its
  * values), and the layouts are checked against each other before anyone plans with them. */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,7 +62,12 @@ int wb_model_load(const struct wb_model_src *src, struct wb_model *out, struct w
         err = wb_match_rules_set_vars(m.rules, src->vars, el);
     if (!err) {
         int e1 = load_inventory(src, "trainer", src->trainer_inv, tconfig, &m.trainer, el);
-        int e2 = load_inventory(src, "rollout", src->rollout_inv, src->config, &m.rollout, el);
+        /* both sides generated from one config.json fail alike: say it once */
+        bool same = !given(src->trainer_inv) && !given(src->rollout_inv) && tconfig &&
+                    src->config && strcmp(tconfig, src->config) == 0;
+        int e2 = e1 && same ? 0
+                            : load_inventory(src, "rollout", src->rollout_inv, src->config,
+                                             &m.rollout, el);
         err = e1 ? e1 : e2;
     }
     if (!err && given(src->config))
@@ -86,4 +93,43 @@ void wb_model_free(struct wb_model *m)
     wb_inv_free(&m->trainer);
     wb_match_rules_free(m->rules);
     memset(m, 0, sizeof(*m));
+}
+
+int wb_plan_json(const struct wb_model_src *src, const struct wb_plan_opts *opts, bool tables,
+                 char **json, char **errors)
+{
+    struct wb_errlist el;
+    struct wb_model md;
+    struct wb_plan *p = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    *json = *errors = NULL;
+    wb_errlist_init(&el);
+    int err = wb_model_load(src, &md, &el);
+    if (!err && !md.have_layouts) {
+        wb_errlist_add(&el, "plan: the trainer and rollout layouts are required");
+        err = -WB_E_CONFIG;
+    }
+    struct wb_plan_input in = wb_model_input(&md);
+    err = err ? err : wb_plan_build(&in, opts, &p, &el);
+    if (!err) {
+        FILE *f = open_memstream(&text, &len);
+        err = f ? wb_plan_write_json(p, &in, tables, f) : -ENOMEM;
+        if (f && fclose(f) && !err)
+            err = -ENOMEM;
+    }
+    if (err) {
+        free(text);
+        text = NULL;
+        FILE *f = open_memstream(errors, &len);
+        if (f) {
+            wb_errlist_print(&el, "", f);
+            fclose(f);
+        }
+    }
+    *json = text;
+    wb_plan_free(p);
+    wb_model_free(&md);
+    wb_errlist_free(&el);
+    return err;
 }

@@ -265,6 +265,12 @@ void wb_plan_print_summary(const struct wb_plan *p, const struct wb_plan_input *
 int wb_plan_write_json(const struct wb_plan *p, const struct wb_plan_input *in, bool tables,
                        FILE *f);
 
+/* For language bindings: loads the model (wb_model_load), builds the plan and returns it as the
+ * JSON wb_plan_write_json writes (*json, malloc'd). On failure *errors (malloc'd) holds every
+ * problem, one per line. 0 or the failing call's code. */
+int wb_plan_json(const struct wb_model_src *src, const struct wb_plan_opts *opts, bool tables,
+                 char **json, char **errors);
+
 /* ---------------------------------------------------------------- estimate */
 
 struct wb_est_phase {

@@ -5,7 +5,7 @@ set -eu
 pkgs=(
     build-essential pkg-config
     libfabric-dev libibverbs-dev libnng-dev libmsgpack-dev libyaml-dev libjansson-dev
-    iproute2 python3
+    iproute2 python3 python3-numpy python3-setuptools python3-pip
 )
 # Fast path, and the one that works where the libraries come from elsewhere (a prefix set up
 # by scripts/gpu/env.sh on the lent GPU machines): the headers compile and the libraries link.
@@ -15,7 +15,15 @@ probe() {
         ${CC:-cc} -x c - -o /dev/null -lfabric -libverbs -lnng -lmsgpackc -lyaml -ljansson 2>/dev/null
 }
 # iproute2 only serves the network-namespace tests, which skip without it.
-if probe && command -v python3 >/dev/null; then
+# The Python package's tests need numpy in some python3 (Debian's python3-numpy lives in
+# /usr/bin/python3's path even where another python3 comes first).
+py_ok() {
+    for p in /usr/bin/python3 python3; do
+        command -v "$p" >/dev/null && "$p" -c 'import numpy, setuptools, pip' 2>/dev/null && return 0
+    done
+    return 1
+}
+if probe && py_ok; then
     command -v ip >/dev/null || echo "deps: no iproute2 here; network-namespace tests will skip"
     exit 0
 fi

@@ -1,0 +1,382 @@
+"""weightbridge: move model weights from an RL trainer's tensors into a rollout engine's
+parameters, with one-sided writes and a plan computed once.
+
+A trainer process registers the parameters it holds and pushes a version after each optimizer
+step::
+
+    import weightbridge as wb
+    trainer = wb.Trainer("tcp://ctl:7420", model=model)      # FSDP2/DTensor or plain tensors
+    for step in range(steps):
+        train_step(model)
+        f = trainer.push(step + 1)
+        f.sources()                                           # parameters may change again
+    f.result()                                                # every rollout holds it
+
+A rollout process registers its engine's parameters (the engine's own names and layout: vLLM's
+fused, FP8 tensors with their scales) and waits::
+
+    rollout = wb.Rollout("tcp://ctl:7420", params=dict(engine_model.named_parameters()),
+                         hook=lambda version: process_weights_after_loading(engine_model))
+    rollout.wait(version)
+
+The controller (``wb-controller --config job.yaml``) checks every registration against the
+model rules and the layout and refuses a wrong one with every problem listed; errors surface
+here as :class:`WeightbridgeError` carrying the C library's message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from . import _lib
+from ._tensors import Shard, TensorInfo, info
+
+__all__ = [
+    "WeightbridgeError",
+    "Shard",
+    "Trainer",
+    "Rollout",
+    "Push",
+    "plan",
+    "synth_fill",
+    "library_path",
+]
+
+library_path: str = _lib.path
+
+
+class WeightbridgeError(RuntimeError):
+    """A failure of the C library: ``code`` is its (negative) error code, the message its text."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _raise(code: int, message: str):
+    if code == -errno.ETIMEDOUT:
+        raise TimeoutError(message)
+    raise WeightbridgeError(code, message)
+
+
+def _s(x: Optional[str]) -> Optional[bytes]:
+    return x.encode() if x is not None else None
+
+
+def _ns(seconds: float) -> int:
+    return max(0, int(seconds * 1e9))
+
+
+def _rank_from_env(rank: Optional[int]) -> int:
+    if rank is not None:
+        return int(rank)
+    for var in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(var):
+            return int(os.environ[var])
+    raise ValueError("no rank: pass rank=, or start under torchrun ($RANK) or srun ($SLURM_PROCID)")
+
+
+class _Endpoint:
+    """The C endpoint behind Trainer and Rollout."""
+
+    def __init__(
+        self,
+        role: str,
+        controller: str,
+        rank: Optional[int],
+        token: Optional[str],
+        device: Optional[int],
+        tensors: Mapping[str, Any],
+        dtypes: Optional[Mapping[str, str]],
+        tx_domain: Optional[str],
+        tx_extra: Optional[str],
+        dump: Optional[str],
+        trace: Optional[str],
+        give_up: float,
+    ):
+        self._ep = ctypes.c_void_p()
+        self._keep = []
+        self.role = role
+        self.rank = _rank_from_env(rank)
+        token = token if token is not None else os.environ.get("WB_TOKEN")
+        infos = {name: info(t, (dtypes or {}).get(name)) for name, t in tensors.items()}
+        devices = {ti.device for ti in infos.values()}
+        if device is None:
+            if len(devices) > 1:
+                raise ValueError(
+                    f"tensors on several devices {sorted(devices)}: one endpoint per device"
+                )
+            device = devices.pop() if devices else -1
+        why = ctypes.c_char_p()
+        rc = _lib.endpoint_open(
+            _s(controller), _s(role), self.rank, _s(token or ""), int(device), _s(tx_domain),
+            _s(tx_extra), _s(dump), _s(trace), _ns(give_up), ctypes.byref(self._ep),
+            ctypes.byref(why),
+        )
+        if rc:
+            _raise(rc, f"{role} rank {self.rank}: " + (why.value.decode() if why.value else _lib.errname(rc)))
+        try:
+            for name, ti in infos.items():
+                self._add(name, ti)
+        except BaseException:
+            self.close()
+            raise
+
+    def _add(self, name: str, ti: TensorInfo):
+        nd = len(ti.local_shape)
+        strides = _lib.i64s(ti.strides) if ti.strides is not None else None
+        rc = _lib.endpoint_add(
+            self._ep, name.encode(), ti.dtype.encode(), nd, _lib.u64s(ti.shape),
+            _lib.u64s(ti.offset), _lib.u64s(ti.local_shape), strides, ctypes.c_void_p(ti.ptr),
+        )
+        if rc:
+            self._fail(rc)
+        self._keep.append(ti.keep)
+
+    def _fail(self, rc: int):
+        msg = _lib.endpoint_error(self._ep).decode() if self._ep else ""
+        _raise(rc, msg or _lib.errname(rc))
+
+    def _start(self, timeout: float):
+        rc = _lib.endpoint_start(self._ep, _ns(timeout))
+        if rc:
+            self._fail(rc)
+
+    @property
+    def version(self) -> int:
+        """The last complete version (rollouts) or the last version every rollout received
+        (trainers)."""
+        return int(_lib.endpoint_version(self._ep))
+
+    def close(self):
+        """Stops the endpoint and releases its registrations (the tensors stay yours)."""
+        if self._ep:
+            _lib.endpoint_close(self._ep)
+            self._ep = ctypes.c_void_p()
+            self._keep = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Push:
+    """A pushed version: :meth:`sources` returns once this rank's tensors may change again,
+    :meth:`result` once every rollout holds the version; both raise :class:`WeightbridgeError`
+    with the controller's reason when the version failed."""
+
+    def __init__(self, trainer: "Trainer", version: int):
+        self._t = trainer
+        self.version = version
+
+    def _wait(self, ev: int, timeout: float):
+        rc = _lib.endpoint_wait_push(self._t._ep, self.version, ev, _ns(timeout))
+        if rc:
+            self._t._fail(rc)
+
+    def sources(self, timeout: float = 600.0) -> None:
+        self._wait(_lib.WB_PUSH_SOURCES, timeout)
+
+    def result(self, timeout: float = 600.0) -> int:
+        self._wait(_lib.WB_PUSH_DONE, timeout)
+        return self.version
+
+    def done(self) -> bool:
+        rc = _lib.endpoint_wait_push(self._t._ep, self.version, _lib.WB_PUSH_DONE, 0)
+        return rc != _lib.TIMEOUT
+
+
+class Trainer(_Endpoint):
+    """One trainer rank.
+
+    ``model``: a torch module whose ``named_parameters()`` are registered (FSDP2/DTensor
+    parameters register their local shard with its global shape and box, so the layout need not
+    be written by hand). ``tensors``: name -> numpy array, torch tensor or :class:`Shard`,
+    instead of or besides a model. ``dtypes``: name -> dtype for numpy arrays that hold bfloat16
+    or float8 bits. ``rank`` defaults to torchrun's ``$RANK``, ``token`` to ``$WB_TOKEN``.
+    Construction registers and waits (``timeout`` seconds) until the whole job is ready."""
+
+    def __init__(
+        self,
+        controller: str,
+        model: Any = None,
+        tensors: Optional[Mapping[str, Any]] = None,
+        *,
+        rank: Optional[int] = None,
+        token: Optional[str] = None,
+        device: Optional[int] = None,
+        dtypes: Optional[Mapping[str, str]] = None,
+        timeout: float = 600.0,
+        tx_domain: Optional[str] = None,
+        tx_extra: Optional[str] = None,
+        trace: Optional[str] = None,
+        give_up: float = 30.0,
+    ):
+        all_tensors: Dict[str, Any] = {}
+        if model is not None:
+            for name, p in model.named_parameters():
+                all_tensors[name] = p.data if hasattr(p, "data") else p
+        all_tensors.update(tensors or {})
+        super().__init__(
+            "trainer", controller, rank, token, device, all_tensors, dtypes, tx_domain, tx_extra,
+            None, trace, give_up,
+        )
+        self._start(timeout)
+
+    def push(self, version: int) -> Push:
+        """Asks for transfer ``version`` (every trainer rank pushes the same versions in order;
+        it starts when all did) and returns at once."""
+        rc = _lib.endpoint_push(self._ep, int(version))
+        if rc:
+            self._fail(rc)
+        return Push(self, int(version))
+
+
+class Rollout(_Endpoint):
+    """One rollout rank. ``params``: name -> the engine's parameter (torch tensor or numpy
+    array), named and shaped as the engine holds it (for vLLM, ``dict(model.named_parameters())``
+    after loading: fused projections, FP8 weights and ``weight_scale_inv``). ``hook(version)``
+    runs after the bytes of a version landed and before the rollout reports it received; an
+    exception in it fails the version with its message. ``dump``: a directory where every
+    complete version's tensors are written (``wb-ctl verify`` checks them)."""
+
+    def __init__(
+        self,
+        controller: str,
+        params: Mapping[str, Any],
+        *,
+        rank: Optional[int] = None,
+        token: Optional[str] = None,
+        device: Optional[int] = None,
+        dtypes: Optional[Mapping[str, str]] = None,
+        hook: Optional[Callable[[int], None]] = None,
+        timeout: float = 600.0,
+        tx_domain: Optional[str] = None,
+        tx_extra: Optional[str] = None,
+        dump: Optional[str] = None,
+        give_up: float = 30.0,
+    ):
+        super().__init__(
+            "rollout", controller, rank, token, device, dict(params), dtypes, tx_domain, tx_extra,
+            dump, None, give_up,
+        )
+        self._hook_fn = None
+        if hook is not None:
+            self._hook_fn = _lib.HOOK(self._make_hook(hook))
+            _lib.endpoint_set_hook(self._ep, self._hook_fn, None)
+        self._start(timeout)
+
+    @staticmethod
+    def _make_hook(hook: Callable[[int], None]):
+        def run(_arg, version, err, cap):
+            try:
+                hook(int(version))
+                return 0
+            except BaseException as e:  # noqa: BLE001 - any failure fails the version
+                msg = f"{type(e).__name__}: {e}".encode()[: max(0, cap - 1)]
+                ctypes.memmove(err, msg + b"\0", len(msg) + 1)
+                return 1
+
+        return run
+
+    def wait(self, version: int, timeout: float = 600.0) -> int:
+        """Returns once this rank holds ``version`` (or a newer one) complete; raises
+        :class:`WeightbridgeError` with the controller's reason when it failed (the rank keeps
+        its last complete version) and ``TimeoutError`` after ``timeout`` seconds."""
+        rc = _lib.endpoint_wait(self._ep, int(version), _ns(timeout))
+        if rc:
+            self._fail(rc)
+        return self.version
+
+
+# ---------------------------------------------------------------- planning
+
+
+class _ModelSrc(ctypes.Structure):
+    # struct wb_model_src (planner/planner.h)
+    _fields_ = [
+        ("rules", ctypes.c_char_p),
+        ("config", ctypes.c_char_p),
+        ("vars", ctypes.c_char_p),
+        ("trainer_config", ctypes.c_char_p),
+        ("trainer_inv", ctypes.c_char_p),
+        ("rollout_inv", ctypes.c_char_p),
+        ("trainer_layout", ctypes.c_char_p),
+        ("rollout_layout", ctypes.c_char_p),
+    ]
+
+
+class _PlanOpts(ctypes.Structure):
+    # struct wb_plan_opts (planner/planner.h)
+    _fields_ = [("mode", ctypes.c_int), ("mem_cap", ctypes.c_uint64), ("threads", ctypes.c_uint32)]
+
+
+_plan_json = _lib._decl(
+    "wb_plan_json", ctypes.c_int, ctypes.POINTER(_ModelSrc), ctypes.POINTER(_PlanOpts),
+    ctypes.c_bool, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+)
+_MODES = {"auto": 0, "direct": 1, "gather": 3}
+
+
+def plan(
+    model: str,
+    config: str,
+    trainer: str,
+    rollout: str,
+    *,
+    mode: str = "auto",
+    mem_cap: int = 0,
+    tables: bool = False,
+    vars: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The plan of a weight update, as ``wb-plan --json`` writes it, without any hardware:
+    ``model`` the model-family YAML, ``config`` the Hugging Face config.json, ``trainer`` and
+    ``rollout`` the cluster layouts. Raises :class:`WeightbridgeError` listing every problem."""
+    if mode not in _MODES:
+        raise ValueError(f"mode: expected one of {', '.join(_MODES)}, got {mode!r}")
+    src = _ModelSrc(
+        rules=_s(model), config=_s(config), vars=_s(vars), trainer_layout=_s(trainer),
+        rollout_layout=_s(rollout),
+    )
+    opts = _PlanOpts(mode=_MODES[mode], mem_cap=int(mem_cap), threads=0)
+    out, err = ctypes.c_void_p(), ctypes.c_void_p()
+    rc = _plan_json(ctypes.byref(src), ctypes.byref(opts), tables, ctypes.byref(out), ctypes.byref(err))
+    try:
+        if rc:
+            text = ctypes.string_at(err.value).decode() if err.value else _lib.errname(rc)
+            raise WeightbridgeError(rc, text.strip())
+        return json.loads(ctypes.string_at(out.value).decode())
+    finally:
+        _lib.free(out.value)
+        _lib.free(err.value)
+
+
+# ---------------------------------------------------------------- synthetic values
+
+
+def synth_fill(out: Any, name: str, seed: int, version: int, shape, offset, dtype: str) -> None:
+    """Fills ``out`` (a contiguous numpy array or CPU torch tensor holding the box of tensor
+    ``name`` that starts at ``offset`` in a global tensor of ``shape``) with weightbridge's
+    synthetic values of (seed, version) — what ``wb-agent`` trainers hold, so that ``wb-ctl
+    verify`` can check what rollouts received. ``dtype``: 'bf16', 'fp16' or 'fp32'."""
+    ti = info(out, dtype)
+    if ti.strides is not None or ti.device >= 0:
+        raise ValueError("synth_fill: out must be contiguous host memory")
+    rc = _lib.synth_fill(
+        name.encode(), int(seed), int(version), dtype.encode(), len(ti.local_shape),
+        _lib.u64s(shape), _lib.u64s(offset), _lib.u64s(ti.local_shape), ctypes.c_void_p(ti.ptr),
+    )
+    if rc:
+        raise WeightbridgeError(rc, f"synth_fill {name}: {_lib.errname(rc)}")

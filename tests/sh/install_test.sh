@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# install_test.sh — `make install` puts a usable library in place: into a fresh prefix it
+# installs the programs, libweightbridge.{a,so}, the headers, the pkg-config file and the
+# shipped configs; `pkg-config --cflags --libs weightbridge` then builds a tiny C program that
+# links and runs against the installed shared library, and the Python package installs offline
+# (Debian's setuptools, no index) and loads that library. Run from the repository root with the
+# build directory this script sits in (its configuration is read from BUILD/config).
+build=$(cd "$(dirname "$0")/.." && pwd)
+root=$(pwd)
+pass=0 fail=0 skip=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cfg=$(cat "$build/config")
+san=$(sed -n 's/.*san=\([01]\).*/\1/p' <<<"$cfg")
+opt=$(sed -n 's/.*opt=\(.*\) cflags=.*/\1/p' <<<"$cfg")
+cuda=$(sed -n 's/.*cuda=\([01]\).*/\1/p' <<<"$cfg")
+prefix=$tmp/prefix
+
+t() { echo "install $1 ..."; }
+ok() { echo "ok install $1"; pass=$((pass + 1)); }
+bad() { echo "    $2"; echo "FAIL install $1"; fail=$((fail + 1)); }
+
+t make_install
+if out=$(make -s -C "$root" install PREFIX="$prefix" BUILD="$build" SAN="$san" OPT="$opt" \
+    CUDA="$cuda" 2>&1) && [ -x "$prefix/bin/wb-plan" ] && [ -f "$prefix/lib/libweightbridge.so.0" ] &&
+    [ -f "$prefix/include/weightbridge/agent/agent.h" ] &&
+    [ -f "$prefix/share/weightbridge/configs/models/qwen3_moe.yaml" ]; then
+    ok make_install
+else
+    bad make_install "$(tail -5 <<<"$out")"
+fi
+
+t pkg_config_link
+export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+cat >"$tmp/hello.c" <<'C'
+#include <stdio.h>
+#include "common/common.h"
+#include "planner/planner.h"
+
+int main(void)
+{
+    struct wb_shape s = {.ndim = 2, .dim = {128, 256}};
+    printf("%s %llu %s\n", wb_strerror(-WB_E_PEER), (unsigned long long)wb_shape_numel(&s),
+           wb_plan_mode_name(WB_MODE_GATHER));
+    return 0;
+}
+C
+sanflags=""
+[ "$san" = 1 ] && sanflags="-fsanitize=address,undefined"
+if flags=$(pkg-config --cflags --libs weightbridge 2>&1) &&
+    out=$(cc -std=c11 $sanflags "$tmp/hello.c" -o "$tmp/hello" $flags 2>&1) &&
+    run=$(LD_LIBRARY_PATH=$prefix/lib ASAN_OPTIONS=detect_leaks=0 "$tmp/hello" 2>&1) &&
+    [ "$run" = "peer died or stopped answering 32768 gather" ] &&
+    LD_LIBRARY_PATH=$prefix/lib ldd "$tmp/hello" | grep -q "$prefix/lib/libweightbridge.so.0"; then
+    ok pkg_config_link
+else
+    bad pkg_config_link "pkg-config: $flags; cc: $out; ran: $run"
+fi
+
+t python_package
+py=""
+for p in /usr/bin/python3 python3; do
+    command -v "$p" >/dev/null && "$p" -c 'import setuptools, pip' 2>/dev/null && py=$p && break
+done
+if [ -z "$py" ]; then
+    echo "SKIP install python_package: skipped: no python3 with setuptools and pip"
+    skip=$((skip + 1))
+else
+    asan=$(ldd "$prefix/lib/libweightbridge.so.0" | awk '/libasan/ {print $3}')
+    if out=$("$py" -m pip install -q --no-index --no-build-isolation --target "$tmp/py" \
+        "$root/python" 2>&1) &&
+        run=$(cd "$tmp" && env -u WB_LIBRARY PYTHONPATH="$tmp/py" LD_LIBRARY_PATH="$prefix/lib" \
+            ${asan:+LD_PRELOAD=$asan} ASAN_OPTIONS=detect_leaks=0 \
+            "$py" -c 'import weightbridge as wb; print(wb.library_path)' 2>&1) &&
+        [ "$run" = "libweightbridge.so.0" ]; then
+        ok python_package
+    else
+        bad python_package "pip: $(tail -3 <<<"$out"); import: $run"
+    fi
+fi
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]

@@ -30,14 +30,21 @@ static void send_register(struct wb_endpoint *ep)
     snprintf(b.role, sizeof(b.role), "%s", ep->role);
     gethostname(b.host, sizeof(b.host) - 1);
     b.pid = (uint64_t)getpid();
+    struct wb_mpw mesh;
     wb_mpw_init(&inv);
+    wb_mpw_init(&mesh);
     ag_regs_put(ep, &inv);
     b.inv = (struct wb_bytes){inv.buf, inv.len};
+    if (ep->mesh.ndims) {
+        wb_reg_mesh_put(&mesh, &ep->mesh);
+        b.mesh = (struct wb_bytes){mesh.buf, mesh.len};
+    }
     wb_mpw_init(&w);
     wb_msg_encode(&w, WB_MSG_REGISTER, ep->o.token, &b);
     int err = wb_chan_send(&ep->call, &w);
     wb_mpw_free(&w);
     wb_mpw_free(&inv);
+    wb_mpw_free(&mesh);
     wb_log(WB_LOG_DEBUG, M, "%s rank %u: register sent: %s", ep->role, ep->o.rank,
            wb_strerror(err));
     ep->registering = err == 0;
@@ -354,6 +361,7 @@ union cmd_body {
     struct wb_body_version complete;
     struct wb_body_abort abort;
     struct wb_body_ready ready;
+    struct wb_body_error refused;
 };
 
 static int on_commands(struct wb_endpoint *ep, void *buf, size_t len)
@@ -398,6 +406,14 @@ static int on_commands(struct wb_endpoint *ep, void *buf, size_t len)
             break;
         case WB_CMD_READY:
             ag_set_ready(ep, true);
+            break;
+        case WB_CMD_REFUSED:
+            ag_set_fatal(ep, b.refused.code ? (int)b.refused.code : -WB_E_CONFIG,
+                         "%s rank %u: controller %s: %s%s%.*s", ep->role, ep->o.rank,
+                         ep->o.controller, b.refused.msg, b.refused.detail.n ? ":\n" : "",
+                         (int)b.refused.detail.n, (const char *)b.refused.detail.p);
+            ep->exiting = true;
+            ep->exit_code = b.refused.code ? (int)b.refused.code : -WB_E_CONFIG;
             break;
         case WB_CMD_EXIT:
             ep->exiting = true;
@@ -542,5 +558,5 @@ int ag_loop(struct wb_endpoint *ep)
         struct timespec ts = {0, 50 * 1000000};
         nanosleep(&ts, NULL);
     }
-    return 0;
+    return ep->exit_code;
 }

@@ -83,7 +83,17 @@ struct wb_tensor_reg {
     struct wb_box box;
     const int64_t *strides;
     void *ptr;
+    /* Trainers that know how a tensor is placed (DTensor placements): per dim of the mesh given
+     * to wb_endpoint_set_mesh(), WB_REG_REPLICATE or the tensor dim it is sharded along; NULL
+     * when not known. A job whose file names no trainer layout derives it from these. */
+    const int32_t *placement;
 };
+
+/* Trainers: the device mesh the tensors' placements refer to (ranks row-major over the dims,
+ * the first slowest), before any tensor is added. -EINVAL for more than WB_REG_MESH_DIMS dims, a
+ * size 0 or a name too long. */
+int wb_endpoint_set_mesh(struct wb_endpoint *ep, uint32_t ndims, const char *const *names,
+                         const uint32_t *sizes);
 
 /* Adds a tensor (before wb_endpoint_start). Checked here: the name is new (-EEXIST), dtype and
  * box are valid and inside the shape, the pointer is of the endpoint's memory kind (-EINVAL);
@@ -151,6 +161,6 @@ int wb_endpoint_open_args(const char *controller, const char *role, uint32_t ran
                           uint64_t give_up_ns, struct wb_endpoint **out, const char **why);
 int wb_endpoint_add_args(struct wb_endpoint *ep, const char *name, const char *dtype, uint32_t ndim,
                          const uint64_t *shape, const uint64_t *box_off, const uint64_t *box_ext,
-                         const int64_t *strides, void *ptr);
+                         const int64_t *strides, void *ptr, const int32_t *placement);
 
 #endif /* WB_AGENT_H */

@@ -97,6 +97,32 @@ int wb_endpoint_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t)
     return rc;
 }
 
+int wb_endpoint_set_mesh(struct wb_endpoint *ep, uint32_t ndims, const char *const *names,
+                         const uint32_t *sizes)
+{
+    struct wb_reg_mesh m = {.ndims = ndims};
+    int rc = ndims == 0 || ndims > WB_REG_MESH_DIMS ? -EINVAL : 0;
+    for (uint32_t d = 0; !rc && d < ndims; d++) {
+        if (!sizes[d] || !names[d] || !*names[d] || strlen(names[d]) >= WB_REG_MESH_NAME)
+            rc = -EINVAL;
+        else
+            snprintf(m.name[d], sizeof(m.name[d]), "%s", names[d]);
+        m.size[d] = sizes[d];
+    }
+    pthread_mutex_lock(&ep->mu);
+    if (rc) {
+        set_err(ep, "mesh: 1 to %d dims, each named (at most %d bytes) with a size of at least 1",
+                WB_REG_MESH_DIMS, WB_REG_MESH_NAME - 1);
+    } else if (ep->nregs || ep->thread_started) {
+        rc = -EBUSY;
+        set_err(ep, "mesh: set before any tensor is added");
+    } else {
+        ep->mesh = m;
+    }
+    pthread_mutex_unlock(&ep->mu);
+    return rc;
+}
+
 void wb_endpoint_set_hook(struct wb_endpoint *ep, wb_endpoint_hook fn, void *arg)
 {
     pthread_mutex_lock(&ep->mu);
@@ -111,6 +137,10 @@ void ag_set_fatal(struct wb_endpoint *ep, int code, const char *fmt, ...)
 {
     va_list ap;
     pthread_mutex_lock(&ep->mu);
+    if (ep->fatal) { /* the first reason is the one to tell */
+        pthread_mutex_unlock(&ep->mu);
+        return;
+    }
     va_start(ap, fmt);
     vsnprintf(ep->err, sizeof(ep->err), fmt, ap);
     va_end(ap);
@@ -407,9 +437,9 @@ int wb_endpoint_open_args(const char *controller, const char *role, uint32_t ran
 
 int wb_endpoint_add_args(struct wb_endpoint *ep, const char *name, const char *dtype, uint32_t ndim,
                          const uint64_t *shape, const uint64_t *box_off, const uint64_t *box_ext,
-                         const int64_t *strides, void *ptr)
+                         const int64_t *strides, void *ptr, const int32_t *placement)
 {
-    struct wb_tensor_reg t = {.name = name, .strides = strides, .ptr = ptr};
+    struct wb_tensor_reg t = {.name = name, .strides = strides, .ptr = ptr, .placement = placement};
     if (!dtype || wb_dtype_parse(dtype, &t.dtype)) {
         pthread_mutex_lock(&ep->mu);
         set_err(ep, "%s: unknown dtype '%s'", name ? name : "?", dtype ? dtype : "");

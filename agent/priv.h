@@ -75,6 +75,7 @@ struct wb_endpoint {
     uint64_t retry_at; /* no register before this time */
     uint64_t last_seq; /* last command handled */
     bool exiting;
+    int exit_code; /* what the loop returns once exiting (REFUSED: the controller's code) */
     struct wb_mpw queue[MAX_QUEUED]; /* calls waiting for the call channel, encoded */
     uint64_t queue_push[MAX_QUEUED]; /* the version of a queued PUSH, 0 for a report */
     size_t nq;
@@ -84,6 +85,7 @@ struct wb_endpoint {
     size_t capregs;
     struct seg *segs;
     uint32_t nsegs;
+    struct wb_reg_mesh mesh; /* trainers: ndims 0 when no placements are given */
     wb_endpoint_hook hook;
     void *hook_arg;
     /* data side (loop only) */

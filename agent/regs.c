@@ -64,6 +64,25 @@ int ag_regs_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t, char *err
         r->t.has_strides = true;
         memcpy(r->t.strides, t->strides, t->box.ndim * sizeof(int64_t));
     }
+    if (t->placement) {
+        if (!ep->mesh.ndims) {
+            snprintf(err, errcap, "%s: a placement needs the mesh (wb_endpoint_set_mesh) first",
+                     name);
+            return -EINVAL;
+        }
+        r->t.nplace = ep->mesh.ndims;
+        for (uint32_t d = 0; d < ep->mesh.ndims; d++) {
+            int32_t p = t->placement[d];
+            if (p < WB_REG_REPLICATE || p >= (int32_t)t->shape.ndim) {
+                snprintf(err, errcap,
+                         "%s: placement on mesh dim %s: %d is neither replicate (-1) nor a dim of "
+                         "the tensor",
+                         name, ep->mesh.name[d], p);
+                return -EINVAL;
+            }
+            r->t.place[d] = p;
+        }
+    }
     r->ptr = t->ptr;
     r->device = dev;
     ep->nregs++;

@@ -40,7 +40,8 @@ struct agent {
     char host[64];
     uint64_t pid;
     int64_t device;
-    bool synthetic;  /* holds no tensors of its own (wb-agent): nothing to check */
+    bool synthetic;            /* holds no tensors of its own (wb-agent): nothing to check */
+    struct ctl_blob inv, mesh; /* a deferred plan's registrations, checked once it is made */
     uint64_t pushed; /* trainers: the version this agent's process asked for (PUSH), 0: none */
     /* setup */
     uint64_t setup_session;  /* session whose SETUP report arrived */
@@ -80,9 +81,10 @@ struct wb_controller {
     struct agent *agents; /* trainers first, then rollouts */
     enum ctl_state state;
     uint64_t gen;
-    uint64_t sessions;     /* session ids handed out */
-    uint64_t last_version; /* last complete transfer */
-    uint64_t epochs;       /* transfer attempts started */
+    uint64_t sessions;         /* session ids handed out */
+    uint64_t refused_sessions; /* a deferred plan failed with these sessions: wait for new ones */
+    uint64_t last_version;     /* last complete transfer */
+    uint64_t epochs;           /* transfer attempts started */
     struct xfer x;
     bool shutting_down;
     uint64_t exit_deadline, exit_linger;
@@ -263,6 +265,73 @@ static void send_peers(struct wb_controller *c)
     wb_mpw_free(&agents);
 }
 
+static int blob_set(struct ctl_blob *b, const struct wb_bytes *x);
+static void agent_reset(struct agent *a);
+
+/* A job without a trainer layout: once every agent registered, the layout is derived from the
+ * trainers' registrations and the plan made; then every registration is checked against it as
+ * in a job planned at start. If the registrations cannot be planned at all, every agent is told
+ * why (REFUSED) and stops; an agent whose own registration does not fit the plan loses its
+ * session, registers again and is refused with its problems listed (registration_ok). Returns
+ * true when the plan exists and every registration fits it. */
+static bool finish_plan(struct wb_controller *c)
+{
+    uint32_t nt = c->plan.ntrainers;
+    struct wb_bytes *inv = calloc(nt ? nt : 1, sizeof(*inv));
+    struct wb_bytes *mesh = calloc(nt ? nt : 1, sizeof(*mesh));
+    struct wb_errlist el;
+    char *detail = NULL;
+    size_t len = 0;
+    bool ok = false;
+    wb_errlist_init(&el);
+    int err = inv && mesh ? 0 : -ENOMEM;
+    for (uint32_t t = 0; !err && t < nt; t++) {
+        inv[t] = (struct wb_bytes){c->agents[t].inv.buf, c->agents[t].inv.len};
+        mesh[t] = (struct wb_bytes){c->agents[t].mesh.buf, c->agents[t].mesh.len};
+    }
+    err = err ? err : ctl_plan_derive(c->job, &c->plan, inv, mesh, &el);
+    free(inv);
+    free(mesh);
+    if (err) {
+        struct wb_body_error e = {.code = -WB_E_CONFIG};
+        FILE *f = open_memstream(&detail, &len);
+        if (f) {
+            wb_errlist_print(&el, "", f);
+            fclose(f);
+        }
+        snprintf(e.msg, sizeof(e.msg),
+                 "register: the trainers' registrations cannot be planned (%zu problem%s)", el.n,
+                 el.n == 1 ? "" : "s");
+        e.detail = (struct wb_bytes){detail, detail ? strlen(detail) : 0};
+        wb_log(WB_LOG_WARN, M, "%s:\n%s", e.msg, detail ? detail : "");
+        for (uint32_t i = 0; i < c->nagents; i++)
+            cmd_queue(c, &c->agents[i], WB_CMD_REFUSED, &e);
+        c->refused_sessions = c->sessions;
+        free(detail);
+        wb_errlist_free(&el);
+        return false;
+    }
+    wb_errlist_free(&el);
+    wb_log(WB_LOG_INFO, M, "trainer layout derived from the registrations; planned");
+    ok = true;
+    for (uint32_t i = 0; i < c->nagents; i++) {
+        struct agent *a = &c->agents[i];
+        uint32_t n = 0;
+        struct wb_bytes b = {a->inv.buf, a->inv.len};
+        detail = NULL;
+        if (a->synthetic || ctl_check_registration(&c->plan, a->role, a->rank, &b, &detail, &n))
+            n = 0;
+        free(detail);
+        if (n) { /* its next call finds no session; its new registration is refused, listed */
+            agent_reset(a);
+            a->alive = false;
+            a->session = 0;
+            ok = false;
+        }
+    }
+    return ok;
+}
+
 /* Moves the setup state machine forward after any event. */
 static void advance(struct wb_controller *c)
 {
@@ -275,6 +344,9 @@ static void advance(struct wb_controller *c)
         }
         return;
     }
+    if (c->state == ST_WAITING && c->plan.deferred &&
+        (c->sessions == c->refused_sessions || !finish_plan(c)))
+        return;
     if (c->state == ST_WAITING) {
         c->gen++;
         set_state(c, ST_SETUP);
@@ -314,6 +386,10 @@ static void agent_reset(struct agent *a)
     cmds_clear(a);
     free(a->addr.buf);
     free(a->regions.buf);
+    free(a->inv.buf);
+    free(a->mesh.buf);
+    a->inv = a->mesh = (struct ctl_blob){0};
+    a->pushed = 0;
     a->addr = (struct ctl_blob){0};
     a->regions = (struct ctl_blob){0};
     a->setup_session = 0;
@@ -557,6 +633,8 @@ static bool registration_ok(struct wb_controller *c, nng_msg *req, enum wb_role 
     uint32_t n = 0;
     if (b->synthetic)
         return true;
+    if (c->plan.deferred) /* checked once every trainer registered (advance: finish_plan) */
+        return true;
     if (!c->plan.has_model) {
         if (b->inv.n <= 1) /* an empty array */
             return true;
@@ -635,6 +713,8 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
     a->pid = b->pid;
     a->device = b->device;
     a->synthetic = b->synthetic;
+    if (c->plan.deferred && (blob_set(&a->inv, &b->inv) || blob_set(&a->mesh, &b->mesh)))
+        wb_log(WB_LOG_ERROR, M, "%s rank %u: no memory to keep the registration", b->role, a->rank);
     wb_log(WB_LOG_INFO, M,
            "%s rank %u registered: host %s pid %" PRIu64 " device %" PRId64 " session %" PRIu64,
            b->role, a->rank, a->host, a->pid, a->device, a->session);

@@ -10,9 +10,16 @@ struct ctl_blob {
     size_t len;
 };
 
+struct wb_model;
+struct wb_trainer_layout;
+
 struct ctl_plan {
     uint32_t ntrainers, nrollouts;
-    bool has_model;          /* false: control plane only (empty tables) */
+    bool has_model; /* false: control plane only (empty tables) */
+    /* The job names no trainer layout: it is derived from the trainers' registrations, and
+     * the tables exist only after ctl_plan_finish(). md holds the loaded model until then. */
+    bool deferred;
+    struct wb_model *md;
     struct ctl_blob *table;  /* [ntrainers] planner route-table envelope (empty: no model) */
     struct ctl_blob *shards; /* [ntrainers] msgpack array of [trainer tensor index,
                                 wb_tensor_meta] for every shard the rank holds */
@@ -32,6 +39,16 @@ void ctl_model_src(const struct wb_job *job, struct wb_model_src *src);
  * tensor, file:line or rank); nothing is half-built on failure. */
 int ctl_plan_build(const struct wb_job *job, struct ctl_plan *out, struct wb_errlist *el);
 void ctl_plan_free(struct ctl_plan *p);
+/* A deferred plan, once the trainer layout is known (it is taken over, *tl left zeroed): plans
+ * and encodes; on failure p stays deferred and el says why. */
+int ctl_plan_finish(const struct wb_job *job, struct ctl_plan *p, struct wb_trainer_layout *tl,
+                    struct wb_errlist *el);
+
+/* derive.c: a deferred plan, made from every trainer's registration (inv[r], mesh[r]: REGISTER's
+ * inventory and mesh of trainer rank r): the trainer layout is derived from their placements,
+ * then planned (ctl_plan_finish). Every problem goes to el; p stays deferred on failure. */
+int ctl_plan_derive(const struct wb_job *job, struct ctl_plan *p, const struct wb_bytes *inv,
+                    const struct wb_bytes *mesh, struct wb_errlist *el);
 
 /* register.c: checks the tensors an agent registered (REGISTER.inv) against what the plan
  * expects of (role, rank). On success *detail (malloc'd, free it) holds one line per problem

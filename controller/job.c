@@ -35,7 +35,9 @@ const struct wb_cfg_field wb_job_fields[] = {
      offsetof(struct wb_job, token)},
     {"model", WB_CFG_SECTION, "", "what moves: rules and the two inventories",
      offsetof(struct wb_job, model), NULL, model_fields},
-    {"trainer_layout", WB_CFG_STR, "", "trainer cluster layout YAML (configs/clusters/...)",
+    {"trainer_layout", WB_CFG_STR, "",
+     "trainer cluster layout YAML (configs/clusters/...); empty with trainers: N: derived from "
+     "the placements the trainers register (DTensor)",
      offsetof(struct wb_job, trainer_layout)},
     {"rollout_layout", WB_CFG_STR, "", "rollout cluster layout YAML",
      offsetof(struct wb_job, rollout_layout)},
@@ -127,9 +129,13 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
                                        "model.rollout_inventory", "trainer_layout",
                                        "rollout_layout"};
     const char *gen = *j.model.hf_config ? "(from hf_config)" : "";
+    /* No trainer layout: it is derived from what the trainers register (DTensor placements),
+     * which needs their count. */
+    const char *derived =
+        *j.model.rules && !*j.trainer_layout && j.trainers ? "(from the registrations)" : "";
     const char *have[] = {j.model.rules, *gen ? gen : j.model.trainer_inventory,
-                          *gen ? gen : j.model.rollout_inventory, j.trainer_layout,
-                          j.rollout_layout};
+                          *gen ? gen : j.model.rollout_inventory,
+                          *derived ? derived : j.trainer_layout, j.rollout_layout};
     bool any = false;
     for (size_t i = 0; i < WB_ARRAY_LEN(need); i++)
         any |= *have[i] != 0;

@@ -103,18 +103,15 @@ void ctl_model_src(const struct wb_job *job, struct wb_model_src *src)
                                  .rollout_layout = job->rollout_layout};
 }
 
-static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_errlist *el)
+/* Plans a loaded model (its layouts loaded or derived) and encodes what every agent gets. */
+static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_model *mdp,
+                       struct wb_errlist *el)
 {
-    struct wb_model_src src;
-    struct wb_model md;
+    struct wb_model md = *mdp; /* read only here; the caller owns it */
     struct wb_plan *plan = NULL;
-    ctl_model_src(job, &src);
-    int err = wb_model_load(&src, &md, el);
-    if (err)
-        return err;
     struct wb_plan_input in = wb_model_input(&md);
     struct wb_plan_opts opts = {(enum wb_plan_mode)job->mode, job->mem_cap};
-    err = wb_plan_build(&in, &opts, &plan, el);
+    int err = wb_plan_build(&in, &opts, &plan, el);
     if (err)
         goto out;
     if ((job->trainers && job->trainers != plan->ntrainers) ||
@@ -181,8 +178,69 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
     }
 out:
     wb_plan_free(plan);
+    return err;
+}
+
+static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_errlist *el)
+{
+    struct wb_model_src src;
+    ctl_model_src(job, &src);
+    if (!*job->trainer_layout) { /* derived from what the trainers register (register.c) */
+        src.rollout_layout = NULL;
+        p->md = calloc(1, sizeof(*p->md));
+        if (!p->md)
+            return -ENOMEM;
+        int err = wb_model_load(&src, p->md, el);
+        if (!err) {
+            err = wb_rollout_layout_load(job->rollout_layout, &p->md->rl, el);
+            p->md->have_layouts = err == 0; /* tl comes later; both are freed together */
+        }
+        if (err)
+            return err;
+        p->has_model = p->deferred = true;
+        p->ntrainers = (uint32_t)job->trainers;
+        p->nrollouts = p->md->rl.replicas * p->md->rl.gpus_per_replica;
+        if (job->rollouts && job->rollouts != p->nrollouts) {
+            wb_errlist_add(el, "job: rollouts %llu disagree with the rollout layout (%u)",
+                           (unsigned long long)job->rollouts, p->nrollouts);
+            return -WB_E_CONFIG;
+        }
+        char text[256];
+        snprintf(text, sizeof(text),
+                 "job %s: the trainer layout is derived from the %u trainers' registrations; "
+                 "planned once they all registered\n",
+                 job->name, p->ntrainers);
+        p->summary = strdup(text);
+        return p->summary ? 0 : -ENOMEM;
+    }
+    struct wb_model md;
+    int err = wb_model_load(&src, &md, el);
+    if (err)
+        return err;
+    err = plan_encode(job, p, &md, el);
     wb_model_free(&md);
     return err;
+}
+
+int ctl_plan_finish(const struct wb_job *job, struct ctl_plan *p, struct wb_trainer_layout *tl,
+                    struct wb_errlist *el)
+{
+    struct ctl_plan q;
+    memset(&q, 0, sizeof(q));
+    p->md->tl = *tl; /* the model owns it from now on */
+    memset(tl, 0, sizeof(*tl));
+    int err = wb_layout_check(&p->md->tl, &p->md->rl, el);
+    err = err ? err : plan_encode(job, &q, p->md, el);
+    if (err) {
+        ctl_plan_free(&q);
+        wb_trainer_layout_free(&p->md->tl);
+        return err;
+    }
+    q.md = p->md;
+    p->md = NULL;
+    ctl_plan_free(p);
+    *p = q; /* deferred no more */
+    return 0;
 }
 
 int ctl_plan_build(const struct wb_job *job, struct ctl_plan *out, struct wb_errlist *el)
@@ -205,6 +263,10 @@ int ctl_plan_build(const struct wb_job *job, struct ctl_plan *out, struct wb_err
 
 void ctl_plan_free(struct ctl_plan *p)
 {
+    if (p->md) {
+        wb_model_free(p->md);
+        free(p->md);
+    }
     for (uint32_t i = 0; p->table && i < p->ntrainers; i++) {
         free(p->table[i].buf);
         free(p->shards[i].buf);

@@ -7,6 +7,7 @@
  * file:line:col. Placement values (`shard(0)`, `layer`, ...) are keyed by mesh dim names, which
  * are only known at run time, so they are parsed by hand against the declared dims. */
 #include <errno.h>
+#include <inttypes.h>
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
@@ -452,9 +453,101 @@ void wb_trainer_layout_free(struct wb_trainer_layout *t)
     for (size_t i = 0; i < t->nrules; i++)
         free(t->rules[i].pattern);
     free(t->rules);
+    for (size_t i = 0; i < t->nnamed; i++)
+        free(t->named[i]);
+    free(t->named);
+    free(t->named_rule);
     wb_hw_free(&t->hw);
     free(t->path);
     memset(t, 0, sizeof(*t));
+}
+
+/* ---------------------------------------------------------------- placements by name */
+
+struct named {
+    const char *name;
+    uint32_t i;
+};
+
+static int cmp_named(const void *a, const void *b)
+{
+    return strcmp(((const struct named *)a)->name, ((const struct named *)b)->name);
+}
+
+int wb_trainer_layout_from_placements(uint32_t ndims, const struct wb_mesh_dim *dims,
+                                      uint32_t gpus_per_node, enum wb_residence residence, size_t n,
+                                      const char *const *names, const struct wb_placement *place,
+                                      const char *origin, struct wb_trainer_layout *out,
+                                      struct wb_errlist *el)
+{
+    struct wb_trainer_layout t;
+    memset(&t, 0, sizeof(t));
+    if (ndims == 0 || ndims > WB_MESH_MAX_DIMS) {
+        wb_errlist_add(el, "%s: a mesh of %u dims (1 to %d)", origin, ndims, WB_MESH_MAX_DIMS);
+        return -WB_E_CONFIG;
+    }
+    uint64_t world = 1;
+    t.ndims = ndims;
+    for (uint32_t d = 0; d < ndims; d++) {
+        t.dim[d] = dims[d];
+        world *= dims[d].size;
+    }
+    if (world == 0 || world > UINT32_MAX) {
+        wb_errlist_add(el, "%s: mesh of %" PRIu64 " ranks", origin, world);
+        return -WB_E_CONFIG;
+    }
+    t.world = (uint32_t)world;
+    t.gpus_per_node = gpus_per_node ? gpus_per_node : (t.world < 8 ? t.world : 8);
+    t.residence = residence;
+    struct named *ord = calloc(n ? n : 1, sizeof(*ord));
+    t.named = calloc(n ? n : 1, sizeof(char *));
+    t.named_rule = calloc(n ? n : 1, sizeof(uint32_t));
+    t.path = strdup(origin);
+    int err = ord && t.named && t.named_rule && t.path ? 0 : -ENOMEM;
+    for (size_t i = 0; !err && i < n; i++)
+        ord[i] = (struct named){names[i], (uint32_t)i};
+    if (!err)
+        qsort(ord, n, sizeof(*ord), cmp_named);
+    size_t cap = 0;
+    for (size_t k = 0; !err && k < n; k++) {
+        const struct wb_placement *p = &place[(size_t)ord[k].i * ndims];
+        if (k && strcmp(ord[k].name, ord[k - 1].name) == 0) {
+            wb_errlist_add(el, "%s: %s: placed twice", origin, ord[k].name);
+            err = -WB_E_CONFIG;
+            break;
+        }
+        size_t r = 0; /* one rule per distinct placement, so templates still see the classes */
+        while (r < t.nrules && memcmp(t.rules[r].place, p, ndims * sizeof(*p)) != 0)
+            r++;
+        if (r == t.nrules) {
+            if (t.nrules == cap && wb_grow(&t.rules, &cap, 8, sizeof(*t.rules))) {
+                err = -ENOMEM;
+                break;
+            }
+            struct wb_place_rule *nr = &t.rules[t.nrules];
+            memset(nr, 0, sizeof(*nr));
+            memcpy(nr->place, p, ndims * sizeof(*p));
+            nr->pattern = strdup(""); /* matches no name: only by name */
+            if (!nr->pattern) {
+                err = -ENOMEM;
+                break;
+            }
+            t.nrules++;
+        }
+        t.named[k] = strdup(ord[k].name);
+        t.named_rule[k] = (uint32_t)r;
+        t.nnamed = k + 1;
+        if (!t.named[k])
+            err = -ENOMEM;
+    }
+    free(ord);
+    if (err) {
+        wb_trainer_layout_free(&t);
+        memset(out, 0, sizeof(*out));
+        return err;
+    }
+    *out = t;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- rollout */

@@ -264,6 +264,11 @@ void wb_placement_map_free(struct wb_placement_map *pm)
     free(pm);
 }
 
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_inventory *inv,
                            const bool *used, struct wb_placement_map **out, struct wb_errlist *el)
 {
@@ -297,7 +302,14 @@ int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_i
             continue;
         const struct wb_param *prm = &inv->p[t];
         int64_t *c = &caps[2 * t];
-        for (size_t r = 0; r < tl->nrules; r++) {
+        c[0] = c[1] = -1;
+        if (tl->nnamed) { /* placed by name: no captures, no pattern */
+            const char *key = prm->name;
+            char **hit = bsearch(&key, tl->named, tl->nnamed, sizeof(char *), cmp_name);
+            if (hit)
+                tp->rule = (int32_t)tl->named_rule[hit - tl->named];
+        }
+        for (size_t r = 0; tp->rule < 0 && r < tl->nrules; r++) {
             c[0] = c[1] = -1;
             if (pattern_match(tl->rules[r].pattern, prm->name, c)) {
                 tp->rule = (int32_t)r;

@@ -93,6 +93,11 @@ struct wb_trainer_layout {
     enum wb_residence residence;
     size_t nrules;
     struct wb_place_rule *rules;
+    /* Tensors placed by name (a layout derived from what the trainers registered): named[i]
+     * takes rule named_rule[i]; sorted by name, looked up before any pattern. */
+    size_t nnamed;
+    char **named;
+    uint32_t *named_rule;
     struct wb_hw hw;
     char *path; /* file it came from, for messages */
 };
@@ -114,6 +119,15 @@ int wb_hw_load(const char *path, struct wb_hw *out, struct wb_errlist *el);
 void wb_trainer_layout_free(struct wb_trainer_layout *t);
 void wb_rollout_layout_free(struct wb_rollout_layout *r);
 void wb_hw_free(struct wb_hw *hw);
+/* A layout from placements known per tensor instead of a file (what trainers register from
+ * their DTensors): world = product of the dims, one rule per distinct placement, each tensor
+ * placed by name. names[i] takes place[i * ndims .. + ndims). `origin` names it in messages.
+ * Every problem goes to el (-WB_E_CONFIG); *out is zeroed on failure. */
+int wb_trainer_layout_from_placements(uint32_t ndims, const struct wb_mesh_dim *dims,
+                                      uint32_t gpus_per_node, enum wb_residence residence, size_t n,
+                                      const char *const *names, const struct wb_placement *place,
+                                      const char *origin, struct wb_trainer_layout *out,
+                                      struct wb_errlist *el);
 /* Documented defaults of each file, as YAML (for --dump-config). */
 void wb_layout_dump_docs(FILE *f);
 

@@ -88,6 +88,7 @@ static const struct wb_field f_register[] = {
     F(struct wb_body_register, "pid", WB_FIELD_U64, true, pid),
     F(struct wb_body_register, "synthetic", WB_FIELD_BOOL, false, synthetic),
     F(struct wb_body_register, "inv", WB_FIELD_OBJ, false, inv),
+    F(struct wb_body_register, "mesh", WB_FIELD_OBJ, false, mesh),
 };
 static const struct wb_field f_heartbeat[] = {
     SESSION(struct wb_body_heartbeat),
@@ -234,6 +235,7 @@ static const struct spec specs[] = {
     S(WB_CMD_ABORT, "ABORT", f_abort),
     S0(WB_CMD_EXIT, "EXIT"),
     S(WB_CMD_READY, "READY", f_ready),
+    S(WB_CMD_REFUSED, "REFUSED", f_error),
     S(WB_BODY_STATS, "STATS", f_stats),
     S(WB_BODY_AGENT_STATUS, "AGENT_STATUS", f_agent_status),
 };
@@ -544,23 +546,53 @@ int wb_body_get(struct wb_mpr *r, uint32_t type, void *body, char *why, size_t w
 
 void wb_reg_put(struct wb_mpw *w, const struct wb_reg_tensor *t)
 {
-    wb_mpw_array(w, 2);
+    wb_mpw_array(w, t->nplace ? 3 : 2);
     wb_wire_put_tensor_meta(w, &t->meta);
     if (!t->has_strides) {
         wb_mpw_nil(w);
-        return;
+    } else {
+        wb_mpw_array(w, t->meta.box.ndim);
+        for (uint32_t d = 0; d < t->meta.box.ndim; d++)
+            wb_mpw_i64(w, t->strides[d]);
     }
-    wb_mpw_array(w, t->meta.box.ndim);
-    for (uint32_t d = 0; d < t->meta.box.ndim; d++)
-        wb_mpw_i64(w, t->strides[d]);
+    if (t->nplace) {
+        wb_mpw_array(w, t->nplace);
+        for (uint32_t d = 0; d < t->nplace; d++)
+            wb_mpw_i64(w, t->place[d]);
+    }
+}
+
+void wb_reg_mesh_put(struct wb_mpw *w, const struct wb_reg_mesh *m)
+{
+    wb_mpw_array(w, m->ndims);
+    for (uint32_t d = 0; d < m->ndims; d++) {
+        wb_mpw_array(w, 2);
+        wb_mpw_str(w, m->name[d]);
+        wb_mpw_u64(w, m->size[d]);
+    }
+}
+
+int wb_reg_mesh_get(struct wb_mpr *r, struct wb_reg_mesh *out)
+{
+    struct wb_reg_mesh m;
+    uint32_t two;
+    memset(&m, 0, sizeof(m));
+    if (wb_mpr_array(r, WB_REG_MESH_DIMS, &m.ndims) || m.ndims == 0)
+        return -EBADMSG;
+    for (uint32_t d = 0; d < m.ndims; d++)
+        if (wb_mpr_array(r, 2, &two) || two != 2 || wb_mpr_str(r, m.name[d], WB_REG_MESH_NAME) ||
+            wb_mpr_u32(r, &m.size[d]) || m.size[d] == 0)
+            return -EBADMSG;
+    *out = m;
+    return 0;
 }
 
 int wb_reg_get(struct wb_mpr *r, struct wb_reg_tensor *t)
 {
     struct wb_reg_tensor x;
-    uint32_t two, n;
+    uint32_t k, n;
     memset(&x, 0, sizeof(x));
-    if (wb_mpr_array(r, 2, &two) || two != 2 || wb_wire_get_tensor_meta(r, &x.meta))
+    if (wb_mpr_array(r, 3, &k) || k < 2 || wb_wire_get_tensor_meta(r, &x.meta))
         return -EBADMSG;
     if (!wb_mpr_nil(r)) {
         if (wb_mpr_array(r, WB_MAX_DIMS, &n) || n != x.meta.box.ndim)
@@ -569,6 +601,16 @@ int wb_reg_get(struct wb_mpr *r, struct wb_reg_tensor *t)
             if (wb_mpr_i64(r, &x.strides[d]))
                 return -EBADMSG;
         x.has_strides = true;
+    }
+    if (k == 3) {
+        if (wb_mpr_array(r, WB_REG_MESH_DIMS, &x.nplace) || x.nplace == 0)
+            return -EBADMSG;
+        for (uint32_t d = 0; d < x.nplace; d++) {
+            int64_t v;
+            if (wb_mpr_i64(r, &v) || v < WB_REG_REPLICATE || v >= (int64_t)x.meta.shape.ndim)
+                return -EBADMSG;
+            x.place[d] = (int32_t)v;
+        }
     }
     *t = x;
     return 0;

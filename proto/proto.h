@@ -81,6 +81,8 @@ enum wb_msg_type {
     WB_CMD_ABORT,          /* struct wb_body_abort */
     WB_CMD_EXIT,           /* no fields: clean shutdown */
     WB_CMD_READY,          /* struct wb_body_ready: every agent is set up; transfers may run */
+    WB_CMD_REFUSED,        /* struct wb_body_error: the registration cannot be planned (every
+                              problem in detail); the agent stops */
     /* nested maps */
     WB_BODY_STATS = 0x0740, /* struct wb_xfer_stats */
     WB_BODY_AGENT_STATUS,   /* struct wb_body_agent_status (one entry of STATUS.agents) */
@@ -126,19 +128,36 @@ struct wb_body_register {
     int64_t device; /* GPU index, -1: host memory */
     char host[WB_HOST_MAX];
     uint64_t pid;
-    bool synthetic;      /* the agent holds no tensors of its own: it allocates what the plan
-                            assigns and fills trainer shards from the synthetic source */
-    struct wb_bytes inv; /* msgpack array of struct wb_reg_tensor (wb_reg_put) */
+    bool synthetic;       /* the agent holds no tensors of its own: it allocates what the plan
+                             assigns and fills trainer shards from the synthetic source */
+    struct wb_bytes inv;  /* msgpack array of struct wb_reg_tensor (wb_reg_put) */
+    struct wb_bytes mesh; /* trainers: struct wb_reg_mesh (wb_reg_mesh_put), or nothing */
 };
 
 /* One tensor an endpoint registers: its metadata (name, dtype, global shape, the box this rank
- * holds; a rollout's shape is its local tensor's and the box all of it) and, when it is not
- * laid out contiguously row-major, its strides in elements. */
+ * holds; a rollout's shape is its local tensor's and the box all of it), when it is not laid
+ * out contiguously row-major its strides in elements, and — for a trainer whose process knows
+ * it (a DTensor) — how it is placed on the trainers' device mesh: per mesh dim,
+ * WB_REG_REPLICATE or the tensor dim it is sharded along (torch.chunk rule). */
+enum { WB_REG_MESH_DIMS = 6, WB_REG_REPLICATE = -1 };
 struct wb_reg_tensor {
     struct wb_tensor_meta meta;
     bool has_strides;
     int64_t strides[WB_MAX_DIMS];
+    uint32_t nplace; /* 0: not given */
+    int32_t place[WB_REG_MESH_DIMS];
 };
+
+/* The trainers' device mesh an endpoint's placements refer to (REGISTER.mesh): dims in the
+ * order ranks are numbered, row-major (the first dim is the slowest). */
+enum { WB_REG_MESH_NAME = 16 };
+struct wb_reg_mesh {
+    uint32_t ndims;
+    char name[WB_REG_MESH_DIMS][WB_REG_MESH_NAME];
+    uint32_t size[WB_REG_MESH_DIMS];
+};
+void wb_reg_mesh_put(struct wb_mpw *w, const struct wb_reg_mesh *m);
+int wb_reg_mesh_get(struct wb_mpr *r, struct wb_reg_mesh *m);
 void wb_reg_put(struct wb_mpw *w, const struct wb_reg_tensor *t);
 /* -EBADMSG for a malformed entry (r fails). */
 int wb_reg_get(struct wb_mpr *r, struct wb_reg_tensor *t);

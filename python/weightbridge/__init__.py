@@ -97,6 +97,7 @@ class _Endpoint:
         dump: Optional[str],
         trace: Optional[str],
         give_up: float,
+        mesh: Optional[Any] = None,
     ):
         self._ep = ctypes.c_void_p()
         self._keep = []
@@ -120,18 +121,36 @@ class _Endpoint:
         if rc:
             _raise(rc, f"{role} rank {self.rank}: " + (why.value.decode() if why.value else _lib.errname(rc)))
         try:
+            meshes = {ti.mesh for ti in infos.values() if ti.mesh is not None}
+            if mesh is not None:
+                meshes.add(tuple((str(n), int(s)) for n, s in mesh))
+            if len(meshes) > 1:
+                raise ValueError(f"tensors on several device meshes {sorted(meshes)}: one at a time")
+            if meshes:
+                self._set_mesh(meshes.pop())
             for name, ti in infos.items():
                 self._add(name, ti)
         except BaseException:
             self.close()
             raise
 
+    def _set_mesh(self, dims):
+        names = (ctypes.c_char_p * len(dims))(*[n.encode() for n, _ in dims])
+        sizes = (ctypes.c_uint32 * len(dims))(*[s for _, s in dims])
+        rc = _lib.endpoint_set_mesh(self._ep, len(dims), names, sizes)
+        if rc:
+            self._fail(rc)
+
     def _add(self, name: str, ti: TensorInfo):
         nd = len(ti.local_shape)
         strides = _lib.i64s(ti.strides) if ti.strides is not None else None
+        place = None
+        if ti.placement is not None:
+            place = (ctypes.c_int32 * len(ti.placement))(*ti.placement)
         rc = _lib.endpoint_add(
             self._ep, name.encode(), ti.dtype.encode(), nd, _lib.u64s(ti.shape),
             _lib.u64s(ti.offset), _lib.u64s(ti.local_shape), strides, ctypes.c_void_p(ti.ptr),
+            place,
         )
         if rc:
             self._fail(rc)
@@ -202,8 +221,8 @@ class Trainer(_Endpoint):
     """One trainer rank.
 
     ``model``: a torch module whose ``named_parameters()`` are registered (FSDP2/DTensor
-    parameters register their local shard with its global shape and box, so the layout need not
-    be written by hand). ``tensors``: name -> numpy array, torch tensor or :class:`Shard`,
+    parameters register their local shard with its global shape, box and placements, so a job
+    file may leave the trainer layout out: the controller derives it). ``tensors``: name -> numpy array, torch tensor or :class:`Shard`,
     instead of or besides a model. ``dtypes``: name -> dtype for numpy arrays that hold bfloat16
     or float8 bits. ``rank`` defaults to torchrun's ``$RANK``, ``token`` to ``$WB_TOKEN``.
     Construction registers and waits (``timeout`` seconds) until the whole job is ready."""
@@ -223,7 +242,10 @@ class Trainer(_Endpoint):
         tx_extra: Optional[str] = None,
         trace: Optional[str] = None,
         give_up: float = 30.0,
+        mesh: Optional[Any] = None,
     ):
+        """``mesh``: [(name, size), ...] of the device mesh :class:`Shard` placements refer to
+        (DTensors bring their own)."""
         all_tensors: Dict[str, Any] = {}
         if model is not None:
             for name, p in model.named_parameters():
@@ -231,7 +253,7 @@ class Trainer(_Endpoint):
         all_tensors.update(tensors or {})
         super().__init__(
             "trainer", controller, rank, token, device, all_tensors, dtypes, tx_domain, tx_extra,
-            None, trace, give_up,
+            None, trace, give_up, mesh,
         )
         self._start(timeout)
 

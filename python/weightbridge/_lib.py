@@ -85,7 +85,11 @@ endpoint_open = _decl(
 endpoint_add = _decl(
     "wb_endpoint_add_args", ctypes.c_int,
     ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32, c_u64p, c_u64p, c_u64p,
-    c_i64p, ctypes.c_void_p,
+    c_i64p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32),
+)
+endpoint_set_mesh = _decl(
+    "wb_endpoint_set_mesh", ctypes.c_int,
+    ctypes.c_void_p, ctypes.c_uint32, c_charpp, ctypes.POINTER(ctypes.c_uint32),
 )
 endpoint_set_hook = _decl("wb_endpoint_set_hook", None, ctypes.c_void_p, HOOK, ctypes.c_void_p)
 endpoint_start = _decl("wb_endpoint_start", ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)

@@ -12,11 +12,15 @@ from typing import Any, Optional, Sequence, Tuple
 class Shard:
     """A trainer's piece of a global tensor, for tensors that are not DTensors: ``local`` holds
     rows/columns ``offset[d] .. offset[d] + local.shape[d]`` of the global tensor of shape
-    ``shape`` (a numpy array or a torch tensor)."""
+    ``shape`` (a numpy array or a torch tensor). ``placement``, when given, says how the tensor
+    lies on the trainers' device mesh (``Trainer(mesh=...)``): per mesh dim ``None`` for
+    replicated or the tensor dim it is sharded along (torch.chunk rule) — what a DTensor's
+    placements say, so that the job needs no trainer layout file."""
 
     local: Any
     shape: Sequence[int]
     offset: Sequence[int]
+    placement: Optional[Sequence[Optional[int]]] = None
 
 
 @dataclass
@@ -29,6 +33,8 @@ class TensorInfo:
     shape: Tuple[int, ...]  # global shape
     offset: Tuple[int, ...]  # where the local box starts in the global tensor
     keep: Any  # the object that owns the memory (kept alive by the endpoint)
+    placement: Optional[Tuple[int, ...]] = None  # per mesh dim: -1 replicate, d: Shard(d)
+    mesh: Optional[Tuple[Tuple[str, int], ...]] = None  # a DTensor's device mesh
 
 
 _NUMPY_DTYPES = {"float16": "fp16", "float32": "fp32", "int32": "i32", "int64": "i64"}
@@ -59,15 +65,33 @@ def _dtensor_local(t):
         raise ValueError(
             f"DTensor local shape {tuple(local.shape)} differs from the placement's {tuple(lshape)}"
         )
-    return local, tuple(int(d) for d in t.shape), tuple(int(o) for o in offset)
+    mesh = t.device_mesh
+    ranks = mesh.mesh.flatten().tolist()
+    if ranks != list(range(len(ranks))):
+        raise ValueError(
+            "the DTensor's device mesh does not number its ranks 0..N-1 row-major; weightbridge "
+            "numbers trainer ranks that way"
+        )
+    names = mesh.mesh_dim_names or tuple(f"d{i}" for i in range(mesh.ndim))
+    place = []
+    for p in t.placements:
+        if p.is_replicate():
+            place.append(-1)
+        elif p.is_shard():
+            place.append(int(p.dim))
+        else:
+            raise ValueError(f"placement {p} (partial values) cannot be moved; reduce it first")
+    dims = tuple((str(n), int(s)) for n, s in zip(names, mesh.mesh.shape))
+    return local, tuple(int(d) for d in t.shape), tuple(int(o) for o in offset), tuple(place), dims
 
 
 def _torch_info(t, shape=None, offset=None) -> TensorInfo:
     import torch
 
     d = _dtensor_local(t)
+    placement = mesh = None
     if d is not None:
-        t, shape, offset = d
+        t, shape, offset, placement, mesh = d
     if t.dtype == torch.bfloat16:
         dt = "bf16"
     elif t.dtype == torch.float16:
@@ -97,6 +121,8 @@ def _torch_info(t, shape=None, offset=None) -> TensorInfo:
         shape=tuple(shape) if shape is not None else local_shape,
         offset=tuple(offset) if offset is not None else (0,) * len(local_shape),
         keep=t,
+        placement=placement,
+        mesh=mesh,
     )
 
 
@@ -130,10 +156,14 @@ def info(x, dtype: Optional[str] = None) -> TensorInfo:
     """Describes x: a numpy array, a torch tensor or DTensor, or a Shard of one. ``dtype``
     names the element type where the array's own cannot (numpy uint16 holding bfloat16, uint8
     holding float8_e4m3fn)."""
-    shape = offset = None
+    shape = offset = placement = None
     if isinstance(x, Shard):
+        if x.placement is not None:
+            placement = tuple(-1 if p is None else int(p) for p in x.placement)
         x, shape, offset = x.local, tuple(int(d) for d in x.shape), tuple(int(o) for o in x.offset)
     ti = _torch_info(x, shape, offset) if _is_torch(x) else _numpy_info(x, shape, offset)
+    if placement is not None:
+        ti.placement = placement
     if dtype is not None:
         ti.dtype = dtype
     if not ti.dtype:

@@ -133,12 +133,24 @@ NP = {"bf16": np.uint16, "fp8_e4m3": np.uint8, "fp32": np.float32}
 # ---------------------------------------------------------------- the processes
 
 
-def run_trainer(rank, url):
-    shards = trainer_shards(rank)
+def fsdp_shards(rank, world=FSDP * EP):
+    """FSDP2 over a 1-d mesh of every trainer: each tensor Shard(0) in `world` chunks."""
+    out = {}
+    for name, shape in trainer_inventory():
+        off, n = chunk(shape[0], world, rank)
+        out[name] = (shape, (off,) + (0,) * (len(shape) - 1), (n,) + tuple(shape[1:]))
+    return out
+
+
+def run_trainer(rank, url, derived=""):
+    shards = fsdp_shards(rank) if derived else trainer_shards(rank)
     arrays = {name: np.zeros(local, dtype=np.uint16) for name, (_, _, local) in shards.items()}
-    tensors = {name: wb.Shard(arrays[name], shape, off) for name, (shape, off, _) in shards.items()}
+    place = (0,) if derived else None
+    if derived == "wrongbox" and rank == 1:  # says Shard(0) but holds another rank's rows
+        shards["model.norm.weight"] = fsdp_shards(2)["model.norm.weight"]
+    tensors = {name: wb.Shard(arrays[name], shape, off, place) for name, (shape, off, _) in shards.items()}
     t = wb.Trainer(url, tensors=tensors, rank=rank, token=TOKEN, dtypes={n: "bf16" for n in shards},
-                   tx_domain="lo", timeout=60)
+                   tx_domain="lo", timeout=60, mesh=[("fsdp", FSDP * EP)] if derived else None)
     for v in VERSIONS:
         for name, (shape, off, _) in shards.items():  # the "optimizer step"
             wb.synth_fill(arrays[name], name, SEED, v, shape, off, "bf16")
@@ -216,12 +228,12 @@ def spawn(*args, log=None):
 
 
 class Controller:
-    def __init__(self, tmp):
+    def __init__(self, tmp, job=JOB):
         self.port = 20000 + random.randrange(20000)
         self.url = f"tcp://127.0.0.1:{self.port}"
         self.log = open(os.path.join(tmp, f"controller{self.port}.log"), "w")
         env = dict(os.environ, WB_TOKEN=TOKEN)
-        self.p = subprocess.Popen([os.path.join(BIN, "wb-controller"), "--config", JOB, "--listen", self.url],
+        self.p = subprocess.Popen([os.path.join(BIN, "wb-controller"), "--config", job, "--listen", self.url],
                                   env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def ctl(self, *args, timeout=30):
@@ -278,6 +290,75 @@ def test_three_versions(tmp):
         c.stop()
 
 
+def derived_job(tmp):
+    """The demo job without a trainer layout: 4 trainers whose placements say it."""
+    path = os.path.join(tmp, "derived.yaml")
+    with open(path, "w") as f:
+        f.write(f"""name: derived
+model:
+  rules: {ROOT}/configs/models/qwen3_moe.yaml
+  hf_config: {CONFIG}
+trainers: {FSDP * EP}
+rollout_layout: {ROOT}/configs/jobs/demo/rollout.yaml
+mem_cap: 4MiB
+seed: {SEED}
+""")
+    return path
+
+
+def test_derived_layout(tmp):
+    """No trainer layout in the job: FSDP2-like trainers register Shard(0) placements on a
+    4-rank mesh; the controller derives the layout, plans, and the bytes are right."""
+    job = derived_job(tmp)
+    dump = os.path.join(tmp, "dump-derived")
+    os.makedirs(dump)
+    c = Controller(tmp, job)
+    procs = []
+    try:
+        for r in range(2):
+            procs.append(("rollout", r, spawn("rollout", r, c.url, dump)))
+        for r in range(FSDP * EP):
+            procs.append(("trainer", r, spawn("trainer", r, c.url, "fsdp")))
+        for role, r, p in procs:
+            out, _ = p.communicate(timeout=180)
+            check(p.returncode == 0, f"{role} {r} exited {p.returncode}:\n{out.decode()}")
+        res = subprocess.run([os.path.join(BIN, "wb-ctl"), "verify", "--config", JOB, "--dump", dump,
+                              "--version", str(VERSIONS[-1])], capture_output=True, text=True, timeout=120)
+        check(res.returncode == 0 and "every byte equals the reference" in res.stdout, res.stdout + res.stderr)
+        plan = c.ctl("plan").stdout
+        check("trainer" in plan, plan)
+    finally:
+        for _, _, p in procs:
+            if p.poll() is None:
+                p.kill()
+        c.stop()
+
+
+def test_derived_layout_refused(tmp):
+    """A trainer whose box disagrees with its own placement: the derived plan refuses it with
+    the tensor named, and nothing moves."""
+    c = Controller(tmp, derived_job(tmp))
+    procs = []
+    try:
+        for r in range(2):
+            procs.append(("rollout", r, spawn("rollout", r, c.url, tmp)))
+        for r in range(FSDP * EP):
+            procs.append(("trainer", r, spawn("trainer", r, c.url, "wrongbox")))
+        _, _, bad = procs[3]  # trainer rank 1
+        out, _ = bad.communicate(timeout=120)
+        text = out.decode()
+        check(bad.returncode == 3, f"trainer 1 exited {bad.returncode}:\n{text}")
+        check(f"trainer rank 1: controller {c.url}: register: 1 registration problem" in text, text)
+        check("trainer rank 1: model.norm.weight: box [128:192], expected [64:128]" in text, text)
+        st = c.ctl("status").stdout
+        check("version 0, in flight: none" in st, st)
+    finally:
+        for _, _, p in procs:
+            if p.poll() is None:
+                p.kill()
+        c.stop()
+
+
 BAD = {
     "missing": ["register: 1 registration problem (nothing is planned for this rank until they are fixed):",
                 "trainer rank 0: model.norm.weight: not registered (expected bf16 [256] box [0:64])"],
@@ -314,7 +395,8 @@ def test_bad_registrations(tmp):
 
 
 def main():
-    tests = [("three_versions", test_three_versions), ("bad_registrations", test_bad_registrations)]
+    tests = [("three_versions", test_three_versions), ("bad_registrations", test_bad_registrations),
+             ("derived_layout", test_derived_layout), ("derived_layout_refused", test_derived_layout_refused)]
     passed = failed = 0
     with tempfile.TemporaryDirectory(prefix="wb-py-e2e.") as tmp:
         for name, fn in tests:
@@ -336,7 +418,11 @@ BIN = os.environ.get("WB_BIN", os.path.join(ROOT, "build/bin"))
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "trainer":
-        run_trainer(int(sys.argv[2]), sys.argv[3])
+        try:
+            run_trainer(int(sys.argv[2]), sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "")
+        except wb.WeightbridgeError as e:
+            print(e, flush=True)
+            sys.exit(3)
     elif len(sys.argv) > 1 and sys.argv[1] == "rollout":
         run_rollout(int(sys.argv[2]), sys.argv[3], sys.argv[4])
     elif len(sys.argv) > 1 and sys.argv[1] == "bad":

@@ -103,12 +103,15 @@ $(OBJ)/%.cu.o: %.cu $(CONFIG)
 # The library users link is one relocatable object whose only global symbols are the wb_ API:
 # functions shared between the files of a part (private prefixes such as pl_, ag_, fab_, and
 # what nvcc generates) are made local, so nothing of ours can collide with a symbol of the
-# process weightbridge is linked into. tests/sh/symbols_test.sh checks it.
+# process weightbridge is linked into. tests/sh/symbols_test.sh checks it. DW.ref.* stay: they
+# are the compiler's weak, hidden references to the C++ exception personality, which a static
+# libstdc++ resolves against the same name (never exported from a shared object).
 $(LIB): $(LIB_O)
 	@mkdir -p $(dir $@)
 	@rm -f $@ $(BUILD)/lib/weightbridge.o
 	$(LD) -r -o $(BUILD)/lib/weightbridge.o $^
-	objcopy --wildcard --keep-global-symbol='wb_*' $(BUILD)/lib/weightbridge.o
+	objcopy --wildcard --keep-global-symbol='wb_*' --keep-global-symbol='DW.ref.*' \
+	  $(BUILD)/lib/weightbridge.o
 	ar rcs $@ $(BUILD)/lib/weightbridge.o
 
 # The shared library (for Python and for programs that load it): the same objects, the wb_ API

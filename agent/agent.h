@@ -110,8 +110,12 @@ void wb_endpoint_set_hook(struct wb_endpoint *ep, wb_endpoint_hook fn, void *arg
 /* Registers with the controller (the tensors added so far are the registration) and starts the
  * endpoint's thread; returns when the whole job is ready (every agent registered and set up),
  * or with the reason it will not be: -WB_E_CONFIG when the controller refused the registration
- * (wb_endpoint_error() lists every problem), -WB_E_TOKEN, -ETIMEDOUT, -WB_E_PEER. */
+ * (wb_endpoint_error() lists every problem), -WB_E_TOKEN, -ETIMEDOUT, -WB_E_PEER. With
+ * timeout_ns 0 it returns 0 at once (the thread goes on registering): one thread can then start
+ * several endpoints — a trainer and a rollout colocated in one process — and wait for them
+ * with wb_endpoint_wait_ready(). */
 int wb_endpoint_start(struct wb_endpoint *ep, uint64_t timeout_ns);
+int wb_endpoint_wait_ready(struct wb_endpoint *ep, uint64_t timeout_ns);
 
 /* Trainers: asks for transfer `version` (every trainer rank pushes the same versions in the
  * same order; the transfer starts when all did). Returns at once. */

@@ -254,8 +254,15 @@ int wb_endpoint_start(struct wb_endpoint *ep, uint64_t timeout_ns)
         return -ENOMEM;
     }
     ep->thread_started = true;
+    pthread_mutex_unlock(&ep->mu);
+    return timeout_ns ? wb_endpoint_wait_ready(ep, timeout_ns) : 0;
+}
+
+int wb_endpoint_wait_ready(struct wb_endpoint *ep, uint64_t timeout_ns)
+{
     struct timespec dl = deadline_of(timeout_ns);
     int rc = 0;
+    pthread_mutex_lock(&ep->mu);
     while (!ep->ready && !ep->fatal && !rc)
         rc = wait_until(ep, &dl);
     if (ep->fatal)

@@ -131,6 +131,13 @@ static int cmp_seg(const void *a, const void *b)
 
 int ag_segs_build(struct wb_endpoint *ep, char *err, size_t errcap)
 {
+    /* The driver answers for the calling thread's context: the endpoint's thread has none until
+     * it names its device. */
+    int rc0 = ep->o.device >= 0 ? ag_gpu_use(ep->o.device) : 0;
+    if (rc0) {
+        snprintf(err, errcap, "GPU %d: %s", ep->o.device, wb_strerror(rc0));
+        return rc0;
+    }
     struct seg *s = calloc(ep->nregs ? ep->nregs : 1, sizeof(*s));
     uint32_t n = 0;
     if (!s)

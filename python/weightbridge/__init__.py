@@ -161,7 +161,14 @@ class _Endpoint:
         _raise(rc, msg or _lib.errname(rc))
 
     def _start(self, timeout: float):
-        rc = _lib.endpoint_start(self._ep, _ns(timeout))
+        rc = _lib.endpoint_start(self._ep, _ns(timeout) if timeout else 0)
+        if rc:
+            self._fail(rc)
+
+    def wait_ready(self, timeout: float = 600.0) -> None:
+        """Waits until the whole job is ready (for endpoints made with ``timeout=0``, e.g. a
+        trainer and a rollout colocated in one process, started one after the other)."""
+        rc = _lib.endpoint_wait_ready(self._ep, _ns(timeout))
         if rc:
             self._fail(rc)
 
@@ -225,7 +232,8 @@ class Trainer(_Endpoint):
     file may leave the trainer layout out: the controller derives it). ``tensors``: name -> numpy array, torch tensor or :class:`Shard`,
     instead of or besides a model. ``dtypes``: name -> dtype for numpy arrays that hold bfloat16
     or float8 bits. ``rank`` defaults to torchrun's ``$RANK``, ``token`` to ``$WB_TOKEN``.
-    Construction registers and waits (``timeout`` seconds) until the whole job is ready."""
+    Construction registers and waits (``timeout`` seconds) until the whole job is ready;
+    ``timeout=0`` returns at once (then call :meth:`wait_ready`)."""
 
     def __init__(
         self,
@@ -251,6 +259,8 @@ class Trainer(_Endpoint):
             for name, p in model.named_parameters():
                 all_tensors[name] = p.data if hasattr(p, "data") else p
         all_tensors.update(tensors or {})
+        self._cuda = any(getattr(t.local if isinstance(t, Shard) else t, "is_cuda", False)
+                         for t in all_tensors.values())
         super().__init__(
             "trainer", controller, rank, token, device, all_tensors, dtypes, tx_domain, tx_extra,
             None, trace, give_up, mesh,
@@ -259,7 +269,12 @@ class Trainer(_Endpoint):
 
     def push(self, version: int) -> Push:
         """Asks for transfer ``version`` (every trainer rank pushes the same versions in order;
-        it starts when all did) and returns at once."""
+        it starts when all did) and returns at once. GPU work PyTorch queued on the tensors
+        (the optimizer step) is waited for first: the transfer reads them on its own streams."""
+        if self._cuda:
+            import torch
+
+            torch.cuda.synchronize()
         rc = _lib.endpoint_push(self._ep, int(version))
         if rc:
             self._fail(rc)

@@ -93,6 +93,7 @@ endpoint_set_mesh = _decl(
 )
 endpoint_set_hook = _decl("wb_endpoint_set_hook", None, ctypes.c_void_p, HOOK, ctypes.c_void_p)
 endpoint_start = _decl("wb_endpoint_start", ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
+endpoint_wait_ready = _decl("wb_endpoint_wait_ready", ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
 endpoint_push = _decl("wb_endpoint_push", ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
 endpoint_wait_push = _decl(
     "wb_endpoint_wait_push", ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int,

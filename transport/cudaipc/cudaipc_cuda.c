@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { CHECK_NS = 100 * 1000 * 1000 };
 
@@ -35,6 +36,7 @@ struct ipc_mr {
     struct wb_tx_mr base;
     cudaIpcMemHandle_t handle;
     uint64_t alloc_off; /* offset of ptr in the allocation the handle names */
+    uintptr_t alloc;    /* that allocation's base: what a peer in this process writes to */
     uint64_t busy;
 };
 
@@ -178,6 +180,7 @@ static int ipc_mr_reg(struct wb_tx *tx, void *ptr, uint64_t len, unsigned access
             return wb_txi_err(tx, e, "register: cuMemGetAddressRange failed");
         }
         void *base = (uint8_t *)ptr - m->alloc_off;
+        m->alloc = (uintptr_t)base;
         r = cudaIpcGetMemHandle(&m->handle, base);
         if (r != cudaSuccess) {
             free(m);
@@ -213,6 +216,7 @@ static int ipc_mr_rdesc(struct wb_tx *tx, const struct wb_tx_mr *mr, struct wb_t
     d.size = mr->size;
     d.nrails = 1;
     d.rail[0].addr = m->alloc_off;
+    d.rail[0].key = m->alloc; /* for a writer in the same process, which cannot open the handle */
     d.opaque_len = sizeof(m->handle);
     memcpy(d.opaque, &m->handle, sizeof(m->handle));
     *out = d;
@@ -345,6 +349,10 @@ static void *peer_region(struct ipc_tx *ix, uint32_t peer, const struct wb_tx_rd
                           d->id);
         return NULL;
     }
+    /* A peer in this very process (a trainer and a rollout colocated in one process): its
+     * memory is ours to address, and CUDA refuses to open a process's own IPC handle. */
+    if (wb_txi_peer_pid(&ix->base, peer) == (int64_t)getpid())
+        return (void *)(uintptr_t)d->rail[0].key;
     cudaIpcMemHandle_t h;
     memcpy(&h, d->opaque, sizeof(h));
     for (size_t i = 0; i < p->nmaps; i++)

@@ -345,6 +345,8 @@ int wb_ckpt_write(const char *dir, const struct wb_inventory *inv,
     for (size_t t = 0; !err && t < inv->n; t++) {
         uint64_t f = total ? (uint64_t)((unsigned __int128)pos * nf / total) : t * nf / inv->n;
         uint64_t prev = t ? file[t - 1] : 0;
+        if (f > nf - 1) /* zero-byte tensors at the very end */
+            f = nf - 1;
         if (f < prev)
             f = prev;
         if (f > prev + (t > 0))

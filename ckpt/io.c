@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -198,8 +199,12 @@ int wb_ckpt_read(struct wb_ckpt_reader *r, size_t tensor, uint64_t off, uint64_t
             madvise(m, f->size, MADV_SEQUENTIAL);
             r->map[fi] = m;
         }
-        if (pos + len > f->size)
-            return short_file(r, fi, f->size);
+        /* a mapping past the end of a file that shrank faults (SIGBUS): check first */
+        struct stat st;
+        if (fstat(f->fd, &st) != 0)
+            return -errno;
+        if (pos + len > (uint64_t)st.st_size)
+            return short_file(r, fi, (uint64_t)st.st_size);
         const char *s = (const char *)r->map[fi] + pos;
         for (uint64_t done = 0; done < len;) {
             size_t n = (size_t)(len - done < r->chunk ? len - done : r->chunk);

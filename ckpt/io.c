@@ -17,6 +17,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#if defined(__x86_64__)
+/* libxxhash's runtime dispatch: the AVX2/AVX-512 kernels where the CPU has them (the plain
+ * entry points are SSE2 only, about half as fast). Same results. */
+#include <xxh_x86dispatch.h>
+#endif
 
 enum { ALIGN = 4096, DEFAULT_CHUNK = 8 << 20, FD_UNTRIED = -1, FD_REFUSED = -2 };
 

@@ -7,8 +7,8 @@
  * wb_ckpt_read_piece into its place in one destination buffer (the tensors back to back), with
  * XXH3 checksums off and on, by pread (the default), mmap and O_DIRECT. Both buffers are
  * touched before timing, so page faults of the destination are not measured. Every repetition
- * runs every case once (round-robin), so drift in the machine's load spreads over all cases;
- * medians are printed.
+ * runs every case once (round-robin, forwards and backwards in turn), so drift in the machine's
+ * load and the order of cases spread over all cases; medians are printed.
  *
  * Page cache: "cold" runs drop each file's clean pages first (fsync, then posix_fadvise
  * DONTNEED; how much stayed resident is measured with mincore and printed), "warm" runs read
@@ -351,15 +351,19 @@ int main(int argc, char **argv)
                 }
             }
     /* Round-robin: every repetition runs every case once, so that drift in what else the
-     * machine does spreads over all cases alike; the median per case is printed. */
+     * machine does spreads over all cases alike, forwards and backwards in turn; the median
+     * per case is printed. */
     double resident_max = 0;
     bool direct_used = false, verified = false;
     for (unsigned rep = 0; rep < o.reps; rep++) {
         for (int cache = 0; cache < 2; cache++) {
             if ((cache == 0 && !o.cold) || (cache == 1 && !o.warm))
                 continue;
-            for (size_t c = 0; c < nc; c++) {
-                struct kase *k = &cs[c];
+            for (size_t i = 0; i < nc; i++) {
+                /* odd repetitions run the cases backwards: a case's neighbours warm the
+                 * caches below ours (a VM host's) differently, and that should not favour
+                 * one case */
+                struct kase *k = &cs[rep % 2 ? nc - 1 - i : i];
                 if (cache == 0) {
                     double res = drop_cache(ck);
                     if (res > resident_max)

@@ -16,7 +16,7 @@
 #   tests/sh/<name>_test.sh          -> build/tests/<name> (a script printing the same tally)
 #   bench/<name>.c                   -> build/bench/<name>
 
-PARTS   := common proto route matcher planner quant transport agent controller
+PARTS   := common proto route matcher planner quant ckpt transport agent controller
 PREFIX  ?= /usr/local
 CUDA    ?= auto
 SAN     ?= 0
@@ -27,7 +27,7 @@ CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Werror -Wstrict-prototypes -Wno-missing-field-initializers
 OPT     ?= -O2 -g
 CFLAGS_ALL := $(CSTD) $(WARN) $(OPT) -MMD -MP -I. -fPIC $(CFLAGS)
-LIBS    := -lfabric -libverbs -lnng -lmsgpackc -lyaml -ljansson -lpthread -lm
+LIBS    := -lfabric -libverbs -lnng -lmsgpackc -lyaml -ljansson -lxxhash -lpthread -lm
 
 ifeq ($(SAN),1)
 CFLAGS_ALL += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined

@@ -4,15 +4,16 @@
 set -eu
 pkgs=(
     build-essential pkg-config
-    libfabric-dev libibverbs-dev libnng-dev libmsgpack-dev libyaml-dev libjansson-dev
+    libfabric-dev libibverbs-dev libnng-dev libmsgpack-dev libyaml-dev libjansson-dev libxxhash-dev
     iproute2 python3 python3-numpy python3-setuptools python3-pip
 )
 # Fast path, and the one that works where the libraries come from elsewhere (a prefix set up
 # by scripts/gpu/env.sh on the lent GPU machines): the headers compile and the libraries link.
 probe() {
     printf '%s\n' '#include <rdma/fabric.h>' '#include <infiniband/verbs.h>' '#include <nng/nng.h>' \
-        '#include <msgpack.h>' '#include <yaml.h>' '#include <jansson.h>' 'int main(void){return 0;}' |
-        ${CC:-cc} -x c - -o /dev/null -lfabric -libverbs -lnng -lmsgpackc -lyaml -ljansson 2>/dev/null
+        '#include <msgpack.h>' '#include <yaml.h>' '#include <jansson.h>' '#include <xxhash.h>' \
+        'int main(void){return 0;}' |
+        ${CC:-cc} -x c - -o /dev/null -lfabric -libverbs -lnng -lmsgpackc -lyaml -ljansson -lxxhash 2>/dev/null
 }
 # iproute2 only serves the network-namespace tests, which skip without it.
 # The Python package's tests need numpy in some python3 (Debian's python3-numpy lives in

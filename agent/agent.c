@@ -442,8 +442,7 @@ static void run_hook(struct wb_endpoint *ep, struct data_done *done)
     char err[400] = "";
     if (fn(arg, ep->xfer_version, err, sizeof(err))) {
         done->ok = false;
-        snprintf(done->err, sizeof(done->err), "rollout rank %u: post-update hook: %s", ep->o.rank,
-                 *err ? err : "failed");
+        snprintf(done->err, sizeof(done->err), "post-update hook: %s", *err ? err : "failed");
     }
 }
 

@@ -142,11 +142,12 @@ def fsdp_shards(rank, world=FSDP * EP):
     return out
 
 
-def run_trainer(rank, url, derived=""):
+def run_trainer(rank, url, mode=""):
+    derived = mode in ("fsdp", "wrongbox")  # a layout derived from these placements
     shards = fsdp_shards(rank) if derived else trainer_shards(rank)
     arrays = {name: np.zeros(local, dtype=np.uint16) for name, (_, _, local) in shards.items()}
     place = (0,) if derived else None
-    if derived == "wrongbox" and rank == 1:  # says Shard(0) but holds another rank's rows
+    if mode == "wrongbox" and rank == 1:  # says Shard(0) but holds another rank's rows
         shards["model.norm.weight"] = fsdp_shards(2)["model.norm.weight"]
     tensors = {name: wb.Shard(arrays[name], shape, off, place) for name, (shape, off, _) in shards.items()}
     t = wb.Trainer(url, tensors=tensors, rank=rank, token=TOKEN, dtypes={n: "bf16" for n in shards},
@@ -156,17 +157,42 @@ def run_trainer(rank, url, derived=""):
             wb.synth_fill(arrays[name], name, SEED, v, shape, off, "bf16")
         p = t.push(v)
         p.sources(60)
+        if mode == "hookfail" and v == 2:
+            try:
+                p.result(60)
+                raise AssertionError("version 2 completed though a rollout's hook failed")
+            except wb.WeightbridgeError as e:
+                want = ("version 2 failed: rollout rank 1: post-update hook: ValueError: "
+                        "engine refused version 2")
+                assert str(e) == want, str(e)
+            continue
         assert p.result(60) == v
     assert t.version == VERSIONS[-1]
     t.close()
 
 
-def run_rollout(rank, url, dump):
+def run_rollout(rank, url, dump, mode=""):
     bufs = {name: np.zeros(shape, dtype=NP[dt]) for name, (dt, shape) in rollout_locals(rank).items()}
     seen = []
+
+    def hook(v):
+        seen.append(v)
+        if mode == "hookfail" and rank == 1 and v == 2:
+            raise ValueError("engine refused version 2")
+
     r = wb.Rollout(url, bufs, rank=rank, token=TOKEN, dtypes={n: dt for n, (dt, _) in rollout_locals(rank).items()},
-                   hook=seen.append, tx_domain="lo", dump=dump, timeout=60)
+                   hook=hook, tx_domain="lo", dump=dump, timeout=60)
     for v in VERSIONS:
+        if mode == "hookfail" and v == 2:
+            try:
+                r.wait(v, 60)
+                raise AssertionError("wait(2) returned though version 2 failed")
+            except wb.WeightbridgeError as e:
+                want = ("version 2 failed: rollout rank 1: post-update hook: ValueError: engine refused "
+                        "version 2 (this rank still holds version 1)")
+                assert str(e) == want, str(e)
+                assert r.version == 1
+            continue
         assert r.wait(v, 60) >= v
     assert seen == list(VERSIONS), seen  # the hook ran once per version, in order
     r.close()
@@ -359,6 +385,33 @@ def test_derived_layout_refused(tmp):
         c.stop()
 
 
+def test_hook_failure(tmp):
+    """Rollout rank 1's post-update hook fails version 2: trainers' push(2).result() and every
+    rollout's wait(2) raise with that reason, the rollouts still hold version 1, and version 3
+    then completes."""
+    dump = os.path.join(tmp, "dump-hook")
+    os.makedirs(dump)
+    c = Controller(tmp)
+    procs = []
+    try:
+        for r in range(2):
+            procs.append(("rollout", r, spawn("rollout", r, c.url, dump, "hookfail")))
+        for r in range(FSDP * EP):
+            procs.append(("trainer", r, spawn("trainer", r, c.url, "hookfail")))
+        for role, r, p in procs:
+            out, _ = p.communicate(timeout=180)
+            check(p.returncode == 0, f"{role} {r} exited {p.returncode}:\n{out.decode()}")
+        check(not os.path.exists(os.path.join(dump, "rollout0.v2.bin")), "version 2 was dumped as complete")
+        res = subprocess.run([os.path.join(BIN, "wb-ctl"), "verify", "--config", JOB, "--dump", dump,
+                              "--version", "3"], capture_output=True, text=True, timeout=120)
+        check(res.returncode == 0, res.stdout + res.stderr)
+    finally:
+        for _, _, p in procs:
+            if p.poll() is None:
+                p.kill()
+        c.stop()
+
+
 BAD = {
     "missing": ["register: 1 registration problem (nothing is planned for this rank until they are fixed):",
                 "trainer rank 0: model.norm.weight: not registered (expected bf16 [256] box [0:64])"],
@@ -396,10 +449,14 @@ def test_bad_registrations(tmp):
 
 def main():
     tests = [("three_versions", test_three_versions), ("bad_registrations", test_bad_registrations),
-             ("derived_layout", test_derived_layout), ("derived_layout_refused", test_derived_layout_refused)]
+             ("derived_layout", test_derived_layout), ("derived_layout_refused", test_derived_layout_refused),
+             ("hook_failure", test_hook_failure)]
     passed = failed = 0
+    only = sys.argv[1:]
     with tempfile.TemporaryDirectory(prefix="wb-py-e2e.") as tmp:
         for name, fn in tests:
+            if only and name not in only:
+                continue
             print(f"python_endpoint {name} ...", flush=True)
             t0 = time.time()
             try:
@@ -424,7 +481,7 @@ if __name__ == "__main__":
             print(e, flush=True)
             sys.exit(3)
     elif len(sys.argv) > 1 and sys.argv[1] == "rollout":
-        run_rollout(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        run_rollout(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else "")
     elif len(sys.argv) > 1 and sys.argv[1] == "bad":
         run_bad(sys.argv[2], sys.argv[3])
     else:

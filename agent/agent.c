@@ -327,7 +327,9 @@ static void cmd_complete(struct wb_endpoint *ep, uint64_t version)
         return;
     }
     char err[WB_ERRMSG_MAX] = "";
-    int rc = ep->o.dump && ep->d ? ag_data_dump(ep->d, ep->o.dump, version, err, sizeof(err)) : 0;
+    int rc = ep->o.dump && ep->d && version >= ep->o.dump_from
+                 ? ag_data_dump(ep->d, ep->o.dump, version, err, sizeof(err))
+                 : 0;
     if (rc)
         wb_log(WB_LOG_ERROR, M, "rollout rank %u: %s", ep->o.rank, err);
     ep->in_flight = false;

@@ -63,6 +63,7 @@ struct wb_endpoint_opts {
     const char *tx_domain; /* transport domain (NIC / interface), NULL = the provider's choice */
     const char *dump;      /* rollouts: directory for rollout<rank>.v<N>.bin after each version */
     const char *tx_extra;  /* more transport config lines (YAML, wb_tx_cfg keys), or NULL */
+    uint64_t dump_from;    /* rollouts: dump only versions >= this (0: every version) */
 };
 
 struct wb_endpoint;

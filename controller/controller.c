@@ -69,7 +69,8 @@ struct xfer {
     uint64_t start_ns, deadline;
     nng_msg *client; /* held wb-ctl request */
     uint32_t trainers_done, rollouts_done, committed;
-    bool completing; /* COMPLETE sent, waiting for COMMITTED */
+    uint64_t sent_ns, received_ns; /* when the last SENT / RECEIVED came */
+    bool completing;               /* COMPLETE sent, waiting for COMMITTED */
 };
 
 struct wb_controller {
@@ -463,6 +464,8 @@ static void xfer_result(struct wb_controller *c)
     struct wb_body_result b = {.version = c->x.version,
                                .total_ns = now - c->x.start_ns,
                                .gen = c->gen,
+                               .sent_ns = c->x.sent_ns,
+                               .received_ns = c->x.received_ns,
                                .trainers = mpw_bytes(&tr),
                                .rollout_bytes = mpw_bytes(&rb)};
     wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " complete in %.3f s", c->x.version,
@@ -784,6 +787,10 @@ static void on_rep_done(struct wb_controller *c, struct agent *a, uint64_t versi
         c->x.trainers_done++;
     else
         c->x.rollouts_done++;
+    if (a->role == WB_ROLE_TRAINER && c->x.trainers_done == c->plan.ntrainers)
+        c->x.sent_ns = wb_now_ns() - c->x.start_ns;
+    if (a->role == WB_ROLE_ROLLOUT && c->x.rollouts_done == c->plan.nrollouts)
+        c->x.received_ns = wb_now_ns() - c->x.start_ns;
 }
 
 static void on_rep_sent(struct wb_controller *c, struct agent *a, const struct wb_body_rep_sent *b)

@@ -14,9 +14,12 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct wb_ref {
     uint64_t seed;
@@ -106,7 +109,7 @@ static int global_values(const struct wb_ref *f, const struct wb_mapping *m, uin
             rc = wb_quant_unpack(&(struct wb_quant_exec){WB_QUANT_HOST, NULL}, m->src_dtype,
                                  &rp->shape, &cp->dst, part, g);
         if (rc && !*msg)
-            snprintf(msg, cap, "%s: component %s: %s", rp->name, tp->name, wb_strerror(rc));
+            snprintf(msg, cap, "%.200s: component %.200s: %s", rp->name, tp->name, wb_strerror(rc));
     }
     free(part);
     const struct wb_quant_exec host = {WB_QUANT_HOST, NULL};
@@ -163,93 +166,156 @@ static struct wb_shape scale_shape(const struct wb_shape *v, uint32_t block)
     return s;
 }
 
-/* Every local tensor rollout rank `rank` holds at `version`. */
-static int expected(const struct wb_ref *f, uint32_t rank, uint64_t version, struct expect **out,
-                    uint32_t *nout, char *msg, size_t cap)
+/* What rollout rank `rank` holds of mapping k at `version`: its values and, FP8, its scales
+ * (*n of them, 0 when the rank holds none of it). */
+static int expect_one(const struct wb_ref *f, uint32_t rank, uint64_t version, size_t k,
+                      struct expect out[2], uint32_t *n, char *msg, size_t cap)
 {
     const struct wb_rollout_layout *rl = &f->md.rl;
     uint32_t local = rank % rl->gpus_per_replica;
     uint32_t tp_rank = local % rl->tp, ep_rank = local % rl->ep;
-    struct expect *e = calloc(f->md.match->n * 2 + 1, sizeof(*e));
-    uint32_t ne = 0;
-    int rc = e ? 0 : -ENOMEM;
-    for (size_t k = 0; !rc && k < f->md.match->n; k++) {
-        const struct wb_mapping *m = &f->md.match->map[k];
-        const struct wb_param *rp = &f->md.rollout.p[m->rollout];
-        struct wb_shape ls;
-        struct wb_local_piece pc[WB_MAX_PIECES];
-        uint32_t np = 0;
-        struct wb_errlist el;
-        wb_errlist_init(&el);
-        rc = wb_mapping_local(f->md.match, &f->md.rollout, m, tp_rank, rl->tp, ep_rank, rl->ep, &ls,
+    const struct wb_mapping *m = &f->md.match->map[k];
+    const struct wb_param *rp = &f->md.rollout.p[m->rollout];
+    struct wb_shape ls;
+    struct wb_local_piece pc[WB_MAX_PIECES];
+    uint32_t np = 0;
+    struct wb_errlist el;
+    *n = 0;
+    wb_errlist_init(&el);
+    int rc = wb_mapping_local(f->md.match, &f->md.rollout, m, tp_rank, rl->tp, ep_rank, rl->ep, &ls,
                               pc, &np, &el);
-        wb_errlist_free(&el);
-        if (rc) {
-            snprintf(msg, cap, "%s: rollout rank %u holds no valid split", rp->name, rank);
-            break;
-        }
-        if (np == 0 || wb_shape_numel(&ls) == 0)
-            continue; /* this rank holds none of it that is written (as the planner) */
-        uint64_t covered = 0;
-        for (uint32_t p = 0; p < np; p++)
-            covered += wb_box_numel(&pc[p].local);
-        bool partial = covered != wb_shape_numel(&ls);
-        uint8_t *gv = NULL;
-        float *gsc = NULL;
-        if ((rc = global_values(f, m, version, &gv, &gsc, msg, cap)) != 0)
-            break;
-        struct expect *v = &e[ne++];
-        v->tensor = m->rollout;
-        v->bytes = wb_shape_numel(&ls) * wb_dtype_size(m->dst_dtype);
-        v->buf = calloc(1, v->bytes + 1);
-        rc = v->buf ? 0 : -ENOMEM;
-        for (uint32_t p = 0; !rc && p < np; p++)
-            rc = move_box(m->dst_dtype, &rp->shape, &pc[p].global, gv, &ls, &pc[p].local, v->buf);
-        if (!rc && partial) {
-            v->mask = calloc(1, v->bytes + 1);
-            rc = v->mask ? 0 : -ENOMEM;
-            for (uint32_t p = 0; !rc && p < np; p++)
-                rc = mark_box(v->mask, &ls, &pc[p].local, wb_dtype_size(m->dst_dtype));
-        }
-        if (!rc && m->scale >= 0 && gsc) {
-            struct wb_shape gss = scale_shape(&rp->shape, m->block);
-            struct wb_shape lss = scale_shape(&ls, m->block);
-            struct expect *s = &e[ne++];
-            s->tensor = (uint32_t)m->scale;
-            s->bytes = wb_shape_numel(&lss) * sizeof(float);
-            s->buf = calloc(1, s->bytes + 1);
-            rc = s->buf ? 0 : -ENOMEM;
-            for (uint32_t p = 0; !rc && p < np; p++) {
-                struct wb_box gb, lb;
-                rc = wb_scale_box(&pc[p].global, m->block, &gb);
-                rc = rc ? rc : wb_scale_box(&pc[p].local, m->block, &lb);
-                rc = rc ? rc : move_box(WB_DTYPE_FP32, &gss, &gb, gsc, &lss, &lb, s->buf);
-            }
-            if (!rc && partial) {
-                s->mask = calloc(1, s->bytes + 1);
-                rc = s->mask ? 0 : -ENOMEM;
-                for (uint32_t p = 0; !rc && p < np; p++) {
-                    struct wb_box lb;
-                    rc = wb_scale_box(&pc[p].local, m->block, &lb);
-                    rc = rc ? rc : mark_box(s->mask, &lss, &lb, sizeof(float));
-                }
-            }
-        }
-        free(gv);
-        free(gsc);
-        if (rc && !*msg)
-            snprintf(msg, cap, "%s: cannot cut rollout rank %u's boxes: %s", rp->name, rank,
-                     wb_strerror(rc));
-    }
+    wb_errlist_free(&el);
     if (rc) {
-        for (uint32_t i = 0; e && i < ne; i++) {
-            free(e[i].buf);
-            free(e[i].mask);
-        }
-        free(e);
+        snprintf(msg, cap, "%s: rollout rank %u holds no valid split", rp->name, rank);
         return rc;
     }
-    *out = e;
+    if (np == 0 || wb_shape_numel(&ls) == 0)
+        return 0; /* this rank holds none of it that is written (as the planner) */
+    uint64_t covered = 0;
+    for (uint32_t p = 0; p < np; p++)
+        covered += wb_box_numel(&pc[p].local);
+    bool partial = covered != wb_shape_numel(&ls);
+    uint8_t *gv = NULL;
+    float *gsc = NULL;
+    if ((rc = global_values(f, m, version, &gv, &gsc, msg, cap)) != 0)
+        return rc;
+    struct expect *v = &out[(*n)++];
+    v->tensor = m->rollout;
+    v->bytes = wb_shape_numel(&ls) * wb_dtype_size(m->dst_dtype);
+    v->buf = calloc(1, v->bytes + 1);
+    rc = v->buf ? 0 : -ENOMEM;
+    for (uint32_t p = 0; !rc && p < np; p++)
+        rc = move_box(m->dst_dtype, &rp->shape, &pc[p].global, gv, &ls, &pc[p].local, v->buf);
+    if (!rc && partial) {
+        v->mask = calloc(1, v->bytes + 1);
+        rc = v->mask ? 0 : -ENOMEM;
+        for (uint32_t p = 0; !rc && p < np; p++)
+            rc = mark_box(v->mask, &ls, &pc[p].local, wb_dtype_size(m->dst_dtype));
+    }
+    if (!rc && m->scale >= 0 && gsc) {
+        struct wb_shape gss = scale_shape(&rp->shape, m->block);
+        struct wb_shape lss = scale_shape(&ls, m->block);
+        struct expect *s = &out[(*n)++];
+        s->tensor = (uint32_t)m->scale;
+        s->bytes = wb_shape_numel(&lss) * sizeof(float);
+        s->buf = calloc(1, s->bytes + 1);
+        rc = s->buf ? 0 : -ENOMEM;
+        for (uint32_t p = 0; !rc && p < np; p++) {
+            struct wb_box gb, lb;
+            rc = wb_scale_box(&pc[p].global, m->block, &gb);
+            rc = rc ? rc : wb_scale_box(&pc[p].local, m->block, &lb);
+            rc = rc ? rc : move_box(WB_DTYPE_FP32, &gss, &gb, gsc, &lss, &lb, s->buf);
+        }
+        if (!rc && partial) {
+            s->mask = calloc(1, s->bytes + 1);
+            rc = s->mask ? 0 : -ENOMEM;
+            for (uint32_t p = 0; !rc && p < np; p++) {
+                struct wb_box lb;
+                rc = wb_scale_box(&pc[p].local, m->block, &lb);
+                rc = rc ? rc : mark_box(s->mask, &lss, &lb, sizeof(float));
+            }
+        }
+    }
+    free(gv);
+    free(gsc);
+    if (rc && !*msg)
+        snprintf(msg, cap, "%s: cannot cut rollout rank %u's boxes: %s", rp->name, rank,
+                 wb_strerror(rc));
+    return rc;
+}
+
+/* The mappings are independent: threads take them in turn (a model of tens of GB is regenerated
+ * and quantized on every core), each into its own two slots. */
+struct expect_job {
+    const struct wb_ref *f;
+    uint32_t rank;
+    uint64_t version;
+    size_t n;
+    _Atomic size_t next;
+    struct expect *slots; /* [2n] */
+    uint32_t *count;      /* [n] */
+    int *rc;              /* [n] */
+    char (*msg)[512];     /* [n] */
+};
+
+static void *expect_worker(void *arg)
+{
+    struct expect_job *j = arg;
+    for (;;) {
+        size_t k = atomic_fetch_add(&j->next, 1);
+        if (k >= j->n)
+            return NULL;
+        j->rc[k] = expect_one(j->f, j->rank, j->version, k, &j->slots[2 * k], &j->count[k],
+                              j->msg[k], sizeof(j->msg[k]));
+    }
+}
+
+/* Every local tensor rollout rank `rank` holds at `version`. */
+static int expected(const struct wb_ref *f, uint32_t rank, uint64_t version, struct expect **out,
+                    uint32_t *nout, char *msg, size_t cap)
+{
+    size_t n = f->md.match->n;
+    struct expect_job j = {.f = f, .rank = rank, .version = version, .n = n};
+    j.slots = calloc(2 * n + 1, sizeof(*j.slots));
+    j.count = calloc(n + 1, sizeof(*j.count));
+    j.rc = calloc(n + 1, sizeof(*j.rc));
+    j.msg = calloc(n + 1, sizeof(*j.msg));
+    int rc = j.slots && j.count && j.rc && j.msg ? 0 : -ENOMEM;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t nt = cpus < 1 ? 1 : cpus > 32 ? 32 : (size_t)cpus;
+    pthread_t th[32];
+    size_t started = 0;
+    for (; !rc && started < nt && started < n; started++)
+        if (pthread_create(&th[started], NULL, expect_worker, &j))
+            break;
+    if (!rc && started == 0)
+        expect_worker(&j);
+    for (size_t i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    uint32_t ne = 0;
+    for (size_t k = 0; !rc && k < n; k++) /* the first failing mapping names the problem */
+        if (j.rc[k]) {
+            rc = j.rc[k];
+            snprintf(msg, cap, "%s", j.msg[k]);
+        }
+    for (size_t k = 0; j.slots && k < 2 * n; k++) {
+        if (!j.slots[k].buf)
+            continue;
+        if (rc) {
+            free(j.slots[k].buf);
+            free(j.slots[k].mask);
+        } else {
+            j.slots[ne++] = j.slots[k];
+        }
+    }
+    free(j.count);
+    free(j.rc);
+    free(j.msg);
+    if (rc) {
+        free(j.slots);
+        return rc;
+    }
+    *out = j.slots;
     *nout = ne;
     return 0;
 }

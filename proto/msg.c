@@ -66,6 +66,8 @@ static const struct wb_field f_result[] = {
     F(struct wb_body_result, "version", WB_FIELD_U64, true, version),
     F(struct wb_body_result, "total_ns", WB_FIELD_U64, true, total_ns),
     F(struct wb_body_result, "gen", WB_FIELD_U64, true, gen),
+    F(struct wb_body_result, "sent_ns", WB_FIELD_U64, false, sent_ns),
+    F(struct wb_body_result, "received_ns", WB_FIELD_U64, false, received_ns),
     F(struct wb_body_result, "trainers", WB_FIELD_OBJ, true, trainers),
     F(struct wb_body_result, "rollout_bytes", WB_FIELD_OBJ, true, rollout_bytes),
 };

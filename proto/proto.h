@@ -237,6 +237,9 @@ struct wb_body_ctl_transfer {
 
 struct wb_body_result {
     uint64_t version, total_ns, gen;
+    /* since the start, when the last trainer reported its writes done, the last rollout counted
+     * everything, and (total_ns) the last rollout committed the version */
+    uint64_t sent_ns, received_ns;
     struct wb_bytes trainers;      /* array of WB_BODY_STATS maps, by rank */
     struct wb_bytes rollout_bytes; /* array of u64, by rank */
 };

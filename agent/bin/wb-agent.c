@@ -6,6 +6,7 @@
  * environment). */
 #include "agent/agent.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -33,6 +34,7 @@ static void usage(FILE *f)
         "                          $'rails: 2\\nshard_size: 1MiB' (keys: transport/transport.h)\n"
         "      --dump DIR          rollouts: write DIR/rollout<rank>.v<N>.bin after each\n"
         "                          complete version (wb-ctl verify checks them)\n"
+        "      --dump-from N       only versions N and later (a large model's last one)\n"
         "  -h, --help              this text\n");
 }
 
@@ -48,6 +50,7 @@ int main(int argc, char **argv)
                                        {"pace", required_argument, 0, 'P'},
                                        {"tx-domain", required_argument, 0, 'D'},
                                        {"dump", required_argument, 0, 'U'},
+                                       {"dump-from", required_argument, 0, 'F'},
                                        {"tx-extra", required_argument, 0, 'X'},
                                        {"help", no_argument, 0, 'h'},
                                        {0}};
@@ -101,6 +104,17 @@ int main(int argc, char **argv)
         case 'U':
             o.dump = optarg;
             break;
+        case 'F': {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (errno || end == optarg || *end || *optarg == '-') {
+                fprintf(stderr, "wb-agent: --dump-from: '%s' is not a version number\n", optarg);
+                return 2;
+            }
+            o.dump_from = v;
+            break;
+        }
         case 'X':
             o.tx_extra = optarg;
             break;

@@ -50,7 +50,9 @@ static int print_result(const struct wb_msg *m, char *why, size_t cap)
         snprintf(why, cap, "RESULT: trainers: not an array");
         return -EBADMSG;
     }
-    printf("transfer %" PRIu64 ": complete in %.3f ms\n", res.version, ms(res.total_ns));
+    printf("transfer %" PRIu64 ": complete in %.3f ms (trainers sent by %.3f ms, rollouts "
+           "received by %.3f ms)\n",
+           res.version, ms(res.total_ns), ms(res.sent_ns), ms(res.received_ns));
     printf("%-8s %12s %7s %6s %10s", "trainer", "bytes", "writes", "tasks", "peak_tmp");
     for (int s = 0; s < WB_STAGE_COUNT; s++)
         printf(" %8s", wb_stage_name(s));

@@ -40,8 +40,12 @@ static void peer_clear(struct peer *p)
     memset(p, 0, sizeof(*p));
 }
 
+static void fill_stop(struct data *d);
+static void prefill(struct data *d, uint64_t version);
+
 static void data_release(struct data *d)
 {
+    fill_stop(d);       /* before the memory it writes goes */
     wb_tx_close(d->tx); /* releases every registration */
     d->tx = NULL;
     enum wb_tx_mem k = mem_kind(d);
@@ -505,6 +509,7 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
                "rollout rank %u: %u local tensors (%" PRIu64 " bytes), %s on %s, set up in %.0f ms",
                d->rank, d->recv.nlocal, d->local_bytes, d->caps.name,
                d->gpu ? "GPU" : "host memory", (double)(wb_now_ns() - t0) / 1e6);
+    prefill(d, d->ep->xfer_version + 1); /* the first transfer's values, while peers connect */
     *dp = d;
     *addr = d->addr_blob.len ? d->addr_blob.buf : NULL;
     *addr_len = d->addr_blob.len;
@@ -562,6 +567,7 @@ int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size
 {
     if (d->empty || d->role != WB_ROLE_TRAINER)
         return 0;
+    ag_direct_release(d); /* lowered again against these peers at the next transfer */
     struct wb_mpr r;
     uint32_t n;
     wb_mpr_init(&r, peers, len);
@@ -620,55 +626,196 @@ int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size
                             (void *)(uintptr_t)WARMUP_CTX) == 0)
             d->outstanding++;
     }
+    /* The direct path, lowered against these peers now, so no transfer pays for it (opening a
+     * rollout's allocations by IPC handle takes a while). A failure leaves every task on the
+     * general pipeline. */
+    int rc = ag_direct_prepare(d);
+    if (rc)
+        wb_log(WB_LOG_WARN, M, "trainer rank %u: direct path: %s; every task takes the pipeline",
+               d->rank, d->fail[0] ? d->fail : wb_strerror(rc));
     return 0;
 }
 
 /* ---------------------------------------------------------------- transfers */
 
-/* The synthetic "optimizer step": this version's weights, from the synthetic source. */
-static int fill_shards(struct data *d, uint64_t version, char *err, size_t errcap)
+/* The synthetic "optimizer step": this version's weights, from the synthetic source. It runs
+ * between transfers, never inside one: after a version is sent the next one (version + 1) is
+ * filled at once, so a transfer of it starts from ready shards; a transfer of another version
+ * waits for its fill. Shards in GPU memory are filled by the synthetic source's kernel on the
+ * executor's stream (an event tells when); shards in host memory by a thread, so heartbeats
+ * and commands keep flowing while gigabytes are generated. */
+struct fill_job {
+    struct data *d;
+    _Atomic uint32_t next;
+    _Atomic int rc;
+};
+
+/* Shards in turn, until none is left or one failed (its name in d->fill_err). */
+static void *fill_worker(void *arg)
 {
-    uint8_t *host = d->param_host_buf;
+    struct fill_job *j = arg;
+    struct data *d = j->d;
+    for (;;) {
+        uint32_t i = atomic_fetch_add(&j->next, 1);
+        if (i >= d->nshards || atomic_load(&j->rc))
+            return NULL;
+        struct shard *s = &d->shards[i];
+        int rc = wb_synth_fill(s->meta.name, d->job.seed, d->fill_want, s->meta.dtype,
+                               &s->meta.shape, &s->meta.box, d->param_host_buf + s->off);
+        int none = 0;
+        if (rc && atomic_compare_exchange_strong(&j->rc, &none, rc))
+            snprintf(d->fill_err, sizeof(d->fill_err), "%.200s: cannot generate %s values",
+                     s->meta.name, wb_dtype_name(s->meta.dtype));
+    }
+}
+
+/* The fill thread: the shards on up to 16 threads (half the CPUs, so the agents' loops and the
+ * trainer's own work keep theirs). */
+static void *fill_main(void *arg)
+{
+    struct data *d = arg;
+    struct fill_job j = {.d = d};
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN) / 2;
+    uint32_t n = cpus < 1 ? 1 : cpus > 16 ? 16 : (uint32_t)cpus, started = 0;
+    pthread_t th[16];
+    for (; started + 1 < n; started++)
+        if (pthread_create(&th[started], NULL, fill_worker, &j))
+            break;
+    fill_worker(&j);
+    for (uint32_t i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    int rc = atomic_load(&j.rc);
+    atomic_store(&d->fill_state, rc ? rc : 1);
+    return NULL;
+}
+
+static int fill_begin(struct data *d, uint64_t version, char *err, size_t errcap)
+{
+    d->fill_want = version;
+    d->fill_have = 0;
+    if (d->param_host_buf) {
+        d->fill_err[0] = 0;
+        atomic_store(&d->fill_state, 0);
+        int rc = pthread_create(&d->fill_thread, NULL, fill_main, d);
+        if (rc) {
+            snprintf(err, errcap, "cannot start the synthetic source's thread: %s", strerror(rc));
+            d->fill_want = 0;
+            return -rc;
+        }
+        d->fill_thread_on = true;
+        return 0;
+    }
     for (uint32_t i = 0; i < d->nshards; i++) {
         struct shard *s = &d->shards[i];
-        uint8_t *dst = host ? host + s->off : d->hscratch;
-        if (!host && s->bytes > d->scratch_bytes) {
-            void *tmp = malloc(s->bytes);
-            if (!tmp)
-                return -ENOMEM;
-            int rc = wb_synth_fill(s->meta.name, d->job.seed, version, s->meta.dtype,
-                                   &s->meta.shape, &s->meta.box, tmp);
-            rc = rc ? rc : wb_tx_mem_copy((uint8_t *)d->param + s->off, tmp, s->bytes);
-            free(tmp);
-            if (rc) {
-                snprintf(err, errcap, "%s: cannot generate values: %s", s->meta.name,
-                         wb_strerror(rc));
-                return rc;
-            }
-            continue;
-        }
-        int rc = wb_synth_fill(s->meta.name, d->job.seed, version, s->meta.dtype, &s->meta.shape,
-                               &s->meta.box, dst);
-        if (!rc && !host)
-            rc = wb_tx_mem_copy((uint8_t *)d->param + s->off, dst, s->bytes);
+        int rc = wb_synth_fill_async(s->meta.name, d->job.seed, version, s->meta.dtype,
+                                     &s->meta.shape, &s->meta.box, s->ptr, d->stream);
         if (rc) {
-            snprintf(err, errcap, "%s: cannot generate %s values", s->meta.name,
-                     wb_dtype_name(s->meta.dtype));
+            snprintf(err, errcap, "%.200s: cannot generate %s values on GPU %d: %s", s->meta.name,
+                     wb_dtype_name(s->meta.dtype), d->device, wb_strerror(rc));
+            d->fill_want = 0;
             return rc;
         }
     }
-    return 0;
+    int rc = ag_event_record(d->stream, &d->fill_ev);
+    if (rc) {
+        snprintf(err, errcap, "synthetic source: %s", wb_strerror(rc));
+        d->fill_want = 0;
+    }
+    return rc;
 }
 
-static int trainer_begin(struct data *d, char *err, size_t errcap)
+/* 1 when no fill is under way (the one that was has ended), 0 while one runs, negative when
+ * it failed (err says why). */
+static int fill_poll(struct data *d, char *err, size_t errcap)
 {
-    /* A registering trainer's tensors hold what its process put there. */
-    int rc = d->synthetic ? fill_shards(d, d->version, err, errcap) : 0;
-    if (rc)
-        return rc;
+    if (!d->fill_want)
+        return 1;
+    int rc;
+    if (d->fill_thread_on) {
+        rc = atomic_load(&d->fill_state);
+        if (rc == 0)
+            return 0;
+        pthread_join(d->fill_thread, NULL);
+        d->fill_thread_on = false;
+        if (rc < 0)
+            snprintf(err, errcap, "%s", d->fill_err);
+    } else {
+        rc = ag_event_done(d->fill_ev);
+        if (rc == 0)
+            return 0;
+        ag_event_destroy(d->fill_ev);
+        d->fill_ev = NULL;
+        if (rc < 0)
+            snprintf(err, errcap, "synthetic source on GPU %d: %s", d->device, wb_strerror(rc));
+    }
+    d->fill_have = rc < 0 ? 0 : d->fill_want;
+    d->fill_want = 0;
+    return rc < 0 ? rc : 1;
+}
+
+/* Waits for a fill under way (close, re-setup). */
+static void fill_stop(struct data *d)
+{
+    if (d->fill_thread_on) {
+        pthread_join(d->fill_thread, NULL);
+        d->fill_thread_on = false;
+    }
+    ag_event_destroy(d->fill_ev);
+    d->fill_ev = NULL;
+    d->fill_want = 0;
+}
+
+/* Starts the next version's fill once nothing else runs (synthetic trainers). */
+static void prefill(struct data *d, uint64_t version)
+{
+    char err[256] = "";
+    if (!d->synthetic || d->role != WB_ROLE_TRAINER || d->empty || !d->nshards || d->fill_want ||
+        d->fill_have == version)
+        return;
+    if (fill_begin(d, version, err, sizeof(err)))
+        wb_log(WB_LOG_WARN, M, "trainer rank %u: version %" PRIu64 ": %s", d->rank, version, err);
+}
+
+/* The transfer's executor starts: the shards hold this version (a registering trainer's hold
+ * what its process put there). */
+static int trainer_begin(struct data *d)
+{
     d->start_ns = wb_now_ns();
     d->nspans = d->nspans < SPAN_MAX ? d->nspans : 0;
     return ag_exec_start(d);
+}
+
+/* A trainer's transfer starts once the last attempt's writes drained and, synthetic, once this
+ * version's values are in place: 1 started, 0 not yet, negative on failure (d->fail says). */
+static int trainer_try_begin(struct data *d)
+{
+    if (d->outstanding)
+        return 0;
+    if (d->synthetic) {
+        char err[256] = "";
+        int rc = fill_poll(d, err, sizeof(err));
+        if (rc < 0) {
+            snprintf(d->fail, sizeof(d->fail), "%s", err);
+            return rc;
+        }
+        if (rc == 0)
+            return 0; /* a fill is under way (this version's or a guess that missed) */
+        if (d->fill_have != d->version) {
+            if (d->fill_have)
+                wb_log(WB_LOG_INFO, M,
+                       "trainer rank %u: version %" PRIu64 " asked, %" PRIu64
+                       " prepared: generating it",
+                       d->rank, d->version, d->fill_have);
+            if ((rc = fill_begin(d, d->version, err, sizeof(err))) != 0) {
+                snprintf(d->fail, sizeof(d->fail), "%s", err);
+                return rc;
+            }
+            return 0;
+        }
+    }
+    d->pending_start = false;
+    int rc = trainer_begin(d);
+    return rc ? rc : 1;
 }
 
 int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, char *err, size_t errcap)
@@ -682,15 +829,13 @@ int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, char *err, s
     if (d->empty)
         return 0;
     if (d->role == WB_ROLE_TRAINER) {
-        if (d->outstanding) { /* writes of an aborted attempt still in flight: drain first */
-            d->pending_start = true;
+        d->pending_start = true; /* ag_data_progress() starts it as soon as it can */
+        int rc = trainer_try_begin(d);
+        if (rc >= 0)
             return 0;
-        }
-        int rc = trainer_begin(d, err, errcap);
-        if (rc && !*err)
-            snprintf(err, errcap, "%s", d->fail[0] ? d->fail : wb_strerror(rc));
-        if (rc)
-            d->active = false;
+        snprintf(err, errcap, "%s", d->fail[0] ? d->fail : wb_strerror(rc));
+        d->active = false;
+        d->pending_start = false;
         return rc;
     }
     memset(d->reached, 0, d->recv.nexpect ? d->recv.nexpect : 1);
@@ -742,14 +887,8 @@ int ag_data_progress(struct data *d, struct data_done *out)
     if (!d->active)
         return 0;
     if (!d->empty && d->role == WB_ROLE_TRAINER) {
-        if (d->pending_start) {
-            if (d->outstanding)
-                return 0;
-            d->pending_start = false;
-            char err[256] = "";
-            if (trainer_begin(d, err, sizeof(err)) && !d->fail[0])
-                snprintf(d->fail, sizeof(d->fail), "%s", err);
-        }
+        if (d->pending_start && trainer_try_begin(d) == 0)
+            return 0;
         if (!d->fail[0] && ag_exec_step(d) == 0)
             return 0;
         if (d->fail[0]) { /* stop issuing; completions still drain through ag_data_poll */
@@ -769,6 +908,8 @@ int ag_data_progress(struct data *d, struct data_done *out)
     out->stats.cap = d->empty ? 0 : d->cap;
     out->stats.total_ns = wb_now_ns() - d->start_ns;
     out->rx_bytes = d->role == WB_ROLE_ROLLOUT && !d->empty ? d->recv.recv_bytes : 0;
+    if (out->ok)
+        prefill(d, d->version + 1);
     return 1;
 }
 

@@ -30,7 +30,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum tstate { T_QUEUED = 0, T_RUN, T_WRITING, T_DONE };
+/* T_DIRECT: a task of the direct batch (direct.c), waiting for it to finish, then announcing
+ * its writes; it holds no TMP memory. */
+enum tstate { T_QUEUED = 0, T_RUN, T_DIRECT, T_WRITING, T_DONE };
 enum { TMP_ALIGN = 256 };
 
 struct task {
@@ -275,6 +277,7 @@ int ag_exec_setup(struct data *d, char *err, size_t errcap)
 
 void ag_exec_free(struct data *d)
 {
+    ag_direct_release(d);
     for (uint32_t i = 0; d->tasks && i < d->table.ntasks; i++) {
         ag_event_destroy(d->tasks[i].ev);
         for (int k = 0; k < 3; k++)
@@ -354,7 +357,24 @@ int ag_exec_start(struct data *d)
     d->tmp_used = d->peak_tmp = 0;
     d->next_start_ns = 0;
     d->stats = (struct wb_xfer_stats){.rank = d->rank, .cap = d->cap};
-    int rc = 0;
+    int rc = ag_direct_prepare(d);
+    if (rc) {
+        fail(d, "direct path: %s", wb_strerror(rc));
+        return rc;
+    }
+    ag_event_destroy(d->dev_ev);
+    d->dev_ev = NULL;
+    d->dstate = 0;
+    if (d->dbatch) { /* the whole batch first: it needs nothing the pipeline produces */
+        d->dt0 = wb_now_ns();
+        rc = wb_quant_batch_run(d->dbatch, d->stream);
+        rc = rc ? rc : ag_event_record(d->stream, &d->dev_ev);
+        if (rc) {
+            fail(d, "direct path: launching its kernels: %s", wb_strerror(rc));
+            return rc;
+        }
+        d->dstate = 1;
+    }
     for (uint32_t i = 0; !rc && i < t->namax; i++)
         rc = expect(d, imm_make(IMM_AMAX, d->epoch, t->amax[i].tag), t->amax[i].writes);
     for (uint32_t i = 0; !rc && i < t->nops; i++) {
@@ -632,11 +652,43 @@ static int step_gather(struct data *d, struct task *tk, uint32_t ti, const struc
 }
 
 /* Advances one running task as far as it goes without waiting. Negative on failure. */
+/* A direct task once the batch is done: one immediate per write it stands for, counted at its
+ * rollout exactly as the write's own would be. */
+static int announce_direct(struct data *d, struct task *tk, uint32_t ti)
+{
+    const struct wb_route_table *t = &d->table;
+    const struct wb_rt_task *rt = &t->tasks[ti];
+    span_open(d, tk, ti, WB_STAGE_WRITE);
+    for (uint32_t k = 0; k < rt->nwrites; k++) {
+        const struct wb_rt_write *wr = &t->writes[rt->write0 + k];
+        struct peer *p = &d->rpeer[wr->dst_rank];
+        int rc = wb_tx_write_imm(d->tx, p->idx, imm_make(IMM_DATA, d->epoch, wr->tag),
+                                 wctx(d, WB_ROLE_ROLLOUT, wr->dst_rank, ti));
+        if (rc) {
+            fail(d, "announcing a write to rollout rank %u: %s", wr->dst_rank, wb_tx_errmsg(d->tx));
+            return rc;
+        }
+        tk->writes_left++;
+        d->outstanding++;
+        d->stats.bytes += wr->len;
+        d->stats.writes++;
+    }
+    tk->st = T_WRITING;
+    return 0;
+}
+
 static int step_task(struct data *d, uint32_t ti)
 {
     struct task *tk = &d->tasks[ti];
     const struct wb_rt_task *rt = &d->table.tasks[ti];
     struct opctx c = {d, tk, (uint8_t *)d->tmp + tk->tmp_off};
+    if (tk->st == T_DIRECT) {
+        if (d->dstate != 2)
+            return 0;
+        int r = announce_direct(d, tk, ti);
+        if (r)
+            return r;
+    }
     if (tk->ev) {
         int r = ag_event_done(tk->ev);
         if (r <= 0)
@@ -709,7 +761,7 @@ static int step_task(struct data *d, uint32_t ti)
     if (tk->st == T_WRITING && tk->writes_left == 0) {
         span_close(d, tk, ti);
         tk->st = T_DONE;
-        d->tmp_used -= rt->tmp_bytes;
+        d->tmp_used -= tk->tmp_len;
         d->tasks_done++;
         for (int k = 0; k < 3; k++) {
             ag_host_free(tk->h[k]);
@@ -782,6 +834,12 @@ int ag_exec_step(struct data *d)
     while (d->next_task < t->ntasks) {
         struct task *tk = &d->tasks[d->next_task];
         uint64_t need = t->tasks[d->next_task].tmp_bytes, off = 0;
+        if (d->dbatch && d->dplan.is_direct[d->next_task]) {
+            tk->st = T_DIRECT;
+            tk->span_stage = -1;
+            d->next_task++;
+            continue;
+        }
         if (d->o->pace_ns && now < d->next_start_ns)
             break;
         if (need && !tmp_alloc(d, need, &off)) {
@@ -813,6 +871,15 @@ int ag_exec_step(struct data *d)
         if (d->o->pace_ns)
             break;
     }
+    if (d->dstate == 1) {
+        int r = ag_event_done(d->dev_ev);
+        if (r < 0)
+            fail(d, "direct path: its kernels failed: %s", wb_strerror(r));
+        if (r > 0) {
+            d->dstate = 2;
+            span_add(d, WB_STAGE_QUANT, UINT32_MAX, d->dt0, wb_now_ns());
+        }
+    }
     for (uint32_t i = 0; i < d->next_task && !d->fail[0]; i++) {
         if (d->tasks[i].st == T_DONE)
             continue;
@@ -835,6 +902,9 @@ int ag_exec_step(struct data *d)
 
 void ag_exec_abort(struct data *d)
 {
+    ag_event_destroy(d->dev_ev);
+    d->dev_ev = NULL;
+    d->dstate = 0;
     for (uint32_t i = 0; d->tasks && i < d->table.ntasks; i++) {
         ag_event_destroy(d->tasks[i].ev);
         d->tasks[i].ev = NULL;

@@ -17,8 +17,11 @@
 
 #include "agent/gpu.h"
 #include "agent/priv.h"
+#include "quant/quant.h"
 #include "route/route.h"
 #include "transport/transport.h"
+
+#include <stdatomic.h>
 
 enum imm_kind { IMM_DATA = 0, IMM_AMAX, IMM_GATHER, IMM_BARRIER };
 enum { IMM_TAG_BITS = 22, IMM_EPOCH_BITS = 8 };
@@ -95,6 +98,19 @@ struct span {
 
 struct task;
 
+/* direct.c: the direct path. ag_dst_fn gives the address of a write's destination bytes (its
+ * dst_off included) when this process can store there itself, else NULL. */
+typedef uint8_t *(*ag_dst_fn)(void *arg, const struct wb_rt_write *w);
+struct ag_direct_plan {
+    uint8_t *is_direct; /* [ntasks] */
+    uint32_t ntasks;    /* how many are */
+    uint64_t bytes;     /* what their writes move */
+    struct wb_quant_item *q;
+    size_t nq;
+    struct wb_copy_item *c;
+    size_t nc;
+};
+
 struct data {
     enum wb_role role;
     uint32_t rank;
@@ -107,6 +123,14 @@ struct data {
     bool empty; /* no plan: nothing to move */
     bool active, pending_start;
     uint64_t version, epoch, start_ns, end_ns;
+    /* synthetic trainers: the version the shards hold (0: none), and a fill under way (GPU: an
+     * event after its kernels; host memory: a thread) for fill_want, 0 when none */
+    uint64_t fill_have, fill_want;
+    void *fill_ev;
+    pthread_t fill_thread;
+    bool fill_thread_on;
+    _Atomic int fill_state; /* thread: 0 running, 1 done, negative errno */
+    char fill_err[256];
     char fail[512];
     /* transport */
     struct wb_tx *tx;
@@ -157,6 +181,13 @@ struct data {
     uint64_t tmp_used, peak_tmp, cap;
     uint64_t outstanding; /* writes posted and not completed, all epochs */
     uint64_t next_start_ns;
+    /* the direct path (direct.c): built at the first transfer after PEERS */
+    bool direct_built;
+    struct ag_direct_plan dplan;
+    struct wb_quant_batch *dbatch;
+    void *dev_ev; /* after the batch's kernels */
+    int dstate;   /* 0 none, 1 launched, 2 done: its tasks announce their writes */
+    uint64_t dt0; /* launch time (its span) */
     struct wb_xfer_stats stats;
     struct span *spans;
     uint32_t nspans;
@@ -181,6 +212,18 @@ void ag_exec_event(struct data *d, const struct wb_tx_event *ev);
 void ag_exec_imm(struct data *d, uint32_t imm);
 void ag_exec_abort(struct data *d);
 void ag_exec_trace_write(struct data *d);
+
+/* direct.c */
+/* Lowers every task that qualifies (direct.c says which) into quantization tiles and copies.
+ * shard_ptr[tensor]: the first byte of the PARAM shard of trainer tensor `tensor` (NULL where
+ * not held or not addressable by kernels). 0 or -ENOMEM. */
+int ag_direct_lower(const struct wb_route_table *t, uint8_t *const *shard_ptr, uint32_t ntensors,
+                    ag_dst_fn dst, void *arg, struct ag_direct_plan *out);
+void ag_direct_plan_free(struct ag_direct_plan *p);
+/* Lowers this trainer's table once its peers are known (GPU shards only; WB_DIRECT=0 in the
+ * environment turns the path off, for comparisons) and prepares the batch. */
+int ag_direct_prepare(struct data *d);
+void ag_direct_release(struct data *d);
 
 /* ops.c: one routing-table op, or part of one; see exec.c for the stepping. */
 struct opctx {

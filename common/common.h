@@ -267,6 +267,15 @@ float wb_synth_value(const char *name, uint64_t seed, uint64_t version, uint64_t
  * (-EINVAL otherwise; -EINVAL when the box is not within the shape). */
 int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dtype dtype,
                   const struct wb_shape *shape, const struct wb_box *box, void *dst);
+/* The same into device memory, by a CUDA kernel on `stream` (a cudaStream_t; NULL = the default
+ * stream), asynchronously: the same bytes as wb_synth_fill. -WB_E_NOGPU in a build without
+ * CUDA, -WB_E_CUDA when the launch fails. */
+int wb_synth_fill_async(const char *name, uint64_t seed, uint64_t version, enum wb_dtype dtype,
+                        const struct wb_shape *shape, const struct wb_box *box, void *dst,
+                        void *stream);
+/* Private to common/: the kernel launch behind wb_synth_fill_async (synth.cu). */
+int cm_synth_launch(uint64_t key, float scale, enum wb_dtype dtype, const struct wb_shape *shape,
+                    const struct wb_box *box, void *dst, void *stream);
 /* The same with plain arguments (for language bindings): dtype by name, ndim entries each. */
 int wb_synth_fill_args(const char *name, uint64_t seed, uint64_t version, const char *dtype,
                        uint32_t ndim, const uint64_t *shape, const uint64_t *box_off,

@@ -143,4 +143,23 @@ WB_FP_FN uint16_t wb_f32_to_fp16(float f)
     return (uint16_t)(r | sign);
 }
 
+/* ---- the synthetic source's element function (common/synth.c, common/synth.cu) */
+
+WB_FP_FN uint64_t wb_splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Element `index` of the stream (key, scale): 24 random bits -> [-1, 1), exactly representable
+ * in FP32, times the stream's power-of-two scale (every step exact, so host and device agree). */
+WB_FP_FN float wb_synth_at(uint64_t key, float scale, uint64_t index)
+{
+    uint64_t u = wb_splitmix64(key + index);
+    float x = (float)(int32_t)((u >> 40) & 0xffffff) * (1.0f / 8388608.0f) - 1.0f;
+    return x * scale;
+}
+
 #endif /* WB_COMMON_FPBITS_H */

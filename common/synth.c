@@ -3,21 +3,15 @@
  * A synthetic value depends only on (tensor name, seed, version, global element index), so a
  * trainer rank holding any shard, a test computing the expected rollout bytes, and a rollout
  * checking what landed all agree without exchanging anything. A counter-based hash
- * (splitmix64) gives that; a stateful generator would make values depend on iteration order. */
+ * (splitmix64) gives that; a stateful generator would make values depend on iteration order.
+ * The element function is in fpbits.h, shared with the CUDA kernel of wb_synth_fill_async
+ * (synth.cu), so GPU-filled memory holds the very bytes the CPU reference computes. */
 #include "common/common.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 static uint64_t name_hash(const char *s)
 {
@@ -32,22 +26,14 @@ static uint64_t stream_key(const char *name, uint64_t seed, uint64_t version, fl
 {
     uint64_t h = name_hash(name);
     *scale = ldexpf(1.0f, (int)(h >> 60) % 9 - 6); /* 2^-6 .. 2^2 */
-    return splitmix64(h ^ splitmix64(seed ^ splitmix64(version)));
-}
-
-static float value_at(uint64_t key, float scale, uint64_t index)
-{
-    uint64_t u = splitmix64(key + index);
-    /* 24 random bits -> [-1, 1) exactly representable in FP32 */
-    float x = (float)(int32_t)((u >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
-    return x * scale;
+    return wb_splitmix64(h ^ wb_splitmix64(seed ^ wb_splitmix64(version)));
 }
 
 float wb_synth_value(const char *name, uint64_t seed, uint64_t version, uint64_t index)
 {
     float scale;
     uint64_t key = stream_key(name, seed, version, &scale);
-    return value_at(key, scale, index);
+    return wb_synth_at(key, scale, index);
 }
 
 int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dtype dtype,
@@ -66,7 +52,7 @@ int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dty
         uint64_t lin = 0;
         for (uint32_t d = 0; d < nd; d++)
             lin = lin * shape->dim[d] + box->off[d] + idx[d];
-        float v = value_at(key, scale, lin);
+        float v = wb_synth_at(key, scale, lin);
         if (dtype == WB_DTYPE_FP32)
             ((float *)dst)[k] = v;
         else if (dtype == WB_DTYPE_BF16)
@@ -80,6 +66,19 @@ int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dty
         }
     }
     return 0;
+}
+
+int wb_synth_fill_async(const char *name, uint64_t seed, uint64_t version, enum wb_dtype dtype,
+                        const struct wb_shape *shape, const struct wb_box *box, void *dst,
+                        void *stream)
+{
+    if (dtype != WB_DTYPE_BF16 && dtype != WB_DTYPE_FP16 && dtype != WB_DTYPE_FP32)
+        return -EINVAL;
+    if (!wb_box_within(shape, box))
+        return -EINVAL;
+    float scale;
+    uint64_t key = stream_key(name, seed, version, &scale);
+    return cm_synth_launch(key, scale, dtype, shape, box, dst, stream);
 }
 
 int wb_synth_fill_args(const char *name, uint64_t seed, uint64_t version, const char *dtype,

@@ -24,6 +24,25 @@ int wb_quant_dev_cast(enum wb_dtype from, const void *src, enum wb_dtype to, voi
     return -WB_E_NOGPU;
 }
 
+int wb_quant_dev_batch_create(const struct wb_quant_item *q, size_t nq,
+                              const struct wb_copy_item *c, size_t nc,
+                              struct wb_quant_dev_batch **out)
+{
+    (void)q, (void)nq, (void)c, (void)nc, (void)out;
+    return -WB_E_NOGPU;
+}
+
+int wb_quant_dev_batch_run(struct wb_quant_dev_batch *b, void *stream)
+{
+    (void)b, (void)stream;
+    return -WB_E_NOGPU;
+}
+
+void wb_quant_dev_batch_free(struct wb_quant_dev_batch *b)
+{
+    (void)b;
+}
+
 int wb_quant_gpu_alloc(size_t bytes, void **out)
 {
     (void)bytes, (void)out;

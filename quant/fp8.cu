@@ -270,7 +270,144 @@ bool aligned16(const void *p)
     return ((uintptr_t)p & 15) == 0;
 }
 
+/* The batch kernel: the fused pass of pass_kernel over many strided tiles. CTA p finds its item
+ * (the last whose first piece is <= p) by binary search, then does what pass_kernel does for
+ * one block piece, with the item's row strides. Same loads, reduction and conversion, so the
+ * bytes are those of the one-tile kernel. */
+template <int KIND, bool VEC>
+__global__ void __launch_bounds__(256)
+    batch_kernel(const wb_quant_dev_qitem *__restrict__ items, uint32_t n)
+{
+    constexpr int THREADS = 256, SLOTS = 1024 / THREADS;
+    constexpr int ES = Group<KIND>::ELEM;
+    __shared__ uint32_t warp_max[THREADS / 32];
+
+    const uint64_t p = blockIdx.x;
+    uint32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi + 1) / 2;
+        if (items[mid].first <= p)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const wb_quant_dev_qitem it = items[lo];
+    const uint64_t piece = p - it.first;
+    const uint64_t bi = piece / it.gcols, bj = piece % it.gcols;
+    uint64_t r_lo, r_hi, c_lo, c_hi;
+    span(it.grow + bi, it.row0, 0, it.rows, &r_lo, &r_hi);
+    span(it.gcol + bj, it.col0, 0, it.cols, &c_lo, &c_hi);
+    const uint32_t prow = (uint32_t)(r_hi - r_lo), pcol = (uint32_t)(c_hi - c_lo);
+    const uint32_t grp = threadIdx.x & 7;
+    const char *src = static_cast<const char *>(it.src);
+
+    uint32_t w[SLOTS][16];
+    bool live[SLOTS];
+#pragma unroll
+    for (int k = 0; k < SLOTS; k++) {
+        const uint32_t row = (threadIdx.x + k * THREADS) >> 3;
+        live[k] = row < prow && grp * 16 < pcol;
+        const uint64_t e = (r_lo + row) * it.src_ld + c_lo + grp * 16;
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            w[k][j] = 0;
+        if (!live[k])
+            continue;
+        if (VEC) {
+            const uint4 *q = reinterpret_cast<const uint4 *>(src + e * ES);
+#pragma unroll
+            for (int v = 0; v < Group<KIND>::WORDS / 4; v++) {
+                uint4 x = __ldg(q + v);
+                w[k][4 * v] = x.x;
+                w[k][4 * v + 1] = x.y;
+                w[k][4 * v + 2] = x.z;
+                w[k][4 * v + 3] = x.w;
+            }
+        } else {
+            const uint32_t m = min(16u, pcol - grp * 16);
+            for (uint32_t j = 0; j < m; j++) {
+                if (KIND == K_FP32) {
+                    w[k][j] = reinterpret_cast<const uint32_t *>(src)[e + j];
+                } else {
+                    uint32_t h = reinterpret_cast<const uint16_t *>(src)[e + j];
+                    w[k][j / 2] |= (j & 1) ? h << 16 : h;
+                }
+            }
+        }
+    }
+
+    uint32_t key = 0;
+#pragma unroll
+    for (int k = 0; k < SLOTS; k++)
+        key = max(key, group_key<KIND>(w[k]));
+    key = __reduce_max_sync(0xffffffffu, key);
+    if ((threadIdx.x & 31) == 0)
+        warp_max[threadIdx.x >> 5] = key;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < THREADS / 32; i++)
+        key = max(key, warp_max[i]);
+    const float amax = wb_amax_final(key_bits<KIND>(key));
+    const float s = wb_amax_scale(amax);
+    if (threadIdx.x == 0)
+        it.scale[bi * it.scale_ld + bj] = wb_amax_scale_inv(amax);
+
+#pragma unroll
+    for (int k = 0; k < SLOTS; k++) {
+        if (!live[k])
+            continue;
+        const uint32_t row = (threadIdx.x + k * THREADS) >> 3;
+        const uint64_t e = (r_lo + row) * it.q_ld + c_lo + grp * 16;
+        const uint4 qv = group_quant<KIND>(w[k], s);
+        if (VEC) {
+            *reinterpret_cast<uint4 *>(it.q + e) = qv;
+        } else {
+            const uint32_t m = min(16u, pcol - grp * 16);
+            const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
+            for (uint32_t j = 0; j < m; j++)
+                it.q[e + j] = (uint8_t)(qw[j / 4] >> (8 * (j % 4)));
+        }
+    }
+}
+
+template <int KIND>
+cudaError_t batch_launch(const wb_quant_dev_qitem *items, uint32_t n, unsigned pieces, bool vec,
+                         cudaStream_t st)
+{
+    if (vec)
+        batch_kernel<KIND, true><<<pieces, 256, 0, st>>>(items, n);
+    else
+        batch_kernel<KIND, false><<<pieces, 256, 0, st>>>(items, n);
+    return cudaGetLastError();
+}
+
 } // namespace
+
+extern "C" int wb_quant_dev_fp8_batch(const struct wb_quant_dev_qitem *items, size_t n,
+                                      uint64_t pieces, enum wb_dtype dtype, bool vec, void *stream)
+{
+    if (!n || !pieces)
+        return 0;
+    if (pieces > 0x7fffffffu || n > 0xffffffffu) {
+        wb_log(WB_LOG_ERROR, "quant", "%llu blocks exceed one kernel launch",
+               (unsigned long long)pieces);
+        return -EINVAL;
+    }
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    cudaError_t e;
+    switch (dtype) {
+    case WB_DTYPE_BF16:
+        e = batch_launch<K_BF16>(items, (uint32_t)n, (unsigned)pieces, vec, st);
+        break;
+    case WB_DTYPE_FP16:
+        e = batch_launch<K_FP16>(items, (uint32_t)n, (unsigned)pieces, vec, st);
+        break;
+    default:
+        e = batch_launch<K_FP32>(items, (uint32_t)n, (unsigned)pieces, vec, st);
+        break;
+    }
+    return wb_quant_cuda_err(e, "batch quantization kernel launch");
+}
 
 extern "C" int wb_quant_dev_pass(const struct wb_quant_pass *p, void *stream, unsigned threads)
 {

@@ -148,6 +148,52 @@ int wb_quant_concat(const struct wb_quant_exec *ex, enum wb_dtype dtype,
 int wb_quant_cast(const struct wb_quant_exec *ex, enum wb_dtype from, const void *src,
                   enum wb_dtype to, void *dst, uint64_t n);
 
+/* ---------------------------------------------------------------- batches */
+
+/* Many independent quantizations and copies in one kernel launch each: the executor's direct
+ * path prepares a whole transfer's work once — every piece's pointers, possibly into another
+ * GPU's memory opened by CUDA IPC — and runs it at every version with a handful of launches
+ * instead of thousands. Strided: a tile's rows need not be contiguous at either end, so a
+ * quantization stores straight into its place in a fused destination tensor. */
+
+/* FP8 block quantization of one 2-D tile (blocks as struct wb_quant_tile counts them from
+ * (row0, col0)): element (r, c) is read at src + (r * src_ld + c) * elem, its e4m3 byte
+ * written at q + r * q_ld + c, and block (i, j) of the tile's grid (wb_quant_fp8_grid over all
+ * rows; i, j counted from its first block) gets its scale_inv at scale[i * scale_ld + j]. Bytes
+ * and scales equal wb_quant_fp8_block's on the same values. */
+struct wb_quant_item {
+    enum wb_dtype dtype; /* of the source: bf16, fp16 or fp32 */
+    const void *src;
+    uint64_t src_ld; /* elements */
+    uint8_t *q;
+    uint64_t q_ld; /* bytes */
+    float *scale;
+    uint64_t scale_ld; /* floats */
+    uint64_t rows, cols;
+    uint64_t row0, col0;
+};
+
+/* A 2-D byte copy: rows rows of `bytes` bytes, row r from src + r * src_ld to dst + r * dst_ld
+ * (rows 1 is a plain copy). */
+struct wb_copy_item {
+    const void *src;
+    void *dst;
+    uint64_t rows, bytes, src_ld, dst_ld;
+};
+
+struct wb_quant_batch;
+
+/* Checks and prepares a batch (device: the descriptors are copied to the GPU once). The items
+ * of one batch must not overlap in what they write. -EINVAL (logged, naming the item) for a bad
+ * item, -ENOMEM, -WB_E_NOGPU / -WB_E_CUDA. */
+int wb_quant_batch_create(const struct wb_quant_exec *ex, const struct wb_quant_item *q, size_t nq,
+                          const struct wb_copy_item *c, size_t nc, struct wb_quant_batch **out);
+/* Runs it: every quantization, then every copy (so a copy may read what a quantization of the
+ * batch wrote). Device: enqueued on `stream`, one launch per source dtype and alignment class
+ * plus one for the copies. Host: done on return. */
+int wb_quant_batch_run(struct wb_quant_batch *b, void *stream);
+void wb_quant_batch_free(struct wb_quant_batch *b);
+
 /* ---------------------------------------------------------------- device buffers */
 
 /* Minimal CUDA memory handling for callers without CUDA code of their own (tests, benchmarks,

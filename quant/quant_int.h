@@ -57,6 +57,27 @@ int wb_quant_dev_copy(const struct wb_quant_copy *c, void *stream);
 int wb_quant_dev_cast(enum wb_dtype from, const void *src, enum wb_dtype to, void *dst, uint64_t n,
                       void *stream);
 
+/* Batches on the device (batch.cu): the prepared descriptor arrays of one batch. A launch of
+ * fp8.cu's batch kernel covers items of one source dtype and alignment class, one CTA per
+ * block piece; item i's pieces are [first, first + grid rows * grid cols). */
+struct wb_quant_dev_qitem {
+    const void *src;
+    uint8_t *q;
+    float *scale;
+    uint64_t src_ld, q_ld, scale_ld, rows, cols, row0, col0;
+    uint64_t grow, gcol, gcols; /* the item's grid: first global block, block columns */
+    uint64_t first;
+};
+/* Enqueues the batch kernel over n device-resident items holding `pieces` block pieces. */
+int wb_quant_dev_fp8_batch(const struct wb_quant_dev_qitem *items, size_t n, uint64_t pieces,
+                           enum wb_dtype dtype, bool vec, void *stream);
+struct wb_quant_dev_batch;
+int wb_quant_dev_batch_create(const struct wb_quant_item *q, size_t nq,
+                              const struct wb_copy_item *c, size_t nc,
+                              struct wb_quant_dev_batch **out);
+int wb_quant_dev_batch_run(struct wb_quant_dev_batch *b, void *stream);
+void wb_quant_dev_batch_free(struct wb_quant_dev_batch *b);
+
 /* NVIDIA's own host conversion __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) from
  * cuda_fp8.h, for tests (nvref.cu). Returns 0, or -ENOTSUP in a build without CUDA. */
 int wb_quant_nvref_e4m3(float x, uint8_t *out);

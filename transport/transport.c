@@ -508,6 +508,28 @@ int wb_tx_check_write(struct wb_tx *tx, const struct wb_tx_write *w)
     return 0;
 }
 
+int wb_tx_peer_ptr(struct wb_tx *tx, uint32_t peer, const struct wb_tx_rdesc *dst, uint64_t off,
+                   uint64_t len, void **out)
+{
+    if (!tx->ops->peer_ptr)
+        return wb_txi_err(tx, -ENOTSUP, "the %s backend cannot address a peer's memory",
+                          wb_tx_backend_name(tx->core->backend));
+    struct wb_tx_write w = {.peer = peer, .dst = dst, .dst_off = off, .len = 0};
+    int r = wb_tx_check_write(tx, &w); /* peer, backend, owner */
+    if (r)
+        return r;
+    if (!range_inside(off, len, dst->size))
+        return wb_txi_err(tx, -WB_E_BOUNDS,
+                          "peer memory: [%" PRIu64 ", +%" PRIu64 ") outside region %" PRIu64
+                          " of %" PRIu64 " bytes",
+                          off, len, dst->id, dst->size);
+    void *base = NULL;
+    if ((r = tx->ops->peer_ptr(tx, peer, dst, &base)) != 0)
+        return r;
+    *out = (uint8_t *)base + off;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- immediate counters */
 
 static uint32_t tag_hash(uint32_t t)

@@ -244,6 +244,10 @@ struct wb_tx_ops {
      * Returns as write does. */
     int (*write_imm)(struct wb_tx *tx, uint32_t peer, uint32_t tag, void *ctx);
 
+    /* Optional (NULL: -ENOTSUP): the address at which this process reaches byte 0 of the
+     * destination region `dst` of `peer` (already checked by wb_tx_peer_ptr()). */
+    int (*peer_ptr)(struct wb_tx *tx, uint32_t peer, const struct wb_tx_rdesc *dst, void **out);
+
     /* Advances everything: posts queued work (batched, up to the window), reads completions
      * in batches, counts arrived immediates, checks peers' liveness and op_timeout. Writes up
      * to max events and returns their number; events that do not fit stay queued. A negative
@@ -297,6 +301,18 @@ int wb_tx_rdesc_get(struct wb_mpr *r, struct wb_tx_rdesc *d);
  * len > 0, source not registered for SRC) or -WB_E_BOUNDS ([off, off+len) not inside a region;
  * overflow-safe; a zero-length write is inside when off <= size). Explains in wb_tx_errmsg(). */
 int wb_tx_check_write(struct wb_tx *tx, const struct wb_tx_write *w);
+
+/* Direct addressing. Where a peer's memory is mapped into this process — cudaipc: the peer's
+ * allocation opened by its IPC handle on this transport's GPU, or the very pointer when the
+ * peer is this process — *out is where bytes [off, off + len) of its region `dst` are, for the
+ * caller to write with its own CUDA kernels (on the transport's device) instead of posting
+ * writes: a quantization can then store straight into a rollout's weights. Such stores carry
+ * no completion: once they are done (a CUDA event), the caller tells the peer with
+ * wb_tx_write_imm(), one immediate per write it stands for, exactly as it would count posted
+ * writes. -ENOTSUP where the backend cannot map peers' memory (fabric), -EINVAL or
+ * -WB_E_BOUNDS as wb_tx_check_write() says (explained in wb_tx_errmsg()). */
+int wb_tx_peer_ptr(struct wb_tx *tx, uint32_t peer, const struct wb_tx_rdesc *dst, uint64_t off,
+                   uint64_t len, void **out);
 
 /* ---------------------------------------------------------------- immediate counters */
 

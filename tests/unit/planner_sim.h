@@ -147,11 +147,11 @@ static inline void sim_setup(struct sim *s, struct fx *f, const struct wb_plan *
     memset(s, 0, sizeof(*s));
     s->f = f;
     s->p = p;
-    size_t nt = f->ti.n, nrt = f->ri.n;
+    size_t nt = f->in.trainer->n, nrt = f->in.rollout->n;
     s->full = calloc(nt, sizeof(uint8_t *));
     for (size_t t = 0; t < nt; t++) {
-        uint64_t n = wb_shape_numel(&f->ti.p[t].shape);
-        CHECK(f->ti.p[t].dtype == WB_DTYPE_BF16);
+        uint64_t n = wb_shape_numel(&f->in.trainer->p[t].shape);
+        CHECK(f->in.trainer->p[t].dtype == WB_DTYPE_BF16);
         s->full[t] = malloc(n * 2 + 1);
         for (uint64_t i = 0; i < n; i++) {
             uint16_t v = sim_value((uint32_t)t, i);
@@ -168,12 +168,12 @@ static inline void sim_setup(struct sim *s, struct fx *f, const struct wb_plan *
         uint32_t n;
         struct wb_errlist el;
         wb_errlist_init(&el);
-        if (wb_trainer_owners(&f->tl, &f->ti, (uint32_t)t, &o, &n, &el)) {
+        if (wb_trainer_owners(f->in.tl, f->in.trainer, (uint32_t)t, &o, &n, &el)) {
             wb_errlist_free(&el);
             continue;
         }
         wb_errlist_free(&el);
-        const struct wb_shape *sh = &f->ti.p[t].shape;
+        const struct wb_shape *sh = &f->in.trainer->p[t].shape;
         for (uint32_t k = 0; k < n; k++) {
             struct wb_shape bs = wb_box_shape(&o[k].box);
             uint8_t *b = malloc(wb_box_numel(&o[k].box) * 2 + 1);
@@ -202,11 +202,11 @@ static inline void sim_setup(struct sim *s, struct fx *f, const struct wb_plan *
 
 static inline void sim_free(struct sim *s)
 {
-    for (size_t t = 0; t < s->f->ti.n; t++)
+    for (size_t t = 0; t < s->f->in.trainer->n; t++)
         free(s->full[t]);
     free(s->full);
     for (uint32_t r = 0; r < s->p->ntrainers; r++) {
-        for (size_t t = 0; t < s->f->ti.n; t++)
+        for (size_t t = 0; t < s->f->in.trainer->n; t++)
             free(s->rk[r].shard[t]);
         free(s->rk[r].shard);
         free(s->rk[r].box);
@@ -214,7 +214,7 @@ static inline void sim_free(struct sim *s)
     }
     free(s->rk);
     for (uint32_t g = 0; g < s->p->nrollouts; g++) {
-        for (size_t t = 0; t < s->f->ri.n; t++) {
+        for (size_t t = 0; t < s->f->in.rollout->n; t++) {
             free(s->dst[g][t]);
             free(s->cnt[g][t]);
         }
@@ -448,18 +448,19 @@ static inline void sim_check(struct sim *s)
 {
     struct fx *f = s->f;
     const struct wb_plan *p = s->p;
-    size_t nrt = f->ri.n;
+    size_t nrt = f->in.rollout->n;
     uint8_t **ref = calloc(nrt, sizeof(uint8_t *));
     for (size_t t = 0; t < nrt; t++) {
-        uint64_t n = wb_shape_numel(&f->ri.p[t].shape) * wb_dtype_size(f->ri.p[t].dtype);
+        uint64_t n =
+            wb_shape_numel(&f->in.rollout->p[t].shape) * wb_dtype_size(f->in.rollout->p[t].dtype);
         ref[t] = calloc(n + 1, 1);
     }
-    for (size_t m = 0; m < f->mt.n; m++) {
-        const struct wb_mapping *mp = &f->mt.map[m];
-        const struct wb_shape *rs = &f->ri.p[mp->rollout].shape;
+    for (size_t m = 0; m < f->in.match->n; m++) {
+        const struct wb_mapping *mp = &f->in.match->map[m];
+        const struct wb_shape *rs = &f->in.rollout->p[mp->rollout].shape;
         for (uint32_t k = 0; k < mp->ncomp; k++) {
             const struct wb_component *c = &mp->comp[k];
-            const struct wb_shape *ts = &f->ti.p[c->trainer].shape;
+            const struct wb_shape *ts = &f->in.trainer->p[c->trainer].shape;
             if (mp->xform != WB_XFORM_FP8_BLOCK) {
                 sim_boxcopy(s->full[c->trainer], ts, WB_DTYPE_BF16, &c->src, ref[mp->rollout], rs,
                             mp->dst_dtype, &c->dst);
@@ -474,7 +475,7 @@ static inline void sim_check(struct sim *s)
             }
             uint64_t bc[WB_MAX_DIMS];
             sim_start(&gb, bc);
-            const struct wb_shape *ss = &f->ri.p[mp->scale].shape;
+            const struct wb_shape *ss = &f->in.rollout->p[mp->scale].shape;
             do {
                 struct wb_box blk = {.ndim = gb.ndim};
                 for (uint32_t d = 0; d < gb.ndim; d++) {
@@ -526,14 +527,15 @@ static inline void sim_check(struct sim *s)
     }
     /* compare every rollout rank's local tensors */
     for (uint32_t g = 0; g < p->nrollouts; g++) {
-        uint32_t l = g % f->rl.gpus_per_replica;
-        for (size_t m = 0; m < f->mt.n; m++) {
-            const struct wb_mapping *mp = &f->mt.map[m];
+        uint32_t l = g % f->in.rl->gpus_per_replica;
+        for (size_t m = 0; m < f->in.match->n; m++) {
+            const struct wb_mapping *mp = &f->in.match->map[m];
             struct wb_shape ls;
             struct wb_local_piece pcs[WB_MAX_PIECES];
             uint32_t np;
-            CHECK_INT(wb_mapping_local(&f->mt, &f->ri, mp, l % f->rl.tp, f->rl.tp, l % f->rl.ep,
-                                       f->rl.ep, &ls, pcs, &np, &f->el),
+            CHECK_INT(wb_mapping_local(f->in.match, f->in.rollout, mp, l % f->in.rl->tp,
+                                       f->in.rl->tp, l % f->in.rl->ep, f->in.rl->ep, &ls, pcs, &np,
+                                       &f->el),
                       0);
             if (np == 0) { /* holds only rows nothing writes: not in its receive list */
                 CHECK(s->dst[g][mp->rollout] == NULL);
@@ -542,7 +544,7 @@ static inline void sim_check(struct sim *s)
             uint64_t vb = wb_shape_numel(&ls) * wb_dtype_size(mp->dst_dtype);
             uint8_t *exp = calloc(vb + 1, 1), *mine = calloc(vb + 1, 1);
             for (uint32_t k = 0; k < np; k++) {
-                sim_boxcopy(ref[mp->rollout], &f->ri.p[mp->rollout].shape, mp->dst_dtype,
+                sim_boxcopy(ref[mp->rollout], &f->in.rollout->p[mp->rollout].shape, mp->dst_dtype,
                             &pcs[k].global, exp, &ls, mp->dst_dtype, &pcs[k].local);
                 struct wb_ranges it;
                 uint64_t off, len;
@@ -557,7 +559,7 @@ static inline void sim_check(struct sim *s)
                 if (s->cnt[g][mp->rollout][b] != mine[b] || s->dst[g][mp->rollout][b] != want)
                     wb_test_fail(__FILE__, __LINE__,
                                  "rollout %u %s byte %llu: written %u times, got %02x want %02x", g,
-                                 f->ri.p[mp->rollout].name, (unsigned long long)b,
+                                 f->in.rollout->p[mp->rollout].name, (unsigned long long)b,
                                  s->cnt[g][mp->rollout][b], s->dst[g][mp->rollout][b], want);
             }
             free(exp);
@@ -573,15 +575,15 @@ static inline void sim_check(struct sim *s)
                 struct wb_box G, L;
                 CHECK_INT(wb_scale_box(&pcs[k].global, 128, &G), 0);
                 CHECK_INT(wb_scale_box(&pcs[k].local, 128, &L), 0);
-                sim_boxcopy(ref[mp->scale], &f->ri.p[mp->scale].shape, WB_DTYPE_FP32, &G, exps,
-                            &lss, WB_DTYPE_FP32, &L);
+                sim_boxcopy(ref[mp->scale], &f->in.rollout->p[mp->scale].shape, WB_DTYPE_FP32, &G,
+                            exps, &lss, WB_DTYPE_FP32, &L);
             }
             CHECK(s->dst[g][mp->scale] != NULL);
             for (uint64_t b = 0; b < sb; b++)
                 if (s->cnt[g][mp->scale][b] != 1 || s->dst[g][mp->scale][b] != exps[b])
                     wb_test_fail(__FILE__, __LINE__,
                                  "rollout %u %s byte %llu: written %u times, got %02x want %02x", g,
-                                 f->ri.p[mp->scale].name, (unsigned long long)b,
+                                 f->in.rollout->p[mp->scale].name, (unsigned long long)b,
                                  s->cnt[g][mp->scale][b], s->dst[g][mp->scale][b], exps[b]);
             free(exps);
         }

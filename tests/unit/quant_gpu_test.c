@@ -360,12 +360,108 @@ static void test_gpu_auto(void)
     wb_quant_gpu_free(ds);
 }
 
+/* Batches: strided tiles of a source arena (every dtype; 16-byte and element-wise classes;
+ * block origins inside blocks; rows ending mid-block) and 2-D copies, run by the batch kernels
+ * and by the host path into arenas filled with the same pattern: every byte of the arenas,
+ * written or not, equal. */
+static void test_gpu_batch(void)
+{
+    need_gpu();
+    enum { SR = 1200, SC = 1040, QA = 4 << 20, SA = 64 << 10, CA = 1 << 20 };
+    static const struct {
+        int dt;
+        uint64_t r, c, row0, col0, src_ld, q_ld, scale_ld, at_r, at_c, q_at, s_at;
+    } T[] = {
+        {0, 768, 1024, 0, 0, SC, 1024, 8, 0, 0, 0, 0},                /* whole blocks */
+        {0, 300, 256, 128, 0, SC, 256, 2, 100, 512, 1 << 20, 4096},   /* ragged rows */
+        {0, 129, 130, 0, 0, SC, 144, 2, 7, 3, 1572864, 8192},         /* element-wise */
+        {0, 256, 512, 256, 512, SC, 1024, 16, 5, 16, 2 << 20, 12288}, /* strided dst */
+        {1, 200, 160, 64, 48, SC, 160, 3, 900, 800, 3 << 20, 20000},  /* fp16, mid-block */
+        {2, 140, 272, 0, 16, SC, 272, 4, 400, 0, 3407872, 24000},     /* fp32 */
+    };
+    const enum wb_dtype dts[3] = {WB_DTYPE_BF16, WB_DTYPE_FP16, WB_DTYPE_FP32};
+    void *src[3], *dsrc[3];
+    for (int d = 0; d < 3; d++) {
+        src[d] = random_tensor(dts[d], SR, SC, 11 + d, true);
+        dsrc[d] = to_dev(src[d], (size_t)SR * SC * wb_dtype_size(dts[d]));
+    }
+    uint8_t *hq = malloc(QA), *hs = malloc(SA), *hc = malloc(CA), *got = malloc(QA);
+    CHECK(hq && hs && hc && got);
+    memset(hq, 0x5a, QA);
+    memset(hs, 0x5a, SA);
+    memset(hc, 0x5a, CA);
+    uint8_t *dq = to_dev(hq, QA), *ds = to_dev(hs, SA), *dc = to_dev(hc, CA);
+    struct wb_quant_item hi[WB_ARRAY_LEN(T)], di[WB_ARRAY_LEN(T)];
+    for (size_t i = 0; i < WB_ARRAY_LEN(T); i++) {
+        enum wb_dtype dt = dts[T[i].dt];
+        size_t off = (T[i].at_r * SC + T[i].at_c) * wb_dtype_size(dt);
+        hi[i] = (struct wb_quant_item){dt,
+                                       (uint8_t *)src[T[i].dt] + off,
+                                       T[i].src_ld,
+                                       hq + T[i].q_at,
+                                       T[i].q_ld,
+                                       (float *)(hs + T[i].s_at),
+                                       T[i].scale_ld,
+                                       T[i].r,
+                                       T[i].c,
+                                       T[i].row0,
+                                       T[i].col0};
+        di[i] = hi[i];
+        di[i].src = (uint8_t *)dsrc[T[i].dt] + off;
+        di[i].q = dq + T[i].q_at;
+        di[i].scale = (float *)(ds + T[i].s_at);
+    }
+    /* copies: one contiguous, one 2-D aligned, one 2-D odd; the last reads quantized bytes */
+    struct wb_copy_item hcp[3] = {{hq, hc, 1, 300000, 300000, 300000},
+                                  {hq + (1 << 20), hc + 400000, 64, 512, 1024, 768},
+                                  {hq + 3, hc + 500001, 33, 77, 101, 99}};
+    struct wb_copy_item dcp[3];
+    for (int i = 0; i < 3; i++) {
+        dcp[i] = hcp[i];
+        dcp[i].src = dq + ((const uint8_t *)hcp[i].src - hq);
+        dcp[i].dst = dc + ((uint8_t *)hcp[i].dst - hc);
+    }
+    struct wb_quant_batch *hb, *db;
+    CHECK_INT(wb_quant_batch_create(&HOST, hi, WB_ARRAY_LEN(T), hcp, 3, &hb), 0);
+    CHECK_INT(wb_quant_batch_create(&DEV, di, WB_ARRAY_LEN(T), dcp, 3, &db), 0);
+    CHECK_INT(wb_quant_batch_run(hb, NULL), 0);
+    for (int rep = 0; rep < 2; rep++) /* a batch runs again with the same result */
+        CHECK_INT(wb_quant_batch_run(db, NULL), 0);
+    from_dev(got, dq, QA);
+    CHECK_MEM(got, hq, QA);
+    from_dev(got, ds, SA);
+    CHECK_MEM(got, hs, SA);
+    from_dev(got, dc, CA);
+    CHECK_MEM(got, hc, CA);
+    /* and the whole-block tile equals the one-tile kernel's output */
+    uint8_t *q1 = malloc(768 * 1024);
+    float s1[6 * 8];
+    uint16_t *packed = malloc(768 * 1024 * 2);
+    for (int r = 0; r < 768; r++)
+        memcpy(packed + r * 1024, (uint16_t *)src[0] + (size_t)r * SC, 1024 * 2);
+    CHECK_INT(wb_quant_fp8_block(&HOST, WB_DTYPE_BF16, packed, 768, 1024, q1, s1), 0);
+    CHECK_MEM(hq, q1, 768 * 1024);
+    CHECK_MEM(hs, s1, sizeof(s1));
+    wb_quant_batch_free(hb);
+    wb_quant_batch_free(db);
+    free(q1);
+    free(packed);
+    for (int d = 0; d < 3; d++) {
+        free(src[d]);
+        wb_quant_gpu_free(dsrc[d]);
+    }
+    wb_quant_gpu_free(dq);
+    wb_quant_gpu_free(ds);
+    wb_quant_gpu_free(dc);
+    free(hq);
+    free(hs);
+    free(hc);
+    free(got);
+}
+
 const struct wb_test wb_tests[] = {
-    {"gpu_block", test_gpu_block, 120},
-    {"gpu_split", test_gpu_split, 0},
-    {"gpu_pack", test_gpu_pack, 0},
-    {"gpu_cast", test_gpu_cast, 0},
-    {"gpu_encoder_sweep", test_gpu_encoder_sweep, 0},
-    {"gpu_auto", test_gpu_auto, 0},
-    {0},
+    {"gpu_batch", test_gpu_batch, 0}, {"gpu_block", test_gpu_block, 120},
+    {"gpu_split", test_gpu_split, 0}, {"gpu_pack", test_gpu_pack, 0},
+    {"gpu_cast", test_gpu_cast, 0},   {"gpu_encoder_sweep", test_gpu_encoder_sweep, 0},
+    {"gpu_auto", test_gpu_auto, 0},   {0},
 };

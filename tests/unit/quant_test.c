@@ -612,7 +612,71 @@ static void test_errors(void)
     }
 }
 
+/* Batches on the host: strided tiles equal the one-tile quantization of the same values placed
+ * contiguously; copies are 2-D; a bad item is refused by index with nothing run. */
+static void test_batch_host(void)
+{
+    setenv("WB_LOG", "warn", 1);
+    enum { R = 300, C = 260, LD = 300 };
+    uint16_t *src = malloc(R * LD * 2), *packed = malloc(R * C * 2);
+    uint8_t *q = malloc(R * 400), *want = malloc(R * C), *cpy = malloc(4096);
+    float s[3 * 5], sw[3 * 3];
+    CHECK(src && packed && q && want && cpy);
+    uint64_t seed = 5;
+    for (int i = 0; i < R * LD; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        src[i] = wb_f32_to_bf16((float)(int32_t)(seed >> 40) / (float)(1 << 20));
+    }
+    for (int r = 0; r < R; r++)
+        memcpy(packed + r * C, src + r * LD + 7, C * 2);
+    CHECK_INT(wb_quant_fp8_block(&HOST, WB_DTYPE_BF16, packed, R, C, want, sw), 0);
+    memset(q, 0x5a, R * 400);
+    memset(s, 0x5a, sizeof(s));
+    struct wb_quant_item it = {WB_DTYPE_BF16, src + 7, LD, q, 400, s, 5, R, C, 0, 0};
+    struct wb_copy_item cp = {q, cpy, 3, 100, 400, 1000};
+    struct wb_quant_batch *b = NULL;
+    CHECK_INT(wb_quant_batch_create(&HOST, &it, 1, &cp, 1, &b), 0);
+    CHECK_INT(wb_quant_batch_run(b, NULL), 0);
+    wb_quant_batch_free(b);
+    for (int r = 0; r < R; r++) {
+        CHECK_MEM(q + r * 400, want + r * C, C);
+        CHECK_INT(q[r * 400 + C], 0x5a); /* the stride's gap untouched */
+    }
+    for (int i = 0; i < 3; i++)
+        CHECK_MEM(s + i * 5, sw + i * 3, 3 * sizeof(float));
+    for (int r = 0; r < 3; r++) /* the copy ran after the quantization */
+        CHECK_MEM(cpy + r * 1000, want + r * C, 100);
+
+    char buf[512];
+    struct wb_test_stderr c;
+    struct wb_quant_item bad[2] = {it, it};
+    bad[1].q_ld = C - 1;
+    wb_test_stderr_begin(&c);
+    CHECK_INT(wb_quant_batch_create(&HOST, bad, 2, NULL, 0, &b), -EINVAL);
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
+              "wb error quant: wb_quant_batch_create: quantization 1: a row stride is below the "
+              "row length\n");
+    bad[1] = it;
+    bad[1].scale_ld = 2;
+    wb_test_stderr_begin(&c);
+    CHECK_INT(wb_quant_batch_create(&HOST, bad, 2, NULL, 0, &b), -EINVAL);
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
+              "wb error quant: wb_quant_batch_create: quantization 1: the scale row stride is "
+              "below the block columns\n");
+    struct wb_copy_item cbad = {q, NULL, 1, 5, 5, 5};
+    wb_test_stderr_begin(&c);
+    CHECK_INT(wb_quant_batch_create(&HOST, &it, 1, &cbad, 1, &b), -EINVAL);
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
+              "wb error quant: wb_quant_batch_create: copy 0: a buffer is NULL\n");
+    free(src);
+    free(packed);
+    free(q);
+    free(want);
+    free(cpy);
+}
+
 const struct wb_test wb_tests[] = {
+    {"batch_host", test_batch_host, 0},
     {"encoder_specials", test_encoder_specials, 0},
     {"encoder_bf16_all", test_encoder_bf16_all, 120},
     {"encoder_fp32_sweep", test_encoder_fp32_sweep, 120},

@@ -372,6 +372,23 @@ static void *peer_region(struct ipc_tx *ix, uint32_t peer, const struct wb_tx_rd
     return base;
 }
 
+static int ipc_peer_ptr(struct wb_tx *tx, uint32_t peer, const struct wb_tx_rdesc *d, void **out)
+{
+    struct ipc_tx *ix = ipc_of(tx);
+    if (ix->peers[peer].failed)
+        return wb_txi_err(tx, -WB_E_PEER, "peer memory: peer %u (pid %" PRId64 ") has failed", peer,
+                          wb_txi_peer_pid(tx, peer));
+    cudaError_t dr = cudaSetDevice(ix->device);
+    if (dr != cudaSuccess)
+        return cuda_err(tx, dr, "cudaSetDevice");
+    int err = 0;
+    uint8_t *base = peer_region(ix, peer, d, &err);
+    if (!base)
+        return err;
+    *out = base + d->rail[0].addr + d->base;
+    return 0;
+}
+
 static int ipc_write(struct wb_tx *tx, const struct wb_tx_write *uw)
 {
     struct ipc_tx *ix = ipc_of(tx);
@@ -614,6 +631,7 @@ static const struct wb_tx_ops ipc_ops = {
     .mr_dereg = ipc_mr_dereg,
     .write = ipc_write,
     .write_imm = ipc_write_imm,
+    .peer_ptr = ipc_peer_ptr,
     .poll = ipc_poll,
     .stats = ipc_stats,
     .close = ipc_close,

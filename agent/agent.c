@@ -262,6 +262,7 @@ static void cmd_setup(struct wb_endpoint *ep, const struct wb_body_setup *b)
     if (ep->xfer_active && ep->d)
         ag_data_abort(ep->d);
     ep->xfer_active = false;
+    ag_dump_wait(ep); /* the dump reads the memory the new setup replaces */
     ag_set_ready(ep, false);
     int rc =
         ag_data_setup(&ep->d, ep, b, &addr, &addr_len, &regions, &regions_len, err, sizeof(err));
@@ -320,23 +321,63 @@ static void cmd_transfer(struct wb_endpoint *ep, uint64_t version, uint64_t epoc
     ep->pace_until = wb_now_ns() + ep->o.pace_ns;
 }
 
+static void commit(struct wb_endpoint *ep, uint64_t version)
+{
+    ep->in_flight = false;
+    ag_version_done(ep, version, false, NULL);
+    struct wb_body_rep_committed r = {.version = version};
+    report(ep, WB_MSG_REP_COMMITTED, &r);
+    wb_log(WB_LOG_INFO, M, "rollout rank %u: version %" PRIu64 " complete", ep->o.rank, version);
+}
+
+static void *dump_main(void *arg)
+{
+    struct wb_endpoint *ep = arg;
+    int rc = ag_data_dump(ep->d, ep->o.dump, ep->dump_version, ep->dump_err, sizeof(ep->dump_err));
+    atomic_store(&ep->dump_state, rc ? rc : 1);
+    return NULL;
+}
+
+void ag_dump_wait(struct wb_endpoint *ep)
+{
+    if (!ep->dumping)
+        return;
+    pthread_join(ep->dump_thread, NULL);
+    ep->dumping = false;
+}
+
+/* A dump that ended: the version is committed (a failed dump is logged; the bytes are in
+ * place all the same). */
+static void dump_step(struct wb_endpoint *ep)
+{
+    if (!ep->dumping || atomic_load(&ep->dump_state) == 0)
+        return;
+    pthread_join(ep->dump_thread, NULL);
+    ep->dumping = false;
+    if (atomic_load(&ep->dump_state) < 0)
+        wb_log(WB_LOG_ERROR, M, "rollout rank %u: %s", ep->o.rank, ep->dump_err);
+    commit(ep, ep->dump_version);
+}
+
 static void cmd_complete(struct wb_endpoint *ep, uint64_t version)
 {
     if (ep->o.role == WB_ROLE_TRAINER) {
         ag_push_event(ep, version, WB_PUSH_DONE, false, NULL);
         return;
     }
-    char err[WB_ERRMSG_MAX] = "";
-    int rc = ep->o.dump && ep->d && version >= ep->o.dump_from
-                 ? ag_data_dump(ep->d, ep->o.dump, version, err, sizeof(err))
-                 : 0;
-    if (rc)
-        wb_log(WB_LOG_ERROR, M, "rollout rank %u: %s", ep->o.rank, err);
-    ep->in_flight = false;
-    ag_version_done(ep, version, false, NULL);
-    struct wb_body_rep_committed r = {.version = version};
-    report(ep, WB_MSG_REP_COMMITTED, &r);
-    wb_log(WB_LOG_INFO, M, "rollout rank %u: version %" PRIu64 " complete", ep->o.rank, version);
+    if (ep->dumping) /* the controller repeats COMPLETE until COMMITTED: still dumping */
+        return;
+    if (ep->o.dump && ep->d && version >= ep->o.dump_from) {
+        ep->dump_version = version;
+        ep->dump_err[0] = 0;
+        atomic_store(&ep->dump_state, 0);
+        if (pthread_create(&ep->dump_thread, NULL, dump_main, ep) == 0) {
+            ep->dumping = true;
+            return;
+        }
+        wb_log(WB_LOG_ERROR, M, "rollout rank %u: cannot start the dump's thread", ep->o.rank);
+    }
+    commit(ep, version);
 }
 
 static void cmd_abort(struct wb_endpoint *ep, const struct wb_body_abort *b)
@@ -466,6 +507,7 @@ static void data_step(struct wb_endpoint *ep)
     else /* the executor read its last source byte */
         ag_push_event(ep, ep->xfer_version, WB_PUSH_SOURCES, false, NULL);
     report_done(ep, ep->xfer_version, done.ok, done.err, &done.stats, done.rx_bytes);
+    ep->after_pending = true;
     if (!done.ok)
         wb_log(WB_LOG_ERROR, M, "%s rank %u: transfer %" PRIu64 " failed: %s", ep->role, ep->o.rank,
                ep->xfer_version, done.err);
@@ -525,6 +567,11 @@ int ag_loop(struct wb_endpoint *ep)
             send_poll(ep);
         pump_pushes(ep);
         pump_calls(ep, now);
+        if (ep->after_pending && ep->d) { /* the report is out (or queued behind a call) */
+            ep->after_pending = false;
+            ag_data_after(ep->d);
+        }
+        dump_step(ep);
 
         struct pollfd p[2] = {{.fd = ep->call.fd, .events = POLLIN},
                               {.fd = ep->pollc.fd, .events = POLLIN}};

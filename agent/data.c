@@ -84,6 +84,7 @@ static void data_release(struct data *d)
     wb_mpw_free(&d->addr_blob);
     wb_mpw_free(&d->region_blob);
     ag_stream_destroy(d->stream);
+    ag_stream_destroy(d->h2d_stream);
 }
 
 /* ---------------------------------------------------------------- transport */
@@ -475,6 +476,7 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
     if (!d->empty && o->device >= 0) {
         rc = ag_gpu_use(o->device);
         rc = rc ? rc : ag_stream_create(&d->stream);
+        rc = rc ? rc : ag_stream_create(&d->h2d_stream);
         if (rc)
             snprintf(err, errcap, "GPU %d: %s", o->device, wb_strerror(rc));
         d->gpu = rc == 0;
@@ -691,6 +693,7 @@ static void *fill_main(void *arg)
 
 static int fill_begin(struct data *d, uint64_t version, char *err, size_t errcap)
 {
+    d->fill_t0 = wb_now_ns();
     d->fill_want = version;
     d->fill_have = 0;
     if (d->param_host_buf) {
@@ -884,6 +887,17 @@ int ag_data_progress(struct data *d, struct data_done *out)
 {
     if (d->tx)
         ag_data_poll(d);
+    if (!d->active && d->fill_want) { /* between transfers: say when the next one is ready */
+        char err[256] = "";
+        uint64_t v = d->fill_want, t0 = d->fill_t0;
+        int rc = fill_poll(d, err, sizeof(err));
+        if (rc < 0)
+            wb_log(WB_LOG_WARN, M, "trainer rank %u: version %" PRIu64 ": %s", d->rank, v, err);
+        else if (rc == 1)
+            wb_log(WB_LOG_INFO, M,
+                   "trainer rank %u: version %" PRIu64 "'s values ready (generated in %.0f ms)",
+                   d->rank, v, (double)(wb_now_ns() - t0) / 1e6);
+    }
     if (!d->active)
         return 0;
     if (!d->empty && d->role == WB_ROLE_TRAINER) {
@@ -891,10 +905,8 @@ int ag_data_progress(struct data *d, struct data_done *out)
             return 0;
         if (!d->fail[0] && ag_exec_step(d) == 0)
             return 0;
-        if (d->fail[0]) { /* stop issuing; completions still drain through ag_data_poll */
+        if (d->fail[0]) /* stop issuing; completions still drain through ag_data_poll */
             ag_exec_abort(d);
-        }
-        ag_exec_trace_write(d);
     } else if (!d->empty && !d->fail[0] && d->nreached < d->nwant) {
         return 0;
     }
@@ -908,9 +920,17 @@ int ag_data_progress(struct data *d, struct data_done *out)
     out->stats.cap = d->empty ? 0 : d->cap;
     out->stats.total_ns = wb_now_ns() - d->start_ns;
     out->rx_bytes = d->role == WB_ROLE_ROLLOUT && !d->empty ? d->recv.recv_bytes : 0;
-    if (out->ok)
-        prefill(d, d->version + 1);
+    d->last_ok = out->ok;
     return 1;
+}
+
+void ag_data_after(struct data *d)
+{
+    if (d->role != WB_ROLE_TRAINER || d->empty)
+        return;
+    ag_exec_trace_write(d);
+    if (d->last_ok)
+        prefill(d, d->version + 1);
 }
 
 bool ag_data_busy(const struct data *d)
@@ -932,6 +952,10 @@ int ag_data_dump(struct data *d, const char *dir, uint64_t version, char *err, s
 {
     if (d->role != WB_ROLE_ROLLOUT || d->empty)
         return 0;
+    if (d->gpu && ag_gpu_use(d->device)) { /* whichever thread calls */
+        snprintf(err, errcap, "GPU %d: cannot use it to read the rollout's tensors", d->device);
+        return -WB_E_CUDA;
+    }
     char path[1200], tmp[1300];
     snprintf(path, sizeof(path), "%s/rollout%u.v%" PRIu64 ".bin", dir, d->rank, version);
     snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());

@@ -184,7 +184,7 @@ static int lower_quant(const struct wb_route_table *t, const struct wb_rt_task *
             const struct wb_rt_write *sw = containing(t, tk, prim, sat, s.GC * sizeof(float));
             if (!qw || !sw || ((s.row0 + r) % WB_FP8_BLOCK && r != 0))
                 goto no;
-            uint64_t qend = (qw->src_off + qw->len - s.qoff) / s.C; /* flat row */
+            uint64_t qend = (qw->src_off + qw->len - s.qoff) / s.C;                  /* flat row */
             uint64_t send = (sw->src_off + sw->len - s.soff) / sizeof(float) / s.GC; /* grid row */
             uint64_t end = qend - l * s.R < s.R ? qend - l * s.R : s.R;
             if (send < (l + 1) * s.GR) { /* the scale write ends at block row send - l*GR */
@@ -225,8 +225,8 @@ no:
 
 /* A secondary write: copies, after the quantizations, from the primaries holding its bytes. */
 static int lower_secondary(const struct wb_route_table *t, const struct wb_rt_task *tk,
-                          const uint8_t *prim, const struct wb_rt_write *w, ag_dst_fn dst,
-                          void *arg, struct items *out, bool *ok)
+                           const uint8_t *prim, const struct wb_rt_write *w, ag_dst_fn dst,
+                           void *arg, struct items *out, bool *ok)
 {
     uint8_t *d = dst(arg, w);
     *ok = false;
@@ -237,10 +237,10 @@ static int lower_secondary(const struct wb_route_table *t, const struct wb_rt_ta
         uint8_t *pd = p ? dst(arg, p) : NULL;
         if (!pd)
             return 0;
-        uint64_t end = p->src_off + p->len < w->src_off + w->len ? p->src_off + p->len
-                                                                 : w->src_off + w->len;
-        struct wb_copy_item c = {pd + (off - p->src_off), d + (off - w->src_off), 1, end - off,
-                                 end - off, end - off};
+        uint64_t end =
+            p->src_off + p->len < w->src_off + w->len ? p->src_off + p->len : w->src_off + w->len;
+        struct wb_copy_item c = {
+            pd + (off - p->src_off), d + (off - w->src_off), 1, end - off, end - off, end - off};
         if (add_c(out, &c))
             return -ENOMEM;
         off = end;
@@ -270,8 +270,8 @@ static int lower_task(const struct wb_route_table *t, uint32_t ti, uint8_t *cons
             goto no;
         uint32_t tn = op->quant.src.tensor;
         bool qok;
-        rc = lower_quant(t, tk, prim, op, tn < ntensors ? shard_ptr[tn] : NULL, dst, arg, out,
-                         &qok);
+        rc =
+            lower_quant(t, tk, prim, op, tn < ntensors ? shard_ptr[tn] : NULL, dst, arg, out, &qok);
         if (rc || !qok)
             goto no;
         struct qshape s;
@@ -358,8 +358,7 @@ static uint8_t *tx_dst(void *arg, const struct wb_rt_write *w)
     for (uint32_t i = 0; p && p->present && i < p->nreg; i++) {
         void *ptr;
         if (p->reg_tensor[i] == w->dst_tensor)
-            return wb_tx_peer_ptr(d->tx, p->idx, &p->reg[i], w->dst_off, w->len, &ptr) ? NULL
-                                                                                    : ptr;
+            return wb_tx_peer_ptr(d->tx, p->idx, &p->reg[i], w->dst_off, w->len, &ptr) ? NULL : ptr;
     }
     return NULL;
 }

@@ -394,6 +394,7 @@ void wb_endpoint_close(struct wb_endpoint *ep)
         pthread_join(ep->thread, NULL);
     for (size_t i = 0; i < ep->nq; i++)
         wb_mpw_free(&ep->queue[i]);
+    ag_dump_wait(ep);
     ag_data_free(ep->d); /* releases the transport and its registrations first */
     ag_regs_free(ep);
     wb_chan_close(&ep->pollc);

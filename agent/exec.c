@@ -45,6 +45,7 @@ struct task {
     uint64_t span_t0;
     void *h[3];  /* host buffers of GPU amax steps, freed with the task */
     bool waited; /* could not start at once for lack of memory */
+    bool h2d;    /* H2D copies issued on the copy stream that the kernel stream must follow */
 };
 
 static const char *M = "agent";
@@ -700,15 +701,25 @@ static int step_task(struct data *d, uint32_t ti)
         uint32_t opi = rt->op0 + tk->op;
         const struct wb_rt_op *op = &d->table.ops[opi];
         int r = 0;
+        if (tk->h2d && op->kind != WB_OP_H2D) { /* the kernels read what the copies wrote */
+            tk->h2d = false;
+            if ((r = ag_stream_order(d->h2d_stream, d->stream)) != 0) {
+                fail(d, "task %u: ordering its copies: %s", ti, wb_strerror(r));
+                return r;
+            }
+        }
         switch (op->kind) {
-        case WB_OP_H2D: {
+        case WB_OP_H2D: { /* on the copy stream: the next task's copies overlap this one's kernels
+                           */
             span_open(d, tk, ti, WB_STAGE_H2D);
             uint32_t s = d->shard_of[op->tensor];
             const uint8_t *src = (const uint8_t *)d->shards[s - 1].ptr + op->h2d.src_off;
-            if (d->gpu)
-                r = ag_copy_async(c.tmp + op->h2d.dst_off, src, op->h2d.bytes, d->stream);
-            else
+            if (d->gpu) {
+                r = ag_copy_async(c.tmp + op->h2d.dst_off, src, op->h2d.bytes, d->h2d_stream);
+                tk->h2d = true;
+            } else {
                 memcpy(c.tmp + op->h2d.dst_off, src, op->h2d.bytes);
+            }
             r = r ? r : STEP_NEXT;
             break;
         }
@@ -749,7 +760,9 @@ static int step_task(struct data *d, uint32_t ti)
     if (tk->st == T_RUN) { /* every op issued: wait for them, then write */
         if (d->gpu && tk->sub == 0) {
             tk->sub = 1;
-            int r = sync_point(d, tk);
+            int r = tk->h2d ? ag_stream_order(d->h2d_stream, d->stream) : 0;
+            tk->h2d = false;
+            r = r ? r : sync_point(d, tk);
             return r < 0 ? r : 0;
         }
         span_open(d, tk, ti, WB_STAGE_WRITE);

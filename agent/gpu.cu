@@ -94,6 +94,18 @@ extern "C" void ag_event_destroy(void *ev)
         cudaEventDestroy((cudaEvent_t)ev);
 }
 
+extern "C" int ag_stream_order(void *from, void *to)
+{
+    cudaEvent_t ev;
+    int e = cu(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    if (e)
+        return e;
+    e = cu(cudaEventRecord(ev, (cudaStream_t)from));
+    e = e ? e : cu(cudaStreamWaitEvent((cudaStream_t)to, ev, 0));
+    cudaEventDestroy(ev); /* released once it has fired */
+    return e;
+}
+
 extern "C" int ag_copy_async(void *dst, const void *src, size_t n, void *stream)
 {
     if (!n)

@@ -20,6 +20,9 @@ int ag_event_record(void *stream, void **out);
 /* 1 when the event completed, 0 when not yet, negative on a CUDA error. */
 int ag_event_done(void *ev);
 void ag_event_destroy(void *ev);
+/* Orders streams: work enqueued on `to` from now on starts after everything enqueued on `from`
+ * so far (an event in between; the CPU does not wait). */
+int ag_stream_order(void *from, void *to);
 /* Asynchronous copy between any memory kinds on the stream. */
 int ag_copy_async(void *dst, const void *src, size_t n, void *stream);
 int ag_memset_async(void *dst, int v, size_t n, void *stream);

@@ -48,6 +48,13 @@ void ag_event_destroy(void *ev)
     (void)ev;
 }
 
+int ag_stream_order(void *from, void *to)
+{
+    (void)from;
+    (void)to;
+    return -WB_E_NOGPU;
+}
+
 int ag_copy_async(void *dst, const void *src, size_t n, void *stream)
 {
     (void)dst;

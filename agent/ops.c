@@ -137,6 +137,23 @@ int ag_ops_quant(const struct opctx *c, const struct wb_rt_op *op)
     const void *src;
     struct wb_quant_grid g;
     uint64_t lead;
+    struct wb_quant_tile tile;
+    region_tile(region, q->src.dtype, &tile, &lead);
+    if (q->amax_off == (uint64_t)WB_RT_NONE && tile.row0 % WB_FP8_BLOCK == 0 &&
+        tile.col0 % WB_FP8_BLOCK == 0) { /* nothing to merge, blocks from the tile's origin:
+                                          * one fused pass (the same bytes, one read) */
+        int rc = packed_src(c, &q->src, q->src_box, c->d->scratch[0], &src);
+        uint8_t *dst = ag_ops_view_ptr(c, &q->dst);
+        float *scale = (float *)(c->tmp + q->scale_off);
+        uint64_t esz = wb_dtype_size(q->src.dtype), per = tile.rows * tile.cols;
+        uint64_t gsz = wb_quant_blocks(tile.rows) * wb_quant_blocks(tile.cols);
+        if (!rc && wb_box_numel(wb_rt_box(t, q->grid)) != lead * gsz)
+            rc = -EINVAL;
+        for (uint64_t l = 0; !rc && l < lead; l++)
+            rc = wb_quant_fp8_block(&ex, q->src.dtype, (const uint8_t *)src + l * per * esz,
+                                    tile.rows, tile.cols, dst + l * per, scale + l * gsz);
+        return rc;
+    }
     int rc = region_amax(c, &q->src, q->src_box, region, amax, &src, &g, &lead);
     if (rc)
         return rc;
@@ -152,8 +169,6 @@ int ag_ops_quant(const struct opctx *c, const struct wb_rt_op *op)
         if (rc)
             return rc;
     }
-    struct wb_quant_tile tile;
-    region_tile(region, q->src.dtype, &tile, &lead);
     uint8_t *dst = ag_ops_view_ptr(c, &q->dst);
     float *scale = (float *)(c->tmp + q->scale_off);
     uint64_t esz = wb_dtype_size(q->src.dtype), per = tile.rows * tile.cols;

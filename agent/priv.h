@@ -10,6 +10,7 @@
 #define WB_AGENT_PRIV_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "agent/agent.h"
 
@@ -95,6 +96,14 @@ struct wb_endpoint {
     uint64_t xfer_version;
     bool in_flight;
     uint64_t pace_until;
+    bool after_pending; /* a transfer ended: its follow-up work waits until the report left */
+    /* rollouts: a version's dump, written by its own thread (a large model takes seconds, and
+     * the loop keeps heartbeating); COMMITTED is reported when it ends */
+    pthread_t dump_thread;
+    bool dumping;
+    uint64_t dump_version;
+    _Atomic int dump_state; /* 0 running, 1 done, negative: failed (dump_err) */
+    char dump_err[WB_ERRMSG_MAX];
     /* shared with the public calls, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -114,6 +123,8 @@ struct wb_endpoint {
 
 /* agent.c: the control loop. Returns as wb_endpoint_run() does. */
 int ag_loop(struct wb_endpoint *ep);
+/* Waits for a rollout's dump thread, if one runs (before its memory goes). */
+void ag_dump_wait(struct wb_endpoint *ep);
 
 /* endpoint.c: state changes the loop publishes (each takes mu and signals cv). */
 void ag_set_fatal(struct wb_endpoint *ep, int code, const char *fmt, ...)
@@ -152,13 +163,17 @@ int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size
 int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, char *err, size_t errcap);
 /* Makes progress without blocking; 1 when the transfer finished (*out filled), 0 when not. */
 int ag_data_progress(struct data *d, struct data_done *out);
+/* What follows a finished transfer once its report has left (so none of it delays the
+ * report): the trainer's trace file, and the synthetic source's fill of the next version. */
+void ag_data_after(struct data *d);
 /* Drops the transfer in flight (ABORT). */
 void ag_data_abort(struct data *d);
 /* Polls the transport only (completions, immediates), without advancing a transfer. */
 void ag_data_poll(struct data *d);
 /* True when the data side has a transport that must be polled on every turn of the loop. */
 bool ag_data_busy(const struct data *d);
-/* Rollouts: writes every local tensor to DIR/rollout<rank>.v<version>.bin (for checks). */
+/* Rollouts: writes every local tensor to DIR/rollout<rank>.v<version>.bin (for checks). Runs
+ * on any thread (the loop's keeps heartbeating meanwhile). */
 int ag_data_dump(struct data *d, const char *dir, uint64_t version, char *err, size_t errcap);
 void ag_data_free(struct data *d);
 

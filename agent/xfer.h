@@ -121,11 +121,11 @@ struct data {
     bool synthetic;
     struct agent_job job;
     bool empty; /* no plan: nothing to move */
-    bool active, pending_start;
+    bool active, pending_start, last_ok;
     uint64_t version, epoch, start_ns, end_ns;
     /* synthetic trainers: the version the shards hold (0: none), and a fill under way (GPU: an
      * event after its kernels; host memory: a thread) for fill_want, 0 when none */
-    uint64_t fill_have, fill_want;
+    uint64_t fill_have, fill_want, fill_t0;
     void *fill_ev;
     pthread_t fill_thread;
     bool fill_thread_on;
@@ -136,7 +136,8 @@ struct data {
     struct wb_tx *tx;
     struct wb_tx_caps caps;
     struct wb_mpw addr_blob, region_blob;
-    void *stream;
+    void *stream;     /* the executor's kernels and copies */
+    void *h2d_stream; /* host-to-device copies, so they run ahead of the kernels */
     /* trainer */
     struct wb_route_table table;
     bool have_table;

@@ -38,6 +38,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "build", "bin")
 RULES = os.path.join(ROOT, "configs/models/qwen3_moe.yaml")
+KEEP = None
 FP8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
 
 
@@ -272,6 +273,7 @@ class Job:
         self.url = "tcp://127.0.0.1:%d" % (20000 + os.getpid() % 10000 + len(name) * 7)
         self.env = dict(os.environ, **env)
         self.env.setdefault("WB_TOKEN", "gpu-e2e-%d" % os.getpid())
+        self.env.setdefault("WB_LOG", "info")
         tl = os.path.join(self.dir, "trainer.yaml")
         with open(tl, "w") as f:
             f.write("world_size: 1\ngpus_per_node: 1\nresidence: %s\nmesh:\n  - {name: fsdp, size: 1}\n"
@@ -314,6 +316,11 @@ class Job:
                               text=True, env=self.env)
 
     def transfer(self, v):
+        # The synthetic trainer generates version v while idle (not counted in a transfer); a
+        # trainer in host memory takes seconds for it, so wait until it says the values are ready.
+        t0 = time.time()
+        while time.time() - t0 < 600 and not self.grep("trainer.log", f"version {v}'s values ready"):
+            time.sleep(0.05)
         r = self.ctl("--timeout", "600s", "transfer", "--version", str(v))
         if r.returncode:
             self.tail()
@@ -322,7 +329,8 @@ class Job:
                       r.stdout)
         row = [l.split() for l in r.stdout.splitlines() if l.startswith("all ")][0]
         return {"complete_ms": float(m.group(1)), "sent_ms": float(m.group(2)), "received_ms": float(m.group(3)),
-                "trainer_ms": float(row[11]), "bytes": int(row[1])}
+                "trainer_ms": float(row[11]), "quant_ms": float(row[8]), "write_ms": float(row[9]),
+                "bytes": int(row[1])}
 
     def verify(self, v):
         r = subprocess.run([os.path.join(BIN, "wb-ctl"), "verify", "--config", self.job, "--dump",
@@ -349,6 +357,8 @@ class Job:
             except subprocess.TimeoutExpired:
                 p.kill()
         shutil.rmtree(os.path.join(self.dir, "dump"), ignore_errors=True)
+        if KEEP:
+            shutil.copytree(self.dir, os.path.join(KEEP, os.path.basename(self.dir)), dirs_exist_ok=True)
 
 
 def ours(tmp, name, cfg_path, versions, provider, device, rollout_gpu=None, residence="gpu", env=None,
@@ -361,8 +371,8 @@ def ours(tmp, name, cfg_path, versions, provider, device, rollout_gpu=None, resi
         runs = [job.transfer(v) for v in range(1, versions + 1)]
         for v, r in enumerate(runs, 1):
             log(f"  {name} version {v}: complete in {r['complete_ms']:.2f} ms (trainer sent by {r['sent_ms']:.2f}, "
-                f"rollout counted by {r['received_ms']:.2f}; the trainer's own time {r['trainer_ms']:.2f} ms), "
-                f"{r['bytes']} bytes")
+                f"rollout counted by {r['received_ms']:.2f}; the trainer's own time {r['trainer_ms']:.2f} ms, "
+                f"of it quantizing {r['quant_ms']:.2f} ms), {r['bytes']} bytes")
         for l in job.grep("trainer.log", "direct path"):
             log("  " + l)
         if verify:
@@ -382,8 +392,11 @@ def main():
     ap.add_argument("--model", action="append", choices=sorted(MODELS), help="default: m9")
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma list of: torch, pipeline, host")
+    ap.add_argument("--keep", metavar="DIR", help="copy every job's logs and traces into DIR")
     ap.add_argument("--torch-part", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    global KEEP
+    KEEP = a.keep
     if a.torch_part:
         return torch_part(a.torch_part[0], a.torch_part[1], a.torch_part[2] == "1")
     skip = set(filter(None, a.skip.split(",")))

@@ -3,6 +3,7 @@
 # bench/gpu_e2e.py (its docstring says what it measures). On a lent GPU machine first:
 #   . scripts/gpu/env.sh
 # Usage: bench/gpu_e2e.sh [--model m9|qwen3-30b|demo ...] [--versions N] [--skip torch,pipeline,host]
+#        [--keep DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in

@@ -59,8 +59,8 @@ static int check_citem(size_t i, const struct wb_copy_item *it)
     else if (it->rows > 1 && (it->src_ld < it->bytes || it->dst_ld < it->bytes))
         bad = "a row stride is below the row length";
     else if (!mul_ok(it->rows, it->bytes, &n) ||
-             (it->rows > 1 && (!mul_ok(it->rows, it->src_ld, &n) ||
-                               !mul_ok(it->rows, it->dst_ld, &n))))
+             (it->rows > 1 &&
+              (!mul_ok(it->rows, it->src_ld, &n) || !mul_ok(it->rows, it->dst_ld, &n))))
         bad = "it is too large";
     if (bad)
         wb_log(WB_LOG_ERROR, MOD, "wb_quant_batch_create: copy %zu: %s", i, bad);
@@ -167,8 +167,8 @@ int wb_quant_batch_run(struct wb_quant_batch *b, void *stream)
     for (size_t i = 0; i < b->nc; i++) {
         const struct wb_copy_item *it = &b->c[i];
         for (uint64_t r = 0; r < it->rows; r++)
-            memmove((uint8_t *)it->dst + r * it->dst_ld,
-                    (const uint8_t *)it->src + r * it->src_ld, it->bytes);
+            memmove((uint8_t *)it->dst + r * it->dst_ld, (const uint8_t *)it->src + r * it->src_ld,
+                    it->bytes);
     }
     return 0;
 }

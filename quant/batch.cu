@@ -105,10 +105,9 @@ extern "C" int wb_quant_dev_batch_create(const struct wb_quant_item *q, size_t n
                 wb_quant_tile t = {it->dtype, it->rows, it->cols, it->row0, it->col0};
                 wb_quant_grid gr;
                 wb_quant_fp8_grid(&t, 0, it->rows, &gr);
-                hq[at++] = wb_quant_dev_qitem{it->src,   it->q,    it->scale,   it->src_ld,
-                                              it->q_ld,  it->scale_ld, it->rows, it->cols,
-                                              it->row0,  it->col0, gr.row,      gr.col,
-                                              gr.cols,   g.pieces};
+                hq[at++] = wb_quant_dev_qitem{
+                    it->src,  it->q,    it->scale, it->src_ld, it->q_ld, it->scale_ld, it->rows,
+                    it->cols, it->row0, it->col0,  gr.row,     gr.col,   gr.cols,      g.pieces};
                 g.pieces += gr.rows * gr.cols;
                 g.n++;
             }
@@ -140,8 +139,8 @@ extern "C" int wb_quant_dev_batch_create(const struct wb_quant_item *q, size_t n
     if (!rc)
         rc = wb_quant_cuda_err(cudaMalloc(&b->mem, coff + cbytes + 1), "cudaMalloc");
     if (!rc && qbytes)
-        rc = wb_quant_cuda_err(cudaMemcpy(b->mem, hq, qbytes, cudaMemcpyHostToDevice),
-                               "cudaMemcpy");
+        rc =
+            wb_quant_cuda_err(cudaMemcpy(b->mem, hq, qbytes, cudaMemcpyHostToDevice), "cudaMemcpy");
     if (!rc && cbytes)
         rc = wb_quant_cuda_err(
             cudaMemcpy(static_cast<char *>(b->mem) + coff, hc, cbytes, cudaMemcpyHostToDevice),

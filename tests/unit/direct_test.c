@@ -3,8 +3,8 @@
  * one batch (the CPU reference of quant/'s batches) straight into fresh rollout buffers, and
  * every byte its writes stand for must equal what the general pipeline writes there (its ops on
  * quant/'s CPU reference into TMP, then its writes); bytes of tasks left to the general
- * pipeline must stay untouched. Also which tasks qualify: all of them for colocated TP 1, none with an amax
- * exchange or a repacking copy, none cut inside a 128-row block. */
+ * pipeline must stay untouched. Also which tasks qualify: all of them for colocated TP 1, none with
+ * an amax exchange or a repacking copy, none cut inside a 128-row block. */
 #include "agent/xfer.h"
 #include "tests/unit/planner_sim.h"
 
@@ -46,8 +46,8 @@ static void general_task(struct sim *s, uint32_t r, const struct wb_route_table 
             lead *= rg->ext[i];
         uint8_t *packed = malloc(n * 2 + 1);
         CHECK_INT(wb_quant_pack(&ex, q->src.dtype, wb_rt_shape(t, q->src.shape),
-                                wb_rt_box(t, q->src_box), s->rk[r].shard[q->src.tensor] + q->src.off,
-                                packed),
+                                wb_rt_box(t, q->src_box),
+                                s->rk[r].shard[q->src.tensor] + q->src.off, packed),
                   0);
         struct wb_quant_tile tile = {q->src.dtype, nd >= 2 ? rg->ext[nd - 2] : 1, rg->ext[nd - 1],
                                      nd >= 2 ? rg->off[nd - 2] : 0, rg->off[nd - 1]};
@@ -100,7 +100,8 @@ static struct outcome run(const char *config, const char *trainer_yaml, const ch
         const struct wb_route_table *t = &p->tables[r];
         struct dst_arg a = {&got, skip_rank};
         struct ag_direct_plan dp;
-        CHECK_INT(ag_direct_lower(t, got.rk[r].shard, (uint32_t)f.in.trainer->n, dst_of, &a, &dp), 0);
+        CHECK_INT(ag_direct_lower(t, got.rk[r].shard, (uint32_t)f.in.trainer->n, dst_of, &a, &dp),
+                  0);
         struct wb_quant_exec ex = {WB_QUANT_HOST, NULL};
         struct wb_quant_batch *b = NULL;
         CHECK_INT(wb_quant_batch_create(&ex, dp.q, dp.nq, dp.c, dp.nc, &b), 0);

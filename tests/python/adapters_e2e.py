@@ -275,6 +275,21 @@ def check(cond, what):
         raise AssertionError(what)
 
 
+# Versions must not overtake a rollout's wait (a wait for v returns "v or newer", and the tests
+# check which): each rollout marks every version it waited for, and the next version is started
+# only once every rollout marked the previous one.
+def mark(sync, rank, v):
+    open(os.path.join(sync, f"waited.{rank}.{v}"), "w").close()
+
+
+def await_marks(sync, nrollouts, v, timeout=120):
+    end = time.time() + timeout
+    while not all(os.path.exists(os.path.join(sync, f"waited.{r}.{v}")) for r in range(nrollouts)):
+        if time.time() > end:
+            raise AssertionError(f"rollouts did not all wait for version {v}")
+        time.sleep(0.02)
+
+
 def verify(job, dump, v):
     res = subprocess.run([os.path.join(BIN, "wb-ctl"), "verify", "--config", job, "--dump", dump, "--version", str(v)],
                          capture_output=True, text=True, timeout=120)
@@ -312,7 +327,7 @@ dead_after: 1500ms
     return path
 
 
-def run_mla_rollout(rank, url, dump):
+def run_mla_rollout(rank, url, dump, sync):
     """One rollout rank: the stand-in engine registered through the adapter path, versions 1-3
     waited for (2 fails: rank 1's post-processing breaks W_UV), the derived tensors checked."""
     engine, dtypes, impls = build_engine(ds_locals(rank))
@@ -331,6 +346,7 @@ def run_mla_rollout(rank, url, dump):
         try:
             got = b.wait(v)
         except wb.WeightbridgeError as e:
+            mark(sync, rank, v)
             check(v == 2, f"version {v} failed: {e}")
             want = ("version 2 failed: rollout rank 1: post-update hook: AdapterError: after the update: "
                     "model.layers.0.self_attn.attn.impl.W_UV: post-processing made it float32 "
@@ -338,6 +354,7 @@ def run_mla_rollout(rank, url, dump):
                     "(this rank still holds version 1)")
             check(str(e) == want, f"rank {rank}: {e}")
             continue
+        mark(sync, rank, v)
         check(v != 2 and got == v, f"version {v}: wait returned {got}")
         for l, i in enumerate(impls):
             # the post-processing ran on the bytes of this version, after they landed
@@ -360,13 +377,14 @@ def run_mla_rollout(rank, url, dump):
 
 def test_mla_versions(tmp):
     job = ds_job(tmp)
-    dump = os.path.join(tmp, "dump-mla")
+    dump, sync = os.path.join(tmp, "dump-mla"), os.path.join(tmp, "sync-mla")
     os.makedirs(dump)
+    os.makedirs(sync)
     c = Controller(tmp, job)
     procs = []
     try:
         for r in range(2):
-            procs.append((("rollout", r), spawn("mla-rollout", r, c.url, dump)))
+            procs.append((("rollout", r), spawn("mla-rollout", r, c.url, dump, sync)))
         for r in range(2):
             procs.append((("trainer", r), subprocess.Popen(
                 [os.path.join(BIN, "wb-agent"), "--role", "trainer", "--rank", str(r), "--controller", c.url,
@@ -375,9 +393,11 @@ def test_mla_versions(tmp):
         c.wait_ready()
         r1 = c.ctl("transfer", "--version", "1")
         check(r1.returncode == 0, r1.stdout + r1.stderr)
+        await_marks(sync, 2, 1)
         r2 = c.ctl("transfer", "--version", "2")
         check(r2.returncode == 1 and "rollout rank 1: post-update hook: AdapterError: after the update: model.layers.0.self_attn.attn.impl.W_UV" in
               r2.stdout + r2.stderr, r2.stdout + r2.stderr)
+        await_marks(sync, 2, 2)
         r3 = c.ctl("transfer", "--version", "3")
         check(r3.returncode == 0, r3.stdout + r3.stderr)
         outs = settle(procs[:2])
@@ -462,7 +482,7 @@ class FakeSglangEngine:
                          weight_version))
 
 
-def run_framework_trainer(rank, url):
+def run_framework_trainer(rank, url, sync):
     os.environ["RANK"] = str(rank)
     import functools
 
@@ -482,6 +502,7 @@ def run_framework_trainer(rank, url):
     # version 2: NeMo-RL, on the same trainer endpoint
     ne = wb_nemo.WeightbridgeCheckpointEngine(bucket_size=1 << 20, release_after_refit=False, **given)
     ne.sync, ne.model = ce.sync, ce.model
+    await_marks(sync, 2, 1)
     model.fill(2)
     asyncio.run(FakeNemoPolicyWorker(model, ne).send_weights_via_checkpoint_engine())
     check(ne.sync.last == 2 and ne.sync.trainer.version == 2, "NeMo-RL: version 2")
@@ -493,6 +514,7 @@ def run_framework_trainer(rank, url):
     wb_slime._rank = lambda: rank
     engines = [FakeSglangEngine(log), FakeSglangEngine(log)]
     up.connect_rollout_engines(engines, None, engine_gpu_counts=[2, 2])
+    await_marks(sync, 2, 2)
     model.fill(3)
     up.update_weights()
     check(up.weight_version == 3, f"slime: weight_version {up.weight_version}")
@@ -504,7 +526,7 @@ def run_framework_trainer(rank, url):
     print("trainer ok", flush=True)
 
 
-def run_framework_rollout(rank, url, dump):
+def run_framework_rollout(rank, url, dump, sync):
     from weightbridge import nemo_rl as wb_nemo
     from weightbridge import sglang as wb_sglang
     from weightbridge import verl as wb_verl
@@ -526,11 +548,13 @@ def run_framework_rollout(rank, url, dump):
 
     check(asyncio.run(drain(ce.receive_weights())) == [], "verl receive_weights yielded something")
     check(b.wait(1) == 1, "version 1")
+    mark(sync, rank, 1)
     # version 2: NeMo-RL's checkpoint engine inside the vLLM worker finds the engine's binding
     ne = wb_nemo.WeightbridgeCheckpointEngine(bucket_size=1 << 20, controller=url)
     ne.init_rollout_process_group(rollout_rank=rank, train_world_size=4, rollout_world_size=2, metadata=[])
     check(ne.binding is b, "NeMo-RL did not use the engine's binding")
     check(asyncio.run(drain(ne.receive_weight_batches())) == [] and b.waited == 2, f"NeMo-RL waited {b.waited}")
+    mark(sync, rank, 2)
     # version 3: SGLang's loader, as the engine's workers run it
     A.bind("sglang", b)
     wb_sglang.load_weights(engine, [(A.encode_command("wait", version=3, timeout=60), None)])
@@ -542,15 +566,16 @@ def run_framework_rollout(rank, url, dump):
 
 def test_frameworks(tmp):
     job = demo.derived_job(tmp)
-    dump = os.path.join(tmp, "dump-frameworks")
+    dump, sync = os.path.join(tmp, "dump-frameworks"), os.path.join(tmp, "sync-frameworks")
     os.makedirs(dump)
+    os.makedirs(sync)
     c = Controller(tmp, job)
     procs = []
     try:
         for r in range(2):
-            procs.append((("rollout", r), spawn("fw-rollout", r, c.url, dump)))
+            procs.append((("rollout", r), spawn("fw-rollout", r, c.url, dump, sync)))
         for r in range(4):
-            procs.append((("trainer", r), spawn("fw-trainer", r, c.url)))
+            procs.append((("trainer", r), spawn("fw-trainer", r, c.url, sync)))
         outs = settle(procs)
         for key, (rc, out) in outs.items():
             check(rc == 0 and ("rollout ok" if key[0] == "rollout" else "trainer ok") in out, f"{key} exited {rc}:\n{out}")
@@ -921,10 +946,10 @@ def main():
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "mla-rollout":
-        run_mla_rollout(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        run_mla_rollout(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
     elif cmd == "fw-trainer":
-        run_framework_trainer(int(sys.argv[2]), sys.argv[3])
+        run_framework_trainer(int(sys.argv[2]), sys.argv[3], sys.argv[4])
     elif cmd == "fw-rollout":
-        run_framework_rollout(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        run_framework_rollout(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
     else:
         sys.exit(main())

@@ -59,6 +59,9 @@ class WeightbridgeCheckpointEngine(_Base):
         if self.binding is not None:
             return
         self.binding = A.binding("vllm")
+        if self.binding is not None and self.binding.rank != int(rollout_rank):
+            raise A.AdapterError(f"NeMo-RL rollout rank {rollout_rank}: this vLLM worker registered as rollout rank "
+                                 f"{self.binding.rank} (WB_REPLICA and its place in the engine); they must agree")
         if self.binding is None:
             from . import vllm as wb_vllm
 

@@ -553,6 +553,11 @@ def run_framework_rollout(rank, url, dump, sync):
     ne = wb_nemo.WeightbridgeCheckpointEngine(bucket_size=1 << 20, controller=url)
     ne.init_rollout_process_group(rollout_rank=rank, train_world_size=4, rollout_world_size=2, metadata=[])
     check(ne.binding is b, "NeMo-RL did not use the engine's binding")
+    other = wb_nemo.WeightbridgeCheckpointEngine(bucket_size=1 << 20, controller=url)
+    msg = raises(lambda: other.init_rollout_process_group(rollout_rank=1 - rank, train_world_size=4,
+                                                          rollout_world_size=2, metadata=[]))
+    check(msg == f"NeMo-RL rollout rank {1 - rank}: this vLLM worker registered as rollout rank {rank} (WB_REPLICA "
+                 "and its place in the engine); they must agree", msg)
     check(asyncio.run(drain(ne.receive_weight_batches())) == [] and b.waited == 2, f"NeMo-RL waited {b.waited}")
     mark(sync, rank, 2)
     # version 3: SGLang's loader, as the engine's workers run it

@@ -15,12 +15,14 @@ class Shard:
     ``shape`` (a numpy array or a torch tensor). ``placement``, when given, says how the tensor
     lies on the trainers' device mesh (``Trainer(mesh=...)``): per mesh dim ``None`` for
     replicated or the tensor dim it is sharded along (torch.chunk rule) — what a DTensor's
-    placements say, so that the job needs no trainer layout file."""
+    placements say, so that the job needs no trainer layout file. ``dtype`` names the element
+    type where ``local``'s own cannot (a numpy uint16 array holding bfloat16: "bf16")."""
 
     local: Any
     shape: Sequence[int]
     offset: Sequence[int]
     placement: Optional[Sequence[Optional[int]]] = None
+    dtype: Optional[str] = None
 
 
 @dataclass
@@ -160,6 +162,8 @@ def info(x, dtype: Optional[str] = None) -> TensorInfo:
     if isinstance(x, Shard):
         if x.placement is not None:
             placement = tuple(-1 if p is None else int(p) for p in x.placement)
+        if dtype is None:
+            dtype = x.dtype
         x, shape, offset = x.local, tuple(int(d) for d in x.shape), tuple(int(o) for o in x.offset)
     ti = _torch_info(x, shape, offset) if _is_torch(x) else _numpy_info(x, shape, offset)
     if placement is not None:

@@ -3,7 +3,8 @@
 # installs the programs, libweightbridge.{a,so}, the headers, the pkg-config file and the
 # shipped configs; `pkg-config --cflags --libs weightbridge` then builds a tiny C program that
 # links and runs against the installed shared library, and the Python package installs offline
-# (Debian's setuptools, no index) and loads that library. Run from the repository root with the
+# (Debian's setuptools, no index), loads that library, imports every engine and framework adapter
+# without the engines present, and declares vLLM's plugin entry point. Run from the repository root with the
 # build directory this script sits in (its configuration is read from BUILD/config).
 build=$(cd "$(dirname "$0")/.." && pwd)
 root=$(pwd)
@@ -71,8 +72,12 @@ else
         "$root/python" 2>&1) &&
         run=$(cd "$tmp" && env -u WB_LIBRARY PYTHONPATH="$tmp/py" LD_LIBRARY_PATH="$prefix/lib" \
             ${asan:+LD_PRELOAD=$asan} ASAN_OPTIONS=detect_leaks=0 \
-            "$py" -c 'import weightbridge as wb; print(wb.library_path)' 2>&1) &&
-        [ "$run" = "libweightbridge.so.0" ]; then
+            "$py" -c 'import weightbridge as wb; print(wb.library_path)
+import weightbridge.vllm, weightbridge.sglang, weightbridge.verl, weightbridge.slime, weightbridge.nemo_rl
+from importlib.metadata import entry_points
+print(*[e.value for e in entry_points(group="vllm.general_plugins") if e.name == "weightbridge"])' 2>&1) &&
+        [ "$run" = "libweightbridge.so.0
+weightbridge.vllm:register" ]; then
         ok python_package
     else
         bad python_package "pip: $(tail -3 <<<"$out"); import: $run"

@@ -36,15 +36,27 @@ float wb_synth_value(const char *name, uint64_t seed, uint64_t version, uint64_t
     return wb_synth_at(key, scale, index);
 }
 
-int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dtype dtype,
-                  const struct wb_shape *shape, const struct wb_box *box, void *dst)
+/* The arguments' check and the stream of a fill (CPU or GPU). */
+static int fill_stream(const char *name, uint64_t seed, uint64_t version, enum wb_dtype dtype,
+                       const struct wb_shape *shape, const struct wb_box *box, uint64_t *key,
+                       float *scale)
 {
     if (dtype != WB_DTYPE_BF16 && dtype != WB_DTYPE_FP16 && dtype != WB_DTYPE_FP32)
         return -EINVAL;
     if (!wb_box_within(shape, box))
         return -EINVAL;
+    *key = stream_key(name, seed, version, scale);
+    return 0;
+}
+
+int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dtype dtype,
+                  const struct wb_shape *shape, const struct wb_box *box, void *dst)
+{
     float scale;
-    uint64_t key = stream_key(name, seed, version, &scale);
+    uint64_t key;
+    int rc = fill_stream(name, seed, version, dtype, shape, box, &key, &scale);
+    if (rc)
+        return rc;
     uint64_t n = wb_box_numel(box);
     uint32_t nd = box->ndim;
     uint64_t idx[WB_MAX_DIMS] = {0};
@@ -72,13 +84,10 @@ int wb_synth_fill_async(const char *name, uint64_t seed, uint64_t version, enum 
                         const struct wb_shape *shape, const struct wb_box *box, void *dst,
                         void *stream)
 {
-    if (dtype != WB_DTYPE_BF16 && dtype != WB_DTYPE_FP16 && dtype != WB_DTYPE_FP32)
-        return -EINVAL;
-    if (!wb_box_within(shape, box))
-        return -EINVAL;
     float scale;
-    uint64_t key = stream_key(name, seed, version, &scale);
-    return cm_synth_launch(key, scale, dtype, shape, box, dst, stream);
+    uint64_t key;
+    int rc = fill_stream(name, seed, version, dtype, shape, box, &key, &scale);
+    return rc ? rc : cm_synth_launch(key, scale, dtype, shape, box, dst, stream);
 }
 
 int wb_synth_fill_args(const char *name, uint64_t seed, uint64_t version, const char *dtype,

@@ -29,15 +29,7 @@ __global__ void __launch_bounds__(COPY_THREADS)
     copy_kernel(const CItem *__restrict__ items, uint32_t n)
 {
     const uint64_t u = blockIdx.x;
-    uint32_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi + 1) / 2;
-        if (items[mid].first <= u)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const CItem it = items[lo];
+    const CItem it = items[wb_quant_dev_find(items, n, u)];
     const uint64_t k = u - it.first, row = k / it.per_row, off = (k % it.per_row) * UNIT;
     const uint64_t len = it.bytes - off < (uint64_t)UNIT ? it.bytes - off : (uint64_t)UNIT;
     const uint8_t *s = it.src + row * it.src_ld + off;

@@ -26,4 +26,21 @@ static inline int wb_quant_cuda_err(cudaError_t e, const char *what)
     return -WB_E_CUDA;
 }
 
+/* The last item whose `first` is <= p, among n items sorted by `first` (the batch kernels:
+ * which item CTA p works on). */
+template <class T>
+__device__ __forceinline__ uint32_t wb_quant_dev_find(const T *__restrict__ items, uint32_t n,
+                                                      uint64_t p)
+{
+    uint32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi + 1) / 2;
+        if (items[mid].first <= p)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 #endif /* WB_QUANT_CUDA_UTIL_CUH */

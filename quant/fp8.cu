@@ -122,77 +122,121 @@ template <int KIND> __device__ __forceinline__ uint4 group_quant(const uint32_t 
     return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-/* One CTA per block piece. THREADS threads cover the 128 rows x 8 groups of a block in
- * 1024 / THREADS slots each: slot k of thread t is row (t + k * THREADS) / 8, group t % 8. */
-template <int MODE, int KIND, bool VEC, int THREADS>
-__global__ void __launch_bounds__(THREADS) pass_kernel(const PassArgs a)
-{
-    constexpr int SLOTS = 1024 / THREADS;
-    constexpr int ES = Group<KIND>::ELEM;
-    __shared__ uint32_t warp_max[THREADS / 32];
-
-    const uint64_t piece = blockIdx.x;
-    const uint64_t bi = piece / a.gcols, bj = piece % a.gcols;
-    uint64_t r_lo, r_hi, c_lo, c_hi;
-    span(a.grow + bi, a.row0, a.r0, a.r1, &r_lo, &r_hi);
-    span(a.gcol + bj, a.col0, 0, a.cols, &c_lo, &c_hi);
-    const uint32_t prow = (uint32_t)(r_hi - r_lo), pcol = (uint32_t)(c_hi - c_lo);
-    const uint32_t grp = threadIdx.x & 7;
-    const char *src = static_cast<const char *>(a.src);
-
-    /* Load every slot's group into registers (zeros outside the piece: they never raise the
-     * amax, which is at least 0, and are never stored). */
+/* The steps of one CTA on one block piece, shared by the kernels below. THREADS threads cover
+ * the 128 rows x 8 groups of a block in 1024 / THREADS slots each: slot k of thread t is row
+ * (t + k * THREADS) / 8, group t % 8. The piece is rows [r_lo, r_lo + prow) and columns
+ * [c_lo, c_lo + pcol) of a tile whose element (r, c) is at src + (r * ld + c) * elem. */
+template <int KIND, int THREADS> struct Piece {
+    static constexpr int SLOTS = 1024 / THREADS;
     uint32_t w[SLOTS][16];
     bool live[SLOTS];
+};
+
+/* Loads every slot's group into registers (zeros outside the piece: they never raise the amax,
+ * which is at least 0, and are never stored). */
+template <int KIND, bool VEC, int THREADS>
+__device__ __forceinline__ void piece_load(Piece<KIND, THREADS> &pc, const char *src, uint64_t ld,
+                                           uint64_t r_lo, uint64_t c_lo, uint32_t prow,
+                                           uint32_t pcol)
+{
+    constexpr int ES = Group<KIND>::ELEM;
+    const uint32_t grp = threadIdx.x & 7;
 #pragma unroll
-    for (int k = 0; k < SLOTS; k++) {
+    for (int k = 0; k < Piece<KIND, THREADS>::SLOTS; k++) {
         const uint32_t row = (threadIdx.x + k * THREADS) >> 3;
-        live[k] = row < prow && grp * 16 < pcol;
-        const uint64_t e = (r_lo + row) * a.cols + c_lo + grp * 16;
+        pc.live[k] = row < prow && grp * 16 < pcol;
+        const uint64_t e = (r_lo + row) * ld + c_lo + grp * 16;
 #pragma unroll
         for (int j = 0; j < 16; j++)
-            w[k][j] = 0;
-        if (!live[k])
+            pc.w[k][j] = 0;
+        if (!pc.live[k])
             continue;
         if (VEC) {
             const uint4 *p = reinterpret_cast<const uint4 *>(src + e * ES);
 #pragma unroll
             for (int v = 0; v < Group<KIND>::WORDS / 4; v++) {
                 uint4 x = __ldg(p + v);
-                w[k][4 * v] = x.x;
-                w[k][4 * v + 1] = x.y;
-                w[k][4 * v + 2] = x.z;
-                w[k][4 * v + 3] = x.w;
+                pc.w[k][4 * v] = x.x;
+                pc.w[k][4 * v + 1] = x.y;
+                pc.w[k][4 * v + 2] = x.z;
+                pc.w[k][4 * v + 3] = x.w;
             }
         } else {
             const uint32_t n = min(16u, pcol - grp * 16);
             for (uint32_t j = 0; j < n; j++) {
                 if (KIND == K_FP32) {
-                    w[k][j] = reinterpret_cast<const uint32_t *>(src)[e + j];
+                    pc.w[k][j] = reinterpret_cast<const uint32_t *>(src)[e + j];
                 } else {
                     uint32_t h = reinterpret_cast<const uint16_t *>(src)[e + j];
-                    w[k][j / 2] |= (j & 1) ? h << 16 : h;
+                    pc.w[k][j / 2] |= (j & 1) ? h << 16 : h;
                 }
             }
         }
     }
+}
 
+/* The piece's max |x| as FP32 bits (NaN above infinity), reduced over the CTA. */
+template <int KIND, int THREADS>
+__device__ __forceinline__ uint32_t piece_amax_bits(const Piece<KIND, THREADS> &pc,
+                                                    uint32_t *warp_max)
+{
+    uint32_t key = 0;
+#pragma unroll
+    for (int k = 0; k < Piece<KIND, THREADS>::SLOTS; k++)
+        key = max(key, group_key<KIND>(pc.w[k]));
+    key = __reduce_max_sync(0xffffffffu, key);
+    if ((threadIdx.x & 31) == 0)
+        warp_max[threadIdx.x >> 5] = key;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < THREADS / 32; i++)
+        key = max(key, warp_max[i]);
+    return key_bits<KIND>(key);
+}
+
+/* Scales the registers by s, converts and stores the piece's e4m3 bytes at q + (r * ld + c). */
+template <int KIND, bool VEC, int THREADS>
+__device__ __forceinline__ void piece_store(const Piece<KIND, THREADS> &pc, uint8_t *q, uint64_t ld,
+                                            uint64_t r_lo, uint64_t c_lo, uint32_t pcol, float s)
+{
+    const uint32_t grp = threadIdx.x & 7;
+#pragma unroll
+    for (int k = 0; k < Piece<KIND, THREADS>::SLOTS; k++) {
+        if (!pc.live[k])
+            continue;
+        const uint32_t row = (threadIdx.x + k * THREADS) >> 3;
+        const uint64_t e = (r_lo + row) * ld + c_lo + grp * 16;
+        const uint4 qv = group_quant<KIND>(pc.w[k], s);
+        if (VEC) {
+            *reinterpret_cast<uint4 *>(q + e) = qv;
+        } else {
+            const uint32_t n = min(16u, pcol - grp * 16);
+            const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
+            for (uint32_t j = 0; j < n; j++)
+                q[e + j] = (uint8_t)(qw[j / 4] >> (8 * (j % 4)));
+        }
+    }
+}
+
+/* One CTA per block piece of a tile (struct wb_quant_pass). */
+template <int MODE, int KIND, bool VEC, int THREADS>
+__global__ void __launch_bounds__(THREADS) pass_kernel(const PassArgs a)
+{
+    __shared__ uint32_t warp_max[THREADS / 32];
+    const uint64_t piece = blockIdx.x;
+    const uint64_t bi = piece / a.gcols, bj = piece % a.gcols;
+    uint64_t r_lo, r_hi, c_lo, c_hi;
+    span(a.grow + bi, a.row0, a.r0, a.r1, &r_lo, &r_hi);
+    span(a.gcol + bj, a.col0, 0, a.cols, &c_lo, &c_hi);
+    const uint32_t prow = (uint32_t)(r_hi - r_lo), pcol = (uint32_t)(c_hi - c_lo);
+    Piece<KIND, THREADS> pc;
+    piece_load<KIND, VEC, THREADS>(pc, static_cast<const char *>(a.src), a.cols, r_lo, c_lo, prow,
+                                   pcol);
     float amax;
     if (MODE == WB_QUANT_MODE_APPLY) {
         amax = wb_amax_final(__float_as_uint(a.amax_in[piece]) & WB_F32_ABS);
     } else {
-        uint32_t key = 0;
-#pragma unroll
-        for (int k = 0; k < SLOTS; k++)
-            key = max(key, group_key<KIND>(w[k]));
-        key = __reduce_max_sync(0xffffffffu, key);
-        if ((threadIdx.x & 31) == 0)
-            warp_max[threadIdx.x >> 5] = key;
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < THREADS / 32; i++)
-            key = max(key, warp_max[i]);
-        const uint32_t bits = key_bits<KIND>(key);
+        const uint32_t bits = piece_amax_bits<KIND, THREADS>(pc, warp_max);
         if (MODE == WB_QUANT_MODE_AMAX) {
             if (threadIdx.x == 0)
                 a.amax_out[piece] = __uint_as_float(bits > WB_F32_INF ? WB_F32_AMAX_NAN : bits);
@@ -203,23 +247,7 @@ __global__ void __launch_bounds__(THREADS) pass_kernel(const PassArgs a)
     const float s = wb_amax_scale(amax);
     if (threadIdx.x == 0 && a.scale_inv)
         a.scale_inv[piece] = wb_amax_scale_inv(amax);
-
-#pragma unroll
-    for (int k = 0; k < SLOTS; k++) {
-        if (!live[k])
-            continue;
-        const uint32_t row = (threadIdx.x + k * THREADS) >> 3;
-        const uint64_t e = (r_lo + row) * a.cols + c_lo + grp * 16;
-        const uint4 qv = group_quant<KIND>(w[k], s);
-        if (VEC) {
-            *reinterpret_cast<uint4 *>(a.q + e) = qv;
-        } else {
-            const uint32_t n = min(16u, pcol - grp * 16);
-            const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
-            for (uint32_t j = 0; j < n; j++)
-                a.q[e + j] = (uint8_t)(qw[j / 4] >> (8 * (j % 4)));
-        }
-    }
+    piece_store<KIND, VEC, THREADS>(pc, a.q, a.cols, r_lo, c_lo, pcol, s);
 }
 
 template <int MODE, int KIND, bool VEC, int THREADS>
@@ -278,96 +306,23 @@ template <int KIND, bool VEC>
 __global__ void __launch_bounds__(256)
     batch_kernel(const wb_quant_dev_qitem *__restrict__ items, uint32_t n)
 {
-    constexpr int THREADS = 256, SLOTS = 1024 / THREADS;
-    constexpr int ES = Group<KIND>::ELEM;
+    constexpr int THREADS = 256;
     __shared__ uint32_t warp_max[THREADS / 32];
-
     const uint64_t p = blockIdx.x;
-    uint32_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi + 1) / 2;
-        if (items[mid].first <= p)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const wb_quant_dev_qitem it = items[lo];
+    const wb_quant_dev_qitem it = items[wb_quant_dev_find(items, n, p)];
     const uint64_t piece = p - it.first;
     const uint64_t bi = piece / it.gcols, bj = piece % it.gcols;
     uint64_t r_lo, r_hi, c_lo, c_hi;
     span(it.grow + bi, it.row0, 0, it.rows, &r_lo, &r_hi);
     span(it.gcol + bj, it.col0, 0, it.cols, &c_lo, &c_hi);
     const uint32_t prow = (uint32_t)(r_hi - r_lo), pcol = (uint32_t)(c_hi - c_lo);
-    const uint32_t grp = threadIdx.x & 7;
-    const char *src = static_cast<const char *>(it.src);
-
-    uint32_t w[SLOTS][16];
-    bool live[SLOTS];
-#pragma unroll
-    for (int k = 0; k < SLOTS; k++) {
-        const uint32_t row = (threadIdx.x + k * THREADS) >> 3;
-        live[k] = row < prow && grp * 16 < pcol;
-        const uint64_t e = (r_lo + row) * it.src_ld + c_lo + grp * 16;
-#pragma unroll
-        for (int j = 0; j < 16; j++)
-            w[k][j] = 0;
-        if (!live[k])
-            continue;
-        if (VEC) {
-            const uint4 *q = reinterpret_cast<const uint4 *>(src + e * ES);
-#pragma unroll
-            for (int v = 0; v < Group<KIND>::WORDS / 4; v++) {
-                uint4 x = __ldg(q + v);
-                w[k][4 * v] = x.x;
-                w[k][4 * v + 1] = x.y;
-                w[k][4 * v + 2] = x.z;
-                w[k][4 * v + 3] = x.w;
-            }
-        } else {
-            const uint32_t m = min(16u, pcol - grp * 16);
-            for (uint32_t j = 0; j < m; j++) {
-                if (KIND == K_FP32) {
-                    w[k][j] = reinterpret_cast<const uint32_t *>(src)[e + j];
-                } else {
-                    uint32_t h = reinterpret_cast<const uint16_t *>(src)[e + j];
-                    w[k][j / 2] |= (j & 1) ? h << 16 : h;
-                }
-            }
-        }
-    }
-
-    uint32_t key = 0;
-#pragma unroll
-    for (int k = 0; k < SLOTS; k++)
-        key = max(key, group_key<KIND>(w[k]));
-    key = __reduce_max_sync(0xffffffffu, key);
-    if ((threadIdx.x & 31) == 0)
-        warp_max[threadIdx.x >> 5] = key;
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < THREADS / 32; i++)
-        key = max(key, warp_max[i]);
-    const float amax = wb_amax_final(key_bits<KIND>(key));
-    const float s = wb_amax_scale(amax);
+    Piece<KIND, THREADS> pc;
+    piece_load<KIND, VEC, THREADS>(pc, static_cast<const char *>(it.src), it.src_ld, r_lo, c_lo,
+                                   prow, pcol);
+    const float amax = wb_amax_final(piece_amax_bits<KIND, THREADS>(pc, warp_max));
     if (threadIdx.x == 0)
         it.scale[bi * it.scale_ld + bj] = wb_amax_scale_inv(amax);
-
-#pragma unroll
-    for (int k = 0; k < SLOTS; k++) {
-        if (!live[k])
-            continue;
-        const uint32_t row = (threadIdx.x + k * THREADS) >> 3;
-        const uint64_t e = (r_lo + row) * it.q_ld + c_lo + grp * 16;
-        const uint4 qv = group_quant<KIND>(w[k], s);
-        if (VEC) {
-            *reinterpret_cast<uint4 *>(it.q + e) = qv;
-        } else {
-            const uint32_t m = min(16u, pcol - grp * 16);
-            const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
-            for (uint32_t j = 0; j < m; j++)
-                it.q[e + j] = (uint8_t)(qw[j / 4] >> (8 * (j % 4)));
-        }
-    }
+    piece_store<KIND, VEC, THREADS>(pc, it.q, it.q_ld, r_lo, c_lo, pcol, wb_amax_scale(amax));
 }
 
 template <int KIND>

@@ -15,6 +15,7 @@
 #                                       <name>_cuda_test.c only when building with CUDA
 #   tests/sh/<name>_test.sh          -> build/tests/<name> (a script printing the same tally)
 #   bench/<name>.c                   -> build/bench/<name>
+#   tests/fuzz/<name>_fuzz.c         -> build/fuzz/fuzzers/<name> (make fuzz: clang + libFuzzer)
 
 PARTS   := common proto route matcher planner quant ckpt transport agent controller
 PREFIX  ?= /usr/local
@@ -31,6 +32,12 @@ LIBS    := -lfabric -libverbs -lnng -lmsgpackc -lyaml -ljansson -lxxhash -lpthre
 
 ifeq ($(SAN),1)
 CFLAGS_ALL += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDSAN   := -fsanitize=address,undefined
+endif
+# The fuzzing build (make fuzz): clang, coverage for libFuzzer in every object, ASan + UBSan.
+ifeq ($(SAN),fuzz)
+CFLAGS_ALL += -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer \
+              -fno-sanitize-recover=undefined
 LDSAN   := -fsanitize=address,undefined
 endif
 
@@ -62,6 +69,7 @@ PROG_C  := $(foreach p,$(PARTS),$(wildcard $(p)/bin/*.c))
 TEST_C  := $(filter-out $(CUDA_EXCL),$(wildcard tests/unit/*_test.c tests/func/*_test.c))
 TEST_SH := $(wildcard tests/sh/*_test.sh)
 BENCH_C := $(wildcard bench/*.c)
+FUZZ_C  := $(wildcard tests/fuzz/*_fuzz.c)
 
 # Objects depend on the build's configuration, so switching CUDA/SAN/OPT rebuilds everything.
 CONFIG_ID := cuda=$(CUDA) san=$(SAN) opt=$(OPT) cflags=$(CFLAGS)
@@ -77,9 +85,10 @@ PROGS   := $(foreach f,$(PROG_C),$(BUILD)/bin/$(basename $(notdir $(f))))
 TESTS   := $(foreach f,$(TEST_C),$(BUILD)/tests/$(patsubst %_test.c,%,$(notdir $(f)))) \
            $(foreach f,$(TEST_SH),$(BUILD)/tests/$(patsubst %_test.sh,%,$(notdir $(f))))
 BENCHES := $(foreach f,$(BENCH_C),$(BUILD)/bench/$(basename $(notdir $(f))))
+FUZZERS := $(foreach f,$(FUZZ_C),$(BUILD)/fuzzers/$(patsubst %_fuzz.c,%,$(notdir $(f))))
 HEADERS := $(foreach p,$(PARTS),$(wildcard $(p)/$(p).h)) common/fpbits.h
 
-.PHONY: all lib progs test tests bench demo deps install clean format check-format
+.PHONY: all lib progs test tests bench fuzz fuzzers demo deps install clean format check-format
 .DEFAULT_GOAL := all
 
 all: lib progs
@@ -148,6 +157,18 @@ $(foreach f,$(TEST_C),$(eval $(call test_rule,$(f))))
 $(BUILD)/tests/%: tests/sh/%_test.sh $(LIB) $(SOLIB)
 	@mkdir -p $(dir $@)
 	install -m 755 $< $@
+
+define fuzz_rule
+$(BUILD)/fuzzers/$(patsubst %_fuzz.c,%,$(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB_INT)
+	@mkdir -p $$(dir $$@)
+	$(CC) -fsanitize=fuzzer,address,undefined -o $$@ $$^ $(LIBS)
+endef
+$(foreach f,$(FUZZ_C),$(eval $(call fuzz_rule,$(f))))
+fuzzers: $(FUZZERS)
+
+# The fuzz targets, built with clang into build/fuzz (scripts/fuzz.sh runs them).
+fuzz:
+	@$(MAKE) --no-print-directory CC=clang CUDA=0 SAN=fuzz BUILD=$(BUILD)/fuzz OPT="-O1 -g" fuzzers
 
 define bench_rule
 $(BUILD)/bench/$(basename $(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB)

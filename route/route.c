@@ -385,7 +385,7 @@ static int decode_table_body(struct wb_mpr *r, struct wb_route_table *t)
                 return -ENOMEM;
             for (uint32_t k = 0; k < t->ntasks && !e; k++) {
                 struct wb_rt_task *x = &t->tasks[k];
-                uint32_t extra, mode;
+                uint32_t extra, mode = 0;
                 e = open_struct(r, 11, &extra) || get_u32(r, &x->mapping) || get_u32(r, &x->item) ||
                     get_u32(r, &x->phase) || get_u32(r, &x->mesh) ||
                     get_enum(r, WB_MODE_DIRECT, WB_MODE_GATHER, &mode) ||
@@ -610,7 +610,7 @@ int wb_recv_list_decode(const void *buf, size_t len, struct wb_recv_list *out)
                 break;
             }
             for (uint32_t k = 0; k < v.nlocal && !e; k++) {
-                uint32_t extra, dt;
+                uint32_t extra, dt = 0;
                 struct wb_rt_local *l = &v.local[k];
                 e = open_struct(&r, 4, &extra) || get_u32(&r, &l->tensor) ||
                     get_enum(&r, WB_DTYPE_BF16, WB_DTYPE_COUNT - 1, &dt) ||

@@ -5,7 +5,7 @@ set -eu
 pkgs=(
     build-essential pkg-config
     libfabric-dev libibverbs-dev libnng-dev libmsgpack-dev libyaml-dev libjansson-dev libxxhash-dev
-    iproute2 python3 python3-numpy python3-setuptools python3-pip
+    iproute2 python3 python3-numpy python3-setuptools python3-pip clang
 )
 # Fast path, and the one that works where the libraries come from elsewhere (a prefix set up
 # by scripts/gpu/env.sh on the lent GPU machines): the headers compile and the libraries link.
@@ -24,7 +24,13 @@ py_ok() {
     done
     return 1
 }
-if probe && py_ok; then
+# The fuzz targets (make fuzz) need clang with libFuzzer.
+fuzz_ok() {
+    command -v clang >/dev/null &&
+        printf 'int LLVMFuzzerTestOneInput(const char *d, long n){return 0;}\n' |
+        clang -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null
+}
+if probe && py_ok && fuzz_ok; then
     command -v ip >/dev/null || echo "deps: no iproute2 here; network-namespace tests will skip"
     exit 0
 fi

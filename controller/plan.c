@@ -160,6 +160,10 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
         wb_plan_print_summary(plan, &in, f);
         fclose(f);
         p->summary = text;
+        char w[512];
+        if (wb_plan_dtype_warning(&in, w, sizeof(w)))
+            wb_log(WB_LOG_WARN, "controller", "job %s: %s (model.hf_config %s)", job->name, w,
+                   src.config && *src.config ? src.config : "-");
     }
 out:
     wb_plan_free(plan);

@@ -258,6 +258,11 @@ int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, stru
  * min/mean/max, imbalance vs lower bound and vs the reference greedy). */
 void wb_plan_print_summary(const struct wb_plan *p, const struct wb_plan_input *in, FILE *f);
 
+/* When the rollout receives no FP8 at all (every weight BF16: twice the bytes of an FP8
+ * rollout, usually a config.json without quantization_config), writes a one-line warning
+ * into buf (without a "warning: " prefix) and returns true; the summary prints it too. */
+bool wb_plan_dtype_warning(const struct wb_plan_input *in, char *buf, size_t cap);
+
 /* ---------------------------------------------------------------- JSON */
 
 /* The whole plan as JSON (jansson): summary, meshes, phases, every table and receive list.

@@ -226,6 +226,9 @@ int main(int argc, char **argv)
     printf("wb-plan: %s (%s) -> %s, %zu trainer and %zu rollout tensors, planned in %.2f s\n",
            a.trainer, a.model, a.rollout, md.trainer.n, md.rollout.n, plan_s);
     wb_plan_print_summary(plan, &in, stdout);
+    char warn[512];
+    if (wb_plan_dtype_warning(&in, warn, sizeof(warn)))
+        fprintf(stderr, "wb-plan: warning: %s (--config %s)\n", warn, a.config ? a.config : "-");
     if (a.verify) {
         if (wb_plan_verify(plan, &in, &el)) {
             fail(&el, "verify");

@@ -15,7 +15,7 @@
 
 #include "planner/build.h"
 
-enum { AUTO_GATHER_MIN_RUNS = 64, MSG_CAP = 20 };
+enum { AUTO_GATHER_MIN_RUNS = 64 };
 
 /* ---------------------------------------------------------------- rollout locals */
 
@@ -28,17 +28,17 @@ static int build_rollout_locals(struct plan_ctx *c)
     if (!c->rloc)
         return -ENOMEM;
     int err = 0;
-    size_t nmsg = 0;
+    struct pl_problems pp = {c->el, 0};
     for (size_t m = 0; m < mt->n; m++) {
         const struct wb_mapping *mp = &mt->map[m];
         if (mp->scale >= 0) {
             struct wb_shape g = pl_grid_shape(&ri->p[mp->rollout].shape);
             if (!wb_shape_eq(&g, &ri->p[mp->scale].shape)) {
                 char a[128], b[128];
-                wb_errlist_add(c->el, "%s: shape %s is not the 128x128 block grid %s of %s",
-                               ri->p[mp->scale].name,
-                               wb_shape_str(&ri->p[mp->scale].shape, a, sizeof(a)),
-                               wb_shape_str(&g, b, sizeof(b)), ri->p[mp->rollout].name);
+                pl_problem(&pp, "%s: shape %s is not the 128x128 block grid %s of %s",
+                           ri->p[mp->scale].name,
+                           wb_shape_str(&ri->p[mp->scale].shape, a, sizeof(a)),
+                           wb_shape_str(&g, b, sizeof(b)), ri->p[mp->rollout].name);
                 err = -WB_E_PLAN;
                 continue;
             }
@@ -47,19 +47,23 @@ static int build_rollout_locals(struct plan_ctx *c)
             struct wb_local_piece pcs[WB_MAX_PIECES];
             uint32_t np = 0;
             struct rlocal *lo = &c->rloc[m * c->gpr + l];
-            size_t before = c->el->n;
+            struct wb_errlist mel;
+            wb_errlist_init(&mel);
             int r = wb_mapping_local(mt, ri, mp, l % rl->tp, rl->tp, l % rl->ep, rl->ep, &lo->shape,
-                                     pcs, &np, c->el);
+                                     pcs, &np, &mel);
             if (r) {
-                if (c->el->n == before)
-                    wb_errlist_add(c->el, "%s: cannot shard over tp %u, ep %u: %s",
+                if (wb_errlist_count(&mel) == 0)
+                    wb_errlist_add(&mel, "%s: cannot shard over tp %u, ep %u: %s",
                                    ri->p[mp->rollout].name, rl->tp, rl->ep, wb_strerror(r));
-                /* one message per mapping is enough */
-                err = r == -ENOMEM ? r : -WB_E_PLAN;
-                if (++nmsg > MSG_CAP)
-                    return err;
+                /* every mapping that cannot be sharded counts; the first ones are listed
+                 * (one message per mapping is enough) */
+                pl_problems_take(&pp, &mel);
+                if (r == -ENOMEM)
+                    return r;
+                err = -WB_E_PLAN;
                 break;
             }
+            wb_errlist_free(&mel);
             lo->p0 = (uint32_t)c->pieces.n;
             lo->np = np;
             lo->scale_shape = pl_grid_shape(&lo->shape);

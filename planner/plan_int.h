@@ -42,6 +42,21 @@ uint32_t pl_intern_box(struct intern *in, const struct wb_box *b);
 uint32_t pl_intern_bytes(struct intern *in, const void *val);
 uint32_t pl_intern_shape(struct intern *in, const struct wb_shape *s);
 
+/* ---------------------------------------------------------------- problems */
+
+/* One check's problems: the first PL_KEEP go into el with their text, the others are only
+ * counted (wb_errlist_drop), so that a plan with a million violations reports the right count
+ * in bounded memory. */
+enum { PL_KEEP = 20 };
+struct pl_problems {
+    struct wb_errlist *el;
+    size_t n; /* problems found by this check */
+};
+
+void pl_problem(struct pl_problems *pp, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Moves every message of src into pp (kept or counted, as pl_problem) and empties src. */
+void pl_problems_take(struct pl_problems *pp, struct wb_errlist *src);
+
 /* ---------------------------------------------------------------- placement */
 
 /* Where one trainer tensor lives: the rule that placed it and, per mesh dim, the fixed

@@ -35,6 +35,8 @@
 /* ================================================================ cluster layouts */
 
 enum { WB_MESH_MAX_DIMS = 6, WB_MESH_NAME_MAX = 16 };
+/* GPUs on either side of a plan, at most (a plan's tables grow with both). */
+enum { WB_MAX_GPUS = 65536 };
 
 /* One dimension of the trainer's device mesh. Ranks are numbered row-major over the mesh dims
  * in the order given (the first dim is the slowest, the last the fastest), so with
@@ -132,7 +134,8 @@ int wb_trainer_owners(const struct wb_trainer_layout *tl, const struct wb_invent
 
 /* Every trainer tensor's placement, computed once (owner sets are enumerated on demand).
  * `used` (may be NULL: all) limits the tensors that must match a rule. Problems are appended
- * to el, each naming the tensor or the rule's file:line (at most 20, then a count). */
+ * to el, each naming the tensor or the rule's file:line: all are counted (wb_errlist_count), the
+ * first 20 kept with their text. */
 struct wb_placement_map;
 int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_inventory *trainer,
                            const bool *used, struct wb_placement_map **out, struct wb_errlist *el);
@@ -251,7 +254,8 @@ void wb_route_table_print(const struct wb_route_table *t, const struct wb_plan_i
  * local tensor; every write's source bytes held by the writing rank (its shard, an H2D copy of
  * it, a gather, or an op output derived from those) and mapping to the same tensor elements as
  * its destination; mesh groups disjoint; gathers in the same order on every mesh member;
- * amax ops mirrored. Returns 0, or -WB_E_PLAN with the violations (at most 20) in el. */
+ * amax ops mirrored. Returns 0, or -WB_E_PLAN with every violation counted in el
+ * (wb_errlist_count) and the first 20 kept with their text. */
 int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el);
 
 /* Prints the summary (tensors, bytes, phases, entries, writes, per-sender/per-receiver

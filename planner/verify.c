@@ -18,26 +18,14 @@
 
 #include "planner/plan_int.h"
 
-enum { MAX_MSGS = 20 };
-
 struct vctx {
     const struct wb_plan *p;
     const struct wb_plan_input *in;
     struct wb_placement_map *pm;
-    struct wb_errlist *el;
-    size_t nerr;
+    struct pl_problems pr; /* the first PL_KEEP violations kept, every one counted */
 };
 
-static void verr(struct vctx *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void verr(struct vctx *v, const char *fmt, ...)
-{
-    if (v->nerr++ >= MAX_MSGS)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    wb_errlist_vadd(v->el, fmt, ap);
-    va_end(ap);
-}
+#define verr(v, ...) pl_problem(&(v)->pr, __VA_ARGS__)
 
 /* Rank r's shard box of tensor t, or false. */
 static bool shard_of(struct vctx *v, uint32_t t, uint32_t r, struct wb_box *box)
@@ -447,7 +435,7 @@ static void check_order(struct vctx *v)
 
 int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el)
 {
-    struct vctx v = {.p = p, .in = in, .el = el};
+    struct vctx v = {.p = p, .in = in, .pr = {el, 0}};
     /* tensors no mapping uses may match no rule: place only the used ones */
     bool *used = calloc(in->trainer->n + 1, sizeof(bool));
     if (!used)
@@ -474,7 +462,5 @@ int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, stru
     wb_placement_map_free(v.pm);
     if (r)
         return r;
-    if (v.nerr > MAX_MSGS)
-        wb_errlist_add(el, "... and %zu more", v.nerr - MAX_MSGS);
-    return v.nerr ? -WB_E_PLAN : 0;
+    return v.pr.n ? -WB_E_PLAN : 0;
 }

@@ -336,19 +336,24 @@ int main(int argc, char **argv)
     if (wb_plan_dtype_warning(&in, warn, sizeof(warn)))
         fprintf(stderr, "wb-plan: warning: %s (--config %s)\n", warn, a.config ? a.config : "-");
     if (a.verify) {
+        t0 = wb_now_ns();
         if (wb_plan_verify(plan, &in, &el)) {
             fail(&el, "verify", a.max_problems);
             goto out;
         }
-        printf("  verify: ok (every destination byte written once, every source held)\n");
+        printf("  verify: ok (every destination byte written once, every source held) in %.2f s\n",
+               (double)(wb_now_ns() - t0) * 1e-9);
     }
     if (a.estimate) {
+        t0 = wb_now_ns();
         if (wb_plan_estimate(plan, &in, &est, &el)) {
             fail(&el, "estimate", a.max_problems);
             goto out;
         }
+        double est_s = (double)(wb_now_ns() - t0) * 1e-9;
         have_est = true;
         wb_estimate_print(&est, plan, stdout);
+        printf("  (simulated in %.2f s)\n", est_s);
     }
     if (a.dump >= 0)
         wb_route_table_print(&plan->tables[a.dump], &in, stdout);

@@ -93,6 +93,17 @@ uint32_t pl_place_shard_rank(const struct wb_placement_map *pm, const struct tpl
 /* Chunk i of n of extent ext under torch.chunk rules: offset and length (length may be 0). */
 void pl_chunk_range(uint64_t ext, uint32_t n, uint32_t i, uint64_t *off, uint64_t *len);
 
+/* ---------------------------------------------------------------- rollout locals */
+
+/* Per rollout tensor: the mapping that builds it (value or scale tensor), UINT32_MAX for none;
+ * malloc'd, NULL without memory. */
+uint32_t *pl_rollout_mapping_of(const struct wb_plan_input *in);
+/* The bytes of a rollout rank's local tensor the plan must write: all of it, but for a mapping
+ * whose pieces cover less than its local shape (vocab padding rows, a tensor only tp rank 0
+ * holds): those start at local byte 0, so the written bytes are a prefix of this length. */
+uint64_t pl_local_written(const struct wb_plan_input *in, const uint32_t *map_of,
+                          const struct wb_recv_list *rv, const struct wb_rt_local *lo);
+
 /* ---------------------------------------------------------------- helpers */
 
 static inline uint64_t ceil_div(uint64_t a, uint64_t b)

@@ -269,8 +269,12 @@ bool wb_plan_dtype_warning(const struct wb_plan_input *in, char *buf, size_t cap
 
 /* ---------------------------------------------------------------- JSON */
 
-/* The whole plan as JSON (jansson): summary, meshes, phases, every table and receive list.
- * With tables == false only the summary, meshes and per-rank totals. Returns 0 or -errno. */
+/* The plan as JSON: format, mode, summary figures, per-rank totals and meshes; with tables
+ * also everything needed to check it without this code: both inventories (names, dtypes,
+ * shapes), every trainer tensor's owners and their shard boxes, the mappings, every routing
+ * table and receive list (compact arrays whose layouts the file describes under "layouts"),
+ * one entry per line so that it can be read as a stream (tests/sh/plan_audit.py does). Written
+ * by hand through a buffer; returns 0 or -errno. */
 int wb_plan_write_json(const struct wb_plan *p, const struct wb_plan_input *in, bool tables,
                        FILE *f);
 

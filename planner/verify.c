@@ -280,27 +280,38 @@ static int cmp_wref(const void *a, const void *b)
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
-/* The bytes of rollout rank g's local tensor `tensor` that the plan must write: all of it,
- * except for a mapping whose rollout pieces cover less than its local shape (vocab padding
- * rows, or a tensor only tp rank 0 holds); those pieces start at local byte 0 (padding rows
- * come last along dim 0), so the written bytes are a prefix. */
-static uint64_t bytes_written(struct vctx *v, const uint32_t *map_of, uint32_t g,
-                              const struct wb_rt_local *lo)
+uint32_t *pl_rollout_mapping_of(const struct wb_plan_input *in)
+{
+    uint32_t *map_of = malloc((in->rollout->n + 1) * sizeof(uint32_t));
+    if (!map_of)
+        return NULL;
+    for (size_t t = 0; t < in->rollout->n; t++)
+        map_of[t] = UINT32_MAX;
+    for (size_t m = 0; m < in->match->n; m++) {
+        const struct wb_mapping *mp = &in->match->map[m];
+        map_of[mp->rollout] = (uint32_t)m;
+        if (mp->scale >= 0)
+            map_of[mp->scale] = (uint32_t)m;
+    }
+    return map_of;
+}
+
+uint64_t pl_local_written(const struct wb_plan_input *in, const uint32_t *map_of,
+                          const struct wb_recv_list *rv, const struct wb_rt_local *lo)
 {
     uint32_t mi = map_of[lo->tensor];
     if (mi == UINT32_MAX)
         return lo->bytes;
-    const struct wb_mapping *m = &v->in->match->map[mi];
+    const struct wb_mapping *m = &in->match->map[mi];
     if (!m->shard.pad && m->shard.ep1_tp_dim != WB_SHARD_RANK0)
         return lo->bytes;
-    const struct wb_recv_list *rv = &v->p->recv[g];
     struct wb_shape ls;
     struct wb_local_piece pc[WB_MAX_PIECES];
     uint32_t np = 0;
     struct wb_errlist el;
     wb_errlist_init(&el);
-    int r = wb_mapping_local(v->in->match, v->in->rollout, m, rv->tp_rank, v->in->rl->tp,
-                             rv->ep_rank, v->in->rl->ep, &ls, pc, &np, &el);
+    int r = wb_mapping_local(in->match, in->rollout, m, rv->tp_rank, in->rl->tp, rv->ep_rank,
+                             in->rl->ep, &ls, pc, &np, &el);
     wb_errlist_free(&el);
     if (r)
         return lo->bytes; /* the plan could not have been built; report against the whole */
@@ -400,7 +411,7 @@ static int check_destinations(struct vctx *v)
 {
     const struct wb_plan *p = v->p;
     int rc = -ENOMEM;
-    uint32_t *map_of = malloc((v->in->rollout->n + 1) * sizeof(uint32_t));
+    uint32_t *map_of = pl_rollout_mapping_of(v->in);
     uint64_t *base = malloc((p->nrollouts + 1) * sizeof(uint64_t));
     struct bucket *B = NULL;
     uint64_t *bits = NULL;
@@ -408,15 +419,6 @@ static int check_destinations(struct vctx *v)
     uint64_t *bad_at = NULL;
     if (!map_of || !base)
         goto out;
-    /* rollout tensor -> the mapping that builds it (value or scale), for bytes_written() */
-    for (size_t t = 0; t < v->in->rollout->n; t++)
-        map_of[t] = UINT32_MAX;
-    for (size_t m = 0; m < v->in->match->n; m++) {
-        const struct wb_mapping *mp = &v->in->match->map[m];
-        map_of[mp->rollout] = (uint32_t)m;
-        if (mp->scale >= 0)
-            map_of[mp->scale] = (uint32_t)m;
-    }
     uint64_t nb = 0;
     for (uint32_t g = 0; g < p->nrollouts; g++) {
         base[g] = nb;
@@ -442,7 +444,7 @@ static int check_destinations(struct vctx *v)
             struct bucket *bk = &B[base[g] + li];
             bk->g = g;
             bk->tensor = p->recv[g].local[li].tensor;
-            bk->want = bytes_written(v, map_of, g, &p->recv[g].local[li]);
+            bk->want = pl_local_written(v->in, map_of, &p->recv[g], &p->recv[g].local[li]);
             bk->acc = bk->want;
         }
     /* pass 1: count, granularity; writes to no bucket or past the wanted prefix */

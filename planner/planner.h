@@ -199,8 +199,12 @@ static inline struct wb_plan_input wb_model_input(const struct wb_model *m)
 }
 
 struct wb_plan_opts {
-    enum wb_plan_mode mode; /* AUTO chooses per piece; DIRECT/GATHER force (DIRECT falls back
-                               to AMAX where FP8 blocks straddle owners) */
+    enum wb_plan_mode mode; /* DIRECT/GATHER force (DIRECT falls back to AMAX where FP8 blocks
+                               straddle owners); AUTO chooses per (mapping, mesh) group by cost
+                               on the layouts' hardware model (planner/cost.c) and simulates
+                               its choice against the plain modes the model cannot rule out,
+                               so its estimate is never above theirs; without a hardware model
+                               it gathers only where direct writes would explode */
     uint64_t mem_cap;       /* executor's temporary-memory cap, bytes; 0: WB_MEM_CAP_DEFAULT */
     uint32_t threads;       /* building threads; 0 = one per CPU (at most 8). The plan is the
                                same for any number. */

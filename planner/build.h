@@ -200,9 +200,11 @@ int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
  * 0 for the others (an array of nmappings * nmeshes). Uses c->sub and c->icomp as scratch. */
 enum pl_auto_kind { PL_AUTO_DIRECT = 0, PL_AUTO_GATHER = 1, PL_AUTO_MIX = 2 };
 /* The cost model's view of the choice: its modelled seconds for all direct, all gather and
- * the chosen assignment, and what kind that is. */
+ * the chosen assignment, what kind that is, and for the plain modes what their simulated times
+ * cannot be below. */
 struct pl_auto_cost {
     double direct_s, gather_s, chosen_s;
+    double direct_lb, gather_lb; /* lower bounds of the plain modes' simulated times */
     enum pl_auto_kind kind;
 };
 int pl_auto_choose(struct plan_ctx *c, uint8_t *gather_groups, struct pl_auto_cost *cost);

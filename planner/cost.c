@@ -248,14 +248,19 @@ static void apply(struct chooser *ch, const struct item *it, const struct ccost 
 }
 
 /* (busiest of all, busiest trainer, sum over trainers) */
-static void objective(const struct chooser *ch, double out[3])
+/* (busiest of all, busiest trainer, sum over trainers); *lb (may be NULL): the busiest of all
+ * without the run-alone term, a lower bound of the simulated time (every figure is a rank's
+ * busy time on one resource, averaged over a mesh's members where the balancer may do worse,
+ * and posts counted where the plan may split writes further). */
+static void objective(const struct chooser *ch, double out[3], double *lb)
 {
-    double mx = 0, sum = 0;
+    double mx = 0, sum = 0, mx0 = 0;
     for (uint32_t r = 0; r < ch->nt; r++) {
         const double *L = &ch->load[(size_t)r * NRES];
         double t = 0;
         for (int q = 0; q < NRES; q++)
             t = L[q] > t ? L[q] : t;
+        mx0 = t > mx0 ? t : mx0;
         t += ch->serial[r];
         mx = t > mx ? t : mx;
         sum += t;
@@ -263,6 +268,8 @@ static void objective(const struct chooser *ch, double out[3])
     out[0] = mx > ch->floor_s ? mx : ch->floor_s;
     out[1] = mx;
     out[2] = sum;
+    if (lb)
+        *lb = mx0 > ch->floor_s ? mx0 : ch->floor_s;
 }
 
 static bool better(const double a[3], const double b[3])
@@ -404,7 +411,8 @@ int pl_auto_choose(struct plan_ctx *c, uint8_t *gather_groups, struct pl_auto_co
     for (size_t i = 0; !r && i < ni; i++)
         apply(&ch, VEC_AT(&c->items, struct item, i), &C[cls[i]], 0, nvl[i], 1);
     double all_direct[3], cur[3], all_gather[3];
-    objective(&ch, all_direct);
+    double direct_lb, gather_lb;
+    objective(&ch, all_direct, &direct_lb);
     memcpy(cur, all_direct, sizeof(cur));
     for (int pass = 0; !r && pass < 4; pass++) {
         bool moved = false;
@@ -419,7 +427,7 @@ int pl_auto_choose(struct plan_ctx *c, uint8_t *gather_groups, struct pl_auto_co
                     apply(&ch, it, &C[cls[i]], to, nvl[i], 1);
                 }
             double now[3];
-            objective(&ch, now);
+            objective(&ch, now, NULL);
             if (better(now, cur)) {
                 mode[u] = to;
                 memcpy(cur, now, sizeof(cur));
@@ -442,7 +450,7 @@ int pl_auto_choose(struct plan_ctx *c, uint8_t *gather_groups, struct pl_auto_co
         memset(ch.serial, 0, c->nt * sizeof(double));
         for (size_t i = 0; i < ni; i++)
             apply(&ch, VEC_AT(&c->items, struct item, i), &C[cls[i]], 1, nvl[i], 1);
-        objective(&ch, all_gather);
+        objective(&ch, all_gather, &gather_lb);
         bool any = false, all = true;
         for (size_t i = 0; i < ni; i++) {
             bool g = mode[uf_find(uf, (uint32_t)i)];
@@ -463,6 +471,8 @@ int pl_auto_choose(struct plan_ctx *c, uint8_t *gather_groups, struct pl_auto_co
         }
         cost->direct_s = all_direct[0];
         cost->gather_s = all_gather[0];
+        cost->direct_lb = direct_lb;
+        cost->gather_lb = gather_lb;
         cost->kind = whole == 1           ? PL_AUTO_GATHER
                      : whole == 0 || !any ? PL_AUTO_DIRECT
                                           : PL_AUTO_MIX;
@@ -470,10 +480,11 @@ int pl_auto_choose(struct plan_ctx *c, uint8_t *gather_groups, struct pl_auto_co
                          : cost->kind == PL_AUTO_DIRECT ? all_direct[0]
                                                         : cur[0];
         wb_log(WB_LOG_DEBUG, "planner",
-               "auto: %zu cost classes; modelled direct %.4f s (trainers %.4f s), gather %.4f s "
-               "(%.4f s), best mix %.4f s (%.4f s), rollout floor %.4f s: %s",
-               classes.v.n, all_direct[0], all_direct[1], all_gather[0], all_gather[1], cur[0],
-               cur[1], ch.floor_s,
+               "auto: %zu cost classes; modelled direct %.4f s (trainers %.4f s, at least %.4f s), "
+               "gather %.4f s (%.4f s, at least %.4f s), best mix %.4f s (%.4f s), rollout floor "
+               "%.4f s: %s",
+               classes.v.n, all_direct[0], all_direct[1], direct_lb, all_gather[0], all_gather[1],
+               gather_lb, cur[0], cur[1], ch.floor_s,
                whole == 1   ? "gather"
                : whole == 0 ? "direct"
                : any        ? "mix"

@@ -626,14 +626,17 @@ out:
     return 0;
 }
 
-/* Auto checks its choice by simulating it against the plain modes the cost model cannot rule
- * out: a mix against both, a plain mode against the other when that is within this factor of
- * it. The cost model is a bottleneck view, and a mix can lose in the simulation: the balancer
+/* Auto checks its choice against the plain modes by simulation where the cost model cannot
+ * settle it. The model is a bottleneck view, and a mix can lose in the simulation: the balancer
  * spreads a direct item's bytes, not its writes, so a mesh's many small writes can pile up on
  * the ranks with the fewest bytes; a phase of such writes holding the memory cap gates the next
- * phase's gathers. Plain modes are built exactly as --mode direct and --mode gather build them,
- * so auto's simulated time is never above the better of those it was compared with. */
-static const double CHECK_WITHIN = 1.5;
+ * phase's gathers. A plain choice with the other plain mode modelled far above it (CLEAR) is
+ * kept as it is; otherwise the choice is simulated, and a plain mode is built and simulated
+ * only if its modelled lower bound is below that time (a mode whose bound is above cannot win:
+ * an all-direct layout with column-sharded tensors, whose plan could not even be held in
+ * memory, is never built). Plain modes are built exactly as --mode direct and --mode gather
+ * build them, so auto's simulated time is never above the better of them. */
+static const double CLEAR = 1.5;
 
 int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
                   struct wb_plan **out, size_t *nstamped, struct wb_errlist *el)
@@ -650,16 +653,12 @@ int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     }
     const struct pl_auto_cost *ac = &ai.cost;
     size_t ng = in->match->n * ai.nmeshes;
-    /* the plain modes to compare with: 0 direct, 1 gather */
+    /* the plain modes that may do better: 0 direct, 1 gather */
     bool check[2] = {false, false};
-    double chosen = ac->chosen_s;
     for (int m = 0; m < 2; m++) {
         double x = m ? ac->gather_s : ac->direct_s;
-        bool is_chosen = (int)ac->kind == m;
-        check[m] = !is_chosen && x < CHECK_WITHIN * chosen;
+        check[m] = (int)ac->kind != m && (ac->kind == PL_AUTO_MIX || x < CLEAR * ac->chosen_s);
     }
-    if (ac->kind == PL_AUTO_MIX) /* the balancer may pile a mix's small writes on few ranks */
-        check[0] = check[1] = true;
     if (!check[0] && !check[1]) {
         free(ai.groups);
         *out = best;
@@ -676,7 +675,7 @@ int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     uint8_t *groups = malloc(ng + 1);
     r = groups ? 0 : -ENOMEM;
     for (int m = 0; !r && m < 2; m++) {
-        if (!check[m])
+        if (!check[m] || (m ? ac->gather_lb : ac->direct_lb) >= best_s)
             continue;
         memset(groups, m, ng);
         struct wb_plan *alt = NULL;

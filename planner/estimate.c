@@ -326,18 +326,23 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
 {
     const struct wb_plan *p = s->p;
     const struct wb_hw *hw = &in->tl->hw;
-    size_t ntask = 0, ncoll = 0, nflow = 0;
+    size_t ntask = 0, ncoll = 0, ngather = 0, nflow = 0;
+    uint32_t maxtag = 0;
     for (uint32_t r = 0; r < p->ntrainers; r++) {
         ntask += p->tables[r].ntasks;
-        for (uint32_t o = 0; o < p->tables[r].nops; o++)
-            ncoll +=
-                p->tables[r].ops[o].kind == WB_OP_GATHER || p->tables[r].ops[o].kind == WB_OP_AMAX;
+        for (uint32_t o = 0; o < p->tables[r].nops; o++) {
+            const struct wb_rt_op *op = &p->tables[r].ops[o];
+            ngather += op->kind == WB_OP_GATHER;
+            ncoll += op->kind == WB_OP_GATHER || op->kind == WB_OP_AMAX;
+            if (op->kind == WB_OP_AMAX && op->amax.tag > maxtag)
+                maxtag = op->amax.tag;
+        }
         nflow += p->tables[r].nwrites;
     }
     s->ntask = ntask;
     s->task = calloc(ntask + 1, sizeof(*s->task));
     s->coll = calloc(ncoll + 1, sizeof(uint32_t));
-    s->inst = calloc(ncoll + 1, sizeof(*s->inst));
+    s->inst = calloc(ngather + maxtag + 1, sizeof(*s->inst)); /* amax: one per tag, not op */
     /* flows: one per (task, destination); a task's writes to one destination are summed, so
      * there are as many as tasks times destinations, not writes (10^8 at 1024 -> 512) */
     size_t fcap = ntask * 2 + 1024;
@@ -350,15 +355,18 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
         return -ENOMEM;
     }
     memset(seen, 0, (p->nrollouts + 1) * sizeof(uint32_t));
-    /* gather instances keyed by (mesh, seq, first peer); amax by tag */
+    /* gather instances keyed by (mesh, seq, first peer) in a hash; amax instances by their
+     * tag, which is plan-wide (an array: 10^7 exchanges at 1024 -> 512) */
     size_t hcap = 1024;
-    while (hcap < 4 * ncoll + 4)
+    while (hcap < 4 * ngather + 4)
         hcap *= 2;
     uint64_t *hk = calloc(hcap, sizeof(uint64_t));
     uint32_t *hv = calloc(hcap, sizeof(uint32_t));
-    if (!hk || !hv) {
+    uint32_t *by_tag = calloc((size_t)maxtag + 1, sizeof(uint32_t)); /* instance + 1 */
+    if (!hk || !hv || !by_tag) {
         free(hk);
         free(hv);
+        free(by_tag);
         free(seen);
         return -ENOMEM;
     }
@@ -404,14 +412,23 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
                 }
                 if (!key)
                     continue;
-                size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (hcap - 1);
-                while (hk[h] && hk[h] != key)
-                    h = (h + 1) & (hcap - 1);
-                if (!hk[h]) {
-                    hk[h] = key;
-                    hv[h] = (uint32_t)s->ninst++;
+                uint32_t id;
+                if (op->kind == WB_OP_AMAX) {
+                    uint32_t *slot = &by_tag[op->amax.tag];
+                    if (!*slot)
+                        *slot = (uint32_t)++s->ninst;
+                    id = *slot - 1;
+                } else {
+                    size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (hcap - 1);
+                    while (hk[h] && hk[h] != key)
+                        h = (h + 1) & (hcap - 1);
+                    if (!hk[h]) {
+                        hk[h] = key;
+                        hv[h] = (uint32_t)s->ninst++;
+                    }
+                    id = hv[h];
                 }
-                struct inst *in2 = &s->inst[hv[h]];
+                struct inst *in2 = &s->inst[id];
                 in2->n++;
                 if (op->kind == WB_OP_AMAX) {
                     in2->amax = true;
@@ -430,15 +447,12 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
                     /* ring all-gather: each member receives its missing bytes from the
                      * previous member */
                     if (!same && op->gather.bytes_in) {
-                        struct rflow rf = {hv[h], prev, r, op->gather.bytes_in};
-                        if (!pl_vec_push(rflows, &rf)) {
-                            free(hk);
-                            free(hv);
-                            return -ENOMEM;
-                        }
+                        struct rflow rf = {id, prev, r, op->gather.bytes_in};
+                        if (!pl_vec_push(rflows, &rf))
+                            goto nomem;
                     }
                 }
-                s->coll[ci++] = hv[h];
+                s->coll[ci++] = id;
                 e->ncoll++;
             }
             e->h2d_s = (double)e->h2d_bytes / hw->h2d_Bps;
@@ -453,12 +467,8 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
                     if (fi == fcap) {
                         size_t nc = fcap * 2;
                         void *nf = realloc(s->flow, nc * sizeof(*s->flow));
-                        if (!nf) {
-                            free(hk);
-                            free(hv);
-                            free(seen);
-                            return -ENOMEM;
-                        }
+                        if (!nf)
+                            goto nomem;
                         s->flow = nf;
                         fcap = nc;
                     }
@@ -478,7 +488,16 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
     }
     free(hk);
     free(hv);
+    free(by_tag);
     free(seen);
+    if (0) {
+    nomem:
+        free(hk);
+        free(hv);
+        free(by_tag);
+        free(seen);
+        return -ENOMEM;
+    }
     /* ring flows grouped by instance */
     s->nrflow = rflows->n;
     s->rflow = malloc((rflows->n + 1) * sizeof(struct rflow));

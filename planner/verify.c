@@ -14,8 +14,10 @@
  * cases (tests/unit/planner_sim.h). */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "planner/plan_int.h"
 
@@ -26,6 +28,7 @@ struct vctx {
     struct pl_problems pr;    /* the first PL_KEEP violations kept, every one counted */
     struct shard_memo *smemo; /* [1 << SHARD_MEMO_BITS] shard_of's answers */
     uint32_t *tcls;           /* per trainer tensor: its placement and shape class */
+    int rc;                   /* check_destinations' return, on its own thread */
     struct peer_seen {
         uint32_t cls, rank, peer0, npeers; /* cls + 1; 0: empty */
     } pseen[64];                           /* gathers' peer lists found right, by class */
@@ -593,6 +596,13 @@ out:
     return rc;
 }
 
+static void *destinations_thread(void *arg)
+{
+    struct vctx *d = arg;
+    d->rc = check_destinations(d);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- order */
 
 /* Every AMAX op has exactly one mirror: same tag on its peer, pointing back, same tensor and
@@ -747,6 +757,16 @@ int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, stru
         v.smemo = NULL;
     }
     pl_intern_free(&cls);
+    /* Sources and destinations are independent reads of the plan: on two threads when there
+     * are two CPUs, each with its own problems, reported sources first as one walk would. */
+    struct vctx d = v;
+    struct wb_errlist del;
+    wb_errlist_init(&del);
+    d.pr = (struct pl_problems){&del, 0};
+    d.smemo = NULL;
+    pthread_t th;
+    bool two = sysconf(_SC_NPROCESSORS_ONLN) > 1 &&
+               pthread_create(&th, NULL, destinations_thread, &d) == 0;
     struct vec pr;
     pl_vec_init(&pr, sizeof(struct range));
     for (uint32_t rk = 0; rk < p->ntrainers && !r; rk++) {
@@ -755,8 +775,13 @@ int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, stru
             r = check_task(&v, t, &t->tasks[k], &pr);
     }
     pl_vec_free(&pr);
+    if (two)
+        pthread_join(th, NULL);
+    else
+        destinations_thread(&d);
     if (!r)
-        r = check_destinations(&v);
+        r = d.rc;
+    pl_problems_take(&v.pr, &del); /* after the sources' problems, as one walk reports them */
     if (!r)
         check_order(&v);
     wb_placement_map_free(v.pm);

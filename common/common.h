@@ -45,6 +45,7 @@ const char *wb_strerror(int err);
 struct wb_errlist {
     char **msgs;
     size_t n, cap;
+    size_t dropped; /* problems counted by wb_errlist_drop() without their text */
 };
 
 void wb_errlist_init(struct wb_errlist *el);
@@ -52,7 +53,16 @@ void wb_errlist_init(struct wb_errlist *el);
 int wb_errlist_add(struct wb_errlist *el, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 int wb_errlist_vadd(struct wb_errlist *el, const char *fmt, va_list ap);
-/* Writes every message, one per line, each prefixed by `prefix` (may be ""). */
+/* Counts k more problems without keeping their text: a check that can find millions keeps the
+ * first ones (wb_errlist_add) and only counts the others. */
+void wb_errlist_drop(struct wb_errlist *el, size_t k);
+/* Every problem found: the kept messages plus the counted ones. */
+static inline size_t wb_errlist_count(const struct wb_errlist *el)
+{
+    return el->n + el->dropped;
+}
+/* Writes every kept message, one per line, each prefixed by `prefix` (may be ""), then
+ * "<prefix>... and N more" when N problems were only counted. */
 void wb_errlist_print(const struct wb_errlist *el, const char *prefix, void *file);
 void wb_errlist_free(struct wb_errlist *el);
 

@@ -58,10 +58,17 @@ int wb_errlist_add(struct wb_errlist *el, const char *fmt, ...)
     return r;
 }
 
+void wb_errlist_drop(struct wb_errlist *el, size_t k)
+{
+    el->dropped += k;
+}
+
 void wb_errlist_print(const struct wb_errlist *el, const char *prefix, void *file)
 {
     for (size_t i = 0; i < el->n; i++)
         fprintf(file ? file : stderr, "%s%s\n", prefix ? prefix : "", el->msgs[i]);
+    if (el->dropped)
+        fprintf(file ? file : stderr, "%s... and %zu more\n", prefix ? prefix : "", el->dropped);
 }
 
 void wb_errlist_free(struct wb_errlist *el)

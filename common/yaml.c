@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <yaml.h>
 
 struct wb_yaml {
@@ -68,6 +69,12 @@ int wb_yaml_load(const char *path, struct wb_errlist *el, struct wb_yaml **out)
         int e = errno;
         wb_errlist_add(el, "%s: cannot open: %s", path, strerror(e));
         return -e;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f); /* libyaml would only say "input error" */
+        wb_errlist_add(el, "%s: cannot read: %s", path, strerror(EISDIR));
+        return -EISDIR;
     }
     int r = load(path, f, NULL, el, out);
     fclose(f);

@@ -175,6 +175,10 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
         wb_plan_print_summary(plan, &in, f);
         fclose(f);
         p->summary = text;
+        char w[512];
+        if (wb_plan_dtype_warning(&in, w, sizeof(w)))
+            wb_log(WB_LOG_WARN, "controller", "job %s: %s (model.hf_config %s)", job->name, w,
+                   job->model.hf_config && *job->model.hf_config ? job->model.hf_config : "-");
     }
 out:
     wb_plan_free(plan);

@@ -1,6 +1,6 @@
 /* build.h — the plan builder's working state, and the functions its files share (private to
- * the builder: planner/plan.c, emit_threads.c, walk.c, stamp.c, assemble.c, emit.c and
- * geometry.c; balance.c has balance.h).
+ * the builder: planner/plan.c, cost.c, emit_threads.c, walk.c, stamp.c, assemble.c, emit.c
+ * and geometry.c; balance.c has balance.h).
  *
  * Building runs in three passes over the items in phase order:
  *  1. enumerate every (item, rollout GPU, component, shard) demand (walk.c) and hand it to the
@@ -13,7 +13,8 @@
  *
  * Each file calls only files below it, never back up (below them all sit placement.c's
  * vectors, interning and placement, and layout.c's checks):
- *   plan.c         -> emit_threads.c walk.c stamp.c assemble.c balance.c geometry.c
+ *   plan.c         -> cost.c emit_threads.c walk.c stamp.c assemble.c balance.c geometry.c
+ *   cost.c         -> walk.c geometry.c
  *   emit_threads.c -> walk.c stamp.c emit.c
  *   walk.c         -> stamp.c balance.c geometry.c
  *   stamp.c        -> balance.c geometry.c
@@ -190,6 +191,23 @@ static inline bool owns(const struct plan_ctx *c, uint32_t r)
  * items stamped from a template in the final emission. */
 int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
                   struct wb_plan **out, size_t *nstamped, struct wb_errlist *el);
+
+/* ---------------------------------------------------------------- cost.c */
+/* Auto's choice between direct and gather, by cost on the hardware model. */
+
+/* For the items as cut for direct mode (c->items, before modes are chosen): sets
+ * gather_groups[mapping * nmeshes + mesh] to 1 for the (mapping, mesh) groups that go gather,
+ * 0 for the others (an array of nmappings * nmeshes). Uses c->sub and c->icomp as scratch. */
+enum pl_auto_kind { PL_AUTO_DIRECT = 0, PL_AUTO_GATHER = 1, PL_AUTO_MIX = 2 };
+/* The cost model's view of the choice: its modelled seconds for all direct, all gather and
+ * the chosen assignment, what kind that is, and for the plain modes what their simulated times
+ * cannot be below. */
+struct pl_auto_cost {
+    double direct_s, gather_s, chosen_s;
+    double direct_lb, gather_lb; /* lower bounds of the plain modes' simulated times */
+    enum pl_auto_kind kind;
+};
+int pl_auto_choose(struct plan_ctx *c, uint8_t *gather_groups, struct pl_auto_cost *cost);
 
 /* ---------------------------------------------------------------- emit_threads.c */
 /* Pass 3 over every item, ranks split among threads; per-rank tables under construction. */

@@ -39,6 +39,21 @@ struct pair {
     double rate, give;
     uint64_t left; /* bytes queued */
     bool active;
+    /* Lazy delivery: left and the head chunk are as at the start of step `upd`; until its
+     * event step nothing happens to the pair but (uint64_t)rate bytes a step. */
+    uint64_t upd, ev;
+    uint32_t ver;  /* its entries in the event heap with another version are stale */
+    uint32_t apos; /* its position in the active list (an entry elsewhere is a leftover) */
+    uint64_t due;  /* step + 1 when it is on that step's due list */
+    double prev;   /* its share before the last water-fill */
+    bool sched;    /* has had a share: it is eager or has an event (or none to have) */
+    bool eager;    /* delivered every step (no event) */
+};
+
+/* An event: at step `ev` a pair's head chunk completes or it comes near its end. */
+struct pev {
+    uint64_t ev;
+    uint32_t pair, ver;
 };
 
 struct etask {
@@ -78,6 +93,12 @@ struct rank_state {
 };
 
 struct sim {
+    bool shares_stale;         /* a pair started or ended since the shares were computed */
+    uint64_t step;             /* the step being simulated (its rank stages, then net_step) */
+    struct vec heap;           /* struct pev: min-heap by (ev, pair) */
+    struct vec due;            /* uint64_t: the pairs that do something in this step */
+    struct vec eagerl;         /* uint32_t: the eager pairs (and some that ended or were not) */
+    double sum_tr, sum_gather; /* bytes a step all active pairs move, at the current shares */
     const struct wb_plan *p;
     uint32_t nt, nr, nphases;
     struct etask *task;
@@ -156,16 +177,128 @@ static struct pair *get_pair(struct sim *s, uint32_t a, uint32_t b)
     return p;
 }
 
+/* ---------------------------------------------------------------- lazy delivery */
+
+/* Brings a pair to the start of step k: no chunk of it completed in between (its event step
+ * is k or later), so each step took (uint64_t)rate bytes off its head chunk. */
+static void materialize(struct sim *s, struct pair *p, uint64_t k)
+{
+    if (p->upd >= k)
+        return;
+    uint64_t d = (k - p->upd) * (uint64_t)p->rate;
+    if (p->head < p->q.n && d) {
+        VEC_AT(&p->q, struct chunk, p->head)->left -= d;
+        p->left -= d;
+    }
+    p->upd = k;
+    (void)s;
+}
+
+/* The first j >= 0 with !(x - j*R > lim) (as doubles), or UINT64_MAX when none. */
+static uint64_t first_step(uint64_t x, uint64_t R, double lim)
+{
+    if (!((double)x > lim))
+        return 0;
+    if (R == 0)
+        return UINT64_MAX;
+    double est = ((double)x - lim) / (double)R;
+    uint64_t j = est > 0 ? (uint64_t)est : 0;
+    if (j > x / R)
+        j = x / R;
+    while (j > 0 && !((double)(x - (j - 1) * R) > lim))
+        j--;
+    while (j <= x / R && (double)(x - j * R) > lim)
+        j++;
+    return j <= x / R ? j : UINT64_MAX;
+}
+
+static bool pev_less(const struct pev *a, const struct pev *b)
+{
+    return a->ev < b->ev || (a->ev == b->ev && a->pair < b->pair);
+}
+
+static void sift_down(struct pev *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && pev_less(&h[l], &h[m]))
+            m = l;
+        if (r < n && pev_less(&h[r], &h[m]))
+            m = r;
+        if (m == i)
+            return;
+        struct pev x = h[m];
+        h[m] = h[i];
+        h[i] = x;
+        i = m;
+    }
+}
+
+static int heap_push(struct sim *s, struct pev e)
+{
+    if (!pl_vec_push(&s->heap, &e))
+        return -ENOMEM;
+    struct pev *h = s->heap.p;
+    size_t i = s->heap.n - 1;
+    while (i > 0) {
+        size_t up = (i - 1) / 2;
+        if (h[up].ev < h[i].ev || (h[up].ev == h[i].ev && h[up].pair <= h[i].pair))
+            break;
+        struct pev x = h[up];
+        h[up] = h[i];
+        h[i] = x;
+        i = up;
+    }
+    return 0;
+}
+
+static struct pev heap_pop(struct sim *s)
+{
+    struct pev *h = s->heap.p, top = h[0];
+    h[0] = h[--s->heap.n];
+    sift_down(h, s->heap.n, 0);
+    return top;
+}
+
+/* A materialized pair's next event: its head chunk completes (the step moves no more than it
+ * has left, +0.5) or it comes within two steps' share of its end (the shares must then be
+ * computed again: it may cap its own). */
+static int schedule(struct sim *s, struct pair *p)
+{
+    uint64_t R = (uint64_t)p->rate, j = UINT64_MAX;
+    if (p->head < p->q.n) {
+        j = first_step(VEC_AT(&p->q, struct chunk, p->head)->left, R, p->rate + 0.5);
+        /* for a whole number of bytes x, x < c exactly when !(x > ceil(c) - 1) */
+        uint64_t js = first_step(p->left, R, ceil(2 * p->rate + 1) - 1);
+        j = js < j ? js : j;
+    }
+    p->ver++;
+    if (j == UINT64_MAX) {
+        p->ev = UINT64_MAX;
+        return 0;
+    }
+    p->ev = p->upd + j;
+    return heap_push(s, (struct pev){p->ev, (uint32_t)(p - s->pair), p->ver});
+}
+
 static int post(struct sim *s, uint32_t a, uint32_t b, uint32_t id, uint64_t bytes)
 {
     struct pair *p = get_pair(s, a, b);
     if (!p)
         return -ENOMEM;
+    if (p->active)
+        materialize(s, p, s->step);
+    if (p->active && (double)p->left < 2 * p->rate + 1)
+        s->shares_stale = true; /* its share may have been capped by what it had left */
     struct chunk c = {id, bytes};
     if (!pl_vec_push(&p->q, &c))
         return -ENOMEM;
     p->left += bytes;
+    /* an active pair keeps its event: its head chunk is the same, and with more left it comes
+     * near its end later, so the event is on time or early (then it is only looked at) */
     if (!p->active) {
+        p->upd = s->step;
+        p->sched = false;
         if (s->nact == s->cact) {
             size_t c = s->cact ? 2 * s->cact : 1024;
             uint32_t *na = realloc(s->act, c * sizeof(uint32_t));
@@ -174,7 +307,9 @@ static int post(struct sim *s, uint32_t a, uint32_t b, uint32_t id, uint64_t byt
             s->act = na;
             s->cact = c;
         }
+        p->apos = (uint32_t)s->nact;
         s->act[s->nact++] = (uint32_t)(p - s->pair);
+        s->shares_stale = true;
     }
     p->active = true;
     return 0;
@@ -191,31 +326,48 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
 {
     const struct wb_plan *p = s->p;
     const struct wb_hw *hw = &in->tl->hw;
-    size_t ntask = 0, ncoll = 0, nflow = 0;
+    size_t ntask = 0, ncoll = 0, ngather = 0, nflow = 0;
+    uint32_t maxtag = 0;
     for (uint32_t r = 0; r < p->ntrainers; r++) {
         ntask += p->tables[r].ntasks;
-        for (uint32_t o = 0; o < p->tables[r].nops; o++)
-            ncoll +=
-                p->tables[r].ops[o].kind == WB_OP_GATHER || p->tables[r].ops[o].kind == WB_OP_AMAX;
+        for (uint32_t o = 0; o < p->tables[r].nops; o++) {
+            const struct wb_rt_op *op = &p->tables[r].ops[o];
+            ngather += op->kind == WB_OP_GATHER;
+            ncoll += op->kind == WB_OP_GATHER || op->kind == WB_OP_AMAX;
+            if (op->kind == WB_OP_AMAX && op->amax.tag > maxtag)
+                maxtag = op->amax.tag;
+        }
         nflow += p->tables[r].nwrites;
     }
     s->ntask = ntask;
     s->task = calloc(ntask + 1, sizeof(*s->task));
     s->coll = calloc(ncoll + 1, sizeof(uint32_t));
-    s->inst = calloc(ncoll + 1, sizeof(*s->inst));
-    s->flow = malloc((nflow + 1) * sizeof(*s->flow));
+    s->inst = calloc(ngather + maxtag + 1, sizeof(*s->inst)); /* amax: one per tag, not op */
+    /* flows: one per (task, destination); a task's writes to one destination are summed, so
+     * there are as many as tasks times destinations, not writes (10^8 at 1024 -> 512) */
+    size_t fcap = ntask * 2 + 1024;
+    (void)nflow;
+    s->flow = malloc(fcap * sizeof(*s->flow));
     s->rs = calloc(p->ntrainers, sizeof(*s->rs));
-    if (!s->task || !s->coll || !s->inst || !s->flow || !s->rs)
+    uint32_t *seen = malloc((p->nrollouts + 1) * sizeof(uint32_t)); /* dst -> flow + 1 */
+    if (!s->task || !s->coll || !s->inst || !s->flow || !s->rs || !seen) {
+        free(seen);
         return -ENOMEM;
-    /* gather instances keyed by (mesh, seq, first peer); amax by tag */
+    }
+    memset(seen, 0, (p->nrollouts + 1) * sizeof(uint32_t));
+    /* gather instances keyed by (mesh, seq, first peer) in a hash; amax instances by their
+     * tag, which is plan-wide (an array: 10^7 exchanges at 1024 -> 512) */
     size_t hcap = 1024;
-    while (hcap < 4 * ncoll + 4)
+    while (hcap < 4 * ngather + 4)
         hcap *= 2;
     uint64_t *hk = calloc(hcap, sizeof(uint64_t));
     uint32_t *hv = calloc(hcap, sizeof(uint32_t));
-    if (!hk || !hv) {
+    uint32_t *by_tag = calloc((size_t)maxtag + 1, sizeof(uint32_t)); /* instance + 1 */
+    if (!hk || !hv || !by_tag) {
         free(hk);
         free(hv);
+        free(by_tag);
+        free(seen);
         return -ENOMEM;
     }
     size_t ti = 0, ci = 0, fi = 0;
@@ -260,14 +412,23 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
                 }
                 if (!key)
                     continue;
-                size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (hcap - 1);
-                while (hk[h] && hk[h] != key)
-                    h = (h + 1) & (hcap - 1);
-                if (!hk[h]) {
-                    hk[h] = key;
-                    hv[h] = (uint32_t)s->ninst++;
+                uint32_t id;
+                if (op->kind == WB_OP_AMAX) {
+                    uint32_t *slot = &by_tag[op->amax.tag];
+                    if (!*slot)
+                        *slot = (uint32_t)++s->ninst;
+                    id = *slot - 1;
+                } else {
+                    size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (hcap - 1);
+                    while (hk[h] && hk[h] != key)
+                        h = (h + 1) & (hcap - 1);
+                    if (!hk[h]) {
+                        hk[h] = key;
+                        hv[h] = (uint32_t)s->ninst++;
+                    }
+                    id = hv[h];
                 }
-                struct inst *in2 = &s->inst[hv[h]];
+                struct inst *in2 = &s->inst[id];
                 in2->n++;
                 if (op->kind == WB_OP_AMAX) {
                     in2->amax = true;
@@ -286,15 +447,12 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
                     /* ring all-gather: each member receives its missing bytes from the
                      * previous member */
                     if (!same && op->gather.bytes_in) {
-                        struct rflow rf = {hv[h], prev, r, op->gather.bytes_in};
-                        if (!pl_vec_push(rflows, &rf)) {
-                            free(hk);
-                            free(hv);
-                            return -ENOMEM;
-                        }
+                        struct rflow rf = {id, prev, r, op->gather.bytes_in};
+                        if (!pl_vec_push(rflows, &rf))
+                            goto nomem;
                     }
                 }
-                s->coll[ci++] = hv[h];
+                s->coll[ci++] = id;
                 e->ncoll++;
             }
             e->h2d_s = (double)e->h2d_bytes / hw->h2d_Bps;
@@ -303,15 +461,22 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
             uint32_t posts = 0;
             for (uint32_t w = T->write0; w < T->write0 + T->nwrites; w++) {
                 const struct wb_rt_write *x = &t->writes[w];
-                uint32_t f;
-                for (f = e->f0; f < fi; f++)
-                    if (s->flow[f].dst == x->dst_rank)
-                        break;
-                if (f == fi) {
+                uint32_t g = x->dst_rank < p->nrollouts ? x->dst_rank : p->nrollouts;
+                uint32_t f = seen[g];
+                if (f <= e->f0 || f > fi || s->flow[f - 1].dst != x->dst_rank) {
+                    if (fi == fcap) {
+                        size_t nc = fcap * 2;
+                        void *nf = realloc(s->flow, nc * sizeof(*s->flow));
+                        if (!nf)
+                            goto nomem;
+                        s->flow = nf;
+                        fcap = nc;
+                    }
                     s->flow[fi].dst = x->dst_rank;
                     s->flow[fi++].bytes = 0;
+                    seen[g] = f = (uint32_t)fi;
                 }
-                s->flow[f].bytes += x->len;
+                s->flow[f - 1].bytes += x->len;
                 posts += x->len >= (64u << 10) ? (uint32_t)hw->nics_per_gpu : 1;
             }
             e->nflow = (uint32_t)fi - e->f0;
@@ -323,6 +488,16 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
     }
     free(hk);
     free(hv);
+    free(by_tag);
+    free(seen);
+    if (0) {
+    nomem:
+        free(hk);
+        free(hv);
+        free(by_tag);
+        free(seen);
+        return -ENOMEM;
+    }
     /* ring flows grouped by instance */
     s->nrflow = rflows->n;
     s->rflow = malloc((rflows->n + 1) * sizeof(struct rflow));
@@ -353,12 +528,21 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
 
 /* ---------------------------------------------------------------- network step */
 
-/* One step of the fluid network: max-min fair shares by a few rounds of water-filling, then
- * delivery in FIFO order per pair. Returns -ENOMEM or 0. */
-static int net_step(struct sim *s, double t, double dt, double *sent_tr, double *sent_gather)
+/* Max-min fair shares of this step's NIC egress and ingress among the active pairs, into
+ * pair.rate (bytes in the step). */
+static void water_fill(struct sim *s, double dt)
 {
     double *eleft = s->eleft, *ileft = s->ileft;
     uint32_t *nout = s->nout, *nin = s->nin;
+    size_t keep = 0; /* pairs that ended leave the list, which keeps its order */
+    for (size_t i = 0; i < s->nact; i++) {
+        struct pair *p = &s->pair[s->act[i]];
+        if (p->active && p->apos == i) {
+            p->apos = (uint32_t)keep;
+            s->act[keep++] = s->act[i];
+        }
+    }
+    s->nact = keep;
     for (size_t i = 0; i < s->nact; i++) {
         struct pair *p = &s->pair[s->act[i]];
         p->rate = 0;
@@ -402,51 +586,209 @@ static int net_step(struct sim *s, double t, double dt, double *sent_tr, double 
             p->give = 0;
         }
     }
-    size_t keep = 0;
+    s->sum_tr = s->sum_gather = 0;
     for (size_t i = 0; i < s->nact; i++) {
-        struct pair *p = &s->pair[s->act[i]];
-        double bytes = p->rate;
-        if (bytes > 0)
-            *(p->dst < s->nt ? sent_gather : sent_tr) += bytes;
-        while (bytes > 0 && p->head < p->q.n) {
-            struct chunk *c = VEC_AT(&p->q, struct chunk, p->head);
-            if ((double)c->left > bytes + 0.5) {
-                c->left -= (uint64_t)bytes;
-                p->left -= (uint64_t)bytes;
-                break;
-            }
-            double frac = p->rate > 0 ? 1.0 - (bytes - (double)c->left) / p->rate : 1.0;
-            bytes -= (double)c->left;
-            p->left -= c->left;
-            c->left = 0;
-            double when = t + dt * (frac < 0 ? 0 : frac > 1 ? 1 : frac);
-            if (c->task & (1u << 31)) {
-                struct inst *in = &s->inst[c->task & ~(1u << 31)];
-                if (--in->nflows == 0)
-                    in->t_done = when;
-            } else {
-                struct etask *e = &s->task[c->task];
-                if (p->dst >= s->nt && when > s->rollout_end[p->dst - s->nt])
-                    s->rollout_end[p->dst - s->nt] = when;
-                if (--e->pending == 0) {
-                    e->done = true;
-                    e->t_end = when;
-                    s->rs[e->rank].mem -= e->tmp;
-                    s->rs[e->rank].running--;
-                    s->ndone++;
-                }
-            }
-            p->head++;
+        const struct pair *p = &s->pair[s->act[i]];
+        if (p->rate > 0)
+            *(p->dst < s->nt ? &s->sum_gather : &s->sum_tr) += p->rate;
+    }
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One step of the fluid network: max-min fair shares by a few rounds of water-filling, then
+ * delivery in FIFO order per pair.
+ *
+ * The shares depend only on the active pairs (in order) and on which of them has less left
+ * than it would get; while neither changes, last step's shares are this step's, bit for bit,
+ * and each pair moves (uint64_t)rate bytes a step off its head chunk. So shares are computed
+ * again only when a pair started, ended or came near its end, and a pair is touched only in
+ * the steps where its head chunk completes (events in a heap); the others are brought up to
+ * date when needed (materialize). At 1024 -> 512 a step has 65536 active pairs, of which a few
+ * do something. The result is the one a step-by-step walk over every pair gives. Returns
+ * -ENOMEM or 0. */
+/* Adds a pair to this step's due list once. */
+static int make_due(struct sim *s, struct pair *p)
+{
+    if (p->due == s->step + 1)
+        return 0;
+    p->due = s->step + 1;
+    uint64_t d = (uint64_t)(p - s->pair);
+    return pl_vec_push(&s->due, &d) ? 0 : -ENOMEM;
+}
+
+/* Pops the events of steps up to this one: their pairs are due. A pair near its end makes the
+ * shares stale. */
+static int pop_events(struct sim *s)
+{
+    uint64_t k = s->step;
+    while (s->heap.n && ((const struct pev *)s->heap.p)[0].ev <= k) {
+        struct pev e = heap_pop(s);
+        struct pair *p = &s->pair[e.pair];
+        if (e.ver != p->ver || !p->active)
+            continue;
+        materialize(s, p, k);
+        if ((double)p->left < 2 * p->rate + 1)
+            s->shares_stale = true;
+        if (make_due(s, p))
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+/* Delivers one step's share of a pair through its FIFO (chunk completions, task and gather
+ * ends); the pair is then as at the start of the next step. */
+static void deliver(struct sim *s, struct pair *p, double t, double dt)
+{
+    double bytes = p->rate;
+    while (bytes > 0 && p->head < p->q.n) {
+        struct chunk *c = VEC_AT(&p->q, struct chunk, p->head);
+        if ((double)c->left > bytes + 0.5) {
+            c->left -= (uint64_t)bytes;
+            p->left -= (uint64_t)bytes;
+            break;
         }
-        if (p->head == p->q.n) {
-            p->active = false;
-            p->left = 0;
-            p->q.n = p->head = 0;
+        double frac = p->rate > 0 ? 1.0 - (bytes - (double)c->left) / p->rate : 1.0;
+        bytes -= (double)c->left;
+        p->left -= c->left;
+        c->left = 0;
+        double when = t + dt * (frac < 0 ? 0 : frac > 1 ? 1 : frac);
+        if (c->task & (1u << 31)) {
+            struct inst *in = &s->inst[c->task & ~(1u << 31)];
+            if (--in->nflows == 0)
+                in->t_done = when;
         } else {
-            s->act[keep++] = s->act[i];
+            struct etask *e = &s->task[c->task];
+            if (p->dst >= s->nt && when > s->rollout_end[p->dst - s->nt])
+                s->rollout_end[p->dst - s->nt] = when;
+            if (--e->pending == 0) {
+                e->done = true;
+                e->t_end = when;
+                s->rs[e->rank].mem -= e->tmp;
+                s->rs[e->rank].running--;
+                s->ndone++;
+            }
+        }
+        p->head++;
+    }
+    p->upd = s->step + 1;
+    if (p->head == p->q.n) {
+        p->active = false;
+        p->eager = false;
+        p->left = 0;
+        p->q.n = p->head = 0;
+        p->ver++;
+        s->shares_stale = true;
+    }
+}
+
+/* Makes a pair eager: delivered every step until a step without new shares. */
+static int make_eager(struct sim *s, struct pair *p)
+{
+    p->ver++; /* its event, if any, is void */
+    if (p->eager)
+        return 0;
+    p->eager = true;
+    uint32_t id = (uint32_t)(p - s->pair);
+    return pl_vec_push(&s->eagerl, &id) ? 0 : -ENOMEM;
+}
+
+static int net_step(struct sim *s, double t, double dt, double *sent_tr, double *sent_gather)
+{
+    uint64_t k = s->step;
+    s->due.n = 0;
+    if (pop_events(s))
+        return -ENOMEM;
+    for (size_t i = 0; i < s->eagerl.n && !s->shares_stale; i++) {
+        const struct pair *p = &s->pair[((const uint32_t *)s->eagerl.p)[i]];
+        if (p->active && p->eager && (double)p->left < 2 * p->rate + 1)
+            s->shares_stale = true; /* near its end: it may cap its own share */
+    }
+    bool filled = false;
+    if (s->shares_stale) {
+        /* Every pair as of now. A pair whose share changed is delivered step by step (eager)
+         * until a step without new shares, then it gets an event again: where shares change
+         * every step (a gather phase) this is the plain walk, where they hold (1024 -> 512
+         * direct: 65536 pairs, a water-fill every 10 steps) it is a few pairs a step. */
+        for (size_t i = 0; i < s->nact; i++) {
+            struct pair *p = &s->pair[s->act[i]];
+            if (p->active && p->apos == i) {
+                materialize(s, p, k);
+                p->prev = p->rate;
+            }
+        }
+        water_fill(s, dt);
+        s->shares_stale = false;
+        filled = true;
+        bool fresh = s->heap.n > 4 * s->nact + 1024; /* mostly void entries: start afresh */
+        if (fresh)
+            s->heap.n = 0;
+        for (size_t i = 0; i < s->nact; i++) {
+            struct pair *p = &s->pair[s->act[i]];
+            if ((fresh || p->rate != p->prev || !p->sched) && make_eager(s, p))
+                return -ENOMEM;
+            p->sched = true;
         }
     }
-    s->nact = keep;
+    *sent_tr += s->sum_tr;
+    *sent_gather += s->sum_gather;
+    /* Delivery in list order, so that completions in one step are seen in the order a walk over
+     * every pair sees them (an instance's or a task's end is its last flow's): a scan of the
+     * list when much is due, else the due pairs sorted by their place in it. */
+    size_t ndue = s->due.n, neager = s->eagerl.n;
+    if (8 * (ndue + neager) > s->nact) {
+        for (size_t i = 0; i < s->nact; i++) {
+            struct pair *p = &s->pair[s->act[i]];
+            if (!p->active || p->apos != i || (!p->eager && p->due != k + 1))
+                continue;
+            bool was_eager = p->eager;
+            deliver(s, p, t, dt);
+            if (p->active && !was_eager && schedule(s, p))
+                return -ENOMEM;
+        }
+    } else {
+        if (pl_vec_reserve(&s->due, neager))
+            return -ENOMEM;
+        uint64_t *due = s->due.p; /* place in the list << 32 | pair */
+        const uint32_t *el = s->eagerl.p;
+        for (size_t i = 0; i < neager; i++) {
+            const struct pair *p = &s->pair[el[i]];
+            if (p->active && p->eager && p->due != k + 1) /* not listed already */
+                due[ndue++] = el[i];
+        }
+        for (size_t i = 0; i < ndue; i++)
+            due[i] |= (uint64_t)s->pair[(uint32_t)due[i]].apos << 32;
+        if (ndue > 1)
+            qsort(due, ndue, sizeof(uint64_t), cmp_u64);
+        for (size_t i = 0; i < ndue; i++) {
+            struct pair *p = &s->pair[(uint32_t)due[i]];
+            bool was_eager = p->eager;
+            deliver(s, p, t, dt);
+            if (p->active && !was_eager && schedule(s, p))
+                return -ENOMEM;
+        }
+    }
+    /* eager pairs: after a step without new shares they get events again */
+    uint32_t *el = s->eagerl.p;
+    size_t keep = 0;
+    for (size_t i = 0; i < s->eagerl.n; i++) {
+        struct pair *p = &s->pair[el[i]];
+        if (!p->active || !p->eager)
+            continue;
+        if (filled) {
+            el[keep++] = el[i];
+        } else {
+            p->eager = false;
+            if (schedule(s, p))
+                return -ENOMEM;
+        }
+    }
+    s->eagerl.n = keep;
+    s->step = k + 1;
     return 0;
 }
 
@@ -581,6 +923,9 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     s.phash = calloc(s.hcap, sizeof(uint32_t));
     struct vec rflows;
     pl_vec_init(&rflows, sizeof(struct rflow));
+    pl_vec_init(&s.heap, sizeof(struct pev));
+    pl_vec_init(&s.due, sizeof(uint64_t));
+    pl_vec_init(&s.eagerl, sizeof(uint32_t));
     struct wb_estimate e;
     memset(&e, 0, sizeof(e));
     int rc = s.phash ? build(&s, in, &rflows) : -ENOMEM;
@@ -668,9 +1013,16 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
      * ends on a step boundary). */
     uint32_t max_coll = 0;
     for (uint32_t r = 0; r < s.nt; r++) {
+        /* gathers (network gathers end on a step boundary); amax rendezvous complete within
+         * the step they finish in */
         uint32_t n = 0;
-        for (uint32_t k = 0; k < s.rs[r].nt; k++)
-            n += s.task[s.rs[r].t0 + k].ncoll;
+        for (uint32_t k = 0; k < s.rs[r].nt; k++) {
+            const struct etask *x = &s.task[s.rs[r].t0 + k];
+            for (uint32_t c = 0; c < x->ncoll; c++) {
+                const struct inst *ci = &s.inst[s.coll[x->c0 + c]];
+                n += !ci->amax;
+            }
+        }
         max_coll = n > max_coll ? n : max_coll;
     }
     double dt = lb / 3000;
@@ -848,6 +1200,9 @@ out:
     free(s.nout);
     free(s.nin);
     free(s.act);
+    pl_vec_free(&s.heap);
+    pl_vec_free(&s.due);
+    pl_vec_free(&s.eagerl);
     free(s.barrier_done);
     free(s.arrive);
     free(s.phase_left);

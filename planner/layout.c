@@ -9,8 +9,11 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <libgen.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "planner/plan_int.h"
 
@@ -59,19 +62,34 @@ static int hw_from_node(const struct wb_yaml *y, const struct wb_ynode *n, struc
     memset(&raw, 0, sizeof(raw));
     int r = wb_cfg_parse(y, n, hw_table, &raw, el);
     if (r == 0) {
-        char where[512];
-        const char *bad = NULL;
-        if (raw.nic_gbps <= 0)
-            bad = "nic_gbps must be > 0";
-        else if (raw.nics_per_gpu == 0)
-            bad = "nics_per_gpu must be >= 1";
-        else if (raw.nic_efficiency <= 0 || raw.nic_efficiency > 1)
-            bad = "nic_efficiency must be in (0, 1]";
-        else if (raw.nvlink_GBps <= 0 || raw.h2d_GBps <= 0 || raw.copy_GBps <= 0 ||
-                 raw.quant_GBps <= 0)
-            bad = "bandwidths must be > 0";
-        if (bad) {
-            wb_errlist_add(el, "%s: %s", wb_yaml_where(y, n, where, sizeof(where)), bad);
+        /* every bad value, each at its own key's value (the key may be absent: then its
+         * default is at fault, and the mapping is where to add it) */
+        const struct {
+            const char *key;
+            bool bad;
+            const char *want;
+        } checks[] = {
+            {"nic_gbps", !(isfinite(raw.nic_gbps) && raw.nic_gbps > 0), "must be a number > 0"},
+            {"nics_per_gpu", raw.nics_per_gpu == 0 || raw.nics_per_gpu > 64,
+             "must be from 1 to 64"},
+            {"nic_efficiency", !(raw.nic_efficiency > 0 && raw.nic_efficiency <= 1),
+             "must be in (0, 1]"},
+            {"nvlink_GBps", !(isfinite(raw.nvlink_GBps) && raw.nvlink_GBps > 0),
+             "must be a number > 0"},
+            {"h2d_GBps", !(isfinite(raw.h2d_GBps) && raw.h2d_GBps > 0), "must be a number > 0"},
+            {"copy_GBps", !(isfinite(raw.copy_GBps) && raw.copy_GBps > 0), "must be a number > 0"},
+            {"quant_GBps", !(isfinite(raw.quant_GBps) && raw.quant_GBps > 0),
+             "must be a number > 0"},
+        };
+        for (size_t i = 0; i < WB_ARRAY_LEN(checks); i++) {
+            if (!checks[i].bad)
+                continue;
+            const struct wb_ynode *at = wb_ynode_get(y, n, checks[i].key);
+            char where[512];
+            wb_errlist_add(el, "%s: %s: %s, got %s",
+                           wb_yaml_where(y, at ? at : n, where, sizeof(where)), checks[i].key,
+                           checks[i].want,
+                           at && wb_ynode_scalar(at) ? wb_ynode_scalar(at) : "its default");
             r = -WB_E_CONFIG;
         }
     }
@@ -139,9 +157,21 @@ static int load_hw_ref(const struct wb_yaml *y, const struct wb_ynode *n, const 
         snprintf(path, sizeof(path), "%s/%s", dirname(dup), s);
         free(dup);
     }
-    size_t before = el->n;
+    /* a file that cannot be read is the layout's problem, at its `hardware:` line; problems
+     * inside the file are reported at their own lines of that file */
+    struct stat st;
+    const char *why = stat(path, &st) != 0      ? strerror(errno)
+                      : S_ISDIR(st.st_mode)     ? "is a directory"
+                      : access(path, R_OK) != 0 ? strerror(errno)
+                                                : NULL;
+    if (why) {
+        wb_errlist_add(el, "%s: hardware: cannot read %s: %s",
+                       wb_yaml_where(y, n, where, sizeof(where)), path, why);
+        return -WB_E_CONFIG;
+    }
+    size_t before = wb_errlist_count(el);
     int r = wb_hw_load(path, out, el);
-    if (r && el->n == before)
+    if (r && wb_errlist_count(el) == before)
         wb_errlist_add(el, "%s: hardware: cannot load %s: %s",
                        wb_yaml_where(y, n, where, sizeof(where)), path, wb_strerror(r));
     return r;
@@ -224,15 +254,15 @@ static int parse_place_value(const char *s, uint32_t dimsize, struct wb_placemen
     uint64_t v;
     if (strncmp(s, "shard(", 6) == 0) {
         size_t n = strlen(s);
-        if (n < 8 || s[n - 1] != ')')
-            return -EINVAL;
         char num[32];
-        if (n - 7 >= sizeof(num))
-            return -EINVAL;
+        if (n < 7 || s[n - 1] != ')' || n - 7 >= sizeof(num))
+            return -EBADE; /* shard( without a closing parenthesis, or absurdly long */
         memcpy(num, s + 6, n - 7);
         num[n - 7] = 0;
-        if (wb_parse_u64(num, &v) || v >= WB_MAX_DIMS)
-            return -EINVAL;
+        if (wb_parse_u64(num, &v))
+            return -EBADE;
+        if (v >= WB_MAX_DIMS)
+            return -EDOM;
         *out = (struct wb_placement){WB_PLACE_SHARD, (uint32_t)v};
         return 0;
     }
@@ -294,6 +324,24 @@ static void parse_rule_place(const struct wb_yaml *y, const struct wb_ynode *n, 
         }
         seen[d] = true;
         int r = val ? parse_place_value(val, t->dim[d].size, &rule->place[d]) : -EINVAL;
+        if (r == -EBADE) {
+            wb_errlist_add(el,
+                           "%s: placements[%zu].place.%s: '%s': shard takes the tensor dim it "
+                           "splits, a number from 0 to %d, as in shard(0)",
+                           wb_yaml_where(y, v, where, sizeof(where)), idx, key, val,
+                           WB_MAX_DIMS - 1);
+            *err = -WB_E_CONFIG;
+            continue;
+        }
+        if (r == -EDOM) {
+            wb_errlist_add(el,
+                           "%s: placements[%zu].place.%s: '%s': tensors have at most %d dims, so "
+                           "shard takes a dim from 0 to %d",
+                           wb_yaml_where(y, v, where, sizeof(where)), idx, key, val, WB_MAX_DIMS,
+                           WB_MAX_DIMS - 1);
+            *err = -WB_E_CONFIG;
+            continue;
+        }
         if (r == -ERANGE) {
             wb_errlist_add(el, "%s: placements[%zu].place.%s: index %s out of range (size %u)",
                            wb_yaml_where(y, v, where, sizeof(where)), idx, key, val,
@@ -397,6 +445,14 @@ static void trainer_parse_lists(const struct wb_yaml *y, const struct trainer_ra
         struct wb_place_rule *rule = &t->rules[i];
         rule->pattern = rr.match;
         rr.match = NULL;
+        if (!*rule->pattern) {
+            const struct wb_ynode *mn = wb_ynode_get(y, it, "match");
+            wb_errlist_add(el,
+                           "%s: placements[%zu].match: the empty pattern matches no tensor "
+                           "(\"*\" matches every one)",
+                           wb_yaml_where(y, mn ? mn : it, where, sizeof(where)), i);
+            *err = -WB_E_CONFIG;
+        }
         wb_yaml_where(y, it, where, sizeof(where));
         const char *colon = strchr(where, ':');
         rule->line = colon ? (uint32_t)strtoul(colon + 1, NULL, 10) : 0;
@@ -405,21 +461,53 @@ static void trainer_parse_lists(const struct wb_yaml *y, const struct trainer_ra
     }
 }
 
+/* A rollout layout given as the trainer's (or the other way round) would be reported as a
+ * list of unknown and missing keys; one line says what happened. */
+static bool other_kind(const struct wb_yaml *y, const char *path, bool trainer,
+                       struct wb_errlist *el)
+{
+    const struct wb_ynode *root = wb_yaml_root(y);
+    if (wb_ynode_kind(root) != WB_YNODE_MAP)
+        return false;
+    bool has_mesh = wb_ynode_get(y, root, "mesh") || wb_ynode_get(y, root, "placements");
+    bool has_replicas = wb_ynode_get(y, root, "replicas") != NULL;
+    if (trainer && has_replicas && !has_mesh)
+        wb_errlist_add(el,
+                       "%s: a rollout layout (it has replicas:), given as the trainer layout "
+                       "(world_size:, mesh:, placements:)",
+                       path);
+    else if (!trainer && has_mesh && !has_replicas)
+        wb_errlist_add(el,
+                       "%s: a trainer layout (it has mesh:), given as the rollout layout "
+                       "(replicas:, tp:, ep:)",
+                       path);
+    else
+        return false;
+    return true;
+}
+
 int wb_trainer_layout_load(const char *path, struct wb_trainer_layout *out, struct wb_errlist *el)
 {
     struct wb_yaml *y;
     int r = wb_yaml_load(path, el, &y);
     if (r)
         return r;
+    if (other_kind(y, path, true, el)) {
+        wb_yaml_free(y);
+        memset(out, 0, sizeof(*out));
+        return -WB_E_CONFIG;
+    }
     struct wb_trainer_layout t;
     memset(&t, 0, sizeof(t));
     struct trainer_raw raw;
     memset(&raw, 0, sizeof(raw));
     int err = wb_cfg_parse(y, wb_yaml_root(y), trainer_table, &raw, el);
     char where[512];
-    if (!err && (raw.world == 0 || raw.world > (1u << 20))) {
-        wb_errlist_add(el, "%s: world_size: must be between 1 and 1048576",
-                       wb_yaml_where(y, wb_yaml_root(y), where, sizeof(where)));
+    if (!err && (raw.world == 0 || raw.world > WB_MAX_GPUS)) {
+        const struct wb_ynode *w = wb_ynode_get(y, wb_yaml_root(y), "world_size");
+        wb_errlist_add(el, "%s: world_size: must be between 1 and %d, got %llu",
+                       wb_yaml_where(y, w ? w : wb_yaml_root(y), where, sizeof(where)), WB_MAX_GPUS,
+                       (unsigned long long)raw.world);
         err = -WB_E_CONFIG;
     }
     if (!err && (raw.gpn == 0 || raw.gpn > 1024)) {
@@ -580,6 +668,11 @@ int wb_rollout_layout_load(const char *path, struct wb_rollout_layout *out, stru
     int r = wb_yaml_load(path, el, &y);
     if (r)
         return r;
+    if (other_kind(y, path, false, el)) {
+        wb_yaml_free(y);
+        memset(out, 0, sizeof(*out));
+        return -WB_E_CONFIG;
+    }
     struct wb_rollout_layout t;
     memset(&t, 0, sizeof(t));
     struct rollout_raw raw;
@@ -616,8 +709,12 @@ int wb_rollout_layout_load(const char *path, struct wb_rollout_layout *out, stru
                            where, (unsigned long long)raw.world, t.replicas, t.gpus_per_replica,
                            (unsigned long long)t.replicas * t.gpus_per_replica);
             err = -WB_E_CONFIG;
-        } else if ((uint64_t)t.replicas * t.gpus_per_replica > lim) {
-            wb_errlist_add(el, "%s: replicas x gpus_per_replica exceeds 1048576", where);
+        } else if ((uint64_t)t.replicas * t.gpus_per_replica > WB_MAX_GPUS) {
+            wb_errlist_add(el,
+                           "%s: replicas %u x gpus_per_replica %u = %llu rollout GPUs; at most %d "
+                           "are supported",
+                           where, t.replicas, t.gpus_per_replica,
+                           (unsigned long long)t.replicas * t.gpus_per_replica, WB_MAX_GPUS);
             err = -WB_E_CONFIG;
         }
     }

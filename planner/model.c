@@ -29,6 +29,24 @@ static int load_inventory(const struct wb_model_src *src, const char *side, cons
     return wb_inv_generate_vars(src->rules, config, src->vars, side, inv, el);
 }
 
+/* Both inventories usually come from the same config.json: a problem with the file itself (not
+ * JSON, a field missing) would be reported once per side. Drops the messages after n1 that
+ * repeat one of [n0, n1). */
+static void dedupe(struct wb_errlist *el, size_t n0, size_t n1)
+{
+    size_t keep = n1;
+    for (size_t i = n1; i < el->n; i++) {
+        bool dup = false;
+        for (size_t j = n0; j < n1 && !dup; j++)
+            dup = strcmp(el->msgs[i], el->msgs[j]) == 0;
+        if (dup)
+            free(el->msgs[i]);
+        else
+            el->msgs[keep++] = el->msgs[i];
+    }
+    el->n = keep;
+}
+
 int wb_model_load(const struct wb_model_src *src, struct wb_model *out, struct wb_errlist *el)
 {
     struct wb_model m;
@@ -61,7 +79,9 @@ int wb_model_load(const struct wb_model_src *src, struct wb_model *out, struct w
     if (!err && given(src->vars))
         err = wb_match_rules_set_vars(m.rules, src->vars, el);
     if (!err) {
+        size_t n0 = el->n;
         int e1 = load_inventory(src, "trainer", src->trainer_inv, tconfig, &m.trainer, el);
+        size_t n1 = el->n;
         /* both sides generated from one config.json fail alike: say it once */
         bool same = !given(src->trainer_inv) && !given(src->rollout_inv) && tconfig &&
                     src->config && strcmp(tconfig, src->config) == 0;
@@ -69,6 +89,7 @@ int wb_model_load(const struct wb_model_src *src, struct wb_model *out, struct w
                             : load_inventory(src, "rollout", src->rollout_inv, src->config,
                                              &m.rollout, el);
         err = e1 ? e1 : e2;
+        dedupe(el, n0, n1);
     }
     if (!err && given(src->config))
         err = wb_match_rules_bind_config(m.rules, src->config, el);

@@ -229,31 +229,32 @@ static bool pattern_match(const char *p, const char *s, int64_t caps[2])
     return *s == 0;
 }
 
-/* ---------------------------------------------------------------- placement map */
+/* ---------------------------------------------------------------- problems */
 
-enum { MAX_MSGS = 20 };
-
-struct errcap {
-    struct wb_errlist *el;
-    size_t n;
-};
-
-static void capped(struct errcap *ec, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void capped(struct errcap *ec, const char *fmt, ...)
+void pl_problem(struct pl_problems *pp, const char *fmt, ...)
 {
-    if (ec->n++ >= MAX_MSGS)
+    if (pp->n++ >= PL_KEEP) {
+        wb_errlist_drop(pp->el, 1);
         return;
+    }
     va_list ap;
     va_start(ap, fmt);
-    wb_errlist_vadd(ec->el, fmt, ap);
+    wb_errlist_vadd(pp->el, fmt, ap);
     va_end(ap);
 }
 
-static void capped_done(struct errcap *ec)
+void pl_problems_take(struct pl_problems *pp, struct wb_errlist *src)
 {
-    if (ec->n > MAX_MSGS)
-        wb_errlist_add(ec->el, "... and %zu more placement problems", ec->n - MAX_MSGS);
+    for (size_t i = 0; i < src->n; i++)
+        pl_problem(pp, "%s", src->msgs[i]);
+    if (src->dropped) {
+        pp->n += src->dropped;
+        wb_errlist_drop(pp->el, src->dropped);
+    }
+    wb_errlist_free(src);
 }
+
+/* ---------------------------------------------------------------- placement map */
 
 void wb_placement_map_free(struct wb_placement_map *pm)
 {
@@ -292,7 +293,7 @@ int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_i
         stride *= tl->dim[d].size;
     }
 
-    struct errcap ec = {el, 0};
+    struct pl_problems ec = {el, 0};
     int64_t maxlayer = -1;
     bool any_layer_rule = false;
     for (size_t t = 0; t < inv->n; t++) {
@@ -317,16 +318,16 @@ int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_i
             }
         }
         if (tp->rule < 0) {
-            capped(&ec, "%s: no placement rule matches (%s)", prm->name, tl->path);
+            pl_problem(&ec, "%s: no placement rule matches (%s)", prm->name, tl->path);
             continue;
         }
         const struct wb_place_rule *rule = &tl->rules[tp->rule];
         for (uint32_t d = 0; d < tl->ndims; d++) {
             const struct wb_placement *pl = &rule->place[d];
             if (pl->kind == WB_PLACE_SHARD && pl->arg >= prm->shape.ndim)
-                capped(&ec, "%s: rule %s:%u shards dim %u over %s but the tensor has %u dim%s",
-                       prm->name, tl->path, rule->line, pl->arg, tl->dim[d].name, prm->shape.ndim,
-                       prm->shape.ndim == 1 ? "" : "s");
+                pl_problem(&ec, "%s: rule %s:%u shards dim %u over %s but the tensor has %u dim%s",
+                           prm->name, tl->path, rule->line, pl->arg, tl->dim[d].name,
+                           prm->shape.ndim, prm->shape.ndim == 1 ? "" : "s");
             if (pl->kind == WB_PLACE_LAYER) {
                 any_layer_rule = true;
                 if (c[0] > maxlayer)
@@ -360,14 +361,14 @@ int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_i
                 tp->sel[d] = (int32_t)pl->arg;
             } else if (pl->kind == WB_PLACE_LAYER) {
                 if (c[0] >= (int64_t)pm->nlayers) {
-                    capped(&ec, "%s: layer %lld >= pp_layers %u (%s)", inv->p[t].name,
-                           (long long)c[0], pm->nlayers, tl->path);
+                    pl_problem(&ec, "%s: layer %lld >= pp_layers %u (%s)", inv->p[t].name,
+                               (long long)c[0], pm->nlayers, tl->path);
                     continue;
                 }
                 if (pm->nlayers < size && !rule_bad[tp->rule]) {
                     rule_bad[tp->rule] = true;
-                    capped(&ec, "%s:%u: %u layers cannot fill %s = %u pipeline stages", tl->path,
-                           rule->line, pm->nlayers, tl->dim[d].name, size);
+                    pl_problem(&ec, "%s:%u: %u layers cannot fill %s = %u pipeline stages",
+                               tl->path, rule->line, pm->nlayers, tl->dim[d].name, size);
                 }
                 tp->sel[d] = (int32_t)((uint64_t)c[0] * size / pm->nlayers);
             } else if (pl->kind == WB_PLACE_EXPERT) {
@@ -375,9 +376,9 @@ int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_i
                 if (ne % size) {
                     if (!rule_bad[tp->rule]) {
                         rule_bad[tp->rule] = true;
-                        capped(&ec,
-                               "%s:%u: %u experts (e.g. %s) cannot be split evenly over %s = %u",
-                               tl->path, rule->line, ne, inv->p[t].name, tl->dim[d].name, size);
+                        pl_problem(
+                            &ec, "%s:%u: %u experts (e.g. %s) cannot be split evenly over %s = %u",
+                            tl->path, rule->line, ne, inv->p[t].name, tl->dim[d].name, size);
                     }
                     continue;
                 }
@@ -388,7 +389,6 @@ int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_i
     (void)any_layer_rule;
     free(rule_bad);
     free(caps);
-    capped_done(&ec);
     if (ec.n) {
         wb_placement_map_free(pm);
         return -WB_E_PLAN;

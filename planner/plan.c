@@ -10,12 +10,11 @@
  * meshes share no rank; each group is one phase, in that order (dense weights first when they
  * sit on the larger meshes, as in the reference). */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "planner/build.h"
-
-enum { AUTO_GATHER_MIN_RUNS = 64, MSG_CAP = 20 };
 
 /* ---------------------------------------------------------------- rollout locals */
 
@@ -28,17 +27,17 @@ static int build_rollout_locals(struct plan_ctx *c)
     if (!c->rloc)
         return -ENOMEM;
     int err = 0;
-    size_t nmsg = 0;
+    struct pl_problems pp = {c->el, 0};
     for (size_t m = 0; m < mt->n; m++) {
         const struct wb_mapping *mp = &mt->map[m];
         if (mp->scale >= 0) {
             struct wb_shape g = pl_grid_shape(&ri->p[mp->rollout].shape);
             if (!wb_shape_eq(&g, &ri->p[mp->scale].shape)) {
                 char a[128], b[128];
-                wb_errlist_add(c->el, "%s: shape %s is not the 128x128 block grid %s of %s",
-                               ri->p[mp->scale].name,
-                               wb_shape_str(&ri->p[mp->scale].shape, a, sizeof(a)),
-                               wb_shape_str(&g, b, sizeof(b)), ri->p[mp->rollout].name);
+                pl_problem(&pp, "%s: shape %s is not the 128x128 block grid %s of %s",
+                           ri->p[mp->scale].name,
+                           wb_shape_str(&ri->p[mp->scale].shape, a, sizeof(a)),
+                           wb_shape_str(&g, b, sizeof(b)), ri->p[mp->rollout].name);
                 err = -WB_E_PLAN;
                 continue;
             }
@@ -47,19 +46,23 @@ static int build_rollout_locals(struct plan_ctx *c)
             struct wb_local_piece pcs[WB_MAX_PIECES];
             uint32_t np = 0;
             struct rlocal *lo = &c->rloc[m * c->gpr + l];
-            size_t before = c->el->n;
+            struct wb_errlist mel;
+            wb_errlist_init(&mel);
             int r = wb_mapping_local(mt, ri, mp, l % rl->tp, rl->tp, l % rl->ep, rl->ep, &lo->shape,
-                                     pcs, &np, c->el);
+                                     pcs, &np, &mel);
             if (r) {
-                if (c->el->n == before)
-                    wb_errlist_add(c->el, "%s: cannot shard over tp %u, ep %u: %s",
+                if (wb_errlist_count(&mel) == 0)
+                    wb_errlist_add(&mel, "%s: cannot shard over tp %u, ep %u: %s",
                                    ri->p[mp->rollout].name, rl->tp, rl->ep, wb_strerror(r));
-                /* one message per mapping is enough */
-                err = r == -ENOMEM ? r : -WB_E_PLAN;
-                if (++nmsg > MSG_CAP)
-                    return err;
+                /* every mapping that cannot be sharded counts; the first ones are listed
+                 * (one message per mapping is enough) */
+                pl_problems_take(&pp, &mel);
+                if (r == -ENOMEM)
+                    return r;
+                err = -WB_E_PLAN;
                 break;
             }
+            wb_errlist_free(&mel);
             lo->p0 = (uint32_t)c->pieces.n;
             lo->np = np;
             lo->scale_shape = pl_grid_shape(&lo->shape);
@@ -150,13 +153,15 @@ static int64_t mesh_intern(struct plan_ctx *c, const struct tplace *tp)
     return (int64_t)c->meshes.n - 1;
 }
 
-static int build_items(struct plan_ctx *c)
+/* gather_groups (may be NULL): per (mapping, mesh), whether auto chose gather for it; such a
+ * group is cut into items by whole-tensor bytes, as --mode gather cuts every group. */
+static int build_items(struct plan_ctx *c, const uint8_t *gather_groups, size_t nmeshes)
 {
     const struct wb_match *mt = c->in->match;
     const struct wb_inventory *ti = c->in->trainer;
     uint64_t cap = c->opts->mem_cap ? c->opts->mem_cap : WB_MEM_CAP_DEFAULT;
     uint64_t limit = cap / 4;
-    bool gather = c->opts->mode == WB_MODE_GATHER;
+    bool all_gather = c->opts->mode == WB_MODE_GATHER;
     /* per mapping: open item per mesh */
     struct open {
         uint32_t mesh, item;
@@ -176,6 +181,8 @@ static int build_items(struct plan_ctx *c)
                 return (int)mesh;
             }
             uint64_t bytes = wb_shape_numel(&ti->p[t].shape) * wb_dtype_size(ti->p[t].dtype);
+            bool gather = all_gather || (gather_groups && (size_t)mesh < nmeshes &&
+                                         gather_groups[m * nmeshes + (size_t)mesh]);
             if (!gather)
                 bytes /= pl_place_nshards(c->pm, tp);
             struct open *o = NULL;
@@ -319,48 +326,22 @@ static int build_phases(struct plan_ctx *c)
     return 0;
 }
 
-/* AUTO: an item goes to gather mode when direct writes would explode (shards cut across the
- * destination's contiguous runs, e.g. Shard(1) sources for a row-split destination). An item
- * congruent to an earlier one (stamp.c) takes that one's mode. */
-static int choose_modes(struct plan_ctx *c)
+/* Modes: forced ones, or auto's choice per (mapping, mesh) group (cost.c); then templates
+ * (stamp.c: items of the same mode only are congruent). */
+static int choose_modes(struct plan_ctx *c, const uint8_t *gather_groups, size_t nmeshes)
 {
     for (size_t i = 0; i < c->items.n; i++) {
         struct item *it = VEC_AT(&c->items, struct item, i);
-        it->mode = c->opts->mode == WB_MODE_GATHER ? WB_MODE_GATHER : WB_MODE_DIRECT;
+        bool g = c->opts->mode == WB_MODE_GATHER ||
+                 (c->opts->mode == WB_MODE_AUTO && gather_groups &&
+                  gather_groups[(size_t)it->mapping * nmeshes + it->mesh]);
+        it->mode = g ? WB_MODE_GATHER : WB_MODE_DIRECT;
         int64_t like;
         int r = pl_item_subpieces(c, it);
         if (!r)
             r = pl_stamp_classify(c, (uint32_t)i, &like);
         if (r)
             return r;
-        if (like >= 0) {
-            it->mode = VEC_AT(&c->items, struct item, like)->mode;
-            continue;
-        }
-        if (c->opts->mode != WB_MODE_AUTO)
-            continue;
-        r = pl_item_comps_prepare(c, it);
-        if (r)
-            return r;
-        uint64_t runs_gather = 0, runs_direct = 0;
-        for (size_t s = 0; s < c->sub.n; s++) {
-            const struct subpiece *sp = VEC_AT(&c->sub, struct subpiece, s);
-            const struct rlocal *lo = &c->rloc[it->mapping * c->gpr + sp->l];
-            const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, sp->ci);
-            struct wb_ranges rg;
-            if (wb_ranges_init(&rg, &lo->shape, &sp->D, 1) == 0)
-                runs_gather += wb_ranges_count(&rg);
-            for (uint32_t k = 0; k < ic->nk; k++) {
-                struct wb_box X;
-                if (!wb_box_intersect(&sp->S, VEC_AT(&c->ibox, struct wb_box, ic->b0 + k), &X))
-                    continue;
-                struct wb_box Dx = pl_map_to_dst(&sp->S, &sp->D, &X);
-                if (wb_ranges_init(&rg, &lo->shape, &Dx, 1) == 0)
-                    runs_direct += wb_ranges_count(&rg);
-            }
-        }
-        if (runs_direct > AUTO_GATHER_MIN_RUNS && runs_direct > 16 * runs_gather)
-            it->mode = WB_MODE_GATHER;
     }
     return 0;
 }
@@ -423,8 +404,18 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     return pl_plan_build(in, opts, true, out, NULL, el);
 }
 
-int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
-                  struct wb_plan **out, size_t *nstamped, struct wb_errlist *el)
+/* Auto's choice as it came out of pl_auto_choose, for pl_plan_build to check it. */
+struct auto_info {
+    uint8_t *groups; /* malloc'd: per (mapping, mesh), gather or not */
+    size_t nmeshes;
+    struct pl_auto_cost cost;
+};
+
+/* One build. force_groups (may be NULL): auto's gather groups to use instead of choosing
+ * them (nmappings * ai->nmeshes); with auto and none forced, the choice goes to *ai. */
+static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
+                      const uint8_t *force_groups, struct auto_info *ai, struct wb_plan **out,
+                      size_t *nstamped, struct wb_errlist *el)
 {
     struct plan_ctx c;
     memset(&c, 0, sizeof(c));
@@ -441,6 +432,7 @@ int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     pl_scratch_init(&c);
     pl_stamp_init(&c.st);
     struct wb_plan *p = NULL;
+    uint8_t *gather_groups = NULL;
     int r = wb_layout_check(in->tl, in->rl, el);
     if (r)
         goto out;
@@ -511,9 +503,47 @@ int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
         r = build_classes(&c);
     if (r)
         goto out;
-    if ((r = build_items(&c)) || (r = build_phases(&c)) || (r = pl_stamp_prepare(&c, stamp)))
+    if ((r = build_items(&c, NULL, 0)) || (r = build_phases(&c)) ||
+        (r = pl_stamp_prepare(&c, stamp)))
         goto out;
-    r = choose_modes(&c);
+    size_t nm = c.meshes.n;
+    if (opts->mode == WB_MODE_AUTO) {
+        gather_groups = malloc(in->match->n * nm + 1);
+        if (!gather_groups) {
+            r = -ENOMEM;
+            goto out;
+        }
+        if (force_groups) {
+            memcpy(gather_groups, force_groups, in->match->n * nm);
+        } else if ((r = pl_auto_choose(&c, gather_groups, &ai->cost))) {
+            goto out;
+        } else {
+            ai->groups = malloc(in->match->n * nm + 1);
+            if (!ai->groups) {
+                r = -ENOMEM;
+                goto out;
+            }
+            memcpy(ai->groups, gather_groups, in->match->n * nm);
+            ai->nmeshes = nm;
+        }
+        bool any = false;
+        for (size_t g = 0; g < in->match->n * nm; g++)
+            any |= gather_groups[g];
+        if (any) {
+            /* the gather groups are cut into items as gather mode cuts them: the items, their
+             * order and the templates again */
+            pl_vec_free(&c.items);
+            pl_vec_free(&c.item_comps);
+            pl_vec_init(&c.items, sizeof(struct item));
+            pl_vec_init(&c.item_comps, sizeof(uint32_t));
+            pl_stamp_free(&c.st);
+            pl_stamp_init(&c.st);
+            if ((r = build_items(&c, gather_groups, nm)) || (r = build_phases(&c)) ||
+                (r = pl_stamp_prepare(&c, stamp)))
+                goto out;
+        }
+    }
+    r = choose_modes(&c, gather_groups, nm);
     if (!r)
         r = pl_bal_init(&c.bal, c.nt, c.nphases);
     if (r)
@@ -584,6 +614,7 @@ int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     if (nstamped)
         *nstamped = c.st.stamped;
 out:
+    free(gather_groups);
     ctx_free(&c);
     if (r) {
         wb_plan_free(p);
@@ -592,5 +623,94 @@ out:
         return r;
     }
     *out = p;
+    return 0;
+}
+
+/* Auto checks its choice against the plain modes by simulation where the cost model cannot
+ * settle it. The model is a bottleneck view, and a mix can lose in the simulation: the balancer
+ * spreads a direct item's bytes, not its writes, so a mesh's many small writes can pile up on
+ * the ranks with the fewest bytes; a phase of such writes holding the memory cap gates the next
+ * phase's gathers. A plain choice with the other plain mode modelled far above it (CLEAR) is
+ * kept as it is; otherwise the choice is simulated, and a plain mode is built and simulated
+ * only if its modelled lower bound is below that time (a mode whose bound is above cannot win:
+ * an all-direct layout with column-sharded tensors, whose plan could not even be held in
+ * memory, is never built). Plain modes are built exactly as --mode direct and --mode gather
+ * build them, so auto's simulated time is never above the better of them. */
+static const double CLEAR = 1.5;
+
+int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
+                  struct wb_plan **out, size_t *nstamped, struct wb_errlist *el)
+{
+    struct auto_info ai;
+    memset(&ai, 0, sizeof(ai));
+    struct wb_plan *best = NULL;
+    int r = build_once(in, opts, stamp, NULL, &ai, &best, nstamped, el);
+    if (r || opts->mode != WB_MODE_AUTO || !ai.groups) {
+        free(ai.groups);
+        if (!r)
+            *out = best;
+        return r;
+    }
+    const struct pl_auto_cost *ac = &ai.cost;
+    size_t ng = in->match->n * ai.nmeshes;
+    /* the plain modes that may do better: 0 direct, 1 gather */
+    bool check[2] = {false, false};
+    for (int m = 0; m < 2; m++) {
+        double x = m ? ac->gather_s : ac->direct_s;
+        check[m] = (int)ac->kind != m && (ac->kind == PL_AUTO_MIX || x < CLEAR * ac->chosen_s);
+    }
+    if (!check[0] && !check[1]) {
+        free(ai.groups);
+        *out = best;
+        return 0;
+    }
+    struct wb_estimate e;
+    struct wb_errlist quiet; /* an estimate that fails keeps the choice */
+    wb_errlist_init(&quiet);
+    double best_s = INFINITY;
+    if (wb_plan_estimate(best, in, &e, &quiet) == 0) {
+        best_s = e.total_s;
+        wb_estimate_free(&e);
+    }
+    uint8_t *groups = malloc(ng + 1);
+    r = groups ? 0 : -ENOMEM;
+    for (int m = 0; !r && m < 2; m++) {
+        if (!check[m] || (m ? ac->gather_lb : ac->direct_lb) >= best_s)
+            continue;
+        memset(groups, m, ng);
+        struct wb_plan *alt = NULL;
+        size_t ns = 0;
+        struct auto_info unused;
+        memset(&unused, 0, sizeof(unused));
+        unused.nmeshes = ai.nmeshes;
+        r = build_once(in, opts, stamp, groups, &unused, &alt, &ns, el);
+        if (r)
+            break;
+        double s = INFINITY;
+        if (wb_plan_estimate(alt, in, &e, &quiet) == 0) {
+            s = e.total_s;
+            wb_estimate_free(&e);
+        }
+        wb_log(WB_LOG_DEBUG, "planner",
+               "auto: simulated %.4f s for the choice so far, %.4f s for %s", best_s, s,
+               m ? "gather" : "direct");
+        if (s < best_s) {
+            wb_plan_free(best);
+            best = alt;
+            best_s = s;
+            if (nstamped)
+                *nstamped = ns;
+        } else {
+            wb_plan_free(alt);
+        }
+    }
+    wb_errlist_free(&quiet);
+    free(groups);
+    free(ai.groups);
+    if (r) {
+        wb_plan_free(best);
+        return r;
+    }
+    *out = best;
     return 0;
 }

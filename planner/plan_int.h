@@ -42,6 +42,21 @@ uint32_t pl_intern_box(struct intern *in, const struct wb_box *b);
 uint32_t pl_intern_bytes(struct intern *in, const void *val);
 uint32_t pl_intern_shape(struct intern *in, const struct wb_shape *s);
 
+/* ---------------------------------------------------------------- problems */
+
+/* One check's problems: the first PL_KEEP go into el with their text, the others are only
+ * counted (wb_errlist_drop), so that a plan with a million violations reports the right count
+ * in bounded memory. */
+enum { PL_KEEP = 20 };
+struct pl_problems {
+    struct wb_errlist *el;
+    size_t n; /* problems found by this check */
+};
+
+void pl_problem(struct pl_problems *pp, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Moves every message of src into pp (kept or counted, as pl_problem) and empties src. */
+void pl_problems_take(struct pl_problems *pp, struct wb_errlist *src);
+
 /* ---------------------------------------------------------------- placement */
 
 /* Where one trainer tensor lives: the rule that placed it and, per mesh dim, the fixed
@@ -77,6 +92,17 @@ uint32_t pl_place_shard_rank(const struct wb_placement_map *pm, const struct tpl
                              uint32_t q);
 /* Chunk i of n of extent ext under torch.chunk rules: offset and length (length may be 0). */
 void pl_chunk_range(uint64_t ext, uint32_t n, uint32_t i, uint64_t *off, uint64_t *len);
+
+/* ---------------------------------------------------------------- rollout locals */
+
+/* Per rollout tensor: the mapping that builds it (value or scale tensor), UINT32_MAX for none;
+ * malloc'd, NULL without memory. */
+uint32_t *pl_rollout_mapping_of(const struct wb_plan_input *in);
+/* The bytes of a rollout rank's local tensor the plan must write: all of it, but for a mapping
+ * whose pieces cover less than its local shape (vocab padding rows, a tensor only tp rank 0
+ * holds): those start at local byte 0, so the written bytes are a prefix of this length. */
+uint64_t pl_local_written(const struct wb_plan_input *in, const uint32_t *map_of,
+                          const struct wb_recv_list *rv, const struct wb_rt_local *lo);
 
 /* ---------------------------------------------------------------- helpers */
 

@@ -35,6 +35,8 @@
 /* ================================================================ cluster layouts */
 
 enum { WB_MESH_MAX_DIMS = 6, WB_MESH_NAME_MAX = 16 };
+/* GPUs on either side of a plan, at most (a plan's tables grow with both). */
+enum { WB_MAX_GPUS = 65536 };
 
 /* One dimension of the trainer's device mesh. Ranks are numbered row-major over the mesh dims
  * in the order given (the first dim is the slowest, the last the fastest), so with
@@ -146,7 +148,8 @@ int wb_trainer_owners(const struct wb_trainer_layout *tl, const struct wb_invent
 
 /* Every trainer tensor's placement, computed once (owner sets are enumerated on demand).
  * `used` (may be NULL: all) limits the tensors that must match a rule. Problems are appended
- * to el, each naming the tensor or the rule's file:line (at most 20, then a count). */
+ * to el, each naming the tensor or the rule's file:line: all are counted (wb_errlist_count), the
+ * first 20 kept with their text. */
 struct wb_placement_map;
 int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_inventory *trainer,
                            const bool *used, struct wb_placement_map **out, struct wb_errlist *el);
@@ -210,8 +213,12 @@ static inline struct wb_plan_input wb_model_input(const struct wb_model *m)
 }
 
 struct wb_plan_opts {
-    enum wb_plan_mode mode; /* AUTO chooses per piece; DIRECT/GATHER force (DIRECT falls back
-                               to AMAX where FP8 blocks straddle owners) */
+    enum wb_plan_mode mode; /* DIRECT/GATHER force (DIRECT falls back to AMAX where FP8 blocks
+                               straddle owners); AUTO chooses per (mapping, mesh) group by cost
+                               on the layouts' hardware model (planner/cost.c) and simulates
+                               its choice against the plain modes the model cannot rule out,
+                               so its estimate is never above theirs; without a hardware model
+                               it gathers only where direct writes would explode */
     uint64_t mem_cap;       /* executor's temporary-memory cap, bytes; 0: WB_MEM_CAP_DEFAULT */
     uint32_t threads;       /* building threads; 0 = one per CPU (at most 8). The plan is the
                                same for any number. */
@@ -265,17 +272,27 @@ void wb_route_table_print(const struct wb_route_table *t, const struct wb_plan_i
  * local tensor; every write's source bytes held by the writing rank (its shard, an H2D copy of
  * it, a gather, or an op output derived from those) and mapping to the same tensor elements as
  * its destination; mesh groups disjoint; gathers in the same order on every mesh member;
- * amax ops mirrored. Returns 0, or -WB_E_PLAN with the violations (at most 20) in el. */
+ * amax ops mirrored. Returns 0, or -WB_E_PLAN with every violation counted in el
+ * (wb_errlist_count) and the first 20 kept with their text. */
 int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el);
 
 /* Prints the summary (tensors, bytes, phases, entries, writes, per-sender/per-receiver
  * min/mean/max, imbalance vs lower bound and vs the reference greedy). */
 void wb_plan_print_summary(const struct wb_plan *p, const struct wb_plan_input *in, FILE *f);
 
+/* When the rollout receives no FP8 at all (every weight BF16: twice the bytes of an FP8
+ * rollout, usually a config.json without quantization_config), writes a one-line warning
+ * into buf (without a "warning: " prefix) and returns true; the summary prints it too. */
+bool wb_plan_dtype_warning(const struct wb_plan_input *in, char *buf, size_t cap);
+
 /* ---------------------------------------------------------------- JSON */
 
-/* The whole plan as JSON (jansson): summary, meshes, phases, every table and receive list.
- * With tables == false only the summary, meshes and per-rank totals. Returns 0 or -errno. */
+/* The plan as JSON: format, mode, summary figures, per-rank totals and meshes; with tables
+ * also everything needed to check it without this code: both inventories (names, dtypes,
+ * shapes), every trainer tensor's owners and their shard boxes, the mappings, every routing
+ * table and receive list (compact arrays whose layouts the file describes under "layouts"),
+ * one entry per line so that it can be read as a stream (tests/sh/plan_audit.py does). Written
+ * by hand through a buffer; returns 0 or -errno. */
 int wb_plan_write_json(const struct wb_plan *p, const struct wb_plan_input *in, bool tables,
                        FILE *f);
 

@@ -139,6 +139,48 @@ static void minmeanmax(const uint64_t *v, uint32_t n, uint64_t *mn, double *mean
     *mean = n ? s / n : 0;
 }
 
+/* The rollout's bytes per dtype (one copy of the model: every mapping's value tensor), and the
+ * FP8 block scales apart. */
+struct dtype_bytes {
+    uint64_t bytes[WB_DTYPE_COUNT], count[WB_DTYPE_COUNT];
+    uint64_t scale_bytes, scales;
+};
+
+static void rollout_dtypes(const struct wb_plan_input *in, struct dtype_bytes *d)
+{
+    memset(d, 0, sizeof(*d));
+    for (size_t m = 0; m < in->match->n; m++) {
+        const struct wb_mapping *mp = &in->match->map[m];
+        const struct wb_param *v = &in->rollout->p[mp->rollout];
+        if ((unsigned)v->dtype < WB_DTYPE_COUNT) {
+            d->bytes[v->dtype] += wb_shape_numel(&v->shape) * wb_dtype_size(v->dtype);
+            d->count[v->dtype]++;
+        }
+        if (mp->scale >= 0) {
+            const struct wb_param *s = &in->rollout->p[mp->scale];
+            d->scale_bytes += wb_shape_numel(&s->shape) * wb_dtype_size(s->dtype);
+            d->scales++;
+        }
+    }
+}
+
+bool wb_plan_dtype_warning(const struct wb_plan_input *in, char *buf, size_t cap)
+{
+    struct dtype_bytes d;
+    rollout_dtypes(in, &d);
+    if (d.count[WB_DTYPE_FP8_E4M3] || !d.count[WB_DTYPE_BF16])
+        return false;
+    uint64_t total = 0;
+    for (int t = 0; t < WB_DTYPE_COUNT; t++)
+        total += d.bytes[t];
+    char a[32];
+    snprintf(buf, cap,
+             "rollout weights are bf16, not FP8: each replica receives %s, about twice an FP8 "
+             "rollout's bytes: the rollout's config.json has no quantization_config",
+             wb_fmt_bytes(total, a, sizeof(a)));
+    return true;
+}
+
 void wb_plan_print_summary(const struct wb_plan *p, const struct wb_plan_input *in, FILE *f)
 {
     char a[32], b[32], c[32], d[32];
@@ -159,6 +201,29 @@ void wb_plan_print_summary(const struct wb_plan *p, const struct wb_plan_input *
             "  tensors: %" PRIu64 " trainer tensors (%s) in %" PRIu64 " mappings, %" PRIu64
             " items\n",
             s->tensors, wb_fmt_bytes(tbytes, a, sizeof(a)), s->mappings, s->items);
+    if (in) {
+        struct dtype_bytes d;
+        rollout_dtypes(in, &d);
+        fprintf(f, "  rollout dtype:");
+        /* FP8 first, then the others in enum order */
+        static const enum wb_dtype order[] = {WB_DTYPE_FP8_E4M3, WB_DTYPE_BF16, WB_DTYPE_FP16,
+                                              WB_DTYPE_FP32,     WB_DTYPE_I32,  WB_DTYPE_I64};
+        bool first = true;
+        for (size_t i = 0; i < WB_ARRAY_LEN(order); i++) {
+            enum wb_dtype t = order[i];
+            if (!d.count[t])
+                continue;
+            fprintf(f, "%s %s %s in %" PRIu64 " tensor%s", first ? "" : ",", wb_dtype_name(t),
+                    wb_fmt_bytes(d.bytes[t], a, sizeof(a)), d.count[t], d.count[t] == 1 ? "" : "s");
+            if (t == WB_DTYPE_FP8_E4M3 && d.scales)
+                fprintf(f, " (+ %s of block scales)", wb_fmt_bytes(d.scale_bytes, b, sizeof(b)));
+            first = false;
+        }
+        fprintf(f, "%s\n", first ? " none" : "");
+        char w[512];
+        if (wb_plan_dtype_warning(in, w, sizeof(w)))
+            fprintf(f, "  warning: %s\n", w);
+    }
     fprintf(f, "  meshes: %u in %u mesh groups (phases):", p->nmeshes, p->nphases);
     for (uint32_t ph = 0; ph < p->nphases; ph++) {
         uint32_t n = 0, sz = 0;

@@ -8,7 +8,8 @@
  * (component, shard, rollout GPU); stamping costs one copy per op and write.
  *
  * Two items X (the representative, first in plan order) and Y are congruent when
- *  - their mappings have the same transform, destination dtype and scale presence;
+ *  - they have the same mode, and their mappings the same transform, destination dtype and
+ *    scale presence;
  *  - component by component, the trainer tensors have the same shape, dtype and placement rule,
  *    and the fixed mesh coordinates (layer, expert, index dims) differ by the same rank offset
  *    dr for every component (so Y's owners are X's plus dr, shard for shard);
@@ -138,6 +139,7 @@ static uint64_t item_sig(const struct plan_ctx *c, const struct item *it)
     const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
     uint64_t h =
         mix(mix(mix(mix(0x9E3779B97F4A7C15ull, it->nc), mp->xform), mp->dst_dtype), mp->scale >= 0);
+    h = mix(h, it->mode);
     for (uint32_t ci = 0; ci < it->nc; ci++) {
         uint32_t t = pl_item_comp(c, it, ci)->trainer;
         const struct wb_param *p = &c->in->trainer->p[t];
@@ -158,7 +160,7 @@ static bool congruent(const struct plan_ctx *c, const struct stamp_rep *rp, cons
 {
     const struct item *x = VEC_AT(&c->items, struct item, rp->item);
     const struct wb_mapping *mx = pl_ctx_map(c, x->mapping), *my = pl_ctx_map(c, y->mapping);
-    if (x->nc != y->nc || rp->nsub != c->sub.n || mx->xform != my->xform ||
+    if (x->mode != y->mode || x->nc != y->nc || rp->nsub != c->sub.n || mx->xform != my->xform ||
         mx->dst_dtype != my->dst_dtype || (mx->scale >= 0) != (my->scale >= 0))
         return false;
     const struct wb_placement_map *pm = c->pm;

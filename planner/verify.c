@@ -1,5 +1,6 @@
-/* verify.c — wb_plan_verify(): checks a plan's invariants without data, so that it runs on
- * 1T-parameter plans in seconds:
+/* verify.c — wb_plan_verify(): checks a plan's invariants without data, in time linear in the
+ * plan and memory far below it (a 1024 -> 512 plan has 10^8 writes; nothing is gathered per
+ * destination or sorted but the writes of a destination found wrong):
  *  - destinations: every byte of every rollout rank's local tensors is written exactly once
  *    (but for the padding rows of a vocab-padded tensor, which nothing writes), and every
  *    write lies inside its local tensor;
@@ -13,34 +14,65 @@
  * cases (tests/unit/planner_sim.h). */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "planner/plan_int.h"
-
-enum { MAX_MSGS = 20 };
 
 struct vctx {
     const struct wb_plan *p;
     const struct wb_plan_input *in;
     struct wb_placement_map *pm;
-    struct wb_errlist *el;
-    size_t nerr;
+    struct pl_problems pr;    /* the first PL_KEEP violations kept, every one counted */
+    struct shard_memo *smemo; /* [1 << SHARD_MEMO_BITS] shard_of's answers */
+    uint32_t *tcls;           /* per trainer tensor: its placement and shape class */
+    int rc;                   /* check_destinations' return, on its own thread */
+    struct peer_seen {
+        uint32_t cls, rank, peer0, npeers; /* cls + 1; 0: empty */
+    } pseen[64];                           /* gathers' peer lists found right, by class */
+};
+enum { PEER_SEEN = 64 };
+
+/* A rank's shard of a tensor follows from the tensor's placement and shape: tensors of one
+ * class (tcls: a layer's experts) share it, so the answers are kept, direct-mapped by (class,
+ * rank). A gather's peers are checked this way too: 1.2M gathers of 16 peers at 256 -> 128. */
+enum { SHARD_MEMO_BITS = 14 };
+struct shard_memo {
+    uint32_t cls, rank; /* cls + 1; 0: empty */
+    bool ok;
+    struct wb_box box;
 };
 
-static void verr(struct vctx *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void verr(struct vctx *v, const char *fmt, ...)
-{
-    if (v->nerr++ >= MAX_MSGS)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    wb_errlist_vadd(v->el, fmt, ap);
-    va_end(ap);
-}
+/* What decides a tensor's shard boxes: its placement (rule, fixed coordinates) and shape. */
+struct tcls_key {
+    struct tplace tp;
+    struct wb_shape shape;
+};
+
+#define verr(v, ...) pl_problem(&(v)->pr, __VA_ARGS__)
 
 /* Rank r's shard box of tensor t, or false. */
+static bool shard_of_uncached(struct vctx *v, uint32_t t, uint32_t r, struct wb_box *box);
+
 static bool shard_of(struct vctx *v, uint32_t t, uint32_t r, struct wb_box *box)
+{
+    if (!v->smemo || t >= v->in->trainer->n || v->pm->place[t].rule < 0)
+        return shard_of_uncached(v, t, r, box);
+    uint32_t c = v->tcls[t];
+    uint64_t h = ((uint64_t)c << 32 | r) * 0x9E3779B97F4A7C15ull;
+    struct shard_memo *slot = &v->smemo[h >> (64 - SHARD_MEMO_BITS)];
+    if (slot->cls != c + 1 || slot->rank != r) {
+        slot->cls = c + 1;
+        slot->rank = r;
+        slot->ok = shard_of_uncached(v, t, r, &slot->box);
+    }
+    *box = slot->box;
+    return slot->ok;
+}
+
+static bool shard_of_uncached(struct vctx *v, uint32_t t, uint32_t r, struct wb_box *box)
 {
     const struct wb_placement_map *pm = v->pm;
     if (t >= v->in->trainer->n || pm->place[t].rule < 0)
@@ -96,6 +128,12 @@ static bool view_readable(struct vctx *v, const struct wb_route_table *t, const 
     return w->off == 0 && wb_shape_eq(&bs, &t->shapes[w->shape]);
 }
 
+static int cmp_range(const void *a, const void *b)
+{
+    const struct range *x = a, *y = b;
+    return x->a < y->a ? -1 : x->a > y->a;
+}
+
 static int push_range(struct vec *pr, uint64_t a, uint64_t n)
 {
     struct range x = {a, a + n};
@@ -125,16 +163,30 @@ static int check_task(struct vctx *v, const struct wb_route_table *t, const stru
         case WB_OP_GATHER: {
             const struct wb_rt_gather *g = &op->gather;
             const struct wb_shape *full = &ti->p[op->tensor].shape;
+            /* a list equal (ranks and box indices) to one found right in this table for a
+             * tensor of the same class is right: at 1024 GPUs a rank has 4320 gathers of 64 */
+            struct peer_seen *ps = NULL;
+            bool seen = false;
+            if (v->tcls && op->tensor < ti->n) {
+                uint32_t c = v->tcls[op->tensor];
+                ps = &v->pseen[c % PEER_SEEN];
+                seen = ps->cls == c + 1 && ps->rank == t->rank && ps->npeers == g->npeers &&
+                       memcmp(&t->peers[ps->peer0], &t->peers[g->peer0],
+                              g->npeers * sizeof(struct wb_rt_peer)) == 0;
+            }
             uint64_t sum = 0;
-            for (uint32_t i = 0; i < g->npeers && ok; i++) {
+            for (uint32_t i = 0; i < g->npeers && ok && !seen; i++) {
                 const struct wb_rt_peer *pe = &t->peers[g->peer0 + i];
                 struct wb_box B;
                 ok = shard_of(v, op->tensor, pe->rank, &B) && wb_box_eq(&B, &t->boxes[pe->box]);
                 sum += wb_box_numel(&t->boxes[pe->box]);
             }
+            ok = ok && (seen || sum == wb_shape_numel(full));
+            if (ok && !seen && ps)
+                *ps = (struct peer_seen){v->tcls[op->tensor] + 1, t->rank, g->peer0, g->npeers};
             struct wb_box own;
-            ok = ok && sum == wb_shape_numel(full) && wb_shape_eq(&t->shapes[g->dst.shape], full) &&
-                 g->dst.kind == WB_BUF_TMP && shard_of(v, op->tensor, t->rank, &own) &&
+            ok = ok && wb_shape_eq(&t->shapes[g->dst.shape], full) && g->dst.kind == WB_BUF_TMP &&
+                 shard_of(v, op->tensor, t->rank, &own) &&
                  (wb_box_numel(&own) == 0 || view_readable(v, t, pr, &g->src)) &&
                  g->dst.off + view_bytes(t, &g->dst) <= k->tmp_bytes;
             r = push_range(pr, g->dst.off, view_bytes(t, &g->dst));
@@ -166,16 +218,46 @@ static int check_task(struct vctx *v, const struct wb_route_table *t, const stru
             verr(v, "rank %u: op %u (kind %d) on %s reads bytes the rank does not hold", t->rank, o,
                  op->kind, tn);
     }
+    /* Writes: what the ops produced, as sorted disjoint ranges (a binary search per write; a
+     * task of 48 experts has 100 ops and 1000 writes). PARAM sources: the shard of the last
+     * tensor looked up is kept. */
+    if (pr->n > 1)
+        qsort(pr->p, pr->n, sizeof(struct range), cmp_range);
+    size_t nm = 0;
+    struct range *R = pr->p;
+    for (size_t i = 0; i < pr->n; i++) {
+        if (nm && R[i].a <= R[nm - 1].z) {
+            if (R[i].z > R[nm - 1].z)
+                R[nm - 1].z = R[i].z;
+        } else {
+            R[nm++] = R[i];
+        }
+    }
+    uint32_t last_t = UINT32_MAX;
+    uint64_t last_bytes = 0;
+    bool last_ok = false;
     for (uint32_t w = k->write0; w < k->write0 + k->nwrites; w++) {
         const struct wb_rt_write *x = &t->writes[w];
         bool ok;
         if (x->src_tensor == (uint32_t)WB_RT_TMP_SRC) {
-            ok = produced(pr, x->src_off, x->len);
+            size_t lo = 0, hi = nm; /* the last range starting at or before src_off */
+            while (hi - lo > 1) {
+                size_t mid = (lo + hi) / 2;
+                if (R[mid].a <= x->src_off)
+                    lo = mid;
+                else
+                    hi = mid;
+            }
+            ok = nm && R[lo].a <= x->src_off && x->src_off + x->len <= R[lo].z;
         } else {
-            struct wb_box B;
-            ok =
-                t->residence == WB_RESIDE_GPU && shard_of(v, x->src_tensor, t->rank, &B) &&
-                x->src_off + x->len <= wb_box_numel(&B) * wb_dtype_size(ti->p[x->src_tensor].dtype);
+            if (x->src_tensor != last_t) {
+                struct wb_box B;
+                last_t = x->src_tensor;
+                last_ok = t->residence == WB_RESIDE_GPU && shard_of(v, x->src_tensor, t->rank, &B);
+                last_bytes =
+                    last_ok ? wb_box_numel(&B) * wb_dtype_size(ti->p[x->src_tensor].dtype) : 0;
+            }
+            ok = last_ok && x->src_off + x->len <= last_bytes;
         }
         if (!ok)
             verr(v, "rank %u: write %u (to rank %u %s +%" PRIu64 ") reads bytes it does not hold",
@@ -201,27 +283,38 @@ static int cmp_wref(const void *a, const void *b)
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
-/* The bytes of rollout rank g's local tensor `tensor` that the plan must write: all of it,
- * except for a mapping whose rollout pieces cover less than its local shape (vocab padding
- * rows, or a tensor only tp rank 0 holds); those pieces start at local byte 0 (padding rows
- * come last along dim 0), so the written bytes are a prefix. */
-static uint64_t bytes_written(struct vctx *v, const uint32_t *map_of, uint32_t g,
-                              const struct wb_rt_local *lo)
+uint32_t *pl_rollout_mapping_of(const struct wb_plan_input *in)
+{
+    uint32_t *map_of = malloc((in->rollout->n + 1) * sizeof(uint32_t));
+    if (!map_of)
+        return NULL;
+    for (size_t t = 0; t < in->rollout->n; t++)
+        map_of[t] = UINT32_MAX;
+    for (size_t m = 0; m < in->match->n; m++) {
+        const struct wb_mapping *mp = &in->match->map[m];
+        map_of[mp->rollout] = (uint32_t)m;
+        if (mp->scale >= 0)
+            map_of[mp->scale] = (uint32_t)m;
+    }
+    return map_of;
+}
+
+uint64_t pl_local_written(const struct wb_plan_input *in, const uint32_t *map_of,
+                          const struct wb_recv_list *rv, const struct wb_rt_local *lo)
 {
     uint32_t mi = map_of[lo->tensor];
     if (mi == UINT32_MAX)
         return lo->bytes;
-    const struct wb_mapping *m = &v->in->match->map[mi];
+    const struct wb_mapping *m = &in->match->map[mi];
     if (!m->shard.pad && m->shard.ep1_tp_dim != WB_SHARD_RANK0)
         return lo->bytes;
-    const struct wb_recv_list *rv = &v->p->recv[g];
     struct wb_shape ls;
     struct wb_local_piece pc[WB_MAX_PIECES];
     uint32_t np = 0;
     struct wb_errlist el;
     wb_errlist_init(&el);
-    int r = wb_mapping_local(v->in->match, v->in->rollout, m, rv->tp_rank, v->in->rl->tp,
-                             rv->ep_rank, v->in->rl->ep, &ls, pc, &np, &el);
+    int r = wb_mapping_local(in->match, in->rollout, m, rv->tp_rank, in->rl->tp, rv->ep_rank,
+                             in->rl->ep, &ls, pc, &np, &el);
     wb_errlist_free(&el);
     if (r)
         return lo->bytes; /* the plan could not have been built; report against the whole */
@@ -237,97 +330,277 @@ static uint64_t bytes_written(struct vctx *v, const uint32_t *map_of, uint32_t g
     return n * wb_dtype_size(lo->dtype);
 }
 
+/* Destinations, in time and memory linear in the writes (a 1024 -> 512 plan has 10^8 of
+ * them): every (rollout rank, local tensor) is a bucket; the writes are checked where they lie
+ * in the tables, twice (count, then mark), never gathered or sorted. A bucket keeps a bitmap
+ * of its written prefix at the largest power-of-two granularity that divides every write's
+ * offset and length (a 900 KB expert row block is one bit), or, where that bitmap would be
+ * larger than the writes themselves, their (offset, length) pairs, sorted at the end. Buckets
+ * found wrong are reported exactly by a last pass that sorts their writes. */
+struct bucket {
+    uint64_t want;  /* bytes that must be written: a prefix of the local tensor */
+    uint64_t acc;   /* OR of offsets and lengths: the granularity is its lowest set bit */
+    uint64_t at;    /* bitmap words or interval slots at this offset of bits / iv */
+    uint32_t count; /* writes */
+    uint32_t fill;  /* intervals stored */
+    uint8_t shift;  /* log2 granularity */
+    bool bitmap, bad;
+    uint32_t tensor, g;
+};
+
+/* (g, tensor) -> bucket + 1 (0: none) for every pair when that table is small enough */
+struct bmap {
+    uint32_t *dense;
+    uint32_t nt;
+};
+
+/* The bucket of (g, tensor): base[g] + its index in g's local list (sorted by tensor), or -1. */
+static int64_t bucket_search(const struct wb_plan *p, const uint64_t *base, uint32_t g,
+                             uint32_t tensor)
+{
+    const struct wb_recv_list *rv = &p->recv[g];
+    uint32_t lo = 0, hi = rv->nlocal;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (rv->local[mid].tensor < tensor)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < rv->nlocal && rv->local[lo].tensor == tensor ? (int64_t)(base[g] + lo) : -1;
+}
+
+static inline int64_t bucket_of(const struct bmap *bm, const struct wb_plan *p,
+                                const uint64_t *base, uint32_t g, uint32_t tensor)
+{
+    if (bm->dense)
+        return tensor < bm->nt ? (int64_t)bm->dense[(size_t)g * bm->nt + tensor] - 1 : -1;
+    return bucket_search(p, base, g, tensor);
+}
+
+/* Sets bits [a, z) of bm; returns true when one of them was set already. */
+static bool mark_bits(uint64_t *bm, uint64_t a, uint64_t z)
+{
+    bool twice = false;
+    while (a < z) {
+        uint64_t w = a / 64, b = a % 64, n = z - a < 64 - b ? z - a : 64 - b;
+        uint64_t m = (n == 64 ? ~0ull : ((1ull << n) - 1)) << b;
+        twice |= (bm[w] & m) != 0;
+        bm[w] |= m;
+        a += n;
+    }
+    return twice;
+}
+
+/* The exact report of a wrong bucket, as a sorted walk over its writes would find it. */
+static void report_bucket(struct vctx *v, const struct bucket *bk, struct wref *W, size_t n)
+{
+    qsort(W, n, sizeof(*W), cmp_wref);
+    const char *name = v->in->rollout->p[bk->tensor].name;
+    uint64_t at = 0;
+    for (size_t j = 0; j < n; j++) {
+        if (W[j].off != at)
+            verr(v, "rollout rank %u %s: bytes [%" PRIu64 ", %" PRIu64 ") %s", bk->g, name,
+                 W[j].off < at ? W[j].off : at, W[j].off < at ? at : W[j].off,
+                 W[j].off < at ? "written twice" : "never written");
+        at = W[j].off + W[j].len > at ? W[j].off + W[j].len : at;
+    }
+    if (at != bk->want)
+        verr(v, "rollout rank %u %s: %s at byte %" PRIu64 " of %" PRIu64, bk->g, name,
+             at < bk->want ? "writes end" : "writes run past the end", at, bk->want);
+}
+
 static int check_destinations(struct vctx *v)
 {
     const struct wb_plan *p = v->p;
-    /* rollout tensor -> the mapping that builds it (value or scale), for bytes_written() */
-    uint32_t *map_of = malloc((v->in->rollout->n + 1) * sizeof(uint32_t));
-    if (!map_of)
-        return -ENOMEM;
-    for (size_t t = 0; t < v->in->rollout->n; t++)
-        map_of[t] = UINT32_MAX;
-    for (size_t m = 0; m < v->in->match->n; m++) {
-        const struct wb_mapping *mp = &v->in->match->map[m];
-        map_of[mp->rollout] = (uint32_t)m;
-        if (mp->scale >= 0)
-            map_of[mp->scale] = (uint32_t)m;
+    int rc = -ENOMEM;
+    uint32_t *map_of = pl_rollout_mapping_of(v->in);
+    uint64_t *base = malloc((p->nrollouts + 1) * sizeof(uint64_t));
+    struct bucket *B = NULL;
+    uint64_t *bits = NULL;
+    struct wref *iv = NULL, *bad = NULL;
+    uint64_t *bad_at = NULL;
+    if (!map_of || !base)
+        goto out;
+    uint64_t nb = 0;
+    for (uint32_t g = 0; g < p->nrollouts; g++) {
+        base[g] = nb;
+        nb += p->recv[g].nlocal;
     }
-    /* CSR index of writes by destination rank: (table, write) pairs */
-    uint64_t *start = calloc(p->nrollouts + 1, sizeof(uint64_t));
-    if (!start) {
-        free(map_of);
-        return -ENOMEM;
+    base[p->nrollouts] = nb;
+    B = calloc(nb + 1, sizeof(*B));
+    if (!B)
+        goto out;
+    struct bmap bmap = {NULL, (uint32_t)v->in->rollout->n};
+    if ((uint64_t)p->nrollouts * bmap.nt <= (64u << 20) && nb < UINT32_MAX) {
+        bmap.dense = calloc((size_t)p->nrollouts * bmap.nt + 1, sizeof(uint32_t));
+        if (!bmap.dense)
+            goto out;
+        for (uint32_t g = 0; g < p->nrollouts; g++)
+            for (uint32_t li = 0; li < p->recv[g].nlocal; li++)
+                if (p->recv[g].local[li].tensor < bmap.nt)
+                    bmap.dense[(size_t)g * bmap.nt + p->recv[g].local[li].tensor] =
+                        (uint32_t)(base[g] + li + 1);
     }
-    for (uint32_t r = 0; r < p->ntrainers; r++)
-        for (uint32_t w = 0; w < p->tables[r].nwrites; w++) {
-            uint32_t g = p->tables[r].writes[w].dst_rank;
-            if (g >= p->nrollouts) {
-                verr(v, "rank %u: write %u to rollout rank %u of %u", r, w, g, p->nrollouts);
+    for (uint32_t g = 0; g < p->nrollouts; g++)
+        for (uint32_t li = 0; li < p->recv[g].nlocal; li++) {
+            struct bucket *bk = &B[base[g] + li];
+            bk->g = g;
+            bk->tensor = p->recv[g].local[li].tensor;
+            bk->want = pl_local_written(v->in, map_of, &p->recv[g], &p->recv[g].local[li]);
+            bk->acc = bk->want;
+        }
+    /* pass 1: count, granularity; writes to no bucket or past the wanted prefix */
+    for (uint32_t r = 0; r < p->ntrainers; r++) {
+        const struct wb_route_table *t = &p->tables[r];
+        int64_t last = -1;
+        uint32_t lg = UINT32_MAX, lt = UINT32_MAX;
+        for (uint32_t w = 0; w < t->nwrites; w++) {
+            const struct wb_rt_write *x = &t->writes[w];
+            if (x->dst_rank >= p->nrollouts) {
+                verr(v, "rank %u: write %u to rollout rank %u of %u", r, w, x->dst_rank,
+                     p->nrollouts);
                 continue;
             }
-            start[g + 1]++;
+            if (x->dst_rank != lg || x->dst_tensor != lt) {
+                lg = x->dst_rank;
+                lt = x->dst_tensor;
+                last = bucket_of(&bmap, p, base, lg, lt);
+            }
+            if (last < 0) {
+                verr(v, "rank %u: write %u to rollout rank %u %s, which that rank does not hold", r,
+                     w, x->dst_rank,
+                     x->dst_tensor < v->in->rollout->n ? v->in->rollout->p[x->dst_tensor].name
+                                                       : "?");
+                continue;
+            }
+            struct bucket *bk = &B[last];
+            bk->count++;
+            bk->acc |= x->dst_off | x->len;
+            if (x->dst_off + x->len > bk->want || x->dst_off + x->len < x->dst_off)
+                bk->bad = true;
         }
-    for (uint32_t g = 0; g < p->nrollouts; g++)
-        start[g + 1] += start[g];
-    uint32_t(*refs)[2] = malloc((start[p->nrollouts] + 1) * sizeof(*refs));
-    uint64_t *fill = malloc((p->nrollouts + 1) * sizeof(uint64_t));
-    if (!refs || !fill) {
-        free(start);
-        free(refs);
-        free(fill);
-        free(map_of);
-        return -ENOMEM;
     }
-    memcpy(fill, start, p->nrollouts * sizeof(uint64_t));
-    uint64_t maxn = 0;
-    for (uint32_t r = 0; r < p->ntrainers; r++)
-        for (uint32_t w = 0; w < p->tables[r].nwrites; w++) {
-            uint32_t g = p->tables[r].writes[w].dst_rank;
-            if (g < p->nrollouts) {
-                refs[fill[g]][0] = r;
-                refs[fill[g]++][1] = w;
+    /* storage: a bitmap where it is no larger than the writes' pairs */
+    uint64_t nbits = 0, niv = 0;
+    for (uint64_t i = 0; i < nb; i++) {
+        struct bucket *bk = &B[i];
+        bk->shift = bk->acc ? (uint8_t)__builtin_ctzll(bk->acc) : 0;
+        uint64_t words = ((bk->want >> bk->shift) + 63) / 64;
+        bk->bitmap = !bk->bad && words <= 2 * (uint64_t)bk->count + 8;
+        if (bk->bitmap) {
+            bk->at = nbits;
+            nbits += words;
+        } else if (!bk->bad) {
+            bk->at = niv;
+            niv += bk->count;
+        }
+    }
+    bits = calloc(nbits + 1, sizeof(uint64_t));
+    iv = malloc((niv + 1) * sizeof(*iv));
+    if (!bits || !iv)
+        goto out;
+    /* pass 2: mark */
+    for (uint32_t r = 0; r < p->ntrainers; r++) {
+        const struct wb_route_table *t = &p->tables[r];
+        int64_t last = -1;
+        uint32_t lg = UINT32_MAX, lt = UINT32_MAX;
+        for (uint32_t w = 0; w < t->nwrites; w++) {
+            const struct wb_rt_write *x = &t->writes[w];
+            if (x->dst_rank >= p->nrollouts)
+                continue;
+            if (x->dst_rank != lg || x->dst_tensor != lt) {
+                lg = x->dst_rank;
+                lt = x->dst_tensor;
+                last = bucket_of(&bmap, p, base, lg, lt);
+            }
+            if (last < 0)
+                continue;
+            struct bucket *bk = &B[last];
+            if (bk->bad)
+                continue;
+            if (bk->bitmap) {
+                if (mark_bits(bits + bk->at, x->dst_off >> bk->shift,
+                              (x->dst_off + x->len) >> bk->shift))
+                    bk->bad = true;
+            } else {
+                iv[bk->at + bk->fill++] = (struct wref){x->dst_tensor, x->dst_off, x->len};
             }
         }
-    for (uint32_t g = 0; g < p->nrollouts; g++)
-        if (start[g + 1] - start[g] > maxn)
-            maxn = start[g + 1] - start[g];
-    struct wref *W = malloc((maxn + 1) * sizeof(*W));
-    int rc = W ? 0 : -ENOMEM;
-    for (uint32_t g = 0; g < p->nrollouts && !rc; g++) {
-        const struct wb_recv_list *rv = &p->recv[g];
-        size_t n = 0;
-        for (uint64_t i = start[g]; i < start[g + 1]; i++) {
-            const struct wb_rt_write *x = &p->tables[refs[i][0]].writes[refs[i][1]];
-            W[n++] = (struct wref){x->dst_tensor, x->dst_off, x->len};
-        }
-        qsort(W, n, sizeof(*W), cmp_wref);
-        size_t j = 0;
-        for (uint32_t li = 0; li < rv->nlocal; li++) {
-            const struct wb_rt_local *lo = &rv->local[li];
-            const char *name = v->in->rollout->p[lo->tensor].name;
-            while (j < n && W[j].tensor < lo->tensor)
-                j++;
+    }
+    /* buckets: the whole prefix written, once */
+    uint64_t nbad = 0, nbadw = 0;
+    for (uint64_t i = 0; i < nb; i++) {
+        struct bucket *bk = &B[i];
+        if (!bk->bad && bk->bitmap) {
+            uint64_t n = bk->want >> bk->shift;
+            const uint64_t *bm = bits + bk->at;
+            for (uint64_t w = 0; w < n / 64 && !bk->bad; w++)
+                bk->bad = bm[w] != ~0ull;
+            if (!bk->bad && n % 64)
+                bk->bad = bm[n / 64] != (1ull << (n % 64)) - 1;
+        } else if (!bk->bad) {
+            struct wref *W = iv + bk->at;
+            qsort(W, bk->fill, sizeof(*W), cmp_wref);
             uint64_t at = 0;
-            for (; j < n && W[j].tensor == lo->tensor; j++) {
-                if (W[j].off != at) {
-                    verr(v, "rollout rank %u %s: bytes [%" PRIu64 ", %" PRIu64 ") %s", g, name,
-                         W[j].off < at ? W[j].off : at, W[j].off < at ? at : W[j].off,
-                         W[j].off < at ? "written twice" : "never written");
-                }
-                at = W[j].off + W[j].len > at ? W[j].off + W[j].len : at;
+            for (uint32_t j = 0; j < bk->fill && !bk->bad; j++) {
+                bk->bad = W[j].off != at;
+                at = W[j].off + W[j].len;
             }
-            uint64_t want = bytes_written(v, map_of, g, lo);
-            if (at != want)
-                verr(v, "rollout rank %u %s: %s at byte %" PRIu64 " of %" PRIu64, g, name,
-                     at < want ? "writes end" : "writes run past the end", at, want);
+            bk->bad |= at != bk->want;
+        }
+        if (bk->bad) {
+            nbad++;
+            nbadw += bk->count;
         }
     }
+    if (nbad) {
+        /* the exact report: every wrong bucket's writes, gathered by one more pass */
+        bad_at = calloc(nb + 1, sizeof(uint64_t));
+        bad = malloc((nbadw + 1) * sizeof(*bad));
+        if (!bad_at || !bad)
+            goto out;
+        uint64_t at = 0;
+        for (uint64_t i = 0; i < nb; i++)
+            if (B[i].bad) {
+                bad_at[i] = at;
+                at += B[i].count;
+                B[i].fill = 0;
+            }
+        for (uint32_t r = 0; r < p->ntrainers; r++) {
+            const struct wb_route_table *t = &p->tables[r];
+            for (uint32_t w = 0; w < t->nwrites; w++) {
+                const struct wb_rt_write *x = &t->writes[w];
+                int64_t b = x->dst_rank < p->nrollouts
+                                ? bucket_of(&bmap, p, base, x->dst_rank, x->dst_tensor)
+                                : -1;
+                if (b >= 0 && B[b].bad)
+                    bad[bad_at[b] + B[b].fill++] = (struct wref){x->dst_tensor, x->dst_off, x->len};
+            }
+        }
+        for (uint64_t i = 0; i < nb; i++)
+            if (B[i].bad)
+                report_bucket(v, &B[i], bad + bad_at[i], B[i].fill);
+    }
+    rc = 0;
+out:
+    if (B)
+        free(bmap.dense);
     free(map_of);
-    free(W);
-    free(refs);
-    free(fill);
-    free(start);
+    free(base);
+    free(B);
+    free(bits);
+    free(iv);
+    free(bad);
+    free(bad_at);
     return rc;
+}
+
+static void *destinations_thread(void *arg)
+{
+    struct vctx *d = arg;
+    d->rc = check_destinations(d);
+    return NULL;
 }
 
 /* ---------------------------------------------------------------- order */
@@ -447,7 +720,8 @@ static void check_order(struct vctx *v)
 
 int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el)
 {
-    struct vctx v = {.p = p, .in = in, .el = el};
+    struct vctx v = {.p = p, .in = in, .pr = {el, 0}};
+    v.smemo = calloc(1u << SHARD_MEMO_BITS, sizeof(*v.smemo)); /* NULL: nothing kept */
     /* tensors no mapping uses may match no rule: place only the used ones */
     bool *used = calloc(in->trainer->n + 1, sizeof(bool));
     if (!used)
@@ -457,8 +731,42 @@ int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, stru
             used[in->match->map[m].comp[k].trainer] = true;
     int r = wb_placement_map_build(in->tl, in->trainer, used, &v.pm, el);
     free(used);
-    if (r)
+    if (r) {
+        free(v.smemo);
         return r;
+    }
+    v.tcls = calloc(in->trainer->n + 1, sizeof(uint32_t));
+    if (!v.tcls) {
+        wb_placement_map_free(v.pm);
+        free(v.smemo);
+        return -ENOMEM;
+    }
+    struct intern cls;
+    pl_intern_init(&cls, sizeof(struct tcls_key));
+    for (size_t t = 0; t < in->trainer->n && !cls.err; t++) {
+        struct tcls_key k;
+        memset(&k, 0, sizeof(k)); /* interned by its bytes */
+        memcpy(&k.tp, &v.pm->place[t], sizeof(k.tp));
+        k.shape.ndim = in->trainer->p[t].shape.ndim;
+        for (uint32_t d = 0; d < k.shape.ndim && d < WB_MAX_DIMS; d++)
+            k.shape.dim[d] = in->trainer->p[t].shape.dim[d];
+        v.tcls[t] = pl_intern_bytes(&cls, &k);
+    }
+    if (cls.err) {
+        free(v.smemo); /* shard_of computes every answer */
+        v.smemo = NULL;
+    }
+    pl_intern_free(&cls);
+    /* Sources and destinations are independent reads of the plan: on two threads when there
+     * are two CPUs, each with its own problems, reported sources first as one walk would. */
+    struct vctx d = v;
+    struct wb_errlist del;
+    wb_errlist_init(&del);
+    d.pr = (struct pl_problems){&del, 0};
+    d.smemo = NULL;
+    pthread_t th;
+    bool two = sysconf(_SC_NPROCESSORS_ONLN) > 1 &&
+               pthread_create(&th, NULL, destinations_thread, &d) == 0;
     struct vec pr;
     pl_vec_init(&pr, sizeof(struct range));
     for (uint32_t rk = 0; rk < p->ntrainers && !r; rk++) {
@@ -467,14 +775,19 @@ int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, stru
             r = check_task(&v, t, &t->tasks[k], &pr);
     }
     pl_vec_free(&pr);
+    if (two)
+        pthread_join(th, NULL);
+    else
+        destinations_thread(&d);
     if (!r)
-        r = check_destinations(&v);
+        r = d.rc;
+    pl_problems_take(&v.pr, &del); /* after the sources' problems, as one walk reports them */
     if (!r)
         check_order(&v);
     wb_placement_map_free(v.pm);
+    free(v.smemo);
+    free(v.tcls);
     if (r)
         return r;
-    if (v.nerr > MAX_MSGS)
-        wb_errlist_add(el, "... and %zu more", v.nerr - MAX_MSGS);
-    return v.nerr ? -WB_E_PLAN : 0;
+    return v.pr.n ? -WB_E_PLAN : 0;
 }

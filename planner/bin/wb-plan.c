@@ -2,10 +2,14 @@
  * update will cost (bytes per GPU, balance, mesh groups, entries, estimated time) and every
  * problem found, without any hardware. Also writes the plan as JSON and an SVG report. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "planner/planner.h"
 
@@ -13,6 +17,7 @@ static const char usage[] =
     "usage: wb-plan --model FAMILY.yaml [--config config.json] --trainer T.yaml --rollout R.yaml\n"
     "               [--mode auto|direct|gather] [--mem-cap 1GiB] [--threads N] [--estimate]\n"
     "               [--json plan.json [--tables]] [--svg plan.svg] [--dump RANK] [--verify]\n"
+    "               [--max-problems N]\n"
     "       wb-plan --model FAMILY.yaml --trainer-inv T.json --rollout-inv R.json --trainer ...\n"
     "       wb-plan --dump-config\n"
     "\n"
@@ -24,19 +29,25 @@ static const char usage[] =
     "  --rollout-inv FILE  rollout inventory      generating them from --model and --config\n"
     "  --trainer FILE      trainer layout: mesh, placement rules, residence, hardware\n"
     "  --rollout FILE      rollout layout: replicas, tp, ep, hardware\n"
-    "  --mode MODE         auto (default): direct where shards can be written as they are, amax\n"
-    "                      exchange where FP8 blocks straddle owners; gather: the reference\n"
-    "                      (full_tensor() first); direct: like auto but never gathers\n"
+    "  --mode MODE         direct: each owner writes its shard (amax exchange where FP8 blocks\n"
+    "                      straddle owners); gather: the reference (full_tensor() first); auto\n"
+    "                      (default): per tensor group whichever costs less on the hardware\n"
+    "                      model, never slower than both plain modes by the estimate\n"
     "  --mem-cap SIZE      executor temporary-memory cap per GPU (default 1GiB)\n"
     "  --threads N         threads building the tables (default: one per CPU, at most 8); the\n"
     "                      plan is the same for any number\n"
     "  --estimate          simulate the execution: time per phase and overall, lower bound\n"
-    "  --json FILE         write the plan summary as JSON (--tables: with every routing table)\n"
+    "  --json FILE         write the plan summary as JSON (--tables: with every routing table\n"
+    "                      and receive list, both inventories and every shard box: the file can\n"
+    "                      be audited on its own, e.g. by tests/sh/plan_audit.py)\n"
     "  --svg FILE          bar charts of bytes per trainer and rollout GPU and the timeline\n"
     "  --dump RANK         print trainer RANK's routing table, one line per op and write\n"
     "  --verify            check the plan's invariants (bytes written once, sources held, ...)\n"
+    "  --max-problems N    list at most N problems (default 20; 0: every one kept); all are\n"
+    "                      counted\n"
     "  --dump-config       print the documented layout and hardware keys\n"
-    "Exit status: 0 ok, 1 a problem in the inputs (all problems are listed), 2 usage.\n";
+    "Input files and the --json/--svg paths are checked before anything is planned.\n"
+    "Exit status: 0 ok, 1 a problem in the inputs (all problems are counted), 2 usage.\n";
 
 struct args {
     const char *model, *config, *tinv, *rinv, *trainer, *rollout, *json, *svg;
@@ -46,6 +57,7 @@ struct args {
     uint32_t threads;
     bool estimate, tables, verify;
     long dump;
+    size_t max_problems;
 };
 
 static int parse_args(int argc, char **argv, struct args *a)
@@ -68,6 +80,7 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"dump", required_argument, 0, 'd'},
         {"verify", no_argument, 0, 'v'},
         {"dump-config", no_argument, 0, 'D'},
+        {"max-problems", required_argument, 0, 'P'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -75,6 +88,7 @@ static int parse_args(int argc, char **argv, struct args *a)
     a->mode = WB_MODE_AUTO;
     a->mem_cap = 0; /* the planner's default */
     a->dump = -1;
+    a->max_problems = 20;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -154,6 +168,17 @@ static int parse_args(int argc, char **argv, struct args *a)
         case 'v':
             a->verify = true;
             break;
+        case 'P': {
+            char *end;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (*end || !*optarg || *optarg == '-') {
+                fprintf(stderr, "wb-plan: --max-problems: expected a number (0: all), got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            a->max_problems = v ? (size_t)v : SIZE_MAX;
+            break;
+        }
         case 'D':
             wb_layout_dump_docs(stdout);
             exit(0);
@@ -179,14 +204,75 @@ static int parse_args(int argc, char **argv, struct args *a)
         fprintf(stderr, "wb-plan: missing %s\n%s", missing, usage);
         return 2;
     }
+    if (a->tables && !a->json) {
+        fprintf(stderr, "wb-plan: --tables goes with --json FILE (it adds the tables to it)\n");
+        return 2;
+    }
     return 0;
 }
 
-static int fail(struct wb_errlist *el, const char *what)
+/* Lists the first max problems of el (all of them are counted) and how many were left out. */
+static int fail(struct wb_errlist *el, const char *what, size_t max)
 {
-    fprintf(stderr, "wb-plan: %s: %zu problem%s\n", what, el->n, el->n == 1 ? "" : "s");
-    wb_errlist_print(el, "  ", stderr);
+    size_t n = wb_errlist_count(el), show = el->n < max ? el->n : max;
+    fprintf(stderr, "wb-plan: %s: %zu problem%s\n", what, n, n == 1 ? "" : "s");
+    for (size_t i = 0; i < show; i++)
+        fprintf(stderr, "  %s\n", el->msgs[i]);
+    if (n > show)
+        fprintf(stderr, "  ... and %zu more, not listed%s\n", n - show,
+                el->n > show ? " (--max-problems N lists more)" : "");
     return 1;
+}
+
+/* ---------------------------------------------------------------- files */
+
+struct file_arg {
+    const char *opt, *path;
+    bool out;
+    struct stat st;
+    bool exists;
+    int fd; /* outputs: open while the files are compared, so no inode is reused */
+};
+
+/* Every input must be a readable file and every output a file that can be written (created
+ * and removed again when it does not exist yet), none of them the same file as another: all
+ * of that is known before a minute of planning, so it is checked first. */
+static void check_files(struct file_arg *f, size_t n, struct wb_errlist *el)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!f[i].path)
+            continue;
+        f[i].exists = stat(f[i].path, &f[i].st) == 0;
+        int e = errno;
+        if (f[i].exists && S_ISDIR(f[i].st.st_mode)) {
+            wb_errlist_add(el, "%s %s: is a directory, not a file", f[i].opt, f[i].path);
+            continue;
+        }
+        if (!f[i].out) {
+            if (!f[i].exists || access(f[i].path, R_OK) != 0)
+                wb_errlist_add(el, "%s %s: cannot read: %s", f[i].opt, f[i].path,
+                               strerror(f[i].exists ? errno : e));
+            continue;
+        }
+        f[i].fd = open(f[i].path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (f[i].fd < 0)
+            wb_errlist_add(el, "%s %s: cannot write: %s", f[i].opt, f[i].path, strerror(errno));
+        else if (!f[i].exists)
+            fstat(f[i].fd, &f[i].st);
+    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++)
+            if (j != i && f[i].out && f[j].path && f[i].path && (f[j].out ? j < i : true) &&
+                f[i].st.st_ino && f[i].st.st_dev == f[j].st.st_dev &&
+                f[i].st.st_ino == f[j].st.st_ino)
+                wb_errlist_add(el, "%s %s: is the same file as %s %s, which it would overwrite",
+                               f[i].opt, f[i].path, f[j].opt, f[j].path);
+    for (size_t i = 0; i < n; i++)
+        if (f[i].out && f[i].fd >= 0) {
+            if (!f[i].exists)
+                unlink(f[i].path); /* created only to see that it can be */
+            close(f[i].fd);
+        }
 }
 
 int main(int argc, char **argv)
@@ -203,6 +289,22 @@ int main(int argc, char **argv)
     bool have_est = false;
     memset(&est, 0, sizeof(est));
     rc = 1;
+    struct file_arg files[] = {
+        {"--model", a.model, false, {0}, false, -1},
+        {"--config", a.config, false, {0}, false, -1},
+        {"--trainer", a.trainer, false, {0}, false, -1},
+        {"--rollout", a.rollout, false, {0}, false, -1},
+        {"--trainer-inv", a.tinv, false, {0}, false, -1},
+        {"--rollout-inv", a.rinv, false, {0}, false, -1},
+        {"--json", a.json, true, {0}, false, -1},
+        {"--svg", a.svg, true, {0}, false, -1},
+    };
+    check_files(files, WB_ARRAY_LEN(files), &el);
+    if (el.n) {
+        fail(&el, "files", a.max_problems);
+        wb_errlist_free(&el);
+        return 1;
+    }
     struct wb_model_src src = {.rules = a.model,
                                .config = a.config,
                                .vars = a.vars,
@@ -211,7 +313,14 @@ int main(int argc, char **argv)
                                .trainer_layout = a.trainer,
                                .rollout_layout = a.rollout};
     if (wb_model_load(&src, &md, &el)) {
-        fail(&el, "model and layouts");
+        fail(&el, "model and layouts", a.max_problems);
+        wb_errlist_free(&el);
+        return 1;
+    }
+    if (a.dump >= 0 && (uint64_t)a.dump >= md.tl.world) {
+        fprintf(stderr, "wb-plan: --dump %ld: the trainer has %u ranks (0 to %u)\n", a.dump,
+                md.tl.world, md.tl.world - 1);
+        wb_model_free(&md);
         wb_errlist_free(&el);
         return 1;
     }
@@ -219,36 +328,38 @@ int main(int argc, char **argv)
     struct wb_plan_opts po = {a.mode, a.mem_cap, a.threads};
     uint64_t t0 = wb_now_ns();
     if (wb_plan_build(&in, &po, &plan, &el)) {
-        fail(&el, "planning");
+        fail(&el, "planning", a.max_problems);
         goto out;
     }
     double plan_s = (double)(wb_now_ns() - t0) * 1e-9;
     printf("wb-plan: %s (%s) -> %s, %zu trainer and %zu rollout tensors, planned in %.2f s\n",
            a.trainer, a.model, a.rollout, md.trainer.n, md.rollout.n, plan_s);
     wb_plan_print_summary(plan, &in, stdout);
+    char warn[512];
+    if (wb_plan_dtype_warning(&in, warn, sizeof(warn)))
+        fprintf(stderr, "wb-plan: warning: %s (--config %s)\n", warn, a.config ? a.config : "-");
     if (a.verify) {
+        t0 = wb_now_ns();
         if (wb_plan_verify(plan, &in, &el)) {
-            fail(&el, "verify");
+            fail(&el, "verify", a.max_problems);
             goto out;
         }
-        printf("  verify: ok (every destination byte written once, every source held)\n");
+        printf("  verify: ok (every destination byte written once, every source held) in %.2f s\n",
+               (double)(wb_now_ns() - t0) * 1e-9);
     }
     if (a.estimate) {
+        t0 = wb_now_ns();
         if (wb_plan_estimate(plan, &in, &est, &el)) {
-            fail(&el, "estimate");
+            fail(&el, "estimate", a.max_problems);
             goto out;
         }
+        double est_s = (double)(wb_now_ns() - t0) * 1e-9;
         have_est = true;
         wb_estimate_print(&est, plan, stdout);
+        printf("  (simulated in %.2f s)\n", est_s);
     }
-    if (a.dump >= 0) {
-        if ((uint64_t)a.dump >= plan->ntrainers) {
-            fprintf(stderr, "wb-plan: --dump %ld: the trainer has %u ranks\n", a.dump,
-                    plan->ntrainers);
-            goto out;
-        }
+    if (a.dump >= 0)
         wb_route_table_print(&plan->tables[a.dump], &in, stdout);
-    }
     if (a.json) {
         FILE *f = fopen(a.json, "w");
         int e = f ? wb_plan_write_json(plan, &in, a.tables, f) : -errno;

@@ -1,5 +1,6 @@
 /* controller_job_test.c — the job file: defaults, every key, and the exact errors of bad ones. */
 #include "controller/controller.h"
+#include "controller/ctl.h"
 #include "tests/wbtest.h"
 
 #include <errno.h>
@@ -125,9 +126,63 @@ static void test_job_errors(void)
     wb_errlist_free(&el);
 }
 
+/* A job that moves BF16 to its rollout: the plan summary (wb-ctl plan) says the rollout dtype
+ * and warns, and the controller logs the warning when it plans. */
+static void test_job_bf16_warning(void)
+{
+    char cwd[256], text[4096];
+    CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
+    /* the demo's config.json without its quantization_config */
+    char *cfg = strdup(wb_test_write_file(
+        "config.json", "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": "
+                       "\"qwen3_moe\", \"decoder_sparse_step\": 1, \"head_dim\": 128,\n"
+                       "\"hidden_size\": 256, \"intermediate_size\": 512, \"mlp_only_layers\": "
+                       "[], \"moe_intermediate_size\": 256, \"num_attention_heads\": 4,\n"
+                       "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"num_hidden_layers\": 2, "
+                       "\"num_key_value_heads\": 2, \"tie_word_embeddings\": false,\n"
+                       "\"torch_dtype\": \"bfloat16\", \"vocab_size\": 1024}\n"));
+    snprintf(text, sizeof(text),
+             "name: bf16job\n"
+             "token: t\n"
+             "model:\n"
+             "  rules: %s/configs/models/qwen3_moe.yaml\n"
+             "  hf_config: %s\n"
+             "trainer_layout: %s/configs/jobs/demo/trainer.yaml\n"
+             "rollout_layout: %s/configs/jobs/demo/rollout.yaml\n",
+             cwd, cfg, cwd, cwd);
+    const char *p = wb_test_write_file("job.yaml", text);
+    struct wb_job j;
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), 0);
+    setenv("WB_LOG", "warn", 1);
+    struct wb_test_stderr cap;
+    wb_test_stderr_begin(&cap);
+    struct ctl_plan plan;
+    int rc = ctl_plan_build(&j, &plan, &el);
+    char err[4096];
+    wb_test_stderr_end(&cap, err, sizeof(err));
+    CHECK_INT(rc, 0);
+    const char *warn = "rollout weights are bf16, not FP8: each replica receives 5.51 MiB, about "
+                       "twice an FP8 rollout's bytes: the rollout's config.json has no "
+                       "quantization_config";
+    char want[2048];
+    snprintf(want, sizeof(want), "wb warn controller: job bf16job: %s (model.hf_config %s)\n", warn,
+             cfg);
+    CHECK_STR(err, want);
+    snprintf(want, sizeof(want), "\n  rollout dtype: bf16 5.51 MiB in 21 tensors\n  warning: %s\n",
+             warn);
+    CHECK(strstr(plan.summary, want) != NULL);
+    ctl_plan_free(&plan);
+    wb_job_free(&j);
+    wb_errlist_free(&el);
+    free(cfg);
+}
+
 const struct wb_test wb_tests[] = {
     {"job_load", test_job_load, 0},
     {"job_model_vars", test_job_model_vars, 0},
     {"job_errors", test_job_errors, 0},
+    {"job_bf16_warning", test_job_bf16_warning, 0},
     {0},
 };

@@ -1,5 +1,6 @@
 /* planner_layout_test.c — cluster layout files: owners and boxes (FSDP2 chunking, nested
  * shards, pipeline stages, experts), and bad layouts rejected with exact messages. */
+#include <errno.h>
 #include <math.h>
 
 #include "tests/unit/planner_fx.h"
@@ -443,8 +444,159 @@ static void test_bad_hardware(void)
                                  "           write_submit: 1us, barrier: 1ms}\n",
                                  -WB_E_CONFIG);
     char want[512];
-    snprintf(want, sizeof(want), "%s:4:11: nic_gbps must be > 0", p);
+    snprintf(want, sizeof(want), "%s:4:22: nic_gbps: must be a number > 0, got 0", p);
     expect_one(&f, want);
+    fx_free(&f);
+}
+
+/* A hardware file's bad values are reported at their own lines (not at the file's first line),
+ * every one of them; an absent key whose default is wrong points at the mapping. */
+static void test_bad_hardware_file_lines(void)
+{
+    struct fx f;
+    fx_init(&f);
+    char *hw = strdup(wb_test_write_file("hw.yaml", "# a hardware model\n"
+                                                    "name: test\n"
+                                                    "nic_gbps: 400\n"
+                                                    "nics_per_gpu: 0\n"
+                                                    "nic_efficiency: 1.5\n"
+                                                    "nvlink_GBps: 394\n"
+                                                    "h2d_GBps: 0\n"
+                                                    "copy_GBps: 2840\n"
+                                                    "quant_GBps: 2020\n"
+                                                    "write_submit: 1us\n"
+                                                    "barrier: 1ms\n"));
+    trainer_file(&f,
+                 "world_size: 2\n"
+                 "mesh: [{name: fsdp, size: 2}]\n"
+                 "placements: [{match: \"*\"}]\n"
+                 "hardware: hw.yaml\n",
+                 -WB_E_CONFIG);
+    char want[3][512];
+    snprintf(want[0], sizeof(want[0]), "%s:4:15: nics_per_gpu: must be from 1 to 64, got 0", hw);
+    snprintf(want[1], sizeof(want[1]), "%s:5:17: nic_efficiency: must be in (0, 1], got 1.5", hw);
+    snprintf(want[2], sizeof(want[2]), "%s:7:11: h2d_GBps: must be a number > 0, got 0", hw);
+    CHECK_INT(f.el.n, 3);
+    for (int i = 0; i < 3; i++)
+        CHECK_STR(f.el.msgs[i], want[i]);
+    free(hw);
+    fx_free(&f);
+}
+
+/* A hardware file that cannot be read is reported at the layout's `hardware:` line. */
+static void test_bad_hardware_missing(void)
+{
+    struct fx f;
+    fx_init(&f);
+    const char *p = rollout_file(&f, "replicas: 1\n\nhardware: ../hw/none.yaml\n", -WB_E_CONFIG);
+    char want[1024], dir[512];
+    snprintf(dir, sizeof(dir), "%s", p);
+    *strrchr(dir, '/') = 0;
+    snprintf(want, sizeof(want),
+             "%s:3:11: hardware: cannot read %s/../hw/none.yaml: No such file or directory", p,
+             dir);
+    expect_one(&f, want);
+    fx_free(&f);
+}
+
+static void test_bad_shard_number(void)
+{
+    struct fx f;
+    fx_init(&f);
+    const char *p = trainer_file(&f,
+                                 "world_size: 4\n"
+                                 "mesh: [{name: fsdp, size: 2}, {name: ep, size: 2}]\n"
+                                 "placements:\n"
+                                 "  - {match: \"a.*\", place: {fsdp: shard(7), ep: shard(x)}}\n"
+                                 "  - {match: \"*\", place: {ep: shard(}}\n",
+                                 -WB_E_CONFIG);
+    char want[3][512];
+    snprintf(want[0], sizeof(want[0]),
+             "%s:4:34: placements[0].place.fsdp: 'shard(7)': tensors have at most 6 dims, so "
+             "shard takes a dim from 0 to 5",
+             p);
+    snprintf(want[1], sizeof(want[1]),
+             "%s:4:48: placements[0].place.ep: 'shard(x)': shard takes the tensor dim it splits, "
+             "a number from 0 to 5, as in shard(0)",
+             p);
+    snprintf(want[2], sizeof(want[2]),
+             "%s:5:30: placements[1].place.ep: 'shard(': shard takes the tensor dim it splits, a "
+             "number from 0 to 5, as in shard(0)",
+             p);
+    CHECK_INT(f.el.n, 3);
+    for (int i = 0; i < 3; i++)
+        CHECK_STR(f.el.msgs[i], want[i]);
+    fx_free(&f);
+}
+
+static void test_bad_empty_match(void)
+{
+    struct fx f;
+    fx_init(&f);
+    const char *p = trainer_file(&f,
+                                 "world_size: 2\n"
+                                 "mesh: [{name: fsdp, size: 2}]\n"
+                                 "placements:\n"
+                                 "  - {match: \"\", place: {fsdp: shard(0)}}\n",
+                                 -WB_E_CONFIG);
+    char want[512];
+    snprintf(want, sizeof(want),
+             "%s:4:13: placements[0].match: the empty pattern matches no tensor (\"*\" matches "
+             "every one)",
+             p);
+    expect_one(&f, want);
+    fx_free(&f);
+}
+
+static void test_bad_trainer_world_limit(void)
+{
+    struct fx f;
+    fx_init(&f);
+    const char *p = trainer_file(&f,
+                                 "world_size: 131072\n"
+                                 "mesh: [{name: a, size: 65536}, {name: b, size: 2}]\n"
+                                 "placements: [{match: \"*\"}]\n",
+                                 -WB_E_CONFIG);
+    char want[512];
+    snprintf(want, sizeof(want), "%s:1:13: world_size: must be between 1 and 65536, got 131072", p);
+    expect_one(&f, want);
+    fx_free(&f);
+}
+
+/* A directory where a layout file belongs: said so, not libyaml's "input error". */
+static void test_bad_layout_directory(void)
+{
+    struct fx f;
+    fx_init(&f);
+    CHECK_INT(wb_trainer_layout_load(wb_test_tmpdir(), &f.tl, &f.el), -EISDIR);
+    char want[512];
+    snprintf(want, sizeof(want), "%s: cannot read: Is a directory", wb_test_tmpdir());
+    expect_one(&f, want);
+    fx_free(&f);
+}
+
+/* Placement problems are all counted: the first 20 kept with their text, the rest counted. */
+static void test_placement_problems_counted(void)
+{
+    struct fx f;
+    fx_init(&f);
+    const char *p = trainer_file(&f,
+                                 "world_size: 2\n"
+                                 "mesh: [{name: fsdp, size: 2}]\n"
+                                 "placements: [{match: \"layers.*\"}]\n",
+                                 0);
+    for (int i = 0; i < 30; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "w%d", i);
+        fx_t(&f, name, WB_DTYPE_BF16, fx_shape(1, 4));
+    }
+    struct wb_placement_map *pm;
+    CHECK_INT(wb_placement_map_build(&f.tl, &f.ti, NULL, &pm, &f.el), -WB_E_PLAN);
+    CHECK_INT(wb_errlist_count(&f.el), 30);
+    CHECK_INT(f.el.n, 20);
+    char want[512];
+    snprintf(want, sizeof(want), "w19: no placement rule matches (%s)", p);
+    CHECK_STR(f.el.msgs[19], want);
     fx_free(&f);
 }
 
@@ -491,6 +643,13 @@ const struct wb_test wb_tests[] = {
     {"bad_layer_index", test_bad_layer_index, 0},
     {"bad_missing_keys", test_bad_missing_keys, 0},
     {"bad_hardware", test_bad_hardware, 0},
+    {"bad_hardware_file_lines", test_bad_hardware_file_lines, 0},
+    {"bad_hardware_missing", test_bad_hardware_missing, 0},
+    {"bad_shard_number", test_bad_shard_number, 0},
+    {"bad_empty_match", test_bad_empty_match, 0},
+    {"bad_trainer_world_limit", test_bad_trainer_world_limit, 0},
+    {"bad_layout_directory", test_bad_layout_directory, 0},
+    {"placement_problems_counted", test_placement_problems_counted, 0},
     {"bad_fp8_tp_blocks", test_bad_fp8_tp_blocks, 0},
     {0},
 };

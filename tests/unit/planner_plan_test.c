@@ -386,6 +386,28 @@ static void test_verify_catches(void)
     fx_free(&f);
 }
 
+/* Every violation is counted, however many: the first 20 are kept with their text. */
+static void test_verify_counts_all(void)
+{
+    struct fx f;
+    mixed_case(&f, false);
+    struct wb_plan *p = build(&f, WB_MODE_AUTO);
+    uint64_t n = 0;
+    for (uint32_t r = 0; r < p->ntrainers; r++)
+        for (uint32_t i = 0; i < p->tables[r].nwrites; i++, n++)
+            p->tables[r].writes[i].src_off += 1ull << 40;
+    CHECK(n > 20);
+    CHECK_U64(n, p->stats.writes);
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+    CHECK_U64(wb_errlist_count(&f.el), n);
+    CHECK_INT(f.el.n, 20);
+    char want[256];
+    snprintf(want, sizeof(want), "rank 0: write 0 (to rank %u ", p->tables[0].writes[0].dst_rank);
+    CHECK(strncmp(f.el.msgs[0], want, strlen(want)) == 0);
+    wb_plan_free(p);
+    fx_free(&f);
+}
+
 /* ---------------------------------------------------------------- estimate */
 
 static void test_estimate_by_hand(void)
@@ -534,6 +556,7 @@ const struct wb_test wb_tests[] = {
     {"balance", test_balance, 0},
     {"refused_not_planned", test_refused_not_planned, 0},
     {"verify_catches", test_verify_catches, 0},
+    {"verify_counts_all", test_verify_counts_all, 0},
     {"estimate_by_hand", test_estimate_by_hand, 0},
     {"estimate_needs_hardware", test_estimate_needs_hardware, 0},
     {"cli", test_cli, 0},

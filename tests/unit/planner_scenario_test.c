@@ -17,7 +17,7 @@ static const struct scenario KIMI = {"configs/models/deepseek_v3.yaml",
                                      256,
                                      128};
 static const struct scenario QWEN = {"configs/models/qwen3_moe.yaml",
-                                     "configs/clusters/Qwen3-235B-A22B-FP8.config.json",
+                                     "configs/hf/Qwen3-235B-A22B-FP8.json",
                                      "configs/clusters/qwen3-235b-trainer-128.yaml",
                                      "configs/clusters/qwen3-235b-rollout-32.yaml",
                                      128,

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# plan_audit_test.sh — the plan's JSON (wb-plan --json --tables) audited on its own by
+# tests/sh/plan_audit.py (Python 3 standard library, none of the planner's code): every rollout
+# byte written exactly once, every write's and op's source held by its rank, the sizes
+# consistent. On the demo in both modes, on broken copies of the demo's JSON (each must fail
+# the check it breaks, naming the problem), and on Kimi-K2 256 -> 128 (10.5M writes).
+# Run from the repository root (make test does); wb-plan from $WB_BIN (default build/bin).
+# Prints the harness tally.
+bin=${WB_BIN:-build/bin}/wb-plan
+audit=tests/sh/plan_audit.py
+pass=0 fail=0 skip=0
+ok() { echo "ok $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+if [ ! -x "$bin" ] || [ ! -f "$audit" ] || ! command -v python3 >/dev/null; then
+    echo "skipped: needs $bin, $audit and python3"
+    echo "0 passed, 0 failed, 1 skipped"
+    exit 0
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+demo=(--model configs/models/qwen3_moe.yaml --config configs/jobs/demo/config.json
+      --trainer configs/jobs/demo/trainer.yaml --rollout configs/jobs/demo/rollout.yaml
+      --mem-cap 4MiB)
+
+# a plan the auditor must pass
+audits_clean() { # name, wb-plan arguments...
+    local name=$1
+    shift
+    echo "$name ..."
+    if ! "$bin" "$@" --json "$tmp/$name.json" --tables >"$tmp/$name.out" 2>&1; then
+        sed 's/^/    /' "$tmp/$name.out"
+        bad "$name"
+        return
+    fi
+    if python3 "$audit" "$tmp/$name.json" >"$tmp/$name.audit" 2>&1 &&
+        [ "$(tail -n 1 "$tmp/$name.audit")" = "4 passed, 0 failed, 0 skipped" ]; then
+        ok "$name"
+    else
+        sed 's/^/    /' "$tmp/$name.audit"
+        bad "$name"
+    fi
+}
+
+# a broken copy of the demo's JSON: the auditor must fail, with this check and this line
+catches() { # name, expected FAIL line, expected problem line, python mutating `d`
+    local name=$1 want=$2 line=$3 code=$4
+    echo "$name ..."
+    python3 - "$tmp/demo_auto.json" "$tmp/$name.json" <<EOF
+import json, sys
+d = json.load(open(sys.argv[1]))
+$code
+json.dump(d, open(sys.argv[2], "w"))
+EOF
+    python3 "$audit" "$tmp/$name.json" >"$tmp/$name.audit" 2>&1
+    rc=$?
+    if [ $rc -eq 1 ] && grep -qxF "$want" "$tmp/$name.audit" && grep -qxF "    $line" "$tmp/$name.audit"; then
+        ok "$name"
+    else
+        echo "    exit $rc; expected the lines '$want' and '    $line' in:"
+        sed 's/^/    /' "$tmp/$name.audit"
+        bad "$name"
+    fi
+}
+
+audits_clean demo_auto "${demo[@]}"
+audits_clean demo_gather "${demo[@]}" --mode gather
+if [ -f "$tmp/demo_auto.json" ]; then
+    # rank 0's first write past the start of its tensor lands one byte early: one byte written
+    # twice, one never
+    catches write_overlaps "FAIL coverage (2 problems)" \
+        "rollout rank 0 model.layers.0.self_attn.qkv_proj.weight: bytes [65535, 65536) written twice" '
+W = d["tables"][0]["writes"]
+i = next(i for i in range(0, len(W), 7) if W[i + 4] > 0)
+W[i + 4] -= 1'
+    # a write reads TMP bytes no op of its task produced
+    catches write_source "FAIL sources (1 problem)" \
+        "rank 1 write 0 (to rank 0 model.embed_tokens.weight +131072) reads bytes it does not hold" '
+d["tables"][1]["writes"][1] += 1 << 30'
+    # an op reads the shard of a tensor its rank holds none of (expert 2 lives on ep rank 1)
+    catches param_not_owned "FAIL sources (1 problem)" \
+        "rank 0 op 0 (quant of model.layers.0.self_attn.q_proj.weight) reads bytes the rank does not hold" '
+names = [x[0] for x in d["trainer_tensors"]]
+d["tables"][0]["ops"][0][2][1] = names.index("model.layers.0.mlp.experts.2.gate_proj.weight")'
+    # a task says it writes one byte more than its writes do
+    catches task_bytes "FAIL sizes (1 problem)" \
+        "rank 2 task 0: writes sum to 131072 bytes, write_bytes says 131073" '
+d["tables"][2]["tasks"][0][6] += 1'
+    # two shards of a class overlap
+    catches shards_overlap "FAIL shards (2 problems)" "shard class 0: shards 0 and 1 overlap" '
+c = d["shard_classes"][0]
+c[1][0][0] -= 1'
+else
+    for n in write_overlaps write_source param_not_owned task_bytes shards_overlap; do bad $n; done
+fi
+# the shipped Kimi-K2 scenario, the default mode
+audits_clean kimi_k2_256_128 --model configs/models/deepseek_v3.yaml \
+    --config configs/hf/Kimi-K2-Instruct.json --trainer configs/clusters/kimi-k2-trainer-256.yaml \
+    --rollout configs/clusters/kimi-k2-rollout-128.yaml
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]

@@ -380,7 +380,10 @@ def plan(
 ) -> Dict[str, Any]:
     """The plan of a weight update, as ``wb-plan --json`` writes it, without any hardware:
     ``model`` the model-family YAML, ``config`` the Hugging Face config.json, ``trainer`` and
-    ``rollout`` the cluster layouts. Raises :class:`WeightbridgeError` listing every problem."""
+    ``rollout`` the cluster layouts. Raises :class:`WeightbridgeError` listing every problem.
+    With ``tables``, each rollout rank's ``receive[r]["local"]`` lists the tensors it holds as
+    dicts (``tensor``, ``name``, ``dtype``, ``shape``, ``bytes``, ``written``) — what a rollout
+    process registers — rather than the file's compact rows; everything else is as written."""
     if mode not in _MODES:
         raise ValueError(f"mode: expected one of {', '.join(_MODES)}, got {mode!r}")
     src = _ModelSrc(
@@ -394,10 +397,21 @@ def plan(
         if rc:
             text = ctypes.string_at(err.value).decode() if err.value else _lib.errname(rc)
             raise WeightbridgeError(rc, text.strip())
-        return json.loads(ctypes.string_at(out.value).decode())
+        return _expand(json.loads(ctypes.string_at(out.value).decode()))
     finally:
         _lib.free(out.value)
         _lib.free(err.value)
+
+
+def _expand(p: Dict[str, Any]) -> Dict[str, Any]:
+    """The rollouts' local tensors as dicts, their names from ``rollout_tensors``."""
+    names = [t[0] for t in p.get("rollout_tensors", [])]
+    for r in p.get("receive", []):
+        r["local"] = [l if isinstance(l, dict) else
+                      {"tensor": l[0], "name": names[l[0]] if l[0] < len(names) else None,
+                       "dtype": l[1], "shape": l[2], "bytes": l[3], "written": l[4]}
+                      for l in r.get("local", [])]
+    return p
 
 
 # ---------------------------------------------------------------- synthetic values

@@ -92,7 +92,7 @@ static int global_values(const struct wb_ref *f, const struct wb_mapping *m, uin
     for (uint32_t c = 0; !rc && c < m->ncomp; c++) {
         const struct wb_component *cp = &m->comp[c];
         const struct wb_param *tp = &f->md.trainer.p[cp->trainer];
-        if (cp->trainer_scale >= 0 || cp->permuted) {
+        if (cp->trainer_scale >= 0 || m->fp8_scales || cp->permuted) {
             snprintf(msg, cap, "%s: %s are not covered by the reference", rp->name,
                      cp->permuted ? "transposed components" : "FP8 trainer checkpoints");
             rc = -ENOTSUP;

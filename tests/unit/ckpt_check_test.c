@@ -184,13 +184,15 @@ static void test_fp8(void)
     int r = wb_match_run(m.rules, &ck->inv, &m.rollout, &mt, &el2);
     wb_errlist_print(&el2, "    ", stderr);
     CHECK_INT(r, 0);
-    size_t copies = 0, scaled = 0;
+    size_t copies = 0, scaled = 0, scales = 0;
     for (size_t i = 0; i < mt->n; i++) {
         copies += mt->map[i].xform == WB_XFORM_COPY;
-        scaled += mt->map[i].scale >= 0 && mt->map[i].comp[0].trainer_scale >= 0;
+        scaled += mt->map[i].block && mt->map[i].comp[0].trainer_scale >= 0;
+        scales += mt->map[i].fp8_scales; /* their scales: mappings of their own */
     }
     CHECK_INT(copies, mt->n);
     CHECK_INT(scaled, 8);
+    CHECK_INT(scales, 8);
     wb_match_free(mt);
     wb_errlist_free(&el2);
 

@@ -97,6 +97,31 @@ int wb_endpoint_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t)
     return rc;
 }
 
+int wb_endpoint_set_source(struct wb_endpoint *ep, const struct wb_endpoint_source *src)
+{
+    int rc = 0;
+    pthread_mutex_lock(&ep->mu);
+    if (ep->o.role != WB_ROLE_TRAINER || ep->o.synthetic) {
+        set_err(ep, "source: only a trainer endpoint reads its tensors from a source");
+        rc = -EINVAL;
+    } else if (!src || !src->read || (src->id && strlen(src->id) >= WB_SOURCE_MAX)) {
+        set_err(ep, "source: a read function and an id of at most %d bytes", WB_SOURCE_MAX - 1);
+        rc = -EINVAL;
+    } else if (ep->nregs || ep->thread_started) {
+        set_err(ep, "source: set before any tensor is added");
+        rc = -EBUSY;
+    } else {
+        ep->src = *src;
+        ep->src.id = NULL;
+        if (!ep->src.threads)
+            ep->src.threads = 2;
+        snprintf(ep->src_id, sizeof(ep->src_id), "%s", src->id ? src->id : "");
+        ep->sourced = true;
+    }
+    pthread_mutex_unlock(&ep->mu);
+    return rc;
+}
+
 int wb_endpoint_set_mesh(struct wb_endpoint *ep, uint32_t ndims, const char *const *names,
                          const uint32_t *sizes)
 {

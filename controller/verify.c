@@ -35,7 +35,18 @@ int wb_ref_load(const struct wb_job *job, struct wb_ref **out, struct wb_errlist
     struct wb_model_src src;
     ctl_model_src(job, &src);
     f->seed = job->seed;
+    /* A job whose trainer layout is derived or laid out by a broadcast's coordinator: the
+     * rollout layout alone says what each rollout holds. */
+    bool rollout_only = !*job->trainer_layout;
+    if (rollout_only)
+        src.trainer_layout = src.rollout_layout = NULL;
     int err = wb_model_load(&src, &f->md, el);
+    if (!err && rollout_only) {
+        err = wb_rollout_layout_load(job->rollout_layout, &f->md.rl, el);
+        f->md.have_layouts = err == 0; /* freed with the model; tl stays zeroed */
+        if (err)
+            wb_model_free(&f->md);
+    }
     if (err) {
         free(f);
         return err;

@@ -77,9 +77,9 @@ static void test_rows_bf16_to_fp8(void)
     CHECK_INT(reader_layout(&f, 3, pl, 4), 0);
     struct wb_errlist el;
     wb_errlist_init(&el);
-    CHECK_INT(wb_rollout_layout_load(wb_test_write_file("r.yaml", "replicas: 2\ntp: 2\n"), &f.rl,
-                                     &el),
-              0);
+    CHECK_INT(
+        wb_rollout_layout_load(wb_test_write_file("r.yaml", "replicas: 2\ntp: 2\n"), &f.rl, &el),
+        0);
     wb_errlist_free(&el);
     CHECK_STR(owners_str(&f, w), "0[0:100, 0:256] 1[100:512, 0:256]");
     CHECK_STR(owners_str(&f, u), "1[0:3, 0:4] 2[3:6, 0:4]");
@@ -195,9 +195,9 @@ static void test_fp8_checkpoint_copy(void)
                                 {"a.k_proj.weight_scale_inv", 0, NULL},
                                 {"a.norm.weight", 0, NULL}};
     CHECK_INT(reader_layout(&f, 2, pl, 5), 0);
-    CHECK_INT(wb_rollout_layout_load(wb_test_write_file("r.yaml", "replicas: 2\ntp: 2\n"), &f.rl,
-                                     &f.el),
-              0);
+    CHECK_INT(
+        wb_rollout_layout_load(wb_test_write_file("r.yaml", "replicas: 2\ntp: 2\n"), &f.rl, &f.el),
+        0);
     struct wb_plan *p = sim_plan_check(&f, WB_MODE_AUTO);
     CHECK_INT(wb_plan_verify(p, &f.in, &f.el), 0);
     /* values 768x256 + scales 6x2x4 B per replica, the replicated norm's 512 B to all four */

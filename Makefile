@@ -16,7 +16,7 @@
 #   tests/sh/<name>_test.sh          -> build/tests/<name> (a script printing the same tally)
 #   bench/<name>.c                   -> build/bench/<name>
 
-PARTS   := common proto route matcher planner quant ckpt transport agent controller
+PARTS   := common proto route matcher planner quant ckpt transport agent controller bcast
 PREFIX  ?= /usr/local
 CUDA    ?= auto
 SAN     ?= 0

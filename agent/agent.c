@@ -105,11 +105,12 @@ static void pump_calls(struct wb_endpoint *ep, uint64_t now)
         struct wb_mpw w;
         uint64_t version = wb_endpoint_version(ep);
         struct wb_body_heartbeat b = {session_of(ep), version, ep->in_flight};
-        if (ep->xfer_active && ep->d) {
+        if (ep->d && ep->o.role == WB_ROLE_TRAINER) { /* also once done: the last figures */
             struct data_progress pg;
             ag_data_progress_get(ep->d, &pg);
             b.done = pg.done;
             b.total = pg.total;
+            b.epoch = pg.epoch;
         }
         wb_mpw_init(&w);
         wb_msg_encode(&w, WB_MSG_HEARTBEAT, ep->o.token, &b);
@@ -227,8 +228,11 @@ static int on_call_reply(struct wb_endpoint *ep, void *buf, size_t len)
     struct wb_msg m;
     int rc;
     bool was_report = ep->call_is_report && ep->nq;
+    uint64_t session = ep->session;
     int opened = open_reply(ep, buf, len, &m, &rc);
-    if (was_report) /* answered (OK or ERROR): the report or push arrived */
+    /* answered (OK or ERROR): the report or push arrived — unless the answer was that the
+     * session is gone, which emptied the queue (lose_session) */
+    if (was_report && ep->session == session && ep->nq)
         report_pop(ep);
     ep->call_is_report = false;
     ep->call_push = 0;

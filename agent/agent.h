@@ -63,6 +63,8 @@ struct wb_endpoint_opts {
     const char *tx_domain; /* transport domain (NIC / interface), NULL = the provider's choice */
     const char *dump;      /* rollouts: directory for rollout<rank>.v<N>.bin after each version */
     const char *tx_extra;  /* more transport config lines (YAML, wb_tx_cfg keys), or NULL */
+    const char *corrupt;   /* testing (rollouts of a verifying job): once this tensor landed,
+                              flip its first byte before it is checked */
 };
 
 struct wb_endpoint;

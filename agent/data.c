@@ -888,9 +888,9 @@ static int rollout_arm(struct data *d, uint64_t version, uint64_t epoch, const s
         if (skip_has(ss, d->rank, e->tag)) {
             if (!d->landed[i]) { /* never complete with a piece missing */
                 snprintf(err, errcap,
-                         "rollout rank %u: told not to expect %s again, but it has not landed "
-                         "here in version %" PRIu64,
-                         d->rank, d->lname[d->expect_local[i]], version);
+                         "told not to expect %s again, but it has not landed here in version "
+                         "%" PRIu64,
+                         d->lname[d->expect_local[i]], version);
                 return -EINVAL;
             }
             continue;
@@ -995,19 +995,19 @@ static int check_landed(struct data *d, uint32_t i)
         if (x->tensor != e->tensor || x->len > l->desc.bytes ||
             x->dst_off > l->desc.bytes - x->len) {
             snprintf(d->fail, sizeof(d->fail),
-                     "rollout rank %u: %s: checksum record %" PRIu64
-                     " is malformed (tensor %u, bytes [%" PRIu64 ", +%" PRIu64 ") of %" PRIu64 ")",
-                     d->rank, name, k, x->tensor, x->dst_off, x->len, l->desc.bytes);
+                     "%s: checksum record %" PRIu64 " is malformed (tensor %u, bytes [%" PRIu64
+                     ", +%" PRIu64 ") of %" PRIu64 ")",
+                     name, k, x->tensor, x->dst_off, x->len, l->desc.bytes);
             rc = -EBADMSG;
             break;
         }
         uint64_t h = ag_xxh3(d, (const uint8_t *)l->buf + x->dst_off, x->len);
         if (h != x->xxh3) {
             snprintf(d->fail, sizeof(d->fail),
-                     "rollout rank %u: %s: bytes [%" PRIu64 ", %" PRIu64
+                     "%s: bytes [%" PRIu64 ", %" PRIu64
                      ") written by trainer rank %u do not match their checksum: XXH3 %016" PRIx64
                      " landed, %016" PRIx64 " sent",
-                     d->rank, name, x->dst_off, x->dst_off + x->len, x->trainer, h, x->xxh3);
+                     name, x->dst_off, x->dst_off + x->len, x->trainer, h, x->xxh3);
             rc = -EIO;
             break;
         }
@@ -1015,22 +1015,39 @@ static int check_landed(struct data *d, uint32_t i)
     }
     if (!rc && covered != e->bytes) {
         snprintf(d->fail, sizeof(d->fail),
-                 "rollout rank %u: %s: checksum records cover %" PRIu64 " of %" PRIu64 " bytes",
-                 d->rank, name, covered, e->bytes);
+                 "%s: checksum records cover %" PRIu64 " of %" PRIu64 " bytes", name, covered,
+                 e->bytes);
         rc = -EIO;
     }
     free(rec);
     return rc;
 }
 
-/* Rollouts: entries whose writes (and records) are all in, checked and marked landed. */
+/* Testing (--corrupt): the first byte of the named tensor flipped once it landed. */
+static void corrupt(struct data *d, uint32_t i)
+{
+    const struct local *l = &d->locals[d->expect_local[i]];
+    if (!d->o->corrupt || d->corrupted || !l->desc.bytes ||
+        strcmp(d->lname[d->expect_local[i]], d->o->corrupt) != 0)
+        return;
+    uint8_t b;
+    if (wb_tx_mem_copy(&b, l->buf, 1) == 0) {
+        b ^= 0x01;
+        wb_tx_mem_copy(l->buf, &b, 1);
+    }
+    d->corrupted = true;
+}
+
+/* Rollouts: an entry whose writes (and records) are all in, checked and marked landed; one
+ * per turn of the loop, so that heartbeats go on between the checks of large tensors. */
 static void rollout_step(struct data *d)
 {
-    while (d->nready && !d->fail[0]) {
+    if (d->nready && !d->fail[0]) {
         uint32_t i = d->ready[--d->nready];
+        corrupt(d, i);
         if (d->verify && check_landed(d, i)) {
             if (!d->fail[0])
-                snprintf(d->fail, sizeof(d->fail), "rollout rank %u: %s: cannot check it", d->rank,
+                snprintf(d->fail, sizeof(d->fail), "%s: cannot check it",
                          d->lname[d->expect_local[i]]);
             return;
         }
@@ -1056,6 +1073,7 @@ void ag_data_progress_get(const struct data *d, struct data_progress *out)
 {
     out->done = d->role == WB_ROLE_TRAINER ? d->done_bytes : 0;
     out->total = d->role == WB_ROLE_TRAINER ? d->total_bytes : 0;
+    out->epoch = d->epoch;
 }
 
 /* Polls the transport: completions to the executor, immediates counted (callbacks). */

@@ -36,6 +36,7 @@ int wb_endpoint_open(const struct wb_endpoint_opts *opts, struct wb_endpoint **o
     ep->o.tx_domain = ep->s_domain = dup_opt(opts->tx_domain, &err);
     ep->o.dump = ep->s_dump = dup_opt(opts->dump, &err);
     ep->o.tx_extra = ep->s_extra = dup_opt(opts->tx_extra, &err);
+    ep->o.corrupt = ep->s_corrupt = dup_opt(opts->corrupt, &err);
     if (!ep->o.give_up_ns)
         ep->o.give_up_ns = 30ull * 1000000000;
     ep->role = wb_role_name(opts->role);
@@ -70,6 +71,7 @@ err_free:
     free(ep->s_domain);
     free(ep->s_dump);
     free(ep->s_extra);
+    free(ep->s_corrupt);
     free(ep);
     return err;
 }
@@ -431,6 +433,7 @@ void wb_endpoint_close(struct wb_endpoint *ep)
     free(ep->s_domain);
     free(ep->s_dump);
     free(ep->s_extra);
+    free(ep->s_corrupt);
     free(ep);
 }
 

@@ -34,6 +34,7 @@ struct data_done {
 /* Data-side progress of the transfer in flight (heartbeats carry it). */
 struct data_progress {
     uint64_t done, total; /* trainers: bytes written to rollouts and to write, this attempt */
+    uint64_t epoch;       /* the attempt (0: none yet) */
 };
 
 /* A registered tensor (a copy of the caller's description). */
@@ -66,7 +67,8 @@ enum { MAX_QUEUED = 64, MAX_PUSHES = 16 };
 
 struct wb_endpoint {
     struct wb_endpoint_opts o;
-    char *s_controller, *s_token, *s_trace, *s_domain, *s_dump, *s_extra; /* opts' copies */
+    char *s_controller, *s_token, *s_trace, *s_domain, *s_dump, *s_extra,
+        *s_corrupt; /* opts' copies */
     const char *role;
     struct wb_chan call, pollc;
     /* session (loop only) */

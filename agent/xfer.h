@@ -236,6 +236,7 @@ struct data {
     void *sum_in; /* the checksum inbox: records grouped by expect entry */
     struct wb_tx_mr *sum_in_mr;
     uint64_t *area; /* [nexpect]: the entry's first slot */
+    bool corrupted; /* testing: the byte was flipped (opts.corrupt) */
 };
 
 /* data.c: XXH3-64 of n bytes of the data side's memory (GPU memory through a host copy). */

@@ -60,12 +60,12 @@ struct wb_bcast_opts {
     struct wb_job *job;
     uint32_t readers;
     enum wb_ckpt_form form;
-    uint64_t version;    /* the version the rollouts hold afterwards (0: 1) */
-    uint64_t wait_ns;    /* how long to wait for every agent, at the start and after one died
-                            (0: 10 minutes) */
-    uint32_t attempts;   /* attempts at most (0: 4) */
+    uint64_t version;     /* the version the rollouts hold afterwards (0: 1) */
+    uint64_t wait_ns;     /* how long to wait for every agent, at the start and after one died
+                             (0: 10 minutes) */
+    uint32_t attempts;    /* attempts at most (0: 4) */
     uint64_t transfer_ns; /* an attempt not done by then fails (0: 24 hours) */
-    bool verify;         /* rollouts check every write's XXH3 (the job's verify is set) */
+    bool verify;          /* rollouts check every write's XXH3 (the job's verify is set) */
     enum wb_bcast_progress progress;
     uint64_t period_ns; /* plain progress lines this often (0: 2 s) */
     FILE *out;          /* progress and summary (NULL: stderr) */
@@ -95,8 +95,7 @@ void wb_bcast_result_free(struct wb_bcast_result *r);
  * (every problem in el, nothing listened for or sent); -WB_E_PEER when an attempt failed in a
  * way a retry cannot mend (a checksum mismatch, a read error: el names the tensor and rank)
  * or the attempts ran out; -ETIMEDOUT when an agent did not come in time (el names it). */
-int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res,
-                 struct wb_errlist *el);
+int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, struct wb_errlist *el);
 
 /* ================================================================ progress */
 
@@ -105,8 +104,8 @@ int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res,
 struct wb_bcast_progress_state {
     uint64_t done, total;
     double elapsed_s;
-    uint32_t slowest;       /* reader */
-    double slowest_frac;    /* its done / total */
+    uint32_t slowest;    /* reader */
+    double slowest_frac; /* its done / total */
     bool have_slowest;
 };
 

@@ -30,6 +30,7 @@ struct agent_view {
     uint32_t rank;
     char state[WB_ROLE_STR];
     uint64_t done, total;
+    char err[WB_ERRMSG_MAX];
 };
 
 struct coord {
@@ -76,8 +77,7 @@ static void say(struct coord *c, const char *fmt, ...)
 /* ---------------------------------------------------------------- talking to the controller */
 
 /* One request on the status channel; the reply (malloc'd, wb_chan_free) opened in *m. */
-static int call(struct coord *c, uint32_t type, void **buf, struct wb_msg *m, char *why,
-                size_t cap)
+static int call(struct coord *c, uint32_t type, void **buf, struct wb_msg *m, char *why, size_t cap)
 {
     struct wb_mpw w;
     size_t len = 0;
@@ -126,6 +126,7 @@ static int status(struct coord *c, char *why, size_t cap)
         snprintf(v->state, sizeof(v->state), "%s", a.state);
         v->done = a.done;
         v->total = a.total;
+        snprintf(v->err, sizeof(v->err), "%s", a.err);
     }
     if (rc && !*why)
         snprintf(why, cap, "the controller's status is malformed");
@@ -161,6 +162,12 @@ static int wait_ready(struct coord *c, uint64_t wait_ns, struct wb_errlist *el)
         }
         if (strcmp(c->state, "ready") == 0)
             return 0;
+        for (uint32_t i = 0; i < c->nav; i++)
+            if (strcmp(c->av[i].state, "failed") == 0) { /* its setup will not mend itself */
+                wb_errlist_add(el, "%s %u: %s", c->av[i].trainer ? "reader" : "rollout",
+                               c->av[i].rank, c->av[i].err);
+                return -WB_E_PEER;
+            }
         missing(c, who, sizeof(who));
         if (*who && strcmp(who, said) != 0) {
             say(c, "waiting for %s", who);
@@ -168,8 +175,8 @@ static int wait_ready(struct coord *c, uint64_t wait_ns, struct wb_errlist *el)
         }
         if (wb_now_ns() - t0 > wait_ns) {
             char d[32];
-            wb_errlist_add(el, "the job was not ready within %s: %s", bc_fmt_secs((double)wait_ns / 1e9, d, sizeof(d)),
-                           *who ? who : c->state);
+            wb_errlist_add(el, "the job was not ready within %s: %s",
+                           bc_fmt_secs((double)wait_ns / 1e9, d, sizeof(d)), *who ? who : c->state);
             return -ETIMEDOUT;
         }
         struct timespec ts = {0, 200 * 1000000};
@@ -242,8 +249,8 @@ static int take_result(struct coord *c, const struct wb_msg *m, struct wb_bcast_
 }
 
 /* Runs transfer `version` once. 0 on success; -WB_E_PEER with the controller's reason in why. */
-static int attempt(struct coord *c, uint64_t version, struct wb_bcast_result *res,
-                   uint64_t *sent, char *why, size_t cap)
+static int attempt(struct coord *c, uint64_t version, struct wb_bcast_result *res, uint64_t *sent,
+                   char *why, size_t cap)
 {
     uint64_t timeout = c->o->transfer_ns ? c->o->transfer_ns : 24ull * 3600 * 1000000000;
     struct wb_body_ctl_transfer b = {version, timeout};
@@ -257,7 +264,8 @@ static int attempt(struct coord *c, uint64_t version, struct wb_bcast_result *re
         snprintf(why, cap, "cannot ask the controller for the transfer: %s", wb_strerror(rc));
         return rc;
     }
-    uint64_t t0 = wb_now_ns(), next_poll = 0, next_plain = t0 + 1000000000ull;
+    uint64_t period = c->o->period_ns ? c->o->period_ns : 2000000000ull;
+    uint64_t t0 = wb_now_ns(), next_poll = 0, next_plain = t0 + period;
     *sent = 0;
     for (;;) {
         void *buf;
@@ -296,10 +304,11 @@ static int attempt(struct coord *c, uint64_t version, struct wb_bcast_result *re
             char w2[WB_ERRMSG_MAX];
             if (status(c, w2, sizeof(w2)) == 0)
                 show_progress(c, t0, &next_plain, false);
-            next_poll = now + 250 * 1000000ull;
+            next_poll = now + (period < 250000000ull ? period : 250000000ull);
         }
         if (now - t0 > timeout + 30ull * 1000000000) {
-            snprintf(why, cap, "the controller gave no outcome within %.0f s", (double)timeout / 1e9);
+            snprintf(why, cap, "the controller gave no outcome within %.0f s",
+                     (double)timeout / 1e9);
             return -ETIMEDOUT;
         }
         struct pollfd p = {.fd = c->xf.fd, .events = POLLIN};
@@ -314,8 +323,9 @@ static int check_inputs(const struct wb_bcast_opts *o, struct wb_ckpt **ckp, str
 {
     const struct wb_job *j = o->job;
     if (*j->trainer_layout) {
-        wb_errlist_add(el, "job %s: names a trainer_layout; a broadcast's readers are laid out "
-                           "from the checkpoint",
+        wb_errlist_add(el,
+                       "job %s: names a trainer_layout; a broadcast's readers are laid out "
+                       "from the checkpoint",
                        j->name);
         return -WB_E_CONFIG;
     }
@@ -366,8 +376,9 @@ static void summary(struct coord *c, const struct wb_bcast_result *res)
         bc_fmt_dec(res->write_bytes, d, sizeof(d)),
         bc_fmt_dec(s > 0 ? (uint64_t)((double)res->write_bytes / s) : 0, e, sizeof(e)));
     if (res->attempts > 1)
-        say(c, "resumed: the later attempts wrote %" PRIu64 " of the plan's %" PRIu64
-               " bytes (the rest had landed)",
+        say(c,
+            "resumed: the later attempts wrote %" PRIu64 " of the plan's %" PRIu64
+            " bytes (the rest had landed)",
             res->resent_bytes, res->plan_bytes);
     for (uint32_t r = 0; r < res->readers; r++) {
         const struct wb_bcast_reader_stats *x = &res->reader[r];
@@ -379,8 +390,7 @@ static void summary(struct coord *c, const struct wb_bcast_result *res)
         say(c, "verified: every write's XXH3 matched at its rollout");
 }
 
-int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res,
-                 struct wb_errlist *el)
+int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, struct wb_errlist *el)
 {
     struct coord c = {.o = o, .out = o->out ? o->out : stdout, .token = o->job->token};
     struct wb_ckpt *ck = NULL;
@@ -397,8 +407,9 @@ int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res,
     int err = check_inputs(o, &ck, &md, el);
     if (err)
         return err;
-    say(&c, "checkpoint %s: %zu file%s, %zu tensors, %s; every tensor matches the model", o->checkpoint,
-        ck->nfiles, ck->nfiles == 1 ? "" : "s", ck->inv.n, bc_fmt_dec(ck->bytes, a, sizeof(a)));
+    say(&c, "checkpoint %s: %zu file%s, %zu tensors, %s; every tensor matches the model",
+        o->checkpoint, ck->nfiles, ck->nfiles == 1 ? "" : "s", ck->inv.n,
+        bc_fmt_dec(ck->bytes, a, sizeof(a)));
     wb_model_free(&md);
     if ((err = wb_ckpt_shares_make(ck, o->readers, &sh)) != 0 ||
         (err = wb_ckpt_fingerprint(ck, id, sizeof(id))) != 0) {
@@ -411,10 +422,15 @@ int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res,
      * trainers; planned now, so that a refused plan stops everything before it listens */
     o->job->trainers = o->readers;
     o->job->verify = o->verify;
-    struct wb_controller_opts co = {.trainer_layout = &tl, .trainer_inv = &ck->inv, .source = id};
+    struct wb_controller_opts co = {
+        .trainer_layout = &tl, .trainer_inv = &ck->inv, .source = id, .fit_largest_task = true};
     if ((err = wb_controller_create_opts(o->job, &co, &c.ctl, el)) != 0)
         goto out;
-    res->plan_bytes = wb_controller_plan_bytes(c.ctl, NULL, &c.nt, &c.nr);
+    struct wb_controller_plan_info pi;
+    wb_controller_plan_info(c.ctl, &pi, NULL);
+    c.nt = pi.ntrainers;
+    c.nr = pi.nrollouts;
+    res->plan_bytes = pi.bytes;
     res->version = o->version ? o->version : 1;
     res->ckpt_bytes = ck->bytes;
     res->readers = c.nt;
@@ -428,8 +444,16 @@ int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res,
     }
     for (uint32_t r = 0; r < c.nt; r++)
         res->reader[r].read_bytes = sh.share[r].bytes;
-    say(&c, "plan: %u reader%s -> %u rollouts, %s to write; controller on %s", c.nt,
-        c.nt == 1 ? "" : "s", c.nr, bc_fmt_dec(res->plan_bytes, a, sizeof(a)), o->job->listen);
+    char b[32];
+    say(&c,
+        "plan: %u reader%s -> %u rollouts, %s to write, %s memory cap per reader%s; "
+        "controller on %s",
+        c.nt, c.nt == 1 ? "" : "s", c.nr, bc_fmt_dec(res->plan_bytes, a, sizeof(a)),
+        bc_fmt_dec(pi.mem_cap, b, sizeof(b)),
+        pi.mem_cap > (o->job->mem_cap ? o->job->mem_cap : (uint64_t)WB_MEM_CAP_DEFAULT)
+            ? " (raised to the largest task)"
+            : "",
+        o->job->listen);
     /* the channels first: once the thread runs, only a shutdown request through them ends it */
     if ((err = wb_chan_open(&c.st, o->job->listen)) != 0 ||
         (err = wb_chan_open(&c.xf, o->job->listen)) != 0) {
@@ -464,21 +488,29 @@ int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res,
         /* What was written before the failure counts too (as far as the last heartbeats
          * said); the next attempt sends only what did not land. */
         for (uint32_t i = 0; i < c.nav; i++)
-            if (c.av[i].trainer) {
+            if (c.av[i].trainer && c.av[i].rank < c.nt) {
                 res->write_bytes += c.av[i].done;
                 res->resent_bytes += res->attempts > 1 ? c.av[i].done : 0;
+                res->reader[c.av[i].rank].write_bytes += c.av[i].done;
             }
         say(&c, "attempt %u failed: %s", res->attempts, why);
         /* Retried only when an agent died or restarted (the broken attempt is then resumed
-         * once it is back); a checksum mismatch or a read error would fail again. */
+         * once it is back); a checksum mismatch or a read error would fail again. A survivor
+         * may report the failure (a write to the dead one failed) before the controller's
+         * heartbeats declare the death: they are given the time to. */
         char who[1024] = "", w2[WB_ERRMSG_MAX];
-        if (status(&c, w2, sizeof(w2)) == 0)
-            missing(&c, who, sizeof(who));
-        bool died = *who || strstr(why, " died (") || strstr(why, " restarted") ||
-                    strstr(why, "not ready");
+        bool died = strstr(why, " died (") || strstr(why, " restarted");
+        uint64_t until = wb_now_ns() + 2 * o->job->dead_ns + 1000000000ull;
+        do {
+            if (status(&c, w2, sizeof(w2)) == 0)
+                missing(&c, who, sizeof(who));
+            died |= *who != 0;
+            struct timespec ts = {0, 200 * 1000000};
+            if (!died)
+                nanosleep(&ts, NULL);
+        } while (!died && wb_now_ns() < until);
         if (!died || res->attempts >= most) {
-            wb_errlist_add(el, "%s%s", why,
-                           died ? " (no attempts left)" : "");
+            wb_errlist_add(el, "%s%s", why, died ? " (no attempts left)" : "");
             err = -WB_E_PEER;
             goto out;
         }

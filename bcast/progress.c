@@ -38,9 +38,9 @@ void wb_bcast_progress_line(const struct wb_bcast_progress_state *s, char *buf, 
     char a[32], b[32], r[32], e[32];
     double rate = s->elapsed_s > 0 ? (double)s->done / s->elapsed_s : 0;
     double pct = s->total ? 100.0 * (double)s->done / (double)s->total : 100.0;
-    int n = snprintf(buf, cap, "%s / %s  %5.1f%%  %s/s", bc_fmt_dec(s->done, a, sizeof(a)),
-                     bc_fmt_dec(s->total, b, sizeof(b)), pct,
-                     bc_fmt_dec((uint64_t)rate, r, sizeof(r)));
+    int n =
+        snprintf(buf, cap, "%s / %s  %5.1f%%  %s/s", bc_fmt_dec(s->done, a, sizeof(a)),
+                 bc_fmt_dec(s->total, b, sizeof(b)), pct, bc_fmt_dec((uint64_t)rate, r, sizeof(r)));
     if (n < 0 || (size_t)n >= cap)
         return;
     if (rate > 0 && s->done < s->total)

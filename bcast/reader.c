@@ -33,8 +33,8 @@ static int read_piece(void *arg, uint32_t thread, uint32_t index, uint64_t off, 
     }
     const struct wb_ckpt_piece *p = &s->share->piece[index];
     if (off > p->bytes || len > p->bytes - off) {
-        snprintf(msg, msgcap, "bytes [%" PRIu64 ", +%" PRIu64 ") outside the piece's %" PRIu64,
-                 off, len, p->bytes);
+        snprintf(msg, msgcap, "bytes [%" PRIu64 ", +%" PRIu64 ") outside the piece's %" PRIu64, off,
+                 len, p->bytes);
         return -EINVAL;
     }
     int rc = wb_ckpt_read(s->rd[thread], p->tensor, p->offset + off, len, dst, NULL);

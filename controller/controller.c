@@ -46,10 +46,11 @@ struct agent {
     struct ctl_blob inv, mesh; /* a deferred plan's registrations, checked once it is made */
     uint64_t pushed; /* trainers: the version this agent's process asked for (PUSH), 0: none */
     /* setup */
-    uint64_t setup_session;  /* session whose SETUP report arrived */
-    uint64_t connected_gen;  /* gen of the last CONNECTED report */
-    struct ctl_blob addr;    /* transport address (REPORT setup) */
-    struct ctl_blob regions; /* memory descriptors (REPORT setup) */
+    uint64_t setup_session;        /* session whose SETUP report arrived */
+    char setup_err[WB_ERRMSG_MAX]; /* its last SETUP failed, and why ("" when it did not) */
+    uint64_t connected_gen;        /* gen of the last CONNECTED report */
+    struct ctl_blob addr;          /* transport address (REPORT setup) */
+    struct ctl_blob regions;       /* memory descriptors (REPORT setup) */
     /* commands */
     struct cmd *cmds;
     size_t ncmds, capcmds;
@@ -409,6 +410,7 @@ static void agent_reset(struct agent *a)
     a->addr = (struct ctl_blob){0};
     a->regions = (struct ctl_blob){0};
     a->setup_session = 0;
+    a->setup_err[0] = 0;
     a->connected_gen = 0;
     a->version = 0;
     a->in_flight = false;
@@ -815,6 +817,7 @@ static int blob_set(struct ctl_blob *b, const struct wb_bytes *x)
 static void on_rep_setup(struct wb_controller *c, struct agent *a,
                          const struct wb_body_rep_setup *b)
 {
+    snprintf(a->setup_err, sizeof(a->setup_err), "%s", b->ok ? "" : b->err);
     if (!b->ok)
         wb_log(WB_LOG_ERROR, M, "%s rank %u setup failed: %s", wb_role_name(a->role), a->rank,
                b->err);
@@ -903,7 +906,7 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
     case WB_MSG_HEARTBEAT:
         a->version = b->hb.version;
         a->in_flight = b->hb.in_flight;
-        if (c->x.active) {
+        if (c->x.active && b->hb.epoch == c->epochs) { /* not an earlier attempt's */
             a->done_bytes = b->hb.done;
             a->total_bytes = b->hb.total;
         }
@@ -965,9 +968,11 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
                                           .total = a->total_bytes};
         snprintf(as.role, sizeof(as.role), "%s", wb_role_name(a->role));
         snprintf(as.state, sizeof(as.state), "%s",
-                 a->alive     ? "alive"
-                 : a->session ? "dead"
-                              : "absent");
+                 a->alive && a->setup_err[0] ? "failed"
+                 : a->alive                  ? "alive"
+                 : a->session                ? "dead"
+                                             : "absent");
+        snprintf(as.err, sizeof(as.err), "%s", a->setup_err);
         snprintf(as.host, sizeof(as.host), "%s", a->host);
         wb_body_put(&agents, WB_BODY_AGENT_STATUS, &as);
     }
@@ -1089,16 +1094,16 @@ static bool shutdown_done(struct wb_controller *c, uint64_t now)
     return true;
 }
 
-uint64_t wb_controller_plan_bytes(const struct wb_controller *c, uint64_t *send,
-                                  uint32_t *ntrainers, uint32_t *nrollouts)
+void wb_controller_plan_info(const struct wb_controller *c, struct wb_controller_plan_info *out,
+                             uint64_t *send)
 {
-    if (ntrainers)
-        *ntrainers = c->plan.ntrainers;
-    if (nrollouts)
-        *nrollouts = c->plan.nrollouts;
+    *out = (struct wb_controller_plan_info){.ntrainers = c->plan.ntrainers,
+                                            .nrollouts = c->plan.nrollouts,
+                                            .bytes = c->plan.total_bytes,
+                                            .mem_cap = c->plan.mem_cap,
+                                            .largest_task = c->plan.largest_task};
     for (uint32_t r = 0; send && r < c->plan.ntrainers; r++)
         send[r] = c->plan.send_bytes ? c->plan.send_bytes[r] : 0;
-    return c->plan.total_bytes;
 }
 
 int wb_controller_run(struct wb_controller *c)

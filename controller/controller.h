@@ -70,16 +70,26 @@ struct wb_controller_opts {
     /* Every trainer must register with this source (REGISTER.source, a checkpoint's
      * fingerprint); NULL: any. */
     const char *source;
+    /* Raise the executors' memory cap to the largest task where that is over the job's cap
+     * (a checkpoint's tensors are the size they are) instead of failing at setup. */
+    bool fit_largest_task;
 };
 
 /* wb_controller_create with options (o may be NULL). */
 int wb_controller_create_opts(const struct wb_job *job, const struct wb_controller_opts *o,
                               struct wb_controller **out, struct wb_errlist *el);
-/* What the plan writes in one transfer: in all, and per trainer rank (send, ntrainers entries,
- * may be NULL). The plan is fixed once created, so this may be read from any thread while the
- * controller runs; 0 for a plan still waiting for the trainers' registrations. */
-uint64_t wb_controller_plan_bytes(const struct wb_controller *c, uint64_t *send,
-                                  uint32_t *ntrainers, uint32_t *nrollouts);
+/* What the plan is, for the program that embeds the controller. The plan is fixed once
+ * created, so this may be read from any thread while the controller runs (a plan still waiting
+ * for the trainers' registrations reads as zeros). */
+struct wb_controller_plan_info {
+    uint32_t ntrainers, nrollouts;
+    uint64_t bytes;        /* every write of a transfer */
+    uint64_t mem_cap;      /* the executors' temporary-memory cap */
+    uint64_t largest_task; /* temporary bytes of the largest task */
+};
+/* send (may be NULL): ntrainers entries, what each trainer rank writes. */
+void wb_controller_plan_info(const struct wb_controller *c, struct wb_controller_plan_info *out,
+                             uint64_t *send);
 /* Runs the event loop until a client asks for shutdown (returns 0) or a fatal error. */
 int wb_controller_run(struct wb_controller *c);
 void wb_controller_destroy(struct wb_controller *c);

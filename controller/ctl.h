@@ -33,6 +33,7 @@ struct ctl_plan {
     char *summary;        /* human-readable plan summary (wb-ctl plan) */
     uint64_t total_bytes; /* every write of a transfer */
     uint64_t *send_bytes; /* [ntrainers] */
+    uint64_t mem_cap, largest_task;
 };
 
 /* The job file's model section as the planner's model source. */

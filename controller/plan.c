@@ -156,7 +156,7 @@ void ctl_model_src(const struct wb_job *job, struct wb_model_src *src)
 
 /* Plans a loaded model (its layouts loaded or derived) and encodes what every agent gets. */
 static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_model *mdp,
-                       struct wb_errlist *el)
+                       bool fit_largest, struct wb_errlist *el)
 {
     struct wb_model md = *mdp; /* read only here; the caller owns it */
     struct wb_plan *plan = NULL;
@@ -182,8 +182,20 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
         err = -ENOMEM;
         goto out;
     }
-    for (uint32_t r = 0; r < p->ntrainers; r++)
+    p->mem_cap = plan->mem_cap;
+    for (uint32_t r = 0; r < p->ntrainers; r++) {
         p->send_bytes[r] = plan->tables[r].send_bytes;
+        if (plan->tables[r].max_tmp_bytes > p->largest_task)
+            p->largest_task = plan->tables[r].max_tmp_bytes;
+    }
+    if (fit_largest && p->largest_task > p->mem_cap) {
+        wb_log(WB_LOG_INFO, "controller",
+               "memory cap raised from %llu to the largest task's %llu bytes",
+               (unsigned long long)p->mem_cap, (unsigned long long)p->largest_task);
+        p->mem_cap = plan->mem_cap = p->largest_task;
+        for (uint32_t r = 0; r < p->ntrainers; r++)
+            plan->tables[r].mem_cap = p->mem_cap;
+    }
     p->table = calloc(p->ntrainers, sizeof(*p->table));
     p->shards = calloc(p->ntrainers, sizeof(*p->shards));
     p->recv = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->recv));
@@ -278,7 +290,7 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
     int err = wb_model_load(&src, &md, el);
     if (err)
         return err;
-    err = plan_encode(job, p, &md, el);
+    err = plan_encode(job, p, &md, false, el);
     wb_model_free(&md);
     return err;
 }
@@ -291,7 +303,7 @@ int ctl_plan_finish(const struct wb_job *job, struct ctl_plan *p, struct wb_trai
     p->md->tl = *tl; /* the model owns it from now on */
     memset(tl, 0, sizeof(*tl));
     int err = wb_layout_check(&p->md->tl, &p->md->rl, el);
-    err = err ? err : plan_encode(job, &q, p->md, el);
+    err = err ? err : plan_encode(job, &q, p->md, false, el);
     if (err) {
         ctl_plan_free(&q);
         wb_trainer_layout_free(&p->md->tl);
@@ -326,7 +338,7 @@ static int plan_given(const struct wb_job *job, const struct wb_controller_opts 
     md.have_layouts = true; /* both freed with the model from here */
     err = wb_rollout_layout_load(job->rollout_layout, &md.rl, el);
     err = err ? err : wb_layout_check(&md.tl, &md.rl, el);
-    err = err ? err : plan_encode(job, p, &md, el);
+    err = err ? err : plan_encode(job, p, &md, o->fit_largest_task, el);
     wb_model_free(&md);
     return err;
 }

@@ -97,6 +97,7 @@ static const struct wb_field f_heartbeat[] = {
     F(struct wb_body_heartbeat, "in_flight", WB_FIELD_BOOL, true, in_flight),
     F(struct wb_body_heartbeat, "done", WB_FIELD_U64, false, done),
     F(struct wb_body_heartbeat, "total", WB_FIELD_U64, false, total),
+    F(struct wb_body_heartbeat, "epoch", WB_FIELD_U64, false, epoch),
 };
 static const struct wb_field f_poll[] = {
     SESSION(struct wb_body_poll),
@@ -197,6 +198,7 @@ static const struct wb_field f_agent_status[] = {
     F(struct wb_body_agent_status, "seen_ms", WB_FIELD_U64, true, seen_ms),
     F(struct wb_body_agent_status, "done", WB_FIELD_U64, false, done),
     F(struct wb_body_agent_status, "total", WB_FIELD_U64, false, total),
+    F(struct wb_body_agent_status, "err", WB_FIELD_STR, false, err),
 };
 #undef SESSION
 #undef F

@@ -177,6 +177,7 @@ struct wb_body_heartbeat {
     uint64_t version; /* rollouts: last complete version */
     bool in_flight;
     uint64_t done, total; /* trainers: bytes of the transfer in flight written and to write */
+    uint64_t epoch;       /* ... of this transfer attempt (TRANSFER.epoch; 0: none yet) */
 };
 
 struct wb_body_poll {
@@ -267,7 +268,8 @@ struct wb_body_agent_status {
     uint64_t version;
     bool in_flight;
     uint64_t seen_ms;
-    uint64_t done, total; /* trainers: bytes of the transfer in flight written and to write */
+    uint64_t done, total;    /* trainers: bytes of the transfer in flight written and to write */
+    char err[WB_ERRMSG_MAX]; /* why its setup failed (state "failed"), "" otherwise */
 };
 
 struct wb_body_plan_info {

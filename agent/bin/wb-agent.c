@@ -33,6 +33,8 @@ static void usage(FILE *f)
         "                          $'rails: 2\\nshard_size: 1MiB' (keys: transport/transport.h)\n"
         "      --dump DIR          rollouts: write DIR/rollout<rank>.v<N>.bin after each\n"
         "                          complete version (wb-ctl verify checks them)\n"
+        "      --corrupt TENSOR    testing (rollouts of a job that verifies): flip a byte of\n"
+        "                          TENSOR once it landed, before it is checked\n"
         "  -h, --help              this text\n");
 }
 
@@ -49,6 +51,7 @@ int main(int argc, char **argv)
                                        {"tx-domain", required_argument, 0, 'D'},
                                        {"dump", required_argument, 0, 'U'},
                                        {"tx-extra", required_argument, 0, 'X'},
+                                       {"corrupt", required_argument, 0, 'K'},
                                        {"help", no_argument, 0, 'h'},
                                        {0}};
     struct wb_endpoint_opts o = {
@@ -103,6 +106,9 @@ int main(int argc, char **argv)
             break;
         case 'X':
             o.tx_extra = optarg;
+            break;
+        case 'K':
+            o.corrupt = optarg;
             break;
         case 'h':
             usage(stdout);

@@ -53,8 +53,9 @@ static const char usage[] =
     "                     is back, sending only what had not landed (default 4)\n"
     "  --timeout DURATION an attempt not done by then fails (default 24h)\n"
     "  --mem-cap SIZE     readers' temporary memory (default: the job's mem_cap, else 1GiB)\n"
-    "  --progress MODE    auto (default: a live line on a terminal, else a line every 2 s),\n"
-    "                     live, plain or off\n"
+    "  --progress MODE    auto (default: a live line on a terminal, else plain), live (one\n"
+    "                     line rewritten in place), plain (a line every --period) or off\n"
+    "  --period DURATION  plain progress lines this often (default 2s)\n"
     "  --no-verify        skip the XXH3 check of every write at its rollout\n"
     "Reader (--reader):\n"
     "  --controller URL   the coordinator's controller\n"
@@ -81,7 +82,7 @@ struct args {
     uint32_t readers, attempts, io_threads;
     bool readers_given, no_verify;
     int64_t rank, device;
-    uint64_t version, wait_ns, timeout_ns, mem_cap, pace_ns;
+    uint64_t version, wait_ns, timeout_ns, mem_cap, pace_ns, period_ns;
     enum wb_ckpt_form form;
     enum wb_ckpt_io_mode io;
     enum wb_bcast_progress progress;
@@ -138,6 +139,7 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"timeout", required_argument, 0, 'T'},
         {"mem-cap", required_argument, 0, 'M'},
         {"progress", required_argument, 0, 'p'},
+        {"period", required_argument, 0, 'E'},
         {"no-verify", no_argument, 0, 'N'},
         {"reader", no_argument, 0, 'R'},
         {"controller", required_argument, 0, 'C'},
@@ -211,12 +213,16 @@ static int parse_args(int argc, char **argv, struct args *a)
             break;
         case 'W':
         case 'T':
-        case 'P': {
+        case 'P':
+        case 'E': {
             uint64_t ns;
-            const char *o = c == 'W' ? "wait" : c == 'T' ? "timeout" : "pace";
-            if (wb_parse_duration(optarg, &ns))
+            const char *o = c == 'W' ? "wait" : c == 'T' ? "timeout" : c == 'P' ? "pace" : "period";
+            if (wb_parse_duration(optarg, &ns) || (c == 'E' && ns == 0))
                 r = bad(o, "a duration such as 30s", optarg);
-            *(c == 'W' ? &a->wait_ns : c == 'T' ? &a->timeout_ns : &a->pace_ns) = ns;
+            *(c == 'W'   ? &a->wait_ns
+              : c == 'T' ? &a->timeout_ns
+              : c == 'P' ? &a->pace_ns
+                         : &a->period_ns) = ns;
             break;
         }
         case 'A':
@@ -528,7 +534,8 @@ static int run(const struct args *a)
                               .attempts = a->attempts,
                               .transfer_ns = a->timeout_ns,
                               .verify = !a->no_verify,
-                              .progress = a->progress};
+                              .progress = a->progress,
+                              .period_ns = a->period_ns};
     struct wb_bcast_result res;
     int rc = 0;
     if (!job.listen) {
@@ -613,6 +620,9 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     signal(SIGPIPE, SIG_IGN);
+    /* the coordinator reports what its embedded controller would log as warnings itself */
+    if (a.mode == MODE_RUN && !getenv("WB_LOG"))
+        setenv("WB_LOG", "error", 0);
     switch (a.mode) {
     case MODE_DRY:
         return dry_run(&a);

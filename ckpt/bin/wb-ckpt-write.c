@@ -47,11 +47,11 @@ static int copy_file(const char *from, const char *dir)
 int main(int argc, char **argv)
 {
     static const struct option lo[] = {
-        {"model", required_argument, 0, 'm'},   {"config", required_argument, 0, 'c'},
-        {"out", required_argument, 0, 'o'},     {"files", required_argument, 0, 'f'},
-        {"seed", required_argument, 0, 's'},    {"version", required_argument, 0, 'v'},
-        {"form", required_argument, 0, 'F'},    {"var", required_argument, 0, 'a'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+        {"model", required_argument, 0, 'm'}, {"config", required_argument, 0, 'c'},
+        {"out", required_argument, 0, 'o'},   {"files", required_argument, 0, 'f'},
+        {"seed", required_argument, 0, 's'},  {"version", required_argument, 0, 'v'},
+        {"form", required_argument, 0, 'F'},  {"var", required_argument, 0, 'a'},
+        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0},
     };
     const char *model = NULL, *config = NULL, *out = NULL;
     char vars[1024] = "";
@@ -75,9 +75,10 @@ int main(int argc, char **argv)
         case 'v':
             if (wb_parse_u64(optarg, &v) || (c == 'f' && (v < 1 || v > WB_CKPT_MAX_FILES))) {
                 fprintf(stderr, "wb-ckpt-write: --%s: expected %s, got '%s'\n",
-                        c == 'f' ? "files" : c == 's' ? "seed" : "version",
-                        c == 'f' ? "a number of files from 1" : "a non-negative integer",
-                        optarg);
+                        c == 'f'   ? "files"
+                        : c == 's' ? "seed"
+                                   : "version",
+                        c == 'f' ? "a number of files from 1" : "a non-negative integer", optarg);
                 return 2;
             }
             if (c == 'f')
@@ -91,8 +92,7 @@ int main(int argc, char **argv)
             else if (strcmp(optarg, "fp8") == 0)
                 form = WB_CKPT_FORM_FP8;
             else {
-                fprintf(stderr, "wb-ckpt-write: --form: expected model or fp8, got '%s'\n",
-                        optarg);
+                fprintf(stderr, "wb-ckpt-write: --form: expected model or fp8, got '%s'\n", optarg);
                 return 2;
             }
             break;

@@ -20,7 +20,7 @@ static void test_roundtrip(void)
     CHECK_INT(wb_mpw_finish(&w), 0);
     CHECK_INT(wb_msg_open(w.buf, w.len, "s3cret", &m, &why), 0);
     CHECK_INT(m.type, WB_MSG_HEARTBEAT);
-    CHECK_INT(m.nkeys, 7);
+    CHECK_INT(m.nkeys, 8);
     memset(&back, 0xee, sizeof(back));
     CHECK_INT(wb_msg_decode(&m, &back, err, sizeof(err)), 0);
     CHECK_STR(back.s.role, "rollout");

@@ -369,7 +369,7 @@ static void summary(struct coord *c, const struct wb_bcast_result *res)
 {
     char a[32], b[32], d[32], e[32];
     double s = (double)res->total_ns / 1e9;
-    say(c, "version %" PRIu64 " complete on %u rollouts in %.2f s (%u attempt%s)", res->version,
+    say(c, "version %" PRIu64 " complete on %u rollouts in %.3f s (%u attempt%s)", res->version,
         res->rollouts, s, res->attempts, res->attempts == 1 ? "" : "s");
     say(c, "checkpoint %s at %s/s; %s written at %s/s", bc_fmt_dec(res->ckpt_bytes, a, sizeof(a)),
         bc_fmt_dec(s > 0 ? (uint64_t)((double)res->ckpt_bytes / s) : 0, b, sizeof(b)),

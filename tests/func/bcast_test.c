@@ -87,8 +87,8 @@ static pid_t spawn(const char *log, char *const argv[])
 
 static void start_coordinator(struct bc *b, const char *log, const char *period)
 {
-    char *argv[16] = {"wb-broadcast", "--checkpoint", b->ckpt, "--job", b->job, "--progress",
-                      "plain", "--wait", "60s"};
+    char *argv[16] = {"wb-broadcast", "--checkpoint", b->ckpt,  "--job", b->job,
+                      "--progress",   "plain",        "--wait", "60s"};
     if (period) {
         argv[9] = "--period";
         argv[10] = (char *)period;
@@ -102,8 +102,8 @@ static pid_t start_reader(struct bc *b, int r, const char *pace)
     snprintf(log, sizeof(log), "reader%d.log", r);
     snprintf(rk, sizeof(rk), "%d", r);
     snprintf(n, sizeof(n), "%d", b->readers);
-    char *argv[16] = {"wb-broadcast", "--reader",  "--checkpoint", b->ckpt, "--controller",
-                      b->url,         "--rank",    rk,             "--readers", n};
+    char *argv[16] = {"wb-broadcast", "--reader", "--checkpoint", b->ckpt, "--controller", b->url,
+                      "--rank",       rk,         "--readers",    n};
     if (pace) {
         argv[10] = "--pace";
         argv[11] = (char *)pace;
@@ -117,8 +117,8 @@ static void start_rollouts(struct bc *b, const char *corrupt_rank2)
         char log[32], rk[16];
         snprintf(log, sizeof(log), "rollout%d.log", r);
         snprintf(rk, sizeof(rk), "%d", r);
-        char *argv[16] = {"wb-agent", "--role", "rollout", "--rank", rk, "--controller",
-                          b->url,     "--dump", b->dump};
+        char *argv[16] = {"wb-agent",     "--role", "rollout", "--rank", rk,
+                          "--controller", b->url,   "--dump",  b->dump};
         if (corrupt_rank2 && r == 2) {
             argv[9] = "--corrupt";
             argv[10] = (char *)corrupt_rank2;
@@ -190,7 +190,8 @@ static char *finish_ok(struct bc *b, unsigned ms, long *reader_rss_kb)
     return out;
 }
 
-static void expect_line(const char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void expect_line(const char *out, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static void expect_line(const char *out, const char *fmt, ...)
 {
     char line[1024];
@@ -469,8 +470,8 @@ static void test_kill_reader_resume(void)
         wb_test_fail(__FILE__, __LINE__, "no plain progress line:\n%s", out);
     const char *r = strstr(out, "resumed: the later attempts wrote ");
     unsigned long long resent = 0, plan = 0;
-    CHECK(r && sscanf(r, "resumed: the later attempts wrote %llu of the plan's %llu bytes",
-                      &resent, &plan) == 2);
+    CHECK(r && sscanf(r, "resumed: the later attempts wrote %llu of the plan's %llu bytes", &resent,
+                      &plan) == 2);
     CHECK_U64(plan, DEMO_WRITE_BYTES);
     if (resent == 0 || resent >= plan)
         wb_test_fail(__FILE__, __LINE__, "the resumed attempt wrote %llu of %llu bytes", resent,

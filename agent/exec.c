@@ -72,6 +72,8 @@ static void span_add(struct data *d, int stage, uint32_t task, uint64_t t0, uint
 
 static void span_open(struct data *d, struct task *t, uint32_t ti, int stage)
 {
+    if (t->span_stage == stage) /* still in it (a step that waits comes back here) */
+        return;
     uint64_t now = wb_now_ns();
     if (t->span_stage >= 0)
         span_add(d, t->span_stage, ti, t->span_t0, now);

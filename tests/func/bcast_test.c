@@ -408,6 +408,49 @@ static void test_bad_files(void)
     refused(&b, "missing.log", want);
 }
 
+static bool matches(const char *text, const char *re);
+
+/* A reader that opened other files is refused at registration, naming both checkpoints; the
+ * coordinator, whose readers never all came, gives up after --wait naming who is missing. */
+static void test_wrong_reader(void)
+{
+    struct bc b;
+    setup(&b, "wrong", 8, DEMO_RULES, DEMO_CONFIG, 2, 2, NULL);
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    char other[800];
+    snprintf(other, sizeof(other), "%s/other-ckpt", wb_test_tmpdir());
+    write_ckpt(other, DEMO_RULES, DEMO_CONFIG, 2, WB_CKPT_FORM_MODEL); /* same tensors, 2 files */
+    char *cargv[] = {"wb-broadcast", "--checkpoint", b.ckpt, "--job", b.job, "--wait", "3s", NULL};
+    b.coord = spawn("coord.log", cargv);
+    char *rargv[] = {"wb-broadcast",
+                     "--reader",
+                     "--checkpoint",
+                     other,
+                     "--controller",
+                     b.url,
+                     "--rank",
+                     "0",
+                     "--readers",
+                     "2",
+                     NULL};
+    pid_t r = spawn("reader0.log", rargv);
+    CHECK_INT(e2e_wait(r, 30000), 1);
+    char *out = e2e_slurp("reader0.log");
+    if (!matches(out, "^wb-broadcast: reader 0: 1 problem\n  trainer rank 0: controller "
+                      "tcp://127\\.0\\.0\\.1:[0-9]+: register: trainer rank 0 reads "
+                      "safetensors [0-9a-f]{16} \\(2 files, 5774848 bytes\\), the job moves "
+                      "safetensors [0-9a-f]{16} \\(3 files, 5774848 bytes\\)\n$"))
+        wb_test_fail(__FILE__, __LINE__, "the reader was not refused as expected:\n%s", out);
+    free(out);
+    CHECK_INT(e2e_wait(b.coord, 30000), 1);
+    out = e2e_slurp("coord.log");
+    CHECK_CONTAINS(out, "wb-broadcast: the broadcast failed\n  the job was not ready within "
+                        "0:03: reader 0 (not started), reader 1 (not started), rollout 0 (not "
+                        "started), rollout 1 (not started), rollout 2 (not started), rollout 3 "
+                        "(not started)\n");
+    free(out);
+}
+
 /* ---------------------------------------------------------------- resume, checksums */
 
 /* Whether text has a match of the extended regular expression re. */
@@ -548,6 +591,7 @@ const struct wb_test wb_tests[] = {
     {"demo_fp8", test_demo_fp8, 120},
     {"one_gb", test_one_gb, 400},
     {"bad_files", test_bad_files, 120},
+    {"wrong_reader", test_wrong_reader, 60},
     {"kill_reader_resume", test_kill_reader_resume, 180},
     {"checksum_mismatch", test_checksum_mismatch, 120},
     {"progress_terminal", test_progress_terminal, 120},

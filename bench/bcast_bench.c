@@ -38,29 +38,29 @@ struct opts {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: bcast_bench [--dir DIR] [--model FAMILY.yaml --config config.json] [--files N]\n"
-            "                   [--readers N] [--rollouts N] [--provider tcp|shm] [--io MODE]\n"
-            "                   [--device D] [--rollout-device D] [--reps N] [--cold|--warm]\n"
-            "                   [--verify|--no-verify]\n"
-            "  Broadcasts a safetensors checkpoint with wb-broadcast (real processes) and reads\n"
-            "  it with a plain sequential read(2) in the same run; prints GB/s of checkpoint and\n"
-            "  the broadcast's ratio to the plain read, cold and warm.\n"
-            "  --dir DIR        where the checkpoint is written once and reused\n"
-            "                   (default build/bcast_bench)\n"
-            "  --model/--config the model (default configs/models/qwen3.yaml with\n"
-            "                   tests/fixtures/ckpt/qwen3-1g.json, 1.28 GB)\n"
-            "  --files N        data files when writing (default 4)\n"
-            "  --readers N      reader processes (default 1)\n"
-            "  --rollouts N     rollout agents, each a whole copy (default 1)\n"
-            "  --provider P     libfabric provider (default tcp; shm on one host)\n"
-            "  --io MODE        the readers' reads: pread (default), direct, mmap\n"
-            "  --device D       readers copy to GPU D (default: host memory)\n"
-            "  --rollout-device D  rollouts hold GPU D's memory (default: --device's)\n"
-            "  --reps N         repetitions, the median is printed (default 3)\n"
-            "  --cold|--warm    only one of the two (default both)\n"
-            "  --verify|--no-verify  only with or without the rollouts' XXH3 checks (default\n"
-            "                   both)\n");
+    fprintf(
+        f, "usage: bcast_bench [--dir DIR] [--model FAMILY.yaml --config config.json] [--files N]\n"
+           "                   [--readers N] [--rollouts N] [--provider tcp|shm] [--io MODE]\n"
+           "                   [--device D] [--rollout-device D] [--reps N] [--cold|--warm]\n"
+           "                   [--verify|--no-verify]\n"
+           "  Broadcasts a safetensors checkpoint with wb-broadcast (real processes) and reads\n"
+           "  it with a plain sequential read(2) in the same run; prints GB/s of checkpoint and\n"
+           "  the broadcast's ratio to the plain read, cold and warm.\n"
+           "  --dir DIR        where the checkpoint is written once and reused\n"
+           "                   (default build/bcast_bench)\n"
+           "  --model/--config the model (default configs/models/qwen3.yaml with\n"
+           "                   tests/fixtures/ckpt/qwen3-1g.json, 1.28 GB)\n"
+           "  --files N        data files when writing (default 4)\n"
+           "  --readers N      reader processes (default 1)\n"
+           "  --rollouts N     rollout agents, each a whole copy (default 1)\n"
+           "  --provider P     libfabric provider (default tcp; shm on one host)\n"
+           "  --io MODE        the readers' reads: pread (default), direct, mmap\n"
+           "  --device D       readers copy to GPU D (default: host memory)\n"
+           "  --rollout-device D  rollouts hold GPU D's memory (default: --device's)\n"
+           "  --reps N         repetitions, the median is printed (default 3)\n"
+           "  --cold|--warm    only one of the two (default both)\n"
+           "  --verify|--no-verify  only with or without the rollouts' XXH3 checks (default\n"
+           "                   both)\n");
 }
 
 static int parse(int argc, char **argv, struct opts *o)
@@ -211,18 +211,41 @@ static double broadcast(const struct opts *o, const char *job, unsigned port, bo
     run++;
     snprintf(clog, sizeof(clog), "%s.%u.coord.log", job, run);
     snprintf(nr, sizeof(nr), "%u", o->readers);
-    char *cargv[] = {prog,       "--checkpoint", (char *)o->dir,           "--job",
-                     (char *)job, "--listen",     url,                      "--progress",
-                     "off",       "--wait",       "60s",                    "--readers",
-                     nr,          verify ? NULL : "--no-verify", NULL};
+    char *cargv[] = {prog,
+                     "--checkpoint",
+                     (char *)o->dir,
+                     "--job",
+                     (char *)job,
+                     "--listen",
+                     url,
+                     "--progress",
+                     "off",
+                     "--wait",
+                     "60s",
+                     "--readers",
+                     nr,
+                     verify ? NULL : "--no-verify",
+                     NULL};
     pid_t coord = spawn(clog, cargv), pids[128];
     int n = 0;
     for (uint32_t r = 0; r < o->readers; r++) {
         snprintf(rk, sizeof(rk), "%u", r);
         snprintf(log, sizeof(log), "%s.%u.reader%u.log", job, run, r);
-        char *argv[] = {prog, "--reader", "--checkpoint", (char *)o->dir, "--controller", url,
-                        "--rank", rk, "--readers", nr, "--io", (char *)o->io,
-                        o->device ? "--device" : NULL, (char *)o->device, NULL};
+        char *argv[] = {prog,
+                        "--reader",
+                        "--checkpoint",
+                        (char *)o->dir,
+                        "--controller",
+                        url,
+                        "--rank",
+                        rk,
+                        "--readers",
+                        nr,
+                        "--io",
+                        (char *)o->io,
+                        o->device ? "--device" : NULL,
+                        (char *)o->device,
+                        NULL};
         pids[n++] = spawn(log, argv);
     }
     for (uint32_t r = 0; r < o->rollouts; r++) {
@@ -236,9 +259,7 @@ static double broadcast(const struct opts *o, const char *job, unsigned port, bo
                         "--controller",
                         url,
                         "--device",
-                        o->rdevice  ? (char *)o->rdevice
-                        : o->device ? (char *)o->device
-                                    : "-1",
+                        o->rdevice ? (char *)o->rdevice : o->device ? (char *)o->device : "-1",
                         NULL};
         pids[n++] = spawn(log, argv);
     }
@@ -361,9 +382,11 @@ int main(int argc, char **argv)
            "%s, reads by %s\n",
            o.dir, (double)ck->bytes / 1e9, ck->nfiles, o.readers, o.readers == 1 ? "" : "s",
            o.device ? "GPU " : "host memory", o.device ? o.device : "", o.rollouts,
-           o.rollouts == 1 ? "" : "s",
-           o.rdevice || o.device ? "GPU " : "host memory",
-           o.rdevice ? o.rdevice : o.device ? o.device : "", o.provider, o.io);
+           o.rollouts == 1 ? "" : "s", o.rdevice || o.device ? "GPU " : "host memory",
+           o.rdevice  ? o.rdevice
+           : o.device ? o.device
+                      : "",
+           o.provider, o.io);
     printf("%-22s %12s %14s %8s %10s\n", "case", "floor GB/s", "broadcast GB/s", "ratio",
            "resident");
     unsigned port = 30000 + (unsigned)getpid() % 20000;
@@ -402,8 +425,8 @@ int main(int argc, char **argv)
             char res[32] = "-";
             if (cold)
                 snprintf(res, sizeof(res), "%.0f%%",
-                         100.0 * resident / (double)(o.reps * (1 + (o.verify ? 1 : 0) +
-                                                                (o.noverify ? 1 : 0))));
+                         100.0 * resident /
+                             (double)(o.reps * (1 + (o.verify ? 1 : 0) + (o.noverify ? 1 : 0))));
             printf("%-22s %12.2f %14.2f %7.2fx %10s\n", name, fl, bc, bc / fl, res);
         }
     }

@@ -181,10 +181,11 @@ struct wb_model_src {
                                    checkpoint); NULL: config */
     const char *trainer_inv;    /* inventory files instead of generating from config.json */
     const char *rollout_inv;
-    /* the trainer inventory in memory instead (copied): a checkpoint's tensors as they are */
-    const struct wb_inventory *trainer_mem;
     const char *trainer_layout; /* cluster layouts */
     const char *rollout_layout;
+    /* the trainer inventory in memory instead (copied): a checkpoint's tensors as they are.
+     * Last, so that bindings written before it (Python's _ModelSrc) keep their layout. */
+    const struct wb_inventory *trainer_mem;
 };
 
 /* Everything matching and planning start from: rules, both inventories, the match and (when

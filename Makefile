@@ -17,7 +17,7 @@
 #   bench/<name>.c                   -> build/bench/<name>
 #   tests/fuzz/<name>_fuzz.c         -> build/fuzz/fuzzers/<name> (make fuzz: clang + libFuzzer)
 
-PARTS   := common proto route matcher planner quant ckpt transport agent controller
+PARTS   := common proto route matcher planner quant ckpt transport agent controller bcast
 PREFIX  ?= /usr/local
 CUDA    ?= auto
 SAN     ?= 0

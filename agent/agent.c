@@ -30,6 +30,7 @@ static void send_register(struct wb_endpoint *ep)
     snprintf(b.role, sizeof(b.role), "%s", ep->role);
     gethostname(b.host, sizeof(b.host) - 1);
     b.pid = (uint64_t)getpid();
+    snprintf(b.source, sizeof(b.source), "%s", ep->src_id);
     struct wb_mpw mesh;
     wb_mpw_init(&inv);
     wb_mpw_init(&mesh);
@@ -104,6 +105,13 @@ static void pump_calls(struct wb_endpoint *ep, uint64_t now)
         struct wb_mpw w;
         uint64_t version = wb_endpoint_version(ep);
         struct wb_body_heartbeat b = {session_of(ep), version, ep->in_flight};
+        if (ep->d && ep->o.role == WB_ROLE_TRAINER) { /* also once done: the last figures */
+            struct data_progress pg;
+            ag_data_progress_get(ep->d, &pg);
+            b.done = pg.done;
+            b.total = pg.total;
+            b.epoch = pg.epoch;
+        }
         wb_mpw_init(&w);
         wb_msg_encode(&w, WB_MSG_HEARTBEAT, ep->o.token, &b);
         if (wb_chan_send(&ep->call, &w) == 0)
@@ -220,8 +228,11 @@ static int on_call_reply(struct wb_endpoint *ep, void *buf, size_t len)
     struct wb_msg m;
     int rc;
     bool was_report = ep->call_is_report && ep->nq;
+    uint64_t session = ep->session;
     int opened = open_reply(ep, buf, len, &m, &rc);
-    if (was_report) /* answered (OK or ERROR): the report or push arrived */
+    /* answered (OK or ERROR): the report or push arrived — unless the answer was that the
+     * session is gone, which emptied the queue (lose_session) */
+    if (was_report && ep->session == session && ep->nq)
         report_pop(ep);
     ep->call_is_report = false;
     ep->call_push = 0;
@@ -305,10 +316,11 @@ static void report_done(struct wb_endpoint *ep, uint64_t version, bool ok, const
     }
 }
 
-static void cmd_transfer(struct wb_endpoint *ep, uint64_t version, uint64_t epoch)
+static void cmd_transfer(struct wb_endpoint *ep, const struct wb_body_version_epoch *b)
 {
+    uint64_t version = b->version;
     char err[WB_ERRMSG_MAX] = "";
-    int rc = ep->d ? ag_data_start(ep->d, version, epoch, err, sizeof(err)) : -EINVAL;
+    int rc = ep->d ? ag_data_start(ep->d, version, b->epoch, &b->skip, err, sizeof(err)) : -EINVAL;
     if (rc) {
         if (!*err)
             snprintf(err, sizeof(err), "transfer before setup");
@@ -390,10 +402,20 @@ static void cmd_abort(struct wb_endpoint *ep, const struct wb_body_abort *b)
         ep->xfer_active = false;
         ep->in_flight = false;
     }
-    if (ep->o.role == WB_ROLE_TRAINER)
+    if (ep->o.role == WB_ROLE_TRAINER) {
         ag_push_event(ep, b->version, WB_PUSH_DONE, true, b->reason);
-    else
-        ag_version_done(ep, b->version, true, b->reason);
+        return;
+    }
+    ag_version_done(ep, b->version, true, b->reason);
+    /* what landed of the version, so that the next attempt resends only the rest */
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    if (ep->d && ag_data_landed(ep->d, b->version, &w) == 0) {
+        struct wb_body_rep_received r = {.version = b->version, .landed = {w.buf, w.len}};
+        snprintf(r.err, sizeof(r.err), "aborted");
+        report(ep, WB_MSG_REP_RECEIVED, &r);
+    }
+    wb_mpw_free(&w);
 }
 
 /* Every command body, decoded by its type. */
@@ -439,7 +461,7 @@ static int on_commands(struct wb_endpoint *ep, void *buf, size_t len)
             cmd_peers(ep, &b.peers);
             break;
         case WB_CMD_TRANSFER:
-            cmd_transfer(ep, b.xfer.version, b.xfer.epoch);
+            cmd_transfer(ep, &b.xfer);
             break;
         case WB_CMD_COMPLETE:
             cmd_complete(ep, b.complete.version);

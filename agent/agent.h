@@ -64,6 +64,8 @@ struct wb_endpoint_opts {
     const char *dump;      /* rollouts: directory for rollout<rank>.v<N>.bin after each version */
     const char *tx_extra;  /* more transport config lines (YAML, wb_tx_cfg keys), or NULL */
     uint64_t dump_from;    /* rollouts: dump only versions >= this (0: every version) */
+    const char *corrupt;   /* testing (rollouts of a verifying job): once this tensor landed,
+                              flip its first byte before it is checked */
 };
 
 struct wb_endpoint;
@@ -90,6 +92,31 @@ struct wb_tensor_reg {
     const int32_t *placement;
 };
 
+/* Trainers whose tensors are not in memory — a checkpoint on storage, broadcast to a rollout
+ * fleet by reader processes (ckpt/bin/wb-broadcast). Tensors are added with ptr NULL and the
+ * executor reads the bytes each task needs from the source straight into its temporary memory
+ * (host memory; for a GPU endpoint pinned host memory, then a copy to the GPU) under the
+ * memory cap, on I/O threads of its own, so memory stays bounded whatever the source's size.
+ * Every task of such a trainer starts with its reads: the job's layout must keep the tensors
+ * in host memory (residence: host). */
+struct wb_endpoint_source {
+    /* Reads bytes [off, off + len) of registered tensor `index` (its box, row-major; indices
+     * count wb_endpoint_add calls from 0) into dst, host memory. Called on I/O thread `thread`
+     * (0 .. threads - 1), concurrently for different requests. Returns 0, or a negative errno
+     * with a message naming what failed (file, offset) in msg. */
+    int (*read)(void *arg, uint32_t thread, uint32_t index, uint64_t off, uint64_t len, void *dst,
+                char *msg, size_t msgcap);
+    void *arg;
+    uint32_t threads; /* I/O threads (0: 2) */
+    /* What the bytes are (a checkpoint's fingerprint), sent in REGISTER: a controller that was
+     * told which source its job moves refuses a trainer reading another. Copied. */
+    const char *id;
+};
+
+/* Makes the endpoint a sourced trainer (before any tensor is added). -EINVAL for a rollout, a
+ * source without read or an id over WB_SOURCE_MAX - 1 bytes; -EBUSY after wb_endpoint_add. */
+int wb_endpoint_set_source(struct wb_endpoint *ep, const struct wb_endpoint_source *src);
+
 /* Trainers: the device mesh the tensors' placements refer to (ranks row-major over the dims,
  * the first slowest), before any tensor is added. -EINVAL for more than WB_REG_MESH_DIMS dims, a
  * size 0 or a name too long. */
@@ -97,8 +124,8 @@ int wb_endpoint_set_mesh(struct wb_endpoint *ep, uint32_t ndims, const char *con
                          const uint32_t *sizes);
 
 /* Adds a tensor (before wb_endpoint_start). Checked here: the name is new (-EEXIST), dtype and
- * box are valid and inside the shape, the pointer is of the endpoint's memory kind (-EINVAL);
- * wb_endpoint_error() says which and why. */
+ * box are valid and inside the shape, the pointer is of the endpoint's memory kind — NULL for a
+ * sourced trainer (-EINVAL); wb_endpoint_error() says which and why. */
 int wb_endpoint_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t);
 
 /* Rollouts: called on the endpoint's thread after every byte of `version` landed and before

@@ -19,6 +19,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
+#if defined(__x86_64__)
+/* libxxhash's runtime dispatch: AVX2/AVX-512 where the CPU has them (the plain entry points
+ * are SSE2 only, about half as fast). Same results. */
+#include <xxh_x86dispatch.h>
+#endif
 
 static const char *M = "agent";
 
@@ -46,9 +52,26 @@ static void prefill(struct data *d, uint64_t version);
 static void data_release(struct data *d)
 {
     fill_stop(d);       /* before the memory it writes goes */
+    ag_io_close(d->io); /* reads in flight write into TMP: they end first */
+    d->io = NULL;
     wb_tx_close(d->tx); /* releases every registration */
     d->tx = NULL;
     enum wb_tx_mem k = mem_kind(d);
+    ag_host_free(d->stage);
+    free(d->hbounce);
+    wb_tx_mem_free(k, d->sum_out);
+    wb_tx_mem_free(k, d->sum_in);
+    free(d->slot);
+    free(d->whash);
+    free(d->wskip);
+    free(d->tskip);
+    free(d->task_bytes);
+    free(d->lname);
+    free(d->expect_local);
+    free(d->sum_reached);
+    free(d->landed);
+    free(d->ready);
+    free(d->area);
     if (d->param != d->param_host_buf)
         wb_tx_mem_free(k, d->param);
     ag_host_free(d->param_host_buf);
@@ -209,6 +232,12 @@ static int seg_reg(struct data *d, int k, unsigned access, char *err, size_t err
  * Shards are written from where they are, through their allocation's registration. */
 static int param_bind(struct data *d, char *err, size_t errcap)
 {
+    if (d->ep->sourced && !d->param_host) {
+        snprintf(err, errcap,
+                 "this trainer reads its tensors from a source, but the layout keeps parameters "
+                 "in GPU memory (residence: gpu); a sourced trainer needs residence: host");
+        return -EINVAL;
+    }
     for (uint32_t i = 0; i < d->nshards; i++) {
         struct shard *s = &d->shards[i];
         const struct reg *r = ag_regs_find(d->ep, s->meta.name);
@@ -218,6 +247,10 @@ static int param_bind(struct data *d, char *err, size_t errcap)
             snprintf(err, errcap, "%s: the plan's shard differs from the registered tensor",
                      s->meta.name);
             return -EINVAL;
+        }
+        if (d->ep->sourced) { /* read by H2D ops through the source, nothing in memory */
+            s->src_index = (int32_t)(r - d->ep->regs);
+            continue;
         }
         if (d->param_host && r->device) {
             snprintf(err, errcap,
@@ -241,8 +274,29 @@ static int param_bind(struct data *d, char *err, size_t errcap)
     return 0;
 }
 
+/* Checksums at a trainer: per table write its slot in its rollout's inbox (SETUP.sums), and
+ * the outbox its records are written from. */
+static int sums_trainer(struct data *d, const struct wb_bytes *sums, char *err, size_t errcap)
+{
+    uint32_t nw = d->table.nwrites;
+    if (sums->n != (size_t)nw * 4) {
+        snprintf(err, errcap, "setup: %zu bytes of checksum slots for %u writes", sums->n, nw);
+        return -EBADMSG;
+    }
+    d->slot = malloc((nw ? nw : 1) * sizeof(uint32_t));
+    d->whash = calloc(nw ? nw : 1, sizeof(uint64_t));
+    if (!d->slot || !d->whash)
+        return -ENOMEM;
+    const uint8_t *p = sums->p;
+    for (uint32_t i = 0; i < nw; i++)
+        d->slot[i] = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 |
+                     (uint32_t)p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
+    return reg_alloc(d, (uint64_t)(nw ? nw : 1) * WB_SUM_RECORD, WB_TX_ACCESS_SRC, &d->sum_out,
+                     &d->sum_out_mr, "checksum outbox", err, errcap);
+}
+
 static int setup_trainer(struct data *d, const void *plan, size_t plan_len, const void *shards,
-                         size_t shards_len, char *err, size_t errcap)
+                         size_t shards_len, const struct wb_body_setup *b, char *err, size_t errcap)
 {
     int rc = wb_route_table_decode(plan, plan_len, &d->table);
     if (rc) {
@@ -272,6 +326,7 @@ static int setup_trainer(struct data *d, const void *plan, size_t plan_len, cons
             return -EBADMSG;
         }
         s->tensor = (uint32_t)tn;
+        s->src_index = -1;
         s->bytes = wb_box_numel(&s->meta.box) * wb_dtype_size(s->meta.dtype);
         s->off = d->param_bytes;
         d->param_bytes += (s->bytes + 255) / 256 * 256;
@@ -311,6 +366,20 @@ static int setup_trainer(struct data *d, const void *plan, size_t plan_len, cons
                        "amax outbox", err, errcap);
     for (int k = 0; !rc && k < 2; k++)
         rc = reg_alloc(d, d->scratch_bytes, 0, &d->scratch[k], NULL, "scratch", err, errcap);
+    if (!rc && d->verify)
+        rc = sums_trainer(d, &b->sums, err, errcap);
+    d->task_bytes = calloc(t->ntasks ? t->ntasks : 1, sizeof(uint64_t));
+    d->tskip = calloc(t->ntasks ? t->ntasks : 1, 1);
+    d->wskip = calloc(t->nwrites ? t->nwrites : 1, 1);
+    if (!rc && (!d->task_bytes || !d->tskip || !d->wskip))
+        rc = -ENOMEM;
+    /* a sourced GPU endpoint reads into pinned host memory, then copies to the GPU */
+    if (!rc && d->gpu && d->ep->sourced &&
+        (rc = ag_host_alloc(d->tmp_size ? d->tmp_size : 256, (void **)&d->stage)) != 0)
+        snprintf(err, errcap, "staging memory: cannot allocate %" PRIu64 " pinned bytes: %s",
+                 d->tmp_size, wb_strerror(rc));
+    if (!rc && d->ep->sourced && (rc = ag_io_open(&d->ep->src, &d->io)) != 0)
+        snprintf(err, errcap, "I/O threads: %s", wb_strerror(rc));
     if (rc)
         return rc;
     d->hscratch = calloc(1, d->scratch_bytes);
@@ -334,16 +403,24 @@ static int setup_trainer(struct data *d, const void *plan, size_t plan_len, cons
 
 /* ---------------------------------------------------------------- rollout setup */
 
+/* A tag's count was reached: its writes (or, with the sum bit, its checksum records) are all
+ * in. An entry whose both are in waits in d->ready to be checked by ag_data_progress(). */
 static void on_data_imm(void *arg, uint32_t imm)
 {
     struct data *d = arg;
-    uint32_t tag = imm & ((1u << IMM_TAG_BITS) - 1);
+    uint32_t tag = imm & ((1u << IMM_TAG_BITS) - 1), sum = tag & IMM_SUM_BIT;
+    tag &= ~IMM_SUM_BIT;
     if ((imm >> 30) != IMM_DATA || ((imm >> IMM_TAG_BITS) & 0xff) != (d->epoch & 0xff))
         return;
-    if (tag <= d->max_data_tag && d->expect_of[tag] >= 0 && !d->reached[d->expect_of[tag]]) {
-        d->reached[d->expect_of[tag]] = 1;
-        d->nreached++;
-    }
+    if (tag > d->max_data_tag || d->expect_of[tag] < 0)
+        return;
+    uint32_t i = (uint32_t)d->expect_of[tag];
+    uint8_t *flag = sum ? &d->sum_reached[i] : &d->reached[i];
+    if (*flag || d->landed[i])
+        return;
+    *flag = 1;
+    if (d->reached[i] && (d->sum_reached[i] || !d->verify))
+        d->ready[d->nready++] = i;
 }
 
 /* A registering rollout: local i of the receive list is the engine's tensor of the i-th name
@@ -399,20 +476,22 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
         return rc;
     }
     d->have_recv = true;
-    d->locals = calloc(d->recv.nlocal ? d->recv.nlocal : 1, sizeof(*d->locals));
-    if (!d->locals)
+    uint32_t nl = d->recv.nlocal, ne = d->recv.nexpect;
+    d->locals = calloc(nl ? nl : 1, sizeof(*d->locals));
+    d->lname = calloc(nl ? nl : 1, sizeof(*d->lname));
+    if (!d->locals || !d->lname)
         return -ENOMEM;
     struct wb_mpr nr;
     uint32_t nn = 0;
     wb_mpr_init(&nr, names->p, names->n);
-    if (!d->synthetic && (wb_mpr_array(&nr, WB_WIRE_MAX_ARRAY, &nn) || nn != d->recv.nlocal)) {
-        snprintf(err, errcap, "setup: %u local tensor names for %u local tensors", nn,
-                 d->recv.nlocal);
+    bool have_names = names->n && wb_mpr_array(&nr, WB_WIRE_MAX_ARRAY, &nn) == 0 && nn == nl;
+    if (!d->synthetic && !have_names) {
+        snprintf(err, errcap, "setup: %u local tensor names for %u local tensors", nn, nl);
         return -EBADMSG;
     }
     struct wb_mpw *w = &d->region_blob;
-    wb_mpw_array(w, d->recv.nlocal);
-    for (uint32_t i = 0; i < d->recv.nlocal; i++) {
+    wb_mpw_array(w, nl + (d->verify ? 1 : 0));
+    for (uint32_t i = 0; i < nl; i++) {
         struct local *l = &d->locals[i];
         char what[64];
         l->desc = d->recv.local[i];
@@ -422,27 +501,72 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
                            what, err, errcap);
             l->owned = rc == 0;
             rc = rc ? rc : wb_tx_rdesc(d->tx, l->mr, &l->rd);
+            if (!rc && have_names && wb_mpr_str(&nr, d->lname[i], sizeof(d->lname[i])))
+                rc = -EBADMSG;
         } else {
+            struct wb_mpr at = nr; /* local_bind reads the name; keep a copy for messages */
             rc = local_bind(d, l, &nr, err, errcap);
+            if (!rc)
+                wb_mpr_str(&at, d->lname[i], sizeof(d->lname[i]));
         }
         if (rc)
             return rc;
+        if (!d->lname[i][0])
+            snprintf(d->lname[i], sizeof(d->lname[i]), "rollout tensor %u", l->desc.tensor);
         d->local_bytes += l->desc.bytes;
         wb_mpw_array(w, 2);
         wb_mpw_u64(w, l->desc.tensor);
         wb_tx_rdesc_put(w, &l->rd);
     }
-    for (uint32_t i = 0; i < d->recv.nexpect; i++)
+    for (uint32_t i = 0; i < ne; i++)
         if (d->recv.expect[i].tag > d->max_data_tag)
             d->max_data_tag = d->recv.expect[i].tag;
+    if (d->max_data_tag >= IMM_SUM_BIT) {
+        snprintf(err, errcap, "receive list: data tag %u does not fit the immediate's tag bits",
+                 d->max_data_tag);
+        return -E2BIG;
+    }
     d->expect_of = malloc((d->max_data_tag + 1) * sizeof(int32_t));
-    d->reached = calloc(d->recv.nexpect ? d->recv.nexpect : 1, 1);
-    if (!d->expect_of || !d->reached)
+    d->expect_local = calloc(ne ? ne : 1, sizeof(uint32_t));
+    d->reached = calloc(ne ? ne : 1, 1);
+    d->sum_reached = calloc(ne ? ne : 1, 1);
+    d->landed = calloc(ne ? ne : 1, 1);
+    d->ready = calloc(ne ? ne : 1, sizeof(uint32_t));
+    d->area = calloc(ne ? ne : 1, sizeof(uint64_t));
+    if (!d->expect_of || !d->expect_local || !d->reached || !d->sum_reached || !d->landed ||
+        !d->ready || !d->area)
         return -ENOMEM;
     for (uint32_t i = 0; i <= d->max_data_tag; i++)
         d->expect_of[i] = -1;
-    for (uint32_t i = 0; i < d->recv.nexpect; i++)
-        d->expect_of[d->recv.expect[i].tag] = (int32_t)i;
+    uint64_t slots = 0;
+    for (uint32_t i = 0; i < ne; i++) {
+        const struct wb_rt_expect *e = &d->recv.expect[i];
+        d->expect_of[e->tag] = (int32_t)i;
+        d->expect_local[i] = UINT32_MAX;
+        for (uint32_t k = 0; k < nl; k++)
+            if (d->locals[k].desc.tensor == e->tensor)
+                d->expect_local[i] = k;
+        if (d->expect_local[i] == UINT32_MAX && e->writes) {
+            snprintf(err, errcap, "receive list: tag %u counts writes to tensor %u, not held here",
+                     e->tag, e->tensor);
+            return -EBADMSG;
+        }
+        d->area[i] = slots;
+        slots += e->writes;
+    }
+    /* the checksum inbox: a record per write, grouped by expect entry (the controller gives
+     * every writer its slots in the same order) */
+    if (d->verify) {
+        rc = reg_alloc(d, (slots ? slots : 1) * WB_SUM_RECORD, WB_TX_ACCESS_DST, &d->sum_in,
+                       &d->sum_in_mr, "checksum inbox", err, errcap);
+        struct wb_tx_rdesc rd;
+        rc = rc ? rc : wb_tx_rdesc(d->tx, d->sum_in_mr, &rd);
+        if (rc)
+            return rc;
+        wb_mpw_array(w, 2);
+        wb_mpw_u64(w, SUM_INBOX_ENTRY);
+        wb_tx_rdesc_put(w, &rd);
+    }
     return wb_mpw_finish(w);
 }
 
@@ -469,6 +593,7 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
     d->job = ep->job;
     d->device = o->device;
     d->empty = plan_len == 0;
+    d->verify = b->verify;
     uint64_t t0 = wb_now_ns();
     wb_mpw_init(&d->addr_blob);
     wb_mpw_init(&d->region_blob);
@@ -484,7 +609,7 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
     if (!rc && !d->empty)
         rc = tx_open(d, err, errcap);
     if (!rc && !d->empty && o->role == WB_ROLE_TRAINER)
-        rc = setup_trainer(d, plan, plan_len, shards, shards_len, err, errcap);
+        rc = setup_trainer(d, plan, plan_len, shards, shards_len, b, err, errcap);
     else if (!rc && !d->empty)
         rc = setup_rollout(d, plan, plan_len, &b->locals, err, errcap);
     if (!rc && d->tx) {
@@ -554,14 +679,22 @@ static int parse_rollout_regions(struct peer *p, struct wb_mpr *r)
     p->reg = calloc(n ? n : 1, sizeof(*p->reg));
     if (!p->reg_tensor || !p->reg)
         return -ENOMEM;
+    uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t tn;
-        if (wb_mpr_array(r, 2, &two) || two != 2 || wb_mpr_u64(r, &tn) ||
-            wb_tx_rdesc_get(r, &p->reg[i]))
+        if (wb_mpr_array(r, 2, &two) || two != 2 || wb_mpr_u64(r, &tn))
             return -EBADMSG;
-        p->reg_tensor[i] = (uint32_t)tn;
+        if (tn == SUM_INBOX_ENTRY) {
+            if (wb_tx_rdesc_get(r, &p->sums))
+                return -EBADMSG;
+            p->has_sums = true;
+            continue;
+        }
+        if (wb_tx_rdesc_get(r, &p->reg[k]))
+            return -EBADMSG;
+        p->reg_tensor[k++] = (uint32_t)tn;
     }
-    p->nreg = n;
+    p->nreg = k;
     return r->err;
 }
 
@@ -792,8 +925,8 @@ static int trainer_begin(struct data *d)
  * version's values are in place: 1 started, 0 not yet, negative on failure (d->fail says). */
 static int trainer_try_begin(struct data *d)
 {
-    if (d->outstanding)
-        return 0;
+    if (d->outstanding || (d->io && ag_io_busy(d->io)))
+        return 0; /* writes or reads of an aborted attempt still in flight: drain first */
     if (d->synthetic) {
         char err[256] = "";
         int rc = fill_poll(d, err, sizeof(err));
@@ -821,7 +954,119 @@ static int trainer_try_begin(struct data *d)
     return rc ? rc : 1;
 }
 
-int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, char *err, size_t errcap)
+/* TRANSFER.skip: per rollout rank, the data tags not sent again in this attempt. tags[g]
+ * sorted (malloc'd, NULL when none). Absent or empty: nothing skipped. */
+struct skipset {
+    uint32_t n;
+    uint64_t **tags;
+    uint32_t *cnt;
+};
+
+static void skip_free(struct skipset *ss)
+{
+    for (uint32_t g = 0; ss->tags && g < ss->n; g++)
+        free(ss->tags[g]);
+    free(ss->tags);
+    free(ss->cnt);
+    memset(ss, 0, sizeof(*ss));
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int skip_parse(const struct wb_bytes *b, uint32_t nranks, struct skipset *ss)
+{
+    memset(ss, 0, sizeof(*ss));
+    struct wb_mpr r;
+    uint32_t n;
+    wb_mpr_init(&r, b->p, b->n);
+    if (!b->n || wb_mpr_nil(&r))
+        return 0;
+    if (wb_mpr_array(&r, nranks, &n))
+        return -EBADMSG;
+    ss->n = n;
+    ss->tags = calloc(n ? n : 1, sizeof(uint64_t *));
+    ss->cnt = calloc(n ? n : 1, sizeof(uint32_t));
+    if (!ss->tags || !ss->cnt)
+        return -ENOMEM;
+    for (uint32_t g = 0; g < n; g++) {
+        uint32_t k;
+        if (wb_mpr_array(&r, WB_WIRE_MAX_ARRAY, &k))
+            return -EBADMSG;
+        ss->tags[g] = malloc((k ? k : 1) * sizeof(uint64_t));
+        if (!ss->tags[g])
+            return -ENOMEM;
+        for (uint32_t i = 0; i < k; i++)
+            if (wb_mpr_u64(&r, &ss->tags[g][i]))
+                return -EBADMSG;
+        ss->cnt[g] = k;
+        qsort(ss->tags[g], k, sizeof(uint64_t), cmp_u64);
+    }
+    return 0;
+}
+
+static bool skip_has(const struct skipset *ss, uint32_t g, uint64_t tag)
+{
+    if (g >= ss->n || !ss->cnt[g])
+        return false;
+    return bsearch(&tag, ss->tags[g], ss->cnt[g], sizeof(uint64_t), cmp_u64) != NULL;
+}
+
+static int trainer_skip(struct data *d, const struct skipset *ss)
+{
+    const struct wb_route_table *t = &d->table;
+    for (uint32_t k = 0; k < t->nwrites; k++)
+        d->wskip[k] = skip_has(ss, t->writes[k].dst_rank, t->writes[k].tag);
+    return 0;
+}
+
+static int rollout_arm(struct data *d, uint64_t version, uint64_t epoch, const struct skipset *ss,
+                       char *err, size_t errcap)
+{
+    uint32_t ne = d->recv.nexpect;
+    if (d->landed_version != version) { /* what landed of another version is no use */
+        memset(d->landed, 0, ne ? ne : 1);
+        d->landed_version = version;
+    }
+    memset(d->reached, 0, ne ? ne : 1);
+    memset(d->sum_reached, 0, ne ? ne : 1);
+    d->nready = d->nlanded = d->nwant = 0;
+    for (uint32_t i = 0; i < ne; i++) {
+        const struct wb_rt_expect *e = &d->recv.expect[i];
+        if (!e->writes) {
+            d->landed[i] = 1;
+            continue;
+        }
+        if (skip_has(ss, d->rank, e->tag)) {
+            if (!d->landed[i]) { /* never complete with a piece missing */
+                snprintf(err, errcap,
+                         "told not to expect %s again, but it has not landed here in version "
+                         "%" PRIu64,
+                         d->lname[d->expect_local[i]], version);
+                return -EINVAL;
+            }
+            continue;
+        }
+        d->landed[i] = 0;
+        d->nwant++;
+        int rc = wb_tx_expect(d->tx, imm_make(IMM_DATA, epoch, e->tag), e->writes, on_data_imm, d);
+        if ((!rc || rc == -EBUSY) && d->verify)
+            rc = wb_tx_expect(d->tx, imm_make(IMM_DATA, epoch, e->tag | IMM_SUM_BIT), e->writes,
+                              on_data_imm, d);
+        if (rc && rc != -EBUSY) {
+            snprintf(err, errcap, "rollout rank %u: immediate counter of tag %u: %s", d->rank,
+                     e->tag, wb_strerror(rc));
+            return rc;
+        }
+    }
+    return 0;
+}
+
+int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, const struct wb_bytes *skip,
+                  char *err, size_t errcap)
 {
     d->version = version;
     d->epoch = epoch;
@@ -831,9 +1076,19 @@ int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, char *err, s
     d->pending_start = false;
     if (d->empty)
         return 0;
+    struct skipset ss;
+    int rc = skip_parse(skip, d->role == WB_ROLE_TRAINER ? d->table.nrollouts : UINT32_MAX, &ss);
+    if (rc) {
+        snprintf(err, errcap, "transfer: malformed list of tensors not to send again");
+        skip_free(&ss);
+        d->active = false;
+        return rc;
+    }
     if (d->role == WB_ROLE_TRAINER) {
+        trainer_skip(d, &ss);
+        skip_free(&ss);
         d->pending_start = true; /* ag_data_progress() starts it as soon as it can */
-        int rc = trainer_try_begin(d);
+        rc = trainer_try_begin(d);
         if (rc >= 0)
             return 0;
         snprintf(err, errcap, "%s", d->fail[0] ? d->fail : wb_strerror(rc));
@@ -841,24 +1096,136 @@ int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, char *err, s
         d->pending_start = false;
         return rc;
     }
-    memset(d->reached, 0, d->recv.nexpect ? d->recv.nexpect : 1);
-    d->nreached = d->nwant = 0;
-    for (uint32_t i = 0; i < d->recv.nexpect; i++) {
-        const struct wb_rt_expect *e = &d->recv.expect[i];
-        if (!e->writes) {
-            d->reached[i] = 1;
-            continue;
-        }
-        d->nwant++;
-        int rc = wb_tx_expect(d->tx, imm_make(IMM_DATA, epoch, e->tag), e->writes, on_data_imm, d);
-        if (rc && rc != -EBUSY) {
-            snprintf(err, errcap, "rollout rank %u: immediate counter of tag %u: %s", d->rank,
-                     e->tag, wb_strerror(rc));
-            d->active = false;
-            return rc;
-        }
+    rc = rollout_arm(d, version, epoch, &ss, err, errcap);
+    skip_free(&ss);
+    if (rc)
+        d->active = false;
+    return rc;
+}
+
+/* XXH3-64 of n bytes of the data side's memory (host, or GPU through a host bounce). */
+uint64_t ag_xxh3(struct data *d, const void *p, uint64_t n)
+{
+    if (!d->gpu)
+        return XXH3_64bits(p, n);
+    enum { CHUNK = 8 << 20 };
+    if (!d->hbounce && !(d->hbounce = malloc(CHUNK)))
+        return 0; /* reported as a mismatch: no memory to check */
+    uint8_t *bounce = d->hbounce;
+    XXH3_state_t *st = XXH3_createState();
+    if (!st)
+        return 0;
+    XXH3_64bits_reset(st);
+    uint64_t h = 0;
+    for (uint64_t at = 0; at < n; at += CHUNK) {
+        uint64_t k = n - at < CHUNK ? n - at : CHUNK;
+        if (wb_tx_mem_copy(bounce, (const uint8_t *)p + at, k))
+            goto out;
+        XXH3_64bits_update(st, bounce, k);
     }
-    return 0;
+    h = XXH3_64bits_digest(st);
+out:
+    XXH3_freeState(st);
+    return h;
+}
+
+/* Rollouts: the records of expect entry i against what landed. */
+static int check_landed(struct data *d, uint32_t i)
+{
+    const struct wb_rt_expect *e = &d->recv.expect[i];
+    const struct local *l = &d->locals[d->expect_local[i]];
+    const char *name = d->lname[d->expect_local[i]];
+    uint64_t n = e->writes, covered = 0;
+    struct wb_sum_record *rec = malloc(n * sizeof(*rec));
+    if (!rec)
+        return -ENOMEM;
+    const uint8_t *src = (const uint8_t *)d->sum_in + d->area[i] * WB_SUM_RECORD;
+    int rc = d->gpu ? wb_tx_mem_copy(rec, src, n * sizeof(*rec))
+                    : (memcpy(rec, src, n * sizeof(*rec)), 0);
+    for (uint64_t k = 0; !rc && k < n; k++) {
+        const struct wb_sum_record *x = &rec[k];
+        if (x->tensor != e->tensor || x->len > l->desc.bytes ||
+            x->dst_off > l->desc.bytes - x->len) {
+            snprintf(d->fail, sizeof(d->fail),
+                     "%s: checksum record %" PRIu64 " is malformed (tensor %u, bytes [%" PRIu64
+                     ", +%" PRIu64 ") of %" PRIu64 ")",
+                     name, k, x->tensor, x->dst_off, x->len, l->desc.bytes);
+            rc = -EBADMSG;
+            break;
+        }
+        uint64_t h = ag_xxh3(d, (const uint8_t *)l->buf + x->dst_off, x->len);
+        if (h != x->xxh3) {
+            snprintf(d->fail, sizeof(d->fail),
+                     "%s: bytes [%" PRIu64 ", %" PRIu64
+                     ") written by trainer rank %u do not match their checksum: XXH3 %016" PRIx64
+                     " landed, %016" PRIx64 " sent",
+                     name, x->dst_off, x->dst_off + x->len, x->trainer, h, x->xxh3);
+            rc = -EIO;
+            break;
+        }
+        covered += x->len;
+    }
+    if (!rc && covered != e->bytes) {
+        snprintf(d->fail, sizeof(d->fail),
+                 "%s: checksum records cover %" PRIu64 " of %" PRIu64 " bytes", name, covered,
+                 e->bytes);
+        rc = -EIO;
+    }
+    free(rec);
+    return rc;
+}
+
+/* Testing (--corrupt): the first byte of the named tensor flipped once it landed. */
+static void corrupt(struct data *d, uint32_t i)
+{
+    const struct local *l = &d->locals[d->expect_local[i]];
+    if (!d->o->corrupt || d->corrupted || !l->desc.bytes ||
+        strcmp(d->lname[d->expect_local[i]], d->o->corrupt) != 0)
+        return;
+    uint8_t b;
+    if (wb_tx_mem_copy(&b, l->buf, 1) == 0) {
+        b ^= 0x01;
+        wb_tx_mem_copy(l->buf, &b, 1);
+    }
+    d->corrupted = true;
+}
+
+/* Rollouts: an entry whose writes (and records) are all in, checked and marked landed; one
+ * per turn of the loop, so that heartbeats go on between the checks of large tensors. */
+static void rollout_step(struct data *d)
+{
+    if (d->nready && !d->fail[0]) {
+        uint32_t i = d->ready[--d->nready];
+        corrupt(d, i);
+        if (d->verify && check_landed(d, i)) {
+            if (!d->fail[0])
+                snprintf(d->fail, sizeof(d->fail), "%s: cannot check it",
+                         d->lname[d->expect_local[i]]);
+            return;
+        }
+        d->landed[i] = 1;
+        d->nlanded++;
+    }
+}
+
+int ag_data_landed(const struct data *d, uint64_t version, struct wb_mpw *w)
+{
+    uint32_t n = 0;
+    bool mine = d->role == WB_ROLE_ROLLOUT && !d->empty && d->landed_version == version;
+    for (uint32_t i = 0; mine && i < d->recv.nexpect; i++)
+        n += d->landed[i] && d->recv.expect[i].writes;
+    wb_mpw_array(w, n);
+    for (uint32_t i = 0; mine && i < d->recv.nexpect; i++)
+        if (d->landed[i] && d->recv.expect[i].writes)
+            wb_mpw_u64(w, d->recv.expect[i].tag);
+    return wb_mpw_finish(w);
+}
+
+void ag_data_progress_get(const struct data *d, struct data_progress *out)
+{
+    out->done = d->role == WB_ROLE_TRAINER ? d->done_bytes : 0;
+    out->total = d->role == WB_ROLE_TRAINER ? d->total_bytes : 0;
+    out->epoch = d->epoch;
 }
 
 /* Polls the transport: completions to the executor, immediates counted (callbacks). */
@@ -907,8 +1274,10 @@ int ag_data_progress(struct data *d, struct data_done *out)
             return 0;
         if (d->fail[0]) /* stop issuing; completions still drain through ag_data_poll */
             ag_exec_abort(d);
-    } else if (!d->empty && !d->fail[0] && d->nreached < d->nwant) {
-        return 0;
+    } else if (!d->empty) {
+        rollout_step(d);
+        if (!d->fail[0] && d->nlanded < d->nwant)
+            return 0;
     }
     d->active = false;
     memset(out, 0, sizeof(*out));

@@ -36,6 +36,7 @@ int wb_endpoint_open(const struct wb_endpoint_opts *opts, struct wb_endpoint **o
     ep->o.tx_domain = ep->s_domain = dup_opt(opts->tx_domain, &err);
     ep->o.dump = ep->s_dump = dup_opt(opts->dump, &err);
     ep->o.tx_extra = ep->s_extra = dup_opt(opts->tx_extra, &err);
+    ep->o.corrupt = ep->s_corrupt = dup_opt(opts->corrupt, &err);
     if (!ep->o.give_up_ns)
         ep->o.give_up_ns = 30ull * 1000000000;
     ep->role = wb_role_name(opts->role);
@@ -70,6 +71,7 @@ err_free:
     free(ep->s_domain);
     free(ep->s_dump);
     free(ep->s_extra);
+    free(ep->s_corrupt);
     free(ep);
     return err;
 }
@@ -93,6 +95,31 @@ int wb_endpoint_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t)
         set_err(ep, "%s: tensors are added before the endpoint starts", t->name ? t->name : "?");
     else if ((rc = ag_regs_add(ep, t, err, sizeof(err))) != 0)
         set_err(ep, "%s", err);
+    pthread_mutex_unlock(&ep->mu);
+    return rc;
+}
+
+int wb_endpoint_set_source(struct wb_endpoint *ep, const struct wb_endpoint_source *src)
+{
+    int rc = 0;
+    pthread_mutex_lock(&ep->mu);
+    if (ep->o.role != WB_ROLE_TRAINER || ep->o.synthetic) {
+        set_err(ep, "source: only a trainer endpoint reads its tensors from a source");
+        rc = -EINVAL;
+    } else if (!src || !src->read || (src->id && strlen(src->id) >= WB_SOURCE_MAX)) {
+        set_err(ep, "source: a read function and an id of at most %d bytes", WB_SOURCE_MAX - 1);
+        rc = -EINVAL;
+    } else if (ep->nregs || ep->thread_started) {
+        set_err(ep, "source: set before any tensor is added");
+        rc = -EBUSY;
+    } else {
+        ep->src = *src;
+        ep->src.id = NULL;
+        if (!ep->src.threads)
+            ep->src.threads = 2;
+        snprintf(ep->src_id, sizeof(ep->src_id), "%s", src->id ? src->id : "");
+        ep->sourced = true;
+    }
     pthread_mutex_unlock(&ep->mu);
     return rc;
 }
@@ -407,6 +434,7 @@ void wb_endpoint_close(struct wb_endpoint *ep)
     free(ep->s_domain);
     free(ep->s_dump);
     free(ep->s_extra);
+    free(ep->s_corrupt);
     free(ep);
 }
 

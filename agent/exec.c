@@ -43,9 +43,10 @@ struct task {
     uint64_t writes_left;
     int span_stage;
     uint64_t span_t0;
-    void *h[3];  /* host buffers of GPU amax steps, freed with the task */
-    bool waited; /* could not start at once for lack of memory */
-    bool h2d;    /* H2D copies issued on the copy stream that the kernel stream must follow */
+    void *h[3];          /* host buffers of GPU amax steps, freed with the task */
+    bool waited;         /* could not start at once for lack of memory */
+    bool h2d;            /* H2D copies issued on the copy stream that the kernel stream must follow */
+    struct ag_io_req io; /* a sourced trainer's read for the current H2D op */
 };
 
 static const char *M = "agent";
@@ -74,6 +75,8 @@ static void span_add(struct data *d, int stage, uint32_t task, uint64_t t0, uint
 
 static void span_open(struct data *d, struct task *t, uint32_t ti, int stage)
 {
+    if (t->span_stage == stage) /* still in it (a step that waits comes back here) */
+        return;
     uint64_t now = wb_now_ns();
     if (t->span_stage >= 0)
         span_add(d, t->span_stage, ti, t->span_t0, now);
@@ -356,6 +359,26 @@ int ag_exec_start(struct data *d)
     memset(d->gx_done, 0, (np ? np : 1) * sizeof(uint32_t));
     d->next_task = d->tasks_done = 0;
     d->tmp_used = d->peak_tmp = 0;
+    /* what this attempt sends: a task whose writes all landed earlier is skipped whole, unless
+     * it exchanges with mesh peers (they run it too: an exchange needs both sides) */
+    d->done_bytes = d->total_bytes = 0;
+    for (uint32_t i = 0; i < t->ntasks; i++) {
+        const struct wb_rt_task *rt = &t->tasks[i];
+        uint64_t bytes = 0;
+        bool all = rt->nwrites > 0, coll = false;
+        for (uint32_t k = 0; k < rt->nwrites; k++) {
+            if (d->wskip[rt->write0 + k])
+                continue;
+            all = false;
+            bytes += t->writes[rt->write0 + k].len;
+        }
+        for (uint32_t k = 0; k < rt->nops; k++)
+            coll |=
+                t->ops[rt->op0 + k].kind == WB_OP_AMAX || t->ops[rt->op0 + k].kind == WB_OP_GATHER;
+        d->tskip[i] = all && !coll;
+        d->task_bytes[i] = bytes;
+        d->total_bytes += bytes;
+    }
     d->next_start_ns = 0;
     d->stats = (struct wb_xfer_stats){.rank = d->rank, .cap = d->cap};
     int rc = ag_direct_prepare(d);
@@ -408,9 +431,56 @@ static int post(struct data *d, struct task *tk, uint32_t ti, struct wb_tx_write
     }
     tk->writes_left++;
     d->outstanding++;
-    d->stats.bytes += role == WB_ROLE_ROLLOUT ? w->len : 0;
-    d->stats.writes += role == WB_ROLE_ROLLOUT;
     return 0;
+}
+
+/* The XXH3 of write k's source bytes, computed once for equal sources (the same bytes go to
+ * every replica). */
+static uint64_t write_hash(struct data *d, const struct task *tk, uint32_t ti, uint32_t k)
+{
+    const struct wb_route_table *t = &d->table;
+    const struct wb_rt_write *wr = &t->writes[k];
+    uint32_t w0 = t->tasks[ti].write0;
+    for (uint32_t j = k, n = 0; j-- > w0 && n < 64; n++) {
+        const struct wb_rt_write *o = &t->writes[j];
+        if (!d->wskip[j] && o->src_tensor == wr->src_tensor && o->src_off == wr->src_off &&
+            o->len == wr->len)
+            return d->whash[k] = d->whash[j];
+    }
+    const uint8_t *src;
+    if (wr->src_tensor == (uint32_t)WB_RT_TMP_SRC)
+        src = (const uint8_t *)d->tmp + tk->tmp_off + wr->src_off;
+    else
+        src = d->shards[d->shard_of[wr->src_tensor] - 1].ptr + wr->src_off;
+    return d->whash[k] = ag_xxh3(d, src, wr->len);
+}
+
+/* Verify: write k's record (where it lands, the XXH3 of its bytes) into its rollout's
+ * checksum inbox, counted there under the write's tag with the sum bit. */
+static int post_record(struct data *d, struct task *tk, uint32_t ti, uint32_t k, struct peer *p)
+{
+    const struct wb_rt_write *wr = &d->table.writes[k];
+    if (!p->has_sums) {
+        fail(d, "rollout rank %u published no checksum inbox", wr->dst_rank);
+        return -EINVAL;
+    }
+    struct wb_sum_record rec = {wr->dst_off, wr->len, write_hash(d, tk, ti, k), d->rank,
+                                wr->dst_tensor};
+    uint8_t *at = (uint8_t *)d->sum_out + (uint64_t)k * WB_SUM_RECORD;
+    int rc = d->gpu ? wb_tx_mem_copy(at, &rec, sizeof(rec)) : (memcpy(at, &rec, sizeof(rec)), 0);
+    if (rc) {
+        fail(d, "checksum record: %s", wb_strerror(rc));
+        return rc;
+    }
+    struct wb_tx_write w = {.src = d->sum_out_mr,
+                            .src_off = (uint64_t)k * WB_SUM_RECORD,
+                            .peer = p->idx,
+                            .dst = &p->sums,
+                            .dst_off = (uint64_t)d->slot[k] * WB_SUM_RECORD,
+                            .len = WB_SUM_RECORD,
+                            .has_imm = true,
+                            .imm = imm_make(IMM_DATA, d->epoch, wr->tag | IMM_SUM_BIT)};
+    return post(d, tk, ti, &w, WB_ROLE_ROLLOUT, wr->dst_rank);
 }
 
 static int post_writes(struct data *d, struct task *tk, uint32_t ti)
@@ -418,6 +488,8 @@ static int post_writes(struct data *d, struct task *tk, uint32_t ti)
     const struct wb_route_table *t = &d->table;
     const struct wb_rt_task *rt = &t->tasks[ti];
     for (uint32_t k = 0; k < rt->nwrites; k++) {
+        if (d->wskip[rt->write0 + k]) /* landed in an earlier attempt of this version */
+            continue;
         const struct wb_rt_write *wr = &t->writes[rt->write0 + k];
         struct peer *p = wr->dst_rank < t->nrollouts ? &d->rpeer[wr->dst_rank] : NULL;
         const struct wb_tx_rdesc *dst = NULL;
@@ -448,8 +520,12 @@ static int post_writes(struct data *d, struct task *tk, uint32_t ti)
             w.src_off = d->shards[s - 1].mr_off + wr->src_off;
         }
         int rc = post(d, tk, ti, &w, WB_ROLE_ROLLOUT, wr->dst_rank);
+        if (!rc && d->verify)
+            rc = post_record(d, tk, ti, rt->write0 + k, p);
         if (rc)
             return rc;
+        d->stats.bytes += w.len;
+        d->stats.writes++;
     }
     return 0;
 }
@@ -652,6 +728,34 @@ static int step_gather(struct data *d, struct task *tk, uint32_t ti, const struc
     return STEP_NEXT;
 }
 
+/* H2D of a sourced shard: the bytes are read from the source on an I/O thread, into TMP (host
+ * memory) or into its pinned mirror and then copied to the GPU. */
+static int step_read(struct data *d, struct task *tk, const struct opctx *c,
+                     const struct wb_rt_op *op, const struct shard *sh)
+{
+    const struct wb_rt_h2d *h = &op->h2d;
+    if (tk->sub == 0) {
+        if (!h->bytes)
+            return STEP_NEXT;
+        tk->io = (struct ag_io_req){.index = (uint32_t)sh->src_index,
+                                    .off = h->src_off,
+                                    .len = h->bytes,
+                                    .dst = d->gpu ? d->stage + tk->tmp_off + h->dst_off
+                                                  : c->tmp + h->dst_off};
+        ag_io_submit(d->io, &tk->io);
+        tk->sub = 1;
+        return STEP_WAIT;
+    }
+    if (!ag_io_done(&tk->io))
+        return STEP_WAIT;
+    if (tk->io.rc) {
+        fail(d, "trainer rank %u: reading %s: %s", d->rank, sh->meta.name, tk->io.msg);
+        return tk->io.rc;
+    }
+    int rc = d->gpu ? ag_copy_async(c->tmp + h->dst_off, tk->io.dst, h->bytes, d->stream) : 0;
+    return rc ? rc : STEP_NEXT;
+}
+
 /* Advances one running task as far as it goes without waiting. Negative on failure. */
 /* A direct task once the batch is done: one immediate per write it stands for, counted at its
  * rollout exactly as the write's own would be. */
@@ -713,6 +817,10 @@ static int step_task(struct data *d, uint32_t ti)
                            */
             span_open(d, tk, ti, WB_STAGE_H2D);
             uint32_t s = d->shard_of[op->tensor];
+            if (d->shards[s - 1].src_index >= 0) {
+                r = step_read(d, tk, &c, op, &d->shards[s - 1]);
+                break;
+            }
             const uint8_t *src = (const uint8_t *)d->shards[s - 1].ptr + op->h2d.src_off;
             if (d->gpu) {
                 r = ag_copy_async(c.tmp + op->h2d.dst_off, src, op->h2d.bytes, d->h2d_stream);
@@ -776,6 +884,7 @@ static int step_task(struct data *d, uint32_t ti)
         tk->st = T_DONE;
         d->tmp_used -= tk->tmp_len;
         d->tasks_done++;
+        d->done_bytes += d->task_bytes[ti];
         for (int k = 0; k < 3; k++) {
             ag_host_free(tk->h[k]);
             tk->h[k] = NULL;
@@ -847,6 +956,12 @@ int ag_exec_step(struct data *d)
     while (d->next_task < t->ntasks) {
         struct task *tk = &d->tasks[d->next_task];
         uint64_t need = t->tasks[d->next_task].tmp_bytes, off = 0;
+        if (d->tskip[d->next_task]) { /* every write landed earlier: nothing to read or send */
+            tk->st = T_DONE;
+            d->tasks_done++;
+            d->next_task++;
+            continue;
+        }
         if (d->dbatch && d->dplan.is_direct[d->next_task]) {
             tk->st = T_DIRECT;
             tk->span_stage = -1;
@@ -918,6 +1033,8 @@ void ag_exec_abort(struct data *d)
     ag_event_destroy(d->dev_ev);
     d->dev_ev = NULL;
     d->dstate = 0;
+    if (d->io) /* reads not started are dropped; TMP waits for the running ones */
+        ag_io_cancel(d->io);
     for (uint32_t i = 0; d->tasks && i < d->table.ntasks; i++) {
         ag_event_destroy(d->tasks[i].ev);
         d->tasks[i].ev = NULL;

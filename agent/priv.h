@@ -32,6 +32,12 @@ struct data_done {
     uint64_t rx_bytes;          /* rollouts */
 };
 
+/* Data-side progress of the transfer in flight (heartbeats carry it). */
+struct data_progress {
+    uint64_t done, total; /* trainers: bytes written to rollouts and to write, this attempt */
+    uint64_t epoch;       /* the attempt (0: none yet) */
+};
+
 /* A registered tensor (a copy of the caller's description). */
 struct reg {
     struct wb_reg_tensor t;
@@ -62,7 +68,8 @@ enum { MAX_QUEUED = 64, MAX_PUSHES = 16 };
 
 struct wb_endpoint {
     struct wb_endpoint_opts o;
-    char *s_controller, *s_token, *s_trace, *s_domain, *s_dump, *s_extra; /* opts' copies */
+    char *s_controller, *s_token, *s_trace, *s_domain, *s_dump, *s_extra,
+        *s_corrupt; /* opts' copies */
     const char *role;
     struct wb_chan call, pollc;
     /* session (loop only) */
@@ -84,6 +91,11 @@ struct wb_endpoint {
     struct reg *regs;
     uint32_t nregs;
     size_t capregs;
+    uint32_t *by_name; /* registration indices sorted by name (built at start) */
+    /* a sourced trainer: its tensors are read from here (wb_endpoint_set_source) */
+    bool sourced;
+    struct wb_endpoint_source src;
+    char src_id[WB_SOURCE_MAX];
     struct seg *segs;
     uint32_t nsegs;
     struct wb_reg_mesh mesh; /* trainers: ndims 0 when no placements are given */
@@ -140,6 +152,8 @@ void ag_version_done(struct wb_endpoint *ep, uint64_t version, bool failed, cons
 /* regs.c: registrations. */
 int ag_regs_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t, char *err, size_t errcap);
 const struct reg *ag_regs_find(const struct wb_endpoint *ep, const char *name);
+/* Sorts the registrations' names for ag_regs_find (once started). */
+int ag_regs_index(struct wb_endpoint *ep);
 /* REGISTER.inv: every registration (wb_reg_put). */
 void ag_regs_put(const struct wb_endpoint *ep, struct wb_mpw *w);
 /* Groups the registrations into allocations (ep->segs): GPU memory by the allocation the
@@ -159,8 +173,15 @@ int ag_data_setup(struct data **d, struct wb_endpoint *ep, const struct wb_body_
 /* Trainer: the PEERS list (a msgpack array of [role, rank, addr, regions]). */
 int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size_t errcap);
 /* Starts transfer `version`, attempt `epoch` (trainers: synthetic values are generated, the
- * executor starts; rollouts: counting immediates for it starts). */
-int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, char *err, size_t errcap);
+ * executor starts; rollouts: counting immediates for it starts). skip: TRANSFER's list of
+ * tags that landed in an earlier attempt, per rollout rank (may be empty). */
+int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, const struct wb_bytes *skip,
+                  char *err, size_t errcap);
+/* Trainers: bytes written and to write in the transfer in flight. */
+void ag_data_progress_get(const struct data *d, struct data_progress *out);
+/* Rollouts: the tags of `version` that landed (and were verified) so far, as a msgpack array
+ * (for REPORT_RECEIVED after an abort). */
+int ag_data_landed(const struct data *d, uint64_t version, struct wb_mpw *w);
 /* Makes progress without blocking; 1 when the transfer finished (*out filled), 0 when not. */
 int ag_data_progress(struct data *d, struct data_done *out);
 /* What follows a finished transfer once its report has left (so none of it delays the

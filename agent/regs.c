@@ -42,12 +42,17 @@ int ag_regs_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t, char *err
         return -EINVAL;
     }
     uint64_t n = wb_box_numel(&t->box);
-    if (n && !t->ptr) {
+    if (ep->sourced && t->ptr) {
+        snprintf(err, errcap,
+                 "%s: a sourced trainer's tensors are read from its source: no pointer", name);
+        return -EINVAL;
+    }
+    if (n && !t->ptr && !ep->sourced) {
         snprintf(err, errcap, "%s: no memory (NULL pointer)", name);
         return -EINVAL;
     }
-    bool dev = n && wb_gpu_is_device_ptr(t->ptr);
-    if (n && dev != (ep->o.device >= 0)) {
+    bool dev = n && !ep->sourced && wb_gpu_is_device_ptr(t->ptr);
+    if (n && !ep->sourced && dev != (ep->o.device >= 0)) {
         snprintf(err, errcap, "%s: %s memory, but the endpoint's tensors live in %s", name,
                  dev ? "GPU" : "host", ep->o.device >= 0 ? "GPU memory" : "host memory");
         return -EINVAL;
@@ -89,13 +94,47 @@ int ag_regs_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t, char *err
     return 0;
 }
 
+/* qsort_r/bsearch over indices into the registrations */
+static int cmp_by_name(const void *a, const void *b, void *arg)
+{
+    const struct reg *r = arg;
+    return strcmp(r[*(const uint32_t *)a].t.meta.name, r[*(const uint32_t *)b].t.meta.name);
+}
+
+int ag_regs_index(struct wb_endpoint *ep)
+{
+    free(ep->by_name);
+    ep->by_name = malloc((ep->nregs ? ep->nregs : 1) * sizeof(uint32_t));
+    if (!ep->by_name)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < ep->nregs; i++)
+        ep->by_name[i] = i;
+    qsort_r(ep->by_name, ep->nregs, sizeof(uint32_t), cmp_by_name, ep->regs);
+    return 0;
+}
+
 const struct reg *ag_regs_find(const struct wb_endpoint *ep, const char *name)
 {
-    /* Linear: called once per tensor at setup; a hash would only pay off past ~100k tensors
-     * per rank. */
-    for (uint32_t i = 0; i < ep->nregs; i++)
-        if (strcmp(ep->regs[i].t.meta.name, name) == 0)
-            return &ep->regs[i];
+    /* Before start (checking a new name: a registering process adds each tensor once) linear;
+     * at setup, once per shard of the plan, by the sorted index: a checkpoint reader holds
+     * tens of thousands. */
+    if (!ep->by_name) {
+        for (uint32_t i = 0; i < ep->nregs; i++)
+            if (strcmp(ep->regs[i].t.meta.name, name) == 0)
+                return &ep->regs[i];
+        return NULL;
+    }
+    uint32_t lo = 0, hi = ep->nregs;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(ep->regs[ep->by_name[mid]].t.meta.name, name);
+        if (c == 0)
+            return &ep->regs[ep->by_name[mid]];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
     return NULL;
 }
 
@@ -138,6 +177,11 @@ int ag_segs_build(struct wb_endpoint *ep, char *err, size_t errcap)
         snprintf(err, errcap, "GPU %d: %s", ep->o.device, wb_strerror(rc0));
         return rc0;
     }
+    int rc1 = ag_regs_index(ep);
+    if (rc1)
+        return rc1;
+    if (ep->sourced) /* nothing in memory: the executor reads into its own */
+        return 0;
     struct seg *s = calloc(ep->nregs ? ep->nregs : 1, sizeof(*s));
     uint32_t n = 0;
     if (!s)
@@ -202,6 +246,8 @@ void ag_regs_free(struct wb_endpoint *ep)
 {
     free(ep->regs);
     free(ep->segs);
+    free(ep->by_name);
+    ep->by_name = NULL;
     ep->regs = NULL;
     ep->segs = NULL;
     ep->nregs = ep->nsegs = 0;

@@ -25,6 +25,9 @@
 
 enum imm_kind { IMM_DATA = 0, IMM_AMAX, IMM_GATHER, IMM_BARRIER };
 enum { IMM_TAG_BITS = 22, IMM_EPOCH_BITS = 8 };
+/* A checksum record (SETUP.verify) goes with IMM_DATA and its data tag with this bit set:
+ * data tags (rollout tensor index + 1, at most 2^19 tensors) stay below it. */
+enum { IMM_SUM_BIT = 1u << 21 };
 
 static inline uint32_t imm_make(enum imm_kind k, uint64_t epoch, uint32_t tag)
 {
@@ -41,6 +44,7 @@ struct shard {
     uint32_t tensor; /* trainer tensor index */
     struct wb_tensor_meta meta;
     uint64_t off, bytes; /* synthetic: offset in the PARAM arena */
+    int32_t src_index;   /* a sourced trainer: the registration H2D ops read through, else -1 */
     uint8_t *ptr;        /* its first byte */
     struct wb_tx_mr *mr; /* NULL where nothing writes from it (host-resident: H2D only) */
     uint64_t mr_off;     /* ptr's offset in mr */
@@ -74,11 +78,45 @@ struct peer {
     struct wb_tx_rdesc inbox, amaxbox;
     uint32_t nsec;
     struct gsec *sec;
-    /* rollouts: descriptor per rollout tensor (index into the rollout inventory) */
+    /* rollouts: descriptor per rollout tensor (index into the rollout inventory), and the
+     * checksum inbox when the job verifies */
     uint32_t nreg;
     uint32_t *reg_tensor;
     struct wb_tx_rdesc *reg;
+    bool has_sums;
+    struct wb_tx_rdesc sums;
 };
+
+/* The rollout-region entry that describes a rollout's checksum inbox instead of a tensor. */
+enum { SUM_INBOX_ENTRY = 0xffffffffu };
+
+/* ---------------------------------------------------------------- sourced reads (io.c) */
+
+enum { AG_IO_IDLE = 0, AG_IO_QUEUED, AG_IO_DONE };
+
+/* One read of a registration's bytes into host memory; owned by the task that waits for it. */
+struct ag_io_req {
+    uint32_t index; /* registration */
+    uint64_t off, len;
+    void *dst;
+    int rc;
+    int state; /* AG_IO_*, read with ag_io_done() */
+    char msg[256];
+    struct ag_io_req *next;
+};
+
+struct ag_io;
+int ag_io_open(const struct wb_endpoint_source *src, struct ag_io **out);
+/* Queues r (its index, off, len, dst set). */
+void ag_io_submit(struct ag_io *io, struct ag_io_req *r);
+/* The request finished: r->rc (0 or negative, r->msg the reason) and dst's bytes are valid. */
+bool ag_io_done(const struct ag_io_req *r);
+/* Drops every queued request (they finish with -ECANCELED); running ones complete. */
+void ag_io_cancel(struct ag_io *io);
+/* Requests queued or running: TMP memory they write into must not be reused before 0. */
+uint32_t ag_io_busy(struct ag_io *io);
+/* Cancels what is queued, waits for what runs, stops the threads. NULL is a no-op. */
+void ag_io_close(struct ag_io *io);
 
 /* Per GATHER op of the table: its place in the inbox layout. */
 struct gref {
@@ -192,16 +230,49 @@ struct data {
     struct wb_xfer_stats stats;
     struct span *spans;
     uint32_t nspans;
+    /* a sourced trainer (wb_endpoint_set_source): its reads, and for a GPU endpoint the pinned
+     * host mirror of TMP they land in before the copy to the GPU (also where written bytes are
+     * copied back to be hashed) */
+    struct ag_io *io;
+    uint8_t *stage;
+    uint8_t *hbounce; /* host copies of GPU memory being hashed (ag_xxh3) */
+    /* checksums (SETUP.verify): trainers record every write to a rollout (sum_out, one
+     * WB_SUM_RECORD slot per table write) into the rollout's sum inbox at slot[write] */
+    bool verify;
+    uint32_t *slot;
+    void *sum_out;
+    struct wb_tx_mr *sum_out_mr;
+    uint64_t *whash; /* [table.nwrites]: the XXH3 of each write posted, reused for replicas */
+    /* a resumed attempt: table writes not sent again (their rollout tensor landed earlier),
+     * tasks skipped whole, bytes per task; progress */
+    uint8_t *wskip;
+    uint8_t *tskip;
+    uint64_t *task_bytes;
+    uint64_t done_bytes, total_bytes;
     /* rollout */
     struct wb_recv_list recv;
     bool have_recv;
     struct local *locals;
+    char (*lname)[WB_NAME_MAX]; /* [nlocal]: names for messages ("" when not sent) */
     uint64_t local_bytes;
     uint32_t max_data_tag;
-    int32_t *expect_of; /* data tag -> expect index, -1 */
-    uint8_t *reached;   /* [nexpect] */
-    uint32_t nreached, nwant;
+    int32_t *expect_of;     /* data tag -> expect index, -1 */
+    uint32_t *expect_local; /* [nexpect]: its local tensor */
+    uint8_t *reached;       /* [nexpect]: every write counted */
+    uint8_t *sum_reached;   /* [nexpect]: every checksum record counted */
+    uint8_t *landed;        /* [nexpect]: landed (and verified) in an attempt of landed_version */
+    uint64_t landed_version;
+    uint32_t *ready; /* expect indices with data and records in, waiting to be checked */
+    uint32_t nready;
+    uint32_t nlanded, nwant;
+    void *sum_in; /* the checksum inbox: records grouped by expect entry */
+    struct wb_tx_mr *sum_in_mr;
+    uint64_t *area; /* [nexpect]: the entry's first slot */
+    bool corrupted; /* testing: the byte was flipped (opts.corrupt) */
 };
+
+/* data.c: XXH3-64 of n bytes of the data side's memory (GPU memory through a host copy). */
+uint64_t ag_xxh3(struct data *d, const void *p, uint64_t n);
 
 /* exec.c */
 int ag_exec_setup(struct data *d, char *err, size_t errcap);

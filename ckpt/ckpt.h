@@ -185,6 +185,21 @@ struct wb_box wb_ckpt_piece_box(const struct wb_ckpt *ck, const struct wb_ckpt_p
 int wb_ckpt_read_piece(struct wb_ckpt_reader *r, const struct wb_ckpt_piece *p, void *dst,
                        uint64_t *xxh3);
 
+/* ---------------------------------------------------------------- the readers as trainers */
+
+/* The trainer layout in which the shares' readers are a job's trainer ranks (a one-dim mesh
+ * "reader" of s->n, residence host: they read from the files): a tensor one reader reads whole
+ * sits on that reader alone, a tensor the shares split is placed by explicit row ranges
+ * (WB_PLACE_ROWS), so the plan sends every byte from the reader that read it. *out is
+ * replaced on success. */
+int wb_ckpt_layout(const struct wb_ckpt *ck, const struct wb_ckpt_shares *s,
+                   struct wb_trainer_layout *out, struct wb_errlist *el);
+
+/* What the checkpoint holds, as one line ("safetensors <XXH3 of every file's name, size and
+ * header> (N files, B bytes)"): readers register it and the broadcast's controller refuses a
+ * reader that opened other files. */
+int wb_ckpt_fingerprint(const struct wb_ckpt *ck, char *buf, size_t cap);
+
 /* ---------------------------------------------------------------- writing (tests, benches) */
 
 struct wb_ckpt_write_opts {

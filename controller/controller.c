@@ -13,6 +13,7 @@
  *   PEERS(gen) with every agent's addr+regions to every trainer  -> REPORT connected
  *   then READY: transfers may run. */
 #include "controller/ctl.h"
+#include "planner/planner.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -41,13 +42,15 @@ struct agent {
     uint64_t pid;
     int64_t device;
     bool synthetic;            /* holds no tensors of its own (wb-agent): nothing to check */
+    bool sourced;              /* reads its tensors from a source (a checkpoint) */
     struct ctl_blob inv, mesh; /* a deferred plan's registrations, checked once it is made */
     uint64_t pushed; /* trainers: the version this agent's process asked for (PUSH), 0: none */
     /* setup */
-    uint64_t setup_session;  /* session whose SETUP report arrived */
-    uint64_t connected_gen;  /* gen of the last CONNECTED report */
-    struct ctl_blob addr;    /* transport address (REPORT setup) */
-    struct ctl_blob regions; /* memory descriptors (REPORT setup) */
+    uint64_t setup_session;        /* session whose SETUP report arrived */
+    char setup_err[WB_ERRMSG_MAX]; /* its last SETUP failed, and why ("" when it did not) */
+    uint64_t connected_gen;        /* gen of the last CONNECTED report */
+    struct ctl_blob addr;          /* transport address (REPORT setup) */
+    struct ctl_blob regions;       /* memory descriptors (REPORT setup) */
     /* commands */
     struct cmd *cmds;
     size_t ncmds, capcmds;
@@ -57,6 +60,12 @@ struct agent {
     /* rollout state (heartbeats) */
     uint64_t version;
     bool in_flight;
+    /* trainers: progress of the transfer in flight (heartbeats) */
+    uint64_t done_bytes, total_bytes;
+    /* rollouts: what landed of a failed version (REPORT_RECEIVED after ABORT), so that its
+     * next attempt resends only the rest */
+    uint64_t landed_version;
+    struct ctl_blob landed;
     /* current transfer */
     bool done, committed;
     struct wb_xfer_stats stats;
@@ -85,7 +94,9 @@ struct wb_controller {
     uint64_t sessions;         /* session ids handed out */
     uint64_t refused_sessions; /* a deferred plan failed with these sessions: wait for new ones */
     uint64_t last_version;     /* last complete transfer */
+    uint64_t failed_version;   /* the version whose last attempt failed (0: none) */
     uint64_t epochs;           /* transfer attempts started */
+    char *source;              /* the source every trainer must read (NULL: any) */
     struct xfer x;
     bool shutting_down;
     uint64_t exit_deadline, exit_linger;
@@ -236,11 +247,14 @@ static void send_setup(struct wb_controller *c, struct agent *a)
     const struct wb_job *j = c->job;
     bool tr = a->role == WB_ROLE_TRAINER;
     const struct ctl_blob *tbl = tr ? &c->plan.table[a->rank] : &c->plan.recv[a->rank];
-    struct wb_body_setup b = {.gen = c->gen, .seed = j->seed, .plan = {tbl->buf, tbl->len}};
+    struct wb_body_setup b = {
+        .gen = c->gen, .seed = j->seed, .plan = {tbl->buf, tbl->len}, .verify = j->verify};
     if (tr)
         b.shards = (struct wb_bytes){c->plan.shards[a->rank].buf, c->plan.shards[a->rank].len};
     else if (c->plan.locals)
         b.locals = (struct wb_bytes){c->plan.locals[a->rank].buf, c->plan.locals[a->rank].len};
+    if (tr && c->plan.sums)
+        b.sums = (struct wb_bytes){c->plan.sums[a->rank].buf, c->plan.sums[a->rank].len};
     snprintf(b.provider, sizeof(b.provider), "%s", j->provider);
     snprintf(b.trace, sizeof(b.trace), "%s", j->trace);
     snprintf(b.job, sizeof(b.job), "%s", j->name);
@@ -389,11 +403,15 @@ static void agent_reset(struct agent *a)
     free(a->regions.buf);
     free(a->inv.buf);
     free(a->mesh.buf);
-    a->inv = a->mesh = (struct ctl_blob){0};
+    free(a->landed.buf);
+    a->inv = a->mesh = a->landed = (struct ctl_blob){0};
+    a->landed_version = 0;
+    a->done_bytes = a->total_bytes = 0;
     a->pushed = 0;
     a->addr = (struct ctl_blob){0};
     a->regions = (struct ctl_blob){0};
     a->setup_session = 0;
+    a->setup_err[0] = 0;
     a->connected_gen = 0;
     a->version = 0;
     a->in_flight = false;
@@ -441,6 +459,7 @@ static void xfer_fail(struct wb_controller *c, const char *fmt, ...)
     va_end(ap);
     snprintf(msg, sizeof(msg), "transfer %" PRIu64 " failed: %s", c->x.version, why);
     wb_log(WB_LOG_WARN, M, "%s", msg);
+    c->failed_version = c->x.version;
     for (uint32_t i = 0; i < c->nagents; i++)
         if (c->agents[i].alive)
             queue_abort(c, &c->agents[i], c->x.version, why);
@@ -475,6 +494,7 @@ static void xfer_result(struct wb_controller *c)
     wb_mpw_free(&tr);
     wb_mpw_free(&rb);
     c->last_version = c->x.version;
+    c->failed_version = 0;
     xfer_end(c);
 }
 
@@ -511,13 +531,42 @@ static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nn
     c->x.client = client;
     c->epochs++; /* each attempt has its own epoch: agents tag its immediates with it */
     struct wb_body_version_epoch cmd = {v, c->epochs};
+    /* Another attempt of a version that failed: what landed at each rollout since (it said so
+     * when told to abort, and has kept its session) is not sent again — when every trainer's
+     * bytes of a version are fixed: a checkpoint's, or the synthetic source's. A process's own
+     * tensors may have changed since; they are sent whole. */
+    struct wb_mpw skip;
+    wb_mpw_init(&skip);
+    bool fixed = true;
+    for (uint32_t t = 0; t < c->plan.ntrainers; t++)
+        fixed &= c->agents[t].synthetic || c->agents[t].sourced;
+    if (v == c->failed_version && fixed) {
+        uint64_t any = 0;
+        wb_mpw_array(&skip, c->plan.nrollouts);
+        for (uint32_t r = 0; r < c->plan.nrollouts; r++) {
+            struct agent *a = &c->agents[c->plan.ntrainers + r];
+            if (a->landed_version == v && a->landed.len > 1) {
+                wb_mpw_raw(&skip, a->landed.buf, a->landed.len);
+                any++;
+            } else {
+                wb_mpw_array(&skip, 0);
+            }
+        }
+        if (any && wb_mpw_finish(&skip) == 0)
+            cmd.skip = mpw_bytes(&skip);
+        wb_log(WB_LOG_INFO, M,
+               "transfer %" PRIu64 " resumed: %" PRIu64 " rollout%s keep what landed", v, any,
+               any == 1 ? "" : "s");
+    }
     for (uint32_t i = 0; i < c->nagents; i++) {
         struct agent *a = &c->agents[i];
         a->stats = (struct wb_xfer_stats){.rank = a->rank};
         a->rx_bytes = 0;
         a->pushed = 0;
+        a->done_bytes = a->total_bytes = 0;
         cmd_queue(c, a, WB_CMD_TRANSFER, &cmd);
     }
+    wb_mpw_free(&skip);
     wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " started", v);
 }
 
@@ -700,6 +749,12 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
         reply_error(c, req, -EADDRINUSE, msg);
         return;
     }
+    if (role == WB_ROLE_TRAINER && c->source && strcmp(b->source, c->source) != 0) {
+        snprintf(msg, sizeof(msg), "register: trainer rank %u reads %s, the job moves %s", a->rank,
+                 *b->source ? b->source : "its own memory", c->source);
+        reply_error(c, req, -WB_E_CONFIG, msg);
+        return;
+    }
     if (!registration_ok(c, req, role, a->rank, b))
         return;
     if (a->session) {
@@ -716,6 +771,7 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
     a->pid = b->pid;
     a->device = b->device;
     a->synthetic = b->synthetic;
+    a->sourced = b->source[0] != 0;
     if (c->plan.deferred && (blob_set(&a->inv, &b->inv) || blob_set(&a->mesh, &b->mesh)))
         wb_log(WB_LOG_ERROR, M, "%s rank %u: no memory to keep the registration", b->role, a->rank);
     wb_log(WB_LOG_INFO, M,
@@ -764,6 +820,7 @@ static int blob_set(struct ctl_blob *b, const struct wb_bytes *x)
 static void on_rep_setup(struct wb_controller *c, struct agent *a,
                          const struct wb_body_rep_setup *b)
 {
+    snprintf(a->setup_err, sizeof(a->setup_err), "%s", b->ok ? "" : b->err);
     if (!b->ok)
         wb_log(WB_LOG_ERROR, M, "%s rank %u setup failed: %s", wb_role_name(a->role), a->rank,
                b->err);
@@ -813,6 +870,10 @@ static void on_rep_sent(struct wb_controller *c, struct agent *a, const struct w
 static void on_rep_received(struct wb_controller *c, struct agent *a,
                             const struct wb_body_rep_received *b)
 {
+    if (!b->ok && b->landed.n && (b->version == c->failed_version || b->version == c->x.version)) {
+        if (blob_set(&a->landed, &b->landed) == 0)
+            a->landed_version = b->version;
+    }
     if (b->ok && c->x.active && b->version == c->x.version && !a->done)
         a->rx_bytes = b->bytes;
     on_rep_done(c, a, b->version, b->ok, b->err);
@@ -852,6 +913,10 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
     case WB_MSG_HEARTBEAT:
         a->version = b->hb.version;
         a->in_flight = b->hb.in_flight;
+        if (c->x.active && b->hb.epoch == c->epochs) { /* not an earlier attempt's */
+            a->done_bytes = b->hb.done;
+            a->total_bytes = b->hb.total;
+        }
         reply_ok(c, req);
         return;
     case WB_MSG_POLL:
@@ -905,12 +970,16 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
                                           .device = a->device,
                                           .version = a->version,
                                           .in_flight = a->in_flight,
-                                          .seen_ms = a->session ? (now - a->last_ns) / 1000000 : 0};
+                                          .seen_ms = a->session ? (now - a->last_ns) / 1000000 : 0,
+                                          .done = a->done_bytes,
+                                          .total = a->total_bytes};
         snprintf(as.role, sizeof(as.role), "%s", wb_role_name(a->role));
         snprintf(as.state, sizeof(as.state), "%s",
-                 a->alive     ? "alive"
-                 : a->session ? "dead"
-                              : "absent");
+                 a->alive && a->setup_err[0] ? "failed"
+                 : a->alive                  ? "alive"
+                 : a->session                ? "dead"
+                                             : "absent");
+        snprintf(as.err, sizeof(as.err), "%s", a->setup_err);
         snprintf(as.host, sizeof(as.host), "%s", a->host);
         wb_body_put(&agents, WB_BODY_AGENT_STATUS, &as);
     }
@@ -1032,6 +1101,18 @@ static bool shutdown_done(struct wb_controller *c, uint64_t now)
     return true;
 }
 
+void wb_controller_plan_info(const struct wb_controller *c, struct wb_controller_plan_info *out,
+                             uint64_t *send)
+{
+    *out = (struct wb_controller_plan_info){.ntrainers = c->plan.ntrainers,
+                                            .nrollouts = c->plan.nrollouts,
+                                            .bytes = c->plan.total_bytes,
+                                            .mem_cap = c->plan.mem_cap,
+                                            .largest_task = c->plan.largest_task};
+    for (uint32_t r = 0; send && r < c->plan.ntrainers; r++)
+        send[r] = c->plan.send_bytes ? c->plan.send_bytes[r] : 0;
+}
+
 int wb_controller_run(struct wb_controller *c)
 {
     for (;;) {
@@ -1058,11 +1139,23 @@ int wb_controller_run(struct wb_controller *c)
 int wb_controller_create(const struct wb_job *job, struct wb_controller **out,
                          struct wb_errlist *el)
 {
+    return wb_controller_create_opts(job, NULL, out, el);
+}
+
+int wb_controller_create_opts(const struct wb_job *job, const struct wb_controller_opts *o,
+                              struct wb_controller **out, struct wb_errlist *el)
+{
     struct wb_controller *c = calloc(1, sizeof(*c));
-    if (!c)
+    if (!c) {
+        if (o && o->trainer_layout)
+            wb_trainer_layout_free(o->trainer_layout);
         return -ENOMEM;
+    }
     c->job = job;
-    int rv, err = ctl_plan_build(job, &c->plan, el);
+    int rv, err = 0;
+    if (o && o->source && !(c->source = strdup(o->source)))
+        err = -ENOMEM;
+    err = err ? err : ctl_plan_build(job, o, &c->plan, el);
     if (err)
         goto err_free;
     c->nagents = c->plan.ntrainers + c->plan.nrollouts;
@@ -1109,6 +1202,9 @@ err_agents:
 err_plan:
     ctl_plan_free(&c->plan);
 err_free:
+    if (o && o->trainer_layout) /* zeroed when the plan took it over */
+        wb_trainer_layout_free(o->trainer_layout);
+    free(c->source);
     free(c);
     return err;
 }
@@ -1126,5 +1222,6 @@ void wb_controller_destroy(struct wb_controller *c)
     nng_close(c->sock);
     free(c->agents);
     ctl_plan_free(&c->plan);
+    free(c->source);
     free(c);
 }

@@ -39,6 +39,7 @@ struct wb_job {
     uint64_t heartbeat_ns, dead_ns, transfer_ns, poll_hold_ns;
     uint64_t trainers, rollouts; /* expected agents; 0 = from the layouts */
     char *trace;                 /* "" or a directory: agents write <dir>/<role><rank>.json */
+    bool verify; /* rollouts check every write against its XXH3 computed at the writer */
 };
 
 extern const struct wb_cfg_field wb_job_fields[];
@@ -57,6 +58,38 @@ struct wb_controller;
  * listens. The job is borrowed for the controller's lifetime. */
 int wb_controller_create(const struct wb_job *job, struct wb_controller **out,
                          struct wb_errlist *el);
+/* What a program embedding the controller gives beyond the job file: a checkpoint broadcast
+ * (ckpt/bin/wb-broadcast) plans for readers it laid out itself. */
+struct wb_trainer_layout;
+struct wb_inventory;
+struct wb_controller_opts {
+    /* The trainer layout (taken over: *trainer_layout is left zeroed, also on failure) and the
+     * trainer inventory (copied) instead of the job's; the job then names no trainer layout. */
+    struct wb_trainer_layout *trainer_layout;
+    const struct wb_inventory *trainer_inv;
+    /* Every trainer must register with this source (REGISTER.source, a checkpoint's
+     * fingerprint); NULL: any. */
+    const char *source;
+    /* Raise the executors' memory cap to the largest task where that is over the job's cap
+     * (a checkpoint's tensors are the size they are) instead of failing at setup. */
+    bool fit_largest_task;
+};
+
+/* wb_controller_create with options (o may be NULL). */
+int wb_controller_create_opts(const struct wb_job *job, const struct wb_controller_opts *o,
+                              struct wb_controller **out, struct wb_errlist *el);
+/* What the plan is, for the program that embeds the controller. The plan is fixed once
+ * created, so this may be read from any thread while the controller runs (a plan still waiting
+ * for the trainers' registrations reads as zeros). */
+struct wb_controller_plan_info {
+    uint32_t ntrainers, nrollouts;
+    uint64_t bytes;        /* every write of a transfer */
+    uint64_t mem_cap;      /* the executors' temporary-memory cap */
+    uint64_t largest_task; /* temporary bytes of the largest task */
+};
+/* send (may be NULL): ntrainers entries, what each trainer rank writes. */
+void wb_controller_plan_info(const struct wb_controller *c, struct wb_controller_plan_info *out,
+                             uint64_t *send);
 /* Runs the event loop until a client asks for shutdown (returns 0) or a fatal error. */
 int wb_controller_run(struct wb_controller *c);
 void wb_controller_destroy(struct wb_controller *c);

@@ -26,9 +26,14 @@ struct ctl_plan {
     struct ctl_blob *recv;   /* [nrollouts] planner receive-list envelope */
     struct ctl_blob *locals; /* [nrollouts] msgpack array of the names of each receive list's
                                 local tensors, in its order */
+    struct ctl_blob *sums;   /* [ntrainers] with verify: per table write, its checksum slot at
+                                its rollout (u32 little-endian each) */
     char **rollout_names;    /* [rollout inventory size] names, for registration checks */
     uint32_t nrollout_names;
-    char *summary; /* human-readable plan summary (wb-ctl plan) */
+    char *summary;        /* human-readable plan summary (wb-ctl plan) */
+    uint64_t total_bytes; /* every write of a transfer */
+    uint64_t *send_bytes; /* [ntrainers] */
+    uint64_t mem_cap, largest_task;
 };
 
 /* The job file's model section as the planner's model source. */
@@ -36,8 +41,10 @@ struct wb_model_src;
 void ctl_model_src(const struct wb_job *job, struct wb_model_src *src);
 
 /* Loads the job's model and layouts, matches and plans. Every problem goes to el (naming the
- * tensor, file:line or rank); nothing is half-built on failure. */
-int ctl_plan_build(const struct wb_job *job, struct ctl_plan *out, struct wb_errlist *el);
+ * tensor, file:line or rank); nothing is half-built on failure. o (may be NULL): a trainer
+ * layout and inventory given by the embedding program. */
+int ctl_plan_build(const struct wb_job *job, const struct wb_controller_opts *o,
+                   struct ctl_plan *out, struct wb_errlist *el);
 void ctl_plan_free(struct ctl_plan *p);
 /* A deferred plan, once the trainer layout is known (it is taken over, *tl left zeroed): plans
  * and encodes; on failure p stays deferred and el says why. */

@@ -140,7 +140,7 @@ static int derive_layout(uint32_t ntrainers, const struct wb_bytes *inv,
             memcpy(&place[i * m0.ndims], all[i].place, m0.ndims * sizeof(*place));
         }
         err = wb_trainer_layout_from_placements(m0.ndims, dims, 0, WB_RESIDE_GPU, u, names, place,
-                                                "the trainers' registrations", out, el);
+                                                NULL, "the trainers' registrations", out, el);
     }
     free(names);
     free(place);

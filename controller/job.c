@@ -63,6 +63,10 @@ const struct wb_cfg_field wb_job_fields[] = {
      offsetof(struct wb_job, rollouts)},
     {"trace", WB_CFG_STR, "", "directory for Chrome trace JSON per agent (empty: none)",
      offsetof(struct wb_job, trace)},
+    {"verify", WB_CFG_BOOL, "false",
+     "rollouts check every write against its XXH3 computed at the writer (costs a hash of every "
+     "byte on both sides)",
+     offsetof(struct wb_job, verify)},
     {0},
 };
 

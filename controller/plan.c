@@ -92,6 +92,57 @@ static int encode_shards(const struct wb_job *job, struct ctl_plan *p,
     return err;
 }
 
+/* Verify: every write's slot in its rollout's checksum inbox. A rollout's inbox holds one
+ * record per write it counts, grouped by its receive list's expect entries in order; within an
+ * entry, writes come trainer by trainer in table order — so each trainer finds its slots
+ * without knowing the others' tables, and the rollout its records without any list. */
+static int encode_sums(struct ctl_plan *p, const struct wb_plan *plan)
+{
+    uint32_t maxtag = 0;
+    for (uint32_t g = 0; g < plan->nrollouts; g++)
+        for (uint32_t i = 0; i < plan->recv[g].nexpect; i++)
+            if (plan->recv[g].expect[i].tag > maxtag)
+                maxtag = plan->recv[g].expect[i].tag;
+    size_t stride = (size_t)maxtag + 1;
+    uint32_t *next = malloc((plan->nrollouts ? plan->nrollouts : 1) * stride * sizeof(uint32_t));
+    p->sums = calloc(plan->ntrainers ? plan->ntrainers : 1, sizeof(*p->sums));
+    if (!next || !p->sums) {
+        free(next);
+        return -ENOMEM;
+    }
+    for (uint32_t g = 0; g < plan->nrollouts; g++) {
+        uint64_t slot = 0;
+        for (uint32_t i = 0; i < plan->recv[g].nexpect; i++) {
+            next[g * stride + plan->recv[g].expect[i].tag] = (uint32_t)slot;
+            slot += plan->recv[g].expect[i].writes;
+        }
+        if (slot > UINT32_MAX) {
+            free(next);
+            return -E2BIG;
+        }
+    }
+    int err = 0;
+    for (uint32_t r = 0; !err && r < plan->ntrainers; r++) {
+        const struct wb_route_table *t = &plan->tables[r];
+        uint8_t *b = malloc((size_t)t->nwrites * 4 + 1);
+        if (!b) {
+            err = -ENOMEM;
+            break;
+        }
+        for (uint32_t k = 0; k < t->nwrites; k++) {
+            const struct wb_rt_write *w = &t->writes[k];
+            uint32_t s = next[w->dst_rank * stride + w->tag]++;
+            b[4 * k] = (uint8_t)s;
+            b[4 * k + 1] = (uint8_t)(s >> 8);
+            b[4 * k + 2] = (uint8_t)(s >> 16);
+            b[4 * k + 3] = (uint8_t)(s >> 24);
+        }
+        p->sums[r] = (struct ctl_blob){b, (size_t)t->nwrites * 4};
+    }
+    free(next);
+    return err;
+}
+
 void ctl_model_src(const struct wb_job *job, struct wb_model_src *src)
 {
     *src = (struct wb_model_src){.rules = job->model.rules,
@@ -105,7 +156,7 @@ void ctl_model_src(const struct wb_job *job, struct wb_model_src *src)
 
 /* Plans a loaded model (its layouts loaded or derived) and encodes what every agent gets. */
 static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_model *mdp,
-                       struct wb_errlist *el)
+                       bool fit_largest, struct wb_errlist *el)
 {
     struct wb_model md = *mdp; /* read only here; the caller owns it */
     struct wb_plan *plan = NULL;
@@ -125,6 +176,26 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
     p->has_model = true;
     p->ntrainers = plan->ntrainers;
     p->nrollouts = plan->nrollouts;
+    p->total_bytes = plan->stats.total_bytes;
+    p->send_bytes = malloc((p->ntrainers ? p->ntrainers : 1) * sizeof(uint64_t));
+    if (!p->send_bytes) {
+        err = -ENOMEM;
+        goto out;
+    }
+    p->mem_cap = plan->mem_cap;
+    for (uint32_t r = 0; r < p->ntrainers; r++) {
+        p->send_bytes[r] = plan->tables[r].send_bytes;
+        if (plan->tables[r].max_tmp_bytes > p->largest_task)
+            p->largest_task = plan->tables[r].max_tmp_bytes;
+    }
+    if (fit_largest && p->largest_task > p->mem_cap) {
+        wb_log(WB_LOG_INFO, "controller",
+               "memory cap raised from %llu to the largest task's %llu bytes",
+               (unsigned long long)p->mem_cap, (unsigned long long)p->largest_task);
+        p->mem_cap = plan->mem_cap = p->largest_task;
+        for (uint32_t r = 0; r < p->ntrainers; r++)
+            plan->tables[r].mem_cap = p->mem_cap;
+    }
     p->table = calloc(p->ntrainers, sizeof(*p->table));
     p->shards = calloc(p->ntrainers, sizeof(*p->shards));
     p->recv = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->recv));
@@ -153,6 +224,8 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
         err = err ? err : e2;
     }
     err = err ? err : encode_shards(job, p, &md.trainer, md.match, &md.tl, el);
+    if (!err && job->verify)
+        err = encode_sums(p, plan);
     if (!err) {
         p->rollout_names = calloc(md.rollout.n + 1, sizeof(char *));
         err = p->rollout_names ? 0 : -ENOMEM;
@@ -221,7 +294,7 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
     int err = wb_model_load(&src, &md, el);
     if (err)
         return err;
-    err = plan_encode(job, p, &md, el);
+    err = plan_encode(job, p, &md, false, el);
     wb_model_free(&md);
     return err;
 }
@@ -234,7 +307,7 @@ int ctl_plan_finish(const struct wb_job *job, struct ctl_plan *p, struct wb_trai
     p->md->tl = *tl; /* the model owns it from now on */
     memset(tl, 0, sizeof(*tl));
     int err = wb_layout_check(&p->md->tl, &p->md->rl, el);
-    err = err ? err : plan_encode(job, &q, p->md, el);
+    err = err ? err : plan_encode(job, &q, p->md, false, el);
     if (err) {
         ctl_plan_free(&q);
         wb_trainer_layout_free(&p->md->tl);
@@ -247,13 +320,43 @@ int ctl_plan_finish(const struct wb_job *job, struct ctl_plan *p, struct wb_trai
     return 0;
 }
 
-int ctl_plan_build(const struct wb_job *job, struct ctl_plan *out, struct wb_errlist *el)
+/* A trainer layout and inventory given by the embedding program (a checkpoint broadcast's
+ * readers): the job's rules, rollout side and rollout layout, planned at once. */
+static int plan_given(const struct wb_job *job, const struct wb_controller_opts *o,
+                      struct ctl_plan *p, struct wb_errlist *el)
+{
+    struct wb_model_src src;
+    ctl_model_src(job, &src);
+    src.trainer_layout = src.rollout_layout = NULL;
+    src.trainer_inv = NULL;
+    src.trainer_mem = o->trainer_inv;
+    struct wb_trainer_layout tl = *o->trainer_layout;
+    memset(o->trainer_layout, 0, sizeof(*o->trainer_layout));
+    struct wb_model md;
+    int err = wb_model_load(&src, &md, el);
+    if (err) {
+        wb_trainer_layout_free(&tl);
+        return err;
+    }
+    md.tl = tl;
+    md.have_layouts = true; /* both freed with the model from here */
+    err = wb_rollout_layout_load(job->rollout_layout, &md.rl, el);
+    err = err ? err : wb_layout_check(&md.tl, &md.rl, el);
+    err = err ? err : plan_encode(job, p, &md, o->fit_largest_task, el);
+    wb_model_free(&md);
+    return err;
+}
+
+int ctl_plan_build(const struct wb_job *job, const struct wb_controller_opts *o,
+                   struct ctl_plan *out, struct wb_errlist *el)
 {
     struct ctl_plan p;
     memset(&p, 0, sizeof(p));
     int err;
     if (!*job->model.rules) {
         err = plan_empty(job, &p);
+    } else if (o && o->trainer_layout) {
+        err = plan_given(job, o, &p, el);
     } else {
         err = plan_model(job, &p, el);
     }
@@ -275,6 +378,10 @@ void ctl_plan_free(struct ctl_plan *p)
         free(p->table[i].buf);
         free(p->shards[i].buf);
     }
+    for (uint32_t i = 0; p->sums && i < p->ntrainers; i++)
+        free(p->sums[i].buf);
+    free(p->sums);
+    free(p->send_bytes);
     for (uint32_t i = 0; p->recv && i < p->nrollouts; i++)
         free(p->recv[i].buf);
     for (uint32_t i = 0; p->locals && i < p->nrollouts; i++)

@@ -38,7 +38,18 @@ int wb_ref_load(const struct wb_job *job, struct wb_ref **out, struct wb_errlist
     struct wb_model_src src;
     ctl_model_src(job, &src);
     f->seed = job->seed;
+    /* A job whose trainer layout is derived or laid out by a broadcast's coordinator: the
+     * rollout layout alone says what each rollout holds. */
+    bool rollout_only = !*job->trainer_layout;
+    if (rollout_only)
+        src.trainer_layout = src.rollout_layout = NULL;
     int err = wb_model_load(&src, &f->md, el);
+    if (!err && rollout_only) {
+        err = wb_rollout_layout_load(job->rollout_layout, &f->md.rl, el);
+        f->md.have_layouts = err == 0; /* freed with the model; tl stays zeroed */
+        if (err)
+            wb_model_free(&f->md);
+    }
     if (err) {
         free(f);
         return err;
@@ -95,7 +106,7 @@ static int global_values(const struct wb_ref *f, const struct wb_mapping *m, uin
     for (uint32_t c = 0; !rc && c < m->ncomp; c++) {
         const struct wb_component *cp = &m->comp[c];
         const struct wb_param *tp = &f->md.trainer.p[cp->trainer];
-        if (cp->trainer_scale >= 0 || cp->permuted) {
+        if (cp->trainer_scale >= 0 || m->fp8_scales || cp->permuted) {
             snprintf(msg, cap, "%s: %s are not covered by the reference", rp->name,
                      cp->permuted ? "transposed components" : "FP8 trainer checkpoints");
             rc = -ENOTSUP;

@@ -96,12 +96,12 @@ static int vocab_split(const struct wb_match *mt, const struct wb_param *R,
                        S->ndim, path, m->rule_line);
         return -WB_E_PLAN;
     }
-    if (m->ncomp != 1 || m->scale >= 0) {
+    bool fp8 = m->scale >= 0 || m->block || m->fp8_scales;
+    if (m->ncomp != 1 || fp8) {
         wb_errlist_add(el,
                        "%s: vocab padding (shard pad) needs one unquantized component, not %u%s "
                        "(rule %s:%u)",
-                       R->name, m->ncomp, m->scale >= 0 ? " FP8-quantized" : "", path,
-                       m->rule_line);
+                       R->name, m->ncomp, fp8 ? " FP8-quantized" : "", path, m->rule_line);
         return -WB_E_PLAN;
     }
     uint64_t size = S->dim[d], pad = m->shard.pad;
@@ -199,7 +199,7 @@ int wb_mapping_local(const struct wb_match *mt, const struct wb_inventory *rollo
                            WB_MAX_PIECES, d, path, m->rule_line);
             return -WB_E_PLAN;
         }
-        bool quant_dim = m->scale >= 0 && m->block && d + 2 >= S->ndim;
+        bool quant_dim = m->block && d + 2 >= S->ndim;
         uint64_t lpos = 0;
         for (size_t i = 0; i < nparts; i++) {
             const struct part *p = &parts[i];

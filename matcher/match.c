@@ -717,6 +717,46 @@ static void account(struct mctx *c, size_t ri, const struct wb_component *cp, bo
     }
 }
 
+/* An FP8 checkpoint copied into FP8 rollout tensors: the scales become a mapping of their own
+ * (the rollout scale tensor built from the trainer scale tensors, boxes in blocks, sharded like
+ * the values), so that the planner plans them like any copy — a trainer scale tensor is a
+ * trainer tensor of its own, placed (and read) apart from its values. The value mapping keeps
+ * `block` (its shard edges must still fall on block edges) and loses `scale`. */
+static void split_fp8_copy(struct mctx *c, size_t vi)
+{
+    if (c->n == c->cap && wb_grow(&c->map, &c->cap, 256, sizeof(*c->map)) != 0) {
+        c->fatal = -ENOMEM;
+        return;
+    }
+    struct wb_mapping *v = &c->map[vi];
+    struct wb_component *comp = calloc(v->ncomp, sizeof(*comp));
+    if (!comp) {
+        c->fatal = -ENOMEM;
+        return;
+    }
+    struct wb_mapping s = {.rollout = (uint32_t)v->scale,
+                           .scale = -1,
+                           .xform = WB_XFORM_COPY,
+                           .src_dtype = WB_DTYPE_FP32,
+                           .dst_dtype = WB_DTYPE_FP32,
+                           .shard = v->shard,
+                           .ncomp = v->ncomp,
+                           .comp = comp,
+                           .rule_line = v->rule_line,
+                           .kind = v->kind,
+                           .fp8_scales = true};
+    for (uint32_t i = 0; i < v->ncomp; i++) {
+        const struct wb_component *vc = &v->comp[i];
+        comp[i] = (struct wb_component){
+            .trainer = (uint32_t)vc->trainer_scale, .heads = vc->heads, .trainer_scale = -1};
+        /* both boxes start on block edges (checked when the values were matched) */
+        wb_scale_box(&vc->src, v->block, &comp[i].src);
+        wb_scale_box(&vc->dst, v->block, &comp[i].dst);
+    }
+    v->scale = -1;
+    c->map[c->n++] = s;
+}
+
 static void build_one(struct mctx *c, size_t ri, size_t rule_index, const struct wb_caps *caps)
 {
     const struct wb_rule *rl = &c->rs->r[rule_index];
@@ -763,6 +803,8 @@ static void build_one(struct mctx *c, size_t ri, size_t rule_index, const struct
     m.ncomp = (uint32_t)b.ncomp;
     m.comp = b.comp;
     c->map[c->n++] = m;
+    if (m.xform == WB_XFORM_COPY && m.scale >= 0)
+        split_fp8_copy(c, c->n - 1);
 }
 
 /* ---------------------------------------------------------------- the run */

@@ -131,7 +131,8 @@ struct wb_component {
      * r * heads / tp. */
     uint32_t heads;
     /* Index of the trainer's FP32 scale tensor when the trainer side is itself FP8 block-
-     * quantized (checkpoint broadcast: xform COPY of values and scales), else -1. */
+     * quantized (checkpoint broadcast: xform COPY of the values; the scales are copied by a
+     * mapping of their own, fp8_scales), else -1. */
     int32_t trainer_scale;
     /* A transpose (any dim permutation): when `permuted`, src and dst have the same ndim n,
      * dst.ext[k] == src.ext[perm[k]], and dst element (i_0, ..., i_{n-1}) is src element j with
@@ -163,7 +164,14 @@ struct wb_mapping {
     struct wb_component *comp; /* ordered along the fused/stacked dim */
     uint32_t rule_line;        /* line of the rule that produced it, for messages */
     enum wb_map_kind kind;
-    uint32_t block; /* quantization block edge (128) when scale >= 0, else 0 */
+    /* Quantization block edge (128) when the values are FP8 block-quantized — scale >= 0, or
+     * an FP8 copy whose scales have a mapping of their own (fp8_scales below) — else 0. A TP
+     * split must not cut the values inside a block. */
+    uint32_t block;
+    /* This mapping copies the FP32 scales of FP8 trainer tensors (a checkpoint broadcast into
+     * FP8 rollouts): its rollout tensor is the scale tensor of an FP8 copy's values, its
+     * components the trainer scale tensors, boxes in blocks. */
+    bool fp8_scales;
 };
 
 /* The match result. Owns its mappings; refers to the two inventories by index. */

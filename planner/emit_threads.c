@@ -104,7 +104,7 @@ static uint32_t split_ranks(const struct plan_ctx *c, uint32_t want, uint8_t *pa
         bool fixed = false;
         for (size_t k = 0; k < tl->nrules && !fixed; k++) {
             enum wb_place_kind kind = tl->rules[k].place[d].kind;
-            fixed = kind != WB_PLACE_SHARD && kind != WB_PLACE_REPLICATE;
+            fixed = !pl_place_splits(kind) && kind != WB_PLACE_REPLICATE;
         }
         if (!fixed && tl->dim[d].size > size) {
             best = d;

@@ -30,7 +30,7 @@ bool pl_rank_shard(const struct plan_ctx *c, uint32_t t, uint32_t r, uint32_t *s
         if (tp->sel[d] >= 0) {
             if ((int32_t)coord != tp->sel[d])
                 return false;
-        } else if (rule->place[d].kind == WB_PLACE_SHARD) {
+        } else if (pl_place_splits(rule->place[d].kind)) {
             s = s * tl->dim[d].size + coord;
         } else {
             q = q * tl->dim[d].size + coord;

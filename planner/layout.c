@@ -538,8 +538,10 @@ int wb_trainer_layout_load(const char *path, struct wb_trainer_layout *out, stru
 
 void wb_trainer_layout_free(struct wb_trainer_layout *t)
 {
-    for (size_t i = 0; i < t->nrules; i++)
+    for (size_t i = 0; i < t->nrules; i++) {
         free(t->rules[i].pattern);
+        free(t->rules[i].rows);
+    }
     free(t->rules);
     for (size_t i = 0; i < t->nnamed; i++)
         free(t->named[i]);
@@ -562,11 +564,20 @@ static int cmp_named(const void *a, const void *b)
     return strcmp(((const struct named *)a)->name, ((const struct named *)b)->name);
 }
 
+/* The ROWS dim of a placement row (-1: none). */
+static int rows_dim(const struct wb_placement *p, uint32_t ndims)
+{
+    for (uint32_t d = 0; d < ndims; d++)
+        if (p[d].kind == WB_PLACE_ROWS)
+            return (int)d;
+    return -1;
+}
+
 int wb_trainer_layout_from_placements(uint32_t ndims, const struct wb_mesh_dim *dims,
                                       uint32_t gpus_per_node, enum wb_residence residence, size_t n,
                                       const char *const *names, const struct wb_placement *place,
-                                      const char *origin, struct wb_trainer_layout *out,
-                                      struct wb_errlist *el)
+                                      const uint64_t *const *rows, const char *origin,
+                                      struct wb_trainer_layout *out, struct wb_errlist *el)
 {
     struct wb_trainer_layout t;
     memset(&t, 0, sizeof(t));
@@ -604,8 +615,20 @@ int wb_trainer_layout_from_placements(uint32_t ndims, const struct wb_mesh_dim *
             err = -WB_E_CONFIG;
             break;
         }
+        /* explicit rows: size + 1 cuts of the ROWS dim */
+        int rd = rows_dim(p, ndims);
+        const uint64_t *cuts = rd >= 0 && rows ? rows[ord[k].i] : NULL;
+        size_t ncuts = rd >= 0 ? dims[rd].size + 1 : 0;
+        if (rd >= 0 && !cuts) {
+            wb_errlist_add(el, "%s: %s: placed by explicit rows along mesh dim %s without them",
+                           origin, ord[k].name, dims[rd].name);
+            err = -WB_E_CONFIG;
+            break;
+        }
         size_t r = 0; /* one rule per distinct placement, so templates still see the classes */
-        while (r < t.nrules && memcmp(t.rules[r].place, p, ndims * sizeof(*p)) != 0)
+        while (r < t.nrules &&
+               (memcmp(t.rules[r].place, p, ndims * sizeof(*p)) != 0 ||
+                (cuts && memcmp(t.rules[r].rows, cuts, ncuts * sizeof(*cuts)) != 0)))
             r++;
         if (r == t.nrules) {
             if (t.nrules == cap && wb_grow(&t.rules, &cap, 8, sizeof(*t.rules))) {
@@ -621,6 +644,14 @@ int wb_trainer_layout_from_placements(uint32_t ndims, const struct wb_mesh_dim *
                 break;
             }
             t.nrules++;
+            if (cuts) {
+                nr->rows = malloc(ncuts * sizeof(*cuts));
+                if (!nr->rows) {
+                    err = -ENOMEM;
+                    break;
+                }
+                memcpy(nr->rows, cuts, ncuts * sizeof(*cuts));
+            }
         }
         t.named[k] = strdup(ord[k].name);
         t.named_rule[k] = (uint32_t)r;

@@ -20,6 +20,15 @@ static bool given(const char *s)
 static int load_inventory(const struct wb_model_src *src, const char *side, const char *file,
                           const char *config, struct wb_inventory *inv, struct wb_errlist *el)
 {
+    if (side[0] == 't' && src->trainer_mem) {
+        const struct wb_inventory *m = src->trainer_mem;
+        for (size_t i = 0; i < m->n; i++) {
+            int err = wb_inv_add(inv, m->p[i].name, m->p[i].dtype, &m->p[i].shape);
+            if (err)
+                return err;
+        }
+        return 0;
+    }
     if (given(file))
         return wb_inv_load_file(file, inv, el);
     if (!given(config)) {
@@ -83,8 +92,8 @@ int wb_model_load(const struct wb_model_src *src, struct wb_model *out, struct w
         int e1 = load_inventory(src, "trainer", src->trainer_inv, tconfig, &m.trainer, el);
         size_t n1 = el->n;
         /* both sides generated from one config.json fail alike: say it once */
-        bool same = !given(src->trainer_inv) && !given(src->rollout_inv) && tconfig &&
-                    src->config && strcmp(tconfig, src->config) == 0;
+        bool same = !given(src->trainer_inv) && !src->trainer_mem && !given(src->rollout_inv) &&
+                    tconfig && src->config && strcmp(tconfig, src->config) == 0;
         int e2 = e1 && same ? 0
                             : load_inventory(src, "rollout", src->rollout_inv, src->config,
                                              &m.rollout, el);

@@ -231,6 +231,11 @@ static bool pattern_match(const char *p, const char *s, int64_t caps[2])
 
 /* ---------------------------------------------------------------- problems */
 
+bool pl_place_splits(enum wb_place_kind k)
+{
+    return k == WB_PLACE_SHARD || k == WB_PLACE_ROWS;
+}
+
 void pl_problem(struct pl_problems *pp, const char *fmt, ...)
 {
     if (pp->n++ >= PL_KEEP) {
@@ -324,10 +329,23 @@ int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_i
         const struct wb_place_rule *rule = &tl->rules[tp->rule];
         for (uint32_t d = 0; d < tl->ndims; d++) {
             const struct wb_placement *pl = &rule->place[d];
-            if (pl->kind == WB_PLACE_SHARD && pl->arg >= prm->shape.ndim)
+            if (pl_place_splits(pl->kind) && pl->arg >= prm->shape.ndim)
                 pl_problem(&ec, "%s: rule %s:%u shards dim %u over %s but the tensor has %u dim%s",
-                           prm->name, tl->path, rule->line, pl->arg, tl->dim[d].name,
-                           prm->shape.ndim, prm->shape.ndim == 1 ? "" : "s");
+                       prm->name, tl->path, rule->line, pl->arg, tl->dim[d].name, prm->shape.ndim,
+                       prm->shape.ndim == 1 ? "" : "s");
+            else if (pl->kind == WB_PLACE_ROWS) {
+                /* cuts from 0 to the extent, never falling */
+                const uint64_t *cut = rule->rows;
+                uint32_t n = tl->dim[d].size, k = 0;
+                while (cut && k < n && cut[k] <= cut[k + 1])
+                    k++;
+                if (!cut || cut[0] != 0 || k < n || cut[n] != prm->shape.dim[pl->arg])
+                    pl_problem(&ec,
+                           "%s: explicit rows over %s do not cut its %llu rows along dim %u into "
+                           "%u rising ranges from 0 (%s)",
+                           prm->name, tl->dim[d].name, (unsigned long long)prm->shape.dim[pl->arg],
+                           pl->arg, n, tl->path);
+            }
             if (pl->kind == WB_PLACE_LAYER) {
                 any_layer_rule = true;
                 if (c[0] > maxlayer)
@@ -421,7 +439,7 @@ uint32_t pl_place_nshards(const struct wb_placement_map *pm, const struct tplace
     uint32_t n = 1;
     const struct wb_place_rule *rule = &pm->tl->rules[tp->rule];
     for (uint32_t d = 0; d < pm->tl->ndims; d++)
-        if (tp->sel[d] < 0 && rule->place[d].kind == WB_PLACE_SHARD)
+        if (tp->sel[d] < 0 && pl_place_splits(rule->place[d].kind))
             n *= pm->tl->dim[d].size;
     return n;
 }
@@ -439,10 +457,15 @@ static struct wb_box coords_box(const struct wb_placement_map *pm, const struct 
     const struct wb_place_rule *rule = &pm->tl->rules[tp->rule];
     for (uint32_t d = 0; d < pm->tl->ndims; d++) {
         const struct wb_placement *pl = &rule->place[d];
-        if (pl->kind != WB_PLACE_SHARD)
+        if (!pl_place_splits(pl->kind))
             continue;
         uint64_t off, len;
-        pl_chunk_range(b.ext[pl->arg], pm->tl->dim[d].size, coord[d], &off, &len);
+        if (pl->kind == WB_PLACE_ROWS) { /* the cuts are of the whole extent */
+            off = rule->rows[coord[d]];
+            len = rule->rows[coord[d] + 1] - off;
+        } else {
+            pl_chunk_range(b.ext[pl->arg], pm->tl->dim[d].size, coord[d], &off, &len);
+        }
         b.off[pl->arg] += off;
         b.ext[pl->arg] = len;
     }
@@ -469,7 +492,7 @@ uint32_t pl_place_rank(const struct wb_placement_map *pm, const struct tplace *t
         rank += coord[d] * pm->stride[d];
         if (tp->sel[d] >= 0)
             continue;
-        if (rule->place[d].kind == WB_PLACE_SHARD)
+        if (pl_place_splits(rule->place[d].kind))
             s = s * tl->dim[d].size + coord[d];
         else
             q = q * tl->dim[d].size + coord[d];
@@ -492,7 +515,7 @@ static void sq_coords(const struct wb_placement_map *pm, const struct tplace *tp
     for (uint32_t d = tl->ndims; d-- > 0;) {
         if (tp->sel[d] >= 0) {
             coord[d] = (uint32_t)tp->sel[d];
-        } else if (rule->place[d].kind == WB_PLACE_SHARD) {
+        } else if (pl_place_splits(rule->place[d].kind)) {
             coord[d] = s % tl->dim[d].size;
             s /= tl->dim[d].size;
         } else {

@@ -441,47 +441,37 @@ static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts 
     c.nr = in->rl->replicas * c.gpr;
     c.words = (c.nt + 63) / 64;
 
-    /* Not planned yet, refused here instead of planned wrong: FP8 checkpoint copies (trainer
-     * values already FP8, scales copied from trainer scale tensors: the values alone would be
-     * planned) and transposed components (gpt-oss experts: the boxes would be cut as if the
-     * dims corresponded in order). One line per kind: the first mapping, and how many more. */
-    for (int kind = 0; kind < 2; kind++) {
-        const struct wb_mapping *first = NULL;
-        const struct wb_component *fc = NULL;
-        size_t more = 0;
-        for (size_t m = 0; m < in->match->n; m++) {
-            const struct wb_mapping *mp = &in->match->map[m];
-            for (uint32_t k = 0; k < mp->ncomp; k++) {
-                const struct wb_component *cp = &mp->comp[k];
-                if (kind == 0 ? cp->trainer_scale < 0 : !cp->permuted)
-                    continue;
-                if (first)
-                    more++;
-                else {
-                    first = mp;
-                    fc = cp;
-                }
-                break;
+    /* Not planned yet, refused here instead of planned wrong: transposed components (gpt-oss
+     * experts: the boxes would be cut as if the dims corresponded in order). One line: the
+     * first mapping, and how many more. (FP8 checkpoint copies are planned: the matcher gives
+     * their scales a mapping of their own.) */
+    const struct wb_mapping *first = NULL;
+    const struct wb_component *fc = NULL;
+    size_t more = 0;
+    for (size_t m = 0; m < in->match->n; m++) {
+        const struct wb_mapping *mp = &in->match->map[m];
+        for (uint32_t k = 0; k < mp->ncomp; k++) {
+            const struct wb_component *cp = &mp->comp[k];
+            if (!cp->permuted)
+                continue;
+            if (first)
+                more++;
+            else {
+                first = mp;
+                fc = cp;
             }
+            break;
         }
-        if (!first)
-            continue;
+    }
+    if (first) {
         char also[64] = "";
         if (more)
             snprintf(also, sizeof(also), "; %zu more mapping%s like it", more, more > 1 ? "s" : "");
-        const char *rules = in->match->rules_path ? in->match->rules_path : "?";
-        if (kind == 0)
-            wb_errlist_add(el,
-                           "%s: copying FP8 values with their trainer scale tensors (%s) is not "
-                           "supported by the planner yet (rule %s:%u)%s",
-                           in->rollout->p[first->rollout].name,
-                           in->trainer->p[fc->trainer_scale].name, rules, first->rule_line, also);
-        else
-            wb_errlist_add(el,
-                           "%s: built from %s transposed (permute); the planner does not plan "
-                           "transposes yet (rule %s:%u)%s",
-                           in->rollout->p[first->rollout].name, in->trainer->p[fc->trainer].name,
-                           rules, first->rule_line, also);
+        wb_errlist_add(el,
+                       "%s: built from %s transposed (permute); the planner does not plan "
+                       "transposes yet (rule %s:%u)%s",
+                       in->rollout->p[first->rollout].name, in->trainer->p[fc->trainer].name,
+                       in->match->rules_path ? in->match->rules_path : "?", first->rule_line, also);
         r = -WB_E_PLAN;
     }
     if (r)

@@ -75,6 +75,8 @@ struct wb_placement_map {
     struct tplace *place; /* per trainer tensor */
 };
 
+/* Whether a placement kind cuts the tensor into shards (Shard(d), explicit rows). */
+bool pl_place_splits(enum wb_place_kind k);
 /* Number of ranks in the owner set (product of free dims). */
 uint32_t pl_place_nranks(const struct wb_placement_map *pm, const struct tplace *tp);
 /* The i-th rank of the set (i < pl_place_nranks), in ascending rank order, with the box it holds,

@@ -55,11 +55,15 @@ enum wb_place_kind {
     WB_PLACE_EXPERT,        /* only the coordinate owning the tensor's expert ({expert}
                                capture, experts split contiguously) holds it: expert parallel */
     WB_PLACE_INDEX,         /* only coordinate `index` holds it ("last" = size - 1) */
+    WB_PLACE_ROWS,          /* explicit ranges along tensor dim `arg`: coordinate i holds
+                               [rows[i], rows[i + 1]) (the rule's cuts), empty ranges allowed:
+                               the shares of a checkpoint cut where its readers' byte ranges end,
+                               which torch.chunk's rule cannot express */
 };
 
 struct wb_placement {
     enum wb_place_kind kind;
-    uint32_t arg; /* SHARD: tensor dim; INDEX: coordinate */
+    uint32_t arg; /* SHARD, ROWS: tensor dim; INDEX: coordinate */
 };
 
 /* "name pattern -> placement per mesh dim". Patterns are literal text with `*` (any run of
@@ -67,7 +71,9 @@ struct wb_placement {
 struct wb_place_rule {
     char *pattern;
     struct wb_placement place[WB_MESH_MAX_DIMS];
-    uint32_t line; /* line in the layout file, for messages */
+    uint32_t line;  /* line in the layout file, for messages */
+    uint64_t *rows; /* a WB_PLACE_ROWS dim (at most one per rule): its size + 1 cuts, rising from
+                       0 to the tensor's extent along the dim (owned); NULL otherwise */
 };
 
 /* The hardware model behind estimates. Rates are bytes per second; times are seconds. The
@@ -122,14 +128,16 @@ void wb_trainer_layout_free(struct wb_trainer_layout *t);
 void wb_rollout_layout_free(struct wb_rollout_layout *r);
 void wb_hw_free(struct wb_hw *hw);
 /* A layout from placements known per tensor instead of a file (what trainers register from
- * their DTensors): world = product of the dims, one rule per distinct placement, each tensor
- * placed by name. names[i] takes place[i * ndims .. + ndims). `origin` names it in messages.
- * Every problem goes to el (-WB_E_CONFIG); *out is zeroed on failure. */
+ * their DTensors, or a checkpoint's shares): world = product of the dims, one rule per distinct
+ * placement, each tensor placed by name. names[i] takes place[i * ndims .. + ndims) and, when
+ * one of those is WB_PLACE_ROWS, the cuts rows[i] (ndims' size + 1 values; rows may be NULL
+ * when no placement is ROWS). `origin` names it in messages. Every problem goes to el
+ * (-WB_E_CONFIG); *out is zeroed on failure. */
 int wb_trainer_layout_from_placements(uint32_t ndims, const struct wb_mesh_dim *dims,
                                       uint32_t gpus_per_node, enum wb_residence residence, size_t n,
                                       const char *const *names, const struct wb_placement *place,
-                                      const char *origin, struct wb_trainer_layout *out,
-                                      struct wb_errlist *el);
+                                      const uint64_t *const *rows, const char *origin,
+                                      struct wb_trainer_layout *out, struct wb_errlist *el);
 /* Documented defaults of each file, as YAML (for --dump-config). */
 void wb_layout_dump_docs(FILE *f);
 
@@ -178,6 +186,9 @@ struct wb_model_src {
     const char *rollout_inv;
     const char *trainer_layout; /* cluster layouts */
     const char *rollout_layout;
+    /* the trainer inventory in memory instead (copied): a checkpoint's tensors as they are.
+     * Last, so that bindings written before it (Python's _ModelSrc) keep their layout. */
+    const struct wb_inventory *trainer_mem;
 };
 
 /* Everything matching and planning start from: rules, both inventories, the match and (when

@@ -91,11 +91,15 @@ static const struct wb_field f_register[] = {
     F(struct wb_body_register, "synthetic", WB_FIELD_BOOL, false, synthetic),
     F(struct wb_body_register, "inv", WB_FIELD_OBJ, false, inv),
     F(struct wb_body_register, "mesh", WB_FIELD_OBJ, false, mesh),
+    F(struct wb_body_register, "source", WB_FIELD_STR, false, source),
 };
 static const struct wb_field f_heartbeat[] = {
     SESSION(struct wb_body_heartbeat),
     F(struct wb_body_heartbeat, "version", WB_FIELD_U64, true, version),
     F(struct wb_body_heartbeat, "in_flight", WB_FIELD_BOOL, true, in_flight),
+    F(struct wb_body_heartbeat, "done", WB_FIELD_U64, false, done),
+    F(struct wb_body_heartbeat, "total", WB_FIELD_U64, false, total),
+    F(struct wb_body_heartbeat, "epoch", WB_FIELD_U64, false, epoch),
 };
 static const struct wb_field f_poll[] = {
     SESSION(struct wb_body_poll),
@@ -128,6 +132,7 @@ static const struct wb_field f_rep_received[] = {
     F(struct wb_body_rep_received, "ok", WB_FIELD_BOOL, true, ok),
     F(struct wb_body_rep_received, "err", WB_FIELD_STR, true, err),
     F(struct wb_body_rep_received, "bytes", WB_FIELD_U64, true, bytes),
+    F(struct wb_body_rep_received, "landed", WB_FIELD_OBJ, false, landed),
 };
 static const struct wb_field f_rep_committed[] = {
     SESSION(struct wb_body_rep_committed),
@@ -153,6 +158,8 @@ static const struct wb_field f_setup[] = {
     F(struct wb_body_setup, "plan", WB_FIELD_BYTES, true, plan),
     F(struct wb_body_setup, "shards", WB_FIELD_BYTES, false, shards),
     F(struct wb_body_setup, "locals", WB_FIELD_BYTES, false, locals),
+    F(struct wb_body_setup, "verify", WB_FIELD_BOOL, false, verify),
+    F(struct wb_body_setup, "sums", WB_FIELD_BYTES, false, sums),
 };
 static const struct wb_field f_peers[] = {
     F(struct wb_body_peers, "gen", WB_FIELD_U64, true, gen),
@@ -164,6 +171,7 @@ static const struct wb_field f_version[] = {
 static const struct wb_field f_version_epoch[] = {
     F(struct wb_body_version_epoch, "version", WB_FIELD_U64, true, version),
     F(struct wb_body_version_epoch, "epoch", WB_FIELD_U64, true, epoch),
+    F(struct wb_body_version_epoch, "skip", WB_FIELD_OBJ, false, skip),
 };
 static const struct wb_field f_abort[] = {
     F(struct wb_body_abort, "version", WB_FIELD_U64, true, version),
@@ -190,6 +198,9 @@ static const struct wb_field f_agent_status[] = {
     F(struct wb_body_agent_status, "version", WB_FIELD_U64, true, version),
     F(struct wb_body_agent_status, "in_flight", WB_FIELD_BOOL, true, in_flight),
     F(struct wb_body_agent_status, "seen_ms", WB_FIELD_U64, true, seen_ms),
+    F(struct wb_body_agent_status, "done", WB_FIELD_U64, false, done),
+    F(struct wb_body_agent_status, "total", WB_FIELD_U64, false, total),
+    F(struct wb_body_agent_status, "err", WB_FIELD_STR, false, err),
 };
 #undef SESSION
 #undef F

@@ -100,6 +100,7 @@ enum {
     WB_JOBNAME_MAX = 128,
     WB_PATH_STR = 1024,
     WB_RANKS_MAX = 4096, /* agents of one role a job may have */
+    WB_SOURCE_MAX = 160, /* REGISTER.source */
 };
 
 /* Bytes inside a received message (bin or str payloads, or a nested msgpack object): valid as
@@ -132,6 +133,9 @@ struct wb_body_register {
                              assigns and fills trainer shards from the synthetic source */
     struct wb_bytes inv;  /* msgpack array of struct wb_reg_tensor (wb_reg_put) */
     struct wb_bytes mesh; /* trainers: struct wb_reg_mesh (wb_reg_mesh_put), or nothing */
+    /* Trainers whose tensors are read from a source (a checkpoint) instead of memory: what
+     * the bytes are (the checkpoint's fingerprint), "" otherwise. */
+    char source[WB_SOURCE_MAX];
 };
 
 /* One tensor an endpoint registers: its metadata (name, dtype, global shape, the box this rank
@@ -172,6 +176,8 @@ struct wb_body_heartbeat {
     struct wb_session s;
     uint64_t version; /* rollouts: last complete version */
     bool in_flight;
+    uint64_t done, total; /* trainers: bytes of the transfer in flight written and to write */
+    uint64_t epoch;       /* ... of this transfer attempt (TRANSFER.epoch; 0: none yet) */
 };
 
 struct wb_body_poll {
@@ -214,6 +220,10 @@ struct wb_body_rep_received {
     bool ok;
     char err[WB_ERRMSG_MAX];
     uint64_t bytes;
+    /* A rollout told to abort a version: the data tags (rollout tensor index + 1) that landed
+     * complete — and verified, when the job verifies — in some attempt of it, as a msgpack
+     * array of u64, so that the next attempt resends only the rest. */
+    struct wb_bytes landed;
 };
 
 struct wb_body_rep_committed {
@@ -261,6 +271,8 @@ struct wb_body_agent_status {
     uint64_t version;
     bool in_flight;
     uint64_t seen_ms;
+    uint64_t done, total;    /* trainers: bytes of the transfer in flight written and to write */
+    char err[WB_ERRMSG_MAX]; /* why its setup failed (state "failed"), "" otherwise */
 };
 
 struct wb_body_plan_info {
@@ -277,6 +289,23 @@ struct wb_body_setup {
     struct wb_bytes shards; /* trainers: msgpack array of [trainer tensor, wb_tensor_meta] */
     struct wb_bytes locals; /* rollouts: msgpack array of the names of the receive list's
                                local tensors, in its order (a registering rollout binds them) */
+    /* Checksums: every write to a rollout is followed by a record of it (where it landed and
+     * the XXH3-64 of its bytes at the writer) in the rollout's sum inbox, which checks what
+     * landed against it. The inbox has one WB_SUM_RECORD-byte slot per write the receive list
+     * counts, grouped by expect entry in the list's order. */
+    bool verify;
+    struct wb_bytes sums; /* trainers, with verify: per write of the table, its slot in its
+                             rollout's inbox, u32 little-endian each */
+};
+
+/* A checksum record as it lands in a rollout's sum inbox (little-endian on the wire, as every
+ * host weightbridge runs on). */
+enum { WB_SUM_RECORD = 32 };
+struct wb_sum_record {
+    uint64_t dst_off, len; /* the write: bytes [dst_off, dst_off + len) of tensor `tensor` */
+    uint64_t xxh3;         /* XXH3-64 (seed 0) of those bytes at the writer */
+    uint32_t trainer;      /* the writing trainer rank */
+    uint32_t tensor;       /* the rollout tensor (inventory index) */
 };
 
 /* PEERS: a msgpack array of [role, rank, addr, regions] for every agent. */
@@ -292,6 +321,10 @@ struct wb_body_version {
 struct wb_body_version_epoch {
     uint64_t version;
     uint64_t epoch; /* attempt counter: immediates of an aborted attempt never count */
+    /* A resumed attempt (TRANSFER only): per rollout rank, a msgpack array of the data tags
+     * that landed in an earlier attempt of this version and are not sent again; nothing
+     * (or an empty array) when everything is sent. */
+    struct wb_bytes skip;
 };
 
 struct wb_body_abort {

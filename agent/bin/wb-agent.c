@@ -35,6 +35,8 @@ static void usage(FILE *f)
         "      --dump DIR          rollouts: write DIR/rollout<rank>.v<N>.bin after each\n"
         "                          complete version (wb-ctl verify checks them)\n"
         "      --dump-from N       only versions N and later (a large model's last one)\n"
+        "      --corrupt TENSOR    testing (rollouts of a job that verifies): flip a byte of\n"
+        "                          TENSOR once it landed, before it is checked\n"
         "  -h, --help              this text\n");
 }
 
@@ -52,6 +54,7 @@ int main(int argc, char **argv)
                                        {"dump", required_argument, 0, 'U'},
                                        {"dump-from", required_argument, 0, 'F'},
                                        {"tx-extra", required_argument, 0, 'X'},
+                                       {"corrupt", required_argument, 0, 'K'},
                                        {"help", no_argument, 0, 'h'},
                                        {0}};
     struct wb_endpoint_opts o = {
@@ -117,6 +120,9 @@ int main(int argc, char **argv)
         }
         case 'X':
             o.tx_extra = optarg;
+            break;
+        case 'K':
+            o.corrupt = optarg;
             break;
         case 'h':
             usage(stdout);

@@ -125,6 +125,8 @@ static int print_status(const struct wb_msg *m, char *why, size_t cap)
         else
             printf(" %8s %9s", "-", "-");
         printf(" %8" PRIu64 "\n", a.seen_ms);
+        if (a.err[0])
+            printf("         setup failed: %s\n", a.err);
     }
     return 0;
 }

@@ -352,6 +352,7 @@ class _ModelSrc(ctypes.Structure):
         ("rollout_inv", ctypes.c_char_p),
         ("trainer_layout", ctypes.c_char_p),
         ("rollout_layout", ctypes.c_char_p),
+        ("trainer_mem", ctypes.c_void_p),
     ]
 
 

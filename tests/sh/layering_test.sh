@@ -4,7 +4,7 @@
 # part) has no cycle, and agent/ and controller/ stand side by side on proto/ and route/ without
 # including each other. Run from the repository root (make test does); prints the graph.
 # Prints the harness tally.
-parts="common proto route matcher planner quant ckpt transport agent controller"
+parts="common proto route matcher planner quant ckpt transport agent controller bcast"
 pass=0 fail=0
 edges=$(for p in $parts; do
     find "$p" -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh' | while read -r f; do

@@ -184,13 +184,15 @@ static void test_fp8(void)
     int r = wb_match_run(m.rules, &ck->inv, &m.rollout, &mt, &el2);
     wb_errlist_print(&el2, "    ", stderr);
     CHECK_INT(r, 0);
-    size_t copies = 0, scaled = 0;
+    size_t copies = 0, scaled = 0, scales = 0;
     for (size_t i = 0; i < mt->n; i++) {
         copies += mt->map[i].xform == WB_XFORM_COPY;
-        scaled += mt->map[i].scale >= 0 && mt->map[i].comp[0].trainer_scale >= 0;
+        scaled += mt->map[i].block && mt->map[i].comp[0].trainer_scale >= 0;
+        scales += mt->map[i].fp8_scales; /* their scales: mappings of their own */
     }
     CHECK_INT(copies, mt->n);
     CHECK_INT(scaled, 8);
+    CHECK_INT(scales, 8);
     wb_match_free(mt);
     wb_errlist_free(&el2);
 
@@ -279,11 +281,13 @@ static void test_cli(void)
     struct wb_ckpt *ck = write_open("cli", &m.trainer, 3);
     wb_ckpt_close(ck);
     char *d = dir_of("cli");
-    /* sending is not wired yet: said clearly, exit 2 */
+    /* a training job's file, with a trainer layout: refused before anything listens */
+    setenv("WB_TOKEN", "cli-tok", 1);
     char *send[] = {exe, "--checkpoint", d, "--job", "configs/jobs/demo.yaml", NULL};
-    CHECK_INT(wb_test_capture(run_argv, send, out, sizeof(out)), 2);
-    CHECK_STR(out, "wb-broadcast: sending needs the endpoint API, which is not wired yet; "
-                   "--dry-run checks the checkpoint and prints the readers' shares\n");
+    CHECK_INT(wb_test_capture(run_argv, send, out, sizeof(out)), 1);
+    CHECK_STR(out, "wb-broadcast: 1 problem; nothing was sent\n"
+                   "  job demo: names a trainer_layout; a broadcast's readers are laid out from "
+                   "the checkpoint\n");
 
     char *dry[] = {exe,     "--checkpoint",           d,           "--dry-run",
                    "--job", "configs/jobs/demo.yaml", "--readers", "4",
@@ -312,7 +316,22 @@ static void test_cli(void)
         "  model.layers.0.mlp.experts.0.up_proj.weight: rows [0, 248) reader 1; rows [248, "
         "256) reader 2;\n"
         "  model.layers.1.mlp.experts.0.gate_proj.weight: rows [0, 252) reader 2; rows [252, "
-        "256) reader 3;\n",
+        "256) reader 3;\n"
+        "plan for the readers (configs/jobs/demo/rollout.yaml):\n"
+        "plan: mode auto, 4 trainer GPUs -> 2 rollout GPUs, memory cap 4.00 MiB\n"
+        "  tensors: 45 trainer tensors (5.51 MiB) in 21 mappings, 25 items\n"
+        "  rollout dtype: fp8_e4m3 2.25 MiB in 8 tensors (+ 576 B of block scales), bf16 1.01 MiB in 13 "
+        "tensors\n"
+        "  meshes: 5 in 2 mesh groups (phases): 1 meshes of <= 4 ranks; 4 meshes of <= 1 "
+        "ranks\n"
+        "  pieces (item x rollout GPU): 47 direct, 3 amax, 0 gather\n"
+        "  entries: 28 tasks, 109 ops (0 gathers, 6 amax exchanges), 177 writes\n"
+        "  bytes: 3.27 MiB written, 0 B gathered, 5.51 MiB host-to-device\n"
+        "  per sender: min 705.17 KiB, mean 835.89 KiB, max 1.19 MiB (0 of 4 senders idle)\n"
+        "  per receiver: min 1.63 MiB, mean 1.63 MiB, max 1.63 MiB\n"
+        "  balance: busiest sender 1.19 MiB = 1.0000 x lower bound 1.19 MiB; reference greedy "
+        "1.19 MiB = 1.0000 x\n"
+        "  largest task: 1.31 MiB of temporary memory\n",
         d);
     CHECK_STR(out, want);
 

@@ -159,7 +159,8 @@ static void test_job_bf16_warning(void)
     struct wb_test_stderr cap;
     wb_test_stderr_begin(&cap);
     struct ctl_plan plan;
-    int rc = ctl_plan_build(&j, &plan, &el);
+    struct wb_controller_opts o = {0};
+    int rc = ctl_plan_build(&j, &o, &plan, &el);
     char err[4096];
     wb_test_stderr_end(&cap, err, sizeof(err));
     CHECK_INT(rc, 0);

@@ -672,16 +672,24 @@ static void test_fp8_checkpoint_cast_and_rollout_ignore(void)
     run_family(fam_path, cfg_path, cfg_path, false, &f);
     CHECK_INT(f.c.trainer, 5);
     CHECK_INT(f.c.rollout, 4);
-    CHECK_INT(f.c.maps, 2);
+    CHECK_INT(f.c.maps, 3);
     const struct wb_mapping *m = find_map(&f, "a.fused_proj.weight");
     CHECK_INT(m->xform, WB_XFORM_COPY);
     CHECK_INT(m->src_dtype, WB_DTYPE_FP8_E4M3);
     CHECK_INT(m->block, 128);
-    CHECK_STR(f.r.p[m->scale].name, "a.fused_proj.weight_scale_inv");
-    CHECK_U64(f.r.p[m->scale].shape.dim[0], 17);
+    CHECK_INT(m->scale, -1); /* the scales are a mapping of their own */
     CHECK_STR(f.t.p[m->comp[0].trainer_scale].name, "a.q_a_proj.weight_scale_inv");
     CHECK_STR(f.t.p[m->comp[1].trainer_scale].name, "a.kv_a_proj.weight_scale_inv");
     CHECK_U64(f.t.p[m->comp[1].trainer_scale].shape.dim[0], 5);
+    m = find_map(&f, "a.fused_proj.weight_scale_inv");
+    CHECK(m->fp8_scales);
+    CHECK_INT(m->xform, WB_XFORM_COPY);
+    CHECK_INT(m->src_dtype, WB_DTYPE_FP32);
+    CHECK_U64(f.r.p[m->rollout].shape.dim[0], 17);
+    CHECK_INT(m->ncomp, 2);
+    CHECK_STR(f.t.p[m->comp[1].trainer].name, "a.kv_a_proj.weight_scale_inv");
+    check_box(&m->comp[1].src, 2, (uint64_t[]){0, 0}, (uint64_t[]){5, 2});
+    check_box(&m->comp[1].dst, 2, (uint64_t[]){12, 0}, (uint64_t[]){5, 2});
     m = find_map(&f, "a.norm.weight");
     CHECK_INT(m->xform, WB_XFORM_CAST);
     CHECK_INT(m->src_dtype, WB_DTYPE_FP32);

@@ -311,32 +311,6 @@ static void test_refused_not_planned(void)
                             "planner does not plan transposes yet (rule "
                             "configs/models/gpt_oss.yaml:109); 47 more mappings like it");
     fx_free(&f);
-    /* FP8 checkpoint copies, refused in the same place */
-    const char *fam = wb_test_write_file(
-        "ckpt.yaml", "family: ckpt\n"
-                     "quant: {fp8: [\"*.weight\"]}\n"
-                     "trainer:\n"
-                     "  - fp8: 1\n"
-                     "    tensors: {a.weight: [256, 256], b.weight: [256, 256]}\n"
-                     "rollout:\n"
-                     "  - fp8: 1\n"
-                     "    tensors: {a.weight: [256, 256], b.weight: [256, 256]}\n"
-                     "rules:\n"
-                     "  - rollout: \"*\"\n"
-                     "    from: \"*\"\n");
-    char fam_path[512];
-    snprintf(fam_path, sizeof(fam_path), "%s", fam);
-    snprintf(cfg, sizeof(cfg), "%s", wb_test_write_file("c.json", "{}"));
-    CHECK_INT(plan_family(&f, fam_path, cfg), -WB_E_PLAN);
-    CHECK_INT(f.el.n, 1);
-    char want[1024];
-    snprintf(want, sizeof(want),
-             "a.weight: copying FP8 values with their trainer scale tensors "
-             "(a.weight_scale_inv) is not supported by the planner yet (rule %s:10); 1 more "
-             "mapping like it",
-             fam_path);
-    CHECK_STR(f.el.msgs[0], want);
-    fx_free(&f);
 }
 
 /* ---------------------------------------------------------------- verify */

@@ -1,7 +1,9 @@
 /* planner_sim.h — executes a plan's routing tables on the CPU with real values and checks
  * every rollout byte against an independently computed reference (header-only, for tests).
  *
- * Trainer tensor t holds BF16 values f(t, i) (small multiples of 1/16, exact in BF16). Each
+ * Trainer tensor t holds BF16 values f(t, i) (small multiples of 1/16, exact in BF16), or, for
+ * another dtype (an FP8 checkpoint's values and scales: copied, never converted), bytes of a
+ * pattern of (t, byte index). Each
  * rank's PARAM shard is cut from the full tensor by the layout's owners. Ops run per rank in
  * table order: H2D/COPY/CAST/QUANT on the task's TMP (filled with a poison pattern first),
  * GATHER from the peers' boxes only (the rest stays poisoned), AMAX from the mirror op found by
@@ -151,11 +153,15 @@ static inline void sim_setup(struct sim *s, struct fx *f, const struct wb_plan *
     s->full = calloc(nt, sizeof(uint8_t *));
     for (size_t t = 0; t < nt; t++) {
         uint64_t n = wb_shape_numel(&f->in.trainer->p[t].shape);
-        CHECK(f->in.trainer->p[t].dtype == WB_DTYPE_BF16);
-        s->full[t] = malloc(n * 2 + 1);
+        size_t es = wb_dtype_size(f->in.trainer->p[t].dtype);
+        s->full[t] = malloc(n * es + 1);
         for (uint64_t i = 0; i < n; i++) {
             uint16_t v = sim_value((uint32_t)t, i);
-            memcpy(s->full[t] + 2 * i, &v, 2);
+            if (f->in.trainer->p[t].dtype == WB_DTYPE_BF16)
+                memcpy(s->full[t] + 2 * i, &v, 2);
+            else
+                for (size_t b = 0; b < es; b++)
+                    s->full[t][i * es + b] = (uint8_t)(v >> (b % 2 * 8)) ^ (uint8_t)(b * 31 + t);
         }
     }
     s->rk = calloc(p->ntrainers, sizeof(*s->rk));
@@ -176,9 +182,10 @@ static inline void sim_setup(struct sim *s, struct fx *f, const struct wb_plan *
         const struct wb_shape *sh = &f->in.trainer->p[t].shape;
         for (uint32_t k = 0; k < n; k++) {
             struct wb_shape bs = wb_box_shape(&o[k].box);
-            uint8_t *b = malloc(wb_box_numel(&o[k].box) * 2 + 1);
+            enum wb_dtype dt = f->in.trainer->p[t].dtype;
+            uint8_t *b = malloc(wb_box_numel(&o[k].box) * wb_dtype_size(dt) + 1);
             struct wb_box fb = wb_box_full(&bs);
-            sim_boxcopy(s->full[t], sh, WB_DTYPE_BF16, &o[k].box, b, &bs, WB_DTYPE_BF16, &fb);
+            sim_boxcopy(s->full[t], sh, dt, &o[k].box, b, &bs, dt, &fb);
             s->rk[o[k].rank].shard[t] = b;
             s->rk[o[k].rank].box[t] = o[k].box;
         }
@@ -302,8 +309,8 @@ static inline void sim_op(struct sim *s, uint32_t r, const struct wb_rt_op *op)
             CHECK(wb_box_eq(&s->rk[pe->rank].box[op->tensor], BOX(pe->box)));
             struct wb_shape ps = wb_box_shape(BOX(pe->box));
             struct wb_box pf = wb_box_full(&ps);
-            sim_boxcopy(s->rk[pe->rank].shard[op->tensor], &ps, WB_DTYPE_BF16, &pf, d, sh,
-                        WB_DTYPE_BF16, BOX(pe->box));
+            sim_boxcopy(s->rk[pe->rank].shard[op->tensor], &ps, op->gather.dst.dtype, &pf, d, sh,
+                        op->gather.dst.dtype, BOX(pe->box));
         }
         break;
     }
@@ -462,8 +469,8 @@ static inline void sim_check(struct sim *s)
             const struct wb_component *c = &mp->comp[k];
             const struct wb_shape *ts = &f->in.trainer->p[c->trainer].shape;
             if (mp->xform != WB_XFORM_FP8_BLOCK) {
-                sim_boxcopy(s->full[c->trainer], ts, WB_DTYPE_BF16, &c->src, ref[mp->rollout], rs,
-                            mp->dst_dtype, &c->dst);
+                sim_boxcopy(s->full[c->trainer], ts, f->in.trainer->p[c->trainer].dtype, &c->src,
+                            ref[mp->rollout], rs, mp->dst_dtype, &c->dst);
                 continue;
             }
             /* FP8 per block of the component (blocks from the trainer tensor origin) */

@@ -1,0 +1,140 @@
+/* reader.c — a reader process of a checkpoint broadcast: a trainer endpoint whose tensors are
+ * the pieces of its share of the checkpoint (rows of a tensor, or all of it), registered with
+ * their global shapes and row boxes and read from the files on demand.
+ *
+ * Every reader computes the same shares from the same files, so none needs to be told its
+ * part: the coordinator's plan expects exactly these boxes (a reader that opened other files,
+ * or counts other readers, is refused at registration, its problems listed). Reads go through
+ * one wb_ckpt_reader per I/O thread (a reader context is one thread's). */
+#include "bcast/bcast.h"
+
+#include "agent/agent.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct source {
+    const struct wb_ckpt *ck;
+    const struct wb_ckpt_share *share;
+    struct wb_ckpt_reader **rd; /* per I/O thread */
+    uint32_t nthreads;
+};
+
+static int read_piece(void *arg, uint32_t thread, uint32_t index, uint64_t off, uint64_t len,
+                      void *dst, char *msg, size_t msgcap)
+{
+    struct source *s = arg;
+    if (thread >= s->nthreads || index >= s->share->n) {
+        snprintf(msg, msgcap, "read request for piece %u on I/O thread %u", index, thread);
+        return -EINVAL;
+    }
+    const struct wb_ckpt_piece *p = &s->share->piece[index];
+    if (off > p->bytes || len > p->bytes - off) {
+        snprintf(msg, msgcap, "bytes [%" PRIu64 ", +%" PRIu64 ") outside the piece's %" PRIu64, off,
+                 len, p->bytes);
+        return -EINVAL;
+    }
+    int rc = wb_ckpt_read(s->rd[thread], p->tensor, p->offset + off, len, dst, NULL);
+    if (rc) {
+        const struct wb_ckpt_loc *l = &s->ck->loc[p->tensor];
+        snprintf(msg, msgcap, "%s: %" PRIu64 " bytes at offset %" PRIu64 ": %s",
+                 s->ck->files[l->file].name, len, l->offset + p->offset + off,
+                 rc == -EIO ? "the file is shorter than when it was opened" : wb_strerror(rc));
+    }
+    return rc;
+}
+
+static void endpoint_problems(struct wb_endpoint *ep, struct wb_errlist *el)
+{
+    const char *e = wb_endpoint_error(ep);
+    /* one problem per line (a refused registration lists them) */
+    while (*e) {
+        const char *nl = strchr(e, '\n');
+        size_t n = nl ? (size_t)(nl - e) : strlen(e);
+        if (n)
+            wb_errlist_add(el, "%.*s", (int)n, e);
+        e += n + (nl ? 1 : 0);
+    }
+}
+
+int wb_bcast_reader_run(const struct wb_bcast_reader_opts *o, struct wb_errlist *el)
+{
+    struct wb_ckpt *ck = NULL;
+    struct wb_ckpt_shares sh = {0};
+    struct wb_endpoint *ep = NULL;
+    struct source src = {0};
+    char id[WB_SOURCE_MAX];
+    int rc = wb_ckpt_open(o->checkpoint, &ck, el);
+    if (rc)
+        return rc;
+    if (o->readers == 0 || o->rank >= o->readers) {
+        wb_errlist_add(el, "reader rank %u of %u readers", o->rank, o->readers);
+        rc = -EINVAL;
+        goto out;
+    }
+    if ((rc = wb_ckpt_shares_make(ck, o->readers, &sh)) != 0 ||
+        (rc = wb_ckpt_fingerprint(ck, id, sizeof(id))) != 0) {
+        wb_errlist_add(el, "%s: %s", o->checkpoint, wb_strerror(rc));
+        goto out;
+    }
+    src.ck = ck;
+    src.share = &sh.share[o->rank];
+    src.nthreads = o->io_threads ? o->io_threads : 2;
+    src.rd = calloc(src.nthreads, sizeof(*src.rd));
+    if (!src.rd) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (uint32_t i = 0; i < src.nthreads; i++)
+        if ((rc = wb_ckpt_reader_open(ck, &o->io, &src.rd[i])) != 0) {
+            wb_errlist_add(el, "%s: reader context: %s", o->checkpoint, wb_strerror(rc));
+            goto out;
+        }
+    struct wb_endpoint_opts eo = {.role = WB_ROLE_TRAINER,
+                                  .rank = o->rank,
+                                  .device = o->device,
+                                  .controller = o->controller,
+                                  .token = o->token,
+                                  .trace = o->trace,
+                                  .give_up_ns = o->give_up_ns,
+                                  .pace_ns = o->pace_ns,
+                                  .tx_domain = o->tx_domain,
+                                  .tx_extra = o->tx_extra};
+    if ((rc = wb_endpoint_open(&eo, &ep)) != 0) {
+        wb_errlist_add(el, "controller %s: %s", o->controller ? o->controller : "(none)",
+                       rc == -EINVAL ? "not a usable nng URL" : wb_strerror(rc));
+        goto out;
+    }
+    struct wb_endpoint_source es = {
+        .read = read_piece, .arg = &src, .threads = src.nthreads, .id = id};
+    if ((rc = wb_endpoint_set_source(ep, &es)) != 0) {
+        endpoint_problems(ep, el);
+        goto out;
+    }
+    for (size_t i = 0; i < src.share->n; i++) {
+        const struct wb_ckpt_piece *p = &src.share->piece[i];
+        const struct wb_param *t = &ck->inv.p[p->tensor];
+        struct wb_tensor_reg r = {.name = t->name, .dtype = t->dtype, .shape = t->shape};
+        r.box = wb_ckpt_piece_box(ck, p);
+        if ((rc = wb_endpoint_add(ep, &r)) != 0) {
+            endpoint_problems(ep, el);
+            goto out;
+        }
+    }
+    wb_log(WB_LOG_INFO, "bcast", "reader %u of %u: %zu pieces, %" PRIu64 " bytes of %s", o->rank,
+           o->readers, src.share->n, src.share->bytes, id);
+    rc = wb_endpoint_run(ep);
+    if (rc)
+        endpoint_problems(ep, el);
+out:
+    wb_endpoint_close(ep);
+    for (uint32_t i = 0; src.rd && i < src.nthreads; i++)
+        wb_ckpt_reader_close(src.rd[i]);
+    free(src.rd);
+    wb_ckpt_shares_free(&sh);
+    wb_ckpt_close(ck);
+    return rc;
+}

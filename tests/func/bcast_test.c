@@ -1,0 +1,599 @@
+/* bcast_test.c — wb-broadcast end to end, with real processes over the libfabric tcp provider:
+ * checkpoints written by the project's writer (ckpt/write.c) are broadcast by 2 reader
+ * processes into 4 rollout agents, and every rollout byte is compared with the independent
+ * reference (controller/verify.c: the synthetic source the checkpoint was written from, the
+ * quant CPU reference, the rollout layout's boxes — no planner, executor or reader code).
+ *
+ * Cases: the demo model as BF16 and as an FP8 checkpoint (values and scales passed through);
+ * a 1.28 GB checkpoint, with the readers' peak memory under their share; every kind of bad
+ * file refused with its exact message and nothing listening; a reader killed mid-transfer and
+ * restarted, the attempt resumed; a byte flipped at a rollout, named by the checksum; the
+ * live progress line under a real terminal (script(1)). */
+#include "ckpt/ckpt.h"
+#include "controller/controller.h"
+#include "tests/func/e2e_proc.h"
+
+#include <regex.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+static const char TOKEN_ENV[] = "WB_TOKEN=bcast-tok";
+static const char *const DEMO_RULES = "configs/models/qwen3_moe.yaml";
+static const char *const DEMO_CONFIG = "configs/jobs/demo/config.json";
+/* The demo model into 2 FP8 replicas of TP 2: what every rollout holds (the plan's bytes). */
+enum { DEMO_WRITE_BYTES = 6847616, DEMO_CKPT_BYTES = 5774848 };
+
+struct bc {
+    char url[64], job[700], ckpt[700], dump[700];
+    int readers, rollouts;
+    pid_t coord, rd[4], ro[8];
+};
+
+static char cwd[600];
+
+/* A checkpoint of the model written by the project's writer, seed 42 version 1 (the values a
+ * synthetic trainer of the job's seed holds at version 1). */
+static void write_ckpt(const char *dir, const char *rules, const char *config, uint32_t files,
+                       enum wb_ckpt_form form)
+{
+    struct wb_errlist el;
+    struct wb_model md;
+    struct wb_inventory inv;
+    wb_errlist_init(&el);
+    wb_inv_init(&inv);
+    struct wb_model_src src = {.rules = rules, .config = config};
+    struct wb_ckpt_write_opts wo = {.seed = 42, .version = 1, .files = files};
+    if (wb_model_load(&src, &md, &el) || wb_ckpt_expected(&md, form, &inv, &el) ||
+        wb_ckpt_write(dir, &inv, &wo, &el)) {
+        wb_errlist_print(&el, "    ", stderr);
+        wb_test_fail(__FILE__, __LINE__, "cannot write the checkpoint %s", dir);
+    }
+    wb_model_free(&md);
+    wb_inv_free(&inv);
+    wb_errlist_free(&el);
+}
+
+/* The job: the model, the rollout layout (replicas x tp), `readers` trainers, seed 42. */
+static void setup(struct bc *b, const char *name, unsigned salt, const char *rules,
+                  const char *config, uint32_t replicas, uint32_t tp, const char *extra)
+{
+    CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
+    memset(b, 0, sizeof(*b));
+    b->readers = 2;
+    b->rollouts = (int)(replicas * tp);
+    snprintf(b->url, sizeof(b->url), "tcp://127.0.0.1:%u", e2e_port(salt));
+    char text[2048], fname[64];
+    snprintf(text, sizeof(text), "replicas: %u\ngpus_per_replica: %u\ntp: %u\n", replicas, tp, tp);
+    snprintf(fname, sizeof(fname), "%s-rollout.yaml", name);
+    const char *rl = wb_test_write_file(fname, text);
+    snprintf(text, sizeof(text),
+             "name: %s\nlisten: %s\nmodel:\n  rules: %s/%s\n  hf_config: %s/%s\n"
+             "trainers: 2\nrollout_layout: %s\nseed: 42\nprovider: tcp\n%s",
+             name, b->url, cwd, rules, cwd, config, rl, extra ? extra : "");
+    snprintf(fname, sizeof(fname), "%s-job.yaml", name);
+    snprintf(b->job, sizeof(b->job), "%s", wb_test_write_file(fname, text));
+    snprintf(b->ckpt, sizeof(b->ckpt), "%s/%s-ckpt", wb_test_tmpdir(), name);
+    snprintf(b->dump, sizeof(b->dump), "%s/%s-dump", wb_test_tmpdir(), name);
+    mkdir(b->dump, 0755);
+}
+
+static pid_t spawn(const char *log, char *const argv[])
+{
+    static char tok[sizeof(TOKEN_ENV)];
+    memcpy(tok, TOKEN_ENV, sizeof(TOKEN_ENV));
+    char *env[] = {tok, NULL};
+    return e2e_spawn(log, env, argv);
+}
+
+static void start_coordinator(struct bc *b, const char *log, const char *period)
+{
+    char *argv[16] = {"wb-broadcast", "--checkpoint", b->ckpt,  "--job", b->job,
+                      "--progress",   "plain",        "--wait", "60s"};
+    if (period) {
+        argv[9] = "--period";
+        argv[10] = (char *)period;
+    }
+    b->coord = spawn(log, argv);
+}
+
+static pid_t start_reader(struct bc *b, int r, const char *pace)
+{
+    char log[32], rk[16], n[16];
+    snprintf(log, sizeof(log), "reader%d.log", r);
+    snprintf(rk, sizeof(rk), "%d", r);
+    snprintf(n, sizeof(n), "%d", b->readers);
+    char *argv[16] = {"wb-broadcast", "--reader", "--checkpoint", b->ckpt, "--controller", b->url,
+                      "--rank",       rk,         "--readers",    n};
+    if (pace) {
+        argv[10] = "--pace";
+        argv[11] = (char *)pace;
+    }
+    return b->rd[r] = spawn(log, argv);
+}
+
+static void start_rollouts(struct bc *b, const char *corrupt_rank2)
+{
+    for (int r = 0; r < b->rollouts; r++) {
+        char log[32], rk[16];
+        snprintf(log, sizeof(log), "rollout%d.log", r);
+        snprintf(rk, sizeof(rk), "%d", r);
+        char *argv[16] = {"wb-agent",     "--role", "rollout", "--rank", rk,
+                          "--controller", b->url,   "--dump",  b->dump};
+        if (corrupt_rank2 && r == 2) {
+            argv[9] = "--corrupt";
+            argv[10] = (char *)corrupt_rank2;
+        }
+        b->ro[r] = spawn(log, argv);
+    }
+}
+
+/* Every rollout's dump of version 1 against the reference; returns the bytes compared. */
+static uint64_t verify(const struct bc *b)
+{
+    struct wb_errlist el;
+    struct wb_job job;
+    struct wb_ref *ref = NULL;
+    wb_errlist_init(&el);
+    setenv("WB_TOKEN", "bcast-tok", 1);
+    CHECK_INT(wb_job_load(b->job, &job, &el), 0);
+    CHECK_INT(wb_ref_load(&job, &ref, &el), 0);
+    CHECK_INT(wb_ref_nrollouts(ref), b->rollouts);
+    uint64_t total = 0;
+    for (int r = 0; r < b->rollouts; r++) {
+        char path[800], msg[512];
+        uint64_t bytes = 0;
+        snprintf(path, sizeof(path), "%s/rollout%d.v1.bin", b->dump, r);
+        if (wb_ref_check_dump(ref, (uint32_t)r, 1, path, msg, sizeof(msg), &bytes))
+            wb_test_fail(__FILE__, __LINE__, "%s", msg);
+        total += bytes;
+    }
+    wb_ref_free(ref);
+    wb_job_free(&job);
+    wb_errlist_free(&el);
+    return total;
+}
+
+/* Waits for pid and returns its exit status, with its peak resident memory in *maxrss_kb. */
+static int wait_rss(pid_t pid, unsigned ms, long *maxrss_kb)
+{
+    for (unsigned t = 0; t < ms; t += 10) {
+        int st;
+        struct rusage ru;
+        pid_t r = wait4(pid, &st, WNOHANG, &ru);
+        if (r == pid) {
+            for (int i = 0; i < e2e_nchildren; i++)
+                if (e2e_children[i] == pid)
+                    e2e_children[i] = 0;
+            *maxrss_kb = ru.ru_maxrss;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        e2e_sleep_ms(10);
+    }
+    wb_test_fail(__FILE__, __LINE__, "process %d did not exit within %u ms", (int)pid, ms);
+}
+
+/* The coordinator ends 0 and every agent exits with it (the job's shutdown). */
+static char *finish_ok(struct bc *b, unsigned ms, long *reader_rss_kb)
+{
+    int rc = e2e_wait(b->coord, ms);
+    char *out = e2e_slurp("coord.log");
+    if (rc != 0)
+        wb_test_fail(__FILE__, __LINE__, "wb-broadcast exited %d:\n%s", rc, out);
+    for (int r = 0; r < b->readers; r++) {
+        long kb = 0;
+        CHECK_INT(wait_rss(b->rd[r], 20000, &kb), 0);
+        if (reader_rss_kb)
+            reader_rss_kb[r] = kb;
+    }
+    for (int r = 0; r < b->rollouts; r++)
+        CHECK_INT(e2e_wait(b->ro[r], 20000), 0);
+    return out;
+}
+
+static void expect_line(const char *out, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void expect_line(const char *out, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    CHECK_CONTAINS(out, line);
+}
+
+/* ---------------------------------------------------------------- the demo model */
+
+static void broadcast_demo(enum wb_ckpt_form form, uint32_t files, unsigned salt)
+{
+    struct bc b;
+    setup(&b, form == WB_CKPT_FORM_FP8 ? "fp8" : "bf16", salt, DEMO_RULES, DEMO_CONFIG, 2, 2,
+          "mem_cap: 4MiB\n");
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, files, form);
+    start_coordinator(&b, "coord.log", NULL);
+    start_rollouts(&b, NULL);
+    start_reader(&b, 0, NULL);
+    start_reader(&b, 1, NULL);
+    char *out = finish_ok(&b, 60000, NULL);
+    bool fp8 = form == WB_CKPT_FORM_FP8;
+    expect_line(out,
+                "wb-broadcast: checkpoint %s: %u files, %d tensors, %s; every tensor matches the "
+                "model\n",
+                b.ckpt, files, fp8 ? 77 : 45, fp8 ? "3.42 MB" : "5.77 MB");
+    expect_line(out,
+                "wb-broadcast: plan: 2 readers -> 4 rollouts, 6.85 MB to write, 4.19 MB memory "
+                "cap per reader; controller on %s\n",
+                b.url);
+    CHECK_CONTAINS(out, "wb-broadcast: version 1 complete on 4 rollouts in ");
+    CHECK_CONTAINS(out, " (1 attempt)\n");
+    /* the plan's bytes, exactly, per reader */
+    if (fp8) {
+        CHECK_CONTAINS(out, "wb-broadcast: reader 0: read 1.71 MB, wrote 3420480 bytes");
+        CHECK_CONTAINS(out, "wb-broadcast: reader 1: read 1.71 MB, wrote 3427136 bytes");
+    } else {
+        CHECK_CONTAINS(out, "wb-broadcast: reader 0: read 2.89 MB, wrote 3959232 bytes");
+        CHECK_CONTAINS(out, "wb-broadcast: reader 1: read 2.89 MB, wrote 2888384 bytes");
+    }
+    CHECK_CONTAINS(out, "wb-broadcast: verified: every write's XXH3 matched at its rollout\n");
+    free(out);
+    CHECK_U64(verify(&b), DEMO_WRITE_BYTES);
+}
+
+static void test_demo_bf16(void)
+{
+    broadcast_demo(WB_CKPT_FORM_MODEL, 3, 1);
+}
+
+/* The official -FP8 form: fp8_e4m3 values and FP32 scale tensors, copied as they are into FP8
+ * rollouts — bit for bit what quantizing the BF16 values gives (the reference). */
+static void test_demo_fp8(void)
+{
+    broadcast_demo(WB_CKPT_FORM_FP8, 2, 2);
+}
+
+/* ---------------------------------------------------------------- >= 1 GB */
+
+static void test_one_gb(void)
+{
+    struct bc b;
+    /* Qwen3 dense, hidden 2048, 10 layers: 1.28 GB of BF16 in 4 files, into one BF16 replica of
+     * TP 4. Writing the rollouts' 1.28 GB of dumps takes longer than the default dead_after. */
+    setup(&b, "big", 3, "configs/models/qwen3.yaml", "tests/fixtures/ckpt/qwen3-1g.json", 1, 4,
+          "mem_cap: 32MiB\ndead_after: 20s\n");
+    write_ckpt(b.ckpt, "configs/models/qwen3.yaml", "tests/fixtures/ckpt/qwen3-1g.json", 4,
+               WB_CKPT_FORM_MODEL);
+    start_coordinator(&b, "coord.log", NULL);
+    start_rollouts(&b, NULL);
+    start_reader(&b, 0, NULL);
+    start_reader(&b, 1, NULL);
+    long rss[2] = {0, 0};
+    char *out = finish_ok(&b, 240000, rss);
+    expect_line(out,
+                "wb-broadcast: checkpoint %s: 4 files, 113 tensors, 1.28 GB; every tensor matches "
+                "the model\n",
+                b.ckpt);
+    /* the embedding (32768 x 2048 BF16, whole on reader 0) is the largest task: the cap is
+     * raised to it, and it bounds the readers' memory, not the checkpoint's size */
+    expect_line(out,
+                "wb-broadcast: plan: 2 readers -> 4 rollouts, 1.28 GB to write, 134 MB memory "
+                "cap per reader (raised to the largest task); controller on %s\n",
+                b.url);
+    CHECK_CONTAINS(out, "wb-broadcast: reader 0: read 638 MB, wrote 637698048 bytes, peak "
+                        "memory 134 MB of a 134 MB cap\n");
+    CHECK_CONTAINS(out, "wb-broadcast: reader 1: read 638 MB, wrote 637734912 bytes");
+    free(out);
+    /* each reader read 638 MB and never held it: its peak resident memory stays under its
+     * share (AddressSanitizer's own overhead included) */
+    for (int r = 0; r < 2; r++)
+        if (rss[r] <= 0 || (uint64_t)rss[r] * 1024 >= 637000000ull)
+            wb_test_fail(__FILE__, __LINE__, "reader %d peak resident memory %ld kB", r, rss[r]);
+    CHECK_U64(verify(&b), 1275432960); /* the local tensors, vocab padding included */
+}
+
+/* ---------------------------------------------------------------- bad files */
+
+/* Rewrites a file's header: the first `from` becomes `to` (the data area stays). */
+static void patch_header(const char *dir, const char *file, const char *from, const char *to)
+{
+    char path[900];
+    snprintf(path, sizeof(path), "%s/%s", dir, file);
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = malloc((size_t)size + 1);
+    CHECK(fread(buf, 1, (size_t)size, f) == (size_t)size);
+    fclose(f);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--)
+        hl = hl << 8 | buf[i];
+    char *hdr = strndup((char *)buf + 8, hl);
+    char *at = strstr(hdr, from);
+    if (!at)
+        wb_test_fail(__FILE__, __LINE__, "%s: no \"%s\" in the header", file, from);
+    size_t nl = hl - strlen(from) + strlen(to);
+    f = fopen(path, "wb");
+    CHECK(f != NULL);
+    uint8_t len[8];
+    for (int i = 0; i < 8; i++)
+        len[i] = (uint8_t)(nl >> (8 * i));
+    fwrite(len, 1, 8, f);
+    fwrite(hdr, 1, (size_t)(at - hdr), f);
+    fwrite(to, 1, strlen(to), f);
+    fwrite(at + strlen(from), 1, strlen(at + strlen(from)), f);
+    fwrite(buf + 8 + hl, 1, (size_t)size - 8 - hl, f);
+    CHECK_INT(fclose(f), 0);
+    free(hdr);
+    free(buf);
+}
+
+/* The coordinator refuses the checkpoint: exit 1, exactly `want` on stderr, and nothing
+ * listens (no rollout or reader could have been sent anything). */
+static void refused(struct bc *b, const char *log, const char *want)
+{
+    start_coordinator(b, log, NULL);
+    CHECK_INT(e2e_wait(b->coord, 30000), 1);
+    char *out = e2e_slurp(log);
+    CHECK_STR(out, want);
+    free(out);
+    CHECK_INT(e2e_run(&out, "%s wb-ctl -c %s --timeout 1s status", TOKEN_ENV, b->url), 1);
+    char none[200];
+    snprintf(none, sizeof(none), "wb-ctl: controller %s: no answer (timed out)\n", b->url);
+    CHECK_STR(out, none);
+    free(out);
+}
+
+static void test_bad_files(void)
+{
+    struct bc b;
+    setup(&b, "bad", 4, DEMO_RULES, DEMO_CONFIG, 2, 2, NULL);
+    char want[2048];
+    const char *f1 = "model-00001-of-00003.safetensors", *f3 = "model-00003-of-00003.safetensors";
+    /* each case: a fresh checkpoint, broken one way */
+
+    /* truncated: the last file lost its last 1000 bytes */
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    char path[900];
+    snprintf(path, sizeof(path), "%s/%s", b.ckpt, f3);
+    struct stat st;
+    CHECK_INT(stat(path, &st), 0);
+    CHECK_INT(truncate(path, st.st_size - 1000), 0);
+    snprintf(want, sizeof(want), "%s",
+             "wb-broadcast: 1 problem; nothing was sent\n"
+             "  model-00003-of-00003.safetensors: tensor "
+             "\"model.layers.1.mlp.experts.3.down_proj.weight\": data_offsets [1703936, 1835008] "
+             "run past the data area (1834008 bytes)\n");
+    refused(&b, "truncated.log", want);
+    /* a header lying about offsets: a tensor said to lie past the end of the file */
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    patch_header(b.ckpt, f1, "\"data_offsets\":[524288,524800]",
+                 "\"data_offsets\":[9524288,9524800]");
+    snprintf(want, sizeof(want), "%s",
+             "wb-broadcast: 1 problem; nothing was sent\n"
+             "  model-00001-of-00003.safetensors: tensor \"model.norm.weight\": data_offsets "
+             "[9524288, 9524800] run past the data area (2100224 bytes)\n");
+    refused(&b, "offsets.log", want);
+    /* overlapping tensors: model.norm.weight moved into the embedding's bytes */
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    patch_header(b.ckpt, f1, "\"data_offsets\":[524288,524800]",
+                 "\"data_offsets\":[524000,524512]");
+    snprintf(want, sizeof(want), "%s",
+             "wb-broadcast: 1 problem; nothing was sent\n"
+             "  model-00001-of-00003.safetensors: tensors \"model.embed_tokens.weight\" [0, "
+             "524288) and \"model.norm.weight\" [524000, 524512) overlap\n");
+    refused(&b, "overlap.log", want);
+    /* a dtype and a shape the model does not have (the bytes still add up) */
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    patch_header(b.ckpt, f1, "\"model.norm.weight\":{\"dtype\":\"BF16\"",
+                 "\"model.norm.weight\":{\"dtype\":\"F16\"");
+    patch_header(b.ckpt, f1, "\"shape\":[1024,256],\"data_offsets\":[0,524288]",
+                 "\"shape\":[512,512],\"data_offsets\":[0,524288]");
+    snprintf(want, sizeof(want), "%s",
+             "wb-broadcast: 2 problems; nothing was sent\n"
+             "  tensor \"model.embed_tokens.weight\" (in model-00001-of-00003.safetensors): "
+             "shape [512, 512], the model expects [1024, 256]\n"
+             "  tensor \"model.norm.weight\" (in model-00001-of-00003.safetensors): dtype "
+             "fp16, the model expects bf16\n");
+    refused(&b, "model.log", want);
+    /* a missing shard */
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    snprintf(path, sizeof(path), "%s/model-00002-of-00003.safetensors", b.ckpt);
+    CHECK_INT(unlink(path), 0);
+    snprintf(want, sizeof(want), "%s",
+             "wb-broadcast: 1 problem; nothing was sent\n"
+             "  model.safetensors.index.json: model-00002-of-00003.safetensors does not exist "
+             "(the index puts 17 tensors there, "
+             "\"model.layers.0.mlp.experts.0.down_proj.weight\" first)\n");
+    refused(&b, "missing.log", want);
+}
+
+static bool matches(const char *text, const char *re);
+
+/* A reader that opened other files is refused at registration, naming both checkpoints; the
+ * coordinator, whose readers never all came, gives up after --wait naming who is missing. */
+static void test_wrong_reader(void)
+{
+    struct bc b;
+    setup(&b, "wrong", 8, DEMO_RULES, DEMO_CONFIG, 2, 2, NULL);
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    char other[800];
+    snprintf(other, sizeof(other), "%s/other-ckpt", wb_test_tmpdir());
+    write_ckpt(other, DEMO_RULES, DEMO_CONFIG, 2, WB_CKPT_FORM_MODEL); /* same tensors, 2 files */
+    char *cargv[] = {"wb-broadcast", "--checkpoint", b.ckpt, "--job", b.job, "--wait", "3s", NULL};
+    b.coord = spawn("coord.log", cargv);
+    char *rargv[] = {"wb-broadcast",
+                     "--reader",
+                     "--checkpoint",
+                     other,
+                     "--controller",
+                     b.url,
+                     "--rank",
+                     "0",
+                     "--readers",
+                     "2",
+                     NULL};
+    pid_t r = spawn("reader0.log", rargv);
+    CHECK_INT(e2e_wait(r, 30000), 1);
+    char *out = e2e_slurp("reader0.log");
+    if (!matches(out, "^wb-broadcast: reader 0: 1 problem\n  trainer rank 0: controller "
+                      "tcp://127\\.0\\.0\\.1:[0-9]+: register: trainer rank 0 reads "
+                      "safetensors [0-9a-f]{16} \\(2 files, 5774848 bytes\\), the job moves "
+                      "safetensors [0-9a-f]{16} \\(3 files, 5774848 bytes\\)\n$"))
+        wb_test_fail(__FILE__, __LINE__, "the reader was not refused as expected:\n%s", out);
+    free(out);
+    CHECK_INT(e2e_wait(b.coord, 30000), 1);
+    out = e2e_slurp("coord.log");
+    CHECK_CONTAINS(out, "wb-broadcast: the broadcast failed\n  the job was not ready within "
+                        "0:03: reader 0 (not started), reader 1 (not started), rollout 0 (not "
+                        "started), rollout 1 (not started), rollout 2 (not started), rollout 3 "
+                        "(not started)\n");
+    free(out);
+}
+
+/* ---------------------------------------------------------------- resume, checksums */
+
+/* Whether text has a match of the extended regular expression re. */
+static bool matches(const char *text, const char *re)
+{
+    regex_t rx;
+    if (regcomp(&rx, re, REG_EXTENDED | REG_NEWLINE))
+        wb_test_fail(__FILE__, __LINE__, "bad regex %s", re);
+    bool m = regexec(&rx, text, 0, NULL, 0) == 0;
+    regfree(&rx);
+    return m;
+}
+
+/* Waits until the file's text contains needle. */
+static char *await_log(const char *log, const char *needle, unsigned ms)
+{
+    for (unsigned t = 0;; t += 50) {
+        char *out = e2e_slurp(log);
+        if (strstr(out, needle))
+            return out;
+        if (t >= ms)
+            wb_test_fail(__FILE__, __LINE__, "%s lacks \"%s\" after %u ms:\n%s", log, needle, ms,
+                         out);
+        free(out);
+        e2e_sleep_ms(50);
+    }
+}
+
+/* A reader killed in the middle of the transfer: the attempt fails, the coordinator waits for
+ * it, and once it is restarted the next attempt sends only the rollout tensors that had not
+ * landed; every rollout byte is right all the same, and nothing was published before. */
+static void test_kill_reader_resume(void)
+{
+    struct bc b;
+    setup(&b, "kill", 5, DEMO_RULES, DEMO_CONFIG, 2, 2, "mem_cap: 4MiB\n");
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    start_coordinator(&b, "coord.log", "100ms");
+    start_rollouts(&b, NULL);
+    start_reader(&b, 0, "150ms"); /* paced: about 3.5 s for their 23 tasks each */
+    start_reader(&b, 1, "150ms");
+    free(await_log("coord.log", "] ", 30000)); /* the transfer runs: a progress line */
+    e2e_sleep_ms(300);
+    CHECK_INT(kill(b.rd[1], SIGKILL), 0);
+    CHECK_INT(e2e_wait(b.rd[1], 5000), 128 + SIGKILL);
+    char *out = await_log("coord.log", "to resume; only what has not landed is sent again", 30000);
+    CHECK_CONTAINS(out, "wb-broadcast: attempt 1 failed: transfer 1 failed: ");
+    CHECK_CONTAINS(out, "wb-broadcast: restart reader 1 (dead) to resume");
+    free(out);
+    char path[800];
+    snprintf(path, sizeof(path), "%s/rollout0.v1.bin", b.dump);
+    CHECK(access(path, F_OK) != 0); /* not published with a piece missing */
+    start_reader(&b, 1, NULL);
+    out = finish_ok(&b, 60000, NULL);
+    CHECK_CONTAINS(out, "wb-broadcast: attempt 2: resuming version 1\n");
+    CHECK_CONTAINS(out, " (2 attempts)\n");
+    /* plain progress lines: elapsed, bytes, rate, ETA, slowest reader */
+    if (!matches(out, "^wb-broadcast: \\[ *[0-9]+\\.[0-9] s\\] [0-9.]+ (B|kB|MB) / 6\\.85 MB +"
+                      "[0-9]+\\.[0-9]%  [0-9.]+ (B|kB|MB)/s  ETA ([0-9]:[0-9]{2}|-:--)  slowest "
+                      "reader [01] [0-9]+\\.[0-9]%$"))
+        wb_test_fail(__FILE__, __LINE__, "no plain progress line:\n%s", out);
+    const char *r = strstr(out, "resumed: the later attempts wrote ");
+    unsigned long long resent = 0, plan = 0;
+    CHECK(r && sscanf(r, "resumed: the later attempts wrote %llu of the plan's %llu bytes", &resent,
+                      &plan) == 2);
+    CHECK_U64(plan, DEMO_WRITE_BYTES);
+    if (resent == 0 || resent >= plan)
+        wb_test_fail(__FILE__, __LINE__, "the resumed attempt wrote %llu of %llu bytes", resent,
+                     plan);
+    free(out);
+    CHECK_U64(verify(&b), DEMO_WRITE_BYTES);
+}
+
+/* A byte flipped at rollout 2 after it landed: its checksum names the tensor, the bytes and
+ * both ranks, the version fails, and no rollout publishes it. */
+static void test_checksum_mismatch(void)
+{
+    struct bc b;
+    setup(&b, "sum", 6, DEMO_RULES, DEMO_CONFIG, 2, 2, "mem_cap: 4MiB\n");
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    start_coordinator(&b, "coord.log", NULL);
+    start_rollouts(&b, "model.layers.0.self_attn.qkv_proj.weight");
+    start_reader(&b, 0, NULL);
+    start_reader(&b, 1, NULL);
+    CHECK_INT(e2e_wait(b.coord, 60000), 1);
+    char *out = e2e_slurp("coord.log");
+    if (!matches(out, "^wb-broadcast: the broadcast failed\n  transfer 1 failed: rollout rank 2: "
+                      "model\\.layers\\.0\\.self_attn\\.qkv_proj\\.weight: bytes \\[0, 65536\\) "
+                      "written by trainer rank 0 do not match their checksum: XXH3 [0-9a-f]{16} "
+                      "landed, [0-9a-f]{16} sent\n$"))
+        wb_test_fail(__FILE__, __LINE__, "no checksum failure:\n%s", out);
+    CHECK(!strstr(out, "attempt 2")); /* a mismatch is not retried */
+    free(out);
+    for (int r = 0; r < b.readers; r++)
+        CHECK_INT(e2e_wait(b.rd[r], 20000), 0);
+    for (int r = 0; r < b.rollouts; r++) {
+        CHECK_INT(e2e_wait(b.ro[r], 20000), 0);
+        char path[800];
+        snprintf(path, sizeof(path), "%s/rollout%d.v1.bin", b.dump, r);
+        CHECK(access(path, F_OK) != 0);
+    }
+}
+
+/* ---------------------------------------------------------------- a real terminal */
+
+/* The coordinator under script(1), so its output is a pseudo-terminal: one progress line
+ * rewritten in place (carriage return, erase to the end of the line). */
+static void test_progress_terminal(void)
+{
+    if (system("script --version >/dev/null 2>&1") != 0)
+        wb_test_skip("no script(1) (util-linux / bsdutils): scripts/deps.sh installs it");
+    struct bc b;
+    setup(&b, "tty", 7, DEMO_RULES, DEMO_CONFIG, 2, 2, "mem_cap: 4MiB\n");
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    char cmd[3000];
+    snprintf(cmd, sizeof(cmd), "%s/wb-broadcast --checkpoint %s --job %s --wait 60s", e2e_bin(),
+             b.ckpt, b.job);
+    char *argv[] = {"/usr/bin/env", "script", "-qfec", cmd, "/dev/null", NULL};
+    b.coord = spawn("coord.log", argv);
+    start_rollouts(&b, NULL);
+    start_reader(&b, 0, "40ms");
+    start_reader(&b, 1, "40ms");
+    char *out = finish_ok(&b, 60000, NULL);
+    /* updates while it runs, and the last one at 100% before the summary */
+    if (!matches(out, "\r[0-9.]+ (B|kB|MB) / 6\\.85 MB +[0-9]+\\.[0-9]%  [0-9.]+ (B|kB|MB)/s  ETA "
+                      "[0-9]:[0-9]{2}  slowest reader [01] [0-9]+\\.[0-9]%\033\\[K\r"))
+        wb_test_fail(__FILE__, __LINE__, "no live progress update:\n%s", out);
+    if (!matches(out, "\r6\\.85 MB / 6\\.85 MB  100\\.0%  [0-9.]+ (kB|MB)/s  ETA -:--  slowest "
+                      "reader [01] 100\\.0%\033\\[K\r?\n"))
+        wb_test_fail(__FILE__, __LINE__, "no final progress line:\n%s", out);
+    CHECK_CONTAINS(out, "wb-broadcast: version 1 complete on 4 rollouts in ");
+    CHECK(!strstr(out, "] 6.85 MB")); /* no plain lines on a terminal */
+    free(out);
+    CHECK_U64(verify(&b), DEMO_WRITE_BYTES);
+}
+
+const struct wb_test wb_tests[] = {
+    {"demo_bf16", test_demo_bf16, 120},
+    {"demo_fp8", test_demo_fp8, 120},
+    {"one_gb", test_one_gb, 400},
+    {"bad_files", test_bad_files, 120},
+    {"wrong_reader", test_wrong_reader, 60},
+    {"kill_reader_resume", test_kill_reader_resume, 180},
+    {"checksum_mismatch", test_checksum_mismatch, 120},
+    {"progress_terminal", test_progress_terminal, 120},
+    {0},
+};

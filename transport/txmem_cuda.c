@@ -44,7 +44,11 @@ int wb_tx_mem_copy(void *dst, const void *src, size_t len)
         memmove(dst, src, len);
         return 0;
     }
-    if (cudaMemcpy(dst, src, len, cudaMemcpyDefault) != cudaSuccess) {
+    /* From pageable host memory cudaMemcpy may return before its DMA reached the device: the
+     * copy is waited for, so what a caller hands to another stream next (a transport's peer
+     * copy of a checksum record) is there. */
+    if (cudaMemcpy(dst, src, len, cudaMemcpyDefault) != cudaSuccess ||
+        cudaStreamSynchronize(0) != cudaSuccess) {
         (void)cudaGetLastError();
         return -WB_E_CUDA;
     }

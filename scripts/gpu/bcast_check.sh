@@ -10,12 +10,18 @@
 #     rollout on the other GPU (or the same one), over CUDA IPC, cold and warm, against a plain
 #     sequential read of the same files in the same run (the ratio the README quotes).
 #
-# Usage: scripts/gpu/bcast_check.sh [--keep] [--reps N]   (--keep: leave the logs directory)
+# Usage: scripts/gpu/bcast_check.sh [--keep] [--reps N] [--no-build] [--config CONFIG.json]
+#                                   [--providers "cudaipc tcp"] [--no-host] [--no-bench]
+#   --keep: leave the logs directory; --no-build: use the programs already in build/ (carried
+#   from a CUDA build elsewhere); --config: the benchmark's Qwen3 checkpoint (default the 1.28 GB
+#   tests/fixtures/ckpt/qwen3-1g.json; bench/qwen3-9g.json is 9.13 GB); --providers: the
+#   benchmark's transports to GPU memory; --no-host: skip the host-memory comparison;
+#   --no-bench: only the correctness part.
 # Assumes the build's libraries are reachable (scripts/gpu/env.sh). Exits non-zero when a
 # broadcast fails or any byte differs; timings never fail it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-keep=0 reps=5
+keep=0 reps=5 build=1 config=tests/fixtures/ckpt/qwen3-1g.json providers="cudaipc tcp" host=1 bench=1
 while [ $# -gt 0 ]; do
     case "$1" in
     --keep) keep=1 ;;
@@ -23,12 +29,24 @@ while [ $# -gt 0 ]; do
         reps=$2
         shift
         ;;
+    --no-build) build=0 ;;
+    --config)
+        config=$2
+        shift
+        ;;
+    --providers)
+        providers=$2
+        shift
+        ;;
+    --no-host) host=0 ;;
+    --no-bench) bench=0 ;;
     -h | --help)
-        sed -n '2,16p' "$0"
+        sed -n '2,22p' "$0"
         exit 0
         ;;
     *)
-        echo "usage: scripts/gpu/bcast_check.sh [--keep] [--reps N]" >&2
+        echo "usage: scripts/gpu/bcast_check.sh [--keep] [--reps N] [--no-build] [--config F]" \
+            "[--providers LIST] [--no-host] [--no-bench]" >&2
         exit 2
         ;;
     esac
@@ -47,10 +65,10 @@ cleanup() {
 trap cleanup EXIT
 export WB_TOKEN=bcast-check-$RANDOM$RANDOM
 
-echo "== build (make CUDA=1 all bench)"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
     true
-if ! make -j"$jobs" CUDA=1 all bench >"$tmp/build.log" 2>&1; then
+[ $build -eq 1 ] && echo "== build (make CUDA=1 all bench)"
+if [ $build -eq 1 ] && ! make -j"$jobs" CUDA=1 all bench >"$tmp/build.log" 2>&1; then
     tail -n 40 "$tmp/build.log"
     echo "bcast_check: build failed"
     exit 1
@@ -112,15 +130,17 @@ echo "== correctness: the demo checkpoint, 2 readers on GPU 0 -> 4 rollouts on G
 demo model
 demo fp8
 
-echo "== bcast_bench: 1 reader on GPU 0 -> 1 rollout on GPU $rgpu, to GPU memory"
-for prov in cudaipc tcp; do
-    if ! build/bench/bcast_bench --dir "$tmp/bench" --device 0 --rollout-device $rgpu \
-        --provider $prov --reps "$reps"; then
+[ $bench -eq 1 ] && echo "== bcast_bench: 1 reader on GPU 0 -> 1 rollout on GPU $rgpu, to GPU memory"
+[ $bench -eq 1 ] || providers="" host=0
+for prov in $providers; do
+    if ! build/bench/bcast_bench --dir "$tmp/bench" --model configs/models/qwen3.yaml \
+        --config "$config" --device 0 --rollout-device $rgpu --provider $prov --reps "$reps"; then
         failed+=("bench $prov")
     fi
 done
-echo "== bcast_bench: the same from host memory to host memory, for comparison"
-build/bench/bcast_bench --dir "$tmp/bench" --provider shm --reps "$reps" || failed+=("bench shm")
+[ $host -eq 0 ] || echo "== bcast_bench: the same from host memory to host memory, for comparison"
+[ $host -eq 0 ] || build/bench/bcast_bench --dir "$tmp/bench" --model configs/models/qwen3.yaml \
+    --config "$config" --provider shm --reps "$reps" || failed+=("bench shm")
 
 if [ ${#failed[@]} -gt 0 ]; then
     echo "bcast_check: FAILED: ${failed[*]}"

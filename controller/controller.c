@@ -23,6 +23,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 enum ctl_state { ST_WAITING = 0, ST_SETUP, ST_CONNECT, ST_READY };
 static const char *const state_names[] = {"waiting", "setup", "connect", "ready"};
@@ -718,6 +719,22 @@ static bool registration_ok(struct wb_controller *c, nng_msg *req, enum wb_role 
     return n == 0;
 }
 
+/* A session identity nobody can guess from the ones seen before: 64 random bits (never 0, never
+ * another live agent's). */
+static uint64_t session_new(const struct wb_controller *c)
+{
+    for (;;) {
+        uint64_t v = 0;
+        if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
+            v = wb_now_ns() * 0x9e3779b97f4a7c15ull ^ (uint64_t)c->sessions << 32;
+        bool taken = v == 0;
+        for (uint32_t i = 0; !taken && i < c->nagents; i++)
+            taken = c->agents[i].session == v;
+        if (!taken)
+            return v;
+    }
+}
+
 static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_body_register *b)
 {
     char msg[256];
@@ -764,7 +781,8 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
             xfer_fail(c, "%s rank %u restarted", b->role, a->rank);
     }
     agent_reset(a);
-    a->session = ++c->sessions;
+    c->sessions++;
+    a->session = session_new(c);
     a->alive = true;
     a->last_ns = wb_now_ns();
     snprintf(a->host, sizeof(a->host), "%s", b->host);
@@ -909,6 +927,20 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
     struct agent *a = session_agent(c, req, &b->s);
     if (!a)
         return;
+    /* A report must fit its sender's role: only trainers send, only rollouts receive and
+     * commit. */
+    enum wb_role want = type == WB_MSG_REP_SENT ? WB_ROLE_TRAINER
+                        : type == WB_MSG_REP_RECEIVED || type == WB_MSG_REP_COMMITTED
+                            ? WB_ROLE_ROLLOUT
+                            : a->role;
+    if (a->role != want) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "%s rank %u cannot report %s: only %ss do", wb_role_name(a->role),
+                 a->rank, wb_msg_type_name(type), wb_role_name(want));
+        wb_log(WB_LOG_WARN, M, "%s", msg);
+        reply_error(c, req, -WB_E_PEER, msg);
+        return;
+    }
     switch (type) {
     case WB_MSG_HEARTBEAT:
         a->version = b->hb.version;

@@ -286,11 +286,83 @@ static void test_rank_checks(void)
     shutdown_all(&c);
 }
 
+/* One call to the controller with the job's token: the reply's type, the ERROR text in msg. */
+static uint32_t call(struct cluster *c, uint32_t type, const void *body, void *reply, char *msg,
+                     size_t cap)
+{
+    struct wb_chan ch;
+    struct wb_mpw w;
+    struct wb_msg m;
+    void *buf;
+    size_t len;
+    const char *why;
+    CHECK_INT(wb_chan_open(&ch, c->url), 0);
+    wb_mpw_init(&w);
+    wb_msg_encode(&w, type, "tok-123", body);
+    CHECK_INT(wb_chan_call(&ch, &w, 5000000000ull, &buf, &len), 0);
+    CHECK_INT(wb_msg_open(buf, len, "tok-123", &m, &why), 0);
+    *msg = 0;
+    if (m.type == WB_MSG_ERROR) {
+        struct wb_body_error e;
+        CHECK_INT(wb_msg_decode(&m, &e, msg, cap), 0);
+        size_t n = strnlen(e.msg, sizeof(e.msg));
+        n = n < cap - 1 ? n : cap - 1;
+        memcpy(msg, e.msg, n);
+        msg[n] = 0;
+    } else if (reply) {
+        CHECK_INT(wb_msg_decode(&m, reply, msg, cap), 0);
+    }
+    uint32_t t = m.type;
+    wb_chan_free(buf);
+    wb_mpw_free(&w);
+    wb_chan_close(&ch);
+    return t;
+}
+
+/* Sessions are not guessable, and a report must fit its sender's role: a rollout (here the
+ * test itself, registered as rollout rank 0) cannot say a trainer's data was sent. */
+static void test_forged_reports(void)
+{
+    struct cluster c = {0};
+    write_job(&c, 1, 1, NULL);
+    c.nro = 0; /* rollout rank 0 is this test */
+    start(&c);
+    free(wait_status(&c, "trainer      0 alive", 10000));
+    struct wb_body_register reg = {.rank = 0, .device = -1, .pid = 1, .synthetic = true};
+    snprintf(reg.role, sizeof(reg.role), "rollout");
+    memcpy(reg.host, "forger", 7);
+    struct wb_body_registered ok;
+    char msg[256];
+    CHECK_INT(call(&c, WB_MSG_REGISTER, &reg, &ok, msg, sizeof(msg)), WB_MSG_REGISTERED);
+    /* 64 random bits: not the 1, 2, 3 ... they were (1 in 2^44 that this fails by chance) */
+    CHECK(ok.session > (1ull << 20));
+
+    /* a guessed session is refused */
+    struct wb_body_heartbeat hb = {.s = {.rank = 0, .session = 2}};
+    snprintf(hb.s.role, sizeof(hb.s.role), "trainer");
+    CHECK_INT(call(&c, WB_MSG_HEARTBEAT, &hb, NULL, msg, sizeof(msg)), WB_MSG_ERROR);
+    CHECK_STR(msg, "trainer rank 0: unknown session 2: register again");
+
+    /* the rollout's own session, a trainer's report */
+    struct wb_body_rep_sent sent = {.s = {.rank = 0, .session = ok.session}, .version = 1,
+                                    .ok = true};
+    snprintf(sent.s.role, sizeof(sent.s.role), "rollout");
+    CHECK_INT(call(&c, WB_MSG_REP_SENT, &sent, NULL, msg, sizeof(msg)), WB_MSG_ERROR);
+    CHECK_STR(msg, "rollout rank 0 cannot report REPORT_SENT: only trainers do");
+
+    char *out = NULL;
+    e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s --timeout 5s status", c.url);
+    CHECK_CONTAINS(out, "version 0, in flight: none");
+    free(out);
+    shutdown_all(&c);
+}
+
 const struct wb_test wb_tests[] = {
     {"transfers", test_transfers, 60},
     {"wrong_token", test_wrong_token, 60},
     {"dead_agent_and_restart", test_dead_agent_and_restart, 60},
     {"kill_mid_transfer", test_kill_mid_transfer, 60},
     {"rank_checks", test_rank_checks, 60},
+    {"forged_reports", test_forged_reports, 60},
     {0},
 };

@@ -14,6 +14,7 @@
 #include "agent/xfer.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1328,8 +1329,12 @@ int ag_data_dump(struct data *d, const char *dir, uint64_t version, char *err, s
     char path[1200], tmp[1300];
     snprintf(path, sizeof(path), "%s/rollout%u.v%" PRIu64 ".bin", dir, d->rank, version);
     snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
+    /* created, never opened through a link planted at its name */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "wb");
     if (!f) {
+        if (fd >= 0)
+            close(fd);
         snprintf(err, errcap, "%s: cannot create", tmp);
         return -errno;
     }

@@ -24,11 +24,13 @@
 #include "agent/xfer.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* T_DIRECT: a task of the direct batch (direct.c), waiting for it to finish, then announcing
  * its writes; it holds no TMP memory. */
@@ -1052,8 +1054,12 @@ void ag_exec_trace_write(struct data *d)
         snprintf(path, sizeof(path), "%s/trainer%u.json", d->job.trace, d->rank);
     else
         return;
-    FILE *f = fopen(path, "w");
+    /* the directory comes from the job: the file is not opened through a link planted there */
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "w");
     if (!f) {
+        if (fd >= 0)
+            close(fd);
         wb_log(WB_LOG_WARN, M, "trace %s: cannot write", path);
         return;
     }

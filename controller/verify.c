@@ -78,6 +78,7 @@ struct expect {
     uint8_t *buf;
     uint8_t *mask; /* per byte, 1 where the reference knows it; NULL: every byte. Rows nothing
                       writes (vocab padding) hold whatever the engine put there. */
+    bool seen;     /* found in the dump already */
 };
 
 /* Marks the bytes of box b (of a tensor of shape s, elem bytes per element) in mask. */
@@ -364,11 +365,16 @@ int wb_ref_check_dump(const struct wb_ref *f, uint32_t rank, uint64_t version, c
             rc = -EBADMSG;
             break;
         }
-        const struct expect *x = NULL;
+        struct expect *x = NULL;
         for (uint32_t k = 0; k < ne; k++)
             if (e[k].tensor == tensor)
                 x = &e[k];
         const char *name = tensor < f->md.rollout.n ? f->md.rollout.p[tensor].name : "?";
+        if (x && x->seen) { /* one tensor many times must not stand for the others */
+            snprintf(msg, cap, "rollout rank %u: %s: in the dump twice", rank, name);
+            rc = -WB_E_PLAN;
+            break;
+        }
         if (!x || x->bytes != b) {
             snprintf(msg, cap,
                      "rollout rank %u: %s: holds %" PRIu64 " bytes, the reference %" PRIu64, rank,
@@ -395,6 +401,7 @@ int wb_ref_check_dump(const struct wb_ref *f, uint32_t rank, uint64_t version, c
         free(got);
         for (uint64_t k = 0; k < b; k++) /* the bytes compared (padding rows are not) */
             checked += !x->mask || x->mask[k];
+        x->seen = true;
         seen++;
     }
     if (!rc && seen != ne) {

@@ -201,6 +201,37 @@ static void verify(struct cluster *c, uint64_t v)
         total += bytes;
     }
     CHECK_U64(total, recv_bytes(c, 0) + recv_bytes(c, 1)); /* the demo: 2 x 1711904 */
+
+    /* a dump that holds its first tensor as many times as it holds tensors is refused */
+    char path[700], forged[760], msg[512];
+    snprintf(path, sizeof(path), "%s/rollout0.v%" PRIu64 ".bin", c->dump, v);
+    snprintf(forged, sizeof(forged), "%s.forged", path);
+    FILE *in = fopen(path, "rb"), *out = fopen(forged, "wb");
+    CHECK(in && out);
+    uint8_t head[12], ent[12];
+    uint32_t n, tensor;
+    uint64_t b;
+    CHECK_INT(fread(head, 1, 12, in) == 12 && fread(ent, 1, 12, in) == 12, 1);
+    memcpy(&n, head + 8, 4);
+    memcpy(&tensor, ent, 4);
+    memcpy(&b, ent + 4, 8);
+    uint8_t *data = malloc(b);
+    CHECK_INT(fread(data, 1, b, in) == b, 1);
+    fwrite(head, 1, 12, out);
+    for (uint32_t i = 0; i < n; i++) {
+        fwrite(ent, 1, 12, out);
+        fwrite(data, 1, b, out);
+    }
+    free(data);
+    fclose(in);
+    fclose(out);
+    uint64_t bytes = 0;
+    CHECK_INT(wb_ref_check_dump(ref, 0, v, forged, msg, sizeof(msg), &bytes), -WB_E_PLAN);
+    char want[256];
+    snprintf(want, sizeof(want), "rollout rank 0: %s: in the dump twice",
+             tensor == 0 ? "model.embed_tokens.weight" : "?");
+    CHECK_STR(msg, want);
+    unlink(forged);
     wb_ref_free(ref);
     wb_job_free(&job);
     wb_errlist_free(&el);

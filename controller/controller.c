@@ -98,6 +98,9 @@ struct wb_controller {
     uint64_t failed_version;   /* the version whose last attempt failed (0: none) */
     uint64_t epochs;           /* transfer attempts started */
     char *source;              /* the source every trainer must read (NULL: any) */
+    uint64_t refuse_t0;        /* refusals logged in the second from refuse_t0 ... */
+    uint32_t refuse_logged;
+    uint64_t refuse_quiet; /* ... and not logged */
     struct xfer x;
     bool shutting_down;
     uint64_t exit_deadline, exit_linger;
@@ -1047,6 +1050,26 @@ static void on_ctl_shutdown(struct wb_controller *c, nng_msg *req)
 
 /* ---------------------------------------------------------------- the loop */
 
+/* A refused message, logged: at most 10 a second (a flood must not fill the disk); the others
+ * are counted and their number said once the second is over. */
+static void log_refusal(struct wb_controller *c, const char *what)
+{
+    uint64_t now = wb_now_ns();
+    if (now - c->refuse_t0 >= 1000000000ull) {
+        if (c->refuse_quiet)
+            wb_log(WB_LOG_WARN, M, "%" PRIu64 " more refused messages not logged", c->refuse_quiet);
+        c->refuse_t0 = now;
+        c->refuse_logged = 0;
+        c->refuse_quiet = 0;
+    }
+    if (c->refuse_logged < 10) {
+        c->refuse_logged++;
+        wb_log(WB_LOG_WARN, M, "%s", what);
+    } else {
+        c->refuse_quiet++;
+    }
+}
+
 static void on_message(struct wb_controller *c, nng_msg *req)
 {
     struct wb_msg m;
@@ -1055,7 +1078,7 @@ static void on_message(struct wb_controller *c, nng_msg *req)
     union body b;
     int err = wb_msg_open(nng_msg_body(req), nng_msg_len(req), c->job->token, &m, &why);
     if (err) {
-        wb_log(WB_LOG_WARN, M, "%s", why);
+        log_refusal(c, why);
         reply_error(c, req, err, why);
         return;
     }
@@ -1079,7 +1102,9 @@ static void on_message(struct wb_controller *c, nng_msg *req)
         return;
     }
     if ((err = wb_msg_decode(&m, &b, msg, sizeof(msg))) != 0) {
-        wb_log(WB_LOG_WARN, M, "refused: %s", msg);
+        char line[WB_ERRMSG_MAX + 16];
+        snprintf(line, sizeof(line), "refused: %s", msg);
+        log_refusal(c, line);
         reply_error(c, req, err, msg);
         return;
     }
@@ -1207,7 +1232,7 @@ int wb_controller_create_opts(const struct wb_job *job, const struct wb_controll
         err = -EIO;
         goto err_agents;
     }
-    nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, 1 << 30);
+    nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, WB_CTL_MAX_MSG);
     /* Sends block only while the previous reply to the same agent is still being written
      * (nng's raw REP cannot queue a second one without blocking); a stuck peer costs at most
      * this long, then the reply is dropped and the peer's request times out and repeats. */

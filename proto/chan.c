@@ -65,6 +65,8 @@ int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w)
 {
     if (w->err)
         return w->err;
+    if (w->len > WB_CTL_MAX_MSG)
+        return -EMSGSIZE;
     int rv = nng_send((nng_socket){.id = c->sock}, w->buf, w->len, NNG_FLAG_NONBLOCK);
     if (rv)
         return nng_err(rv);

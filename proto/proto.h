@@ -415,6 +415,11 @@ int wb_cmd_next(struct wb_cmd_reader *cr, uint64_t *seq, uint32_t *type, struct 
 
 /* ---------------------------------------------------------------- request channel */
 
+/* The largest message the controller accepts (nng drops larger frames before they are read,
+ * so an unauthenticated peer cannot make it allocate more); wb_chan_send refuses to send one
+ * (-EMSGSIZE). A registration of 100,000 tensors is about 15 MiB. */
+enum { WB_CTL_MAX_MSG = 64 << 20 };
+
 /* A REQ socket to the controller used one request at a time. Non-blocking use: send, then
  * wb_chan_try_recv() until it yields the reply (fd is pollable for readability). */
 struct wb_chan {

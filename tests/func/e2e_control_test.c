@@ -157,6 +157,39 @@ static void test_wrong_token(void)
     CHECK_INT(wb_msg_decode(&m, &e, msg, sizeof(msg)), 0);
     CHECK_STR(e.msg, "refused: message without a cluster token");
     wb_chan_free(buf);
+
+    /* a flood of them is logged 10 a second, the rest counted */
+    for (int i = 0; i < 300; i++) {
+        CHECK_INT(wb_chan_call(&ch, &w, 5000000000ull, &buf, &len), 0);
+        wb_chan_free(buf);
+    }
+    e2e_sleep_ms(1100);
+    CHECK_INT(wb_chan_call(&ch, &w, 5000000000ull, &buf, &len), 0);
+    wb_chan_free(buf);
+    e2e_sleep_ms(200);
+    char *clog = e2e_slurp("controller.log");
+    /* every one of the 302 said once: a line of its own or counted in a "more" line */
+    unsigned lines = 0, quiet = 0, q;
+    for (const char *p = clog; (p = strstr(p, "refused: message without a cluster token")); p++)
+        lines++;
+    for (const char *p = clog; (p = strstr(p, "controller: ")); p++)
+        if (sscanf(p, "controller: %u more refused messages not logged", &q) == 1)
+            quiet += q;
+    CHECK(lines <= 21); /* 10 a second: the flood may straddle two, then the last one */
+    CHECK_INT(lines + quiet, 302);
+    free(clog);
+    wb_mpw_free(&w);
+
+    /* a message over the controller's limit is not sent */
+    wb_mpw_init(&w);
+    wb_mpw_envelope(&w, WB_MSG_CTL_STATUS);
+    wb_mpw_map(&w, 1);
+    wb_mpw_str(&w, "pad");
+    char *pad = calloc(1, WB_CTL_MAX_MSG + 1);
+    memset(pad, 'x', WB_CTL_MAX_MSG);
+    wb_mpw_str(&w, pad);
+    free(pad);
+    CHECK_INT(wb_chan_call(&ch, &w, 5000000000ull, &buf, &len), -EMSGSIZE);
     wb_mpw_free(&w);
     wb_chan_close(&ch);
 

@@ -575,6 +575,13 @@ int ag_loop(struct wb_endpoint *ep)
                          (double)(now - ep->last_heard) / 1e9);
             return -WB_E_PEER;
         }
+        uint64_t said = (now - ep->last_heard) / (30ull * 1000000000);
+        if (said > ep->silent_said) /* every 30 s of silence, once */
+            wb_log(WB_LOG_WARN, M,
+                   "%s rank %u: controller %s silent for %.0f s: keeping the weights, waiting "
+                   "for it to come back",
+                   ep->role, ep->o.rank, ep->o.controller, (double)(now - ep->last_heard) / 1e9);
+        ep->silent_said = said;
         /* A request unanswered for dead_ns: the controller restarted or the connection was
          * replaced; send again (the REQ socket abandons the old request). */
         if (ep->call.busy && now > ep->call.sent_ns && now - ep->call.sent_ns > ep->dead_ns) {

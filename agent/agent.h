@@ -58,7 +58,8 @@ struct wb_endpoint_opts {
     const char *token;
     bool synthetic;        /* wb-agent: hold what the plan assigns, synthetic values */
     const char *trace;     /* Chrome trace JSON path, or NULL */
-    uint64_t give_up_ns;   /* stop when the controller stays silent this long (0: 30 s) */
+    uint64_t give_up_ns;   /* stop when the controller stays silent this long (0: trainers
+                              30 s, rollouts never: they keep the weights and wait) */
     uint64_t pace_ns;      /* testing: extra delay before each task starts (0 = none) */
     const char *tx_domain; /* transport domain (NIC / interface), NULL = the provider's choice */
     const char *dump;      /* rollouts: directory for rollout<rank>.v<N>.bin after each version */

@@ -37,8 +37,8 @@ int wb_endpoint_open(const struct wb_endpoint_opts *opts, struct wb_endpoint **o
     ep->o.dump = ep->s_dump = dup_opt(opts->dump, &err);
     ep->o.tx_extra = ep->s_extra = dup_opt(opts->tx_extra, &err);
     ep->o.corrupt = ep->s_corrupt = dup_opt(opts->corrupt, &err);
-    if (!ep->o.give_up_ns)
-        ep->o.give_up_ns = 30ull * 1000000000;
+    if (!ep->o.give_up_ns) /* a rollout holds the weights: it outlives any controller outage */
+        ep->o.give_up_ns = opts->role == WB_ROLE_ROLLOUT ? UINT64_MAX : 30ull * 1000000000;
     ep->role = wb_role_name(opts->role);
     ep->hb_ns = 200 * 1000000ull;
     ep->dead_ns = 1500 * 1000000ull;

@@ -76,6 +76,7 @@ struct wb_endpoint {
     uint64_t session;
     uint64_t hb_ns, dead_ns, hold_ns;
     uint64_t last_heard; /* last reply from the controller */
+    uint64_t silent_said; /* rollouts: how many 30 s of the controller's silence were said */
     uint64_t next_hb;
     bool call_is_report; /* the call in flight is queue[0] */
     uint64_t call_push;  /* ... and it is the PUSH of this version (0: not a push) */

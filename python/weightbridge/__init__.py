@@ -67,8 +67,9 @@ def _s(x: Optional[str]) -> Optional[bytes]:
     return x.encode() if x is not None else None
 
 
-def _ns(seconds: float) -> int:
-    return max(0, int(seconds * 1e9))
+def _ns(seconds: Optional[float]) -> int:
+    """Nanoseconds; None (a library default) is 0."""
+    return 0 if seconds is None else max(0, int(seconds * 1e9))
 
 
 def _rank_from_env(rank: Optional[int]) -> int:
@@ -96,7 +97,7 @@ class _Endpoint:
         tx_extra: Optional[str],
         dump: Optional[str],
         trace: Optional[str],
-        give_up: float,
+        give_up: Optional[float],
         mesh: Optional[Any] = None,
     ):
         self._ep = ctypes.c_void_p()
@@ -303,7 +304,7 @@ class Rollout(_Endpoint):
         tx_domain: Optional[str] = None,
         tx_extra: Optional[str] = None,
         dump: Optional[str] = None,
-        give_up: float = 30.0,
+        give_up: Optional[float] = None,
     ):
         super().__init__(
             "rollout", controller, rank, token, device, dict(params), dtypes, tx_domain, tx_extra,

@@ -515,7 +515,7 @@ class RolloutBinding:
         *,
         dtypes: Optional[Mapping[str, str]] = None,
         dump: Optional[str] = None,
-        give_up: float = 30.0,
+        give_up: Optional[float] = None,
     ) -> "RolloutBinding":
         """Registers with the controller and returns at once (the job becomes ready once every
         trainer and rollout registered; wait() waits for that)."""

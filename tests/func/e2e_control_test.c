@@ -319,6 +319,41 @@ static void test_rank_checks(void)
     shutdown_all(&c);
 }
 
+/* The controller dies: a trainer gives up after its --give-up, a rollout (no --give-up: never)
+ * keeps running, and registers again with the controller that comes back. */
+static void test_controller_outage(void)
+{
+    struct cluster c = {0};
+    write_job(&c, 1, 1, NULL);
+    c.ntr = c.nro = 0;
+    start(&c);
+    char *tr[] = {"wb-agent", "--role",    "trainer", "--rank", "0", "--controller",
+                  c.url,      "--give-up", "2s",      "--token", "tok-123", NULL};
+    char *ro[] = {"wb-agent",     "--role", "rollout", "--rank",  "0",
+                  "--controller", c.url,    "--token", "tok-123", NULL};
+    pid_t t = e2e_spawn("tr.log", NULL, tr), r = e2e_spawn("ro.log", NULL, ro);
+    free(wait_status(&c, "ready", 10000));
+    kill(c.ctl, SIGKILL);
+    CHECK_INT(e2e_wait(c.ctl, 2000), 128 + SIGKILL);
+    CHECK_INT(e2e_wait(t, 6000), 1);
+    char *log = e2e_slurp("tr.log");
+    char want[256];
+    snprintf(want, sizeof(want), "wb-agent: trainer rank 0: controller %s silent for 2.", c.url);
+    CHECK_CONTAINS(log, want);
+    CHECK_CONTAINS(log, " s, giving up\n");
+    free(log);
+    CHECK_INT(waitpid(r, NULL, WNOHANG), 0); /* the rollout is still there */
+    c.ctl = e2e_spawn("controller2.log", NULL, (char *[]){"wb-controller", "--config", c.job, NULL});
+    char *out = wait_status(&c, "rollout      0 alive", 10000);
+    free(out);
+    log = e2e_slurp("ro.log");
+    CHECK(strstr(log, "giving up") == NULL);
+    free(log);
+    c.ro[0] = r;
+    c.nro = 1;
+    shutdown_all(&c);
+}
+
 /* One call to the controller with the job's token: the reply's type, the ERROR text in msg. */
 static uint32_t call(struct cluster *c, uint32_t type, const void *body, void *reply, char *msg,
                      size_t cap)
@@ -397,5 +432,6 @@ const struct wb_test wb_tests[] = {
     {"kill_mid_transfer", test_kill_mid_transfer, 60},
     {"rank_checks", test_rank_checks, 60},
     {"forged_reports", test_forged_reports, 60},
+    {"controller_outage", test_controller_outage, 60},
     {0},
 };

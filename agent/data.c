@@ -318,11 +318,10 @@ static int setup_trainer(struct data *d, const void *plan, size_t plan_len, cons
         return -ENOMEM;
     for (uint32_t i = 0; i < n; i++) {
         struct shard *s = &d->shards[i];
-        uint32_t two;
-        uint64_t tn;
-        wb_mpr_array(&r, 2, &two);
-        wb_mpr_u64(&r, &tn);
-        if (two != 2 || tn > UINT32_MAX || wb_wire_get_tensor_meta(&r, &s->meta)) {
+        uint32_t two = 0;
+        uint64_t tn = 0;
+        if (wb_mpr_array(&r, 2, &two) || two != 2 || wb_mpr_u64(&r, &tn) || tn > UINT32_MAX ||
+            wb_wire_get_tensor_meta(&r, &s->meta)) {
             snprintf(err, errcap, "shard list: malformed entry %u", i);
             return -EBADMSG;
         }

@@ -96,7 +96,7 @@ struct wb_controller {
     uint64_t refused_sessions; /* a deferred plan failed with these sessions: wait for new ones */
     uint64_t last_version;     /* last complete transfer */
     uint64_t failed_version;   /* the version whose last attempt failed (0: none) */
-    uint64_t epochs;           /* transfer attempts started */
+    uint64_t epochs;           /* the epoch of the last transfer attempt started */
     char *source;              /* the source every trainer must read (NULL: any) */
     uint64_t refuse_t0;        /* refusals logged in the second from refuse_t0 ... */
     uint32_t refuse_logged;
@@ -524,6 +524,19 @@ static void xfer_check(struct wb_controller *c)
     }
 }
 
+/* Each transfer attempt's epoch: random (a stray writer cannot know the one in flight), its
+ * low byte — the one immediates carry — never the previous attempt's. */
+static uint64_t epoch_new(uint64_t prev)
+{
+    for (;;) {
+        uint64_t v = 0;
+        if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
+            v = wb_now_ns() * 0x9e3779b97f4a7c15ull;
+        if (v && (v & 0xff) != (prev & 0xff))
+            return v;
+    }
+}
+
 /* Starts transfer v (client: the wb-ctl request to answer at the end, or NULL for a push). */
 static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nng_msg *client)
 {
@@ -533,7 +546,7 @@ static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nn
     c->x.start_ns = wb_now_ns();
     c->x.deadline = c->x.start_ns + timeout;
     c->x.client = client;
-    c->epochs++; /* each attempt has its own epoch: agents tag its immediates with it */
+    c->epochs = epoch_new(c->epochs); /* agents tag this attempt's immediates with it */
     struct wb_body_version_epoch cmd = {v, c->epochs};
     /* Another attempt of a version that failed: what landed at each rollout since (it said so
      * when told to abort, and has kept its session) is not sent again — when every trainer's

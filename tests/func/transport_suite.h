@@ -282,6 +282,9 @@ static void side_open(struct side *s)
         CHECK_INT(wb_tx_rdesc_get(&rd, &s->desc), 0);
         CHECK_INT(wb_mpr_end(&rd), 0);
         CHECK_U64(s->desc.size, REGION);
+        /* memory keys are random, not 1, 2, 3 ... (1 in 2^44 that this fails by chance) */
+        for (uint32_t i = 0; s->desc.backend == WB_TX_FABRIC && i < s->desc.nrails; i++)
+            CHECK(s->desc.rail[i].key > (1ull << 20));
     }
 }
 

@@ -9,12 +9,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 enum { FAB_API = FI_VERSION(1, 17) };
 
 static void fab_close(struct wb_tx *tx);
 
 /* ---------------------------------------------------------------- registration helpers */
+
+/* A memory key nobody guesses from the ones seen before: random bits, as many as the domain's
+ * keys hold (where the requester chooses, as on tcp and shm; a provider that picks its own
+ * keys, FI_MR_PROV_KEY, ignores it). */
+static uint64_t key_draw(const struct fab_rail *r)
+{
+    uint64_t k = 0;
+    if (getrandom(&k, sizeof(k), 0) != (ssize_t)sizeof(k))
+        k = wb_now_ns() * 0x9e3779b97f4a7c15ull;
+    if (r->key_size && r->key_size < sizeof(k))
+        k &= (1ull << (8 * r->key_size)) - 1;
+    return k ? k : 1;
+}
 
 /* Registers [p, p+len) on one rail. device >= 0 marks CUDA memory (only with FI_HMEM). */
 static int reg_rail(struct fab_tx *fx, uint32_t i, void *p, uint64_t len, uint64_t access,
@@ -23,13 +37,18 @@ static int reg_rail(struct fab_tx *fx, uint32_t i, void *p, uint64_t len, uint64
     struct fab_rail *r = &fx->rail[i];
     struct iovec iov = {.iov_base = p, .iov_len = len};
     struct fi_mr_attr a = {.mr_iov = &iov, .iov_count = 1, .access = access};
-    a.requested_key = fx->next_key++;
     if (device >= 0) {
         a.iface = FI_HMEM_CUDA;
         a.device.cuda = device;
     }
     struct fid_mr *mr = NULL;
-    int e = fi_mr_regattr(r->domain, &a, 0, &mr);
+    int e;
+    for (int tries = 0;; tries++) { /* a key already in use: another draw */
+        a.requested_key = key_draw(r);
+        e = fi_mr_regattr(r->domain, &a, 0, &mr);
+        if (e != -FI_ENOKEY || tries == 8)
+            break;
+    }
     if (e)
         return wb_txi_err(&fx->base, -WB_E_FABRIC,
                           "fabric: rail %u: fi_mr_regattr(%" PRIu64 " bytes): %s", i, len,
@@ -486,6 +505,7 @@ static int open_rail(struct fab_tx *fx, uint32_t i, struct wb_errlist *el)
     r->mr_mode = in->domain_attr->mr_mode;
     r->max_msg = in->ep_attr->max_msg_size ? in->ep_attr->max_msg_size : (1ull << 30);
     r->inject_size = in->tx_attr->inject_size;
+    r->key_size = in->domain_attr->mr_key_size;
     r->window = fx->cfg.window ? fx->cfg.window : in->tx_attr->size;
     if (r->window == 0)
         r->window = 256;
@@ -520,7 +540,6 @@ int wb_txi_fabric_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struc
     fx->cfg.provider = fx->cfg.domain = NULL;
     fx->nrails = (uint32_t)cfg->rails;
     fx->gpu_device = -1;
-    fx->next_key = 1;
     size_t ctrl_len = (size_t)fx->nrails * (FAB_BELL_SIZE + FAB_NRECV * FAB_MSG_SIZE);
     if (posix_memalign((void **)&fx->ctrl, 4096, ctrl_len) != 0) {
         fx->ctrl = NULL;

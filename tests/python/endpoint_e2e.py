@@ -156,9 +156,9 @@ def run_trainer(rank, url, mode=""):
         for name, (shape, off, _) in shards.items():  # the "optimizer step"
             wb.synth_fill(arrays[name], name, SEED, v, shape, off, "bf16")
         p = t.push(v)
-        p.sources(60)
         if mode == "hookfail" and v == 2:
             try:
+                p.sources(60)  # says the version failed if that is known by then
                 p.result(60)
                 raise AssertionError("version 2 completed though a rollout's hook failed")
             except wb.WeightbridgeError as e:
@@ -166,6 +166,7 @@ def run_trainer(rank, url, mode=""):
                         "engine refused version 2")
                 assert str(e) == want, str(e)
             continue
+        p.sources(60)
         assert p.result(60) == v
     assert t.version == VERSIONS[-1]
     t.close()
@@ -194,7 +195,12 @@ def run_rollout(rank, url, dump, mode=""):
                 assert r.version == 1
             continue
         assert r.wait(v, 60) >= v
-    assert seen == list(VERSIONS), seen  # the hook ran once per version, in order
+    # the hook ran once per version, in order; another rank's hook failing version 2 may abort
+    # it here before all its bytes landed, and then this hook never sees it
+    want = [list(VERSIONS)]
+    if mode == "hookfail" and rank != 1:
+        want.append([v for v in VERSIONS if v != 2])
+    assert seen in want, seen
     r.close()
 
 

@@ -105,6 +105,7 @@ static void pump_calls(struct wb_endpoint *ep, uint64_t now)
         struct wb_mpw w;
         uint64_t version = wb_endpoint_version(ep);
         struct wb_body_heartbeat b = {session_of(ep), version, ep->in_flight};
+        b.torn = ep->o.role == WB_ROLE_ROLLOUT && wb_endpoint_torn(ep);
         if (ep->d && ep->o.role == WB_ROLE_TRAINER) { /* also once done: the last figures */
             struct data_progress pg;
             ag_data_progress_get(ep->d, &pg);

@@ -161,12 +161,17 @@ int wb_endpoint_wait_push(struct wb_endpoint *ep, uint64_t version, enum wb_push
                           uint64_t timeout_ns);
 
 /* Rollouts: waits until this rank holds `version` or a newer one complete. -WB_E_PEER when that
- * version failed (the rollout still holds its last complete one; wb_endpoint_error() has the
- * reason), -ETIMEDOUT, -WB_E_PEER when the endpoint stopped. */
+ * version failed (wb_endpoint_error() has the reason, and says whether the rank's tensors are
+ * torn: see wb_endpoint_torn()), -ETIMEDOUT, -WB_E_PEER when the endpoint stopped. */
 int wb_endpoint_wait(struct wb_endpoint *ep, uint64_t version, uint64_t timeout_ns);
 
 /* The last complete version this rank holds (rollouts) or pushed successfully (trainers). */
 uint64_t wb_endpoint_version(struct wb_endpoint *ep);
+
+/* Rollouts: true from a failed transfer until a version completes — its bytes may have landed
+ * in part, so the tensors hold neither that version nor wb_endpoint_version()'s whole. The
+ * controller's status says "torn" for the rank meanwhile. */
+bool wb_endpoint_torn(struct wb_endpoint *ep);
 
 /* The message of the last failure on this endpoint ("" when none). Valid until the next call on
  * the endpoint from this thread. */

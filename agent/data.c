@@ -1302,6 +1302,11 @@ void ag_data_after(struct data *d)
         prefill(d, d->version + 1);
 }
 
+bool ag_data_empty(const struct data *d)
+{
+    return d->empty;
+}
+
 bool ag_data_busy(const struct data *d)
 {
     return d->tx != NULL;

@@ -235,8 +235,10 @@ void ag_version_done(struct wb_endpoint *ep, uint64_t version, bool failed, cons
     if (failed) {
         ep->failed_version = version;
         snprintf(ep->failed_reason, sizeof(ep->failed_reason), "%s", reason ? reason : "");
+        ep->torn = ep->d && !ag_data_empty(ep->d); /* nothing lands where nothing is held */
     } else if (version > ep->version) {
         ep->version = version;
+        ep->torn = false;
     }
     pthread_cond_broadcast(&ep->cv);
     pthread_mutex_unlock(&ep->mu);
@@ -374,8 +376,14 @@ int wb_endpoint_wait(struct wb_endpoint *ep, uint64_t version, uint64_t timeout_
     if (ep->version >= version) {
         rc = 0;
     } else if (ep->failed_version == version) {
-        set_err(ep, "version %" PRIu64 " failed: %s (this rank still holds version %" PRIu64 ")",
-                version, ep->failed_reason, ep->version);
+        if (ep->torn)
+            set_err(ep,
+                    "version %" PRIu64 " failed: %s (this rank's tensors are torn: parts of it may "
+                    "have landed over version %" PRIu64 ")",
+                    version, ep->failed_reason, ep->version);
+        else
+            set_err(ep, "version %" PRIu64 " failed: %s (this rank still holds version %" PRIu64 ")",
+                    version, ep->failed_reason, ep->version);
         rc = -WB_E_PEER;
     } else if (ep->fatal) {
         rc = -WB_E_PEER;
@@ -394,6 +402,14 @@ uint64_t wb_endpoint_version(struct wb_endpoint *ep)
     uint64_t v = ep->version;
     pthread_mutex_unlock(&ep->mu);
     return v;
+}
+
+bool wb_endpoint_torn(struct wb_endpoint *ep)
+{
+    pthread_mutex_lock(&ep->mu);
+    bool t = ep->torn;
+    pthread_mutex_unlock(&ep->mu);
+    return t;
 }
 
 const char *wb_endpoint_error(struct wb_endpoint *ep)

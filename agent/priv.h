@@ -129,6 +129,8 @@ struct wb_endpoint {
     uint64_t version; /* rollouts: last complete version; trainers: last done push */
     uint64_t failed_version;
     char failed_reason[WB_ERRMSG_MAX];
+    bool torn; /* rollouts: a transfer reached this rank and did not complete, so its tensors
+                  may hold parts of it; until a version completes */
     struct push pushes[MAX_PUSHES];
     uint32_t npushes;
     char err_copy[4096]; /* wb_endpoint_error()'s snapshot */
@@ -194,6 +196,8 @@ void ag_data_abort(struct data *d);
 void ag_data_poll(struct data *d);
 /* True when the data side has a transport that must be polled on every turn of the loop. */
 bool ag_data_busy(const struct data *d);
+/* Nothing of the plan is assigned to this rank. */
+bool ag_data_empty(const struct data *d);
 /* Rollouts: writes every local tensor to DIR/rollout<rank>.v<version>.bin (for checks). Runs
  * on any thread (the loop's keeps heartbeating meanwhile). */
 int ag_data_dump(struct data *d, const char *dir, uint64_t version, char *err, size_t errcap);

@@ -61,6 +61,7 @@ struct agent {
     /* rollout state (heartbeats) */
     uint64_t version;
     bool in_flight;
+    bool torn; /* rollouts: said so in their heartbeat */
     /* trainers: progress of the transfer in flight (heartbeats) */
     uint64_t done_bytes, total_bytes;
     /* rollouts: what landed of a failed version (REPORT_RECEIVED after ABORT), so that its
@@ -419,6 +420,7 @@ static void agent_reset(struct agent *a)
     a->connected_gen = 0;
     a->version = 0;
     a->in_flight = false;
+    a->torn = false;
 }
 
 static void check_dead(struct wb_controller *c, uint64_t now)
@@ -919,6 +921,7 @@ static void on_rep_committed(struct wb_controller *c, struct agent *a, uint64_t 
         a->committed = true;
         a->version = version;
         a->in_flight = false;
+        a->torn = false;
         c->x.committed++;
     }
 }
@@ -961,6 +964,7 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
     case WB_MSG_HEARTBEAT:
         a->version = b->hb.version;
         a->in_flight = b->hb.in_flight;
+        a->torn = b->hb.torn;
         if (c->x.active && b->hb.epoch == c->epochs) { /* not an earlier attempt's */
             a->done_bytes = b->hb.done;
             a->total_bytes = b->hb.total;
@@ -1018,6 +1022,7 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
                                           .device = a->device,
                                           .version = a->version,
                                           .in_flight = a->in_flight,
+                                          .torn = a->torn,
                                           .seen_ms = a->session ? (now - a->last_ns) / 1000000 : 0,
                                           .done = a->done_bytes,
                                           .total = a->total_bytes};

@@ -100,6 +100,7 @@ static const struct wb_field f_heartbeat[] = {
     F(struct wb_body_heartbeat, "done", WB_FIELD_U64, false, done),
     F(struct wb_body_heartbeat, "total", WB_FIELD_U64, false, total),
     F(struct wb_body_heartbeat, "epoch", WB_FIELD_U64, false, epoch),
+    F(struct wb_body_heartbeat, "torn", WB_FIELD_BOOL, false, torn),
 };
 static const struct wb_field f_poll[] = {
     SESSION(struct wb_body_poll),
@@ -201,6 +202,7 @@ static const struct wb_field f_agent_status[] = {
     F(struct wb_body_agent_status, "done", WB_FIELD_U64, false, done),
     F(struct wb_body_agent_status, "total", WB_FIELD_U64, false, total),
     F(struct wb_body_agent_status, "err", WB_FIELD_STR, false, err),
+    F(struct wb_body_agent_status, "torn", WB_FIELD_BOOL, false, torn),
 };
 #undef SESSION
 #undef F

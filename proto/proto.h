@@ -178,6 +178,7 @@ struct wb_body_heartbeat {
     bool in_flight;
     uint64_t done, total; /* trainers: bytes of the transfer in flight written and to write */
     uint64_t epoch;       /* ... of this transfer attempt (TRANSFER.epoch; 0: none yet) */
+    bool torn;            /* rollouts: a failed transfer may have landed in part (wb_endpoint_torn) */
 };
 
 struct wb_body_poll {
@@ -270,6 +271,7 @@ struct wb_body_agent_status {
     int64_t device;
     uint64_t version;
     bool in_flight;
+    bool torn; /* rollouts: version's tensors overwritten in part by a failed transfer */
     uint64_t seen_ms;
     uint64_t done, total;    /* trainers: bytes of the transfer in flight written and to write */
     char err[WB_ERRMSG_MAX]; /* why its setup failed (state "failed"), "" otherwise */

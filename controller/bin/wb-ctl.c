@@ -120,7 +120,9 @@ static int print_status(const struct wb_msg *m, char *why, size_t cap)
             return -EBADMSG;
         printf("%-8s %5" PRIu64 " %-7s %-16s %8" PRIu64 " %6" PRId64, a.role, a.rank, a.state,
                a.host, a.pid, a.device);
-        if (strcmp(a.role, "rollout") == 0)
+        if (strcmp(a.role, "rollout") == 0 && a.torn) /* a failed transfer landed in part */
+            printf(" %8s %9s", "torn", a.in_flight ? "yes" : "no");
+        else if (strcmp(a.role, "rollout") == 0)
             printf(" %8" PRIu64 " %9s", a.version, a.in_flight ? "yes" : "no");
         else
             printf(" %8s %9s", "-", "-");

@@ -179,6 +179,12 @@ class _Endpoint:
         (trainers)."""
         return int(_lib.endpoint_version(self._ep))
 
+    @property
+    def torn(self) -> bool:
+        """Rollouts: True from a failed transfer until a version completes — parts of it may
+        have landed, so the parameters hold neither it nor :attr:`version` whole."""
+        return bool(_lib.endpoint_torn(self._ep))
+
     def close(self):
         """Stops the endpoint and releases its registrations (the tensors stay yours)."""
         if self._ep:

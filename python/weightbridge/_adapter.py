@@ -533,6 +533,11 @@ class RolloutBinding:
     def version(self) -> int:
         return self.rollout.version if self.rollout is not None else 0
 
+    @property
+    def torn(self) -> bool:
+        """True from a failed update until a version completes (Rollout.torn)."""
+        return self.rollout.torn if self.rollout is not None else False
+
     def wait(self, version: Optional[int] = None, timeout: Optional[float] = None) -> int:
         """Returns once this rank holds ``version`` complete — or, without one, the version after
         the last one waited for (frameworks that do not number their updates) — with the

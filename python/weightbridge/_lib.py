@@ -101,6 +101,7 @@ endpoint_wait_push = _decl(
 )
 endpoint_wait = _decl("wb_endpoint_wait", ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)
 endpoint_version = _decl("wb_endpoint_version", ctypes.c_uint64, ctypes.c_void_p)
+endpoint_torn = _decl("wb_endpoint_torn", ctypes.c_bool, ctypes.c_void_p)
 endpoint_error = _decl("wb_endpoint_error", ctypes.c_char_p, ctypes.c_void_p)
 endpoint_close = _decl("wb_endpoint_close", None, ctypes.c_void_p)
 synth_fill = _decl(

@@ -379,6 +379,20 @@ static void test_host_resident(void)
     run_case("tcp", "lo", "auto", "4MiB", false, true);
 }
 
+/* How many rollout rows of a wb-ctl status show `version` in their version column. */
+static int rollouts_at(const char *status, const char *version)
+{
+    int n = 0;
+    for (const char *p = status; (p = strstr(p, "\nrollout ")); p++) {
+        char role[16], state[16], host[64], v[16];
+        int rank, pid, dev;
+        if (sscanf(p + 1, "%15s %d %15s %63s %d %d %15s", role, &rank, state, host, &pid, &dev, v) ==
+            7)
+            n += strcmp(v, version) == 0;
+    }
+    return n;
+}
+
 /* kill -9 a trainer while transfer 2 runs: the failure names it within the timeout, the
  * rollouts keep version 1, and after a restart transfer 2 succeeds with correct bytes. */
 static void test_kill_trainer(void)
@@ -409,6 +423,16 @@ static void test_kill_trainer(void)
     CHECK_CONTAINS(out, "version 1, in flight: none");
     CHECK(strstr(out, "rollout      0 alive") && strstr(out, "rollout      1 alive"));
     free(out);
+    /* the rollouts no longer claim version 1: parts of version 2 landed over it (they say so
+     * in their next heartbeat) */
+    int torn = 0;
+    for (int t = 0; t < 30 && torn < 2; t++) {
+        e2e_sleep_ms(100);
+        ctl(&c, &out, "status");
+        torn = rollouts_at(out, "torn");
+        free(out);
+    }
+    CHECK_INT(torn, 2);
     char path[700];
     snprintf(path, sizeof(path), "%s/rollout0.v2.bin", c.dump);
     CHECK(access(path, F_OK) != 0); /* never published */
@@ -440,6 +464,9 @@ static void test_kill_trainer(void)
     free(out);
     CHECK(bytes > 0 && bytes < full);
     verify(&c, 2);
+    ctl(&c, &out, "status"); /* whole again */
+    CHECK_INT(rollouts_at(out, "2"), 2);
+    free(out);
     stop(&c);
 }
 

@@ -351,11 +351,13 @@ def run_mla_rollout(rank, url, dump, sync):
             want = ("version 2 failed: rollout rank 1: post-update hook: AdapterError: after the update: "
                     "model.layers.0.self_attn.attn.impl.W_UV: post-processing made it float32 "
                     "[2, 128, 64], it was float32 [2, 128, 128]; captured CUDA graphs read the old memory "
-                    "(this rank still holds version 1)")
+                    "(this rank's tensors are torn: parts of it may have landed over version 1)")
+            check(b.torn and b.version == 1, f"rank {rank}: torn {b.torn}, version {b.version}")
             check(str(e) == want, f"rank {rank}: {e}")
             continue
         mark(sync, rank, v)
         check(v != 2 and got == v, f"version {v}: wait returned {got}")
+        check(not b.torn, f"rank {rank}: version {v} complete, still torn")
         for l, i in enumerate(impls):
             # the post-processing ran on the bytes of this version, after they landed
             check(i.seen[-1] == digest(i.kv_b_proj.weight), f"layer {l} v{v}: processed other bytes")

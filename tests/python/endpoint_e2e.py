@@ -190,11 +190,13 @@ def run_rollout(rank, url, dump, mode=""):
                 raise AssertionError("wait(2) returned though version 2 failed")
             except wb.WeightbridgeError as e:
                 want = ("version 2 failed: rollout rank 1: post-update hook: ValueError: engine refused "
-                        "version 2 (this rank still holds version 1)")
+                        "version 2 (this rank's tensors are torn: parts of it may have landed over "
+                        "version 1)")
                 assert str(e) == want, str(e)
-                assert r.version == 1
+                assert r.version == 1 and r.torn
             continue
         assert r.wait(v, 60) >= v
+        assert not r.torn
     # the hook ran once per version, in order; another rank's hook failing version 2 may abort
     # it here before all its bytes landed, and then this hook never sees it
     want = [list(VERSIONS)]

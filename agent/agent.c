@@ -90,36 +90,145 @@ static void report(struct wb_endpoint *ep, uint32_t type, void *body)
     queue_call(ep, type, body, 0);
 }
 
-static void pump_calls(struct wb_endpoint *ep, uint64_t now)
+static void pump_calls(struct wb_endpoint *ep)
 {
-    if (ep->call.busy || !ep->session)
+    if (ep->call.busy || !ep->session || !ep->nq)
         return;
-    if (ep->nq) { /* queue[0] leaves the queue when its reply arrives */
-        if (wb_chan_send(&ep->call, &ep->queue[0]) == 0) {
-            ep->call_is_report = true;
-            ep->call_push = ep->queue_push[0];
-        }
-        return;
+    if (wb_chan_send(&ep->call, &ep->queue[0]) == 0) { /* it leaves when its reply arrives */
+        ep->call_is_report = true;
+        ep->call_push = ep->queue_push[0];
     }
-    if (now >= ep->next_hb) {
+}
+
+/* ---------------------------------------------------------------- heartbeats */
+
+static void lose_session(struct wb_endpoint *ep, const char *why);
+
+static bool hb_quitting(struct wb_endpoint *ep)
+{
+    pthread_mutex_lock(&ep->hb_mu);
+    bool q = ep->hb_quit;
+    pthread_mutex_unlock(&ep->hb_mu);
+    return q;
+}
+
+/* One heartbeat and its reply (0), in at most `wait` ns; given up at once when the loop ends. */
+static int hb_call(struct wb_endpoint *ep, const struct wb_mpw *w, uint64_t wait, void **buf,
+                   size_t *len)
+{
+    uint64_t deadline = wb_now_ns() + wait;
+    int rc = wb_chan_send(&ep->hbc, w); /* EAGAIN: no connection (yet); the next beat tries */
+    while (rc == 0 && (rc = wb_chan_try_recv(&ep->hbc, buf, len)) == 0) {
+        if (wb_now_ns() >= deadline || hb_quitting(ep))
+            return -ETIMEDOUT;
+        struct pollfd p = {.fd = ep->hbc.fd, .events = POLLIN};
+        poll(&p, 1, 20);
+    }
+    return rc < 0 ? rc : 0;
+}
+
+static void *hb_main(void *arg)
+{
+    struct wb_endpoint *ep = arg;
+    pthread_mutex_lock(&ep->hb_mu);
+    while (!ep->hb_quit) {
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        uint64_t ns = (uint64_t)dl.tv_nsec + ep->hb_period;
+        dl.tv_sec += (time_t)(ns / 1000000000ull);
+        dl.tv_nsec = (long)(ns % 1000000000ull);
+        while (!ep->hb_quit && pthread_cond_timedwait(&ep->hb_cv, &ep->hb_mu, &dl) != ETIMEDOUT)
+            ;
+        if (ep->hb_quit || !ep->beat.s.session)
+            continue;
+        struct wb_body_heartbeat b = ep->beat;
+        uint64_t wait = ep->hb_wait;
+        pthread_mutex_unlock(&ep->hb_mu);
         struct wb_mpw w;
-        uint64_t version = wb_endpoint_version(ep);
-        struct wb_body_heartbeat b = {session_of(ep), version, ep->in_flight};
-        b.torn = ep->o.role == WB_ROLE_ROLLOUT && wb_endpoint_torn(ep);
-        if (ep->d && ep->o.role == WB_ROLE_TRAINER) { /* also once done: the last figures */
-            struct data_progress pg;
-            ag_data_progress_get(ep->d, &pg);
-            b.done = pg.done;
-            b.total = pg.total;
-            b.epoch = pg.epoch;
-        }
+        void *buf = NULL;
+        size_t len = 0;
+        uint64_t heard = 0, lost = 0;
         wb_mpw_init(&w);
         wb_msg_encode(&w, WB_MSG_HEARTBEAT, ep->o.token, &b);
-        if (wb_chan_send(&ep->call, &w) == 0)
-            ep->call_is_report = false;
+        if (hb_call(ep, &w, wait, &buf, &len) == 0) {
+            struct wb_msg m;
+            struct wb_body_error e;
+            const char *why;
+            char whybuf[64];
+            if (wb_msg_open(buf, len, ep->o.token, &m, &why) == 0) {
+                heard = wb_now_ns();
+                if (m.type == WB_MSG_ERROR && wb_msg_decode(&m, &e, whybuf, sizeof(whybuf)) == 0 &&
+                    e.code == -WB_E_PEER)
+                    lost = b.s.session;
+            }
+            wb_chan_free(buf);
+        }
         wb_mpw_free(&w);
-        ep->next_hb = now + ep->hb_ns;
+        pthread_mutex_lock(&ep->hb_mu);
+        if (heard)
+            ep->hb_heard = heard;
+        if (lost)
+            ep->hb_lost = lost;
     }
+    pthread_mutex_unlock(&ep->hb_mu);
+    return NULL;
+}
+
+static int hb_start(struct wb_endpoint *ep)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&ep->hb_mu, NULL);
+    pthread_cond_init(&ep->hb_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    ep->hb_period = ep->hb_ns;
+    ep->hb_wait = ep->dead_ns;
+    int rc = wb_chan_open(&ep->hbc, ep->o.controller);
+    if (rc == 0 && (rc = -pthread_create(&ep->hb_thread, NULL, hb_main, ep)) != 0)
+        wb_chan_close(&ep->hbc);
+    ep->hb_started = rc == 0;
+    return rc;
+}
+
+static void hb_stop(struct wb_endpoint *ep)
+{
+    if (!ep->hb_started)
+        return;
+    pthread_mutex_lock(&ep->hb_mu);
+    ep->hb_quit = true;
+    pthread_cond_broadcast(&ep->hb_cv);
+    pthread_mutex_unlock(&ep->hb_mu);
+    pthread_join(ep->hb_thread, NULL); /* a call in flight gives up within 20 ms */
+    wb_chan_close(&ep->hbc);
+    pthread_cond_destroy(&ep->hb_cv);
+    pthread_mutex_destroy(&ep->hb_mu);
+    ep->hb_started = false;
+}
+
+/* What the next heartbeat says, from the loop's state; what the heartbeats heard, to it. */
+static void hb_update(struct wb_endpoint *ep)
+{
+    struct wb_body_heartbeat b = {session_of(ep), wb_endpoint_version(ep), ep->in_flight};
+    if (ep->d && ep->o.role == WB_ROLE_TRAINER) { /* also once done: the last figures */
+        struct data_progress pg;
+        ag_data_progress_get(ep->d, &pg);
+        b.done = pg.done;
+        b.total = pg.total;
+        b.epoch = pg.epoch;
+    }
+    b.torn = ep->o.role == WB_ROLE_ROLLOUT && wb_endpoint_torn(ep);
+    pthread_mutex_lock(&ep->hb_mu);
+    ep->beat = b;
+    ep->hb_period = ep->hb_ns;
+    ep->hb_wait = ep->dead_ns;
+    uint64_t heard = ep->hb_heard, lost = ep->hb_lost;
+    ep->hb_lost = 0;
+    pthread_mutex_unlock(&ep->hb_mu);
+    if (heard > ep->last_heard)
+        ep->last_heard = heard;
+    if (lost && lost == ep->session)
+        lose_session(ep, "the controller no longer knows this session");
 }
 
 /* Trainers: sends the pushes the process asked for, once registered. */
@@ -555,7 +664,7 @@ static bool may_stop(struct wb_endpoint *ep, uint64_t now)
     return !ep->session || (ep->nq == 0 && !ep->call.busy) || now >= ep->stop_at;
 }
 
-int ag_loop(struct wb_endpoint *ep)
+static int loop(struct wb_endpoint *ep)
 {
     int rc = 0;
     char err[512];
@@ -589,14 +698,15 @@ int ag_loop(struct wb_endpoint *ep)
             if (ep->registering || !ep->session)
                 send_register(ep);
             else
-                ep->call.busy = false; /* pump_calls() sends queue[0] or a heartbeat again */
+                ep->call.busy = false; /* pump_calls() sends queue[0] again */
         }
         if (ep->session &&
             (!ep->pollc.busy ||
              (now > ep->pollc.sent_ns && now - ep->pollc.sent_ns > ep->hold_ns + ep->dead_ns)))
             send_poll(ep);
         pump_pushes(ep);
-        pump_calls(ep, now);
+        hb_update(ep);
+        pump_calls(ep);
         if (ep->after_pending && ep->d) { /* the report is out (or queued behind a call) */
             ep->after_pending = false;
             ag_data_after(ep->d);
@@ -637,4 +747,17 @@ int ag_loop(struct wb_endpoint *ep)
         nanosleep(&ts, NULL);
     }
     return ep->exit_code;
+}
+
+int ag_loop(struct wb_endpoint *ep)
+{
+    int rc = hb_start(ep);
+    if (rc) {
+        ag_set_fatal(ep, rc, "%s rank %u: controller %s: cannot start the heartbeats: %s", ep->role,
+                     ep->o.rank, ep->o.controller, wb_strerror(rc));
+        return rc;
+    }
+    rc = loop(ep);
+    hb_stop(ep);
+    return rc;
 }

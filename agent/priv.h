@@ -77,7 +77,6 @@ struct wb_endpoint {
     uint64_t hb_ns, dead_ns, hold_ns;
     uint64_t last_heard; /* last reply from the controller */
     uint64_t silent_said; /* rollouts: how many 30 s of the controller's silence were said */
-    uint64_t next_hb;
     bool call_is_report; /* the call in flight is queue[0] */
     uint64_t call_push;  /* ... and it is the PUSH of this version (0: not a push) */
     bool registering;
@@ -117,6 +116,19 @@ struct wb_endpoint {
     uint64_t dump_version;
     _Atomic int dump_state; /* 0 running, 1 done, negative: failed (dump_err) */
     char dump_err[WB_ERRMSG_MAX];
+    /* Heartbeats go out from a thread of their own on a channel of their own, so that no work
+     * of the loop (a setup registering gigabytes, a step slowed by CPU pressure) delays them
+     * and gets a live process declared dead. The loop keeps `beat` current (hb_update). */
+    pthread_t hb_thread;
+    bool hb_started;
+    struct wb_chan hbc;
+    pthread_mutex_t hb_mu;
+    pthread_cond_t hb_cv;
+    struct wb_body_heartbeat beat; /* under hb_mu: the next heartbeat (session 0: none yet) */
+    uint64_t hb_period, hb_wait;   /* under hb_mu: heartbeat period, time to wait for a reply */
+    uint64_t hb_heard;             /* under hb_mu: when the last heartbeat was answered */
+    uint64_t hb_lost;              /* under hb_mu: a session the controller said it lost */
+    bool hb_quit;                  /* under hb_mu */
     /* shared with the public calls, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -31,6 +31,7 @@ static void send_register(struct wb_endpoint *ep)
     gethostname(b.host, sizeof(b.host) - 1);
     b.pid = (uint64_t)getpid();
     snprintf(b.source, sizeof(b.source), "%s", ep->src_id);
+    b.version = wb_endpoint_version(ep);
     struct wb_mpw mesh;
     wb_mpw_init(&inv);
     wb_mpw_init(&mesh);

@@ -737,6 +737,18 @@ static bool registration_ok(struct wb_controller *c, nng_msg *req, enum wb_role 
     return n == 0;
 }
 
+/* An agent holds a version complete that this controller does not know (it restarted): the
+ * versions go on from there, so that an older one is never accepted again. */
+static void seen_version(struct wb_controller *c, const struct agent *a, uint64_t v)
+{
+    if (v <= c->last_version || c->x.active)
+        return;
+    wb_log(WB_LOG_INFO, M,
+           "%s rank %u holds version %" PRIu64 " complete: the last complete version from now on",
+           wb_role_name(a->role), a->rank, v);
+    c->last_version = v;
+}
+
 /* A session identity nobody can guess from the ones seen before: 64 random bits (never 0, never
  * another live agent's). */
 static uint64_t session_new(const struct wb_controller *c)
@@ -813,6 +825,7 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
     wb_log(WB_LOG_INFO, M,
            "%s rank %u registered: host %s pid %" PRIu64 " device %" PRId64 " session %" PRIu64,
            b->role, a->rank, a->host, a->pid, a->device, a->session);
+    seen_version(c, a, b->version);
     struct wb_body_registered r = {a->session, c->job->heartbeat_ns, c->job->dead_ns,
                                    c->job->poll_hold_ns};
     reply_msg(c, req, WB_MSG_REGISTERED, &r);
@@ -965,6 +978,8 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
         a->version = b->hb.version;
         a->in_flight = b->hb.in_flight;
         a->torn = b->hb.torn;
+        if (a->role == WB_ROLE_ROLLOUT)
+            seen_version(c, a, b->hb.version);
         if (c->x.active && b->hb.epoch == c->epochs) { /* not an earlier attempt's */
             a->done_bytes = b->hb.done;
             a->total_bytes = b->hb.total;

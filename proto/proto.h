@@ -136,6 +136,9 @@ struct wb_body_register {
     /* Trainers whose tensors are read from a source (a checkpoint) instead of memory: what
      * the bytes are (the checkpoint's fingerprint), "" otherwise. */
     char source[WB_SOURCE_MAX];
+    /* The last version this agent knows complete (rollouts: the one they hold; trainers: their
+     * last done push): a restarted controller's versions go on from the highest. */
+    uint64_t version;
 };
 
 /* One tensor an endpoint registers: its metadata (name, dtype, global shape, the box this rank

@@ -319,8 +319,9 @@ static void test_rank_checks(void)
     shutdown_all(&c);
 }
 
-/* The controller dies: a trainer gives up after its --give-up, a rollout (no --give-up: never)
- * keeps running, and registers again with the controller that comes back. */
+/* The controller dies after version 2: a trainer gives up after its --give-up, a rollout (no
+ * --give-up: never) keeps running and registers again with the controller that comes back,
+ * which goes on from version 2 (an older version is refused). */
 static void test_controller_outage(void)
 {
     struct cluster c = {0};
@@ -333,6 +334,13 @@ static void test_controller_outage(void)
                   "--controller", c.url,    "--token", "tok-123", NULL};
     pid_t t = e2e_spawn("tr.log", NULL, tr), r = e2e_spawn("ro.log", NULL, ro);
     free(wait_status(&c, "ready", 10000));
+    char *out = NULL;
+    for (int v = 1; v <= 2; v++) {
+        char cmd[256];
+        snprintf(cmd, sizeof(cmd), "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version %d", c.url, v);
+        CHECK_INT(e2e_run(&out, "%s", cmd), 0);
+        free(out);
+    }
     kill(c.ctl, SIGKILL);
     CHECK_INT(e2e_wait(c.ctl, 2000), 128 + SIGKILL);
     CHECK_INT(e2e_wait(t, 6000), 1);
@@ -344,13 +352,23 @@ static void test_controller_outage(void)
     free(log);
     CHECK_INT(waitpid(r, NULL, WNOHANG), 0); /* the rollout is still there */
     c.ctl = e2e_spawn("controller2.log", NULL, (char *[]){"wb-controller", "--config", c.job, NULL});
-    char *out = wait_status(&c, "rollout      0 alive", 10000);
+    out = wait_status(&c, "version 2, in flight: none", 10000); /* from the rollout */
+    CHECK_CONTAINS(out, "rollout      0 alive");
     free(out);
     log = e2e_slurp("ro.log");
     CHECK(strstr(log, "giving up") == NULL);
     free(log);
+    c.tr[0] = start_agent(&c, "trainer", 0, NULL);
+    c.ntr = 1;
     c.ro[0] = r;
     c.nro = 1;
+    free(wait_status(&c, "ready", 10000));
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 1", c.url), 1);
+    CHECK_STR(out, "wb-ctl: version 1 is not newer than the last complete version 2\n");
+    free(out);
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 3", c.url), 0);
+    CHECK_CONTAINS(out, "transfer 3: complete in");
+    free(out);
     shutdown_all(&c);
 }
 

@@ -497,9 +497,26 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
         l->desc = d->recv.local[i];
         if (d->synthetic) {
             snprintf(what, sizeof(what), "rollout tensor %u", l->desc.tensor);
-            rc = reg_alloc(d, l->desc.bytes ? l->desc.bytes : 1, WB_TX_ACCESS_DST, &l->buf, &l->mr,
-                           what, err, errcap);
-            l->owned = rc == 0;
+            struct kept *k = NULL;
+            for (uint32_t j = 0; j < d->nkept && !k; j++)
+                if (d->kept[j].buf && d->kept[j].tensor == l->desc.tensor &&
+                    d->kept[j].bytes == l->desc.bytes)
+                    k = &d->kept[j];
+            if (k) { /* the same tensor as before the re-setup: its weights stay */
+                l->buf = k->buf;
+                k->buf = NULL;
+                d->nkept_taken++;
+                l->owned = true;
+                rc = wb_tx_mr_reg(d->tx, l->buf, l->desc.bytes ? l->desc.bytes : 1,
+                                  WB_TX_ACCESS_DST, &l->mr);
+                if (rc)
+                    snprintf(err, errcap, "%s: cannot register %" PRIu64 " bytes: %s", what,
+                             l->desc.bytes, wb_tx_errmsg(d->tx));
+            } else {
+                rc = reg_alloc(d, l->desc.bytes ? l->desc.bytes : 1, WB_TX_ACCESS_DST, &l->buf,
+                               &l->mr, what, err, errcap);
+                l->owned = rc == 0;
+            }
             rc = rc ? rc : wb_tx_rdesc(d->tx, l->mr, &l->rd);
             if (!rc && have_names && wb_mpr_str(&nr, d->lname[i], sizeof(d->lname[i])))
                 rc = -EBADMSG;
@@ -579,12 +596,34 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
     size_t plan_len = b->plan.n, shards_len = b->shards.n;
     /* The old setup goes first: its transport holds the registrations of the endpoint's
      * allocations, which the new one registers again (and its memory is freed before more is
-     * allocated). */
+     * allocated). A synthetic rollout's tensors are carried over: the new setup takes those it
+     * holds again (same tensor, same size), so a re-setup keeps the weights. */
+    struct kept *kept = NULL;
+    uint32_t nkept = 0;
+    enum wb_tx_mem kept_kind = WB_TX_MEM_HOST;
+    int kept_device = -1;
+    struct data *old = *dp;
+    bool resetup = old != NULL;
+    if (old && old->role == WB_ROLE_ROLLOUT && old->synthetic && old->have_recv &&
+        (kept = calloc(old->recv.nlocal ? old->recv.nlocal : 1, sizeof(*kept))) != NULL) {
+        kept_kind = mem_kind(old);
+        kept_device = old->device;
+        for (uint32_t i = 0; i < old->recv.nlocal; i++)
+            if (old->locals[i].owned) {
+                kept[nkept++] = (struct kept){old->locals[i].desc.tensor,
+                                              old->locals[i].desc.bytes, old->locals[i].buf};
+                old->locals[i].owned = false;
+            }
+    }
     ag_data_free(*dp);
     *dp = NULL;
     struct data *d = calloc(1, sizeof(*d));
-    if (!d)
+    if (!d) {
+        for (uint32_t i = 0; i < nkept; i++)
+            wb_tx_mem_free(kept_kind, kept[i].buf);
+        free(kept);
         return -ENOMEM;
+    }
     d->role = o->role;
     d->rank = o->rank;
     d->ep = ep;
@@ -610,8 +649,24 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
         rc = tx_open(d, err, errcap);
     if (!rc && !d->empty && o->role == WB_ROLE_TRAINER)
         rc = setup_trainer(d, plan, plan_len, shards, shards_len, b, err, errcap);
-    else if (!rc && !d->empty)
+    if (!rc && !d->empty && o->role == WB_ROLE_ROLLOUT) {
+        bool same_kind = mem_kind(d) == kept_kind && d->device == kept_device;
+        d->kept = same_kind ? kept : NULL;
+        d->nkept = same_kind ? nkept : 0;
         rc = setup_rollout(d, plan, plan_len, &b->locals, err, errcap);
+    }
+    uint32_t taken = d->nkept_taken;
+    for (uint32_t i = 0; i < nkept; i++) /* what the new setup did not take */
+        if (kept[i].buf)
+            wb_tx_mem_free(kept_kind, kept[i].buf);
+    free(kept);
+    d->kept = NULL;
+    d->nkept = 0;
+    if (!rc && resetup && nkept && (taken < nkept || taken < d->recv.nlocal))
+        ag_version_lost(ep, "a re-setup replaced its tensors");
+    else if (!rc && nkept)
+        wb_log(WB_LOG_INFO, M, "rollout rank %u: re-setup kept its %u tensors and their weights",
+               o->rank, taken);
     if (!rc && d->tx) {
         rc = wb_tx_addr(d->tx, &d->addr_blob);
         rc = rc ? rc : wb_mpw_finish(&d->addr_blob);

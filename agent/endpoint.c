@@ -244,6 +244,18 @@ void ag_version_done(struct wb_endpoint *ep, uint64_t version, bool failed, cons
     pthread_mutex_unlock(&ep->mu);
 }
 
+void ag_version_lost(struct wb_endpoint *ep, const char *why)
+{
+    pthread_mutex_lock(&ep->mu);
+    if (ep->version)
+        wb_log(WB_LOG_WARN, "agent", "rollout rank %u: %s: it no longer holds version %" PRIu64,
+               ep->o.rank, why, ep->version);
+    ep->version = 0;
+    ep->torn = false;
+    pthread_cond_broadcast(&ep->cv);
+    pthread_mutex_unlock(&ep->mu);
+}
+
 /* ---------------------------------------------------------------- waiting */
 
 static struct timespec deadline_of(uint64_t timeout_ns)

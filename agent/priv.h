@@ -163,6 +163,9 @@ void ag_push_event(struct wb_endpoint *ep, uint64_t version, enum wb_push_event 
                    const char *reason);
 /* Rollouts: a version completed or failed. */
 void ag_version_done(struct wb_endpoint *ep, uint64_t version, bool failed, const char *reason);
+/* Rollouts: the tensors no longer hold the version they held (why: what replaced them); the
+ * rank holds none from now on. */
+void ag_version_lost(struct wb_endpoint *ep, const char *why);
 
 /* regs.c: registrations. */
 int ag_regs_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t, char *err, size_t errcap);

@@ -59,6 +59,13 @@ struct local {
     struct wb_tx_rdesc rd; /* what peers write through: the tensor's bounded view */
 };
 
+/* A synthetic rollout's tensor memory carried over a re-setup (its weights are kept). */
+struct kept {
+    uint32_t tensor;
+    uint64_t bytes;
+    void *buf; /* NULL once taken */
+};
+
 /* A gather section of a trainer's inbox: the gathers of one mesh, laid out slot after slot. */
 struct gsec {
     uint32_t mesh;
@@ -150,6 +157,9 @@ struct ag_direct_plan {
 };
 
 struct data {
+    struct kept *kept; /* setup only: the previous setup's tensors, to take over */
+    uint32_t nkept;
+    uint32_t nkept_taken;
     enum wb_role role;
     uint32_t rank;
     int device; /* CUDA device, -1 = host memory */

@@ -470,6 +470,51 @@ static void test_kill_trainer(void)
     stop(&c);
 }
 
+/* The controller dies after version 1 and comes back: the agents register again, the rollouts
+ * are set up again keeping their tensors (their weights, not zeroed memory), the controller
+ * goes on from version 1 (which it refuses again), and version 2 lands with every byte right. */
+static void test_controller_restart(void)
+{
+    struct cluster c = {.provider = "tcp", .domain = "lo"};
+    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(14));
+    write_job(&c, "auto", "4MiB", false);
+    start(&c, NULL);
+    transfer_ok(&c, 1, NULL);
+    CHECK_INT(kill(c.ctl, SIGKILL), 0);
+    CHECK_INT(e2e_wait(c.ctl, 5000), 128 + SIGKILL);
+    char path[600];
+    static char lvl[] = "WB_LOG=info";
+    char *env[] = {(char *)TOK, lvl, NULL};
+    snprintf(path, sizeof(path), "%s/wb-controller", e2e_bin());
+    char *argv[] = {path, "--config", c.job, "--listen", c.url, NULL};
+    c.ctl = e2e_spawn("controller2.log", env, argv);
+    char *out = NULL;
+    for (int t = 0; t < 150; t++) {
+        free(out);
+        ctl(&c, &out, "--timeout 5s status");
+        if (strstr(out, ": ready"))
+            break;
+        e2e_sleep_ms(100);
+    }
+    CHECK_CONTAINS(out, "version 1, in flight: none");
+    CHECK_INT(rollouts_at(out, "1"), 2);
+    free(out);
+    for (int r = 0; r < NRO; r++) {
+        char log[32], want[96];
+        snprintf(log, sizeof(log), "agent%d.log", NTR + r);
+        char *text = e2e_slurp(log);
+        snprintf(want, sizeof(want), "rollout rank %d: re-setup kept its ", r);
+        CHECK_CONTAINS(text, want);
+        CHECK_CONTAINS(text, " tensors and their weights\n");
+        free(text);
+    }
+    CHECK_INT(ctl(&c, &out, "transfer --version 1"), 1);
+    CHECK_STR(out, "wb-ctl: version 1 is not newer than the last complete version 1\n");
+    free(out);
+    transfer_ok(&c, 2, NULL);
+    stop(&c);
+}
+
 /* ---------------------------------------------------------------- network namespaces */
 
 static bool sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -575,6 +620,7 @@ static void test_padded_vocab(void)
 
 const struct wb_test wb_tests[] = {
     {"padded_vocab", test_padded_vocab, 120},
+    {"controller_restart", test_controller_restart, 120},
     {"tcp_auto", test_tcp_auto, 120},
     {"tcp_gather", test_tcp_gather, 120},
     {"shm_auto", test_shm_auto, 120},

@@ -19,6 +19,7 @@
 #include <inttypes.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <nng/supplemental/tls/tls.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -1226,6 +1227,60 @@ int wb_controller_run(struct wb_controller *c)
     }
 }
 
+/* Reads a whole (small) file into a NUL-terminated buffer, or NULL. */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long n;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && n < (1 << 20) &&
+        fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) != NULL) {
+        if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+            free(buf);
+            buf = NULL;
+        } else {
+            buf[n] = 0;
+        }
+    }
+    if (f)
+        fclose(f);
+    return buf;
+}
+
+/* Listens on the job's URL; on tls+tcp:// with the job's certificate and key. */
+static int listen_on(struct wb_controller *c, const struct wb_job *job, struct wb_errlist *el)
+{
+    nng_listener l;
+    nng_tls_config *cfg = NULL;
+    char *cert = NULL, *key = NULL;
+    int rv = nng_listener_create(&l, c->sock, job->listen), err = 0;
+    if (!rv && strncmp(job->listen, "tls+tcp://", 10) == 0) {
+        if (!(cert = slurp(job->tls.cert)) || !(key = slurp(job->tls.key))) {
+            wb_errlist_add(el, "controller: tls.%s %s: cannot read it", cert ? "key" : "cert",
+                           cert ? job->tls.key : job->tls.cert);
+            err = -WB_E_CONFIG;
+        } else if ((rv = nng_tls_config_alloc(&cfg, NNG_TLS_MODE_SERVER)) == 0 &&
+                   (rv = nng_tls_config_own_cert(cfg, cert, key, NULL)) != 0) {
+            wb_errlist_add(el, "controller: tls.cert %s, tls.key %s: not a PEM certificate and its "
+                           "key: %s", job->tls.cert, job->tls.key, nng_strerror(rv));
+            err = -WB_E_CONFIG;
+        }
+        if (!err && !rv)
+            rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, cfg);
+    }
+    if (!err && !rv)
+        rv = nng_listener_start(l, 0);
+    if (!err && rv) {
+        wb_errlist_add(el, "controller: cannot listen on %s: %s", job->listen, nng_strerror(rv));
+        err = rv == NNG_EADDRINUSE ? -EADDRINUSE : -EINVAL;
+    }
+    if (cfg)
+        nng_tls_config_free(cfg); /* the listener holds its own reference */
+    free(cert);
+    free(key);
+    return err;
+}
+
 int wb_controller_create(const struct wb_job *job, struct wb_controller **out,
                          struct wb_errlist *el)
 {
@@ -1270,11 +1325,8 @@ int wb_controller_create_opts(const struct wb_job *job, const struct wb_controll
      * (nng's raw REP cannot queue a second one without blocking); a stuck peer costs at most
      * this long, then the reply is dropped and the peer's request times out and repeats. */
     nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO, 200);
-    if ((rv = nng_listen(c->sock, job->listen, NULL, 0)) != 0) {
-        wb_errlist_add(el, "controller: cannot listen on %s: %s", job->listen, nng_strerror(rv));
-        err = rv == NNG_EADDRINUSE ? -EADDRINUSE : -EINVAL;
+    if ((err = listen_on(c, job, el)) != 0)
         goto err_sock;
-    }
     if ((rv = nng_socket_get_int(c->sock, NNG_OPT_RECVFD, &c->fd)) != 0) {
         wb_errlist_add(el, "controller: no receive fd: %s", nng_strerror(rv));
         err = -EIO;

@@ -40,6 +40,10 @@ struct wb_job {
     uint64_t trainers, rollouts; /* expected agents; 0 = from the layouts */
     char *trace;                 /* "" or a directory: agents write <dir>/<role><rank>.json */
     bool verify; /* rollouts check every write against its XXH3 computed at the writer */
+    struct {
+        char *cert; /* PEM certificate (chain) the controller shows on a tls+tcp:// listen URL */
+        char *key;  /* PEM private key of cert */
+    } tls;
 };
 
 extern const struct wb_cfg_field wb_job_fields[];

@@ -26,6 +26,16 @@ static const struct wb_cfg_field model_fields[] = {
     {0},
 };
 
+static const struct wb_cfg_field tls_fields[] = {
+    {"cert", WB_CFG_STR, "",
+     "PEM certificate (chain) the controller presents on a tls+tcp:// listen URL; agents and "
+     "clients check it against the CA file in $WB_TLS_CA",
+     offsetof(struct wb_job, tls.cert) - offsetof(struct wb_job, tls)},
+    {"key", WB_CFG_STR, "", "PEM private key of tls.cert",
+     offsetof(struct wb_job, tls.key) - offsetof(struct wb_job, tls)},
+    {0},
+};
+
 const struct wb_cfg_field wb_job_fields[] = {
     {"name", WB_CFG_STR, "job", "job name, shown in status and traces",
      offsetof(struct wb_job, name)},
@@ -67,6 +77,8 @@ const struct wb_cfg_field wb_job_fields[] = {
      "rollouts check every write against its XXH3 computed at the writer (costs a hash of every "
      "byte on both sides)",
      offsetof(struct wb_job, verify)},
+    {"tls", WB_CFG_SECTION, "", "the control plane over TLS (listen: tls+tcp://HOST:PORT)",
+     offsetof(struct wb_job, tls), NULL, tls_fields},
     {0},
 };
 
@@ -109,6 +121,8 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
     err = err ? err : resolve(&j.trainer_layout, dir);
     err = err ? err : resolve(&j.rollout_layout, dir);
     err = err ? err : resolve(&j.trace, dir);
+    err = err ? err : resolve(&j.tls.cert, dir);
+    err = err ? err : resolve(&j.tls.key, dir);
     free(dup);
     if (err)
         goto err_free;
@@ -126,6 +140,20 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
             err = -ENOMEM;
             goto err_free;
         }
+    }
+    /* TLS: a tls+tcp:// listen URL and the certificate pair go together. */
+    bool tls_url = strncmp(j.listen, "tls+tcp://", 10) == 0;
+    if (tls_url && (!*j.tls.cert || !*j.tls.key)) {
+        wb_errlist_add(el, "%s: tls: listen %s needs tls.cert and tls.key (PEM files)", path,
+                       j.listen);
+        err = -WB_E_CONFIG;
+        goto err_free;
+    }
+    if (!tls_url && (*j.tls.cert || *j.tls.key)) {
+        wb_errlist_add(el, "%s: tls: a certificate is given but listen %s is not tls+tcp://", path,
+                       j.listen);
+        err = -WB_E_CONFIG;
+        goto err_free;
     }
     /* Either a whole model (rules, inventories, layouts) or none: a job without a model runs
      * the control plane alone with the agent counts given by trainers:/rollouts:. */

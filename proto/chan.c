@@ -6,7 +6,9 @@
 #include <errno.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -30,6 +32,56 @@ static int nng_err(int rv)
     }
 }
 
+/* A tls+tcp:// controller: its certificate must be signed by the CA in $WB_TLS_CA (PEM) and
+ * name $WB_TLS_SERVER_NAME, or else the URL's host. One dial is tried at once, so that a
+ * certificate that does not verify is an error here rather than endless silent retries; a
+ * controller not listening yet is dialled again in the background as over tcp. */
+static int dial_tls(nng_socket s, const char *url)
+{
+    const char *ca = getenv("WB_TLS_CA"), *name = getenv("WB_TLS_SERVER_NAME");
+    if (!ca || !*ca) {
+        wb_log(WB_LOG_ERROR, "chan",
+               "%s: a tls+tcp:// controller needs $WB_TLS_CA, the PEM file of the CA that signed "
+               "its certificate",
+               url);
+        return -WB_E_CONFIG;
+    }
+    nng_tls_config *cfg;
+    int rv = nng_tls_config_alloc(&cfg, NNG_TLS_MODE_CLIENT);
+    if (rv)
+        return nng_err(rv);
+    rv = nng_tls_config_ca_file(cfg, ca);
+    if (rv) {
+        wb_log(WB_LOG_ERROR, "chan", "WB_TLS_CA %s: cannot load a CA certificate: %s", ca,
+               nng_strerror(rv));
+        nng_tls_config_free(cfg);
+        return -WB_E_CONFIG;
+    }
+    nng_tls_config_auth_mode(cfg, NNG_TLS_AUTH_MODE_REQUIRED);
+    if (name && *name)
+        nng_tls_config_server_name(cfg, name);
+    for (int at_once = 1; at_once >= 0; at_once--) {
+        nng_dialer d;
+        rv = nng_dialer_create(&d, s, url);
+        rv = rv ? rv : nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg);
+        rv = rv ? rv : nng_dialer_start(d, at_once ? 0 : NNG_FLAG_NONBLOCK);
+        if (rv == 0 || !at_once)
+            break;
+        nng_dialer_close(d);
+        if (rv == NNG_ECRYPTO || rv == NNG_EPEERAUTH) {
+            wb_log(WB_LOG_ERROR, "chan",
+                   "%s: the controller's certificate does not verify against WB_TLS_CA %s%s%s: %s",
+                   url, ca, name && *name ? " for the name " : "", name && *name ? name : "",
+                   nng_strerror(rv));
+            break;
+        }
+    }
+    nng_tls_config_free(cfg); /* the dialer holds its own reference */
+    if (rv == NNG_ECRYPTO || rv == NNG_EPEERAUTH)
+        return -EACCES;
+    return rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP ? -EINVAL : nng_err(rv);
+}
+
 int wb_chan_open(struct wb_chan *c, const char *url)
 {
     nng_socket s;
@@ -42,7 +94,16 @@ int wb_chan_open(struct wb_chan *c, const char *url)
     nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, CHAN_MAX_MSG);
     nng_socket_set_ms(s, NNG_OPT_RECONNMINT, 20);
     nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, 200);
-    rv = nng_dial(s, url, NULL, NNG_FLAG_NONBLOCK);
+    if (strncmp(url, "tls+tcp://", 10) == 0) {
+        int err = dial_tls(s, url);
+        if (err) {
+            nng_close(s);
+            return err;
+        }
+        rv = 0;
+    } else {
+        rv = nng_dial(s, url, NULL, NNG_FLAG_NONBLOCK);
+    }
     if (rv == 0)
         rv = nng_socket_get_int(s, NNG_OPT_RECVFD, &fd);
     if (rv) {

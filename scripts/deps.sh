@@ -6,7 +6,7 @@ pkgs=(
     build-essential pkg-config
     libfabric-dev libibverbs-dev libnng-dev libmsgpack-dev libyaml-dev libjansson-dev libxxhash-dev
     iproute2 python3 python3-numpy python3-setuptools python3-pip clang
-    bsdutils
+    bsdutils openssl
 )
 # Fast path, and the one that works where the libraries come from elsewhere (a prefix set up
 # by scripts/gpu/env.sh on the lent GPU machines): the headers compile and the libraries link.
@@ -31,8 +31,9 @@ fuzz_ok() {
         printf 'int LLVMFuzzerTestOneInput(const char *d, long n){return 0;}\n' |
         clang -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null
 }
-# script(1) (bsdutils, essential on Debian) runs wb-broadcast under a terminal in its test.
-if probe && py_ok && fuzz_ok && command -v script >/dev/null; then
+# script(1) (bsdutils, essential on Debian) runs wb-broadcast under a terminal in its test;
+# openssl makes the certificates of the TLS test.
+if probe && py_ok && fuzz_ok && command -v script >/dev/null && command -v openssl >/dev/null; then
     command -v ip >/dev/null || echo "deps: no iproute2 here; network-namespace tests will skip"
     exit 0
 fi

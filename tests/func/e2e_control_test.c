@@ -372,6 +372,101 @@ static void test_controller_outage(void)
     shutdown_all(&c);
 }
 
+/* A self-signed certificate for the name localhost in dir/NAME.{pem,key}: 0, or skips. */
+static void make_cert(const char *dir, const char *name)
+{
+    char *out;
+    int rc = e2e_run(&out,
+                     "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+                     "-days 2 -subj /CN=localhost -addext subjectAltName=DNS:localhost "
+                     "-keyout %s/%s.key -out %s/%s.pem",
+                     dir, name, dir, name);
+    if (rc == 127)
+        wb_test_skip("no openssl to make a certificate (install openssl)");
+    if (rc)
+        wb_test_fail(__FILE__, __LINE__, "openssl: %s", out);
+    free(out);
+}
+
+/* The control plane over TLS: agents and wb-ctl that trust the controller's certificate run a
+ * transfer; a client without a CA, with the wrong CA, or speaking plain tcp gets nowhere; a
+ * tls+tcp:// job without its certificate is refused at load. */
+static void test_tls(void)
+{
+    const char *dir = wb_test_tmpdir();
+    make_cert(dir, "ctl");
+    make_cert(dir, "other");
+    struct cluster c = {0};
+    char extra[1200];
+    snprintf(extra, sizeof(extra), "tls:\n  cert: %s/ctl.pem\n  key: %s/ctl.key\n", dir, dir);
+    write_job(&c, 1, 1, extra);
+    unsigned port = e2e_port(5);
+    snprintf(c.url, sizeof(c.url), "tls+tcp://127.0.0.1:%u", port);
+    char text[2048];
+    snprintf(text, sizeof(text),
+             "name: ctltest\nlisten: %s\ntoken: tok-123\ntrainers: 1\nrollouts: 1\n"
+             "heartbeat: 100ms\ndead_after: 1s\npoll_hold: 300ms\n%s",
+             c.url, extra);
+    snprintf(c.job, sizeof(c.job), "%s", wb_test_write_file("job.yaml", text));
+    char ca[700];
+    snprintf(ca, sizeof(ca), "WB_TLS_CA=%s/ctl.pem", dir);
+    setenv("WB_TLS_CA", ca + 10, 1); /* the agents started below inherit it */
+    setenv("WB_TLS_SERVER_NAME", "localhost", 1);
+    char *argv[] = {"wb-controller", "--config", c.job, NULL};
+    c.ctl = e2e_spawn("controller.log", NULL, argv);
+    char *tr[] = {"wb-agent", "--role", "trainer", "--rank", "0", "--controller", c.url,
+                  "--token", "tok-123", NULL};
+    char *ro[] = {"wb-agent", "--role", "rollout", "--rank", "0", "--controller", c.url,
+                  "--token", "tok-123", NULL};
+    c.tr[0] = e2e_spawn("tr.log", NULL, tr);
+    c.ro[0] = e2e_spawn("ro.log", NULL, ro);
+    free(wait_status(&c, ": ready (gen", 10000));
+    char *out;
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 1", c.url), 0);
+    CHECK_CONTAINS(out, "transfer 1: complete in");
+    free(out);
+
+    /* no CA */
+    CHECK_INT(e2e_run(&out, "-u WB_TLS_CA WB_TOKEN=tok-123 wb-ctl -c %s status", c.url), 1);
+    char want[512];
+    snprintf(want, sizeof(want),
+             "wb error chan: %s: a tls+tcp:// controller needs $WB_TLS_CA, the PEM file of the CA "
+             "that signed its certificate\nwb-ctl: %s: invalid configuration\n",
+             c.url, c.url);
+    CHECK_STR(out, want);
+    free(out);
+    /* another CA */
+    CHECK_INT(e2e_run(&out, "WB_TLS_CA=%s/other.pem WB_TOKEN=tok-123 wb-ctl -c %s status", dir,
+                      c.url),
+              1);
+    snprintf(want, sizeof(want),
+             "wb error chan: %s: the controller's certificate does not verify against WB_TLS_CA "
+             "%s/other.pem for the name localhost: ",
+             c.url, dir);
+    CHECK(strncmp(out, want, strlen(want)) == 0);
+    free(out);
+    /* plain tcp to the TLS port: no answer */
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c tcp://127.0.0.1:%u --timeout 1s status",
+                      port),
+              1);
+    CHECK_CONTAINS(out, "timed out");
+    free(out);
+    shutdown_all(&c);
+
+    /* a TLS URL without its certificate */
+    snprintf(text, sizeof(text), "listen: tls+tcp://127.0.0.1:%u\ntoken: t\ntrainers: 1\n"
+             "rollouts: 1\n", port);
+    const char *bad = wb_test_write_file("bad.yaml", text);
+    CHECK_INT(e2e_run(&out, "wb-controller --config %s", bad), 1);
+    snprintf(want, sizeof(want),
+             "wb-controller: %s: tls: listen tls+tcp://127.0.0.1:%u needs tls.cert and tls.key "
+             "(PEM files)\n", bad, port);
+    CHECK_STR(out, want);
+    free(out);
+    unsetenv("WB_TLS_CA");
+    unsetenv("WB_TLS_SERVER_NAME");
+}
+
 /* One call to the controller with the job's token: the reply's type, the ERROR text in msg. */
 static uint32_t call(struct cluster *c, uint32_t type, const void *body, void *reply, char *msg,
                      size_t cap)
@@ -451,5 +546,6 @@ const struct wb_test wb_tests[] = {
     {"rank_checks", test_rank_checks, 60},
     {"forged_reports", test_forged_reports, 60},
     {"controller_outage", test_controller_outage, 60},
+    {"tls", test_tls, 60},
     {0},
 };

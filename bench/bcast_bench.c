@@ -17,6 +17,7 @@
  * The checkpoint (default: qwen3 with tests/fixtures/ckpt/qwen3-1g.json, 1.28 GB in 4 files)
  * is written once into --dir and reused while it matches. The programs come from $WB_BIN
  * (default build/bin). */
+#include "bench/ckpt_common.h"
 #include "ckpt/ckpt.h"
 
 #include <errno.h>
@@ -130,54 +131,12 @@ static int parse(int argc, char **argv, struct opts *o)
 
 /* ---------------------------------------------------------------- the floor */
 
-static double drop_cache(const struct wb_ckpt *ck)
-{
-    uint64_t pages = 0, resident = 0;
-    long ps = sysconf(_SC_PAGESIZE);
-    for (size_t f = 0; f < ck->nfiles; f++) {
-        int fd = open(ck->files[f].path, O_RDONLY);
-        if (fd < 0)
-            continue;
-        fdatasync(fd);
-        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        size_t len = ck->files[f].size;
-        void *m = len ? mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
-        if (m != MAP_FAILED) {
-            size_t n = (len + (size_t)ps - 1) / (size_t)ps;
-            unsigned char *v = malloc(n);
-            if (v && mincore(m, len, v) == 0)
-                for (size_t i = 0; i < n; i++)
-                    resident += v[i] & 1;
-            pages += n;
-            free(v);
-            munmap(m, len);
-        }
-        close(fd);
-    }
-    return pages ? (double)resident / (double)pages : 0.0;
-}
-
-/* read(2) of every file into one buffer; seconds, or < 0. */
+/* The floor: a plain sequential read(2) of every file into buf; seconds, or < 0. */
 static double plain_read(const struct wb_ckpt *ck, char *buf)
 {
-    enum { CHUNK = 8 << 20 };
     uint64_t t0 = wb_now_ns();
-    size_t pos = 0;
-    for (size_t f = 0; f < ck->nfiles; f++) {
-        int fd = open(ck->files[f].path, O_RDONLY);
-        if (fd < 0)
-            return -1;
-        for (uint64_t left = ck->files[f].size; left;) {
-            ssize_t n = read(fd, buf + pos, left < CHUNK ? left : CHUNK);
-            if (n <= 0) {
-                close(fd);
-                return -1;
-            }
-            pos += (size_t)n;
-            left -= (uint64_t)n;
-        }
-        close(fd);
-    }
+    if (bench_plain_read(ck, buf, 0))
+        return -1;
     return (double)(wb_now_ns() - t0) / 1e9;
 }
 
@@ -293,44 +252,10 @@ static double broadcast(const struct opts *o, const char *job, unsigned port, bo
 
 /* ---------------------------------------------------------------- main */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(double *v, unsigned n)
 {
-    qsort(v, n, sizeof(*v), cmp_double);
+    qsort(v, n, sizeof(*v), bench_cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static struct wb_ckpt *get_checkpoint(const struct opts *o, const struct wb_inventory *inv)
-{
-    struct wb_errlist el;
-    wb_errlist_init(&el);
-    struct wb_ckpt *ck = NULL;
-    if (wb_ckpt_open(o->dir, &ck, &el) == 0 && wb_ckpt_check(ck, inv, &el) == 0 &&
-        ck->nfiles == o->files) {
-        wb_errlist_free(&el);
-        return ck;
-    }
-    wb_ckpt_close(ck);
-    wb_errlist_free(&el);
-    wb_errlist_init(&el);
-    printf("writing the checkpoint into %s ...\n", o->dir);
-    fflush(stdout);
-    struct wb_ckpt_write_opts wo = {.seed = 42, .version = 1, .files = o->files};
-    int err = wb_ckpt_write(o->dir, inv, &wo, &el);
-    if (!err)
-        err = wb_ckpt_open(o->dir, &ck, &el);
-    if (err) {
-        wb_errlist_print(&el, "bcast_bench: ", stderr);
-        fprintf(stderr, "bcast_bench: %s\n", wb_strerror(err));
-        ck = NULL;
-    }
-    wb_errlist_free(&el);
-    return ck;
 }
 
 int main(int argc, char **argv)
@@ -348,7 +273,7 @@ int main(int argc, char **argv)
         wb_errlist_print(&el, "bcast_bench: ", stderr);
         return 1;
     }
-    struct wb_ckpt *ck = get_checkpoint(&o, &md.trainer);
+    struct wb_ckpt *ck = bench_checkpoint(o.dir, o.files, 42, &md.trainer, "bcast_bench: ");
     wb_model_free(&md);
     if (!ck)
         return 1;
@@ -397,7 +322,7 @@ int main(int argc, char **argv)
         unsigned nb[2] = {0, 0}, nf = 0;
         for (unsigned r = 0; r < o.reps; r++) {
             if (cold)
-                resident += drop_cache(ck);
+                resident += bench_drop_cache(ck);
             else
                 plain_read(ck, buf);
             double s = plain_read(ck, buf);
@@ -407,7 +332,7 @@ int main(int argc, char **argv)
                 if ((v == 0 && !o.verify) || (v == 1 && !o.noverify))
                     continue;
                 if (cold)
-                    resident += drop_cache(ck);
+                    resident += bench_drop_cache(ck);
                 double b = broadcast(&o, job, port++, v == 0);
                 if (b <= 0)
                     return 1;

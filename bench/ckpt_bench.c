@@ -17,6 +17,7 @@
  *
  * The checkpoint (default: the qwen3 family with tests/fixtures/ckpt/qwen3-1g.json, 1.28 GB in
  * 4 files) is written once into --dir with the synthetic source and reused while it matches. */
+#include "bench/ckpt_common.h"
 #include "ckpt/ckpt.h"
 
 #include <errno.h>
@@ -118,62 +119,6 @@ static int parse(int argc, char **argv, struct opts *o)
     return 0;
 }
 
-/* ---------------------------------------------------------------- the page cache */
-
-/* fsync (dirty pages cannot be dropped) and DONTNEED on every file; returns the fraction of
- * pages still resident afterwards. */
-static double drop_cache(const struct wb_ckpt *ck)
-{
-    uint64_t pages = 0, resident = 0;
-    long ps = sysconf(_SC_PAGESIZE);
-    for (size_t f = 0; f < ck->nfiles; f++) {
-        int fd = open(ck->files[f].path, O_RDONLY);
-        if (fd < 0)
-            continue;
-        fdatasync(fd);
-        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        size_t len = ck->files[f].size;
-        void *m = len ? mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
-        if (m != MAP_FAILED) {
-            size_t n = (len + (size_t)ps - 1) / (size_t)ps;
-            unsigned char *v = malloc(n);
-            if (v && mincore(m, len, v) == 0)
-                for (size_t i = 0; i < n; i++)
-                    resident += v[i] & 1;
-            pages += n;
-            free(v);
-            munmap(m, len);
-        }
-        close(fd);
-    }
-    return pages ? (double)resident / (double)pages : 0.0;
-}
-
-/* ---------------------------------------------------------------- the floor */
-
-static int plain_read(const struct wb_ckpt *ck, char *buf, uint64_t chunk)
-{
-    if (!chunk)
-        chunk = 8 << 20;
-    size_t pos = 0;
-    for (size_t f = 0; f < ck->nfiles; f++) {
-        int fd = open(ck->files[f].path, O_RDONLY);
-        if (fd < 0)
-            return -errno;
-        for (uint64_t left = ck->files[f].size; left;) {
-            ssize_t n = read(fd, buf + pos, left < chunk ? left : chunk);
-            if (n <= 0) {
-                close(fd);
-                return n < 0 ? -errno : -EIO;
-            }
-            pos += (size_t)n;
-            left -= (uint64_t)n;
-        }
-        close(fd);
-    }
-    return 0;
-}
-
 /* ---------------------------------------------------------------- our reader */
 
 struct job {
@@ -247,45 +192,6 @@ static int verify(const struct wb_ckpt *ck, const uint64_t *tstart, const char *
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static struct wb_ckpt *get_checkpoint(const struct opts *o, const struct wb_inventory *inv)
-{
-    struct wb_errlist el;
-    wb_errlist_init(&el);
-    struct wb_ckpt *ck = NULL;
-    if (wb_ckpt_open(o->dir, &ck, &el) == 0 && wb_ckpt_check(ck, inv, &el) == 0 &&
-        ck->nfiles == o->files) {
-        wb_errlist_free(&el);
-        return ck;
-    }
-    wb_ckpt_close(ck);
-    wb_errlist_free(&el);
-    wb_errlist_init(&el);
-    printf("writing the checkpoint into %s ...\n", o->dir);
-    fflush(stdout);
-    struct wb_ckpt_write_opts wo = {.seed = 1, .version = 1, .files = o->files};
-    uint64_t t0 = wb_now_ns();
-    int err = wb_ckpt_write(o->dir, inv, &wo, &el);
-    if (!err)
-        err = wb_ckpt_open(o->dir, &ck, &el);
-    if (err) {
-        wb_errlist_print(&el, "ckpt_bench: ", stderr);
-        fprintf(stderr, "ckpt_bench: %s\n", wb_strerror(err));
-        wb_errlist_free(&el);
-        return NULL;
-    }
-    double s = (double)(wb_now_ns() - t0) / 1e9;
-    printf("  written: %.2f GB in %.1f s (synthetic values, %.2f GB/s)\n", (double)ck->bytes / 1e9,
-           s, (double)ck->bytes / 1e9 / s);
-    wb_errlist_free(&el);
-    return ck;
-}
-
 int main(int argc, char **argv)
 {
     struct opts o;
@@ -300,7 +206,7 @@ int main(int argc, char **argv)
         wb_errlist_print(&el, "ckpt_bench: ", stderr);
         return 1;
     }
-    struct wb_ckpt *ck = get_checkpoint(&o, &inv);
+    struct wb_ckpt *ck = bench_checkpoint(o.dir, o.files, 1, &inv, "ckpt_bench: ");
     if (!ck)
         return 1;
     uint64_t fbytes = 0;
@@ -365,16 +271,16 @@ int main(int argc, char **argv)
                  * one case */
                 struct kase *k = &cs[rep % 2 ? nc - 1 - i : i];
                 if (cache == 0) {
-                    double res = drop_cache(ck);
+                    double res = bench_drop_cache(ck);
                     if (res > resident_max)
                         resident_max = res;
                 } else {
-                    plain_read(ck, plain, o.chunk); /* warm the cache */
+                    bench_plain_read(ck, plain, o.chunk); /* warm the cache */
                 }
                 uint64_t t0 = wb_now_ns();
                 bool direct = false;
                 int err = k->n ? ours(ck, &k->sh, tstart, dst, k->mode, o.chunk, k->sum, &direct)
-                               : plain_read(ck, plain, o.chunk);
+                               : bench_plain_read(ck, plain, o.chunk);
                 double sec = (double)(wb_now_ns() - t0) / 1e9;
                 if (err) {
                     fprintf(stderr, "ckpt_bench: read failed: %s\n", wb_strerror(err));
@@ -384,7 +290,7 @@ int main(int argc, char **argv)
                 k->gbs[cache][rep] = (double)(k->n ? ck->bytes : fbytes) / 1e9 / sec;
                 /* once: what our reader placed equals the file bytes the plain read got */
                 if (k->n && !verified) {
-                    plain_read(ck, plain, o.chunk);
+                    bench_plain_read(ck, plain, o.chunk);
                     if (verify(ck, tstart, dst, plain))
                         return 1;
                     verified = true;
@@ -399,7 +305,7 @@ int main(int argc, char **argv)
     double med[2][64] = {{0}};
     for (size_t c = 0; c < nc; c++)
         for (int cache = 0; cache < 2; cache++) {
-            qsort(cs[c].gbs[cache], o.reps, sizeof(double), cmp_double);
+            qsort(cs[c].gbs[cache], o.reps, sizeof(double), bench_cmp_double);
             med[cache][c] = cs[c].gbs[cache][o.reps / 2];
         }
     for (size_t c = 0; c < nc; c++) {

@@ -610,8 +610,8 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
         kept_device = old->device;
         for (uint32_t i = 0; i < old->recv.nlocal; i++)
             if (old->locals[i].owned) {
-                kept[nkept++] = (struct kept){old->locals[i].desc.tensor,
-                                              old->locals[i].desc.bytes, old->locals[i].buf};
+                kept[nkept++] = (struct kept){old->locals[i].desc.tensor, old->locals[i].desc.bytes,
+                                              old->locals[i].buf};
                 old->locals[i].owned = false;
             }
     }

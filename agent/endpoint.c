@@ -394,7 +394,8 @@ int wb_endpoint_wait(struct wb_endpoint *ep, uint64_t version, uint64_t timeout_
                     "have landed over version %" PRIu64 ")",
                     version, ep->failed_reason, ep->version);
         else
-            set_err(ep, "version %" PRIu64 " failed: %s (this rank still holds version %" PRIu64 ")",
+            set_err(ep,
+                    "version %" PRIu64 " failed: %s (this rank still holds version %" PRIu64 ")",
                     version, ep->failed_reason, ep->version);
         rc = -WB_E_PEER;
     } else if (ep->fatal) {

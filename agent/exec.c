@@ -45,9 +45,9 @@ struct task {
     uint64_t writes_left;
     int span_stage;
     uint64_t span_t0;
-    void *h[3];          /* host buffers of GPU amax steps, freed with the task */
-    bool waited;         /* could not start at once for lack of memory */
-    bool h2d;            /* H2D copies issued on the copy stream that the kernel stream must follow */
+    void *h[3];  /* host buffers of GPU amax steps, freed with the task */
+    bool waited; /* could not start at once for lack of memory */
+    bool h2d;    /* H2D copies issued on the copy stream that the kernel stream must follow */
     struct ag_io_req io; /* a sourced trainer's read for the current H2D op */
 };
 

@@ -75,10 +75,10 @@ struct wb_endpoint {
     /* session (loop only) */
     uint64_t session;
     uint64_t hb_ns, dead_ns, hold_ns;
-    uint64_t last_heard; /* last reply from the controller */
+    uint64_t last_heard;  /* last reply from the controller */
     uint64_t silent_said; /* rollouts: how many 30 s of the controller's silence were said */
-    bool call_is_report; /* the call in flight is queue[0] */
-    uint64_t call_push;  /* ... and it is the PUSH of this version (0: not a push) */
+    bool call_is_report;  /* the call in flight is queue[0] */
+    uint64_t call_push;   /* ... and it is the PUSH of this version (0: not a push) */
     bool registering;
     uint64_t retry_at; /* no register before this time */
     uint64_t last_seq; /* last command handled */

@@ -968,8 +968,8 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
                             : a->role;
     if (a->role != want) {
         char msg[160];
-        snprintf(msg, sizeof(msg), "%s rank %u cannot report %s: only %ss do", wb_role_name(a->role),
-                 a->rank, wb_msg_type_name(type), wb_role_name(want));
+        snprintf(msg, sizeof(msg), "%s rank %u cannot report %s: only %ss do",
+                 wb_role_name(a->role), a->rank, wb_msg_type_name(type), wb_role_name(want));
         wb_log(WB_LOG_WARN, M, "%s", msg);
         reply_error(c, req, -WB_E_PEER, msg);
         return;
@@ -1261,8 +1261,10 @@ static int listen_on(struct wb_controller *c, const struct wb_job *job, struct w
             err = -WB_E_CONFIG;
         } else if ((rv = nng_tls_config_alloc(&cfg, NNG_TLS_MODE_SERVER)) == 0 &&
                    (rv = nng_tls_config_own_cert(cfg, cert, key, NULL)) != 0) {
-            wb_errlist_add(el, "controller: tls.cert %s, tls.key %s: not a PEM certificate and its "
-                           "key: %s", job->tls.cert, job->tls.key, nng_strerror(rv));
+            wb_errlist_add(el,
+                           "controller: tls.cert %s, tls.key %s: not a PEM certificate and its "
+                           "key: %s",
+                           job->tls.cert, job->tls.key, nng_strerror(rv));
             err = -WB_E_CONFIG;
         }
         if (!err && !rv)

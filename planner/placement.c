@@ -331,8 +331,8 @@ int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_i
             const struct wb_placement *pl = &rule->place[d];
             if (pl_place_splits(pl->kind) && pl->arg >= prm->shape.ndim)
                 pl_problem(&ec, "%s: rule %s:%u shards dim %u over %s but the tensor has %u dim%s",
-                       prm->name, tl->path, rule->line, pl->arg, tl->dim[d].name, prm->shape.ndim,
-                       prm->shape.ndim == 1 ? "" : "s");
+                           prm->name, tl->path, rule->line, pl->arg, tl->dim[d].name,
+                           prm->shape.ndim, prm->shape.ndim == 1 ? "" : "s");
             else if (pl->kind == WB_PLACE_ROWS) {
                 /* cuts from 0 to the extent, never falling */
                 const uint64_t *cut = rule->rows;
@@ -340,11 +340,12 @@ int wb_placement_map_build(const struct wb_trainer_layout *tl, const struct wb_i
                 while (cut && k < n && cut[k] <= cut[k + 1])
                     k++;
                 if (!cut || cut[0] != 0 || k < n || cut[n] != prm->shape.dim[pl->arg])
-                    pl_problem(&ec,
-                           "%s: explicit rows over %s do not cut its %llu rows along dim %u into "
-                           "%u rising ranges from 0 (%s)",
-                           prm->name, tl->dim[d].name, (unsigned long long)prm->shape.dim[pl->arg],
-                           pl->arg, n, tl->path);
+                    pl_problem(
+                        &ec,
+                        "%s: explicit rows over %s do not cut its %llu rows along dim %u into "
+                        "%u rising ranges from 0 (%s)",
+                        prm->name, tl->dim[d].name, (unsigned long long)prm->shape.dim[pl->arg],
+                        pl->arg, n, tl->path);
             }
             if (pl->kind == WB_PLACE_LAYER) {
                 any_layer_rule = true;

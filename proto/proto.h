@@ -181,7 +181,7 @@ struct wb_body_heartbeat {
     bool in_flight;
     uint64_t done, total; /* trainers: bytes of the transfer in flight written and to write */
     uint64_t epoch;       /* ... of this transfer attempt (TRANSFER.epoch; 0: none yet) */
-    bool torn;            /* rollouts: a failed transfer may have landed in part (wb_endpoint_torn) */
+    bool torn; /* rollouts: a failed transfer may have landed in part (wb_endpoint_torn) */
 };
 
 struct wb_body_poll {

@@ -328,7 +328,7 @@ static void test_controller_outage(void)
     write_job(&c, 1, 1, NULL);
     c.ntr = c.nro = 0;
     start(&c);
-    char *tr[] = {"wb-agent", "--role",    "trainer", "--rank", "0", "--controller",
+    char *tr[] = {"wb-agent", "--role",    "trainer", "--rank",  "0",       "--controller",
                   c.url,      "--give-up", "2s",      "--token", "tok-123", NULL};
     char *ro[] = {"wb-agent",     "--role", "rollout", "--rank",  "0",
                   "--controller", c.url,    "--token", "tok-123", NULL};
@@ -351,7 +351,8 @@ static void test_controller_outage(void)
     CHECK_CONTAINS(log, " s, giving up\n");
     free(log);
     CHECK_INT(waitpid(r, NULL, WNOHANG), 0); /* the rollout is still there */
-    c.ctl = e2e_spawn("controller2.log", NULL, (char *[]){"wb-controller", "--config", c.job, NULL});
+    c.ctl =
+        e2e_spawn("controller2.log", NULL, (char *[]){"wb-controller", "--config", c.job, NULL});
     out = wait_status(&c, "version 2, in flight: none", 10000); /* from the rollout */
     CHECK_CONTAINS(out, "rollout      0 alive");
     free(out);
@@ -414,10 +415,10 @@ static void test_tls(void)
     setenv("WB_TLS_SERVER_NAME", "localhost", 1);
     char *argv[] = {"wb-controller", "--config", c.job, NULL};
     c.ctl = e2e_spawn("controller.log", NULL, argv);
-    char *tr[] = {"wb-agent", "--role", "trainer", "--rank", "0", "--controller", c.url,
-                  "--token", "tok-123", NULL};
-    char *ro[] = {"wb-agent", "--role", "rollout", "--rank", "0", "--controller", c.url,
-                  "--token", "tok-123", NULL};
+    char *tr[] = {"wb-agent",     "--role", "trainer", "--rank",  "0",
+                  "--controller", c.url,    "--token", "tok-123", NULL};
+    char *ro[] = {"wb-agent",     "--role", "rollout", "--rank",  "0",
+                  "--controller", c.url,    "--token", "tok-123", NULL};
     c.tr[0] = e2e_spawn("tr.log", NULL, tr);
     c.ro[0] = e2e_spawn("ro.log", NULL, ro);
     free(wait_status(&c, ": ready (gen", 10000));
@@ -436,9 +437,9 @@ static void test_tls(void)
     CHECK_STR(out, want);
     free(out);
     /* another CA */
-    CHECK_INT(e2e_run(&out, "WB_TLS_CA=%s/other.pem WB_TOKEN=tok-123 wb-ctl -c %s status", dir,
-                      c.url),
-              1);
+    CHECK_INT(
+        e2e_run(&out, "WB_TLS_CA=%s/other.pem WB_TOKEN=tok-123 wb-ctl -c %s status", dir, c.url),
+        1);
     snprintf(want, sizeof(want),
              "wb error chan: %s: the controller's certificate does not verify against WB_TLS_CA "
              "%s/other.pem for the name localhost: ",
@@ -446,21 +447,24 @@ static void test_tls(void)
     CHECK(strncmp(out, want, strlen(want)) == 0);
     free(out);
     /* plain tcp to the TLS port: no answer */
-    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c tcp://127.0.0.1:%u --timeout 1s status",
-                      port),
-              1);
+    CHECK_INT(
+        e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c tcp://127.0.0.1:%u --timeout 1s status", port),
+        1);
     CHECK_CONTAINS(out, "timed out");
     free(out);
     shutdown_all(&c);
 
     /* a TLS URL without its certificate */
-    snprintf(text, sizeof(text), "listen: tls+tcp://127.0.0.1:%u\ntoken: t\ntrainers: 1\n"
-             "rollouts: 1\n", port);
+    snprintf(text, sizeof(text),
+             "listen: tls+tcp://127.0.0.1:%u\ntoken: t\ntrainers: 1\n"
+             "rollouts: 1\n",
+             port);
     const char *bad = wb_test_write_file("bad.yaml", text);
     CHECK_INT(e2e_run(&out, "wb-controller --config %s", bad), 1);
     snprintf(want, sizeof(want),
              "wb-controller: %s: tls: listen tls+tcp://127.0.0.1:%u needs tls.cert and tls.key "
-             "(PEM files)\n", bad, port);
+             "(PEM files)\n",
+             bad, port);
     CHECK_STR(out, want);
     free(out);
     unsetenv("WB_TLS_CA");
@@ -525,8 +529,8 @@ static void test_forged_reports(void)
     CHECK_STR(msg, "trainer rank 0: unknown session 2: register again");
 
     /* the rollout's own session, a trainer's report */
-    struct wb_body_rep_sent sent = {.s = {.rank = 0, .session = ok.session}, .version = 1,
-                                    .ok = true};
+    struct wb_body_rep_sent sent = {
+        .s = {.rank = 0, .session = ok.session}, .version = 1, .ok = true};
     snprintf(sent.s.role, sizeof(sent.s.role), "rollout");
     CHECK_INT(call(&c, WB_MSG_REP_SENT, &sent, NULL, msg, sizeof(msg)), WB_MSG_ERROR);
     CHECK_STR(msg, "rollout rank 0 cannot report REPORT_SENT: only trainers do");

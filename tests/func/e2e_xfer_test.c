@@ -386,8 +386,8 @@ static int rollouts_at(const char *status, const char *version)
     for (const char *p = status; (p = strstr(p, "\nrollout ")); p++) {
         char role[16], state[16], host[64], v[16];
         int rank, pid, dev;
-        if (sscanf(p + 1, "%15s %d %15s %63s %d %d %15s", role, &rank, state, host, &pid, &dev, v) ==
-            7)
+        if (sscanf(p + 1, "%15s %d %15s %63s %d %d %15s", role, &rank, state, host, &pid, &dev,
+                   v) == 7)
             n += strcmp(v, version) == 0;
     }
     return n;

@@ -114,7 +114,7 @@ struct fab_rail {
     size_t namelen;
     uint64_t mr_mode, max_msg, window;
     size_t inject_size;
-    size_t key_size; /* bytes of the domain's memory keys (0: not said) */
+    size_t key_size;        /* bytes of the domain's memory keys (0: not said) */
     struct fid_mr *ctrl_mr; /* doorbell + commit receive buffers of this rail */
     void *ctrl_desc;
     uint64_t ctrl_key;
@@ -170,7 +170,7 @@ struct fab_tx {
     int gpu_device; /* device of the first device registration, -1 before */
     struct fab_gpu *gpu;
     uint8_t *ctrl; /* doorbells and commit receive buffers, all rails */
-    uint32_t rr; /* next rail for round-robin */
+    uint32_t rr;   /* next rail for round-robin */
     struct fab_peer *peers;
     uint32_t npeers, peer_cap;
     struct fab_mr **mrs; /* sorted by id */

@@ -687,7 +687,7 @@ static int loop(struct wb_endpoint *ep)
             return -WB_E_PEER;
         }
         uint64_t said = (now - ep->last_heard) / (30ull * 1000000000);
-        if (said > ep->silent_said) /* every 30 s of silence, once */
+        if (said > ep->silent_said && ep->o.role == WB_ROLE_ROLLOUT) /* every 30 s, once */
             wb_log(WB_LOG_WARN, M,
                    "%s rank %u: controller %s silent for %.0f s: keeping the weights, waiting "
                    "for it to come back",

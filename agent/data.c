@@ -662,8 +662,9 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
     free(kept);
     d->kept = NULL;
     d->nkept = 0;
-    if (!rc && resetup && nkept && (taken < nkept || taken < d->recv.nlocal))
-        ag_version_lost(ep, "a re-setup replaced its tensors");
+    if (resetup && nkept && (rc || taken < nkept || taken < d->recv.nlocal))
+        ag_version_lost(ep, rc ? "its re-setup failed, releasing its tensors"
+                               : "a re-setup replaced its tensors");
     else if (!rc && nkept)
         wb_log(WB_LOG_INFO, M, "rollout rank %u: re-setup kept its %u tensors and their weights",
                o->rank, taken);

@@ -457,8 +457,9 @@ static double measure(struct side *s, struct engine *e, uint64_t size, uint64_t 
     return (double)(size * n) / (double)(t1 - t0);
 }
 
-/* Writer on one CPU, destination on another (standard practice in RDMA benchmarking): two busy-polling processes that
- * the scheduler moves around measure the scheduler more than the transport. */
+/* Writer on one CPU, destination on another (standard practice in RDMA benchmarking): two
+ * busy-polling processes that the scheduler moves around measure the scheduler more than the
+ * transport. */
 static void pin(int role)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);

@@ -1,7 +1,7 @@
 /* transport.h — the one public header of transport/: one-sided WRITE with 32-bit immediates,
  * reliable and unordered, behind one ops table with several backends.
  *
- * Model (from the reference design, seeds/blog/00 and the libfabric series 03–18):
+ * Model (from the reference design and published libfabric practice):
  *  - A transport is opened from a config (backend, provider, rails). It has one endpoint per
  *    rail; large writes are split into aligned shards striped across the rails.
  *  - Memory is registered once. A registration meant as a write destination yields a remote

@@ -4,10 +4,10 @@
  * 4 KiB-aligned), each cut into pieces no larger than the provider's max message or, for bounced
  * sources, a bounce chunk. Operations wait in a per-rail FIFO and are posted lazily from
  * wb_tx_poll() in batches (post_batch) while fewer than `window` are in flight; -FI_EAGAIN
- * leaves the operation at the head of its queue until completions free the provider (seeds/blog
- * 07, 14, 15). Completions are read in batches of cq_batch. Bounced pieces first take a pinned
- * chunk and a device-to-host copy; the copies of later chunks run while earlier ones are on the
- * wire, and a chunk returns to the pool when its write operation completes.
+ * leaves the operation at the head of its queue until completions free the provider (as
+ * libfabric's own guidance has it). Completions are read in batches of cq_batch. Bounced pieces
+ * first take a pinned chunk and a device-to-host copy; the copies of later chunks run while earlier
+ * ones are on the wire, and a chunk returns to the pool when its write operation completes.
  *
  * Failure: an error completion fails its write and marks the peer failed; the peer's queued
  * operations then fail with -WB_E_PEER without reaching the provider, and new writes to it are

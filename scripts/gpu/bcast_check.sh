@@ -86,7 +86,7 @@ failed=()
 demo() {
     local form=$1 dir=$tmp/demo-$1
     mkdir -p "$dir/dump"
-    local url=tcp://127.0.0.1:$((21000 + RANDOM % 20000))
+    local url=tcp://127.0.0.1:$((21000 + RANDOM % 11000))
     "$bin/wb-ckpt-write" --model configs/models/qwen3_moe.yaml \
         --config configs/jobs/demo/config.json --out "$dir/ckpt" --files 3 --form "$form" \
         >"$dir/write.log" 2>&1 || {

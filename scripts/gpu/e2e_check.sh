@@ -68,7 +68,7 @@ run() {
     local name=$1 provider=$2 mode=$3 dir=$tmp/$1
     local config=${4:-$root/configs/jobs/demo/config.json} cap=${5:-4MiB} last=${6:-0}
     mkdir -p "$dir/dump"
-    local port=$((21000 + RANDOM % 20000))
+    local port=$((21000 + RANDOM % 11000))
     local url=tcp://127.0.0.1:$port
     cat >"$dir/job.yaml" <<EOF
 name: $name

@@ -57,6 +57,10 @@ static char *wait_status(struct cluster *c, const char *want, unsigned ms)
     char *out = NULL;
     for (unsigned t = 0; t <= ms; t += 100) {
         free(out);
+        if (c->ctl && waitpid(c->ctl, NULL, WNOHANG) == c->ctl) { /* it could not listen, say */
+            char *log = e2e_slurp("controller.log");
+            wb_test_fail(__FILE__, __LINE__, "the controller exited:\n%s", log);
+        }
         e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s --timeout 5s status", c->url);
         if (strstr(out, want))
             return out;

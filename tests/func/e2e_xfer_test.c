@@ -157,6 +157,10 @@ static void start(struct cluster *c, const char *pace)
     char *out = NULL;
     for (int t = 0; t < 150; t++) {
         free(out);
+        if (waitpid(c->ctl, NULL, WNOHANG) == c->ctl) { /* it could not listen, say */
+            char *log = e2e_slurp("controller.log");
+            wb_test_fail(__FILE__, __LINE__, "the controller exited:\n%s", log);
+        }
         ctl(c, &out, "--timeout 5s status");
         if (strstr(out, ": ready"))
             break;

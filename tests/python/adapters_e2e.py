@@ -241,7 +241,7 @@ def spawn(*args):
 
 class Controller:
     def __init__(self, tmp, job):
-        self.port = 20000 + random.randrange(20000)
+        self.port = 20000 + random.randrange(12000)  # below the ephemeral ports
         self.url = f"tcp://127.0.0.1:{self.port}"
         self.log = open(os.path.join(tmp, f"controller{self.port}.log"), "w")
         self.p = subprocess.Popen([os.path.join(BIN, "wb-controller"), "--config", job, "--listen", self.url],

@@ -263,7 +263,7 @@ def spawn(*args, log=None):
 
 class Controller:
     def __init__(self, tmp, job=JOB):
-        self.port = 20000 + random.randrange(20000)
+        self.port = 20000 + random.randrange(12000)  # below the ephemeral ports
         self.url = f"tcp://127.0.0.1:{self.port}"
         self.log = open(os.path.join(tmp, f"controller{self.port}.log"), "w")
         env = dict(os.environ, WB_TOKEN=TOKEN)

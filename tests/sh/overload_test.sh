@@ -27,7 +27,7 @@ fail() {
     exit 1
 }
 export WB_TOKEN=overload-$RANDOM$RANDOM
-url=tcp://127.0.0.1:$((21000 + RANDOM % 20000))
+url=tcp://127.0.0.1:$((21000 + RANDOM % 11000)) # below the ephemeral ports (32768-)
 cat >"$tmp/trainer.yaml" <<EOF
 world_size: 32
 gpus_per_node: 8

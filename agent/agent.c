@@ -706,7 +706,10 @@ static int loop(struct wb_endpoint *ep)
              (now > ep->pollc.sent_ns && now - ep->pollc.sent_ns > ep->hold_ns + ep->dead_ns)))
             send_poll(ep);
         pump_pushes(ep);
-        hb_update(ep);
+        if (now >= ep->hb_next) { /* not on every turn of a transfer's busy loop */
+            hb_update(ep);
+            ep->hb_next = now + 10 * 1000000ull;
+        }
         pump_calls(ep);
         if (ep->after_pending && ep->d) { /* the report is out (or queued behind a call) */
             ep->after_pending = false;

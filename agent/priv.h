@@ -129,6 +129,7 @@ struct wb_endpoint {
     uint64_t hb_heard;             /* under hb_mu: when the last heartbeat was answered */
     uint64_t hb_lost;              /* under hb_mu: a session the controller said it lost */
     bool hb_quit;                  /* under hb_mu */
+    uint64_t hb_next;              /* loop only: when hb_update runs next */
     /* shared with the public calls, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;

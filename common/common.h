@@ -396,6 +396,9 @@ int wb_grow(void *arrp, size_t *cap, size_t first, size_t elem);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t wb_now_ns(void);
+/* 64 bits nobody can predict (getrandom; the clock, mixed, where that fails): session
+ * identities, transfer epochs, memory keys. */
+uint64_t wb_random_u64(void);
 /* "1.50 GiB" style formatting into buf; returns buf. */
 char *wb_fmt_bytes(uint64_t bytes, char *buf, size_t cap);
 

@@ -1,11 +1,13 @@
-/* util.c — clock, human-readable sizes, growable arrays. */
+/* util.c — clock, random bits, human-readable sizes, growable arrays. */
 #include "common/common.h"
+#include "common/fpbits.h"
 
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 uint64_t wb_now_ns(void)
@@ -13,6 +15,14 @@ uint64_t wb_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t wb_random_u64(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
+        v = wb_splitmix64(wb_now_ns() ^ (uint64_t)(uintptr_t)&v);
+    return v;
 }
 
 char *wb_fmt_bytes(uint64_t bytes, char *buf, size_t cap)

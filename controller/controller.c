@@ -24,7 +24,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 enum ctl_state { ST_WAITING = 0, ST_SETUP, ST_CONNECT, ST_READY };
 static const char *const state_names[] = {"waiting", "setup", "connect", "ready"};
@@ -532,9 +531,7 @@ static void xfer_check(struct wb_controller *c)
 static uint64_t epoch_new(uint64_t prev)
 {
     for (;;) {
-        uint64_t v = 0;
-        if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
-            v = wb_now_ns() * 0x9e3779b97f4a7c15ull;
+        uint64_t v = wb_random_u64();
         if (v && (v & 0xff) != (prev & 0xff))
             return v;
     }
@@ -755,9 +752,7 @@ static void seen_version(struct wb_controller *c, const struct agent *a, uint64_
 static uint64_t session_new(const struct wb_controller *c)
 {
     for (;;) {
-        uint64_t v = 0;
-        if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
-            v = wb_now_ns() * 0x9e3779b97f4a7c15ull ^ (uint64_t)c->sessions << 32;
+        uint64_t v = wb_random_u64();
         bool taken = v == 0;
         for (uint32_t i = 0; !taken && i < c->nagents; i++)
             taken = c->agents[i].session == v;

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 enum { FAB_API = FI_VERSION(1, 17) };
 
@@ -22,9 +21,7 @@ static void fab_close(struct wb_tx *tx);
  * keys, FI_MR_PROV_KEY, ignores it). */
 static uint64_t key_draw(const struct fab_rail *r)
 {
-    uint64_t k = 0;
-    if (getrandom(&k, sizeof(k), 0) != (ssize_t)sizeof(k))
-        k = wb_now_ns() * 0x9e3779b97f4a7c15ull;
+    uint64_t k = wb_random_u64();
     if (r->key_size && r->key_size < sizeof(k))
         k &= (1ull << (8 * r->key_size)) - 1;
     return k ? k : 1;

@@ -32,6 +32,7 @@ static void send_register(struct wb_endpoint *ep)
     b.pid = (uint64_t)getpid();
     snprintf(b.source, sizeof(b.source), "%s", ep->src_id);
     b.version = wb_endpoint_version(ep);
+    b.session = ep->lost_session;
     struct wb_mpw mesh;
     wb_mpw_init(&inv);
     wb_mpw_init(&mesh);
@@ -249,6 +250,8 @@ static void pump_pushes(struct wb_endpoint *ep)
 static void lose_session(struct wb_endpoint *ep, const char *why)
 {
     wb_log(WB_LOG_WARN, M, "%s rank %u: %s: registering again", ep->role, ep->o.rank, why);
+    if (ep->session)
+        ep->lost_session = ep->session;
     ep->session = 0;
     ep->last_seq = 0;
     for (size_t i = 0; i < ep->nq; i++) {

@@ -74,6 +74,7 @@ struct wb_endpoint {
     struct wb_chan call, pollc;
     /* session (loop only) */
     uint64_t session;
+    uint64_t lost_session; /* the session held before it was lost: proof for re-registering */
     uint64_t hb_ns, dead_ns, hold_ns;
     uint64_t last_heard;  /* last reply from the controller */
     uint64_t silent_said; /* rollouts: how many 30 s of the controller's silence were said */

@@ -783,12 +783,19 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
         reply_error(c, req, -WB_E_PEER, "controller is shutting down");
         return;
     }
-    if (a->alive && (b->pid != a->pid || strcmp(b->host, a->host) != 0)) {
-        /* Two live processes claiming one rank would take the rank from each other forever;
-         * the newcomer waits until the holder is dead (silent for dead_after). */
+    if (a->alive &&
+        (b->session != a->session || b->pid != a->pid || strcmp(b->host, a->host) != 0)) {
+        /* Two live processes claiming one rank would take the rank from each other forever,
+         * and host and pid are no proof (wb-ctl status shows them): only the holder, which
+         * knows its session, may register again while it is alive; anyone else waits until
+         * the holder is dead (silent for dead_after). */
         snprintf(msg, sizeof(msg),
-                 "register: %s rank %u is held by %s pid %" PRIu64 " (alive); retry after it exits",
-                 b->role, a->rank, a->host, a->pid);
+                 "register: %s rank %u is held by %s pid %" PRIu64
+                 " (alive)%s; retry after it exits",
+                 b->role, a->rank, a->host, a->pid,
+                 b->pid == a->pid && strcmp(b->host, a->host) == 0
+                     ? " and this registration does not carry its session"
+                     : "");
         reply_error(c, req, -EADDRINUSE, msg);
         return;
     }

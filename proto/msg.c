@@ -93,6 +93,7 @@ static const struct wb_field f_register[] = {
     F(struct wb_body_register, "mesh", WB_FIELD_OBJ, false, mesh),
     F(struct wb_body_register, "source", WB_FIELD_STR, false, source),
     F(struct wb_body_register, "version", WB_FIELD_U64, false, version),
+    F(struct wb_body_register, "session", WB_FIELD_U64, false, session),
 };
 static const struct wb_field f_heartbeat[] = {
     SESSION(struct wb_body_heartbeat),

@@ -139,6 +139,10 @@ struct wb_body_register {
     /* The last version this agent knows complete (rollouts: the one they hold; trainers: their
      * last done push): a restarted controller's versions go on from the highest. */
     uint64_t version;
+    /* The session this process held until it lost it (0: none). A rank the controller still
+     * thinks alive is given only to a registration that proves it is its holder this way:
+     * host and pid are public (wb-ctl status shows them), the session's 64 random bits not. */
+    uint64_t session;
 };
 
 /* One tensor an endpoint registers: its metadata (name, dtype, global shape, the box this rank

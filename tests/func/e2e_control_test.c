@@ -546,6 +546,52 @@ static void test_forged_reports(void)
     shutdown_all(&c);
 }
 
+/* A live rank is not taken over by whoever repeats its host and pid (wb-ctl status shows
+ * both): only its holder, which knows the session, may register it again. */
+static void test_rank_takeover(void)
+{
+    struct cluster c = {0};
+    write_job(&c, 1, 1, NULL);
+    c.nro = 0; /* rollout rank 0 is this test */
+    start(&c);
+    free(wait_status(&c, "trainer      0 alive", 10000));
+    struct wb_body_register reg = {.rank = 0, .device = -1, .synthetic = true};
+    snprintf(reg.role, sizeof(reg.role), "trainer");
+    gethostname(reg.host, sizeof(reg.host) - 1);
+    reg.pid = (uint64_t)c.tr[0];
+    struct wb_body_registered ok;
+    char msg[256], want[256];
+    CHECK_INT(call(&c, WB_MSG_REGISTER, &reg, &ok, msg, sizeof(msg)), WB_MSG_ERROR);
+    snprintf(want, sizeof(want),
+             "register: trainer rank 0 is held by %s pid %d (alive) and this registration does "
+             "not carry its session; retry after it exits",
+             reg.host, (int)c.tr[0]);
+    CHECK_STR(msg, want);
+    reg.session = 0x5eed; /* a guessed session does no better */
+    CHECK_INT(call(&c, WB_MSG_REGISTER, &reg, &ok, msg, sizeof(msg)), WB_MSG_ERROR);
+    CHECK_STR(msg, want);
+
+    /* the holder's own re-registration (here the test as rollout 0) carries its session */
+    struct wb_body_register ro = {.rank = 0, .device = -1, .pid = 7, .synthetic = true};
+    snprintf(ro.role, sizeof(ro.role), "rollout");
+    memcpy(ro.host, "tester", 7);
+    CHECK_INT(call(&c, WB_MSG_REGISTER, &ro, &ok, msg, sizeof(msg)), WB_MSG_REGISTERED);
+    ro.session = ok.session + 1;
+    CHECK_INT(call(&c, WB_MSG_REGISTER, &ro, &ok, msg, sizeof(msg)), WB_MSG_ERROR);
+    CHECK_STR(msg, "register: rollout rank 0 is held by tester pid 7 (alive) and this "
+                   "registration does not carry its session; retry after it exits");
+    ro.session = ok.session;
+    uint64_t first = ok.session;
+    CHECK_INT(call(&c, WB_MSG_REGISTER, &ro, &ok, msg, sizeof(msg)), WB_MSG_REGISTERED);
+    CHECK(ok.session != first);
+
+    /* the real trainer kept its rank: it is alive and its session works */
+    char *out = wait_status(&c, "trainer      0 alive", 5000);
+    CHECK_CONTAINS(out, "trainer      0 alive");
+    free(out);
+    shutdown_all(&c);
+}
+
 const struct wb_test wb_tests[] = {
     {"transfers", test_transfers, 60},
     {"wrong_token", test_wrong_token, 60},
@@ -553,6 +599,7 @@ const struct wb_test wb_tests[] = {
     {"kill_mid_transfer", test_kill_mid_transfer, 60},
     {"rank_checks", test_rank_checks, 60},
     {"forged_reports", test_forged_reports, 60},
+    {"rank_takeover", test_rank_takeover, 60},
     {"controller_outage", test_controller_outage, 60},
     {"tls", test_tls, 60},
     {0},

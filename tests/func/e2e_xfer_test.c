@@ -10,8 +10,16 @@
 #include "controller/controller.h"
 #include "tests/func/e2e_proc.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 #include <sys/stat.h>
 
 enum { NTR = 4, NRO = 2 };
@@ -25,6 +33,8 @@ struct cluster {
     int id;
     uint64_t cap;
     const char *hf_config; /* config.json of the model, or NULL: the demo's */
+    const char *job_extra; /* more lines for the job file, or NULL */
+    const char *corrupt;   /* rollout 1 flips a byte of this tensor once it lands, or NULL */
     uint64_t recv[NRO];    /* bytes each rollout receives per transfer; 0: the demo's */
 };
 
@@ -70,8 +80,8 @@ static void write_job(struct cluster *c, const char *mode, const char *cap, bool
             "trainer_layout: %s\n"
             "rollout_layout: %s/configs/jobs/demo/rollout.yaml\n"
             "mode: %s\nmem_cap: %s\nseed: 7\nprovider: %s\n"
-            "heartbeat: 200ms\ndead_after: 1500ms\n",
-            cwd, hf, layout, cwd, mode, cap, c->provider);
+            "heartbeat: 200ms\ndead_after: 1500ms\n%s",
+            cwd, hf, layout, cwd, mode, cap, c->provider, c->job_extra ? c->job_extra : "");
     fclose(f);
     snprintf(c->dump, sizeof(c->dump), "%s/dump", wb_test_tmpdir());
     mkdir(c->dump, 0755);
@@ -126,6 +136,10 @@ static pid_t spawn_agent(struct cluster *c, int i, const char *extra)
     if (i >= NTR) {
         argv[n++] = "--dump";
         argv[n++] = c->dump;
+    }
+    if (c->corrupt && i == NTR + 1) {
+        argv[n++] = "--corrupt";
+        argv[n++] = (char *)c->corrupt;
     }
     char trace[700];
     if (i < NTR) {
@@ -622,6 +636,247 @@ static void test_padded_vocab(void)
     stop(&c);
 }
 
+/* ---------------------------------------------------------------- strangers */
+
+/* The TCP ports process pid listens on: its sockets' inodes found in /proc/net/tcp. */
+static int listen_ports(pid_t pid, uint16_t *ports, int cap)
+{
+    char dir[64], link[64], path[330];
+    unsigned long inodes[256];
+    int ni = 0, np = 0;
+    snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dir);
+    CHECK(d != NULL);
+    for (struct dirent *e; (e = readdir(d)) && ni < 256;) {
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        ssize_t n = readlink(path, link, sizeof(link) - 1);
+        if (n > 0) {
+            link[n] = 0;
+            if (sscanf(link, "socket:[%lu]", &inodes[ni]) == 1)
+                ni++;
+        }
+    }
+    closedir(d);
+    FILE *f = fopen("/proc/net/tcp", "r");
+    CHECK(f != NULL);
+    char line[512];
+    while (fgets(line, sizeof(line), f) && np < cap) {
+        unsigned port, st;
+        unsigned long inode;
+        if (sscanf(line, " %*d: %*x:%x %*x:%*x %x %*x:%*x %*x:%*x %*x %*d %*d %lu", &port, &st,
+                   &inode) != 3 ||
+            st != 0x0A)
+            continue;
+        for (int i = 0; i < ni; i++)
+            if (inodes[i] == inode)
+                ports[np++] = (uint16_t)port;
+    }
+    fclose(f);
+    return np;
+}
+
+/* What a stranger's libfabric client managed: writes the target accepted, and refusals by
+ * their error (libfabric tcp: the target drops the connection of a write under an unknown key,
+ * so the writer sees it cancelled). */
+struct stray {
+    int accepted, cancelled, other;
+};
+
+/* One write of 4 KiB of 0xAA with an immediate under `key` at `addr`, on a connection of its
+ * own (the target drops a connection that wrote under a wrong key), delivery complete: the
+ * completion says what the target did with it. */
+static void stray_write(struct fid_domain *dom, const struct fi_info *info, uint16_t port,
+                        uint64_t addr, uint64_t key, struct stray *st)
+{
+    static uint8_t junk[4096];
+    memset(junk, 0xAA, sizeof(junk));
+    struct fid_cq *cq;
+    struct fid_av *av;
+    struct fid_ep *ep;
+    struct fid_mr *mr;
+    struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_DATA, .size = 64, .wait_obj = FI_WAIT_NONE};
+    struct fi_av_attr ava = {.type = FI_AV_TABLE};
+    CHECK_INT(fi_cq_open(dom, &cqa, &cq, NULL), 0);
+    CHECK_INT(fi_av_open(dom, &ava, &av, NULL), 0);
+    CHECK_INT(fi_endpoint(dom, (struct fi_info *)info, &ep, NULL), 0);
+    CHECK_INT(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
+    CHECK_INT(fi_ep_bind(ep, &av->fid, 0), 0);
+    CHECK_INT(fi_enable(ep), 0);
+    CHECK_INT(fi_mr_reg(dom, junk, sizeof(junk), FI_WRITE, 0, 0, 0, &mr, NULL), 0);
+    if (info->domain_attr->mr_mode & FI_MR_ENDPOINT) {
+        CHECK_INT(fi_mr_bind(mr, &ep->fid, 0), 0);
+        CHECK_INT(fi_mr_enable(mr), 0);
+    }
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    fi_addr_t peer;
+    CHECK_INT(fi_av_insert(av, &sa, 1, &peer, 0, NULL), 1);
+    struct fi_context2 ctx;
+    struct iovec iov = {junk, sizeof(junk)};
+    void *desc = fi_mr_desc(mr);
+    struct fi_rma_iov rma = {.addr = addr, .len = sizeof(junk), .key = key};
+    struct fi_msg_rma msg = {.msg_iov = &iov,
+                             .desc = &desc,
+                             .iov_count = 1,
+                             .addr = peer,
+                             .rma_iov = &rma,
+                             .rma_iov_count = 1,
+                             .context = &ctx,
+                             .data = 0x01000001u};
+    uint64_t t0 = wb_now_ns();
+    ssize_t e;
+    while ((e = fi_writemsg(ep, &msg, FI_REMOTE_CQ_DATA | FI_DELIVERY_COMPLETE | FI_COMPLETION)) ==
+           -FI_EAGAIN) {
+        struct fi_cq_data_entry ce;
+        fi_cq_read(cq, &ce, 1);
+        CHECK(wb_now_ns() - t0 < 10000000000ull);
+    }
+    if (e) {
+        st->other++;
+    } else {
+        for (;;) { /* every write is answered */
+            struct fi_cq_data_entry ce;
+            ssize_t n = fi_cq_read(cq, &ce, 1);
+            if (n == 1) {
+                st->accepted++;
+                break;
+            }
+            if (n == -FI_EAVAIL) {
+                struct fi_cq_err_entry ee = {0};
+                fi_cq_readerr(cq, &ee, 0);
+                if (ee.err == FI_ECANCELED)
+                    st->cancelled++;
+                else
+                    st->other++;
+                break;
+            }
+            CHECK(wb_now_ns() - t0 < 10000000000ull);
+        }
+    }
+    fi_close(&mr->fid);
+    fi_close(&ep->fid);
+    fi_close(&av->fid);
+    fi_close(&cq->fid);
+}
+
+/* A stranger who can reach the rollout's data port (libfabric tcp on 127.0.0.1:port) writes
+ * under keys 0..63 and 64 random ones, each at offset 0 and at a heap-like address. */
+static void stranger(uint16_t port, struct stray *st)
+{
+    struct fi_info *hints = fi_allocinfo(), *info = NULL;
+    CHECK(hints != NULL);
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_RMA | FI_WRITE;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->fabric_attr->prov_name = strdup("tcp");
+    hints->domain_attr->name = strdup("lo");
+    CHECK_INT(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info), 0);
+    fi_freeinfo(hints);
+    struct fid_fabric *fab;
+    struct fid_domain *dom;
+    CHECK_INT(fi_fabric(info->fabric_attr, &fab, NULL), 0);
+    CHECK_INT(fi_domain(fab, info, &dom, NULL), 0);
+    uint64_t addrs[2] = {0, (uint64_t)(uintptr_t)info}; /* offset mode; a plausible heap */
+    for (int i = 0; i < 128; i++) {
+        uint64_t key = i < 64 ? (uint64_t)i : wb_random_u64();
+        for (int a = 0; a < 2; a++)
+            stray_write(dom, info, port, addrs[a], key, st);
+    }
+    fi_close(&dom->fid);
+    fi_close(&fab->fid);
+    fi_freeinfo(info);
+}
+
+/* Item 2 of the red team's list: anyone who reached a rollout's data port wrote its weights
+ * under keys 1, 2, 3 ... during a transfer that then reported complete. Now keys are random
+ * 64-bit values: a stranger's 256 writes per data port during version 2 (a process of its own,
+ * libfabric tcp, keys 0..63 and 64 random ones, each on a connection of its own) are all
+ * refused by the target, and every byte each rollout holds is the reference's. */
+static void test_stranger_write(void)
+{
+    struct cluster c = {.provider = "tcp", .domain = "lo", .job_extra = "verify: true\n"};
+    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(14));
+    write_job(&c, "auto", "4MiB", false);
+    start(&c, "30ms"); /* paced: a transfer stays open while the stranger writes */
+    transfer_ok(&c, 1, NULL);
+    uint16_t ports[8];
+    int np = listen_ports(c.ag[NTR], ports, 8);
+    CHECK(np >= 1);
+    char cmd[700];
+    snprintf(cmd, sizeof(cmd), "%s/wb-ctl", e2e_bin());
+    char *env[] = {(char *)TOK, NULL};
+    char *argv[] = {cmd, "-c", c.url, "--timeout", "60s", "transfer", "--version", "2", NULL};
+    pid_t client = e2e_spawn("transfer2.log", env, argv);
+    int fds[2];
+    CHECK_INT(pipe(fds), 0);
+    pid_t s = fork();
+    CHECK(s >= 0);
+    if (s == 0) { /* the stranger: its own process */
+        close(fds[0]);
+        struct stray total = {0};
+        for (int i = 0; i < np; i++)
+            stranger(ports[i], &total);
+        _exit(write(fds[1], &total, sizeof(total)) == sizeof(total) ? 0 : 1);
+    }
+    close(fds[1]);
+    struct stray got = {0};
+    CHECK_INT(read(fds[0], &got, sizeof(got)), sizeof(got));
+    close(fds[0]);
+    CHECK_INT(e2e_wait(s, 30000), 0);
+    CHECK_INT(got.accepted, 0);
+    CHECK_INT(got.other, 0);
+    CHECK_INT(got.cancelled, 256 * np);
+    CHECK_INT(e2e_wait(client, 60000), 0);
+    char *out = e2e_slurp("transfer2.log");
+    CHECK_CONTAINS(out, "transfer 2: complete in");
+    free(out);
+    verify(&c, 2);
+    stop(&c);
+}
+
+/* A write that does land where it should not (here: rollout 1 flips the first byte of a tensor
+ * once its writes are in, as a stray write would) fails the version with the rollout, the
+ * tensor and the bytes named; the rollout says it is torn, not version 1; the retry is whole. */
+static void test_stray_write_detected(void)
+{
+    struct cluster c = {.provider = "tcp",
+                        .domain = "lo",
+                        .job_extra = "verify: true\n",
+                        .corrupt = "model.layers.1.mlp.experts.w2_weight"};
+    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(15));
+    write_job(&c, "auto", "4MiB", false);
+    start(&c, NULL);
+    char *out;
+    CHECK_INT(ctl(&c, &out, "--timeout 60s transfer --version 1"), 1);
+    CHECK_CONTAINS(out, "transfer 1 failed");
+    CHECK_CONTAINS(out, "rollout rank 1");
+    CHECK_CONTAINS(out, "model.layers.1.mlp.experts.w2_weight: bytes [0, ");
+    CHECK_CONTAINS(out, "written by trainer rank");
+    CHECK_CONTAINS(out, "do not match their checksum");
+    free(out);
+    int torn = 0;
+    for (int t = 0; t < 30 && torn < 1; t++) {
+        ctl(&c, &out, "status");
+        torn = rollouts_at(out, "torn");
+        free(out);
+        if (!torn)
+            e2e_sleep_ms(100);
+    }
+    CHECK(torn >= 1);
+    /* The byte is flipped once: the retry (resumed: what landed and checked is not sent
+     * again) leaves every byte right. */
+    CHECK_INT(ctl(&c, &out, "--timeout 60s transfer --version 1"), 0);
+    CHECK_CONTAINS(out, "transfer 1: complete in");
+    free(out);
+    verify(&c, 1);
+    ctl(&c, &out, "status");
+    CHECK_INT(rollouts_at(out, "1"), 2);
+    free(out);
+    stop(&c);
+}
+
 const struct wb_test wb_tests[] = {
     {"padded_vocab", test_padded_vocab, 120},
     {"controller_restart", test_controller_restart, 120},
@@ -633,6 +888,8 @@ const struct wb_test wb_tests[] = {
     {"host_resident", test_host_resident, 120},
     {"tcp_two_rails", test_tcp_two_rails, 120},
     {"kill_trainer", test_kill_trainer, 120},
+    {"stranger_write", test_stranger_write, 120},
+    {"stray_write_detected", test_stray_write_detected, 120},
     {"netns_tcp", test_netns_tcp, 120},
     {0},
 };

@@ -210,4 +210,5 @@ check-format:
 clean:
 	rm -rf $(BUILD)
 
--include $(LIB_O:.o=.d) $(PROG_C:%.c=$(OBJ)/%.d) $(TEST_C:%.c=$(OBJ)/%.d) $(BENCH_C:%.c=$(OBJ)/%.d) $(OBJ)/tests/wbtest.d
+-include $(LIB_O:.o=.d) $(PROG_C:%.c=$(OBJ)/%.d) $(TEST_C:%.c=$(OBJ)/%.d) $(BENCH_C:%.c=$(OBJ)/%.d) \
+         $(FUZZ_C:%.c=$(OBJ)/%.d) $(OBJ)/tests/wbtest.d

@@ -1064,6 +1064,17 @@ int wb_inv_generate_vars(const char *family_yaml, const char *config_json, const
                          const char *side, struct wb_inventory *inv, struct wb_errlist *el)
 {
     struct wb_family *f = NULL;
+    int r = wb_family_open(family_yaml, &f, el);
+    if (r == 0)
+        r = wb_inv_generate_family(f, family_yaml, config_json, vars, side, inv, el);
+    wb_family_close(f);
+    return r;
+}
+
+int wb_inv_generate_family(struct wb_family *f, const char *family_yaml, const char *config_json,
+                           const char *vars, const char *side, struct wb_inventory *inv,
+                           struct wb_errlist *el)
+{
     struct wb_jcfg *cfg = NULL;
     struct gen g = {.el = el};
     struct wb_xvar *sets = NULL;
@@ -1075,8 +1086,6 @@ int wb_inv_generate_vars(const char *family_yaml, const char *config_json, const
                        side ? side : "(null)");
         return -EINVAL;
     }
-    if ((r = wb_family_open(family_yaml, &f, el)))
-        goto out;
     if ((r = wb_vars_parse(vars, f->dv, f->ndv, family_yaml, &sets, &nsets, &sets_buf, el)) ||
         (r = wb_jcfg_load(config_json, &cfg, el)))
         goto out;
@@ -1135,6 +1144,5 @@ out:
     free(sets);
     free(sets_buf);
     wb_jcfg_free(cfg);
-    wb_family_close(f);
     return r;
 }

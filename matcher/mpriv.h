@@ -207,6 +207,11 @@ struct wb_family {
 
 int wb_family_open(const char *path, struct wb_family **out, struct wb_errlist *el);
 void wb_family_close(struct wb_family *f);
+/* wb_inv_generate_vars on a family file opened once (the fuzz target generates thousands of
+ * inventories from one family; the family is only read). */
+int wb_inv_generate_family(struct wb_family *f, const char *family_yaml, const char *config_json,
+                           const char *vars, const char *side, struct wb_inventory *inv,
+                           struct wb_errlist *el);
 void wb_family_vars_free(struct wb_xderived *v, size_t n);
 void wb_family_free_types(char **types, size_t n);
 

@@ -18,6 +18,8 @@ static int mpw_write(void *data, const char *buf, size_t len)
     struct wb_mpw *w = data;
     if (w->err)
         return -1;
+    if (len == 0) /* nothing to append (and an empty writer has no buffer to point into) */
+        return 0;
     if (w->len + len > w->cap) {
         size_t cap = w->cap ? w->cap : 256;
         while (cap < w->len + len)

@@ -88,6 +88,7 @@ struct wb_controller {
     const struct wb_job *job;
     nng_socket sock;
     int fd;
+    struct wb_mpw *capture; /* wb_controller_feed: replies go here instead of the socket */
     struct ctl_plan plan;
     uint32_t nagents;
     struct agent *agents; /* trainers first, then rollouts */
@@ -123,6 +124,12 @@ static struct agent *agent_at(struct wb_controller *c, enum wb_role role, uint32
 static void reply(struct wb_controller *c, nng_msg *req, const struct wb_mpw *body)
 {
     nng_msg_clear(req);
+    if (c->capture) { /* wb_controller_feed: the reply goes to the caller */
+        if (!body->err)
+            wb_mpw_raw(c->capture, body->buf, body->len);
+        nng_msg_free(req);
+        return;
+    }
     if (body->err || nng_msg_append(req, body->buf, body->len) != 0 ||
         nng_sendmsg(c->sock, req, 0) != 0) {
         wb_log(WB_LOG_WARN, M, "a reply could not be sent");
@@ -1206,27 +1213,45 @@ void wb_controller_plan_info(const struct wb_controller *c, struct wb_controller
         send[r] = c->plan.send_bytes ? c->plan.send_bytes[r] : 0;
 }
 
+int wb_controller_step(struct wb_controller *c, int wait_ms)
+{
+    if (c->shutting_down && shutdown_done(c, wb_now_ns()))
+        return 1;
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    poll(&p, 1, wait_ms);
+    for (int k = 0; k < 64; k++) {
+        nng_msg *req;
+        int rv = nng_recvmsg(c->sock, &req, NNG_FLAG_NONBLOCK);
+        if (rv == NNG_EAGAIN)
+            break;
+        if (rv) {
+            wb_log(WB_LOG_ERROR, M, "receive: %s", nng_strerror(rv));
+            return -EIO;
+        }
+        on_message(c, req);
+    }
+    on_tick(c, wb_now_ns());
+    return 0;
+}
+
+int wb_controller_feed(struct wb_controller *c, const void *buf, size_t len, struct wb_mpw *replies)
+{
+    nng_msg *req;
+    if (nng_msg_alloc(&req, 0) != 0 || nng_msg_append(req, buf, len) != 0)
+        return -ENOMEM;
+    c->capture = replies;
+    on_message(c, req);
+    on_tick(c, wb_now_ns());
+    c->capture = NULL;
+    return 0;
+}
+
 int wb_controller_run(struct wb_controller *c)
 {
-    for (;;) {
-        uint64_t now = wb_now_ns();
-        if (c->shutting_down && shutdown_done(c, now))
-            return 0;
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
-        poll(&p, 1, 20);
-        for (int k = 0; k < 64; k++) {
-            nng_msg *req;
-            int rv = nng_recvmsg(c->sock, &req, NNG_FLAG_NONBLOCK);
-            if (rv == NNG_EAGAIN)
-                break;
-            if (rv) {
-                wb_log(WB_LOG_ERROR, M, "receive: %s", nng_strerror(rv));
-                return -EIO;
-            }
-            on_message(c, req);
-        }
-        on_tick(c, wb_now_ns());
-    }
+    int rc;
+    while ((rc = wb_controller_step(c, 20)) == 0)
+        ;
+    return rc < 0 ? rc : 0;
 }
 
 /* Reads a whole (small) file into a NUL-terminated buffer, or NULL. */

@@ -96,6 +96,17 @@ void wb_controller_plan_info(const struct wb_controller *c, struct wb_controller
                              uint64_t *send);
 /* Runs the event loop until a client asks for shutdown (returns 0) or a fatal error. */
 int wb_controller_run(struct wb_controller *c);
+/* One turn of that loop, for a program that runs its own (and the message-handler fuzz
+ * target): waits up to wait_ms for messages, handles those that came, runs the timers.
+ * 0: go on; 1: shut down; < 0: a fatal error. */
+int wb_controller_step(struct wb_controller *c, int wait_ms);
+/* One request handled as if it had arrived on the socket, then the timers run, without the
+ * network (tests and the message-handler fuzz target): every reply the controller gives
+ * meanwhile — to this request, or to one it held — is appended to *replies (a wb_mpw the caller
+ * initialised). 0 or -ENOMEM. */
+struct wb_mpw;
+int wb_controller_feed(struct wb_controller *c, const void *buf, size_t len,
+                       struct wb_mpw *replies);
 void wb_controller_destroy(struct wb_controller *c);
 
 /* ================================================================ the reference check

@@ -66,6 +66,7 @@ rc=0
 for t in "${targets[@]}"; do
     extra=()
     [ -f "$dir/$t.dict" ] && extra+=(-dict="$dir/$t.dict")
+    mkdir -p "$dir/$t.seed" # targets that build their inputs from any bytes (ctl) start empty
     pids=()
     for j in $(seq 1 "$jobs"); do
         mkdir -p "$dir/$t.corpus.$j"

@@ -291,6 +291,48 @@ int wb_synth_fill_args(const char *name, uint64_t seed, uint64_t version, const 
                        uint32_t ndim, const uint64_t *shape, const uint64_t *box_off,
                        const uint64_t *box_ext, void *dst);
 
+/* ---------------------------------------------------------------- checksums */
+
+/* wb_sum64, the checksum of a write's bytes (what a trainer records and a rollout checks),
+ * defined so that a GPU computes it in parallel and the host gets the same value: the n bytes
+ * are cut into 4 KiB chunks, each chunk is hashed with XXH3-64 (seed 0) over exactly 4096 bytes
+ * (the last one zero-padded), and the result is XXH3-64 with seed n over the array of the chunk
+ * hashes (little-endian u64 each; no chunks for n = 0). A changed byte changes its chunk's hash,
+ * and that the result, with XXH3's probability. */
+enum { WB_SUM_CHUNK = 4096 };
+
+static inline uint64_t wb_sum_nchunks(uint64_t n)
+{
+    return (n + WB_SUM_CHUNK - 1) / WB_SUM_CHUNK;
+}
+/* wb_sum64 of n bytes of host memory. */
+uint64_t wb_sum64(const void *p, size_t n);
+/* One chunk's hash: `valid` bytes at p (more than 4096: the first 4096), zero-padded. */
+uint64_t wb_sum64_chunk(const void *p, uint64_t valid);
+/* wb_sum64 of n bytes from their wb_sum_nchunks(n) chunk hashes in order. */
+uint64_t wb_sum64_combine(const uint64_t *chunks, uint64_t n);
+
+/* Pieces of GPU memory hashed in one kernel launch: one thread per chunk of every piece, the
+ * chunk hashes copied back to pinned host memory, combined on the host. Reusable buffers; one
+ * batch in flight per object. Built with CUDA only (-WB_E_NOGPU otherwise). */
+struct wb_sum_piece {
+    const void *p; /* device memory of the current device */
+    uint64_t len;
+};
+struct wb_sum_gpu;
+int wb_sum_gpu_new(struct wb_sum_gpu **out);
+void wb_sum_gpu_free(struct wb_sum_gpu *g);
+/* Enqueues the batch on `stream` (a cudaStream_t; NULL = the default stream) and returns: the
+ * results are there once the stream has passed this point (an event, or a synchronize). The
+ * pieces' bytes must be final for work enqueued on the stream from now on. */
+int wb_sum_gpu_launch(struct wb_sum_gpu *g, const struct wb_sum_piece *pieces, size_t n,
+                      void *stream);
+/* wb_sum64 of piece i of the last batch (after the stream passed it). */
+uint64_t wb_sum_gpu_result(const struct wb_sum_gpu *g, size_t i);
+/* The same, waiting: sums[i] = wb_sum64 of piece i. */
+int wb_sum_gpu_run(struct wb_sum_gpu *g, const struct wb_sum_piece *pieces, size_t n, void *stream,
+                   uint64_t *sums);
+
 /* ---------------------------------------------------------------- YAML config */
 
 /* A loaded YAML file: the libyaml document plus its path, for error locations. */

@@ -59,7 +59,9 @@ static void data_release(struct data *d)
     d->tx = NULL;
     enum wb_tx_mem k = mem_kind(d);
     ag_host_free(d->stage);
-    free(d->hbounce);
+    wb_sum_gpu_free(d->rsum);
+    free(d->rpiece);
+    free(d->rhash);
     wb_tx_mem_free(k, d->sum_out);
     wb_tx_mem_free(k, d->sum_in);
     free(d->slot);
@@ -1159,45 +1161,38 @@ int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, const struct
     return rc;
 }
 
-/* XXH3-64 of n bytes of the data side's memory (host, or GPU through a host bounce). */
-uint64_t ag_xxh3(struct data *d, const void *p, uint64_t n)
+/* Rollouts: room for n records' pieces and sums. */
+static int rsum_reserve(struct data *d, uint64_t n)
 {
-    if (!d->gpu)
-        return XXH3_64bits(p, n);
-    enum { CHUNK = 8 << 20 };
-    if (!d->hbounce && !(d->hbounce = malloc(CHUNK)))
-        return 0; /* reported as a mismatch: no memory to check */
-    uint8_t *bounce = d->hbounce;
-    XXH3_state_t *st = XXH3_createState();
-    if (!st)
+    if (n <= d->rcap)
         return 0;
-    XXH3_64bits_reset(st);
-    uint64_t h = 0;
-    for (uint64_t at = 0; at < n; at += CHUNK) {
-        uint64_t k = n - at < CHUNK ? n - at : CHUNK;
-        if (wb_tx_mem_copy(bounce, (const uint8_t *)p + at, k))
-            goto out;
-        XXH3_64bits_update(st, bounce, k);
-    }
-    h = XXH3_64bits_digest(st);
-out:
-    XXH3_freeState(st);
-    return h;
+    struct wb_sum_piece *p = realloc(d->rpiece, n * sizeof(*p));
+    if (p)
+        d->rpiece = p;
+    uint64_t *h = realloc(d->rhash, n * sizeof(*h));
+    if (h)
+        d->rhash = h;
+    if (!p || !h)
+        return -ENOMEM;
+    d->rcap = n;
+    return 0;
 }
 
-/* Rollouts: the records of expect entry i against what landed. */
+/* Rollouts: the records of expect entry i against what landed. The sums of every record's
+ * bytes come from one batch: one kernel over the tensor's GPU memory, or wb_sum64 on the host. */
 static int check_landed(struct data *d, uint32_t i)
 {
     const struct wb_rt_expect *e = &d->recv.expect[i];
     const struct local *l = &d->locals[d->expect_local[i]];
     const char *name = d->lname[d->expect_local[i]];
     uint64_t n = e->writes, covered = 0;
-    struct wb_sum_record *rec = malloc(n * sizeof(*rec));
+    struct wb_sum_record *rec = malloc((n ? n : 1) * sizeof(*rec));
     if (!rec)
         return -ENOMEM;
     const uint8_t *src = (const uint8_t *)d->sum_in + d->area[i] * WB_SUM_RECORD;
     int rc = d->gpu ? wb_tx_mem_copy(rec, src, n * sizeof(*rec))
                     : (memcpy(rec, src, n * sizeof(*rec)), 0);
+    rc = rc ? rc : rsum_reserve(d, n);
     for (uint64_t k = 0; !rc && k < n; k++) {
         const struct wb_sum_record *x = &rec[k];
         if (x->tensor != e->tensor || x->len > l->desc.bytes ||
@@ -1209,16 +1204,7 @@ static int check_landed(struct data *d, uint32_t i)
             rc = -EBADMSG;
             break;
         }
-        uint64_t h = ag_xxh3(d, (const uint8_t *)l->buf + x->dst_off, x->len);
-        if (h != x->xxh3) {
-            snprintf(d->fail, sizeof(d->fail),
-                     "%s: bytes [%" PRIu64 ", %" PRIu64
-                     ") written by trainer rank %u do not match their checksum: XXH3 %016" PRIx64
-                     " landed, %016" PRIx64 " sent",
-                     name, x->dst_off, x->dst_off + x->len, x->trainer, h, x->xxh3);
-            rc = -EIO;
-            break;
-        }
+        d->rpiece[k] = (struct wb_sum_piece){(const uint8_t *)l->buf + x->dst_off, x->len};
         covered += x->len;
     }
     if (!rc && covered != e->bytes) {
@@ -1226,6 +1212,25 @@ static int check_landed(struct data *d, uint32_t i)
                  "%s: checksum records cover %" PRIu64 " of %" PRIu64 " bytes", name, covered,
                  e->bytes);
         rc = -EIO;
+    }
+    if (!rc && d->gpu) {
+        rc = d->rsum ? 0 : wb_sum_gpu_new(&d->rsum);
+        rc = rc ? rc : wb_sum_gpu_run(d->rsum, d->rpiece, n, d->stream, d->rhash);
+        if (rc)
+            snprintf(d->fail, sizeof(d->fail), "%s: checksums on the GPU: %s", name,
+                     wb_strerror(rc));
+    }
+    for (uint64_t k = 0; !rc && k < n; k++) {
+        const struct wb_sum_record *x = &rec[k];
+        uint64_t h = d->gpu ? d->rhash[k] : wb_sum64(d->rpiece[k].p, x->len);
+        if (h != x->sum) {
+            snprintf(d->fail, sizeof(d->fail),
+                     "%s: bytes [%" PRIu64 ", %" PRIu64
+                     ") written by trainer rank %u do not match their checksum: sum64 %016" PRIx64
+                     " landed, %016" PRIx64 " sent",
+                     name, x->dst_off, x->dst_off + x->len, x->trainer, h, x->sum);
+            rc = -EIO;
+        }
     }
     free(rec);
     return rc;

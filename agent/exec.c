@@ -49,6 +49,10 @@ struct task {
     bool waited; /* could not start at once for lack of memory */
     bool h2d;    /* H2D copies issued on the copy stream that the kernel stream must follow */
     struct ag_io_req io; /* a sourced trainer's read for the current H2D op */
+    /* verify: the task's write sums are under way (sums_start); on the GPU, the batch whose
+     * kernel runs behind the task's own work */
+    bool summed;
+    struct wb_sum_gpu *sg;
 };
 
 static const char *M = "agent";
@@ -264,6 +268,18 @@ int ag_exec_setup(struct data *d, char *err, size_t errcap)
                 d->gx_total[tk->phase]++;
         }
     }
+    if (d->verify) {
+        for (uint32_t i = 0; i < t->ntasks; i++)
+            if (t->tasks[i].nwrites > d->max_task_writes)
+                d->max_task_writes = t->tasks[i].nwrites;
+        uint32_t nw = t->nwrites ? t->nwrites : 1, mw = d->max_task_writes ? d->max_task_writes : 1;
+        d->wsame = calloc(nw, sizeof(uint32_t));
+        d->wpiece = calloc(nw, sizeof(uint32_t));
+        d->spiece = calloc(mw, sizeof(*d->spiece));
+        d->srec = calloc(mw, sizeof(*d->srec));
+        if (!d->wsame || !d->wpiece || !d->spiece || !d->srec)
+            return -ENOMEM;
+    }
     d->amax_in_bytes = t->amax_inbox_bytes;
     d->cap = t->mem_cap;
     if (t->max_tmp_bytes > d->cap) {
@@ -281,14 +297,44 @@ int ag_exec_setup(struct data *d, char *err, size_t errcap)
     return 0;
 }
 
+/* A task's checksum batch, back to the free list (the next task hashing on the GPU takes it). */
+static void sum_release(struct data *d, struct task *tk)
+{
+    if (tk->sg) {
+        if (d->nsum_free < d->cap_sum_free ||
+            !wb_grow(&d->sum_free, &d->cap_sum_free, 8, sizeof(*d->sum_free)))
+            d->sum_free[d->nsum_free++] = tk->sg;
+        else
+            wb_sum_gpu_free(tk->sg);
+        tk->sg = NULL;
+    }
+    tk->summed = false;
+}
+
+/* What a task holds beyond its TMP bytes: its event, host buffers and checksum batch. */
+static void task_release(struct data *d, struct task *tk)
+{
+    ag_event_destroy(tk->ev);
+    tk->ev = NULL;
+    for (int k = 0; k < 3; k++) {
+        ag_host_free(tk->h[k]);
+        tk->h[k] = NULL;
+    }
+    sum_release(d, tk);
+}
+
 void ag_exec_free(struct data *d)
 {
     ag_direct_release(d);
-    for (uint32_t i = 0; d->tasks && i < d->table.ntasks; i++) {
-        ag_event_destroy(d->tasks[i].ev);
-        for (int k = 0; k < 3; k++)
-            ag_host_free(d->tasks[i].h[k]);
-    }
+    for (uint32_t i = 0; d->tasks && i < d->table.ntasks; i++)
+        task_release(d, &d->tasks[i]);
+    for (size_t i = 0; i < d->nsum_free; i++)
+        wb_sum_gpu_free(d->sum_free[i]);
+    free(d->sum_free);
+    free(d->wsame);
+    free(d->wpiece);
+    free(d->spiece);
+    free(d->srec);
     free(d->tasks);
     free(d->amax_out_off);
     free(d->gather_ready);
@@ -346,11 +392,8 @@ int ag_exec_start(struct data *d)
 {
     struct wb_route_table *t = &d->table;
     uint32_t np = t->nphases;
-    for (uint32_t i = 0; i < t->ntasks; i++) { /* what an aborted attempt left */
-        ag_event_destroy(d->tasks[i].ev);
-        for (int k = 0; k < 3; k++)
-            ag_host_free(d->tasks[i].h[k]);
-    }
+    for (uint32_t i = 0; i < t->ntasks; i++) /* what an aborted attempt left */
+        task_release(d, &d->tasks[i]);
     memset(d->tasks, 0, t->ntasks * sizeof(*d->tasks));
     for (uint32_t i = 0; i < t->ntasks; i++)
         d->tasks[i].span_stage = -1;
@@ -436,43 +479,98 @@ static int post(struct data *d, struct task *tk, uint32_t ti, struct wb_tx_write
     return 0;
 }
 
-/* The XXH3 of write k's source bytes, computed once for equal sources (the same bytes go to
- * every replica). */
-static uint64_t write_hash(struct data *d, const struct task *tk, uint32_t ti, uint32_t k)
+/* The first byte of table write wr's source. */
+static const uint8_t *write_src(const struct data *d, const struct task *tk,
+                                const struct wb_rt_write *wr)
 {
-    const struct wb_route_table *t = &d->table;
-    const struct wb_rt_write *wr = &t->writes[k];
-    uint32_t w0 = t->tasks[ti].write0;
-    for (uint32_t j = k, n = 0; j-- > w0 && n < 64; n++) {
-        const struct wb_rt_write *o = &t->writes[j];
-        if (!d->wskip[j] && o->src_tensor == wr->src_tensor && o->src_off == wr->src_off &&
-            o->len == wr->len)
-            return d->whash[k] = d->whash[j];
-    }
-    const uint8_t *src;
     if (wr->src_tensor == (uint32_t)WB_RT_TMP_SRC)
-        src = (const uint8_t *)d->tmp + tk->tmp_off + wr->src_off;
-    else
-        src = d->shards[d->shard_of[wr->src_tensor] - 1].ptr + wr->src_off;
-    return d->whash[k] = ag_xxh3(d, src, wr->len);
+        return (const uint8_t *)d->tmp + tk->tmp_off + wr->src_off;
+    return d->shards[d->shard_of[wr->src_tensor] - 1].ptr + wr->src_off;
 }
 
-/* Verify: write k's record (where it lands, the XXH3 of its bytes) into its rollout's
- * checksum inbox, counted there under the write's tag with the sum bit. */
+/* Verify, first half: the wb_sum64 of each of the task's writes, once per distinct source (the
+ * same bytes go to every replica; an earlier write of the task with the same source, among the
+ * 64 before it, lends its sum). GPU memory: one batch over the task's distinct sources,
+ * enqueued behind the task's kernels, read once the task's event fired (sums_finish); host
+ * memory (host-resident shards too): wb_sum64 at once. */
+static int sums_start(struct data *d, struct task *tk, uint32_t ti)
+{
+    const struct wb_route_table *t = &d->table;
+    const struct wb_rt_task *rt = &t->tasks[ti];
+    uint32_t np = 0;
+    for (uint32_t k = rt->write0; k < rt->write0 + rt->nwrites; k++) {
+        const struct wb_rt_write *wr = &t->writes[k];
+        if (d->wskip[k]) /* landed in an earlier attempt of this version */
+            continue;
+        d->wsame[k] = k;
+        for (uint32_t j = k, n = 0; j-- > rt->write0 && n < 64; n++) {
+            const struct wb_rt_write *o = &t->writes[j];
+            if (!d->wskip[j] && o->src_tensor == wr->src_tensor && o->src_off == wr->src_off &&
+                o->len == wr->len) {
+                d->wsame[k] = d->wsame[j];
+                break;
+            }
+        }
+        if (d->wsame[k] != k)
+            continue;
+        const uint8_t *src = write_src(d, tk, wr);
+        bool dev = d->gpu && (wr->src_tensor == (uint32_t)WB_RT_TMP_SRC || !d->param_host);
+        d->wpiece[k] = dev ? np : UINT32_MAX;
+        if (dev)
+            d->spiece[np++] = (struct wb_sum_piece){src, wr->len};
+        else
+            d->whash[k] = wb_sum64(src, wr->len);
+    }
+    tk->summed = true;
+    if (!np)
+        return 0;
+    int rc = 0;
+    if (d->nsum_free)
+        tk->sg = d->sum_free[--d->nsum_free];
+    else
+        rc = wb_sum_gpu_new(&tk->sg);
+    rc = rc ? rc : wb_sum_gpu_launch(tk->sg, d->spiece, np, d->stream);
+    if (rc)
+        fail(d, "task %u: checksums of its writes on the GPU: %s", ti, wb_strerror(rc));
+    return rc;
+}
+
+/* Verify, second half: the sums of the task's writes, then their records (where each lands,
+ * its sum) into the task's slots of the checksum outbox, all in one copy. */
+static int sums_finish(struct data *d, struct task *tk, uint32_t ti)
+{
+    const struct wb_route_table *t = &d->table;
+    const struct wb_rt_task *rt = &t->tasks[ti];
+    for (uint32_t i = 0; i < rt->nwrites; i++) {
+        uint32_t k = rt->write0 + i;
+        const struct wb_rt_write *wr = &t->writes[k];
+        if (d->wskip[k]) {
+            d->srec[i] = (struct wb_sum_record){0};
+            continue;
+        }
+        if (d->wsame[k] != k)
+            d->whash[k] = d->whash[d->wsame[k]]; /* earlier in the task: already final */
+        else if (d->wpiece[k] != UINT32_MAX)
+            d->whash[k] = wb_sum_gpu_result(tk->sg, d->wpiece[k]);
+        d->srec[i] =
+            (struct wb_sum_record){wr->dst_off, wr->len, d->whash[k], d->rank, wr->dst_tensor};
+    }
+    uint8_t *at = (uint8_t *)d->sum_out + (uint64_t)rt->write0 * WB_SUM_RECORD;
+    size_t n = (size_t)rt->nwrites * WB_SUM_RECORD;
+    int rc = d->gpu ? wb_tx_mem_copy(at, d->srec, n) : (memcpy(at, d->srec, n), 0);
+    if (rc)
+        fail(d, "task %u: checksum records: %s", ti, wb_strerror(rc));
+    return rc;
+}
+
+/* Verify: write k's record (sums_finish put it in the outbox) into its rollout's checksum
+ * inbox, counted there under the write's tag with the sum bit. */
 static int post_record(struct data *d, struct task *tk, uint32_t ti, uint32_t k, struct peer *p)
 {
     const struct wb_rt_write *wr = &d->table.writes[k];
     if (!p->has_sums) {
         fail(d, "rollout rank %u published no checksum inbox", wr->dst_rank);
         return -EINVAL;
-    }
-    struct wb_sum_record rec = {wr->dst_off, wr->len, write_hash(d, tk, ti, k), d->rank,
-                                wr->dst_tensor};
-    uint8_t *at = (uint8_t *)d->sum_out + (uint64_t)k * WB_SUM_RECORD;
-    int rc = d->gpu ? wb_tx_mem_copy(at, &rec, sizeof(rec)) : (memcpy(at, &rec, sizeof(rec)), 0);
-    if (rc) {
-        fail(d, "checksum record: %s", wb_strerror(rc));
-        return rc;
     }
     struct wb_tx_write w = {.src = d->sum_out_mr,
                             .src_off = (uint64_t)k * WB_SUM_RECORD,
@@ -489,6 +587,13 @@ static int post_writes(struct data *d, struct task *tk, uint32_t ti)
 {
     const struct wb_route_table *t = &d->table;
     const struct wb_rt_task *rt = &t->tasks[ti];
+    if (d->verify) {
+        int rc = tk->summed ? 0 : sums_start(d, tk, ti);
+        rc = rc ? rc : sums_finish(d, tk, ti);
+        sum_release(d, tk); /* its batch is read: free for the next task */
+        if (rc)
+            return rc;
+    }
     for (uint32_t k = 0; k < rt->nwrites; k++) {
         if (d->wskip[rt->write0 + k]) /* landed in an earlier attempt of this version */
             continue;
@@ -872,6 +977,8 @@ static int step_task(struct data *d, uint32_t ti)
             tk->sub = 1;
             int r = tk->h2d ? ag_stream_order(d->h2d_stream, d->stream) : 0;
             tk->h2d = false;
+            /* verify: the sums' kernel right behind the task's own, so the event covers both */
+            r = r || !d->verify ? r : sums_start(d, tk, ti);
             r = r ? r : sync_point(d, tk);
             return r < 0 ? r : 0;
         }

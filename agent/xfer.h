@@ -245,14 +245,26 @@ struct data {
      * copied back to be hashed) */
     struct ag_io *io;
     uint8_t *stage;
-    uint8_t *hbounce; /* host copies of GPU memory being hashed (ag_xxh3) */
     /* checksums (SETUP.verify): trainers record every write to a rollout (sum_out, one
      * WB_SUM_RECORD slot per table write) into the rollout's sum inbox at slot[write] */
     bool verify;
     uint32_t *slot;
     void *sum_out;
     struct wb_tx_mr *sum_out_mr;
-    uint64_t *whash; /* [table.nwrites]: the XXH3 of each write posted, reused for replicas */
+    uint64_t *whash; /* [table.nwrites]: the wb_sum64 of each write posted */
+    /* [table.nwrites]: the write whose sum a write takes (itself, or an earlier replica of the
+     * same source in its task), and a write hashed on the GPU: its piece in its task's batch
+     * (UINT32_MAX: hashed on the host) */
+    uint32_t *wsame, *wpiece;
+    uint32_t max_task_writes;
+    struct wb_sum_piece *spiece;  /* [max_task_writes]: a task's batch being launched */
+    struct wb_sum_record *srec;   /* [max_task_writes]: a task's records, then to sum_out */
+    struct wb_sum_gpu **sum_free; /* GPU batches not in use (a task holds one in flight) */
+    size_t nsum_free, cap_sum_free;
+    struct wb_sum_gpu *rsum;     /* rollouts: the batch of a tensor's records */
+    struct wb_sum_piece *rpiece; /* [rcap] */
+    uint64_t *rhash;             /* [rcap] */
+    uint64_t rcap;
     /* a resumed attempt: table writes not sent again (their rollout tensor landed earlier),
      * tasks skipped whole, bytes per task; progress */
     uint8_t *wskip;
@@ -280,9 +292,6 @@ struct data {
     uint64_t *area; /* [nexpect]: the entry's first slot */
     bool corrupted; /* testing: the byte was flipped (opts.corrupt) */
 };
-
-/* data.c: XXH3-64 of n bytes of the data side's memory (GPU memory through a host copy). */
-uint64_t ag_xxh3(struct data *d, const void *p, uint64_t n);
 
 /* exec.c */
 int ag_exec_setup(struct data *d, char *err, size_t errcap);

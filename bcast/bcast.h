@@ -10,7 +10,7 @@
  * The coordinator checks the checkpoint against the job's model (every problem listed before
  * anything listens), lays the readers out (wb_ckpt_layout), runs the job's controller in its
  * own process, waits for every reader and rollout, runs the transfer while showing progress,
- * and has every rollout check each write against the XXH3 its reader computed. A failed
+ * and has every rollout check each write against the checksum its reader computed. A failed
  * attempt whose reader or rollout died is resumed once the agent is back: only the rollout
  * tensors that had not landed (and been verified) are sent again.
  *
@@ -65,7 +65,7 @@ struct wb_bcast_opts {
                              (0: 10 minutes) */
     uint32_t attempts;    /* attempts at most (0: 4) */
     uint64_t transfer_ns; /* an attempt not done by then fails (0: 24 hours) */
-    bool verify;          /* rollouts check every write's XXH3 (the job's verify is set) */
+    bool verify;          /* rollouts check every write's checksum (the job's verify is set) */
     enum wb_bcast_progress progress;
     uint64_t period_ns; /* plain progress lines this often (0: 2 s) */
     FILE *out;          /* progress and summary (NULL: stderr) */

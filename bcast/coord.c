@@ -387,7 +387,7 @@ static void summary(struct coord *c, const struct wb_bcast_result *res)
             bc_fmt_dec(x->peak_tmp, b, sizeof(b)), bc_fmt_dec(x->cap, d, sizeof(d)));
     }
     if (c->o->verify)
-        say(c, "verified: every write's XXH3 matched at its rollout");
+        say(c, "verified: every write's checksum matched at its rollout");
 }
 
 int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, struct wb_errlist *el)

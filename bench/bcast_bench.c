@@ -6,7 +6,7 @@
  * into --rollouts rollout agents (one replica each, TP 1: every rollout receives the whole
  * checkpoint), real processes over the libfabric provider of --provider, timed by the
  * coordinator from its transfer request to "every rollout holds it" (process start and
- * registration left out; every write's XXH3 checked at its rollout unless --no-verify). The
+ * registration left out; every write's checksum checked at its rollout unless --no-verify). The
  * ratio is checkpoint bytes per second of the broadcast over those of the floor.
  *
  * Every repetition runs the floor and each broadcast case once, in turn, so drift in the
@@ -60,7 +60,7 @@ static void usage(FILE *f)
            "  --rollout-device D  rollouts hold GPU D's memory (default: --device's)\n"
            "  --reps N         repetitions, the median is printed (default 3)\n"
            "  --cold|--warm    only one of the two (default both)\n"
-           "  --verify|--no-verify  only with or without the rollouts' XXH3 checks (default\n"
+           "  --verify|--no-verify  only with or without the rollouts' checksums (default\n"
            "                   both)\n");
 }
 

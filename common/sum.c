@@ -4,11 +4,16 @@
  * thread's work (or a copy to the host, as the agent did). Hashing 4 KiB chunks independently
  * and then hashing the chunks' hashes gives a GPU kernel one thread per chunk (sum.cu) and the
  * same value here; the length is the seed of the outer hash, so pieces differing only by
- * trailing zeros differ. xxhash is inlined: the chunk hash sees its constant length. */
+ * trailing zeros differ. */
 #include "common/common.h"
 
-#define XXH_INLINE_ALL
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
+#if defined(__x86_64__)
+/* libxxhash's runtime dispatch: AVX2/AVX-512 where the CPU has them (the plain entry points
+ * are SSE2 only, about half as fast). Same results. */
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <string.h>
 

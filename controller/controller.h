@@ -39,7 +39,7 @@ struct wb_job {
     uint64_t heartbeat_ns, dead_ns, transfer_ns, poll_hold_ns;
     uint64_t trainers, rollouts; /* expected agents; 0 = from the layouts */
     char *trace;                 /* "" or a directory: agents write <dir>/<role><rank>.json */
-    bool verify; /* rollouts check every write against its XXH3 computed at the writer */
+    bool verify; /* rollouts check every write against its checksum computed at the writer */
     struct {
         char *cert; /* PEM certificate (chain) the controller shows on a tls+tcp:// listen URL */
         char *key;  /* PEM private key of cert */

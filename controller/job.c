@@ -74,8 +74,8 @@ const struct wb_cfg_field wb_job_fields[] = {
     {"trace", WB_CFG_STR, "", "directory for Chrome trace JSON per agent (empty: none)",
      offsetof(struct wb_job, trace)},
     {"verify", WB_CFG_BOOL, "false",
-     "rollouts check every write against its XXH3 computed at the writer (costs a hash of every "
-     "byte on both sides)",
+     "rollouts check every write against its checksum computed at the writer (costs a hash of "
+     "every byte on both sides; on the GPU for GPU memory)",
      offsetof(struct wb_job, verify)},
     {"tls", WB_CFG_SECTION, "", "the control plane over TLS (listen: tls+tcp://HOST:PORT)",
      offsetof(struct wb_job, tls), NULL, tls_fields},

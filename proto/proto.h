@@ -299,7 +299,7 @@ struct wb_body_setup {
     struct wb_bytes locals; /* rollouts: msgpack array of the names of the receive list's
                                local tensors, in its order (a registering rollout binds them) */
     /* Checksums: every write to a rollout is followed by a record of it (where it landed and
-     * the XXH3-64 of its bytes at the writer) in the rollout's sum inbox, which checks what
+     * the wb_sum64 of its bytes at the writer) in the rollout's sum inbox, which checks what
      * landed against it. The inbox has one WB_SUM_RECORD-byte slot per write the receive list
      * counts, grouped by expect entry in the list's order. */
     bool verify;
@@ -312,7 +312,7 @@ struct wb_body_setup {
 enum { WB_SUM_RECORD = 32 };
 struct wb_sum_record {
     uint64_t dst_off, len; /* the write: bytes [dst_off, dst_off + len) of tensor `tensor` */
-    uint64_t xxh3;         /* XXH3-64 (seed 0) of those bytes at the writer */
+    uint64_t sum;          /* wb_sum64 (common.h) of those bytes at the writer */
     uint32_t trainer;      /* the writing trainer rank */
     uint32_t tensor;       /* the rollout tensor (inventory index) */
 };

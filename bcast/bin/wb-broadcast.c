@@ -56,7 +56,7 @@ static const char usage[] =
     "  --progress MODE    auto (default: a live line on a terminal, else plain), live (one\n"
     "                     line rewritten in place), plain (a line every --period) or off\n"
     "  --period DURATION  plain progress lines this often (default 2s)\n"
-    "  --no-verify        skip the XXH3 check of every write at its rollout\n"
+    "  --no-verify        skip the checksum check of every write at its rollout\n"
     "Reader (--reader):\n"
     "  --controller URL   the coordinator's controller\n"
     "  --rank R           this reader (default: $RANK (torchrun) or $SLURM_PROCID)\n"

@@ -5,7 +5,7 @@
 #     FP8 (values and scales passed through), read by 2 reader processes that copy their reads
 #     to GPU 0, into 4 rollout agents holding GPU memory (GPU 1 when there is one, else GPU 0),
 #     over CUDA IPC; every rollout byte checked against the CPU reference (wb-ctl verify) and
-#     every write's XXH3 checked at its rollout;
+#     every write's checksum (wb_sum64) checked at its rollout;
 #  2. the benchmark to GPU memory: build/bench/bcast_bench with one reader on GPU 0 and one
 #     rollout on the other GPU (or the same one), over CUDA IPC, cold and warm, against a plain
 #     sequential read of the same files in the same run (the ratio the README quotes).

@@ -234,7 +234,7 @@ static void broadcast_demo(enum wb_ckpt_form form, uint32_t files, unsigned salt
         CHECK_CONTAINS(out, "wb-broadcast: reader 0: read 2.89 MB, wrote 3959232 bytes");
         CHECK_CONTAINS(out, "wb-broadcast: reader 1: read 2.89 MB, wrote 2888384 bytes");
     }
-    CHECK_CONTAINS(out, "wb-broadcast: verified: every write's XXH3 matched at its rollout\n");
+    CHECK_CONTAINS(out, "wb-broadcast: verified: every write's checksum matched at its rollout\n");
     free(out);
     CHECK_U64(verify(&b), DEMO_WRITE_BYTES);
 }
@@ -538,7 +538,7 @@ static void test_checksum_mismatch(void)
     char *out = e2e_slurp("coord.log");
     if (!matches(out, "^wb-broadcast: the broadcast failed\n  transfer 1 failed: rollout rank 2: "
                       "model\\.layers\\.0\\.self_attn\\.qkv_proj\\.weight: bytes \\[0, 65536\\) "
-                      "written by trainer rank 0 do not match their checksum: XXH3 [0-9a-f]{16} "
+                      "written by trainer rank 0 do not match their checksum: sum64 [0-9a-f]{16} "
                       "landed, [0-9a-f]{16} sent\n$"))
         wb_test_fail(__FILE__, __LINE__, "no checksum failure:\n%s", out);
     CHECK(!strstr(out, "attempt 2")); /* a mismatch is not retried */

@@ -331,10 +331,12 @@ static unsigned check_trace(int trainer)
     return seen;
 }
 
-static void run_case_x(const char *provider, const char *domain, const char *mode, const char *cap,
-                       bool expect_queueing, bool host_resident, const char *tx_extra)
+static void run_case_job(const char *provider, const char *domain, const char *mode,
+                         const char *cap, bool expect_queueing, bool host_resident,
+                         const char *tx_extra, const char *job_extra)
 {
-    struct cluster c = {.provider = provider, .domain = domain, .tx_extra = tx_extra};
+    struct cluster c = {
+        .provider = provider, .domain = domain, .tx_extra = tx_extra, .job_extra = job_extra};
     snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(11));
     write_job(&c, mode, cap, host_resident);
     start(&c, NULL);
@@ -351,6 +353,12 @@ static void run_case_x(const char *provider, const char *domain, const char *mod
     if (host_resident)
         CHECK(seen & (1u << WB_STAGE_H2D));
     stop(&c);
+}
+
+static void run_case_x(const char *provider, const char *domain, const char *mode, const char *cap,
+                       bool expect_queueing, bool host_resident, const char *tx_extra)
+{
+    run_case_job(provider, domain, mode, cap, expect_queueing, host_resident, tx_extra, NULL);
 }
 
 static void run_case(const char *provider, const char *domain, const char *mode, const char *cap,
@@ -377,6 +385,20 @@ static void test_shm_auto(void)
 static void test_shm_gather(void)
 {
     run_case("shm", NULL, "gather", "4MiB", false, false);
+}
+
+/* verify: true — every write followed by its checksum record, every tensor checked at its
+ * rollout before it counts: three versions in both modes (gather: writes from TMP; auto: the
+ * same shard bytes to both TP ranks' replicas, hashed once), under a cap that makes tasks wait
+ * (their checksum scratch is shared). */
+static void test_shm_verify(void)
+{
+    run_case_job("shm", NULL, "auto", "4MiB", false, false, NULL, "verify: true\n");
+}
+
+static void test_tcp_verify_gather(void)
+{
+    run_case_job("tcp", "lo", "gather", "700KiB", true, false, NULL, "verify: true\n");
 }
 
 /* The largest gather task needs 641 KiB: with a 700 KiB cap tasks must wait for each other. */
@@ -885,6 +907,8 @@ const struct wb_test wb_tests[] = {
     {"shm_auto", test_shm_auto, 120},
     {"shm_gather", test_shm_gather, 120},
     {"mem_cap", test_mem_cap, 120},
+    {"shm_verify", test_shm_verify, 120},
+    {"tcp_verify_gather", test_tcp_verify_gather, 120},
     {"host_resident", test_host_resident, 120},
     {"tcp_two_rails", test_tcp_two_rails, 120},
     {"kill_trainer", test_kill_trainer, 120},

@@ -14,6 +14,13 @@ For each model (a Qwen3-MoE of realistic size; see MODELS), in this order:
              when the rollout counted everything, the trainer's own time), then version N + 1
              dumped and every rollout byte checked against the CPU reference (wb-ctl verify).
   pipeline   the same with the direct path off (WB_DIRECT=0): the general pipeline's time.
+  verified   the same job with `verify: true`: every write followed by its checksum record
+             (wb_sum64 of its bytes, computed by a kernel behind each task's own), every tensor
+             checked at the rollout by one kernel over its records before the version counts.
+             A verifying job takes the general pipeline (the direct path carries no records),
+             so its time is compared with the pipeline's (the cost of the checksums) and with
+             the default's. Runs with the rest: bench/gpu_e2e.sh --model m9 (--skip verified
+             leaves it out).
   host       the trainer's parameters in pinned host memory (residence: host, an H2D stage)
              against the pinned H2D copy rate.
   two GPUs   (when the machine has them) the rollout on GPU 1; NCCL broadcast of BF16 buckets
@@ -21,7 +28,8 @@ For each model (a Qwen3-MoE of realistic size; see MODELS), in this order:
 Prints each time and the ratios; exits non-zero when a transfer fails or a byte differs (timings
 never fail it).
 
-Usage: bench/gpu_e2e.sh [--model m9|qwen3-30b|demo ...] [--versions N] [--skip torch,pipeline,host]
+Usage: bench/gpu_e2e.sh [--model m9|qwen3-30b|demo ...] [--versions N]
+                       [--skip torch,pipeline,verified,host]
 (the .sh builds first). `demo` runs everything small over the tcp provider on the CPU, to check
 the script itself on a machine without a GPU."""
 import argparse
@@ -267,7 +275,7 @@ def nccl_rank(rank, c, q):
 
 
 class Job:
-    def __init__(self, tmp, name, cfg_path, provider, residence, rollout_gpu, env, device):
+    def __init__(self, tmp, name, cfg_path, provider, residence, rollout_gpu, env, device, sums=False):
         self.dir = os.path.join(tmp, name)
         os.makedirs(os.path.join(self.dir, "dump"))
         self.url = "tcp://127.0.0.1:%d" % (20000 + os.getpid() % 10000 + len(name) * 7)
@@ -284,7 +292,8 @@ class Job:
         self.job = os.path.join(self.dir, "job.yaml")
         with open(self.job, "w") as f:
             f.write(f"name: {name}\nmodel:\n  rules: {RULES}\n  hf_config: {cfg_path}\n"
-                    f"trainer_layout: {tl}\nrollout_layout: {rl}\nmode: auto\nseed: 7\nprovider: {provider}\n")
+                    f"trainer_layout: {tl}\nrollout_layout: {rl}\nmode: auto\nseed: 7\nprovider: {provider}\n"
+                    + ("verify: true\n" if sums else ""))
         self.procs = []
         self.provider, self.device, self.rollout_gpu = provider, device, rollout_gpu
 
@@ -362,9 +371,11 @@ class Job:
 
 
 def ours(tmp, name, cfg_path, versions, provider, device, rollout_gpu=None, residence="gpu", env=None,
-         verify=True):
+         verify=True, sums=False):
+    """verify: dump the last version and check it against the CPU reference; sums: the job's
+    own checksums (verify: true in the job)."""
     job = Job(tmp, name, cfg_path, provider, residence, device if rollout_gpu is None else rollout_gpu, env or {},
-              device)
+              device, sums)
     ok = True
     try:
         ready = job.start(versions + 1 if verify else 1 << 60)
@@ -391,7 +402,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="append", choices=sorted(MODELS), help="default: m9")
     ap.add_argument("--versions", type=int, default=3)
-    ap.add_argument("--skip", default="", help="comma list of: torch, pipeline, host")
+    ap.add_argument("--skip", default="", help="comma list of: torch, pipeline, verified, host")
     ap.add_argument("--keep", metavar="DIR", help="copy every job's logs and traces into DIR")
     ap.add_argument("--torch-part", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -437,6 +448,11 @@ def main():
             if "pipeline" not in skip and not cpu:
                 pipe, _, _ = ours(tmp, model + "-pipeline", cfg_path, a.versions, provider, device,
                                   env={"WB_DIRECT": "0"}, verify=False)
+            sums = None
+            if "verified" not in skip:
+                sums, _, sok = ours(tmp, model + "-verified", cfg_path, a.versions, provider, device, sums=True)
+                if not sok:
+                    failed.append(model + ": verified bytes")
             host = None
             if "host" not in skip:
                 host, _, hok = ours(tmp, model + "-host", cfg_path, a.versions, provider, device, residence="host",
@@ -464,6 +480,14 @@ def main():
         if pipe:
             log(f"  general pipeline (WB_DIRECT=0): {pipe['complete_ms']:.2f} ms = "
                 f"{pipe['complete_ms'] / best['complete_ms']:.1f}x the direct path")
+        if sums:
+            line = (f"  with checksums (verify: true): complete in {sums['complete_ms']:.2f} ms, the trainer's own time "
+                    f"{sums['trainer_ms']:.2f} ms")
+            if pipe:
+                line += (f"; without, the same pipeline: {pipe['complete_ms']:.2f} ms; with / without = "
+                         f"{sums['complete_ms'] / pipe['complete_ms']:.2f}x")
+            line += f"; with / the default (direct path, no checksums) = {sums['complete_ms'] / best['complete_ms']:.2f}x"
+            log(line)
         if host:
             rate = bf16 / (host["trainer_ms"] / 1e3) / 1e9
             line = f"  host-resident trainer: complete in {host['complete_ms']:.1f} ms ({rate:.1f} GB/s of BF16 moved to the GPU)"

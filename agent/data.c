@@ -60,6 +60,7 @@ static void data_release(struct data *d)
     enum wb_tx_mem k = mem_kind(d);
     ag_host_free(d->stage);
     wb_sum_gpu_free(d->rsum);
+    ag_host_free(d->sum_in_host);
     free(d->rpiece);
     free(d->rhash);
     wb_tx_mem_free(k, d->sum_out);
@@ -111,6 +112,7 @@ static void data_release(struct data *d)
     wb_mpw_free(&d->region_blob);
     ag_stream_destroy(d->stream);
     ag_stream_destroy(d->h2d_stream);
+    ag_stream_destroy(d->sum_stream);
 }
 
 /* ---------------------------------------------------------------- transport */
@@ -576,8 +578,11 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
     /* the checksum inbox: a record per write, grouped by expect entry (the controller gives
      * every writer its slots in the same order) */
     if (d->verify) {
-        rc = reg_alloc(d, (slots ? slots : 1) * WB_SUM_RECORD, WB_TX_ACCESS_DST, &d->sum_in,
-                       &d->sum_in_mr, "checksum inbox", err, errcap);
+        d->sum_in_bytes = (slots ? slots : 1) * WB_SUM_RECORD;
+        rc = reg_alloc(d, d->sum_in_bytes, WB_TX_ACCESS_DST, &d->sum_in, &d->sum_in_mr,
+                       "checksum inbox", err, errcap);
+        if (!rc && d->gpu && (rc = ag_host_alloc(d->sum_in_bytes, &d->sum_in_host)) != 0)
+            snprintf(err, errcap, "checksum inbox's host mirror: %s", wb_strerror(rc));
         struct wb_tx_rdesc rd;
         rc = rc ? rc : wb_tx_rdesc(d->tx, d->sum_in_mr, &rd);
         if (rc)
@@ -643,6 +648,8 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
         rc = ag_gpu_use(o->device);
         rc = rc ? rc : ag_stream_create(&d->stream);
         rc = rc ? rc : ag_stream_create(&d->h2d_stream);
+        if (b->verify)
+            rc = rc ? rc : ag_stream_create(&d->sum_stream);
         if (rc)
             snprintf(err, errcap, "GPU %d: %s", o->device, wb_strerror(rc));
         d->gpu = rc == 0;
@@ -1178,62 +1185,85 @@ static int rsum_reserve(struct data *d, uint64_t n)
     return 0;
 }
 
-/* Rollouts: the records of expect entry i against what landed. The sums of every record's
- * bytes come from one batch: one kernel over the tensor's GPU memory, or wb_sum64 on the host. */
-static int check_landed(struct data *d, uint32_t i)
+/* Rollouts: the records of expect entries ent[0..ne) against what landed, in one batch: the
+ * records read (GPU: one copy each into the inbox's pinned mirror, one wait), checked for
+ * where they point, then the sums of every record's bytes — one kernel over the tensors' GPU
+ * memory, or wb_sum64 on the host — compared. */
+static int check_landed(struct data *d, const uint32_t *ent, uint32_t ne)
 {
-    const struct wb_rt_expect *e = &d->recv.expect[i];
-    const struct local *l = &d->locals[d->expect_local[i]];
-    const char *name = d->lname[d->expect_local[i]];
-    uint64_t n = e->writes, covered = 0;
-    struct wb_sum_record *rec = malloc((n ? n : 1) * sizeof(*rec));
-    if (!rec)
-        return -ENOMEM;
-    const uint8_t *src = (const uint8_t *)d->sum_in + d->area[i] * WB_SUM_RECORD;
-    int rc = d->gpu ? wb_tx_mem_copy(rec, src, n * sizeof(*rec))
-                    : (memcpy(rec, src, n * sizeof(*rec)), 0);
-    rc = rc ? rc : rsum_reserve(d, n);
-    for (uint64_t k = 0; !rc && k < n; k++) {
-        const struct wb_sum_record *x = &rec[k];
-        if (x->tensor != e->tensor || x->len > l->desc.bytes ||
-            x->dst_off > l->desc.bytes - x->len) {
-            snprintf(d->fail, sizeof(d->fail),
-                     "%s: checksum record %" PRIu64 " is malformed (tensor %u, bytes [%" PRIu64
-                     ", +%" PRIu64 ") of %" PRIu64 ")",
-                     name, k, x->tensor, x->dst_off, x->len, l->desc.bytes);
-            rc = -EBADMSG;
-            break;
+    uint64_t nrec = 0;
+    for (uint32_t j = 0; j < ne; j++)
+        nrec += d->recv.expect[ent[j]].writes;
+    int rc = rsum_reserve(d, nrec ? nrec : 1);
+    const uint8_t *in = d->gpu ? d->sum_in_host : d->sum_in;
+    for (uint32_t j = 0; !rc && d->gpu && j < ne; j++) {
+        uint64_t at = d->area[ent[j]] * WB_SUM_RECORD;
+        rc = ag_copy_async((uint8_t *)d->sum_in_host + at, (const uint8_t *)d->sum_in + at,
+                           d->recv.expect[ent[j]].writes * WB_SUM_RECORD, d->stream);
+    }
+    rc = rc || !d->gpu ? rc : ag_stream_sync(d->stream);
+    if (rc)
+        return rc;
+    uint64_t at = 0;
+    for (uint32_t j = 0; j < ne; j++) {
+        uint32_t i = ent[j];
+        const struct wb_rt_expect *e = &d->recv.expect[i];
+        const struct local *l = &d->locals[d->expect_local[i]];
+        const char *name = d->lname[d->expect_local[i]];
+        const struct wb_sum_record *rec =
+            (const struct wb_sum_record *)(in + d->area[i] * WB_SUM_RECORD);
+        uint64_t covered = 0;
+        for (uint64_t k = 0; k < e->writes; k++) {
+            const struct wb_sum_record *x = &rec[k];
+            if (x->tensor != e->tensor || x->len > l->desc.bytes ||
+                x->dst_off > l->desc.bytes - x->len) {
+                snprintf(d->fail, sizeof(d->fail),
+                         "%s: checksum record %" PRIu64 " is malformed (tensor %u, bytes [%" PRIu64
+                         ", +%" PRIu64 ") of %" PRIu64 ")",
+                         name, k, x->tensor, x->dst_off, x->len, l->desc.bytes);
+                return -EBADMSG;
+            }
+            d->rpiece[at + k] = (struct wb_sum_piece){(const uint8_t *)l->buf + x->dst_off, x->len};
+            covered += x->len;
         }
-        d->rpiece[k] = (struct wb_sum_piece){(const uint8_t *)l->buf + x->dst_off, x->len};
-        covered += x->len;
+        if (covered != e->bytes) {
+            snprintf(d->fail, sizeof(d->fail),
+                     "%s: checksum records cover %" PRIu64 " of %" PRIu64 " bytes", name, covered,
+                     e->bytes);
+            return -EIO;
+        }
+        at += e->writes;
     }
-    if (!rc && covered != e->bytes) {
-        snprintf(d->fail, sizeof(d->fail),
-                 "%s: checksum records cover %" PRIu64 " of %" PRIu64 " bytes", name, covered,
-                 e->bytes);
-        rc = -EIO;
-    }
-    if (!rc && d->gpu) {
+    if (d->gpu) {
         rc = d->rsum ? 0 : wb_sum_gpu_new(&d->rsum);
-        rc = rc ? rc : wb_sum_gpu_run(d->rsum, d->rpiece, n, d->stream, d->rhash);
-        if (rc)
-            snprintf(d->fail, sizeof(d->fail), "%s: checksums on the GPU: %s", name,
-                     wb_strerror(rc));
-    }
-    for (uint64_t k = 0; !rc && k < n; k++) {
-        const struct wb_sum_record *x = &rec[k];
-        uint64_t h = d->gpu ? d->rhash[k] : wb_sum64(d->rpiece[k].p, x->len);
-        if (h != x->sum) {
-            snprintf(d->fail, sizeof(d->fail),
-                     "%s: bytes [%" PRIu64 ", %" PRIu64
-                     ") written by trainer rank %u do not match their checksum: sum64 %016" PRIx64
-                     " landed, %016" PRIx64 " sent",
-                     name, x->dst_off, x->dst_off + x->len, x->trainer, h, x->sum);
-            rc = -EIO;
+        rc = rc ? rc : wb_sum_gpu_run(d->rsum, d->rpiece, nrec, d->stream, d->rhash);
+        if (rc) {
+            snprintf(d->fail, sizeof(d->fail), "%s: checksums on the GPU: %s",
+                     d->lname[d->expect_local[ent[0]]], wb_strerror(rc));
+            return rc;
         }
     }
-    free(rec);
-    return rc;
+    at = 0;
+    for (uint32_t j = 0; j < ne; j++) {
+        uint32_t i = ent[j];
+        const struct wb_sum_record *rec =
+            (const struct wb_sum_record *)(in + d->area[i] * WB_SUM_RECORD);
+        for (uint64_t k = 0; k < d->recv.expect[i].writes; k++, at++) {
+            const struct wb_sum_record *x = &rec[k];
+            uint64_t h = d->gpu ? d->rhash[at] : wb_sum64(d->rpiece[at].p, x->len);
+            if (h != x->sum) {
+                snprintf(
+                    d->fail, sizeof(d->fail),
+                    "%s: bytes [%" PRIu64 ", %" PRIu64
+                    ") written by trainer rank %u do not match their checksum: sum64 %016" PRIx64
+                    " landed, %016" PRIx64 " sent",
+                    d->lname[d->expect_local[i]], x->dst_off, x->dst_off + x->len, x->trainer, h,
+                    x->sum);
+                return -EIO;
+            }
+        }
+    }
+    return 0;
 }
 
 /* Testing (--corrupt): the first byte of the named tensor flipped once it landed. */
@@ -1251,20 +1281,30 @@ static void corrupt(struct data *d, uint32_t i)
     d->corrupted = true;
 }
 
-/* Rollouts: an entry whose writes (and records) are all in, checked and marked landed; one
- * per turn of the loop, so that heartbeats go on between the checks of large tensors. */
+/* Rollouts: the entries whose writes (and records) are all in, checked and marked landed.
+ * Host memory: one per turn of the loop, so that heartbeats go on between the checks of large
+ * tensors; GPU memory: every ready entry up to 4 GiB of them per turn (a kernel hashes that in
+ * milliseconds), so that the waits of a batch are paid once, not per tensor. */
 static void rollout_step(struct data *d)
 {
-    if (d->nready && !d->fail[0]) {
-        uint32_t i = d->ready[--d->nready];
-        corrupt(d, i);
-        if (d->verify && check_landed(d, i)) {
-            if (!d->fail[0])
-                snprintf(d->fail, sizeof(d->fail), "%s: cannot check it",
-                         d->lname[d->expect_local[i]]);
-            return;
-        }
-        d->landed[i] = 1;
+    if (!d->nready || d->fail[0])
+        return;
+    uint32_t n = 0;
+    uint64_t bytes = 0;
+    while (n < d->nready && (n == 0 || (d->gpu && d->verify && bytes < (4ull << 30))))
+        bytes += d->recv.expect[d->ready[d->nready - 1 - n++]].bytes;
+    d->nready -= n;
+    const uint32_t *ent = &d->ready[d->nready];
+    for (uint32_t j = 0; j < n; j++)
+        corrupt(d, ent[j]);
+    if (d->verify && check_landed(d, ent, n)) {
+        if (!d->fail[0])
+            snprintf(d->fail, sizeof(d->fail), "%s: cannot check it",
+                     d->lname[d->expect_local[ent[0]]]);
+        return;
+    }
+    for (uint32_t j = 0; j < n; j++) {
+        d->landed[ent[j]] = 1;
         d->nlanded++;
     }
 }

@@ -48,14 +48,14 @@ struct task {
     void *h[3];  /* host buffers of GPU amax steps, freed with the task */
     bool waited; /* could not start at once for lack of memory */
     bool h2d;    /* H2D copies issued on the copy stream that the kernel stream must follow */
-    struct ag_io_req io; /* a sourced trainer's read for the current H2D op */
-    /* verify: the task's write sums are under way (sums_start); on the GPU, the batch whose
-     * kernel runs behind the task's own work */
-    bool summed;
-    struct wb_sum_gpu *sg;
+    struct ag_io_req io;   /* a sourced trainer's read for the current H2D op */
+    struct wb_sum_gpu *sg; /* verify, GPU: the batch of its write sums (sums_start) */
 };
 
 static const char *M = "agent";
+
+/* sums_finish writes records as this struct, straight into the outbox's slots */
+_Static_assert(sizeof(struct wb_sum_record) == WB_SUM_RECORD, "a checksum record is 32 bytes");
 
 /* ---------------------------------------------------------------- small helpers */
 
@@ -276,9 +276,13 @@ int ag_exec_setup(struct data *d, char *err, size_t errcap)
         d->wsame = calloc(nw, sizeof(uint32_t));
         d->wpiece = calloc(nw, sizeof(uint32_t));
         d->spiece = calloc(mw, sizeof(*d->spiece));
-        d->srec = calloc(mw, sizeof(*d->srec));
-        if (!d->wsame || !d->wpiece || !d->spiece || !d->srec)
+        if (!d->wsame || !d->wpiece || !d->spiece)
             return -ENOMEM;
+        int rc = d->gpu ? ag_host_alloc((size_t)nw * sizeof(*d->srec), (void **)&d->srec) : 0;
+        if (rc) {
+            snprintf(err, errcap, "checksum records' staging: %s", wb_strerror(rc));
+            return rc;
+        }
     }
     d->amax_in_bytes = t->amax_inbox_bytes;
     d->cap = t->mem_cap;
@@ -308,7 +312,6 @@ static void sum_release(struct data *d, struct task *tk)
             wb_sum_gpu_free(tk->sg);
         tk->sg = NULL;
     }
-    tk->summed = false;
 }
 
 /* What a task holds beyond its TMP bytes: its event, host buffers and checksum batch. */
@@ -334,7 +337,7 @@ void ag_exec_free(struct data *d)
     free(d->wsame);
     free(d->wpiece);
     free(d->spiece);
-    free(d->srec);
+    ag_host_free(d->srec);
     free(d->tasks);
     free(d->amax_out_off);
     free(d->gather_ready);
@@ -521,7 +524,6 @@ static int sums_start(struct data *d, struct task *tk, uint32_t ti)
         else
             d->whash[k] = wb_sum64(src, wr->len);
     }
-    tk->summed = true;
     if (!np)
         return 0;
     int rc = 0;
@@ -536,28 +538,34 @@ static int sums_start(struct data *d, struct task *tk, uint32_t ti)
 }
 
 /* Verify, second half: the sums of the task's writes, then their records (where each lands,
- * its sum) into the task's slots of the checksum outbox, all in one copy. */
+ * its sum) into the task's slots of the checksum outbox: GPU memory by one copy on the records'
+ * own stream, which the task's event then waits for (nothing else queues there); host memory
+ * at once. */
 static int sums_finish(struct data *d, struct task *tk, uint32_t ti)
 {
     const struct wb_route_table *t = &d->table;
     const struct wb_rt_task *rt = &t->tasks[ti];
-    for (uint32_t i = 0; i < rt->nwrites; i++) {
-        uint32_t k = rt->write0 + i;
+    struct wb_sum_record *rec =
+        d->gpu ? d->srec : (struct wb_sum_record *)d->sum_out; /* both [table.nwrites] */
+    for (uint32_t k = rt->write0; k < rt->write0 + rt->nwrites; k++) {
         const struct wb_rt_write *wr = &t->writes[k];
         if (d->wskip[k]) {
-            d->srec[i] = (struct wb_sum_record){0};
+            rec[k] = (struct wb_sum_record){0};
             continue;
         }
         if (d->wsame[k] != k)
             d->whash[k] = d->whash[d->wsame[k]]; /* earlier in the task: already final */
         else if (d->wpiece[k] != UINT32_MAX)
             d->whash[k] = wb_sum_gpu_result(tk->sg, d->wpiece[k]);
-        d->srec[i] =
-            (struct wb_sum_record){wr->dst_off, wr->len, d->whash[k], d->rank, wr->dst_tensor};
+        rec[k] = (struct wb_sum_record){wr->dst_off, wr->len, d->whash[k], d->rank, wr->dst_tensor};
     }
-    uint8_t *at = (uint8_t *)d->sum_out + (uint64_t)rt->write0 * WB_SUM_RECORD;
-    size_t n = (size_t)rt->nwrites * WB_SUM_RECORD;
-    int rc = d->gpu ? wb_tx_mem_copy(at, d->srec, n) : (memcpy(at, d->srec, n), 0);
+    sum_release(d, tk); /* its batch is read: free for the next task */
+    if (!d->gpu)
+        return 0;
+    uint64_t at = (uint64_t)rt->write0 * WB_SUM_RECORD;
+    int rc = ag_copy_async((uint8_t *)d->sum_out + at, (uint8_t *)d->srec + at,
+                           (size_t)rt->nwrites * WB_SUM_RECORD, d->sum_stream);
+    rc = rc ? rc : ag_event_record(d->sum_stream, &tk->ev);
     if (rc)
         fail(d, "task %u: checksum records: %s", ti, wb_strerror(rc));
     return rc;
@@ -587,10 +595,9 @@ static int post_writes(struct data *d, struct task *tk, uint32_t ti)
 {
     const struct wb_route_table *t = &d->table;
     const struct wb_rt_task *rt = &t->tasks[ti];
-    if (d->verify) {
-        int rc = tk->summed ? 0 : sums_start(d, tk, ti);
+    if (d->verify && !d->gpu) { /* on the GPU, step_task did both before */
+        int rc = sums_start(d, tk, ti);
         rc = rc ? rc : sums_finish(d, tk, ti);
-        sum_release(d, tk); /* its batch is read: free for the next task */
         if (rc)
             return rc;
     }
@@ -983,6 +990,11 @@ static int step_task(struct data *d, uint32_t ti)
             return r < 0 ? r : 0;
         }
         span_open(d, tk, ti, WB_STAGE_WRITE);
+        if (d->gpu && d->verify && tk->sub == 1) { /* the sums are in: the records out first */
+            tk->sub = 2;
+            int r = sums_finish(d, tk, ti);
+            return r < 0 ? r : 0;
+        }
         tk->st = T_WRITING;
         int r = post_writes(d, tk, ti);
         if (r)

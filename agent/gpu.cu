@@ -106,6 +106,11 @@ extern "C" int ag_stream_order(void *from, void *to)
     return e;
 }
 
+extern "C" int ag_stream_sync(void *stream)
+{
+    return cu(cudaStreamSynchronize((cudaStream_t)stream));
+}
+
 extern "C" int ag_copy_async(void *dst, const void *src, size_t n, void *stream)
 {
     if (!n)

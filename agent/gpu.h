@@ -23,6 +23,8 @@ void ag_event_destroy(void *ev);
 /* Orders streams: work enqueued on `to` from now on starts after everything enqueued on `from`
  * so far (an event in between; the CPU does not wait). */
 int ag_stream_order(void *from, void *to);
+/* Waits until everything enqueued on the stream so far is done. */
+int ag_stream_sync(void *stream);
 /* Asynchronous copy between any memory kinds on the stream. */
 int ag_copy_async(void *dst, const void *src, size_t n, void *stream);
 int ag_memset_async(void *dst, int v, size_t n, void *stream);

@@ -55,6 +55,12 @@ int ag_stream_order(void *from, void *to)
     return -WB_E_NOGPU;
 }
 
+int ag_stream_sync(void *stream)
+{
+    (void)stream;
+    return -WB_E_NOGPU;
+}
+
 int ag_copy_async(void *dst, const void *src, size_t n, void *stream)
 {
     (void)dst;

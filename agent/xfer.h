@@ -186,6 +186,7 @@ struct data {
     struct wb_mpw addr_blob, region_blob;
     void *stream;     /* the executor's kernels and copies */
     void *h2d_stream; /* host-to-device copies, so they run ahead of the kernels */
+    void *sum_stream; /* verify: checksum records to the outbox, queued behind nothing else */
     /* trainer */
     struct wb_route_table table;
     bool have_table;
@@ -257,8 +258,8 @@ struct data {
      * (UINT32_MAX: hashed on the host) */
     uint32_t *wsame, *wpiece;
     uint32_t max_task_writes;
-    struct wb_sum_piece *spiece;  /* [max_task_writes]: a task's batch being launched */
-    struct wb_sum_record *srec;   /* [max_task_writes]: a task's records, then to sum_out */
+    struct wb_sum_piece *spiece; /* [max_task_writes]: a task's batch being launched */
+    struct wb_sum_record *srec;  /* GPU: [table.nwrites], pinned: records on their way to sum_out */
     struct wb_sum_gpu **sum_free; /* GPU batches not in use (a task holds one in flight) */
     size_t nsum_free, cap_sum_free;
     struct wb_sum_gpu *rsum;     /* rollouts: the batch of a tensor's records */
@@ -289,8 +290,10 @@ struct data {
     uint32_t nlanded, nwant;
     void *sum_in; /* the checksum inbox: records grouped by expect entry */
     struct wb_tx_mr *sum_in_mr;
-    uint64_t *area; /* [nexpect]: the entry's first slot */
-    bool corrupted; /* testing: the byte was flipped (opts.corrupt) */
+    uint64_t sum_in_bytes;
+    void *sum_in_host; /* GPU: its pinned host mirror, where records are read */
+    uint64_t *area;    /* [nexpect]: the entry's first slot */
+    bool corrupted;    /* testing: the byte was flipped (opts.corrupt) */
 };
 
 /* exec.c */

@@ -482,13 +482,14 @@ static int post(struct data *d, struct task *tk, uint32_t ti, struct wb_tx_write
     return 0;
 }
 
-/* The first byte of table write wr's source. */
+/* The first byte of table write wr's source; NULL for a shard not held here. */
 static const uint8_t *write_src(const struct data *d, const struct task *tk,
                                 const struct wb_rt_write *wr)
 {
     if (wr->src_tensor == (uint32_t)WB_RT_TMP_SRC)
         return (const uint8_t *)d->tmp + tk->tmp_off + wr->src_off;
-    return d->shards[d->shard_of[wr->src_tensor] - 1].ptr + wr->src_off;
+    uint32_t s = wr->src_tensor < d->ntensors ? d->shard_of[wr->src_tensor] : 0;
+    return s && d->shards[s - 1].ptr ? d->shards[s - 1].ptr + wr->src_off : NULL;
 }
 
 /* Verify, first half: the wb_sum64 of each of the task's writes, once per distinct source (the
@@ -517,6 +518,10 @@ static int sums_start(struct data *d, struct task *tk, uint32_t ti)
         if (d->wsame[k] != k)
             continue;
         const uint8_t *src = write_src(d, tk, wr);
+        if (!src) {
+            fail(d, "write source tensor %u is not held here", wr->src_tensor);
+            return -EINVAL;
+        }
         bool dev = d->gpu && (wr->src_tensor == (uint32_t)WB_RT_TMP_SRC || !d->param_host);
         d->wpiece[k] = dev ? np : UINT32_MAX;
         if (dev)

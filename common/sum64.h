@@ -9,9 +9,10 @@
  * merge with the secret at offset 11 and start 4096 * PRIME64_1. With the length fixed, every
  * secret word is a constant (wb_sum_key), so after unrolling the device code reads no secret.
  *
- * Loads: a chunk of a piece that starts 8-byte aligned reads whole words; the bytes past the
- * piece's end count as zeros and are never read (the last word is assembled from its bytes),
- * nor is anything before the piece's start. An unaligned piece is read byte by byte. */
+ * Loads: a chunk of a piece that starts 8-byte aligned reads whole words (16-byte loads on the
+ * device where it starts 16-byte aligned); the bytes past the piece's end count as zeros and
+ * are never read (the last word is assembled from its bytes), nor is anything before the
+ * piece's start. An unaligned piece is read byte by byte. */
 #ifndef WB_COMMON_SUM64_H
 #define WB_COMMON_SUM64_H
 
@@ -51,13 +52,15 @@ WB_SUM_FN uint64_t wb_sum_key(unsigned i)
     return k[i];
 }
 
-/* The 8 bytes at p + off as a little-endian word, bytes at or past `valid` as zeros. Mode 1: p
- * is 8-byte aligned (whole words where they fit); mode 0: any alignment (byte loads). */
-WB_SUM_FN uint64_t wb_sum_word(const uint8_t *p, uint32_t off, uint32_t valid, int aligned)
+/* The 8 bytes at p + off as a little-endian word, bytes at or past `valid` as zeros. Mode 0:
+ * any alignment (byte loads); 1 and 2: p is 8-byte aligned (whole words where they fit). On the
+ * device the loads go through the read-only cache: nothing writes the bytes while they are
+ * hashed. */
+WB_SUM_FN uint64_t wb_sum_word(const uint8_t *p, uint32_t off, uint32_t valid, int mode)
 {
-    if (aligned && off + 8 <= valid) {
+    if (mode && off + 8 <= valid) {
 #ifdef __CUDA_ARCH__
-        return *(const uint64_t *)(p + off);
+        return __ldg((const unsigned long long *)(p + off));
 #else
         uint64_t v;
         memcpy(&v, p + off, 8);
@@ -66,21 +69,47 @@ WB_SUM_FN uint64_t wb_sum_word(const uint8_t *p, uint32_t off, uint32_t valid, i
     }
     uint64_t v = 0;
     for (uint32_t b = 0; b < 8 && off + b < valid; b++)
+#ifdef __CUDA_ARCH__
+        v |= (uint64_t)__ldg(p + off + b) << (8 * b);
+#else
         v |= (uint64_t)p[off + b] << (8 * b);
+#endif
     return v;
 }
 
-/* XXH3's accumulate of one stripe at chunk offset off with the secret words kw(0..7). */
-#define WB_SUM_STRIPE(acc, p, off, valid, aligned, KW)                                             \
-    do {                                                                                           \
-        WB_SUM_UNROLL                                                                              \
-        for (unsigned j_ = 0; j_ < 8; j_++) {                                                      \
-            uint64_t d_ = wb_sum_word(p, (off) + 8 * j_, valid, aligned);                          \
-            uint64_t k_ = d_ ^ wb_sum_key(KW);                                                     \
-            acc[j_ ^ 1] += d_;                                                                     \
-            acc[j_] += (uint64_t)(uint32_t)k_ * (k_ >> 32);                                        \
-        }                                                                                          \
-    } while (0)
+/* The stripe's 8 words at chunk offset off. Mode 2 (p 16-byte aligned, a whole chunk): on the
+ * device, 16-byte loads. */
+WB_SUM_FN void wb_sum_words(uint64_t w[8], const uint8_t *p, uint32_t off, uint32_t valid, int mode)
+{
+#ifdef __CUDA_ARCH__
+    if (mode == 2) {
+        WB_SUM_UNROLL
+        for (unsigned j = 0; j < 4; j++) {
+            ulonglong2 v = __ldg((const ulonglong2 *)(p + off) + j);
+            w[2 * j] = v.x;
+            w[2 * j + 1] = v.y;
+        }
+        return;
+    }
+#endif
+    WB_SUM_UNROLL
+    for (unsigned j = 0; j < 8; j++)
+        w[j] = wb_sum_word(p, off + 8 * j, valid, mode);
+}
+
+/* XXH3's accumulate of one stripe at chunk offset off; lane j takes secret word kbase + j. */
+WB_SUM_FN void wb_sum_stripe(uint64_t acc[8], const uint8_t *p, uint32_t off, uint32_t valid,
+                             int mode, unsigned kbase)
+{
+    uint64_t w[8];
+    wb_sum_words(w, p, off, valid, mode);
+    WB_SUM_UNROLL
+    for (unsigned j = 0; j < 8; j++) {
+        uint64_t k = w[j] ^ wb_sum_key(kbase + j);
+        acc[j ^ 1] += w[j];
+        acc[j] += (uint64_t)(uint32_t)k * (k >> 32);
+    }
+}
 
 WB_SUM_FN uint64_t wb_sum_mul128_fold(uint64_t a, uint64_t b)
 {
@@ -93,7 +122,7 @@ WB_SUM_FN uint64_t wb_sum_mul128_fold(uint64_t a, uint64_t b)
 }
 
 /* XXH3_64bits (seed 0) of the chunk: `valid` bytes at p (1..4096), zeros after them. */
-WB_SUM_FN uint64_t wb_sum_chunk_mode(const uint8_t *p, uint32_t valid, int aligned)
+WB_SUM_FN uint64_t wb_sum_chunk_mode(const uint8_t *p, uint32_t valid, int mode)
 {
     uint64_t acc[8] = {0xC2B2AE3Dull,         0x9E3779B185EBCA87ull, 0xC2B2AE3D27D4EB4Full,
                        0x165667B19E3779F9ull, 0x85EBCA77C2B2AE63ull, 0x85EBCA77ull,
@@ -103,7 +132,7 @@ WB_SUM_FN uint64_t wb_sum_chunk_mode(const uint8_t *p, uint32_t valid, int align
         for (unsigned s = 0; s < 16; s++) {
             if (blk == 3 && s == 15) /* the last block has 15 stripes, then the last stripe */
                 break;
-            WB_SUM_STRIPE(acc, p, blk * 1024 + s * 64, valid, aligned, s + j_);
+            wb_sum_stripe(acc, p, blk * 1024 + s * 64, valid, mode, s);
         }
         if (blk == 3)
             break;
@@ -115,7 +144,7 @@ WB_SUM_FN uint64_t wb_sum_chunk_mode(const uint8_t *p, uint32_t valid, int align
             acc[j] = a * 0x9E3779B1ull;
         }
     }
-    WB_SUM_STRIPE(acc, p, 4032u, valid, aligned, 24 + j_);
+    wb_sum_stripe(acc, p, 4032u, valid, mode, 24);
     uint64_t r = (uint64_t)WB_SUM_CHUNK_BYTES * 0x9E3779B185EBCA87ull;
     WB_SUM_UNROLL
     for (unsigned i = 0; i < 4; i++)
@@ -126,15 +155,16 @@ WB_SUM_FN uint64_t wb_sum_chunk_mode(const uint8_t *p, uint32_t valid, int align
     return r ^ (r >> 32);
 }
 
-/* The chunk's hash, taking whole-word loads where p allows them (three specializations: a
- * whole aligned chunk checks no bounds). */
+/* The chunk's hash, taking the widest loads p allows (a whole aligned chunk checks no bounds). */
 WB_SUM_FN uint64_t wb_sum_chunk(const uint8_t *p, uint32_t valid)
 {
     if (((uintptr_t)p & 7) != 0)
         return wb_sum_chunk_mode(p, valid, 0);
-    if (valid == WB_SUM_CHUNK_BYTES)
+    if (valid != WB_SUM_CHUNK_BYTES)
+        return wb_sum_chunk_mode(p, valid, 1);
+    if (((uintptr_t)p & 15) != 0)
         return wb_sum_chunk_mode(p, WB_SUM_CHUNK_BYTES, 1);
-    return wb_sum_chunk_mode(p, valid, 1);
+    return wb_sum_chunk_mode(p, WB_SUM_CHUNK_BYTES, 2);
 }
 
 #endif /* WB_COMMON_SUM64_H */

@@ -15,29 +15,14 @@ extern "C" {
 namespace
 {
 
-struct Piece {
-    const uint8_t *p;
-    uint64_t len;
-    uint64_t chunk0; /* its first chunk's index in the batch */
-};
+typedef struct wb_sum_slot Piece;
 
-/* Thread t hashes chunk t of the batch: the piece is the last one starting at or before t. */
+/* Thread t hashes chunk t of the batch (sum64.h). */
 __global__ void sum_kernel(const Piece *pieces, uint32_t n, uint64_t total, uint64_t *out)
 {
     uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= total)
-        return;
-    uint32_t lo = 0, hi = n; /* first piece with chunk0 > t is hi */
-    while (lo < hi) {
-        uint32_t mid = (lo + hi) / 2;
-        if (pieces[mid].chunk0 <= t)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    const Piece pc = pieces[lo - 1];
-    uint64_t at = (t - pc.chunk0) * WB_SUM_CHUNK, left = pc.len - at;
-    out[t] = wb_sum_chunk(pc.p + at, left < WB_SUM_CHUNK ? (uint32_t)left : WB_SUM_CHUNK);
+    if (t < total)
+        out[t] = wb_sum_batch_chunk(pieces, n, t);
 }
 
 int cu(cudaError_t e, const char *what)

@@ -167,4 +167,31 @@ WB_SUM_FN uint64_t wb_sum_chunk(const uint8_t *p, uint32_t valid)
     return wb_sum_chunk_mode(p, WB_SUM_CHUNK_BYTES, 2);
 }
 
+/* A piece of a batch as the kernel sees it: where its bytes are, and its first chunk's index
+ * among the batch's chunks (pieces in order, each wb_sum_nchunks(len) chunks). */
+struct wb_sum_slot {
+    const uint8_t *p;
+    uint64_t len;
+    uint64_t chunk0;
+};
+
+/* Chunk t of a batch of n pieces (t below the batch's chunk count): the piece is the last one
+ * starting at or before t (pieces of no bytes start where the next one does and are passed
+ * over). What one thread of the kernel computes; sum_test runs it for every t on the CPU. */
+WB_SUM_FN uint64_t wb_sum_batch_chunk(const struct wb_sum_slot *pieces, uint32_t n, uint64_t t)
+{
+    uint32_t lo = 0, hi = n; /* the first piece with chunk0 > t is hi */
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (pieces[mid].chunk0 <= t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    const struct wb_sum_slot *pc = &pieces[lo - 1];
+    uint64_t at = (t - pc->chunk0) * WB_SUM_CHUNK_BYTES, left = pc->len - at;
+    return wb_sum_chunk(pc->p + at,
+                        left < WB_SUM_CHUNK_BYTES ? (uint32_t)left : WB_SUM_CHUNK_BYTES);
+}
+
 #endif /* WB_COMMON_SUM64_H */

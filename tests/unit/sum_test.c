@@ -2,7 +2,8 @@
  * calls, for every length 0..5000, lengths around the chunk and group edges and a few MiB, at
  * every start alignment; one flipped byte anywhere changes it; and the chunk hash the GPU kernel
  * runs (common/sum64.h), compiled here for the CPU, against libxxhash for every tail length and
- * alignment. The kernel itself against wb_sum64: tests/unit/gpu_cuda_test.c (GPU machines). */
+ * alignment, and whole batches indexed as the kernel's threads index them. The kernel itself
+ * against wb_sum64: tests/unit/gpu_cuda_test.c (GPU machines). */
 #include "common/common.h"
 #include "common/sum64.h"
 #include "tests/wbtest.h"
@@ -145,10 +146,45 @@ static void test_device_chunk_on_cpu(void)
     free(b);
 }
 
+/* A batch as the kernel runs it — wb_sum_batch_chunk for every chunk index, the same code as a
+ * GPU thread's, here on the CPU — then each piece's chunk hashes combined: wb_sum64 of every
+ * piece, for batches of random lengths 0..70000 (empty pieces among them, first and last
+ * too) at random offsets and alignments. */
+static void test_batch_on_cpu(void)
+{
+    enum { BYTES = 1 << 20, MAXP = 300 };
+    uint8_t *b = aligned_alloc(64, BYTES);
+    struct wb_sum_slot *sl = calloc(MAXP, sizeof(*sl));
+    uint64_t *h = malloc(((size_t)MAXP * 70001 / 4096 + MAXP) * sizeof(uint64_t));
+    CHECK(b && sl && h);
+    fill(b, BYTES, 7);
+    uint64_t x = 5;
+    for (int round = 0; round < 40; round++) {
+        uint32_t n = 1 + (uint32_t)(round * 7 % MAXP);
+        uint64_t total = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            uint64_t len = (x >> 20) % 70001;
+            if ((x >> 8) % 9 == 0 || (round % 5 == 0 && (i == 0 || i == n - 1)))
+                len = 0;
+            size_t off = (size_t)(x >> 40) % (BYTES - len);
+            sl[i] = (struct wb_sum_slot){b + off, len, total};
+            total += wb_sum_nchunks(len);
+        }
+        for (uint64_t t = 0; t < total; t++)
+            h[t] = wb_sum_batch_chunk(sl, n, t);
+        for (uint32_t i = 0; i < n; i++)
+            if (wb_sum64_combine(h + sl[i].chunk0, sl[i].len) != wb_sum64(sl[i].p, sl[i].len))
+                wb_test_fail(__FILE__, __LINE__, "round %d piece %u of %u (%" PRIu64 " bytes)",
+                             round, i, n, sl[i].len);
+    }
+    free(b);
+    free(sl);
+    free(h);
+}
+
 const struct wb_test wb_tests[] = {
-    {"definition", test_definition, 0},
-    {"combine", test_combine, 0},
-    {"flipped_byte", test_flipped_byte, 0},
-    {"device_chunk_on_cpu", test_device_chunk_on_cpu, 0},
-    {0},
+    {"definition", test_definition, 0},     {"combine", test_combine, 0},
+    {"flipped_byte", test_flipped_byte, 0}, {"device_chunk_on_cpu", test_device_chunk_on_cpu, 0},
+    {"batch_on_cpu", test_batch_on_cpu, 0}, {0},
 };

@@ -450,7 +450,7 @@ def main():
                                   env={"WB_DIRECT": "0"}, verify=False)
             sums = None
             if "verified" not in skip:
-                sums, _, sok = ours(tmp, model + "-verified", cfg_path, a.versions, provider, device, sums=True)
+                sums, _, sok = ours(tmp, model + "-checksums", cfg_path, a.versions, provider, device, sums=True)
                 if not sok:
                     failed.append(model + ": verified bytes")
             host = None

@@ -173,9 +173,12 @@ static int reg_alloc(struct data *d, uint64_t n, unsigned access, void **buf, st
     if (!mr)
         return 0;
     rc = wb_tx_mr_reg(d->tx, *buf, n, access, mr);
-    if (rc)
+    if (rc) {
         snprintf(err, errcap, "%s: cannot register %" PRIu64 " bytes: %s", what, n,
                  wb_tx_errmsg(d->tx));
+        wb_tx_mem_free(mem_kind(d), *buf); /* the caller owns only what registered */
+        *buf = NULL;
+    }
     return rc;
 }
 

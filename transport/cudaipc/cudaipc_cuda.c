@@ -170,10 +170,10 @@ static int ipc_mr_reg(struct wb_tx *tx, void *ptr, uint64_t len, unsigned access
         return wb_txi_err(tx, -EINVAL, "register: memory of GPU %d, this transport serves GPU %d",
                           a.device, ix->device);
     if (ix->nmrs == ix->mrs_cap && wb_grow(&ix->mrs, &ix->mrs_cap, 16, sizeof(*ix->mrs)) != 0)
-        return -ENOMEM;
+        return wb_txi_err(tx, -ENOMEM, "register: the table of registrations: out of memory");
     struct ipc_mr *m = calloc(1, sizeof(*m));
     if (!m)
-        return -ENOMEM;
+        return wb_txi_err(tx, -ENOMEM, "register: out of memory");
     if (access & WB_TX_ACCESS_DST) {
         int e = alloc_base(ptr, &m->alloc_off);
         if (e) {

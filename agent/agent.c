@@ -71,6 +71,8 @@ static void send_poll(struct wb_endpoint *ep)
     wb_mpw_free(&w);
 }
 
+static void lose_session(struct wb_endpoint *ep, const char *why);
+
 /* Queues a call (a body of `type` whose first member is the session header, filled here); it
  * leaves when the call channel is free. push: the version of a PUSH, 0 for a report. */
 static void queue_call(struct wb_endpoint *ep, uint32_t type, void *body, uint64_t push)
@@ -81,9 +83,22 @@ static void queue_call(struct wb_endpoint *ep, uint32_t type, void *body, uint64
     }
     *(struct wb_session *)body = session_of(ep);
     struct wb_mpw *w = &ep->queue[ep->nq];
-    ep->queue_push[ep->nq++] = push;
     wb_mpw_init(w);
     wb_msg_encode(w, type, ep->o.token, body);
+    if (w->err) {
+        /* Queued, it could never leave and would hold back every call after it; dropped, the
+         * controller would wait for it for ever (a setup's report has no time limit). Start
+         * the session again instead: the controller sets this agent up anew. */
+        char why[WB_ERRMSG_MAX];
+        snprintf(why, sizeof(why), "a %s could not be built: %s", push ? "push" : "report",
+                 wb_strerror(w->err));
+        wb_mpw_free(w);
+        if (push)
+            ag_push_event(ep, push, WB_PUSH_DONE, true, why);
+        lose_session(ep, why);
+        return;
+    }
+    ep->queue_push[ep->nq++] = push;
 }
 
 static void report(struct wb_endpoint *ep, uint32_t type, void *body)
@@ -102,8 +117,6 @@ static void pump_calls(struct wb_endpoint *ep)
 }
 
 /* ---------------------------------------------------------------- heartbeats */
-
-static void lose_session(struct wb_endpoint *ep, const char *why);
 
 static bool hb_quitting(struct wb_endpoint *ep)
 {
@@ -238,7 +251,7 @@ static void pump_pushes(struct wb_endpoint *ep)
     if (ep->o.role != WB_ROLE_TRAINER || !ep->session)
         return;
     uint64_t v;
-    while ((v = ag_push_next(ep)) != 0) {
+    while (ep->session && (v = ag_push_next(ep)) != 0) { /* a push that failed ends it */
         struct wb_body_push b = {.version = v};
         queue_call(ep, WB_MSG_PUSH, &b, v);
     }

@@ -200,10 +200,12 @@ $(foreach f,$(BENCH_C),$(eval $(call bench_rule,$(f))))
 
 # The test build: sanitizers on, its own directory so it never mixes with the release objects.
 # ASAN_OPTIONS: CUDA's runtime maps memory where ASan keeps its shadow gap; leak checking stays on.
+# The fault-injection programs (build/fault) are built too: tests/sh/fault_test.sh runs them.
 test: deps
 	@$(MAKE) --no-print-directory SAN=1 BUILD=$(BUILD)/asan OPT="-O1 -g" tests progs
+	@$(MAKE) --no-print-directory fault
 	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=0 \
-	  UBSAN_OPTIONS=print_stacktrace=1 WB_BIN=$(BUILD)/asan/bin \
+	  UBSAN_OPTIONS=print_stacktrace=1 WB_BIN=$(BUILD)/asan/bin WB_FAULT_BIN=$(BUILD)/fault/bin \
 	  tests/run.sh $(BUILD)/asan/tests
 
 demo: deps

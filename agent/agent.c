@@ -414,7 +414,7 @@ static void cmd_peers(struct wb_endpoint *ep, const struct wb_body_peers *b)
     char err[WB_ERRMSG_MAX] = "";
     int rc = ep->d ? ag_data_peers(ep->d, b->agents.p, b->agents.n, err, sizeof(err)) : -EINVAL;
     if (rc && !*err)
-        snprintf(err, sizeof(err), "peers before setup");
+        snprintf(err, sizeof(err), "%s", ep->d ? wb_strerror(rc) : "peers before setup");
     struct wb_body_rep_connected r = {.gen = b->gen, .ok = rc == 0};
     snprintf(r.err, sizeof(r.err), "%s", err);
     report(ep, WB_MSG_REP_CONNECTED, &r);

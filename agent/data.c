@@ -808,8 +808,12 @@ int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size
             return rc;
         }
         p->addr = malloc(alen);
-        if (!p->addr)
+        if (!p->addr) {
+            snprintf(err, errcap, "%s rank %" PRIu64 ": transport address: out of memory",
+                     wb_role_name((enum wb_role)role), rank);
+            peer_clear(p);
             return -ENOMEM;
+        }
         memcpy(p->addr, addr, alen);
         p->addr_len = alen;
         p->present = true;

@@ -866,12 +866,20 @@ static void on_rep_setup(struct wb_controller *c, struct agent *a,
                          const struct wb_body_rep_setup *b)
 {
     snprintf(a->setup_err, sizeof(a->setup_err), "%s", b->ok ? "" : b->err);
-    if (!b->ok)
+    if (!b->ok) {
         wb_log(WB_LOG_ERROR, M, "%s rank %u setup failed: %s", wb_role_name(a->role), a->rank,
                b->err);
-    else if (b->gen == c->gen && blob_set(&a->addr, &b->addr) == 0 &&
-             blob_set(&a->regions, &b->regions) == 0)
-        a->setup_session = a->session;
+    } else if (b->gen == c->gen) {
+        if (blob_set(&a->addr, &b->addr) == 0 && blob_set(&a->regions, &b->regions) == 0) {
+            a->setup_session = a->session;
+            return;
+        }
+        /* not set up without its address: say so in the status rather than wait silently */
+        snprintf(a->setup_err, sizeof(a->setup_err), "keeping its address: %s",
+                 wb_strerror(-ENOMEM));
+        wb_log(WB_LOG_ERROR, M, "%s rank %u setup failed: %s", wb_role_name(a->role), a->rank,
+               a->setup_err);
+    }
 }
 
 /* A trainer's SENT or a rollout's RECEIVED for the transfer in flight. */
@@ -995,11 +1003,17 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
         on_rep_setup(c, a, &b->setup);
         break;
     case WB_MSG_REP_CONNECTED:
-        if (!b->conn.ok)
+        if (!b->conn.ok) {
             wb_log(WB_LOG_ERROR, M, "%s rank %u could not connect: %s", wb_role_name(a->role),
                    a->rank, b->conn.err);
-        else
+            /* the job waits for it: the status says why, as for a failed setup */
+            snprintf(a->setup_err, sizeof(a->setup_err), "could not connect: %.*s",
+                     (int)sizeof(a->setup_err) - 20, b->conn.err);
+        } else {
             a->connected_gen = b->conn.gen;
+            if (strncmp(a->setup_err, "could not connect: ", 19) == 0)
+                a->setup_err[0] = 0;
+        }
         break;
     case WB_MSG_REP_SENT:
         on_rep_sent(c, a, &b->sent);

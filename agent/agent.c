@@ -401,6 +401,8 @@ static void cmd_setup(struct wb_endpoint *ep, const struct wb_body_setup *b)
     ag_set_ready(ep, false);
     int rc =
         ag_data_setup(&ep->d, ep, b, &addr, &addr_len, &regions, &regions_len, err, sizeof(err));
+    if (rc && !*err) /* a failure without its own message still says what it was */
+        snprintf(err, sizeof(err), "%s", wb_strerror(rc));
     if (rc)
         wb_log(WB_LOG_ERROR, M, "%s rank %u: setup failed: %s", ep->role, ep->o.rank, err);
     struct wb_body_rep_setup r = {

@@ -210,7 +210,8 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
         err = blob_from(&p->table[r], &w);
     }
     p->locals = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->locals));
-    err = p->locals ? 0 : -ENOMEM;
+    if (!err && !p->locals) /* a table that failed to encode stays an error */
+        err = -ENOMEM;
     for (uint32_t r = 0; !err && r < p->nrollouts; r++) {
         struct wb_mpw w, names;
         wb_mpw_init(&w);
@@ -374,10 +375,10 @@ void ctl_plan_free(struct ctl_plan *p)
         wb_model_free(p->md);
         free(p->md);
     }
-    for (uint32_t i = 0; p->table && i < p->ntrainers; i++) {
+    for (uint32_t i = 0; p->table && i < p->ntrainers; i++)
         free(p->table[i].buf);
+    for (uint32_t i = 0; p->shards && i < p->ntrainers; i++) /* NULL when its calloc failed */
         free(p->shards[i].buf);
-    }
     for (uint32_t i = 0; p->sums && i < p->ntrainers; i++)
         free(p->sums[i].buf);
     free(p->sums);

@@ -79,8 +79,12 @@ static int encode_shards(const struct wb_job *job, struct ctl_plan *p,
             wb_mpw_u64(&w[r], t);
             wb_wire_put_tensor_meta(&w[r], &tm);
         }
-    for (uint32_t r = 0; !err && r < p->ntrainers; r++)
-        err = blob_from(&p->shards[r], &w[r]);
+    for (uint32_t r = 0; w && r < p->ntrainers; r++) {
+        if (err) /* not handed to a blob (calloc'd: an unused writer frees nothing) */
+            wb_mpw_free(&w[r]);
+        else
+            err = blob_from(&p->shards[r], &w[r]);
+    }
     (void)job;
     for (size_t t = 0; own && t < ti->n; t++)
         free(own[t]);

@@ -283,7 +283,9 @@ static void send_setup(struct wb_controller *c, struct agent *a)
     snprintf(b.provider, sizeof(b.provider), "%s", j->provider);
     snprintf(b.trace, sizeof(b.trace), "%s", j->trace);
     snprintf(b.job, sizeof(b.job), "%s", j->name);
-    cmd_queue(c, a, WB_CMD_SETUP, &b);
+    if (cmd_queue(c, a, WB_CMD_SETUP, &b)) /* the job waits for it: the status says why */
+        snprintf(a->setup_err, sizeof(a->setup_err), "its setup could not be sent: %s",
+                 wb_strerror(-ENOMEM));
 }
 
 static void send_peers(struct wb_controller *c)

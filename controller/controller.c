@@ -303,7 +303,10 @@ static void send_peers(struct wb_controller *c)
     }
     struct wb_body_peers b = {.gen = c->gen, .agents = mpw_bytes(&agents)};
     for (uint32_t t = 0; t < c->plan.ntrainers; t++)
-        cmd_queue(c, &c->agents[t], WB_CMD_PEERS, &b);
+        if (agents.err || cmd_queue(c, &c->agents[t], WB_CMD_PEERS, &b))
+            /* the job waits for it: the status says why */
+            snprintf(c->agents[t].setup_err, sizeof(c->agents[t].setup_err),
+                     "its peer list could not be sent: %s", wb_strerror(-ENOMEM));
     wb_mpw_free(&agents);
 }
 

@@ -16,11 +16,14 @@
 #   tests/sh/<name>_test.sh          -> build/tests/<name> (a script printing the same tally)
 #   bench/<name>.c                   -> build/bench/<name>
 #   tests/fuzz/<name>_fuzz.c         -> build/fuzz/fuzzers/<name> (make fuzz: clang + libFuzzer)
+#   make fault                       -> build/fault: ASan+UBSan, -DWB_FAULT, our allocations
+#                                       countable (common/fault.h; tests/sh/fault_test.sh)
 
 PARTS   := common proto route matcher planner quant ckpt transport agent controller bcast
 PREFIX  ?= /usr/local
 CUDA    ?= auto
 SAN     ?= 0
+FAULT   ?= 0
 BUILD   ?= build
 
 CC      ?= cc
@@ -40,6 +43,18 @@ CFLAGS_ALL += -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointe
               -fno-sanitize-recover=undefined
 LDSAN   := -fsanitize=address,undefined
 endif
+# The fault-injection build (make fault): the hooks of common/fault.h compiled in, and every
+# allocation call in our own objects renamed to common/fault.c's wrapper (objcopy
+# --redefine-sym on each object, not ld --wrap: that would also count the allocations of the
+# static CUDA runtime linked into the programs). Shared libraries — libfabric, nng, libyaml —
+# and the CUDA runtime allocate as always.
+ifeq ($(FAULT),1)
+CFLAGS_ALL += -DWB_FAULT
+WRAPPED := malloc calloc realloc strdup strndup posix_memalign aligned_alloc asprintf vasprintf \
+           open_memstream
+FAULT_REDEF = $(if $(filter %/common/fault.o,$@),,objcopy $(foreach f,$(WRAPPED),--redefine-sym $(f)=__wrap_$(f)) $@)
+KEEPSYM := --keep-global-symbol='__wrap_*'
+endif
 
 # ---- CUDA: auto uses nvcc when it can be found
 NVCC_FOUND := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
@@ -54,7 +69,7 @@ ifeq ($(CUDA),1)
   NVCC     ?= $(if $(NVCC_FOUND),$(NVCC_FOUND),nvcc)
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
   NVFLAGS  := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
-              -Xcompiler -fPIC,-Wall -I. -MMD -MP
+              -Xcompiler -fPIC,-Wall -I. -MMD -MP $(if $(filter 1,$(FAULT)),-DWB_FAULT)
   CFLAGS_ALL += -I$(CUDA_HOME)/include
   LIBS     += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
   CUDA_EXCL := %_nocuda.c %_nocuda_test.c
@@ -72,7 +87,7 @@ BENCH_C := $(wildcard bench/*.c)
 FUZZ_C  := $(wildcard tests/fuzz/*_fuzz.c)
 
 # Objects depend on the build's configuration, so switching CUDA/SAN/OPT rebuilds everything.
-CONFIG_ID := cuda=$(CUDA) san=$(SAN) opt=$(OPT) cflags=$(CFLAGS)
+CONFIG_ID := cuda=$(CUDA) san=$(SAN) fault=$(FAULT)$(if $(WRAPPED),:$(WRAPPED)) opt=$(OPT) cflags=$(CFLAGS)
 CONFIG    := $(BUILD)/config
 $(shell mkdir -p $(BUILD) && (echo '$(CONFIG_ID)' | cmp -s - $(CONFIG) || echo '$(CONFIG_ID)' > $(CONFIG)))
 
@@ -88,7 +103,7 @@ BENCHES := $(foreach f,$(BENCH_C),$(BUILD)/bench/$(basename $(notdir $(f))))
 FUZZERS := $(foreach f,$(FUZZ_C),$(BUILD)/fuzzers/$(patsubst %_fuzz.c,%,$(notdir $(f))))
 HEADERS := $(foreach p,$(PARTS),$(wildcard $(p)/$(p).h)) common/fpbits.h
 
-.PHONY: all lib progs test tests bench fuzz fuzzers demo deps install clean format check-format
+.PHONY: all lib progs test tests bench fuzz fuzzers fault demo deps install clean format check-format
 .DEFAULT_GOAL := all
 
 all: lib progs
@@ -104,10 +119,12 @@ deps:
 $(OBJ)/%.o: %.c $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
+	$(FAULT_REDEF)
 
 $(OBJ)/%.cu.o: %.cu $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(FAULT_REDEF)
 
 # The library users link is one relocatable object whose only global symbols are the wb_ API:
 # functions shared between the files of a part (private prefixes such as pl_, ag_, fab_, and
@@ -119,7 +136,7 @@ $(LIB): $(LIB_O)
 	@mkdir -p $(dir $@)
 	@rm -f $@ $(BUILD)/lib/weightbridge.o
 	$(LD) -r -o $(BUILD)/lib/weightbridge.o $^
-	objcopy --wildcard --keep-global-symbol='wb_*' --keep-global-symbol='DW.ref.*' \
+	objcopy --wildcard --keep-global-symbol='wb_*' --keep-global-symbol='DW.ref.*' $(KEEPSYM) \
 	  $(BUILD)/lib/weightbridge.o
 	ar rcs $@ $(BUILD)/lib/weightbridge.o
 
@@ -170,6 +187,10 @@ fuzzers: $(FUZZERS)
 fuzz:
 	@$(MAKE) --no-print-directory CC=clang CUDA=0 SAN=fuzz BUILD=$(BUILD)/fuzz OPT="-O1 -g" fuzzers
 
+# The fault-injection build into build/fault (tests/sh/fault_test.sh runs its programs).
+fault:
+	@$(MAKE) --no-print-directory SAN=1 FAULT=1 BUILD=$(BUILD)/fault OPT="-O1 -g" progs
+
 define bench_rule
 $(BUILD)/bench/$(basename $(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB)
 	@mkdir -p $$(dir $$@)
@@ -179,10 +200,12 @@ $(foreach f,$(BENCH_C),$(eval $(call bench_rule,$(f))))
 
 # The test build: sanitizers on, its own directory so it never mixes with the release objects.
 # ASAN_OPTIONS: CUDA's runtime maps memory where ASan keeps its shadow gap; leak checking stays on.
+# The fault-injection programs (build/fault) are built too: tests/sh/fault_test.sh runs them.
 test: deps
 	@$(MAKE) --no-print-directory SAN=1 BUILD=$(BUILD)/asan OPT="-O1 -g" tests progs
+	@$(MAKE) --no-print-directory fault
 	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=0 \
-	  UBSAN_OPTIONS=print_stacktrace=1 WB_BIN=$(BUILD)/asan/bin \
+	  UBSAN_OPTIONS=print_stacktrace=1 WB_BIN=$(BUILD)/asan/bin WB_FAULT_BIN=$(BUILD)/fault/bin \
 	  tests/run.sh $(BUILD)/asan/tests
 
 demo: deps

@@ -72,6 +72,8 @@ static void send_poll(struct wb_endpoint *ep)
     wb_mpw_free(&w);
 }
 
+static void lose_session(struct wb_endpoint *ep, const char *why);
+
 /* Queues a call (a body of `type` whose first member is the session header, filled here); it
  * leaves when the call channel is free. push: the version of a PUSH, 0 for a report. */
 static void queue_call(struct wb_endpoint *ep, uint32_t type, void *body, uint64_t push)
@@ -82,9 +84,22 @@ static void queue_call(struct wb_endpoint *ep, uint32_t type, void *body, uint64
     }
     *(struct wb_session *)body = session_of(ep);
     struct wb_mpw *w = &ep->queue[ep->nq];
-    ep->queue_push[ep->nq++] = push;
     wb_mpw_init(w);
     wb_msg_encode(w, type, ep->o.token, body);
+    if (w->err) {
+        /* Queued, it could never leave and would hold back every call after it; dropped, the
+         * controller would wait for it for ever (a setup's report has no time limit). Start
+         * the session again instead: the controller sets this agent up anew. */
+        char why[WB_ERRMSG_MAX];
+        snprintf(why, sizeof(why), "a %s could not be built: %s", push ? "push" : "report",
+                 wb_strerror(w->err));
+        wb_mpw_free(w);
+        if (push)
+            ag_push_event(ep, push, WB_PUSH_DONE, true, why);
+        lose_session(ep, why);
+        return;
+    }
+    ep->queue_push[ep->nq++] = push;
 }
 
 static void report(struct wb_endpoint *ep, uint32_t type, void *body)
@@ -103,8 +118,6 @@ static void pump_calls(struct wb_endpoint *ep)
 }
 
 /* ---------------------------------------------------------------- heartbeats */
-
-static void lose_session(struct wb_endpoint *ep, const char *why);
 
 static bool hb_quitting(struct wb_endpoint *ep)
 {
@@ -239,7 +252,7 @@ static void pump_pushes(struct wb_endpoint *ep)
     if (ep->o.role != WB_ROLE_TRAINER || !ep->session)
         return;
     uint64_t v;
-    while ((v = ag_push_next(ep)) != 0) {
+    while (ep->session && (v = ag_push_next(ep)) != 0) { /* a push that failed ends it */
         struct wb_body_push b = {.version = v};
         queue_call(ep, WB_MSG_PUSH, &b, v);
     }
@@ -391,6 +404,8 @@ static void cmd_setup(struct wb_endpoint *ep, const struct wb_body_setup *b)
     ag_set_ready(ep, false);
     int rc =
         ag_data_setup(&ep->d, ep, b, &addr, &addr_len, &regions, &regions_len, err, sizeof(err));
+    if (rc && !*err) /* a failure without its own message still says what it was */
+        snprintf(err, sizeof(err), "%s", wb_strerror(rc));
     if (rc)
         wb_log(WB_LOG_ERROR, M, "%s rank %u: setup failed: %s", ep->role, ep->o.rank, err);
     struct wb_body_rep_setup r = {
@@ -404,7 +419,7 @@ static void cmd_peers(struct wb_endpoint *ep, const struct wb_body_peers *b)
     char err[WB_ERRMSG_MAX] = "";
     int rc = ep->d ? ag_data_peers(ep->d, b->agents.p, b->agents.n, err, sizeof(err)) : -EINVAL;
     if (rc && !*err)
-        snprintf(err, sizeof(err), "peers before setup");
+        snprintf(err, sizeof(err), "%s", ep->d ? wb_strerror(rc) : "peers before setup");
     struct wb_body_rep_connected r = {.gen = b->gen, .ok = rc == 0};
     snprintf(r.err, sizeof(r.err), "%s", err);
     report(ep, WB_MSG_REP_CONNECTED, &r);

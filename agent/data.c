@@ -177,9 +177,12 @@ static int reg_alloc(struct data *d, uint64_t n, unsigned access, void **buf, st
     if (!mr)
         return 0;
     rc = wb_tx_mr_reg(d->tx, *buf, n, access, mr);
-    if (rc)
+    if (rc) {
         snprintf(err, errcap, "%s: cannot register %" PRIu64 " bytes: %s", what, n,
                  wb_tx_errmsg(d->tx));
+        wb_tx_mem_free(mem_kind(d), *buf); /* the caller owns only what registered */
+        *buf = NULL;
+    }
     return rc;
 }
 
@@ -814,8 +817,12 @@ int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size
             return rc;
         }
         p->addr = malloc(alen);
-        if (!p->addr)
+        if (!p->addr) {
+            snprintf(err, errcap, "%s rank %" PRIu64 ": transport address: out of memory",
+                     wb_role_name((enum wb_role)role), rank);
+            peer_clear(p);
             return -ENOMEM;
+        }
         memcpy(p->addr, addr, alen);
         p->addr_len = alen;
         p->present = true;

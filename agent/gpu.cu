@@ -3,6 +3,7 @@
  * kernel. Built only with CUDA; gpu_nocuda.c has the same calls returning -WB_E_NOGPU. */
 extern "C" {
 #include "common/common.h"
+#include "common/fault.h"
 }
 #include "agent/gpu.h"
 
@@ -10,7 +11,9 @@ extern "C" {
 #include <errno.h>
 #include <stdlib.h>
 
-static int cu(cudaError_t e)
+/* cu(call): 0 or -WB_E_CUDA, logged; make fault can fail the call (WB_CUDA). */
+#define cu(call) cu_result(WB_CUDA(call))
+static int cu_result(cudaError_t e)
 {
     if (e == cudaSuccess)
         return 0;
@@ -80,12 +83,12 @@ extern "C" int ag_event_record(void *stream, void **out)
 
 extern "C" int ag_event_done(void *ev)
 {
-    cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    cudaError_t e = WB_CUDA(cudaEventQuery((cudaEvent_t)ev));
     if (e == cudaSuccess)
         return 1;
     if (e == cudaErrorNotReady)
         return 0;
-    return cu(e);
+    return cu_result(e);
 }
 
 extern "C" void ag_event_destroy(void *ev)

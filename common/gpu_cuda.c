@@ -1,13 +1,14 @@
 /* gpu_cuda.c — the optional-GPU helpers when built with CUDA. Every call tolerates a machine
  * without a GPU or driver: the runtime then reports no devices and pointers are host memory. */
 #include "common/common.h"
+#include "common/fault.h"
 
 #include <cuda_runtime.h>
 
 int wb_gpu_count(void)
 {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    if (WB_CUDA(cudaGetDeviceCount(&n)) != cudaSuccess) {
         (void)cudaGetLastError(); /* clear the sticky "no device" error */
         return 0;
     }
@@ -19,7 +20,7 @@ bool wb_gpu_is_device_ptr(const void *p)
     if (!p || wb_gpu_count() == 0)
         return false;
     struct cudaPointerAttributes a;
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    if (WB_CUDA(cudaPointerGetAttributes(&a, p)) != cudaSuccess) {
         (void)cudaGetLastError();
         return false;
     }

@@ -170,19 +170,28 @@ static struct wb_bytes mpw_bytes(const struct wb_mpw *w)
 
 static void flush_poll(struct wb_controller *c, struct agent *a);
 
-/* Queues a command for an agent (encoded now as [seq, type, body]) and answers its held poll. */
-static void cmd_queue(struct wb_controller *c, struct agent *a, uint32_t type, const void *body)
+/* Queues a command for an agent (encoded now as [seq, type, body]) and answers its held poll.
+ * -ENOMEM (logged) when the command could not be queued. */
+static int cmd_queue(struct wb_controller *c, struct agent *a, uint32_t type, const void *body)
 {
     if (a->ncmds == a->capcmds && wb_grow(&a->cmds, &a->capcmds, 8, sizeof(*a->cmds))) {
         wb_log(WB_LOG_ERROR, M, "%s rank %u: no memory to queue a command", wb_role_name(a->role),
                a->rank);
-        return;
+        return -ENOMEM;
     }
-    struct cmd *cm = &a->cmds[a->ncmds++];
-    cm->seq = ++a->next_seq;
+    struct cmd *cm = &a->cmds[a->ncmds];
     wb_mpw_init(&cm->body);
-    wb_cmd_put(&cm->body, cm->seq, type, body);
+    wb_cmd_put(&cm->body, a->next_seq + 1, type, body);
+    if (cm->body.err) { /* never queued half-built: it would go out as garbage */
+        wb_log(WB_LOG_ERROR, M, "%s rank %u: no memory to queue a command", wb_role_name(a->role),
+               a->rank);
+        wb_mpw_free(&cm->body);
+        return -ENOMEM;
+    }
+    cm->seq = ++a->next_seq;
+    a->ncmds++;
     flush_poll(c, a);
+    return 0;
 }
 
 static void cmds_ack(struct agent *a, uint64_t ack)
@@ -208,14 +217,25 @@ static void flush_poll(struct wb_controller *c, struct agent *a)
 {
     if (!a->held)
         return;
-    struct wb_mpw cmds;
+    struct wb_mpw cmds, w;
     wb_mpw_init(&cmds);
+    wb_mpw_init(&w);
     wb_mpw_array(&cmds, (uint32_t)a->ncmds);
     for (size_t i = 0; i < a->ncmds; i++)
         wb_mpw_raw(&cmds, a->cmds[i].body.buf, a->cmds[i].body.len);
     struct wb_body_commands b = {mpw_bytes(&cmds)};
-    reply_msg(c, a->held, WB_MSG_COMMANDS, &b);
+    if (!cmds.err)
+        wb_msg_encode(&w, WB_MSG_COMMANDS, c->job->token, &b);
+    int err = cmds.err ? cmds.err : w.err;
     wb_mpw_free(&cmds);
+    if (err) { /* the poll stays held and is answered on a later turn: no command is lost */
+        wb_log(WB_LOG_WARN, M, "%s rank %u: commands not sent this turn: %s", wb_role_name(a->role),
+               a->rank, wb_strerror(err));
+        wb_mpw_free(&w);
+        return;
+    }
+    reply(c, a->held, &w);
+    wb_mpw_free(&w);
     a->held = NULL;
 }
 
@@ -270,7 +290,9 @@ static void send_setup(struct wb_controller *c, struct agent *a)
     snprintf(b.provider, sizeof(b.provider), "%s", j->provider);
     snprintf(b.trace, sizeof(b.trace), "%s", j->trace);
     snprintf(b.job, sizeof(b.job), "%s", j->name);
-    cmd_queue(c, a, WB_CMD_SETUP, &b);
+    if (cmd_queue(c, a, WB_CMD_SETUP, &b)) /* the job waits for it: the status says why */
+        snprintf(a->setup_err, sizeof(a->setup_err), "its setup could not be sent: %s",
+                 wb_strerror(-ENOMEM));
 }
 
 static void send_peers(struct wb_controller *c)
@@ -288,7 +310,10 @@ static void send_peers(struct wb_controller *c)
     }
     struct wb_body_peers b = {.gen = c->gen, .agents = mpw_bytes(&agents)};
     for (uint32_t t = 0; t < c->plan.ntrainers; t++)
-        cmd_queue(c, &c->agents[t], WB_CMD_PEERS, &b);
+        if (agents.err || cmd_queue(c, &c->agents[t], WB_CMD_PEERS, &b))
+            /* the job waits for it: the status says why */
+            snprintf(c->agents[t].setup_err, sizeof(c->agents[t].setup_err),
+                     "its peer list could not be sent: %s", wb_strerror(-ENOMEM));
     wb_mpw_free(&agents);
 }
 
@@ -880,12 +905,20 @@ static void on_rep_setup(struct wb_controller *c, struct agent *a,
                          const struct wb_body_rep_setup *b)
 {
     snprintf(a->setup_err, sizeof(a->setup_err), "%s", b->ok ? "" : b->err);
-    if (!b->ok)
+    if (!b->ok) {
         wb_log(WB_LOG_ERROR, M, "%s rank %u setup failed: %s", wb_role_name(a->role), a->rank,
                b->err);
-    else if (b->gen == c->gen && blob_set(&a->addr, &b->addr) == 0 &&
-             blob_set(&a->regions, &b->regions) == 0)
-        a->setup_session = a->session;
+    } else if (b->gen == c->gen) {
+        if (blob_set(&a->addr, &b->addr) == 0 && blob_set(&a->regions, &b->regions) == 0) {
+            a->setup_session = a->session;
+            return;
+        }
+        /* not set up without its address: say so in the status rather than wait silently */
+        snprintf(a->setup_err, sizeof(a->setup_err), "keeping its address: %s",
+                 wb_strerror(-ENOMEM));
+        wb_log(WB_LOG_ERROR, M, "%s rank %u setup failed: %s", wb_role_name(a->role), a->rank,
+               a->setup_err);
+    }
 }
 
 /* A trainer's SENT or a rollout's RECEIVED for the transfer in flight. */
@@ -1009,11 +1042,17 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
         on_rep_setup(c, a, &b->setup);
         break;
     case WB_MSG_REP_CONNECTED:
-        if (!b->conn.ok)
+        if (!b->conn.ok) {
             wb_log(WB_LOG_ERROR, M, "%s rank %u could not connect: %s", wb_role_name(a->role),
                    a->rank, b->conn.err);
-        else
+            /* the job waits for it: the status says why, as for a failed setup */
+            snprintf(a->setup_err, sizeof(a->setup_err), "could not connect: %.*s",
+                     (int)sizeof(a->setup_err) - 20, b->conn.err);
+        } else {
             a->connected_gen = b->conn.gen;
+            if (strncmp(a->setup_err, "could not connect: ", 19) == 0)
+                a->setup_err[0] = 0;
+        }
         break;
     case WB_MSG_REP_SENT:
         on_rep_sent(c, a, &b->sent);
@@ -1081,12 +1120,14 @@ static void on_ctl_shutdown(struct wb_controller *c, nng_msg *req)
 {
     if (c->x.active)
         xfer_fail(c, "controller shutting down");
+    for (uint32_t i = 0; i < c->nagents; i++) /* an agent without its EXIT would outlive us */
+        if (c->agents[i].alive && cmd_queue(c, &c->agents[i], WB_CMD_EXIT, NULL)) {
+            reply_error(c, req, -ENOMEM, "shutdown: out of memory telling the agents; ask again");
+            return;
+        }
     c->shutting_down = true;
     c->exit_deadline = wb_now_ns() + c->job->poll_hold_ns + 2 * c->job->heartbeat_ns;
     c->exit_linger = wb_now_ns() + 200 * 1000000ull;
-    for (uint32_t i = 0; i < c->nagents; i++)
-        if (c->agents[i].alive)
-            cmd_queue(c, &c->agents[i], WB_CMD_EXIT, NULL);
     wb_log(WB_LOG_INFO, M, "shutting down");
     reply_ok(c, req);
 }

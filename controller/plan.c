@@ -79,8 +79,12 @@ static int encode_shards(const struct wb_job *job, struct ctl_plan *p,
             wb_mpw_u64(&w[r], t);
             wb_wire_put_tensor_meta(&w[r], &tm);
         }
-    for (uint32_t r = 0; !err && r < p->ntrainers; r++)
-        err = blob_from(&p->shards[r], &w[r]);
+    for (uint32_t r = 0; w && r < p->ntrainers; r++) {
+        if (err) /* not handed to a blob (calloc'd: an unused writer frees nothing) */
+            wb_mpw_free(&w[r]);
+        else
+            err = blob_from(&p->shards[r], &w[r]);
+    }
     (void)job;
     for (size_t t = 0; own && t < ti->n; t++)
         free(own[t]);
@@ -210,7 +214,8 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
         err = blob_from(&p->table[r], &w);
     }
     p->locals = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->locals));
-    err = p->locals ? 0 : -ENOMEM;
+    if (!err && !p->locals) /* a table that failed to encode stays an error */
+        err = -ENOMEM;
     for (uint32_t r = 0; !err && r < p->nrollouts; r++) {
         struct wb_mpw w, names;
         wb_mpw_init(&w);
@@ -374,10 +379,10 @@ void ctl_plan_free(struct ctl_plan *p)
         wb_model_free(p->md);
         free(p->md);
     }
-    for (uint32_t i = 0; p->table && i < p->ntrainers; i++) {
+    for (uint32_t i = 0; p->table && i < p->ntrainers; i++)
         free(p->table[i].buf);
+    for (uint32_t i = 0; p->shards && i < p->ntrainers; i++) /* NULL when its calloc failed */
         free(p->shards[i].buf);
-    }
     for (uint32_t i = 0; p->sums && i < p->ntrainers; i++)
         free(p->sums[i].buf);
     free(p->sums);

@@ -406,6 +406,8 @@ int pl_auto_choose(struct plan_ctx *c, uint8_t *gather_groups, struct pl_auto_co
         }
         ch.floor_s = mx / re;
     }
+    if (r) /* out of memory above: ch.load may be NULL */
+        goto done;
     /* all direct; then units move to gather while that helps */
     const struct ccost *C = costs.p;
     for (size_t i = 0; !r && i < ni; i++)

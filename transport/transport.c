@@ -356,7 +356,7 @@ int wb_tx_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t *peer)
         uint32_t cap = c->peer_cap ? 2 * c->peer_cap : 8;
         struct tx_peer *np = realloc(c->peers, cap * sizeof(*np));
         if (!np)
-            return -ENOMEM;
+            return wb_txi_err(tx, -ENOMEM, "peer address: the table of peers: out of memory");
         c->peers = np;
         c->peer_cap = cap;
     }

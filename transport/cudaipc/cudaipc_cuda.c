@@ -1,6 +1,7 @@
 /* cudaipc_cuda.c — the CUDA IPC backend: GPUs of one host write into each other's memory with
  * peer copies; immediates travel through the destination's shared-memory mailbox once the
  * copies' events have fired. Design notes in cudaipc.h. */
+#include "common/fault.h"
 #include "transport/cudaipc/cudaipc.h"
 #include "transport/tx_priv.h"
 
@@ -169,10 +170,10 @@ static int ipc_mr_reg(struct wb_tx *tx, void *ptr, uint64_t len, unsigned access
         return wb_txi_err(tx, -EINVAL, "register: memory of GPU %d, this transport serves GPU %d",
                           a.device, ix->device);
     if (ix->nmrs == ix->mrs_cap && wb_grow(&ix->mrs, &ix->mrs_cap, 16, sizeof(*ix->mrs)) != 0)
-        return -ENOMEM;
+        return wb_txi_err(tx, -ENOMEM, "register: the table of registrations: out of memory");
     struct ipc_mr *m = calloc(1, sizeof(*m));
     if (!m)
-        return -ENOMEM;
+        return wb_txi_err(tx, -ENOMEM, "register: out of memory");
     if (access & WB_TX_ACCESS_DST) {
         int e = alloc_base(ptr, &m->alloc_off);
         if (e) {
@@ -438,7 +439,9 @@ static int ipc_write(struct wb_tx *tx, const struct wb_tx_write *uw)
         cudaEvent_t ev;
         cudaError_t r = cudaErrorMemoryAllocation;
         if (event_get(ix, &ev) == 0) {
-            r = cudaMemcpyAsync(dst + off, src + off, sl, cudaMemcpyDefault, s->s);
+            r = WB_FAULT_HIT(WB_FAULT_POST) /* make fault: as the runtime refuses a copy */
+                    ? cudaErrorUnknown
+                    : cudaMemcpyAsync(dst + off, src + off, sl, cudaMemcpyDefault, s->s);
             if (r == cudaSuccess)
                 r = cudaEventRecord(ev, s->s);
             if (r != cudaSuccess)

@@ -83,7 +83,7 @@ int fab_pool_init(struct fab_tx *fx)
     struct fab_chunk *ch = calloc(n, sizeof(*ch));
     if (!ch) {
         fab_gpu_host_free(pool, pinned);
-        return -ENOMEM;
+        return wb_txi_err(&fx->base, -ENOMEM, "fabric: bounce chunks: out of memory");
     }
     uint32_t i = 0;
     for (; i < fx->nrails; i++) {
@@ -160,10 +160,10 @@ static int fab_mr_reg(struct wb_tx *tx, void *ptr, uint64_t len, unsigned access
         fx->gpu_device = dev;
     }
     if (fx->nmrs == fx->mrs_cap && wb_grow(&fx->mrs, &fx->mrs_cap, 16, sizeof(*fx->mrs)) != 0)
-        return -ENOMEM;
+        return wb_txi_err(tx, -ENOMEM, "register: the table of registrations: out of memory");
     struct fab_mr *m = calloc(1, sizeof(*m));
     if (!m)
-        return -ENOMEM;
+        return wb_txi_err(tx, -ENOMEM, "register: out of memory");
     m->base = (struct wb_tx_mr){.ptr = ptr,
                                 .size = len,
                                 .mem = dev >= 0 ? WB_TX_MEM_CUDA : WB_TX_MEM_HOST,
@@ -307,7 +307,7 @@ static int fab_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t index)
         uint32_t cap = fx->peer_cap ? 2 * fx->peer_cap : 8;
         struct fab_peer *np = realloc(fx->peers, cap * sizeof(*np));
         if (!np)
-            return -ENOMEM;
+            return wb_txi_err(tx, -ENOMEM, "peer address: the table of peers: out of memory");
         fx->peers = np;
         fx->peer_cap = cap;
     }

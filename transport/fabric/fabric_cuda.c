@@ -3,6 +3,7 @@
  * pooled events to observe copies without blocking, pinned host memory for chunks and mirrors.
  * One stream per direction keeps each direction's copies in order, so the backend only ever
  * queries the oldest event. Twin of fabric_nocuda.c. */
+#include "common/fault.h"
 #include "transport/fabric/fabric.h"
 
 #include <cuda_runtime.h>
@@ -116,14 +117,14 @@ int fab_gpu_copy(struct fab_gpu *g, int stream, void *dst, const void *src, size
     /* The caller's thread may have another current device (PyTorch switches it freely); the
      * streams and events belong to g->device. */
     cudaEvent_t e;
-    cudaError_t r = cudaSetDevice(g->device);
+    cudaError_t r = WB_CUDA(cudaSetDevice(g->device));
     if (r != cudaSuccess)
         goto err;
     if (g->nspare)
         e = g->spare[--g->nspare];
     else if ((r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming)) != cudaSuccess)
         goto err;
-    r = cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, g->s[stream]);
+    r = WB_CUDA(cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, g->s[stream]));
     if (r == cudaSuccess)
         r = cudaEventRecord(e, g->s[stream]);
     if (r != cudaSuccess) {
@@ -144,7 +145,7 @@ int fab_gpu_done(struct fab_gpu *g, void *ev, int *native)
     if (!ev)
         return 1;
     cudaEvent_t e = ev;
-    cudaError_t r = cudaEventQuery(e);
+    cudaError_t r = WB_CUDA(cudaEventQuery(e));
     if (r == cudaErrorNotReady)
         return 0;
     event_release(g, e);

@@ -19,6 +19,8 @@
  */
 #include "transport/fabric/fabric.h"
 
+#include "common/fault.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -425,6 +427,8 @@ static ssize_t post_op(struct fab_tx *fx, struct fab_op *op)
 {
     struct fab_rail *r = &fx->rail[op->rail];
     fi_addr_t to = fx->peers[op->peer].fa[op->rail];
+    if (WB_FAULT_HIT(WB_FAULT_POST)) /* make fault: as the provider refuses a post */
+        return -FI_EIO;
     if (op->kind == OP_COMMIT) {
         if (r->inject_size >= sizeof(op->commit)) {
             ssize_t e = fi_inject(r->ep, &op->commit, sizeof(op->commit), to);

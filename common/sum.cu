@@ -34,20 +34,8 @@ __global__ void sum_kernel(const Piece *pieces, uint32_t n, uint64_t total, uint
     bool live = t < total;
     const uint8_t *p = NULL;
     uint32_t valid = 0;
-    if (live) {
-        uint32_t lo = 0, hi = n; /* the first piece with chunk0 > t is hi (sum64.h) */
-        while (lo < hi) {
-            uint32_t mid = (lo + hi) / 2;
-            if (pieces[mid].chunk0 <= t)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        const Piece *pc = &pieces[lo - 1];
-        uint64_t at = (t - pc->chunk0) * WB_SUM_CHUNK_BYTES, left = pc->len - at;
-        p = pc->p + at;
-        valid = left < WB_SUM_CHUNK_BYTES ? (uint32_t)left : WB_SUM_CHUNK_BYTES;
-    }
+    if (live)
+        p = wb_sum_batch_at(pieces, n, t, &valid);
     int mode = ((uintptr_t)p & 7) ? 0 : 1;
     uint64_t ks[16];
 #pragma unroll

@@ -175,10 +175,12 @@ struct wb_sum_slot {
     uint64_t chunk0;
 };
 
-/* Chunk t of a batch of n pieces (t below the batch's chunk count): the piece is the last one
- * starting at or before t (pieces of no bytes start where the next one does and are passed
- * over). What one thread of the kernel computes; sum_test runs it for every t on the CPU. */
-WB_SUM_FN uint64_t wb_sum_batch_chunk(const struct wb_sum_slot *pieces, uint32_t n, uint64_t t)
+/* Where chunk t of a batch of n pieces starts and how many of its bytes are valid (t below the
+ * batch's chunk count): the piece is the last one starting at or before t (pieces of no bytes
+ * start where the next one does and are passed over). The kernel's lanes find their chunk by
+ * it; sum_test runs it for every t on the CPU. */
+WB_SUM_FN const uint8_t *wb_sum_batch_at(const struct wb_sum_slot *pieces, uint32_t n, uint64_t t,
+                                         uint32_t *valid)
 {
     uint32_t lo = 0, hi = n; /* the first piece with chunk0 > t is hi */
     while (lo < hi) {
@@ -190,8 +192,17 @@ WB_SUM_FN uint64_t wb_sum_batch_chunk(const struct wb_sum_slot *pieces, uint32_t
     }
     const struct wb_sum_slot *pc = &pieces[lo - 1];
     uint64_t at = (t - pc->chunk0) * WB_SUM_CHUNK_BYTES, left = pc->len - at;
-    return wb_sum_chunk(pc->p + at,
-                        left < WB_SUM_CHUNK_BYTES ? (uint32_t)left : WB_SUM_CHUNK_BYTES);
+    *valid = left < WB_SUM_CHUNK_BYTES ? (uint32_t)left : WB_SUM_CHUNK_BYTES;
+    return pc->p + at;
+}
+
+/* The hash of chunk t of a batch (one thread's work in the kernel before it split chunks by
+ * lane; sum_test checks the batch indexing with it). */
+WB_SUM_FN uint64_t wb_sum_batch_chunk(const struct wb_sum_slot *pieces, uint32_t n, uint64_t t)
+{
+    uint32_t valid;
+    const uint8_t *p = wb_sum_batch_at(pieces, n, t, &valid);
+    return wb_sum_chunk(p, valid);
 }
 
 #endif /* WB_COMMON_SUM64_H */

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # fuzz_test.sh — a short run of every fuzz target (scripts/fuzz.sh: the message decoder, the
-# controller's message handlers, job and
-# layout files, Hugging Face configs through the model rules, safetensors headers; clang's
-# libFuzzer with ASan and UBSan), 5 s each; a crash or sanitizer report fails it. Skipped where
-# clang cannot build libFuzzer targets. The long run: scripts/fuzz.sh 3600.
+# controller's message handlers, job and layout files, Hugging Face configs through the model
+# rules, safetensors headers; clang's libFuzzer with ASan and UBSan), 5 s each; a crash or
+# sanitizer report fails it. Skipped where clang cannot build libFuzzer targets. The long run:
+# WB_FUZZ_JOBS=16 scripts/fuzz.sh 300.
 root=$(pwd)
 if ! command -v clang >/dev/null ||
     ! printf 'int LLVMFuzzerTestOneInput(const char *d, long n){return 0;}\n' |

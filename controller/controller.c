@@ -21,6 +21,7 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/supplemental/tls/tls.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +107,13 @@ struct wb_controller {
     struct xfer x;
     bool shutting_down;
     uint64_t exit_deadline, exit_linger;
+    /* Connections, counted by nng's pipe callbacks (its threads) before any message is read:
+     * the ids of those held; one over max is closed at once. */
+    struct {
+        pthread_mutex_t mu;
+        uint32_t *ids, n, max;
+        uint64_t refused, said; /* refused so far; how many of them the log has counted */
+    } conn;
 };
 
 static const char *M = "controller";
@@ -1126,7 +1134,11 @@ static void on_ctl_shutdown(struct wb_controller *c, nng_msg *req)
             return;
         }
     c->shutting_down = true;
-    c->exit_deadline = wb_now_ns() + c->job->poll_hold_ns + 2 * c->job->heartbeat_ns;
+    /* Every live agent must hear its EXIT: one that misses it waits for a controller that
+     * never comes back (rollouts outlive an outage on purpose). A busy agent may take a while
+     * to poll; it is waited for until it acknowledges or falls silent for dead_after (then it
+     * stops counting), within a generous bound. */
+    c->exit_deadline = wb_now_ns() + 4 * (c->job->dead_ns + c->job->poll_hold_ns);
     c->exit_linger = wb_now_ns() + 200 * 1000000ull;
     wb_log(WB_LOG_INFO, M, "shutting down");
     reply_ok(c, req);
@@ -1215,8 +1227,54 @@ static void on_message(struct wb_controller *c, nng_msg *req)
     advance(c);
 }
 
+/* A connection is held only while fewer than max are: a flood of them (each costs buffers and
+ * a thread's work before any token is seen) is closed as it arrives. Every pipe nng reports
+ * added is either held or closed; a removed one is forgotten only if it was held (nng 1.5
+ * reports the removal of one closed here, later versions may not). */
+static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    struct wb_controller *c = arg;
+    uint32_t id = (uint32_t)nng_pipe_id(p);
+    bool refuse = false;
+    pthread_mutex_lock(&c->conn.mu);
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        if (c->conn.n < c->conn.max)
+            c->conn.ids[c->conn.n++] = id;
+        else
+            refuse = true, c->conn.refused++;
+    } else {
+        for (uint32_t i = 0; i < c->conn.n; i++)
+            if (c->conn.ids[i] == id) {
+                c->conn.ids[i] = c->conn.ids[--c->conn.n];
+                break;
+            }
+    }
+    pthread_mutex_unlock(&c->conn.mu);
+    if (refuse)
+        nng_pipe_close(p);
+}
+
+/* Says how many connections were refused since the last time (through the refusal log's rate
+ * limit). */
+static void conn_say(struct wb_controller *c)
+{
+    pthread_mutex_lock(&c->conn.mu);
+    uint64_t k = c->conn.refused - c->conn.said;
+    uint32_t max = c->conn.max;
+    c->conn.said = c->conn.refused;
+    pthread_mutex_unlock(&c->conn.mu);
+    if (k) {
+        char line[160];
+        snprintf(line, sizeof(line),
+                 "refused %" PRIu64 " connection%s: %u are held (max_connections)", k,
+                 k == 1 ? "" : "s", max);
+        log_refusal(c, line);
+    }
+}
+
 static void on_tick(struct wb_controller *c, uint64_t now)
 {
+    conn_say(c);
     check_dead(c, now);
     for (uint32_t i = 0; i < c->nagents; i++) {
         struct agent *a = &c->agents[i];
@@ -1227,7 +1285,8 @@ static void on_tick(struct wb_controller *c, uint64_t now)
     advance(c);
 }
 
-/* Shutdown is done when every live agent acknowledged its EXIT, or at the deadline. */
+/* Shutdown is done when every live agent acknowledged its EXIT (check_dead still runs: one
+ * silent for dead_after stops counting), or at the deadline. */
 static bool shutdown_done(struct wb_controller *c, uint64_t now)
 {
     if (now >= c->exit_deadline)
@@ -1385,11 +1444,29 @@ int wb_controller_create_opts(const struct wb_job *job, const struct wb_controll
         c->agents[i].rank = tr ? i : i - c->plan.ntrainers;
         c->agents[i].device = -1;
     }
+    /* an agent holds three connections (calls, polls, heartbeats); wb-ctl one */
+    if (job->max_connections && job->max_connections < 3ull * c->nagents + 1) {
+        wb_errlist_add(el,
+                       "job: max_connections %llu is below what the %u agents and one wb-ctl "
+                       "hold (%llu)",
+                       (unsigned long long)job->max_connections, c->nagents, 3ull * c->nagents + 1);
+        err = -WB_E_CONFIG;
+        goto err_agents;
+    }
+    uint64_t maxc = job->max_connections ? job->max_connections : 4ull * c->nagents + 64;
+    c->conn.max = maxc > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)maxc;
+    if (!(c->conn.ids = malloc((size_t)c->conn.max * sizeof(*c->conn.ids)))) {
+        err = -ENOMEM;
+        goto err_agents;
+    }
+    pthread_mutex_init(&c->conn.mu, NULL);
     if ((rv = nng_rep0_open_raw(&c->sock)) != 0) {
         wb_errlist_add(el, "controller: cannot open a socket: %s", nng_strerror(rv));
         err = -EIO;
-        goto err_agents;
+        goto err_conn;
     }
+    nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_PRE, on_pipe, c);
+    nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, on_pipe, c);
     nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, WB_CTL_MAX_MSG);
     /* Sends block only while the previous reply to the same agent is still being written
      * (nng's raw REP cannot queue a second one without blocking); a stuck peer costs at most
@@ -1409,6 +1486,9 @@ int wb_controller_create_opts(const struct wb_job *job, const struct wb_controll
 
 err_sock:
     nng_close(c->sock);
+err_conn:
+    pthread_mutex_destroy(&c->conn.mu);
+    free(c->conn.ids);
 err_agents:
     free(c->agents);
 err_plan:
@@ -1431,7 +1511,9 @@ void wb_controller_destroy(struct wb_controller *c)
         agent_reset(&c->agents[i]);
         free(c->agents[i].cmds);
     }
-    nng_close(c->sock);
+    nng_close(c->sock); /* no pipe callback runs after it */
+    pthread_mutex_destroy(&c->conn.mu);
+    free(c->conn.ids);
     free(c->agents);
     ctl_plan_free(&c->plan);
     free(c->source);

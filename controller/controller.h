@@ -40,6 +40,7 @@ struct wb_job {
     uint64_t trainers, rollouts; /* expected agents; 0 = from the layouts */
     char *trace;                 /* "" or a directory: agents write <dir>/<role><rank>.json */
     bool verify; /* rollouts check every write against its checksum computed at the writer */
+    uint64_t max_connections; /* control connections held at once (0: 4 per agent + 64) */
     struct {
         char *cert; /* PEM certificate (chain) the controller shows on a tls+tcp:// listen URL */
         char *key;  /* PEM private key of cert */

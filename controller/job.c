@@ -77,6 +77,10 @@ const struct wb_cfg_field wb_job_fields[] = {
      "rollouts check every write against its checksum computed at the writer (costs a hash of "
      "every byte on both sides; on the GPU for GPU memory)",
      offsetof(struct wb_job, verify)},
+    {"max_connections", WB_CFG_U64, "0",
+     "control connections the controller holds at once, before any is authenticated; one "
+     "over it is closed (0: 4 per agent + 64)",
+     offsetof(struct wb_job, max_connections)},
     {"tls", WB_CFG_SECTION, "", "the control plane over TLS (listen: tls+tcp://HOST:PORT)",
      offsetof(struct wb_job, tls), NULL, tls_fields},
     {0},

@@ -158,6 +158,15 @@ void ctl_model_src(const struct wb_job *job, struct wb_model_src *src)
                                  .rollout_layout = job->rollout_layout};
 }
 
+/* Out of memory where no message was given: says at which step, so a start that fails is
+ * not just "Cannot allocate memory". */
+static int oom_at(struct wb_errlist *el, size_t n0, int err, const char *step)
+{
+    if (err == -ENOMEM && el->n == n0 && !el->dropped)
+        wb_errlist_add(el, "out of memory %s", step);
+    return err;
+}
+
 /* Plans a loaded model (its layouts loaded or derived) and encodes what every agent gets. */
 static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_model *mdp,
                        bool fit_largest, struct wb_errlist *el)
@@ -269,12 +278,14 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
     ctl_model_src(job, &src);
     if (!*job->trainer_layout) { /* derived from what the trainers register (register.c) */
         src.rollout_layout = NULL;
+        size_t n0 = el->n;
         p->md = calloc(1, sizeof(*p->md));
         if (!p->md)
-            return -ENOMEM;
-        int err = wb_model_load(&src, p->md, el);
+            return oom_at(el, n0, -ENOMEM, "loading the model");
+        int err = oom_at(el, n0, wb_model_load(&src, p->md, el), "loading the model");
         if (!err) {
-            err = wb_rollout_layout_load(job->rollout_layout, &p->md->rl, el);
+            err = oom_at(el, n0, wb_rollout_layout_load(job->rollout_layout, &p->md->rl, el),
+                         "loading the rollout layout");
             p->md->have_layouts = err == 0; /* tl comes later; both are freed together */
         }
         if (err)
@@ -293,13 +304,14 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
                  "planned once they all registered\n",
                  job->name, p->ntrainers);
         p->summary = strdup(text);
-        return p->summary ? 0 : -ENOMEM;
+        return p->summary ? 0 : oom_at(el, n0, -ENOMEM, "starting the job");
     }
+    size_t n0 = el->n;
     struct wb_model md;
-    int err = wb_model_load(&src, &md, el);
+    int err = oom_at(el, n0, wb_model_load(&src, &md, el), "loading the model");
     if (err)
         return err;
-    err = plan_encode(job, p, &md, false, el);
+    err = oom_at(el, n0, plan_encode(job, p, &md, false, el), "planning the job");
     wb_model_free(&md);
     return err;
 }
@@ -337,8 +349,9 @@ static int plan_given(const struct wb_job *job, const struct wb_controller_opts 
     src.trainer_mem = o->trainer_inv;
     struct wb_trainer_layout tl = *o->trainer_layout;
     memset(o->trainer_layout, 0, sizeof(*o->trainer_layout));
+    size_t n0 = el->n;
     struct wb_model md;
-    int err = wb_model_load(&src, &md, el);
+    int err = oom_at(el, n0, wb_model_load(&src, &md, el), "loading the model");
     if (err) {
         wb_trainer_layout_free(&tl);
         return err;
@@ -347,7 +360,10 @@ static int plan_given(const struct wb_job *job, const struct wb_controller_opts 
     md.have_layouts = true; /* both freed with the model from here */
     err = wb_rollout_layout_load(job->rollout_layout, &md.rl, el);
     err = err ? err : wb_layout_check(&md.tl, &md.rl, el);
-    err = err ? err : plan_encode(job, p, &md, o->fit_largest_task, el);
+    err = oom_at(el, n0, err, "loading the rollout layout");
+    err =
+        err ? err
+            : oom_at(el, n0, plan_encode(job, p, &md, o->fit_largest_task, el), "planning the job");
     wb_model_free(&md);
     return err;
 }
@@ -357,6 +373,7 @@ int ctl_plan_build(const struct wb_job *job, const struct wb_controller_opts *o,
 {
     struct ctl_plan p;
     memset(&p, 0, sizeof(p));
+    size_t n0 = el->n;
     int err;
     if (!*job->model.rules) {
         err = plan_empty(job, &p);
@@ -367,7 +384,7 @@ int ctl_plan_build(const struct wb_job *job, const struct wb_controller_opts *o,
     }
     if (err) {
         ctl_plan_free(&p);
-        return err;
+        return oom_at(el, n0, err, "starting the job");
     }
     *out = p;
     return 0;

@@ -699,8 +699,9 @@ static void compile_block(struct gen *g, const struct wb_ynode *node)
     struct gblock *b = &g->b[g->nb++];
     struct block_cfg c = {0};
     wb_yaml_where(y, node, b->where, sizeof(b->where));
-    if (wb_cfg_parse(y, node, block_table, &c, g->el)) {
-        g->err = -WB_E_CONFIG;
+    int r = wb_cfg_parse(y, node, block_table, &c, g->el);
+    if (r) {
+        g->err = r; /* -WB_E_CONFIG, said; or -ENOMEM */
         goto out;
     }
     if (wb_dtype_parse(c.dtype, &b->dt)) {

@@ -421,10 +421,10 @@ static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct w
             rl->chunk_n = (uint32_t)k;
         }
     }
-    if (c.permute && load_permute(y, c.permute, rl, el))
-        r = -WB_E_CONFIG;
-    if (load_shard(y, c.shard, rl, el))
-        r = -WB_E_CONFIG;
+    int e = c.permute ? load_permute(y, c.permute, rl, el) : 0;
+    r = e ? e : r; /* -WB_E_CONFIG (said) or -ENOMEM */
+    e = load_shard(y, c.shard, rl, el);
+    r = e ? e : r;
     const struct wb_pat_seg *last = &rl->rollout.seg[rl->rollout.nseg - 1];
     if (last->kind == WB_SEG_LIT) {
         rl->suffix = last->text;

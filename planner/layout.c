@@ -393,8 +393,9 @@ static void trainer_parse_lists(const struct wb_yaml *y, const struct trainer_ra
         const struct wb_ynode *it = wb_ynode_item(y, m, d);
         struct dim_raw dr;
         memset(&dr, 0, sizeof(dr));
-        if (wb_cfg_parse(y, it, dim_table, &dr, el)) {
-            *err = -WB_E_CONFIG;
+        int r = wb_cfg_parse(y, it, dim_table, &dr, el);
+        if (r) {
+            *err = r; /* -WB_E_CONFIG, said; or -ENOMEM */
         } else if (strlen(dr.name) == 0 || strlen(dr.name) >= WB_MESH_NAME_MAX) {
             wb_errlist_add(el, "%s: mesh[%u].name: must be 1 to %d characters",
                            wb_yaml_where(y, it, where, sizeof(where)), d, WB_MESH_NAME_MAX - 1);
@@ -437,8 +438,9 @@ static void trainer_parse_lists(const struct wb_yaml *y, const struct trainer_ra
         const struct wb_ynode *it = wb_ynode_item(y, p, i);
         struct rule_raw rr;
         memset(&rr, 0, sizeof(rr));
-        if (wb_cfg_parse(y, it, rule_table, &rr, el)) {
-            *err = -WB_E_CONFIG;
+        int r = wb_cfg_parse(y, it, rule_table, &rr, el);
+        if (r) {
+            *err = r;
             wb_cfg_free(rule_table, &rr);
             continue;
         }

@@ -27,6 +27,9 @@ static int nng_err(int rv)
         return -EAGAIN;
     case NNG_ENOMEM:
         return -ENOMEM;
+    case NNG_ECONNSHUT: /* the peer closed it: refused at its connection limit, say */
+    case NNG_ECONNRESET:
+        return -ECONNRESET;
     default:
         return -EIO;
     }

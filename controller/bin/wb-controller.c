@@ -64,9 +64,11 @@ int main(int argc, char **argv)
     struct wb_job job;
     struct wb_controller *c;
     wb_errlist_init(&el);
+    const char *step = "reading the job";
     int err = wb_job_load(config, &job, &el);
     if (err)
         goto fail;
+    step = "starting the controller";
     if (listen) {
         char *l = strdup(listen);
         if (!l) {
@@ -90,8 +92,8 @@ fail_job:
     wb_job_free(&job);
 fail:
     wb_errlist_print(&el, "wb-controller: ", stderr);
-    if (!el.n)
-        fprintf(stderr, "wb-controller: %s\n", wb_strerror(err));
+    if (!el.n) /* the message could not be built: at least the step */
+        fprintf(stderr, "wb-controller: %s: %s while %s\n", config, wb_strerror(err), step);
     wb_errlist_free(&el);
     return 1;
 }

@@ -146,7 +146,10 @@ static int call(const char *url, const char *token, uint64_t timeout, struct wb_
     err = wb_chan_call(&ch, req, timeout, &buf, &len);
     if (err) {
         fprintf(stderr, "wb-ctl: controller %s: %s\n", url,
-                err == -ETIMEDOUT ? "no answer (timed out)" : wb_strerror(err));
+                err == -ETIMEDOUT ? "no answer (timed out)"
+                : err == -ECONNRESET
+                    ? "it closed the connection without an answer (is it at its max_connections?)"
+                    : wb_strerror(err));
         wb_chan_close(&ch);
         return 1;
     }

@@ -592,6 +592,83 @@ static void test_rank_takeover(void)
     shutdown_all(&c);
 }
 
+/* Connections past max_connections are closed as they arrive, before a message is read: with
+ * 1 trainer and 1 rollout (3 connections each) and a limit of 12, six strangers are answered
+ * and the others never connect; once they leave, their places are free again. A limit below
+ * what the agents need is refused at start. */
+static int probe(struct wb_chan *ch, unsigned timeout_ms)
+{
+    struct wb_mpw w;
+    void *buf;
+    size_t len;
+    wb_mpw_init(&w);
+    wb_mpw_envelope(&w, WB_MSG_CTL_STATUS);
+    wb_mpw_map(&w, 0);
+    int err = wb_chan_call(ch, &w, timeout_ms * 1000000ull, &buf, &len);
+    wb_mpw_free(&w);
+    if (!err)
+        wb_chan_free(buf);
+    return err;
+}
+
+static void test_connection_limit(void)
+{
+    struct cluster c = {0};
+    char *out;
+    write_job(&c, 1, 1, "max_connections: 12\n");
+    start(&c);
+    free(wait_status(&c, "ready", 10000));
+    e2e_sleep_ms(300); /* wb-ctl's connection is gone */
+    struct wb_chan ch[10];
+    for (int i = 0; i < 10; i++)
+        CHECK_INT(wb_chan_open(&ch[i], c.url), 0);
+    e2e_sleep_ms(500); /* every dial has been answered: held or closed */
+    int answered = 0, unanswered = 0;
+    for (int i = 0; i < 10; i++) {
+        /* a connection closed as it arrives: the send waits for one (a timeout), or goes to the
+         * one being closed (closed without an answer) */
+        int err = probe(&ch[i], 1000);
+        answered += err == 0;
+        unanswered += err == -ETIMEDOUT || err == -ECONNRESET;
+    }
+    CHECK_INT(answered, 6);
+    CHECK_INT(unanswered, 4);
+    /* wb-ctl finds no place either */
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s --timeout 1s status", c.url), 1);
+    char want1[160], want2[200];
+    snprintf(want1, sizeof(want1), "wb-ctl: controller %s: no answer (timed out)\n", c.url);
+    snprintf(want2, sizeof(want2),
+             "wb-ctl: controller %s: it closed the connection without an answer (is it at its "
+             "max_connections?)\n",
+             c.url);
+    if (strcmp(out, want1) != 0)
+        CHECK_STR(out, want2);
+    free(out);
+    for (int i = 0; i < 10; i++)
+        wb_chan_close(&ch[i]);
+    /* the agents were never disturbed, and the places are free again */
+    free(wait_status(&c, "ready", 5000));
+    e2e_sleep_ms(300);
+    for (int i = 0; i < 6; i++)
+        CHECK_INT(wb_chan_open(&ch[i], c.url), 0);
+    for (int i = 0; i < 6; i++)
+        CHECK_INT(probe(&ch[i], 5000), 0);
+    for (int i = 0; i < 6; i++)
+        wb_chan_close(&ch[i]);
+    e2e_sleep_ms(1100); /* refusals are logged once a tick, rate limited */
+    char *clog = e2e_slurp("controller.log");
+    CHECK_CONTAINS(clog, "controller: refused ");
+    CHECK_CONTAINS(clog, " are held (max_connections)");
+    free(clog);
+    shutdown_all(&c);
+
+    write_job(&c, 1, 1, "max_connections: 6\n");
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-controller --config %s", c.job), 1);
+    CHECK_STR(out, "wb-controller: job: max_connections 6 is below what the 2 agents and one "
+                   "wb-ctl hold (7)\n");
+    free(out);
+}
+
 const struct wb_test wb_tests[] = {
     {"transfers", test_transfers, 60},
     {"wrong_token", test_wrong_token, 60},
@@ -602,5 +679,6 @@ const struct wb_test wb_tests[] = {
     {"rank_takeover", test_rank_takeover, 60},
     {"controller_outage", test_controller_outage, 60},
     {"tls", test_tls, 60},
+    {"connection_limit", test_connection_limit, 60},
     {0},
 };

@@ -1451,6 +1451,7 @@ int ag_data_dump(struct data *d, const char *dir, uint64_t version, char *err, s
         return -errno;
     }
     int rc = 0;
+    const char *what = "writing it";
     uint8_t *host = NULL;
     fwrite("WBDUMP1\n", 1, 8, f);
     uint32_t n = d->recv.nlocal;
@@ -1466,13 +1467,16 @@ int ag_data_dump(struct data *d, const char *dir, uint64_t version, char *err, s
             host = malloc(b ? b : 1);
             rc = host ? wb_tx_mem_copy(host, l->buf, b) : -ENOMEM;
             src = host;
+            if (rc)
+                what = "copying a tensor out of GPU memory";
         }
         if (!rc && fwrite(src, 1, b, f) != b)
             rc = -EIO;
     }
     free(host);
     if (fclose(f) || rc || rename(tmp, path)) {
-        snprintf(err, errcap, "%s: cannot write the rollout's tensors", path);
+        snprintf(err, errcap, "%s: cannot write the rollout's tensors (%s: %s)", path, what,
+                 wb_strerror(rc ? rc : -EIO));
         unlink(tmp);
         return rc ? rc : -EIO;
     }

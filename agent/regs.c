@@ -51,7 +51,13 @@ int ag_regs_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t, char *err
         snprintf(err, errcap, "%s: no memory (NULL pointer)", name);
         return -EINVAL;
     }
-    bool dev = n && !ep->sourced && wb_gpu_is_device_ptr(t->ptr);
+    int where = n && !ep->sourced ? wb_gpu_ptr_device(t->ptr) : WB_GPU_HOST;
+    if (where == WB_GPU_UNKNOWN) {
+        snprintf(err, errcap, "%s: the CUDA runtime cannot say whether its memory is a GPU's",
+                 name);
+        return -WB_E_CUDA;
+    }
+    bool dev = where >= 0;
     if (n && !ep->sourced && dev != (ep->o.device >= 0)) {
         snprintf(err, errcap, "%s: %s memory, but the endpoint's tensors live in %s", name,
                  dev ? "GPU" : "host", ep->o.device >= 0 ? "GPU memory" : "host memory");

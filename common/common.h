@@ -422,9 +422,15 @@ void wb_cfg_dump(const struct wb_cfg_field *table, void *file);
 
 /* ---------------------------------------------------------------- GPU (optional) */
 
-/* Number of usable CUDA devices: 0 when built without CUDA or when no GPU or driver is present. */
+/* Number of usable CUDA devices: 0 when built without CUDA or when no GPU or driver is present.
+ * Asked of the runtime once per process: a GPU it failed to report is never used. */
 int wb_gpu_count(void);
-/* True when p is CUDA device memory (always false without CUDA). */
+/* Where p lives: the index of the GPU whose device memory it is, WB_GPU_HOST (host memory of any
+ * kind, or no GPU), or WB_GPU_UNKNOWN when the runtime failed to say — never to be taken for
+ * host memory (a host copy of device memory crashes, a socket send of it fails EFAULT). */
+enum { WB_GPU_HOST = -1, WB_GPU_UNKNOWN = -2 };
+int wb_gpu_ptr_device(const void *p);
+/* True when p is CUDA device memory (always false without CUDA; false when unknown). */
 bool wb_gpu_is_device_ptr(const void *p);
 /* Whether this build was compiled with CUDA. */
 bool wb_gpu_built(void);

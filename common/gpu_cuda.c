@@ -5,26 +5,39 @@
 
 #include <cuda_runtime.h>
 
+#include <stdatomic.h>
+
 int wb_gpu_count(void)
 {
-    int n = 0;
+    static atomic_int known = -1; /* the first answer, kept: the devices do not change */
+    int n = atomic_load(&known);
+    if (n >= 0)
+        return n;
+    n = 0;
     if (WB_CUDA(cudaGetDeviceCount(&n)) != cudaSuccess) {
         (void)cudaGetLastError(); /* clear the sticky "no device" error */
-        return 0;
+        n = 0;
     }
-    return n;
+    int expect = -1;
+    return atomic_compare_exchange_strong(&known, &expect, n) ? n : expect;
+}
+
+int wb_gpu_ptr_device(const void *p)
+{
+    if (!p || wb_gpu_count() == 0)
+        return WB_GPU_HOST;
+    struct cudaPointerAttributes a;
+    if (WB_CUDA(cudaPointerGetAttributes(&a, p)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return WB_GPU_UNKNOWN;
+    }
+    /* Managed memory is host-accessible and treated like host memory. */
+    return a.type == cudaMemoryTypeDevice ? a.device : WB_GPU_HOST;
 }
 
 bool wb_gpu_is_device_ptr(const void *p)
 {
-    if (!p || wb_gpu_count() == 0)
-        return false;
-    struct cudaPointerAttributes a;
-    if (WB_CUDA(cudaPointerGetAttributes(&a, p)) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return a.type == cudaMemoryTypeDevice;
+    return wb_gpu_ptr_device(p) >= 0;
 }
 
 bool wb_gpu_built(void)

@@ -81,8 +81,13 @@ int wb_quant_batch_create(const struct wb_quant_exec *ex, const struct wb_quant_
         if (check_citem(i, &c[i]))
             return -EINVAL;
     bool device = ex && ex->mem == WB_QUANT_DEVICE;
-    if (ex && ex->mem == WB_QUANT_AUTO)
-        device = (nq && wb_gpu_is_device_ptr(q[0].src)) || (nc && wb_gpu_is_device_ptr(c[0].src));
+    if (ex && ex->mem == WB_QUANT_AUTO) {
+        int wq = nq ? wb_gpu_ptr_device(q[0].src) : WB_GPU_HOST;
+        int wc = nc ? wb_gpu_ptr_device(c[0].src) : WB_GPU_HOST;
+        if (wq == WB_GPU_UNKNOWN || wc == WB_GPU_UNKNOWN)
+            return -WB_E_CUDA; /* never a host loop over device memory */
+        device = wq >= 0 || wc >= 0;
+    }
     struct wb_quant_batch *b = calloc(1, sizeof(*b));
     if (!b)
         return -ENOMEM;

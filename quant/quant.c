@@ -35,7 +35,13 @@ static int where(const struct wb_quant_exec *ex, const char *fn, const void *con
     for (size_t i = 0; i < n; i++) {
         if (!ptrs[i])
             continue;
-        bool dev = wb_gpu_is_device_ptr(ptrs[i]);
+        int where = wb_gpu_ptr_device(ptrs[i]);
+        if (where == WB_GPU_UNKNOWN) {
+            wb_log(WB_LOG_ERROR, MOD, "%s: the CUDA runtime cannot say whether %s is device memory",
+                   fn, names[i]);
+            return -WB_E_CUDA;
+        }
+        bool dev = where >= 0;
         if (first < 0) {
             first = (int)i;
             first_dev = dev;

@@ -38,9 +38,22 @@ void wb_tx_mem_free(enum wb_tx_mem kind, void *p)
         cudaFree(p);
 }
 
+/* Both host memory (1), a GPU's on either side (0), or the runtime could not say (-WB_E_CUDA:
+ * a host copy of device memory would crash). */
+static int both_host(const void *dst, const void *src)
+{
+    int d = wb_gpu_ptr_device(dst), s = wb_gpu_ptr_device(src);
+    if (d == WB_GPU_UNKNOWN || s == WB_GPU_UNKNOWN)
+        return -WB_E_CUDA;
+    return d == WB_GPU_HOST && s == WB_GPU_HOST;
+}
+
 int wb_tx_mem_copy(void *dst, const void *src, size_t len)
 {
-    if (!wb_gpu_is_device_ptr(dst) && !wb_gpu_is_device_ptr(src)) {
+    int host = both_host(dst, src);
+    if (host < 0)
+        return host;
+    if (host) {
         memmove(dst, src, len);
         return 0;
     }
@@ -57,7 +70,10 @@ int wb_tx_mem_copy(void *dst, const void *src, size_t len)
 
 int wb_tx_mem_copy_reps(void *dst, const void *src, size_t len, size_t reps)
 {
-    if (!wb_gpu_is_device_ptr(dst) && !wb_gpu_is_device_ptr(src)) {
+    int host = both_host(dst, src);
+    if (host < 0)
+        return host;
+    if (host) {
         for (size_t i = 0; i < reps; i++)
             memcpy(dst, src, len);
         return 0;

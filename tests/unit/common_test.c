@@ -161,6 +161,9 @@ static void test_gpu_helpers(void)
     int host = 0;
     CHECK(!wb_gpu_is_device_ptr(&host));
     CHECK(!wb_gpu_is_device_ptr(NULL));
+    CHECK_INT(wb_gpu_ptr_device(&host), WB_GPU_HOST);
+    CHECK_INT(wb_gpu_ptr_device(NULL), WB_GPU_HOST);
+    CHECK_INT(wb_gpu_count(), wb_gpu_count()); /* asked once, the same answer */
     if (!wb_gpu_built())
         CHECK_INT(wb_gpu_count(), 0);
     else if (wb_gpu_count() == 0)

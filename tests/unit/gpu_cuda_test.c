@@ -20,6 +20,10 @@ static void test_pointer_kinds(void)
     CHECK(wb_gpu_is_device_ptr((char *)dev + 4095));
     CHECK(!wb_gpu_is_device_ptr(pinned));
     CHECK(!wb_gpu_is_device_ptr(&stack));
+    int cur = -1;
+    CHECK_INT(cudaGetDevice(&cur), cudaSuccess);
+    CHECK_INT(wb_gpu_ptr_device(dev), cur);
+    CHECK_INT(wb_gpu_ptr_device(pinned), WB_GPU_HOST);
     CHECK_INT(cudaFree(dev), cudaSuccess);
     CHECK_INT(cudaFreeHost(pinned), cudaSuccess);
 }

@@ -145,7 +145,10 @@ static int fab_mr_reg(struct wb_tx *tx, void *ptr, uint64_t len, unsigned access
     if (!ptr || len == 0 || !(access & (WB_TX_ACCESS_SRC | WB_TX_ACCESS_DST)) ||
         (access & ~(unsigned)(WB_TX_ACCESS_SRC | WB_TX_ACCESS_DST)))
         return wb_txi_err(tx, -EINVAL, "register: need a pointer, a length and SRC/DST access");
-    int dev = fab_gpu_device_of(ptr);
+    int dev = wb_gpu_ptr_device(ptr);
+    if (dev == WB_GPU_UNKNOWN)
+        return wb_txi_err(tx, -WB_E_CUDA,
+                          "register: the CUDA runtime cannot say whether %p is device memory", ptr);
     if (dev >= 0) {
         if (fx->gpu_device >= 0 && dev != fx->gpu_device)
             return wb_txi_err(tx, -EINVAL,

@@ -211,8 +211,6 @@ struct fab_mr *fab_mr_find(struct fab_tx *fx, uint64_t id);
 int fab_pool_init(struct fab_tx *fx);
 
 /* fabric_cuda.c / fabric_nocuda.c */
-/* The CUDA device of p, or -1 for host memory (always -1 without CUDA). */
-int fab_gpu_device_of(const void *p);
 bool fab_gpu_available(void);
 int fab_gpu_open(int device, struct fab_gpu **out);
 /* Waits for every copy, then frees (NULL-safe). */

@@ -18,19 +18,6 @@ struct fab_gpu {
     size_t nspare, cap;
 };
 
-int fab_gpu_device_of(const void *p)
-{
-    if (!p || wb_gpu_count() == 0)
-        return -1;
-    struct cudaPointerAttributes a;
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return -1;
-    }
-    /* Managed memory is host-accessible and registered like host memory. */
-    return a.type == cudaMemoryTypeDevice ? a.device : -1;
-}
-
 bool fab_gpu_available(void)
 {
     return wb_gpu_count() > 0;

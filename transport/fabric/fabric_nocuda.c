@@ -7,12 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int fab_gpu_device_of(const void *p)
-{
-    (void)p;
-    return -1;
-}
-
 bool fab_gpu_available(void)
 {
     return false;

@@ -163,6 +163,7 @@ static void *hb_main(void *arg)
         void *buf = NULL;
         size_t len = 0;
         uint64_t heard = 0, lost = 0;
+        bool ended = false;
         wb_mpw_init(&w);
         wb_msg_encode(&w, WB_MSG_HEARTBEAT, ep->o.token, &b);
         if (hb_call(ep, &w, wait, &buf, &len) == 0) {
@@ -172,9 +173,12 @@ static void *hb_main(void *arg)
             char whybuf[64];
             if (wb_msg_open(buf, len, ep->o.token, &m, &why) == 0) {
                 heard = wb_now_ns();
-                if (m.type == WB_MSG_ERROR && wb_msg_decode(&m, &e, whybuf, sizeof(whybuf)) == 0 &&
-                    e.code == -WB_E_PEER)
-                    lost = b.s.session;
+                if (m.type == WB_MSG_ERROR && wb_msg_decode(&m, &e, whybuf, sizeof(whybuf)) == 0) {
+                    if (e.code == -WB_E_PEER)
+                        lost = b.s.session;
+                    else if (e.code == -WB_E_ENDED)
+                        ended = true;
+                }
             }
             wb_chan_free(buf);
         }
@@ -184,6 +188,8 @@ static void *hb_main(void *arg)
             ep->hb_heard = heard;
         if (lost)
             ep->hb_lost = lost;
+        if (ended)
+            ep->hb_ended = true;
     }
     pthread_mutex_unlock(&ep->hb_mu);
     return NULL;
@@ -238,8 +244,11 @@ static void hb_update(struct wb_endpoint *ep)
     ep->hb_period = ep->hb_ns;
     ep->hb_wait = ep->dead_ns;
     uint64_t heard = ep->hb_heard, lost = ep->hb_lost;
+    bool ended = ep->hb_ended;
     ep->hb_lost = 0;
     pthread_mutex_unlock(&ep->hb_mu);
+    if (ended)
+        ep->exiting = true; /* the controller said so on the heartbeat connection */
     if (heard > ep->last_heard)
         ep->last_heard = heard;
     if (lost && lost == ep->session)
@@ -301,6 +310,10 @@ static int on_error_reply(struct wb_endpoint *ep, const struct wb_msg *m)
     }
     if (e.code == -WB_E_PEER) {
         lose_session(ep, e.msg);
+        return 0;
+    }
+    if (e.code == -WB_E_ENDED) { /* as an EXIT command */
+        ep->exiting = true;
         return 0;
     }
     if (e.code == -EADDRINUSE && ep->registering) { /* another live process holds the rank */

@@ -129,6 +129,7 @@ struct wb_endpoint {
     uint64_t hb_period, hb_wait;   /* under hb_mu: heartbeat period, time to wait for a reply */
     uint64_t hb_heard;             /* under hb_mu: when the last heartbeat was answered */
     uint64_t hb_lost;              /* under hb_mu: a session the controller said it lost */
+    bool hb_ended;                 /* under hb_mu: the controller said the job is shutting down */
     bool hb_quit;                  /* under hb_mu */
     uint64_t hb_next;              /* loop only: when hb_update runs next */
     /* shared with the public calls, under mu */

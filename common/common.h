@@ -34,6 +34,7 @@ enum wb_errcode {
     WB_E_FABRIC,       /* a libfabric call failed */
     WB_E_NOGPU,        /* a GPU was needed and none is usable */
     WB_E_BOUNDS,       /* a write would fall outside its destination region */
+    WB_E_ENDED,        /* the controller is shutting the job down: agents exit */
     WB_E_LAST
 };
 

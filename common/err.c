@@ -18,6 +18,7 @@ static const char *const project_errors[WB_E_LAST - WB_E_FIRST] = {
     [WB_E_FABRIC - WB_E_FIRST] = "libfabric error",
     [WB_E_NOGPU - WB_E_FIRST] = "no usable GPU",
     [WB_E_BOUNDS - WB_E_FIRST] = "write outside its destination region",
+    [WB_E_ENDED - WB_E_FIRST] = "the job was shut down",
 };
 
 const char *wb_strerror(int err)

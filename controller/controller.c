@@ -805,6 +805,10 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
 {
     char msg[256];
     enum wb_role role;
+    if (c->shutting_down) {
+        reply_error(c, req, -WB_E_ENDED, "register: the job is shutting down");
+        return;
+    }
     if (wb_role_parse(b->role, &role)) {
         snprintf(msg, sizeof(msg), "register: role must be trainer or rollout, got \"%s\"",
                  b->role);
@@ -885,6 +889,11 @@ static struct agent *session_agent(struct wb_controller *c, nng_msg *req,
     struct agent *a = NULL;
     if (wb_role_parse(s->role, &role) == 0 && s->rank <= UINT32_MAX)
         a = agent_at(c, role, (uint32_t)s->rank);
+    if (c->shutting_down && (!a || !a->alive || a->session != s->session)) {
+        /* an agent the controller lost (or a restarted one never knew) exits, too */
+        reply_error(c, req, -WB_E_ENDED, "the job is shutting down");
+        return NULL;
+    }
     if (!a || !a->alive || a->session != s->session) {
         snprintf(msg, sizeof(msg),
                  "%s rank %" PRIu64 ": unknown session %" PRIu64 ": register again", s->role,
@@ -1026,6 +1035,11 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
     }
     switch (type) {
     case WB_MSG_HEARTBEAT:
+        if (c->shutting_down) { /* the EXIT again, on the agent's other connection: a poll
+                                 * answer that did not arrive leaves no agent waiting */
+            reply_error(c, req, -WB_E_ENDED, "the job is shutting down");
+            return;
+        }
         a->version = b->hb.version;
         a->in_flight = b->hb.in_flight;
         a->torn = b->hb.torn;

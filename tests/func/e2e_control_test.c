@@ -669,6 +669,38 @@ static void test_connection_limit(void)
     free(out);
 }
 
+/* Shutdown reaches an agent whose poll answer never arrives: its heartbeats are answered "the
+ * job is shutting down" (the agent exits on that as on EXIT), a registration during the
+ * shutdown is refused, and the controller exits once the agent acknowledged or fell silent. */
+static void test_shutdown_by_heartbeat(void)
+{
+    struct cluster c = {0};
+    write_job(&c, 1, 1, NULL);
+    c.nro = 0; /* rollout rank 0 is this test: it never polls */
+    start(&c);
+    free(wait_status(&c, "trainer      0 alive", 10000));
+    struct wb_body_register reg = {.rank = 0, .device = -1, .pid = 1, .synthetic = true};
+    snprintf(reg.role, sizeof(reg.role), "rollout");
+    memcpy(reg.host, "quiet", 6);
+    struct wb_body_registered ok;
+    char msg[256];
+    CHECK_INT(call(&c, WB_MSG_REGISTER, &reg, &ok, msg, sizeof(msg)), WB_MSG_REGISTERED);
+    char *out;
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s shutdown", c.url), 0);
+    free(out);
+    struct wb_body_heartbeat hb = {.s = {.rank = 0, .session = ok.session}};
+    snprintf(hb.s.role, sizeof(hb.s.role), "rollout");
+    CHECK_INT(call(&c, WB_MSG_HEARTBEAT, &hb, NULL, msg, sizeof(msg)), WB_MSG_ERROR);
+    CHECK_STR(msg, "the job is shutting down");
+    reg.rank = 0;
+    snprintf(reg.role, sizeof(reg.role), "trainer");
+    CHECK_INT(call(&c, WB_MSG_REGISTER, &reg, NULL, msg, sizeof(msg)), WB_MSG_ERROR);
+    CHECK_STR(msg, "register: the job is shutting down");
+    /* this agent now falls silent: dead after 1 s, and the controller goes */
+    CHECK_INT(e2e_wait(c.ctl, 8000), 0);
+    CHECK_INT(e2e_wait(c.tr[0], 5000), 0);
+}
+
 const struct wb_test wb_tests[] = {
     {"transfers", test_transfers, 60},
     {"wrong_token", test_wrong_token, 60},
@@ -680,5 +712,6 @@ const struct wb_test wb_tests[] = {
     {"controller_outage", test_controller_outage, 60},
     {"tls", test_tls, 60},
     {"connection_limit", test_connection_limit, 60},
+    {"shutdown_by_heartbeat", test_shutdown_by_heartbeat, 60},
     {0},
 };

@@ -62,6 +62,7 @@ static void test_strerror(void)
     CHECK_STR(wb_strerror(-EBADMSG), "Bad message");
     CHECK_STR(wb_strerror(-WB_E_CONFIG), "invalid configuration");
     CHECK_STR(wb_strerror(WB_E_BOUNDS), "write outside its destination region");
+    CHECK_STR(wb_strerror(-WB_E_ENDED), "the job was shut down");
     CHECK_STR(wb_strerror(-WB_E_PEER), "peer died or stopped answering");
     CHECK_STR(wb_strerror(-WB_E_LAST), "unknown error");
     for (int e = WB_E_FIRST; e < WB_E_LAST; e++)

@@ -393,6 +393,11 @@ static int on_call_reply(struct wb_endpoint *ep, void *buf, size_t len)
         ep->last_seq = 0;
         wb_log(WB_LOG_INFO, M, "%s rank %u registered, session %" PRIu64, ep->role, ep->o.rank,
                ep->session);
+        /* The heartbeats carry the new session from now on: the SETUP that may come with the
+         * first poll answer blocks this loop for as long as registering the memory takes, and
+         * a beat without the session (or with the lost one) would let the agent be taken for
+         * dead meanwhile. */
+        hb_update(ep);
         send_poll(ep);
     }
     return 0;

@@ -197,6 +197,14 @@ EOF
         fi
         return 1
     }
+    # verify V: every rollout byte of version V against the reference (into $out)
+    verify() {
+        for _ in $(seq 1 100); do # the dumps are written on the rollouts' own threads
+            [ -f "$d/dump/rollout0.v$1.bin" ] && [ -f "$d/dump/rollout1.v$1.bin" ] && break
+            sleep 0.1
+        done
+        out=$("$fbin/wb-ctl" verify --config "$d/job.yaml" --dump "$d/dump" --version "$1" 2>&1)
+    }
     for _ in 1; do
         ready
         rc=$?
@@ -228,12 +236,7 @@ EOF
                 break
             }
         fi
-        for _ in $(seq 1 100); do # the dumps are written on the rollouts' own threads
-            [ -f "$d/dump/rollout0.v$version.bin" ] && [ -f "$d/dump/rollout1.v$version.bin" ] &&
-                break
-            sleep 0.1
-        done
-        out=$("$fbin/wb-ctl" verify --config "$d/job.yaml" --dump "$d/dump" --version $version 2>&1)
+        verify $version
         # A rollout whose dump of this version failed (a failure in the dump's own copy out of
         # GPU memory) said so in its log: the next version's dump is the one checked.
         if ! grep -q "every byte equals the reference" <<<"$out" &&
@@ -244,12 +247,7 @@ EOF
                 why=${why:-"no transfer completed after the dump failed: $(head -n 2 <<<"$out")"}
                 break
             }
-            for _ in $(seq 1 100); do
-                [ -f "$d/dump/rollout0.v$version.bin" ] && [ -f "$d/dump/rollout1.v$version.bin" ] &&
-                    break
-                sleep 0.1
-            done
-            out=$("$fbin/wb-ctl" verify --config "$d/job.yaml" --dump "$d/dump" --version $version 2>&1)
+            verify $version
         fi
         if ! grep -q "every byte equals the reference" <<<"$out"; then
             why="verify version $version: $(head -n 2 <<<"$out")"

@@ -40,7 +40,10 @@ fi
 tmp=$(mktemp -d /tmp/wb-fault.XXXXXX)
 pids=()
 cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+    for p in "${pids[@]}"; do # still one of ours (its pid may have been reused since)
+        { tr '\0' ' ' <"/proc/$p/cmdline"; } 2>/dev/null | grep -q -e "$fbin/" -e "$tmp" &&
+            kill -9 "$p" 2>/dev/null
+    done
     wait 2>/dev/null
     [ -n "${WB_KEEP:-}" ] && echo "    logs: $tmp" || rm -rf "$tmp"
 }
@@ -103,6 +106,15 @@ EOF
     local why="" p n restarted="" version=0 out rc
     local procs="controller trainer0 trainer1 rollout0 rollout1"
     declare -A runs=()
+    # alive NAME: its process still runs. Not kill -0 alone: with runs side by side the pid
+    # space (32768 here) wraps within a run, and a pid that ended may already be another run's
+    # process (a false hang here, a SIGKILL there) — it must still be this run's child.
+    alive() {
+        local s
+        read -r s <"/proc/${pid[$1]}/stat" 2>/dev/null || return 1
+        set -- ${s##*) } # state ppid ...
+        [ "$1" != Z ] && [ "$2" = "$BASHPID" ]
+    }
     # start NAME [faulted]: the fault's environment only for the faulted start of its role.
     start() {
         local name=$1 env=() k=${runs[$1]:-0}
@@ -131,7 +143,7 @@ EOF
     reap() {
         local p st
         for p in $procs; do
-            kill -0 "${pid[$p]}" 2>/dev/null && continue
+            alive "$p" && continue
             wait "${pid[$p]}"
             st=$?
             local log="$d/$p.$((${runs[$p]} - 1)).log"
@@ -258,14 +270,14 @@ EOF
     # shutdown: every process exits within T_EXIT seconds, with status 0
     for _ in 1 2 3; do # asked again while the controller lives (a loaded machine is slow)
         ctl --timeout 5s shutdown >/dev/null 2>&1 && break
-        kill -0 "${pid[controller]}" 2>/dev/null || break
+        alive controller || break
     done
     local t0=$SECONDS
     for p in $procs; do
-        while kill -0 "${pid[$p]}" 2>/dev/null && [ $((SECONDS - t0)) -lt "$T_EXIT" ]; do
+        while alive "$p" && [ $((SECONDS - t0)) -lt "$T_EXIT" ]; do
             sleep 0.1
         done
-        if kill -0 "${pid[$p]}" 2>/dev/null; then
+        if alive "$p"; then
             why=${why:-"$p did not exit within ${T_EXIT}s of the shutdown (hung)"}
             # where it hangs, kept with the logs (WB_FAULT_SAVE)
             command -v gdb >/dev/null &&

@@ -111,7 +111,7 @@ EOF
     # process (a false hang here, a SIGKILL there) — it must still be this run's child.
     alive() {
         local s
-        read -r s <"/proc/${pid[$1]}/stat" 2>/dev/null || return 1
+        { read -r s <"/proc/${pid[$1]}/stat"; } 2>/dev/null || return 1
         set -- ${s##*) } # state ppid ...
         [ "$1" != Z ] && [ "$2" = "$BASHPID" ]
     }

@@ -112,6 +112,7 @@ struct wb_controller {
     struct {
         pthread_mutex_t mu;
         uint32_t *ids, n, max;
+        size_t cap;             /* ids grows with the connections held, never past max */
         uint64_t refused, said; /* refused so far; how many of them the log has counted */
     } conn;
 };
@@ -1252,9 +1253,11 @@ static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
     bool refuse = false;
     pthread_mutex_lock(&c->conn.mu);
     if (ev == NNG_PIPE_EV_ADD_PRE) {
-        if (c->conn.n < c->conn.max)
+        if (c->conn.n < c->conn.max &&
+            (c->conn.n < c->conn.cap ||
+             !wb_grow(&c->conn.ids, &c->conn.cap, 64, sizeof(*c->conn.ids))))
             c->conn.ids[c->conn.n++] = id;
-        else
+        else /* over the limit, or no memory to hold it: closed either way */
             refuse = true, c->conn.refused++;
     } else {
         for (uint32_t i = 0; i < c->conn.n; i++)
@@ -1468,11 +1471,7 @@ int wb_controller_create_opts(const struct wb_job *job, const struct wb_controll
         goto err_agents;
     }
     uint64_t maxc = job->max_connections ? job->max_connections : 4ull * c->nagents + 64;
-    c->conn.max = maxc > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)maxc;
-    if (!(c->conn.ids = malloc((size_t)c->conn.max * sizeof(*c->conn.ids)))) {
-        err = -ENOMEM;
-        goto err_agents;
-    }
+    c->conn.max = maxc > UINT32_MAX ? UINT32_MAX : (uint32_t)maxc;
     pthread_mutex_init(&c->conn.mu, NULL);
     if ((rv = nng_rep0_open_raw(&c->sock)) != 0) {
         wb_errlist_add(el, "controller: cannot open a socket: %s", nng_strerror(rv));

@@ -592,6 +592,16 @@ static void test_rank_takeover(void)
     shutdown_all(&c);
 }
 
+/* LeakSanitizer, for this test process only: nng 1.5.2 can keep a request that was sent on a
+ * connection the controller closed as it arrived (connection_limit) after the socket is
+ * closed. Only allocations made inside libnng are exempt; the controller, a process of its
+ * own, is checked in full. */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libnng.so\n";
+}
+
 /* Connections past max_connections are closed as they arrive, before a message is read: with
  * 1 trainer and 1 rollout (3 connections each) and a limit of 12, six strangers are answered
  * and the others never connect; once they leave, their places are free again. A limit below

@@ -128,20 +128,24 @@ static int encode_sums(struct ctl_plan *p, const struct wb_plan *plan)
     int err = 0;
     for (uint32_t r = 0; !err && r < plan->ntrainers; r++) {
         const struct wb_route_table *t = &plan->tables[r];
-        uint8_t *b = malloc((size_t)t->nwrites * 4 + 1);
+        size_t nw = (size_t)wb_route_table_writes(t); /* as the agent's decoded table has them */
+        uint8_t *b = malloc(nw * 4 + 1);
         if (!b) {
             err = -ENOMEM;
             break;
         }
-        for (uint32_t k = 0; k < t->nwrites; k++) {
-            const struct wb_rt_write *w = &t->writes[k];
-            uint32_t s = next[w->dst_rank * stride + w->tag]++;
-            b[4 * k] = (uint8_t)s;
-            b[4 * k + 1] = (uint8_t)(s >> 8);
-            b[4 * k + 2] = (uint8_t)(s >> 16);
-            b[4 * k + 3] = (uint8_t)(s >> 24);
+        size_t k = 0;
+        for (uint32_t i = 0; i < t->nwrites; i++) {
+            const struct wb_rt_write *w = &t->writes[i];
+            for (uint32_t c = 0; c < wb_rt_copies(w); c++, k++) {
+                uint32_t s = next[(size_t)wb_rt_copy_rank(w, c) * stride + w->tag]++;
+                b[4 * k] = (uint8_t)s;
+                b[4 * k + 1] = (uint8_t)(s >> 8);
+                b[4 * k + 2] = (uint8_t)(s >> 16);
+                b[4 * k + 3] = (uint8_t)(s >> 24);
+            }
         }
-        p->sums[r] = (struct ctl_blob){b, (size_t)t->nwrites * 4};
+        p->sums[r] = (struct ctl_blob){b, nw * 4};
     }
     free(next);
     return err;

@@ -76,7 +76,8 @@ int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
         p->stats.h2d_bytes += ro->h2d;
         p->stats.tasks += t->ntasks;
         p->stats.ops += t->nops;
-        p->stats.writes += t->nwrites;
+        p->stats.writes += ro->nwrites;
+        p->stats.records += t->nwrites;
         p->stats.total_bytes += ro->send;
         if (ro->send > p->stats.max_send)
             p->stats.max_send = ro->send;

@@ -239,6 +239,7 @@ static int emit_writes(struct tstate *ts, const struct sview *sv, const struct w
             return -ENOMEM;
         ts->write_bytes += len;
         ts->ro->send += len;
+        ts->ro->nwrites++;
         size_t ri = (size_t)g * c->in->rollout->n + dst_tensor;
         c->recv[ri].bytes += len;
         c->recv[ri].writes++;
@@ -459,20 +460,36 @@ static int source_view(struct tstate *ts, uint32_t t, const struct wb_box *B,
     return 0;
 }
 
-/* The same piece for another replica: copies writes [w0, w1) with destination rank g. */
+/* The same piece for another replica, rollout rank g: the records [w0, w1) the piece's first
+ * replica got fan out one copy further when g continues their rank progression (replicas come
+ * in rising order, so a piece one rank writes to every replica is one record per write), else
+ * they are copied with destination g. */
 static int clone_writes(struct tstate *ts, size_t w0, size_t w1, uint32_t g)
 {
     struct plan_ctx *c = ts->c;
-    if (pl_vec_reserve(&ts->ro->writes, w1 - w0))
+    if (w0 == w1)
+        return 0;
+    struct wb_rt_write *first = VEC_AT(&ts->ro->writes, struct wb_rt_write, w0);
+    uint32_t step = first->more ? first->rank_step : g - first->dst_rank;
+    bool fan = g > first->dst_rank && (uint64_t)first->dst_rank + (first->more + 1ull) * step == g;
+    if (!fan && pl_vec_reserve(&ts->ro->writes, w1 - w0))
         return -ENOMEM;
     for (size_t i = w0; i < w1; i++) {
-        struct wb_rt_write w = *VEC_AT(&ts->ro->writes, struct wb_rt_write, i);
-        w.dst_rank = g;
-        *VEC_AT(&ts->ro->writes, struct wb_rt_write, ts->ro->writes.n++) = w;
-        ts->write_bytes += w.len;
-        ts->ro->send += w.len;
-        size_t ri = (size_t)g * c->in->rollout->n + w.dst_tensor;
-        c->recv[ri].bytes += w.len;
+        struct wb_rt_write *x = VEC_AT(&ts->ro->writes, struct wb_rt_write, i);
+        if (fan) {
+            x->more++;
+            x->rank_step = step;
+        } else {
+            struct wb_rt_write w = *x;
+            w.dst_rank = g;
+            w.more = w.rank_step = 0;
+            *VEC_AT(&ts->ro->writes, struct wb_rt_write, ts->ro->writes.n++) = w;
+        }
+        ts->write_bytes += x->len;
+        ts->ro->send += x->len;
+        ts->ro->nwrites++;
+        size_t ri = (size_t)g * c->in->rollout->n + x->dst_tensor;
+        c->recv[ri].bytes += x->len;
         c->recv[ri].writes++;
     }
     return 0;

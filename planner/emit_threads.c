@@ -39,7 +39,7 @@ static void rank_out_reset(struct rank_out *ro)
     pl_intern_init(&ro->shapes, sizeof(struct wb_shape));
     for (int k = 0; k < PEER_CACHE; k++)
         ro->pcache[k].n = 0; /* indices into the tables just reset */
-    ro->send = ro->gather_in = ro->h2d = 0;
+    ro->send = ro->gather_in = ro->h2d = ro->nwrites = 0;
 }
 
 void pl_rank_outs_free(struct rank_out *ro, uint32_t n)

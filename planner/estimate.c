@@ -34,6 +34,7 @@ struct chunk {
 
 struct pair {
     uint32_t src, dst; /* node ids: trainers, then rollouts */
+    uint32_t w, step;  /* copies: the same bytes to dst + k * step, k < w (replica fan-out) */
     struct vec q;      /* struct chunk FIFO */
     size_t head;
     double rate, give;
@@ -112,10 +113,10 @@ struct sim {
     uint32_t *phash;
     size_t hcap;
     struct {
-        uint32_t dst;
-        uint64_t bytes;
-    } * flow;            /* per task flows */
-    struct rflow *rflow; /* ring flows of network gathers */
+        uint32_t dst, w, step; /* a rollout rank and its copies (replica fan-out) */
+        uint64_t bytes;        /* per copy */
+    } * flow;                  /* per task flows */
+    struct rflow *rflow;       /* ring flows of network gathers */
     size_t nrflow;
     uint32_t *last_coll;      /* per rank and phase: relative index of the last task of the phase
                                  (+1), 0 when the rank has none */
@@ -133,13 +134,20 @@ struct sim {
 
 /* ---------------------------------------------------------------- pairs */
 
-static struct pair *get_pair(struct sim *s, uint32_t a, uint32_t b)
+static size_t pair_hash(uint32_t a, uint32_t b, uint32_t w, uint32_t step, size_t cap)
 {
-    uint64_t key = ((uint64_t)a << 32) | b;
-    size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (s->hcap - 1);
+    uint64_t key = ((uint64_t)a << 32 | b) ^ ((uint64_t)w << 48) ^ ((uint64_t)step << 24);
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+}
+
+static struct pair *get_pair(struct sim *s, uint32_t a, uint32_t b, uint32_t w, uint32_t step)
+{
+    if (w <= 1)
+        w = 1, step = 0;
+    size_t h = pair_hash(a, b, w, step, s->hcap);
     while (s->phash[h]) {
         struct pair *p = &s->pair[s->phash[h] - 1];
-        if (p->src == a && p->dst == b)
+        if (p->src == a && p->dst == b && p->w == w && p->step == step)
             return p;
         h = (h + 1) & (s->hcap - 1);
     }
@@ -149,8 +157,8 @@ static struct pair *get_pair(struct sim *s, uint32_t a, uint32_t b)
         if (!nh)
             return NULL;
         for (size_t i = 0; i < s->npair; i++) {
-            uint64_t k = ((uint64_t)s->pair[i].src << 32) | s->pair[i].dst;
-            size_t j = (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+            const struct pair *q = &s->pair[i];
+            size_t j = pair_hash(q->src, q->dst, q->w, q->step, cap);
             while (nh[j])
                 j = (j + 1) & (cap - 1);
             nh[j] = (uint32_t)i + 1;
@@ -158,7 +166,7 @@ static struct pair *get_pair(struct sim *s, uint32_t a, uint32_t b)
         free(s->phash);
         s->phash = nh;
         s->hcap = cap;
-        return get_pair(s, a, b);
+        return get_pair(s, a, b, w, step);
     }
     if (s->npair == s->cpair) {
         size_t c = s->cpair ? s->cpair * 2 : 1024;
@@ -172,6 +180,8 @@ static struct pair *get_pair(struct sim *s, uint32_t a, uint32_t b)
     memset(p, 0, sizeof(*p));
     p->src = a;
     p->dst = b;
+    p->w = w;
+    p->step = step;
     pl_vec_init(&p->q, sizeof(struct chunk));
     s->phash[h] = (uint32_t)s->npair;
     return p;
@@ -281,9 +291,11 @@ static int schedule(struct sim *s, struct pair *p)
     return heap_push(s, (struct pev){p->ev, (uint32_t)(p - s->pair), p->ver});
 }
 
-static int post(struct sim *s, uint32_t a, uint32_t b, uint32_t id, uint64_t bytes)
+/* Queues `bytes` (per copy) from node a to node b and its copies. */
+static int post(struct sim *s, uint32_t a, uint32_t b, uint32_t w, uint32_t step, uint32_t id,
+                uint64_t bytes)
 {
-    struct pair *p = get_pair(s, a, b);
+    struct pair *p = get_pair(s, a, b, w, step);
     if (!p)
         return -ENOMEM;
     if (p->active)
@@ -462,8 +474,9 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
             for (uint32_t w = T->write0; w < T->write0 + T->nwrites; w++) {
                 const struct wb_rt_write *x = &t->writes[w];
                 uint32_t g = x->dst_rank < p->nrollouts ? x->dst_rank : p->nrollouts;
-                uint32_t f = seen[g];
-                if (f <= e->f0 || f > fi || s->flow[f - 1].dst != x->dst_rank) {
+                uint32_t f = seen[g], nc = wb_rt_copies(x), step = nc > 1 ? x->rank_step : 0;
+                if (f <= e->f0 || f > fi || s->flow[f - 1].dst != x->dst_rank ||
+                    s->flow[f - 1].w != nc || s->flow[f - 1].step != step) {
                     if (fi == fcap) {
                         size_t nc = fcap * 2;
                         void *nf = realloc(s->flow, nc * sizeof(*s->flow));
@@ -473,11 +486,13 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
                         fcap = nc;
                     }
                     s->flow[fi].dst = x->dst_rank;
+                    s->flow[fi].w = nc;
+                    s->flow[fi].step = step;
                     s->flow[fi++].bytes = 0;
                     seen[g] = f = (uint32_t)fi;
                 }
                 s->flow[f - 1].bytes += x->len;
-                posts += x->len >= (64u << 10) ? (uint32_t)hw->nics_per_gpu : 1;
+                posts += nc * (x->len >= (64u << 10) ? (uint32_t)hw->nics_per_gpu : 1);
             }
             e->nflow = (uint32_t)fi - e->f0;
             /* the executor's one CPU thread launches the task's GPU ops and collectives and
@@ -528,8 +543,20 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
 
 /* ---------------------------------------------------------------- network step */
 
+/* The least of ileft / nin over a pair's receivers (nin NULL: of ileft). */
+static double in_share(const struct pair *p, const double *ileft, const uint32_t *nin)
+{
+    double m = INFINITY;
+    for (uint32_t k = 0, d = p->dst; k < p->w; k++, d += p->step) {
+        double x = nin ? ileft[d] / nin[d] : ileft[d];
+        m = x < m ? x : m;
+    }
+    return m;
+}
+
 /* Max-min fair shares of this step's NIC egress and ingress among the active pairs, into
- * pair.rate (bytes in the step). */
+ * pair.rate (bytes in the step). A pair with copies moves the same share to each of its
+ * receivers: it counts w times at its sender and once at each receiver. */
 static void water_fill(struct sim *s, double dt)
 {
     double *eleft = s->eleft, *ileft = s->ileft;
@@ -547,19 +574,26 @@ static void water_fill(struct sim *s, double dt)
         struct pair *p = &s->pair[s->act[i]];
         p->rate = 0;
         eleft[p->src] = s->egress[p->src] * dt;
-        ileft[p->dst] = s->ingress[p->dst] * dt;
+        for (uint32_t k = 0, d = p->dst; k < p->w; k++, d += p->step)
+            ileft[d] = s->ingress[d] * dt;
     }
     for (int round = 0; round < 4; round++) {
         size_t want = 0;
         for (size_t i = 0; i < s->nact; i++) {
             const struct pair *p = &s->pair[s->act[i]];
-            nout[p->src] = nin[p->dst] = 0;
+            nout[p->src] = 0;
+            for (uint32_t k = 0, d = p->dst; k < p->w; k++, d += p->step)
+                nin[d] = 0;
         }
         for (size_t i = 0; i < s->nact; i++) {
-            const struct pair *p = &s->pair[s->act[i]];
-            if ((double)p->left > p->rate + 0.5 && eleft[p->src] > 1 && ileft[p->dst] > 1) {
-                nout[p->src]++;
-                nin[p->dst]++;
+            struct pair *p = &s->pair[s->act[i]];
+            p->give = 0;
+            if ((double)p->left > p->rate + 0.5 && eleft[p->src] > 1 &&
+                in_share(p, ileft, NULL) > 1) {
+                p->give = 1; /* wants more this round */
+                nout[p->src] += p->w;
+                for (uint32_t k = 0, d = p->dst; k < p->w; k++, d += p->step)
+                    nin[d]++;
                 want++;
             }
         }
@@ -568,10 +602,10 @@ static void water_fill(struct sim *s, double dt)
         /* equal shares of what each end has left at the round's start: sums never exceed it */
         for (size_t i = 0; i < s->nact; i++) {
             struct pair *p = &s->pair[s->act[i]];
-            if (!((double)p->left > p->rate + 0.5 && eleft[p->src] > 1 && ileft[p->dst] > 1))
+            if (!p->give)
                 continue;
             double give = eleft[p->src] / nout[p->src];
-            double in = ileft[p->dst] / nin[p->dst];
+            double in = in_share(p, ileft, nin);
             if (in < give)
                 give = in;
             if ((double)p->left - p->rate < give)
@@ -581,8 +615,9 @@ static void water_fill(struct sim *s, double dt)
         }
         for (size_t i = 0; i < s->nact; i++) {
             struct pair *p = &s->pair[s->act[i]];
-            eleft[p->src] -= p->give;
-            ileft[p->dst] -= p->give;
+            eleft[p->src] -= p->give * p->w;
+            for (uint32_t k = 0, d = p->dst; k < p->w; k++, d += p->step)
+                ileft[d] -= p->give;
             p->give = 0;
         }
     }
@@ -590,7 +625,7 @@ static void water_fill(struct sim *s, double dt)
     for (size_t i = 0; i < s->nact; i++) {
         const struct pair *p = &s->pair[s->act[i]];
         if (p->rate > 0)
-            *(p->dst < s->nt ? &s->sum_gather : &s->sum_tr) += p->rate;
+            *(p->dst < s->nt ? &s->sum_gather : &s->sum_tr) += p->rate * p->w;
     }
 }
 
@@ -663,8 +698,9 @@ static void deliver(struct sim *s, struct pair *p, double t, double dt)
                 in->t_done = when;
         } else {
             struct etask *e = &s->task[c->task];
-            if (p->dst >= s->nt && when > s->rollout_end[p->dst - s->nt])
-                s->rollout_end[p->dst - s->nt] = when;
+            for (uint32_t k = 0, d = p->dst; p->dst >= s->nt && k < p->w; k++, d += p->step)
+                if (when > s->rollout_end[d - s->nt])
+                    s->rollout_end[d - s->nt] = when;
             if (--e->pending == 0) {
                 e->done = true;
                 e->t_end = when;
@@ -814,7 +850,8 @@ static double run_stage(struct sim *s, struct rank_state *rs, uint32_t *idx, uin
         if (which == 2) { /* posted: its flows enter the network */
             e->pending = e->nflow;
             for (uint32_t f = e->f0; f < e->f0 + e->nflow; f++)
-                if (post(s, e->rank, s->nt + s->flow[f].dst, rs->t0 + *idx, s->flow[f].bytes))
+                if (post(s, e->rank, s->nt + s->flow[f].dst, s->flow[f].w, s->flow[f].step,
+                         rs->t0 + *idx, s->flow[f].bytes))
                     return -1;
             if (e->nflow == 0) {
                 e->done = true;
@@ -858,7 +895,7 @@ static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct
                     in->nflows = f1 - in->f0;
                     in->t_done = in->nflows ? INFINITY : t + hw->gather_s;
                     for (uint32_t f = in->f0; f < f1; f++)
-                        if (post(s, s->rflow[f].src, s->rflow[f].dst,
+                        if (post(s, s->rflow[f].src, s->rflow[f].dst, 1, 0,
                                  (uint32_t)(in - s->inst) | (1u << 31), s->rflow[f].bytes))
                             return -1;
                 }

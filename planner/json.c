@@ -155,8 +155,10 @@ static const char *const layouts[][2] = {
     {"table.shapes", "the shapes views refer to by index"},
     {"table.tasks", "[mapping, item, phase, mesh, mode, tmp_bytes, write_bytes, op0, nops, write0, "
                     "nwrites]"},
-    {"table.writes", "flat, 7 numbers a write: src_tensor (-1: the task's TMP), src_off, "
-                     "dst_rank, dst_tensor, dst_off, len, tag"},
+    {"table.writes", "flat, 9 numbers a write record: src_tensor (-1: the task's TMP), src_off, "
+                     "dst_rank, dst_tensor, dst_off, len, tag, more, rank_step: the record "
+                     "stands for more + 1 writes of the same bytes, to dst_rank + k * rank_step "
+                     "for k = 0..more (one per rollout replica)"},
     {"table.amax", "[tag, bytes, writes]: what arrives in the amax inbox"},
     {"view", "[buffer (0: PARAM, the rank's shard of tensor; 1: the task's TMP), tensor, off, "
              "dtype, shape index]"},
@@ -337,6 +339,8 @@ static void jw_table(struct jw *w, const struct wb_route_table *t)
         jw_cu(w, x->dst_off);
         jw_cu(w, x->len);
         jw_cu(w, x->tag);
+        jw_cu(w, x->more);
+        jw_cu(w, x->rank_step);
     }
     jw_raw(w, "],\"amax\":[");
     for (uint32_t i = 0; i < t->namax; i++) {
@@ -571,6 +575,8 @@ int wb_plan_write_json(const struct wb_plan *p, const struct wb_plan_input *in, 
     jw_u64(w, s->ops);
     jw_raw(w, ",\"writes\":");
     jw_u64(w, s->writes);
+    jw_raw(w, ",\"write_records\":");
+    jw_u64(w, s->records);
     jw_raw(w, ",\"gathers\":");
     jw_u64(w, s->gathers);
     jw_raw(w, ",\"amax_ops\":");

@@ -116,8 +116,11 @@ void wb_route_table_print(const struct wb_route_table *t, const struct wb_plan_i
                 else
                     fprintf(f, "    write param %s +%" PRIu64, tname(in, x->src_tensor),
                             x->src_off);
-                fprintf(f, " -> r%u %s +%" PRIu64 " len %" PRIu64 " tag %u\n", x->dst_rank,
+                fprintf(f, " -> r%u %s +%" PRIu64 " len %" PRIu64 " tag %u", x->dst_rank,
                         rname(in, x->dst_tensor), x->dst_off, x->len, x->tag);
+                if (x->more)
+                    fprintf(f, " (and %u more replicas, rank step %u)", x->more, x->rank_step);
+                fprintf(f, "\n");
             }
         }
     }
@@ -241,8 +244,8 @@ void wb_plan_print_summary(const struct wb_plan *p, const struct wb_plan_input *
             s->pieces[WB_MODE_DIRECT], s->pieces[WB_MODE_AMAX], s->pieces[WB_MODE_GATHER]);
     fprintf(f,
             "  entries: %" PRIu64 " tasks, %" PRIu64 " ops (%" PRIu64 " gathers, %" PRIu64
-            " amax exchanges), %" PRIu64 " writes\n",
-            s->tasks, s->ops, s->gathers, s->amax_ops, s->writes);
+            " amax exchanges), %" PRIu64 " writes in %" PRIu64 " records\n",
+            s->tasks, s->ops, s->gathers, s->amax_ops, s->writes, s->records);
     fprintf(f, "  bytes: %s written, %s gathered, %s host-to-device\n",
             wb_fmt_bytes(s->total_bytes, a, sizeof(a)), wb_fmt_bytes(s->gather_bytes, b, sizeof(b)),
             wb_fmt_bytes(s->h2d_bytes, c, sizeof(c)));

@@ -58,7 +58,7 @@ struct stamp_rep {
 struct stamp_rank {
     uint32_t task0, task1, op0, op1, w0, w1, p0, p1, a0, a1;
     uint32_t box0, nbox, shp0, nshp; /* first-use lists in st->p3u32 */
-    uint64_t inbox0, inbox1, send, gin, h2d;
+    uint64_t inbox0, inbox1, send, gin, h2d, nwrites;
 };
 
 struct tens_pair {
@@ -434,6 +434,7 @@ int pl_stamp_emit_begin(struct plan_ctx *c, uint32_t i)
         sr->send = ro->send;
         sr->gin = ro->gather_in;
         sr->h2d = ro->h2d;
+        sr->nwrites = ro->nwrites;
     }
     rp->tag0 = c->next_tag;
     rp->seq0 = c->gather_seq[it->mesh];
@@ -513,6 +514,7 @@ int pl_stamp_emit_end(struct plan_ctx *c, uint32_t i)
         sr->send = ro->send - sr->send;
         sr->gin = ro->gather_in - sr->gin;
         sr->h2d = ro->h2d - sr->h2d;
+        sr->nwrites = ro->nwrites - sr->nwrites;
         /* first-use order of boxes and shapes (a box first used by a gather's peers comes
          * after the gather op's own shapes, as emit.c interns them) */
         sr->box0 = (uint32_t)st->p3u32.n;
@@ -737,11 +739,14 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         w.dst_tensor = w.dst_tensor == vx ? vy : sy;
         w.tag = w.dst_tensor + 1;
         WD[k] = w;
-        size_t ri = (size_t)w.dst_rank * nrt + w.dst_tensor;
-        c->recv[ri].bytes += w.len;
-        c->recv[ri].writes++;
+        for (uint32_t j = 0; j < wb_rt_copies(&w); j++) {
+            size_t ri = (size_t)wb_rt_copy_rank(&w, j) * nrt + w.dst_tensor;
+            c->recv[ri].bytes += w.len;
+            c->recv[ri].writes++;
+        }
     }
     dst->writes.n += nw;
+    dst->nwrites += sr->nwrites;
     c->inbox[ry] += sr->inbox1 - sr->inbox0;
     dst->send += sr->send;
     dst->gather_in += sr->gin;

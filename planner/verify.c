@@ -346,6 +346,12 @@ struct bucket {
     uint8_t shift;  /* log2 granularity */
     bool bitmap, bad;
     uint32_t tensor, g;
+    /* replica classes (a bucket of replica 0's ranks): full fan-out records counted here */
+    uint32_t ccount;
+    uint64_t cacc, cend;
+    bool cexpand; /* the class is mixed: its records are checked copy by copy */
+    int64_t rep;  /* another replica's bucket: its class's first bucket + 1, which stands
+                     for it; 0: checked itself */
 };
 
 /* (g, tensor) -> bucket + 1 (0: none) for every pair when that table is small enough */
@@ -410,6 +416,155 @@ static void report_bucket(struct vctx *v, const struct bucket *bk, struct wref *
              at < bk->want ? "writes end" : "writes run past the end", at, bk->want);
 }
 
+/* Replicas: a write record fanned out to one copy per replica at the same local rank ("full")
+ * lands in its class, the buckets of that local rank in every replica, which hold the same
+ * local tensors. The class is checked once, on the bucket of its first rank, which then
+ * stands for the others (a 1024 -> 512 plan: 7 * 10^6 records, not 10^8 writes); where some
+ * replica's bucket also gets writes of its own, the class is mixed and its records are
+ * checked copy by copy like any other. */
+struct dctx {
+    struct vctx *v;
+    const struct wb_plan *p;
+    const struct bmap *bm;
+    const uint64_t *base;
+    struct bucket *B;
+    uint32_t gpr, reps; /* GPUs per replica, replicas (1: no classes) */
+    int64_t *tg;        /* [nrollouts]: targets() */
+};
+
+static bool full_fanout(const struct dctx *d, const struct wb_rt_write *x)
+{
+    return d->reps > 1 && x->more + 1 == d->reps && x->rank_step == d->gpr && x->dst_rank < d->gpr;
+}
+
+static int64_t bucket_at(const struct dctx *d, uint32_t g, uint32_t tensor)
+{
+    return bucket_of(d->bm, d->p, d->base, g, tensor);
+}
+
+static void no_bucket(struct dctx *d, uint32_t r, uint32_t w, uint32_t g, uint32_t tensor)
+{
+    const struct wb_inventory *ri = d->v->in->rollout;
+    verr(d->v, "rank %u: write %u to rollout rank %u %s, which that rank does not hold", r, w, g,
+         tensor < ri->n ? ri->p[tensor].name : "?");
+}
+
+/* Counts a write into bucket b (pass 1). */
+static void count_into(struct bucket *bk, const struct wb_rt_write *x)
+{
+    bk->count++;
+    bk->acc |= x->dst_off | x->len;
+    if (x->dst_off + x->len > bk->want || x->dst_off + x->len < x->dst_off)
+        bk->bad = true;
+}
+
+/* Marks a write in bucket bk (pass 2). */
+static void mark_into(struct bucket *bk, uint64_t *bits, struct wref *iv,
+                      const struct wb_rt_write *x)
+{
+    if (bk->bad)
+        return;
+    if (bk->bitmap) {
+        if (mark_bits(bits + bk->at, x->dst_off >> bk->shift, (x->dst_off + x->len) >> bk->shift))
+            bk->bad = true;
+    } else {
+        iv[bk->at + bk->fill++] = (struct wref){x->dst_tensor, x->dst_off, x->len};
+    }
+}
+
+/* The buckets a record is checked in once the classes are resolved: its class's first bucket,
+ * or each copy's own (into d->tg; returns how many). */
+static uint32_t targets(struct dctx *d, const struct wb_rt_write *x)
+{
+    uint32_t n = 0;
+    int64_t b;
+    if (full_fanout(d, x) && (b = bucket_at(d, x->dst_rank, x->dst_tensor)) >= 0 &&
+        !d->B[b].cexpand) {
+        d->tg[n++] = b;
+        return n;
+    }
+    for (uint32_t k = 0; k < wb_rt_copies(x); k++) {
+        uint32_t g = wb_rt_copy_rank(x, k);
+        if (g < d->p->nrollouts && (b = bucket_at(d, g, x->dst_tensor)) >= 0)
+            d->tg[n++] = b;
+    }
+    return n;
+}
+
+/* Pass 1 of one table: counts, granularity; writes to no bucket or past the wanted prefix. */
+static void count_table(struct dctx *d, const struct wb_route_table *t, uint32_t r)
+{
+    const struct wb_plan *p = d->p;
+    for (uint32_t w = 0; w < t->nwrites; w++) {
+        const struct wb_rt_write *x = &t->writes[w];
+        uint64_t last = x->dst_rank + (uint64_t)x->more * x->rank_step;
+        if (last >= p->nrollouts || (x->more && !x->rank_step)) {
+            verr(d->v, "rank %u: write %u to rollout rank %" PRIu64 " of %u", r, w,
+                 x->dst_rank >= p->nrollouts ? (uint64_t)x->dst_rank : last, p->nrollouts);
+            continue;
+        }
+        if (full_fanout(d, x)) {
+            int64_t b = bucket_at(d, x->dst_rank, x->dst_tensor);
+            if (b < 0) {
+                no_bucket(d, r, w, x->dst_rank, x->dst_tensor);
+                continue;
+            }
+            struct bucket *bk = &d->B[b];
+            bk->ccount++;
+            bk->cacc |= x->dst_off | x->len;
+            if (x->dst_off + x->len > bk->cend)
+                bk->cend = x->dst_off + x->len;
+            if (x->dst_off + x->len < x->dst_off)
+                bk->cend = UINT64_MAX;
+            continue;
+        }
+        for (uint32_t k = 0; k < wb_rt_copies(x); k++) {
+            uint32_t g = wb_rt_copy_rank(x, k);
+            int64_t b = bucket_at(d, g, x->dst_tensor);
+            if (b < 0)
+                no_bucket(d, r, w, g, x->dst_tensor);
+            else
+                count_into(&d->B[b], x);
+        }
+    }
+}
+
+/* Decides each class: checked once on its first bucket, or copy by copy (mixed). */
+static void resolve_classes(struct dctx *d)
+{
+    const struct wb_plan *p = d->p;
+    for (uint32_t l = 0; l < d->gpr && d->reps > 1; l++)
+        for (uint32_t li = 0; li < p->recv[l].nlocal; li++) {
+            int64_t rep = (int64_t)(d->base[l] + li);
+            struct bucket *rb = &d->B[rep];
+            if (!rb->ccount)
+                continue;
+            bool mixed = rb->count > 0;
+            for (uint32_t j = 1; j < d->reps && !mixed; j++) {
+                int64_t m = bucket_at(d, l + j * d->gpr, rb->tensor);
+                mixed = m < 0 || d->B[m].count || d->B[m].want != rb->want;
+            }
+            for (uint32_t j = 0; j < d->reps; j++) {
+                int64_t m = bucket_at(d, l + j * d->gpr, rb->tensor);
+                if (m < 0) {
+                    verr(d->v, "rollout rank %u: written %s, which that rank does not hold",
+                         l + j * d->gpr, d->v->in->rollout->p[rb->tensor].name);
+                    continue;
+                }
+                struct bucket *bk = &d->B[m];
+                if (mixed || j == 0) {
+                    bk->count += rb->ccount;
+                    bk->acc |= rb->cacc;
+                    if (rb->cend > bk->want)
+                        bk->bad = true;
+                } else {
+                    bk->rep = rep + 1;
+                }
+            }
+            rb->cexpand = mixed;
+        }
+}
+
 static int check_destinations(struct vctx *v)
 {
     const struct wb_plan *p = v->p;
@@ -420,6 +575,8 @@ static int check_destinations(struct vctx *v)
     uint64_t *bits = NULL;
     struct wref *iv = NULL, *bad = NULL;
     uint64_t *bad_at = NULL;
+    struct bmap bmap = {NULL, (uint32_t)v->in->rollout->n};
+    int64_t *tg = NULL;
     if (!map_of || !base)
         goto out;
     uint64_t nb = 0;
@@ -431,7 +588,6 @@ static int check_destinations(struct vctx *v)
     B = calloc(nb + 1, sizeof(*B));
     if (!B)
         goto out;
-    struct bmap bmap = {NULL, (uint32_t)v->in->rollout->n};
     if ((uint64_t)p->nrollouts * bmap.nt <= (64u << 20) && nb < UINT32_MAX) {
         bmap.dense = calloc((size_t)p->nrollouts * bmap.nt + 1, sizeof(uint32_t));
         if (!bmap.dense)
@@ -450,41 +606,31 @@ static int check_destinations(struct vctx *v)
             bk->want = pl_local_written(v->in, map_of, &p->recv[g], &p->recv[g].local[li]);
             bk->acc = bk->want;
         }
-    /* pass 1: count, granularity; writes to no bucket or past the wanted prefix */
-    for (uint32_t r = 0; r < p->ntrainers; r++) {
-        const struct wb_route_table *t = &p->tables[r];
-        int64_t last = -1;
-        uint32_t lg = UINT32_MAX, lt = UINT32_MAX;
-        for (uint32_t w = 0; w < t->nwrites; w++) {
-            const struct wb_rt_write *x = &t->writes[w];
-            if (x->dst_rank >= p->nrollouts) {
-                verr(v, "rank %u: write %u to rollout rank %u of %u", r, w, x->dst_rank,
-                     p->nrollouts);
-                continue;
-            }
-            if (x->dst_rank != lg || x->dst_tensor != lt) {
-                lg = x->dst_rank;
-                lt = x->dst_tensor;
-                last = bucket_of(&bmap, p, base, lg, lt);
-            }
-            if (last < 0) {
-                verr(v, "rank %u: write %u to rollout rank %u %s, which that rank does not hold", r,
-                     w, x->dst_rank,
-                     x->dst_tensor < v->in->rollout->n ? v->in->rollout->p[x->dst_tensor].name
-                                                       : "?");
-                continue;
-            }
-            struct bucket *bk = &B[last];
-            bk->count++;
-            bk->acc |= x->dst_off | x->len;
-            if (x->dst_off + x->len > bk->want || x->dst_off + x->len < x->dst_off)
-                bk->bad = true;
+    struct dctx d = {v, p, &bmap, base, B, p->nrollouts, 1, malloc((p->nrollouts + 1) * 8)};
+    if (!d.tg)
+        goto out;
+    tg = d.tg;
+    {
+        uint32_t gpr = 0; /* the ranks of replica 0; classes only where ranks follow replicas */
+        while (gpr < p->nrollouts && p->recv[gpr].replica == 0)
+            gpr++;
+        bool regular = gpr && p->nrollouts % gpr == 0;
+        for (uint32_t g = 0; g < p->nrollouts && regular; g++)
+            regular = p->recv[g].replica == g / gpr;
+        if (regular) {
+            d.gpr = gpr;
+            d.reps = p->nrollouts / gpr;
         }
     }
+    for (uint32_t r = 0; r < p->ntrainers; r++)
+        count_table(&d, &p->tables[r], r);
+    resolve_classes(&d);
     /* storage: a bitmap where it is no larger than the writes' pairs */
     uint64_t nbits = 0, niv = 0;
     for (uint64_t i = 0; i < nb; i++) {
         struct bucket *bk = &B[i];
+        if (bk->rep)
+            continue; /* its class's first bucket stands for it */
         bk->shift = bk->acc ? (uint8_t)__builtin_ctzll(bk->acc) : 0;
         uint64_t words = ((bk->want >> bk->shift) + 63) / 64;
         bk->bitmap = !bk->bad && words <= 2 * (uint64_t)bk->count + 8;
@@ -503,35 +649,20 @@ static int check_destinations(struct vctx *v)
     /* pass 2: mark */
     for (uint32_t r = 0; r < p->ntrainers; r++) {
         const struct wb_route_table *t = &p->tables[r];
-        int64_t last = -1;
-        uint32_t lg = UINT32_MAX, lt = UINT32_MAX;
         for (uint32_t w = 0; w < t->nwrites; w++) {
             const struct wb_rt_write *x = &t->writes[w];
-            if (x->dst_rank >= p->nrollouts)
+            if (x->dst_rank + (uint64_t)x->more * x->rank_step >= p->nrollouts)
                 continue;
-            if (x->dst_rank != lg || x->dst_tensor != lt) {
-                lg = x->dst_rank;
-                lt = x->dst_tensor;
-                last = bucket_of(&bmap, p, base, lg, lt);
-            }
-            if (last < 0)
-                continue;
-            struct bucket *bk = &B[last];
-            if (bk->bad)
-                continue;
-            if (bk->bitmap) {
-                if (mark_bits(bits + bk->at, x->dst_off >> bk->shift,
-                              (x->dst_off + x->len) >> bk->shift))
-                    bk->bad = true;
-            } else {
-                iv[bk->at + bk->fill++] = (struct wref){x->dst_tensor, x->dst_off, x->len};
-            }
+            for (uint32_t n = targets(&d, x), k = 0; k < n; k++)
+                mark_into(&B[d.tg[k]], bits, iv, x);
         }
     }
     /* buckets: the whole prefix written, once */
     uint64_t nbad = 0, nbadw = 0;
     for (uint64_t i = 0; i < nb; i++) {
         struct bucket *bk = &B[i];
+        if (bk->rep)
+            continue;
         if (!bk->bad && bk->bitmap) {
             uint64_t n = bk->want >> bk->shift;
             const uint64_t *bm = bits + bk->at;
@@ -555,14 +686,15 @@ static int check_destinations(struct vctx *v)
         }
     }
     if (nbad) {
-        /* the exact report: every wrong bucket's writes, gathered by one more pass */
+        /* the exact report: every wrong bucket's writes, gathered by one more pass (a class
+         * is reported on its first rank) */
         bad_at = calloc(nb + 1, sizeof(uint64_t));
         bad = malloc((nbadw + 1) * sizeof(*bad));
         if (!bad_at || !bad)
             goto out;
         uint64_t at = 0;
         for (uint64_t i = 0; i < nb; i++)
-            if (B[i].bad) {
+            if (B[i].bad && !B[i].rep) {
                 bad_at[i] = at;
                 at += B[i].count;
                 B[i].fill = 0;
@@ -571,21 +703,24 @@ static int check_destinations(struct vctx *v)
             const struct wb_route_table *t = &p->tables[r];
             for (uint32_t w = 0; w < t->nwrites; w++) {
                 const struct wb_rt_write *x = &t->writes[w];
-                int64_t b = x->dst_rank < p->nrollouts
-                                ? bucket_of(&bmap, p, base, x->dst_rank, x->dst_tensor)
-                                : -1;
-                if (b >= 0 && B[b].bad)
-                    bad[bad_at[b] + B[b].fill++] = (struct wref){x->dst_tensor, x->dst_off, x->len};
+                if (x->dst_rank + (uint64_t)x->more * x->rank_step >= p->nrollouts)
+                    continue;
+                for (uint32_t n = targets(&d, x), k = 0; k < n; k++) {
+                    struct bucket *bk = &B[d.tg[k]];
+                    if (bk->bad && !bk->rep && bk->fill < bk->count)
+                        bad[bad_at[d.tg[k]] + bk->fill++] =
+                            (struct wref){x->dst_tensor, x->dst_off, x->len};
+                }
             }
         }
         for (uint64_t i = 0; i < nb; i++)
-            if (B[i].bad)
+            if (B[i].bad && !B[i].rep)
                 report_bucket(v, &B[i], bad + bad_at[i], B[i].fill);
     }
     rc = 0;
 out:
-    if (B)
-        free(bmap.dense);
+    free(tg);
+    free(bmap.dense);
     free(map_of);
     free(base);
     free(B);

@@ -168,7 +168,7 @@ void wb_route_table_encode(struct wb_mpw *w, const struct wb_route_table *t)
     wb_mpw_array(w, t->nwrites);
     for (uint32_t i = 0; i < t->nwrites; i++) {
         const struct wb_rt_write *x = &t->writes[i];
-        wb_mpw_array(w, 7);
+        wb_mpw_array(w, 9);
         wb_mpw_u64(w, x->src_off);
         wb_mpw_u64(w, x->dst_off);
         wb_mpw_u64(w, x->len);
@@ -176,6 +176,8 @@ void wb_route_table_encode(struct wb_mpw *w, const struct wb_route_table *t)
         wb_mpw_u64(w, x->dst_rank);
         wb_mpw_u64(w, x->dst_tensor);
         wb_mpw_u64(w, x->tag);
+        wb_mpw_u64(w, x->more);
+        wb_mpw_u64(w, x->rank_step);
     }
     wb_mpw_str(w, "amax_inbox_bytes");
     wb_mpw_u64(w, t->amax_inbox_bytes);
@@ -433,10 +435,11 @@ static int decode_table_body(struct wb_mpr *r, struct wb_route_table *t)
             for (uint32_t k = 0; k < t->nwrites && !e; k++) {
                 struct wb_rt_write *x = &t->writes[k];
                 uint32_t extra;
-                e = open_struct(r, 7, &extra) || wb_mpr_u64(r, &x->src_off) ||
+                e = open_struct(r, 9, &extra) || wb_mpr_u64(r, &x->src_off) ||
                     wb_mpr_u64(r, &x->dst_off) || wb_mpr_u64(r, &x->len) ||
                     get_u32(r, &x->src_tensor) || get_u32(r, &x->dst_rank) ||
-                    get_u32(r, &x->dst_tensor) || get_u32(r, &x->tag) || skip_n(r, extra);
+                    get_u32(r, &x->dst_tensor) || get_u32(r, &x->tag) || get_u32(r, &x->more) ||
+                    get_u32(r, &x->rank_step) || skip_n(r, extra);
                 e = e || x->src_off + x->len < x->src_off || x->dst_off + x->len < x->dst_off;
             }
         } else if (strcmp(key, "amax_inbox_bytes") == 0) {
@@ -538,9 +541,58 @@ static int check_table(const struct wb_route_table *t)
         if (t->peers[i].rank >= t->ntrainers || t->peers[i].box >= t->nboxes)
             return -EBADMSG;
     uint64_t tagmax = t->tag_bits >= 32 ? UINT32_MAX : (1ull << t->tag_bits) - 1;
-    for (uint32_t i = 0; i < t->nwrites; i++)
-        if (t->writes[i].dst_rank >= t->nrollouts || t->writes[i].tag > tagmax)
+    for (uint32_t i = 0; i < t->nwrites; i++) {
+        const struct wb_rt_write *x = &t->writes[i];
+        uint64_t last = x->dst_rank + (uint64_t)x->more * x->rank_step;
+        if (last >= t->nrollouts || x->tag > tagmax || (x->more && !x->rank_step))
             return -EBADMSG;
+    }
+    return 0;
+}
+
+uint64_t wb_route_table_writes(const struct wb_route_table *t)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < t->nwrites; i++)
+        n += wb_rt_copies(&t->writes[i]);
+    return n;
+}
+
+int wb_route_table_expand(struct wb_route_table *t)
+{
+    uint64_t n = wb_route_table_writes(t);
+    if (n == t->nwrites)
+        return 0;
+    if (n > WB_WIRE_MAX_ARRAY * (uint64_t)16)
+        return -EBADMSG;
+    uint32_t *at = malloc(((size_t)t->nwrites + 1) * sizeof(uint32_t));
+    struct wb_rt_write *w = malloc((size_t)n * sizeof(*w));
+    if (!at || !w) {
+        free(at);
+        free(w);
+        return -ENOMEM;
+    }
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < t->nwrites; i++) {
+        const struct wb_rt_write *x = &t->writes[i];
+        at[i] = k;
+        for (uint32_t c = 0; c < wb_rt_copies(x); c++, k++) {
+            w[k] = *x;
+            w[k].dst_rank = wb_rt_copy_rank(x, c);
+            w[k].more = w[k].rank_step = 0;
+        }
+    }
+    at[t->nwrites] = k;
+    for (uint32_t i = 0; i < t->ntasks; i++) {
+        struct wb_rt_task *tk = &t->tasks[i];
+        uint32_t a = at[tk->write0], z = at[tk->write0 + tk->nwrites];
+        tk->write0 = a;
+        tk->nwrites = z - a;
+    }
+    free(at);
+    free(t->writes);
+    t->writes = w;
+    t->nwrites = k;
     return 0;
 }
 
@@ -561,6 +613,8 @@ int wb_route_table_decode(const void *buf, size_t len, struct wb_route_table *ou
         e = wb_mpr_end(&r);
     if (!e)
         e = check_table(&t);
+    if (!e)
+        e = wb_route_table_expand(&t);
     if (e) {
         wb_route_table_free(&t);
         return e;

@@ -146,7 +146,13 @@ struct wb_rt_peer {
  * offset src_off; otherwise the PARAM shard of trainer tensor src_tensor at byte src_off (GPU
  * residence only). Destination: rollout rank dst_rank, its local tensor dst_tensor (rollout
  * inventory index; the receive list gives its local shape and bytes), byte offset dst_off.
- * The executor checks dst_off + len against the destination region before posting. */
+ * The executor checks dst_off + len against the destination region before posting.
+ *
+ * Replica fan-out: a record with more = m > 0 stands for m + 1 writes, the same bytes to
+ * dst_rank + k * rank_step for k = 0..m (every rollout replica holds the same local tensors,
+ * so one record serves them all: a 1024 -> 512 plan has 10^8 writes but 7 * 10^6 records).
+ * A plan's tables carry records; a decoded table never does: wb_route_table_decode() expands
+ * them in place (write k of record i, in that order), so an executor sees single writes. */
 enum { WB_RT_TMP_SRC = -1 }; /* as uint32_t */
 struct wb_rt_write {
     uint64_t src_off;
@@ -156,7 +162,20 @@ struct wb_rt_write {
     uint32_t dst_rank;
     uint32_t dst_tensor;
     uint32_t tag;
+    uint32_t more;      /* copies beyond the first (0: a single write) */
+    uint32_t rank_step; /* rank distance between copies (when more > 0) */
 };
+
+/* The writes a record stands for, and the destination rank of its copy k. */
+static inline uint32_t wb_rt_copies(const struct wb_rt_write *w)
+{
+    return w->more + 1;
+}
+
+static inline uint32_t wb_rt_copy_rank(const struct wb_rt_write *w, uint32_t k)
+{
+    return w->dst_rank + k * w->rank_step;
+}
 
 /* One routing-table entry. Ops run in order (each may depend on the previous ones), then the
  * writes are posted (any order; completion is counted). `mesh` is the item's mesh (its owner
@@ -209,8 +228,8 @@ struct wb_route_table {
     uint32_t nshapes;
     struct wb_shape *shapes; /* distinct view shapes */
     uint32_t nwrites;
-    struct wb_rt_write *writes;
-    uint64_t amax_inbox_bytes; /* size of the registered region peers write partial amax into */
+    struct wb_rt_write *writes; /* records (see struct wb_rt_write); tasks index them */
+    uint64_t amax_inbox_bytes;  /* size of the registered region peers write partial amax into */
     uint32_t namax;
     struct wb_rt_expect *amax; /* what arrives in the inbox, per tag */
     uint64_t send_bytes;       /* sum of write lengths */
@@ -259,15 +278,22 @@ struct wb_recv_list {
 enum {
     WB_MSG_ROUTE_TABLE = 0x0401,
     WB_MSG_RECV_LIST = 0x0402,
-    WB_PLAN_FORMAT = 2, /* 2: tables carry mem_cap, block and mode */
+    WB_PLAN_FORMAT = 3, /* 2: tables carry mem_cap, block and mode; 3: write records carry
+                           their replica fan-out (9 fields) */
 };
 
 /* Appends an envelope holding the table to w (check wb_mpw_finish()). */
 void wb_route_table_encode(struct wb_mpw *w, const struct wb_route_table *t);
 /* Decodes an envelope; every count and index is checked (indices within their arrays, boxes
- * within shapes, op kinds known) before it is trusted. -EBADMSG / -WB_E_VERSION / -ENOMEM. */
+ * within shapes, op kinds known) before it is trusted, and write records are expanded into
+ * single writes (more = 0; tasks' write ranges follow). -EBADMSG / -WB_E_VERSION / -ENOMEM. */
 int wb_route_table_decode(const void *buf, size_t len, struct wb_route_table *out);
 void wb_route_table_free(struct wb_route_table *t);
+/* The writes a table's records stand for (sum of their copies). */
+uint64_t wb_route_table_writes(const struct wb_route_table *t);
+/* Replaces a table's write records by the single writes they stand for (record i's copies in
+ * order; tasks' write ranges follow), as decoding does. 0, -EBADMSG (too many), -ENOMEM. */
+int wb_route_table_expand(struct wb_route_table *t);
 
 void wb_recv_list_encode(struct wb_mpw *w, const struct wb_recv_list *r);
 int wb_recv_list_decode(const void *buf, size_t len, struct wb_recv_list *out);

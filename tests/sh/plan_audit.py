@@ -289,12 +289,39 @@ def check_shards(au, trainer, classes):
             au.bad("shards", "%s: placed but no owner listed" % name)
 
 
+def expand_records(au, r, R, tasks):
+    """The single writes a table's records stand for (7 numbers a write: a record's last two
+    numbers, more and rank_step, make it more + 1 writes to dst_rank + k * rank_step), and the
+    tasks with their write ranges in those writes."""
+    if len(R) % 9:
+        au.bad("sizes", "rank %d: writes hold %d numbers, not 9 a record" % (r, len(R)))
+    n = len(R) // 9
+    at = [0] * (n + 1)
+    W = []
+    for i in range(n):
+        rec = R[9 * i:9 * i + 9]
+        more, step = rec[7], rec[8]
+        if more < 0 or (more and step <= 0):
+            au.bad("sizes", "rank %d write record %d: fan-out %d with rank step %d" % (r, i, more, step))
+            more = 0
+        for k in range(more + 1):
+            W.extend((rec[0], rec[1], rec[2] + k * step, rec[3], rec[4], rec[5], rec[6]))
+        at[i + 1] = at[i] + more + 1
+    out = []
+    for task in tasks:
+        task = list(task)
+        w0, nws = task[9], task[10]
+        if 0 <= w0 and w0 + nws <= n:
+            task[9], task[10] = at[w0], at[w0 + nws] - at[w0]
+        out.append(task)
+    return W, out
+
+
 def audit_table(au, head, classes, trainer, rollout, t, recv):
     r = t["rank"]
-    boxes, shapes, ops, W = t["boxes"], t["shapes"], t["ops"], t["writes"]
+    boxes, shapes, ops = t["boxes"], t["shapes"], t["ops"]
+    W, tasks = expand_records(au, r, t["writes"], t["tasks"])
     nw = len(W) // 7
-    if len(W) % 7:
-        au.bad("sizes", "rank %d: writes hold %d numbers, not 7 a write" % (r, len(W)))
     nr = head["nrollouts"]
     gpu = t["residence"] == "gpu"
     ext = [box_extents(b) for b in boxes]
@@ -314,7 +341,7 @@ def audit_table(au, head, classes, trainer, rollout, t, recv):
     max_tmp = 0
     next_op = next_w = 0
     last_phase = -1
-    for ti, (mp, item, phase, mesh, mode, tmp, wbytes, op0, nops, w0, nws) in enumerate(t["tasks"]):
+    for ti, (mp, item, phase, mesh, mode, tmp, wbytes, op0, nops, w0, nws) in enumerate(tasks):
         if op0 != next_op or w0 != next_w:
             au.bad("sizes", "rank %d task %d: ops/writes do not follow the previous task's" % (r, ti))
         next_op, next_w = op0 + nops, w0 + nws

@@ -70,7 +70,7 @@ if [ -f "$tmp/demo_auto.json" ]; then
     catches write_overlaps "FAIL coverage (2 problems)" \
         "rollout rank 0 model.layers.0.self_attn.qkv_proj.weight: bytes [65535, 65536) written twice" '
 W = d["tables"][0]["writes"]
-i = next(i for i in range(0, len(W), 7) if W[i + 4] > 0)
+i = next(i for i in range(0, len(W), 9) if W[i + 4] > 0)
 W[i + 4] -= 1'
     # a write reads TMP bytes no op of its task produced
     catches write_source "FAIL sources (1 problem)" \

@@ -92,6 +92,8 @@ static struct outcome run(const char *config, const char *trainer_yaml, const ch
                                .rollout_layout = rp};
     fx_model(&f, &src, &md);
     struct wb_plan *p = sim_plan_check(&f, WB_MODE_AUTO);
+    for (uint32_t r = 0; r < p->ntrainers; r++) /* single writes, as an agent decodes them */
+        CHECK_INT(wb_route_table_expand(&p->tables[r]), 0);
     struct sim ref, got;
     sim_setup(&ref, &f, p);
     sim_setup(&got, &f, p);

@@ -74,27 +74,27 @@ static void run(const struct scenario *sc, enum wb_plan_mode mode, uint64_t want
 
 static void test_kimi_auto(void)
 {
-    run(&KIMI, WB_MODE_AUTO, 0x06c0144ec17dcd06ull);
+    run(&KIMI, WB_MODE_AUTO, 0x7ce6b6f1c8ee4a3aull);
 }
 static void test_kimi_gather(void)
 {
-    run(&KIMI, WB_MODE_GATHER, 0xc0607f05e97efe2bull);
+    run(&KIMI, WB_MODE_GATHER, 0xef545c1941336074ull);
 }
 static void test_qwen_auto(void)
 {
-    run(&QWEN, WB_MODE_AUTO, 0xe810940fa4fc215eull);
+    run(&QWEN, WB_MODE_AUTO, 0x56add4150581bb21ull);
 }
 static void test_qwen_gather(void)
 {
-    run(&QWEN, WB_MODE_GATHER, 0xff54371150d8816cull);
+    run(&QWEN, WB_MODE_GATHER, 0x2d355ff2744dce17ull);
 }
 static void test_demo_auto(void)
 {
-    run(&DEMO, WB_MODE_AUTO, 0xb3c91711806e0feaull);
+    run(&DEMO, WB_MODE_AUTO, 0x9e9ddeef290b6f39ull);
 }
 static void test_demo_gather(void)
 {
-    run(&DEMO, WB_MODE_GATHER, 0xdd74c0fa074d7646ull);
+    run(&DEMO, WB_MODE_GATHER, 0x572df80322c9bbd1ull);
 }
 
 const struct wb_test wb_tests[] = {

@@ -131,6 +131,11 @@ static void test_wire_roundtrip(void)
             CHECK_INT(wb_mpw_finish(&w), 0);
             struct wb_route_table t;
             CHECK_INT(wb_route_table_decode(w.buf, w.len, &t), 0);
+            /* decoding expands the replica fan-out: the plan's table, expanded */
+            uint64_t nw = wb_route_table_writes(&p->tables[r]);
+            CHECK(mi != 0 || r != 0 || nw > p->tables[r].nwrites); /* 2 replicas fan out */
+            CHECK_INT(wb_route_table_expand(&p->tables[r]), 0);
+            CHECK_U64(p->tables[r].nwrites, nw);
             CHECK(tables_equal(&t, &p->tables[r]));
             /* every truncation is refused, never crashes */
             for (size_t cut = 0; cut < w.len; cut += (w.len > 400 ? 7 : 1)) {
@@ -181,8 +186,10 @@ static void test_wire_bad_indices(void)
         {"task op range", NULL},
         {"write rank", NULL},
         {"phase", NULL},
+        {"fan-out without a rank step", NULL},
+        {"fan-out past the last rank", NULL},
     };
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 5; i++) {
         struct wb_rt_task save_task = t->tasks[0];
         struct wb_rt_write save_write = t->writes[0];
         struct wb_rt_phase save_phase = t->phases[0];
@@ -192,6 +199,14 @@ static void test_wire_bad_indices(void)
             t->writes[0].dst_rank = t->nrollouts;
         if (i == 2)
             t->phases[0].ntasks = t->ntasks + 5;
+        if (i == 3) {
+            t->writes[0].more = 1;
+            t->writes[0].rank_step = 0;
+        }
+        if (i == 4) {
+            t->writes[0].more = t->nrollouts;
+            t->writes[0].rank_step = 1;
+        }
         struct wb_mpw w;
         wb_mpw_init(&w);
         wb_route_table_encode(&w, t);
@@ -371,7 +386,8 @@ static void test_verify_counts_all(void)
         for (uint32_t i = 0; i < p->tables[r].nwrites; i++, n++)
             p->tables[r].writes[i].src_off += 1ull << 40;
     CHECK(n > 20);
-    CHECK_U64(n, p->stats.writes);
+    CHECK_U64(n, p->stats.records);
+    CHECK(p->stats.writes > p->stats.records); /* records fan out to the replicas */
     CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
     CHECK_U64(wb_errlist_count(&f.el), n);
     CHECK_INT(f.el.n, 20);

@@ -439,12 +439,15 @@ static inline void sim_run(struct sim *s)
                           x->src_off + x->len <= wb_box_numel(&s->rk[r].box[x->src_tensor]) * 2);
                     CHECK(x->src_tensor != (uint32_t)WB_RT_TMP_SRC ||
                           x->src_off + x->len <= T->tmp_bytes);
-                    uint8_t *d = s->dst[x->dst_rank][x->dst_tensor];
-                    CHECK(d != NULL);
                     CHECK_INT(x->tag, x->dst_tensor + 1);
-                    memcpy(d + x->dst_off, src, x->len);
-                    for (uint64_t b = 0; b < x->len; b++)
-                        s->cnt[x->dst_rank][x->dst_tensor][x->dst_off + b]++;
+                    for (uint32_t k = 0; k < wb_rt_copies(x); k++) { /* replica fan-out */
+                        uint32_t g = wb_rt_copy_rank(x, k);
+                        uint8_t *d = s->dst[g][x->dst_tensor];
+                        CHECK(d != NULL);
+                        memcpy(d + x->dst_off, src, x->len);
+                        for (uint64_t b = 0; b < x->len; b++)
+                            s->cnt[g][x->dst_tensor][x->dst_off + b]++;
+                    }
                 }
             }
         }

@@ -21,6 +21,33 @@
 
 #include "planner/plan_int.h"
 
+/* AMAX mirrors, noted while the sources are checked: per tag, the two ops' ranks and a
+ * fingerprint of what must agree (rank, peer, tensor, blocks, inboxes), computed crossed on
+ * the side whose rank is the larger, so that mirrors have equal fingerprints. */
+struct amax_slot {
+    uint64_t fp[2];   /* side 0: the op whose rank < its peer; side 1: the other */
+    uint32_t rank[2]; /* rank + 1; 0: none */
+};
+
+/* What check_order needs of the ops. */
+struct order_idx {
+    struct amax_slot *at; /* by amax tag */
+    uint32_t ntag;
+    uint64_t *g0;  /* [ntrainers + 1]: rank r's gathers are g[g0[r] .. g0[r + 1]) */
+    struct vec g;  /* struct gref, rank by rank */
+    bool too_many; /* a tag with two ops on one side */
+    uint32_t many_tag, many_rank;
+};
+
+struct gref {
+    uint32_t mesh, seq, tensor;
+};
+
+struct aref {
+    uint32_t tag, rank, side;
+    uint64_t fp;
+};
+
 struct vctx {
     const struct wb_plan *p;
     const struct wb_plan_input *in;
@@ -28,7 +55,11 @@ struct vctx {
     struct pl_problems pr;    /* the first PL_KEEP violations kept, every one counted */
     struct shard_memo *smemo; /* [1 << SHARD_MEMO_BITS] shard_of's answers */
     uint32_t *tcls;           /* per trainer tensor: its placement and shape class */
-    int rc;                   /* check_destinations' return, on its own thread */
+    int rc;                   /* the return of the check this context ran on its thread */
+    uint32_t rank0, rank1;    /* sources_thread: the tables it checks */
+    struct order_idx *ox;     /* what the sources threads note for check_order */
+    struct vec gref;          /* sources_thread: its tables' GATHER ops (struct gref) */
+    struct vec xtra;          /* AMAX ops whose tag is past ox's array (struct aref) */
     struct peer_seen {
         uint32_t cls, rank, peer0, npeers; /* cls + 1; 0: empty */
     } pseen[64];                           /* gathers' peer lists found right, by class */
@@ -140,11 +171,58 @@ static int push_range(struct vec *pr, uint64_t a, uint64_t n)
     return pl_vec_push(pr, &x) ? 0 : -ENOMEM;
 }
 
+static uint64_t fp_mix(uint64_t h, uint64_t x)
+{
+    h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    return h * 0xff51afd7ed558ccdull;
+}
+
+/* Notes an AMAX op for the mirror check (check_amax). */
+static int note_amax(struct vctx *v, const struct wb_route_table *t, const struct wb_rt_op *op)
+{
+    const struct wb_rt_amax *a = &op->amax;
+    bool hi = t->rank > a->peer; /* side 1: fields crossed, so that mirrors agree */
+    uint64_t h = 0x243F6A8885A308D3ull;
+    h = fp_mix(h, hi ? a->peer : t->rank);
+    h = fp_mix(h, hi ? t->rank : a->peer);
+    h = fp_mix(h, op->tensor);
+    h = fp_mix(h, hi ? a->peer_inbox_off : a->inbox_off);
+    h = fp_mix(h, hi ? a->inbox_off : a->peer_inbox_off);
+    const struct wb_box *b = a->blocks < t->nboxes ? &t->boxes[a->blocks] : NULL;
+    h = fp_mix(h, b ? b->ndim : UINT64_MAX);
+    for (uint32_t d = 0; b && d < b->ndim && d < WB_MAX_DIMS; d++)
+        h = fp_mix(fp_mix(h, b->off[d]), b->ext[d]);
+    struct order_idx *x = v->ox;
+    if (!x || a->tag >= x->ntag) { /* past the array sized from the plan's figures */
+        struct aref e = {a->tag, t->rank, hi, h};
+        return pl_vec_push(&v->xtra, &e) ? 0 : -ENOMEM;
+    }
+    struct amax_slot *sl = &x->at[a->tag];
+    uint32_t want = 0;
+    if (!__atomic_compare_exchange_n(&sl->rank[hi], &want, t->rank + 1, false, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED)) {
+        x->too_many = true; /* two ops of one side: reported once, after the threads */
+        x->many_tag = a->tag;
+        x->many_rank = t->rank;
+        return 0;
+    }
+    sl->fp[hi] = h;
+    return 0;
+}
+
 static int check_task(struct vctx *v, const struct wb_route_table *t, const struct wb_rt_task *k,
                       struct vec *pr)
 {
     const struct wb_inventory *ti = v->in->trainer;
     pr->n = 0;
+    /* what the ops will touch far away, asked for ahead: amax slots, tensors' dtypes */
+    for (uint32_t o = k->op0; o < k->op0 + k->nops; o++) {
+        const struct wb_rt_op *op = &t->ops[o];
+        if (op->kind == WB_OP_AMAX && v->ox && op->amax.tag < v->ox->ntag)
+            __builtin_prefetch(&v->ox->at[op->amax.tag], 1);
+        else if (op->kind == WB_OP_H2D && op->tensor < ti->n)
+            __builtin_prefetch(&ti->p[op->tensor].dtype);
+    }
     for (uint32_t o = k->op0; o < k->op0 + k->nops; o++) {
         const struct wb_rt_op *op = &t->ops[o];
         const char *tn = op->tensor < ti->n ? ti->p[op->tensor].name : "?";
@@ -162,6 +240,9 @@ static int check_task(struct vctx *v, const struct wb_route_table *t, const stru
         }
         case WB_OP_GATHER: {
             const struct wb_rt_gather *g = &op->gather;
+            struct gref ge = {g->mesh, g->seq, op->tensor};
+            if (!pl_vec_push(&v->gref, &ge))
+                return -ENOMEM;
             const struct wb_shape *full = &ti->p[op->tensor].shape;
             /* a list equal (ranks and box indices) to one found right in this table for a
              * tensor of the same class is right: at 1024 GPUs a rank has 4320 gathers of 64 */
@@ -194,6 +275,7 @@ static int check_task(struct vctx *v, const struct wb_route_table *t, const stru
         }
         case WB_OP_AMAX:
             ok = view_readable(v, t, pr, &op->amax.src);
+            r = note_amax(v, t, op);
             break;
         case WB_OP_COPY:
         case WB_OP_CAST:
@@ -492,11 +574,32 @@ static uint32_t targets(struct dctx *d, const struct wb_rt_write *x)
 }
 
 /* Pass 1 of one table: counts, granularity; writes to no bucket or past the wanted prefix. */
+/* Buckets are far apart in memory and each write touches one: the bucket of the write
+ * `ahead` records on is asked for early (and, in pass 2, where it marks). */
+enum { AHEAD = 12 };
+
+static void prefetch_bucket(const struct dctx *d, const struct wb_route_table *t, uint32_t w,
+                            const uint64_t *bits)
+{
+    if (w >= t->nwrites)
+        return;
+    const struct wb_rt_write *x = &t->writes[w];
+    if (x->dst_rank >= d->p->nrollouts)
+        return;
+    int64_t b = bucket_at(d, x->dst_rank, x->dst_tensor);
+    if (b < 0)
+        return;
+    __builtin_prefetch(&d->B[b], 1);
+    if (bits && d->B[b].bitmap)
+        __builtin_prefetch(&bits[d->B[b].at + ((x->dst_off >> d->B[b].shift) >> 6)], 1);
+}
+
 static void count_table(struct dctx *d, const struct wb_route_table *t, uint32_t r)
 {
     const struct wb_plan *p = d->p;
     for (uint32_t w = 0; w < t->nwrites; w++) {
         const struct wb_rt_write *x = &t->writes[w];
+        prefetch_bucket(d, t, w + AHEAD, NULL);
         uint64_t last = x->dst_rank + (uint64_t)x->more * x->rank_step;
         if (last >= p->nrollouts || (x->more && !x->rank_step)) {
             verr(d->v, "rank %u: write %u to rollout rank %" PRIu64 " of %u", r, w,
@@ -651,6 +754,8 @@ static int check_destinations(struct vctx *v)
         const struct wb_route_table *t = &p->tables[r];
         for (uint32_t w = 0; w < t->nwrites; w++) {
             const struct wb_rt_write *x = &t->writes[w];
+            prefetch_bucket(&d, t, w + 2 * AHEAD, NULL);
+            prefetch_bucket(&d, t, w + AHEAD, bits);
             if (x->dst_rank + (uint64_t)x->more * x->rank_step >= p->nrollouts)
                 continue;
             for (uint32_t n = targets(&d, x), k = 0; k < n; k++)
@@ -734,66 +839,82 @@ out:
 static void *destinations_thread(void *arg)
 {
     struct vctx *d = arg;
+    uint64_t t0 = wb_now_ns();
     d->rc = check_destinations(d);
+    wb_log(WB_LOG_DEBUG, "planner", "verify: destinations in %.3f s",
+           (double)(wb_now_ns() - t0) * 1e-9);
+    return NULL;
+}
+
+/* Sources of the tables of ranks [rank0, rank1). */
+static void *sources_thread(void *arg)
+{
+    struct vctx *v = arg;
+    struct vec pr;
+    pl_vec_init(&pr, sizeof(struct range));
+    int r = 0;
+    for (uint32_t rk = v->rank0; rk < v->rank1 && !r; rk++) {
+        const struct wb_route_table *t = &v->p->tables[rk];
+        if (v->ox)
+            v->ox->g0[rk] = v->gref.n; /* this thread's; made plan-wide after the join */
+        for (uint32_t k = 0; k < t->ntasks && !r; k++)
+            r = check_task(v, t, &t->tasks[k], &pr);
+    }
+    pl_vec_free(&pr);
+    v->rc = r;
     return NULL;
 }
 
 /* ---------------------------------------------------------------- order */
 
 /* Every AMAX op has exactly one mirror: same tag on its peer, pointing back, same tensor and
- * blocks, inboxes crossed. Tags are plan-wide, so an index by tag finds the pair. */
-static void check_amax(struct vctx *v)
+ * blocks, inboxes crossed (equal fingerprints, noted by the sources threads). */
+static void check_amax(struct vctx *v, struct order_idx *x, const struct vec *xtra)
 {
-    const struct wb_plan *p = v->p;
-    uint32_t maxtag = 0;
-    for (uint32_t r = 0; r < p->ntrainers; r++)
-        for (uint32_t o = 0; o < p->tables[r].nops; o++)
-            if (p->tables[r].ops[o].kind == WB_OP_AMAX && p->tables[r].ops[o].amax.tag > maxtag)
-                maxtag = p->tables[r].ops[o].amax.tag;
-    if (maxtag == 0)
-        return;
-    uint32_t(*at)[4] = calloc((size_t)maxtag + 1, sizeof(*at)); /* rank+1, op, rank+1, op */
-    if (!at) {
-        verr(v, "verify: out of memory indexing %u amax tags", maxtag);
-        return;
-    }
-    for (uint32_t r = 0; r < p->ntrainers; r++)
-        for (uint32_t o = 0; o < p->tables[r].nops; o++) {
-            const struct wb_rt_op *op = &p->tables[r].ops[o];
-            if (op->kind != WB_OP_AMAX)
+    if (xtra->n) { /* tags past the array: into a larger one (a plan whose figures are off) */
+        const struct aref *E = xtra->p;
+        uint64_t n = x->ntag;
+        for (size_t i = 0; i < xtra->n; i++)
+            n = E[i].tag >= n ? (uint64_t)E[i].tag + 1 : n;
+        struct amax_slot *na = realloc(x->at, n * sizeof(*na));
+        if (!na) {
+            verr(v, "verify: out of memory indexing %" PRIu64 " amax tags", n);
+            return;
+        }
+        memset(na + x->ntag, 0, (n - x->ntag) * sizeof(*na));
+        x->at = na;
+        x->ntag = (uint32_t)n;
+        for (size_t i = 0; i < xtra->n; i++) {
+            struct amax_slot *sl = &x->at[E[i].tag];
+            uint32_t side = E[i].side;
+            if (sl->rank[side]) {
+                x->too_many = true;
+                x->many_tag = E[i].tag;
+                x->many_rank = E[i].rank;
                 continue;
-            uint32_t *e = at[op->amax.tag];
-            if (!e[0]) {
-                e[0] = r + 1;
-                e[1] = o;
-            } else if (!e[2]) {
-                e[2] = r + 1;
-                e[3] = o;
-            } else {
-                verr(v, "amax tag %u used by more than two ops (rank %u)", op->amax.tag, r);
             }
+            sl->rank[side] = E[i].rank + 1;
+            sl->fp[side] = E[i].fp;
         }
-    for (uint32_t tag = 1; tag <= maxtag; tag++) {
-        const uint32_t *e = at[tag];
-        if (!e[0])
-            continue;
-        if (!e[2]) {
-            verr(v, "rank %u: amax exchange tag %u has no mirror", e[0] - 1, tag);
-            continue;
-        }
-        const struct wb_route_table *ta = &p->tables[e[0] - 1], *tb = &p->tables[e[2] - 1];
-        const struct wb_rt_op *a = &ta->ops[e[1]], *b = &tb->ops[e[3]];
-        if (a->amax.peer != tb->rank || b->amax.peer != ta->rank || a->tensor != b->tensor ||
-            !wb_box_eq(&ta->boxes[a->amax.blocks], &tb->boxes[b->amax.blocks]) ||
-            a->amax.inbox_off != b->amax.peer_inbox_off ||
-            a->amax.peer_inbox_off != b->amax.inbox_off)
-            verr(v, "amax exchange tag %u: ranks %u and %u do not mirror each other", tag, ta->rank,
-                 tb->rank);
     }
-    free(at);
+    if (x->too_many)
+        verr(v, "amax tag %u used by more than two ops (rank %u)", x->many_tag, x->many_rank);
+    for (uint32_t tag = 1; tag < x->ntag; tag++) {
+        const struct amax_slot *sl = &x->at[tag];
+        if (!sl->rank[0] && !sl->rank[1])
+            continue;
+        if (!sl->rank[0] || !sl->rank[1]) {
+            verr(v, "rank %u: amax exchange tag %u has no mirror",
+                 (sl->rank[0] ? sl->rank[0] : sl->rank[1]) - 1, tag);
+            continue;
+        }
+        if (sl->fp[0] != sl->fp[1])
+            verr(v, "amax exchange tag %u: ranks %u and %u do not mirror each other", tag,
+                 sl->rank[0] - 1, sl->rank[1] - 1);
+    }
 }
 
-static void check_order(struct vctx *v)
+static int check_order(struct vctx *v, struct order_idx *ox, const struct vec *xtra)
 {
     const struct wb_plan *p = v->p;
     for (uint32_t i = 0; i < p->nmeshes; i++)
@@ -813,35 +934,42 @@ static void check_order(struct vctx *v)
                     y++;
             }
         }
+    struct order_idx x = *ox;
     /* gather sequences: per mesh, every member's (seq, tensor) list equals the first's */
+    const struct gref *G = x.g.p;
     for (uint32_t m = 0; m < p->nmeshes; m++) {
         const struct wb_plan_mesh *ms = &p->meshes[m];
-        const struct wb_route_table *ref = NULL;
-        struct vec rs;
-        pl_vec_init(&rs, 2 * sizeof(uint32_t));
+        uint32_t ref = UINT32_MAX;
         for (uint32_t k = 0; k < ms->n; k++) {
-            const struct wb_route_table *t = &p->tables[ms->ranks[k]];
-            size_t pos = 0;
-            bool bad = false;
-            for (uint32_t o = 0; o < t->nops && !bad; o++) {
-                const struct wb_rt_op *op = &t->ops[o];
-                if (op->kind != WB_OP_GATHER || op->gather.mesh != m)
-                    continue;
-                uint32_t e[2] = {op->gather.seq, op->tensor};
-                if (!ref) {
-                    if (!pl_vec_push(&rs, e))
-                        break;
-                } else if (pos >= rs.n || memcmp(VEC_AT(&rs, uint32_t, 2 * pos), e, sizeof(e))) {
-                    bad = true;
-                }
-                pos++;
+            uint32_t r = ms->ranks[k];
+            if (r >= p->ntrainers)
+                continue;
+            if (ref == UINT32_MAX) {
+                ref = r;
+                continue;
             }
-            if (ref && (bad || pos != rs.n))
-                verr(v, "mesh %u: rank %u's gathers differ from rank %u's", m, t->rank, ref->rank);
-            if (!ref)
-                ref = t;
+            uint64_t i = x.g0[ref], j = x.g0[r];
+            bool bad = false;
+            for (;;) { /* the two ranks' gathers of mesh m, in order */
+                while (i < x.g0[ref + 1] && G[i].mesh != m)
+                    i++;
+                while (j < x.g0[r + 1] && G[j].mesh != m)
+                    j++;
+                bool ei = i == x.g0[ref + 1], ej = j == x.g0[r + 1];
+                if (ei || ej) {
+                    bad = ei != ej;
+                    break;
+                }
+                if (G[i].seq != G[j].seq || G[i].tensor != G[j].tensor) {
+                    bad = true;
+                    break;
+                }
+                i++;
+                j++;
+            }
+            if (bad)
+                verr(v, "mesh %u: rank %u's gathers differ from rank %u's", m, r, ref);
         }
-        pl_vec_free(&rs);
     }
     for (uint32_t r = 0; r < p->ntrainers; r++) {
         const struct wb_route_table *t = &p->tables[r];
@@ -850,7 +978,9 @@ static void check_order(struct vctx *v)
                 verr(v, "rank %u: task %u of phase %u after a task of phase %u", r, k,
                      t->tasks[k].phase, t->tasks[k - 1].phase);
     }
-    check_amax(v);
+    check_amax(v, &x, xtra);
+    *ox = x;
+    return 0;
 }
 
 int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el)
@@ -892,33 +1022,83 @@ int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, stru
         v.smemo = NULL;
     }
     pl_intern_free(&cls);
-    /* Sources and destinations are independent reads of the plan: on two threads when there
-     * are two CPUs, each with its own problems, reported sources first as one walk would. */
-    struct vctx d = v;
-    struct wb_errlist del;
+    /* Sources and destinations are independent reads of the plan: the sources of the first
+     * half of the tables here, of the second half and the destinations on threads when there
+     * are two CPUs, each with its own problems, reported as one walk would: sources in rank
+     * order, then destinations. */
+    bool many = sysconf(_SC_NPROCESSORS_ONLN) > 1;
+    struct order_idx ox;
+    memset(&ox, 0, sizeof(ox));
+    pl_vec_init(&ox.g, sizeof(struct gref));
+    ox.g0 = calloc((size_t)p->ntrainers + 1, sizeof(uint64_t));
+    /* tags run 1 .. amax_ops / 2 in a plan as built; others go the slow way (xtra) */
+    ox.ntag = p->stats.amax_ops / 2 + 1 < UINT32_MAX ? (uint32_t)(p->stats.amax_ops / 2 + 1) : 1;
+    ox.at = calloc(ox.ntag, sizeof(*ox.at));
+    if (!ox.g0 || !ox.at) {
+        free(ox.g0);
+        free(ox.at);
+        wb_placement_map_free(v.pm);
+        free(v.smemo);
+        free(v.tcls);
+        return -ENOMEM;
+    }
+    v.ox = &ox;
+    pl_vec_init(&v.gref, sizeof(struct gref));
+    pl_vec_init(&v.xtra, sizeof(struct aref));
+    struct vctx d = v, s2 = v;
+    struct wb_errlist del, sel;
     wb_errlist_init(&del);
+    wb_errlist_init(&sel);
     d.pr = (struct pl_problems){&del, 0};
     d.smemo = NULL;
-    pthread_t th;
-    bool two = sysconf(_SC_NPROCESSORS_ONLN) > 1 &&
-               pthread_create(&th, NULL, destinations_thread, &d) == 0;
-    struct vec pr;
-    pl_vec_init(&pr, sizeof(struct range));
-    for (uint32_t rk = 0; rk < p->ntrainers && !r; rk++) {
-        const struct wb_route_table *t = &p->tables[rk];
-        for (uint32_t k = 0; k < t->ntasks && !r; k++)
-            r = check_task(&v, t, &t->tasks[k], &pr);
-    }
-    pl_vec_free(&pr);
+    s2.pr = (struct pl_problems){&sel, 0};
+    s2.smemo = many ? calloc(1u << SHARD_MEMO_BITS, sizeof(*s2.smemo)) : NULL;
+    v.rank0 = 0;
+    v.rank1 = s2.rank0 = many ? p->ntrainers / 2 : p->ntrainers;
+    s2.rank1 = p->ntrainers;
+    uint64_t t0 = wb_now_ns();
+    pthread_t th, th2;
+    bool two = many && pthread_create(&th, NULL, destinations_thread, &d) == 0;
+    bool three = many && pthread_create(&th2, NULL, sources_thread, &s2) == 0;
+    sources_thread(&v);
+    if (!three)
+        sources_thread(&s2);
     if (two)
         pthread_join(th, NULL);
     else
         destinations_thread(&d);
-    if (!r)
-        r = d.rc;
-    pl_problems_take(&v.pr, &del); /* after the sources' problems, as one walk reports them */
-    if (!r)
-        check_order(&v);
+    if (three)
+        pthread_join(th2, NULL);
+    wb_log(WB_LOG_DEBUG, "planner", "verify: sources and destinations in %.3f s",
+           (double)(wb_now_ns() - t0) * 1e-9);
+    r = v.rc ? v.rc : s2.rc ? s2.rc : d.rc;
+    pl_problems_take(&v.pr, &sel); /* as one walk reports them */
+    pl_problems_take(&v.pr, &del);
+    free(s2.smemo);
+    /* the gathers and the amax ops past the array, in rank order */
+    for (uint32_t rk = s2.rank0; rk < s2.rank1; rk++)
+        ox.g0[rk] += v.gref.n;
+    ox.g0[p->ntrainers] = v.gref.n + s2.gref.n;
+    if (!r && (pl_vec_reserve(&v.gref, s2.gref.n) || pl_vec_reserve(&v.xtra, s2.xtra.n)))
+        r = -ENOMEM;
+    if (!r) {
+        memcpy(VEC_AT(&v.gref, struct gref, v.gref.n), s2.gref.p, s2.gref.n * sizeof(struct gref));
+        v.gref.n += s2.gref.n;
+        memcpy(VEC_AT(&v.xtra, struct aref, v.xtra.n), s2.xtra.p, s2.xtra.n * sizeof(struct aref));
+        v.xtra.n += s2.xtra.n;
+        ox.g = v.gref;
+        pl_vec_init(&v.gref, sizeof(struct gref));
+        r = check_order(&v, &ox, &v.xtra);
+    }
+    wb_log(WB_LOG_DEBUG, "planner", "verify: order and amax mirrors, done at %.3f s",
+           (double)(wb_now_ns() - t0) * 1e-9);
+    pl_vec_free(&v.gref);
+    pl_vec_free(&s2.gref);
+    pl_vec_free(&v.xtra);
+    pl_vec_free(&s2.xtra);
+    pl_vec_free(&ox.g);
+    free(ox.g0);
+    free(ox.at);
     wb_placement_map_free(v.pm);
     free(v.smemo);
     free(v.tcls);

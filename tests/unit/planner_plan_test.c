@@ -368,9 +368,41 @@ static void test_verify_catches(void)
                          p->tables[r].writes[i].dst_rank);
                 CHECK(strncmp(f.el.msgs[0], want, strlen(want)) == 0);
                 CHECK(strstr(f.el.msgs[0], "reads bytes it does not hold") != NULL);
+                p->tables[r].writes[i].src_off -= 1u << 20;
                 r = p->ntrainers;
                 break;
             }
+    wb_errlist_free(&f.el);
+    wb_errlist_init(&f.el);
+    /* an amax exchange whose two sides disagree on an inbox, then one without its mirror */
+    struct wb_rt_op *am = NULL;
+    uint32_t ar = 0;
+    for (uint32_t r = 0; r < p->ntrainers && !am; r++)
+        for (uint32_t o = 0; o < p->tables[r].nops && !am; o++)
+            if (p->tables[r].ops[o].kind == WB_OP_AMAX) {
+                am = &p->tables[r].ops[o];
+                ar = r;
+            }
+    CHECK(am != NULL);
+    uint32_t lo = ar < am->amax.peer ? ar : am->amax.peer, hi = ar ^ am->amax.peer ^ lo;
+    am->amax.inbox_off += 16;
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+    CHECK_INT(f.el.n, 1);
+    snprintf(want, sizeof(want), "amax exchange tag %u: ranks %u and %u do not mirror each other",
+             am->amax.tag, lo, hi);
+    CHECK_STR(f.el.msgs[0], want);
+    am->amax.inbox_off -= 16;
+    wb_errlist_free(&f.el);
+    wb_errlist_init(&f.el);
+    uint32_t tag = am->amax.tag;
+    am->amax.tag = 1u << 20; /* past every tag the plan has */
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+    CHECK_INT(f.el.n, 2);
+    snprintf(want, sizeof(want), "rank %u: amax exchange tag %u has no mirror", ar ^ lo ^ hi, tag);
+    CHECK_STR(f.el.msgs[0], want);
+    snprintf(want, sizeof(want), "rank %u: amax exchange tag %u has no mirror", ar, 1u << 20);
+    CHECK_STR(f.el.msgs[1], want);
+    am->amax.tag = tag;
     wb_plan_free(p);
     fx_free(&f);
 }

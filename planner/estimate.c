@@ -35,6 +35,7 @@ struct chunk {
 struct pair {
     uint32_t src, dst; /* node ids: trainers, then rollouts */
     uint32_t w, step;  /* copies: the same bytes to dst + k * step, k < w (replica fan-out) */
+    uint32_t cls;      /* w > 1: its receivers' class (sim.cls) */
     struct vec q;      /* struct chunk FIFO */
     size_t head;
     double rate, give;
@@ -59,7 +60,7 @@ struct pev {
 
 struct etask {
     uint32_t rank, phase, ncoll, ninst, nflow, f0;
-    uint64_t tmp, write_bytes, h2d_bytes, quant_bytes;
+    uint64_t tmp, write_bytes, h2d_bytes, quant_bytes, gather_bytes;
     double h2d_s, gpu_s, submit_s;
     uint32_t c0;      /* collectives at est.coll[c0 .. c0+ncoll) */
     uint32_t pending; /* chunks not yet delivered */
@@ -67,14 +68,23 @@ struct etask {
     bool started, done;
 };
 
-/* A collective: a gather instance (members) or an amax rendezvous (2 ranks). */
+/* A gather instance (its members), or an amax rendezvous (the ops with one tag). A task's
+ * collectives are refs: a gather instance's index, or AMX_REF | tag. */
 struct inst {
     uint32_t n, arrived, nflows;
     uint64_t bytes_in; /* max over members */
-    bool nvlink, amax, started;
-    double t_done; /* NVLink and amax: known at start; network: when the last flow lands */
+    bool nvlink, started;
+    double t_done; /* NVLink: known at start; network: when the last flow lands */
     uint32_t f0;   /* network gathers: ring flows at sim.rflow[f0 .. f0+n) */
 };
+
+struct amx {
+    uint16_t n, arrived;
+    bool started;
+    double t_done;
+};
+
+enum { AMX_REF = 1u << 31 };
 
 struct rflow {
     uint32_t inst, src, dst;
@@ -88,7 +98,9 @@ struct rank_state {
     uint32_t coll_k;                     /* next collective of the current coll task */
     bool coll_arrived;
     uint64_t mem;
-    uint32_t running; /* admitted, not done */
+    uint32_t running;    /* admitted, not done */
+    uint32_t wait_phase; /* the next task to admit, as admission needs it (its etask is far) */
+    uint64_t wait_tmp;
     double busy_h2d, busy_gpu, busy_sub, wait_coll, busy_coll;
     double end;
 };
@@ -104,9 +116,11 @@ struct sim {
     uint32_t nt, nr, nphases;
     struct etask *task;
     size_t ntask;
-    uint32_t *coll; /* per task collective refs: instance ids */
+    uint32_t *coll; /* per task collective refs */
     struct inst *inst;
     size_t ninst;
+    struct amx *amx; /* by tag */
+    size_t namx;
     struct rank_state *rs;
     struct pair *pair;
     size_t npair, cpair;
@@ -124,6 +138,19 @@ struct sim {
     uint32_t *act;            /* active pair indices */
     size_t nact, cact;
     double *eleft, *ileft; /* per node, per step */
+    uint64_t t_fill;       /* time spent water-filling, for the debug log */
+    size_t nfill;
+    /* Receiver classes: the receivers of pairs with copies (dst + k * step, k < w). Pairs of
+     * one class share their receivers, so a water-fill round takes their least share once
+     * per class, not once per pair. */
+    struct rcls {
+        uint32_t dst, w, step;
+        uint32_t count; /* pairs of the class wanting more this round */
+        double imin;    /* least ileft (then least share) over the receivers */
+        double sub;     /* given this round, per receiver */
+    } * cls;
+    size_t ncls, ccap;
+    uint32_t *chash; /* class + 1 by (dst, w, step), open addressing over 2 * ccap slots */
     uint32_t *nout, *nin;
     double *rollout_end; /* per rollout GPU: its last byte */
     size_t ndone;
@@ -139,6 +166,8 @@ static size_t pair_hash(uint32_t a, uint32_t b, uint32_t w, uint32_t step, size_
     uint64_t key = ((uint64_t)a << 32 | b) ^ ((uint64_t)w << 48) ^ ((uint64_t)step << 24);
     return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
 }
+
+static uint32_t class_of(struct sim *s, uint32_t dst, uint32_t w, uint32_t step);
 
 static struct pair *get_pair(struct sim *s, uint32_t a, uint32_t b, uint32_t w, uint32_t step)
 {
@@ -168,6 +197,9 @@ static struct pair *get_pair(struct sim *s, uint32_t a, uint32_t b, uint32_t w, 
         s->hcap = cap;
         return get_pair(s, a, b, w, step);
     }
+    uint32_t cls = w > 1 ? class_of(s, b, w, step) : UINT32_MAX;
+    if (w > 1 && cls == UINT32_MAX)
+        return NULL;
     if (s->npair == s->cpair) {
         size_t c = s->cpair ? s->cpair * 2 : 1024;
         struct pair *np = realloc(s->pair, c * sizeof(*np));
@@ -182,6 +214,7 @@ static struct pair *get_pair(struct sim *s, uint32_t a, uint32_t b, uint32_t w, 
     p->dst = b;
     p->w = w;
     p->step = step;
+    p->cls = cls;
     pl_vec_init(&p->q, sizeof(struct chunk));
     s->phash[h] = (uint32_t)s->npair;
     return p;
@@ -291,6 +324,50 @@ static int schedule(struct sim *s, struct pair *p)
     return heap_push(s, (struct pev){p->ev, (uint32_t)(p - s->pair), p->ver});
 }
 
+static size_t class_slot(const struct sim *s, size_t cap, uint32_t dst, uint32_t w, uint32_t step)
+{
+    uint64_t key = ((uint64_t)dst << 32 | w) ^ ((uint64_t)step << 16);
+    size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 24) & (cap - 1);
+    while (s->chash[h]) {
+        const struct rcls *k = &s->cls[s->chash[h] - 1];
+        if (k->dst == dst && k->w == w && k->step == step)
+            break;
+        h = (h + 1) & (cap - 1);
+    }
+    return h;
+}
+
+/* The receiver class of (dst, w, step), made on first use; UINT32_MAX: no memory. */
+static uint32_t class_of(struct sim *s, uint32_t dst, uint32_t w, uint32_t step)
+{
+    if (s->ccap) {
+        size_t h = class_slot(s, 2 * s->ccap, dst, w, step);
+        if (s->chash[h])
+            return s->chash[h] - 1;
+    }
+    if (s->ncls == s->ccap) { /* grow both, rehash */
+        size_t n = s->ccap ? 2 * s->ccap : 64;
+        struct rcls *nc = realloc(s->cls, n * sizeof(*nc));
+        uint32_t *nh = calloc(2 * n, sizeof(uint32_t));
+        if (!nc || !nh) {
+            if (nc)
+                s->cls = nc;
+            free(nh);
+            return UINT32_MAX;
+        }
+        s->cls = nc;
+        free(s->chash);
+        s->chash = nh;
+        s->ccap = n;
+        for (size_t c = 0; c < s->ncls; c++)
+            nh[class_slot(s, 2 * n, nc[c].dst, nc[c].w, nc[c].step)] = (uint32_t)c + 1;
+    }
+    size_t h = class_slot(s, 2 * s->ccap, dst, w, step);
+    s->cls[s->ncls] = (struct rcls){dst, w, step, 0, 0, 0};
+    s->chash[h] = (uint32_t)++s->ncls;
+    return (uint32_t)(s->ncls - 1);
+}
+
 /* Queues `bytes` (per copy) from node a to node b and its copies. */
 static int post(struct sim *s, uint32_t a, uint32_t b, uint32_t w, uint32_t step, uint32_t id,
                 uint64_t bytes)
@@ -334,54 +411,113 @@ static uint64_t op_box_bytes(const struct wb_route_table *t, uint32_t box, enum 
     return wb_box_numel(&t->boxes[box]) * wb_dtype_size(dt);
 }
 
+/* Makes room for amax tag `tag` (doubling). */
+static int amx_room(struct sim *s, uint32_t tag)
+{
+    if (tag < s->namx)
+        return 0;
+    if (tag >= AMX_REF)
+        return -E2BIG;
+    size_t n = s->namx ? s->namx : 1024;
+    while (n <= tag)
+        n *= 2;
+    struct amx *na = realloc(s->amx, n * sizeof(*na));
+    if (!na)
+        return -ENOMEM;
+    memset(na + s->namx, 0, (n - s->namx) * sizeof(*na));
+    s->amx = na;
+    s->namx = n;
+    return 0;
+}
+
+/* Gather instances keyed by (mesh, seq, first peer): an open-addressing hash that doubles. */
+struct ghash {
+    uint64_t *k;
+    uint32_t *v;
+    size_t cap, n;
+};
+
+static size_t ghash_slot(const struct ghash *g, uint64_t key)
+{
+    size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (g->cap - 1);
+    while (g->k[h] && g->k[h] != key)
+        h = (h + 1) & (g->cap - 1);
+    return h;
+}
+
+static int ghash_grow(struct ghash *g)
+{
+    struct ghash n = {calloc(g->cap * 2, sizeof(uint64_t)), calloc(g->cap * 2, sizeof(uint32_t)),
+                      g->cap * 2, g->n};
+    if (!n.k || !n.v) {
+        free(n.k);
+        free(n.v);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < g->cap; i++)
+        if (g->k[i]) {
+            size_t j = ghash_slot(&n, g->k[i]);
+            n.k[j] = g->k[i];
+            n.v[j] = g->v[i];
+        }
+    free(g->k);
+    free(g->v);
+    *g = n;
+    return 0;
+}
+
+/* The instance of a gather op (made on first sight). */
+static int gather_inst(struct sim *s, struct ghash *g, size_t *icap, uint64_t key, uint32_t *id)
+{
+    if (2 * (g->n + 1) > g->cap && ghash_grow(g))
+        return -ENOMEM;
+    size_t h = ghash_slot(g, key);
+    if (!g->k[h]) {
+        if (s->ninst == *icap) {
+            size_t c = *icap ? 2 * *icap : 1024;
+            struct inst *ni = realloc(s->inst, c * sizeof(*ni));
+            if (!ni)
+                return -ENOMEM;
+            memset(ni + *icap, 0, (c - *icap) * sizeof(*ni));
+            s->inst = ni;
+            *icap = c;
+        }
+        g->k[h] = key;
+        g->v[h] = (uint32_t)s->ninst++;
+        g->n++;
+    }
+    *id = g->v[h];
+    return 0;
+}
+
 static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflows)
 {
     const struct wb_plan *p = s->p;
     const struct wb_hw *hw = &in->tl->hw;
-    size_t ntask = 0, ncoll = 0, ngather = 0, nflow = 0;
-    uint32_t maxtag = 0;
+    size_t ntask = 0, nops = 0;
     for (uint32_t r = 0; r < p->ntrainers; r++) {
         ntask += p->tables[r].ntasks;
-        for (uint32_t o = 0; o < p->tables[r].nops; o++) {
-            const struct wb_rt_op *op = &p->tables[r].ops[o];
-            ngather += op->kind == WB_OP_GATHER;
-            ncoll += op->kind == WB_OP_GATHER || op->kind == WB_OP_AMAX;
-            if (op->kind == WB_OP_AMAX && op->amax.tag > maxtag)
-                maxtag = op->amax.tag;
-        }
-        nflow += p->tables[r].nwrites;
+        nops += p->tables[r].nops;
     }
     s->ntask = ntask;
     s->task = calloc(ntask + 1, sizeof(*s->task));
-    s->coll = calloc(ncoll + 1, sizeof(uint32_t));
-    s->inst = calloc(ngather + maxtag + 1, sizeof(*s->inst)); /* amax: one per tag, not op */
+    s->coll = malloc((nops + 1) * sizeof(uint32_t)); /* at most one ref an op */
     /* flows: one per (task, destination); a task's writes to one destination are summed, so
      * there are as many as tasks times destinations, not writes (10^8 at 1024 -> 512) */
-    size_t fcap = ntask * 2 + 1024;
-    (void)nflow;
+    size_t fcap = ntask * 2 + 1024, icap = 0;
     s->flow = malloc(fcap * sizeof(*s->flow));
     s->rs = calloc(p->ntrainers, sizeof(*s->rs));
     uint32_t *seen = malloc((p->nrollouts + 1) * sizeof(uint32_t)); /* dst -> flow + 1 */
-    if (!s->task || !s->coll || !s->inst || !s->flow || !s->rs || !seen) {
-        free(seen);
-        return -ENOMEM;
-    }
+    struct ghash gh = {calloc(1024, sizeof(uint64_t)), calloc(1024, sizeof(uint32_t)), 1024, 0};
+    int err = -ENOMEM;
+    if (!s->task || !s->coll || !s->flow || !s->rs || !seen || !gh.k || !gh.v)
+        goto out;
     memset(seen, 0, (p->nrollouts + 1) * sizeof(uint32_t));
-    /* gather instances keyed by (mesh, seq, first peer) in a hash; amax instances by their
-     * tag, which is plan-wide (an array: 10^7 exchanges at 1024 -> 512) */
-    size_t hcap = 1024;
-    while (hcap < 4 * ngather + 4)
-        hcap *= 2;
-    uint64_t *hk = calloc(hcap, sizeof(uint64_t));
-    uint32_t *hv = calloc(hcap, sizeof(uint32_t));
-    uint32_t *by_tag = calloc((size_t)maxtag + 1, sizeof(uint32_t)); /* instance + 1 */
-    if (!hk || !hv || !by_tag) {
-        free(hk);
-        free(hv);
-        free(by_tag);
-        free(seen);
-        return -ENOMEM;
-    }
+    /* amax rendezvous by tag, which is plan-wide (10^7 exchanges at 1024 -> 512): sized from
+     * the plan's count, grown if a tag is past it */
+    if ((err = amx_room(
+             s, (uint32_t)(p->stats.amax_ops / 2 + 1 < AMX_REF ? p->stats.amax_ops / 2 + 1 : 1))))
+        goto out;
     size_t ti = 0, ci = 0, fi = 0;
     for (uint32_t r = 0; r < p->ntrainers; r++) {
         const struct wb_route_table *t = &p->tables[r];
@@ -395,73 +531,68 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
             e->tmp = T->tmp_bytes;
             e->write_bytes = T->write_bytes;
             e->c0 = (uint32_t)ci;
+            /* the rendezvous are far apart in memory: asked for ahead */
+            for (uint32_t o = T->op0; o < T->op0 + T->nops; o++)
+                if (t->ops[o].kind == WB_OP_AMAX && t->ops[o].amax.tag < s->namx)
+                    __builtin_prefetch(&s->amx[t->ops[o].amax.tag], 1);
             for (uint32_t o = T->op0; o < T->op0 + T->nops; o++) {
                 const struct wb_rt_op *op = &t->ops[o];
-                uint64_t key = 0;
                 switch (op->kind) {
                 case WB_OP_H2D:
                     e->h2d_bytes += op->h2d.bytes;
-                    break;
+                    continue;
                 case WB_OP_COPY:
                 case WB_OP_CAST:
                     e->gpu_s += hw->kernel_s +
                                 (double)op_box_bytes(t, op->copy.src_box, op->copy.src.dtype) /
                                     hw->copy_Bps;
-                    break;
+                    continue;
                 case WB_OP_QUANT: {
                     uint64_t b = op_box_bytes(t, op->quant.src_box, op->quant.src.dtype);
                     e->quant_bytes += b;
                     e->gpu_s += hw->kernel_s + (double)b / hw->quant_Bps;
-                    break;
+                    continue;
+                }
+                case WB_OP_AMAX: {
+                    uint32_t tag = op->amax.tag;
+                    if ((err = amx_room(s, tag)))
+                        goto out;
+                    if (s->amx[tag].n < UINT16_MAX)
+                        s->amx[tag].n++;
+                    s->coll[ci++] = AMX_REF | tag;
+                    e->ncoll++;
+                    continue;
                 }
                 case WB_OP_GATHER:
-                    key = ((uint64_t)op->gather.mesh << 40) ^ ((uint64_t)op->gather.seq << 20) ^
-                          t->peers[op->gather.peer0].rank ^ (1ull << 63);
-                    break;
-                case WB_OP_AMAX:
-                    key = (uint64_t)op->amax.tag | (1ull << 62);
                     break;
                 }
-                if (!key)
-                    continue;
+                uint64_t key = ((uint64_t)op->gather.mesh << 40) ^
+                               ((uint64_t)op->gather.seq << 20) ^ t->peers[op->gather.peer0].rank ^
+                               (1ull << 63);
                 uint32_t id;
-                if (op->kind == WB_OP_AMAX) {
-                    uint32_t *slot = &by_tag[op->amax.tag];
-                    if (!*slot)
-                        *slot = (uint32_t)++s->ninst;
-                    id = *slot - 1;
-                } else {
-                    size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (hcap - 1);
-                    while (hk[h] && hk[h] != key)
-                        h = (h + 1) & (hcap - 1);
-                    if (!hk[h]) {
-                        hk[h] = key;
-                        hv[h] = (uint32_t)s->ninst++;
-                    }
-                    id = hv[h];
-                }
+                if ((err = gather_inst(s, &gh, &icap, key, &id)))
+                    goto out;
                 struct inst *in2 = &s->inst[id];
                 in2->n++;
-                if (op->kind == WB_OP_AMAX) {
-                    in2->amax = true;
-                } else {
-                    if (op->gather.bytes_in > in2->bytes_in)
-                        in2->bytes_in = op->gather.bytes_in;
-                    bool same = true;
-                    uint32_t node = r / in->tl->gpus_per_node, prev = r, np = op->gather.npeers;
-                    for (uint32_t q = 0; q < np; q++) {
-                        uint32_t pr = t->peers[op->gather.peer0 + q].rank;
-                        same &= pr / in->tl->gpus_per_node == node;
-                        if (pr == r)
-                            prev = t->peers[op->gather.peer0 + (q + np - 1) % np].rank;
-                    }
-                    in2->nvlink = same;
-                    /* ring all-gather: each member receives its missing bytes from the
-                     * previous member */
-                    if (!same && op->gather.bytes_in) {
-                        struct rflow rf = {id, prev, r, op->gather.bytes_in};
-                        if (!pl_vec_push(rflows, &rf))
-                            goto nomem;
+                e->gather_bytes += op->gather.bytes_in;
+                if (op->gather.bytes_in > in2->bytes_in)
+                    in2->bytes_in = op->gather.bytes_in;
+                bool same = true;
+                uint32_t node = r / in->tl->gpus_per_node, prev = r, np = op->gather.npeers;
+                for (uint32_t q = 0; q < np; q++) {
+                    uint32_t pr = t->peers[op->gather.peer0 + q].rank;
+                    same &= pr / in->tl->gpus_per_node == node;
+                    if (pr == r)
+                        prev = t->peers[op->gather.peer0 + (q + np - 1) % np].rank;
+                }
+                in2->nvlink = same;
+                /* ring all-gather: each member receives its missing bytes from the previous
+                 * member */
+                if (!same && op->gather.bytes_in) {
+                    struct rflow rf = {id, prev, r, op->gather.bytes_in};
+                    if (!pl_vec_push(rflows, &rf)) {
+                        err = -ENOMEM;
+                        goto out;
                     }
                 }
                 s->coll[ci++] = id;
@@ -478,12 +609,14 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
                 if (f <= e->f0 || f > fi || s->flow[f - 1].dst != x->dst_rank ||
                     s->flow[f - 1].w != nc || s->flow[f - 1].step != step) {
                     if (fi == fcap) {
-                        size_t nc = fcap * 2;
-                        void *nf = realloc(s->flow, nc * sizeof(*s->flow));
-                        if (!nf)
-                            goto nomem;
+                        size_t nc2 = fcap * 2;
+                        void *nf = realloc(s->flow, nc2 * sizeof(*s->flow));
+                        if (!nf) {
+                            err = -ENOMEM;
+                            goto out;
+                        }
                         s->flow = nf;
-                        fcap = nc;
+                        fcap = nc2;
                     }
                     s->flow[fi].dst = x->dst_rank;
                     s->flow[fi].w = nc;
@@ -501,18 +634,13 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
                 posts * hw->write_submit_s + T->nops * hw->kernel_s + e->ncoll * hw->gather_s;
         }
     }
-    free(hk);
-    free(hv);
-    free(by_tag);
+    err = 0;
+out:
+    free(gh.k);
+    free(gh.v);
     free(seen);
-    if (0) {
-    nomem:
-        free(hk);
-        free(hv);
-        free(by_tag);
-        free(seen);
-        return -ENOMEM;
-    }
+    if (err)
+        return err;
     /* ring flows grouped by instance */
     s->nrflow = rflows->n;
     s->rflow = malloc((rflows->n + 1) * sizeof(struct rflow));
@@ -543,17 +671,6 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
 
 /* ---------------------------------------------------------------- network step */
 
-/* The least of ileft / nin over a pair's receivers (nin NULL: of ileft). */
-static double in_share(const struct pair *p, const double *ileft, const uint32_t *nin)
-{
-    double m = INFINITY;
-    for (uint32_t k = 0, d = p->dst; k < p->w; k++, d += p->step) {
-        double x = nin ? ileft[d] / nin[d] : ileft[d];
-        m = x < m ? x : m;
-    }
-    return m;
-}
-
 /* Max-min fair shares of this step's NIC egress and ingress among the active pairs, into
  * pair.rate (bytes in the step). A pair with copies moves the same share to each of its
  * receivers: it counts w times at its sender and once at each receiver. */
@@ -561,6 +678,7 @@ static void water_fill(struct sim *s, double dt)
 {
     double *eleft = s->eleft, *ileft = s->ileft;
     uint32_t *nout = s->nout, *nin = s->nin;
+    uint32_t nn = s->nt + s->nr;
     size_t keep = 0; /* pairs that ended leave the list, which keeps its order */
     for (size_t i = 0; i < s->nact; i++) {
         struct pair *p = &s->pair[s->act[i]];
@@ -570,42 +688,59 @@ static void water_fill(struct sim *s, double dt)
         }
     }
     s->nact = keep;
-    for (size_t i = 0; i < s->nact; i++) {
-        struct pair *p = &s->pair[s->act[i]];
-        p->rate = 0;
-        eleft[p->src] = s->egress[p->src] * dt;
-        for (uint32_t k = 0, d = p->dst; k < p->w; k++, d += p->step)
-            ileft[d] = s->ingress[d] * dt;
+    for (uint32_t n = 0; n < nn; n++) {
+        eleft[n] = s->egress[n] * dt;
+        ileft[n] = s->ingress[n] * dt;
     }
+    for (size_t i = 0; i < s->nact; i++)
+        s->pair[s->act[i]].rate = 0;
     for (int round = 0; round < 4; round++) {
         size_t want = 0;
-        for (size_t i = 0; i < s->nact; i++) {
-            const struct pair *p = &s->pair[s->act[i]];
-            nout[p->src] = 0;
-            for (uint32_t k = 0, d = p->dst; k < p->w; k++, d += p->step)
-                nin[d] = 0;
+        memset(nout, 0, nn * sizeof(*nout));
+        memset(nin, 0, nn * sizeof(*nin));
+        for (size_t c = 0; c < s->ncls; c++) {
+            struct rcls *k = &s->cls[c];
+            k->imin = INFINITY;
+            k->count = 0;
+            for (uint32_t j = 0, d = k->dst; j < k->w; j++, d += k->step)
+                k->imin = ileft[d] < k->imin ? ileft[d] : k->imin;
         }
         for (size_t i = 0; i < s->nact; i++) {
             struct pair *p = &s->pair[s->act[i]];
+            double imin = p->w > 1 ? s->cls[p->cls].imin : ileft[p->dst];
             p->give = 0;
-            if ((double)p->left > p->rate + 0.5 && eleft[p->src] > 1 &&
-                in_share(p, ileft, NULL) > 1) {
+            if ((double)p->left > p->rate + 0.5 && eleft[p->src] > 1 && imin > 1) {
                 p->give = 1; /* wants more this round */
                 nout[p->src] += p->w;
-                for (uint32_t k = 0, d = p->dst; k < p->w; k++, d += p->step)
-                    nin[d]++;
+                if (p->w > 1)
+                    s->cls[p->cls].count++;
+                else
+                    nin[p->dst]++;
                 want++;
             }
         }
         if (!want)
             break;
+        for (size_t c = 0; c < s->ncls; c++) {
+            const struct rcls *k = &s->cls[c];
+            for (uint32_t j = 0, d = k->dst; k->count && j < k->w; j++, d += k->step)
+                nin[d] += k->count;
+        }
+        for (size_t c = 0; c < s->ncls; c++) {
+            struct rcls *k = &s->cls[c];
+            k->imin = INFINITY;
+            for (uint32_t j = 0, d = k->dst; k->count && j < k->w; j++, d += k->step) {
+                double x = ileft[d] / nin[d];
+                k->imin = x < k->imin ? x : k->imin;
+            }
+        }
         /* equal shares of what each end has left at the round's start: sums never exceed it */
         for (size_t i = 0; i < s->nact; i++) {
             struct pair *p = &s->pair[s->act[i]];
             if (!p->give)
                 continue;
             double give = eleft[p->src] / nout[p->src];
-            double in = in_share(p, ileft, nin);
+            double in = p->w > 1 ? s->cls[p->cls].imin : ileft[p->dst] / nin[p->dst];
             if (in < give)
                 give = in;
             if ((double)p->left - p->rate < give)
@@ -616,9 +751,17 @@ static void water_fill(struct sim *s, double dt)
         for (size_t i = 0; i < s->nact; i++) {
             struct pair *p = &s->pair[s->act[i]];
             eleft[p->src] -= p->give * p->w;
-            for (uint32_t k = 0, d = p->dst; k < p->w; k++, d += p->step)
-                ileft[d] -= p->give;
+            if (p->w > 1)
+                s->cls[p->cls].sub += p->give;
+            else
+                ileft[p->dst] -= p->give;
             p->give = 0;
+        }
+        for (size_t c = 0; c < s->ncls; c++) {
+            struct rcls *k = &s->cls[c];
+            for (uint32_t j = 0, d = k->dst; k->sub != 0 && j < k->w; j++, d += k->step)
+                ileft[d] -= k->sub;
+            k->sub = 0;
         }
     }
     s->sum_tr = s->sum_gather = 0;
@@ -757,7 +900,10 @@ static int net_step(struct sim *s, double t, double dt, double *sent_tr, double 
                 p->prev = p->rate;
             }
         }
+        uint64_t t0 = wb_now_ns();
         water_fill(s, dt);
+        s->t_fill += wb_now_ns() - t0;
+        s->nfill++;
         s->shares_stale = false;
         filled = true;
         bool fresh = s->heap.n > 4 * s->nact + 1024; /* mostly void entries: start afresh */
@@ -876,6 +1022,26 @@ static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct
     int moved = 0;
     while (rs->coll < rs->h2d) {
         struct etask *e = &s->task[rs->t0 + rs->coll];
+        if (rs->coll_k < e->ncoll && (s->coll[e->c0 + rs->coll_k] & AMX_REF)) {
+            struct amx *a = &s->amx[s->coll[e->c0 + rs->coll_k] & ~AMX_REF];
+            if (!rs->coll_arrived) {
+                rs->coll_arrived = true;
+                a->arrived++;
+                moved = 1;
+            }
+            if (!a->started && a->arrived == a->n) {
+                a->started = true;
+                a->t_done = t + hw->gather_s;
+            }
+            if (!a->started || a->t_done > t + dt)
+                break;
+            rs->coll_k++;
+            rs->coll_arrived = false;
+            if (rs->coll_k < e->ncoll && (s->coll[e->c0 + rs->coll_k] & AMX_REF))
+                __builtin_prefetch(&s->amx[s->coll[e->c0 + rs->coll_k] & ~AMX_REF], 1);
+            moved = 1;
+            continue;
+        }
         if (rs->coll_k < e->ncoll) {
             struct inst *in = &s->inst[s->coll[e->c0 + rs->coll_k]];
             if (!rs->coll_arrived) {
@@ -885,9 +1051,7 @@ static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct
             }
             if (!in->started && in->arrived == in->n) {
                 in->started = true;
-                if (in->amax) {
-                    in->t_done = t + hw->gather_s;
-                } else if (in->nvlink) {
+                if (in->nvlink) {
                     in->t_done = t + hw->gather_s + (double)in->bytes_in / hw->nvlink_Bps;
                 } else {
                     uint32_t f1 =
@@ -924,8 +1088,8 @@ static void coll_account(struct sim *s, uint32_t r, double dt)
     const struct etask *e = &s->task[rs->t0 + rs->coll];
     if (rs->coll_k >= e->ncoll)
         return;
-    const struct inst *in = &s->inst[s->coll[e->c0 + rs->coll_k]];
-    if (in->started)
+    uint32_t ref = s->coll[e->c0 + rs->coll_k];
+    if (ref & AMX_REF ? s->amx[ref & ~AMX_REF].started : s->inst[ref].started)
         rs->busy_coll += dt;
     else
         rs->wait_coll += dt;
@@ -965,7 +1129,13 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     pl_vec_init(&s.eagerl, sizeof(uint32_t));
     struct wb_estimate e;
     memset(&e, 0, sizeof(e));
+    uint64_t t_build = wb_now_ns();
     int rc = s.phash ? build(&s, in, &rflows) : -ENOMEM;
+    t_build = wb_now_ns() - t_build;
+    if (rc == -E2BIG) {
+        wb_errlist_add(el, "estimate: an amax exchange tag is 2^31 or more");
+        rc = -WB_E_PLAN;
+    }
     pl_vec_free(&rflows);
     uint32_t nn = s.nt + s.nr;
     s.egress = malloc(nn * sizeof(double));
@@ -1055,10 +1225,8 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         uint32_t n = 0;
         for (uint32_t k = 0; k < s.rs[r].nt; k++) {
             const struct etask *x = &s.task[s.rs[r].t0 + k];
-            for (uint32_t c = 0; c < x->ncoll; c++) {
-                const struct inst *ci = &s.inst[s.coll[x->c0 + c]];
-                n += !ci->amax;
-            }
+            for (uint32_t c = 0; c < x->ncoll; c++)
+                n += !(s.coll[x->c0 + c] & AMX_REF);
         }
         max_coll = n > max_coll ? n : max_coll;
     }
@@ -1075,6 +1243,7 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     pl_vec_init(&ig, sizeof(double));
     pl_vec_init(&gg, sizeof(double));
     size_t done_tasks = 0, last_done = 0, stall = 0;
+    uint64_t t_coll = 0, t_stage = 0, t_net = 0;
     double t = 0;
     uint64_t cap = p->mem_cap;
     uint32_t *before = calloc(s.nt + 1, sizeof(uint32_t));
@@ -1082,6 +1251,11 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         rc = -ENOMEM;
         goto out;
     }
+    for (uint32_t r = 0; r < s.nt; r++)
+        if (s.rs[r].nt) {
+            s.rs[r].wait_phase = s.task[s.rs[r].t0].phase;
+            s.rs[r].wait_tmp = s.task[s.rs[r].t0].tmp;
+        }
     for (uint32_t r = 0; r < s.nt; r++) /* ranks without tasks in a phase arrive at once */
         for (uint32_t q = 0; q < s.nphases; q++)
             if (s.phase_left[q] && !s.last_coll[(size_t)r * s.nphases + q])
@@ -1099,20 +1273,24 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         for (uint32_t r = 0; r < s.nt; r++) {
             struct rank_state *rs = &s.rs[r];
             while (rs->admit < rs->nt) {
+                if (!gate_open(&s, rs->wait_phase, t))
+                    break;
+                if (rs->running && rs->mem + rs->wait_tmp > cap)
+                    break;
                 struct etask *x = &s.task[rs->t0 + rs->admit];
-                if (!gate_open(&s, x->phase, t))
-                    break;
-                if (rs->running && rs->mem + x->tmp > cap)
-                    break;
                 rs->mem += x->tmp;
                 rs->running++;
                 x->started = true;
                 x->t_start = t;
-                rs->admit++;
+                if (++rs->admit < rs->nt) {
+                    rs->wait_phase = x[1].phase;
+                    rs->wait_tmp = x[1].tmp;
+                }
             }
             rs->busy_h2d += run_stage(&s, rs, &rs->h2d, rs->admit, &rs->h2d_left, 0, t, dt, cap);
             before[r] = rs->coll;
         }
+        uint64_t ta = wb_now_ns();
         for (int pass = 0, moved = 1; moved && pass < 1000; pass++) {
             moved = 0;
             for (uint32_t r = 0; r < s.nt; r++) {
@@ -1124,6 +1302,8 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
                 moved |= m;
             }
         }
+        uint64_t tb = wb_now_ns();
+        t_coll += tb - ta;
         for (uint32_t r = 0; r < s.nt; r++) {
             struct rank_state *rs = &s.rs[r];
             coll_account(&s, r, dt);
@@ -1145,8 +1325,11 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
             rs->busy_sub += b;
         }
         double sent = 0, gsent = 0;
+        uint64_t tc = wb_now_ns();
+        t_stage += tc - tb;
         if ((rc = net_step(&s, t, dt, &sent, &gsent)))
             break;
+        t_net += wb_now_ns() - tc;
         t += dt;
         double v1 = sent / dt, v2 = sent / dt, v3 = gsent / dt;
         if (!pl_vec_push(&eg, &v1) || !pl_vec_push(&ig, &v2) || !pl_vec_push(&gg, &v3)) {
@@ -1163,6 +1346,12 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         }
     }
 loop_out:
+    wb_log(WB_LOG_DEBUG, "planner",
+           "estimate: tables read in %.3f s (%zu tasks, %zu gathers, %zu amax tags); %zu steps: "
+           "collectives %.3f s, stages %.3f s, network %.3f s (%zu pairs, %zu water-fills in "
+           "%.3f s)",
+           (double)t_build * 1e-9, s.ntask, s.ninst, s.namx, (size_t)eg.n, (double)t_coll * 1e-9,
+           (double)t_stage * 1e-9, (double)t_net * 1e-9, s.npair, s.nfill, (double)s.t_fill * 1e-9);
     free(before);
     e.total_s = t;
     e.nsamples = (uint32_t)eg.n;
@@ -1194,9 +1383,7 @@ loop_out:
             if (ph >= 64)
                 continue;
             per_phase_send[ph] += tb->tasks[k].write_bytes;
-            for (uint32_t o = tb->tasks[k].op0; o < tb->tasks[k].op0 + tb->tasks[k].nops; o++)
-                if (tb->ops[o].kind == WB_OP_GATHER)
-                    per_phase_gather[ph] += tb->ops[o].gather.bytes_in;
+            per_phase_gather[ph] += s.task[s.rs[r].t0 + k].gather_bytes;
         }
         for (uint32_t q = 0; q < e.nphases && q < 64; q++) {
             e.phase[q].gather_bytes += per_phase_gather[q];
@@ -1223,9 +1410,12 @@ out:
         pl_vec_free(&s.pair[i].q);
     free(s.pair);
     free(s.phash);
+    free(s.cls);
+    free(s.chash);
     free(s.task);
     free(s.coll);
     free(s.inst);
+    free(s.amx);
     free(s.flow);
     free(s.rflow);
     free(s.rs);

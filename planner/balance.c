@@ -436,7 +436,8 @@ static int quota_fill(struct balance *b, const uint64_t *quota, uint64_t *load, 
         const uint32_t *cand = VEC_AT(&b->set_ranks, uint32_t, set->r0);
         int64_t *q = &rem[set->r0];
         uint32_t a = start[s], z = start[s + 1];
-        sort_desc_bytes(order + a, z - a, D, tmp);
+        if (set->n > 1) /* one candidate takes every demand whole, in any order */
+            sort_desc_bytes(order + a, z - a, D, tmp);
         for (uint32_t k = a; k < z; k++) {
             struct bal_demand *d = &D[order[k]];
             d->nparts = 0;

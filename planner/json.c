@@ -17,7 +17,10 @@
 
 #include "planner/plan_int.h"
 
-enum { JSON_FORMAT = 3 }; /* 3: self-contained, compact arrays (2: jansson objects) */
+enum {
+    JSON_FORMAT = 4
+}; /* 4: write records with their replica fan-out; 3: self-contained,
+       compact arrays; 2: jansson objects */
 
 struct jw {
     FILE *f;

@@ -249,8 +249,8 @@ def main(path):
                     au.bad("sizes", "%d receive lists for %d rollout GPUs" % (ng, head["nrollouts"]))
             else:
                 head[key] = st.value()
-    if "format" not in head or head["format"] < 3 or classes is None or recv is None:
-        print("FAIL %s: not a plan written with --json --tables (format 3)" % path)
+    if "format" not in head or head["format"] < 4 or classes is None or recv is None:
+        print("FAIL %s: not a plan written with --json --tables (format 4)" % path)
         print("0 passed, 1 failed, 0 skipped")
         return False
     if ntables != head["ntrainers"]:

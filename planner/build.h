@@ -167,9 +167,12 @@ struct plan_ctx {
     uint32_t next_tag;    /* amax tags, plan-wide */
     uint32_t *gather_seq; /* per mesh */
     bool *phase_coll;     /* per phase: has GATHER/AMAX ops */
-    struct {
+    struct recv_count {
         uint64_t bytes, writes;
-    } * recv; /* [nr * nrollout tensors] */
+    } * recv;                /* [nr * nrollout tensors] */
+    struct recv_count *rcls; /* [gpr * nrollout tensors]: what records fanned out to every
+                                replica bring each replica's rank (stamp.c counts them here
+                                once, pl_emit_all adds them to recv) */
     uint64_t pieces_by_mode[4];
     uint64_t gathers, amax_ops;
     /* scratch */

@@ -136,6 +136,7 @@ static void *emit_thread_main(void *arg)
 void pl_scratch_init(struct plan_ctx *c)
 {
     c->recv = NULL;
+    c->rcls = NULL;
     c->gather_seq = NULL;
     c->phase_coll = NULL;
     c->inbox = NULL;
@@ -152,6 +153,7 @@ void pl_scratch_init(struct plan_ctx *c)
 void pl_scratch_free(struct plan_ctx *c)
 {
     free(c->recv);
+    free(c->rcls);
     free(c->gather_seq);
     free(c->phase_coll);
     free(c->inbox);
@@ -170,14 +172,16 @@ void pl_scratch_free(struct plan_ctx *c)
 static int counters_reset(struct plan_ctx *c)
 {
     free(c->recv);
+    free(c->rcls);
     free(c->gather_seq);
     free(c->phase_coll);
     free(c->inbox);
     c->recv = calloc((size_t)c->nr * c->in->rollout->n + 1, sizeof(*c->recv));
+    c->rcls = calloc((size_t)c->gpr * c->in->rollout->n + 1, sizeof(*c->rcls));
     c->gather_seq = calloc(c->meshes.n + 1, sizeof(uint32_t));
     c->phase_coll = calloc(c->nphases + 1, sizeof(bool));
     c->inbox = calloc(c->nt + 1, sizeof(uint64_t));
-    return c->recv && c->gather_seq && c->phase_coll && c->inbox ? 0 : -ENOMEM;
+    return c->recv && c->rcls && c->gather_seq && c->phase_coll && c->inbox ? 0 : -ENOMEM;
 }
 
 static void emit_thread_free(struct emit_thread *t)
@@ -287,10 +291,30 @@ static int presize(struct plan_ctx *c)
     return r;
 }
 
+static int emit_all(struct plan_ctx *c);
+
 /* Pass 3: resets the tables and emits every item, in c->opts->threads threads (rank
  * partitions, see split_ranks) or in this one. A rebuild with the greedy's assignment
  * replays it. */
 int pl_emit_all(struct plan_ctx *c)
+{
+    int r = emit_all(c);
+    if (r)
+        return r;
+    /* what records fanned out to every replica bring, to each replica's rank */
+    size_t nrt = c->in->rollout->n;
+    for (uint32_t g = 0; g < c->nr; g++) {
+        const struct recv_count *k = &c->rcls[(size_t)(g % c->gpr) * nrt];
+        struct recv_count *d = &c->recv[(size_t)g * nrt];
+        for (size_t t = 0; t < nrt; t++) {
+            d[t].bytes += k[t].bytes;
+            d[t].writes += k[t].writes;
+        }
+    }
+    return 0;
+}
+
+static int emit_all(struct plan_ctx *c)
 {
     size_t nrt = c->in->rollout->n;
     if (counters_reset(c))
@@ -348,6 +372,10 @@ int pl_emit_all(struct plan_ctx *c)
             for (size_t i = 0; i < (size_t)c->nr * nrt; i++) {
                 c->recv[i].bytes += w->recv[i].bytes;
                 c->recv[i].writes += w->recv[i].writes;
+            }
+            for (size_t i = 0; i < (size_t)c->gpr * nrt; i++) {
+                c->rcls[i].bytes += w->rcls[i].bytes;
+                c->rcls[i].writes += w->rcls[i].writes;
             }
         }
     }

@@ -729,6 +729,7 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
     }
     size_t nrt = c->in->rollout->n;
     uint32_t vx = mx->rollout, vy = my->rollout, sy = (uint32_t)my->scale;
+    uint32_t reps = c->gpr ? c->nr / c->gpr : 1;
     const struct wb_rt_write *W = VEC_AT(&src->writes, struct wb_rt_write, sr->w0);
     struct wb_rt_write *WD = VEC_AT(&dst->writes, struct wb_rt_write, dst->writes.n);
     for (uint32_t k = 0; k < nw; k++) {
@@ -739,6 +740,12 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         w.dst_tensor = w.dst_tensor == vx ? vy : sy;
         w.tag = w.dst_tensor + 1;
         WD[k] = w;
+        if (w.more + 1 == reps && w.rank_step == c->gpr && w.dst_rank < c->gpr) {
+            struct recv_count *rc = &c->rcls[(size_t)w.dst_rank * nrt + w.dst_tensor];
+            rc->bytes += w.len; /* every replica's alike: counted once (pl_emit_all) */
+            rc->writes++;
+            continue;
+        }
         for (uint32_t j = 0; j < wb_rt_copies(&w); j++) {
             size_t ri = (size_t)wb_rt_copy_rank(&w, j) * nrt + w.dst_tensor;
             c->recv[ri].bytes += w.len;

@@ -1082,10 +1082,10 @@ int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, stru
     if (!r && (pl_vec_reserve(&v.gref, s2.gref.n) || pl_vec_reserve(&v.xtra, s2.xtra.n)))
         r = -ENOMEM;
     if (!r) {
-        memcpy(VEC_AT(&v.gref, struct gref, v.gref.n), s2.gref.p, s2.gref.n * sizeof(struct gref));
-        v.gref.n += s2.gref.n;
-        memcpy(VEC_AT(&v.xtra, struct aref, v.xtra.n), s2.xtra.p, s2.xtra.n * sizeof(struct aref));
-        v.xtra.n += s2.xtra.n;
+        for (size_t i = 0; i < s2.gref.n; i++)
+            *VEC_AT(&v.gref, struct gref, v.gref.n++) = *VEC_AT(&s2.gref, struct gref, i);
+        for (size_t i = 0; i < s2.xtra.n; i++)
+            *VEC_AT(&v.xtra, struct aref, v.xtra.n++) = *VEC_AT(&s2.xtra, struct aref, i);
         ox.g = v.gref;
         pl_vec_init(&v.gref, sizeof(struct gref));
         r = check_order(&v, &ox, &v.xtra);

@@ -563,8 +563,12 @@ int wb_route_table_expand(struct wb_route_table *t)
     uint64_t n = wb_route_table_writes(t);
     if (n == t->nwrites)
         return 0;
-    if (n > WB_WIRE_MAX_ARRAY * (uint64_t)16)
+    if (n > WB_WIRE_MAX_ARRAY) /* the bound a table's writes had before records */
         return -EBADMSG;
+    for (uint32_t i = 0; i < t->ntasks; i++)
+        if (t->tasks[i].write0 > t->nwrites ||
+            t->tasks[i].nwrites > t->nwrites - t->tasks[i].write0)
+            return -EBADMSG;
     uint32_t *at = malloc(((size_t)t->nwrites + 1) * sizeof(uint32_t));
     struct wb_rt_write *w = malloc((size_t)n * sizeof(*w));
     if (!at || !w) {

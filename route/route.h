@@ -292,7 +292,8 @@ void wb_route_table_free(struct wb_route_table *t);
 /* The writes a table's records stand for (sum of their copies). */
 uint64_t wb_route_table_writes(const struct wb_route_table *t);
 /* Replaces a table's write records by the single writes they stand for (record i's copies in
- * order; tasks' write ranges follow), as decoding does. 0, -EBADMSG (too many), -ENOMEM. */
+ * order; tasks' write ranges follow), as decoding does. 0, -EBADMSG (more than
+ * WB_WIRE_MAX_ARRAY writes, or a task's range outside the records), -ENOMEM. */
 int wb_route_table_expand(struct wb_route_table *t);
 
 void wb_recv_list_encode(struct wb_mpw *w, const struct wb_recv_list *r);

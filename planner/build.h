@@ -120,7 +120,8 @@ struct rank_out {
     struct intern boxes, shapes;
     struct peer_ids pcache[PEER_CACHE];
     uint64_t send, gather_in, h2d;
-    uint64_t nwrites; /* writes the records stand for (their copies) */
+    uint64_t nwrites;               /* writes the records stand for (their copies) */
+    uint64_t want_ops, want_writes; /* what presize expects pass 3 to append */
 };
 
 /* Templates (stamp.c): representatives, what was recorded of them, and per item the one it

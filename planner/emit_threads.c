@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "planner/build.h"
@@ -126,10 +127,36 @@ struct emit_thread {
     int r;
 };
 
+/* Maps the pages of [p, p + n) now, in one call: the tables are gigabytes at 1024 GPUs, and
+ * the kernel fills a page faster asked for a range than faulted in one by one. A kernel
+ * without MADV_POPULATE_WRITE (before 5.14) leaves them to fault. */
+static void populate(void *p, size_t n)
+{
+#ifdef MADV_POPULATE_WRITE
+    uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095,
+              z = ((uintptr_t)p + n) & ~(uintptr_t)4095;
+    if (p && z > a)
+        (void)madvise((void *)a, z - a, MADV_POPULATE_WRITE);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
 static void *emit_thread_main(void *arg)
 {
     struct emit_thread *t = arg;
-    t->r = emit_pass(&t->c);
+    struct plan_ctx *c = &t->c;
+    for (uint32_t r = 0; r < c->nt; r++) {
+        struct rank_out *ro = &c->ro[r];
+        if (!owns(c, r))
+            continue;
+        populate(VEC_AT(&ro->ops, struct wb_rt_op, ro->ops.n),
+                 ro->want_ops * sizeof(struct wb_rt_op));
+        populate(VEC_AT(&ro->writes, struct wb_rt_write, ro->writes.n),
+                 ro->want_writes * sizeof(struct wb_rt_write));
+    }
+    t->r = emit_pass(c);
     return NULL;
 }
 
@@ -275,6 +302,8 @@ static int presize(struct plan_ctx *c)
     for (uint32_t k = 0; !r && k < c->nt; k++) {
         struct rank_out *ro = &c->ro[k];
         const uint64_t *d = &need[NV * (size_t)k];
+        ro->want_ops = d[1];
+        ro->want_writes = d[2];
         if (pl_vec_reserve(&ro->tasks, d[0]) || pl_vec_reserve(&ro->ops, d[1]) ||
             pl_vec_reserve(&ro->writes, d[2]) || pl_vec_reserve(&ro->peers, d[3]) ||
             pl_vec_reserve(&ro->amax, d[4]))

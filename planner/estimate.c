@@ -514,9 +514,9 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
         goto out;
     memset(seen, 0, (p->nrollouts + 1) * sizeof(uint32_t));
     /* amax rendezvous by tag, which is plan-wide (10^7 exchanges at 1024 -> 512): sized from
-     * the plan's count, grown if a tag is past it */
-    if ((err = amx_room(
-             s, (uint32_t)(p->stats.amax_ops / 2 + 1 < AMX_REF ? p->stats.amax_ops / 2 + 1 : 1))))
+     * the tables' tag bits, which cover every tag, grown if a tag is past them anyway */
+    uint32_t bits = p->ntrainers ? p->tables[0].tag_bits : 0;
+    if ((err = amx_room(s, bits >= 1 && bits <= 30 ? (1u << bits) - 1 : 1)))
         goto out;
     size_t ti = 0, ci = 0, fi = 0;
     for (uint32_t r = 0; r < p->ntrainers; r++) {

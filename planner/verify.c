@@ -201,9 +201,10 @@ static int note_amax(struct vctx *v, const struct wb_route_table *t, const struc
     uint32_t want = 0;
     if (!__atomic_compare_exchange_n(&sl->rank[hi], &want, t->rank + 1, false, __ATOMIC_RELAXED,
                                      __ATOMIC_RELAXED)) {
-        x->too_many = true; /* two ops of one side: reported once, after the threads */
-        x->many_tag = a->tag;
-        x->many_rank = t->rank;
+        /* two ops of one side: reported once, after the threads */
+        __atomic_store_n(&x->many_tag, a->tag, __ATOMIC_RELAXED);
+        __atomic_store_n(&x->many_rank, t->rank, __ATOMIC_RELAXED);
+        __atomic_store_n(&x->too_many, true, __ATOMIC_RELAXED);
         return 0;
     }
     sl->fp[hi] = h;
@@ -501,7 +502,7 @@ static void report_bucket(struct vctx *v, const struct bucket *bk, struct wref *
 /* Replicas: a write record fanned out to one copy per replica at the same local rank ("full")
  * lands in its class, the buckets of that local rank in every replica, which hold the same
  * local tensors. The class is checked once, on the bucket of its first rank, which then
- * stands for the others (a 1024 -> 512 plan: 7 * 10^6 records, not 10^8 writes); where some
+ * stands for the others (a 1024 -> 512 plan: 6.5 * 10^6 such records, 10^8 writes); where some
  * replica's bucket also gets writes of its own, the class is mixed and its records are
  * checked copy by copy like any other. */
 struct dctx {
@@ -573,7 +574,6 @@ static uint32_t targets(struct dctx *d, const struct wb_rt_write *x)
     return n;
 }
 
-/* Pass 1 of one table: counts, granularity; writes to no bucket or past the wanted prefix. */
 /* Buckets are far apart in memory and each write touches one: the bucket of the write
  * `ahead` records on is asked for early (and, in pass 2, where it marks). */
 enum { AHEAD = 12 };
@@ -594,6 +594,15 @@ static void prefetch_bucket(const struct dctx *d, const struct wb_route_table *t
         __builtin_prefetch(&bits[d->B[b].at + ((x->dst_off >> d->B[b].shift) >> 6)], 1);
 }
 
+/* A record whose copies run past the last rollout rank or have no rank step (pass 1 reports
+ * it; the other passes skip it). */
+static bool bad_fanout(const struct wb_plan *p, const struct wb_rt_write *x)
+{
+    return x->dst_rank + (uint64_t)x->more * x->rank_step >= p->nrollouts ||
+           (x->more && !x->rank_step);
+}
+
+/* Pass 1 of one table: counts, granularity; writes to no bucket or past the wanted prefix. */
 static void count_table(struct dctx *d, const struct wb_route_table *t, uint32_t r)
 {
     const struct wb_plan *p = d->p;
@@ -601,9 +610,13 @@ static void count_table(struct dctx *d, const struct wb_route_table *t, uint32_t
         const struct wb_rt_write *x = &t->writes[w];
         prefetch_bucket(d, t, w + AHEAD, NULL);
         uint64_t last = x->dst_rank + (uint64_t)x->more * x->rank_step;
-        if (last >= p->nrollouts || (x->more && !x->rank_step)) {
-            verr(d->v, "rank %u: write %u to rollout rank %" PRIu64 " of %u", r, w,
-                 x->dst_rank >= p->nrollouts ? (uint64_t)x->dst_rank : last, p->nrollouts);
+        if (bad_fanout(p, x)) {
+            if (x->more && !x->rank_step)
+                verr(d->v, "rank %u: write %u fans out to %u more replicas with no rank step", r, w,
+                     x->more);
+            else
+                verr(d->v, "rank %u: write %u to rollout rank %" PRIu64 " of %u", r, w,
+                     x->dst_rank >= p->nrollouts ? (uint64_t)x->dst_rank : last, p->nrollouts);
             continue;
         }
         if (full_fanout(d, x)) {
@@ -709,7 +722,8 @@ static int check_destinations(struct vctx *v)
             bk->want = pl_local_written(v->in, map_of, &p->recv[g], &p->recv[g].local[li]);
             bk->acc = bk->want;
         }
-    struct dctx d = {v, p, &bmap, base, B, p->nrollouts, 1, malloc((p->nrollouts + 1) * 8)};
+    struct dctx d = {
+        v, p, &bmap, base, B, p->nrollouts, 1, malloc((p->nrollouts + 1) * sizeof(int64_t))};
     if (!d.tg)
         goto out;
     tg = d.tg;
@@ -756,7 +770,7 @@ static int check_destinations(struct vctx *v)
             const struct wb_rt_write *x = &t->writes[w];
             prefetch_bucket(&d, t, w + 2 * AHEAD, NULL);
             prefetch_bucket(&d, t, w + AHEAD, bits);
-            if (x->dst_rank + (uint64_t)x->more * x->rank_step >= p->nrollouts)
+            if (bad_fanout(p, x))
                 continue;
             for (uint32_t n = targets(&d, x), k = 0; k < n; k++)
                 mark_into(&B[d.tg[k]], bits, iv, x);
@@ -808,7 +822,7 @@ static int check_destinations(struct vctx *v)
             const struct wb_route_table *t = &p->tables[r];
             for (uint32_t w = 0; w < t->nwrites; w++) {
                 const struct wb_rt_write *x = &t->writes[w];
-                if (x->dst_rank + (uint64_t)x->more * x->rank_step >= p->nrollouts)
+                if (bad_fanout(p, x))
                     continue;
                 for (uint32_t n = targets(&d, x), k = 0; k < n; k++) {
                     struct bucket *bk = &B[d.tg[k]];

@@ -403,6 +403,23 @@ static void test_verify_catches(void)
     snprintf(want, sizeof(want), "rank %u: amax exchange tag %u has no mirror", ar, 1u << 20);
     CHECK_STR(f.el.msgs[1], want);
     am->amax.tag = tag;
+    wb_errlist_free(&f.el);
+    wb_errlist_init(&f.el);
+    /* a record fanned out without a rank step, then one past the last rollout rank */
+    struct wb_rt_write *fw = &p->tables[0].writes[0], keep = *fw;
+    fw->more = 3;
+    fw->rank_step = 0;
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+    CHECK_STR(f.el.msgs[0], "rank 0: write 0 fans out to 3 more replicas with no rank step");
+    wb_errlist_free(&f.el);
+    wb_errlist_init(&f.el);
+    fw->more = 1;
+    fw->rank_step = p->nrollouts;
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+    snprintf(want, sizeof(want), "rank 0: write 0 to rollout rank %u of %u",
+             keep.dst_rank + p->nrollouts, p->nrollouts);
+    CHECK_STR(f.el.msgs[0], want);
+    *fw = keep;
     wb_plan_free(p);
     fx_free(&f);
 }

@@ -211,19 +211,28 @@ static int note_amax(struct vctx *v, const struct wb_route_table *t, const struc
     return 0;
 }
 
-static int check_task(struct vctx *v, const struct wb_route_table *t, const struct wb_rt_task *k,
-                      struct vec *pr)
+/* What a task's ops will touch far away, asked for while the task before it is checked:
+ * amax slots (an array by tag, far larger than the caches), tensors' dtypes. */
+static void prefetch_task(const struct vctx *v, const struct wb_route_table *t,
+                          const struct wb_rt_task *k)
 {
     const struct wb_inventory *ti = v->in->trainer;
-    pr->n = 0;
-    /* what the ops will touch far away, asked for ahead: amax slots, tensors' dtypes */
-    for (uint32_t o = k->op0; o < k->op0 + k->nops; o++) {
+    for (uint32_t o = k->op0; o < k->op0 + k->nops && o < t->nops; o++) {
         const struct wb_rt_op *op = &t->ops[o];
         if (op->kind == WB_OP_AMAX && v->ox && op->amax.tag < v->ox->ntag)
             __builtin_prefetch(&v->ox->at[op->amax.tag], 1);
         else if (op->kind == WB_OP_H2D && op->tensor < ti->n)
             __builtin_prefetch(&ti->p[op->tensor].dtype);
     }
+}
+
+static int check_task(struct vctx *v, const struct wb_route_table *t, const struct wb_rt_task *k,
+                      struct vec *pr)
+{
+    const struct wb_inventory *ti = v->in->trainer;
+    pr->n = 0;
+    if (k + 1 < t->tasks + t->ntasks)
+        prefetch_task(v, t, k + 1);
     for (uint32_t o = k->op0; o < k->op0 + k->nops; o++) {
         const struct wb_rt_op *op = &t->ops[o];
         const char *tn = op->tensor < ti->n ? ti->p[op->tensor].name : "?";

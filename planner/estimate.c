@@ -20,8 +20,10 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "planner/plan_int.h"
 
@@ -105,6 +107,12 @@ struct rank_state {
     double end;
 };
 
+/* A task's bytes to one rollout rank and its copies (replica fan-out), per copy. */
+struct eflow {
+    uint32_t dst, w, step;
+    uint64_t bytes;
+};
+
 struct sim {
     bool shares_stale;         /* a pair started or ended since the shares were computed */
     uint64_t step;             /* the step being simulated (its rank stages, then net_step) */
@@ -126,11 +134,8 @@ struct sim {
     size_t npair, cpair;
     uint32_t *phash;
     size_t hcap;
-    struct {
-        uint32_t dst, w, step; /* a rollout rank and its copies (replica fan-out) */
-        uint64_t bytes;        /* per copy */
-    } * flow;                  /* per task flows */
-    struct rflow *rflow;       /* ring flows of network gathers */
+    struct eflow *flow;  /* per task flows */
+    struct rflow *rflow; /* ring flows of network gathers */
     size_t nrflow;
     uint32_t *last_coll;      /* per rank and phase: relative index of the last task of the phase
                                  (+1), 0 when the rank has none */
@@ -490,40 +495,115 @@ static int gather_inst(struct sim *s, struct ghash *g, size_t *icap, uint64_t ke
     return 0;
 }
 
-static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflows)
+/* A reader of the tables: ranks [r0, r1). It writes their tasks in place, their collective
+ * refs from each rank's op base on (a rank has no more refs than ops), and their flows into
+ * its own vector (f0 relative to it). A parallel reader stops at a gather (gathers share a
+ * hash) or at a tag past the rendezvous array; the caller then reads everything again alone. */
+struct reader {
+    struct sim *s;
+    const struct wb_plan_input *in;
+    struct vec *rflows; /* NULL for a parallel reader */
+    struct ghash *gh;
+    size_t *icap;
+    const size_t *tbase, *obase; /* per rank: first task, first op (plan-wide) */
+    uint32_t r0, r1;
+    struct vec flow;
+    uint32_t *seen; /* dst -> flow + 1 */
+    bool stop;
+    int err;
+};
+
+static int read_op(struct reader *rd, const struct wb_route_table *t, uint32_t r,
+                   const struct wb_rt_op *op, struct etask *e, size_t *ci)
 {
-    const struct wb_plan *p = s->p;
-    const struct wb_hw *hw = &in->tl->hw;
-    size_t ntask = 0, nops = 0;
-    for (uint32_t r = 0; r < p->ntrainers; r++) {
-        ntask += p->tables[r].ntasks;
-        nops += p->tables[r].nops;
+    struct sim *s = rd->s;
+    const struct wb_hw *hw = &rd->in->tl->hw;
+    switch (op->kind) {
+    case WB_OP_H2D:
+        e->h2d_bytes += op->h2d.bytes;
+        return 0;
+    case WB_OP_COPY:
+    case WB_OP_CAST:
+        e->gpu_s += hw->kernel_s +
+                    (double)op_box_bytes(t, op->copy.src_box, op->copy.src.dtype) / hw->copy_Bps;
+        return 0;
+    case WB_OP_QUANT: {
+        uint64_t b = op_box_bytes(t, op->quant.src_box, op->quant.src.dtype);
+        e->quant_bytes += b;
+        e->gpu_s += hw->kernel_s + (double)b / hw->quant_Bps;
+        return 0;
     }
-    s->ntask = ntask;
-    s->task = calloc(ntask + 1, sizeof(*s->task));
-    s->coll = malloc((nops + 1) * sizeof(uint32_t)); /* at most one ref an op */
-    /* flows: one per (task, destination); a task's writes to one destination are summed, so
-     * there are as many as tasks times destinations, not writes (10^8 at 1024 -> 512) */
-    size_t fcap = ntask * 2 + 1024, icap = 0;
-    s->flow = malloc(fcap * sizeof(*s->flow));
-    s->rs = calloc(p->ntrainers, sizeof(*s->rs));
-    uint32_t *seen = malloc((p->nrollouts + 1) * sizeof(uint32_t)); /* dst -> flow + 1 */
-    struct ghash gh = {calloc(1024, sizeof(uint64_t)), calloc(1024, sizeof(uint32_t)), 1024, 0};
-    int err = -ENOMEM;
-    if (!s->task || !s->coll || !s->flow || !s->rs || !seen || !gh.k || !gh.v)
-        goto out;
-    memset(seen, 0, (p->nrollouts + 1) * sizeof(uint32_t));
-    /* amax rendezvous by tag, which is plan-wide (10^7 exchanges at 1024 -> 512): sized from
-     * the tables' tag bits, which cover every tag, grown if a tag is past them anyway */
-    uint32_t bits = p->ntrainers ? p->tables[0].tag_bits : 0;
-    if ((err = amx_room(s, bits >= 1 && bits <= 30 ? (1u << bits) - 1 : 1)))
-        goto out;
-    size_t ti = 0, ci = 0, fi = 0;
-    for (uint32_t r = 0; r < p->ntrainers; r++) {
+    case WB_OP_AMAX: {
+        uint32_t tag = op->amax.tag;
+        if (!rd->rflows) { /* parallel: the array must be there, counts are atomic */
+            if (tag >= s->namx) {
+                rd->stop = true;
+                return 0;
+            }
+            if (__atomic_load_n(&s->amx[tag].n, __ATOMIC_RELAXED) < UINT16_MAX)
+                __atomic_fetch_add(&s->amx[tag].n, 1, __ATOMIC_RELAXED);
+        } else {
+            int err = amx_room(s, tag);
+            if (err)
+                return err;
+            if (s->amx[tag].n < UINT16_MAX)
+                s->amx[tag].n++;
+        }
+        s->coll[(*ci)++] = AMX_REF | tag;
+        e->ncoll++;
+        return 0;
+    }
+    case WB_OP_GATHER:
+        break;
+    }
+    if (!rd->rflows) {
+        rd->stop = true;
+        return 0;
+    }
+    uint64_t key = ((uint64_t)op->gather.mesh << 40) ^ ((uint64_t)op->gather.seq << 20) ^
+                   t->peers[op->gather.peer0].rank ^ (1ull << 63);
+    uint32_t id;
+    int err = gather_inst(s, rd->gh, rd->icap, key, &id);
+    if (err)
+        return err;
+    struct inst *in2 = &s->inst[id];
+    in2->n++;
+    e->gather_bytes += op->gather.bytes_in;
+    if (op->gather.bytes_in > in2->bytes_in)
+        in2->bytes_in = op->gather.bytes_in;
+    uint32_t gpn = rd->in->tl->gpus_per_node;
+    bool same = true;
+    uint32_t node = r / gpn, prev = r, np = op->gather.npeers;
+    for (uint32_t q = 0; q < np; q++) {
+        uint32_t pr = t->peers[op->gather.peer0 + q].rank;
+        same &= pr / gpn == node;
+        if (pr == r)
+            prev = t->peers[op->gather.peer0 + (q + np - 1) % np].rank;
+    }
+    in2->nvlink = same;
+    /* ring all-gather: each member receives its missing bytes from the previous member */
+    if (!same && op->gather.bytes_in) {
+        struct rflow rf = {id, prev, r, op->gather.bytes_in};
+        if (!pl_vec_push(rd->rflows, &rf))
+            return -ENOMEM;
+    }
+    s->coll[(*ci)++] = id;
+    e->ncoll++;
+    return 0;
+}
+
+static void *read_ranks(void *arg)
+{
+    struct reader *rd = arg;
+    struct sim *s = rd->s;
+    const struct wb_plan *p = s->p;
+    const struct wb_hw *hw = &rd->in->tl->hw;
+    for (uint32_t r = rd->r0; r < rd->r1 && !rd->err && !rd->stop; r++) {
         const struct wb_route_table *t = &p->tables[r];
+        size_t ti = rd->tbase[r], ci = rd->obase[r];
         s->rs[r].t0 = (uint32_t)ti;
         s->rs[r].nt = t->ntasks;
-        for (uint32_t k = 0; k < t->ntasks; k++, ti++) {
+        for (uint32_t k = 0; k < t->ntasks && !rd->err && !rd->stop; k++, ti++) {
             const struct wb_rt_task *T = &t->tasks[k];
             struct etask *e = &s->task[ti];
             e->rank = r;
@@ -535,110 +615,133 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
             for (uint32_t o = T->op0; o < T->op0 + T->nops; o++)
                 if (t->ops[o].kind == WB_OP_AMAX && t->ops[o].amax.tag < s->namx)
                     __builtin_prefetch(&s->amx[t->ops[o].amax.tag], 1);
-            for (uint32_t o = T->op0; o < T->op0 + T->nops; o++) {
-                const struct wb_rt_op *op = &t->ops[o];
-                switch (op->kind) {
-                case WB_OP_H2D:
-                    e->h2d_bytes += op->h2d.bytes;
-                    continue;
-                case WB_OP_COPY:
-                case WB_OP_CAST:
-                    e->gpu_s += hw->kernel_s +
-                                (double)op_box_bytes(t, op->copy.src_box, op->copy.src.dtype) /
-                                    hw->copy_Bps;
-                    continue;
-                case WB_OP_QUANT: {
-                    uint64_t b = op_box_bytes(t, op->quant.src_box, op->quant.src.dtype);
-                    e->quant_bytes += b;
-                    e->gpu_s += hw->kernel_s + (double)b / hw->quant_Bps;
-                    continue;
-                }
-                case WB_OP_AMAX: {
-                    uint32_t tag = op->amax.tag;
-                    if ((err = amx_room(s, tag)))
-                        goto out;
-                    if (s->amx[tag].n < UINT16_MAX)
-                        s->amx[tag].n++;
-                    s->coll[ci++] = AMX_REF | tag;
-                    e->ncoll++;
-                    continue;
-                }
-                case WB_OP_GATHER:
-                    break;
-                }
-                uint64_t key = ((uint64_t)op->gather.mesh << 40) ^
-                               ((uint64_t)op->gather.seq << 20) ^ t->peers[op->gather.peer0].rank ^
-                               (1ull << 63);
-                uint32_t id;
-                if ((err = gather_inst(s, &gh, &icap, key, &id)))
-                    goto out;
-                struct inst *in2 = &s->inst[id];
-                in2->n++;
-                e->gather_bytes += op->gather.bytes_in;
-                if (op->gather.bytes_in > in2->bytes_in)
-                    in2->bytes_in = op->gather.bytes_in;
-                bool same = true;
-                uint32_t node = r / in->tl->gpus_per_node, prev = r, np = op->gather.npeers;
-                for (uint32_t q = 0; q < np; q++) {
-                    uint32_t pr = t->peers[op->gather.peer0 + q].rank;
-                    same &= pr / in->tl->gpus_per_node == node;
-                    if (pr == r)
-                        prev = t->peers[op->gather.peer0 + (q + np - 1) % np].rank;
-                }
-                in2->nvlink = same;
-                /* ring all-gather: each member receives its missing bytes from the previous
-                 * member */
-                if (!same && op->gather.bytes_in) {
-                    struct rflow rf = {id, prev, r, op->gather.bytes_in};
-                    if (!pl_vec_push(rflows, &rf)) {
-                        err = -ENOMEM;
-                        goto out;
-                    }
-                }
-                s->coll[ci++] = id;
-                e->ncoll++;
-            }
+            for (uint32_t o = T->op0; o < T->op0 + T->nops && !rd->err && !rd->stop; o++)
+                rd->err = read_op(rd, t, r, &t->ops[o], e, &ci);
             e->h2d_s = (double)e->h2d_bytes / hw->h2d_Bps;
             /* flows: bytes per destination (writes are grouped per destination rank) */
-            e->f0 = (uint32_t)fi;
+            size_t f0 = rd->flow.n;
+            e->f0 = (uint32_t)f0;
             uint32_t posts = 0;
             for (uint32_t w = T->write0; w < T->write0 + T->nwrites; w++) {
                 const struct wb_rt_write *x = &t->writes[w];
                 uint32_t g = x->dst_rank < p->nrollouts ? x->dst_rank : p->nrollouts;
-                uint32_t f = seen[g], nc = wb_rt_copies(x), step = nc > 1 ? x->rank_step : 0;
-                if (f <= e->f0 || f > fi || s->flow[f - 1].dst != x->dst_rank ||
-                    s->flow[f - 1].w != nc || s->flow[f - 1].step != step) {
-                    if (fi == fcap) {
-                        size_t nc2 = fcap * 2;
-                        void *nf = realloc(s->flow, nc2 * sizeof(*s->flow));
-                        if (!nf) {
-                            err = -ENOMEM;
-                            goto out;
-                        }
-                        s->flow = nf;
-                        fcap = nc2;
+                uint32_t f = rd->seen[g], nc = wb_rt_copies(x), step = nc > 1 ? x->rank_step : 0;
+                struct eflow *F = rd->flow.p;
+                if (f <= f0 || f > rd->flow.n || F[f - 1].dst != x->dst_rank || F[f - 1].w != nc ||
+                    F[f - 1].step != step) {
+                    struct eflow nf = {x->dst_rank, nc, step, 0};
+                    if (!pl_vec_push(&rd->flow, &nf)) {
+                        rd->err = -ENOMEM;
+                        break;
                     }
-                    s->flow[fi].dst = x->dst_rank;
-                    s->flow[fi].w = nc;
-                    s->flow[fi].step = step;
-                    s->flow[fi++].bytes = 0;
-                    seen[g] = f = (uint32_t)fi;
+                    rd->seen[g] = f = (uint32_t)rd->flow.n;
                 }
-                s->flow[f - 1].bytes += x->len;
+                VEC_AT(&rd->flow, struct eflow, f - 1)->bytes += x->len;
                 posts += nc * (x->len >= (64u << 10) ? (uint32_t)hw->nics_per_gpu : 1);
             }
-            e->nflow = (uint32_t)fi - e->f0;
+            e->nflow = (uint32_t)(rd->flow.n - f0);
             /* the executor's one CPU thread launches the task's GPU ops and collectives and
              * posts its writes: all of that is CPU time on the rank's critical path */
             e->submit_s =
                 posts * hw->write_submit_s + T->nops * hw->kernel_s + e->ncoll * hw->gather_s;
         }
     }
+    return NULL;
+}
+
+static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflows)
+{
+    const struct wb_plan *p = s->p;
+    uint32_t nt = p->ntrainers;
+    size_t ntask = 0, nops = 0;
+    size_t *tbase = malloc(((size_t)nt + 1) * sizeof(size_t));
+    size_t *obase = malloc(((size_t)nt + 1) * sizeof(size_t));
+    if (!tbase || !obase) {
+        free(tbase);
+        free(obase);
+        return -ENOMEM;
+    }
+    for (uint32_t r = 0; r < nt; r++) {
+        tbase[r] = ntask;
+        obase[r] = nops;
+        ntask += p->tables[r].ntasks;
+        nops += p->tables[r].nops;
+    }
+    s->ntask = ntask;
+    s->task = calloc(ntask + 1, sizeof(*s->task));
+    s->coll = malloc((nops + 1) * sizeof(uint32_t)); /* a rank's refs from its op base on */
+    s->rs = calloc(nt ? nt : 1, sizeof(*s->rs));
+    struct ghash gh = {calloc(1024, sizeof(uint64_t)), calloc(1024, sizeof(uint32_t)), 1024, 0};
+    size_t icap = 0;
+    struct reader rd[2];
+    memset(rd, 0, sizeof(rd));
+    int err = -ENOMEM;
+    for (int k = 0; k < 2; k++) {
+        rd[k] = (struct reader){s, in, NULL, &gh, &icap, tbase, obase, 0, 0, {0}, NULL, false, 0};
+        pl_vec_init(&rd[k].flow, sizeof(struct eflow));
+        rd[k].seen = calloc((size_t)p->nrollouts + 1, sizeof(uint32_t));
+    }
+    if (!s->task || !s->coll || !s->rs || !gh.k || !gh.v || !rd[0].seen || !rd[1].seen)
+        goto out;
+    /* amax rendezvous by tag, which is plan-wide (10^7 exchanges at 1024 -> 512): sized from
+     * the tables' tag bits, which cover every tag, grown if a tag is past them anyway */
+    uint32_t bits = nt ? p->tables[0].tag_bits : 0;
+    if ((err = amx_room(s, bits >= 1 && bits <= 30 ? (1u << bits) - 1 : 1)))
+        goto out;
+    /* two readers, halves of the ranks, when there are two CPUs; alone when one stopped */
+    uint32_t half = nt / 2;
+    pthread_t th;
+    bool two = nt > 1 && sysconf(_SC_NPROCESSORS_ONLN) > 1;
+    rd[0].r1 = rd[1].r0 = half;
+    rd[1].r1 = nt;
+    two = two && pthread_create(&th, NULL, read_ranks, &rd[1]) == 0;
+    if (two) {
+        read_ranks(&rd[0]);
+        pthread_join(th, NULL);
+    }
+    err = rd[0].err ? rd[0].err : rd[1].err;
+    if (err)
+        goto out;
+    if (!two || rd[0].stop || rd[1].stop) {
+        if (two) { /* undo what the readers counted */
+            memset(s->task, 0, (ntask + 1) * sizeof(*s->task));
+            memset(s->amx, 0, s->namx * sizeof(*s->amx));
+        }
+        rd[0].flow.n = 0;
+        memset(rd[0].seen, 0, ((size_t)p->nrollouts + 1) * sizeof(uint32_t));
+        rd[0].rflows = rflows;
+        rd[0].stop = false;
+        rd[0].r0 = 0;
+        rd[0].r1 = nt;
+        rd[1].flow.n = 0;
+        read_ranks(&rd[0]);
+        if ((err = rd[0].err))
+            goto out;
+    }
+    /* the flows, the second reader's after the first's */
+    size_t n0 = rd[0].flow.n, n1 = rd[1].flow.n;
+    s->flow = malloc((n0 + n1 + 1) * sizeof(*s->flow));
+    if (!s->flow) {
+        err = -ENOMEM;
+        goto out;
+    }
+    if (n0)
+        memcpy(s->flow, rd[0].flow.p, n0 * sizeof(struct eflow));
+    if (n1)
+        memcpy(s->flow + n0, rd[1].flow.p, n1 * sizeof(struct eflow));
+    if (n1)
+        for (size_t i = tbase[half]; i < ntask; i++)
+            s->task[i].f0 += (uint32_t)n0;
     err = 0;
 out:
+    for (int k = 0; k < 2; k++) {
+        pl_vec_free(&rd[k].flow);
+        free(rd[k].seen);
+    }
     free(gh.k);
     free(gh.v);
-    free(seen);
+    free(tbase);
+    free(obase);
     if (err)
         return err;
     /* ring flows grouped by instance */

@@ -376,8 +376,70 @@ static int greedy(struct balance *b, uint64_t *load)
  * radix sort, 8 bits a pass, skipping the digits all keys share; tmp holds n). Hundreds of
  * thousands of demands of a few distinct sizes: a comparison sort spends most of the
  * balancer's time here. */
+enum { FEW = 1024 }; /* distinct sizes up to which sort_few counts instead */
+
+static int cmp_desc_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x > y ? -1 : x < y;
+}
+
+/* sort_desc_bytes for demands of at most FEW distinct sizes: one pass to number the sizes (a
+ * small hash), their order, then one stable counting pass. false: more sizes than that. */
+static bool sort_few(uint32_t *idx, uint32_t n, const struct bal_demand *D, uint32_t *tmp)
+{
+    enum { CAP = 4 * FEW };
+    uint64_t key[CAP];
+    uint32_t id[CAP], cnt[FEW + 1];
+    uint64_t val[FEW];
+    uint32_t nv = 0;
+    memset(id, 0, sizeof(id));
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t b = D[idx[i]].bytes;
+        size_t h = (size_t)((b * 0x9E3779B97F4A7C15ull) >> 52) & (CAP - 1);
+        while (id[h] && key[h] != b)
+            h = (h + 1) & (CAP - 1);
+        if (!id[h]) {
+            if (nv == FEW)
+                return false;
+            key[h] = b;
+            val[nv] = b;
+            id[h] = ++nv;
+        }
+    }
+    qsort(val, nv, sizeof(uint64_t), cmp_desc_u64);
+    /* rank of each size in the descending order, through the hash */
+    for (uint32_t r = 0; r < nv; r++) {
+        size_t h = (size_t)((val[r] * 0x9E3779B97F4A7C15ull) >> 52) & (CAP - 1);
+        while (key[h] != val[r])
+            h = (h + 1) & (CAP - 1);
+        id[h] = r + 1;
+    }
+    memset(cnt, 0, (nv + 1) * sizeof(uint32_t));
+    for (uint32_t i = 0; i < n; i++) { /* each demand's rank, kept in tmp */
+        uint64_t b = D[idx[i]].bytes;
+        size_t h = (size_t)((b * 0x9E3779B97F4A7C15ull) >> 52) & (CAP - 1);
+        while (key[h] != b)
+            h = (h + 1) & (CAP - 1);
+        tmp[i] = id[h] - 1;
+        cnt[id[h]]++;
+    }
+    for (uint32_t r = 0; r < nv; r++)
+        cnt[r + 1] += cnt[r];
+    uint32_t *out = malloc((n ? n : 1) * sizeof(uint32_t));
+    if (!out)
+        return false;
+    for (uint32_t i = 0; i < n; i++)
+        out[cnt[tmp[i]]++] = idx[i];
+    memcpy(idx, out, n * sizeof(uint32_t));
+    free(out);
+    return true;
+}
+
 static void sort_desc_bytes(uint32_t *idx, uint32_t n, const struct bal_demand *D, uint32_t *tmp)
 {
+    if (n > 64 && sort_few(idx, n, D, tmp))
+        return;
     uint64_t all = ~0ull, any = 0;
     for (uint32_t i = 0; i < n; i++) {
         all &= ~D[idx[i]].bytes;

@@ -417,6 +417,7 @@ static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts 
                       const uint8_t *force_groups, struct auto_info *ai, struct wb_plan **out,
                       size_t *nstamped, struct wb_errlist *el)
 {
+    uint64_t t_setup = wb_now_ns();
     struct plan_ctx c;
     memset(&c, 0, sizeof(c));
     c.in = in;
@@ -533,6 +534,7 @@ static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts 
                 goto out;
         }
     }
+    uint64_t t_walk = wb_now_ns();
     r = choose_modes(&c, gather_groups, nm);
     if (!r)
         r = pl_bal_init(&c.bal, c.nt, c.nphases);
@@ -541,6 +543,7 @@ static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts 
     r = walk_all(&c);
     if (r)
         goto out;
+    uint64_t t_solve = wb_now_ns();
     r = pl_bal_solve(&c.bal, false);
     if (r)
         goto out;
@@ -549,6 +552,7 @@ static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts 
         r = -ENOMEM;
         goto out;
     }
+    uint64_t t_emit = wb_now_ns();
     r = pl_emit_all(&c);
     if (r)
         goto out;
@@ -588,7 +592,14 @@ static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts 
         r = -ENOMEM;
         goto out;
     }
+    uint64_t t_finish = wb_now_ns();
     r = pl_finish_tables(&c, p);
+    wb_log(WB_LOG_DEBUG, "planner",
+           "plan: items and modes in %.3f s, walked in %.3f s, sources chosen in %.3f s, tables "
+           "emitted in %.3f s, finished in %.3f s",
+           (double)(t_walk - t_setup) * 1e-9, (double)(t_solve - t_walk) * 1e-9,
+           (double)(t_emit - t_solve) * 1e-9, (double)(t_finish - t_emit) * 1e-9,
+           (double)(wb_now_ns() - t_finish) * 1e-9);
     if (r)
         goto out;
     p->stats.tensors = 0;

@@ -372,10 +372,6 @@ static int greedy(struct balance *b, uint64_t *load)
     return 0;
 }
 
-/* Sorts demand indices by bytes, largest first, keeping the given order among equals (LSD
- * radix sort, 8 bits a pass, skipping the digits all keys share; tmp holds n). Hundreds of
- * thousands of demands of a few distinct sizes: a comparison sort spends most of the
- * balancer's time here. */
 enum { FEW = 1024 }; /* distinct sizes up to which sort_few counts instead */
 
 static int cmp_desc_u64(const void *a, const void *b)
@@ -388,7 +384,7 @@ static int cmp_desc_u64(const void *a, const void *b)
  * small hash), their order, then one stable counting pass. false: more sizes than that. */
 static bool sort_few(uint32_t *idx, uint32_t n, const struct bal_demand *D, uint32_t *tmp)
 {
-    enum { CAP = 4 * FEW };
+    enum { CAP = 2 * FEW };
     uint64_t key[CAP];
     uint32_t id[CAP], cnt[FEW + 1];
     uint64_t val[FEW];
@@ -436,6 +432,10 @@ static bool sort_few(uint32_t *idx, uint32_t n, const struct bal_demand *D, uint
     return true;
 }
 
+/* Sorts demand indices by bytes, largest first, keeping the given order among equals
+ * (sort_few when the sizes are few, else an LSD radix sort, 8 bits a pass, skipping the digits
+ * all keys share; tmp holds n). Hundreds of thousands of demands of a few distinct sizes: a
+ * comparison sort spends most of the balancer's time here. */
 static void sort_desc_bytes(uint32_t *idx, uint32_t n, const struct bal_demand *D, uint32_t *tmp)
 {
     if (n > 64 && sort_few(idx, n, D, tmp))

@@ -17,10 +17,9 @@
 
 #include "planner/plan_int.h"
 
-enum {
-    JSON_FORMAT = 4
-}; /* 4: write records with their replica fan-out; 3: self-contained,
-       compact arrays; 2: jansson objects */
+/* 4: write records with their replica fan-out; 3: self-contained, compact arrays; 2: jansson
+ * objects */
+enum { JSON_FORMAT = 4 };
 
 struct jw {
     FILE *f;

@@ -107,6 +107,11 @@ struct rank_state {
     double end;
 };
 
+/* The receivers dst + k * step, k < w, of a pair with copies. */
+struct ckey {
+    uint32_t dst, w, step;
+};
+
 /* A task's bytes to one rollout rank and its copies (replica fan-out), per copy. */
 struct eflow {
     uint32_t dst, w, step;
@@ -126,8 +131,9 @@ struct sim {
     size_t ntask;
     uint32_t *coll; /* per task collective refs */
     struct inst *inst;
-    size_t ninst;
-    struct amx *amx; /* by tag */
+    size_t ninst, icap;
+    struct intern gkeys; /* gather instances by (mesh, seq, first peer): uint64_t keys */
+    struct amx *amx;     /* by tag */
     size_t namx;
     struct rank_state *rs;
     struct pair *pair;
@@ -145,17 +151,16 @@ struct sim {
     double *eleft, *ileft; /* per node, per step */
     uint64_t t_fill;       /* time spent water-filling, for the debug log */
     size_t nfill;
-    /* Receiver classes: the receivers of pairs with copies (dst + k * step, k < w). Pairs of
-     * one class share their receivers, so a water-fill round takes their least share once
-     * per class, not once per pair. */
+    /* Receiver classes: the receivers of pairs with copies (dst + k * step, k < w), interned
+     * (struct ckey). Pairs of one class share their receivers, so a water-fill round takes
+     * their least share once per class, not once per pair. */
+    struct intern ckeys;
     struct rcls {
-        uint32_t dst, w, step;
         uint32_t count; /* pairs of the class wanting more this round */
         double imin;    /* least ileft (then least share) over the receivers */
         double sub;     /* given this round, per receiver */
-    } * cls;
-    size_t ncls, ccap;
-    uint32_t *chash; /* class + 1 by (dst, w, step), open addressing over 2 * ccap slots */
+    } * cls;            /* [ccap], by class */
+    size_t ccap;
     uint32_t *nout, *nin;
     double *rollout_end; /* per rollout GPU: its last byte */
     size_t ndone;
@@ -329,48 +334,23 @@ static int schedule(struct sim *s, struct pair *p)
     return heap_push(s, (struct pev){p->ev, (uint32_t)(p - s->pair), p->ver});
 }
 
-static size_t class_slot(const struct sim *s, size_t cap, uint32_t dst, uint32_t w, uint32_t step)
-{
-    uint64_t key = ((uint64_t)dst << 32 | w) ^ ((uint64_t)step << 16);
-    size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 24) & (cap - 1);
-    while (s->chash[h]) {
-        const struct rcls *k = &s->cls[s->chash[h] - 1];
-        if (k->dst == dst && k->w == w && k->step == step)
-            break;
-        h = (h + 1) & (cap - 1);
-    }
-    return h;
-}
-
 /* The receiver class of (dst, w, step), made on first use; UINT32_MAX: no memory. */
 static uint32_t class_of(struct sim *s, uint32_t dst, uint32_t w, uint32_t step)
 {
-    if (s->ccap) {
-        size_t h = class_slot(s, 2 * s->ccap, dst, w, step);
-        if (s->chash[h])
-            return s->chash[h] - 1;
-    }
-    if (s->ncls == s->ccap) { /* grow both, rehash */
+    struct ckey k = {dst, w, step};
+    uint32_t c = pl_intern_bytes(&s->ckeys, &k);
+    if (s->ckeys.err)
+        return UINT32_MAX;
+    if (c >= s->ccap) {
         size_t n = s->ccap ? 2 * s->ccap : 64;
         struct rcls *nc = realloc(s->cls, n * sizeof(*nc));
-        uint32_t *nh = calloc(2 * n, sizeof(uint32_t));
-        if (!nc || !nh) {
-            if (nc)
-                s->cls = nc;
-            free(nh);
+        if (!nc)
             return UINT32_MAX;
-        }
+        memset(nc + s->ccap, 0, (n - s->ccap) * sizeof(*nc));
         s->cls = nc;
-        free(s->chash);
-        s->chash = nh;
         s->ccap = n;
-        for (size_t c = 0; c < s->ncls; c++)
-            nh[class_slot(s, 2 * n, nc[c].dst, nc[c].w, nc[c].step)] = (uint32_t)c + 1;
     }
-    size_t h = class_slot(s, 2 * s->ccap, dst, w, step);
-    s->cls[s->ncls] = (struct rcls){dst, w, step, 0, 0, 0};
-    s->chash[h] = (uint32_t)++s->ncls;
-    return (uint32_t)(s->ncls - 1);
+    return c;
 }
 
 /* Queues `bytes` (per copy) from node a to node b and its copies. */
@@ -435,63 +415,25 @@ static int amx_room(struct sim *s, uint32_t tag)
     return 0;
 }
 
-/* Gather instances keyed by (mesh, seq, first peer): an open-addressing hash that doubles. */
-struct ghash {
-    uint64_t *k;
-    uint32_t *v;
-    size_t cap, n;
-};
-
-static size_t ghash_slot(const struct ghash *g, uint64_t key)
+/* The instance of a gather op keyed by (mesh, seq, first peer), made on first sight
+ * (instances are numbered as their keys are interned). */
+static int gather_inst(struct sim *s, uint64_t key, uint32_t *id)
 {
-    size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (g->cap - 1);
-    while (g->k[h] && g->k[h] != key)
-        h = (h + 1) & (g->cap - 1);
-    return h;
-}
-
-static int ghash_grow(struct ghash *g)
-{
-    struct ghash n = {calloc(g->cap * 2, sizeof(uint64_t)), calloc(g->cap * 2, sizeof(uint32_t)),
-                      g->cap * 2, g->n};
-    if (!n.k || !n.v) {
-        free(n.k);
-        free(n.v);
+    *id = pl_intern_bytes(&s->gkeys, &key);
+    if (s->gkeys.err)
         return -ENOMEM;
+    if (*id < s->ninst)
+        return 0;
+    if (s->ninst == s->icap) {
+        size_t c = s->icap ? 2 * s->icap : 1024;
+        struct inst *ni = realloc(s->inst, c * sizeof(*ni));
+        if (!ni)
+            return -ENOMEM;
+        memset(ni + s->icap, 0, (c - s->icap) * sizeof(*ni));
+        s->inst = ni;
+        s->icap = c;
     }
-    for (size_t i = 0; i < g->cap; i++)
-        if (g->k[i]) {
-            size_t j = ghash_slot(&n, g->k[i]);
-            n.k[j] = g->k[i];
-            n.v[j] = g->v[i];
-        }
-    free(g->k);
-    free(g->v);
-    *g = n;
-    return 0;
-}
-
-/* The instance of a gather op (made on first sight). */
-static int gather_inst(struct sim *s, struct ghash *g, size_t *icap, uint64_t key, uint32_t *id)
-{
-    if (2 * (g->n + 1) > g->cap && ghash_grow(g))
-        return -ENOMEM;
-    size_t h = ghash_slot(g, key);
-    if (!g->k[h]) {
-        if (s->ninst == *icap) {
-            size_t c = *icap ? 2 * *icap : 1024;
-            struct inst *ni = realloc(s->inst, c * sizeof(*ni));
-            if (!ni)
-                return -ENOMEM;
-            memset(ni + *icap, 0, (c - *icap) * sizeof(*ni));
-            s->inst = ni;
-            *icap = c;
-        }
-        g->k[h] = key;
-        g->v[h] = (uint32_t)s->ninst++;
-        g->n++;
-    }
-    *id = g->v[h];
+    s->ninst++;
     return 0;
 }
 
@@ -502,9 +444,7 @@ static int gather_inst(struct sim *s, struct ghash *g, size_t *icap, uint64_t ke
 struct reader {
     struct sim *s;
     const struct wb_plan_input *in;
-    struct vec *rflows; /* NULL for a parallel reader */
-    struct ghash *gh;
-    size_t *icap;
+    struct vec *rflows;          /* NULL for a parallel reader */
     const size_t *tbase, *obase; /* per rank: first task, first op (plan-wide) */
     uint32_t r0, r1;
     struct vec flow;
@@ -563,7 +503,7 @@ static int read_op(struct reader *rd, const struct wb_route_table *t, uint32_t r
     uint64_t key = ((uint64_t)op->gather.mesh << 40) ^ ((uint64_t)op->gather.seq << 20) ^
                    t->peers[op->gather.peer0].rank ^ (1ull << 63);
     uint32_t id;
-    int err = gather_inst(s, rd->gh, rd->icap, key, &id);
+    int err = gather_inst(s, key, &id);
     if (err)
         return err;
     struct inst *in2 = &s->inst[id];
@@ -671,17 +611,15 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
     s->task = calloc(ntask + 1, sizeof(*s->task));
     s->coll = malloc((nops + 1) * sizeof(uint32_t)); /* a rank's refs from its op base on */
     s->rs = calloc(nt ? nt : 1, sizeof(*s->rs));
-    struct ghash gh = {calloc(1024, sizeof(uint64_t)), calloc(1024, sizeof(uint32_t)), 1024, 0};
-    size_t icap = 0;
     struct reader rd[2];
     memset(rd, 0, sizeof(rd));
     int err = -ENOMEM;
     for (int k = 0; k < 2; k++) {
-        rd[k] = (struct reader){s, in, NULL, &gh, &icap, tbase, obase, 0, 0, {0}, NULL, false, 0};
+        rd[k] = (struct reader){s, in, NULL, tbase, obase, 0, 0, {0}, NULL, false, 0};
         pl_vec_init(&rd[k].flow, sizeof(struct eflow));
         rd[k].seen = calloc((size_t)p->nrollouts + 1, sizeof(uint32_t));
     }
-    if (!s->task || !s->coll || !s->rs || !gh.k || !gh.v || !rd[0].seen || !rd[1].seen)
+    if (!s->task || !s->coll || !s->rs || !rd[0].seen || !rd[1].seen)
         goto out;
     /* amax rendezvous by tag, which is plan-wide (10^7 exchanges at 1024 -> 512): sized from
      * the tables' tag bits, which cover every tag, grown if a tag is past them anyway */
@@ -738,8 +676,6 @@ out:
         pl_vec_free(&rd[k].flow);
         free(rd[k].seen);
     }
-    free(gh.k);
-    free(gh.v);
     free(tbase);
     free(obase);
     if (err)
@@ -782,6 +718,8 @@ static void water_fill(struct sim *s, double dt)
     double *eleft = s->eleft, *ileft = s->ileft;
     uint32_t *nout = s->nout, *nin = s->nin;
     uint32_t nn = s->nt + s->nr;
+    const struct ckey *K = s->ckeys.v.p;
+    size_t ncls = s->ckeys.v.n;
     size_t keep = 0; /* pairs that ended leave the list, which keeps its order */
     for (size_t i = 0; i < s->nact; i++) {
         struct pair *p = &s->pair[s->act[i]];
@@ -801,11 +739,11 @@ static void water_fill(struct sim *s, double dt)
         size_t want = 0;
         memset(nout, 0, nn * sizeof(*nout));
         memset(nin, 0, nn * sizeof(*nin));
-        for (size_t c = 0; c < s->ncls; c++) {
+        for (size_t c = 0; c < ncls; c++) {
             struct rcls *k = &s->cls[c];
             k->imin = INFINITY;
             k->count = 0;
-            for (uint32_t j = 0, d = k->dst; j < k->w; j++, d += k->step)
+            for (uint32_t j = 0, d = K[c].dst; j < K[c].w; j++, d += K[c].step)
                 k->imin = ileft[d] < k->imin ? ileft[d] : k->imin;
         }
         for (size_t i = 0; i < s->nact; i++) {
@@ -824,15 +762,15 @@ static void water_fill(struct sim *s, double dt)
         }
         if (!want)
             break;
-        for (size_t c = 0; c < s->ncls; c++) {
+        for (size_t c = 0; c < ncls; c++) {
             const struct rcls *k = &s->cls[c];
-            for (uint32_t j = 0, d = k->dst; k->count && j < k->w; j++, d += k->step)
+            for (uint32_t j = 0, d = K[c].dst; k->count && j < K[c].w; j++, d += K[c].step)
                 nin[d] += k->count;
         }
-        for (size_t c = 0; c < s->ncls; c++) {
+        for (size_t c = 0; c < ncls; c++) {
             struct rcls *k = &s->cls[c];
             k->imin = INFINITY;
-            for (uint32_t j = 0, d = k->dst; k->count && j < k->w; j++, d += k->step) {
+            for (uint32_t j = 0, d = K[c].dst; k->count && j < K[c].w; j++, d += K[c].step) {
                 double x = ileft[d] / nin[d];
                 k->imin = x < k->imin ? x : k->imin;
             }
@@ -860,9 +798,9 @@ static void water_fill(struct sim *s, double dt)
                 ileft[p->dst] -= p->give;
             p->give = 0;
         }
-        for (size_t c = 0; c < s->ncls; c++) {
+        for (size_t c = 0; c < ncls; c++) {
             struct rcls *k = &s->cls[c];
-            for (uint32_t j = 0, d = k->dst; k->sub != 0 && j < k->w; j++, d += k->step)
+            for (uint32_t j = 0, d = K[c].dst; k->sub != 0 && j < K[c].w; j++, d += K[c].step)
                 ileft[d] -= k->sub;
             k->sub = 0;
         }
@@ -1219,6 +1157,8 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     }
     struct sim s;
     memset(&s, 0, sizeof(s));
+    pl_intern_init(&s.ckeys, sizeof(struct ckey));
+    pl_intern_init(&s.gkeys, sizeof(uint64_t));
     s.p = p;
     s.nt = p->ntrainers;
     s.nr = p->nrollouts;
@@ -1514,7 +1454,8 @@ out:
     free(s.pair);
     free(s.phash);
     free(s.cls);
-    free(s.chash);
+    pl_intern_free(&s.ckeys);
+    pl_intern_free(&s.gkeys);
     free(s.task);
     free(s.coll);
     free(s.inst);

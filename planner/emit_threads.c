@@ -133,8 +133,8 @@ struct emit_thread {
 static void populate(void *p, size_t n)
 {
 #ifdef MADV_POPULATE_WRITE
-    uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095,
-              z = ((uintptr_t)p + n) & ~(uintptr_t)4095;
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1), z = ((uintptr_t)p + n) & ~(pg - 1);
     if (p && z > a)
         (void)madvise((void *)a, z - a, MADV_POPULATE_WRITE);
 #else

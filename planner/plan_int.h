@@ -42,6 +42,14 @@ uint32_t pl_intern_box(struct intern *in, const struct wb_box *b);
 uint32_t pl_intern_bytes(struct intern *in, const void *val);
 uint32_t pl_intern_shape(struct intern *in, const struct wb_shape *s);
 
+/* Whether a write record fans out to every one of `reps` replicas of `gpr` GPUs from a rank
+ * of replica 0: the same bytes reach the same local rank of every replica, so what it brings
+ * a receiver is counted (stamp.c) and checked (verify.c) once for all of them. */
+static inline bool pl_full_fanout(const struct wb_rt_write *x, uint32_t gpr, uint32_t reps)
+{
+    return reps > 1 && x->more + 1 == reps && x->rank_step == gpr && x->dst_rank < gpr;
+}
+
 /* ---------------------------------------------------------------- problems */
 
 /* One check's problems: the first PL_KEEP go into el with their text, the others are only

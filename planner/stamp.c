@@ -740,7 +740,7 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         w.dst_tensor = w.dst_tensor == vx ? vy : sy;
         w.tag = w.dst_tensor + 1;
         WD[k] = w;
-        if (w.more + 1 == reps && w.rank_step == c->gpr && w.dst_rank < c->gpr) {
+        if (pl_full_fanout(&w, c->gpr, reps)) {
             struct recv_count *rc = &c->rcls[(size_t)w.dst_rank * nrt + w.dst_tensor];
             rc->bytes += w.len; /* every replica's alike: counted once (pl_emit_all) */
             rc->writes++;

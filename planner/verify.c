@@ -422,13 +422,14 @@ uint64_t pl_local_written(const struct wb_plan_input *in, const uint32_t *map_of
     return n * wb_dtype_size(lo->dtype);
 }
 
-/* Destinations, in time and memory linear in the writes (a 1024 -> 512 plan has 10^8 of
- * them): every (rollout rank, local tensor) is a bucket; the writes are checked where they lie
- * in the tables, twice (count, then mark), never gathered or sorted. A bucket keeps a bitmap
- * of its written prefix at the largest power-of-two granularity that divides every write's
- * offset and length (a 900 KB expert row block is one bit), or, where that bitmap would be
- * larger than the writes themselves, their (offset, length) pairs, sorted at the end. Buckets
- * found wrong are reported exactly by a last pass that sorts their writes. */
+/* Destinations, in time and memory linear in the write records (a 1024 -> 512 plan has 10^8
+ * writes in 1.3 * 10^7 records): every (rollout rank, local tensor) is a bucket; the records
+ * are checked where they lie in the tables, twice (count, then mark), never gathered or
+ * sorted. A bucket keeps a bitmap of its written prefix at the largest power-of-two
+ * granularity that divides every write's offset and length (a 900 KB expert row block is one
+ * bit), or, where that bitmap would be larger than the writes themselves, their (offset,
+ * length) pairs, sorted at the end. Buckets found wrong are reported exactly by a last pass
+ * that sorts their writes. */
 struct bucket {
     uint64_t want;  /* bytes that must be written: a prefix of the local tensor */
     uint64_t acc;   /* OR of offsets and lengths: the granularity is its lowest set bit */
@@ -526,7 +527,7 @@ struct dctx {
 
 static bool full_fanout(const struct dctx *d, const struct wb_rt_write *x)
 {
-    return d->reps > 1 && x->more + 1 == d->reps && x->rank_step == d->gpr && x->dst_rank < d->gpr;
+    return pl_full_fanout(x, d->gpr, d->reps);
 }
 
 static int64_t bucket_at(const struct dctx *d, uint32_t g, uint32_t tensor)
@@ -1054,8 +1055,10 @@ int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, stru
     memset(&ox, 0, sizeof(ox));
     pl_vec_init(&ox.g, sizeof(struct gref));
     ox.g0 = calloc((size_t)p->ntrainers + 1, sizeof(uint64_t));
-    /* tags run 1 .. amax_ops / 2 in a plan as built; others go the slow way (xtra) */
-    ox.ntag = p->stats.amax_ops / 2 + 1 < UINT32_MAX ? (uint32_t)(p->stats.amax_ops / 2 + 1) : 1;
+    /* every tag is below 2^tag_bits (as the estimate sizes its rendezvous); a tag past that
+     * goes the slow way (xtra) */
+    uint32_t bits = p->ntrainers ? p->tables[0].tag_bits : 0;
+    ox.ntag = bits >= 1 && bits <= 30 ? 1u << bits : 1;
     ox.at = calloc(ox.ntag, sizeof(*ox.at));
     if (!ox.g0 || !ox.at) {
         free(ox.g0);

@@ -150,7 +150,8 @@ struct wb_rt_peer {
  *
  * Replica fan-out: a record with more = m > 0 stands for m + 1 writes, the same bytes to
  * dst_rank + k * rank_step for k = 0..m (every rollout replica holds the same local tensors,
- * so one record serves them all: a 1024 -> 512 plan has 10^8 writes but 7 * 10^6 records).
+ * so one record serves them all: a 1024 -> 512 plan has 1.1 * 10^8 writes in 1.3 * 10^7
+ * records, half of them fanned out to all 16 replicas).
  * A plan's tables carry records; a decoded table never does: wb_route_table_decode() expands
  * them in place (write k of record i, in that order), so an executor sees single writes. */
 enum { WB_RT_TMP_SRC = -1 }; /* as uint32_t */

@@ -292,6 +292,67 @@ static bool blocks_aligned(const struct wb_box *S, const struct wb_box *D)
     return true;
 }
 
+/* Whether piece S of a shard (view cover) is quantized on its own, straight into a packed
+ * buffer, rather than sharing the shard's one quantization: when it is narrower than the
+ * shard along a trailing dim (the column slab a column-parallel TP split cuts), which from the
+ * shared output would take a COPY to pack and one scale write per block row, and it covers
+ * whole blocks (block edges or the tensor's end on every side), so that quantizing it alone
+ * gives the same values and scales. The caller keeps pieces whose blocks other owners share
+ * (amax exchanges) on the shared quantization, whose grid the exchanges fill. */
+static bool own_quant(const struct wb_box *S, const struct wb_box *cover, const struct wb_shape *sh)
+{
+    bool slab = false;
+    for (uint32_t d = 1; d < S->ndim; d++)
+        slab |= S->off[d] != cover->off[d] || S->ext[d] != cover->ext[d];
+    if (!slab)
+        return false;
+    for (uint32_t d = 0; d < S->ndim; d++) {
+        uint64_t q = qblock(S->ndim, d), end = S->off[d] + S->ext[d];
+        if (S->off[d] % q || (end % q && end != sh->dim[d]))
+            return false;
+    }
+    return true;
+}
+
+/* The packed quantization of an own_quant piece: one per distinct box in a task's component
+ * (several rollout GPUs often take the same slab). */
+struct own_q {
+    struct wb_box S;
+    struct sview qv, sc;
+};
+enum { OWN_Q_CACHE = 16 };
+
+static int own_quant_view(struct tstate *ts, const struct sview *sv, uint32_t t,
+                          const struct wb_box *S, struct own_q *cache, size_t *n,
+                          const struct own_q **out)
+{
+    for (size_t i = 0; i < *n && i < OWN_Q_CACHE; i++)
+        if (wb_box_eq(&cache[i].S, S)) {
+            *out = &cache[i];
+            return 0;
+        }
+    struct own_q *o = &cache[*n % OWN_Q_CACHE];
+    (*n)++;
+    struct wb_box grid = pl_box_blocks(S), rel = box_rel(S, &sv->cover);
+    o->S = *S;
+    o->qv = sview_tmp(WB_DTYPE_FP8_E4M3, S);
+    o->qv.off = tmp_alloc(ts, wb_box_numel(S));
+    o->sc = sview_tmp(WB_DTYPE_FP32, &grid);
+    o->sc.off = tmp_alloc(ts, wb_box_numel(&grid) * 4);
+    struct wb_rt_op *op = push_op(ts, WB_OP_QUANT, t);
+    if (!op)
+        return -ENOMEM;
+    op->quant.src = rtv(ts, sv);
+    op->quant.dst = rtv(ts, &o->qv);
+    op->quant.src_box = bx(ts, &rel);
+    op->quant.region = bx(ts, S);
+    op->quant.grid = bx(ts, &grid);
+    op->quant.scale_off = o->sc.off;
+    op->quant.amax_off = (uint64_t)WB_RT_NONE;
+    *out = o;
+    return 0;
+}
+
 static bool same_piece(const struct assign *a, const struct assign *b)
 {
     return a->sub == b->sub && a->k == b->k && a->u0 == b->u0 && a->u1 == b->u1;
@@ -618,17 +679,22 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
         return 0;
     }
 
-    /* FP8: one quantization over the blocks this rank writes, after the amax exchanges. */
+    /* FP8: after the amax exchanges, one quantization over the blocks of the pieces that
+     * share it, and one of each distinct piece quantized on its own (own_quant). */
     struct wb_box W = {.ndim = sh->ndim};
+    size_t nshared = 0;
     for (size_t i = 0; i < na; i++) {
         if (i > 0 && same_piece(&A[i], &A[i - 1]))
+            continue;
+        if (nx == 0 && own_quant(&SD[i].S, &sv.cover, sh))
             continue;
         struct wb_box bl = pl_box_blocks(&SD[i].S), e = pl_blocks_elems(&bl, sh), w;
         wb_box_intersect(&e, &sv.cover, &w);
         W = box_bbox(&W, &w);
+        nshared++;
     }
     struct wb_box grid = pl_box_blocks(&W);
-    if (na == 0) {
+    if (nshared == 0) {
         memset(&grid, 0, sizeof(grid));
         grid.ndim = sh->ndim;
     }
@@ -662,19 +728,23 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
     if (na == 0)
         return 0;
     struct sview qv = sview_tmp(WB_DTYPE_FP8_E4M3, &W), sc = sview_tmp(WB_DTYPE_FP32, &grid);
-    qv.off = tmp_alloc(ts, wb_box_numel(&W));
-    sc.off = tmp_alloc(ts, wb_box_numel(&grid) * 4);
-    struct wb_box wrel = box_rel(&W, &sv.cover);
-    struct wb_rt_op *op = push_op(ts, WB_OP_QUANT, t);
-    if (!op)
-        return -ENOMEM;
-    op->quant.src = rtv(ts, &sv);
-    op->quant.dst = rtv(ts, &qv);
-    op->quant.src_box = bx(ts, &wrel);
-    op->quant.region = bx(ts, &W);
-    op->quant.grid = bx(ts, &grid);
-    op->quant.scale_off = sc.off;
-    op->quant.amax_off = amax_off;
+    if (nshared) {
+        qv.off = tmp_alloc(ts, wb_box_numel(&W));
+        sc.off = tmp_alloc(ts, wb_box_numel(&grid) * 4);
+        struct wb_box wrel = box_rel(&W, &sv.cover);
+        struct wb_rt_op *op = push_op(ts, WB_OP_QUANT, t);
+        if (!op)
+            return -ENOMEM;
+        op->quant.src = rtv(ts, &sv);
+        op->quant.dst = rtv(ts, &qv);
+        op->quant.src_box = bx(ts, &wrel);
+        op->quant.region = bx(ts, &W);
+        op->quant.grid = bx(ts, &grid);
+        op->quant.scale_off = sc.off;
+        op->quant.amax_off = amax_off;
+    }
+    struct own_q own[OWN_Q_CACHE];
+    size_t nown = 0;
     size_t pw0 = 0, pw1 = 0;
     for (size_t i = 0; i < na; i++) {
         if (i > 0 && same_piece(&A[i], &A[i - 1])) {
@@ -695,10 +765,18 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
                            wb_box_str(&SD[i].D, b, sizeof(b)));
             return -WB_E_PLAN;
         }
-        r = emit_writes(ts, &qv, &SD[i].S, A[i].g, mp->rollout, lshape, &SD[i].D, t);
+        const struct sview *vq = &qv, *vs = &sc;
+        if (nx == 0 && own_quant(&SD[i].S, &sv.cover, sh)) {
+            const struct own_q *o;
+            if ((r = own_quant_view(ts, &sv, t, &SD[i].S, own, &nown, &o)))
+                return r;
+            vq = &o->qv;
+            vs = &o->sc;
+        }
+        r = emit_writes(ts, vq, &SD[i].S, A[i].g, mp->rollout, lshape, &SD[i].D, t);
         struct wb_box Sb, Db;
         if (!r && scale_boxes(&SD[i].S, &SD[i].D, &Sb, &Db))
-            r = emit_writes(ts, &sc, &Sb, A[i].g, (uint32_t)mp->scale, lscale, &Db, t);
+            r = emit_writes(ts, vs, &Sb, A[i].g, (uint32_t)mp->scale, lscale, &Db, t);
         if (r)
             return r;
         pw1 = ts->ro->writes.n;

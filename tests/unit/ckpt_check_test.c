@@ -326,7 +326,7 @@ static void test_cli(void)
         "  meshes: 5 in 2 mesh groups (phases): 1 meshes of <= 4 ranks; 4 meshes of <= 1 "
         "ranks\n"
         "  pieces (item x rollout GPU): 47 direct, 3 amax, 0 gather\n"
-        "  entries: 28 tasks, 109 ops (0 gathers, 6 amax exchanges), 177 writes in 177 records\n"
+        "  entries: 28 tasks, 99 ops (0 gathers, 6 amax exchanges), 157 writes in 157 records\n"
         "  bytes: 3.27 MiB written, 0 B gathered, 5.51 MiB host-to-device\n"
         "  per sender: min 705.17 KiB, mean 835.89 KiB, max 1.19 MiB (0 of 4 senders idle)\n"
         "  per receiver: min 1.63 MiB, mean 1.63 MiB, max 1.63 MiB\n"

@@ -74,15 +74,15 @@ static void run(const struct scenario *sc, enum wb_plan_mode mode, uint64_t want
 
 static void test_kimi_auto(void)
 {
-    run(&KIMI, WB_MODE_AUTO, 0x7ce6b6f1c8ee4a3aull);
+    run(&KIMI, WB_MODE_AUTO, 0x9186c5920589ab97ull);
 }
 static void test_kimi_gather(void)
 {
-    run(&KIMI, WB_MODE_GATHER, 0xef545c1941336074ull);
+    run(&KIMI, WB_MODE_GATHER, 0x531634f2260960cfull);
 }
 static void test_qwen_auto(void)
 {
-    run(&QWEN, WB_MODE_AUTO, 0x56add4150581bb21ull);
+    run(&QWEN, WB_MODE_AUTO, 0x1eccd8762dd7a7caull);
 }
 static void test_qwen_gather(void)
 {
@@ -90,11 +90,11 @@ static void test_qwen_gather(void)
 }
 static void test_demo_auto(void)
 {
-    run(&DEMO, WB_MODE_AUTO, 0x9e9ddeef290b6f39ull);
+    run(&DEMO, WB_MODE_AUTO, 0xf057c4e3f70181b5ull);
 }
 static void test_demo_gather(void)
 {
-    run(&DEMO, WB_MODE_GATHER, 0x572df80322c9bbd1ull);
+    run(&DEMO, WB_MODE_GATHER, 0x503bdcd9a976736eull);
 }
 
 const struct wb_test wb_tests[] = {

@@ -305,6 +305,52 @@ static void test_gather_mode(void)
     check_case(case_fsdp2_tp2, WB_MODE_GATHER, false, EXPECT_FSDP2_TP2_GATHER);
 }
 
+/* FP8 row-parallel weight (the rollout splits columns) from row shards of whole block rows: each
+ * rank quantizes each column slab on its own, straight into a packed buffer, so every
+ * destination gets one data write and one scale write and no COPY repacks anything. */
+static void case_fp8_cols(struct fx *f)
+{
+    fx_init(f);
+    CHECK_INT(fx_layouts(f, FSDP2, "replicas: 1\ntp: 2\n"), 0);
+    uint32_t t = fx_t(f, "wo", WB_DTYPE_BF16, fx_shape(2, 256, 512));
+    uint32_t r = fx_r(f, "o_proj", WB_DTYPE_FP8_E4M3, fx_shape(2, 256, 512));
+    uint32_t rs = fx_r(f, "o_proj_scale", WB_DTYPE_FP32, fx_shape(2, 2, 4));
+    struct wb_mapping *m = fx_map(f, r, (int32_t)rs, WB_XFORM_FP8_BLOCK, WB_SHARD_TP, 1);
+    fx_comp_full(f, m, t, fx_box(2, 0, 256, 0, 512));
+}
+
+static void test_fp8_cols(void)
+{
+    struct fx f;
+    case_fp8_cols(&f);
+    char *d = plan_dump(&f, WB_MODE_AUTO);
+    CHECK_STR(d, "rank 0: 1 phases, 1 tasks, 2 ops, 4 writes, 65552 bytes, inbox 0\n"
+                 "phase 0: 1 tasks\n"
+                 "  task o_proj direct tmp 66048\n"
+                 "    quant wo param wo bf16 [128, 512][0:128, 0:256] region [0:128, 0:256] -> tmp "
+                 "0 scales tmp 32768 grid [0:1, 0:2] amax -\n"
+                 "    quant wo param wo bf16 [128, 512][0:128, 256:512] region [0:128, 256:512] -> "
+                 "tmp 33024 scales tmp 65792 grid [0:1, 2:4] amax -\n"
+                 "    write tmp 0 -> r0 o_proj +0 len 32768 tag 1\n"
+                 "    write tmp 32768 -> r0 o_proj_scale +0 len 8 tag 2\n"
+                 "    write tmp 33024 -> r1 o_proj +0 len 32768 tag 1\n"
+                 "    write tmp 65792 -> r1 o_proj_scale +0 len 8 tag 2\n"
+                 "rank 1: 1 phases, 1 tasks, 2 ops, 4 writes, 65552 bytes, inbox 0\n"
+                 "phase 0: 1 tasks\n"
+                 "  task o_proj direct tmp 66048\n"
+                 "    quant wo param wo bf16 [128, 512][0:128, 0:256] region [128:256, 0:256] -> "
+                 "tmp 0 scales tmp 32768 grid [1:2, 0:2] amax -\n"
+                 "    quant wo param wo bf16 [128, 512][0:128, 256:512] region [128:256, 256:512] "
+                 "-> tmp 33024 scales tmp 65792 grid [1:2, 2:4] amax -\n"
+                 "    write tmp 0 -> r0 o_proj +32768 len 32768 tag 1\n"
+                 "    write tmp 32768 -> r0 o_proj_scale +8 len 8 tag 2\n"
+                 "    write tmp 33024 -> r1 o_proj +32768 len 32768 tag 1\n"
+                 "    write tmp 65792 -> r1 o_proj_scale +8 len 8 tag 2\n");
+    free(d);
+    run_all_modes(&f);
+    fx_free(&f);
+}
+
 /* A vocab-padded embedding (vLLM pads the vocab to a multiple of 64, then splits it): 130
  * rows [130, 4] pad to 192, 48 per rank over tp 4. Rank 2 gets rows 96..129 at the start of
  * its 48-row local tensor, rank 3 only padding: it receives nothing, and the padding rows of
@@ -342,6 +388,7 @@ static void test_vocab_pad(void)
 }
 
 const struct wb_test wb_tests[] = {
+    {"fp8_cols", test_fp8_cols, 0},
     {"vocab_pad", test_vocab_pad, 0},
     {"uneven_shards", test_uneven, 0},
     {"fused_qkv_tp", test_qkv, 0},

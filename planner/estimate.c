@@ -21,6 +21,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -1146,8 +1147,9 @@ static bool gate_open(const struct sim *s, uint32_t phase, double t)
     return true;
 }
 
-int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
-                     struct wb_estimate *out, struct wb_errlist *el)
+/* The simulation; it gives up with -ECANCELED once *stop is set (when not NULL). */
+static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
+                    struct wb_estimate *out, struct wb_errlist *el, const atomic_bool *stop)
 {
     const struct wb_hw *th = &in->tl->hw, *rh = &in->rl->hw;
     if (th->nic_gbps <= 0 || rh->nic_gbps <= 0) {
@@ -1307,6 +1309,10 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         if (s.barrier_done[q] == INFINITY && s.phase_left[q] == 0)
             s.barrier_done[q] = th->barrier_s;
     for (size_t step = 0; done_tasks < s.ntask; step++) {
+        if (stop && atomic_load_explicit(stop, memory_order_relaxed)) {
+            rc = -ECANCELED;
+            break;
+        }
         if (step >= MAX_STEPS) {
             wb_errlist_add(el, "estimate: simulation did not finish in %.0f s of simulated time",
                            t);
@@ -1483,6 +1489,61 @@ out:
     }
     *out = e;
     return 0;
+}
+
+int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
+                     struct wb_estimate *out, struct wb_errlist *el)
+{
+    return estimate(p, in, out, el, NULL);
+}
+
+struct verify_job {
+    const struct wb_plan *p;
+    const struct wb_plan_input *in;
+    struct wb_errlist *el;
+    atomic_bool *stop;
+    int rc;
+    double s;
+};
+
+static void *verify_main(void *arg)
+{
+    struct verify_job *j = arg;
+    uint64_t t0 = wb_now_ns();
+    j->rc = pl_verify(j->p, j->in, j->el, false);
+    j->s = (double)(wb_now_ns() - t0) * 1e-9;
+    if (j->rc)
+        atomic_store(j->stop, true);
+    return NULL;
+}
+
+void wb_plan_verify_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
+                             struct wb_estimate *est, struct wb_errlist *verify_el,
+                             struct wb_errlist *est_el, struct wb_plan_checks *res)
+{
+    atomic_bool stop;
+    atomic_init(&stop, false);
+    struct verify_job j = {p, in, verify_el, &stop, 0, 0};
+    pthread_t th;
+    bool side =
+        sysconf(_SC_NPROCESSORS_ONLN) > 1 && pthread_create(&th, NULL, verify_main, &j) == 0;
+    if (!side) { /* one CPU: verify first, and simulate only a plan that passed */
+        uint64_t t0 = wb_now_ns();
+        j.rc = pl_verify(p, in, verify_el, false);
+        j.s = (double)(wb_now_ns() - t0) * 1e-9;
+        atomic_store(&stop, j.rc != 0);
+    }
+    uint64_t t0 = wb_now_ns();
+    res->est_rc = estimate(p, in, est, est_el, &stop);
+    res->est_s = (double)(wb_now_ns() - t0) * 1e-9;
+    if (side)
+        pthread_join(th, NULL);
+    if (j.rc && !res->est_rc) { /* verify failed after the simulation finished */
+        wb_estimate_free(est);
+        res->est_rc = -ECANCELED;
+    }
+    res->verify_rc = j.rc;
+    res->verify_s = j.s;
 }
 
 void wb_estimate_free(struct wb_estimate *e)

@@ -135,4 +135,8 @@ struct wb_box pl_blocks_elems(const struct wb_box *blocks, const struct wb_shape
 /* Block grid shape of a tensor shape. */
 struct wb_shape pl_grid_shape(const struct wb_shape *s);
 
+/* wb_plan_verify, on the calling thread alone unless `threads` (then on up to three). */
+int pl_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el,
+              bool threads);
+
 #endif /* WB_PLAN_INT_H */

@@ -343,6 +343,20 @@ struct wb_estimate {
 
 int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
                      struct wb_estimate *out, struct wb_errlist *el);
+
+/* wb_plan_verify and wb_plan_estimate of one plan at once (wb-plan --verify --estimate): with
+ * two CPUs or more, verify runs on one thread beside the simulation, which is mostly one
+ * thread itself, so both take about as long as the longer one (else one after the other).
+ * Each result is the one its own call returns, its problems in its own list (verify_el,
+ * est_el); *est is written only when est_rc is 0. When verify fails the simulation is
+ * stopped: est_rc is then -ECANCELED. */
+struct wb_plan_checks {
+    int verify_rc, est_rc;
+    double verify_s, est_s; /* seconds each took */
+};
+void wb_plan_verify_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
+                             struct wb_estimate *est, struct wb_errlist *verify_el,
+                             struct wb_errlist *est_el, struct wb_plan_checks *res);
 void wb_estimate_free(struct wb_estimate *e);
 void wb_estimate_print(const struct wb_estimate *e, const struct wb_plan *p, FILE *f);
 

@@ -1009,6 +1009,12 @@ static int check_order(struct vctx *v, struct order_idx *ox, const struct vec *x
 
 int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el)
 {
+    return pl_verify(p, in, el, sysconf(_SC_NPROCESSORS_ONLN) > 1);
+}
+
+int pl_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el,
+              bool threads)
+{
     struct vctx v = {.p = p, .in = in, .pr = {el, 0}};
     v.smemo = calloc(1u << SHARD_MEMO_BITS, sizeof(*v.smemo)); /* NULL: nothing kept */
     /* tensors no mapping uses may match no rule: place only the used ones */
@@ -1047,10 +1053,10 @@ int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, stru
     }
     pl_intern_free(&cls);
     /* Sources and destinations are independent reads of the plan: the sources of the first
-     * half of the tables here, of the second half and the destinations on threads when there
-     * are two CPUs, each with its own problems, reported as one walk would: sources in rank
+     * half of the tables here, of the second half and the destinations on threads when it may
+     * use them, each with its own problems, reported as one walk would: sources in rank
      * order, then destinations. */
-    bool many = sysconf(_SC_NPROCESSORS_ONLN) > 1;
+    bool many = threads;
     struct order_idx ox;
     memset(&ox, 0, sizeof(ox));
     pl_vec_init(&ox.g, sizeof(struct gref));

@@ -281,8 +281,9 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc)
         return rc;
-    struct wb_errlist el;
+    struct wb_errlist el, est_el;
     wb_errlist_init(&el);
+    wb_errlist_init(&est_el);
     struct wb_model md;
     struct wb_plan *plan = NULL;
     struct wb_estimate est;
@@ -338,25 +339,35 @@ int main(int argc, char **argv)
     char warn[512];
     if (wb_plan_dtype_warning(&in, warn, sizeof(warn)))
         fprintf(stderr, "wb-plan: warning: %s (--config %s)\n", warn, a.config ? a.config : "-");
-    if (a.verify) {
+    /* both: side by side (verify's problems first, and no estimate of a plan that fails it) */
+    struct wb_plan_checks ck = {0};
+    if (a.verify && a.estimate) {
+        wb_plan_verify_estimate(plan, &in, &est, &el, &est_el, &ck);
+    } else if (a.verify) {
         t0 = wb_now_ns();
-        if (wb_plan_verify(plan, &in, &el)) {
+        ck.verify_rc = wb_plan_verify(plan, &in, &el);
+        ck.verify_s = (double)(wb_now_ns() - t0) * 1e-9;
+    } else if (a.estimate) {
+        t0 = wb_now_ns();
+        ck.est_rc = wb_plan_estimate(plan, &in, &est, &est_el);
+        ck.est_s = (double)(wb_now_ns() - t0) * 1e-9;
+    }
+    if (a.verify) {
+        if (ck.verify_rc) {
             fail(&el, "verify", a.max_problems);
             goto out;
         }
         printf("  verify: ok (every destination byte written once, every source held) in %.2f s\n",
-               (double)(wb_now_ns() - t0) * 1e-9);
+               ck.verify_s);
     }
     if (a.estimate) {
-        t0 = wb_now_ns();
-        if (wb_plan_estimate(plan, &in, &est, &el)) {
-            fail(&el, "estimate", a.max_problems);
+        if (ck.est_rc) {
+            fail(&est_el, "estimate", a.max_problems);
             goto out;
         }
-        double est_s = (double)(wb_now_ns() - t0) * 1e-9;
         have_est = true;
         wb_estimate_print(&est, plan, stdout);
-        printf("  (simulated in %.2f s)\n", est_s);
+        printf("  (simulated in %.2f s)\n", ck.est_s);
     }
     if (a.dump >= 0)
         wb_route_table_print(&plan->tables[a.dump], &in, stdout);
@@ -387,5 +398,6 @@ out:
     wb_plan_free(plan);
     wb_model_free(&md);
     wb_errlist_free(&el);
+    wb_errlist_free(&est_el);
     return rc;
 }

@@ -484,6 +484,60 @@ static void test_estimate_by_hand(void)
     fx_free(&f);
 }
 
+/* wb_plan_verify_estimate: both results as the two calls give them; a plan that fails verify
+ * gets verify's own problems and no estimate. */
+static void test_verify_estimate_together(void)
+{
+    struct fx f;
+    fx_init(&f);
+    const char *hw = "hardware: {nic_gbps: 100, nics_per_gpu: 1, nic_efficiency: 1.0,\n"
+                     "  nvlink_GBps: 400, h2d_GBps: 50, copy_GBps: 1000, quant_GBps: 1000,\n"
+                     "  kernel_launch: 5us, write_submit: 1us, barrier: 1ms,\n"
+                     "  collective_launch: 20us}\n";
+    char t[1024], r[1024];
+    snprintf(t, sizeof(t), "%s%s", FSDP4, hw);
+    snprintf(r, sizeof(r), "replicas: 2\ntp: 2\n%s", hw);
+    CHECK_INT(fx_layouts(&f, t, r), 0);
+    uint32_t a = fx_t(&f, "w", WB_DTYPE_BF16, fx_shape(2, 4096, 1024));
+    uint32_t b = fx_r(&f, "w", WB_DTYPE_BF16, fx_shape(2, 4096, 1024));
+    struct wb_mapping *m = fx_map(&f, b, -1, WB_XFORM_COPY, WB_SHARD_TP, 0);
+    fx_comp_full(&f, m, a, fx_box(2, 0, 4096, 0, 1024));
+    struct wb_plan *p = build(&f, WB_MODE_AUTO);
+    struct wb_estimate alone, both;
+    CHECK_INT(wb_plan_estimate(p, &f.in, &alone, &f.el), 0);
+    struct wb_errlist vel, eel;
+    wb_errlist_init(&vel);
+    wb_errlist_init(&eel);
+    struct wb_plan_checks ck;
+    wb_plan_verify_estimate(p, &f.in, &both, &vel, &eel, &ck);
+    CHECK_INT(ck.verify_rc, 0);
+    CHECK_INT(ck.est_rc, 0);
+    CHECK_INT((int)vel.n, 0);
+    CHECK_INT((int)eel.n, 0);
+    CHECK(ck.verify_s >= 0 && ck.est_s >= 0);
+    CHECK(both.total_s == alone.total_s);
+    CHECK(both.lower_bound_s == alone.lower_bound_s);
+    CHECK_INT((int)both.nsamples, (int)alone.nsamples);
+    wb_estimate_free(&both);
+    wb_estimate_free(&alone);
+    /* one write a byte short: verify's message, and the simulation stopped */
+    struct wb_rt_write *w = &p->tables[0].writes[0];
+    w->len -= 1;
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+    CHECK_INT((int)f.el.n, 1);
+    wb_plan_verify_estimate(p, &f.in, &both, &vel, &eel, &ck);
+    CHECK_INT(ck.verify_rc, -WB_E_PLAN);
+    CHECK_INT(ck.est_rc, -ECANCELED);
+    CHECK_INT((int)vel.n, 1);
+    CHECK_STR(vel.msgs[0], f.el.msgs[0]);
+    CHECK(strstr(vel.msgs[0], "never written") != NULL);
+    CHECK_INT((int)eel.n, 0);
+    wb_errlist_free(&vel);
+    wb_errlist_free(&eel);
+    wb_plan_free(p);
+    fx_free(&f);
+}
+
 static void test_estimate_needs_hardware(void)
 {
     struct fx f;
@@ -597,6 +651,7 @@ const struct wb_test wb_tests[] = {
     {"verify_catches", test_verify_catches, 0},
     {"verify_counts_all", test_verify_counts_all, 0},
     {"estimate_by_hand", test_estimate_by_hand, 0},
+    {"verify_estimate_together", test_verify_estimate_together, 0},
     {"estimate_needs_hardware", test_estimate_needs_hardware, 0},
     {"cli", test_cli, 0},
     {0},

@@ -148,6 +148,7 @@ struct sim {
                                  (+1), 0 when the rank has none */
     double *egress, *ingress; /* bytes/s per node */
     uint32_t *act;            /* active pair indices */
+    uint32_t *want;           /* water_fill: the pairs still wanting more (cact of room) */
     size_t nact, cact;
     double *eleft, *ileft; /* per node, per step */
     uint64_t t_fill;       /* time spent water-filling, for the debug log */
@@ -380,6 +381,10 @@ static int post(struct sim *s, uint32_t a, uint32_t b, uint32_t w, uint32_t step
             if (!na)
                 return -ENOMEM;
             s->act = na;
+            uint32_t *nw = realloc(s->want, c * sizeof(uint32_t));
+            if (!nw)
+                return -ENOMEM;
+            s->want = nw;
             s->cact = c;
         }
         p->apos = (uint32_t)s->nact;
@@ -736,7 +741,14 @@ static void water_fill(struct sim *s, double dt)
     }
     for (size_t i = 0; i < s->nact; i++)
         s->pair[s->act[i]].rate = 0;
-    for (int round = 0; round < 4; round++) {
+    /* A pair that wants nothing more in a round (its bytes are all given, or an end is full)
+     * wants nothing in the later ones: ends only fill and rates only grow. So each round looks
+     * at the previous round's wanting pairs only, in list order. */
+    uint32_t *W = s->want;
+    size_t nw = s->nact;
+    if (nw)
+        memcpy(W, s->act, nw * sizeof(uint32_t));
+    for (int round = 0; round < 4 && nw; round++) {
         size_t want = 0;
         memset(nout, 0, nn * sizeof(*nout));
         memset(nin, 0, nn * sizeof(*nin));
@@ -747,20 +759,19 @@ static void water_fill(struct sim *s, double dt)
             for (uint32_t j = 0, d = K[c].dst; j < K[c].w; j++, d += K[c].step)
                 k->imin = ileft[d] < k->imin ? ileft[d] : k->imin;
         }
-        for (size_t i = 0; i < s->nact; i++) {
-            struct pair *p = &s->pair[s->act[i]];
+        for (size_t i = 0; i < nw; i++) {
+            struct pair *p = &s->pair[W[i]];
             double imin = p->w > 1 ? s->cls[p->cls].imin : ileft[p->dst];
-            p->give = 0;
             if ((double)p->left > p->rate + 0.5 && eleft[p->src] > 1 && imin > 1) {
-                p->give = 1; /* wants more this round */
                 nout[p->src] += p->w;
                 if (p->w > 1)
                     s->cls[p->cls].count++;
                 else
                     nin[p->dst]++;
-                want++;
+                W[want++] = W[i]; /* wants more this round */
             }
         }
+        nw = want;
         if (!want)
             break;
         for (size_t c = 0; c < ncls; c++) {
@@ -777,10 +788,8 @@ static void water_fill(struct sim *s, double dt)
             }
         }
         /* equal shares of what each end has left at the round's start: sums never exceed it */
-        for (size_t i = 0; i < s->nact; i++) {
-            struct pair *p = &s->pair[s->act[i]];
-            if (!p->give)
-                continue;
+        for (size_t i = 0; i < nw; i++) {
+            struct pair *p = &s->pair[W[i]];
             double give = eleft[p->src] / nout[p->src];
             double in = p->w > 1 ? s->cls[p->cls].imin : ileft[p->dst] / nin[p->dst];
             if (in < give)
@@ -790,8 +799,8 @@ static void water_fill(struct sim *s, double dt)
             p->rate += give;
             p->give = give;
         }
-        for (size_t i = 0; i < s->nact; i++) {
-            struct pair *p = &s->pair[s->act[i]];
+        for (size_t i = 0; i < nw; i++) {
+            struct pair *p = &s->pair[W[i]];
             eleft[p->src] -= p->give * p->w;
             if (p->w > 1)
                 s->cls[p->cls].sub += p->give;
@@ -1477,6 +1486,7 @@ out:
     free(s.nout);
     free(s.nin);
     free(s.act);
+    free(s.want);
     pl_vec_free(&s.heap);
     pl_vec_free(&s.due);
     pl_vec_free(&s.eagerl);

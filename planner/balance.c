@@ -2,8 +2,10 @@
  * See balance.h for the model. The max-flow graph has one node per candidate set and per rank,
  * so it stays small (hundreds of nodes) however many demands there are. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "planner/balance.h"
 
@@ -345,11 +347,13 @@ static uint32_t largest(const int64_t *q, uint32_t n)
 }
 
 /* The reference: each greedy group to the least-loaded candidate (lowest rank on ties). */
-static int greedy(struct balance *b, uint64_t *load)
+/* The reference greedy: each group of demands to its least-loaded candidate, in order. It only
+ * reads the demands' inputs and the sets' candidates, and writes rank[i] (demand i's one part,
+ * all its units) and load, so it may run beside the phase solution. */
+static void greedy(const struct balance *b, uint64_t *load, uint32_t *rank)
 {
     memcpy(load, b->base, b->nranks * sizeof(uint64_t));
-    b->parts.n = 0;
-    struct bal_demand *D = b->demands.p;
+    const struct bal_demand *D = b->demands.p;
     for (size_t i = 0; i < b->demands.n;) {
         size_t j = i;
         while (j < b->demands.n && D[j].group == D[i].group)
@@ -358,18 +362,43 @@ static int greedy(struct balance *b, uint64_t *load)
         const uint32_t *cand = VEC_AT(&b->set_ranks, uint32_t, s->r0);
         uint32_t best = least_loaded(load, cand, s->n);
         for (size_t k = i; k < j; k++) {
-            D[k].nparts = 0;
             /* A group whose demands have different sets (never produced) would be split. */
             const struct bal_set *sk = VEC_AT(&b->sets, struct bal_set, D[k].set);
             uint32_t rk =
                 sk == s ? best : least_loaded(load, VEC_AT(&b->set_ranks, uint32_t, sk->r0), sk->n);
-            if (push_part(b, &D[k], rk, 0, D[k].nunits))
-                return -ENOMEM;
+            rank[k] = rk;
             load[rk] += D[k].bytes;
         }
         i = j;
     }
+}
+
+/* The greedy's assignment as the output: one part per demand. */
+static int use_greedy(struct balance *b, const uint32_t *rank)
+{
+    b->parts.n = 0;
+    if (pl_vec_reserve(&b->parts, b->demands.n))
+        return -ENOMEM;
+    for (size_t i = 0; i < b->demands.n; i++) {
+        struct bal_demand *d = VEC_AT(&b->demands, struct bal_demand, i);
+        d->nparts = 0;
+        if (push_part(b, d, rank[i], 0, d->nunits))
+            return -ENOMEM;
+    }
     return 0;
+}
+
+struct greedy_job {
+    const struct balance *b;
+    uint64_t *load;
+    uint32_t *rank;
+};
+
+static void *greedy_main(void *arg)
+{
+    struct greedy_job *j = arg;
+    greedy(j->b, j->load, j->rank);
+    return NULL;
 }
 
 enum { FEW = 1024 }; /* distinct sizes up to which sort_few counts instead */
@@ -630,38 +659,32 @@ int pl_bal_solve(struct balance *b, bool greedy_only)
         return r0;
     uint64_t *gload = malloc((nt ? nt : 1) * sizeof(uint64_t));
     uint64_t *quota = malloc((b->set_ranks.n ? b->set_ranks.n : 1) * sizeof(uint64_t));
-    struct vec gparts;
-    pl_vec_init(&gparts, sizeof(struct bal_part));
-    uint32_t *gpart0 = NULL;
+    uint32_t *grank = malloc((b->demands.n ? b->demands.n : 1) * sizeof(uint32_t));
     int r = 0;
-    if (!gload || !quota) {
+    if (!gload || !quota || !grank) {
         r = -ENOMEM;
         goto out;
     }
-    r = greedy(b, gload);
-    if (r)
-        goto out;
-    b->greedy_max = max_of(gload, nt);
     if (greedy_only || b->demands.n == 0) {
+        greedy(b, gload, grank);
+        b->greedy_max = max_of(gload, nt);
         memcpy(b->load, gload, nt * sizeof(uint64_t));
         b->max_load = b->greedy_max;
         b->used_greedy = true;
+        r = use_greedy(b, grank);
         goto out;
     }
-    /* Keep the greedy's parts aside, then build ours. */
-    gparts = b->parts;
-    pl_vec_init(&b->parts, sizeof(struct bal_part));
-    gpart0 = malloc(b->demands.n * 2 * sizeof(uint32_t));
-    if (!gpart0) {
-        r = -ENOMEM;
-        goto out;
-    }
-    for (size_t i = 0; i < b->demands.n; i++) {
-        gpart0[2 * i] = VEC_AT(&b->demands, struct bal_demand, i)->part0;
-        gpart0[2 * i + 1] = VEC_AT(&b->demands, struct bal_demand, i)->nparts;
-    }
+    /* The reference greedy on a thread of its own while the phases are solved here (it reads
+     * nothing they write). */
+    struct greedy_job gj = {b, gload, grank};
+    pthread_t th;
+    bool side =
+        sysconf(_SC_NPROCESSORS_ONLN) > 1 && pthread_create(&th, NULL, greedy_main, &gj) == 0;
+    if (!side)
+        greedy(b, gload, grank);
+    b->parts.n = 0;
     memset(b->load, 0, nt * sizeof(uint64_t));
-    for (uint32_t ph = 0; ph < b->nphases; ph++) {
+    for (uint32_t ph = 0; ph < b->nphases && !r; ph++) {
         uint64_t ptotal = 0;
         for (size_t i = 0; i < b->sets.n; i++)
             VEC_AT(&b->sets, struct bal_set, i)->ptotal = 0;
@@ -679,35 +702,32 @@ int pl_bal_solve(struct balance *b, bool greedy_only)
         uint64_t T;
         r = min_feasible(b, b->load, true, ptotal, &T);
         if (r)
-            goto out;
+            break;
         r = feasible(b, T, quota, b->load, true);
         if (r < 0)
-            goto out;
+            break;
         if (r == 0) { /* cannot happen: T was feasible */
             r = -WB_E_PLAN;
-            goto out;
+            break;
         }
         r = quota_fill(b, quota, b->load, ph);
-        if (r)
-            goto out;
     }
-    improve(b, b->load);
+    if (!r)
+        improve(b, b->load);
+    if (side)
+        pthread_join(th, NULL);
+    if (r)
+        goto out;
+    b->greedy_max = max_of(gload, nt);
     b->max_load = max_of(b->load, nt);
     if (b->max_load > b->greedy_max) { /* never worse than the reference */
-        pl_vec_free(&b->parts);
-        b->parts = gparts;
-        pl_vec_init(&gparts, sizeof(struct bal_part));
-        for (size_t i = 0; i < b->demands.n; i++) {
-            VEC_AT(&b->demands, struct bal_demand, i)->part0 = gpart0[2 * i];
-            VEC_AT(&b->demands, struct bal_demand, i)->nparts = gpart0[2 * i + 1];
-        }
         memcpy(b->load, gload, nt * sizeof(uint64_t));
         b->max_load = b->greedy_max;
         b->used_greedy = true;
+        r = use_greedy(b, grank);
     }
 out:
-    pl_vec_free(&gparts);
-    free(gpart0);
+    free(grank);
     free(gload);
     free(quota);
     return r;

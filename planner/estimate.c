@@ -1537,14 +1537,13 @@ void wb_plan_verify_estimate(const struct wb_plan *p, const struct wb_plan_input
     pthread_t th;
     bool side =
         sysconf(_SC_NPROCESSORS_ONLN) > 1 && pthread_create(&th, NULL, verify_main, &j) == 0;
-    if (!side) { /* one CPU: verify first, and simulate only a plan that passed */
+    if (!side) { /* one CPU (or no thread): verify first, and simulate only a plan that passed */
         uint64_t t0 = wb_now_ns();
         j.rc = pl_verify(p, in, verify_el, false);
         j.s = (double)(wb_now_ns() - t0) * 1e-9;
-        atomic_store(&stop, j.rc != 0);
     }
     uint64_t t0 = wb_now_ns();
-    res->est_rc = estimate(p, in, est, est_el, &stop);
+    res->est_rc = side || !j.rc ? estimate(p, in, est, est_el, &stop) : -ECANCELED;
     res->est_s = (double)(wb_now_ns() - t0) * 1e-9;
     if (side)
         pthread_join(th, NULL);

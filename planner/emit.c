@@ -314,6 +314,26 @@ static bool own_quant(const struct wb_box *S, const struct wb_box *cover, const 
     return true;
 }
 
+/* A QUANT of region W (tensor coordinates, inside view sv's cover) of tensor t into the FP8
+ * view qv, its scales (grid = the blocks of W) at TMP scale_off. */
+static int push_quant(struct tstate *ts, uint32_t t, const struct sview *sv, const struct sview *qv,
+                      const struct wb_box *W, const struct wb_box *grid, uint64_t scale_off,
+                      uint64_t amax_off)
+{
+    struct wb_box rel = box_rel(W, &sv->cover);
+    struct wb_rt_op *op = push_op(ts, WB_OP_QUANT, t);
+    if (!op)
+        return -ENOMEM;
+    op->quant.src = rtv(ts, sv);
+    op->quant.dst = rtv(ts, qv);
+    op->quant.src_box = bx(ts, &rel);
+    op->quant.region = bx(ts, W);
+    op->quant.grid = bx(ts, grid);
+    op->quant.scale_off = scale_off;
+    op->quant.amax_off = amax_off;
+    return 0;
+}
+
 /* The packed quantization of an own_quant piece: one per distinct box in a task's component
  * (several rollout GPUs often take the same slab). */
 struct own_q {
@@ -333,24 +353,14 @@ static int own_quant_view(struct tstate *ts, const struct sview *sv, uint32_t t,
         }
     struct own_q *o = &cache[*n % OWN_Q_CACHE];
     (*n)++;
-    struct wb_box grid = pl_box_blocks(S), rel = box_rel(S, &sv->cover);
+    struct wb_box grid = pl_box_blocks(S);
     o->S = *S;
     o->qv = sview_tmp(WB_DTYPE_FP8_E4M3, S);
     o->qv.off = tmp_alloc(ts, wb_box_numel(S));
     o->sc = sview_tmp(WB_DTYPE_FP32, &grid);
     o->sc.off = tmp_alloc(ts, wb_box_numel(&grid) * 4);
-    struct wb_rt_op *op = push_op(ts, WB_OP_QUANT, t);
-    if (!op)
-        return -ENOMEM;
-    op->quant.src = rtv(ts, sv);
-    op->quant.dst = rtv(ts, &o->qv);
-    op->quant.src_box = bx(ts, &rel);
-    op->quant.region = bx(ts, S);
-    op->quant.grid = bx(ts, &grid);
-    op->quant.scale_off = o->sc.off;
-    op->quant.amax_off = (uint64_t)WB_RT_NONE;
     *out = o;
-    return 0;
+    return push_quant(ts, t, sv, &o->qv, S, &grid, o->sc.off, (uint64_t)WB_RT_NONE);
 }
 
 static bool same_piece(const struct assign *a, const struct assign *b)
@@ -731,17 +741,8 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
     if (nshared) {
         qv.off = tmp_alloc(ts, wb_box_numel(&W));
         sc.off = tmp_alloc(ts, wb_box_numel(&grid) * 4);
-        struct wb_box wrel = box_rel(&W, &sv.cover);
-        struct wb_rt_op *op = push_op(ts, WB_OP_QUANT, t);
-        if (!op)
-            return -ENOMEM;
-        op->quant.src = rtv(ts, &sv);
-        op->quant.dst = rtv(ts, &qv);
-        op->quant.src_box = bx(ts, &wrel);
-        op->quant.region = bx(ts, &W);
-        op->quant.grid = bx(ts, &grid);
-        op->quant.scale_off = sc.off;
-        op->quant.amax_off = amax_off;
+        if ((r = push_quant(ts, t, &sv, &qv, &W, &grid, sc.off, amax_off)))
+            return r;
     }
     struct own_q own[OWN_Q_CACHE];
     size_t nown = 0;

@@ -449,24 +449,36 @@ static void test_verify_counts_all(void)
 
 /* ---------------------------------------------------------------- estimate */
 
+/* 100 Gbps x 1 NIC at 100%, no launch or post costs: times by hand. */
+static const char HW_BY_HAND[] =
+    "hardware: {nic_gbps: 100, nics_per_gpu: 1, nic_efficiency: 1.0,\n"
+    "  nvlink_GBps: 400, h2d_GBps: 50, copy_GBps: 1000, quant_GBps: 1000,\n"
+    "  kernel_launch: 0us, write_submit: 0us, barrier: 0ms,\n"
+    "  collective_launch: 0us}\n";
+
+/* One BF16 tensor [rows, cols] on layouts with the hardware above, the rollout's copy sharded
+ * as `shard` along dim 0. */
+static void one_tensor_case(struct fx *f, const char *trainer, const char *rollout, uint64_t rows,
+                            uint64_t cols, enum wb_shard_kind shard)
+{
+    fx_init(f);
+    char t[1024], r[1024];
+    snprintf(t, sizeof(t), "%s%s", trainer, HW_BY_HAND);
+    snprintf(r, sizeof(r), "%s%s", rollout, HW_BY_HAND);
+    CHECK_INT(fx_layouts(f, t, r), 0);
+    uint32_t a = fx_t(f, "w", WB_DTYPE_BF16, fx_shape(2, rows, cols));
+    uint32_t b = fx_r(f, "w", WB_DTYPE_BF16, fx_shape(2, rows, cols));
+    struct wb_mapping *m = fx_map(f, b, -1, WB_XFORM_COPY, shard, 0);
+    fx_comp_full(f, m, a, fx_box(2, 0, rows, 0, cols));
+}
+
 static void test_estimate_by_hand(void)
 {
     struct fx f;
-    fx_init(&f);
     /* 1 trainer -> 1 rollout, 100 MB BF16, 100 Gbps x 1 NIC at 100%: 8 ms of wire time */
-    const char *hw = "hardware: {nic_gbps: 100, nics_per_gpu: 1, nic_efficiency: 1.0,\n"
-                     "  nvlink_GBps: 400, h2d_GBps: 50, copy_GBps: 1000, quant_GBps: 1000,\n"
-                     "  kernel_launch: 0us, write_submit: 0us, barrier: 0ms,\n"
-                     "  collective_launch: 0us}\n";
-    char t[1024], r[1024];
-    snprintf(t, sizeof(t),
-             "world_size: 1\nmesh: [{name: dp, size: 1}]\nplacements: [{match: \"*\"}]\n%s", hw);
-    snprintf(r, sizeof(r), "replicas: 1\n%s", hw);
-    CHECK_INT(fx_layouts(&f, t, r), 0);
-    uint32_t a = fx_t(&f, "w", WB_DTYPE_BF16, fx_shape(2, 50000, 1000));
-    uint32_t b = fx_r(&f, "w", WB_DTYPE_BF16, fx_shape(2, 50000, 1000));
-    struct wb_mapping *m = fx_map(&f, b, -1, WB_XFORM_COPY, WB_SHARD_REPLICATE, 0);
-    fx_comp_full(&f, m, a, fx_box(2, 0, 50000, 0, 1000));
+    one_tensor_case(&f,
+                    "world_size: 1\nmesh: [{name: dp, size: 1}]\nplacements: [{match: \"*\"}]\n",
+                    "replicas: 1\n", 50000, 1000, WB_SHARD_REPLICATE);
     struct wb_plan *p = build(&f, WB_MODE_AUTO);
     struct wb_estimate e;
     CHECK_INT(wb_plan_estimate(p, &f.in, &e, &f.el), 0);
@@ -489,19 +501,7 @@ static void test_estimate_by_hand(void)
 static void test_verify_estimate_together(void)
 {
     struct fx f;
-    fx_init(&f);
-    const char *hw = "hardware: {nic_gbps: 100, nics_per_gpu: 1, nic_efficiency: 1.0,\n"
-                     "  nvlink_GBps: 400, h2d_GBps: 50, copy_GBps: 1000, quant_GBps: 1000,\n"
-                     "  kernel_launch: 5us, write_submit: 1us, barrier: 1ms,\n"
-                     "  collective_launch: 20us}\n";
-    char t[1024], r[1024];
-    snprintf(t, sizeof(t), "%s%s", FSDP4, hw);
-    snprintf(r, sizeof(r), "replicas: 2\ntp: 2\n%s", hw);
-    CHECK_INT(fx_layouts(&f, t, r), 0);
-    uint32_t a = fx_t(&f, "w", WB_DTYPE_BF16, fx_shape(2, 4096, 1024));
-    uint32_t b = fx_r(&f, "w", WB_DTYPE_BF16, fx_shape(2, 4096, 1024));
-    struct wb_mapping *m = fx_map(&f, b, -1, WB_XFORM_COPY, WB_SHARD_TP, 0);
-    fx_comp_full(&f, m, a, fx_box(2, 0, 4096, 0, 1024));
+    one_tensor_case(&f, FSDP4, "replicas: 2\ntp: 2\n", 4096, 1024, WB_SHARD_TP);
     struct wb_plan *p = build(&f, WB_MODE_AUTO);
     struct wb_estimate alone, both;
     CHECK_INT(wb_plan_estimate(p, &f.in, &alone, &f.el), 0);

@@ -114,16 +114,27 @@ static void case_experts(struct fx *f)
     }
 }
 
+/* One BF16 trainer tensor `tname` [rows, cols] -> FP8 rollout tensor `rname` with its block
+ * scales `rname`_scale, sharded over the rollout as `shard` along `dim`. */
+static void fp8_case(struct fx *f, const char *trainer, const char *rollout, const char *tname,
+                     const char *rname, uint64_t rows, uint64_t cols, enum wb_shard_kind shard,
+                     uint32_t dim)
+{
+    fx_init(f);
+    CHECK_INT(fx_layouts(f, trainer, rollout), 0);
+    char sname[64];
+    snprintf(sname, sizeof(sname), "%s_scale", rname);
+    uint32_t t = fx_t(f, tname, WB_DTYPE_BF16, fx_shape(2, rows, cols));
+    uint32_t r = fx_r(f, rname, WB_DTYPE_FP8_E4M3, fx_shape(2, rows, cols));
+    uint32_t s = fx_r(f, sname, WB_DTYPE_FP32, fx_shape(2, (rows + 127) / 128, (cols + 127) / 128));
+    struct wb_mapping *m = fx_map(f, r, (int32_t)s, WB_XFORM_FP8_BLOCK, shard, dim);
+    fx_comp_full(f, m, t, fx_box(2, 0, rows, 0, cols));
+}
+
 /* FP8 with 64-row FSDP shards: every 128-row block straddles two owners -> amax mode. */
 static void case_fp8_straddle(struct fx *f)
 {
-    fx_init(f);
-    CHECK_INT(fx_layouts(f, FSDP4, "replicas: 1\n"), 0);
-    uint32_t t = fx_t(f, "w", WB_DTYPE_BF16, fx_shape(2, 256, 128));
-    uint32_t r = fx_r(f, "w", WB_DTYPE_FP8_E4M3, fx_shape(2, 256, 128));
-    uint32_t s = fx_r(f, "w_scale", WB_DTYPE_FP32, fx_shape(2, 2, 1));
-    struct wb_mapping *m = fx_map(f, r, (int32_t)s, WB_XFORM_FP8_BLOCK, WB_SHARD_REPLICATE, 0);
-    fx_comp_full(f, m, t, fx_box(2, 0, 256, 0, 128));
+    fp8_case(f, FSDP4, "replicas: 1\n", "w", "w", 256, 128, WB_SHARD_REPLICATE, 0);
 }
 
 static const char *const EXPECT_UNEVEN =
@@ -310,13 +321,7 @@ static void test_gather_mode(void)
  * destination gets one data write and one scale write and no COPY repacks anything. */
 static void case_fp8_cols(struct fx *f)
 {
-    fx_init(f);
-    CHECK_INT(fx_layouts(f, FSDP2, "replicas: 1\ntp: 2\n"), 0);
-    uint32_t t = fx_t(f, "wo", WB_DTYPE_BF16, fx_shape(2, 256, 512));
-    uint32_t r = fx_r(f, "o_proj", WB_DTYPE_FP8_E4M3, fx_shape(2, 256, 512));
-    uint32_t rs = fx_r(f, "o_proj_scale", WB_DTYPE_FP32, fx_shape(2, 2, 4));
-    struct wb_mapping *m = fx_map(f, r, (int32_t)rs, WB_XFORM_FP8_BLOCK, WB_SHARD_TP, 1);
-    fx_comp_full(f, m, t, fx_box(2, 0, 256, 0, 512));
+    fp8_case(f, FSDP2, "replicas: 1\ntp: 2\n", "wo", "o_proj", 256, 512, WB_SHARD_TP, 1);
 }
 
 static void test_fp8_cols(void)

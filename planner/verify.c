@@ -313,7 +313,10 @@ static int check_task(struct vctx *v, const struct wb_route_table *t, const stru
     /* Writes: what the ops produced, as sorted disjoint ranges (a binary search per write; a
      * task of 48 experts has 100 ops and 1000 writes). PARAM sources: the shard of the last
      * tensor looked up is kept. */
-    if (pr->n > 1)
+    bool sorted = true; /* usually: a task's TMP is handed out in rising offsets */
+    for (size_t i = 1; i < pr->n && sorted; i++)
+        sorted = VEC_AT(pr, struct range, i - 1)->a <= VEC_AT(pr, struct range, i)->a;
+    if (!sorted)
         qsort(pr->p, pr->n, sizeof(struct range), cmp_range);
     size_t nm = 0;
     struct range *R = pr->p;

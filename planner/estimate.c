@@ -100,6 +100,7 @@ struct rank_state {
     double h2d_left, gpu_left, sub_left; /* seconds of work left on the current task */
     uint32_t coll_k;                     /* next collective of the current coll task */
     bool coll_arrived;
+    const struct amx *blk; /* the amax rendezvous it arrived at and waits on, or NULL */
     uint64_t mem;
     uint32_t running;    /* admitted, not done */
     uint32_t wait_phase; /* the next task to admit, as admission needs it (its etask is far) */
@@ -1071,6 +1072,10 @@ static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct
 {
     struct rank_state *rs = &s->rs[r];
     int moved = 0;
+    /* waiting at a rendezvous: only it need be looked at (the passes come back to every rank) */
+    if (rs->blk && (!rs->blk->started || rs->blk->t_done > t + dt))
+        return 0;
+    rs->blk = NULL;
     while (rs->coll < rs->h2d) {
         struct etask *e = &s->task[rs->t0 + rs->coll];
         if (rs->coll_k < e->ncoll && (s->coll[e->c0 + rs->coll_k] & AMX_REF)) {
@@ -1084,8 +1089,10 @@ static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct
                 a->started = true;
                 a->t_done = t + hw->gather_s;
             }
-            if (!a->started || a->t_done > t + dt)
+            if (!a->started || a->t_done > t + dt) {
+                rs->blk = a;
                 break;
+            }
             rs->coll_k++;
             rs->coll_arrived = false;
             if (rs->coll_k < e->ncoll && (s->coll[e->c0 + rs->coll_k] & AMX_REF))

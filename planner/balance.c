@@ -346,10 +346,9 @@ static uint32_t largest(const int64_t *q, uint32_t n)
     return k;
 }
 
-/* The reference: each greedy group to the least-loaded candidate (lowest rank on ties). */
-/* The reference greedy: each group of demands to its least-loaded candidate, in order. It only
- * reads the demands' inputs and the sets' candidates, and writes rank[i] (demand i's one part,
- * all its units) and load, so it may run beside the phase solution. */
+/* The reference: each greedy group to the least-loaded candidate (lowest rank on ties), in
+ * order. It only reads the demands' inputs and the sets' candidates, and writes rank[i]
+ * (demand i's one part, all its units) and load, so it may run beside the phase solution. */
 static void greedy(const struct balance *b, uint64_t *load, uint32_t *rank)
 {
     memcpy(load, b->base, b->nranks * sizeof(uint64_t));

@@ -440,6 +440,12 @@ static int plan_exchanges(struct plan_ctx *c, const struct item *it)
         uint32_t k, q;
         if (!pl_rank_shard(c, t, A[i].rank, &k, &q))
             continue;
+        uint32_t key[2] = {A[i].ci, q};
+        bool dup = false; /* known already: its boxes need not be worked out */
+        for (size_t j = need.n; j-- > 0 && !dup;)
+            dup = memcmp(VEC_AT(&need, uint32_t, 2 * j), key, sizeof(key)) == 0;
+        if (dup)
+            continue;
         const struct wb_box B = *VEC_AT(&c->ibox, struct wb_box, ic->b0 + k);
         struct sd x;
         pl_asg_boxes(c, it, &A[i], &x);
@@ -447,11 +453,7 @@ static int plan_exchanges(struct plan_ctx *c, const struct item *it)
         struct wb_box e = pl_blocks_elems(&bl, &c->in->trainer->p[t].shape);
         if (wb_box_contains(&B, &e))
             continue;
-        uint32_t key[2] = {A[i].ci, q};
-        bool dup = false;
-        for (size_t j = 0; j < need.n && !dup; j++)
-            dup = memcmp(VEC_AT(&need, uint32_t, 2 * j), key, sizeof(key)) == 0;
-        if (!dup && !pl_vec_push(&need, key)) {
+        if (!pl_vec_push(&need, key)) {
             pl_vec_free(&need);
             return -ENOMEM;
         }

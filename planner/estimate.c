@@ -410,15 +410,12 @@ static int amx_room(struct sim *s, uint32_t tag)
         return 0;
     if (tag >= AMX_REF)
         return -E2BIG;
-    size_t n = s->namx ? s->namx : 1024;
-    while (n <= tag)
-        n *= 2;
-    struct amx *na = realloc(s->amx, n * sizeof(*na));
-    if (!na)
-        return -ENOMEM;
-    memset(na + s->namx, 0, (n - s->namx) * sizeof(*na));
-    s->amx = na;
-    s->namx = n;
+    while (s->namx <= tag) {
+        size_t old = s->namx;
+        if (wb_grow(&s->amx, &s->namx, 1024, sizeof(*s->amx)))
+            return -ENOMEM;
+        memset(s->amx + old, 0, (s->namx - old) * sizeof(*s->amx));
+    }
     return 0;
 }
 
@@ -432,13 +429,10 @@ static int gather_inst(struct sim *s, uint64_t key, uint32_t *id)
     if (*id < s->ninst)
         return 0;
     if (s->ninst == s->icap) {
-        size_t c = s->icap ? 2 * s->icap : 1024;
-        struct inst *ni = realloc(s->inst, c * sizeof(*ni));
-        if (!ni)
+        size_t old = s->icap;
+        if (wb_grow(&s->inst, &s->icap, 1024, sizeof(*s->inst)))
             return -ENOMEM;
-        memset(ni + s->icap, 0, (c - s->icap) * sizeof(*ni));
-        s->inst = ni;
-        s->icap = c;
+        memset(s->inst + old, 0, (s->icap - old) * sizeof(*s->inst));
     }
     s->ninst++;
     return 0;
@@ -1064,6 +1058,12 @@ static double run_stage(struct sim *s, struct rank_state *rs, uint32_t *idx, uin
     return busy;
 }
 
+/* Whether a rank at this amax rendezvous still waits at the end of the step starting at t. */
+static bool amx_waits(const struct amx *a, double t, double dt)
+{
+    return !a->started || a->t_done > t + dt;
+}
+
 /* The collective stage of one rank: passes every collective that completes within this step.
  * Returns 1 when it advanced, 0 when not, -1 on allocation failure. Collectives complete at
  * their own times (start = last arrival), so the caller repeats all ranks until none advances:
@@ -1073,23 +1073,22 @@ static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct
     struct rank_state *rs = &s->rs[r];
     int moved = 0;
     /* waiting at a rendezvous: only it need be looked at (the passes come back to every rank) */
-    if (rs->blk && (!rs->blk->started || rs->blk->t_done > t + dt))
+    if (rs->blk && amx_waits(rs->blk, t, dt))
         return 0;
     rs->blk = NULL;
     while (rs->coll < rs->h2d) {
         struct etask *e = &s->task[rs->t0 + rs->coll];
         if (rs->coll_k < e->ncoll && (s->coll[e->c0 + rs->coll_k] & AMX_REF)) {
             struct amx *a = &s->amx[s->coll[e->c0 + rs->coll_k] & ~AMX_REF];
-            if (!rs->coll_arrived) {
+            if (!rs->coll_arrived) { /* the last to arrive starts it */
                 rs->coll_arrived = true;
-                a->arrived++;
                 moved = 1;
+                if (++a->arrived == a->n) {
+                    a->started = true;
+                    a->t_done = t + hw->gather_s;
+                }
             }
-            if (!a->started && a->arrived == a->n) {
-                a->started = true;
-                a->t_done = t + hw->gather_s;
-            }
-            if (!a->started || a->t_done > t + dt) {
+            if (amx_waits(a, t, dt)) {
                 rs->blk = a;
                 break;
             }

@@ -154,12 +154,17 @@ WB_FP_FN uint64_t wb_splitmix64(uint64_t x)
 }
 
 /* Element `index` of the stream (key, scale): 24 random bits -> [-1, 1), exactly representable
- * in FP32, times the stream's power-of-two scale (every step exact, so host and device agree). */
+ * in FP32, times the stream's power-of-two scale, times 1, 1/2, 1/4 or 1/8 by runs of 2^14
+ * elements (every step exact, so host and device agree). The runs make magnitudes differ from
+ * one FP8 block to the next and from one FSDP shard to the next, as trained weights' do: with
+ * one magnitude everywhere, every shard's partial amax would be the block's, and a lost amax
+ * exchange would change no byte. */
 WB_FP_FN float wb_synth_at(uint64_t key, float scale, uint64_t index)
 {
     uint64_t u = wb_splitmix64(key + index);
     float x = (float)(int32_t)((u >> 40) & 0xffffff) * (1.0f / 8388608.0f) - 1.0f;
-    return x * scale;
+    uint32_t run = (uint32_t)(((key ^ (index >> 14)) * 0x9e3779b97f4a7c15ull) >> 62);
+    return x * scale * (1.0f / (float)(1u << run));
 }
 
 #endif /* WB_COMMON_FPBITS_H */

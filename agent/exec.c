@@ -770,44 +770,54 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
         tk->sub = 2;
         return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
     }
-    case 2: { /* to the peer */
-        struct peer *p = a->peer < t->ntrainers ? &d->tpeer[a->peer] : NULL;
-        if (!p || !p->present || !p->has_amax) {
-            fail(d, "trainer rank %u published no amax inbox", a->peer);
-            return -EINVAL;
+    case 2: { /* the one partial to every peer */
+        for (uint32_t k = 0; k < a->npeers; k++) {
+            const struct wb_rt_amax_peer *pe = &t->amax_peers[a->peer0 + k];
+            struct peer *p = &d->tpeer[pe->rank]; /* decode checked the rank */
+            if (!p->present || !p->has_amax) {
+                fail(d, "trainer rank %u published no amax inbox", pe->rank);
+                return -EINVAL;
+            }
+            struct wb_tx_write w = {.src = d->amax_out_mr,
+                                    .src_off = d->amax_out_off[opi],
+                                    .peer = p->idx,
+                                    .dst = &p->amaxbox,
+                                    .dst_off = pe->peer_inbox_off,
+                                    .len = nb,
+                                    .has_imm = true,
+                                    .imm = imm_make(IMM_AMAX, d->epoch, pe->tag)};
+            if ((rc = post(d, tk, ti, &w, WB_ROLE_TRAINER, pe->rank)) != 0)
+                return rc;
         }
-        struct wb_tx_write w = {.src = d->amax_out_mr,
-                                .src_off = d->amax_out_off[opi],
-                                .peer = p->idx,
-                                .dst = &p->amaxbox,
-                                .dst_off = a->peer_inbox_off,
-                                .len = nb,
-                                .has_imm = true,
-                                .imm = imm_make(IMM_AMAX, d->epoch, a->tag)};
-        if ((rc = post(d, tk, ti, &w, WB_ROLE_TRAINER, a->peer)) != 0)
-            return rc;
         tk->sub = 3;
     }
     /* fall through */
-    case 3: { /* the peer's partials, merged into the task's amax grid */
-        if (a->tag > d->max_amax_tag || !d->amax_arrived[a->tag])
-            return STEP_WAIT;
-        const float *in = (const float *)((uint8_t *)d->amax_in + a->inbox_off);
+    case 3: { /* every peer's partial, merged into the task's amax grid */
+        const struct wb_rt_amax_peer *P = &t->amax_peers[a->peer0];
+        for (uint32_t k = 0; k < a->npeers; k++)
+            if (P[k].tag > d->max_amax_tag || !d->amax_arrived[P[k].tag])
+                return STEP_WAIT;
         if (!d->gpu) {
-            ag_ops_amax_into_grid(c, op, in, (float *)(c->tmp + a->amax_off));
+            for (uint32_t k = 0; k < a->npeers; k++)
+                ag_ops_amax_into_grid(c, op,
+                                      (const float *)((uint8_t *)d->amax_in + P[k].inbox_off),
+                                      (float *)(c->tmp + a->amax_off));
             break;
         }
         if (!tk->h[2] && (rc = ag_host_alloc(d->scratch_bytes, &tk->h[2])) != 0)
             return rc;
-        if ((rc = ag_copy_async(tk->h[2], in, nb, d->stream)) != 0)
-            return rc;
+        for (uint32_t k = 0; k < a->npeers; k++)
+            if ((rc = ag_copy_async((uint8_t *)tk->h[2] + k * nb,
+                                    (const uint8_t *)d->amax_in + P[k].inbox_off, nb, d->stream)))
+                return rc;
         tk->sub = 4;
         return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
     }
     case 4: { /* GPU: spread on the host, merge on the device */
         uint64_t gb = ag_ops_grid_bytes(t, a->grid);
         memset(tk->h[1], 0, gb);
-        ag_ops_amax_into_grid(c, op, tk->h[2], tk->h[1]);
+        for (uint32_t k = 0; k < a->npeers; k++)
+            ag_ops_amax_into_grid(c, op, (const float *)((uint8_t *)tk->h[2] + k * nb), tk->h[1]);
         if ((rc = ag_copy_async(d->scratch[0], tk->h[1], gb, d->stream)) != 0 ||
             (rc = ag_amax_merge_async((float *)(c->tmp + a->amax_off), d->scratch[0],
                                       gb / sizeof(float), d->stream)) != 0)

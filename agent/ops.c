@@ -293,15 +293,11 @@ void ag_ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, con
     /* Spread the peer's values over the grid's layout, then merge (zero is neutral: amax >= 0,
      * and a NaN still wins). On a GPU `grid` is a host array merged on the device later. */
     uint64_t n = wb_box_numel(gr);
-    float *spread = grid;
-    if (!c->d->gpu) {
-        spread = c->d->hscratch;
-        memset(spread, 0, n * sizeof(float));
-    }
+    float *spread = c->d->hscratch;
+    memset(spread, 0, n * sizeof(float));
     struct mv m = {spread, peer};
     walk2(&in, gr, bl, put_a_from_b, &m);
-    if (!c->d->gpu)
-        wb_quant_fp8_amax_merge(grid, spread, n);
+    wb_quant_fp8_amax_merge(grid, spread, n);
 }
 
 int ag_ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint32_t member,
@@ -326,8 +322,12 @@ uint64_t ag_ops_scratch_need(const struct wb_route_table *t)
             n = wb_box_numel(wb_rt_box(t, op->copy.src_box)) * 4;
         else if (op->kind == WB_OP_QUANT)
             n = wb_box_numel(wb_rt_box(t, op->quant.src_box)) * 4;
-        else if (op->kind == WB_OP_AMAX)
+        else if (op->kind == WB_OP_AMAX) { /* also every peer's partial, staged together */
             n = wb_box_numel(wb_rt_box(t, op->amax.src_box)) * 4;
+            uint64_t in =
+                (uint64_t)op->amax.npeers * wb_box_numel(wb_rt_box(t, op->amax.blocks)) * 4;
+            n = in > n ? in : n;
+        }
         if (n > need)
             need = n;
     }

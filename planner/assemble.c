@@ -46,6 +46,7 @@ int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
         t->tasks = take(&ro->tasks, &t->ntasks);
         t->ops = take(&ro->ops, &t->nops);
         t->peers = take(&ro->peers, &t->npeers);
+        t->amax_peers = take(&ro->apeers, &t->namax_peers);
         if (ro->boxes.err || ro->shapes.err)
             return -ENOMEM;
         t->boxes = take(&ro->boxes.v, &t->nboxes);
@@ -76,6 +77,7 @@ int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
         p->stats.h2d_bytes += ro->h2d;
         p->stats.tasks += t->ntasks;
         p->stats.ops += t->nops;
+        p->stats.amax_peers += t->namax_peers;
         p->stats.writes += ro->nwrites;
         p->stats.records += t->nwrites;
         p->stats.total_bytes += ro->send;

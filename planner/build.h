@@ -116,7 +116,7 @@ struct peer_ids {
 
 /* Per trainer rank output under construction. */
 struct rank_out {
-    struct vec tasks, ops, writes, peers, amax;
+    struct vec tasks, ops, writes, peers, amax, apeers; /* apeers: AMAX ops' peers */
     struct intern boxes, shapes;
     struct peer_ids pcache[PEER_CACHE];
     uint64_t send, gather_in, h2d;
@@ -178,6 +178,7 @@ struct plan_ctx {
     uint64_t gathers, amax_ops;
     /* scratch */
     struct vec sub, asg, xc, icomp, ibox, iset, dem, sd;
+    struct vec xmine; /* emit_component: the exchanges of one rank (indices into xc) */
     size_t demand_cursor;
     uint32_t *dem0; /* per item (+1): its first balanced demand in bal.demands */
     struct stamp st;

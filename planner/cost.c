@@ -157,8 +157,9 @@ static void measure(const struct plan_ctx *c, const struct item *it, struct ccos
         G->gather_in += (double)full * (n - 1) / n;
         G->ngathers++;
         D->tmp += full / n;
-        /* amax: every shard edge inside a 128-block along a blocked dim is an exchange for
-         * the two owners (once per replica of the shard pair) */
+        /* amax: every shard edge inside a 128-block along a blocked dim puts its two owners in
+         * an exchange; an owner has one AMAX op for all its exchanges over the same blocks, so
+         * the ops are the owners with an edge (at most n; once per replica of the shards) */
         if (fp8 && !ic->aligned) {
             uint32_t straddles = 0;
             for (uint32_t k = 0; k < ic->nk; k++) {
@@ -167,8 +168,9 @@ static void measure(const struct plan_ctx *c, const struct item *it, struct ccos
                     if (qblock(B->ndim, d) > 1 && B->ext[d] && B->off[d] % WB_FP8_BLOCK)
                         straddles++;
             }
-            D->colls += 2.0 * straddles * (members / n) / members;
-            D->ops += 2.0 * straddles * (members / n) / members;
+            double owners = 2.0 * straddles < n ? 2.0 * straddles : (double)n;
+            D->colls += owners * (members / n) / members;
+            D->ops += owners * (members / n) / members;
         }
     }
     /* each member holds one shard of each component */

@@ -584,15 +584,19 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
         return 0;
     const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, ci);
     const struct wb_box B = *VEC_AT(&c->ibox, struct wb_box, ic->b0 + k);
-    /* exchanges this rank takes part in for this component */
-    size_t nx = 0;
-    size_t x0 = 0, x1 = 0; /* exchanges of this component: xc is sorted by component */
+    /* exchanges this rank takes part in for this component (xc is sorted by component) */
+    size_t x0 = 0;
     while (x0 < c->xc.n && VEC_AT(&c->xc, struct xchg, x0)->ci < ci)
         x0++;
-    for (x1 = x0; x1 < c->xc.n && VEC_AT(&c->xc, struct xchg, x1)->ci == ci; x1++) {
-        const struct xchg *x = VEC_AT(&c->xc, struct xchg, x1);
-        nx += x->a == ts->rank || x->b == ts->rank;
+    c->xmine.n = 0;
+    for (size_t i = x0; i < c->xc.n && VEC_AT(&c->xc, struct xchg, i)->ci == ci; i++) {
+        const struct xchg *x = VEC_AT(&c->xc, struct xchg, i);
+        uint32_t xi = (uint32_t)i;
+        if ((x->a == ts->rank || x->b == ts->rank) && !pl_vec_push(&c->xmine, &xi))
+            return -ENOMEM;
     }
+    size_t nx = c->xmine.n;
+    const uint32_t *XM = c->xmine.p;
     if (!gather && na == 0 && nx == 0)
         return 0;
 
@@ -644,10 +648,8 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
             }
             R = box_bbox(&R, &need);
         }
-        for (size_t i = x0; i < x1; i++) {
-            const struct xchg *x = VEC_AT(&c->xc, struct xchg, i);
-            if (x->ci != ci || (x->a != ts->rank && x->b != ts->rank))
-                continue;
+        for (size_t i = 0; i < nx; i++) {
+            const struct xchg *x = VEC_AT(&c->xc, struct xchg, XM[i]);
             struct wb_box e = pl_blocks_elems(&x->blocks, sh), need;
             wb_box_intersect(&e, &B, &need);
             R = box_bbox(&R, &need);
@@ -713,27 +715,39 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
     uint64_t amax_off = (uint64_t)WB_RT_NONE;
     if (nx && na)
         amax_off = tmp_alloc(ts, wb_box_numel(&grid) * 4);
-    for (size_t i = x0; i < x1; i++) {
-        const struct xchg *x = VEC_AT(&c->xc, struct xchg, i);
-        if (x->ci != ci || (x->a != ts->rank && x->b != ts->rank))
+    /* one AMAX op per distinct block box, with every peer that shares exactly those blocks
+     * (an expert's 64-way FSDP shard: its 3 fellow owners of a 128-row block row) */
+    for (size_t i = 0; i < nx; i++) {
+        const struct xchg *x = VEC_AT(&c->xc, struct xchg, XM[i]);
+        bool first = true;
+        for (size_t j = 0; j < i && first; j++)
+            first = !wb_box_eq(&VEC_AT(&c->xc, struct xchg, XM[j])->blocks, &x->blocks);
+        if (!first)
             continue;
-        bool me_a = x->a == ts->rank;
         struct wb_rt_op *op = push_op(ts, WB_OP_AMAX, t);
         if (!op)
             return -ENOMEM;
         struct wb_box e = pl_blocks_elems(&x->blocks, sh), reg;
         wb_box_intersect(&e, &B, &reg);
-        op->amax.peer = me_a ? x->b : x->a;
-        op->amax.tag = x->tag;
         struct wb_box rel = box_rel(&reg, &sv.cover);
+        op->amax.peer0 = (uint32_t)ts->ro->apeers.n;
         op->amax.src = rtv(ts, &sv);
         op->amax.src_box = bx(ts, &rel);
         op->amax.region = bx(ts, &reg);
         op->amax.blocks = bx(ts, &x->blocks);
-        op->amax.inbox_off = me_a ? x->slot_a : x->slot_b;
-        op->amax.peer_inbox_off = me_a ? x->slot_b : x->slot_a;
         op->amax.amax_off = amax_off;
         op->amax.grid = bx(ts, &grid);
+        for (size_t j = i; j < nx; j++) {
+            const struct xchg *y = VEC_AT(&c->xc, struct xchg, XM[j]);
+            if (j > i && !wb_box_eq(&y->blocks, &x->blocks))
+                continue;
+            bool me_a = y->a == ts->rank;
+            struct wb_rt_amax_peer pe = {me_a ? y->b : y->a, y->tag, me_a ? y->slot_b : y->slot_a,
+                                         me_a ? y->slot_a : y->slot_b};
+            if (!pl_vec_push(&ts->ro->apeers, &pe))
+                return -ENOMEM;
+        }
+        op->amax.npeers = (uint32_t)ts->ro->apeers.n - op->amax.peer0;
         c->amax_ops++;
         ts->coll = true;
     }

@@ -24,6 +24,7 @@ struct rank_out *pl_rank_outs_new(uint32_t n)
         pl_vec_init(&ro[k].writes, sizeof(struct wb_rt_write));
         pl_vec_init(&ro[k].peers, sizeof(struct wb_rt_peer));
         pl_vec_init(&ro[k].amax, sizeof(struct wb_rt_expect));
+        pl_vec_init(&ro[k].apeers, sizeof(struct wb_rt_amax_peer));
         pl_intern_init(&ro[k].boxes, sizeof(struct wb_box));
         pl_intern_init(&ro[k].shapes, sizeof(struct wb_shape));
     }
@@ -33,7 +34,7 @@ struct rank_out *pl_rank_outs_new(uint32_t n)
 /* Empties a table, keeping its arrays' memory. */
 static void rank_out_reset(struct rank_out *ro)
 {
-    ro->tasks.n = ro->ops.n = ro->writes.n = ro->peers.n = ro->amax.n = 0;
+    ro->tasks.n = ro->ops.n = ro->writes.n = ro->peers.n = ro->amax.n = ro->apeers.n = 0;
     pl_intern_free(&ro->boxes);
     pl_intern_free(&ro->shapes);
     pl_intern_init(&ro->boxes, sizeof(struct wb_box));
@@ -51,6 +52,7 @@ void pl_rank_outs_free(struct rank_out *ro, uint32_t n)
         pl_vec_free(&ro[r].writes);
         pl_vec_free(&ro[r].peers);
         pl_vec_free(&ro[r].amax);
+        pl_vec_free(&ro[r].apeers);
         pl_intern_free(&ro[r].boxes);
         pl_intern_free(&ro[r].shapes);
         for (int k = 0; k < PEER_CACHE; k++)
@@ -175,6 +177,7 @@ void pl_scratch_init(struct plan_ctx *c)
     pl_vec_init(&c->iset, sizeof(int64_t));
     pl_vec_init(&c->dem, sizeof(struct dem));
     pl_vec_init(&c->sd, sizeof(struct sd));
+    pl_vec_init(&c->xmine, sizeof(uint32_t));
 }
 
 void pl_scratch_free(struct plan_ctx *c)
@@ -192,6 +195,7 @@ void pl_scratch_free(struct plan_ctx *c)
     pl_vec_free(&c->iset);
     pl_vec_free(&c->dem);
     pl_vec_free(&c->sd);
+    pl_vec_free(&c->xmine);
 }
 
 /* Pass 3's counters, zeroed: receive counts, gather ordinals, collective phases, inbox
@@ -251,7 +255,7 @@ static int emit_thread_init(struct emit_thread *t, const struct plan_ctx *c, con
  * grown step by step instead are copied at every step and their pages faulted again. */
 static int presize(struct plan_ctx *c)
 {
-    enum { NV = 5 }; /* tasks, ops, writes, peers, amax */
+    enum { NV = 6 }; /* tasks, ops, writes, peers, amax, amax peers */
     struct emit_thread t;
     memset(&t, 0, sizeof(t));
     int r = emit_thread_init(&t, c, NULL, 0);
@@ -289,6 +293,7 @@ static int presize(struct plan_ctx *c)
                 v[2] = ro->writes.n;
                 v[3] = ro->peers.n;
                 v[4] = ro->amax.n;
+                v[5] = ro->apeers.n;
                 rank_out_reset(ro);
             }
         }
@@ -306,7 +311,7 @@ static int presize(struct plan_ctx *c)
         ro->want_writes = d[2];
         if (pl_vec_reserve(&ro->tasks, d[0]) || pl_vec_reserve(&ro->ops, d[1]) ||
             pl_vec_reserve(&ro->writes, d[2]) || pl_vec_reserve(&ro->peers, d[3]) ||
-            pl_vec_reserve(&ro->amax, d[4]))
+            pl_vec_reserve(&ro->amax, d[4]) || pl_vec_reserve(&ro->apeers, d[5]))
             r = -ENOMEM;
     }
     pl_rank_outs_free(w->ro, c->nt);

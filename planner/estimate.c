@@ -63,6 +63,7 @@ struct pev {
 
 struct etask {
     uint32_t rank, phase, ncoll, ninst, nflow, f0;
+    uint32_t nlaunch; /* collective ops (an AMAX op has a ref per peer, one launch) */
     uint64_t tmp, write_bytes, h2d_bytes, quant_bytes, gather_bytes;
     double h2d_s, gpu_s, submit_s;
     uint32_t c0;      /* collectives at est.coll[c0 .. c0+ncoll) */
@@ -87,7 +88,10 @@ struct amx {
     double t_done;
 };
 
-enum { AMX_REF = 1u << 31 };
+/* AMX_MORE marks a ref that belongs to the same AMAX op as the one before it: a rank arrives
+ * at every exchange of an op at once (it sends its partial to all its peers), then waits for
+ * each. */
+enum { AMX_REF = 1u << 31, AMX_MORE = 1u << 30, AMX_TAG = AMX_MORE - 1 };
 
 struct rflow {
     uint32_t inst, src, dst;
@@ -408,7 +412,7 @@ static int amx_room(struct sim *s, uint32_t tag)
 {
     if (tag < s->namx)
         return 0;
-    if (tag >= AMX_REF)
+    if (tag > AMX_TAG)
         return -E2BIG;
     while (s->namx <= tag) {
         size_t old = s->namx;
@@ -446,7 +450,7 @@ struct reader {
     struct sim *s;
     const struct wb_plan_input *in;
     struct vec *rflows;          /* NULL for a parallel reader */
-    const size_t *tbase, *obase; /* per rank: first task, first op (plan-wide) */
+    const size_t *tbase, *obase; /* per rank: first task, first collective ref (plan-wide) */
     uint32_t r0, r1;
     struct vec flow;
     uint32_t *seen; /* dst -> flow + 1 */
@@ -475,23 +479,26 @@ static int read_op(struct reader *rd, const struct wb_route_table *t, uint32_t r
         return 0;
     }
     case WB_OP_AMAX: {
-        uint32_t tag = op->amax.tag;
-        if (!rd->rflows) { /* parallel: the array must be there, counts are atomic */
-            if (tag >= s->namx) {
-                rd->stop = true;
-                return 0;
+        for (uint32_t k = 0; k < op->amax.npeers; k++) {
+            uint32_t tag = t->amax_peers[op->amax.peer0 + k].tag;
+            if (!rd->rflows) { /* parallel: the array must be there, counts are atomic */
+                if (tag >= s->namx) {
+                    rd->stop = true;
+                    return 0;
+                }
+                if (__atomic_load_n(&s->amx[tag].n, __ATOMIC_RELAXED) < UINT16_MAX)
+                    __atomic_fetch_add(&s->amx[tag].n, 1, __ATOMIC_RELAXED);
+            } else {
+                int err = amx_room(s, tag);
+                if (err)
+                    return err;
+                if (s->amx[tag].n < UINT16_MAX)
+                    s->amx[tag].n++;
             }
-            if (__atomic_load_n(&s->amx[tag].n, __ATOMIC_RELAXED) < UINT16_MAX)
-                __atomic_fetch_add(&s->amx[tag].n, 1, __ATOMIC_RELAXED);
-        } else {
-            int err = amx_room(s, tag);
-            if (err)
-                return err;
-            if (s->amx[tag].n < UINT16_MAX)
-                s->amx[tag].n++;
+            s->coll[(*ci)++] = AMX_REF | (k ? AMX_MORE : 0) | tag;
+            e->ncoll++;
         }
-        s->coll[(*ci)++] = AMX_REF | tag;
-        e->ncoll++;
+        e->nlaunch++;
         return 0;
     }
     case WB_OP_GATHER:
@@ -530,6 +537,7 @@ static int read_op(struct reader *rd, const struct wb_route_table *t, uint32_t r
     }
     s->coll[(*ci)++] = id;
     e->ncoll++;
+    e->nlaunch++;
     return 0;
 }
 
@@ -554,8 +562,9 @@ static void *read_ranks(void *arg)
             e->c0 = (uint32_t)ci;
             /* the rendezvous are far apart in memory: asked for ahead */
             for (uint32_t o = T->op0; o < T->op0 + T->nops; o++)
-                if (t->ops[o].kind == WB_OP_AMAX && t->ops[o].amax.tag < s->namx)
-                    __builtin_prefetch(&s->amx[t->ops[o].amax.tag], 1);
+                for (uint32_t k = 0; t->ops[o].kind == WB_OP_AMAX && k < t->ops[o].amax.npeers; k++)
+                    if (t->amax_peers[t->ops[o].amax.peer0 + k].tag < s->namx)
+                        __builtin_prefetch(&s->amx[t->amax_peers[t->ops[o].amax.peer0 + k].tag], 1);
             for (uint32_t o = T->op0; o < T->op0 + T->nops && !rd->err && !rd->stop; o++)
                 rd->err = read_op(rd, t, r, &t->ops[o], e, &ci);
             e->h2d_s = (double)e->h2d_bytes / hw->h2d_Bps;
@@ -584,7 +593,7 @@ static void *read_ranks(void *arg)
             /* the executor's one CPU thread launches the task's GPU ops and collectives and
              * posts its writes: all of that is CPU time on the rank's critical path */
             e->submit_s =
-                posts * hw->write_submit_s + T->nops * hw->kernel_s + e->ncoll * hw->gather_s;
+                posts * hw->write_submit_s + T->nops * hw->kernel_s + e->nlaunch * hw->gather_s;
         }
     }
     return NULL;
@@ -606,11 +615,12 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
         tbase[r] = ntask;
         obase[r] = nops;
         ntask += p->tables[r].ntasks;
-        nops += p->tables[r].nops;
+        /* collective refs: at most one per op, and one per AMAX peer */
+        nops += p->tables[r].nops + p->tables[r].namax_peers;
     }
     s->ntask = ntask;
     s->task = calloc(ntask + 1, sizeof(*s->task));
-    s->coll = malloc((nops + 1) * sizeof(uint32_t)); /* a rank's refs from its op base on */
+    s->coll = malloc((nops + 1) * sizeof(uint32_t)); /* a rank's refs from its base on */
     s->rs = calloc(nt ? nt : 1, sizeof(*s->rs));
     struct reader rd[2];
     memset(rd, 0, sizeof(rd));
@@ -1079,13 +1089,19 @@ static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct
     while (rs->coll < rs->h2d) {
         struct etask *e = &s->task[rs->t0 + rs->coll];
         if (rs->coll_k < e->ncoll && (s->coll[e->c0 + rs->coll_k] & AMX_REF)) {
-            struct amx *a = &s->amx[s->coll[e->c0 + rs->coll_k] & ~AMX_REF];
-            if (!rs->coll_arrived) { /* the last to arrive starts it */
+            const uint32_t *ref = &s->coll[e->c0 + rs->coll_k];
+            struct amx *a = &s->amx[ref[0] & AMX_TAG];
+            if (!rs->coll_arrived) { /* at every exchange of the op; the last to arrive starts it */
                 rs->coll_arrived = true;
                 moved = 1;
-                if (++a->arrived == a->n) {
-                    a->started = true;
-                    a->t_done = t + hw->gather_s;
+                for (uint32_t j = 0; rs->coll_k + j < e->ncoll; j++) {
+                    if (j && !(ref[j] & AMX_MORE))
+                        break;
+                    struct amx *b = &s->amx[ref[j] & AMX_TAG];
+                    if (++b->arrived == b->n) {
+                        b->started = true;
+                        b->t_done = t + hw->gather_s;
+                    }
                 }
             }
             if (amx_waits(a, t, dt)) {
@@ -1093,9 +1109,10 @@ static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct
                 break;
             }
             rs->coll_k++;
-            rs->coll_arrived = false;
-            if (rs->coll_k < e->ncoll && (s->coll[e->c0 + rs->coll_k] & AMX_REF))
-                __builtin_prefetch(&s->amx[s->coll[e->c0 + rs->coll_k] & ~AMX_REF], 1);
+            /* the op's next exchange was arrived at with this one */
+            rs->coll_arrived = rs->coll_k < e->ncoll && (ref[1] & AMX_REF) && (ref[1] & AMX_MORE);
+            if (rs->coll_k < e->ncoll && (ref[1] & AMX_REF))
+                __builtin_prefetch(&s->amx[ref[1] & AMX_TAG], 1);
             moved = 1;
             continue;
         }
@@ -1146,7 +1163,7 @@ static void coll_account(struct sim *s, uint32_t r, double dt)
     if (rs->coll_k >= e->ncoll)
         return;
     uint32_t ref = s->coll[e->c0 + rs->coll_k];
-    if (ref & AMX_REF ? s->amx[ref & ~AMX_REF].started : s->inst[ref].started)
+    if (ref & AMX_REF ? s->amx[ref & AMX_TAG].started : s->inst[ref].started)
         rs->busy_coll += dt;
     else
         rs->wait_coll += dt;
@@ -1193,7 +1210,7 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     int rc = s.phash ? build(&s, in, &rflows) : -ENOMEM;
     t_build = wb_now_ns() - t_build;
     if (rc == -E2BIG) {
-        wb_errlist_add(el, "estimate: an amax exchange tag is 2^31 or more");
+        wb_errlist_add(el, "estimate: an amax exchange tag is 2^30 or more");
         rc = -WB_E_PLAN;
     }
     pl_vec_free(&rflows);

@@ -17,9 +17,9 @@
 
 #include "planner/plan_int.h"
 
-/* 4: write records with their replica fan-out; 3: self-contained, compact arrays; 2: jansson
- * objects */
-enum { JSON_FORMAT = 4 };
+/* 5: an amax op lists its peers; 4: write records with their replica fan-out; 3:
+ * self-contained, compact arrays; 2: jansson objects */
+enum { JSON_FORMAT = 5 };
 
 struct jw {
     FILE *f;
@@ -167,8 +167,9 @@ static const char *const layouts[][2] = {
     {"op.h2d", "[\"h2d\", tensor, src_off, bytes, dst_off]"},
     {"op.gather", "[\"gather\", tensor, src view, dst view, mesh, seq, bytes_in, [rank, box "
                   "index, ...] (every member, this rank included)]"},
-    {"op.amax", "[\"amax\", tensor, peer, tag, src view, src_box, region, blocks, grid, "
-                "peer_inbox_off, inbox_off, amax_off (-1: none)] (boxes are indices)"},
+    {"op.amax", "[\"amax\", tensor, src view, src_box, region, blocks, grid, amax_off (-1: "
+                "none), [peer, tag, peer_inbox_off, inbox_off, ...] (every peer sharing the "
+                "blocks)] (boxes are indices)"},
     {"op.copy", "[\"copy\" or \"cast\", tensor, src view, src_box, dst view, dst_box]"},
     {"op.quant", "[\"quant\", tensor, src view, src_box, dst view, region, grid, scale_off, "
                  "amax_off (-1: none)]: FP8 values at dst, FP32 scales (grid extents) at "
@@ -225,18 +226,25 @@ static void jw_op(struct jw *w, const struct wb_route_table *t, const struct wb_
     case WB_OP_AMAX:
         jw_raw(w, "[\"amax\",");
         jw_u64(w, o->tensor);
-        jw_cu(w, o->amax.peer);
-        jw_cu(w, o->amax.tag);
         jw_ch(w, ',');
         jw_view(w, &o->amax.src);
         jw_cu(w, o->amax.src_box);
         jw_cu(w, o->amax.region);
         jw_cu(w, o->amax.blocks);
         jw_cu(w, o->amax.grid);
-        jw_cu(w, o->amax.peer_inbox_off);
-        jw_cu(w, o->amax.inbox_off);
         jw_ch(w, ',');
         jw_opt(w, o->amax.amax_off, (uint64_t)WB_RT_NONE);
+        jw_raw(w, ",[");
+        for (uint32_t i = 0; i < o->amax.npeers; i++) {
+            const struct wb_rt_amax_peer *pe = &t->amax_peers[o->amax.peer0 + i];
+            if (i)
+                jw_ch(w, ',');
+            jw_u64(w, pe->rank);
+            jw_cu(w, pe->tag);
+            jw_cu(w, pe->peer_inbox_off);
+            jw_cu(w, pe->inbox_off);
+        }
+        jw_ch(w, ']');
         break;
     case WB_OP_COPY:
     case WB_OP_CAST:
@@ -583,6 +591,8 @@ int wb_plan_write_json(const struct wb_plan *p, const struct wb_plan_input *in, 
     jw_u64(w, s->gathers);
     jw_raw(w, ",\"amax_ops\":");
     jw_u64(w, s->amax_ops);
+    jw_raw(w, ",\"amax_exchanges\":");
+    jw_u64(w, s->amax_peers);
     jw_raw(w, ",\"pieces\":{\"direct\":");
     jw_u64(w, s->pieces[WB_MODE_DIRECT]);
     jw_raw(w, ",\"amax\":");

@@ -244,8 +244,9 @@ struct wb_plan_mesh {
 
 /* Summary figures; sender/receiver arrays are indexed by rank. */
 struct wb_plan_stats {
-    uint64_t tensors, mappings, items, tasks, ops, amax_ops, gathers;
-    uint64_t writes;       /* single writes */
+    uint64_t tensors, mappings, items, tasks, ops, gathers;
+    uint64_t amax_ops, amax_peers; /* AMAX ops, and their peers (one exchange each) */
+    uint64_t writes;               /* single writes */
     uint64_t records;      /* write records (a record fans out to replicas: struct wb_rt_write) */
     uint64_t pieces[4];    /* (item, rollout GPU) pieces per mode, indexed by enum wb_plan_mode */
     uint64_t total_bytes;  /* sum of all writes */

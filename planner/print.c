@@ -76,15 +76,17 @@ void wb_route_table_print(const struct wb_route_table *t, const struct wb_plan_i
                     fprintf(f, " in %" PRIu64 "\n", op->gather.bytes_in);
                     break;
                 case WB_OP_AMAX:
-                    fprintf(f,
-                            "    amax %s peer %u tag %u region %s blocks %s inbox %" PRIu64
-                            " peer-inbox %" PRIu64 " grid %s amax ",
-                            tn, op->amax.peer, op->amax.tag,
+                    fprintf(f, "    amax %s region %s blocks %s grid %s amax ", tn,
                             wb_box_str(wb_rt_box(t, op->amax.region), a, sizeof(a)),
                             wb_box_str(wb_rt_box(t, op->amax.blocks), b, sizeof(b)),
-                            op->amax.inbox_off, op->amax.peer_inbox_off,
                             wb_box_str(wb_rt_box(t, op->amax.grid), c, sizeof(c)));
                     print_off(f, op->amax.amax_off);
+                    fprintf(f, " peers");
+                    for (uint32_t p = 0; p < op->amax.npeers; p++) {
+                        const struct wb_rt_amax_peer *pe = &t->amax_peers[op->amax.peer0 + p];
+                        fprintf(f, " %u (tag %u inbox %" PRIu64 " peer-inbox %" PRIu64 ")",
+                                pe->rank, pe->tag, pe->inbox_off, pe->peer_inbox_off);
+                    }
                     fprintf(f, "\n");
                     break;
                 case WB_OP_COPY:
@@ -244,8 +246,8 @@ void wb_plan_print_summary(const struct wb_plan *p, const struct wb_plan_input *
             s->pieces[WB_MODE_DIRECT], s->pieces[WB_MODE_AMAX], s->pieces[WB_MODE_GATHER]);
     fprintf(f,
             "  entries: %" PRIu64 " tasks, %" PRIu64 " ops (%" PRIu64 " gathers, %" PRIu64
-            " amax exchanges), %" PRIu64 " writes in %" PRIu64 " records\n",
-            s->tasks, s->ops, s->gathers, s->amax_ops, s->writes, s->records);
+            " amax ops of %" PRIu64 " exchanges), %" PRIu64 " writes in %" PRIu64 " records\n",
+            s->tasks, s->ops, s->gathers, s->amax_ops, s->amax_peers, s->writes, s->records);
     fprintf(f, "  bytes: %s written, %s gathered, %s host-to-device\n",
             wb_fmt_bytes(s->total_bytes, a, sizeof(a)), wb_fmt_bytes(s->gather_bytes, b, sizeof(b)),
             wb_fmt_bytes(s->h2d_bytes, c, sizeof(c)));

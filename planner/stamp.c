@@ -56,7 +56,7 @@ struct stamp_rep {
 
 /* One mesh position of a representative's pass-3 output: ranges in its rank's vectors. */
 struct stamp_rank {
-    uint32_t task0, task1, op0, op1, w0, w1, p0, p1, a0, a1;
+    uint32_t task0, task1, op0, op1, w0, w1, p0, p1, a0, a1, x0, x1; /* x: AMAX peers */
     uint32_t box0, nbox, shp0, nshp; /* first-use lists in st->p3u32 */
     uint64_t inbox0, inbox1, send, gin, h2d, nwrites;
 };
@@ -431,6 +431,7 @@ int pl_stamp_emit_begin(struct plan_ctx *c, uint32_t i)
         sr->w0 = (uint32_t)ro->writes.n;
         sr->p0 = (uint32_t)ro->peers.n;
         sr->a0 = (uint32_t)ro->amax.n;
+        sr->x0 = (uint32_t)ro->apeers.n;
         sr->send = ro->send;
         sr->gin = ro->gather_in;
         sr->h2d = ro->h2d;
@@ -511,6 +512,7 @@ int pl_stamp_emit_end(struct plan_ctx *c, uint32_t i)
         sr->w1 = (uint32_t)ro->writes.n;
         sr->p1 = (uint32_t)ro->peers.n;
         sr->a1 = (uint32_t)ro->amax.n;
+        sr->x1 = (uint32_t)ro->apeers.n;
         sr->send = ro->send - sr->send;
         sr->gin = ro->gather_in - sr->gin;
         sr->h2d = ro->h2d - sr->h2d;
@@ -646,10 +648,10 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
     const struct wb_mapping *mx = pl_ctx_map(c, x->mapping), *my = pl_ctx_map(c, y->mapping);
     int64_t dr = st->dr[yi], dl = st->dl[yi];
     uint32_t nops = sr->op1 - sr->op0, nw = sr->w1 - sr->w0, np = sr->p1 - sr->p0;
-    uint32_t nt = sr->task1 - sr->task0, na = sr->a1 - sr->a0;
+    uint32_t nt = sr->task1 - sr->task0, na = sr->a1 - sr->a0, nx = sr->x1 - sr->x0;
     if (pl_vec_reserve(&dst->tasks, nt) || pl_vec_reserve(&dst->ops, nops) ||
         pl_vec_reserve(&dst->writes, nw) || pl_vec_reserve(&dst->peers, np) ||
-        pl_vec_reserve(&dst->amax, na))
+        pl_vec_reserve(&dst->amax, na) || pl_vec_reserve(&dst->apeers, nx))
         return -ENOMEM;
     struct renum bx = {0, NULL}, sh = {0, NULL};
     int err = 0;
@@ -659,7 +661,7 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
                                        VEC_AT(&st->p3u32, uint32_t, sr->shp0), sr->nshp, false))))
         goto out;
     uint32_t op_base = (uint32_t)dst->ops.n, w_base = (uint32_t)dst->writes.n;
-    uint32_t p_base = (uint32_t)dst->peers.n;
+    uint32_t p_base = (uint32_t)dst->peers.n, x_base = (uint32_t)dst->apeers.n;
     /* the caller has advanced the tag counter and the mesh's gather ordinal past y's */
     uint32_t tag_shift = c->next_tag - rp->ntags - rp->tag0;
     uint32_t seq_shift = c->gather_seq[y->mesh] - rp->nseq - rp->seq0;
@@ -686,19 +688,14 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
             op.gather.mesh = y->mesh;
             op.gather.seq += seq_shift;
             break;
-        case WB_OP_AMAX: {
-            uint32_t pp = rank_pos(R, n, op.amax.peer);
-            op.amax.peer = (uint32_t)((int64_t)op.amax.peer + dr);
-            op.amax.tag += tag_shift;
+        case WB_OP_AMAX:
+            op.amax.peer0 = op.amax.peer0 - sr->x0 + x_base;
             view_map(&op.amax.src, tm, &sh);
             op.amax.src_box = renum(&bx, op.amax.src_box);
             op.amax.region = renum(&bx, op.amax.region);
             op.amax.blocks = renum(&bx, op.amax.blocks);
             op.amax.grid = renum(&bx, op.amax.grid);
-            op.amax.inbox_off = op.amax.inbox_off - sr->inbox0 + inbox_y[me];
-            op.amax.peer_inbox_off = op.amax.peer_inbox_off - SR[pp].inbox0 + inbox_y[pp];
             break;
-        }
         case WB_OP_COPY:
         case WB_OP_CAST:
             view_map(&op.copy.src, tm, &sh);
@@ -721,6 +718,15 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         pe.rank = (uint32_t)((int64_t)pe.rank + dr);
         pe.box = renum(&bx, pe.box);
         *VEC_AT(&dst->peers, struct wb_rt_peer, dst->peers.n++) = pe;
+    }
+    for (uint32_t k = 0; k < nx; k++) {
+        struct wb_rt_amax_peer pe = *VEC_AT(&src->apeers, struct wb_rt_amax_peer, sr->x0 + k);
+        uint32_t pp = rank_pos(R, n, pe.rank);
+        pe.rank = (uint32_t)((int64_t)pe.rank + dr);
+        pe.tag += tag_shift;
+        pe.inbox_off = pe.inbox_off - sr->inbox0 + inbox_y[me];
+        pe.peer_inbox_off = pe.peer_inbox_off - SR[pp].inbox0 + inbox_y[pp];
+        *VEC_AT(&dst->apeers, struct wb_rt_amax_peer, dst->apeers.n++) = pe;
     }
     for (uint32_t k = 0; k < na; k++) {
         struct wb_rt_expect e = *VEC_AT(&src->amax, struct wb_rt_expect, sr->a0 + k);

@@ -177,32 +177,33 @@ static uint64_t fp_mix(uint64_t h, uint64_t x)
     return h * 0xff51afd7ed558ccdull;
 }
 
-/* Notes an AMAX op for the mirror check (check_amax). */
-static int note_amax(struct vctx *v, const struct wb_route_table *t, const struct wb_rt_op *op)
+/* Notes one exchange of an AMAX op (its peer entry pe) for the mirror check (check_amax). */
+static int note_amax(struct vctx *v, const struct wb_route_table *t, const struct wb_rt_op *op,
+                     const struct wb_rt_amax_peer *pe)
 {
     const struct wb_rt_amax *a = &op->amax;
-    bool hi = t->rank > a->peer; /* side 1: fields crossed, so that mirrors agree */
+    bool hi = t->rank > pe->rank; /* side 1: fields crossed, so that mirrors agree */
     uint64_t h = 0x243F6A8885A308D3ull;
-    h = fp_mix(h, hi ? a->peer : t->rank);
-    h = fp_mix(h, hi ? t->rank : a->peer);
+    h = fp_mix(h, hi ? pe->rank : t->rank);
+    h = fp_mix(h, hi ? t->rank : pe->rank);
     h = fp_mix(h, op->tensor);
-    h = fp_mix(h, hi ? a->peer_inbox_off : a->inbox_off);
-    h = fp_mix(h, hi ? a->inbox_off : a->peer_inbox_off);
+    h = fp_mix(h, hi ? pe->peer_inbox_off : pe->inbox_off);
+    h = fp_mix(h, hi ? pe->inbox_off : pe->peer_inbox_off);
     const struct wb_box *b = a->blocks < t->nboxes ? &t->boxes[a->blocks] : NULL;
     h = fp_mix(h, b ? b->ndim : UINT64_MAX);
     for (uint32_t d = 0; b && d < b->ndim && d < WB_MAX_DIMS; d++)
         h = fp_mix(fp_mix(h, b->off[d]), b->ext[d]);
     struct order_idx *x = v->ox;
-    if (!x || a->tag >= x->ntag) { /* past the array sized from the plan's figures */
-        struct aref e = {a->tag, t->rank, hi, h};
+    if (!x || pe->tag >= x->ntag) { /* past the array sized from the plan's figures */
+        struct aref e = {pe->tag, t->rank, hi, h};
         return pl_vec_push(&v->xtra, &e) ? 0 : -ENOMEM;
     }
-    struct amax_slot *sl = &x->at[a->tag];
+    struct amax_slot *sl = &x->at[pe->tag];
     uint32_t want = 0;
     if (!__atomic_compare_exchange_n(&sl->rank[hi], &want, t->rank + 1, false, __ATOMIC_RELAXED,
                                      __ATOMIC_RELAXED)) {
         /* two ops of one side: reported once, after the threads */
-        __atomic_store_n(&x->many_tag, a->tag, __ATOMIC_RELAXED);
+        __atomic_store_n(&x->many_tag, pe->tag, __ATOMIC_RELAXED);
         __atomic_store_n(&x->many_rank, t->rank, __ATOMIC_RELAXED);
         __atomic_store_n(&x->too_many, true, __ATOMIC_RELAXED);
         return 0;
@@ -219,9 +220,11 @@ static void prefetch_task(const struct vctx *v, const struct wb_route_table *t,
     const struct wb_inventory *ti = v->in->trainer;
     for (uint32_t o = k->op0; o < k->op0 + k->nops && o < t->nops; o++) {
         const struct wb_rt_op *op = &t->ops[o];
-        if (op->kind == WB_OP_AMAX && v->ox && op->amax.tag < v->ox->ntag)
-            __builtin_prefetch(&v->ox->at[op->amax.tag], 1);
-        else if (op->kind == WB_OP_H2D && op->tensor < ti->n)
+        if (op->kind == WB_OP_AMAX && v->ox) {
+            for (uint32_t j = op->amax.peer0; j - op->amax.peer0 < op->amax.npeers; j++)
+                if (j < t->namax_peers && t->amax_peers[j].tag < v->ox->ntag)
+                    __builtin_prefetch(&v->ox->at[t->amax_peers[j].tag], 1);
+        } else if (op->kind == WB_OP_H2D && op->tensor < ti->n)
             __builtin_prefetch(&ti->p[op->tensor].dtype);
     }
 }
@@ -285,7 +288,14 @@ static int check_task(struct vctx *v, const struct wb_route_table *t, const stru
         }
         case WB_OP_AMAX:
             ok = view_readable(v, t, pr, &op->amax.src);
-            r = note_amax(v, t, op);
+            if (op->amax.npeers == 0 || op->amax.peer0 > t->namax_peers ||
+                op->amax.npeers > t->namax_peers - op->amax.peer0) {
+                verr(v, "rank %u: op %u (amax) on %s lists peers [%u, +%u) of its %u", t->rank, o,
+                     tn, op->amax.peer0, op->amax.npeers, t->namax_peers);
+                break;
+            }
+            for (uint32_t j = 0; j < op->amax.npeers && !r; j++)
+                r = note_amax(v, t, op, &t->amax_peers[op->amax.peer0 + j]);
             break;
         case WB_OP_COPY:
         case WB_OP_CAST:

@@ -49,19 +49,17 @@ static void put_op(struct wb_mpw *w, const struct wb_rt_op *o)
         wb_mpw_u64(w, o->gather.bytes_in);
         break;
     case WB_OP_AMAX:
-        wb_mpw_array(w, 12);
+        wb_mpw_array(w, 10);
         wb_mpw_u64(w, o->kind);
         wb_mpw_u64(w, o->tensor);
-        wb_mpw_u64(w, o->amax.peer);
-        wb_mpw_u64(w, o->amax.tag);
+        wb_mpw_u64(w, o->amax.peer0);
+        wb_mpw_u64(w, o->amax.npeers);
         put_view(w, &o->amax.src);
         wb_mpw_u64(w, o->amax.src_box);
         wb_mpw_u64(w, o->amax.region);
         wb_mpw_u64(w, o->amax.blocks);
-        wb_mpw_u64(w, o->amax.peer_inbox_off);
-        wb_mpw_u64(w, o->amax.inbox_off);
-        wb_mpw_u64(w, o->amax.amax_off);
         wb_mpw_u64(w, o->amax.grid);
+        wb_mpw_u64(w, o->amax.amax_off);
         break;
     case WB_OP_COPY:
     case WB_OP_CAST:
@@ -107,7 +105,7 @@ static void put_expects(struct wb_mpw *w, const struct wb_rt_expect *e, uint32_t
 void wb_route_table_encode(struct wb_mpw *w, const struct wb_route_table *t)
 {
     wb_mpw_envelope(w, WB_MSG_ROUTE_TABLE);
-    wb_mpw_map(w, 20);
+    wb_mpw_map(w, 21);
     wb_mpw_str(w, "format");
     wb_mpw_u64(w, WB_PLAN_FORMAT);
     wb_mpw_str(w, "rank");
@@ -155,6 +153,16 @@ void wb_route_table_encode(struct wb_mpw *w, const struct wb_route_table *t)
         wb_mpw_array(w, 2);
         wb_mpw_u64(w, t->peers[i].rank);
         wb_mpw_u64(w, t->peers[i].box);
+    }
+    wb_mpw_str(w, "amax_peers");
+    wb_mpw_array(w, t->namax_peers);
+    for (uint32_t i = 0; i < t->namax_peers; i++) {
+        const struct wb_rt_amax_peer *x = &t->amax_peers[i];
+        wb_mpw_array(w, 4);
+        wb_mpw_u64(w, x->rank);
+        wb_mpw_u64(w, x->tag);
+        wb_mpw_u64(w, x->peer_inbox_off);
+        wb_mpw_u64(w, x->inbox_off);
     }
     wb_mpw_str(w, "boxes");
     wb_mpw_array(w, t->nboxes);
@@ -280,7 +288,7 @@ static int get_op(struct wb_mpr *r, struct wb_rt_op *o)
         get_u32(r, &o->tensor))
         return -EBADMSG;
     o->kind = (enum wb_rt_op_kind)kind;
-    static const uint32_t fields[] = {0, 5, 9, 12, 6, 6, 9};
+    static const uint32_t fields[] = {0, 5, 9, 10, 6, 6, 9};
     if (n < fields[kind])
         return -EBADMSG;
     extra = n - fields[kind];
@@ -297,11 +305,10 @@ static int get_op(struct wb_mpr *r, struct wb_rt_op *o)
             wb_mpr_u64(r, &o->gather.bytes_in);
         break;
     case WB_OP_AMAX:
-        e = get_u32(r, &o->amax.peer) || get_u32(r, &o->amax.tag) || get_view(r, &o->amax.src) ||
-            get_u32(r, &o->amax.src_box) || get_u32(r, &o->amax.region) ||
-            get_u32(r, &o->amax.blocks) || wb_mpr_u64(r, &o->amax.peer_inbox_off) ||
-            wb_mpr_u64(r, &o->amax.inbox_off) || wb_mpr_u64(r, &o->amax.amax_off) ||
-            get_u32(r, &o->amax.grid);
+        e = get_u32(r, &o->amax.peer0) || get_u32(r, &o->amax.npeers) ||
+            get_view(r, &o->amax.src) || get_u32(r, &o->amax.src_box) ||
+            get_u32(r, &o->amax.region) || get_u32(r, &o->amax.blocks) ||
+            get_u32(r, &o->amax.grid) || wb_mpr_u64(r, &o->amax.amax_off);
         break;
     case WB_OP_COPY:
     case WB_OP_CAST:
@@ -413,6 +420,18 @@ static int decode_table_body(struct wb_mpr *r, struct wb_route_table *t)
                 e = open_struct(r, 2, &extra) || get_u32(r, &t->peers[k].rank) ||
                     get_u32(r, &t->peers[k].box) || skip_n(r, extra);
             }
+        } else if (strcmp(key, "amax_peers") == 0 && !t->amax_peers) {
+            if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &t->namax_peers))
+                return -EBADMSG;
+            if (!(t->amax_peers = alloc_n(t->namax_peers, sizeof(*t->amax_peers))))
+                return -ENOMEM;
+            for (uint32_t k = 0; k < t->namax_peers && !e; k++) {
+                struct wb_rt_amax_peer *x = &t->amax_peers[k];
+                uint32_t extra;
+                e = open_struct(r, 4, &extra) || get_u32(r, &x->rank) || get_u32(r, &x->tag) ||
+                    wb_mpr_u64(r, &x->peer_inbox_off) || wb_mpr_u64(r, &x->inbox_off) ||
+                    skip_n(r, extra);
+            }
         } else if (strcmp(key, "boxes") == 0 && !t->boxes) {
             if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &t->nboxes))
                 return -EBADMSG;
@@ -493,9 +512,10 @@ static bool op_ok(const struct wb_route_table *t, const struct wb_rt_op *o)
         return view_ok(t, &o->gather.src) && view_ok(t, &o->gather.dst) &&
                o->gather.peer0 <= t->npeers && o->gather.npeers <= t->npeers - o->gather.peer0;
     case WB_OP_AMAX:
-        return o->amax.peer < t->ntrainers && box_in(t, &o->amax.src, o->amax.src_box) &&
-               o->amax.region < t->nboxes && o->amax.blocks < t->nboxes &&
-               o->amax.grid < t->nboxes &&
+        return o->amax.npeers >= 1 && o->amax.peer0 <= t->namax_peers &&
+               o->amax.npeers <= t->namax_peers - o->amax.peer0 &&
+               box_in(t, &o->amax.src, o->amax.src_box) && o->amax.region < t->nboxes &&
+               o->amax.blocks < t->nboxes && o->amax.grid < t->nboxes &&
                t->boxes[o->amax.region].ndim == t->boxes[o->amax.src_box].ndim;
     case WB_OP_COPY:
     case WB_OP_CAST:
@@ -539,6 +559,9 @@ static int check_table(const struct wb_route_table *t)
             return -EBADMSG;
     for (uint32_t i = 0; i < t->npeers; i++)
         if (t->peers[i].rank >= t->ntrainers || t->peers[i].box >= t->nboxes)
+            return -EBADMSG;
+    for (uint32_t i = 0; i < t->namax_peers; i++)
+        if (t->amax_peers[i].rank >= t->ntrainers || t->amax_peers[i].rank == t->rank)
             return -EBADMSG;
     uint64_t tagmax = t->tag_bits >= 32 ? UINT32_MAX : (1ull << t->tag_bits) - 1;
     for (uint32_t i = 0; i < t->nwrites; i++) {
@@ -728,6 +751,7 @@ void wb_route_table_free(struct wb_route_table *t)
     free(t->tasks);
     free(t->ops);
     free(t->peers);
+    free(t->amax_peers);
     free(t->boxes);
     free(t->shapes);
     free(t->writes);

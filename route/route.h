@@ -57,7 +57,7 @@ struct wb_rt_view {
 enum wb_rt_op_kind {
     WB_OP_H2D = 1, /* copy bytes [src_off, src_off+bytes) of the PARAM (host) shard to TMP */
     WB_OP_GATHER,  /* all-gather a trainer tensor among its shard peers into a full TMP view */
-    WB_OP_AMAX,    /* exchange partial block amax with one peer owner */
+    WB_OP_AMAX,    /* exchange partial block amax with the owners sharing some blocks */
     WB_OP_COPY,    /* box copy, same dtype (projection fusion, packing, stacking) */
     WB_OP_CAST,    /* box copy with dtype conversion */
     WB_OP_QUANT,   /* FP8 E4M3 128x128 block quantization of a region */
@@ -82,22 +82,31 @@ struct wb_rt_gather {
     uint64_t bytes_in;      /* bytes this rank receives (full - own) */
 };
 
-/* Partial-amax exchange for FP8 blocks that straddle owners. Both sides carry the mirror op
- * (same tag, same blocks). The executor computes its partial amax (max |x| in FP32, 0 where it
- * holds no element of a block) over `region` (a box of the trainer tensor, tensor coordinates;
- * its data is src_box of the view `src`) for each block of `blocks` (block-grid coordinates of
- * the trainer tensor: 128x128 over the last two dims, 1 along leading dims), writes that FP32
- * array (blocks' extents, row-major) into `peer`'s amax inbox at peer_inbox_off with
- * immediate `tag`, waits for the peer's array in its own inbox at inbox_off (the peer sends
- * with the same tag), and for the blocks of `blocks` inside `grid` stores max(grid value,
- * peer's) into the task's amax grid at TMP amax_off (FP32, grid's extents, row-major; the
- * executor zeroes it when the task starts). grid is the QUANT op's grid. */
+/* Partial-amax exchange for FP8 blocks that straddle owners: one op per shared block box,
+ * with every peer owner that shares exactly those blocks. Each exchange with a peer is a pair
+ * of mirror entries (same tag, same blocks, inboxes crossed): the peer's op lists this rank.
+ * The executor computes its partial amax (max |x| in FP32, 0 where it holds no element of a
+ * block) over `region` (a box of the trainer tensor, tensor coordinates; its data is src_box
+ * of the view `src`) for each block of `blocks` (block-grid coordinates of the trainer tensor:
+ * 128x128 over the last two dims, 1 along leading dims), writes that FP32 array (blocks'
+ * extents, row-major) into every peer's amax inbox at the peer entry's peer_inbox_off with
+ * the entry's immediate tag, waits for every peer's array in its own inbox at the entry's
+ * inbox_off (the peer sends with the same tag), and for the blocks of `blocks` inside `grid`
+ * stores the max of the grid value and the peers' into the task's amax grid at TMP amax_off
+ * (FP32, grid's extents, row-major; the executor zeroes it when the task starts). grid is the
+ * QUANT op's grid. One op instead of one per peer: the partial is computed once, and a
+ * 64-way FSDP shard of an expert (4 owners per 128-row block row) has one op, not three. */
+struct wb_rt_amax_peer {
+    uint32_t rank;
+    uint32_t tag;            /* the immediate of both directions of this exchange */
+    uint64_t peer_inbox_off; /* where my partial goes in the peer's inbox */
+    uint64_t inbox_off;      /* where the peer's arrives in mine */
+};
+
 struct wb_rt_amax {
-    uint32_t peer;
-    uint32_t tag;
+    uint32_t peer0, npeers; /* table.amax_peers[peer0 .. peer0+npeers), npeers >= 1 */
     struct wb_rt_view src;
     uint32_t src_box, region, blocks, grid; /* box indices */
-    uint64_t peer_inbox_off, inbox_off;
     uint64_t amax_off;
 };
 
@@ -224,6 +233,8 @@ struct wb_route_table {
     struct wb_rt_op *ops;
     uint32_t npeers;
     struct wb_rt_peer *peers;
+    uint32_t namax_peers;
+    struct wb_rt_amax_peer *amax_peers; /* the peers of AMAX ops */
     uint32_t nboxes;
     struct wb_box *boxes; /* distinct boxes referenced by ops and peers */
     uint32_t nshapes;
@@ -279,8 +290,9 @@ struct wb_recv_list {
 enum {
     WB_MSG_ROUTE_TABLE = 0x0401,
     WB_MSG_RECV_LIST = 0x0402,
-    WB_PLAN_FORMAT = 3, /* 2: tables carry mem_cap, block and mode; 3: write records carry
-                           their replica fan-out (9 fields) */
+    WB_PLAN_FORMAT = 4, /* 2: tables carry mem_cap, block and mode; 3: write records carry
+                           their replica fan-out (9 fields); 4: an AMAX op lists its peers
+                           (amax_peers) */
 };
 
 /* Appends an envelope holding the table to w (check wb_mpw_finish()). */

@@ -637,20 +637,46 @@ static void test_netns_tcp(void)
  * per rank; rollout 1 receives rows 512..999 of the embedding and the LM head (24 x 256 x 2
  * bytes less of each) and its last 24 rows are padding nobody writes, which the reference
  * leaves out of the comparison. */
-static void test_padded_vocab(void)
+/* The demo's config.json with one setting changed (`from` -> `to`, the same length), written
+ * to the test's directory as `name`; its path into hf. */
+static void demo_config_with(const char *name, const char *from, const char *to, char *hf,
+                             size_t cap)
 {
     char *text = NULL;
     CHECK_INT(e2e_run(&text, "cat configs/jobs/demo/config.json"), 0);
-    char *at = strstr(text, "\"vocab_size\": 1024");
-    CHECK(at != NULL);
-    memcpy(at, "\"vocab_size\": 1000", strlen("\"vocab_size\": 1000"));
-    char hf[700];
-    snprintf(hf, sizeof(hf), "%s", wb_test_write_file("config.json", text));
+    char *at = strstr(text, from);
+    CHECK(at != NULL && strlen(from) == strlen(to));
+    memcpy(at, to, strlen(to));
+    snprintf(hf, cap, "%s", wb_test_write_file(name, text));
     free(text);
+}
+
+static void test_padded_vocab(void)
+{
+    char hf[700];
+    demo_config_with("config.json", "\"vocab_size\": 1024", "\"vocab_size\": 1000", hf, sizeof(hf));
     struct cluster c = {.provider = "tcp", .domain = "lo", .hf_config = hf};
     c.recv[0] = DEMO_RECV;
     c.recv[1] = DEMO_RECV - 2 * 24 * 256 * 2;
     snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(13));
+    write_job(&c, "auto", "4MiB", false);
+    start(&c, NULL);
+    for (uint64_t v = 1; v <= 2; v++)
+        transfer_ok(&c, v, NULL);
+    stop(&c);
+}
+
+/* Hidden size 128: o_proj's 4-way row shards are 32 rows, so four trainers share each 128-row
+ * FP8 block row and each has one AMAX op with three peers (one partial amax, sent to three
+ * ranks, three partials merged). Every rollout byte is checked against the reference. */
+static void test_amax_three_peers(void)
+{
+    char hf[700];
+    demo_config_with("config_h128.json", "\"hidden_size\": 256", "\"hidden_size\": 128", hf,
+                     sizeof(hf));
+    struct cluster c = {.provider = "tcp", .domain = "lo", .hf_config = hf};
+    c.recv[0] = c.recv[1] = 856464;
+    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(16));
     write_job(&c, "auto", "4MiB", false);
     start(&c, NULL);
     for (uint64_t v = 1; v <= 2; v++)
@@ -901,6 +927,7 @@ static void test_stray_write_detected(void)
 
 const struct wb_test wb_tests[] = {
     {"padded_vocab", test_padded_vocab, 120},
+    {"amax_three_peers", test_amax_three_peers, 120},
     {"controller_restart", test_controller_restart, 120},
     {"tcp_auto", test_tcp_auto, 120},
     {"tcp_gather", test_tcp_gather, 120},

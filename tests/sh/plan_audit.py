@@ -7,6 +7,8 @@ It reads only the JSON (Python 3 standard library; none of the planner's code) a
            shard (an owner listed for that tensor, within the shard's bytes), or TMP bytes an
            earlier op of the same task produced (H2D of its shard, a gather whose members are
            the tensor's owners with their shard boxes, a copy, cast or quantization)
+  amax     every amax exchange has exactly one mirror: the same tag on the peer it names,
+           naming this rank back, for the same tensor and blocks, with the inboxes crossed
   sizes    a task's write_bytes is the sum of its writes, a table's send_bytes the sum of its
            tasks', the summary's per-rank and total bytes agree, a local tensor's bytes are
            its shape times its dtype size, data tags are tensor index + 1, and every receive
@@ -149,6 +151,7 @@ class Audit:
     def __init__(self):
         self.problems = {}
         self.counts = {}
+        self.amax = {}  # tag -> the exchanges carrying it: (rank, peer, tensor, blocks, inbox, peer inbox)
 
     def bad(self, check, msg):
         self.counts[check] = self.counts.get(check, 0) + 1
@@ -210,7 +213,7 @@ class Ranges:
 
 def main(path):
     au = Audit()
-    checks = ["shards", "sources", "sizes", "coverage"]
+    checks = ["shards", "sources", "amax", "sizes", "coverage"]
     head = {}
     classes = None
     trainer = []  # [name, dtype, shape, owners {rank: shard box}]
@@ -249,10 +252,11 @@ def main(path):
                     au.bad("sizes", "%d receive lists for %d rollout GPUs" % (ng, head["nrollouts"]))
             else:
                 head[key] = st.value()
-    if "format" not in head or head["format"] < 4 or classes is None or recv is None:
-        print("FAIL %s: not a plan written with --json --tables (format 4)" % path)
+    if "format" not in head or head["format"] < 5 or classes is None or recv is None:
+        print("FAIL %s: not a plan written with --json --tables (format 5)" % path)
         print("0 passed, 1 failed, 0 skipped")
         return False
+    check_amax(au)
     if ntables != head["ntrainers"]:
         au.bad("sizes", "%d tables for %d trainer GPUs" % (ntables, head["ntrainers"]))
     if total_sent != head["stats"]["total_bytes"]:
@@ -377,8 +381,12 @@ def audit_table(au, head, classes, trainer, rollout, t, recv):
                 add(dst[2], n)
                 add(scale_off, g)
             elif kind == "amax":
-                tensor = op[1]
-                ok = readable(op[4])
+                _, tensor, src, sbox, region, blocks, grid, amax_off, peers = op
+                ok = readable(src) and len(peers) >= 4
+                bl = tuple(map(tuple, boxes[blocks]))
+                for i in range(0, len(peers), 4):
+                    peer, tag, peer_inbox, inbox = peers[i:i + 4]
+                    au.amax.setdefault(tag, []).append((r, peer, tensor, bl, inbox, peer_inbox))
             elif kind == "gather":
                 _, tensor, src, dst, mesh_, seq, bytes_in, peers = op
                 listed = {}
@@ -452,6 +460,16 @@ def audit_table(au, head, classes, trainer, rollout, t, recv):
     if max_tmp != t["max_tmp_bytes"]:
         au.bad("sizes", "rank %d: largest task %d bytes, max_tmp_bytes says %d" % (r, max_tmp, t["max_tmp_bytes"]))
     return sent
+
+
+def check_amax(au):
+    for tag, ex in sorted(au.amax.items()):
+        if len(ex) != 2:
+            au.bad("amax", "tag %d: %d exchanges carry it, not 2 (ranks %s)" % (tag, len(ex), sorted(e[0] for e in ex)))
+            continue
+        (r, p, t, b, i, pi), (r2, p2, t2, b2, i2, pi2) = ex
+        if (r, p) != (p2, r2) or t != t2 or b != b2 or (i, pi) != (pi2, i2):
+            au.bad("amax", "tag %d: ranks %d and %d do not mirror each other" % (tag, r, r2))
 
 
 def audit_receive(au, head, rollout, rv, recv):

@@ -2,8 +2,9 @@
 # plan_audit_test.sh — the plan's JSON (wb-plan --json --tables) audited on its own by
 # tests/sh/plan_audit.py (Python 3 standard library, none of the planner's code): every rollout
 # byte written exactly once, every write's and op's source held by its rank, the sizes
-# consistent. On the demo in both modes, on broken copies of the demo's JSON (each must fail
-# the check it breaks, naming the problem), and on Kimi-K2 256 -> 128 (10.5M writes).
+# consistent, every amax exchange mirrored. On the demo in both modes, on broken copies of the
+# demo's JSON (each must fail the check it breaks, naming the problem), and on Kimi-K2
+# 256 -> 128 (10.5M writes).
 # Run from the repository root (make test does); wb-plan from $WB_BIN (default build/bin).
 # Prints the harness tally.
 bin=${WB_BIN:-build/bin}/wb-plan
@@ -33,7 +34,7 @@ audits_clean() { # name, wb-plan arguments...
         return
     fi
     if python3 "$audit" "$tmp/$name.json" >"$tmp/$name.audit" 2>&1 &&
-        [ "$(tail -n 1 "$tmp/$name.audit")" = "4 passed, 0 failed, 0 skipped" ]; then
+        [ "$(tail -n 1 "$tmp/$name.audit")" = "5 passed, 0 failed, 0 skipped" ]; then
         ok "$name"
     else
         sed 's/^/    /' "$tmp/$name.audit"
@@ -85,12 +86,21 @@ d["tables"][0]["ops"][0][2][1] = names.index("model.layers.0.mlp.experts.2.gate_
     catches task_bytes "FAIL sizes (1 problem)" \
         "rank 2 task 0: writes sum to 131072 bytes, write_bytes says 131073" '
 d["tables"][2]["tasks"][0][6] += 1'
+    # rank 0's first amax exchange says its partial lands 16 bytes further in rank 1's inbox
+    # than rank 1 expects it, then an exchange whose mirror lost its tag
+    catches amax_inbox "FAIL amax (1 problem)" "tag 1: ranks 0 and 1 do not mirror each other" '
+op = next(o for o in d["tables"][0]["ops"] if o[0] == "amax")
+op[8][3] += 16'
+    catches amax_no_mirror "FAIL amax (2 problems)" "tag 1: 1 exchanges carry it, not 2 (ranks [0])" '
+op = next(o for o in d["tables"][1]["ops"] if o[0] == "amax")
+op[8][1] = 1 << 20'
     # two shards of a class overlap
     catches shards_overlap "FAIL shards (2 problems)" "shard class 0: shards 0 and 1 overlap" '
 c = d["shard_classes"][0]
 c[1][0][0] -= 1'
 else
-    for n in write_overlaps write_source param_not_owned task_bytes shards_overlap; do bad $n; done
+    for n in write_overlaps write_source param_not_owned task_bytes amax_inbox amax_no_mirror \
+        shards_overlap; do bad $n; done
 fi
 # the shipped Kimi-K2 scenario, the default mode
 audits_clean kimi_k2_256_128 --model configs/models/deepseek_v3.yaml \

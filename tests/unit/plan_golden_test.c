@@ -74,27 +74,27 @@ static void run(const struct scenario *sc, enum wb_plan_mode mode, uint64_t want
 
 static void test_kimi_auto(void)
 {
-    run(&KIMI, WB_MODE_AUTO, 0x9186c5920589ab97ull);
+    run(&KIMI, WB_MODE_AUTO, 0xbc1642cad0fd8080ull);
 }
 static void test_kimi_gather(void)
 {
-    run(&KIMI, WB_MODE_GATHER, 0x531634f2260960cfull);
+    run(&KIMI, WB_MODE_GATHER, 0xc05fc6f13e63a036ull);
 }
 static void test_qwen_auto(void)
 {
-    run(&QWEN, WB_MODE_AUTO, 0x1eccd8762dd7a7caull);
+    run(&QWEN, WB_MODE_AUTO, 0xd84ae2e5b687505cull);
 }
 static void test_qwen_gather(void)
 {
-    run(&QWEN, WB_MODE_GATHER, 0x2d355ff2744dce17ull);
+    run(&QWEN, WB_MODE_GATHER, 0x3ba1c864f1efc831ull);
 }
 static void test_demo_auto(void)
 {
-    run(&DEMO, WB_MODE_AUTO, 0xf057c4e3f70181b5ull);
+    run(&DEMO, WB_MODE_AUTO, 0xc499d32f1ce9c039ull);
 }
 static void test_demo_gather(void)
 {
-    run(&DEMO, WB_MODE_GATHER, 0x503bdcd9a976736eull);
+    run(&DEMO, WB_MODE_GATHER, 0xba8dad358cbe0248ull);
 }
 
 const struct wb_test wb_tests[] = {

@@ -74,7 +74,7 @@ static bool tables_equal(const struct wb_route_table *a, const struct wb_route_t
               a->max_tmp_bytes == b->max_tmp_bytes && SAME_ARR(phases, nphases) &&
               SAME_ARR(tasks, ntasks) && SAME_ARR(peers, npeers) && SAME_ARR(boxes, nboxes) &&
               SAME_ARR(shapes, nshapes) && SAME_ARR(writes, nwrites) && SAME_ARR(amax, namax) &&
-              a->nops == b->nops;
+              SAME_ARR(amax_peers, namax_peers) && a->nops == b->nops;
 #undef SAME_ARR
     for (uint32_t i = 0; ok && i < a->nops; i++) {
         const struct wb_rt_op *x = &a->ops[i], *y = &b->ops[i];
@@ -91,12 +91,10 @@ static bool tables_equal(const struct wb_route_table *a, const struct wb_route_t
                  x->gather.bytes_in == y->gather.bytes_in;
             break;
         case WB_OP_AMAX:
-            ok = ok && x->amax.peer == y->amax.peer && x->amax.tag == y->amax.tag &&
+            ok = ok && x->amax.peer0 == y->amax.peer0 && x->amax.npeers == y->amax.npeers &&
                  !memcmp(&x->amax.src, &y->amax.src, sizeof(x->amax.src)) &&
                  x->amax.src_box == y->amax.src_box && x->amax.region == y->amax.region &&
                  x->amax.blocks == y->amax.blocks && x->amax.grid == y->amax.grid &&
-                 x->amax.inbox_off == y->amax.inbox_off &&
-                 x->amax.peer_inbox_off == y->amax.peer_inbox_off &&
                  x->amax.amax_off == y->amax.amax_off;
             break;
         case WB_OP_COPY:
@@ -178,7 +176,11 @@ static void test_wire_bad_indices(void)
     mixed_case(&f, false);
     struct wb_plan *p = build(&f, WB_MODE_AUTO);
     struct wb_route_table *t = &p->tables[0];
-    CHECK(t->ntasks > 0 && t->nwrites > 0);
+    CHECK(t->ntasks > 0 && t->nwrites > 0 && t->namax_peers > 0);
+    struct wb_rt_op *am = NULL; /* the first AMAX op */
+    for (uint32_t o = 0; o < t->nops && !am; o++)
+        am = t->ops[o].kind == WB_OP_AMAX ? &t->ops[o] : NULL;
+    CHECK(am != NULL);
     struct {
         const char *what;
         void (*mutate)(struct wb_route_table *);
@@ -188,11 +190,16 @@ static void test_wire_bad_indices(void)
         {"phase", NULL},
         {"fan-out without a rank step", NULL},
         {"fan-out past the last rank", NULL},
+        {"amax peers past their array", NULL},
+        {"amax op without a peer", NULL},
+        {"amax peer is the rank itself", NULL},
     };
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 8; i++) {
         struct wb_rt_task save_task = t->tasks[0];
         struct wb_rt_write save_write = t->writes[0];
         struct wb_rt_phase save_phase = t->phases[0];
+        struct wb_rt_amax save_amax = am->amax;
+        struct wb_rt_amax_peer save_peer = t->amax_peers[0];
         if (i == 0)
             t->tasks[0].nops = t->nops + 1;
         if (i == 1)
@@ -207,6 +214,12 @@ static void test_wire_bad_indices(void)
             t->writes[0].more = t->nrollouts;
             t->writes[0].rank_step = 1;
         }
+        if (i == 5)
+            am->amax.npeers = t->namax_peers - am->amax.peer0 + 1;
+        if (i == 6)
+            am->amax.npeers = 0;
+        if (i == 7)
+            t->amax_peers[0].rank = t->rank;
         struct wb_mpw w;
         wb_mpw_init(&w);
         wb_route_table_encode(&w, t);
@@ -217,6 +230,8 @@ static void test_wire_bad_indices(void)
         t->tasks[0] = save_task;
         t->writes[0] = save_write;
         t->phases[0] = save_phase;
+        am->amax = save_amax;
+        t->amax_peers[0] = save_peer;
     }
     /* another version of the envelope */
     struct wb_mpw w;
@@ -351,7 +366,7 @@ static void test_verify_catches(void)
     w->dst_off -= 1;
     CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
     CHECK(f.el.n >= 1);
-    char want[256];
+    char want[512];
     snprintf(want, sizeof(want), "rollout rank %u gate_up: bytes [%llu, %llu) written twice",
              w->dst_rank, (unsigned long long)w->dst_off, (unsigned long long)w->dst_off + 1);
     CHECK_STR(f.el.msgs[0], want);
@@ -375,34 +390,50 @@ static void test_verify_catches(void)
     wb_errlist_free(&f.el);
     wb_errlist_init(&f.el);
     /* an amax exchange whose two sides disagree on an inbox, then one without its mirror */
-    struct wb_rt_op *am = NULL;
+    struct wb_rt_amax_peer *am = NULL;
     uint32_t ar = 0;
     for (uint32_t r = 0; r < p->ntrainers && !am; r++)
         for (uint32_t o = 0; o < p->tables[r].nops && !am; o++)
             if (p->tables[r].ops[o].kind == WB_OP_AMAX) {
-                am = &p->tables[r].ops[o];
+                am = &p->tables[r].amax_peers[p->tables[r].ops[o].amax.peer0];
                 ar = r;
             }
     CHECK(am != NULL);
-    uint32_t lo = ar < am->amax.peer ? ar : am->amax.peer, hi = ar ^ am->amax.peer ^ lo;
-    am->amax.inbox_off += 16;
+    uint32_t lo = ar < am->rank ? ar : am->rank, hi = ar ^ am->rank ^ lo;
+    am->inbox_off += 16;
     CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
     CHECK_INT(f.el.n, 1);
     snprintf(want, sizeof(want), "amax exchange tag %u: ranks %u and %u do not mirror each other",
-             am->amax.tag, lo, hi);
+             am->tag, lo, hi);
     CHECK_STR(f.el.msgs[0], want);
-    am->amax.inbox_off -= 16;
+    am->inbox_off -= 16;
     wb_errlist_free(&f.el);
     wb_errlist_init(&f.el);
-    uint32_t tag = am->amax.tag;
-    am->amax.tag = 1u << 20; /* past every tag the plan has */
+    uint32_t tag = am->tag;
+    am->tag = 1u << 20; /* past every tag the plan has */
     CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
     CHECK_INT(f.el.n, 2);
     snprintf(want, sizeof(want), "rank %u: amax exchange tag %u has no mirror", ar ^ lo ^ hi, tag);
     CHECK_STR(f.el.msgs[0], want);
     snprintf(want, sizeof(want), "rank %u: amax exchange tag %u has no mirror", ar, 1u << 20);
     CHECK_STR(f.el.msgs[1], want);
-    am->amax.tag = tag;
+    am->tag = tag;
+    wb_errlist_free(&f.el);
+    wb_errlist_init(&f.el);
+    /* an amax op whose peers run past the table's */
+    struct wb_rt_op *ao = NULL;
+    uint32_t aoi = 0;
+    for (uint32_t o = 0; o < p->tables[ar].nops && !ao; o++)
+        if (p->tables[ar].ops[o].kind == WB_OP_AMAX)
+            ao = &p->tables[ar].ops[aoi = o];
+    uint32_t np = ao->amax.npeers;
+    ao->amax.npeers = p->tables[ar].namax_peers + 1;
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+    snprintf(want, sizeof(want), "rank %u: op %u (amax) on %s lists peers [%u, +%u) of its %u", ar,
+             aoi, f.in.trainer->p[ao->tensor].name, ao->amax.peer0, ao->amax.npeers,
+             p->tables[ar].namax_peers);
+    CHECK_STR(f.el.msgs[0], want);
+    ao->amax.npeers = np;
     wb_errlist_free(&f.el);
     wb_errlist_init(&f.el);
     /* a record fanned out without a rank step, then one past the last rollout rank */

@@ -278,14 +278,71 @@ static inline void sim_partial(const uint8_t *base, const struct wb_shape *vshap
     } while (sim_next(region, c));
 }
 
+/* The op on rank `peer` whose exchange with tag `tag` mirrors one of ours, and that
+ * exchange's entry. */
 static inline const struct wb_rt_op *sim_mirror(const struct wb_plan *p, uint32_t peer,
-                                                uint32_t tag)
+                                                uint32_t tag, const struct wb_rt_amax_peer **pe)
 {
     const struct wb_route_table *t = &p->tables[peer];
     for (uint32_t i = 0; i < t->nops; i++)
-        if (t->ops[i].kind == WB_OP_AMAX && t->ops[i].amax.tag == tag)
-            return &t->ops[i];
+        for (uint32_t k = 0; t->ops[i].kind == WB_OP_AMAX && k < t->ops[i].amax.npeers; k++)
+            if (t->amax_peers[t->ops[i].amax.peer0 + k].tag == tag) {
+                *pe = &t->amax_peers[t->ops[i].amax.peer0 + k];
+                return &t->ops[i];
+            }
     return NULL;
+}
+
+/* One exchange of an AMAX op on rank r: the peer's partial over its mirror op's region,
+ * merged into r's amax grid. */
+static inline void sim_amax(struct sim *s, uint32_t r, const struct wb_rt_op *op,
+                            const struct wb_rt_amax_peer *pe)
+{
+    const struct wb_route_table *tb = &s->p->tables[r];
+    const struct wb_rt_amax_peer *back = NULL;
+    const struct wb_rt_op *m = sim_mirror(s->p, pe->rank, pe->tag, &back);
+    const struct wb_route_table *pt = &s->p->tables[pe->rank];
+    CHECK(m != NULL);
+    CHECK(back->rank == r);
+    CHECK(back->inbox_off == pe->peer_inbox_off && back->peer_inbox_off == pe->inbox_off);
+    CHECK(wb_box_eq(PBOX(m->amax.blocks), BOX(op->amax.blocks)));
+    uint64_t nb = wb_box_numel(BOX(op->amax.blocks));
+    float *pa = calloc(nb + 1, sizeof(float));
+    /* the peer's partial, computed from the peer's own shard (its PARAM data; an H2D copy
+     * holds the same rows) */
+    {
+        const struct wb_box *pb = &s->rk[pe->rank].box[op->tensor];
+        struct wb_shape ps = wb_box_shape(pb);
+        struct wb_box sb = *PBOX(m->amax.region);
+        for (uint32_t d = 0; d < sb.ndim; d++)
+            sb.off[d] -= pb->off[d];
+        CHECK(s->rk[pe->rank].shard[op->tensor] != NULL);
+        sim_partial(s->rk[pe->rank].shard[op->tensor], &ps, &sb, PBOX(m->amax.region),
+                    PBOX(m->amax.blocks), pa);
+    }
+    if (op->amax.amax_off != (uint64_t)WB_RT_NONE) {
+        float *g = (float *)(s->tmp[r] + op->amax.amax_off);
+        struct wb_shape gs = wb_box_shape(BOX(op->amax.grid));
+        uint64_t c[WB_MAX_DIMS];
+        sim_start(BOX(op->amax.blocks), c);
+        uint64_t i = 0;
+        do {
+            bool in = true;
+            uint64_t gc[WB_MAX_DIMS];
+            for (uint32_t d = 0; d < gs.ndim; d++) {
+                in &= c[d] >= BOX(op->amax.grid)->off[d] &&
+                      c[d] < BOX(op->amax.grid)->off[d] + BOX(op->amax.grid)->ext[d];
+                gc[d] = c[d] - BOX(op->amax.grid)->off[d];
+            }
+            if (in) {
+                float *x = &g[sim_lin(&gs, gc)];
+                if (pa[i] > *x)
+                    *x = pa[i];
+            }
+            i++;
+        } while (sim_next(BOX(op->amax.blocks), c));
+    }
+    free(pa);
 }
 
 static inline void sim_op(struct sim *s, uint32_t r, const struct wb_rt_op *op)
@@ -320,51 +377,10 @@ static inline void sim_op(struct sim *s, uint32_t r, const struct wb_rt_op *op)
                     op->copy.src.dtype, BOX(op->copy.src_box), sim_view(s, r, &op->copy.dst),
                     wb_rt_shape(tb, op->copy.dst.shape), op->copy.dst.dtype, BOX(op->copy.dst_box));
         break;
-    case WB_OP_AMAX: {
-        const struct wb_rt_op *m = sim_mirror(s->p, op->amax.peer, op->amax.tag);
-        const struct wb_route_table *pt = &s->p->tables[op->amax.peer];
-        CHECK(m != NULL);
-        CHECK(m->amax.peer == r);
-        CHECK(wb_box_eq(PBOX(m->amax.blocks), BOX(op->amax.blocks)));
-        uint64_t nb = wb_box_numel(BOX(op->amax.blocks));
-        float *pa = calloc(nb + 1, sizeof(float));
-        /* the peer's partial, computed from the peer's own shard (its PARAM data; an H2D copy
-         * holds the same rows) */
-        {
-            const struct wb_box *pb = &s->rk[op->amax.peer].box[op->tensor];
-            struct wb_shape ps = wb_box_shape(pb);
-            struct wb_box sb = *PBOX(m->amax.region);
-            for (uint32_t d = 0; d < sb.ndim; d++)
-                sb.off[d] -= pb->off[d];
-            CHECK(s->rk[op->amax.peer].shard[op->tensor] != NULL);
-            sim_partial(s->rk[op->amax.peer].shard[op->tensor], &ps, &sb, PBOX(m->amax.region),
-                        PBOX(m->amax.blocks), pa);
-        }
-        if (op->amax.amax_off != (uint64_t)WB_RT_NONE) {
-            float *g = (float *)(s->tmp[r] + op->amax.amax_off);
-            struct wb_shape gs = wb_box_shape(BOX(op->amax.grid));
-            uint64_t c[WB_MAX_DIMS];
-            sim_start(BOX(op->amax.blocks), c);
-            uint64_t i = 0;
-            do {
-                bool in = true;
-                uint64_t gc[WB_MAX_DIMS];
-                for (uint32_t d = 0; d < gs.ndim; d++) {
-                    in &= c[d] >= BOX(op->amax.grid)->off[d] &&
-                          c[d] < BOX(op->amax.grid)->off[d] + BOX(op->amax.grid)->ext[d];
-                    gc[d] = c[d] - BOX(op->amax.grid)->off[d];
-                }
-                if (in) {
-                    float *x = &g[sim_lin(&gs, gc)];
-                    if (pa[i] > *x)
-                        *x = pa[i];
-                }
-                i++;
-            } while (sim_next(BOX(op->amax.blocks), c));
-        }
-        free(pa);
+    case WB_OP_AMAX:
+        for (uint32_t k = 0; k < op->amax.npeers; k++)
+            sim_amax(s, r, op, &tb->amax_peers[op->amax.peer0 + k]);
         break;
-    }
     case WB_OP_QUANT: {
         const struct wb_rt_quant *q = &op->quant;
         uint64_t nb = wb_box_numel(BOX(q->grid));

@@ -184,8 +184,8 @@ static const char *const EXPECT_FP8_STRADDLE =
     "rank 0: 1 phases, 1 tasks, 2 ops, 2 writes, 8196 bytes, inbox 16\n"
     "phase 0: 1 tasks\n"
     "  task w amax tmp 8704\n"
-    "    amax w peer 1 tag 1 region [0:64, 0:128] blocks [0:1, 0:1] inbox 0 peer-inbox 0 grid "
-    "[0:1, 0:1] amax 0\n"
+    "    amax w region [0:64, 0:128] blocks [0:1, 0:1] grid [0:1, 0:1] amax 0 peers 1 (tag 1 inbox "
+    "0 peer-inbox 0)\n"
     "    quant w param w bf16 [64, 128][0:64, 0:128] region [0:64, 0:128] -> tmp 256 scales tmp "
     "8448 grid [0:1, 0:1] amax 0\n"
     "    write tmp 256 -> r0 w +0 len 8192 tag 1\n"
@@ -193,16 +193,16 @@ static const char *const EXPECT_FP8_STRADDLE =
     "rank 1: 1 phases, 1 tasks, 2 ops, 1 writes, 8192 bytes, inbox 16\n"
     "phase 0: 1 tasks\n"
     "  task w amax tmp 8704\n"
-    "    amax w peer 0 tag 1 region [64:128, 0:128] blocks [0:1, 0:1] inbox 0 peer-inbox 0 grid "
-    "[0:1, 0:1] amax 0\n"
+    "    amax w region [64:128, 0:128] blocks [0:1, 0:1] grid [0:1, 0:1] amax 0 peers 0 (tag 1 "
+    "inbox 0 peer-inbox 0)\n"
     "    quant w param w bf16 [64, 128][0:64, 0:128] region [64:128, 0:128] -> tmp 256 scales tmp "
     "8448 grid [0:1, 0:1] amax 0\n"
     "    write tmp 256 -> r0 w +8192 len 8192 tag 1\n"
     "rank 2: 1 phases, 1 tasks, 2 ops, 2 writes, 8196 bytes, inbox 16\n"
     "phase 0: 1 tasks\n"
     "  task w amax tmp 8704\n"
-    "    amax w peer 3 tag 2 region [128:192, 0:128] blocks [1:2, 0:1] inbox 0 peer-inbox 0 grid "
-    "[1:2, 0:1] amax 0\n"
+    "    amax w region [128:192, 0:128] blocks [1:2, 0:1] grid [1:2, 0:1] amax 0 peers 3 (tag 2 "
+    "inbox 0 peer-inbox 0)\n"
     "    quant w param w bf16 [64, 128][0:64, 0:128] region [128:192, 0:128] -> tmp 256 scales tmp "
     "8448 grid [1:2, 0:1] amax 0\n"
     "    write tmp 256 -> r0 w +16384 len 8192 tag 1\n"
@@ -210,8 +210,8 @@ static const char *const EXPECT_FP8_STRADDLE =
     "rank 3: 1 phases, 1 tasks, 2 ops, 1 writes, 8192 bytes, inbox 16\n"
     "phase 0: 1 tasks\n"
     "  task w amax tmp 8704\n"
-    "    amax w peer 2 tag 2 region [192:256, 0:128] blocks [1:2, 0:1] inbox 0 peer-inbox 0 grid "
-    "[1:2, 0:1] amax 0\n"
+    "    amax w region [192:256, 0:128] blocks [1:2, 0:1] grid [1:2, 0:1] amax 0 peers 2 (tag 2 "
+    "inbox 0 peer-inbox 0)\n"
     "    quant w param w bf16 [64, 128][0:64, 0:128] region [192:256, 0:128] -> tmp 256 scales tmp "
     "8448 grid [1:2, 0:1] amax 0\n"
     "    write tmp 256 -> r0 w +24576 len 8192 tag 1\n";
@@ -241,8 +241,8 @@ static const char *const EXPECT_FP8_STRADDLE_HOST =
     "phase 0: 1 tasks\n"
     "  task w amax tmp 25088\n"
     "    h2d w +0 len 16384 -> tmp 0\n"
-    "    amax w peer 1 tag 1 region [0:64, 0:128] blocks [0:1, 0:1] inbox 0 peer-inbox 0 grid "
-    "[0:1, 0:1] amax 16384\n"
+    "    amax w region [0:64, 0:128] blocks [0:1, 0:1] grid [0:1, 0:1] amax 16384 peers 1 (tag 1 "
+    "inbox 0 peer-inbox 0)\n"
     "    quant w tmp 0 bf16 [64, 128][0:64, 0:128] region [0:64, 0:128] -> tmp 16640 scales tmp "
     "24832 grid [0:1, 0:1] amax 16384\n"
     "    write tmp 16640 -> r0 w +0 len 8192 tag 1\n"
@@ -251,8 +251,8 @@ static const char *const EXPECT_FP8_STRADDLE_HOST =
     "phase 0: 1 tasks\n"
     "  task w amax tmp 25088\n"
     "    h2d w +0 len 16384 -> tmp 0\n"
-    "    amax w peer 0 tag 1 region [64:128, 0:128] blocks [0:1, 0:1] inbox 0 peer-inbox 0 grid "
-    "[0:1, 0:1] amax 16384\n"
+    "    amax w region [64:128, 0:128] blocks [0:1, 0:1] grid [0:1, 0:1] amax 16384 peers 0 (tag 1 "
+    "inbox 0 peer-inbox 0)\n"
     "    quant w tmp 0 bf16 [64, 128][0:64, 0:128] region [64:128, 0:128] -> tmp 16640 scales tmp "
     "24832 grid [0:1, 0:1] amax 16384\n"
     "    write tmp 16640 -> r0 w +8192 len 8192 tag 1\n"
@@ -260,8 +260,8 @@ static const char *const EXPECT_FP8_STRADDLE_HOST =
     "phase 0: 1 tasks\n"
     "  task w amax tmp 25088\n"
     "    h2d w +0 len 16384 -> tmp 0\n"
-    "    amax w peer 3 tag 2 region [128:192, 0:128] blocks [1:2, 0:1] inbox 0 peer-inbox 0 grid "
-    "[1:2, 0:1] amax 16384\n"
+    "    amax w region [128:192, 0:128] blocks [1:2, 0:1] grid [1:2, 0:1] amax 16384 peers 3 (tag "
+    "2 inbox 0 peer-inbox 0)\n"
     "    quant w tmp 0 bf16 [64, 128][0:64, 0:128] region [128:192, 0:128] -> tmp 16640 scales tmp "
     "24832 grid [1:2, 0:1] amax 16384\n"
     "    write tmp 16640 -> r0 w +16384 len 8192 tag 1\n"
@@ -270,8 +270,8 @@ static const char *const EXPECT_FP8_STRADDLE_HOST =
     "phase 0: 1 tasks\n"
     "  task w amax tmp 25088\n"
     "    h2d w +0 len 16384 -> tmp 0\n"
-    "    amax w peer 2 tag 2 region [192:256, 0:128] blocks [1:2, 0:1] inbox 0 peer-inbox 0 grid "
-    "[1:2, 0:1] amax 16384\n"
+    "    amax w region [192:256, 0:128] blocks [1:2, 0:1] grid [1:2, 0:1] amax 16384 peers 2 (tag "
+    "2 inbox 0 peer-inbox 0)\n"
     "    quant w tmp 0 bf16 [64, 128][0:64, 0:128] region [192:256, 0:128] -> tmp 16640 scales tmp "
     "24832 grid [1:2, 0:1] amax 16384\n"
     "    write tmp 16640 -> r0 w +24576 len 8192 tag 1\n";
@@ -311,6 +311,40 @@ static void test_fp8_straddle_host(void)
 {
     check_case(case_fp8_straddle, WB_MODE_AUTO, true, EXPECT_FP8_STRADDLE_HOST);
 }
+/* FP8 with 32-row FSDP shards of 128-row blocks: four owners share each block row, so each
+ * rank has one AMAX op listing its three fellow owners (one partial, three exchanges), not
+ * three ops. Rank 5's table exactly; every mode through the simulated executor. */
+static void case_fp8_four_owners(struct fx *f)
+{
+    fp8_case(f,
+             "world_size: 8\ngpus_per_node: 8\nmesh: [{name: fsdp, size: 8}]\n"
+             "placements:\n  - {match: \"*\", place: {fsdp: shard(0)}}\n",
+             "replicas: 1\n", "w", "w", 256, 128, WB_SHARD_REPLICATE, 0);
+}
+
+static void test_fp8_four_owners(void)
+{
+    struct fx f;
+    case_fp8_four_owners(&f);
+    char *d = plan_dump(&f, WB_MODE_AUTO);
+    const char *r5 = strstr(d, "rank 5:"), *r6 = strstr(d, "rank 6:");
+    CHECK(r5 != NULL && r6 != NULL);
+    char *t5 = strndup(r5, (size_t)(r6 - r5));
+    CHECK_STR(t5, "rank 5: 1 phases, 1 tasks, 2 ops, 1 writes, 4096 bytes, inbox 48\n"
+                  "phase 0: 1 tasks\n"
+                  "  task w amax tmp 4608\n"
+                  "    amax w region [160:192, 0:128] blocks [1:2, 0:1] grid [1:2, 0:1] amax 0 "
+                  "peers 4 (tag 7 inbox 0 peer-inbox 0) 6 (tag 10 inbox 16 peer-inbox 16) 7 "
+                  "(tag 11 inbox 32 peer-inbox 16)\n"
+                  "    quant w param w bf16 [32, 128][0:32, 0:128] region [160:192, 0:128] -> "
+                  "tmp 256 scales tmp 4352 grid [1:2, 0:1] amax 0\n"
+                  "    write tmp 256 -> r0 w +20480 len 4096 tag 1\n");
+    free(t5);
+    free(d);
+    run_all_modes(&f);
+    fx_free(&f);
+}
+
 static void test_gather_mode(void)
 {
     check_case(case_fsdp2_tp2, WB_MODE_GATHER, false, EXPECT_FSDP2_TP2_GATHER);
@@ -400,6 +434,7 @@ const struct wb_test wb_tests[] = {
     {"experts_ep", test_experts, 0},
     {"fp8_straddle_amax", test_fp8_straddle, 0},
     {"fp8_straddle_amax_host", test_fp8_straddle_host, 0},
+    {"fp8_four_owners", test_fp8_four_owners, 0},
     {"gather_mode", test_gather_mode, 0},
     {"fsdp2_tp2", test_fsdp2_tp2, 0},
     {0},

@@ -262,6 +262,8 @@ struct data {
     struct wb_sum_record *srec;  /* GPU: [table.nwrites], pinned: records on their way to sum_out */
     struct wb_sum_gpu **sum_free; /* GPU batches not in use (a task holds one in flight) */
     size_t nsum_free, cap_sum_free;
+    void **hbuf_free; /* amax steps' host buffers (scratch_bytes + 64) not in use */
+    size_t nhbuf_free, cap_hbuf_free;
     struct wb_sum_gpu *rsum;     /* rollouts: the batch of a tensor's records */
     struct wb_sum_piece *rpiece; /* [rcap] */
     uint64_t *rhash;             /* [rcap] */

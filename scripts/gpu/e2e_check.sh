@@ -1,38 +1,56 @@
 #!/usr/bin/env bash
-# e2e_check.sh — the whole job on a GPU machine with two or more GPUs (H100/H200, CUDA 13):
-# builds with CUDA, starts wb-controller, 4 trainer agents on GPU 0 and 2 rollout agents on
-# GPU 1 (the demo model: Qwen3-MoE-shaped, BF16 FSDP 2 x EP 2 -> FP8 TP 2; parameters, TMP
-# arena, inboxes and rollout weights all in GPU memory; fuse/quantize on the CUDA kernels),
-# runs three transfers per configuration, checks every rollout byte against the independent
-# CPU reference (wb-ctl verify) after each, and prints the per-stage and total times.
+# e2e_check.sh — the whole job on a GPU machine (H100/H200, CUDA 13): builds with CUDA, starts
+# wb-controller, 4 trainer agents on GPU 0 and 2 rollout agents on GPU 1 (on GPU 0 too when the
+# machine has one GPU) (the demo model: Qwen3-MoE-shaped, BF16 FSDP 2 x EP 2 -> FP8 TP 2;
+# parameters, TMP arena, inboxes and rollout weights all in GPU memory; fuse/quantize on the
+# CUDA kernels), runs three transfers per configuration, checks every rollout byte against the
+# independent CPU reference (wb-ctl verify) after each, and prints the per-stage and total times.
 #
 # Configurations: cudaipc (CUDA IPC peer copies over NVLink), then fabric/tcp with device
 # memory through the transport's bounce/staging buffers (no GPUDirect). Both in auto mode, the
-# first also in gather mode; then a larger model of the same shape (~0.5 B parameters, 4
-# layers x 16 experts, hidden 2048) over cudaipc for times that mean something (its reference
-# check runs on the last version only: the CPU reference of the whole model takes a while).
+# first also in gather mode; amax3: hidden size 128, so four trainers share each 128-row FP8
+# block of o_proj and each AMAX op has three peers; then a larger model of the same shape
+# (~0.5 B parameters, 4 layers x 16 experts, hidden 2048) over cudaipc for times that mean
+# something, and m9amax: 9.1 GB of BF16 (52 layers x 16 experts, hidden 2048, one KV head, so
+# every k_proj/v_proj block has four owners: AMAX ops with three peers) (the large models'
+# reference check runs on the last version only: the CPU reference takes a while).
 #
-# Usage: scripts/gpu/e2e_check.sh [--keep]   (--keep: leave the logs directory)
+# Usage: scripts/gpu/e2e_check.sh [--keep] [--no-build] [--bin DIR] [--only NAME,NAME...]
+#   --keep: leave the logs directory; --no-build: use the programs already built; --bin: the
+#   programs of another build (e.g. an older commit's, for a comparison in the same run);
+#   --only: run only these configurations.
 # Assumes the build's libraries are reachable (CPATH/LIBRARY_PATH/LD_LIBRARY_PATH, as
 # scripts/gpu/env.sh sets them). Exits non-zero when a transfer fails or any byte differs;
 # timings never fail it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-keep=0
-case "${1:-}" in
---keep) keep=1 ;;
-"") ;;
--h | --help)
-    sed -n '2,17p' "$0"
-    exit 0
-    ;;
-*)
-    echo "usage: scripts/gpu/e2e_check.sh [--keep]" >&2
-    exit 2
-    ;;
-esac
+keep=0 build=1 only=""
 root=$(pwd)
 bin=$root/build/bin
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --keep) keep=1 ;;
+    --no-build) build=0 ;;
+    --bin)
+        bin=$(cd "$2" && pwd) || exit 2
+        build=0
+        shift
+        ;;
+    --only)
+        only=",$2,"
+        shift
+        ;;
+    -h | --help)
+        sed -n '2,23p' "$0"
+        exit 0
+        ;;
+    *)
+        echo "usage: scripts/gpu/e2e_check.sh [--keep] [--no-build] [--bin DIR] [--only NAMES]" >&2
+        exit 2
+        ;;
+    esac
+    shift
+done
 jobs=$(nproc 2>/dev/null || echo 4)
 tmp=$(mktemp -d /tmp/e2e_check.XXXXXX)
 pids=()
@@ -45,19 +63,24 @@ trap cleanup EXIT
 export WB_TOKEN=e2e-check-$RANDOM$RANDOM
 export WB_LOG=${WB_LOG:-info}
 
-echo "== build (make CUDA=1)"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
     true
-if ! make -j"$jobs" CUDA=1 all >"$tmp/build.log" 2>&1; then
-    tail -n 40 "$tmp/build.log"
-    echo "e2e_check: build failed"
-    exit 1
+if [ $build -eq 1 ]; then
+    echo "== build (make CUDA=1)"
+    if ! make -j"$jobs" CUDA=1 all >"$tmp/build.log" 2>&1; then
+        tail -n 40 "$tmp/build.log"
+        echo "e2e_check: build failed"
+        exit 1
+    fi
 fi
+echo "programs: $bin"
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || echo 0)
-if [ "$ngpu" -lt 2 ]; then
-    echo "e2e_check: needs two GPUs, found $ngpu"
+if [ "$ngpu" -lt 1 ]; then
+    echo "e2e_check: needs a GPU, found none"
     exit 1
 fi
+rdev=1
+[ "$ngpu" -lt 2 ] && rdev=0 # one GPU: the rollouts share it with the trainers
 nvidia-smi topo -m 2>/dev/null | head -n 4 || true
 
 failed=()
@@ -67,6 +90,7 @@ failed=()
 run() {
     local name=$1 provider=$2 mode=$3 dir=$tmp/$1
     local config=${4:-$root/configs/jobs/demo/config.json} cap=${5:-4MiB} last=${6:-0}
+    [ -z "$only" ] || [[ $only == *",$name,"* ]] || return 0
     mkdir -p "$dir/dump"
     local port=$((21000 + RANDOM % 11000))
     local url=tcp://127.0.0.1:$port
@@ -85,7 +109,7 @@ heartbeat: 200ms
 dead_after: 3s
 EOF
     echo
-    echo "== $name: provider $provider, mode $mode; trainers on GPU 0, rollouts on GPU 1"
+    echo "== $name: provider $provider, mode $mode; trainers on GPU 0, rollouts on GPU $rdev"
     pids=()
     "$bin/wb-controller" --config "$dir/job.yaml" --listen "$url" >"$dir/controller.log" 2>&1 &
     pids+=($!)
@@ -97,7 +121,7 @@ EOF
         pids+=($!)
     done
     for r in 0 1; do
-        "$bin/wb-agent" --role rollout --rank $r --device 1 --controller "$url" "${dom[@]}" \
+        "$bin/wb-agent" --role rollout --rank $r --device $rdev --controller "$url" "${dom[@]}" \
             --dump "$dir/dump" >"$dir/rollout$r.log" 2>&1 &
         pids+=($!)
     done
@@ -152,16 +176,26 @@ run cudaipc-auto cudaipc auto
 run cudaipc-gather cudaipc gather
 run tcp-bounce-auto tcp auto
 
-# The larger model: the demo's config.json scaled up.
-python3 - "$root/configs/jobs/demo/config.json" "$tmp/large.json" <<'PY'
+# The demo's config.json with some sizes changed: NAME KEY=VALUE...
+config() {
+    python3 - "$root/configs/jobs/demo/config.json" "$tmp/$1.json" "${@:2}" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
-c.update(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-         num_attention_heads=16, num_key_value_heads=4, num_experts=16, num_hidden_layers=4,
-         vocab_size=32768)
+c.update({k: int(v) for k, v in (a.split("=") for a in sys.argv[3:])})
 json.dump(c, open(sys.argv[2], "w"), indent=1)
 PY
+}
+config amax3 hidden_size=128
+run amax3-cudaipc-auto cudaipc auto "$tmp/amax3.json"
+run amax3-tcp-bounce-auto tcp auto "$tmp/amax3.json"
+config large hidden_size=2048 intermediate_size=6144 moe_intermediate_size=768 \
+    num_attention_heads=16 num_key_value_heads=4 num_experts=16 num_hidden_layers=4 \
+    vocab_size=32768
 run large-cudaipc-auto cudaipc auto "$tmp/large.json" 1GiB 1
+config m9amax hidden_size=2048 intermediate_size=6144 moe_intermediate_size=768 \
+    num_attention_heads=16 num_key_value_heads=1 num_experts=16 num_hidden_layers=52 \
+    vocab_size=32768
+run m9amax-cudaipc-auto cudaipc auto "$tmp/m9amax.json" 1GiB 1
 
 echo
 if [ ${#failed[@]} -gt 0 ]; then

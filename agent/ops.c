@@ -312,6 +312,23 @@ int ag_ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint3
                            packed, dst);
 }
 
+uint64_t ag_ops_amax_host_need(const struct wb_route_table *t)
+{
+    uint64_t need = 64;
+    for (uint32_t i = 0; i < t->nops; i++) {
+        const struct wb_rt_op *op = &t->ops[i];
+        if (op->kind != WB_OP_AMAX)
+            continue;
+        uint64_t part = (wb_box_numel(wb_rt_box(t, op->amax.region)) + 1) * sizeof(float);
+        uint64_t in = (uint64_t)op->amax.npeers * ag_ops_amax_bytes(t, op);
+        uint64_t grid = ag_ops_grid_bytes(t, op->amax.grid);
+        need = part > need ? part : need;
+        need = in > need ? in : need;
+        need = grid > need ? grid : need;
+    }
+    return need;
+}
+
 uint64_t ag_ops_scratch_need(const struct wb_route_table *t)
 {
     uint64_t need = 4096;
@@ -322,12 +339,8 @@ uint64_t ag_ops_scratch_need(const struct wb_route_table *t)
             n = wb_box_numel(wb_rt_box(t, op->copy.src_box)) * 4;
         else if (op->kind == WB_OP_QUANT)
             n = wb_box_numel(wb_rt_box(t, op->quant.src_box)) * 4;
-        else if (op->kind == WB_OP_AMAX) { /* also every peer's partial, staged together */
+        else if (op->kind == WB_OP_AMAX)
             n = wb_box_numel(wb_rt_box(t, op->amax.src_box)) * 4;
-            uint64_t in =
-                (uint64_t)op->amax.npeers * wb_box_numel(wb_rt_box(t, op->amax.blocks)) * 4;
-            n = in > n ? in : n;
-        }
         if (n > need)
             need = n;
     }

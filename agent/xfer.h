@@ -262,7 +262,8 @@ struct data {
     struct wb_sum_record *srec;  /* GPU: [table.nwrites], pinned: records on their way to sum_out */
     struct wb_sum_gpu **sum_free; /* GPU batches not in use (a task holds one in flight) */
     size_t nsum_free, cap_sum_free;
-    void **hbuf_free; /* amax steps' host buffers (scratch_bytes + 64) not in use */
+    uint64_t hbuf_bytes; /* the amax steps' host buffers' size (ag_ops_amax_host_need) */
+    void **hbuf_free;    /* those buffers not in use */
     size_t nhbuf_free, cap_hbuf_free;
     struct wb_sum_gpu *rsum;     /* rollouts: the batch of a tensor's records */
     struct wb_sum_piece *rpiece; /* [rcap] */
@@ -345,5 +346,8 @@ uint64_t ag_ops_grid_bytes(const struct wb_route_table *t, uint32_t grid);
 int ag_ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint32_t member,
                          const void *packed);
 uint64_t ag_ops_scratch_need(const struct wb_route_table *t);
+/* Bytes of each host buffer an AMAX op's steps use: its partial, its peers' partials, its
+ * grid (the largest over the table's AMAX ops). */
+uint64_t ag_ops_amax_host_need(const struct wb_route_table *t);
 
 #endif /* WB_AGENT_XFER_H */

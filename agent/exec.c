@@ -45,7 +45,7 @@ struct task {
     uint64_t writes_left;
     int span_stage;
     uint64_t span_t0;
-    void *h[3];  /* host buffers of GPU amax steps, freed with the task */
+    void *hpart; /* host buffer of the CPU amax steps' partial (hbuf_get) */
     bool waited; /* could not start at once for lack of memory */
     bool h2d;    /* H2D copies issued on the copy stream that the kernel stream must follow */
     struct ag_io_req io;   /* a sourced trainer's read for the current H2D op */
@@ -315,10 +315,9 @@ static void sum_release(struct data *d, struct task *tk)
     }
 }
 
-/* The amax steps' host buffers (pinned on a GPU; d->hbuf_bytes, what the largest AMAX op
- * needs), kept for the next task: pinning memory costs milliseconds and freeing it waits for
- * the whole device, which once per amax task (and at the size of the largest copy's scratch)
- * made a 9 GB transfer with 104 such tasks per trainer take 0.6 s instead of tens of ms. */
+/* The host amax steps' partial buffers (d->hbuf_bytes: the table's largest), kept for the next
+ * task: ag_host_alloc pins them on a machine with a GPU, and pinning costs milliseconds while
+ * unpinning waits for the whole device (GPU agents do these steps on the device). */
 static int hbuf_get(struct data *d, void **out)
 {
     if (*out)
@@ -330,18 +329,16 @@ static int hbuf_get(struct data *d, void **out)
     return ag_host_alloc(d->hbuf_bytes, out);
 }
 
-static void hbufs_put(struct data *d, struct task *tk)
+static void hbuf_put(struct data *d, struct task *tk)
 {
-    for (int k = 0; k < 3; k++) {
-        if (!tk->h[k])
-            continue;
-        if (d->nhbuf_free < d->cap_hbuf_free ||
-            !wb_grow(&d->hbuf_free, &d->cap_hbuf_free, 8, sizeof(*d->hbuf_free)))
-            d->hbuf_free[d->nhbuf_free++] = tk->h[k];
-        else
-            ag_host_free(tk->h[k]);
-        tk->h[k] = NULL;
-    }
+    if (!tk->hpart)
+        return;
+    if (d->nhbuf_free < d->cap_hbuf_free ||
+        !wb_grow(&d->hbuf_free, &d->cap_hbuf_free, 8, sizeof(*d->hbuf_free)))
+        d->hbuf_free[d->nhbuf_free++] = tk->hpart;
+    else
+        ag_host_free(tk->hpart);
+    tk->hpart = NULL;
 }
 
 /* What a task holds beyond its TMP bytes: its event, host buffers and checksum batch. */
@@ -349,7 +346,7 @@ static void task_release(struct data *d, struct task *tk)
 {
     ag_event_destroy(tk->ev);
     tk->ev = NULL;
-    hbufs_put(d, tk);
+    hbuf_put(d, tk);
     sum_release(d, tk);
 }
 
@@ -775,31 +772,25 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
     uint64_t nb = ag_ops_amax_bytes(t, op);
     int rc = 0;
     switch (tk->sub) {
-    case 0: { /* partial amax of my region */
+    case 0: { /* my region's partial amax, arranged over the op's blocks into the outbox */
         if (!barriers_ok(d, t->tasks[ti].phase))
             return STEP_WAIT;
         span_open(d, tk, ti, WB_STAGE_GATHER);
-        if ((rc = hbuf_get(d, &tk->h[0])) != 0) /* hbuf_bytes covers the partial */
-            return rc;
-        if ((rc = ag_ops_amax_partial(c, op, d->scratch[1], tk->h[0])) != 0)
-            return rc;
-        tk->sub = 1;
-        return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
-    }
-    case 1: { /* arrange it over the op's blocks, into the outbox */
-        uint8_t *out = (uint8_t *)d->amax_out + d->amax_out_off[opi];
-        if (d->gpu) {
-            if ((rc = hbuf_get(d, &tk->h[1])) != 0)
+        float *out = (float *)((uint8_t *)d->amax_out + d->amax_out_off[opi]);
+        if (d->gpu) { /* all on the device: one event, before the writes read the outbox */
+            if ((rc = ag_ops_amax_partial(c, op, d->scratch[1], NULL)) != 0 ||
+                (rc = ag_ops_amax_blocks_dev(c, op, d->scratch[1], out)) != 0)
                 return rc;
-            ag_ops_amax_blocks(c, op, tk->h[0], tk->h[1]);
-            if ((rc = ag_copy_async(out, tk->h[1], nb, d->stream)) != 0)
-                return rc;
-        } else {
-            ag_ops_amax_blocks(c, op, tk->h[0], (float *)out);
+            tk->sub = 2;
+            return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
         }
+        if ((rc = hbuf_get(d, &tk->hpart)) != 0 ||
+            (rc = ag_ops_amax_partial(c, op, d->scratch[1], tk->hpart)) != 0)
+            return rc;
+        ag_ops_amax_blocks(c, op, tk->hpart, out);
         tk->sub = 2;
-        return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
     }
+    /* fall through */
     case 2: { /* the one partial to every peer */
         for (uint32_t k = 0; k < a->npeers; k++) {
             const struct wb_rt_amax_peer *pe = &t->amax_peers[a->peer0 + k];
@@ -822,36 +813,20 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
         tk->sub = 3;
     }
     /* fall through */
-    case 3: { /* every peer's partial, merged into the task's amax grid */
+    case 3: { /* every peer's partial, merged into the task's amax grid (on a GPU by a kernel
+               * reading the device inbox, ahead of the QUANT op on the same stream) */
         const struct wb_rt_amax_peer *P = &t->amax_peers[a->peer0];
         for (uint32_t k = 0; k < a->npeers; k++)
             if (P[k].tag > d->max_amax_tag || !d->amax_arrived[P[k].tag])
                 return STEP_WAIT;
-        if (!d->gpu) {
-            for (uint32_t k = 0; k < a->npeers; k++)
-                ag_ops_amax_into_grid(c, op,
-                                      (const float *)((uint8_t *)d->amax_in + P[k].inbox_off),
-                                      (float *)(c->tmp + a->amax_off));
-            break;
-        }
-        if ((rc = hbuf_get(d, &tk->h[2])) != 0)
-            return rc;
-        for (uint32_t k = 0; k < a->npeers; k++)
-            if ((rc = ag_copy_async((uint8_t *)tk->h[2] + k * nb,
-                                    (const uint8_t *)d->amax_in + P[k].inbox_off, nb, d->stream)))
+        float *grid = (float *)(c->tmp + a->amax_off);
+        for (uint32_t k = 0; k < a->npeers; k++) {
+            const float *in = (const float *)((uint8_t *)d->amax_in + P[k].inbox_off);
+            if (!d->gpu)
+                ag_ops_amax_into_grid(c, op, in, grid);
+            else if ((rc = ag_ops_amax_into_grid_dev(c, op, in, grid)) != 0)
                 return rc;
-        tk->sub = 4;
-        return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
-    }
-    case 4: { /* GPU: spread on the host, merge on the device */
-        uint64_t gb = ag_ops_grid_bytes(t, a->grid);
-        memset(tk->h[1], 0, gb);
-        for (uint32_t k = 0; k < a->npeers; k++)
-            ag_ops_amax_into_grid(c, op, (const float *)((uint8_t *)tk->h[2] + k * nb), tk->h[1]);
-        if ((rc = ag_copy_async(d->scratch[0], tk->h[1], gb, d->stream)) != 0 ||
-            (rc = ag_amax_merge_async((float *)(c->tmp + a->amax_off), d->scratch[0],
-                                      gb / sizeof(float), d->stream)) != 0)
-            return rc;
+        }
         break;
     }
     }
@@ -1051,7 +1026,7 @@ static int step_task(struct data *d, uint32_t ti)
         d->tmp_used -= tk->tmp_len;
         d->tasks_done++;
         d->done_bytes += d->task_bytes[ti];
-        hbufs_put(d, tk);
+        hbuf_put(d, tk);
     }
     return 0;
 }

@@ -146,6 +146,43 @@ extern "C" int ag_amax_merge_async(float *acc, const float *part, size_t n, void
     return cu(cudaGetLastError());
 }
 
+static __global__ void box_move_kernel(float *b_arr, struct ag_box b, const float *a_arr,
+                                       struct ag_box a, struct ag_box in, uint64_t n, int merge)
+{
+    uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    uint64_t ia = 0, ib = 0, stride_a = 1, stride_b = 1, rest = i;
+    for (int d = (int)in.ndim - 1; d >= 0; d--) { /* i's coordinates in `in`, last dim first */
+        uint64_t g = in.off[d] + rest % in.ext[d];
+        rest /= in.ext[d];
+        ia += (g - a.off[d]) * stride_a;
+        ib += (g - b.off[d]) * stride_b;
+        stride_a *= a.ext[d];
+        stride_b *= b.ext[d];
+    }
+    float v = a_arr[ia];
+    if (merge) {
+        float x = b_arr[ib];
+        v = (isnan(x) || isnan(v)) ? __int_as_float(0x7fffffff) : fmaxf(x, v);
+    }
+    b_arr[ib] = v;
+}
+
+extern "C" int ag_box_move_async(float *b_arr, const struct ag_box *b, const float *a_arr,
+                                 const struct ag_box *a, const struct ag_box *in, int merge,
+                                 void *stream)
+{
+    uint64_t n = 1;
+    for (uint32_t d = 0; d < in->ndim; d++)
+        n *= in->ext[d];
+    if (!n)
+        return 0;
+    unsigned blocks = (unsigned)((n + 255) / 256);
+    box_move_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(b_arr, *b, a_arr, *a, *in, n, merge);
+    return cu(cudaGetLastError());
+}
+
 extern "C" int ag_host_alloc(size_t n, void **out)
 {
     void *p = NULL;

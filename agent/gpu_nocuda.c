@@ -61,6 +61,19 @@ int ag_stream_sync(void *stream)
     return -WB_E_NOGPU;
 }
 
+int ag_box_move_async(float *b_arr, const struct ag_box *b, const float *a_arr,
+                      const struct ag_box *a, const struct ag_box *in, int merge, void *stream)
+{
+    (void)b_arr;
+    (void)b;
+    (void)a_arr;
+    (void)a;
+    (void)in;
+    (void)merge;
+    (void)stream;
+    return -WB_E_NOGPU;
+}
+
 int ag_copy_async(void *dst, const void *src, size_t n, void *stream)
 {
     (void)dst;

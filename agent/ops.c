@@ -199,11 +199,6 @@ uint64_t ag_ops_amax_bytes(const struct wb_route_table *t, const struct wb_rt_op
     return wb_box_numel(wb_rt_box(t, op->amax.blocks)) * sizeof(float);
 }
 
-uint64_t ag_ops_grid_bytes(const struct wb_route_table *t, uint32_t grid)
-{
-    return wb_box_numel(wb_rt_box(t, grid)) * sizeof(float);
-}
-
 int ag_ops_amax_partial(const struct opctx *c, const struct wb_rt_op *op, float *dev_part,
                         float *host_part)
 {
@@ -214,7 +209,7 @@ int ag_ops_amax_partial(const struct opctx *c, const struct wb_rt_op *op, float 
     const struct wb_box *region = wb_rt_box(t, a->region);
     int rc = region_amax(c, &a->src, a->src_box, region, c->d->gpu ? dev_part : host_part, NULL, &g,
                          &lead);
-    if (!rc && c->d->gpu)
+    if (!rc && c->d->gpu && host_part)
         rc = ag_copy_async(host_part, dev_part, lead * g.rows * g.cols * sizeof(float),
                            c->d->stream);
     return rc;
@@ -275,6 +270,42 @@ void ag_ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const 
     }
 }
 
+static struct ag_box gbox(const struct wb_box *b)
+{
+    struct ag_box g = {.ndim = b->ndim};
+    for (uint32_t i = 0; i < b->ndim && i < AG_BOX_DIMS; i++) {
+        g.off[i] = b->off[i];
+        g.ext[i] = b->ext[i];
+    }
+    return g;
+}
+
+int ag_ops_amax_blocks_dev(const struct opctx *c, const struct wb_rt_op *op, const float *part,
+                           float *blocks)
+{
+    const struct wb_route_table *t = &c->d->table;
+    const struct wb_box *bl = wb_rt_box(t, op->amax.blocks);
+    struct wb_box rg = region_grid_box(wb_rt_box(t, op->amax.region)), in;
+    int rc = ag_memset_async(blocks, 0, wb_box_numel(bl) * sizeof(float), c->d->stream);
+    if (rc || !wb_box_intersect(&rg, bl, &in))
+        return rc;
+    struct ag_box gb = gbox(bl), gr = gbox(&rg), gi = gbox(&in);
+    return ag_box_move_async(blocks, &gb, part, &gr, &gi, 0, c->d->stream);
+}
+
+int ag_ops_amax_into_grid_dev(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
+                              float *grid)
+{
+    const struct wb_route_table *t = &c->d->table;
+    const struct wb_box *bl = wb_rt_box(t, op->amax.blocks);
+    const struct wb_box *gr = wb_rt_box(t, op->amax.grid);
+    struct wb_box in;
+    if (!wb_box_intersect(gr, bl, &in))
+        return 0;
+    struct ag_box gg = gbox(gr), gb = gbox(bl), gi = gbox(&in);
+    return ag_box_move_async(grid, &gg, peer, &gb, &gi, 1, c->d->stream);
+}
+
 static void put_a_from_b(void *arg, uint64_t ia, uint64_t ib)
 {
     struct mv *m = arg;
@@ -320,11 +351,7 @@ uint64_t ag_ops_amax_host_need(const struct wb_route_table *t)
         if (op->kind != WB_OP_AMAX)
             continue;
         uint64_t part = (wb_box_numel(wb_rt_box(t, op->amax.region)) + 1) * sizeof(float);
-        uint64_t in = (uint64_t)op->amax.npeers * ag_ops_amax_bytes(t, op);
-        uint64_t grid = ag_ops_grid_bytes(t, op->amax.grid);
         need = part > need ? part : need;
-        need = in > need ? in : need;
-        need = grid > need ? grid : need;
     }
     return need;
 }

@@ -331,23 +331,27 @@ struct opctx {
 void *ag_ops_view_ptr(const struct opctx *c, const struct wb_rt_view *v);
 int ag_ops_copy(const struct opctx *c, const struct wb_rt_op *op);
 int ag_ops_quant(const struct opctx *c, const struct wb_rt_op *op);
-/* AMAX: partial amax of op's region over op's blocks, FP32 array (blocks' extents) into the
- * host buffer out (device work is synchronous here only through the event the caller waits
- * on: ag_ops_amax_partial enqueues, the caller reads `out` after the event). */
+/* AMAX: partial amax of every block op's region touches (FP32, the region's block grid), into
+ * host_part; on a GPU into dev_part, enqueued on the stream, and copied to host_part too unless
+ * it is NULL (the caller reads it after an event). */
 int ag_ops_amax_partial(const struct opctx *c, const struct wb_rt_op *op, float *dev_part,
                         float *host_part);
 void ag_ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const float *part,
                         float *blocks);
-/* Merges the peer's blocks array into the TMP amax grid (host: in place; GPU: via host). */
+/* GPU: the partial (device) arranged over the op's blocks into `blocks` (device), and a peer's
+ * blocks array (device inbox) max-merged into the TMP amax grid, both on the stream. */
+int ag_ops_amax_blocks_dev(const struct opctx *c, const struct wb_rt_op *op, const float *part,
+                           float *blocks);
+int ag_ops_amax_into_grid_dev(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
+                              float *grid);
+/* Merges the peer's blocks array into the TMP amax grid, both host memory. */
 void ag_ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
                            float *grid);
 uint64_t ag_ops_amax_bytes(const struct wb_route_table *t, const struct wb_rt_op *op);
-uint64_t ag_ops_grid_bytes(const struct wb_route_table *t, uint32_t grid);
 int ag_ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint32_t member,
                          const void *packed);
 uint64_t ag_ops_scratch_need(const struct wb_route_table *t);
-/* Bytes of each host buffer an AMAX op's steps use: its partial, its peers' partials, its
- * grid (the largest over the table's AMAX ops). */
+/* Bytes of the host buffer an AMAX op's partial takes (the largest over the table's). */
 uint64_t ag_ops_amax_host_need(const struct wb_route_table *t);
 
 #endif /* WB_AGENT_XFER_H */

@@ -779,15 +779,15 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
         float *out = (float *)((uint8_t *)d->amax_out + d->amax_out_off[opi]);
         if (d->gpu) { /* all on the device: one event, before the writes read the outbox */
             if ((rc = ag_ops_amax_partial(c, op, d->scratch[1], NULL)) != 0 ||
-                (rc = ag_ops_amax_blocks_dev(c, op, d->scratch[1], out)) != 0)
+                (rc = ag_ops_amax_blocks(c, op, d->scratch[1], out)) != 0)
                 return rc;
             tk->sub = 2;
             return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
         }
         if ((rc = hbuf_get(d, &tk->hpart)) != 0 ||
-            (rc = ag_ops_amax_partial(c, op, d->scratch[1], tk->hpart)) != 0)
+            (rc = ag_ops_amax_partial(c, op, d->scratch[1], tk->hpart)) != 0 ||
+            (rc = ag_ops_amax_blocks(c, op, tk->hpart, out)) != 0)
             return rc;
-        ag_ops_amax_blocks(c, op, tk->hpart, out);
         tk->sub = 2;
     }
     /* fall through */
@@ -820,13 +820,10 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
             if (P[k].tag > d->max_amax_tag || !d->amax_arrived[P[k].tag])
                 return STEP_WAIT;
         float *grid = (float *)(c->tmp + a->amax_off);
-        for (uint32_t k = 0; k < a->npeers; k++) {
-            const float *in = (const float *)((uint8_t *)d->amax_in + P[k].inbox_off);
-            if (!d->gpu)
-                ag_ops_amax_into_grid(c, op, in, grid);
-            else if ((rc = ag_ops_amax_into_grid_dev(c, op, in, grid)) != 0)
+        for (uint32_t k = 0; k < a->npeers; k++)
+            if ((rc = ag_ops_amax_into_grid(
+                     c, op, (const float *)((uint8_t *)d->amax_in + P[k].inbox_off), grid)) != 0)
                 return rc;
-        }
         break;
     }
     }

@@ -257,19 +257,6 @@ static void put_b_from_a(void *arg, uint64_t ia, uint64_t ib)
     m->dst[ib] = m->src[ia];
 }
 
-void ag_ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const float *part,
-                        float *blocks)
-{
-    const struct wb_route_table *t = &c->d->table;
-    const struct wb_box *bl = wb_rt_box(t, op->amax.blocks);
-    struct wb_box rg = region_grid_box(wb_rt_box(t, op->amax.region)), in;
-    memset(blocks, 0, wb_box_numel(bl) * sizeof(float));
-    if (wb_box_intersect(&rg, bl, &in)) {
-        struct mv m = {blocks, part};
-        walk2(&in, &rg, bl, put_b_from_a, &m);
-    }
-}
-
 static struct ag_box gbox(const struct wb_box *b)
 {
     struct ag_box g = {.ndim = b->ndim};
@@ -280,30 +267,27 @@ static struct ag_box gbox(const struct wb_box *b)
     return g;
 }
 
-int ag_ops_amax_blocks_dev(const struct opctx *c, const struct wb_rt_op *op, const float *part,
-                           float *blocks)
+int ag_ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const float *part,
+                       float *blocks)
 {
     const struct wb_route_table *t = &c->d->table;
     const struct wb_box *bl = wb_rt_box(t, op->amax.blocks);
     struct wb_box rg = region_grid_box(wb_rt_box(t, op->amax.region)), in;
-    int rc = ag_memset_async(blocks, 0, wb_box_numel(bl) * sizeof(float), c->d->stream);
-    if (rc || !wb_box_intersect(&rg, bl, &in))
-        return rc;
-    struct ag_box gb = gbox(bl), gr = gbox(&rg), gi = gbox(&in);
-    return ag_box_move_async(blocks, &gb, part, &gr, &gi, 0, c->d->stream);
-}
-
-int ag_ops_amax_into_grid_dev(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
-                              float *grid)
-{
-    const struct wb_route_table *t = &c->d->table;
-    const struct wb_box *bl = wb_rt_box(t, op->amax.blocks);
-    const struct wb_box *gr = wb_rt_box(t, op->amax.grid);
-    struct wb_box in;
-    if (!wb_box_intersect(gr, bl, &in))
-        return 0;
-    struct ag_box gg = gbox(gr), gb = gbox(bl), gi = gbox(&in);
-    return ag_box_move_async(grid, &gg, peer, &gb, &gi, 1, c->d->stream);
+    uint64_t nb = wb_box_numel(bl) * sizeof(float);
+    bool any = wb_box_intersect(&rg, bl, &in);
+    if (c->d->gpu) {
+        int rc = ag_memset_async(blocks, 0, nb, c->d->stream);
+        if (rc || !any)
+            return rc;
+        struct ag_box gb = gbox(bl), gr = gbox(&rg), gi = gbox(&in);
+        return ag_box_move_async(blocks, &gb, part, &gr, &gi, 0, c->d->stream);
+    }
+    memset(blocks, 0, nb);
+    if (any) {
+        struct mv m = {blocks, part};
+        walk2(&in, &rg, bl, put_b_from_a, &m);
+    }
+    return 0;
 }
 
 static void put_a_from_b(void *arg, uint64_t ia, uint64_t ib)
@@ -312,23 +296,28 @@ static void put_a_from_b(void *arg, uint64_t ia, uint64_t ib)
     m->dst[ia] = m->src[ib];
 }
 
-void ag_ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
-                           float *grid)
+int ag_ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
+                          float *grid)
 {
     const struct wb_route_table *t = &c->d->table;
     const struct wb_box *bl = wb_rt_box(t, op->amax.blocks);
     const struct wb_box *gr = wb_rt_box(t, op->amax.grid);
     struct wb_box in;
     if (!wb_box_intersect(gr, bl, &in))
-        return;
+        return 0;
+    if (c->d->gpu) {
+        struct ag_box gg = gbox(gr), gb = gbox(bl), gi = gbox(&in);
+        return ag_box_move_async(grid, &gg, peer, &gb, &gi, 1, c->d->stream);
+    }
     /* Spread the peer's values over the grid's layout, then merge (zero is neutral: amax >= 0,
-     * and a NaN still wins). On a GPU `grid` is a host array merged on the device later. */
+     * and a NaN still wins). */
     uint64_t n = wb_box_numel(gr);
     float *spread = c->d->hscratch;
     memset(spread, 0, n * sizeof(float));
     struct mv m = {spread, peer};
     walk2(&in, gr, bl, put_a_from_b, &m);
     wb_quant_fp8_amax_merge(grid, spread, n);
+    return 0;
 }
 
 int ag_ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint32_t member,

@@ -336,17 +336,13 @@ int ag_ops_quant(const struct opctx *c, const struct wb_rt_op *op);
  * it is NULL (the caller reads it after an event). */
 int ag_ops_amax_partial(const struct opctx *c, const struct wb_rt_op *op, float *dev_part,
                         float *host_part);
-void ag_ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const float *part,
-                        float *blocks);
-/* GPU: the partial (device) arranged over the op's blocks into `blocks` (device), and a peer's
- * blocks array (device inbox) max-merged into the TMP amax grid, both on the stream. */
-int ag_ops_amax_blocks_dev(const struct opctx *c, const struct wb_rt_op *op, const float *part,
-                           float *blocks);
-int ag_ops_amax_into_grid_dev(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
-                              float *grid);
-/* Merges the peer's blocks array into the TMP amax grid, both host memory. */
-void ag_ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
-                           float *grid);
+/* The partial arranged over the op's blocks into `blocks` (zero where the region has none),
+ * and a peer's blocks array max-merged into the TMP amax grid (NaN wins): host memory, or on a
+ * GPU device memory by a kernel on the stream. */
+int ag_ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const float *part,
+                       float *blocks);
+int ag_ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, const float *peer,
+                          float *grid);
 uint64_t ag_ops_amax_bytes(const struct wb_route_table *t, const struct wb_rt_op *op);
 int ag_ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint32_t member,
                          const void *packed);

@@ -633,10 +633,6 @@ static void test_netns_tcp(void)
     stop(&c);
 }
 
-/* A vocab that is not a multiple of 64: vLLM pads 1000 rows to 1024 and splits that, 512 rows
- * per rank; rollout 1 receives rows 512..999 of the embedding and the LM head (24 x 256 x 2
- * bytes less of each) and its last 24 rows are padding nobody writes, which the reference
- * leaves out of the comparison. */
 /* The demo's config.json with one setting changed (`from` -> `to`, the same length), written
  * to the test's directory as `name`; its path into hf. */
 static void demo_config_with(const char *name, const char *from, const char *to, char *hf,
@@ -651,19 +647,30 @@ static void demo_config_with(const char *name, const char *from, const char *to,
     free(text);
 }
 
-static void test_padded_vocab(void)
+/* The demo job with the config.json hf, over tcp in auto mode: two transfers, every byte
+ * checked; recv0/recv1 the bytes each rollout receives. */
+static void run_variant(const char *hf, uint64_t recv0, uint64_t recv1, unsigned port_salt)
 {
-    char hf[700];
-    demo_config_with("config.json", "\"vocab_size\": 1024", "\"vocab_size\": 1000", hf, sizeof(hf));
     struct cluster c = {.provider = "tcp", .domain = "lo", .hf_config = hf};
-    c.recv[0] = DEMO_RECV;
-    c.recv[1] = DEMO_RECV - 2 * 24 * 256 * 2;
-    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(13));
+    c.recv[0] = recv0;
+    c.recv[1] = recv1;
+    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(port_salt));
     write_job(&c, "auto", "4MiB", false);
     start(&c, NULL);
     for (uint64_t v = 1; v <= 2; v++)
         transfer_ok(&c, v, NULL);
     stop(&c);
+}
+
+/* A vocab that is not a multiple of 64: vLLM pads 1000 rows to 1024 and splits that, 512 rows
+ * per rank; rollout 1 receives rows 512..999 of the embedding and the LM head (24 x 256 x 2
+ * bytes less of each) and its last 24 rows are padding nobody writes, which the reference
+ * leaves out of the comparison. */
+static void test_padded_vocab(void)
+{
+    char hf[700];
+    demo_config_with("config.json", "\"vocab_size\": 1024", "\"vocab_size\": 1000", hf, sizeof(hf));
+    run_variant(hf, DEMO_RECV, DEMO_RECV - 2 * 24 * 256 * 2, 13);
 }
 
 /* Hidden size 128: o_proj's 4-way row shards are 32 rows, so four trainers share each 128-row
@@ -674,14 +681,7 @@ static void test_amax_three_peers(void)
     char hf[700];
     demo_config_with("config_h128.json", "\"hidden_size\": 256", "\"hidden_size\": 128", hf,
                      sizeof(hf));
-    struct cluster c = {.provider = "tcp", .domain = "lo", .hf_config = hf};
-    c.recv[0] = c.recv[1] = 856464;
-    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(16));
-    write_job(&c, "auto", "4MiB", false);
-    start(&c, NULL);
-    for (uint64_t v = 1; v <= 2; v++)
-        transfer_ok(&c, v, NULL);
-    stop(&c);
+    run_variant(hf, 856464, 856464, 16);
 }
 
 /* ---------------------------------------------------------------- strangers */

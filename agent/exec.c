@@ -11,8 +11,9 @@
  * Exchanges. GATHER: each member writes its shard into every other member's gather inbox
  * (section of the mesh, slot of the gather, place of the member) with an immediate counted
  * there; when a member's slot has all peers' parts it unpacks them into the full tensor. AMAX:
- * each side writes its partial block amax into the other's amax inbox with the op's tag and
- * merges what arrives. Both start only when the barriers of earlier phases completed.
+ * the rank computes its partial block amax once, writes it into every peer's amax inbox with
+ * that exchange's tag and merges what arrives from each (on a GPU, by kernels reading the
+ * device inbox). Both start only when the barriers of earlier phases completed.
  *
  * Barrier. As soon as a phase's last GATHER/AMAX op on this rank completed, the rank sends one
  * immediate to every other trainer; the barrier of the phase is complete when all of theirs

@@ -904,8 +904,9 @@ static void *sources_thread(void *arg)
 
 /* ---------------------------------------------------------------- order */
 
-/* Every AMAX op has exactly one mirror: same tag on its peer, pointing back, same tensor and
- * blocks, inboxes crossed (equal fingerprints, noted by the sources threads). */
+/* Every exchange of an AMAX op has exactly one mirror: the same tag in an AMAX op of its peer,
+ * naming this rank back, same tensor and blocks, inboxes crossed (equal fingerprints, noted by
+ * the sources threads). */
 static void check_amax(struct vctx *v, struct order_idx *x, const struct vec *xtra)
 {
     if (xtra->n) { /* tags past the array: into a larger one (a plan whose figures are off) */
@@ -935,7 +936,7 @@ static void check_amax(struct vctx *v, struct order_idx *x, const struct vec *xt
         }
     }
     if (x->too_many)
-        verr(v, "amax tag %u used by more than two ops (rank %u)", x->many_tag, x->many_rank);
+        verr(v, "amax tag %u used by more than two exchanges (rank %u)", x->many_tag, x->many_rank);
     for (uint32_t tag = 1; tag < x->ntag; tag++) {
         const struct amax_slot *sl = &x->at[tag];
         if (!sl->rank[0] && !sl->rank[1])

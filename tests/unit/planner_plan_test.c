@@ -420,6 +420,25 @@ static void test_verify_catches(void)
     am->tag = tag;
     wb_errlist_free(&f.el);
     wb_errlist_init(&f.el);
+    /* an exchange that takes another pair's tag, on the same side (lower rank) as that pair's */
+    struct wb_rt_amax_peer *other = NULL;
+    for (uint32_t r = 0; r < p->ntrainers && !other; r++)
+        for (uint32_t k = 0; k < p->tables[r].namax_peers && !other; k++) {
+            struct wb_rt_amax_peer *x = &p->tables[r].amax_peers[k];
+            if (x->tag != tag && (r < x->rank) == (ar < am->rank))
+                other = x;
+        }
+    CHECK(other != NULL);
+    am->tag = other->tag;
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+    snprintf(want, sizeof(want), "amax tag %u used by more than two exchanges (rank ", other->tag);
+    bool found = false;
+    for (size_t i = 0; i < f.el.n; i++)
+        found |= strncmp(f.el.msgs[i], want, strlen(want)) == 0;
+    CHECK(found);
+    am->tag = tag;
+    wb_errlist_free(&f.el);
+    wb_errlist_init(&f.el);
     /* an amax op whose peers run past the table's */
     struct wb_rt_op *ao = NULL;
     uint32_t aoi = 0;

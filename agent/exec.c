@@ -46,7 +46,6 @@ struct task {
     uint64_t writes_left;
     int span_stage;
     uint64_t span_t0;
-    void *hpart; /* host buffer of the CPU amax steps' partial (hbuf_get) */
     bool waited; /* could not start at once for lack of memory */
     bool h2d;    /* H2D copies issued on the copy stream that the kernel stream must follow */
     struct ag_io_req io;   /* a sourced trainer's read for the current H2D op */
@@ -299,7 +298,6 @@ int ag_exec_setup(struct data *d, char *err, size_t errcap)
         all += align_up(t->tasks[i].tmp_bytes);
     d->tmp_size = all < d->cap ? all : d->cap;
     d->scratch_bytes = ag_ops_scratch_need(t);
-    d->hbuf_bytes = ag_ops_amax_host_need(t);
     return 0;
 }
 
@@ -316,38 +314,11 @@ static void sum_release(struct data *d, struct task *tk)
     }
 }
 
-/* The host amax steps' partial buffers (d->hbuf_bytes: the table's largest), kept for the next
- * task: ag_host_alloc pins them on a machine with a GPU, and pinning costs milliseconds while
- * unpinning waits for the whole device (GPU agents do these steps on the device). */
-static int hbuf_get(struct data *d, void **out)
-{
-    if (*out)
-        return 0;
-    if (d->nhbuf_free) {
-        *out = d->hbuf_free[--d->nhbuf_free];
-        return 0;
-    }
-    return ag_host_alloc(d->hbuf_bytes, out);
-}
-
-static void hbuf_put(struct data *d, struct task *tk)
-{
-    if (!tk->hpart)
-        return;
-    if (d->nhbuf_free < d->cap_hbuf_free ||
-        !wb_grow(&d->hbuf_free, &d->cap_hbuf_free, 8, sizeof(*d->hbuf_free)))
-        d->hbuf_free[d->nhbuf_free++] = tk->hpart;
-    else
-        ag_host_free(tk->hpart);
-    tk->hpart = NULL;
-}
-
-/* What a task holds beyond its TMP bytes: its event, host buffers and checksum batch. */
+/* What a task holds beyond its TMP bytes: its event and checksum batch. */
 static void task_release(struct data *d, struct task *tk)
 {
     ag_event_destroy(tk->ev);
     tk->ev = NULL;
-    hbuf_put(d, tk);
     sum_release(d, tk);
 }
 
@@ -359,11 +330,6 @@ void ag_exec_free(struct data *d)
     for (size_t i = 0; i < d->nsum_free; i++)
         wb_sum_gpu_free(d->sum_free[i]);
     free(d->sum_free);
-    for (size_t i = 0; i < d->nhbuf_free; i++)
-        ag_host_free(d->hbuf_free[i]);
-    free(d->hbuf_free);
-    d->hbuf_free = NULL;
-    d->nhbuf_free = d->cap_hbuf_free = 0;
     free(d->wsame);
     free(d->wpiece);
     free(d->spiece);
@@ -785,9 +751,10 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
             tk->sub = 2;
             return (rc = sync_point(d, tk)) ? rc : STEP_WAIT;
         }
-        if ((rc = hbuf_get(d, &tk->hpart)) != 0 ||
-            (rc = ag_ops_amax_partial(c, op, d->scratch[1], tk->hpart)) != 0 ||
-            (rc = ag_ops_amax_blocks(c, op, tk->hpart, out)) != 0)
+        /* host memory: partial and arrangement in this one call, through the host scratch
+         * (its scratch_bytes cover the op's source box in FP32, more than its blocks) */
+        if ((rc = ag_ops_amax_partial(c, op, d->scratch[1], d->hscratch)) != 0 ||
+            (rc = ag_ops_amax_blocks(c, op, d->hscratch, out)) != 0)
             return rc;
         tk->sub = 2;
     }
@@ -1024,7 +991,6 @@ static int step_task(struct data *d, uint32_t ti)
         d->tmp_used -= tk->tmp_len;
         d->tasks_done++;
         d->done_bytes += d->task_bytes[ti];
-        hbuf_put(d, tk);
     }
     return 0;
 }

@@ -146,8 +146,8 @@ extern "C" int ag_amax_merge_async(float *acc, const float *part, size_t n, void
     return cu(cudaGetLastError());
 }
 
-static __global__ void box_move_kernel(float *b_arr, struct ag_box b, const float *a_arr,
-                                       struct ag_box a, struct ag_box in, uint64_t n, int merge)
+static __global__ void box_move_kernel(float *b_arr, struct wb_box b, const float *a_arr,
+                                       struct wb_box a, struct wb_box in, uint64_t n, int merge)
 {
     uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
     if (i >= n)
@@ -169,8 +169,8 @@ static __global__ void box_move_kernel(float *b_arr, struct ag_box b, const floa
     b_arr[ib] = v;
 }
 
-extern "C" int ag_box_move_async(float *b_arr, const struct ag_box *b, const float *a_arr,
-                                 const struct ag_box *a, const struct ag_box *in, int merge,
+extern "C" int ag_box_move_async(float *b_arr, const struct wb_box *b, const float *a_arr,
+                                 const struct wb_box *a, const struct wb_box *in, int merge,
                                  void *stream)
 {
     uint64_t n = 1;

@@ -30,17 +30,12 @@ int ag_copy_async(void *dst, const void *src, size_t n, void *stream);
 int ag_memset_async(void *dst, int v, size_t n, void *stream);
 /* acc[i] = max(acc[i], part[i]) (NaN wins) on device memory, on the stream. */
 int ag_amax_merge_async(float *acc, const float *part, size_t n, void *stream);
-/* A box of an index space, as the amax steps' moves take it (WB_MAX_DIMS dims at most). */
-enum { AG_BOX_DIMS = 6 };
-struct ag_box {
-    uint32_t ndim;
-    uint64_t off[AG_BOX_DIMS], ext[AG_BOX_DIMS];
-};
 /* For every element of `in` (a box inside both a's and b's index spaces), on the stream:
  * b_arr[its row-major index in b] = a_arr[its index in a] (merge 0), or the max of the two
  * (merge 1, NaN wins). Device (or device-accessible) memory: the amax steps' block arrays. */
-int ag_box_move_async(float *b_arr, const struct ag_box *b, const float *a_arr,
-                      const struct ag_box *a, const struct ag_box *in, int merge, void *stream);
+struct wb_box;
+int ag_box_move_async(float *b_arr, const struct wb_box *b, const float *a_arr,
+                      const struct wb_box *a, const struct wb_box *in, int merge, void *stream);
 /* The allocation (cudaMalloc'd block) device pointer p lies in: its base and size, from the
  * driver's cuMemGetAddressRange (reached through the runtime, so nothing links libcuda). */
 int ag_gpu_addr_range(const void *p, uintptr_t *base, uint64_t *size);

@@ -61,8 +61,8 @@ int ag_stream_sync(void *stream)
     return -WB_E_NOGPU;
 }
 
-int ag_box_move_async(float *b_arr, const struct ag_box *b, const float *a_arr,
-                      const struct ag_box *a, const struct ag_box *in, int merge, void *stream)
+int ag_box_move_async(float *b_arr, const struct wb_box *b, const float *a_arr,
+                      const struct wb_box *a, const struct wb_box *in, int merge, void *stream)
 {
     (void)b_arr;
     (void)b;

@@ -257,16 +257,6 @@ static void put_b_from_a(void *arg, uint64_t ia, uint64_t ib)
     m->dst[ib] = m->src[ia];
 }
 
-static struct ag_box gbox(const struct wb_box *b)
-{
-    struct ag_box g = {.ndim = b->ndim};
-    for (uint32_t i = 0; i < b->ndim && i < AG_BOX_DIMS; i++) {
-        g.off[i] = b->off[i];
-        g.ext[i] = b->ext[i];
-    }
-    return g;
-}
-
 int ag_ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const float *part,
                        float *blocks)
 {
@@ -277,10 +267,7 @@ int ag_ops_amax_blocks(const struct opctx *c, const struct wb_rt_op *op, const f
     bool any = wb_box_intersect(&rg, bl, &in);
     if (c->d->gpu) {
         int rc = ag_memset_async(blocks, 0, nb, c->d->stream);
-        if (rc || !any)
-            return rc;
-        struct ag_box gb = gbox(bl), gr = gbox(&rg), gi = gbox(&in);
-        return ag_box_move_async(blocks, &gb, part, &gr, &gi, 0, c->d->stream);
+        return rc || !any ? rc : ag_box_move_async(blocks, bl, part, &rg, &in, 0, c->d->stream);
     }
     memset(blocks, 0, nb);
     if (any) {
@@ -305,10 +292,8 @@ int ag_ops_amax_into_grid(const struct opctx *c, const struct wb_rt_op *op, cons
     struct wb_box in;
     if (!wb_box_intersect(gr, bl, &in))
         return 0;
-    if (c->d->gpu) {
-        struct ag_box gg = gbox(gr), gb = gbox(bl), gi = gbox(&in);
-        return ag_box_move_async(grid, &gg, peer, &gb, &gi, 1, c->d->stream);
-    }
+    if (c->d->gpu)
+        return ag_box_move_async(grid, gr, peer, bl, &in, 1, c->d->stream);
     /* Spread the peer's values over the grid's layout, then merge (zero is neutral: amax >= 0,
      * and a NaN still wins). */
     uint64_t n = wb_box_numel(gr);
@@ -330,19 +315,6 @@ int ag_ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint3
     const struct wb_rt_peer *p = &t->peers[g->peer0 + member];
     return wb_quant_unpack(&ex, g->dst.dtype, wb_rt_shape(t, g->dst.shape), wb_rt_box(t, p->box),
                            packed, dst);
-}
-
-uint64_t ag_ops_amax_host_need(const struct wb_route_table *t)
-{
-    uint64_t need = 64;
-    for (uint32_t i = 0; i < t->nops; i++) {
-        const struct wb_rt_op *op = &t->ops[i];
-        if (op->kind != WB_OP_AMAX)
-            continue;
-        uint64_t part = (wb_box_numel(wb_rt_box(t, op->amax.region)) + 1) * sizeof(float);
-        need = part > need ? part : need;
-    }
-    return need;
 }
 
 uint64_t ag_ops_scratch_need(const struct wb_route_table *t)

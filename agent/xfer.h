@@ -262,9 +262,6 @@ struct data {
     struct wb_sum_record *srec;  /* GPU: [table.nwrites], pinned: records on their way to sum_out */
     struct wb_sum_gpu **sum_free; /* GPU batches not in use (a task holds one in flight) */
     size_t nsum_free, cap_sum_free;
-    uint64_t hbuf_bytes; /* the amax steps' host buffers' size (ag_ops_amax_host_need) */
-    void **hbuf_free;    /* those buffers not in use */
-    size_t nhbuf_free, cap_hbuf_free;
     struct wb_sum_gpu *rsum;     /* rollouts: the batch of a tensor's records */
     struct wb_sum_piece *rpiece; /* [rcap] */
     uint64_t *rhash;             /* [rcap] */
@@ -347,7 +344,5 @@ uint64_t ag_ops_amax_bytes(const struct wb_route_table *t, const struct wb_rt_op
 int ag_ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint32_t member,
                          const void *packed);
 uint64_t ag_ops_scratch_need(const struct wb_route_table *t);
-/* Bytes of the host buffer an AMAX op's partial takes (the largest over the table's). */
-uint64_t ag_ops_amax_host_need(const struct wb_route_table *t);
 
 #endif /* WB_AGENT_XFER_H */

@@ -154,18 +154,22 @@ $(LIB_INT): $(LIB_O)
 	@rm -f $@
 	ar rcs $@ $^
 
-# Programs: <part>/bin/<prog>.c
+# Programs: <part>/bin/<prog>.c. A program links the objects it uses from the internal
+# archive, and only the shared libraries those need (--as-needed): wb-plan and wb-match load no
+# libfabric, whose Debian build pulls in PSM libraries that calibrate a clock for 0.2 s in a
+# constructor at every start.
+ASNEEDED := -Wl,--as-needed
 define prog_rule
-$(BUILD)/bin/$(basename $(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB)
+$(BUILD)/bin/$(basename $(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB_INT)
 	@mkdir -p $$(dir $$@)
-	$(CC) $(LDSAN) -o $$@ $$^ $(LIBS)
+	$(CC) $(LDSAN) -o $$@ $$^ $(ASNEEDED) $(LIBS)
 endef
 $(foreach f,$(PROG_C),$(eval $(call prog_rule,$(f))))
 
 define test_rule
 $(BUILD)/tests/$(patsubst %_test.c,%,$(notdir $(1))): $(OBJ)/$(1:.c=.o) $(OBJ)/tests/wbtest.o $(LIB_INT)
 	@mkdir -p $$(dir $$@)
-	$(CC) $(LDSAN) -o $$@ $$^ $(LIBS)
+	$(CC) $(LDSAN) -o $$@ $$^ $(ASNEEDED) $(LIBS)
 endef
 $(foreach f,$(TEST_C),$(eval $(call test_rule,$(f))))
 
@@ -192,9 +196,9 @@ fault:
 	@$(MAKE) --no-print-directory SAN=1 FAULT=1 BUILD=$(BUILD)/fault OPT="-O1 -g" progs
 
 define bench_rule
-$(BUILD)/bench/$(basename $(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB)
+$(BUILD)/bench/$(basename $(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB_INT)
 	@mkdir -p $$(dir $$@)
-	$(CC) $(LDSAN) -o $$@ $$^ $(LIBS)
+	$(CC) $(LDSAN) -o $$@ $$^ $(ASNEEDED) $(LIBS)
 endef
 $(foreach f,$(BENCH_C),$(eval $(call bench_rule,$(f))))
 

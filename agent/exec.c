@@ -1086,15 +1086,22 @@ int ag_exec_step(struct data *d)
         d->tmp_used += need;
         if (d->tmp_used > d->peak_tmp)
             d->peak_tmp = d->tmp_used;
-        bool has_amax = false;
+        /* The amax grids the task's AMAX ops merge into start at zero. Only the grids: on a
+         * GPU this runs on the kernel stream while the task's H2D copies fill other TMP ranges
+         * on the copy stream, which does not wait for it. */
         const struct wb_rt_task *rt = &t->tasks[d->next_task];
-        for (uint32_t k = 0; k < rt->nops; k++)
-            has_amax |= t->ops[rt->op0 + k].kind == WB_OP_AMAX;
-        if (has_amax && need) { /* the amax grids start at zero */
+        for (uint32_t k = 0; k < rt->nops; k++) {
+            const struct wb_rt_op *op = &t->ops[rt->op0 + k];
+            if (op->kind != WB_OP_QUANT || op->quant.amax_off == (uint64_t)WB_RT_NONE)
+                continue;
+            uint64_t n = wb_box_numel(wb_rt_box(t, op->quant.grid)) * sizeof(float);
+            if (op->quant.amax_off > need || n > need - op->quant.amax_off)
+                continue; /* past the task's TMP: not ours to write */
+            uint8_t *grid = (uint8_t *)d->tmp + off + op->quant.amax_off;
             if (d->gpu)
-                ag_memset_async((uint8_t *)d->tmp + off, 0, need, d->stream);
+                ag_memset_async(grid, 0, n, d->stream);
             else
-                memset((uint8_t *)d->tmp + off, 0, need);
+                memset(grid, 0, n);
         }
         d->next_task++;
         d->next_start_ns = now + d->o->pace_ns;

@@ -13,7 +13,9 @@
 # (~0.5 B parameters, 4 layers x 16 experts, hidden 2048) over cudaipc for times that mean
 # something, and m9amax: 9.1 GB of BF16 (52 layers x 16 experts, hidden 2048, one KV head, so
 # every k_proj/v_proj block has four owners: AMAX ops with three peers) (the large models'
-# reference check runs on the last version only: the CPU reference takes a while).
+# reference check runs on the last version only: the CPU reference takes a while); last,
+# amax3 and m9amax with the trainers' parameters in host memory (residence: host, as the
+# Kimi-K2 and Qwen3-235B layouts have it), so every task starts with H2D copies.
 #
 # Usage: scripts/gpu/e2e_check.sh [--keep] [--no-build] [--bin DIR] [--only NAME,NAME...]
 #   --keep: leave the logs directory; --no-build: use the programs already built; --bin: the
@@ -41,7 +43,7 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     -h | --help)
-        sed -n '2,23p' "$0"
+        sed -n '2,26p' "$0"
         exit 0
         ;;
     *)
@@ -85,13 +87,19 @@ nvidia-smi topo -m 2>/dev/null | head -n 4 || true
 
 failed=()
 
-# run NAME PROVIDER MODE [CONFIG_JSON MEM_CAP VERIFY_LAST]: one cluster, three transfers,
-# verify each (or only the last).
+# run NAME PROVIDER MODE [CONFIG_JSON MEM_CAP VERIFY_LAST RESIDENCE]: one cluster, three
+# transfers, verify each (or only the last); RESIDENCE host keeps the trainers' parameters in
+# pinned host memory (FSDP CPU offload: every task starts with H2D copies).
 run() {
     local name=$1 provider=$2 mode=$3 dir=$tmp/$1
     local config=${4:-$root/configs/jobs/demo/config.json} cap=${5:-4MiB} last=${6:-0}
+    local residence=${7:-gpu} trainer=$root/configs/jobs/demo/trainer.yaml
     [ -z "$only" ] || [[ $only == *",$name,"* ]] || return 0
     mkdir -p "$dir/dump"
+    if [ "$residence" = host ]; then
+        { cat "$trainer" && echo "residence: host"; } >"$dir/trainer.yaml"
+        trainer=$dir/trainer.yaml
+    fi
     local port=$((21000 + RANDOM % 11000))
     local url=tcp://127.0.0.1:$port
     cat >"$dir/job.yaml" <<EOF
@@ -99,7 +107,7 @@ name: $name
 model:
   rules: $root/configs/models/qwen3_moe.yaml
   hf_config: $config
-trainer_layout: $root/configs/jobs/demo/trainer.yaml
+trainer_layout: $trainer
 rollout_layout: $root/configs/jobs/demo/rollout.yaml
 mode: $mode
 mem_cap: $cap
@@ -109,7 +117,7 @@ heartbeat: 200ms
 dead_after: 3s
 EOF
     echo
-    echo "== $name: provider $provider, mode $mode; trainers on GPU 0, rollouts on GPU $rdev"
+    echo "== $name: provider $provider, mode $mode, parameters in $residence memory; trainers on GPU 0, rollouts on GPU $rdev"
     pids=()
     "$bin/wb-controller" --config "$dir/job.yaml" --listen "$url" >"$dir/controller.log" 2>&1 &
     pids+=($!)
@@ -196,6 +204,9 @@ config m9amax hidden_size=2048 intermediate_size=6144 moe_intermediate_size=768 
     num_attention_heads=16 num_key_value_heads=1 num_experts=16 num_hidden_layers=52 \
     vocab_size=32768
 run m9amax-cudaipc-auto cudaipc auto "$tmp/m9amax.json" 1GiB 1
+# host residence, as the Kimi-K2 and Qwen3-235B layouts: the AMAX ops read what H2D copies wrote
+run amax3-host-cudaipc cudaipc auto "$tmp/amax3.json" 4MiB 0 host
+run m9amax-host-cudaipc cudaipc auto "$tmp/m9amax.json" 1GiB 1 host
 
 echo
 if [ ${#failed[@]} -gt 0 ]; then

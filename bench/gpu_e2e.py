@@ -25,6 +25,8 @@ For each model (a Qwen3-MoE of realistic size; see MODELS), in this order:
              against the pinned H2D copy rate.
   two GPUs   (when the machine has them) the rollout on GPU 1; NCCL broadcast of BF16 buckets
              of 512 MB and per-tensor FP8 broadcast after torch.compile quantization.
+  four GPUs  (when the machine has them) 2 trainers on GPUs 0 and 1 (FSDP 2) -> 2 rollouts on
+             GPUs 2 and 3 (TP 2), against the two-GPU throughput.
 Prints each time and the ratios; exits non-zero when a transfer fails or a byte differs (timings
 never fail it).
 
@@ -275,27 +277,31 @@ def nccl_rank(rank, c, q):
 
 
 class Job:
-    def __init__(self, tmp, name, cfg_path, provider, residence, rollout_gpu, env, device, sums=False):
+    """A job of len(trainers) trainer agents (FSDP over them, on those GPUs) and len(rollouts)
+    rollout agents (one replica, TP over them, on those GPUs)."""
+
+    def __init__(self, tmp, name, cfg_path, provider, residence, trainers, rollouts, env, sums=False):
         self.dir = os.path.join(tmp, name)
         os.makedirs(os.path.join(self.dir, "dump"))
         self.url = "tcp://127.0.0.1:%d" % (20000 + os.getpid() % 10000 + len(name) * 7)
         self.env = dict(os.environ, **env)
         self.env.setdefault("WB_TOKEN", "gpu-e2e-%d" % os.getpid())
         self.env.setdefault("WB_LOG", "info")
+        nt, nr = len(trainers), len(rollouts)
         tl = os.path.join(self.dir, "trainer.yaml")
         with open(tl, "w") as f:
-            f.write("world_size: 1\ngpus_per_node: 1\nresidence: %s\nmesh:\n  - {name: fsdp, size: 1}\n"
-                    "placements:\n  - match: \"*\"\n    place: {fsdp: shard(0)}\n" % residence)
+            f.write("world_size: %d\ngpus_per_node: %d\nresidence: %s\nmesh:\n  - {name: fsdp, size: %d}\n"
+                    "placements:\n  - match: \"*\"\n    place: {fsdp: shard(0)}\n" % (nt, nt, residence, nt))
         rl = os.path.join(self.dir, "rollout.yaml")
         with open(rl, "w") as f:
-            f.write("replicas: 1\ngpus_per_replica: 1\ntp: 1\n")
+            f.write("replicas: 1\ngpus_per_replica: %d\ntp: %d\n" % (nr, nr))
         self.job = os.path.join(self.dir, "job.yaml")
         with open(self.job, "w") as f:
             f.write(f"name: {name}\nmodel:\n  rules: {RULES}\n  hf_config: {cfg_path}\n"
                     f"trainer_layout: {tl}\nrollout_layout: {rl}\nmode: auto\nseed: 7\nprovider: {provider}\n"
                     + ("verify: true\n" if sums else ""))
         self.procs = []
-        self.provider, self.device, self.rollout_gpu = provider, device, rollout_gpu
+        self.provider, self.trainers, self.rollouts = provider, trainers, rollouts
 
     def start(self, dump_from):
         def spawn(args, log_name):
@@ -303,12 +309,16 @@ class Job:
             self.procs.append(subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=self.env))
         dom = ["--tx-domain", "lo"] if self.provider == "tcp" else []
         spawn([os.path.join(BIN, "wb-controller"), "--config", self.job, "--listen", self.url], "controller.log")
-        spawn([os.path.join(BIN, "wb-agent"), "--role", "trainer", "--rank", "0", "--device", str(self.device),
-               "--controller", self.url, "--trace", os.path.join(self.dir, "trainer.trace.json")] + dom,
-              "trainer.log")
-        spawn([os.path.join(BIN, "wb-agent"), "--role", "rollout", "--rank", "0", "--device",
-               str(self.rollout_gpu), "--controller", self.url, "--dump", os.path.join(self.dir, "dump"),
-               "--dump-from", str(dump_from)] + dom, "rollout.log")
+        for r, dev in enumerate(self.trainers):  # trainer 0 logs to trainer.log
+            sfx = "" if r == 0 else str(r)
+            spawn([os.path.join(BIN, "wb-agent"), "--role", "trainer", "--rank", str(r), "--device", str(dev),
+                   "--controller", self.url, "--trace", os.path.join(self.dir, f"trainer{sfx}.trace.json")] + dom,
+                  f"trainer{sfx}.log")
+        for r, dev in enumerate(self.rollouts):
+            sfx = "" if r == 0 else str(r)
+            spawn([os.path.join(BIN, "wb-agent"), "--role", "rollout", "--rank", str(r), "--device", str(dev),
+                   "--controller", self.url, "--dump", os.path.join(self.dir, "dump"),
+                   "--dump-from", str(dump_from)] + dom, f"rollout{sfx}.log")
         t0 = time.time()
         while time.time() - t0 < 300:
             r = self.ctl("--timeout", "2s", "status")
@@ -328,7 +338,8 @@ class Job:
         # The synthetic trainer generates version v while idle (not counted in a transfer); a
         # trainer in host memory takes seconds for it, so wait until it says the values are ready.
         t0 = time.time()
-        while time.time() - t0 < 600 and not self.grep("trainer.log", f"version {v}'s values ready"):
+        logs = ["trainer.log"] + [f"trainer{r}.log" for r in range(1, len(self.trainers))]
+        while time.time() - t0 < 600 and not all(self.grep(n, f"version {v}'s values ready") for n in logs):
             time.sleep(0.05)
         r = self.ctl("--timeout", "600s", "transfer", "--version", str(v))
         if r.returncode:
@@ -371,11 +382,13 @@ class Job:
 
 
 def ours(tmp, name, cfg_path, versions, provider, device, rollout_gpu=None, residence="gpu", env=None,
-         verify=True, sums=False):
+         verify=True, sums=False, trainers=None, rollouts=None):
     """verify: dump the last version and check it against the CPU reference; sums: the job's
-    own checksums (verify: true in the job)."""
-    job = Job(tmp, name, cfg_path, provider, residence, device if rollout_gpu is None else rollout_gpu, env or {},
-              device, sums)
+    own checksums (verify: true in the job); trainers, rollouts: the GPUs of several agents
+    (default: one each, on device, and on rollout_gpu or device)."""
+    trainers = trainers or [device]
+    rollouts = rollouts or [device if rollout_gpu is None else rollout_gpu]
+    job = Job(tmp, name, cfg_path, provider, residence, trainers, rollouts, env or {}, sums)
     ok = True
     try:
         ready = job.start(versions + 1 if verify else 1 << 60)
@@ -464,6 +477,13 @@ def main():
                 two, _, tok = ours(tmp, model + "-2gpu", cfg_path, a.versions, provider, device, rollout_gpu=1)
                 if not tok:
                     failed.append(model + ": 2-GPU bytes")
+            four = None
+            if ngpu >= 4 or model == "demo":  # the demo: the script's check of the same job on the CPU
+                devs = [0, 1, 2, 3] if not cpu else [-1] * 4
+                four, _, fok = ours(tmp, model + "-4gpu", cfg_path, a.versions, provider, device,
+                                    trainers=devs[:2], rollouts=devs[2:])
+                if not fok:
+                    failed.append(model + ": 4-GPU bytes")
         except RuntimeError as e:
             log(f"  FAILED: {e}")
             failed.append(model)
@@ -501,6 +521,14 @@ def main():
                 f"per-tensor FP8 {t['nccl_fp8_ms']:.1f} ms ({t['nccl_fp8_ms'] / two['complete_ms']:.1f}x)")
         elif ngpu < 2:
             log("  two GPUs: this machine has one; not measured")
+        if four:
+            base = two or best
+            ratio = (four["bytes"] / four["complete_ms"]) / (base["bytes"] / base["complete_ms"])
+            log(f"  2 trainers (FSDP 2{'' if cpu else ', GPUs 0 and 1'}) -> 2 rollouts (TP 2{'' if cpu else ', GPUs 2 and 3'}): complete in "
+                f"{four['complete_ms']:.2f} ms, {four['bytes'] / four['complete_ms'] / 1e6:.1f} GB/s = {ratio:.2f}x the "
+                f"{'GPU 0 -> GPU 1' if two else 'one-GPU'} throughput (goal >= 1.8)")
+        elif ngpu < 4:
+            log(f"  four GPUs: this machine has {ngpu}; not measured")
     shutil.rmtree(tmp, ignore_errors=True)
     if failed:
         log("gpu_e2e: FAILED: " + ", ".join(failed))

@@ -239,6 +239,7 @@ static void hb_update(struct wb_endpoint *ep)
         b.epoch = pg.epoch;
     }
     b.torn = ep->o.role == WB_ROLE_ROLLOUT && wb_endpoint_torn(ep);
+    b.commits = ep->commits;
     pthread_mutex_lock(&ep->hb_mu);
     ep->beat = b;
     ep->hb_period = ep->hb_ns;
@@ -484,7 +485,9 @@ static void commit(struct wb_endpoint *ep, uint64_t version)
 {
     ep->in_flight = false;
     ag_version_done(ep, version, false, NULL);
-    struct wb_body_rep_committed r = {.version = version};
+    ep->commits++;
+    hb_update(ep); /* the next heartbeat says so, not what the last snapshot held */
+    struct wb_body_rep_committed r = {.version = version, .commits = ep->commits};
     report(ep, WB_MSG_REP_COMMITTED, &r);
     wb_log(WB_LOG_INFO, M, "rollout rank %u: version %" PRIu64 " complete", ep->o.rank, version);
 }

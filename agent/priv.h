@@ -108,6 +108,7 @@ struct wb_endpoint {
     bool xfer_active;
     uint64_t xfer_version;
     bool in_flight;
+    uint64_t commits; /* rollouts: versions committed (heartbeats and COMMITTED carry it) */
     uint64_t pace_until;
     bool after_pending; /* a transfer ended: its follow-up work waits until the report left */
     /* rollouts: a version's dump, written by its own thread (a large model takes seconds, and

@@ -62,7 +62,8 @@ struct agent {
     /* rollout state (heartbeats) */
     uint64_t version;
     bool in_flight;
-    bool torn; /* rollouts: said so in their heartbeat */
+    bool torn;        /* rollouts: said so in their heartbeat */
+    uint64_t commits; /* rollouts: the count its last COMMITTED report carried */
     /* trainers: progress of the transfer in flight (heartbeats) */
     uint64_t done_bytes, total_bytes;
     /* rollouts: what landed of a failed version (REPORT_RECEIVED after ABORT), so that its
@@ -462,6 +463,7 @@ static void agent_reset(struct agent *a)
     a->version = 0;
     a->in_flight = false;
     a->torn = false;
+    a->commits = 0;
 }
 
 static void check_dead(struct wb_controller *c, uint64_t now)
@@ -989,11 +991,14 @@ static void on_rep_received(struct wb_controller *c, struct agent *a,
     on_rep_done(c, a, b->version, b->ok, b->err);
 }
 
-static void on_rep_committed(struct wb_controller *c, struct agent *a, uint64_t version)
+static void on_rep_committed(struct wb_controller *c, struct agent *a,
+                             const struct wb_body_rep_committed *r)
 {
-    if (c->x.active && c->x.completing && version == c->x.version && !a->committed) {
+    if (r->commits > a->commits)
+        a->commits = r->commits;
+    if (c->x.active && c->x.completing && r->version == c->x.version && !a->committed) {
         a->committed = true;
-        a->version = version;
+        a->version = r->version;
         a->in_flight = false;
         a->torn = false;
         c->x.committed++;
@@ -1041,9 +1046,11 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
             reply_error(c, req, -WB_E_ENDED, "the job is shutting down");
             return;
         }
-        a->version = b->hb.version;
-        a->in_flight = b->hb.in_flight;
-        a->torn = b->hb.torn;
+        if (b->hb.commits >= a->commits) { /* not taken before a commit it reported since */
+            a->version = b->hb.version;
+            a->in_flight = b->hb.in_flight;
+            a->torn = b->hb.torn;
+        }
         if (a->role == WB_ROLE_ROLLOUT)
             seen_version(c, a, b->hb.version);
         if (c->x.active && b->hb.epoch == c->epochs) { /* not an earlier attempt's */
@@ -1084,7 +1091,7 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
         on_rep_received(c, a, &b->recv);
         break;
     case WB_MSG_REP_COMMITTED:
-        on_rep_committed(c, a, b->commit.version);
+        on_rep_committed(c, a, &b->commit);
         break;
     case WB_MSG_PUSH:
         on_push(c, req, a, b->push.version);

@@ -103,6 +103,7 @@ static const struct wb_field f_heartbeat[] = {
     F(struct wb_body_heartbeat, "total", WB_FIELD_U64, false, total),
     F(struct wb_body_heartbeat, "epoch", WB_FIELD_U64, false, epoch),
     F(struct wb_body_heartbeat, "torn", WB_FIELD_BOOL, false, torn),
+    F(struct wb_body_heartbeat, "commits", WB_FIELD_U64, false, commits),
 };
 static const struct wb_field f_poll[] = {
     SESSION(struct wb_body_poll),
@@ -140,6 +141,7 @@ static const struct wb_field f_rep_received[] = {
 static const struct wb_field f_rep_committed[] = {
     SESSION(struct wb_body_rep_committed),
     F(struct wb_body_rep_committed, "version", WB_FIELD_U64, true, version),
+    F(struct wb_body_rep_committed, "commits", WB_FIELD_U64, false, commits),
 };
 static const struct wb_field f_push[] = {
     SESSION(struct wb_body_push),

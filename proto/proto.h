@@ -186,6 +186,10 @@ struct wb_body_heartbeat {
     uint64_t done, total; /* trainers: bytes of the transfer in flight written and to write */
     uint64_t epoch;       /* ... of this transfer attempt (TRANSFER.epoch; 0: none yet) */
     bool torn; /* rollouts: a failed transfer may have landed in part (wb_endpoint_torn) */
+    /* Rollouts: versions this process committed so far. Heartbeats travel on their own
+     * connection, so one taken before a COMMITTED report can arrive after it: the controller
+     * keeps a heartbeat's version and torn only when its count is not behind the report's. */
+    uint64_t commits;
 };
 
 struct wb_body_poll {
@@ -237,6 +241,7 @@ struct wb_body_rep_received {
 struct wb_body_rep_committed {
     struct wb_session s;
     uint64_t version;
+    uint64_t commits; /* the process's committed versions, this one included (heartbeat) */
 };
 
 struct wb_body_push {

@@ -10,7 +10,8 @@
 
 static void test_roundtrip(void)
 {
-    struct wb_body_heartbeat hb = {{"rollout", 7, 42}, 3, true, 5, 9, .torn = true}, back;
+    struct wb_body_heartbeat hb = {{"rollout", 7, 42}, 3, true, 5, 9, .torn = true, .commits = 4},
+                             back;
     struct wb_mpw w;
     struct wb_msg m;
     const char *why = NULL;
@@ -20,7 +21,7 @@ static void test_roundtrip(void)
     CHECK_INT(wb_mpw_finish(&w), 0);
     CHECK_INT(wb_msg_open(w.buf, w.len, "s3cret", &m, &why), 0);
     CHECK_INT(m.type, WB_MSG_HEARTBEAT);
-    CHECK_INT(m.nkeys, 9);
+    CHECK_INT(m.nkeys, 10);
     memset(&back, 0xee, sizeof(back));
     CHECK_INT(wb_msg_decode(&m, &back, err, sizeof(err)), 0);
     CHECK_STR(back.s.role, "rollout");
@@ -31,6 +32,7 @@ static void test_roundtrip(void)
     CHECK_U64(back.done, 5);
     CHECK_U64(back.total, 9);
     CHECK(back.torn);
+    CHECK_U64(back.commits, 4);
 
     CHECK_INT(wb_msg_open(w.buf, w.len, "s3creT", &m, &why), -WB_E_TOKEN);
     CHECK_STR(why, "refused: wrong cluster token");

@@ -31,6 +31,11 @@ int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
     uint32_t tb2 = bits_for((uint64_t)c->next_tag + 1);
     if (tb2 > tag_bits)
         tag_bits = tb2;
+    if (c->opts->lazy) {
+        p->lazy = calloc(1, sizeof(*p->lazy));
+        if (!p->lazy || !(p->lazy->t = calloc(c->nt ? c->nt : 1, sizeof(*p->lazy->t))))
+            return -ENOMEM;
+    }
     for (uint32_t r = 0; r < c->nt; r++) {
         struct wb_route_table *t = &p->tables[r];
         struct rank_out *ro = &c->ro[r];
@@ -53,6 +58,14 @@ int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
         t->shapes = take(&ro->shapes.v, &t->nshapes);
         t->writes = take(&ro->writes, &t->nwrites);
         t->amax = take(&ro->amax, &t->namax);
+        if (p->lazy) {
+            struct pl_lazy_table *lz = &p->lazy->t[r];
+            uint32_t npool;
+            lz->seg = take(&ro->segs, &lz->nseg);
+            lz->pool = take(&ro->pool, &npool);
+            lz->nops = t->nops + ro->vops;
+            lz->nwrites = t->nwrites + ro->vwrites;
+        }
         t->amax_inbox_bytes = c->inbox[r];
         t->send_bytes = ro->send;
         t->mem_cap = p->mem_cap;
@@ -76,10 +89,10 @@ int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
         p->stats.gather_bytes += ro->gather_in;
         p->stats.h2d_bytes += ro->h2d;
         p->stats.tasks += t->ntasks;
-        p->stats.ops += t->nops;
+        p->stats.ops += t->nops + ro->vops;
         p->stats.amax_peers += t->namax_peers;
         p->stats.writes += ro->nwrites;
-        p->stats.records += t->nwrites;
+        p->stats.records += t->nwrites + ro->vwrites;
         p->stats.total_bytes += ro->send;
         if (ro->send > p->stats.max_send)
             p->stats.max_send = ro->send;
@@ -167,5 +180,6 @@ void wb_plan_free(struct wb_plan *p)
     free(p->stats.send_bytes);
     free(p->stats.recv_bytes);
     free(p->stats.gather_in_bytes);
+    pl_lazy_free(p->lazy, p->ntrainers);
     free(p);
 }

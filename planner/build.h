@@ -122,6 +122,10 @@ struct rank_out {
     uint64_t send, gather_in, h2d;
     uint64_t nwrites;               /* writes the records stand for (their copies) */
     uint64_t want_ops, want_writes; /* what presize expects pass 3 to append */
+    /* a lazy plan's (opts.lazy): stamped items' segments (struct pl_seg) and their renumbering
+     * pairs, and the ops and records they stand for (task op0 and write0 count them) */
+    struct vec segs, pool;
+    uint32_t vops, vwrites;
 };
 
 /* Templates (stamp.c): representatives, what was recorded of them, and per item the one it

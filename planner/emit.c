@@ -846,9 +846,8 @@ int pl_emit_item(struct plan_ctx *c, uint32_t ii)
             .phase = it->phase,
             .mesh = it->mesh,
             .mode = it->mode,
-            .op0 = (uint32_t)ro->ops.n,
-            .write0 = (uint32_t)ro->writes.n,
         };
+        uint32_t op0 = (uint32_t)ro->ops.n, w0 = (uint32_t)ro->writes.n; /* own rows */
         size_t a = ai;
         for (uint32_t ci = 0; ci < it->nc && !r; ci++) {
             size_t z = a;
@@ -871,11 +870,13 @@ int pl_emit_item(struct plan_ctx *c, uint32_t ii)
         }
         if (r)
             break;
-        task.nops = (uint32_t)ro->ops.n - task.op0;
-        task.nwrites = (uint32_t)ro->writes.n - task.write0;
+        task.op0 = op0 + ro->vops; /* as in the table expanded (lazy segments before it) */
+        task.write0 = w0 + ro->vwrites;
+        task.nops = (uint32_t)ro->ops.n - op0;
+        task.nwrites = (uint32_t)ro->writes.n - w0;
         if (task.nops == 0 && task.nwrites == 0)
             continue;
-        for (uint32_t o = task.op0; o < ro->ops.n; o++)
+        for (uint32_t o = op0; o < ro->ops.n; o++)
             if (VEC_AT(&ro->ops, struct wb_rt_op, o)->kind == WB_OP_AMAX)
                 task.mode = WB_MODE_AMAX;
         task.tmp_bytes = ts.tmp;

@@ -27,6 +27,8 @@ struct rank_out *pl_rank_outs_new(uint32_t n)
         pl_vec_init(&ro[k].apeers, sizeof(struct wb_rt_amax_peer));
         pl_intern_init(&ro[k].boxes, sizeof(struct wb_box));
         pl_intern_init(&ro[k].shapes, sizeof(struct wb_shape));
+        pl_vec_init(&ro[k].segs, sizeof(struct pl_seg));
+        pl_vec_init(&ro[k].pool, sizeof(uint32_t));
     }
     return ro;
 }
@@ -35,6 +37,8 @@ struct rank_out *pl_rank_outs_new(uint32_t n)
 static void rank_out_reset(struct rank_out *ro)
 {
     ro->tasks.n = ro->ops.n = ro->writes.n = ro->peers.n = ro->amax.n = ro->apeers.n = 0;
+    ro->segs.n = ro->pool.n = 0;
+    ro->vops = ro->vwrites = 0;
     pl_intern_free(&ro->boxes);
     pl_intern_free(&ro->shapes);
     pl_intern_init(&ro->boxes, sizeof(struct wb_box));
@@ -55,6 +59,8 @@ void pl_rank_outs_free(struct rank_out *ro, uint32_t n)
         pl_vec_free(&ro[r].apeers);
         pl_intern_free(&ro[r].boxes);
         pl_intern_free(&ro[r].shapes);
+        pl_vec_free(&ro[r].segs);
+        pl_vec_free(&ro[r].pool);
         for (int k = 0; k < PEER_CACHE; k++)
             free(ro[r].pcache[k].pe);
     }
@@ -297,11 +303,13 @@ static int presize(struct plan_ctx *c)
                 rank_out_reset(ro);
             }
         }
+        /* a lazy plan keeps a stamped item's ops and records unexpanded */
+        bool lazy = c->opts->lazy && x != (int64_t)i;
         for (uint32_t k = 0; k < n; k++) {
             const uint64_t *v = VEC_AT(&cnt, uint64_t, NV * (first[x] + k));
             uint64_t *d = &need[NV * (size_t)((int64_t)ranks[k] + dr)];
             for (int j = 0; j < NV; j++)
-                d[j] += v[j];
+                d[j] += lazy && (j == 1 || j == 2) ? 0 : v[j];
         }
     }
     for (uint32_t k = 0; !r && k < c->nt; k++) {

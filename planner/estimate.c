@@ -456,6 +456,7 @@ struct reader {
     uint32_t *seen; /* dst -> flow + 1 */
     bool stop;
     int err;
+    struct wb_plan_tbuf tb; /* a lazy plan's table, expanded */
 };
 
 static int read_op(struct reader *rd, const struct wb_route_table *t, uint32_t r,
@@ -548,7 +549,11 @@ static void *read_ranks(void *arg)
     const struct wb_plan *p = s->p;
     const struct wb_hw *hw = &rd->in->tl->hw;
     for (uint32_t r = rd->r0; r < rd->r1 && !rd->err && !rd->stop; r++) {
-        const struct wb_route_table *t = &p->tables[r];
+        const struct wb_route_table *t = wb_plan_table(p, r, &rd->tb);
+        if (!t) {
+            rd->err = -ENOMEM;
+            break;
+        }
         size_t ti = rd->tbase[r], ci = rd->obase[r];
         s->rs[r].t0 = (uint32_t)ti;
         s->rs[r].nt = t->ntasks;
@@ -616,7 +621,7 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
         obase[r] = nops;
         ntask += p->tables[r].ntasks;
         /* collective refs: at most one per op, and one per AMAX peer */
-        nops += p->tables[r].nops + p->tables[r].namax_peers;
+        nops += pl_table_nops(p, r) + p->tables[r].namax_peers;
     }
     s->ntask = ntask;
     s->task = calloc(ntask + 1, sizeof(*s->task));
@@ -686,6 +691,7 @@ out:
     for (int k = 0; k < 2; k++) {
         pl_vec_free(&rd[k].flow);
         free(rd[k].seen);
+        wb_plan_tbuf_free(&rd[k].tb);
     }
     free(tbase);
     free(obase);

@@ -676,10 +676,16 @@ int wb_plan_write_json(const struct wb_plan *p, const struct wb_plan_input *in, 
     }
     if (tables && !rc) {
         jw_raw(w, ",\n\"tables\":[");
-        for (uint32_t r = 0; r < p->ntrainers && !w->err; r++) {
+        struct wb_plan_tbuf tb = {0};
+        for (uint32_t r = 0; r < p->ntrainers && !w->err && !rc; r++) {
             jw_raw(w, r ? ",\n" : "\n");
-            jw_table(w, &p->tables[r]);
+            const struct wb_route_table *t = wb_plan_table(p, r, &tb);
+            if (t)
+                jw_table(w, t);
+            else
+                rc = -ENOMEM;
         }
+        wb_plan_tbuf_free(&tb);
         jw_raw(w, "],\n\"receive\":[");
         for (uint32_t g = 0; g < p->nrollouts && !w->err; g++) {
             jw_raw(w, g ? ",\n" : "\n");

@@ -135,6 +135,53 @@ struct wb_box pl_blocks_elems(const struct wb_box *blocks, const struct wb_shape
 /* Block grid shape of a tensor shape. */
 struct wb_shape pl_grid_shape(const struct wb_shape *s);
 
+/* ---------------------------------------------------------------- lazy tables (lazy.c) */
+
+/* An item stamped at one rank and left unexpanded (wb_plan_opts.lazy): its ops and write
+ * records are its representative's rows at rank `src` (src's own, never lazy, rows
+ * ops[op0, op1) and writes[w0, w1)) renumbered, and they come before the table's own rows
+ * from at_op and at_w on. The renumbering (stamp.c says why it is exact): trainer tensors by
+ * the (from, to) pairs pool[map0 ..][0 .. 2 ntm), interned boxes and shapes by the pairs after
+ * them (nbx, then nsh; same is set where the rank is src's, and nothing is renumbered),
+ * gather and amax peer lists by a shift (their lists are the table's own), gathers into the
+ * item's mesh with ordinals shifted, writes to rollout ranks + dl and tensor vx -> vy (any
+ * other: the scale tensor sy). */
+struct pl_seg {
+    uint32_t at_op, at_w;
+    uint32_t src, op0, op1, w0, w1;
+    uint32_t map0, ntm, nbx, nsh;
+    bool same;
+    uint32_t pshift, xshift, seq_shift, mesh;
+    int32_t dl;
+    uint32_t vx, vy, sy;
+};
+
+/* A lazy plan's per-table segments, in table order, their pools, and the counts expanded. */
+struct pl_lazy_table {
+    struct pl_seg *seg;
+    uint32_t nseg;
+    uint32_t *pool;
+    uint32_t nops, nwrites;
+};
+struct pl_lazy {
+    struct pl_lazy_table *t; /* [ntrainers] */
+};
+
+/* A segment's ops and records: n source rows renumbered into out. */
+void pl_seg_ops(const struct pl_seg *sg, const uint32_t *pool, const struct wb_rt_op *src,
+                uint32_t n, struct wb_rt_op *out);
+void pl_seg_writes(const struct pl_seg *sg, const uint32_t *pool, const struct wb_rt_write *src,
+                   uint32_t n, struct wb_rt_write *out);
+/* A segment's renumbering of one box index (gather peers' boxes). */
+uint32_t pl_seg_box(const struct pl_seg *sg, const uint32_t *pool, uint32_t b);
+/* wb_plan_table(), expanding only the write records when !ops (then the table has no ops). */
+const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
+                                           struct wb_plan_tbuf *buf, bool ops);
+/* Rank r's op and record counts once expanded. */
+uint32_t pl_table_nops(const struct wb_plan *p, uint32_t r);
+uint32_t pl_table_nwrites(const struct wb_plan *p, uint32_t r);
+void pl_lazy_free(struct pl_lazy *lz, uint32_t ntables);
+
 /* wb_plan_verify, on the calling thread alone unless `threads` (then on up to three). */
 int pl_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el,
               bool threads);

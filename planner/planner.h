@@ -233,6 +233,9 @@ struct wb_plan_opts {
     uint64_t mem_cap;       /* executor's temporary-memory cap, bytes; 0: WB_MEM_CAP_DEFAULT */
     uint32_t threads;       /* building threads; 0 = one per CPU (at most 8). The plan is the
                                same for any number. */
+    bool lazy;              /* keep the ops and write records of items stamped from a template
+                               (most of a large MoE plan's) unexpanded: a fraction of the time
+                               and memory; read such a plan's tables through wb_plan_table() */
 };
 
 /* A mesh: sorted member ranks. */
@@ -270,7 +273,22 @@ struct wb_plan {
     struct wb_plan_mesh *meshes;
     uint32_t nphases;
     struct wb_plan_stats stats;
+    struct pl_lazy *lazy; /* private; NULL unless built with opts.lazy */
 };
+
+/* Trainer rank r's routing table as an executor gets it, for any plan: a lazy plan's table is
+ * expanded into buf (its tasks, peers and boxes are the plan's; its ops and writes buf's own),
+ * any other plan's is p->tables[r] itself. The result stays valid until the next call with
+ * buf. NULL: no memory. Free buf with wb_plan_tbuf_free() (a zeroed buf is empty). */
+struct wb_plan_tbuf {
+    struct wb_route_table t;
+    struct wb_rt_op *ops;
+    struct wb_rt_write *writes;
+    size_t cops, cwrites;
+};
+const struct wb_route_table *wb_plan_table(const struct wb_plan *p, uint32_t r,
+                                           struct wb_plan_tbuf *buf);
+void wb_plan_tbuf_free(struct wb_plan_tbuf *buf);
 
 /* Builds the plan. Every problem found (layout, ownership, infeasible split) is appended to el,
  * each naming the tensor, rank or file:line; the return is then -WB_E_PLAN (or -WB_E_CONFIG)

@@ -59,6 +59,7 @@ struct stamp_rank {
     uint32_t task0, task1, op0, op1, w0, w1, p0, p1, a0, a1, x0, x1; /* x: AMAX peers */
     uint32_t box0, nbox, shp0, nshp; /* first-use lists in st->p3u32 */
     uint64_t inbox0, inbox1, send, gin, h2d, nwrites;
+    uint32_t vop0, vw0; /* the rank's unexpanded ops and records before (lazy plans) */
 };
 
 struct tens_pair {
@@ -432,6 +433,8 @@ int pl_stamp_emit_begin(struct plan_ctx *c, uint32_t i)
         sr->p0 = (uint32_t)ro->peers.n;
         sr->a0 = (uint32_t)ro->amax.n;
         sr->x0 = (uint32_t)ro->apeers.n;
+        sr->vop0 = ro->vops;
+        sr->vw0 = ro->vwrites;
         sr->send = ro->send;
         sr->gin = ro->gather_in;
         sr->h2d = ro->h2d;
@@ -555,90 +558,39 @@ int pl_stamp_emit_end(struct plan_ctx *c, uint32_t i)
     return 0;
 }
 
-/* Renumbering of one stamped rank's interned boxes or shapes: the representative's index ->
- * the target table's, by binary search over (old, new) pairs sorted by old. */
-struct renum {
-    uint32_t n;
-    uint32_t *pair; /* 2n: old, new */
-};
-
 static int cmp_pair(const void *a, const void *b)
 {
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     return x < y ? -1 : x > y;
 }
 
-static uint32_t renum(const struct renum *m, uint32_t old)
+/* Appends to m the (old, new) pairs renumbering the representative's boxes or shapes (its
+ * first-use list) into the target table, interning them there in that order; sorted by old. */
+static int renum_build(struct vec *m, struct intern *from, struct intern *to, const uint32_t *list,
+                       uint32_t n, bool box)
 {
-    if (!m->pair)
-        return old; /* same rank: identical */
-    uint32_t lo = 0, hi = m->n;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi) / 2;
-        if (m->pair[2 * mid] < old)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return m->pair[2 * lo + 1];
-}
-
-/* Interns the representative's values (first-use order) into the target table. */
-static int renum_build(struct renum *m, struct intern *from, struct intern *to,
-                       const uint32_t *list, uint32_t n, bool box)
-{
-    m->n = n;
-    m->pair = malloc((n ? n : 1) * 2 * sizeof(uint32_t));
-    if (!m->pair)
+    size_t at = m->n;
+    if (pl_vec_reserve(m, 2 * (size_t)n))
         return -ENOMEM;
+    uint32_t *pair = VEC_AT(m, uint32_t, at);
     for (uint32_t k = 0; k < n; k++) {
         const void *v = (const char *)from->v.p + (size_t)list[k] * from->v.elem;
-        m->pair[2 * k] = list[k];
-        m->pair[2 * k + 1] = box ? pl_intern_box(to, v) : pl_intern_shape(to, v);
+        pair[2 * k] = list[k];
+        pair[2 * k + 1] = box ? pl_intern_box(to, v) : pl_intern_shape(to, v);
         if (to->err)
             return to->err;
     }
-    qsort(m->pair, n, 2 * sizeof(uint32_t), cmp_pair);
+    qsort(pair, n, 2 * sizeof(uint32_t), cmp_pair);
+    m->n += 2 * (size_t)n;
     return 0;
 }
 
-/* Trainer tensor renumbering: representative's tensor -> item y's, via the sorted pairs. */
-struct tmap {
-    const struct tens_pair *tp;
-    uint32_t n;
-    const struct plan_ctx *c;
-    const struct item *y;
-    uint32_t last_from, last_to;
-};
-
-static uint32_t tmap(struct tmap *m, uint32_t t)
-{
-    if (t == m->last_from)
-        return m->last_to;
-    uint32_t lo = 0, hi = m->n;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi) / 2;
-        if (m->tp[mid].t < t)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    m->last_from = t;
-    m->last_to = pl_item_comp(m->c, m->y, m->tp[lo].ci)->trainer;
-    return m->last_to;
-}
-
-static void view_map(struct wb_rt_view *v, struct tmap *tm, const struct renum *sh)
-{
-    if (v->kind == WB_BUF_PARAM)
-        v->tensor = tmap(tm, v->tensor);
-    v->shape = renum(sh, v->shape);
-}
-
-/* Stamps one mesh position: representative rank r -> rank r + dr. */
+/* Stamps one mesh position: representative rank r -> rank r + dr. The ops and records are
+ * renumbered by a segment (lazy.c), kept as it is in a lazy plan. tm: the representative's
+ * trainer tensors -> item y's, (from, to) pairs sorted by from. */
 static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const struct item *y,
                       uint32_t yi, uint32_t me, const uint32_t *R, uint32_t n,
-                      const uint64_t *inbox_y, struct tmap *tm)
+                      const uint64_t *inbox_y, const uint32_t *tm, uint32_t ntm)
 {
     struct stamp *st = &c->st;
     const struct stamp_rank *SR = VEC_AT(&st->p3rk, struct stamp_rank, rp->rk0), *sr = &SR[me];
@@ -646,77 +598,86 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
     struct rank_out *src = &c->ro[r], *dst = &c->ro[ry];
     const struct item *x = VEC_AT(&c->items, struct item, rp->item);
     const struct wb_mapping *mx = pl_ctx_map(c, x->mapping), *my = pl_ctx_map(c, y->mapping);
-    int64_t dr = st->dr[yi], dl = st->dl[yi];
+    int64_t dr = st->dr[yi];
+    bool lazy = c->opts->lazy;
     uint32_t nops = sr->op1 - sr->op0, nw = sr->w1 - sr->w0, np = sr->p1 - sr->p0;
     uint32_t nt = sr->task1 - sr->task0, na = sr->a1 - sr->a0, nx = sr->x1 - sr->x0;
-    if (pl_vec_reserve(&dst->tasks, nt) || pl_vec_reserve(&dst->ops, nops) ||
-        pl_vec_reserve(&dst->writes, nw) || pl_vec_reserve(&dst->peers, np) ||
-        pl_vec_reserve(&dst->amax, na) || pl_vec_reserve(&dst->apeers, nx))
+    if (pl_vec_reserve(&dst->tasks, nt) || pl_vec_reserve(&dst->ops, lazy ? 0 : nops) ||
+        pl_vec_reserve(&dst->writes, lazy ? 0 : nw) || pl_vec_reserve(&dst->peers, np) ||
+        pl_vec_reserve(&dst->amax, na) || pl_vec_reserve(&dst->apeers, nx) ||
+        pl_vec_reserve(&dst->segs, 1))
         return -ENOMEM;
-    struct renum bx = {0, NULL}, sh = {0, NULL};
-    int err = 0;
-    if (r != ry && ((err = renum_build(&bx, &src->boxes, &dst->boxes,
-                                       VEC_AT(&st->p3u32, uint32_t, sr->box0), sr->nbox, true)) ||
-                    (err = renum_build(&sh, &src->shapes, &dst->shapes,
-                                       VEC_AT(&st->p3u32, uint32_t, sr->shp0), sr->nshp, false))))
-        goto out;
-    uint32_t op_base = (uint32_t)dst->ops.n, w_base = (uint32_t)dst->writes.n;
-    uint32_t p_base = (uint32_t)dst->peers.n, x_base = (uint32_t)dst->apeers.n;
-    /* the caller has advanced the tag counter and the mesh's gather ordinal past y's */
+    /* the renumbering pairs: in the table's pool (lazy), else in scratch */
+    struct vec scratch, *pool = lazy ? &dst->pool : &scratch;
+    pl_vec_init(&scratch, sizeof(uint32_t));
+    struct pl_seg sg = {
+        .at_op = (uint32_t)dst->ops.n,
+        .at_w = (uint32_t)dst->writes.n,
+        .src = r,
+        .op0 = sr->op0,
+        .op1 = sr->op1,
+        .w0 = sr->w0,
+        .w1 = sr->w1,
+        .map0 = (uint32_t)pool->n,
+        .ntm = ntm,
+        .same = r == ry,
+        .pshift = (uint32_t)dst->peers.n - sr->p0,
+        .xshift = (uint32_t)dst->apeers.n - sr->x0,
+        /* the caller has advanced the tag counter and the mesh's gather ordinal past y's */
+        .seq_shift = c->gather_seq[y->mesh] - rp->nseq - rp->seq0,
+        .mesh = y->mesh,
+        .dl = (int32_t)st->dl[yi],
+        .vx = mx->rollout,
+        .vy = my->rollout,
+        .sy = (uint32_t)my->scale,
+    };
     uint32_t tag_shift = c->next_tag - rp->ntags - rp->tag0;
-    uint32_t seq_shift = c->gather_seq[y->mesh] - rp->nseq - rp->seq0;
+    int err = pl_vec_reserve(pool, 2 * (size_t)ntm);
+    if (!err) {
+        memcpy(VEC_AT(pool, uint32_t, pool->n), tm, 2 * (size_t)ntm * sizeof(uint32_t));
+        pool->n += 2 * (size_t)ntm;
+    }
+    if (!err && !sg.same &&
+        !(err = renum_build(pool, &src->boxes, &dst->boxes, VEC_AT(&st->p3u32, uint32_t, sr->box0),
+                            sr->nbox, true)) &&
+        !(err = renum_build(pool, &src->shapes, &dst->shapes,
+                            VEC_AT(&st->p3u32, uint32_t, sr->shp0), sr->nshp, false))) {
+        sg.nbx = sr->nbox;
+        sg.nsh = sr->nshp;
+    }
+    if (err)
+        goto out;
+    const uint32_t *P = VEC_AT(pool, uint32_t, 0);
+    /* task rows count the ops and records before them expanded: the representative's from
+     * its rows' start, this table's from its own */
+    uint32_t op_from = sr->op0 + sr->vop0, w_from = sr->w0 + sr->vw0;
+    uint32_t op_base = (uint32_t)dst->ops.n + dst->vops,
+             w_base = (uint32_t)dst->writes.n + dst->vwrites;
     for (uint32_t k = 0; k < nt; k++) {
         struct wb_rt_task t = *VEC_AT(&src->tasks, struct wb_rt_task, sr->task0 + k);
         t.mapping = y->mapping;
         t.item = yi;
         t.phase = y->phase;
         t.mesh = y->mesh;
-        t.op0 = t.op0 - sr->op0 + op_base;
-        t.write0 = t.write0 - sr->w0 + w_base;
+        t.op0 = t.op0 - op_from + op_base;
+        t.write0 = t.write0 - w_from + w_base;
         *VEC_AT(&dst->tasks, struct wb_rt_task, dst->tasks.n++) = t;
     }
-    for (uint32_t k = 0; k < nops; k++) {
-        struct wb_rt_op op = *VEC_AT(&src->ops, struct wb_rt_op, sr->op0 + k);
-        op.tensor = tmap(tm, op.tensor);
-        switch (op.kind) {
-        case WB_OP_H2D:
-            break;
-        case WB_OP_GATHER:
-            view_map(&op.gather.src, tm, &sh);
-            view_map(&op.gather.dst, tm, &sh);
-            op.gather.peer0 = op.gather.peer0 - sr->p0 + p_base;
-            op.gather.mesh = y->mesh;
-            op.gather.seq += seq_shift;
-            break;
-        case WB_OP_AMAX:
-            op.amax.peer0 = op.amax.peer0 - sr->x0 + x_base;
-            view_map(&op.amax.src, tm, &sh);
-            op.amax.src_box = renum(&bx, op.amax.src_box);
-            op.amax.region = renum(&bx, op.amax.region);
-            op.amax.blocks = renum(&bx, op.amax.blocks);
-            op.amax.grid = renum(&bx, op.amax.grid);
-            break;
-        case WB_OP_COPY:
-        case WB_OP_CAST:
-            view_map(&op.copy.src, tm, &sh);
-            view_map(&op.copy.dst, tm, &sh);
-            op.copy.src_box = renum(&bx, op.copy.src_box);
-            op.copy.dst_box = renum(&bx, op.copy.dst_box);
-            break;
-        case WB_OP_QUANT:
-            view_map(&op.quant.src, tm, &sh);
-            view_map(&op.quant.dst, tm, &sh);
-            op.quant.src_box = renum(&bx, op.quant.src_box);
-            op.quant.region = renum(&bx, op.quant.region);
-            op.quant.grid = renum(&bx, op.quant.grid);
-            break;
-        }
-        *VEC_AT(&dst->ops, struct wb_rt_op, dst->ops.n++) = op;
+    const struct wb_rt_write *W = VEC_AT(&src->writes, struct wb_rt_write, sr->w0);
+    if (lazy) {
+        *VEC_AT(&dst->segs, struct pl_seg, dst->segs.n++) = sg;
+        dst->vops += nops;
+        dst->vwrites += nw;
+    } else {
+        pl_seg_ops(&sg, P, VEC_AT(&src->ops, struct wb_rt_op, sr->op0), nops,
+                   VEC_AT(&dst->ops, struct wb_rt_op, dst->ops.n));
+        dst->ops.n += nops;
+        pl_seg_writes(&sg, P, W, nw, VEC_AT(&dst->writes, struct wb_rt_write, dst->writes.n));
     }
     for (uint32_t k = 0; k < np; k++) {
         struct wb_rt_peer pe = *VEC_AT(&src->peers, struct wb_rt_peer, sr->p0 + k);
         pe.rank = (uint32_t)((int64_t)pe.rank + dr);
-        pe.box = renum(&bx, pe.box);
+        pe.box = sg.same ? pe.box : pl_seg_box(&sg, P, pe.box);
         *VEC_AT(&dst->peers, struct wb_rt_peer, dst->peers.n++) = pe;
     }
     for (uint32_t k = 0; k < nx; k++) {
@@ -733,40 +694,43 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         e.tag += tag_shift;
         *VEC_AT(&dst->amax, struct wb_rt_expect, dst->amax.n++) = e;
     }
+    /* receive counts, from the records as renumbered (a lazy plan's a chunk at a time) */
     size_t nrt = c->in->rollout->n;
-    uint32_t vx = mx->rollout, vy = my->rollout, sy = (uint32_t)my->scale;
     uint32_t reps = c->gpr ? c->nr / c->gpr : 1;
-    const struct wb_rt_write *W = VEC_AT(&src->writes, struct wb_rt_write, sr->w0);
-    struct wb_rt_write *WD = VEC_AT(&dst->writes, struct wb_rt_write, dst->writes.n);
-    for (uint32_t k = 0; k < nw; k++) {
-        struct wb_rt_write w = W[k];
-        if (w.src_tensor != (uint32_t)WB_RT_TMP_SRC)
-            w.src_tensor = tmap(tm, w.src_tensor);
-        w.dst_rank = (uint32_t)((int64_t)w.dst_rank + dl);
-        w.dst_tensor = w.dst_tensor == vx ? vy : sy;
-        w.tag = w.dst_tensor + 1;
-        WD[k] = w;
-        if (pl_full_fanout(&w, c->gpr, reps)) {
-            struct recv_count *rc = &c->rcls[(size_t)w.dst_rank * nrt + w.dst_tensor];
-            rc->bytes += w.len; /* every replica's alike: counted once (pl_emit_all) */
-            rc->writes++;
-            continue;
+    struct wb_rt_write chunk[256];
+    for (uint32_t k0 = 0; k0 < nw; k0 += 256) {
+        uint32_t m = nw - k0 < 256 ? nw - k0 : 256;
+        const struct wb_rt_write *WD;
+        if (lazy) {
+            pl_seg_writes(&sg, P, W + k0, m, chunk);
+            WD = chunk;
+        } else {
+            WD = VEC_AT(&dst->writes, struct wb_rt_write, dst->writes.n + k0);
         }
-        for (uint32_t j = 0; j < wb_rt_copies(&w); j++) {
-            size_t ri = (size_t)wb_rt_copy_rank(&w, j) * nrt + w.dst_tensor;
-            c->recv[ri].bytes += w.len;
-            c->recv[ri].writes++;
+        for (uint32_t k = 0; k < m; k++) {
+            const struct wb_rt_write *w = &WD[k];
+            if (pl_full_fanout(w, c->gpr, reps)) {
+                struct recv_count *rc = &c->rcls[(size_t)w->dst_rank * nrt + w->dst_tensor];
+                rc->bytes += w->len; /* every replica's alike: counted once (pl_emit_all) */
+                rc->writes++;
+                continue;
+            }
+            for (uint32_t j = 0; j < wb_rt_copies(w); j++) {
+                size_t ri = (size_t)wb_rt_copy_rank(w, j) * nrt + w->dst_tensor;
+                c->recv[ri].bytes += w->len;
+                c->recv[ri].writes++;
+            }
         }
     }
-    dst->writes.n += nw;
+    if (!lazy)
+        dst->writes.n += nw;
     dst->nwrites += sr->nwrites;
     c->inbox[ry] += sr->inbox1 - sr->inbox0;
     dst->send += sr->send;
     dst->gather_in += sr->gin;
     dst->h2d += sr->h2d;
 out:
-    free(bx.pair);
-    free(sh.pair);
+    pl_vec_free(&scratch);
     return err;
 }
 
@@ -815,7 +779,17 @@ int pl_stamp_emit_apply(struct plan_ctx *c, uint32_t i)
         inbox_y[k] = c->inbox[(int64_t)R[k] + st->dr[i]];
     c->next_tag += rp->ntags;
     c->gather_seq[y->mesh] += rp->nseq;
-    struct tmap tm = {VEC_AT(&st->tens, struct tens_pair, rp->tens0), x->nc, c, y, UINT32_MAX, 0};
+    /* the representative's trainer tensors -> y's: (from, to) pairs sorted by from */
+    uint32_t *tm = malloc((size_t)(x->nc ? x->nc : 1) * 2 * sizeof(uint32_t));
+    if (!tm) {
+        free(inbox_y);
+        return -ENOMEM;
+    }
+    const struct tens_pair *tp = VEC_AT(&st->tens, struct tens_pair, rp->tens0);
+    for (uint32_t k = 0; k < x->nc; k++) {
+        tm[2 * k] = tp[k].t;
+        tm[2 * k + 1] = pl_item_comp(c, y, tp[k].ci)->trainer;
+    }
     int r = 0;
     for (uint32_t k = 0; k < n && !r; k++) {
         const struct stamp_rank *sr = VEC_AT(&st->p3rk, struct stamp_rank, rp->rk0 + k);
@@ -823,9 +797,10 @@ int pl_stamp_emit_apply(struct plan_ctx *c, uint32_t i)
         if (!owns(c, ry)) /* another thread's: keep the inbox cursor in step */
             c->inbox[ry] += sr->inbox1 - sr->inbox0;
         else if (sr->task1 != sr->task0 || sr->a1 != sr->a0 || sr->inbox1 != sr->inbox0)
-            r = stamp_rank(c, rp, y, i, k, R, n, inbox_y, &tm);
+            r = stamp_rank(c, rp, y, i, k, R, n, inbox_y, tm, x->nc);
     }
     free(inbox_y);
+    free(tm);
     if (r)
         return r;
     c->gathers += rp->gathers;

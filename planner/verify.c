@@ -716,6 +716,7 @@ static int check_destinations(struct vctx *v)
     uint64_t *bad_at = NULL;
     struct bmap bmap = {NULL, (uint32_t)v->in->rollout->n};
     int64_t *tg = NULL;
+    struct wb_plan_tbuf tb = {0}; /* a lazy plan's tables, expanded one at a time */
     if (!map_of || !base)
         goto out;
     uint64_t nb = 0;
@@ -762,8 +763,12 @@ static int check_destinations(struct vctx *v)
             d.reps = p->nrollouts / gpr;
         }
     }
-    for (uint32_t r = 0; r < p->ntrainers; r++)
-        count_table(&d, &p->tables[r], r);
+    for (uint32_t r = 0; r < p->ntrainers; r++) {
+        const struct wb_route_table *t = pl_plan_table(p, r, &tb, false);
+        if (!t)
+            goto out;
+        count_table(&d, t, r);
+    }
     resolve_classes(&d);
     /* storage: a bitmap where it is no larger than the writes' pairs */
     uint64_t nbits = 0, niv = 0;
@@ -788,7 +793,9 @@ static int check_destinations(struct vctx *v)
         goto out;
     /* pass 2: mark */
     for (uint32_t r = 0; r < p->ntrainers; r++) {
-        const struct wb_route_table *t = &p->tables[r];
+        const struct wb_route_table *t = pl_plan_table(p, r, &tb, false);
+        if (!t)
+            goto out;
         for (uint32_t w = 0; w < t->nwrites; w++) {
             const struct wb_rt_write *x = &t->writes[w];
             prefetch_bucket(&d, t, w + 2 * AHEAD, NULL);
@@ -842,7 +849,9 @@ static int check_destinations(struct vctx *v)
                 B[i].fill = 0;
             }
         for (uint32_t r = 0; r < p->ntrainers; r++) {
-            const struct wb_route_table *t = &p->tables[r];
+            const struct wb_route_table *t = pl_plan_table(p, r, &tb, false);
+            if (!t)
+                goto out;
             for (uint32_t w = 0; w < t->nwrites; w++) {
                 const struct wb_rt_write *x = &t->writes[w];
                 if (bad_fanout(p, x))
@@ -870,6 +879,7 @@ out:
     free(iv);
     free(bad);
     free(bad_at);
+    wb_plan_tbuf_free(&tb);
     return rc;
 }
 
@@ -889,15 +899,21 @@ static void *sources_thread(void *arg)
     struct vctx *v = arg;
     struct vec pr;
     pl_vec_init(&pr, sizeof(struct range));
+    struct wb_plan_tbuf tb = {0};
     int r = 0;
     for (uint32_t rk = v->rank0; rk < v->rank1 && !r; rk++) {
-        const struct wb_route_table *t = &v->p->tables[rk];
+        const struct wb_route_table *t = wb_plan_table(v->p, rk, &tb);
+        if (!t) {
+            r = -ENOMEM;
+            break;
+        }
         if (v->ox)
             v->ox->g0[rk] = v->gref.n; /* this thread's; made plan-wide after the join */
         for (uint32_t k = 0; k < t->ntasks && !r; k++)
             r = check_task(v, t, &t->tasks[k], &pr);
     }
     pl_vec_free(&pr);
+    wb_plan_tbuf_free(&tb);
     v->rc = r;
     return NULL;
 }

@@ -326,7 +326,8 @@ int main(int argc, char **argv)
         return 1;
     }
     struct wb_plan_input in = wb_model_input(&md);
-    struct wb_plan_opts po = {a.mode, a.mem_cap, a.threads};
+    /* lazy: every reader here takes the tables through wb_plan_table() */
+    struct wb_plan_opts po = {a.mode, a.mem_cap, a.threads, true};
     uint64_t t0 = wb_now_ns();
     if (wb_plan_build(&in, &po, &plan, &el)) {
         fail(&el, "planning", a.max_problems);
@@ -369,8 +370,16 @@ int main(int argc, char **argv)
         wb_estimate_print(&est, plan, stdout);
         printf("  (simulated in %.2f s)\n", ck.est_s);
     }
-    if (a.dump >= 0)
-        wb_route_table_print(&plan->tables[a.dump], &in, stdout);
+    if (a.dump >= 0) {
+        struct wb_plan_tbuf tb = {0};
+        const struct wb_route_table *t = wb_plan_table(plan, (uint32_t)a.dump, &tb);
+        if (!t) {
+            fprintf(stderr, "wb-plan: --dump %ld: %s\n", a.dump, wb_strerror(-ENOMEM));
+            goto out;
+        }
+        wb_route_table_print(t, &in, stdout);
+        wb_plan_tbuf_free(&tb);
+    }
     if (a.json) {
         FILE *f = fopen(a.json, "w");
         int e = f ? wb_plan_write_json(plan, &in, a.tables, f) : -errno;

@@ -211,14 +211,19 @@ static inline void fx_check_same(const struct wb_plan *a, const struct wb_plan *
         CHECK_INT(a->meshes[m].phase, b->meshes[m].phase);
         CHECK(memcmp(a->meshes[m].ranks, b->meshes[m].ranks, a->meshes[m].n * 4) == 0);
     }
+    struct wb_plan_tbuf ta = {0}, tb = {0}; /* either may be lazy */
     for (uint32_t r = 0; r < a->ntrainers; r++) {
-        struct wb_mpw ea = fx_encode_table(&a->tables[r]), eb = fx_encode_table(&b->tables[r]);
+        const struct wb_route_table *xa = wb_plan_table(a, r, &ta), *xb = wb_plan_table(b, r, &tb);
+        CHECK(xa && xb);
+        struct wb_mpw ea = fx_encode_table(xa), eb = fx_encode_table(xb);
         if (!fx_same_bytes(&ea, &eb))
             wb_test_fail(__FILE__, __LINE__, "trainer %u: tables differ", r);
         CHECK_U64(a->tables[r].max_tmp_bytes, b->tables[r].max_tmp_bytes);
         CHECK_U64(a->stats.send_bytes[r], b->stats.send_bytes[r]);
         CHECK_U64(a->stats.gather_in_bytes[r], b->stats.gather_in_bytes[r]);
     }
+    wb_plan_tbuf_free(&ta);
+    wb_plan_tbuf_free(&tb);
     for (uint32_t g = 0; g < a->nrollouts; g++) {
         struct wb_mpw ea = fx_encode_recv(&a->recv[g]), eb = fx_encode_recv(&b->recv[g]);
         if (!fx_same_bytes(&ea, &eb))
@@ -231,6 +236,8 @@ static inline void fx_check_same(const struct wb_plan *a, const struct wb_plan *
     CHECK_U64(x->tasks, y->tasks);
     CHECK_U64(x->ops, y->ops);
     CHECK_U64(x->writes, y->writes);
+    CHECK_U64(x->records, y->records);
+    CHECK_U64(x->amax_peers, y->amax_peers);
     CHECK_U64(x->amax_ops, y->amax_ops);
     CHECK_U64(x->gathers, y->gathers);
     for (int m = 0; m < 4; m++)

@@ -3,6 +3,7 @@
  * source byte read from an owner that holds it, mesh groups disjoint, phase order respected
  * (wb_plan_verify), plus the balance figures and receive totals; and the plan built by the
  * default number of threads equals the one-thread plan byte for byte. */
+#include "planner/plan_int.h"
 #include "tests/unit/planner_fx.h"
 
 struct scenario {
@@ -65,6 +66,34 @@ static void run(const struct scenario *sc, enum wb_plan_mode mode)
     if (wb_plan_build(&f.in, &o, &p1, &f.el))
         wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
     fx_check_same(p, p1);
+    /* lazy (wb-plan's): the same tables once expanded, verified, estimated alike */
+    struct wb_plan *pz;
+    o.threads = 0;
+    o.lazy = true;
+    if (wb_plan_build(&f.in, &o, &pz, &f.el))
+        wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
+    CHECK(pz->lazy != NULL);
+    uint64_t nseg = 0;
+    for (uint32_t r = 0; r < pz->ntrainers; r++)
+        nseg += pz->lazy->t[r].nseg;
+    CHECK(nseg > 0); /* experts are stamped */
+    fx_check_same(pz, p1);
+    if (wb_plan_verify(pz, &f.in, &f.el))
+        wb_test_fail(__FILE__, __LINE__, "verify (lazy):\n%s", fx_errors(&f.el));
+    if (mode == WB_MODE_AUTO) {
+        struct wb_estimate ez, e1;
+        if (wb_plan_estimate(pz, &f.in, &ez, &f.el) || wb_plan_estimate(p1, &f.in, &e1, &f.el))
+            wb_test_fail(__FILE__, __LINE__, "estimate:\n%s", fx_errors(&f.el));
+        CHECK(ez.total_s > 0);
+        CHECK(ez.total_s == e1.total_s);
+        CHECK(ez.lower_bound_s == e1.lower_bound_s);
+        CHECK_U64(ez.nsamples, e1.nsamples);
+        CHECK(memcmp(ez.trainer_end_s, e1.trainer_end_s, p1->ntrainers * sizeof(double)) == 0);
+        CHECK(memcmp(ez.busy_submit_s, e1.busy_submit_s, p1->ntrainers * sizeof(double)) == 0);
+        wb_estimate_free(&ez);
+        wb_estimate_free(&e1);
+    }
+    wb_plan_free(pz);
     wb_plan_free(p1);
     if (mode == WB_MODE_GATHER) {
         CHECK_U64(s->pieces[WB_MODE_DIRECT] + s->pieces[WB_MODE_AMAX], 0);

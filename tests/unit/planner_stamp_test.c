@@ -46,8 +46,8 @@ static const char *const ROLLOUT = "replicas: 2\n"
 static const char *const MODEL = "configs/models/deepseek_v3.yaml";
 
 /* Builds the case without templates in one thread (the reference), then with templates in 1,
- * 2 and 3 threads (ranks split along fsdp: 2 + 2, and 2 + 1 + 1), and compares each with the
- * reference; returns the items stamped (one thread). */
+ * 2 and 3 threads (ranks split along fsdp: 2 + 2, and 2 + 1 + 1), eagerly and lazily, and
+ * compares each with the reference; returns the items stamped (one thread). */
 static size_t run(enum wb_plan_mode mode, const char *residence)
 {
     struct fx f;
@@ -75,6 +75,17 @@ static size_t run(enum wb_plan_mode mode, const char *residence)
         fx_check_same(ps, pw);
         if (wb_plan_verify(ps, &f.in, &f.el))
             wb_test_fail(__FILE__, __LINE__, "verify:\n%s", fx_errors(&f.el));
+        wb_plan_free(ps);
+        /* lazy: stamped items' ops and records left as segments, the same once expanded */
+        struct wb_plan_opts oz = o;
+        oz.lazy = true;
+        size_t nz = 0;
+        if (pl_plan_build(&f.in, &oz, true, &ps, &nz, &f.el))
+            wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
+        CHECK_U64(nz, n);
+        fx_check_same(ps, pw);
+        if (wb_plan_verify(ps, &f.in, &f.el))
+            wb_test_fail(__FILE__, __LINE__, "verify (lazy):\n%s", fx_errors(&f.el));
         wb_plan_free(ps);
         if (o.threads == 1)
             stamped = n;

@@ -1,0 +1,215 @@
+/* lazy.c — tables of a lazily built plan (wb_plan_opts.lazy): items stamped from a template
+ * keep only a segment (struct pl_seg: where the representative's rows are and how they are
+ * renumbered) in place of their ops and write records, which at 1024 GPUs are 95% of the ops
+ * and two thirds of the records. wb_plan_table() expands a table when it is read; stamp.c
+ * expands with the same two functions when it builds a plan in full, so both give the same
+ * rows. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/plan_int.h"
+
+/* The new value of `old` in sorted (old, new) pairs. */
+static uint32_t pair_find(const uint32_t *pair, uint32_t n, uint32_t old)
+{
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (pair[2 * mid] < old)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return pair[2 * lo + 1];
+}
+
+struct maps {
+    const uint32_t *tm, *bx, *sh;
+    uint32_t ntm, nbx, nsh;
+    bool same;
+    uint32_t last_from, last_to; /* ops of a task mostly concern one tensor */
+};
+
+static struct maps maps_of(const struct pl_seg *sg, const uint32_t *pool)
+{
+    const uint32_t *tm = pool + sg->map0;
+    return (struct maps){tm,       tm + 2 * sg->ntm, tm + 2 * sg->ntm + 2 * sg->nbx,
+                         sg->ntm,  sg->nbx,          sg->nsh,
+                         sg->same, UINT32_MAX,       0};
+}
+
+static uint32_t tmap(struct maps *m, uint32_t t)
+{
+    if (t != m->last_from) {
+        m->last_from = t;
+        m->last_to = pair_find(m->tm, m->ntm, t);
+    }
+    return m->last_to;
+}
+
+static uint32_t box_of(const struct maps *m, uint32_t b)
+{
+    return m->same ? b : pair_find(m->bx, m->nbx, b);
+}
+
+uint32_t pl_seg_box(const struct pl_seg *sg, const uint32_t *pool, uint32_t b)
+{
+    struct maps m = maps_of(sg, pool);
+    return box_of(&m, b);
+}
+
+static void view_map(struct wb_rt_view *v, struct maps *m)
+{
+    if (v->kind == WB_BUF_PARAM)
+        v->tensor = tmap(m, v->tensor);
+    if (!m->same)
+        v->shape = pair_find(m->sh, m->nsh, v->shape);
+}
+
+void pl_seg_ops(const struct pl_seg *sg, const uint32_t *pool, const struct wb_rt_op *src,
+                uint32_t n, struct wb_rt_op *out)
+{
+    struct maps m = maps_of(sg, pool);
+    for (uint32_t k = 0; k < n; k++) {
+        struct wb_rt_op op = src[k];
+        op.tensor = tmap(&m, op.tensor);
+        switch (op.kind) {
+        case WB_OP_H2D:
+            break;
+        case WB_OP_GATHER:
+            view_map(&op.gather.src, &m);
+            view_map(&op.gather.dst, &m);
+            op.gather.peer0 += sg->pshift;
+            op.gather.mesh = sg->mesh;
+            op.gather.seq += sg->seq_shift;
+            break;
+        case WB_OP_AMAX:
+            op.amax.peer0 += sg->xshift;
+            view_map(&op.amax.src, &m);
+            op.amax.src_box = box_of(&m, op.amax.src_box);
+            op.amax.region = box_of(&m, op.amax.region);
+            op.amax.blocks = box_of(&m, op.amax.blocks);
+            op.amax.grid = box_of(&m, op.amax.grid);
+            break;
+        case WB_OP_COPY:
+        case WB_OP_CAST:
+            view_map(&op.copy.src, &m);
+            view_map(&op.copy.dst, &m);
+            op.copy.src_box = box_of(&m, op.copy.src_box);
+            op.copy.dst_box = box_of(&m, op.copy.dst_box);
+            break;
+        case WB_OP_QUANT:
+            view_map(&op.quant.src, &m);
+            view_map(&op.quant.dst, &m);
+            op.quant.src_box = box_of(&m, op.quant.src_box);
+            op.quant.region = box_of(&m, op.quant.region);
+            op.quant.grid = box_of(&m, op.quant.grid);
+            break;
+        }
+        out[k] = op;
+    }
+}
+
+void pl_seg_writes(const struct pl_seg *sg, const uint32_t *pool, const struct wb_rt_write *src,
+                   uint32_t n, struct wb_rt_write *out)
+{
+    struct maps m = maps_of(sg, pool);
+    for (uint32_t k = 0; k < n; k++) {
+        struct wb_rt_write w = src[k];
+        if (w.src_tensor != (uint32_t)WB_RT_TMP_SRC)
+            w.src_tensor = tmap(&m, w.src_tensor);
+        w.dst_rank = (uint32_t)((int64_t)w.dst_rank + sg->dl);
+        w.dst_tensor = w.dst_tensor == sg->vx ? sg->vy : sg->sy;
+        w.tag = w.dst_tensor + 1;
+        out[k] = w;
+    }
+}
+
+uint32_t pl_table_nops(const struct wb_plan *p, uint32_t r)
+{
+    return p->lazy ? p->lazy->t[r].nops : p->tables[r].nops;
+}
+
+uint32_t pl_table_nwrites(const struct wb_plan *p, uint32_t r)
+{
+    return p->lazy ? p->lazy->t[r].nwrites : p->tables[r].nwrites;
+}
+
+static int room(void **a, size_t *cap, size_t n, size_t elem)
+{
+    if (n <= *cap)
+        return 0;
+    void *x = realloc(*a, n * elem);
+    if (!x)
+        return -ENOMEM;
+    *a = x;
+    *cap = n;
+    return 0;
+}
+
+const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
+                                           struct wb_plan_tbuf *buf, bool ops)
+{
+    const struct wb_route_table *t = &p->tables[r];
+    if (!p->lazy)
+        return t;
+    const struct pl_lazy_table *lz = &p->lazy->t[r];
+    if ((ops && room((void **)&buf->ops, &buf->cops, lz->nops + 1, sizeof(struct wb_rt_op))) ||
+        room((void **)&buf->writes, &buf->cwrites, lz->nwrites + 1, sizeof(struct wb_rt_write)))
+        return NULL;
+    uint32_t lo = 0, lw = 0, no = 0, nw = 0;
+    for (uint32_t k = 0; k < lz->nseg; k++) {
+        const struct pl_seg *sg = &lz->seg[k];
+        const struct wb_route_table *src = &p->tables[sg->src];
+        if (ops) {
+            memcpy(buf->ops + no, t->ops + lo, (sg->at_op - lo) * sizeof(struct wb_rt_op));
+            no += sg->at_op - lo;
+            lo = sg->at_op;
+            pl_seg_ops(sg, lz->pool, src->ops + sg->op0, sg->op1 - sg->op0, buf->ops + no);
+            no += sg->op1 - sg->op0;
+        }
+        memcpy(buf->writes + nw, t->writes + lw, (sg->at_w - lw) * sizeof(struct wb_rt_write));
+        nw += sg->at_w - lw;
+        lw = sg->at_w;
+        pl_seg_writes(sg, lz->pool, src->writes + sg->w0, sg->w1 - sg->w0, buf->writes + nw);
+        nw += sg->w1 - sg->w0;
+    }
+    if (ops) {
+        memcpy(buf->ops + no, t->ops + lo, (t->nops - lo) * sizeof(struct wb_rt_op));
+        no += t->nops - lo;
+    }
+    memcpy(buf->writes + nw, t->writes + lw, (t->nwrites - lw) * sizeof(struct wb_rt_write));
+    nw += t->nwrites - lw;
+    buf->t = *t;
+    buf->t.ops = ops ? buf->ops : NULL;
+    buf->t.nops = ops ? no : 0;
+    buf->t.writes = buf->writes;
+    buf->t.nwrites = nw;
+    return &buf->t;
+}
+
+const struct wb_route_table *wb_plan_table(const struct wb_plan *p, uint32_t r,
+                                           struct wb_plan_tbuf *buf)
+{
+    return pl_plan_table(p, r, buf, true);
+}
+
+void wb_plan_tbuf_free(struct wb_plan_tbuf *buf)
+{
+    free(buf->ops);
+    free(buf->writes);
+    memset(buf, 0, sizeof(*buf));
+}
+
+void pl_lazy_free(struct pl_lazy *lz, uint32_t ntables)
+{
+    if (!lz)
+        return;
+    for (uint32_t r = 0; lz->t && r < ntables; r++) {
+        free(lz->t[r].seg);
+        free(lz->t[r].pool);
+    }
+    free(lz->t);
+    free(lz);
+}

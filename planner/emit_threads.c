@@ -363,7 +363,9 @@ static int emit_all(struct plan_ctx *c)
         return -ENOMEM;
     for (uint32_t r = 0; r < c->nt; r++)
         rank_out_reset(&c->ro[r]);
+    uint64_t tp0 = wb_now_ns();
     int r = presize(c);
+    wb_log(WB_LOG_DEBUG, "planner", "emit: presized in %.3f s", (double)(wb_now_ns() - tp0) * 1e-9);
     if (r)
         return r;
     uint32_t want = c->opts->threads ? c->opts->threads : pl_plan_threads_default();

@@ -456,7 +456,12 @@ struct reader {
     uint32_t *seen; /* dst -> flow + 1 */
     bool stop;
     int err;
-    struct wb_plan_tbuf tb; /* a lazy plan's table, expanded */
+    /* two passes (parallel readers of a lazy plan): the first reads every task but the stamped
+     * ones (ending each rank's collective refs at cend[r]), the second makes each stamped task
+     * from its representative's (flows from flow_a, the first pass's, merged) */
+    bool two_pass, second;
+    size_t *cend;
+    const struct eflow *flow_a;
 };
 
 static int read_op(struct reader *rd, const struct wb_route_table *t, uint32_t r,
@@ -542,6 +547,47 @@ static int read_op(struct reader *rd, const struct wb_route_table *t, uint32_t r
     return 0;
 }
 
+/* Second pass: stamped task ti of rank r from its representative's, already read (the same
+ * ops and records but for the amax tags, shifted, and the destinations, + dl). */
+static void read_stamped(struct reader *rd, const struct pl_rows *R, uint32_t k, size_t ti,
+                         size_t *ci)
+{
+    struct sim *s = rd->s;
+    const struct pl_seg *sg = R->seg;
+    const struct etask *x = &s->task[rd->tbase[sg->src] + sg->task0 + (k - sg->at_task)];
+    struct etask *e = &s->task[ti];
+    e->ncoll = x->ncoll;
+    e->ninst = x->ninst;
+    e->nlaunch = x->nlaunch;
+    e->h2d_bytes = x->h2d_bytes;
+    e->quant_bytes = x->quant_bytes;
+    e->gather_bytes = x->gather_bytes;
+    e->h2d_s = x->h2d_s;
+    e->gpu_s = x->gpu_s;
+    e->submit_s = x->submit_s;
+    e->c0 = (uint32_t)*ci;
+    for (uint32_t c = 0; c < x->ncoll; c++) {
+        uint32_t ref = s->coll[x->c0 + c], tag = (ref & AMX_TAG) + sg->tag_shift;
+        if (!(ref & AMX_REF) || tag >= s->namx || tag > AMX_TAG) {
+            rd->stop = true; /* read again alone */
+            return;
+        }
+        if (__atomic_load_n(&s->amx[tag].n, __ATOMIC_RELAXED) < UINT16_MAX)
+            __atomic_fetch_add(&s->amx[tag].n, 1, __ATOMIC_RELAXED);
+        s->coll[(*ci)++] = (ref & ~AMX_TAG) | tag;
+    }
+    e->f0 = (uint32_t)rd->flow.n;
+    for (uint32_t f = x->f0; f < x->f0 + x->nflow; f++) {
+        struct eflow nf = rd->flow_a[f];
+        nf.dst = (uint32_t)((int64_t)nf.dst + sg->dl);
+        if (!pl_vec_push(&rd->flow, &nf)) {
+            rd->err = -ENOMEM;
+            return;
+        }
+    }
+    e->nflow = x->nflow;
+}
+
 static void *read_ranks(void *arg)
 {
     struct reader *rd = arg;
@@ -549,42 +595,64 @@ static void *read_ranks(void *arg)
     const struct wb_plan *p = s->p;
     const struct wb_hw *hw = &rd->in->tl->hw;
     for (uint32_t r = rd->r0; r < rd->r1 && !rd->err && !rd->stop; r++) {
-        const struct wb_route_table *t = wb_plan_table(p, r, &rd->tb);
-        if (!t) {
-            rd->err = -ENOMEM;
-            break;
-        }
-        size_t ti = rd->tbase[r], ci = rd->obase[r];
+        /* a lazy plan's stamped tasks are read in their representative's rows (same boxes),
+         * their collectives and records renumbered */
+        const struct wb_route_table *t = &p->tables[r];
+        const uint32_t *pool = p->lazy ? p->lazy->t[r].pool : NULL;
+        struct pl_cursor cu = {0};
+        size_t ti = rd->tbase[r], ci = rd->second ? rd->cend[r] : rd->obase[r];
         s->rs[r].t0 = (uint32_t)ti;
         s->rs[r].nt = t->ntasks;
         for (uint32_t k = 0; k < t->ntasks && !rd->err && !rd->stop; k++, ti++) {
             const struct wb_rt_task *T = &t->tasks[k];
+            struct pl_rows R;
+            pl_task_rows(p, r, k, &cu, &R);
+            if (rd->second) {
+                if (R.seg)
+                    read_stamped(rd, &R, k, ti, &ci);
+                continue;
+            }
+            uint32_t xshift = R.seg ? R.seg->xshift : 0;
+            int32_t dl = R.seg ? R.seg->dl : 0;
             struct etask *e = &s->task[ti];
             e->rank = r;
             e->phase = T->phase;
             e->tmp = T->tmp_bytes;
             e->write_bytes = T->write_bytes;
+            if (R.seg && rd->two_pass)
+                continue; /* the second pass makes it */
             e->c0 = (uint32_t)ci;
             /* the rendezvous are far apart in memory: asked for ahead */
-            for (uint32_t o = T->op0; o < T->op0 + T->nops; o++)
-                for (uint32_t k = 0; t->ops[o].kind == WB_OP_AMAX && k < t->ops[o].amax.npeers; k++)
-                    if (t->amax_peers[t->ops[o].amax.peer0 + k].tag < s->namx)
-                        __builtin_prefetch(&s->amx[t->amax_peers[t->ops[o].amax.peer0 + k].tag], 1);
-            for (uint32_t o = T->op0; o < T->op0 + T->nops && !rd->err && !rd->stop; o++)
-                rd->err = read_op(rd, t, r, &t->ops[o], e, &ci);
+            for (uint32_t o = 0; o < T->nops; o++)
+                for (uint32_t k = 0; R.ops[o].kind == WB_OP_AMAX && k < R.ops[o].amax.npeers; k++) {
+                    uint32_t tag = t->amax_peers[R.ops[o].amax.peer0 + xshift + k].tag;
+                    if (tag < s->namx)
+                        __builtin_prefetch(&s->amx[tag], 1);
+                }
+            for (uint32_t o = 0; o < T->nops && !rd->err && !rd->stop; o++) {
+                const struct wb_rt_op *op = &R.ops[o];
+                if (R.seg && (op->kind == WB_OP_AMAX || op->kind == WB_OP_GATHER)) {
+                    struct wb_rt_op x; /* its peers are the table's own */
+                    pl_seg_ops(R.seg, pool, op, 1, &x);
+                    rd->err = read_op(rd, t, r, &x, e, &ci);
+                } else {
+                    rd->err = read_op(rd, R.rows, r, op, e, &ci);
+                }
+            }
             e->h2d_s = (double)e->h2d_bytes / hw->h2d_Bps;
             /* flows: bytes per destination (writes are grouped per destination rank) */
             size_t f0 = rd->flow.n;
             e->f0 = (uint32_t)f0;
             uint32_t posts = 0;
-            for (uint32_t w = T->write0; w < T->write0 + T->nwrites; w++) {
-                const struct wb_rt_write *x = &t->writes[w];
-                uint32_t g = x->dst_rank < p->nrollouts ? x->dst_rank : p->nrollouts;
+            for (uint32_t w = 0; w < T->nwrites; w++) {
+                const struct wb_rt_write *x = &R.writes[w];
+                uint32_t dst = (uint32_t)((int64_t)x->dst_rank + dl);
+                uint32_t g = dst < p->nrollouts ? dst : p->nrollouts;
                 uint32_t f = rd->seen[g], nc = wb_rt_copies(x), step = nc > 1 ? x->rank_step : 0;
                 struct eflow *F = rd->flow.p;
-                if (f <= f0 || f > rd->flow.n || F[f - 1].dst != x->dst_rank || F[f - 1].w != nc ||
+                if (f <= f0 || f > rd->flow.n || F[f - 1].dst != dst || F[f - 1].w != nc ||
                     F[f - 1].step != step) {
-                    struct eflow nf = {x->dst_rank, nc, step, 0};
+                    struct eflow nf = {dst, nc, step, 0};
                     if (!pl_vec_push(&rd->flow, &nf)) {
                         rd->err = -ENOMEM;
                         break;
@@ -600,8 +668,62 @@ static void *read_ranks(void *arg)
             e->submit_s =
                 posts * hw->write_submit_s + T->nops * hw->kernel_s + e->nlaunch * hw->gather_s;
         }
+        if (rd->cend && !rd->second)
+            rd->cend[r] = ci;
     }
     return NULL;
+}
+
+/* Runs the two readers side by side; false when the second thread could not start. */
+static bool run_readers(struct reader *rd)
+{
+    pthread_t th;
+    if (pthread_create(&th, NULL, read_ranks, &rd[1]))
+        return false;
+    read_ranks(&rd[0]);
+    pthread_join(th, NULL);
+    return true;
+}
+
+/* The flows, the second reader's after the first's (tasks from t1 on are the second's). */
+static int merge_flows(struct sim *s, const struct reader *rd, size_t t1)
+{
+    size_t n0 = rd[0].flow.n, n1 = rd[1].flow.n;
+    free(s->flow);
+    s->flow = malloc((n0 + n1 + 1) * sizeof(*s->flow));
+    if (!s->flow)
+        return -ENOMEM;
+    if (n0)
+        memcpy(s->flow, rd[0].flow.p, n0 * sizeof(struct eflow));
+    if (n1) {
+        memcpy(s->flow + n0, rd[1].flow.p, n1 * sizeof(struct eflow));
+        for (size_t i = t1; i < s->ntask; i++)
+            s->task[i].f0 += (uint32_t)n0;
+    }
+    return 0;
+}
+
+/* Appends the second pass's flows (each reader's stamped tasks count theirs from 0). */
+static int merge_second(struct sim *s, const struct wb_plan *p, const struct reader *rd, size_t na,
+                        uint32_t half)
+{
+    size_t n0 = rd[0].flow.n, n1 = rd[1].flow.n;
+    struct eflow *f = realloc(s->flow, (na + n0 + n1 + 1) * sizeof(*f));
+    if (!f)
+        return -ENOMEM;
+    s->flow = f;
+    if (n0)
+        memcpy(f + na, rd[0].flow.p, n0 * sizeof(*f));
+    if (n1)
+        memcpy(f + na + n0, rd[1].flow.p, n1 * sizeof(*f));
+    for (uint32_t r = 0; r < p->ntrainers; r++) {
+        const struct pl_lazy_table *lz = &p->lazy->t[r];
+        uint32_t add = (uint32_t)(r < half ? na : na + n0);
+        for (uint32_t g = 0; g < lz->nseg; g++)
+            for (uint32_t k = 0; k < lz->seg[g].ntask; k++)
+                s->task[s->rs[r].t0 + lz->seg[g].at_task + k].f0 += add;
+    }
+    return 0;
 }
 
 static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflows)
@@ -642,56 +764,64 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
     uint32_t bits = nt ? p->tables[0].tag_bits : 0;
     if ((err = amx_room(s, bits >= 1 && bits <= 30 ? (1u << bits) - 1 : 1)))
         goto out;
-    /* two readers, halves of the ranks, when there are two CPUs; alone when one stopped */
+    /* two readers, halves of the ranks, when there are two CPUs; alone when one stopped. A
+     * lazy plan's stamped tasks are made from their representatives' in a second pass. */
     uint32_t half = nt / 2;
-    pthread_t th;
     bool two = nt > 1 && sysconf(_SC_NPROCESSORS_ONLN) > 1;
     rd[0].r1 = rd[1].r0 = half;
     rd[1].r1 = nt;
-    two = two && pthread_create(&th, NULL, read_ranks, &rd[1]) == 0;
-    if (two) {
-        read_ranks(&rd[0]);
-        pthread_join(th, NULL);
-    }
-    err = rd[0].err ? rd[0].err : rd[1].err;
-    if (err)
-        goto out;
-    if (!two || rd[0].stop || rd[1].stop) {
-        if (two) { /* undo what the readers counted */
-            memset(s->task, 0, (ntask + 1) * sizeof(*s->task));
-            memset(s->amx, 0, s->namx * sizeof(*s->amx));
-        }
-        rd[0].flow.n = 0;
-        memset(rd[0].seen, 0, ((size_t)p->nrollouts + 1) * sizeof(uint32_t));
-        rd[0].rflows = rflows;
-        rd[0].stop = false;
-        rd[0].r0 = 0;
-        rd[0].r1 = nt;
-        rd[1].flow.n = 0;
-        read_ranks(&rd[0]);
-        if ((err = rd[0].err))
-            goto out;
-    }
-    /* the flows, the second reader's after the first's */
-    size_t n0 = rd[0].flow.n, n1 = rd[1].flow.n;
-    s->flow = malloc((n0 + n1 + 1) * sizeof(*s->flow));
-    if (!s->flow) {
+    size_t *cend = NULL;
+    if (two && p->lazy && !(cend = malloc(((size_t)nt + 1) * sizeof(size_t)))) {
         err = -ENOMEM;
         goto out;
     }
-    if (n0)
-        memcpy(s->flow, rd[0].flow.p, n0 * sizeof(struct eflow));
-    if (n1)
-        memcpy(s->flow + n0, rd[1].flow.p, n1 * sizeof(struct eflow));
-    if (n1)
-        for (size_t i = tbase[half]; i < ntask; i++)
-            s->task[i].f0 += (uint32_t)n0;
+    for (int k = 0; k < 2; k++) {
+        rd[k].two_pass = cend != NULL;
+        rd[k].cend = cend;
+    }
+    size_t na = 0; /* flows of the first pass */
+    two = two && run_readers(rd);
+    err = rd[0].err ? rd[0].err : rd[1].err;
+    if (!err && two && !rd[0].stop && !rd[1].stop && (err = merge_flows(s, rd, tbase[half])) == 0)
+        na = rd[0].flow.n + rd[1].flow.n;
+    if (!err && two && !rd[0].stop && !rd[1].stop && cend) {
+        for (int k = 0; k < 2; k++) {
+            rd[k].second = true;
+            rd[k].flow_a = s->flow;
+            rd[k].flow.n = 0;
+        }
+        two = run_readers(rd);
+        err = rd[0].err ? rd[0].err : rd[1].err;
+        if (!err && two && !rd[0].stop && !rd[1].stop)
+            err = merge_second(s, p, rd, na, half);
+    }
+    free(cend);
+    if (err)
+        goto out;
+    if (!two || rd[0].stop || rd[1].stop) {
+        /* alone, in one pass: undo what the readers counted */
+        memset(s->task, 0, (ntask + 1) * sizeof(*s->task));
+        memset(s->amx, 0, s->namx * sizeof(*s->amx));
+        free(s->flow);
+        s->flow = NULL;
+        for (int k = 0; k < 2; k++) {
+            rd[k].flow.n = 0;
+            rd[k].stop = rd[k].two_pass = rd[k].second = false;
+            rd[k].cend = NULL;
+        }
+        memset(rd[0].seen, 0, ((size_t)p->nrollouts + 1) * sizeof(uint32_t));
+        rd[0].rflows = rflows;
+        rd[0].r0 = 0;
+        rd[0].r1 = nt;
+        read_ranks(&rd[0]);
+        if ((err = rd[0].err) || (err = merge_flows(s, rd, ntask)))
+            goto out;
+    }
     err = 0;
 out:
     for (int k = 0; k < 2; k++) {
         pl_vec_free(&rd[k].flow);
         free(rd[k].seen);
-        wb_plan_tbuf_free(&rd[k].tb);
     }
     free(tbase);
     free(obase);
@@ -1186,8 +1316,35 @@ static bool gate_open(const struct sim *s, uint32_t phase, double t)
 }
 
 /* The simulation; it gives up with -ECANCELED once *stop is set (when not NULL). */
+/* Opened once the estimate has read the tables (wb_plan_verify_estimate starts verify then:
+ * the readers have both CPUs to themselves, verify shares them with the simulation). */
+struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool open;
+};
+
+static void gate_set(struct gate *g)
+{
+    if (!g)
+        return;
+    pthread_mutex_lock(&g->mu);
+    g->open = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_wait(struct gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
 static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
-                    struct wb_estimate *out, struct wb_errlist *el, const atomic_bool *stop)
+                    struct wb_estimate *out, struct wb_errlist *el, const atomic_bool *stop,
+                    struct gate *read)
 {
     const struct wb_hw *th = &in->tl->hw, *rh = &in->rl->hw;
     if (th->nic_gbps <= 0 || rh->nic_gbps <= 0) {
@@ -1215,6 +1372,7 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     uint64_t t_build = wb_now_ns();
     int rc = s.phash ? build(&s, in, &rflows) : -ENOMEM;
     t_build = wb_now_ns() - t_build;
+    gate_set(read);
     if (rc == -E2BIG) {
         wb_errlist_add(el, "estimate: an amax exchange tag is 2^30 or more");
         rc = -WB_E_PLAN;
@@ -1533,7 +1691,7 @@ out:
 int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
                      struct wb_estimate *out, struct wb_errlist *el)
 {
-    return estimate(p, in, out, el, NULL);
+    return estimate(p, in, out, el, NULL, NULL);
 }
 
 struct verify_job {
@@ -1543,11 +1701,13 @@ struct verify_job {
     atomic_bool *stop;
     int rc;
     double s;
+    struct gate *read;
 };
 
 static void *verify_main(void *arg)
 {
     struct verify_job *j = arg;
+    gate_wait(j->read);
     uint64_t t0 = wb_now_ns();
     j->rc = pl_verify(j->p, j->in, j->el, false);
     j->s = (double)(wb_now_ns() - t0) * 1e-9;
@@ -1562,7 +1722,8 @@ void wb_plan_verify_estimate(const struct wb_plan *p, const struct wb_plan_input
 {
     atomic_bool stop;
     atomic_init(&stop, false);
-    struct verify_job j = {p, in, verify_el, &stop, 0, 0};
+    struct gate read = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
+    struct verify_job j = {p, in, verify_el, &stop, 0, 0, &read};
     pthread_t th;
     bool side =
         sysconf(_SC_NPROCESSORS_ONLN) > 1 && pthread_create(&th, NULL, verify_main, &j) == 0;
@@ -1572,7 +1733,8 @@ void wb_plan_verify_estimate(const struct wb_plan *p, const struct wb_plan_input
         j.s = (double)(wb_now_ns() - t0) * 1e-9;
     }
     uint64_t t0 = wb_now_ns();
-    res->est_rc = side || !j.rc ? estimate(p, in, est, est_el, &stop) : -ECANCELED;
+    res->est_rc = side || !j.rc ? estimate(p, in, est, est_el, &stop, &read) : -ECANCELED;
+    gate_set(&read); /* an estimate that failed before reading */
     res->est_s = (double)(wb_now_ns() - t0) * 1e-9;
     if (side)
         pthread_join(th, NULL);

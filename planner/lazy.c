@@ -126,6 +126,30 @@ void pl_seg_writes(const struct pl_seg *sg, const uint32_t *pool, const struct w
     }
 }
 
+void pl_task_rows(const struct wb_plan *p, uint32_t r, uint32_t k, struct pl_cursor *cu,
+                  struct pl_rows *out)
+{
+    const struct wb_route_table *t = &p->tables[r];
+    const struct wb_rt_task *T = &t->tasks[k];
+    const struct pl_lazy_table *lz = p->lazy ? &p->lazy->t[r] : NULL;
+    while (lz && cu->seg < lz->nseg && lz->seg[cu->seg].at_task + lz->seg[cu->seg].ntask <= k) {
+        const struct pl_seg *sg = &lz->seg[cu->seg++];
+        cu->vops += sg->op1 - sg->op0;
+        cu->vwrites += sg->w1 - sg->w0;
+    }
+    const struct pl_seg *sg = lz && cu->seg < lz->nseg ? &lz->seg[cu->seg] : NULL;
+    if (sg && sg->at_task <= k) {
+        const struct wb_route_table *src = &p->tables[sg->src];
+        const struct wb_rt_task *X = &src->tasks[sg->task0 + (k - sg->at_task)];
+        const struct wb_rt_task *X0 = &src->tasks[sg->task0];
+        *out = (struct pl_rows){src, src->ops + sg->op0 + (X->op0 - X0->op0),
+                                src->writes + sg->w0 + (X->write0 - X0->write0), sg};
+        return;
+    }
+    *out = (struct pl_rows){t, t->ops + (T->op0 - cu->vops), t->writes + (T->write0 - cu->vwrites),
+                            NULL};
+}
+
 uint32_t pl_table_nops(const struct wb_plan *p, uint32_t r)
 {
     return p->lazy ? p->lazy->t[r].nops : p->tables[r].nops;

@@ -147,11 +147,14 @@ struct wb_shape pl_grid_shape(const struct wb_shape *s);
  * item's mesh with ordinals shifted, writes to rollout ranks + dl and tensor vx -> vy (any
  * other: the scale tensor sy). */
 struct pl_seg {
+    uint32_t at_task, ntask, task0; /* its tasks: the table's [at_task, +ntask), src's from task0 */
     uint32_t at_op, at_w;
     uint32_t src, op0, op1, w0, w1;
     uint32_t map0, ntm, nbx, nsh;
     bool same;
     uint32_t pshift, xshift, seq_shift, mesh;
+    uint32_t tag_shift; /* its amax peers' tags (the table's own) are the source's + this */
+    bool gathers;       /* it may have GATHER ops */
     int32_t dl;
     uint32_t vx, vy, sy;
 };
@@ -172,6 +175,21 @@ void pl_seg_ops(const struct pl_seg *sg, const uint32_t *pool, const struct wb_r
                 uint32_t n, struct wb_rt_op *out);
 void pl_seg_writes(const struct pl_seg *sg, const uint32_t *pool, const struct wb_rt_write *src,
                    uint32_t n, struct wb_rt_write *out);
+/* Where a task's ops and records are without expanding anything: its own rows, or (seg set)
+ * its representative's in the table `rows` (whose boxes and shapes equal the renumbered ones),
+ * to be read through seg's renumbering (pl_seg_ops) where it matters. Walk a table's tasks in
+ * order from a zeroed cursor with pl_task_rows(). */
+struct pl_rows {
+    const struct wb_route_table *rows;
+    const struct wb_rt_op *ops;
+    const struct wb_rt_write *writes;
+    const struct pl_seg *seg;
+};
+struct pl_cursor {
+    uint32_t seg, vops, vwrites; /* next segment; ops and records of the segments passed */
+};
+void pl_task_rows(const struct wb_plan *p, uint32_t r, uint32_t k, struct pl_cursor *cu,
+                  struct pl_rows *out);
 /* A segment's renumbering of one box index (gather peers' boxes). */
 uint32_t pl_seg_box(const struct pl_seg *sg, const uint32_t *pool, uint32_t b);
 /* wb_plan_table(), expanding only the write records when !ops (then the table has no ops). */

@@ -611,6 +611,9 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
     struct vec scratch, *pool = lazy ? &dst->pool : &scratch;
     pl_vec_init(&scratch, sizeof(uint32_t));
     struct pl_seg sg = {
+        .at_task = (uint32_t)dst->tasks.n,
+        .ntask = nt,
+        .task0 = sr->task0,
         .at_op = (uint32_t)dst->ops.n,
         .at_w = (uint32_t)dst->writes.n,
         .src = r,
@@ -630,8 +633,9 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         .vx = mx->rollout,
         .vy = my->rollout,
         .sy = (uint32_t)my->scale,
+        .gathers = rp->gathers != 0 || x->mode == WB_MODE_GATHER,
     };
-    uint32_t tag_shift = c->next_tag - rp->ntags - rp->tag0;
+    uint32_t tag_shift = sg.tag_shift = c->next_tag - rp->ntags - rp->tag0;
     int err = pl_vec_reserve(pool, 2 * (size_t)ntm);
     if (!err) {
         memcpy(VEC_AT(pool, uint32_t, pool->n), tm, 2 * (size_t)ntm * sizeof(uint32_t));

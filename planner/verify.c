@@ -213,31 +213,33 @@ static int note_amax(struct vctx *v, const struct wb_route_table *t, const struc
 }
 
 /* What a task's ops will touch far away, asked for while the task before it is checked:
- * amax slots (an array by tag, far larger than the caches), tensors' dtypes. */
+ * amax slots (an array by tag, far larger than the caches), tensors' dtypes. R: its rows. */
 static void prefetch_task(const struct vctx *v, const struct wb_route_table *t,
-                          const struct wb_rt_task *k)
+                          const struct wb_rt_task *k, const struct pl_rows *R)
 {
     const struct wb_inventory *ti = v->in->trainer;
-    for (uint32_t o = k->op0; o < k->op0 + k->nops && o < t->nops; o++) {
-        const struct wb_rt_op *op = &t->ops[o];
+    uint32_t xshift = R->seg ? R->seg->xshift : 0;
+    for (uint32_t o = 0; o < k->nops; o++) {
+        const struct wb_rt_op *op = &R->ops[o];
         if (op->kind == WB_OP_AMAX && v->ox) {
-            for (uint32_t j = op->amax.peer0; j - op->amax.peer0 < op->amax.npeers; j++)
+            for (uint32_t j = op->amax.peer0 + xshift;
+                 j - op->amax.peer0 - xshift < op->amax.npeers; j++)
                 if (j < t->namax_peers && t->amax_peers[j].tag < v->ox->ntag)
                     __builtin_prefetch(&v->ox->at[t->amax_peers[j].tag], 1);
-        } else if (op->kind == WB_OP_H2D && op->tensor < ti->n)
+        } else if (op->kind == WB_OP_H2D && op->tensor < ti->n && !R->seg)
             __builtin_prefetch(&ti->p[op->tensor].dtype);
     }
 }
 
+/* Checks task k of table t, whose ops and records are ops[0 .. k->nops) and
+ * writes[0 .. k->nwrites) (op and write numbers in messages are the table's). */
 static int check_task(struct vctx *v, const struct wb_route_table *t, const struct wb_rt_task *k,
-                      struct vec *pr)
+                      const struct wb_rt_op *ops, const struct wb_rt_write *writes, struct vec *pr)
 {
     const struct wb_inventory *ti = v->in->trainer;
     pr->n = 0;
-    if (k + 1 < t->tasks + t->ntasks)
-        prefetch_task(v, t, k + 1);
     for (uint32_t o = k->op0; o < k->op0 + k->nops; o++) {
-        const struct wb_rt_op *op = &t->ops[o];
+        const struct wb_rt_op *op = &ops[o - k->op0];
         const char *tn = op->tensor < ti->n ? ti->p[op->tensor].name : "?";
         bool ok = true;
         int r = 0;
@@ -342,7 +344,7 @@ static int check_task(struct vctx *v, const struct wb_route_table *t, const stru
     uint64_t last_bytes = 0;
     bool last_ok = false;
     for (uint32_t w = k->write0; w < k->write0 + k->nwrites; w++) {
-        const struct wb_rt_write *x = &t->writes[w];
+        const struct wb_rt_write *x = &writes[w - k->write0];
         bool ok;
         if (x->src_tensor == (uint32_t)WB_RT_TMP_SRC) {
             size_t lo = 0, hi = nm; /* the last range starting at or before src_off */
@@ -893,27 +895,146 @@ static void *destinations_thread(void *arg)
     return NULL;
 }
 
-/* Sources of the tables of ranks [rank0, rank1). */
+/* Whether a lazy plan's stamped segment reads what its representative's rows read: every
+ * trainer tensor pair has one dtype and, at the two ranks, shard boxes of one shape (or no
+ * shard at either), and every renumbered box and shape equals the one it stands for. Then each
+ * of its ops and records reads held bytes exactly when the representative's does, and those
+ * are checked where they are, in the representative's own table; what differs (amax tags and
+ * peers, gathers' peers, destinations) is checked for the segment itself. The renumbering is
+ * the one wb_plan_table() and an eager build apply (lazy.c); the planner's tests check that
+ * both give the same tables. */
+static bool congruent(struct vctx *v, const struct wb_route_table *t, const struct pl_seg *sg,
+                      const uint32_t *pool)
+{
+    const struct wb_inventory *ti = v->in->trainer;
+    if (sg->src >= v->p->ntrainers)
+        return false;
+    const struct wb_route_table *src = &v->p->tables[sg->src];
+    if (src->residence != t->residence || (sg->same && sg->src != t->rank))
+        return false;
+    const uint32_t *tm = pool + sg->map0, *bx = tm + 2 * sg->ntm, *sh = bx + 2 * sg->nbx;
+    for (uint32_t i = 0; i < sg->ntm; i++) {
+        uint32_t a = tm[2 * i], b = tm[2 * i + 1];
+        if (a >= ti->n || b >= ti->n || ti->p[a].dtype != ti->p[b].dtype)
+            return false;
+        struct wb_box A, B;
+        bool ha = shard_of(v, a, sg->src, &A), hb = shard_of(v, b, t->rank, &B);
+        if (ha != hb || (ha && A.ndim != B.ndim))
+            return false;
+        for (uint32_t d = 0; ha && d < A.ndim && d < WB_MAX_DIMS; d++)
+            if (A.ext[d] != B.ext[d])
+                return false;
+    }
+    for (uint32_t i = 0; i < sg->nbx; i++)
+        if (bx[2 * i] >= src->nboxes || bx[2 * i + 1] >= t->nboxes ||
+            !wb_box_eq(&src->boxes[bx[2 * i]], &t->boxes[bx[2 * i + 1]]))
+            return false;
+    for (uint32_t i = 0; i < sg->nsh; i++)
+        if (sh[2 * i] >= src->nshapes || sh[2 * i + 1] >= t->nshapes ||
+            !wb_shape_eq(&src->shapes[sh[2 * i]], &t->shapes[sh[2 * i + 1]]))
+            return false;
+    return true;
+}
+
+/* A stamped task of a congruent segment: its representative's sizes, and its amax exchanges
+ * noted for the mirror check. Returns 1 when it must be checked op by op instead (a gather, or
+ * sizes that differ), else 0 or -ENOMEM. */
+static int check_stamped(struct vctx *v, const struct wb_route_table *t, const struct wb_rt_task *k,
+                         uint32_t ki, const struct pl_rows *R, const uint32_t *pool)
+{
+    const struct pl_seg *sg = R->seg;
+    const struct wb_rt_task *x = &R->rows->tasks[sg->task0 + (ki - sg->at_task)];
+    if (sg->gathers || x->nops != k->nops || x->nwrites != k->nwrites ||
+        x->tmp_bytes != k->tmp_bytes)
+        return 1;
+    /* the AMAX ops renumbered, their slots asked for, then noted */
+    enum { BATCH = 16 };
+    struct wb_rt_op amax[BATCH];
+    uint32_t n = 0;
+    for (uint32_t o = 0; o <= k->nops; o++) {
+        if (o < k->nops && R->ops[o].kind != WB_OP_AMAX)
+            continue;
+        if (o < k->nops) {
+            struct wb_rt_op *op = &amax[n];
+            pl_seg_ops(sg, pool, &R->ops[o], 1, op);
+            if (op->amax.npeers == 0 || op->amax.peer0 > t->namax_peers ||
+                op->amax.npeers > t->namax_peers - op->amax.peer0) {
+                const struct wb_inventory *ti = v->in->trainer;
+                verr(v, "rank %u: op %u (amax) on %s lists peers [%u, +%u) of its %u", t->rank,
+                     k->op0 + o, op->tensor < ti->n ? ti->p[op->tensor].name : "?", op->amax.peer0,
+                     op->amax.npeers, t->namax_peers);
+                continue;
+            }
+            n++;
+            for (uint32_t j = 0; v->ox && j < op->amax.npeers; j++)
+                if (t->amax_peers[op->amax.peer0 + j].tag < v->ox->ntag)
+                    __builtin_prefetch(&v->ox->at[t->amax_peers[op->amax.peer0 + j].tag], 1);
+            if (n < BATCH)
+                continue;
+        }
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t j = 0; j < amax[i].amax.npeers; j++)
+                if (note_amax(v, t, &amax[i], &t->amax_peers[amax[i].amax.peer0 + j]))
+                    return -ENOMEM;
+        n = 0;
+    }
+    return 0;
+}
+
+/* Sources of the tables of ranks [rank0, rank1). A lazy plan's stamped tasks are checked by
+ * their segment's congruence (once per segment) where it holds, else expanded. */
 static void *sources_thread(void *arg)
 {
     struct vctx *v = arg;
+    const struct wb_plan *p = v->p;
     struct vec pr;
     pl_vec_init(&pr, sizeof(struct range));
-    struct wb_plan_tbuf tb = {0};
+    struct wb_rt_op *xo = NULL; /* a stamped task expanded */
+    struct wb_rt_write *xw = NULL;
+    size_t co = 0, cw = 0;
     int r = 0;
     for (uint32_t rk = v->rank0; rk < v->rank1 && !r; rk++) {
-        const struct wb_route_table *t = wb_plan_table(v->p, rk, &tb);
-        if (!t) {
-            r = -ENOMEM;
-            break;
-        }
+        const struct wb_route_table *t = &p->tables[rk];
+        const uint32_t *pool = p->lazy ? p->lazy->t[rk].pool : NULL;
         if (v->ox)
             v->ox->g0[rk] = v->gref.n; /* this thread's; made plan-wide after the join */
-        for (uint32_t k = 0; k < t->ntasks && !r; k++)
-            r = check_task(v, t, &t->tasks[k], &pr);
+        struct pl_cursor cu = {0};
+        struct pl_rows R, N;
+        const struct pl_seg *seen = NULL; /* the segment whose congruence is known */
+        bool cong = false;
+        if (t->ntasks)
+            pl_task_rows(p, rk, 0, &cu, &N);
+        for (uint32_t k = 0; k < t->ntasks && !r; k++) {
+            const struct wb_rt_task *T = &t->tasks[k];
+            R = N;
+            if (k + 1 < t->ntasks) {
+                pl_task_rows(p, rk, k + 1, &cu, &N);
+                if (!N.seg) /* a stamped task asks for its own */
+                    prefetch_task(v, t, &t->tasks[k + 1], &N);
+            }
+            if (!R.seg) {
+                r = check_task(v, t, T, R.ops, R.writes, &pr);
+                continue;
+            }
+            if (R.seg != seen) {
+                seen = R.seg;
+                cong = congruent(v, t, R.seg, pool);
+            }
+            if (cong && (r = check_stamped(v, t, T, k, &R, pool)) <= 0)
+                continue;
+            if ((T->nops > co && !(xo = realloc(xo, (co = T->nops) * sizeof(*xo)))) ||
+                (T->nwrites > cw && !(xw = realloc(xw, (cw = T->nwrites) * sizeof(*xw))))) {
+                r = -ENOMEM;
+                break;
+            }
+            pl_seg_ops(R.seg, pool, R.ops, T->nops, xo);
+            pl_seg_writes(R.seg, pool, R.writes, T->nwrites, xw);
+            r = check_task(v, t, T, xo, xw, &pr);
+        }
     }
     pl_vec_free(&pr);
-    wb_plan_tbuf_free(&tb);
+    free(xo);
+    free(xw);
     v->rc = r;
     return NULL;
 }

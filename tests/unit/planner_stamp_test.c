@@ -100,6 +100,81 @@ static size_t run(enum wb_plan_mode mode, const char *residence)
     return stamped;
 }
 
+/* The first table with a stamped segment that has AMAX exchanges, and that segment. */
+static struct pl_seg *amax_segment(struct wb_plan *p, uint32_t *rank)
+{
+    for (uint32_t r = 0; r < p->ntrainers; r++)
+        for (uint32_t g = 0; g < p->lazy->t[r].nseg; g++) {
+            struct pl_seg *sg = &p->lazy->t[r].seg[g];
+            for (uint32_t o = sg->op0; o < sg->op1; o++)
+                if (p->tables[sg->src].ops[o].kind == WB_OP_AMAX && sg->src != r) {
+                    *rank = r;
+                    return sg;
+                }
+        }
+    return NULL;
+}
+
+/* Verify of a lazy plan checks stamped tasks by their segment (lazy.c) and must still catch
+ * what is wrong in a segment or in the rows it leaves to its table: each case breaks one. */
+static void test_lazy_verify_catches(void)
+{
+    struct fx f;
+    fx_init(&f);
+    char trainer[2048];
+    snprintf(trainer, sizeof(trainer), TRAINER, "host");
+    char *config = strdup(wb_test_write_file("config.json", CONFIG));
+    char *tl = strdup(wb_test_write_file("trainer.yaml", trainer));
+    struct wb_model md;
+    struct wb_model_src src = {.rules = MODEL,
+                               .config = config,
+                               .trainer_layout = tl,
+                               .rollout_layout = wb_test_write_file("rollout.yaml", ROLLOUT)};
+    fx_model(&f, &src, &md);
+    struct wb_plan_opts o = {WB_MODE_DIRECT, 1ull << 30, 1, true};
+    for (int c = 0; c < 4; c++) {
+        struct wb_plan *p;
+        if (wb_plan_build(&f.in, &o, &p, &f.el))
+            wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
+        uint32_t r = 0;
+        struct pl_seg *sg = amax_segment(p, &r);
+        CHECK(sg != NULL);
+        struct wb_route_table *t = &p->tables[r];
+        const char *want = NULL;
+        if (c == 0) { /* its records shifted to the next rollout rank */
+            sg->dl++;
+            want = "never written";
+        } else if (c == 1) { /* an exchange's tag (the table's own row) */
+            t->amax_peers[t->namax_peers - 1].tag ^= 1;
+            want = "amax";
+        } else if (c == 2) { /* its trainer tensor renumbered to another's (the embedding,
+                                which the rank holds too: its exchanges name it) */
+            uint32_t *tm = p->lazy->t[r].pool + sg->map0;
+            tm[1] = 0;
+            want = "do not mirror";
+        } else { /* a renumbered box that is not the one it stands for */
+            CHECK(sg->nbx > 1);
+            uint32_t *bx = p->lazy->t[r].pool + sg->map0 + 2 * sg->ntm;
+            uint32_t keep = bx[1];
+            bx[1] = bx[3];
+            bx[3] = keep;
+            want = "do not mirror";
+        }
+        struct wb_errlist el;
+        wb_errlist_init(&el);
+        CHECK_INT(wb_plan_verify(p, &f.in, &el), -WB_E_PLAN);
+        CHECK(el.n > 0);
+        if (!strstr(el.msgs[0], want))
+            wb_test_fail(__FILE__, __LINE__, "case %d: %s", c, el.msgs[0]);
+        wb_errlist_free(&el);
+        wb_plan_free(p);
+    }
+    wb_model_free(&md);
+    fx_free(&f);
+    free(config);
+    free(tl);
+}
+
 static void test_auto_host(void)
 {
     /* experts: 3 MoE layers x 2 expert mappings x 4 ep ranks, all but the first of each kind
@@ -130,5 +205,6 @@ const struct wb_test wb_tests[] = {
     {"auto_gpu", test_auto_gpu, 120},
     {"direct", test_direct, 120},
     {"gather", test_gather, 120},
+    {"lazy_verify_catches", test_lazy_verify_catches, 120},
     {0},
 };

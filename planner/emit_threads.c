@@ -213,8 +213,8 @@ static int counters_reset(struct plan_ctx *c)
     free(c->gather_seq);
     free(c->phase_coll);
     free(c->inbox);
-    c->recv = calloc((size_t)c->nr * c->in->rollout->n + 1, sizeof(*c->recv));
-    c->rcls = calloc((size_t)c->gpr * c->in->rollout->n + 1, sizeof(*c->rcls));
+    c->recv = pl_zalloc((size_t)c->nr * c->in->rollout->n + 1, sizeof(*c->recv));
+    c->rcls = pl_zalloc((size_t)c->gpr * c->in->rollout->n + 1, sizeof(*c->rcls));
     c->gather_seq = calloc(c->meshes.n + 1, sizeof(uint32_t));
     c->phase_coll = calloc(c->nphases + 1, sizeof(bool));
     c->inbox = calloc(c->nt + 1, sizeof(uint64_t));

@@ -199,7 +199,7 @@ static struct pair *get_pair(struct sim *s, uint32_t a, uint32_t b, uint32_t w, 
     }
     if (s->npair + 1 >= s->hcap / 2) {
         size_t cap = s->hcap * 2;
-        uint32_t *nh = calloc(cap, sizeof(uint32_t));
+        uint32_t *nh = pl_zalloc(cap, sizeof(uint32_t)); /* probed before written */
         if (!nh)
             return NULL;
         for (size_t i = 0; i < s->npair; i++) {
@@ -1361,7 +1361,7 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     s.nr = p->nrollouts;
     s.nphases = p->nphases ? p->nphases : 1;
     s.hcap = 4096;
-    s.phash = calloc(s.hcap, sizeof(uint32_t));
+    s.phash = pl_zalloc(s.hcap, sizeof(uint32_t));
     struct vec rflows;
     pl_vec_init(&rflows, sizeof(struct rflow));
     pl_vec_init(&s.heap, sizeof(struct pev));

@@ -9,6 +9,7 @@
  * stored: a 1T-parameter model has ~10^5 tensors with up to hundreds of owners each.
  * Also holds the small helpers shared by the planner files (vectors, FP8 block grids). */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +37,16 @@ int pl_vec_reserve(struct vec *v, size_t more)
     v->p = p;
     v->cap = cap;
     return 0;
+}
+
+void *pl_zalloc(size_t n, size_t size)
+{
+    if (size && n > SIZE_MAX / size)
+        return NULL;
+    void *p = malloc(n * size > 0 ? n * size : 1);
+    if (p)
+        memset(p, 0, n * size);
+    return p;
 }
 
 void *pl_vec_push(struct vec *v, const void *e)

@@ -20,6 +20,11 @@ static inline void pl_vec_init(struct vec *v, size_t elem)
     v->elem = elem;
 }
 void pl_vec_free(struct vec *v);
+
+/* calloc(n, size) whose pages are written now. For arrays read before they are written
+ * (counters, bitmaps): a fresh page read first maps the kernel's zero page, and the first write
+ * then takes a second fault and a TLB shootdown across the process's CPUs. */
+void *pl_zalloc(size_t n, size_t size);
 /* Room for `more` elements; returns 0 or -ENOMEM. */
 int pl_vec_reserve(struct vec *v, size_t more);
 /* Appends one element (copied from e, or zeroed when e is NULL); returns its address or NULL. */

@@ -789,7 +789,7 @@ static int check_destinations(struct vctx *v)
             niv += bk->count;
         }
     }
-    bits = calloc(nbits + 1, sizeof(uint64_t));
+    bits = pl_zalloc(nbits + 1, sizeof(uint64_t));
     iv = malloc((niv + 1) * sizeof(*iv));
     if (!bits || !iv)
         goto out;

@@ -913,10 +913,16 @@ static bool congruent(struct vctx *v, const struct wb_route_table *t, const stru
     if (src->residence != t->residence || (sg->same && sg->src != t->rank))
         return false;
     const uint32_t *tm = pool + sg->map0, *bx = tm + 2 * sg->ntm, *sh = bx + 2 * sg->nbx;
+    uint32_t ca = UINT32_MAX, cb = UINT32_MAX; /* a shard follows from (class, rank) */
     for (uint32_t i = 0; i < sg->ntm; i++) {
         uint32_t a = tm[2 * i], b = tm[2 * i + 1];
         if (a >= ti->n || b >= ti->n || ti->p[a].dtype != ti->p[b].dtype)
             return false;
+        if (v->tcls && v->pm->place[a].rule >= 0 && v->pm->place[b].rule >= 0 && v->tcls[a] == ca &&
+            v->tcls[b] == cb)
+            continue; /* the pair before had these classes */
+        ca = v->tcls && v->pm->place[a].rule >= 0 ? v->tcls[a] : UINT32_MAX;
+        cb = v->tcls && v->pm->place[b].rule >= 0 ? v->tcls[b] : UINT32_MAX;
         struct wb_box A, B;
         bool ha = shard_of(v, a, sg->src, &A), hb = shard_of(v, b, t->rank, &B);
         if (ha != hb || (ha && A.ndim != B.ndim))

@@ -65,6 +65,7 @@ int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
             lz->pool = take(&ro->pool, &npool);
             lz->nops = t->nops + ro->vops;
             lz->nwrites = t->nwrites + ro->vwrites;
+            lz->namax = t->namax + ro->vamax;
         }
         t->amax_inbox_bytes = c->inbox[r];
         t->send_bytes = ro->send;

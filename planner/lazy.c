@@ -53,6 +53,15 @@ static uint32_t box_of(const struct maps *m, uint32_t b)
     return m->same ? b : pair_find(m->bx, m->nbx, b);
 }
 
+void pl_seg_amax(const struct pl_seg *sg, const struct wb_rt_expect *src, uint32_t n,
+                 struct wb_rt_expect *out)
+{
+    for (uint32_t k = 0; k < n; k++) {
+        out[k] = src[k];
+        out[k].tag += sg->tag_shift;
+    }
+}
+
 uint32_t pl_seg_box(const struct pl_seg *sg, const uint32_t *pool, uint32_t b)
 {
     struct maps m = maps_of(sg, pool);
@@ -180,9 +189,11 @@ const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
         return t;
     const struct pl_lazy_table *lz = &p->lazy->t[r];
     if ((ops && room((void **)&buf->ops, &buf->cops, lz->nops + 1, sizeof(struct wb_rt_op))) ||
+        (ops &&
+         room((void **)&buf->amax, &buf->camax, lz->namax + 1, sizeof(struct wb_rt_expect))) ||
         room((void **)&buf->writes, &buf->cwrites, lz->nwrites + 1, sizeof(struct wb_rt_write)))
         return NULL;
-    uint32_t lo = 0, lw = 0, no = 0, nw = 0;
+    uint32_t lo = 0, lw = 0, la = 0, no = 0, nw = 0, na = 0;
     for (uint32_t k = 0; k < lz->nseg; k++) {
         const struct pl_seg *sg = &lz->seg[k];
         const struct wb_route_table *src = &p->tables[sg->src];
@@ -192,6 +203,11 @@ const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
             lo = sg->at_op;
             pl_seg_ops(sg, lz->pool, src->ops + sg->op0, sg->op1 - sg->op0, buf->ops + no);
             no += sg->op1 - sg->op0;
+            memcpy(buf->amax + na, t->amax + la, (sg->at_a - la) * sizeof(struct wb_rt_expect));
+            na += sg->at_a - la;
+            la = sg->at_a;
+            pl_seg_amax(sg, src->amax + sg->a0, sg->a1 - sg->a0, buf->amax + na);
+            na += sg->a1 - sg->a0;
         }
         memcpy(buf->writes + nw, t->writes + lw, (sg->at_w - lw) * sizeof(struct wb_rt_write));
         nw += sg->at_w - lw;
@@ -202,6 +218,8 @@ const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
     if (ops) {
         memcpy(buf->ops + no, t->ops + lo, (t->nops - lo) * sizeof(struct wb_rt_op));
         no += t->nops - lo;
+        memcpy(buf->amax + na, t->amax + la, (t->namax - la) * sizeof(struct wb_rt_expect));
+        na += t->namax - la;
     }
     memcpy(buf->writes + nw, t->writes + lw, (t->nwrites - lw) * sizeof(struct wb_rt_write));
     nw += t->nwrites - lw;
@@ -210,6 +228,8 @@ const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
     buf->t.nops = ops ? no : 0;
     buf->t.writes = buf->writes;
     buf->t.nwrites = nw;
+    buf->t.amax = ops ? buf->amax : NULL;
+    buf->t.namax = ops ? na : 0;
     return &buf->t;
 }
 
@@ -223,6 +243,7 @@ void wb_plan_tbuf_free(struct wb_plan_tbuf *buf)
 {
     free(buf->ops);
     free(buf->writes);
+    free(buf->amax);
     memset(buf, 0, sizeof(*buf));
 }
 

@@ -153,8 +153,8 @@ struct wb_shape pl_grid_shape(const struct wb_shape *s);
  * other: the scale tensor sy). */
 struct pl_seg {
     uint32_t at_task, ntask, task0; /* its tasks: the table's [at_task, +ntask), src's from task0 */
-    uint32_t at_op, at_w;
-    uint32_t src, op0, op1, w0, w1;
+    uint32_t at_op, at_w, at_a;
+    uint32_t src, op0, op1, w0, w1, a0, a1; /* a: amax expectations (tags + tag_shift) */
     uint32_t map0, ntm, nbx, nsh;
     bool same;
     uint32_t pshift, xshift, seq_shift, mesh;
@@ -169,7 +169,7 @@ struct pl_lazy_table {
     struct pl_seg *seg;
     uint32_t nseg;
     uint32_t *pool;
-    uint32_t nops, nwrites;
+    uint32_t nops, nwrites, namax;
 };
 struct pl_lazy {
     struct pl_lazy_table *t; /* [ntrainers] */
@@ -195,9 +195,13 @@ struct pl_cursor {
 };
 void pl_task_rows(const struct wb_plan *p, uint32_t r, uint32_t k, struct pl_cursor *cu,
                   struct pl_rows *out);
+/* A segment's amax expectations: n source rows with its tag shift. */
+void pl_seg_amax(const struct pl_seg *sg, const struct wb_rt_expect *src, uint32_t n,
+                 struct wb_rt_expect *out);
 /* A segment's renumbering of one box index (gather peers' boxes). */
 uint32_t pl_seg_box(const struct pl_seg *sg, const uint32_t *pool, uint32_t b);
-/* wb_plan_table(), expanding only the write records when !ops (then the table has no ops). */
+/* wb_plan_table(), expanding only the write records when !ops (then the table has no ops and
+ * no amax expectations). */
 const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
                                            struct wb_plan_tbuf *buf, bool ops);
 /* Rank r's op and record counts once expanded. */

@@ -604,7 +604,7 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
     uint32_t nt = sr->task1 - sr->task0, na = sr->a1 - sr->a0, nx = sr->x1 - sr->x0;
     if (pl_vec_reserve(&dst->tasks, nt) || pl_vec_reserve(&dst->ops, lazy ? 0 : nops) ||
         pl_vec_reserve(&dst->writes, lazy ? 0 : nw) || pl_vec_reserve(&dst->peers, np) ||
-        pl_vec_reserve(&dst->amax, na) || pl_vec_reserve(&dst->apeers, nx) ||
+        pl_vec_reserve(&dst->amax, lazy ? 0 : na) || pl_vec_reserve(&dst->apeers, nx) ||
         pl_vec_reserve(&dst->segs, 1))
         return -ENOMEM;
     /* the renumbering pairs: in the table's pool (lazy), else in scratch */
@@ -616,6 +616,9 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         .task0 = sr->task0,
         .at_op = (uint32_t)dst->ops.n,
         .at_w = (uint32_t)dst->writes.n,
+        .at_a = (uint32_t)dst->amax.n,
+        .a0 = sr->a0,
+        .a1 = sr->a1,
         .src = r,
         .op0 = sr->op0,
         .op1 = sr->op1,
@@ -693,11 +696,12 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         pe.peer_inbox_off = pe.peer_inbox_off - SR[pp].inbox0 + inbox_y[pp];
         *VEC_AT(&dst->apeers, struct wb_rt_amax_peer, dst->apeers.n++) = pe;
     }
-    for (uint32_t k = 0; k < na; k++) {
-        struct wb_rt_expect e = *VEC_AT(&src->amax, struct wb_rt_expect, sr->a0 + k);
-        e.tag += tag_shift;
-        *VEC_AT(&dst->amax, struct wb_rt_expect, dst->amax.n++) = e;
-    }
+    if (lazy)
+        dst->vamax += na;
+    else
+        pl_seg_amax(&sg, VEC_AT(&src->amax, struct wb_rt_expect, sr->a0), na,
+                    VEC_AT(&dst->amax, struct wb_rt_expect, dst->amax.n));
+    dst->amax.n += lazy ? 0 : na;
     /* receive counts, from the records as renumbered (a lazy plan's a chunk at a time) */
     size_t nrt = c->in->rollout->n;
     uint32_t reps = c->gpr ? c->nr / c->gpr : 1;

@@ -66,6 +66,7 @@ int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
             lz->nops = t->nops + ro->vops;
             lz->nwrites = t->nwrites + ro->vwrites;
             lz->namax = t->namax + ro->vamax;
+            lz->napeers = t->namax_peers + ro->vapeers;
         }
         t->amax_inbox_bytes = c->inbox[r];
         t->send_bytes = ro->send;
@@ -91,7 +92,7 @@ int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
         p->stats.h2d_bytes += ro->h2d;
         p->stats.tasks += t->ntasks;
         p->stats.ops += t->nops + ro->vops;
-        p->stats.amax_peers += t->namax_peers;
+        p->stats.amax_peers += t->namax_peers + ro->vapeers;
         p->stats.writes += ro->nwrites;
         p->stats.records += t->nwrites + ro->vwrites;
         p->stats.total_bytes += ro->send;

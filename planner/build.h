@@ -125,7 +125,7 @@ struct rank_out {
     /* a lazy plan's (opts.lazy): stamped items' segments (struct pl_seg) and their renumbering
      * pairs, and the ops and records they stand for (task op0 and write0 count them) */
     struct vec segs, pool;
-    uint32_t vops, vwrites, vamax;
+    uint32_t vops, vwrites, vamax, vapeers;
 };
 
 /* Templates (stamp.c): representatives, what was recorded of them, and per item the one it

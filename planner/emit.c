@@ -730,7 +730,8 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
         struct wb_box e = pl_blocks_elems(&x->blocks, sh), reg;
         wb_box_intersect(&e, &B, &reg);
         struct wb_box rel = box_rel(&reg, &sv.cover);
-        op->amax.peer0 = (uint32_t)ts->ro->apeers.n;
+        uint32_t x0 = (uint32_t)ts->ro->apeers.n; /* own rows; peer0 counts a lazy plan's */
+        op->amax.peer0 = x0 + ts->ro->vapeers;    /* segments' too, as the table expanded */
         op->amax.src = rtv(ts, &sv);
         op->amax.src_box = bx(ts, &rel);
         op->amax.region = bx(ts, &reg);
@@ -747,7 +748,7 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
             if (!pl_vec_push(&ts->ro->apeers, &pe))
                 return -ENOMEM;
         }
-        op->amax.npeers = (uint32_t)ts->ro->apeers.n - op->amax.peer0;
+        op->amax.npeers = (uint32_t)ts->ro->apeers.n - x0;
         c->amax_ops++;
         ts->coll = true;
     }

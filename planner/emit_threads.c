@@ -38,7 +38,7 @@ static void rank_out_reset(struct rank_out *ro)
 {
     ro->tasks.n = ro->ops.n = ro->writes.n = ro->peers.n = ro->amax.n = ro->apeers.n = 0;
     ro->segs.n = ro->pool.n = 0;
-    ro->vops = ro->vwrites = ro->vamax = 0;
+    ro->vops = ro->vwrites = ro->vamax = ro->vapeers = 0;
     pl_intern_free(&ro->boxes);
     pl_intern_free(&ro->shapes);
     pl_intern_init(&ro->boxes, sizeof(struct wb_box));
@@ -309,7 +309,7 @@ static int presize(struct plan_ctx *c)
             const uint64_t *v = VEC_AT(&cnt, uint64_t, NV * (first[x] + k));
             uint64_t *d = &need[NV * (size_t)((int64_t)ranks[k] + dr)];
             for (int j = 0; j < NV; j++)
-                d[j] += lazy && (j == 1 || j == 2 || j == 4) ? 0 : v[j];
+                d[j] += lazy && (j == 1 || j == 2 || j == 4 || j == 5) ? 0 : v[j];
         }
     }
     for (uint32_t k = 0; !r && k < c->nt; k++) {

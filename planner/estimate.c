@@ -462,10 +462,12 @@ struct reader {
     bool two_pass, second;
     size_t *cend;
     const struct eflow *flow_a;
+    struct wb_plan_tbuf tb; /* one pass over a lazy plan: each table expanded */
 };
 
+/* One op of table t (its amax peers at t->amax_peers[peer0 - xoff ..]). */
 static int read_op(struct reader *rd, const struct wb_route_table *t, uint32_t r,
-                   const struct wb_rt_op *op, struct etask *e, size_t *ci)
+                   const struct wb_rt_op *op, uint32_t xoff, struct etask *e, size_t *ci)
 {
     struct sim *s = rd->s;
     const struct wb_hw *hw = &rd->in->tl->hw;
@@ -486,7 +488,7 @@ static int read_op(struct reader *rd, const struct wb_route_table *t, uint32_t r
     }
     case WB_OP_AMAX: {
         for (uint32_t k = 0; k < op->amax.npeers; k++) {
-            uint32_t tag = t->amax_peers[op->amax.peer0 + k].tag;
+            uint32_t tag = t->amax_peers[op->amax.peer0 - xoff + k].tag;
             if (!rd->rflows) { /* parallel: the array must be there, counts are atomic */
                 if (tag >= s->namx) {
                     rd->stop = true;
@@ -598,47 +600,42 @@ static void *read_ranks(void *arg)
         /* a lazy plan's stamped tasks are read in their representative's rows (same boxes),
          * their collectives and records renumbered */
         const struct wb_route_table *t = &p->tables[r];
-        const uint32_t *pool = p->lazy ? p->lazy->t[r].pool : NULL;
+        bool whole = p->lazy && !rd->two_pass; /* read in one pass: the table expanded */
+        if (whole && !(t = wb_plan_table(p, r, &rd->tb))) {
+            rd->err = -ENOMEM;
+            break;
+        }
         struct pl_cursor cu = {0};
         size_t ti = rd->tbase[r], ci = rd->second ? rd->cend[r] : rd->obase[r];
         s->rs[r].t0 = (uint32_t)ti;
         s->rs[r].nt = t->ntasks;
         for (uint32_t k = 0; k < t->ntasks && !rd->err && !rd->stop; k++, ti++) {
             const struct wb_rt_task *T = &t->tasks[k];
-            struct pl_rows R;
-            pl_task_rows(p, r, k, &cu, &R);
+            struct pl_rows R = {t, t->ops + T->op0, t->writes + T->write0, NULL, 0};
+            if (!whole)
+                pl_task_rows(p, r, k, &cu, &R);
             if (rd->second) {
                 if (R.seg)
                     read_stamped(rd, &R, k, ti, &ci);
                 continue;
             }
-            uint32_t xshift = R.seg ? R.seg->xshift : 0;
-            int32_t dl = R.seg ? R.seg->dl : 0;
             struct etask *e = &s->task[ti];
             e->rank = r;
             e->phase = T->phase;
             e->tmp = T->tmp_bytes;
             e->write_bytes = T->write_bytes;
-            if (R.seg && rd->two_pass)
+            if (R.seg)
                 continue; /* the second pass makes it */
             e->c0 = (uint32_t)ci;
             /* the rendezvous are far apart in memory: asked for ahead */
             for (uint32_t o = 0; o < T->nops; o++)
                 for (uint32_t k = 0; R.ops[o].kind == WB_OP_AMAX && k < R.ops[o].amax.npeers; k++) {
-                    uint32_t tag = t->amax_peers[R.ops[o].amax.peer0 + xshift + k].tag;
+                    uint32_t tag = t->amax_peers[R.ops[o].amax.peer0 - R.xoff + k].tag;
                     if (tag < s->namx)
                         __builtin_prefetch(&s->amx[tag], 1);
                 }
-            for (uint32_t o = 0; o < T->nops && !rd->err && !rd->stop; o++) {
-                const struct wb_rt_op *op = &R.ops[o];
-                if (R.seg && (op->kind == WB_OP_AMAX || op->kind == WB_OP_GATHER)) {
-                    struct wb_rt_op x; /* its peers are the table's own */
-                    pl_seg_ops(R.seg, pool, op, 1, &x);
-                    rd->err = read_op(rd, t, r, &x, e, &ci);
-                } else {
-                    rd->err = read_op(rd, R.rows, r, op, e, &ci);
-                }
-            }
+            for (uint32_t o = 0; o < T->nops && !rd->err && !rd->stop; o++)
+                rd->err = read_op(rd, t, r, &R.ops[o], R.xoff, e, &ci);
             e->h2d_s = (double)e->h2d_bytes / hw->h2d_Bps;
             /* flows: bytes per destination (writes are grouped per destination rank) */
             size_t f0 = rd->flow.n;
@@ -646,7 +643,7 @@ static void *read_ranks(void *arg)
             uint32_t posts = 0;
             for (uint32_t w = 0; w < T->nwrites; w++) {
                 const struct wb_rt_write *x = &R.writes[w];
-                uint32_t dst = (uint32_t)((int64_t)x->dst_rank + dl);
+                uint32_t dst = x->dst_rank;
                 uint32_t g = dst < p->nrollouts ? dst : p->nrollouts;
                 uint32_t f = rd->seen[g], nc = wb_rt_copies(x), step = nc > 1 ? x->rank_step : 0;
                 struct eflow *F = rd->flow.p;
@@ -743,7 +740,7 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
         obase[r] = nops;
         ntask += p->tables[r].ntasks;
         /* collective refs: at most one per op, and one per AMAX peer */
-        nops += pl_table_nops(p, r) + p->tables[r].namax_peers;
+        nops += pl_table_nops(p, r) + pl_table_napeers(p, r);
     }
     s->ntask = ntask;
     s->task = calloc(ntask + 1, sizeof(*s->task));
@@ -822,6 +819,7 @@ out:
     for (int k = 0; k < 2; k++) {
         pl_vec_free(&rd[k].flow);
         free(rd[k].seen);
+        wb_plan_tbuf_free(&rd[k].tb);
     }
     free(tbase);
     free(obase);

@@ -53,6 +53,31 @@ static uint32_t box_of(const struct maps *m, uint32_t b)
     return m->same ? b : pair_find(m->bx, m->nbx, b);
 }
 
+void pl_seg_apeers(const struct pl_seg *sg, const uint32_t *pool, const struct wb_rt_amax_peer *src,
+                   uint32_t n, struct wb_rt_amax_peer *out)
+{
+    const uint32_t *dp = pool + sg->dpos0;
+    uint32_t last = UINT32_MAX;
+    uint64_t shift = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        struct wb_rt_amax_peer pe = src[k];
+        if (pe.rank != last) { /* the peer's inbox moved as its own segment's did */
+            last = pe.rank;
+            shift = 0;
+            for (uint32_t i = 0; i < sg->ndpos; i++)
+                if (dp[3 * i] == pe.rank) {
+                    shift = dp[3 * i + 1] | (uint64_t)dp[3 * i + 2] << 32;
+                    break;
+                }
+        }
+        pe.peer_inbox_off += shift;
+        pe.inbox_off += sg->inbox_shift;
+        pe.rank = (uint32_t)((int64_t)pe.rank + sg->dr);
+        pe.tag += sg->tag_shift;
+        out[k] = pe;
+    }
+}
+
 void pl_seg_amax(const struct pl_seg *sg, const struct wb_rt_expect *src, uint32_t n,
                  struct wb_rt_expect *out)
 {
@@ -145,6 +170,7 @@ void pl_task_rows(const struct wb_plan *p, uint32_t r, uint32_t k, struct pl_cur
         const struct pl_seg *sg = &lz->seg[cu->seg++];
         cu->vops += sg->op1 - sg->op0;
         cu->vwrites += sg->w1 - sg->w0;
+        cu->vapeers += sg->x1 - sg->x0;
     }
     const struct pl_seg *sg = lz && cu->seg < lz->nseg ? &lz->seg[cu->seg] : NULL;
     if (sg && sg->at_task <= k) {
@@ -152,11 +178,11 @@ void pl_task_rows(const struct wb_plan *p, uint32_t r, uint32_t k, struct pl_cur
         const struct wb_rt_task *X = &src->tasks[sg->task0 + (k - sg->at_task)];
         const struct wb_rt_task *X0 = &src->tasks[sg->task0];
         *out = (struct pl_rows){src, src->ops + sg->op0 + (X->op0 - X0->op0),
-                                src->writes + sg->w0 + (X->write0 - X0->write0), sg};
+                                src->writes + sg->w0 + (X->write0 - X0->write0), sg, sg->xsrc};
         return;
     }
     *out = (struct pl_rows){t, t->ops + (T->op0 - cu->vops), t->writes + (T->write0 - cu->vwrites),
-                            NULL};
+                            NULL, cu->vapeers};
 }
 
 uint32_t pl_table_nops(const struct wb_plan *p, uint32_t r)
@@ -167,6 +193,11 @@ uint32_t pl_table_nops(const struct wb_plan *p, uint32_t r)
 uint32_t pl_table_nwrites(const struct wb_plan *p, uint32_t r)
 {
     return p->lazy ? p->lazy->t[r].nwrites : p->tables[r].nwrites;
+}
+
+uint32_t pl_table_napeers(const struct wb_plan *p, uint32_t r)
+{
+    return p->lazy ? p->lazy->t[r].napeers : p->tables[r].namax_peers;
 }
 
 static int room(void **a, size_t *cap, size_t n, size_t elem)
@@ -188,12 +219,14 @@ const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
     if (!p->lazy)
         return t;
     const struct pl_lazy_table *lz = &p->lazy->t[r];
-    if ((ops && room((void **)&buf->ops, &buf->cops, lz->nops + 1, sizeof(struct wb_rt_op))) ||
-        (ops &&
-         room((void **)&buf->amax, &buf->camax, lz->namax + 1, sizeof(struct wb_rt_expect))) ||
+    if ((ops &&
+         (room((void **)&buf->ops, &buf->cops, lz->nops + 1, sizeof(struct wb_rt_op)) ||
+          room((void **)&buf->amax, &buf->camax, lz->namax + 1, sizeof(struct wb_rt_expect)) ||
+          room((void **)&buf->apeers, &buf->capeers, lz->napeers + 1,
+               sizeof(struct wb_rt_amax_peer)))) ||
         room((void **)&buf->writes, &buf->cwrites, lz->nwrites + 1, sizeof(struct wb_rt_write)))
         return NULL;
-    uint32_t lo = 0, lw = 0, la = 0, no = 0, nw = 0, na = 0;
+    uint32_t lo = 0, lw = 0, la = 0, lx = 0, no = 0, nw = 0, na = 0, nx = 0;
     for (uint32_t k = 0; k < lz->nseg; k++) {
         const struct pl_seg *sg = &lz->seg[k];
         const struct wb_route_table *src = &p->tables[sg->src];
@@ -208,6 +241,13 @@ const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
             la = sg->at_a;
             pl_seg_amax(sg, src->amax + sg->a0, sg->a1 - sg->a0, buf->amax + na);
             na += sg->a1 - sg->a0;
+            memcpy(buf->apeers + nx, t->amax_peers + lx,
+                   (sg->at_x - lx) * sizeof(struct wb_rt_amax_peer));
+            nx += sg->at_x - lx;
+            lx = sg->at_x;
+            pl_seg_apeers(sg, lz->pool, src->amax_peers + sg->x0, sg->x1 - sg->x0,
+                          buf->apeers + nx);
+            nx += sg->x1 - sg->x0;
         }
         memcpy(buf->writes + nw, t->writes + lw, (sg->at_w - lw) * sizeof(struct wb_rt_write));
         nw += sg->at_w - lw;
@@ -220,6 +260,9 @@ const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
         no += t->nops - lo;
         memcpy(buf->amax + na, t->amax + la, (t->namax - la) * sizeof(struct wb_rt_expect));
         na += t->namax - la;
+        memcpy(buf->apeers + nx, t->amax_peers + lx,
+               (t->namax_peers - lx) * sizeof(struct wb_rt_amax_peer));
+        nx += t->namax_peers - lx;
     }
     memcpy(buf->writes + nw, t->writes + lw, (t->nwrites - lw) * sizeof(struct wb_rt_write));
     nw += t->nwrites - lw;
@@ -230,6 +273,8 @@ const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
     buf->t.nwrites = nw;
     buf->t.amax = ops ? buf->amax : NULL;
     buf->t.namax = ops ? na : 0;
+    buf->t.amax_peers = ops ? buf->apeers : NULL;
+    buf->t.namax_peers = ops ? nx : 0;
     return &buf->t;
 }
 
@@ -244,6 +289,7 @@ void wb_plan_tbuf_free(struct wb_plan_tbuf *buf)
     free(buf->ops);
     free(buf->writes);
     free(buf->amax);
+    free(buf->apeers);
     memset(buf, 0, sizeof(*buf));
 }
 

@@ -153,8 +153,14 @@ struct wb_shape pl_grid_shape(const struct wb_shape *s);
  * other: the scale tensor sy). */
 struct pl_seg {
     uint32_t at_task, ntask, task0; /* its tasks: the table's [at_task, +ntask), src's from task0 */
-    uint32_t at_op, at_w, at_a;
+    uint32_t at_op, at_w, at_a, at_x;
     uint32_t src, op0, op1, w0, w1, a0, a1; /* a: amax expectations (tags + tag_shift) */
+    /* amax peers: src's rows x0 .. x1 (its ops' peer0 count xsrc more), ranks + dr, tags +
+     * tag_shift, own inbox offsets + inbox_shift, the peers' + the shift in the pool's
+     * (rank, low, high) triples at pool[dpos0 ..][0 .. 3 ndpos) for the peer's (source) rank */
+    uint32_t x0, x1, xsrc, dpos0, ndpos;
+    int32_t dr;
+    uint64_t inbox_shift;
     uint32_t map0, ntm, nbx, nsh;
     bool same;
     uint32_t pshift, xshift, seq_shift, mesh;
@@ -169,7 +175,7 @@ struct pl_lazy_table {
     struct pl_seg *seg;
     uint32_t nseg;
     uint32_t *pool;
-    uint32_t nops, nwrites, namax;
+    uint32_t nops, nwrites, namax, napeers;
 };
 struct pl_lazy {
     struct pl_lazy_table *t; /* [ntrainers] */
@@ -189,24 +195,29 @@ struct pl_rows {
     const struct wb_rt_op *ops;
     const struct wb_rt_write *writes;
     const struct pl_seg *seg;
+    uint32_t xoff; /* an op's amax peers are rows->amax_peers[peer0 - xoff ..] (own rows) */
 };
 struct pl_cursor {
-    uint32_t seg, vops, vwrites; /* next segment; ops and records of the segments passed */
+    uint32_t seg, vops, vwrites, vapeers; /* next segment; rows of the segments passed */
 };
 void pl_task_rows(const struct wb_plan *p, uint32_t r, uint32_t k, struct pl_cursor *cu,
                   struct pl_rows *out);
+/* A segment's amax peers: n source rows renumbered. */
+void pl_seg_apeers(const struct pl_seg *sg, const uint32_t *pool, const struct wb_rt_amax_peer *src,
+                   uint32_t n, struct wb_rt_amax_peer *out);
 /* A segment's amax expectations: n source rows with its tag shift. */
 void pl_seg_amax(const struct pl_seg *sg, const struct wb_rt_expect *src, uint32_t n,
                  struct wb_rt_expect *out);
 /* A segment's renumbering of one box index (gather peers' boxes). */
 uint32_t pl_seg_box(const struct pl_seg *sg, const uint32_t *pool, uint32_t b);
 /* wb_plan_table(), expanding only the write records when !ops (then the table has no ops and
- * no amax expectations). */
+ * no amax peers or expectations). */
 const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
                                            struct wb_plan_tbuf *buf, bool ops);
 /* Rank r's op and record counts once expanded. */
 uint32_t pl_table_nops(const struct wb_plan *p, uint32_t r);
 uint32_t pl_table_nwrites(const struct wb_plan *p, uint32_t r);
+uint32_t pl_table_napeers(const struct wb_plan *p, uint32_t r);
 void pl_lazy_free(struct pl_lazy *lz, uint32_t ntables);
 
 /* wb_plan_verify, on the calling thread alone unless `threads` (then on up to three). */

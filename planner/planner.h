@@ -277,8 +277,8 @@ struct wb_plan {
 };
 
 /* Trainer rank r's routing table as an executor gets it, for any plan: a lazy plan's table is
- * expanded into buf (its tasks, peers and boxes are the plan's; its ops, writes and amax
- * expectations buf's own),
+ * expanded into buf (its tasks, gather peers and boxes are the plan's; its ops, writes, amax
+ * peers and expectations buf's own),
  * any other plan's is p->tables[r] itself. The result stays valid until the next call with
  * buf. NULL: no memory. Free buf with wb_plan_tbuf_free() (a zeroed buf is empty). */
 struct wb_plan_tbuf {
@@ -286,7 +286,8 @@ struct wb_plan_tbuf {
     struct wb_rt_op *ops;
     struct wb_rt_write *writes;
     struct wb_rt_expect *amax;
-    size_t cops, cwrites, camax;
+    struct wb_rt_amax_peer *apeers;
+    size_t cops, cwrites, camax, capeers;
 };
 const struct wb_route_table *wb_plan_table(const struct wb_plan *p, uint32_t r,
                                            struct wb_plan_tbuf *buf);

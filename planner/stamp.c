@@ -59,7 +59,7 @@ struct stamp_rank {
     uint32_t task0, task1, op0, op1, w0, w1, p0, p1, a0, a1, x0, x1; /* x: AMAX peers */
     uint32_t box0, nbox, shp0, nshp; /* first-use lists in st->p3u32 */
     uint64_t inbox0, inbox1, send, gin, h2d, nwrites;
-    uint32_t vop0, vw0; /* the rank's unexpanded ops and records before (lazy plans) */
+    uint32_t vop0, vw0, vx0; /* the rank's unexpanded ops, records, amax peers before */
 };
 
 struct tens_pair {
@@ -435,6 +435,7 @@ int pl_stamp_emit_begin(struct plan_ctx *c, uint32_t i)
         sr->x0 = (uint32_t)ro->apeers.n;
         sr->vop0 = ro->vops;
         sr->vw0 = ro->vwrites;
+        sr->vx0 = ro->vapeers;
         sr->send = ro->send;
         sr->gin = ro->gather_in;
         sr->h2d = ro->h2d;
@@ -604,7 +605,7 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
     uint32_t nt = sr->task1 - sr->task0, na = sr->a1 - sr->a0, nx = sr->x1 - sr->x0;
     if (pl_vec_reserve(&dst->tasks, nt) || pl_vec_reserve(&dst->ops, lazy ? 0 : nops) ||
         pl_vec_reserve(&dst->writes, lazy ? 0 : nw) || pl_vec_reserve(&dst->peers, np) ||
-        pl_vec_reserve(&dst->amax, lazy ? 0 : na) || pl_vec_reserve(&dst->apeers, nx) ||
+        pl_vec_reserve(&dst->amax, lazy ? 0 : na) || pl_vec_reserve(&dst->apeers, lazy ? 0 : nx) ||
         pl_vec_reserve(&dst->segs, 1))
         return -ENOMEM;
     /* the renumbering pairs: in the table's pool (lazy), else in scratch */
@@ -628,7 +629,13 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         .ntm = ntm,
         .same = r == ry,
         .pshift = (uint32_t)dst->peers.n - sr->p0,
-        .xshift = (uint32_t)dst->apeers.n - sr->x0,
+        .xshift = (uint32_t)dst->apeers.n + dst->vapeers - (sr->x0 + sr->vx0),
+        .at_x = (uint32_t)dst->apeers.n,
+        .x0 = sr->x0,
+        .x1 = sr->x1,
+        .xsrc = sr->vx0,
+        .dr = (int32_t)dr,
+        .inbox_shift = inbox_y[me] - sr->inbox0,
         /* the caller has advanced the tag counter and the mesh's gather ordinal past y's */
         .seq_shift = c->gather_seq[y->mesh] - rp->nseq - rp->seq0,
         .mesh = y->mesh,
@@ -638,7 +645,7 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         .sy = (uint32_t)my->scale,
         .gathers = rp->gathers != 0 || x->mode == WB_MODE_GATHER,
     };
-    uint32_t tag_shift = sg.tag_shift = c->next_tag - rp->ntags - rp->tag0;
+    sg.tag_shift = c->next_tag - rp->ntags - rp->tag0;
     int err = pl_vec_reserve(pool, 2 * (size_t)ntm);
     if (!err) {
         memcpy(VEC_AT(pool, uint32_t, pool->n), tm, 2 * (size_t)ntm * sizeof(uint32_t));
@@ -651,6 +658,25 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
                             VEC_AT(&st->p3u32, uint32_t, sr->shp0), sr->nshp, false))) {
         sg.nbx = sr->nbox;
         sg.nsh = sr->nshp;
+    }
+    /* the peers' inbox shifts: (rank, low, high) for each peer rank the rows name */
+    const struct wb_rt_amax_peer *X = VEC_AT(&src->apeers, struct wb_rt_amax_peer, sr->x0);
+    sg.dpos0 = (uint32_t)pool->n;
+    for (uint32_t k = 0; k < nx && !err; k++) {
+        const uint32_t *dp = VEC_AT(pool, uint32_t, sg.dpos0);
+        bool seen = k && X[k].rank == X[k - 1].rank;
+        for (uint32_t i = 0; i < sg.ndpos && !seen; i++)
+            seen = dp[3 * i] == X[k].rank;
+        if (seen)
+            continue;
+        uint32_t pp = rank_pos(R, n, X[k].rank);
+        uint64_t d = inbox_y[pp] - SR[pp].inbox0;
+        uint32_t e[3] = {X[k].rank, (uint32_t)d, (uint32_t)(d >> 32)};
+        if ((err = pl_vec_reserve(pool, 3)) == 0) {
+            memcpy(VEC_AT(pool, uint32_t, pool->n), e, sizeof(e));
+            pool->n += 3;
+            sg.ndpos++;
+        }
     }
     if (err)
         goto out;
@@ -687,14 +713,11 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         pe.box = sg.same ? pe.box : pl_seg_box(&sg, P, pe.box);
         *VEC_AT(&dst->peers, struct wb_rt_peer, dst->peers.n++) = pe;
     }
-    for (uint32_t k = 0; k < nx; k++) {
-        struct wb_rt_amax_peer pe = *VEC_AT(&src->apeers, struct wb_rt_amax_peer, sr->x0 + k);
-        uint32_t pp = rank_pos(R, n, pe.rank);
-        pe.rank = (uint32_t)((int64_t)pe.rank + dr);
-        pe.tag += tag_shift;
-        pe.inbox_off = pe.inbox_off - sr->inbox0 + inbox_y[me];
-        pe.peer_inbox_off = pe.peer_inbox_off - SR[pp].inbox0 + inbox_y[pp];
-        *VEC_AT(&dst->apeers, struct wb_rt_amax_peer, dst->apeers.n++) = pe;
+    if (lazy) {
+        dst->vapeers += nx;
+    } else {
+        pl_seg_apeers(&sg, P, X, nx, VEC_AT(&dst->apeers, struct wb_rt_amax_peer, dst->apeers.n));
+        dst->apeers.n += nx;
     }
     if (lazy)
         dst->vamax += na;

@@ -218,23 +218,24 @@ static void prefetch_task(const struct vctx *v, const struct wb_route_table *t,
                           const struct wb_rt_task *k, const struct pl_rows *R)
 {
     const struct wb_inventory *ti = v->in->trainer;
-    uint32_t xshift = R->seg ? R->seg->xshift : 0;
     for (uint32_t o = 0; o < k->nops; o++) {
         const struct wb_rt_op *op = &R->ops[o];
         if (op->kind == WB_OP_AMAX && v->ox) {
-            for (uint32_t j = op->amax.peer0 + xshift;
-                 j - op->amax.peer0 - xshift < op->amax.npeers; j++)
+            for (uint32_t j = op->amax.peer0 - R->xoff;
+                 j - (op->amax.peer0 - R->xoff) < op->amax.npeers; j++)
                 if (j < t->namax_peers && t->amax_peers[j].tag < v->ox->ntag)
                     __builtin_prefetch(&v->ox->at[t->amax_peers[j].tag], 1);
-        } else if (op->kind == WB_OP_H2D && op->tensor < ti->n && !R->seg)
+        } else if (op->kind == WB_OP_H2D && op->tensor < ti->n)
             __builtin_prefetch(&ti->p[op->tensor].dtype);
     }
 }
 
 /* Checks task k of table t, whose ops and records are ops[0 .. k->nops) and
- * writes[0 .. k->nwrites) (op and write numbers in messages are the table's). */
+ * writes[0 .. k->nwrites) and whose ops' amax peers are t->amax_peers[peer0 - xoff ..] (op and
+ * write numbers in messages are the table's; napeers: its amax peers expanded). */
 static int check_task(struct vctx *v, const struct wb_route_table *t, const struct wb_rt_task *k,
-                      const struct wb_rt_op *ops, const struct wb_rt_write *writes, struct vec *pr)
+                      const struct wb_rt_op *ops, const struct wb_rt_write *writes, uint32_t xoff,
+                      uint32_t napeers, struct vec *pr)
 {
     const struct wb_inventory *ti = v->in->trainer;
     pr->n = 0;
@@ -290,14 +291,15 @@ static int check_task(struct vctx *v, const struct wb_route_table *t, const stru
         }
         case WB_OP_AMAX:
             ok = view_readable(v, t, pr, &op->amax.src);
-            if (op->amax.npeers == 0 || op->amax.peer0 > t->namax_peers ||
-                op->amax.npeers > t->namax_peers - op->amax.peer0) {
+            if (op->amax.npeers == 0 || op->amax.peer0 < xoff ||
+                op->amax.peer0 - xoff > t->namax_peers ||
+                op->amax.npeers > t->namax_peers - (op->amax.peer0 - xoff)) {
                 verr(v, "rank %u: op %u (amax) on %s lists peers [%u, +%u) of its %u", t->rank, o,
-                     tn, op->amax.peer0, op->amax.npeers, t->namax_peers);
+                     tn, op->amax.peer0, op->amax.npeers, napeers);
                 break;
             }
             for (uint32_t j = 0; j < op->amax.npeers && !r; j++)
-                r = note_amax(v, t, op, &t->amax_peers[op->amax.peer0 + j]);
+                r = note_amax(v, t, op, &t->amax_peers[op->amax.peer0 - xoff + j]);
             break;
         case WB_OP_COPY:
         case WB_OP_CAST:
@@ -953,35 +955,42 @@ static int check_stamped(struct vctx *v, const struct wb_route_table *t, const s
     if (sg->gathers || x->nops != k->nops || x->nwrites != k->nwrites ||
         x->tmp_bytes != k->tmp_bytes)
         return 1;
-    /* the AMAX ops renumbered, their slots asked for, then noted */
+    /* the AMAX ops and their peers renumbered, their slots asked for, then noted */
+    const struct wb_route_table *src = R->rows;
     enum { BATCH = 16 };
     struct wb_rt_op amax[BATCH];
+    const struct wb_rt_amax_peer *pes[BATCH]; /* the source's peers of each */
     uint32_t n = 0;
     for (uint32_t o = 0; o <= k->nops; o++) {
         if (o < k->nops && R->ops[o].kind != WB_OP_AMAX)
             continue;
         if (o < k->nops) {
+            const struct wb_rt_op *x = &R->ops[o];
             struct wb_rt_op *op = &amax[n];
-            pl_seg_ops(sg, pool, &R->ops[o], 1, op);
-            if (op->amax.npeers == 0 || op->amax.peer0 > t->namax_peers ||
-                op->amax.npeers > t->namax_peers - op->amax.peer0) {
+            pl_seg_ops(sg, pool, x, 1, op);
+            if (x->amax.npeers == 0 || x->amax.peer0 < sg->xsrc ||
+                x->amax.peer0 - sg->xsrc > src->namax_peers ||
+                x->amax.npeers > src->namax_peers - (x->amax.peer0 - sg->xsrc)) {
                 const struct wb_inventory *ti = v->in->trainer;
                 verr(v, "rank %u: op %u (amax) on %s lists peers [%u, +%u) of its %u", t->rank,
                      k->op0 + o, op->tensor < ti->n ? ti->p[op->tensor].name : "?", op->amax.peer0,
-                     op->amax.npeers, t->namax_peers);
+                     op->amax.npeers, pl_table_napeers(v->p, t->rank));
                 continue;
             }
-            n++;
+            pes[n++] = &src->amax_peers[x->amax.peer0 - sg->xsrc];
             for (uint32_t j = 0; v->ox && j < op->amax.npeers; j++)
-                if (t->amax_peers[op->amax.peer0 + j].tag < v->ox->ntag)
-                    __builtin_prefetch(&v->ox->at[t->amax_peers[op->amax.peer0 + j].tag], 1);
+                if (pes[n - 1][j].tag + sg->tag_shift < v->ox->ntag)
+                    __builtin_prefetch(&v->ox->at[pes[n - 1][j].tag + sg->tag_shift], 1);
             if (n < BATCH)
                 continue;
         }
         for (uint32_t i = 0; i < n; i++)
-            for (uint32_t j = 0; j < amax[i].amax.npeers; j++)
-                if (note_amax(v, t, &amax[i], &t->amax_peers[amax[i].amax.peer0 + j]))
+            for (uint32_t j = 0; j < amax[i].amax.npeers; j++) {
+                struct wb_rt_amax_peer pe;
+                pl_seg_apeers(sg, pool, &pes[i][j], 1, &pe);
+                if (note_amax(v, t, &amax[i], &pe))
                     return -ENOMEM;
+            }
         n = 0;
     }
     return 0;
@@ -995,9 +1004,7 @@ static void *sources_thread(void *arg)
     const struct wb_plan *p = v->p;
     struct vec pr;
     pl_vec_init(&pr, sizeof(struct range));
-    struct wb_rt_op *xo = NULL; /* a stamped task expanded */
-    struct wb_rt_write *xw = NULL;
-    size_t co = 0, cw = 0;
+    struct wb_plan_tbuf tb = {0}; /* a table with stamped tasks to check op by op, expanded */
     int r = 0;
     for (uint32_t rk = v->rank0; rk < v->rank1 && !r; rk++) {
         const struct wb_route_table *t = &p->tables[rk];
@@ -1007,6 +1014,7 @@ static void *sources_thread(void *arg)
         struct pl_cursor cu = {0};
         struct pl_rows R, N;
         const struct pl_seg *seen = NULL; /* the segment whose congruence is known */
+        const struct wb_route_table *x = NULL;
         bool cong = false;
         if (t->ntasks)
             pl_task_rows(p, rk, 0, &cu, &N);
@@ -1019,7 +1027,7 @@ static void *sources_thread(void *arg)
                     prefetch_task(v, t, &t->tasks[k + 1], &N);
             }
             if (!R.seg) {
-                r = check_task(v, t, T, R.ops, R.writes, &pr);
+                r = check_task(v, t, T, R.ops, R.writes, R.xoff, pl_table_napeers(p, rk), &pr);
                 continue;
             }
             if (R.seg != seen) {
@@ -1028,19 +1036,15 @@ static void *sources_thread(void *arg)
             }
             if (cong && (r = check_stamped(v, t, T, k, &R, pool)) <= 0)
                 continue;
-            if ((T->nops > co && !(xo = realloc(xo, (co = T->nops) * sizeof(*xo)))) ||
-                (T->nwrites > cw && !(xw = realloc(xw, (cw = T->nwrites) * sizeof(*xw))))) {
+            if (!x && !(x = wb_plan_table(p, rk, &tb))) { /* op by op: the table expanded */
                 r = -ENOMEM;
                 break;
             }
-            pl_seg_ops(R.seg, pool, R.ops, T->nops, xo);
-            pl_seg_writes(R.seg, pool, R.writes, T->nwrites, xw);
-            r = check_task(v, t, T, xo, xw, &pr);
+            r = check_task(v, x, T, x->ops + T->op0, x->writes + T->write0, 0, x->namax_peers, &pr);
         }
     }
     pl_vec_free(&pr);
-    free(xo);
-    free(xw);
+    wb_plan_tbuf_free(&tb);
     v->rc = r;
     return NULL;
 }

@@ -132,27 +132,29 @@ static void test_lazy_verify_catches(void)
                                .rollout_layout = wb_test_write_file("rollout.yaml", ROLLOUT)};
     fx_model(&f, &src, &md);
     struct wb_plan_opts o = {WB_MODE_DIRECT, 1ull << 30, 1, true};
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < 5; c++) {
         struct wb_plan *p;
         if (wb_plan_build(&f.in, &o, &p, &f.el))
             wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
         uint32_t r = 0;
         struct pl_seg *sg = amax_segment(p, &r);
         CHECK(sg != NULL);
-        struct wb_route_table *t = &p->tables[r];
         const char *want = NULL;
         if (c == 0) { /* its records shifted to the next rollout rank */
             sg->dl++;
             want = "never written";
-        } else if (c == 1) { /* an exchange's tag (the table's own row) */
-            t->amax_peers[t->namax_peers - 1].tag ^= 1;
+        } else if (c == 1) { /* its exchanges' tags */
+            sg->tag_shift++;
             want = "amax";
+        } else if (c == 4) { /* where its exchanges arrive */
+            sg->inbox_shift += 4;
+            want = "do not mirror";
         } else if (c == 2) { /* its trainer tensor renumbered to another's (the embedding,
                                 which the rank holds too: its exchanges name it) */
             uint32_t *tm = p->lazy->t[r].pool + sg->map0;
             tm[1] = 0;
             want = "do not mirror";
-        } else { /* a renumbered box that is not the one it stands for */
+        } else if (c == 3) { /* a renumbered box that is not the one it stands for */
             CHECK(sg->nbx > 1);
             uint32_t *bx = p->lazy->t[r].pool + sg->map0 + 2 * sg->ntm;
             uint32_t keep = bx[1];

@@ -403,9 +403,13 @@ static int sort_asg(struct plan_ctx *c)
     memcpy(A, tmp, n * sizeof(struct assign));
     for (size_t a = 0; a < n;) {
         size_t z = a;
-        while (z < n && A[z].rank == A[a].rank)
+        bool sorted = true; /* often: the walk makes a rank's pieces in order */
+        while (z < n && A[z].rank == A[a].rank) {
+            sorted = sorted && (z == a || cmp_asg(&A[z - 1], &A[z]) <= 0);
             z++;
-        qsort(A + a, z - a, sizeof(struct assign), cmp_asg);
+        }
+        if (!sorted)
+            qsort(A + a, z - a, sizeof(struct assign), cmp_asg);
         a = z;
     }
     free(cnt);

@@ -84,8 +84,9 @@ struct inst {
 
 struct amx {
     uint16_t n, arrived;
-    bool started;
-    double t_done;
+    uint32_t start; /* 1 + the step the last arrival started it in; 0: not started. It ends
+                       gather_s after that step's start (sim.tstep): 8 bytes, not 16, for 10^7
+                       rendezvous at 1024 -> 512 */
 };
 
 /* AMX_MORE marks a ref that belongs to the same AMAX op as the one before it: a rank arrives
@@ -140,6 +141,7 @@ struct sim {
     size_t ninst, icap;
     struct intern gkeys; /* gather instances by (mesh, seq, first peer): uint64_t keys */
     struct amx *amx;     /* by tag */
+    struct vec tstep;    /* double: each step's start time */
     size_t namx;
     struct rank_state *rs;
     struct pair *pair;
@@ -1203,9 +1205,9 @@ static double run_stage(struct sim *s, struct rank_state *rs, uint32_t *idx, uin
 }
 
 /* Whether a rank at this amax rendezvous still waits at the end of the step starting at t. */
-static bool amx_waits(const struct amx *a, double t, double dt)
+static bool amx_waits(const struct sim *s, const struct amx *a, double t, double dt, double g)
 {
-    return !a->started || a->t_done > t + dt;
+    return !a->start || *VEC_AT(&s->tstep, double, a->start - 1) + g > t + dt;
 }
 
 /* The collective stage of one rank: passes every collective that completes within this step.
@@ -1217,7 +1219,7 @@ static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct
     struct rank_state *rs = &s->rs[r];
     int moved = 0;
     /* waiting at a rendezvous: only it need be looked at (the passes come back to every rank) */
-    if (rs->blk && amx_waits(rs->blk, t, dt))
+    if (rs->blk && amx_waits(s, rs->blk, t, dt, hw->gather_s))
         return 0;
     rs->blk = NULL;
     while (rs->coll < rs->h2d) {
@@ -1232,13 +1234,11 @@ static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct
                     if (j && !(ref[j] & AMX_MORE))
                         break;
                     struct amx *b = &s->amx[ref[j] & AMX_TAG];
-                    if (++b->arrived == b->n) {
-                        b->started = true;
-                        b->t_done = t + hw->gather_s;
-                    }
+                    if (++b->arrived == b->n)
+                        b->start = (uint32_t)s->step + 1;
                 }
             }
-            if (amx_waits(a, t, dt)) {
+            if (amx_waits(s, a, t, dt, hw->gather_s)) {
                 rs->blk = a;
                 break;
             }
@@ -1297,7 +1297,7 @@ static void coll_account(struct sim *s, uint32_t r, double dt)
     if (rs->coll_k >= e->ncoll)
         return;
     uint32_t ref = s->coll[e->c0 + rs->coll_k];
-    if (ref & AMX_REF ? s->amx[ref & AMX_TAG].started : s->inst[ref].started)
+    if (ref & AMX_REF ? s->amx[ref & AMX_TAG].start != 0 : s->inst[ref].started)
         rs->busy_coll += dt;
     else
         rs->wait_coll += dt;
@@ -1365,6 +1365,7 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     pl_vec_init(&s.heap, sizeof(struct pev));
     pl_vec_init(&s.due, sizeof(uint64_t));
     pl_vec_init(&s.eagerl, sizeof(uint32_t));
+    pl_vec_init(&s.tstep, sizeof(double));
     struct wb_estimate e;
     memset(&e, 0, sizeof(e));
     uint64_t t_build = wb_now_ns();
@@ -1511,6 +1512,10 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
             wb_errlist_add(el, "estimate: simulation did not finish in %.0f s of simulated time",
                            t);
             rc = -WB_E_PLAN;
+            break;
+        }
+        if (!pl_vec_push(&s.tstep, &t)) {
+            rc = -ENOMEM;
             break;
         }
         for (uint32_t r = 0; r < s.nt; r++) {
@@ -1675,6 +1680,7 @@ out:
     pl_vec_free(&s.heap);
     pl_vec_free(&s.due);
     pl_vec_free(&s.eagerl);
+    pl_vec_free(&s.tstep);
     free(s.barrier_done);
     free(s.arrive);
     free(s.phase_left);

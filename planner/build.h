@@ -17,9 +17,10 @@
  *   cost.c         -> walk.c geometry.c
  *   emit_threads.c -> walk.c stamp.c emit.c
  *   walk.c         -> stamp.c balance.c geometry.c
- *   stamp.c        -> balance.c geometry.c
+ *   stamp.c        -> balance.c geometry.c lazy.c
  *   emit.c         -> geometry.c
- *   assemble.c, balance.c, geometry.c: leaves. */
+ *   assemble.c, balance.c, geometry.c: leaves; lazy.c (a lazy plan's segments) is a leaf
+ *   below the plan's readers too (verify, estimate, JSON). */
 #ifndef WB_PLANNER_BUILD_H
 #define WB_PLANNER_BUILD_H
 

@@ -226,46 +226,45 @@ const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
                sizeof(struct wb_rt_amax_peer)))) ||
         room((void **)&buf->writes, &buf->cwrites, lz->nwrites + 1, sizeof(struct wb_rt_write)))
         return NULL;
+        /* rows [from, to) of a table's own array (NULL when it has none) after n rows of dst */
+#define OWN(dst, n, src, from, to)                                                                 \
+    do {                                                                                           \
+        if ((to) > (from))                                                                         \
+            memcpy((dst) + (n), (src) + (from), ((to) - (from)) * sizeof(*(dst)));                 \
+        (n) += (to) - (from);                                                                      \
+        (from) = (to);                                                                             \
+    } while (0)
     uint32_t lo = 0, lw = 0, la = 0, lx = 0, no = 0, nw = 0, na = 0, nx = 0;
     for (uint32_t k = 0; k < lz->nseg; k++) {
         const struct pl_seg *sg = &lz->seg[k];
         const struct wb_route_table *src = &p->tables[sg->src];
         if (ops) {
-            memcpy(buf->ops + no, t->ops + lo, (sg->at_op - lo) * sizeof(struct wb_rt_op));
-            no += sg->at_op - lo;
-            lo = sg->at_op;
-            pl_seg_ops(sg, lz->pool, src->ops + sg->op0, sg->op1 - sg->op0, buf->ops + no);
+            OWN(buf->ops, no, t->ops, lo, sg->at_op);
+            if (sg->op1 > sg->op0)
+                pl_seg_ops(sg, lz->pool, src->ops + sg->op0, sg->op1 - sg->op0, buf->ops + no);
             no += sg->op1 - sg->op0;
-            memcpy(buf->amax + na, t->amax + la, (sg->at_a - la) * sizeof(struct wb_rt_expect));
-            na += sg->at_a - la;
-            la = sg->at_a;
-            pl_seg_amax(sg, src->amax + sg->a0, sg->a1 - sg->a0, buf->amax + na);
+            OWN(buf->amax, na, t->amax, la, sg->at_a);
+            if (sg->a1 > sg->a0)
+                pl_seg_amax(sg, src->amax + sg->a0, sg->a1 - sg->a0, buf->amax + na);
             na += sg->a1 - sg->a0;
-            memcpy(buf->apeers + nx, t->amax_peers + lx,
-                   (sg->at_x - lx) * sizeof(struct wb_rt_amax_peer));
-            nx += sg->at_x - lx;
-            lx = sg->at_x;
-            pl_seg_apeers(sg, lz->pool, src->amax_peers + sg->x0, sg->x1 - sg->x0,
-                          buf->apeers + nx);
+            OWN(buf->apeers, nx, t->amax_peers, lx, sg->at_x);
+            if (sg->x1 > sg->x0)
+                pl_seg_apeers(sg, lz->pool, src->amax_peers + sg->x0, sg->x1 - sg->x0,
+                              buf->apeers + nx);
             nx += sg->x1 - sg->x0;
         }
-        memcpy(buf->writes + nw, t->writes + lw, (sg->at_w - lw) * sizeof(struct wb_rt_write));
-        nw += sg->at_w - lw;
-        lw = sg->at_w;
-        pl_seg_writes(sg, lz->pool, src->writes + sg->w0, sg->w1 - sg->w0, buf->writes + nw);
+        OWN(buf->writes, nw, t->writes, lw, sg->at_w);
+        if (sg->w1 > sg->w0)
+            pl_seg_writes(sg, lz->pool, src->writes + sg->w0, sg->w1 - sg->w0, buf->writes + nw);
         nw += sg->w1 - sg->w0;
     }
     if (ops) {
-        memcpy(buf->ops + no, t->ops + lo, (t->nops - lo) * sizeof(struct wb_rt_op));
-        no += t->nops - lo;
-        memcpy(buf->amax + na, t->amax + la, (t->namax - la) * sizeof(struct wb_rt_expect));
-        na += t->namax - la;
-        memcpy(buf->apeers + nx, t->amax_peers + lx,
-               (t->namax_peers - lx) * sizeof(struct wb_rt_amax_peer));
-        nx += t->namax_peers - lx;
+        OWN(buf->ops, no, t->ops, lo, t->nops);
+        OWN(buf->amax, na, t->amax, la, t->namax);
+        OWN(buf->apeers, nx, t->amax_peers, lx, t->namax_peers);
     }
-    memcpy(buf->writes + nw, t->writes + lw, (t->nwrites - lw) * sizeof(struct wb_rt_write));
-    nw += t->nwrites - lw;
+    OWN(buf->writes, nw, t->writes, lw, t->nwrites);
+#undef OWN
     buf->t = *t;
     buf->t.ops = ops ? buf->ops : NULL;
     buf->t.nops = ops ? no : 0;

@@ -41,7 +41,7 @@ struct pair {
     uint32_t cls;      /* w > 1: its receivers' class (sim.cls) */
     struct vec q;      /* struct chunk FIFO */
     size_t head;
-    double rate, give;
+    double rate;
     uint64_t left; /* bytes queued */
     bool active;
     /* Lazy delivery: left and the head chunk are as at the start of step `upd`; until its
@@ -156,6 +156,10 @@ struct sim {
     double *egress, *ingress; /* bytes/s per node */
     uint32_t *act;            /* active pair indices */
     uint32_t *want;           /* water_fill: the pairs still wanting more (cact of room) */
+    struct wfp {              /* water_fill: the active pairs' fields it uses, in list order */
+        uint32_t src, dst, w, cls;
+        double left, rate, give;
+    } * wf; /* [cact] */
     size_t nact, cact;
     double *eleft, *ileft; /* per node, per step */
     uint64_t t_fill;       /* time spent water-filling, for the debug log */
@@ -392,6 +396,10 @@ static int post(struct sim *s, uint32_t a, uint32_t b, uint32_t w, uint32_t step
             if (!nw)
                 return -ENOMEM;
             s->want = nw;
+            struct wfp *nf = realloc(s->wf, c * sizeof(*nf));
+            if (!nf)
+                return -ENOMEM;
+            s->wf = nf;
             s->cact = c;
         }
         p->apos = (uint32_t)s->nact;
@@ -857,20 +865,31 @@ out:
 
 /* ---------------------------------------------------------------- network step */
 
+static int make_eager(struct sim *s, struct pair *p);
+
 /* Max-min fair shares of this step's NIC egress and ingress among the active pairs, into
  * pair.rate (bytes in the step). A pair with copies moves the same share to each of its
- * receivers: it counts w times at its sender and once at each receiver. */
-static void water_fill(struct sim *s, double dt)
+ * receivers: it counts w times at its sender and once at each receiver. Every pair whose share
+ * changed is made eager (net_step). Returns -ENOMEM or 0. */
+static int water_fill(struct sim *s, double dt)
 {
     double *eleft = s->eleft, *ileft = s->ileft;
     uint32_t *nout = s->nout, *nin = s->nin;
     uint32_t nn = s->nt + s->nr;
     const struct ckey *K = s->ckeys.v.p;
     size_t ncls = s->ckeys.v.n;
-    size_t keep = 0; /* pairs that ended leave the list, which keeps its order */
+    /* Pairs that ended leave the list, which keeps its order; the others are brought up to
+     * the step (materialize), keep their share before (prev), and the fields the rounds read
+     * and write are gathered in list order (one pass over the pairs, which are far apart;
+     * written back after). */
+    struct wfp *F = s->wf;
+    size_t keep = 0;
     for (size_t i = 0; i < s->nact; i++) {
         struct pair *p = &s->pair[s->act[i]];
         if (p->active && p->apos == i) {
+            materialize(s, p, s->step);
+            p->prev = p->rate;
+            F[keep] = (struct wfp){p->src, p->dst, p->w, p->cls, (double)p->left, 0, 0};
             p->apos = (uint32_t)keep;
             s->act[keep++] = s->act[i];
         }
@@ -880,15 +899,13 @@ static void water_fill(struct sim *s, double dt)
         eleft[n] = s->egress[n] * dt;
         ileft[n] = s->ingress[n] * dt;
     }
-    for (size_t i = 0; i < s->nact; i++)
-        s->pair[s->act[i]].rate = 0;
     /* A pair that wants nothing more in a round (its bytes are all given, or an end is full)
      * wants nothing in the later ones: ends only fill and rates only grow. So each round looks
      * at the previous round's wanting pairs only, in list order. */
     uint32_t *W = s->want;
     size_t nw = s->nact;
-    if (nw)
-        memcpy(W, s->act, nw * sizeof(uint32_t));
+    for (size_t i = 0; i < nw; i++)
+        W[i] = (uint32_t)i;
     for (int round = 0; round < 4 && nw; round++) {
         size_t want = 0;
         memset(nout, 0, nn * sizeof(*nout));
@@ -901,9 +918,9 @@ static void water_fill(struct sim *s, double dt)
                 k->imin = ileft[d] < k->imin ? ileft[d] : k->imin;
         }
         for (size_t i = 0; i < nw; i++) {
-            struct pair *p = &s->pair[W[i]];
+            struct wfp *p = &F[W[i]];
             double imin = p->w > 1 ? s->cls[p->cls].imin : ileft[p->dst];
-            if ((double)p->left > p->rate + 0.5 && eleft[p->src] > 1 && imin > 1) {
+            if (p->left > p->rate + 0.5 && eleft[p->src] > 1 && imin > 1) {
                 nout[p->src] += p->w;
                 if (p->w > 1)
                     s->cls[p->cls].count++;
@@ -930,18 +947,18 @@ static void water_fill(struct sim *s, double dt)
         }
         /* equal shares of what each end has left at the round's start: sums never exceed it */
         for (size_t i = 0; i < nw; i++) {
-            struct pair *p = &s->pair[W[i]];
+            struct wfp *p = &F[W[i]];
             double give = eleft[p->src] / nout[p->src];
             double in = p->w > 1 ? s->cls[p->cls].imin : ileft[p->dst] / nin[p->dst];
             if (in < give)
                 give = in;
-            if ((double)p->left - p->rate < give)
-                give = (double)p->left - p->rate;
+            if (p->left - p->rate < give)
+                give = p->left - p->rate;
             p->rate += give;
             p->give = give;
         }
         for (size_t i = 0; i < nw; i++) {
-            struct pair *p = &s->pair[W[i]];
+            struct wfp *p = &F[W[i]];
             eleft[p->src] -= p->give * p->w;
             if (p->w > 1)
                 s->cls[p->cls].sub += p->give;
@@ -957,11 +974,19 @@ static void water_fill(struct sim *s, double dt)
         }
     }
     s->sum_tr = s->sum_gather = 0;
+    bool fresh = s->heap.n > 4 * s->nact + 1024; /* mostly void entries: start afresh */
+    if (fresh)
+        s->heap.n = 0;
     for (size_t i = 0; i < s->nact; i++) {
-        const struct pair *p = &s->pair[s->act[i]];
+        struct pair *p = &s->pair[s->act[i]];
+        p->rate = F[i].rate;
         if (p->rate > 0)
             *(p->dst < s->nt ? &s->sum_gather : &s->sum_tr) += p->rate * p->w;
+        if ((fresh || p->rate != p->prev || !p->sched) && make_eager(s, p))
+            return -ENOMEM;
+        p->sched = true;
     }
+    return 0;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -1084,29 +1109,15 @@ static int net_step(struct sim *s, double t, double dt, double *sent_tr, double 
         /* Every pair as of now. A pair whose share changed is delivered step by step (eager)
          * until a step without new shares, then it gets an event again: where shares change
          * every step (a gather phase) this is the plain walk, where they hold (1024 -> 512
-         * direct: 65536 pairs, a water-fill every 10 steps) it is a few pairs a step. */
-        for (size_t i = 0; i < s->nact; i++) {
-            struct pair *p = &s->pair[s->act[i]];
-            if (p->active && p->apos == i) {
-                materialize(s, p, k);
-                p->prev = p->rate;
-            }
-        }
+         * direct: 65536 pairs, a water-fill every 10 steps) it is a few pairs a step. The
+         * water-fill brings every pair up to now (materialize) as it lists them. */
         uint64_t t0 = wb_now_ns();
-        water_fill(s, dt);
+        if (water_fill(s, dt))
+            return -ENOMEM;
         s->t_fill += wb_now_ns() - t0;
         s->nfill++;
         s->shares_stale = false;
         filled = true;
-        bool fresh = s->heap.n > 4 * s->nact + 1024; /* mostly void entries: start afresh */
-        if (fresh)
-            s->heap.n = 0;
-        for (size_t i = 0; i < s->nact; i++) {
-            struct pair *p = &s->pair[s->act[i]];
-            if ((fresh || p->rate != p->prev || !p->sched) && make_eager(s, p))
-                return -ENOMEM;
-            p->sched = true;
-        }
     }
     *sent_tr += s->sum_tr;
     *sent_gather += s->sum_gather;
@@ -1677,6 +1688,7 @@ out:
     free(s.nin);
     free(s.act);
     free(s.want);
+    free(s.wf);
     pl_vec_free(&s.heap);
     pl_vec_free(&s.due);
     pl_vec_free(&s.eagerl);

@@ -45,47 +45,67 @@ static const char *const ROLLOUT = "replicas: 2\n"
 
 static const char *const MODEL = "configs/models/deepseek_v3.yaml";
 
+/* The case, loaded with the trainer's parameters in `residence` memory. */
+struct kase {
+    struct fx f;
+    struct wb_model md;
+    char *config, *tl;
+};
+
+static void case_load(struct kase *k, const char *residence)
+{
+    fx_init(&k->f);
+    char trainer[2048];
+    snprintf(trainer, sizeof(trainer), TRAINER, residence);
+    k->config = strdup(wb_test_write_file("config.json", CONFIG)); /* static buffer */
+    k->tl = strdup(wb_test_write_file("trainer.yaml", trainer));
+    struct wb_model_src src = {.rules = MODEL,
+                               .config = k->config,
+                               .trainer_layout = k->tl,
+                               .rollout_layout = wb_test_write_file("rollout.yaml", ROLLOUT)};
+    fx_model(&k->f, &src, &k->md);
+}
+
+static void case_free(struct kase *k)
+{
+    wb_model_free(&k->md);
+    fx_free(&k->f);
+    free(k->config);
+    free(k->tl);
+}
+
 /* Builds the case without templates in one thread (the reference), then with templates in 1,
  * 2 and 3 threads (ranks split along fsdp: 2 + 2, and 2 + 1 + 1), eagerly and lazily, and
  * compares each with the reference; returns the items stamped (one thread). */
 static size_t run(enum wb_plan_mode mode, const char *residence)
 {
-    struct fx f;
-    fx_init(&f);
-    char trainer[2048];
-    snprintf(trainer, sizeof(trainer), TRAINER, residence);
-    char *config = strdup(wb_test_write_file("config.json", CONFIG)); /* static buffer */
-    char *tl = strdup(wb_test_write_file("trainer.yaml", trainer));
-    struct wb_model md;
-    struct wb_model_src src = {.rules = MODEL,
-                               .config = config,
-                               .trainer_layout = tl,
-                               .rollout_layout = wb_test_write_file("rollout.yaml", ROLLOUT)};
-    fx_model(&f, &src, &md);
+    struct kase k;
+    case_load(&k, residence);
+    struct fx *f = &k.f;
     struct wb_plan_opts o = {mode, 1ull << 30, 1};
     struct wb_plan *ps, *pw;
     size_t stamped = 0, none = 1;
-    if (pl_plan_build(&f.in, &o, false, &pw, &none, &f.el))
-        wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
+    if (pl_plan_build(&f->in, &o, false, &pw, &none, &f->el))
+        wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f->el));
     CHECK_U64(none, 0);
     for (o.threads = 1; o.threads <= 3; o.threads++) {
         size_t n = 0;
-        if (pl_plan_build(&f.in, &o, true, &ps, &n, &f.el))
-            wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
+        if (pl_plan_build(&f->in, &o, true, &ps, &n, &f->el))
+            wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f->el));
         fx_check_same(ps, pw);
-        if (wb_plan_verify(ps, &f.in, &f.el))
-            wb_test_fail(__FILE__, __LINE__, "verify:\n%s", fx_errors(&f.el));
+        if (wb_plan_verify(ps, &f->in, &f->el))
+            wb_test_fail(__FILE__, __LINE__, "verify:\n%s", fx_errors(&f->el));
         wb_plan_free(ps);
         /* lazy: stamped items' ops and records left as segments, the same once expanded */
         struct wb_plan_opts oz = o;
         oz.lazy = true;
         size_t nz = 0;
-        if (pl_plan_build(&f.in, &oz, true, &ps, &nz, &f.el))
-            wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
+        if (pl_plan_build(&f->in, &oz, true, &ps, &nz, &f->el))
+            wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f->el));
         CHECK_U64(nz, n);
         fx_check_same(ps, pw);
-        if (wb_plan_verify(ps, &f.in, &f.el))
-            wb_test_fail(__FILE__, __LINE__, "verify (lazy):\n%s", fx_errors(&f.el));
+        if (wb_plan_verify(ps, &f->in, &f->el))
+            wb_test_fail(__FILE__, __LINE__, "verify (lazy):\n%s", fx_errors(&f->el));
         wb_plan_free(ps);
         if (o.threads == 1)
             stamped = n;
@@ -93,10 +113,7 @@ static size_t run(enum wb_plan_mode mode, const char *residence)
             CHECK_U64(n, stamped);
     }
     wb_plan_free(pw);
-    wb_model_free(&md);
-    fx_free(&f);
-    free(config);
-    free(tl);
+    case_free(&k);
     return stamped;
 }
 
@@ -119,23 +136,14 @@ static struct pl_seg *amax_segment(struct wb_plan *p, uint32_t *rank)
  * what is wrong in a segment or in the rows it leaves to its table: each case breaks one. */
 static void test_lazy_verify_catches(void)
 {
-    struct fx f;
-    fx_init(&f);
-    char trainer[2048];
-    snprintf(trainer, sizeof(trainer), TRAINER, "host");
-    char *config = strdup(wb_test_write_file("config.json", CONFIG));
-    char *tl = strdup(wb_test_write_file("trainer.yaml", trainer));
-    struct wb_model md;
-    struct wb_model_src src = {.rules = MODEL,
-                               .config = config,
-                               .trainer_layout = tl,
-                               .rollout_layout = wb_test_write_file("rollout.yaml", ROLLOUT)};
-    fx_model(&f, &src, &md);
+    struct kase k;
+    case_load(&k, "host");
+    struct fx *f = &k.f;
     struct wb_plan_opts o = {WB_MODE_DIRECT, 1ull << 30, 1, true};
     for (int c = 0; c < 5; c++) {
         struct wb_plan *p;
-        if (wb_plan_build(&f.in, &o, &p, &f.el))
-            wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
+        if (wb_plan_build(&f->in, &o, &p, &f->el))
+            wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f->el));
         uint32_t r = 0;
         struct pl_seg *sg = amax_segment(p, &r);
         CHECK(sg != NULL);
@@ -164,17 +172,14 @@ static void test_lazy_verify_catches(void)
         }
         struct wb_errlist el;
         wb_errlist_init(&el);
-        CHECK_INT(wb_plan_verify(p, &f.in, &el), -WB_E_PLAN);
+        CHECK_INT(wb_plan_verify(p, &f->in, &el), -WB_E_PLAN);
         CHECK(el.n > 0);
         if (!strstr(el.msgs[0], want))
             wb_test_fail(__FILE__, __LINE__, "case %d: %s", c, el.msgs[0]);
         wb_errlist_free(&el);
         wb_plan_free(p);
     }
-    wb_model_free(&md);
-    fx_free(&f);
-    free(config);
-    free(tl);
+    case_free(&k);
 }
 
 static void test_auto_host(void)

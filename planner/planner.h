@@ -307,8 +307,10 @@ void wb_route_table_print(const struct wb_route_table *t, const struct wb_plan_i
  * local tensor; every write's source bytes held by the writing rank (its shard, an H2D copy of
  * it, a gather, or an op output derived from those) and mapping to the same tensor elements as
  * its destination; mesh groups disjoint; gathers in the same order on every mesh member;
- * amax ops mirrored. Returns 0, or -WB_E_PLAN with every violation counted in el
- * (wb_errlist_count) and the first 20 kept with their text. */
+ * amax ops mirrored. A lazy plan's stamped items are checked by their segments: each is shown
+ * congruent to its representative (whose rows are checked op by op) or else expanded. Returns 0, or
+ * -WB_E_PLAN with every violation counted in el (wb_errlist_count) and the first 20 kept with their
+ * text. */
 int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el);
 
 /* Prints the summary (tensors, bytes, phases, entries, writes, per-sender/per-receiver

@@ -10,6 +10,10 @@
  *    the boxes listed, which tile the tensor;
  *  - order: mesh groups are disjoint; tasks are in phase order; every member of a mesh has the
  *    same GATHER sequence; every AMAX op has its mirror (same tag, blocks, crossed inboxes).
+ * A lazy plan's stamped tasks are checked through their segment (lazy.c): congruent to the
+ * representative's rows, which are checked with their own table, their amax exchanges noted
+ * for the mirror check and their records counted at their destinations (congruent() says
+ * why that suffices); a segment that is not congruent is expanded and checked op by op.
  * The data itself (values after fuse/quantize) is checked by the CPU execution test on small
  * cases (tests/unit/planner_sim.h). */
 #include <errno.h>

@@ -969,19 +969,19 @@ static int check_stamped(struct vctx *v, const struct wb_route_table *t, const s
         if (o < k->nops && R->ops[o].kind != WB_OP_AMAX)
             continue;
         if (o < k->nops) {
-            const struct wb_rt_op *x = &R->ops[o];
+            const struct wb_rt_op *xo = &R->ops[o]; /* the representative's */
             struct wb_rt_op *op = &amax[n];
-            pl_seg_ops(sg, pool, x, 1, op);
-            if (x->amax.npeers == 0 || x->amax.peer0 < sg->xsrc ||
-                x->amax.peer0 - sg->xsrc > src->namax_peers ||
-                x->amax.npeers > src->namax_peers - (x->amax.peer0 - sg->xsrc)) {
+            pl_seg_ops(sg, pool, xo, 1, op);
+            if (xo->amax.npeers == 0 || xo->amax.peer0 < sg->xsrc ||
+                xo->amax.peer0 - sg->xsrc > src->namax_peers ||
+                xo->amax.npeers > src->namax_peers - (xo->amax.peer0 - sg->xsrc)) {
                 const struct wb_inventory *ti = v->in->trainer;
                 verr(v, "rank %u: op %u (amax) on %s lists peers [%u, +%u) of its %u", t->rank,
                      k->op0 + o, op->tensor < ti->n ? ti->p[op->tensor].name : "?", op->amax.peer0,
                      op->amax.npeers, pl_table_napeers(v->p, t->rank));
                 continue;
             }
-            pes[n++] = &src->amax_peers[x->amax.peer0 - sg->xsrc];
+            pes[n++] = &src->amax_peers[xo->amax.peer0 - sg->xsrc];
             for (uint32_t j = 0; v->ox && j < op->amax.npeers; j++)
                 if (pes[n - 1][j].tag + sg->tag_shift < v->ox->ntag)
                     __builtin_prefetch(&v->ox->at[pes[n - 1][j].tag + sg->tag_shift], 1);

@@ -190,11 +190,6 @@ uint32_t pl_table_nops(const struct wb_plan *p, uint32_t r)
     return p->lazy ? p->lazy->t[r].nops : p->tables[r].nops;
 }
 
-uint32_t pl_table_nwrites(const struct wb_plan *p, uint32_t r)
-{
-    return p->lazy ? p->lazy->t[r].nwrites : p->tables[r].nwrites;
-}
-
 uint32_t pl_table_napeers(const struct wb_plan *p, uint32_t r)
 {
     return p->lazy ? p->lazy->t[r].napeers : p->tables[r].namax_peers;

@@ -214,9 +214,8 @@ uint32_t pl_seg_box(const struct pl_seg *sg, const uint32_t *pool, uint32_t b);
  * no amax peers or expectations). */
 const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
                                            struct wb_plan_tbuf *buf, bool ops);
-/* Rank r's op and record counts once expanded. */
+/* Rank r's op and amax peer counts once expanded. */
 uint32_t pl_table_nops(const struct wb_plan *p, uint32_t r);
-uint32_t pl_table_nwrites(const struct wb_plan *p, uint32_t r);
 uint32_t pl_table_napeers(const struct wb_plan *p, uint32_t r);
 void pl_lazy_free(struct pl_lazy *lz, uint32_t ntables);
 

@@ -124,7 +124,8 @@ struct rank_out {
     uint64_t nwrites;               /* writes the records stand for (their copies) */
     uint64_t want_ops, want_writes; /* what presize expects pass 3 to append */
     /* a lazy plan's (opts.lazy): stamped items' segments (struct pl_seg) and their renumbering
-     * pairs, and the ops and records they stand for (task op0 and write0 count them) */
+     * pairs, and the ops, records, amax expectations and amax peers they stand for (task op0
+     * and write0 and AMAX peer0 count them, as in the table expanded) */
     struct vec segs, pool;
     uint32_t vops, vwrites, vamax, vapeers;
 };

@@ -303,13 +303,14 @@ static int presize(struct plan_ctx *c)
                 rank_out_reset(ro);
             }
         }
-        /* a lazy plan keeps a stamped item's ops and records unexpanded */
+        /* a lazy plan keeps only a stamped item's tasks and gather peers (v[0], v[3]) */
         bool lazy = c->opts->lazy && x != (int64_t)i;
         for (uint32_t k = 0; k < n; k++) {
             const uint64_t *v = VEC_AT(&cnt, uint64_t, NV * (first[x] + k));
             uint64_t *d = &need[NV * (size_t)((int64_t)ranks[k] + dr)];
             for (int j = 0; j < NV; j++)
-                d[j] += lazy && (j == 1 || j == 2 || j == 4 || j == 5) ? 0 : v[j];
+                if (!lazy || j == 0 || j == 3)
+                    d[j] += v[j];
         }
     }
     for (uint32_t k = 0; !r && k < c->nt; k++) {

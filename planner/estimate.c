@@ -621,8 +621,10 @@ static void *read_ranks(void *arg)
         s->rs[r].nt = t->ntasks;
         for (uint32_t k = 0; k < t->ntasks && !rd->err && !rd->stop; k++, ti++) {
             const struct wb_rt_task *T = &t->tasks[k];
-            struct pl_rows R = {t, t->ops + T->op0, t->writes + T->write0, NULL, 0};
-            if (!whole)
+            struct pl_rows R;
+            if (whole)
+                R = (struct pl_rows){t, t->ops + T->op0, t->writes + T->write0, NULL, 0};
+            else
                 pl_task_rows(p, r, k, &cu, &R);
             if (rd->second) {
                 if (R.seg)
@@ -653,13 +655,12 @@ static void *read_ranks(void *arg)
             uint32_t posts = 0;
             for (uint32_t w = 0; w < T->nwrites; w++) {
                 const struct wb_rt_write *x = &R.writes[w];
-                uint32_t dst = x->dst_rank;
-                uint32_t g = dst < p->nrollouts ? dst : p->nrollouts;
+                uint32_t g = x->dst_rank < p->nrollouts ? x->dst_rank : p->nrollouts;
                 uint32_t f = rd->seen[g], nc = wb_rt_copies(x), step = nc > 1 ? x->rank_step : 0;
                 struct eflow *F = rd->flow.p;
-                if (f <= f0 || f > rd->flow.n || F[f - 1].dst != dst || F[f - 1].w != nc ||
+                if (f <= f0 || f > rd->flow.n || F[f - 1].dst != x->dst_rank || F[f - 1].w != nc ||
                     F[f - 1].step != step) {
-                    struct eflow nf = {dst, nc, step, 0};
+                    struct eflow nf = {x->dst_rank, nc, step, 0};
                     if (!pl_vec_push(&rd->flow, &nf)) {
                         rd->err = -ENOMEM;
                         break;

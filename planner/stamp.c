@@ -23,10 +23,11 @@
  * interned box/shape indices renumbered. Boxes and shapes are interned into Y's ranks in the
  * order X first used them, so the tables come out identical to an un-stamped build (the unit
  * test planner_stamp_test checks that, and wb_plan_verify checks the shipped scenarios).
- * Items with balanced demands are walked and emitted as before.
+ * Items with balanced demands are walked and emitted as before. The renumbering is a segment
+ * (lazy.c): an eager build expands it into Y's tables here, a lazy one keeps it as it is.
  *
  * plan.c classifies the items and runs pass 1 through it, walk.c logs candidate sets to it, and
- * emit_threads.c runs pass 3 through it; it uses only balance.c and geometry.c of the builder. */
+ * emit_threads.c runs pass 3 through it; it uses only balance.c, geometry.c and lazy.c. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

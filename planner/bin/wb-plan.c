@@ -375,6 +375,7 @@ int main(int argc, char **argv)
         const struct wb_route_table *t = wb_plan_table(plan, (uint32_t)a.dump, &tb);
         if (!t) {
             fprintf(stderr, "wb-plan: --dump %ld: %s\n", a.dump, wb_strerror(-ENOMEM));
+            wb_plan_tbuf_free(&tb);
             goto out;
         }
         wb_route_table_print(t, &in, stdout);

@@ -448,6 +448,10 @@ uint64_t wb_now_ns(void);
 /* 64 bits nobody can predict (getrandom; the clock, mixed, where that fails): session
  * identities, transfer epochs, memory keys. */
 uint64_t wb_random_u64(void);
+/* SipHash-2-4 of len bytes under a 128-bit key (common/siphash.c): the MAC of what agents tell
+ * each other on the data plane, which nobody without the key can forge. */
+enum { WB_MAC_KEY_BYTES = 16 };
+uint64_t wb_siphash(const uint8_t key[WB_MAC_KEY_BYTES], const void *msg, size_t len);
 /* "1.50 GiB" style formatting into buf; returns buf. */
 char *wb_fmt_bytes(uint64_t bytes, char *buf, size_t cap);
 

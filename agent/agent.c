@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +33,7 @@ static void send_register(struct wb_endpoint *ep)
     b.pid = (uint64_t)getpid();
     snprintf(b.source, sizeof(b.source), "%s", ep->src_id);
     b.version = wb_endpoint_version(ep);
+    b.torn = ep->o.role == WB_ROLE_ROLLOUT && wb_endpoint_torn(ep);
     b.session = ep->lost_session;
     struct wb_mpw mesh;
     wb_mpw_init(&inv);
@@ -240,6 +242,7 @@ static void hb_update(struct wb_endpoint *ep)
     }
     b.torn = ep->o.role == WB_ROLE_ROLLOUT && wb_endpoint_torn(ep);
     b.commits = ep->commits;
+    b.dropped = ep->d ? ag_data_dropped(ep->d) : 0;
     pthread_mutex_lock(&ep->hb_mu);
     ep->beat = b;
     ep->hb_period = ep->hb_ns;
@@ -468,13 +471,17 @@ static void cmd_transfer(struct wb_endpoint *ep, const struct wb_body_version_ep
 {
     uint64_t version = b->version;
     char err[WB_ERRMSG_MAX] = "";
-    int rc = ep->d ? ag_data_start(ep->d, version, b->epoch, &b->skip, err, sizeof(err)) : -EINVAL;
+    ep->drain_version = 0;
+    int rc = ep->d ? ag_data_start(ep->d, b, err, sizeof(err)) : -EINVAL;
     if (rc) {
         if (!*err)
             snprintf(err, sizeof(err), "transfer before setup");
         report_done(ep, version, false, err, NULL, 0);
         return;
     }
+    /* Its windows are open: until a version completes here, the tensors may hold a mix. */
+    if (ag_data_receiving(ep->d))
+        ag_version_torn(ep);
     ep->xfer_active = true;
     ep->xfer_version = version;
     ep->in_flight = ep->o.role == WB_ROLE_ROLLOUT;
@@ -554,6 +561,7 @@ static void cmd_abort(struct wb_endpoint *ep, const struct wb_body_abort *b)
     }
     if (ep->o.role == WB_ROLE_TRAINER) {
         ag_push_event(ep, b->version, WB_PUSH_DONE, true, b->reason);
+        ep->drain_version = b->version; /* REPORT_DRAINED once its writes all completed */
         return;
     }
     ag_version_done(ep, b->version, true, b->reason);
@@ -661,8 +669,20 @@ static void run_hook(struct wb_endpoint *ep, struct data_done *done)
     }
 }
 
+/* Trainers: an aborted attempt's writes all completed: the controller may close the
+ * rollouts' windows without a write of ours still on its way. */
+static void drain_step(struct wb_endpoint *ep)
+{
+    if (!ep->drain_version || !ep->session || (ep->d && !ag_data_drained(ep->d)))
+        return;
+    struct wb_body_rep_drained r = {.version = ep->drain_version};
+    ep->drain_version = 0;
+    report(ep, WB_MSG_REP_DRAINED, &r);
+}
+
 static void data_step(struct wb_endpoint *ep)
 {
+    drain_step(ep);
     if (!ep->d)
         return;
     struct data_done done;
@@ -683,6 +703,39 @@ static void data_step(struct wb_endpoint *ep)
     if (!done.ok)
         wb_log(WB_LOG_ERROR, M, "%s rank %u: transfer %" PRIu64 " failed: %s", ep->role, ep->o.rank,
                ep->xfer_version, done.err);
+}
+
+void ag_state_request(struct wb_endpoint *ep)
+{
+    atomic_store(&ep->state_req, 1);
+}
+
+/* A state dump asked for (ag_state_request): written here, on the loop, so that no command
+ * changes the tensors or the claim while it is taken; the claim file comes last. */
+static void state_step(struct wb_endpoint *ep)
+{
+    if (!atomic_exchange(&ep->state_req, 0))
+        return;
+    if (!ep->o.dump || !ep->d || ep->o.role != WB_ROLE_ROLLOUT)
+        return;
+    ag_dump_wait(ep);
+    char dir[1100], path[1200], tmp[1300], err[512] = "";
+    snprintf(dir, sizeof(dir), "%s/state", ep->o.dump);
+    mkdir(dir, 0755);
+    uint64_t v = wb_endpoint_version(ep);
+    bool torn = wb_endpoint_torn(ep);
+    int rc = ag_data_dump(ep->d, dir, v, err, sizeof(err));
+    snprintf(path, sizeof(path), "%s/rollout%u.txt", dir, ep->o.rank);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = rc ? NULL : fopen(tmp, "w");
+    if (f) {
+        fprintf(f, "version %" PRIu64 " torn %d in_flight %d\n", v, torn ? 1 : 0,
+                ep->xfer_active ? 1 : 0);
+        rc = fclose(f) || rename(tmp, path) ? -EIO : 0;
+    }
+    if (rc || !f)
+        wb_log(WB_LOG_ERROR, M, "rollout rank %u: state dump: %s", ep->o.rank,
+               *err ? err : "cannot write its claim");
 }
 
 static bool stop_asked(struct wb_endpoint *ep)
@@ -755,6 +808,7 @@ static int loop(struct wb_endpoint *ep)
             ag_data_after(ep->d);
         }
         dump_step(ep);
+        state_step(ep);
 
         struct pollfd p[2] = {{.fd = ep->call.fd, .events = POLLIN},
                               {.fd = ep->pollc.fd, .events = POLLIN}};

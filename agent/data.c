@@ -4,9 +4,12 @@
  * memory and returns two blobs the controller relays: the transport address and the memory
  * descriptors (xfer.h says which regions). A trainer materializes its shards from the synthetic
  * source; a rollout allocates one buffer per local tensor — the memory peers write into.
- * PEERS (trainers only) adds every other agent as a transport peer and keeps its descriptors.
- * TRANSFER N starts the executor (trainers, exec.c) or arms the immediate counters of the
- * receive list (rollouts); a rollout is done when every tag reached the plan's count.
+ * A rollout registers each local tensor on its own, exactly its bytes, and keeps its window
+ * closed between attempts (xfer.h). PEERS gives a trainer the agents it writes to (and only
+ * the descriptors of the regions it writes), a rollout the trainers that write to it.
+ * TRANSFER N begins the attempt on the transport, starts the executor (trainers, exec.c) or
+ * arms the counters of the receive list, opens the windows and says "ready" to its writers
+ * (rollouts); a rollout is done when every tag reached the plan's count.
  *
  * The transport moves data only while both sides poll it (software providers), so ag_data_poll()
  * runs on every turn of the agent's loop, transfer or not. A job without a model (control plane
@@ -29,8 +32,7 @@
 
 static const char *M = "agent";
 
-/* The warm-up immediate (ag_data_peers): a tag no phase reaches, a ctx no task has. */
-enum { WARMUP_TAG = (1u << IMM_TAG_BITS) - 1 };
+/* The warm-up note's ctx (ag_data_peers): one no task has. */
 static const uint64_t WARMUP_CTX = UINT64_MAX;
 
 static enum wb_tx_mem mem_kind(const struct data *d)
@@ -72,6 +74,9 @@ static void data_release(struct data *d)
     free(d->task_bytes);
     free(d->lname);
     free(d->expect_local);
+    free(d->local_left);
+    free(d->writers);
+    free(d->rready);
     free(d->sum_reached);
     free(d->landed);
     free(d->ready);
@@ -101,6 +106,7 @@ static void data_release(struct data *d)
     for (uint32_t i = 0; d->locals && i < d->recv.nlocal; i++)
         if (d->locals[i].owned)
             wb_tx_mem_free(k, d->locals[i].buf);
+    free(d->empty_buf);
     for (uint32_t i = 0; d->ep && i < d->ep->nsegs; i++)
         d->ep->segs[i].mr = NULL; /* released with the transport */
     free(d->locals);
@@ -350,8 +356,13 @@ static int setup_trainer(struct data *d, const void *plan, size_t plan_len, cons
         d->shard_of[d->shards[i].tensor] = i + 1;
     d->tpeer = calloc(t->ntrainers ? t->ntrainers : 1, sizeof(*d->tpeer));
     d->rpeer = calloc(t->nrollouts ? t->nrollouts : 1, sizeof(*d->rpeer));
-    if (!d->tpeer || !d->rpeer)
+    d->rready = malloc(t->nrollouts ? t->nrollouts : 1);
+    if (!d->tpeer || !d->rpeer || !d->rready)
         return -ENOMEM;
+    memset(d->rready, 2, t->nrollouts); /* 2: never written by this table */
+    for (uint32_t k = 0; k < t->nwrites; k++)
+        if (t->writes[k].dst_rank < t->nrollouts)
+            d->rready[t->writes[k].dst_rank] = 0;
     if ((rc = ag_exec_setup(d, err, errcap)) != 0)
         return rc;
 
@@ -412,12 +423,42 @@ static int setup_trainer(struct data *d, const void *plan, size_t plan_len, cons
 
 /* A tag's count was reached: its writes (or, with the sum bit, its checksum records) are all
  * in. An entry whose both are in waits in d->ready to be checked by ag_data_progress(). */
+/* A rollout tensor's window: opened for an attempt, closed once its writes are all in (or the
+ * attempt ends). A backend that cannot close windows (CUDA IPC) leaves them open: keys and
+ * the writers' own bounds checks are what it has. */
+static void local_window(struct data *d, uint32_t k, bool open)
+{
+    struct local *l = &d->locals[k];
+    if (l->mr && l->desc.bytes)
+        wb_tx_mr_window(d->tx, l->mr, open);
+}
+
+static void rollout_windows(struct data *d, bool open)
+{
+    for (uint32_t k = 0; k < d->recv.nlocal; k++)
+        local_window(d, k, open);
+    if (d->sum_in_mr)
+        wb_tx_mr_window(d->tx, d->sum_in_mr, open);
+    d->windows_open = open;
+}
+
+/* A rollout's attempt is over (done, failed, aborted, past its deadline): nothing more may
+ * land, and nothing more counts. */
+static void rollout_close(struct data *d)
+{
+    if (!d->tx || d->role != WB_ROLE_ROLLOUT)
+        return;
+    if (d->windows_open)
+        rollout_windows(d, false);
+    wb_tx_attempt_end(d->tx);
+}
+
 static void on_data_imm(void *arg, uint32_t imm)
 {
     struct data *d = arg;
-    uint32_t tag = imm & ((1u << IMM_TAG_BITS) - 1), sum = tag & IMM_SUM_BIT;
+    uint32_t tag = imm_tag_of(imm), sum = tag & IMM_SUM_BIT;
     tag &= ~IMM_SUM_BIT;
-    if ((imm >> 30) != IMM_DATA || ((imm >> IMM_TAG_BITS) & 0xff) != (d->epoch & 0xff))
+    if (imm_kind_of(imm) != IMM_DATA || !d->active)
         return;
     if (tag > d->max_data_tag || d->expect_of[tag] < 0)
         return;
@@ -426,8 +467,14 @@ static void on_data_imm(void *arg, uint32_t imm)
     if (*flag || d->landed[i])
         return;
     *flag = 1;
-    if (d->reached[i] && (d->sum_reached[i] || !d->verify))
+    if (d->reached[i] && (d->sum_reached[i] || !d->verify)) {
         d->ready[d->nready++] = i;
+        /* every planned write of the entry is in: once the tensor's last entry is, its window
+         * closes — before it is checked, so the check covers bytes nothing can change */
+        uint32_t k = d->expect_local[i];
+        if (k != UINT32_MAX && d->local_left[k] && --d->local_left[k] == 0)
+            local_window(d, k, false);
+    }
 }
 
 /* A registering rollout: local i of the receive list is the engine's tensor of the i-th name
@@ -452,26 +499,42 @@ static int local_bind(struct data *d, struct local *l, struct wb_mpr *names, cha
         return -EINVAL;
     }
     l->buf = r->ptr;
-    if (!l->desc.bytes) { /* nothing lands: any descriptor of size 0 will do */
-        int k = d->ep->nsegs ? 0 : -1;
-        int rc = k < 0 ? 0 : seg_reg(d, k, WB_TX_ACCESS_DST, err, errcap);
-        rc = rc || k < 0 ? rc : wb_tx_rdesc(d->tx, d->ep->segs[k].mr, &l->rd);
-        return rc ? rc : wb_tx_rdesc_view(&l->rd, 0, 0, &l->rd);
-    }
-    int k = ag_seg_of(d->ep, l->buf, l->desc.bytes);
-    if (k < 0) {
+    if (!l->desc.bytes) /* nothing lands: a descriptor of size 0 (setup_rollout) */
+        return 0;
+    if (ag_seg_of(d->ep, l->buf, l->desc.bytes) < 0) {
         snprintf(err, errcap, "%s: no registered allocation holds it", name);
         return -EINVAL;
     }
-    struct wb_tx_rdesc whole;
-    int rc = seg_reg(d, k, WB_TX_ACCESS_DST, err, errcap);
-    rc = rc ? rc : wb_tx_rdesc(d->tx, d->ep->segs[k].mr, &whole);
-    rc = rc ? rc
-            : wb_tx_rdesc_view(&whole, (uintptr_t)l->buf - d->ep->segs[k].base, l->desc.bytes,
-                               &l->rd);
+    /* Its own registration, exactly its bytes: a key covers this tensor and nothing beside it
+     * (an engine's allocator packs many tensors into one allocation). */
+    int rc = wb_tx_mr_reg(d->tx, l->buf, l->desc.bytes, WB_TX_ACCESS_DST, &l->mr);
+    if (rc)
+        snprintf(err, errcap, "%s: cannot register its %" PRIu64 " bytes: %s", name, l->desc.bytes,
+                 wb_tx_errmsg(d->tx));
+    rc = rc ? rc : wb_tx_rdesc(d->tx, l->mr, &l->rd);
     if (rc && !*err)
         snprintf(err, errcap, "%s: cannot describe it for writers: %s", name, wb_strerror(rc));
     return rc;
+}
+
+/* Zero-byte tensors are described by a size-0 view of one small registration of their own,
+ * whose window never opens. */
+static int empty_desc(struct data *d, struct wb_tx_rdesc *out, char *err, size_t errcap)
+{
+    if (!d->empty_mr) {
+        d->empty_buf = calloc(1, 64);
+        int rc = d->empty_buf
+                     ? wb_tx_mr_reg(d->tx, d->empty_buf, 64, WB_TX_ACCESS_DST, &d->empty_mr)
+                     : -ENOMEM;
+        if (rc) {
+            snprintf(err, errcap, "a descriptor for empty tensors: %s", wb_strerror(rc));
+            return rc;
+        }
+        wb_tx_mr_window(d->tx, d->empty_mr, false);
+    }
+    struct wb_tx_rdesc whole;
+    int rc = wb_tx_rdesc(d->tx, d->empty_mr, &whole);
+    return rc ? rc : wb_tx_rdesc_view(&whole, 0, 0, out);
 }
 
 static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
@@ -525,11 +588,13 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
                 l->owned = rc == 0;
             }
             rc = rc ? rc : wb_tx_rdesc(d->tx, l->mr, &l->rd);
+            rc = rc || l->desc.bytes ? rc : wb_tx_rdesc_view(&l->rd, 0, 0, &l->rd);
             if (!rc && have_names && wb_mpr_str(&nr, d->lname[i], sizeof(d->lname[i])))
                 rc = -EBADMSG;
         } else {
             struct wb_mpr at = nr; /* local_bind reads the name; keep a copy for messages */
             rc = local_bind(d, l, &nr, err, errcap);
+            rc = rc || l->desc.bytes ? rc : empty_desc(d, &l->rd, err, errcap);
             if (!rc)
                 wb_mpr_str(&at, d->lname[i], sizeof(d->lname[i]));
         }
@@ -552,13 +617,14 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
     }
     d->expect_of = malloc((d->max_data_tag + 1) * sizeof(int32_t));
     d->expect_local = calloc(ne ? ne : 1, sizeof(uint32_t));
+    d->local_left = calloc(nl ? nl : 1, sizeof(uint32_t));
     d->reached = calloc(ne ? ne : 1, 1);
     d->sum_reached = calloc(ne ? ne : 1, 1);
     d->landed = calloc(ne ? ne : 1, 1);
     d->ready = calloc(ne ? ne : 1, sizeof(uint32_t));
     d->area = calloc(ne ? ne : 1, sizeof(uint64_t));
     if (!d->expect_of || !d->expect_local || !d->reached || !d->sum_reached || !d->landed ||
-        !d->ready || !d->area)
+        !d->ready || !d->area || !d->local_left)
         return -ENOMEM;
     for (uint32_t i = 0; i <= d->max_data_tag; i++)
         d->expect_of[i] = -1;
@@ -594,6 +660,7 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
         wb_mpw_u64(w, SUM_INBOX_ENTRY);
         wb_tx_rdesc_put(w, &rd);
     }
+    rollout_windows(d, false); /* read-only to the network until an attempt opens them */
     return wb_mpw_finish(w);
 }
 
@@ -624,6 +691,17 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
                                               old->locals[i].buf};
                 old->locals[i].owned = false;
             }
+    }
+    /* What landed of a failed version stays known across the re-setup (the tensors, and so
+     * their bytes, stay): a resumed attempt does not send it again. By tag. */
+    uint64_t *landed_tags = NULL, landed_version = 0;
+    uint32_t nlanded_tags = 0;
+    if (old && old->role == WB_ROLE_ROLLOUT && old->have_recv && old->landed_version &&
+        (landed_tags = calloc(old->recv.nexpect ? old->recv.nexpect : 1, sizeof(uint64_t)))) {
+        landed_version = old->landed_version;
+        for (uint32_t i = 0; i < old->recv.nexpect; i++)
+            if (old->landed[i] && old->recv.expect[i].writes)
+                landed_tags[nlanded_tags++] = old->recv.expect[i].tag;
     }
     ag_data_free(*dp);
     *dp = NULL;
@@ -659,6 +737,8 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
     }
     if (!rc && !d->empty)
         rc = tx_open(d, err, errcap);
+    if (!rc && d->tx) /* nothing counts before the first attempt begins */
+        wb_tx_attempt_end(d->tx);
     if (!rc && !d->empty && o->role == WB_ROLE_TRAINER)
         rc = setup_trainer(d, plan, plan_len, shards, shards_len, b, err, errcap);
     if (!rc && !d->empty && o->role == WB_ROLE_ROLLOUT) {
@@ -674,6 +754,17 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
     free(kept);
     d->kept = NULL;
     d->nkept = 0;
+    /* an engine's tensors are its own (never replaced); a synthetic rollout's were kept */
+    bool same_memory = !rc && d->role == WB_ROLE_ROLLOUT && !d->empty &&
+                       (!d->synthetic || (nkept && taken == d->recv.nlocal));
+    if (same_memory && nlanded_tags) {
+        d->landed_version = landed_version;
+        for (uint32_t i = 0; i < d->recv.nexpect; i++)
+            for (uint32_t k = 0; k < nlanded_tags; k++)
+                if (landed_tags[k] == d->recv.expect[i].tag)
+                    d->landed[i] = 1;
+    }
+    free(landed_tags);
     if (resetup && nkept && (rc || taken < nkept || taken < d->recv.nlocal))
         ag_version_lost(ep, rc ? "its re-setup failed, releasing its tensors"
                                : "a re-setup replaced its tensors");
@@ -766,11 +857,49 @@ static int parse_rollout_regions(struct peer *p, struct wb_mpr *r)
     return r->err;
 }
 
+/* A rollout's PEERS: the trainers that write to it — the only senders whose notes it counts,
+ * and the ones it tells "ready". */
+static int rollout_peers(struct data *d, struct wb_mpr *r, uint32_t n, char *err, size_t errcap)
+{
+    free(d->writers);
+    d->nwriters = 0;
+    d->writers = calloc(n ? n : 1, sizeof(uint32_t));
+    if (!d->writers)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t four;
+        uint64_t role, rank;
+        const void *addr, *reg;
+        size_t alen, rlen;
+        if (wb_mpr_array(r, 4, &four) || four != 4 || wb_mpr_u64(r, &role) ||
+            wb_mpr_u64(r, &rank) || wb_mpr_bin(r, &addr, &alen, 1u << 20) ||
+            wb_mpr_bin(r, &reg, &rlen, 1u << 30)) {
+            snprintf(err, errcap, "peer list: malformed entry %u", i);
+            return -EBADMSG;
+        }
+        if (role != WB_ROLE_TRAINER || !alen)
+            continue;
+        struct wb_mpr ar;
+        uint32_t idx;
+        wb_mpr_init(&ar, addr, alen);
+        int rc = wb_tx_peer_add(d->tx, &ar, &idx);
+        if (rc) {
+            snprintf(err, errcap, "trainer rank %" PRIu64 ": transport address: %s", rank,
+                     wb_tx_errmsg(d->tx));
+            return rc;
+        }
+        d->writers[d->nwriters++] = idx;
+        if (wb_tx_connect(d->tx, idx, (void *)(uintptr_t)WARMUP_CTX) != 0)
+            wb_log(WB_LOG_DEBUG, M, "rollout rank %u: warm-up to trainer rank %" PRIu64 ": %s",
+                   d->rank, rank, wb_tx_errmsg(d->tx));
+    }
+    return 0;
+}
+
 int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size_t errcap)
 {
-    if (d->empty || d->role != WB_ROLE_TRAINER)
+    if (d->empty)
         return 0;
-    ag_direct_release(d); /* lowered again against these peers at the next transfer */
     struct wb_mpr r;
     uint32_t n;
     wb_mpr_init(&r, peers, len);
@@ -778,6 +907,9 @@ int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size
         snprintf(err, errcap, "peer list: malformed");
         return -EBADMSG;
     }
+    if (d->role == WB_ROLE_ROLLOUT)
+        return rollout_peers(d, &r, n, err, errcap);
+    ag_direct_release(d); /* lowered again against these peers at the next transfer */
     for (uint32_t i = 0; i < n; i++) {
         uint32_t four;
         uint64_t role, rank;
@@ -826,11 +958,10 @@ int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size
         memcpy(p->addr, addr, alen);
         p->addr_len = alen;
         p->present = true;
-        /* Warm-up: one immediate now makes the provider connect (tcp;ofi_rxm connects on first
-         * use), so the first transfer does not pay for it. Its tag is one no receiver ever
-         * expects; its completion is not counted toward any transfer. */
-        if (wb_tx_write_imm(d->tx, p->idx, imm_make(IMM_BARRIER, 0xff, WARMUP_TAG),
-                            (void *)(uintptr_t)WARMUP_CTX) == 0)
+        /* Warm-up: a note nothing counts makes the provider connect now (tcp;ofi_rxm connects
+         * on first use), so the first transfer does not pay for it; its completion is not
+         * counted toward any transfer. */
+        if (wb_tx_connect(d->tx, p->idx, (void *)(uintptr_t)WARMUP_CTX) == 0)
             d->outstanding++;
     }
     /* The direct path, lowered against these peers now, so no transfer pays for it (opening a
@@ -1095,10 +1226,11 @@ static int trainer_skip(struct data *d, const struct skipset *ss)
     return 0;
 }
 
-static int rollout_arm(struct data *d, uint64_t version, uint64_t epoch, const struct skipset *ss,
-                       char *err, size_t errcap)
+static int rollout_arm(struct data *d, uint64_t version, const struct skipset *ss, char *err,
+                       size_t errcap)
 {
     uint32_t ne = d->recv.nexpect;
+    memset(d->local_left, 0, (d->recv.nlocal ? d->recv.nlocal : 1) * sizeof(uint32_t));
     if (d->landed_version != version) { /* what landed of another version is no use */
         memset(d->landed, 0, ne ? ne : 1);
         d->landed_version = version;
@@ -1124,34 +1256,109 @@ static int rollout_arm(struct data *d, uint64_t version, uint64_t epoch, const s
         }
         d->landed[i] = 0;
         d->nwant++;
-        int rc = wb_tx_expect(d->tx, imm_make(IMM_DATA, epoch, e->tag), e->writes, on_data_imm, d);
-        if ((!rc || rc == -EBUSY) && d->verify)
-            rc = wb_tx_expect(d->tx, imm_make(IMM_DATA, epoch, e->tag | IMM_SUM_BIT), e->writes,
+        if (d->expect_local[i] != UINT32_MAX)
+            d->local_left[d->expect_local[i]]++;
+        int rc = wb_tx_expect(d->tx, imm_make(IMM_DATA, e->tag), e->writes, on_data_imm, d);
+        if (!rc && d->verify)
+            rc = wb_tx_expect(d->tx, imm_make(IMM_DATA, e->tag | IMM_SUM_BIT), e->writes,
                               on_data_imm, d);
-        if (rc && rc != -EBUSY) {
+        if (rc) {
             snprintf(err, errcap, "rollout rank %u: immediate counter of tag %u: %s", d->rank,
-                     e->tag, wb_strerror(rc));
+                     e->tag, wb_tx_errmsg(d->tx));
             return rc;
         }
     }
     return 0;
 }
 
-int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, const struct wb_bytes *skip,
-                  char *err, size_t errcap)
+/* A rollout's part of an attempt's start, once its counters are armed: the windows of what it
+ * will receive open, then every trainer that writes to it hears "ready" — none writes before. */
+static int rollout_open(struct data *d, char *err, size_t errcap)
 {
+    for (uint32_t k = 0; k < d->recv.nlocal; k++)
+        if (d->local_left[k])
+            local_window(d, k, true);
+    if (d->sum_in_mr)
+        wb_tx_mr_window(d->tx, d->sum_in_mr, true);
+    d->windows_open = true;
+    for (uint32_t i = 0; i < d->nwriters; i++) {
+        int rc = wb_tx_write_imm(d->tx, d->writers[i], imm_make(IMM_READY, d->rank),
+                                 (void *)(uintptr_t)WARMUP_CTX);
+        if (rc) {
+            snprintf(err, errcap, "rollout rank %u: telling a trainer it is ready: %s", d->rank,
+                     wb_tx_errmsg(d->tx));
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* What this side may count in one attempt: every counter it arms, and the notes behind them
+ * (the transport's bounds for the attempt; a little slack for nothing). */
+static void attempt_bounds(const struct data *d, uint64_t *tags, uint64_t *notes)
+{
+    uint64_t t = 16, n = 16;
+    if (d->role == WB_ROLE_ROLLOUT) {
+        for (uint32_t i = 0; i < d->recv.nexpect; i++) {
+            t += d->verify ? 2 : 1;
+            n += d->recv.expect[i].writes * (d->verify ? 2 : 1);
+        }
+    } else {
+        const struct wb_route_table *tb = &d->table;
+        t += tb->namax + tb->nphases + tb->nrollouts + tb->nops;
+        for (uint32_t i = 0; i < tb->namax; i++)
+            n += tb->amax[i].writes;
+        for (uint32_t i = 0; i < tb->nops; i++)
+            if (tb->ops[i].kind == WB_OP_GATHER)
+                n += tb->ops[i].gather.npeers;
+        n += (uint64_t)tb->nphases * tb->ntrainers + tb->nrollouts;
+    }
+    *tags = t;
+    *notes = n;
+}
+
+/* Default for an attempt whose TRANSFER names no timeout: a rollout's windows close this long
+ * after it opened them, whatever the controller says meanwhile. */
+static const uint64_t DEFAULT_TIMEOUT_NS = 60ull * 1000000000;
+
+int ag_data_start(struct data *d, const struct wb_body_version_epoch *b, char *err, size_t errcap)
+{
+    uint64_t version = b->version, epoch = b->epoch;
+    if (!epoch || (!d->empty && b->key.n != WB_MAC_KEY_BYTES)) {
+        snprintf(err, errcap, "transfer %" PRIu64 ": the attempt has no epoch or no %d-byte key",
+                 version, WB_MAC_KEY_BYTES);
+        return -EPROTO;
+    }
     d->version = version;
     d->epoch = epoch;
+    d->attempt++;
+    if (b->key.n == WB_MAC_KEY_BYTES)
+        memcpy(d->key, b->key.p, WB_MAC_KEY_BYTES);
     d->start_ns = wb_now_ns();
+    /* twice the attempt's time: the controller ends it first when it is there to */
+    d->deadline_ns = d->start_ns + 2 * (b->timeout_ns ? b->timeout_ns : DEFAULT_TIMEOUT_NS);
     d->fail[0] = 0;
     d->active = true;
     d->pending_start = false;
+    d->draining = false;
     if (d->empty)
         return 0;
     struct skipset ss;
-    int rc = skip_parse(skip, d->role == WB_ROLE_TRAINER ? d->table.nrollouts : UINT32_MAX, &ss);
+    int rc =
+        skip_parse(&b->skip, d->role == WB_ROLE_TRAINER ? d->table.nrollouts : UINT32_MAX, &ss);
     if (rc) {
         snprintf(err, errcap, "transfer: malformed list of tensors not to send again");
+        skip_free(&ss);
+        d->active = false;
+        return rc;
+    }
+    /* Everything counted before is forgotten; this attempt's notes alone count from now on. */
+    struct wb_tx_attempt at = {.epoch = epoch, .version = version};
+    memcpy(at.key, d->key, sizeof(at.key));
+    attempt_bounds(d, &at.max_tags, &at.max_notes);
+    rc = wb_tx_attempt_begin(d->tx, &at);
+    if (rc) {
+        snprintf(err, errcap, "transfer %" PRIu64 ": %s", version, wb_tx_errmsg(d->tx));
         skip_free(&ss);
         d->active = false;
         return rc;
@@ -1159,6 +1366,12 @@ int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, const struct
     if (d->role == WB_ROLE_TRAINER) {
         trainer_skip(d, &ss);
         skip_free(&ss);
+        rc = ag_exec_arm(d);
+        if (rc) {
+            snprintf(err, errcap, "%s", d->fail[0] ? d->fail : wb_strerror(rc));
+            d->active = false;
+            return rc;
+        }
         d->pending_start = true; /* ag_data_progress() starts it as soon as it can */
         rc = trainer_try_begin(d);
         if (rc >= 0)
@@ -1168,11 +1381,35 @@ int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, const struct
         d->pending_start = false;
         return rc;
     }
-    rc = rollout_arm(d, version, epoch, &ss, err, errcap);
+    rc = rollout_arm(d, version, &ss, err, errcap);
     skip_free(&ss);
-    if (rc)
+    rc = rc ? rc : rollout_open(d, err, errcap);
+    if (rc) {
         d->active = false;
+        rollout_close(d);
+    }
     return rc;
+}
+
+uint64_t ag_data_dropped(const struct data *d)
+{
+    if (!d->tx)
+        return 0;
+    struct wb_tx_note_stats st;
+    wb_tx_note_stats(d->tx, &st);
+    return st.stranger + st.stale + st.forged + st.replayed + st.full;
+}
+
+bool ag_data_drained(const struct data *d)
+{
+    if (d->role != WB_ROLE_TRAINER || d->empty || !d->tx)
+        return true;
+    return !d->active && !d->outstanding && !(d->io && ag_io_busy(d->io));
+}
+
+bool ag_data_receiving(const struct data *d)
+{
+    return d->role == WB_ROLE_ROLLOUT && !d->empty && d->active && d->nwant > 0;
 }
 
 /* Rollouts: room for n records' pieces and sums. */
@@ -1222,6 +1459,14 @@ static int check_landed(struct data *d, const uint32_t *ent, uint32_t ne)
         uint64_t covered = 0;
         for (uint64_t k = 0; k < e->writes; k++) {
             const struct wb_sum_record *x = &rec[k];
+            if (x->epoch != d->epoch || x->version != d->version ||
+                x->mac != wb_siphash(d->key, x, WB_SUM_RECORD_MACED)) {
+                snprintf(d->fail, sizeof(d->fail),
+                         "%s: checksum record %" PRIu64 " is not this attempt's (epoch %016" PRIx64
+                         ", version %" PRIu64 ", or its MAC does not match)",
+                         name, k, x->epoch, x->version);
+                return -EBADMSG;
+            }
             if (x->tensor != e->tensor || x->len > l->desc.bytes ||
                 x->dst_off > l->desc.bytes - x->len) {
                 snprintf(d->fail, sizeof(d->fail),
@@ -1364,6 +1609,8 @@ int ag_data_progress(struct data *d, struct data_done *out)
 {
     if (d->tx)
         ag_data_poll(d);
+    if (!d->active && d->windows_open && wb_now_ns() >= d->deadline_ns)
+        rollout_close(d);             /* a failed attempt no ABORT ended */
     if (!d->active && d->fill_want) { /* between transfers: say when the next one is ready */
         char err[256] = "";
         uint64_t v = d->fill_want, t0 = d->fill_t0;
@@ -1377,6 +1624,11 @@ int ag_data_progress(struct data *d, struct data_done *out)
     }
     if (!d->active)
         return 0;
+    if (!d->empty && d->role == WB_ROLE_ROLLOUT && !d->fail[0] && wb_now_ns() >= d->deadline_ns)
+        snprintf(d->fail, sizeof(d->fail),
+                 "rollout rank %u: version %" PRIu64 " not in by its deadline (%.1f s); its "
+                 "windows closed",
+                 d->rank, d->version, (double)(d->deadline_ns - d->start_ns) / 1e9);
     if (!d->empty && d->role == WB_ROLE_TRAINER) {
         if (d->pending_start && trainer_try_begin(d) == 0)
             return 0;
@@ -1390,6 +1642,12 @@ int ag_data_progress(struct data *d, struct data_done *out)
             return 0;
     }
     d->active = false;
+    /* Done: every planned write is in, nothing more may land or count. Failed here: trainers
+     * may still have writes on their way, and a write into a closed window breaks the
+     * trainer's connection, so the windows stay open until the controller's ABORT (sent once
+     * the trainers drained) or the deadline. */
+    if (d->fail[0] == 0)
+        rollout_close(d);
     memset(out, 0, sizeof(*out));
     out->ok = d->fail[0] == 0;
     snprintf(out->err, sizeof(out->err), "%s", d->fail);
@@ -1428,6 +1686,7 @@ void ag_data_abort(struct data *d)
         ag_exec_abort(d);
     d->active = false;
     d->pending_start = false;
+    rollout_close(d);
 }
 
 /* ---------------------------------------------------------------- rollout dumps */

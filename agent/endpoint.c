@@ -229,13 +229,19 @@ void ag_push_event(struct wb_endpoint *ep, uint64_t version, enum wb_push_event 
     pthread_mutex_unlock(&ep->mu);
 }
 
+void ag_version_torn(struct wb_endpoint *ep)
+{
+    pthread_mutex_lock(&ep->mu);
+    ep->torn = true;
+    pthread_mutex_unlock(&ep->mu);
+}
+
 void ag_version_done(struct wb_endpoint *ep, uint64_t version, bool failed, const char *reason)
 {
     pthread_mutex_lock(&ep->mu);
-    if (failed) {
+    if (failed) { /* torn already says whether its windows opened (ag_version_torn) */
         ep->failed_version = version;
         snprintf(ep->failed_reason, sizeof(ep->failed_reason), "%s", reason ? reason : "");
-        ep->torn = ep->d && !ag_data_empty(ep->d); /* nothing lands where nothing is held */
     } else if (version > ep->version) {
         ep->version = version;
         ep->torn = false;

@@ -55,7 +55,8 @@ struct task {
 static const char *M = "agent";
 
 /* sums_finish writes records as this struct, straight into the outbox's slots */
-_Static_assert(sizeof(struct wb_sum_record) == WB_SUM_RECORD, "a checksum record is 32 bytes");
+_Static_assert(sizeof(struct wb_sum_record) == WB_SUM_RECORD, "a checksum record is 64 bytes");
+_Static_assert(offsetof(struct wb_sum_record, mac) == WB_SUM_RECORD_MACED, "the MAC follows");
 
 /* ---------------------------------------------------------------- small helpers */
 
@@ -97,11 +98,11 @@ static void span_close(struct data *d, struct task *t, uint32_t ti)
     t->span_stage = -1;
 }
 
-/* ctx of a write: epoch, peer (role bit + rank) and task, so a late completion of an aborted
+/* ctx of a write: attempt, peer (role bit + rank) and task, so a late completion of an aborted
  * attempt is recognized and a failure names its peer. */
 static void *wctx(const struct data *d, enum wb_role role, uint32_t rank, uint32_t task)
 {
-    uint64_t v = ((d->epoch & 0xff) << 56) | ((uint64_t)role << 55) |
+    uint64_t v = ((uint64_t)d->attempt << 56) | ((uint64_t)role << 55) |
                  ((uint64_t)(rank & 0x7fffff) << 32) | (uint64_t)task;
     return (void *)(uintptr_t)v;
 }
@@ -353,10 +354,14 @@ void ag_exec_free(struct data *d)
 
 void ag_exec_imm(struct data *d, uint32_t imm)
 {
-    uint32_t kind = imm >> 30, tag = imm & ((1u << IMM_TAG_BITS) - 1);
-    if (((imm >> IMM_TAG_BITS) & 0xff) != (d->epoch & 0xff))
-        return; /* an expectation of an aborted attempt */
-    if (kind == IMM_AMAX && tag <= d->max_amax_tag) {
+    enum imm_kind kind = imm_kind_of(imm);
+    uint32_t tag = imm_tag_of(imm);
+    if (kind == IMM_READY && tag < d->table.nrollouts) {
+        if (d->rready[tag] == 0) {
+            d->rready[tag] = 1;
+            d->rready_left--;
+        }
+    } else if (kind == IMM_AMAX && tag <= d->max_amax_tag) {
         d->amax_arrived[tag] = 1;
     } else if (kind == IMM_BARRIER && tag < d->table.nphases) {
         d->barrier_done[tag] = 1;
@@ -379,28 +384,84 @@ static void on_imm(void *arg, uint32_t tag)
 
 static int expect(struct data *d, uint32_t imm, uint64_t n)
 {
-    int rc = wb_tx_expect(d->tx, imm, n, on_imm, d);
-    if (rc == -EBUSY) /* still armed from an attempt 256 epochs ago: it fires for this one */
-        return 0;
-    return rc;
+    return wb_tx_expect(d->tx, imm, n, on_imm, d);
 }
 
-/* ---------------------------------------------------------------- start */
-
-int ag_exec_start(struct data *d)
+int ag_exec_arm(struct data *d)
 {
     struct wb_route_table *t = &d->table;
     uint32_t np = t->nphases;
-    for (uint32_t i = 0; i < t->ntasks; i++) /* what an aborted attempt left */
-        task_release(d, &d->tasks[i]);
-    memset(d->tasks, 0, t->ntasks * sizeof(*d->tasks));
-    for (uint32_t i = 0; i < t->ntasks; i++)
-        d->tasks[i].span_stage = -1;
     memset(d->amax_arrived, 0, d->max_amax_tag + 1);
     memset(d->gather_ready, 0, t->nops ? t->nops : 1);
     memset(d->barrier_done, 0, np ? np : 1);
     memset(d->barrier_issued, 0, (np ? np : 1) * sizeof(bool));
     memset(d->gx_done, 0, (np ? np : 1) * sizeof(uint32_t));
+    d->rready_left = 0;
+    for (uint32_t g = 0; g < t->nrollouts; g++)
+        if (d->rready[g] != 2) {
+            d->rready[g] = 0;
+            d->rready_left++;
+        }
+    int rc = 0;
+    for (uint32_t g = 0; !rc && g < t->nrollouts; g++)
+        if (d->rready[g] == 0)
+            rc = expect(d, imm_make(IMM_READY, g), 1);
+    for (uint32_t i = 0; !rc && i < t->namax; i++)
+        rc = expect(d, imm_make(IMM_AMAX, t->amax[i].tag), t->amax[i].writes);
+    for (uint32_t i = 0; !rc && i < t->nops; i++) {
+        const struct wb_rt_op *op = &t->ops[i];
+        if (op->kind != WB_OP_GATHER)
+            continue;
+        const struct gsec *s = sec_of(d->sec, d->nsec, op->gather.mesh);
+        rc = expect(d, imm_make(IMM_GATHER, s->tag + d->gref[i].slot), op->gather.npeers - 1);
+    }
+    for (uint32_t p = 0; !rc && p < np; p++)
+        if (t->phases[p].barrier_after)
+            rc = expect(d, imm_make(IMM_BARRIER, p), t->ntrainers - 1);
+    if (rc)
+        fail(d, "arming immediate counters: %s", wb_tx_errmsg(d->tx));
+    return rc;
+}
+
+/* Every rollout the task writes to said it is ready (its windows are open). */
+static bool writes_ready(const struct data *d, uint32_t ti)
+{
+    const struct wb_rt_task *rt = &d->table.tasks[ti];
+    if (!d->rready_left)
+        return true;
+    for (uint32_t k = rt->write0; k < rt->write0 + rt->nwrites; k++)
+        if (!d->wskip[k] && d->rready[d->table.writes[k].dst_rank] != 1)
+            return false;
+    return true;
+}
+
+/* ---------------------------------------------------------------- start */
+
+/* The direct batch, the whole of it first (it needs nothing the pipeline produces) — once every
+ * rollout said it is ready: its kernels store into the rollouts' memory. */
+static int direct_launch(struct data *d)
+{
+    if (!d->dbatch || d->dstate != 0 || d->rready_left)
+        return 0;
+    d->dt0 = wb_now_ns();
+    int rc = wb_quant_batch_run(d->dbatch, d->stream);
+    rc = rc ? rc : ag_event_record(d->stream, &d->dev_ev);
+    if (rc) {
+        fail(d, "direct path: launching its kernels: %s", wb_strerror(rc));
+        return rc;
+    }
+    d->dstate = 1;
+    return 0;
+}
+
+int ag_exec_start(struct data *d)
+{
+    struct wb_route_table *t = &d->table;
+    for (uint32_t i = 0; i < t->ntasks; i++) /* what an aborted attempt left */
+        task_release(d, &d->tasks[i]);
+    memset(d->tasks, 0, t->ntasks * sizeof(*d->tasks));
+    for (uint32_t i = 0; i < t->ntasks; i++)
+        d->tasks[i].span_stage = -1;
     d->next_task = d->tasks_done = 0;
     d->tmp_used = d->peak_tmp = 0;
     /* what this attempt sends: a task whose writes all landed earlier is skipped whole, unless
@@ -433,32 +494,7 @@ int ag_exec_start(struct data *d)
     ag_event_destroy(d->dev_ev);
     d->dev_ev = NULL;
     d->dstate = 0;
-    if (d->dbatch) { /* the whole batch first: it needs nothing the pipeline produces */
-        d->dt0 = wb_now_ns();
-        rc = wb_quant_batch_run(d->dbatch, d->stream);
-        rc = rc ? rc : ag_event_record(d->stream, &d->dev_ev);
-        if (rc) {
-            fail(d, "direct path: launching its kernels: %s", wb_strerror(rc));
-            return rc;
-        }
-        d->dstate = 1;
-    }
-    for (uint32_t i = 0; !rc && i < t->namax; i++)
-        rc = expect(d, imm_make(IMM_AMAX, d->epoch, t->amax[i].tag), t->amax[i].writes);
-    for (uint32_t i = 0; !rc && i < t->nops; i++) {
-        const struct wb_rt_op *op = &t->ops[i];
-        if (op->kind != WB_OP_GATHER)
-            continue;
-        const struct gsec *s = sec_of(d->sec, d->nsec, op->gather.mesh);
-        rc = expect(d, imm_make(IMM_GATHER, d->epoch, s->tag + d->gref[i].slot),
-                    op->gather.npeers - 1);
-    }
-    for (uint32_t p = 0; !rc && p < np; p++)
-        if (t->phases[p].barrier_after)
-            rc = expect(d, imm_make(IMM_BARRIER, d->epoch, p), t->ntrainers - 1);
-    if (rc)
-        fail(d, "arming immediate counters: %s", wb_strerror(rc));
-    return rc;
+    return direct_launch(d);
 }
 
 /* ---------------------------------------------------------------- posting */
@@ -558,7 +594,14 @@ static int sums_finish(struct data *d, struct task *tk, uint32_t ti)
             d->whash[k] = d->whash[d->wsame[k]]; /* earlier in the task: already final */
         else if (d->wpiece[k] != UINT32_MAX)
             d->whash[k] = wb_sum_gpu_result(tk->sg, d->wpiece[k]);
-        rec[k] = (struct wb_sum_record){wr->dst_off, wr->len, d->whash[k], d->rank, wr->dst_tensor};
+        rec[k] = (struct wb_sum_record){.dst_off = wr->dst_off,
+                                        .len = wr->len,
+                                        .sum = d->whash[k],
+                                        .trainer = d->rank,
+                                        .tensor = wr->dst_tensor,
+                                        .epoch = d->epoch,
+                                        .version = d->version};
+        rec[k].mac = wb_siphash(d->key, &rec[k], WB_SUM_RECORD_MACED);
     }
     sum_release(d, tk); /* its batch is read: free for the next task */
     if (!d->gpu)
@@ -588,7 +631,7 @@ static int post_record(struct data *d, struct task *tk, uint32_t ti, uint32_t k,
                             .dst_off = (uint64_t)d->slot[k] * WB_SUM_RECORD,
                             .len = WB_SUM_RECORD,
                             .has_imm = true,
-                            .imm = imm_make(IMM_DATA, d->epoch, wr->tag | IMM_SUM_BIT)};
+                            .imm = imm_make(IMM_DATA, wr->tag | IMM_SUM_BIT)};
     return post(d, tk, ti, &w, WB_ROLE_ROLLOUT, wr->dst_rank);
 }
 
@@ -621,7 +664,7 @@ static int post_writes(struct data *d, struct task *tk, uint32_t ti)
                                 .dst_off = wr->dst_off,
                                 .len = wr->len,
                                 .has_imm = true,
-                                .imm = imm_make(IMM_DATA, d->epoch, wr->tag)};
+                                .imm = imm_make(IMM_DATA, wr->tag)};
         if (wr->src_tensor == (uint32_t)WB_RT_TMP_SRC) {
             w.src = d->tmp_mr;
             w.src_off = tk->tmp_off + wr->src_off;
@@ -681,7 +724,7 @@ static int gather_send(struct data *d, struct task *tk, uint32_t ti, uint32_t op
         w.peer = p->idx;
         w.dst = &p->inbox;
         w.dst_off = s->off + r->slot_off + d->moff[r->moff0 + me];
-        w.imm = imm_make(IMM_GATHER, d->epoch, s->tag + r->slot);
+        w.imm = imm_make(IMM_GATHER, s->tag + r->slot);
         int rc = post(d, tk, ti, &w, WB_ROLE_TRAINER, rank);
         if (rc)
             return rc;
@@ -774,7 +817,7 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
                                     .dst_off = pe->peer_inbox_off,
                                     .len = nb,
                                     .has_imm = true,
-                                    .imm = imm_make(IMM_AMAX, d->epoch, pe->tag)};
+                                    .imm = imm_make(IMM_AMAX, pe->tag)};
             if ((rc = post(d, tk, ti, &w, WB_ROLE_TRAINER, pe->rank)) != 0)
                 return rc;
         }
@@ -866,7 +909,7 @@ static int announce_direct(struct data *d, struct task *tk, uint32_t ti)
     for (uint32_t k = 0; k < rt->nwrites; k++) {
         const struct wb_rt_write *wr = &t->writes[rt->write0 + k];
         struct peer *p = &d->rpeer[wr->dst_rank];
-        int rc = wb_tx_write_imm(d->tx, p->idx, imm_make(IMM_DATA, d->epoch, wr->tag),
+        int rc = wb_tx_write_imm(d->tx, p->idx, imm_make(IMM_DATA, wr->tag),
                                  wctx(d, WB_ROLE_ROLLOUT, wr->dst_rank, ti));
         if (rc) {
             fail(d, "announcing a write to rollout rank %u: %s", wr->dst_rank, wb_tx_errmsg(d->tx));
@@ -980,6 +1023,8 @@ static int step_task(struct data *d, uint32_t ti)
             int r = sums_finish(d, tk, ti);
             return r < 0 ? r : 0;
         }
+        if (!writes_ready(d, ti))
+            return 0; /* a rollout it writes to has not opened its windows yet */
         tk->st = T_WRITING;
         int r = post_writes(d, tk, ti);
         if (r)
@@ -1008,7 +1053,7 @@ void ag_exec_event(struct data *d, const struct wb_tx_event *ev)
         return;
     uint32_t ti = (uint32_t)v, rank = (uint32_t)(v >> 32) & 0x7fffff;
     enum wb_role role = (enum wb_role)((v >> 55) & 1);
-    bool mine = d->active && ((v >> 56) & 0xff) == (d->epoch & 0xff);
+    bool mine = d->active && ((v >> 56) & 0xff) == d->attempt;
     if (ev->err && mine)
         fail(d, "write to %s rank %u failed: %s", wb_role_name(role), rank,
              ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));
@@ -1028,10 +1073,9 @@ static void issue_barriers(struct data *d)
             if (r == d->rank)
                 continue;
             struct peer *pp = &d->tpeer[r];
-            int rc = pp->present
-                         ? wb_tx_write_imm(d->tx, pp->idx, imm_make(IMM_BARRIER, d->epoch, p),
-                                           wctx(d, WB_ROLE_TRAINER, r, UINT32_MAX))
-                         : -EINVAL;
+            int rc = pp->present ? wb_tx_write_imm(d->tx, pp->idx, imm_make(IMM_BARRIER, p),
+                                                   wctx(d, WB_ROLE_TRAINER, r, UINT32_MAX))
+                                 : -EINVAL;
             if (rc) {
                 fail(d, "barrier after phase %u to trainer rank %u: %s", p, r,
                      pp->present ? wb_tx_errmsg(d->tx) : "no address");
@@ -1108,6 +1152,8 @@ int ag_exec_step(struct data *d)
         if (d->o->pace_ns)
             break;
     }
+    if (d->dstate == 0 && d->dbatch && direct_launch(d))
+        return 1;
     if (d->dstate == 1) {
         int r = ag_event_done(d->dev_ev);
         if (r < 0)

@@ -107,6 +107,7 @@ struct wb_endpoint {
     struct data *d;
     bool xfer_active;
     uint64_t xfer_version;
+    uint64_t drain_version; /* trainers: an aborted attempt whose REPORT_DRAINED is due */
     bool in_flight;
     uint64_t commits; /* rollouts: versions committed (heartbeats and COMMITTED carry it) */
     uint64_t pace_until;
@@ -117,6 +118,7 @@ struct wb_endpoint {
     bool dumping;
     uint64_t dump_version;
     _Atomic int dump_state; /* 0 running, 1 done, negative: failed (dump_err) */
+    _Atomic int state_req;  /* testing (wb-agent SIGUSR1): dump the tensors as they are now */
     char dump_err[WB_ERRMSG_MAX];
     /* Heartbeats go out from a thread of their own on a channel of their own, so that no work
      * of the loop (a setup registering gigabytes, a step slowed by CPU pressure) delays them
@@ -167,6 +169,8 @@ void ag_push_event(struct wb_endpoint *ep, uint64_t version, enum wb_push_event 
                    const char *reason);
 /* Rollouts: a version completed or failed. */
 void ag_version_done(struct wb_endpoint *ep, uint64_t version, bool failed, const char *reason);
+/* A rollout opened its windows to an attempt: torn until a version completes on it. */
+void ag_version_torn(struct wb_endpoint *ep);
 /* Rollouts: the tensors no longer hold the version they held (why: what replaced them); the
  * rank holds none from now on. */
 void ag_version_lost(struct wb_endpoint *ep, const char *why);
@@ -194,11 +198,21 @@ int ag_data_setup(struct data **d, struct wb_endpoint *ep, const struct wb_body_
                   char *err, size_t errcap);
 /* Trainer: the PEERS list (a msgpack array of [role, rank, addr, regions]). */
 int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size_t errcap);
-/* Starts transfer `version`, attempt `epoch` (trainers: synthetic values are generated, the
- * executor starts; rollouts: counting immediates for it starts). skip: TRANSFER's list of
- * tags that landed in an earlier attempt, per rollout rank (may be empty). */
-int ag_data_start(struct data *d, uint64_t version, uint64_t epoch, const struct wb_bytes *skip,
-                  char *err, size_t errcap);
+/* Starts the attempt TRANSFER describes (its version, epoch, key and timeout; skip: the tags
+ * that landed in an earlier attempt, per rollout rank): it begins on the transport, trainers
+ * arm their counters and start the executor (synthetic values generated first), rollouts arm
+ * theirs, open their windows and tell their trainers they are ready. */
+int ag_data_start(struct data *d, const struct wb_body_version_epoch *b, char *err, size_t errcap);
+/* Testing (wb-agent's SIGUSR1; async-signal-safe): the loop writes the rollout's tensors as
+ * they are into <dump>/state/rollout<rank>.v<version>.bin and, after it, the version and torn
+ * flag it claims into <dump>/state/rollout<rank>.txt ("version V torn 0|1"). */
+void ag_state_request(struct wb_endpoint *ep);
+/* Notes this agent's transport refused since setup (strangers, stale, forged, replayed). */
+uint64_t ag_data_dropped(const struct data *d);
+/* Trainers: no write of an ended attempt is in flight any more (nothing of it can land). */
+bool ag_data_drained(const struct data *d);
+/* Rollouts: an attempt with something to receive is open (writes may land). */
+bool ag_data_receiving(const struct data *d);
 /* Trainers: bytes written and to write in the transfer in flight. */
 void ag_data_progress_get(const struct data *d, struct data_progress *out);
 /* Rollouts: the tags of `version` that landed (and were verified) so far, as a msgpack array

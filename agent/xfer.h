@@ -9,9 +9,19 @@
  * (SRC). A rollout registers each local tensor (DST) and publishes one descriptor per tensor,
  * so the transport checks every write against the bounds of the tensor it lands in.
  *
- * Immediates are 32 bits: kind (2 bits) | epoch (8 bits: which transfer attempt) | tag (22
- * bits: the planner's tag, a gather slot or a phase). The epoch keeps a late immediate of an
- * aborted attempt from counting toward the next one. */
+ * Immediates are 32-bit tags: kind (3 bits) | tag (29 bits: the planner's tag, a gather slot,
+ * a phase, or a rollout rank). They travel in the transport's notes, which carry the attempt's
+ * epoch and MAC (transport.h), so a note of an aborted attempt, a former member's or a
+ * stranger's never counts toward the one in flight.
+ *
+ * An attempt, at every member: TRANSFER brings its epoch, key, version and deadline; the agent
+ * begins it on its transport (every counter of the one before forgotten), arms every counter it
+ * will need and opens the windows of its destination regions. A rollout then tells each
+ * trainer that writes to it "ready" (an IMM_READY note): a trainer posts nothing to a rollout,
+ * and stores nothing into its memory, before that rollout's note arrived, so no write reaches
+ * a region whose window is closed, and no byte lands before the rollout knows it may be torn.
+ * Windows close again as soon as what was planned for them is in (a rollout tensor once its
+ * writes counted), when the attempt ends, or at its deadline. */
 #ifndef WB_AGENT_XFER_H
 #define WB_AGENT_XFER_H
 
@@ -23,16 +33,25 @@
 
 #include <stdatomic.h>
 
-enum imm_kind { IMM_DATA = 0, IMM_AMAX, IMM_GATHER, IMM_BARRIER };
-enum { IMM_TAG_BITS = 22, IMM_EPOCH_BITS = 8 };
+enum imm_kind { IMM_DATA = 0, IMM_AMAX, IMM_GATHER, IMM_BARRIER, IMM_READY };
+enum { IMM_TAG_BITS = 29 };
 /* A checksum record (SETUP.verify) goes with IMM_DATA and its data tag with this bit set:
  * data tags (rollout tensor index + 1, at most 2^19 tensors) stay below it. */
 enum { IMM_SUM_BIT = 1u << 21 };
 
-static inline uint32_t imm_make(enum imm_kind k, uint64_t epoch, uint32_t tag)
+static inline uint32_t imm_make(enum imm_kind k, uint32_t tag)
 {
-    return ((uint32_t)k << 30) | ((uint32_t)(epoch & 0xff) << IMM_TAG_BITS) |
-           (tag & ((1u << IMM_TAG_BITS) - 1));
+    return ((uint32_t)k << IMM_TAG_BITS) | (tag & ((1u << IMM_TAG_BITS) - 1));
+}
+
+static inline enum imm_kind imm_kind_of(uint32_t imm)
+{
+    return (enum imm_kind)(imm >> IMM_TAG_BITS);
+}
+
+static inline uint32_t imm_tag_of(uint32_t imm)
+{
+    return imm & ((1u << IMM_TAG_BITS) - 1);
 }
 
 /* ---------------------------------------------------------------- state */
@@ -54,7 +73,7 @@ struct shard {
 struct local {
     struct wb_rt_local desc;
     void *buf;
-    struct wb_tx_mr *mr; /* synthetic only: its own registration */
+    struct wb_tx_mr *mr; /* its own registration: exactly its bytes (none when it has none) */
     bool owned;
     struct wb_tx_rdesc rd; /* what peers write through: the tensor's bounded view */
 };
@@ -171,6 +190,10 @@ struct data {
     bool empty; /* no plan: nothing to move */
     bool active, pending_start, last_ok;
     uint64_t version, epoch, start_ns, end_ns;
+    uint8_t key[WB_MAC_KEY_BYTES]; /* the attempt's (TRANSFER.key) */
+    uint64_t deadline_ns;          /* rollouts: windows close and the attempt fails here */
+    uint8_t attempt;               /* counts attempts: a write's ctx names its own */
+    bool draining;                 /* trainers: an attempt ended; its writes still complete */
     /* synthetic trainers: the version the shards hold (0: none), and a fill under way (GPU: an
      * event after its kernels; host memory: a thread) for fill_want, 0 when none */
     uint64_t fill_have, fill_want, fill_t0;
@@ -225,6 +248,10 @@ struct data {
     uint64_t scratch_bytes;
     struct peer *tpeer; /* [ntrainers] */
     struct peer *rpeer; /* [nrollouts] */
+    /* trainers: [nrollouts] 1 once the rollout said its windows are open (IMM_READY), 2 for
+     * a rollout this table never writes; how many of those written are still not ready */
+    uint8_t *rready;
+    uint32_t rready_left;
     /* executor */
     struct task *tasks;
     uint32_t next_task, tasks_done;
@@ -276,6 +303,12 @@ struct data {
     struct wb_recv_list recv;
     bool have_recv;
     struct local *locals;
+    uint32_t *local_left;      /* [nlocal]: expect entries not yet in (its window closes at 0) */
+    bool windows_open;         /* the attempt's windows are open */
+    struct wb_tx_mr *empty_mr; /* what zero-byte tensors are described by */
+    void *empty_buf;
+    uint32_t *writers; /* the trainer peers (transport indices) PEERS named */
+    uint32_t nwriters;
     char (*lname)[WB_NAME_MAX]; /* [nlocal]: names for messages ("" when not sent) */
     uint64_t local_bytes;
     uint32_t max_data_tag;
@@ -304,6 +337,9 @@ int ag_exec_start(struct data *d);
 int ag_exec_step(struct data *d);
 void ag_exec_event(struct data *d, const struct wb_tx_event *ev);
 void ag_exec_imm(struct data *d, uint32_t imm);
+/* Arms every counter of this trainer's attempt (the transport's attempt has begun) and forgets
+ * what the last one counted. 0 or negative (d->fail says). */
+int ag_exec_arm(struct data *d);
 void ag_exec_abort(struct data *d);
 void ag_exec_trace_write(struct data *d);
 

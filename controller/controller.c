@@ -64,6 +64,7 @@ struct agent {
     bool in_flight;
     bool torn;        /* rollouts: said so in their heartbeat */
     uint64_t commits; /* rollouts: the count its last COMMITTED report carried */
+    uint64_t dropped; /* notes its transport refused (heartbeats) */
     /* trainers: progress of the transfer in flight (heartbeats) */
     uint64_t done_bytes, total_bytes;
     /* rollouts: what landed of a failed version (REPORT_RECEIVED after ABORT), so that its
@@ -72,6 +73,12 @@ struct agent {
     struct ctl_blob landed;
     /* current transfer */
     bool done, committed;
+    uint64_t xfer_session; /* its session when the attempt started */
+    /* The connections its session-carrying messages came on (call, poll, heartbeat): when one
+     * closes, the process is gone (a crash closes every socket at once), no need to wait for
+     * dead_after. */
+    uint32_t pipes[4];
+    bool drained; /* trainers, an attempt being torn down: its writes all completed */
     struct wb_xfer_stats stats;
     uint64_t rx_bytes;
 };
@@ -84,6 +91,12 @@ struct xfer {
     uint32_t trainers_done, rollouts_done, committed;
     uint64_t sent_ns, received_ns; /* when the last SENT / RECEIVED came */
     bool completing;               /* COMPLETE sent, waiting for COMMITTED */
+    /* A failed attempt is torn down before anything else runs: the trainers stop and report
+     * that their writes drained, then the rollouts close their windows; only then is the
+     * client answered and the job ready again. */
+    bool aborting;
+    uint64_t abort_deadline;
+    char why[512];
 };
 
 struct wb_controller {
@@ -115,6 +128,9 @@ struct wb_controller {
         uint32_t *ids, n, max;
         size_t cap;             /* ids grows with the connections held, never past max */
         uint64_t refused, said; /* refused so far; how many of them the log has counted */
+        uint32_t closed[64];    /* held connections closed since the loop last looked (more
+                                   between two turns: dead_after still finds their agents) */
+        uint32_t nclosed;
     } conn;
 };
 
@@ -275,6 +291,7 @@ static bool agents_all_alive(struct wb_controller *c, char *why, size_t cap)
 static void xfer_fail(struct wb_controller *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void push_check(struct wb_controller *c);
+static void teardown_check(struct wb_controller *c, uint64_t now);
 
 static void set_state(struct wb_controller *c, enum ctl_state s)
 {
@@ -305,26 +322,162 @@ static void send_setup(struct wb_controller *c, struct agent *a)
                  wb_strerror(-ENOMEM));
 }
 
+/* Where a rollout's regions blob ([[tensor, descriptor], ...], see agent/xfer.h) describes each
+ * tensor: sorted by tensor, so that a trainer's list is cut out by lookups. */
+struct reg_index {
+    uint64_t tensor;
+    const uint8_t *p; /* the whole [tensor, descriptor] entry */
+    size_t len;
+};
+
+static int cmp_reg(const void *a, const void *b)
+{
+    uint64_t x = ((const struct reg_index *)a)->tensor, y = ((const struct reg_index *)b)->tensor;
+    return x < y ? -1 : x > y;
+}
+
+static int index_regions(const struct ctl_blob *b, struct reg_index **out, size_t *nout)
+{
+    struct wb_mpr r;
+    uint32_t n = 0;
+    wb_mpr_init(&r, b->buf, b->len);
+    *out = NULL;
+    *nout = 0;
+    if (!b->len || wb_mpr_array(&r, WB_WIRE_MAX_ARRAY, &n))
+        return b->len ? -EBADMSG : 0;
+    struct reg_index *ix = calloc(n ? n : 1, sizeof(*ix));
+    if (!ix)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *at = r.p;
+        uint32_t two = 0;
+        if (wb_mpr_array(&r, 2, &two) || two != 2 || wb_mpr_u64(&r, &ix[i].tensor) ||
+            wb_mpr_skip(&r)) {
+            free(ix);
+            return -EBADMSG;
+        }
+        ix[i].p = at;
+        ix[i].len = (size_t)(r.p - at);
+    }
+    qsort(ix, n, sizeof(*ix), cmp_reg);
+    *out = ix;
+    *nout = n;
+    return 0;
+}
+
+/* The part of rollout g's regions trainer t may have: the tensors it writes there, and the
+ * checksum inbox (SUM_INBOX_ENTRY) when it writes there at all. */
+static void regions_for(struct wb_mpw *w, const struct reg_index *ix, size_t n,
+                        const uint64_t *keys, size_t nkeys, uint32_t g)
+{
+    size_t lo = 0, hi = nkeys;
+    while (lo < hi) { /* the first key of rollout g */
+        size_t mid = (lo + hi) / 2;
+        if (keys[mid] >> 32 < g)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    size_t k0 = lo, k1 = lo;
+    while (k1 < nkeys && keys[k1] >> 32 == g)
+        k1++;
+    uint32_t count = 0;
+    const struct reg_index *sum = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (ix[i].tensor == 0xffffffffu)
+            sum = &ix[i];
+    for (size_t k = k0; k < k1; k++) {
+        struct reg_index key = {.tensor = keys[k] & 0xffffffffu};
+        count += bsearch(&key, ix, n, sizeof(*ix), cmp_reg) != NULL;
+    }
+    struct wb_mpw part;
+    wb_mpw_init(&part);
+    wb_mpw_array(&part, count + (sum ? 1 : 0));
+    for (size_t k = k0; k < k1; k++) {
+        struct reg_index key = {.tensor = keys[k] & 0xffffffffu};
+        const struct reg_index *e = bsearch(&key, ix, n, sizeof(*ix), cmp_reg);
+        if (e)
+            wb_mpw_raw(&part, e->p, e->len);
+    }
+    if (sum)
+        wb_mpw_raw(&part, sum->p, sum->len);
+    if (wb_mpw_finish(&part) == 0)
+        wb_mpw_bin(w, part.buf, part.len);
+    else
+        w->err = part.err ? part.err : -ENOMEM;
+    wb_mpw_free(&part);
+}
+
+static void peer_head(struct wb_mpw *w, const struct agent *p)
+{
+    wb_mpw_array(w, 4);
+    wb_mpw_u64(w, p->role);
+    wb_mpw_u64(w, p->rank);
+    wb_mpw_bin(w, p->addr.len ? p->addr.buf : (uint8_t *)"", p->addr.len);
+}
+
+/* PEERS, per agent and scoped to its plan: a trainer gets the address of every trainer (the
+ * barriers go to all) with the inbox descriptors of those it gathers or swaps amax with, and
+ * the address of every rollout it writes to with the descriptors of exactly the tensors it
+ * writes there; a rollout gets the addresses of the trainers that write to it (the only ones
+ * whose notes it counts). Nobody learns a key it has no planned write for. */
 static void send_peers(struct wb_controller *c)
 {
-    struct wb_mpw agents;
-    wb_mpw_init(&agents);
-    wb_mpw_array(&agents, c->nagents);
+    uint32_t nt = c->plan.ntrainers, nr = c->plan.nrollouts;
+    bool scoped = c->plan.wkeys != NULL;
+    struct reg_index **ix = calloc(nr ? nr : 1, sizeof(*ix));
+    size_t *nix = calloc(nr ? nr : 1, sizeof(*nix));
+    int err = ix && nix ? 0 : -ENOMEM;
+    for (uint32_t g = 0; !err && scoped && g < nr; g++)
+        err = index_regions(&c->agents[nt + g].regions, &ix[g], &nix[g]);
+    static const uint8_t no_inbox[] = {0x93, 0xc0, 0xc0, 0x90}; /* [nil, nil, []] */
     for (uint32_t i = 0; i < c->nagents; i++) {
-        struct agent *p = &c->agents[i];
-        wb_mpw_array(&agents, 4);
-        wb_mpw_u64(&agents, p->role);
-        wb_mpw_u64(&agents, p->rank);
-        wb_mpw_bin(&agents, p->addr.len ? p->addr.buf : (uint8_t *)"", p->addr.len);
-        wb_mpw_bin(&agents, p->regions.len ? p->regions.buf : (uint8_t *)"", p->regions.len);
-    }
-    struct wb_body_peers b = {.gen = c->gen, .agents = mpw_bytes(&agents)};
-    for (uint32_t t = 0; t < c->plan.ntrainers; t++)
-        if (agents.err || cmd_queue(c, &c->agents[t], WB_CMD_PEERS, &b))
+        struct agent *a = &c->agents[i];
+        bool tr = a->role == WB_ROLE_TRAINER;
+        struct wb_mpw w;
+        wb_mpw_init(&w);
+        uint32_t n = 0;
+        for (uint32_t j = 0; scoped && j < c->nagents; j++) {
+            const struct agent *p = &c->agents[j];
+            if (tr)
+                n +=
+                    p->role == WB_ROLE_TRAINER || c->plan.writer_of[(size_t)p->rank * nt + a->rank];
+            else
+                n +=
+                    p->role == WB_ROLE_TRAINER && c->plan.writer_of[(size_t)a->rank * nt + p->rank];
+        }
+        wb_mpw_array(&w, n);
+        for (uint32_t j = 0; !err && scoped && j < c->nagents; j++) {
+            const struct agent *p = &c->agents[j];
+            if (tr && p->role == WB_ROLE_TRAINER) {
+                peer_head(&w, p);
+                if (c->plan.tpeer_of[(size_t)a->rank * nt + p->rank] && p->regions.len)
+                    wb_mpw_bin(&w, p->regions.buf, p->regions.len);
+                else
+                    wb_mpw_bin(&w, no_inbox, sizeof(no_inbox));
+            } else if (tr && c->plan.writer_of[(size_t)p->rank * nt + a->rank]) {
+                peer_head(&w, p);
+                regions_for(&w, ix[p->rank], nix[p->rank], c->plan.wkeys[a->rank],
+                            c->plan.nwkeys[a->rank], p->rank);
+            } else if (!tr && p->role == WB_ROLE_TRAINER &&
+                       c->plan.writer_of[(size_t)a->rank * nt + p->rank]) {
+                peer_head(&w, p);
+                wb_mpw_bin(&w, "", 0);
+            }
+        }
+        struct wb_body_peers b = {.gen = c->gen, .agents = mpw_bytes(&w)};
+        if (err || w.err || cmd_queue(c, a, WB_CMD_PEERS, &b))
             /* the job waits for it: the status says why */
-            snprintf(c->agents[t].setup_err, sizeof(c->agents[t].setup_err),
-                     "its peer list could not be sent: %s", wb_strerror(-ENOMEM));
-    wb_mpw_free(&agents);
+            snprintf(a->setup_err, sizeof(a->setup_err), "its peer list could not be made: %s",
+                     wb_strerror(err     ? err
+                                 : w.err ? w.err
+                                         : -ENOMEM));
+        wb_mpw_free(&w);
+    }
+    for (uint32_t g = 0; ix && g < nr; g++)
+        free(ix[g]);
+    free(ix);
+    free(nix);
 }
 
 static int blob_set(struct ctl_blob *b, const struct wb_bytes *x);
@@ -410,11 +563,15 @@ static void advance(struct wb_controller *c)
         (c->sessions == c->refused_sessions || !finish_plan(c)))
         return;
     if (c->state == ST_WAITING) {
+        /* Membership changed (an agent registered, or one died): every agent is set up anew —
+         * new transports, new memory keys — so that nothing a departed process learnt (an
+         * address, a key) still works. Rollouts keep their weights across it. */
         c->gen++;
         set_state(c, ST_SETUP);
-        for (uint32_t i = 0; i < c->nagents; i++)
-            if (c->agents[i].setup_session != c->agents[i].session)
-                send_setup(c, &c->agents[i]);
+        for (uint32_t i = 0; i < c->nagents; i++) {
+            c->agents[i].setup_session = 0;
+            send_setup(c, &c->agents[i]);
+        }
     }
     if (c->state == ST_SETUP) {
         for (uint32_t i = 0; i < c->nagents; i++)
@@ -424,8 +581,8 @@ static void advance(struct wb_controller *c)
         send_peers(c);
     }
     if (c->state == ST_CONNECT) {
-        for (uint32_t t = 0; t < c->plan.ntrainers; t++)
-            if (c->agents[t].connected_gen != c->gen)
+        for (uint32_t i = 0; i < c->nagents; i++)
+            if (c->agents[i].connected_gen != c->gen)
                 return;
         set_state(c, ST_READY);
         wb_log(WB_LOG_INFO, M, "ready: %u trainers, %u rollouts", c->plan.ntrainers,
@@ -452,6 +609,7 @@ static void agent_reset(struct agent *a)
     free(a->mesh.buf);
     free(a->landed.buf);
     a->inv = a->mesh = a->landed = (struct ctl_blob){0};
+    memset(a->pipes, 0, sizeof(a->pipes));
     a->landed_version = 0;
     a->done_bytes = a->total_bytes = 0;
     a->pushed = 0;
@@ -464,6 +622,7 @@ static void agent_reset(struct agent *a)
     a->in_flight = false;
     a->torn = false;
     a->commits = 0;
+    a->dropped = 0;
 }
 
 static void check_dead(struct wb_controller *c, uint64_t now)
@@ -486,6 +645,7 @@ static void check_dead(struct wb_controller *c, uint64_t now)
             agent_reset(a);
         }
     }
+    teardown_check(c, now);
 }
 
 /* ---------------------------------------------------------------- transfers */
@@ -499,22 +659,59 @@ static void xfer_end(struct wb_controller *c)
     }
 }
 
+/* A trainer whose writes of the attempt can no longer land: drained, dead, or replaced by
+ * another process since the attempt started. */
+static bool trainer_quiet(const struct agent *a)
+{
+    return a->drained || !a->alive || a->session != a->xfer_session;
+}
+
+/* The teardown's second half, once every trainer is quiet (or its deadline passed): the
+ * rollouts close their windows and say what landed, the client learns why, and the job is
+ * ready for the next attempt. */
+static void teardown_check(struct wb_controller *c, uint64_t now)
+{
+    if (!c->x.active || !c->x.aborting)
+        return;
+    for (uint32_t t = 0; t < c->plan.ntrainers && now < c->x.abort_deadline; t++)
+        if (!trainer_quiet(&c->agents[t]))
+            return;
+    for (uint32_t r = 0; r < c->plan.nrollouts; r++) {
+        struct agent *a = &c->agents[c->plan.ntrainers + r];
+        if (a->alive)
+            queue_abort(c, a, c->x.version, c->x.why);
+    }
+    char msg[600];
+    snprintf(msg, sizeof(msg), "transfer %" PRIu64 " failed: %s", c->x.version, c->x.why);
+    if (c->x.client)
+        reply_error(c, c->x.client, -WB_E_PEER, msg);
+    c->x.client = NULL;
+    wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " torn down", c->x.version);
+    xfer_end(c);
+    push_check(c); /* pushes that came meanwhile */
+}
+
 static void xfer_fail(struct wb_controller *c, const char *fmt, ...)
 {
-    char why[512], msg[600];
+    if (c->x.aborting) /* the first reason is the one that counts */
+        return;
+    char why[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    snprintf(msg, sizeof(msg), "transfer %" PRIu64 " failed: %s", c->x.version, why);
-    wb_log(WB_LOG_WARN, M, "%s", msg);
+    wb_log(WB_LOG_WARN, M, "transfer %" PRIu64 " failed: %s", c->x.version, why);
     c->failed_version = c->x.version;
-    for (uint32_t i = 0; i < c->nagents; i++)
-        if (c->agents[i].alive)
-            queue_abort(c, &c->agents[i], c->x.version, why);
-    if (c->x.client)
-        reply_error(c, c->x.client, -WB_E_PEER, msg);
-    xfer_end(c);
+    c->x.aborting = true;
+    snprintf(c->x.why, sizeof(c->x.why), "%s", why);
+    uint64_t now = wb_now_ns();
+    /* bounded: a trainer's writes finish or fail within the transport's op_timeout, a silent
+     * trainer is declared dead within dead_after */
+    c->x.abort_deadline = now + 2 * c->job->transfer_ns + c->job->dead_ns;
+    for (uint32_t t = 0; t < c->plan.ntrainers; t++)
+        if (c->agents[t].alive && c->agents[t].session == c->agents[t].xfer_session)
+            queue_abort(c, &c->agents[t], c->x.version, why);
+    teardown_check(c, now);
 }
 
 static void xfer_result(struct wb_controller *c)
@@ -551,7 +748,7 @@ static void xfer_result(struct wb_controller *c)
  * answer the client. */
 static void xfer_check(struct wb_controller *c)
 {
-    if (!c->x.active)
+    if (!c->x.active || c->x.aborting)
         return;
     if (!c->x.completing && c->x.trainers_done == c->plan.ntrainers &&
         c->x.rollouts_done == c->plan.nrollouts) {
@@ -569,13 +766,13 @@ static void xfer_check(struct wb_controller *c)
     }
 }
 
-/* Each transfer attempt's epoch: random (a stray writer cannot know the one in flight), its
- * low byte — the one immediates carry — never the previous attempt's. */
+/* Each transfer attempt's epoch: 64 random bits (never 0, never the previous one's), carried
+ * by every note of the attempt, so nothing of another attempt counts toward it. */
 static uint64_t epoch_new(uint64_t prev)
 {
     for (;;) {
         uint64_t v = wb_random_u64();
-        if (v && (v & 0xff) != (prev & 0xff))
+        if (v && v != prev)
             return v;
     }
 }
@@ -589,8 +786,12 @@ static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nn
     c->x.start_ns = wb_now_ns();
     c->x.deadline = c->x.start_ns + timeout;
     c->x.client = client;
-    c->epochs = epoch_new(c->epochs); /* agents tag this attempt's immediates with it */
-    struct wb_body_version_epoch cmd = {v, c->epochs};
+    c->epochs = epoch_new(c->epochs); /* agents tag this attempt's notes with it */
+    /* The attempt's MAC key: its members alone learn it (over this channel), so a note that
+     * counts is a member's; nobody else, a former member included, can make one. */
+    uint64_t key[2] = {wb_random_u64(), wb_random_u64()};
+    struct wb_body_version_epoch cmd = {
+        .version = v, .epoch = c->epochs, .key = {key, sizeof(key)}, .timeout_ns = timeout};
     /* Another attempt of a version that failed: what landed at each rollout since (it said so
      * when told to abort, and has kept its session) is not sent again — when every trainer's
      * bytes of a version are fixed: a checkpoint's, or the synthetic source's. A process's own
@@ -624,6 +825,8 @@ static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nn
         a->rx_bytes = 0;
         a->pushed = 0;
         a->done_bytes = a->total_bytes = 0;
+        a->xfer_session = a->session;
+        a->drained = false;
         cmd_queue(c, a, WB_CMD_TRANSFER, &cmd);
     }
     wb_mpw_free(&skip);
@@ -644,7 +847,13 @@ static void on_ctl_transfer(struct wb_controller *c, nng_msg *req,
         return;
     }
     if (c->x.active) {
-        snprintf(msg, sizeof(msg), "transfer %" PRIu64 " is in flight", c->x.version);
+        if (c->x.aborting)
+            snprintf(msg, sizeof(msg),
+                     "transfer %" PRIu64 " failed (%.150s) and is being torn down; retry once "
+                     "it is",
+                     c->x.version, c->x.why);
+        else
+            snprintf(msg, sizeof(msg), "transfer %" PRIu64 " is in flight", c->x.version);
         reply_error(c, req, -EBUSY, msg);
         return;
     }
@@ -676,7 +885,7 @@ static void on_push(struct wb_controller *c, nng_msg *req, struct agent *a, uint
         reply_error(c, req, -EINVAL, "push: only trainers push versions");
         return;
     }
-    if (c->x.active && c->x.version == v) {
+    if (c->x.active && c->x.version == v && !c->x.aborting) {
         reply_ok(c, req); /* already running (a repeated request) */
         return;
     }
@@ -686,7 +895,7 @@ static void on_push(struct wb_controller *c, nng_msg *req, struct agent *a, uint
         snprintf(msg, sizeof(msg),
                  "push: version %" PRIu64 " is not newer than the last complete version %" PRIu64,
                  v, c->last_version);
-    else if (c->x.active)
+    else if (c->x.active && !c->x.aborting)
         snprintf(msg, sizeof(msg), "push: transfer %" PRIu64 " is in flight", c->x.version);
     for (uint32_t t = 0; !*msg && t < c->plan.ntrainers; t++)
         if (c->agents[t].pushed && c->agents[t].pushed != v)
@@ -717,7 +926,7 @@ static void push_check(struct wb_controller *c)
 
 static void xfer_timeout(struct wb_controller *c, uint64_t now)
 {
-    if (!c->x.active || now < c->x.deadline)
+    if (!c->x.active || c->x.aborting || now < c->x.deadline)
         return;
     char list[300];
     size_t pos = 0;
@@ -876,6 +1085,8 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
            "%s rank %u registered: host %s pid %" PRIu64 " device %" PRId64 " session %" PRIu64,
            b->role, a->rank, a->host, a->pid, a->device, a->session);
     seen_version(c, a, b->version);
+    a->version = b->version;
+    a->torn = role == WB_ROLE_ROLLOUT && b->torn; /* what its memory holds, as it says */
     struct wb_body_registered r = {a->session, c->job->heartbeat_ns, c->job->dead_ns,
                                    c->job->poll_hold_ns};
     reply_msg(c, req, WB_MSG_REGISTERED, &r);
@@ -905,7 +1116,45 @@ static struct agent *session_agent(struct wb_controller *c, nng_msg *req,
         return NULL;
     }
     a->last_ns = wb_now_ns();
+    uint32_t pid = c->capture ? 0 : (uint32_t)nng_pipe_id(nng_msg_get_pipe(req));
+    bool known = false;
+    for (size_t i = 0; i < WB_ARRAY_LEN(a->pipes); i++)
+        known |= a->pipes[i] == pid;
+    if (pid && !known) { /* the oldest forgotten: a reconnected channel replaces its pipe */
+        memmove(a->pipes + 1, a->pipes, sizeof(a->pipes) - sizeof(a->pipes[0]));
+        a->pipes[0] = pid;
+    }
     return a;
+}
+
+/* Agents whose connection closed are dead at once: a crashed process closes them all. */
+static void check_closed(struct wb_controller *c)
+{
+    uint32_t closed[64], n;
+    pthread_mutex_lock(&c->conn.mu);
+    n = c->conn.nclosed;
+    memcpy(closed, c->conn.closed, n * sizeof(*closed));
+    c->conn.nclosed = 0;
+    pthread_mutex_unlock(&c->conn.mu);
+    for (uint32_t i = 0; i < c->nagents && n; i++) {
+        struct agent *a = &c->agents[i];
+        bool gone = false;
+        for (uint32_t k = 0; k < n && !gone; k++)
+            for (size_t j = 0; j < WB_ARRAY_LEN(a->pipes) && !gone; j++)
+                gone = a->pipes[j] && a->pipes[j] == closed[k];
+        if (!gone || !a->alive)
+            continue;
+        a->alive = false;
+        if (c->shutting_down)
+            wb_log(WB_LOG_INFO, M, "%s rank %u left (the job is shutting down)",
+                   wb_role_name(a->role), a->rank);
+        else
+            wb_log(WB_LOG_WARN, M, "%s rank %u is dead: its connection closed",
+                   wb_role_name(a->role), a->rank);
+        if (c->x.active)
+            xfer_fail(c, "%s rank %u died (its connection closed)", wb_role_name(a->role), a->rank);
+        agent_reset(a);
+    }
 }
 
 static int blob_set(struct ctl_blob *b, const struct wb_bytes *x)
@@ -945,7 +1194,7 @@ static void on_rep_setup(struct wb_controller *c, struct agent *a,
 static void on_rep_done(struct wb_controller *c, struct agent *a, uint64_t version, bool ok,
                         const char *err)
 {
-    if (!c->x.active || version != c->x.version || a->done)
+    if (!c->x.active || c->x.aborting || version != c->x.version || a->done)
         return;
     if (!ok) {
         xfer_fail(c, "%s rank %u: %s", wb_role_name(a->role), a->rank, err);
@@ -1016,6 +1265,7 @@ union body {
     struct wb_body_rep_received recv;
     struct wb_body_rep_committed commit;
     struct wb_body_push push;
+    struct wb_body_rep_drained drained;
     struct wb_body_ctl_transfer xfer;
     struct wb_session s; /* the first member of every agent call after REGISTER */
 };
@@ -1027,7 +1277,7 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
         return;
     /* A report must fit its sender's role: only trainers send, only rollouts receive and
      * commit. */
-    enum wb_role want = type == WB_MSG_REP_SENT ? WB_ROLE_TRAINER
+    enum wb_role want = type == WB_MSG_REP_SENT || type == WB_MSG_REP_DRAINED ? WB_ROLE_TRAINER
                         : type == WB_MSG_REP_RECEIVED || type == WB_MSG_REP_COMMITTED
                             ? WB_ROLE_ROLLOUT
                             : a->role;
@@ -1051,6 +1301,7 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
             a->in_flight = b->hb.in_flight;
             a->torn = b->hb.torn;
         }
+        a->dropped = b->hb.dropped;
         if (a->role == WB_ROLE_ROLLOUT)
             seen_version(c, a, b->hb.version);
         if (c->x.active && b->hb.epoch == c->epochs) { /* not an earlier attempt's */
@@ -1096,6 +1347,14 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
     case WB_MSG_PUSH:
         on_push(c, req, a, b->push.version);
         return;
+    case WB_MSG_REP_DRAINED:
+        if (c->x.active && c->x.aborting && b->drained.version == c->x.version) {
+            a->drained = true;
+            reply_ok(c, req);
+            teardown_check(c, wb_now_ns());
+            return;
+        }
+        break;
     }
     reply_ok(c, req);
     xfer_check(c);
@@ -1119,7 +1378,8 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
                                           .torn = a->torn,
                                           .seen_ms = a->session ? (now - a->last_ns) / 1000000 : 0,
                                           .done = a->done_bytes,
-                                          .total = a->total_bytes};
+                                          .total = a->total_bytes,
+                                          .dropped = a->dropped};
         snprintf(as.role, sizeof(as.role), "%s", wb_role_name(a->role));
         snprintf(as.state, sizeof(as.state), "%s",
                  a->alive && a->setup_err[0] ? "failed"
@@ -1135,7 +1395,9 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
                                .in_flight = c->x.active ? c->x.version : 0,
                                .agents = mpw_bytes(&agents)};
     snprintf(b.job, sizeof(b.job), "%s", c->job->name);
-    snprintf(b.state, sizeof(b.state), "%s", state_names[c->state]);
+    /* not "ready" while a failed attempt is torn down: a transfer would be refused */
+    snprintf(b.state, sizeof(b.state), "%s",
+             c->x.active && c->x.aborting ? "aborting" : state_names[c->state]);
     reply_msg(c, req, WB_MSG_STATUS, &b);
     wb_mpw_free(&agents);
 }
@@ -1210,6 +1472,7 @@ static void on_message(struct wb_controller *c, nng_msg *req)
     case WB_MSG_REP_RECEIVED:
     case WB_MSG_REP_COMMITTED:
     case WB_MSG_PUSH:
+    case WB_MSG_REP_DRAINED:
     case WB_MSG_CTL_TRANSFER:
     case WB_MSG_CTL_STATUS:
     case WB_MSG_CTL_PLAN:
@@ -1270,6 +1533,8 @@ static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
         for (uint32_t i = 0; i < c->conn.n; i++)
             if (c->conn.ids[i] == id) {
                 c->conn.ids[i] = c->conn.ids[--c->conn.n];
+                if (c->conn.nclosed < WB_ARRAY_LEN(c->conn.closed))
+                    c->conn.closed[c->conn.nclosed++] = id;
                 break;
             }
     }
@@ -1299,6 +1564,7 @@ static void conn_say(struct wb_controller *c)
 static void on_tick(struct wb_controller *c, uint64_t now)
 {
     conn_say(c);
+    check_closed(c);
     check_dead(c, now);
     for (uint32_t i = 0; i < c->nagents; i++) {
         struct agent *a = &c->agents[i];
@@ -1306,6 +1572,7 @@ static void on_tick(struct wb_controller *c, uint64_t now)
             flush_poll(c, a); /* an empty answer: the agent polls again */
     }
     xfer_timeout(c, now);
+    teardown_check(c, now);
     advance(c);
 }
 

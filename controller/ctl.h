@@ -28,7 +28,15 @@ struct ctl_plan {
                                 local tensors, in its order */
     struct ctl_blob *sums;   /* [ntrainers] with verify: per table write, its checksum slot at
                                 its rollout (u32 little-endian each) */
-    char **rollout_names;    /* [rollout inventory size] names, for registration checks */
+    /* Who may write what (PEERS hands out nothing more): per trainer, the (rollout rank << 32
+     * | rollout tensor) pairs it writes, sorted; the trainers whose inboxes it writes
+     * (gather and amax peers, [ntrainers * ntrainers]: t * ntrainers + peer); per rollout, the
+     * trainers that write to it ([nrollouts * ntrainers]: g * ntrainers + t). */
+    uint64_t **wkeys;
+    size_t *nwkeys;
+    uint8_t *tpeer_of;
+    uint8_t *writer_of;
+    char **rollout_names; /* [rollout inventory size] names, for registration checks */
     uint32_t nrollout_names;
     char *summary;        /* human-readable plan summary (wb-ctl plan) */
     uint64_t total_bytes; /* every write of a transfer */

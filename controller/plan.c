@@ -151,6 +151,63 @@ static int encode_sums(struct ctl_plan *p, const struct wb_plan *plan)
     return err;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Who writes what, from the tables (ctl.h): what PEERS may hand each agent. */
+static int encode_scope(struct ctl_plan *p, const struct wb_plan *plan)
+{
+    uint32_t nt = plan->ntrainers, nr = plan->nrollouts;
+    p->wkeys = calloc(nt ? nt : 1, sizeof(*p->wkeys));
+    p->nwkeys = calloc(nt ? nt : 1, sizeof(*p->nwkeys));
+    p->tpeer_of = calloc((size_t)nt * nt + 1, 1);
+    p->writer_of = calloc((size_t)nr * nt + 1, 1);
+    if (!p->wkeys || !p->nwkeys || !p->tpeer_of || !p->writer_of)
+        return -ENOMEM;
+    for (uint32_t r = 0; r < nt; r++) {
+        const struct wb_route_table *t = &plan->tables[r];
+        size_t n = (size_t)wb_route_table_writes(t), k = 0;
+        uint64_t *keys = malloc((n ? n : 1) * sizeof(uint64_t));
+        if (!keys)
+            return -ENOMEM;
+        for (uint32_t i = 0; i < t->nwrites; i++) {
+            const struct wb_rt_write *w = &t->writes[i];
+            for (uint32_t c = 0; c < wb_rt_copies(w) && k < n; c++) {
+                uint32_t g = wb_rt_copy_rank(w, c);
+                keys[k++] = (uint64_t)g << 32 | w->dst_tensor;
+                if (g < nr)
+                    p->writer_of[(size_t)g * nt + r] = 1;
+            }
+        }
+        qsort(keys, k, sizeof(*keys), cmp_u64);
+        size_t u = 0;
+        for (size_t i = 0; i < k; i++)
+            if (!u || keys[i] != keys[u - 1])
+                keys[u++] = keys[i];
+        p->wkeys[r] = keys;
+        p->nwkeys[r] = u;
+        for (uint32_t i = 0; i < t->nops; i++) {
+            const struct wb_rt_op *op = &t->ops[i];
+            if (op->kind == WB_OP_GATHER)
+                for (uint32_t j = 0; j < op->gather.npeers; j++) {
+                    uint32_t q = t->peers[op->gather.peer0 + j].rank;
+                    if (q < nt && q != r)
+                        p->tpeer_of[(size_t)r * nt + q] = 1;
+                }
+            if (op->kind == WB_OP_AMAX)
+                for (uint32_t j = 0; j < op->amax.npeers; j++) {
+                    uint32_t q = t->amax_peers[op->amax.peer0 + j].rank;
+                    if (q < nt && q != r)
+                        p->tpeer_of[(size_t)r * nt + q] = 1;
+                }
+        }
+    }
+    return 0;
+}
+
 void ctl_model_src(const struct wb_job *job, struct wb_model_src *src)
 {
     *src = (struct wb_model_src){.rules = job->model.rules,
@@ -242,6 +299,7 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
         err = err ? err : e2;
     }
     err = err ? err : encode_shards(job, p, &md.trainer, md.match, &md.tl, el);
+    err = err ? err : encode_scope(p, plan);
     if (!err && job->verify)
         err = encode_sums(p, plan);
     if (!err) {
@@ -407,6 +465,12 @@ void ctl_plan_free(struct ctl_plan *p)
     for (uint32_t i = 0; p->sums && i < p->ntrainers; i++)
         free(p->sums[i].buf);
     free(p->sums);
+    for (uint32_t i = 0; p->wkeys && i < p->ntrainers; i++)
+        free(p->wkeys[i]);
+    free(p->wkeys);
+    free(p->nwkeys);
+    free(p->tpeer_of);
+    free(p->writer_of);
     free(p->send_bytes);
     for (uint32_t i = 0; p->recv && i < p->nrollouts; i++)
         free(p->recv[i].buf);

@@ -94,6 +94,7 @@ static const struct wb_field f_register[] = {
     F(struct wb_body_register, "source", WB_FIELD_STR, false, source),
     F(struct wb_body_register, "version", WB_FIELD_U64, false, version),
     F(struct wb_body_register, "session", WB_FIELD_U64, false, session),
+    F(struct wb_body_register, "torn", WB_FIELD_BOOL, false, torn),
 };
 static const struct wb_field f_heartbeat[] = {
     SESSION(struct wb_body_heartbeat),
@@ -104,6 +105,7 @@ static const struct wb_field f_heartbeat[] = {
     F(struct wb_body_heartbeat, "epoch", WB_FIELD_U64, false, epoch),
     F(struct wb_body_heartbeat, "torn", WB_FIELD_BOOL, false, torn),
     F(struct wb_body_heartbeat, "commits", WB_FIELD_U64, false, commits),
+    F(struct wb_body_heartbeat, "dropped", WB_FIELD_U64, false, dropped),
 };
 static const struct wb_field f_poll[] = {
     SESSION(struct wb_body_poll),
@@ -143,6 +145,10 @@ static const struct wb_field f_rep_committed[] = {
     F(struct wb_body_rep_committed, "version", WB_FIELD_U64, true, version),
     F(struct wb_body_rep_committed, "commits", WB_FIELD_U64, false, commits),
 };
+static const struct wb_field f_rep_drained[] = {
+    SESSION(struct wb_body_rep_drained),
+    F(struct wb_body_rep_drained, "version", WB_FIELD_U64, true, version),
+};
 static const struct wb_field f_push[] = {
     SESSION(struct wb_body_push),
     F(struct wb_body_push, "version", WB_FIELD_U64, true, version),
@@ -176,6 +182,8 @@ static const struct wb_field f_version[] = {
 static const struct wb_field f_version_epoch[] = {
     F(struct wb_body_version_epoch, "version", WB_FIELD_U64, true, version),
     F(struct wb_body_version_epoch, "epoch", WB_FIELD_U64, true, epoch),
+    F(struct wb_body_version_epoch, "key", WB_FIELD_BYTES, false, key),
+    F(struct wb_body_version_epoch, "timeout_ns", WB_FIELD_U64, false, timeout_ns),
     F(struct wb_body_version_epoch, "skip", WB_FIELD_OBJ, false, skip),
 };
 static const struct wb_field f_abort[] = {
@@ -207,6 +215,7 @@ static const struct wb_field f_agent_status[] = {
     F(struct wb_body_agent_status, "total", WB_FIELD_U64, false, total),
     F(struct wb_body_agent_status, "err", WB_FIELD_STR, false, err),
     F(struct wb_body_agent_status, "torn", WB_FIELD_BOOL, false, torn),
+    F(struct wb_body_agent_status, "dropped", WB_FIELD_U64, false, dropped),
 };
 #undef SESSION
 #undef F
@@ -243,6 +252,7 @@ static const struct spec specs[] = {
     S(WB_MSG_REP_RECEIVED, "REPORT_RECEIVED", f_rep_received),
     S(WB_MSG_REP_COMMITTED, "REPORT_COMMITTED", f_rep_committed),
     S(WB_MSG_PUSH, "PUSH", f_push),
+    S(WB_MSG_REP_DRAINED, "REPORT_DRAINED", f_rep_drained),
     S(WB_MSG_CTL_TRANSFER, "TRANSFER", f_ctl_transfer),
     S0(WB_MSG_CTL_STATUS, "STATUS_REQUEST"),
     S0(WB_MSG_CTL_PLAN, "PLAN_REQUEST"),

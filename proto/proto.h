@@ -68,6 +68,8 @@ enum wb_msg_type {
     WB_MSG_REP_RECEIVED,      /* struct wb_body_rep_received: a rollout's counters reached */
     WB_MSG_REP_COMMITTED,     /* struct wb_body_rep_committed: a rollout published a version */
     WB_MSG_PUSH,              /* struct wb_body_push: a trainer asks for a transfer -> OK/ERROR */
+    WB_MSG_REP_DRAINED,       /* struct wb_body_rep_drained: a trainer's writes of an ended
+                                 attempt all completed (nothing of it can land any more) */
     /* client calls (wb-ctl) */
     WB_MSG_CTL_TRANSFER = 0x0720, /* struct wb_body_ctl_transfer -> RESULT or ERROR */
     WB_MSG_CTL_STATUS,            /* no fields -> STATUS */
@@ -139,6 +141,9 @@ struct wb_body_register {
     /* The last version this agent knows complete (rollouts: the one they hold; trainers: their
      * last done push): a restarted controller's versions go on from the highest. */
     uint64_t version;
+    /* Rollouts: a transfer reached this process's tensors and no version completed on them
+     * since (wb_endpoint_torn): they hold neither `version` whole nor another. */
+    bool torn;
     /* The session this process held until it lost it (0: none). A rank the controller still
      * thinks alive is given only to a registration that proves it is its holder this way:
      * host and pid are public (wb-ctl status shows them), the session's 64 random bits not. */
@@ -185,11 +190,17 @@ struct wb_body_heartbeat {
     bool in_flight;
     uint64_t done, total; /* trainers: bytes of the transfer in flight written and to write */
     uint64_t epoch;       /* ... of this transfer attempt (TRANSFER.epoch; 0: none yet) */
-    bool torn; /* rollouts: a failed transfer may have landed in part (wb_endpoint_torn) */
+    bool torn;        /* rollouts: a failed transfer may have landed in part (wb_endpoint_torn) */
+    uint64_t dropped; /* notes this agent's transport refused so far (wb_tx_note_stats) */
     /* Rollouts: versions this process committed so far. Heartbeats travel on their own
      * connection, so one taken before a COMMITTED report can arrive after it: the controller
      * keeps a heartbeat's version and torn only when its count is not behind the report's. */
     uint64_t commits;
+};
+
+struct wb_body_rep_drained {
+    struct wb_session s;
+    uint64_t version;
 };
 
 struct wb_body_poll {
@@ -287,6 +298,7 @@ struct wb_body_agent_status {
     uint64_t seen_ms;
     uint64_t done, total;    /* trainers: bytes of the transfer in flight written and to write */
     char err[WB_ERRMSG_MAX]; /* why its setup failed (state "failed"), "" otherwise */
+    uint64_t dropped;        /* notes its transport refused (strangers, stale, forged, replayed) */
 };
 
 struct wb_body_plan_info {
@@ -313,14 +325,21 @@ struct wb_body_setup {
 };
 
 /* A checksum record as it lands in a rollout's sum inbox (little-endian on the wire, as every
- * host weightbridge runs on). */
-enum { WB_SUM_RECORD = 32 };
+ * host weightbridge runs on). It names its attempt and version and carries a MAC under the
+ * attempt's key (wb_siphash over every field before it): a record of another attempt, or one
+ * made by anybody but the attempt's members, does not match. */
+enum { WB_SUM_RECORD = 64 };
 struct wb_sum_record {
     uint64_t dst_off, len; /* the write: bytes [dst_off, dst_off + len) of tensor `tensor` */
     uint64_t sum;          /* wb_sum64 (common.h) of those bytes at the writer */
     uint32_t trainer;      /* the writing trainer rank */
     uint32_t tensor;       /* the rollout tensor (inventory index) */
+    uint64_t epoch;        /* TRANSFER.epoch of the attempt that wrote it */
+    uint64_t version;
+    uint64_t mac;      /* wb_siphash(TRANSFER.key, the 48 bytes above) */
+    uint64_t reserved; /* 0 */
 };
+enum { WB_SUM_RECORD_MACED = 48 }; /* bytes of a record its MAC covers */
 
 /* PEERS: a msgpack array of [role, rank, addr, regions] for every agent. */
 struct wb_body_peers {
@@ -334,7 +353,13 @@ struct wb_body_version {
 
 struct wb_body_version_epoch {
     uint64_t version;
-    uint64_t epoch; /* attempt counter: immediates of an aborted attempt never count */
+    uint64_t epoch; /* the attempt: 64 random bits its notes carry (never 0) */
+    /* The attempt's 128-bit MAC key (WB_MAC_KEY_BYTES): only the attempt's members learn it,
+     * so only they can make notes that count (transport.h). */
+    struct wb_bytes key;
+    /* How long the attempt may take; a rollout closes its windows and gives the attempt up
+     * past twice that even when no controller says so. 0: the agent's default. */
+    uint64_t timeout_ns;
     /* A resumed attempt (TRANSFER only): per rollout rank, a msgpack array of the data tags
      * that landed in an earlier attempt of this version and are not sent again; nothing
      * (or an empty array) when everything is sent. */

@@ -148,20 +148,6 @@ struct tx_peer {
     bool local;
 };
 
-struct imm_slot {
-    uint32_t tag;
-    bool used, armed;
-    uint64_t count, target;
-    wb_tx_imm_cb cb;
-    void *arg;
-};
-
-struct imm_ready {
-    uint32_t tag;
-    wb_tx_imm_cb cb;
-    void *arg;
-};
-
 enum { HOST_ID_MAX = 160 };
 
 struct wb_tx_core {
@@ -172,10 +158,7 @@ struct wb_tx_core {
     uint64_t start;
     struct tx_peer *peers;
     uint32_t npeers, peer_cap;
-    struct imm_slot *slots; /* open addressing, power-of-two size */
-    size_t nslots, used;
-    struct imm_ready *ready; /* reached, not yet delivered */
-    size_t nready, ready_cap, narmed;
+    struct wb_txn_state *notes; /* the attempt, its counters, arrived notes (note.c) */
     uint64_t next_mr_id;
     char err[320];
 };
@@ -227,6 +210,10 @@ int wb_txi_core_init(struct wb_tx *tx, const struct wb_tx_ops *ops, enum wb_tx_b
     struct wb_tx_core *c = calloc(1, sizeof(*c));
     if (!c)
         return -ENOMEM;
+    if (wb_txi_notes_init(&c->notes) != 0) {
+        free(c);
+        return -ENOMEM;
+    }
     c->backend = b;
     if (getrandom(&c->uid, sizeof(c->uid), GRND_NONBLOCK) != (ssize_t)sizeof(c->uid))
         c->uid = wb_now_ns() ^ ((uint64_t)getpid() << 32);
@@ -247,8 +234,7 @@ void wb_txi_core_fini(struct wb_tx *tx)
     if (!tx || !tx->core)
         return;
     free(tx->core->peers);
-    free(tx->core->slots);
-    free(tx->core->ready);
+    wb_txi_notes_fini(tx->core->notes);
     free(tx->core);
     tx->core = NULL;
 }
@@ -279,6 +265,16 @@ uint64_t wb_txi_next_mr_id(struct wb_tx *tx)
 uint32_t wb_txi_npeers(const struct wb_tx *tx)
 {
     return tx->core->npeers;
+}
+
+struct wb_txn_state *wb_txi_notes(struct wb_tx *tx)
+{
+    return tx->core->notes;
+}
+
+uint64_t wb_txi_peer_uid(const struct wb_tx *tx, uint32_t peer)
+{
+    return peer < tx->core->npeers ? tx->core->peers[peer].uid : 0;
 }
 
 int wb_txi_peer_local(const struct wb_tx *tx, uint32_t peer)
@@ -530,124 +526,10 @@ int wb_tx_peer_ptr(struct wb_tx *tx, uint32_t peer, const struct wb_tx_rdesc *ds
     return 0;
 }
 
-/* ---------------------------------------------------------------- immediate counters */
+/* ---------------------------------------------------------------- notes */
 
-static uint32_t tag_hash(uint32_t t)
+int wb_tx_connect(struct wb_tx *tx, uint32_t peer, void *ctx)
 {
-    t ^= t >> 16;
-    t *= 0x7feb352du;
-    t ^= t >> 15;
-    return t;
-}
-
-/* The slot of `tag`, created when `create` (NULL when absent or out of memory). */
-static struct imm_slot *imm_slot(struct wb_tx_core *c, uint32_t tag, bool create)
-{
-    if (create && (c->used + 1) * 2 > c->nslots) {
-        size_t n = c->nslots ? 2 * c->nslots : 64;
-        struct imm_slot *s = calloc(n, sizeof(*s));
-        if (!s)
-            return NULL;
-        for (size_t i = 0; i < c->nslots; i++) {
-            if (!c->slots[i].used)
-                continue;
-            size_t j = tag_hash(c->slots[i].tag) & (n - 1);
-            while (s[j].used)
-                j = (j + 1) & (n - 1);
-            s[j] = c->slots[i];
-        }
-        free(c->slots);
-        c->slots = s;
-        c->nslots = n;
-    }
-    if (!c->nslots)
-        return NULL;
-    size_t j = tag_hash(tag) & (c->nslots - 1);
-    while (c->slots[j].used) {
-        if (c->slots[j].tag == tag)
-            return &c->slots[j];
-        j = (j + 1) & (c->nslots - 1);
-    }
-    if (!create)
-        return NULL;
-    c->slots[j] = (struct imm_slot){.tag = tag, .used = true};
-    c->used++;
-    return &c->slots[j];
-}
-
-/* Queues a reached expectation. wb_tx_expect() reserved its place (ready_cap >= nready +
- * narmed), so firing never allocates and a notification is never lost. */
-static void imm_fire(struct wb_tx_core *c, struct imm_slot *s)
-{
-    c->narmed--;
-    c->ready[c->nready++] = (struct imm_ready){.tag = s->tag, .cb = s->cb, .arg = s->arg};
-    s->count -= s->target;
-    s->armed = false;
-}
-
-void wb_txi_imm_arrived(struct wb_tx *tx, uint32_t tag)
-{
-    struct imm_slot *s = imm_slot(tx->core, tag, true);
-    if (!s) {
-        wb_log(WB_LOG_ERROR, "transport", "immediate %u lost: out of memory", tag);
-        return;
-    }
-    s->count++;
-    if (s->armed && s->count >= s->target)
-        imm_fire(tx->core, s);
-}
-
-int wb_tx_expect(struct wb_tx *tx, uint32_t tag, uint64_t n, wb_tx_imm_cb cb, void *arg)
-{
-    struct wb_tx_core *c = tx->core;
-    struct imm_slot *s = imm_slot(c, tag, true);
-    if (!s)
-        return -ENOMEM;
-    if (!s->armed && c->nready + c->narmed + 1 > c->ready_cap) {
-        size_t cap = 2 * (c->nready + c->narmed + 1);
-        struct imm_ready *rd = realloc(c->ready, cap * sizeof(*rd));
-        if (!rd)
-            return -ENOMEM;
-        c->ready = rd;
-        c->ready_cap = cap;
-    }
-    if (s->armed)
-        return wb_txi_err(tx, -EBUSY,
-                          "expect: tag %u is already armed (%" PRIu64 " of %" PRIu64 " arrived)",
-                          tag, s->count, s->target);
-    s->armed = true;
-    c->narmed++;
-    s->target = n;
-    s->cb = cb;
-    s->arg = arg;
-    if (s->count >= n)
-        imm_fire(c, s);
-    return 0;
-}
-
-uint64_t wb_tx_imm_count(const struct wb_tx *tx, uint32_t tag)
-{
-    struct imm_slot *s = imm_slot(tx->core, tag, false);
-    return s ? s->count : 0;
-}
-
-size_t wb_txi_imm_drain(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
-{
-    struct wb_tx_core *c = tx->core;
-    size_t n = 0, i = 0, snapshot = c->nready;
-    for (; i < snapshot; i++) {
-        struct imm_ready it = c->ready[i];
-        if (it.cb) {
-            it.cb(it.arg, it.tag); /* may append to c->ready (handled next drain) */
-            continue;
-        }
-        if (n == max)
-            break;
-        ev[n++] = (struct wb_tx_event){.kind = WB_TX_EV_IMM, .tag = it.tag, .ctx = it.arg};
-    }
-    if (i) {
-        memmove(c->ready, c->ready + i, (c->nready - i) * sizeof(*c->ready));
-        c->nready -= i;
-    }
-    return n;
+    int r = wb_tx_check_peer(tx, peer);
+    return r ? r : tx->ops->note(tx, peer, false, 0, ctx);
 }

@@ -16,6 +16,15 @@
  *  - The destination counts immediates per tag (wb_tx_expect(tag, n)) and is told once when n
  *    arrivals are reached, through wb_tx_poll() — writers agree on n with the receiver, the
  *    transport never reorders or waits.
+ *  - An immediate travels as a *note* (transport/note.c): the tag with the transfer attempt's
+ *    64-bit random epoch and version, a per-(peer, tag) sequence number, both transports'
+ *    identities and a SipHash MAC under the attempt's 128-bit key, sent once the write's bytes
+ *    are delivered. A destination counts a note only from a peer it added, of the attempt it
+ *    has begun (wb_tx_attempt_begin), with a valid MAC and never twice; everything else is
+ *    dropped, counted (wb_tx_note_stats) and logged at most once a second. Beginning an
+ *    attempt resets every counter, so nothing received before can complete it.
+ *  - A destination region accepts writes only while its window is open (wb_tx_mr_window):
+ *    closed, a write with its key is refused by the provider and lands nowhere.
  *  - Every write is checked against its descriptor before anything is posted: a write outside
  *    the destination (or source) region returns -WB_E_BOUNDS and posts nothing.
  *
@@ -181,6 +190,18 @@ struct wb_tx_caps {
     uint64_t bw_hint;   /* bytes/s over all rails, 0 when unknown */
 };
 
+/* What became of the notes that arrived here (wb_tx_note_stats): counted ones, ones kept for
+ * an attempt this side had not begun yet, and the refusals by reason. */
+struct wb_tx_note_stats {
+    uint64_t accepted; /* passed every check (counted, or a staged range copied) */
+    uint64_t early;    /* kept for an attempt not begun here yet (checked again when it is) */
+    uint64_t stranger; /* from no peer this transport added (or a provider write with CQ data) */
+    uint64_t stale;    /* of an attempt that is over, or of none */
+    uint64_t forged;   /* malformed, another's identity, a wrong MAC or version */
+    uint64_t replayed; /* a (sender, tag, seq) counted before in this attempt */
+    uint64_t full;     /* no room left in the attempt's bounded tables */
+};
+
 struct wb_tx_stats {
     uint64_t writes, bytes; /* accepted by wb_tx_write / wb_tx_write_imm */
     uint64_t ops_posted;    /* provider operations (shards, chunks, immediates, commits) */
@@ -240,9 +261,16 @@ struct wb_tx_ops {
      * Nothing is posted on failure. */
     int (*write)(struct wb_tx *tx, const struct wb_tx_write *w);
 
-    /* Queues an immediate without data to `peer` (counted there like a write's immediate).
-     * Returns as write does. */
-    int (*write_imm)(struct wb_tx *tx, uint32_t peer, uint32_t tag, void *ctx);
+    /* Queues a note without data to `peer`: with `count`, an immediate of `tag` (counted there
+     * like a write's immediate); without, a warm-up nothing counts (wb_tx_connect). Returns as
+     * write does. */
+    int (*note)(struct wb_tx *tx, uint32_t peer, bool count, uint32_t tag, void *ctx);
+
+    /* Opens or closes a DST registration's window: closed, the provider refuses writes with
+     * its key (they land nowhere); opened again, the same descriptor works. A registration
+     * starts open. -ENOTSUP where the backend cannot (a provider that chooses its own keys, or
+     * CUDA IPC, whose writers map the memory itself): the caller then relies on keys alone. */
+    int (*mr_window)(struct wb_tx *tx, struct wb_tx_mr *mr, bool open);
 
     /* Optional (NULL: -ENOTSUP): the address at which this process reaches byte 0 of the
      * destination region `dst` of `peer` (already checked by wb_tx_peer_ptr()). */
@@ -314,13 +342,37 @@ int wb_tx_check_write(struct wb_tx *tx, const struct wb_tx_write *w);
 int wb_tx_peer_ptr(struct wb_tx *tx, uint32_t peer, const struct wb_tx_rdesc *dst, uint64_t off,
                    uint64_t len, void **out);
 
-/* ---------------------------------------------------------------- immediate counters */
+/* ---------------------------------------------------------------- attempts and counters */
 
-/* Arms the counter of `tag`: when n immediates with that tag have arrived (counting those that
- * arrived before this call, in any order), the expectation is reached exactly once: n is taken
- * off the count (later arrivals count toward the next expectation of the tag) and, from the
- * next wb_tx_poll(), cb(arg, tag) is called or — cb NULL — a WB_TX_EV_IMM event with ctx = arg
- * is returned. n == 0 is reached at once. -EBUSY when the tag is already armed, -ENOMEM. */
+/* A transfer attempt, as every member learns it from the controller: a 64-bit random epoch
+ * (never 0), the version, and the 128-bit key its notes are authenticated with. max_tags and
+ * max_notes bound what this side may count in it (distinct tags; notes, for the replay set);
+ * 0 takes a default. */
+struct wb_tx_attempt {
+    uint64_t epoch, version;
+    uint8_t key[WB_MAC_KEY_BYTES];
+    uint64_t max_tags, max_notes;
+};
+
+/* Begins an attempt: every counter, pending notification and replay entry of the previous one
+ * is forgotten; notes sent from now on carry this epoch and key (writes queued before keep
+ * theirs); notes received carrying it count; notes that arrived early for it are checked at
+ * the next polls. -EINVAL for epoch 0, -EALREADY when it is the current one. */
+int wb_tx_attempt_begin(struct wb_tx *tx, const struct wb_tx_attempt *a);
+/* Ends the current attempt (or the open mode of a fresh transport, which counts notes of
+ * epoch 0 under the zero key, for tools and tests): nothing counts until the next begins. */
+void wb_tx_attempt_end(struct wb_tx *tx);
+/* The current attempt's epoch, 0 when none. */
+uint64_t wb_tx_attempt_epoch(const struct wb_tx *tx);
+/* Counters of arrived notes since open. */
+void wb_tx_note_stats(const struct wb_tx *tx, struct wb_tx_note_stats *out);
+
+/* Arms the counter of `tag` in the current attempt: when n immediates with that tag have
+ * arrived in it (counting those that arrived before this call, in any order), the expectation
+ * is reached exactly once: n is taken off the count (later arrivals count toward the next
+ * expectation of the tag) and, from the next wb_tx_poll(), cb(arg, tag) is called or — cb NULL
+ * — a WB_TX_EV_IMM event with ctx = arg is returned. n == 0 is reached at once. -EBUSY when the
+ * tag is already armed, -ENOSPC when the attempt's max_tags counters are in use, -ENOMEM. */
 int wb_tx_expect(struct wb_tx *tx, uint32_t tag, uint64_t n, wb_tx_imm_cb cb, void *arg);
 
 /* Immediates of `tag` arrived and not yet taken by a reached expectation. */
@@ -361,7 +413,7 @@ int wb_tx_check_peer(struct wb_tx *tx, uint32_t peer);
 static inline int wb_tx_write_imm(struct wb_tx *tx, uint32_t peer, uint32_t tag, void *ctx)
 {
     int r = wb_tx_check_peer(tx, peer);
-    return r ? r : tx->ops->write_imm(tx, peer, tag, ctx);
+    return r ? r : tx->ops->note(tx, peer, true, tag, ctx);
 }
 
 static inline ssize_t wb_tx_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
@@ -373,6 +425,16 @@ static inline int wb_tx_stats(struct wb_tx *tx, struct wb_tx_stats *st)
 {
     return tx->ops->stats(tx, st);
 }
+
+/* See the ops table. */
+static inline int wb_tx_mr_window(struct wb_tx *tx, struct wb_tx_mr *mr, bool open)
+{
+    return tx->ops->mr_window(tx, mr, open);
+}
+
+/* Makes the provider connect to `peer` now (tcp;ofi_rxm connects on first use) with a note
+ * that nothing counts, so the first transfer does not pay for it. Completes as a write. */
+int wb_tx_connect(struct wb_tx *tx, uint32_t peer, void *ctx);
 
 /* Closes a transport (NULL is a no-op). */
 static inline void wb_tx_close(struct wb_tx *tx)

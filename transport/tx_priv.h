@@ -36,7 +36,51 @@ int64_t wb_txi_peer_pid(const struct wb_tx *tx, uint32_t peer);
  * it is a zombie. 0, or -ESRCH when there is no such process. */
 int wb_txi_proc_stat(int64_t pid, uint64_t *start, bool *zombie);
 
-/* Counts one arrived immediate of `tag`; a reached expectation is queued for the next drain. */
+/* The uid a peer announced. */
+uint64_t wb_txi_peer_uid(const struct wb_tx *tx, uint32_t peer);
+
+/* ---------------------------------------------------------------- notes (note.c) */
+
+enum { WB_TXN_WIRE = 80 };            /* bytes of a note on the wire */
+enum { WB_TXN_NOBODY = 0xffffffffu }; /* a note's sender is no peer of this transport */
+enum { WB_TXN_COUNT = 1, WB_TXN_COMMIT = 2, WB_TXN_WARMUP = 4 }; /* note flags */
+
+/* An accepted note: count `tag` (COUNT) and/or copy a staged range first (COMMIT). */
+struct wb_txn {
+    uint16_t flags;
+    uint32_t tag, seq;
+    uint64_t region, off, len;
+};
+
+enum wb_txn_refusal { WB_TXN_STRANGER, WB_TXN_STALE, WB_TXN_FORGED, WB_TXN_REPLAYED, WB_TXN_FULL };
+
+struct wb_txn_state;
+int wb_txi_notes_init(struct wb_txn_state **out);
+void wb_txi_notes_fini(struct wb_txn_state *s);
+/* The core's note state. */
+struct wb_txn_state *wb_txi_notes(struct wb_tx *tx);
+
+/* Writer: a note to `peer` into out[] — flags WB_TXN_COUNT (tag counted there), WB_TXN_COMMIT
+ * (the staged range region/off/len copied there first) or WB_TXN_WARMUP (nothing) — stamped
+ * with the current attempt and its next sequence number for (peer, tag), and its MAC. Call it
+ * when the write is queued, so that a write finishing after another attempt began still
+ * carries its own. -EPROTO when no attempt is current (warm-ups excepted), -ENOMEM. */
+int wb_txi_note_make(struct wb_tx *tx, uint32_t peer, uint16_t flags, uint32_t tag, uint64_t region,
+                     uint64_t off, uint64_t len, uint8_t out[WB_TXN_WIRE]);
+/* Receiver: checks a note from peer `src` (WB_TXN_NOBODY when the sender is no peer). 1: act
+ * on *out now (copy its staged range, then count its tag); 0: dropped (counted in the stats),
+ * a warm-up, or kept for an attempt not begun here yet. */
+int wb_txi_note_accept(struct wb_tx *tx, const void *buf, size_t len, uint32_t src,
+                       struct wb_txn *out);
+/* Receiver: the next kept note that belongs to the attempt just begun (1, into wire and *src,
+ * to be passed to wb_txi_note_accept again), 0 when none is left. Backends call it in poll. */
+int wb_txi_note_early(struct wb_tx *tx, uint8_t wire[WB_TXN_WIRE], uint32_t *src);
+/* Counts a refusal the backend made itself (a provider write carrying CQ data, a commit for a
+ * closed or unknown region). */
+void wb_txi_note_refuse(struct wb_tx *tx, enum wb_txn_refusal why);
+
+/* Counts one accepted immediate of `tag`; a reached expectation is queued for the next drain.
+ * A tag without a counter where the attempt has no room for another is dropped (stats). */
 void wb_txi_imm_arrived(struct wb_tx *tx, uint32_t tag);
 /* Delivers queued reached expectations: calls callbacks, writes events for the others into
  * ev[0..max). Returns the number of events written. Backends call it at the end of poll. */

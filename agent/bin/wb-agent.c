@@ -5,6 +5,7 @@
  * script, or by torchrun / srun (the rank and local GPU then come from the launcher's
  * environment). */
 #include "agent/agent.h"
+#include "agent/priv.h" /* ag_state_request: a testing hook of the program, not the API */
 
 #include <errno.h>
 #include <getopt.h>
@@ -36,9 +37,20 @@ static void usage(FILE *f)
         "      --dump DIR          rollouts: write DIR/rollout<rank>.v<N>.bin after each\n"
         "                          complete version (wb-ctl verify checks them)\n"
         "      --dump-from N       only versions N and later (a large model's last one)\n"
+        "                          (testing: SIGUSR1 writes the tensors as they are, and the\n"
+        "                          version and torn flag claimed, under DIR/state/)\n"
         "      --corrupt TENSOR    testing (rollouts of a job that verifies): flip a byte of\n"
         "                          TENSOR once it landed, before it is checked\n"
         "  -h, --help              this text\n");
+}
+
+static struct wb_endpoint *g_ep; /* for the SIGUSR1 handler */
+
+static void on_usr1(int sig)
+{
+    (void)sig;
+    if (g_ep)
+        ag_state_request(g_ep);
 }
 
 int main(int argc, char **argv)
@@ -170,6 +182,13 @@ int main(int argc, char **argv)
     if (err) {
         fprintf(stderr, "wb-agent: cannot reach %s: %s\n", o.controller, wb_strerror(err));
         return 1;
+    }
+    g_ep = ep;
+    if (o.dump) {
+        struct sigaction sa = {.sa_handler = on_usr1};
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = SA_RESTART;
+        sigaction(SIGUSR1, &sa, NULL);
     }
     err = wb_endpoint_run(ep);
     if (err)

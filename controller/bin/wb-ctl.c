@@ -112,8 +112,8 @@ static int print_status(const struct wb_msg *m, char *why, size_t cap)
         snprintf(why, cap, "STATUS: agents: not an array");
         return -EBADMSG;
     }
-    printf("%-8s %5s %-7s %-16s %8s %6s %8s %9s %8s\n", "role", "rank", "state", "host", "pid",
-           "device", "version", "in_flight", "seen_ms");
+    printf("%-8s %5s %-7s %-16s %8s %6s %8s %9s %8s %8s\n", "role", "rank", "state", "host", "pid",
+           "device", "version", "in_flight", "seen_ms", "dropped");
     for (uint32_t i = 0; i < n; i++) {
         struct wb_body_agent_status a;
         if (wb_body_get(&r, WB_BODY_AGENT_STATUS, &a, why, cap))
@@ -126,7 +126,7 @@ static int print_status(const struct wb_msg *m, char *why, size_t cap)
             printf(" %8" PRIu64 " %9s", a.version, a.in_flight ? "yes" : "no");
         else
             printf(" %8s %9s", "-", "-");
-        printf(" %8" PRIu64 "\n", a.seen_ms);
+        printf(" %8" PRIu64 " %8" PRIu64 "\n", a.seen_ms, a.dropped);
         if (a.err[0])
             printf("         setup failed: %s\n", a.err);
     }

@@ -10,7 +10,8 @@
 
 static void test_roundtrip(void)
 {
-    struct wb_body_heartbeat hb = {{"rollout", 7, 42}, 3, true, 5, 9, .torn = true, .commits = 4},
+    struct wb_body_heartbeat hb = {{"rollout", 7, 42}, 3, true, 5, 9, .torn = true, .commits = 4,
+                                   .dropped = 262144},
                              back;
     struct wb_mpw w;
     struct wb_msg m;
@@ -21,7 +22,7 @@ static void test_roundtrip(void)
     CHECK_INT(wb_mpw_finish(&w), 0);
     CHECK_INT(wb_msg_open(w.buf, w.len, "s3cret", &m, &why), 0);
     CHECK_INT(m.type, WB_MSG_HEARTBEAT);
-    CHECK_INT(m.nkeys, 10);
+    CHECK_INT(m.nkeys, 11);
     memset(&back, 0xee, sizeof(back));
     CHECK_INT(wb_msg_decode(&m, &back, err, sizeof(err)), 0);
     CHECK_STR(back.s.role, "rollout");
@@ -33,6 +34,7 @@ static void test_roundtrip(void)
     CHECK_U64(back.total, 9);
     CHECK(back.torn);
     CHECK_U64(back.commits, 4);
+    CHECK_U64(back.dropped, 262144);
 
     CHECK_INT(wb_msg_open(w.buf, w.len, "s3creT", &m, &why), -WB_E_TOKEN);
     CHECK_STR(why, "refused: wrong cluster token");
@@ -50,9 +52,9 @@ static void test_every_table(void)
         WB_MSG_ERROR,        WB_MSG_REGISTERED,    WB_MSG_COMMANDS,      WB_MSG_RESULT,
         WB_MSG_STATUS,       WB_MSG_PLAN_INFO,     WB_MSG_REGISTER,      WB_MSG_HEARTBEAT,
         WB_MSG_POLL,         WB_MSG_REP_SETUP,     WB_MSG_REP_CONNECTED, WB_MSG_REP_SENT,
-        WB_MSG_REP_RECEIVED, WB_MSG_REP_COMMITTED, WB_MSG_CTL_TRANSFER,  WB_CMD_SETUP,
-        WB_CMD_PEERS,        WB_CMD_TRANSFER,      WB_CMD_COMPLETE,      WB_CMD_ABORT,
-        WB_BODY_STATS,       WB_BODY_AGENT_STATUS};
+        WB_MSG_REP_RECEIVED, WB_MSG_REP_COMMITTED, WB_MSG_CTL_TRANSFER,  WB_MSG_REP_DRAINED,
+        WB_CMD_SETUP,        WB_CMD_PEERS,         WB_CMD_TRANSFER,      WB_CMD_COMPLETE,
+        WB_CMD_ABORT,        WB_BODY_STATS,        WB_BODY_AGENT_STATUS};
     static const uint8_t obj[] = {0x92, 0x01, 0xa1, 'x'}; /* msgpack [1, "x"] */
     for (size_t t = 0; t < WB_ARRAY_LEN(types); t++) {
         size_t n;

@@ -568,12 +568,25 @@ static void test_close_with_work(void)
 /* ---------------------------------------------------------------- mailbox */
 
 static uint32_t drained[8192];
+static uint64_t drained_owner[8192];
 static size_t ndrained;
-static void take(void *arg, uint32_t tag)
+/* A mailbox entry is a note (WB_MBOX_NOTE bytes); these tests put a number in its first four. */
+static void take(void *arg, uint64_t owner, const void *note)
 {
     (void)arg;
-    if (ndrained < 8192)
-        drained[ndrained++] = tag;
+    uint32_t v;
+    memcpy(&v, note, sizeof(v));
+    if (ndrained < 8192) {
+        drained_owner[ndrained] = owner;
+        drained[ndrained++] = v;
+    }
+}
+
+static int push_num(struct wb_mbox *m, uint32_t v)
+{
+    uint8_t note[WB_MBOX_NOTE] = {0};
+    memcpy(note, &v, sizeof(v));
+    return wb_mbox_push(m, note);
 }
 
 static void test_mbox(void)
@@ -585,14 +598,18 @@ static void test_mbox(void)
     CHECK_INT(wb_mbox_open(&w2, own.name, 2), 0);
     CHECK(w1.ring != w2.ring);
     for (uint32_t i = 0; i < WB_MBOX_DEPTH; i++)
-        CHECK_INT(wb_mbox_push(&w1, i), 0);
-    CHECK_INT(wb_mbox_push(&w1, 7), -EAGAIN); /* full */
-    CHECK_INT(wb_mbox_push(&w2, 100000), 0);
+        CHECK_INT(push_num(&w1, i), 0);
+    CHECK_INT(push_num(&w1, 7), -EAGAIN); /* full */
+    CHECK_INT(push_num(&w2, 100000), 0);
     ndrained = 0;
     CHECK_INT(wb_mbox_drain(&own, take, NULL), WB_MBOX_DEPTH + 1);
-    for (uint32_t i = 0; i < WB_MBOX_DEPTH; i++) /* each ring in order */
-        CHECK_INT(drained[(size_t)(w1.ring < w2.ring ? i : i + 1)], i);
-    CHECK_INT(wb_mbox_push(&w1, 7), 0); /* room again */
+    for (uint32_t i = 0; i < WB_MBOX_DEPTH; i++) { /* each ring in order, with its writer */
+        size_t at = (size_t)(w1.ring < w2.ring ? i : i + 1);
+        CHECK_INT(drained[at], i);
+        CHECK_U64(drained_owner[at], wb_mbox_writer_id(1));
+    }
+    CHECK_U64(drained_owner[w1.ring < w2.ring ? WB_MBOX_DEPTH : 0], wb_mbox_writer_id(2));
+    CHECK_INT(push_num(&w1, 7), 0); /* room again */
     /* Every ring taken: a 65th writer is refused, unless a writer is dead. */
     struct wb_mbox more[WB_MBOX_RINGS];
     int nmore = 0;

@@ -5,12 +5,21 @@
  * Large writes are split into shards over `rails` streams. Completion: one event per stream used.
  *
  * Immediates: CUDA has no remote completion, so each transport owns a mailbox — a small POSIX
- * shared-memory segment of per-writer rings (single producer, single consumer). A writer pushes
- * a write's tag only after the write's copy events have completed (the bytes are then in the
- * destination GPU), and the owner counts the tags it drains in wb_tx_poll(): the same counter
- * semantics as remote CQ data. Why rings per writer rather than one shared queue: a writer that
- * dies halfway through a push can only damage its own ring, never block the others. A full
- * ring leaves the tag queued at the writer until the owner drains.
+ * shared-memory segment (mode 0600) of per-writer rings (single producer, single consumer). A
+ * writer pushes a write's note (transport/note.c: tag, attempt epoch, MAC) only after the
+ * write's copy events have completed (the bytes are then in the destination GPU), and the owner
+ * checks and counts the notes it drains in wb_tx_poll(): the same counter semantics as the
+ * fabric backend. A ring's owner word names the writer (pid and uid), which is how the owner
+ * knows which peer a note came from: a ring claimed by a process that is no peer is a
+ * stranger's. Why rings per writer rather than one shared queue: a writer that dies halfway
+ * through a push can only damage its own ring, never block the others. A full ring leaves the
+ * note queued at the writer until the owner drains.
+ *
+ * What CUDA IPC cannot do: a writer maps the whole allocation a handle names and stores into it
+ * itself, so neither a window nor the bounds of a tensor can be enforced at the destination;
+ * the writer checks every write against the descriptor's bounds, and any process of the host
+ * that holds a handle (and the rights to open it) can write. It is for GPUs of one host whose
+ * processes trust each other.
  *
  * Liveness: peers announce pid and start time (wb_tx_addr); a writer checks its peers every
  * 100 ms while writes to them are in flight and fails those writes with -WB_E_PEER when the
@@ -30,7 +39,8 @@
 
 enum {
     WB_MBOX_RINGS = 64,   /* writers per mailbox */
-    WB_MBOX_DEPTH = 2048, /* tags per ring, power of two */
+    WB_MBOX_DEPTH = 1024, /* notes per ring, power of two */
+    WB_MBOX_NOTE = 80,    /* bytes of a note (WB_TXN_WIRE) */
     WB_MBOX_NAME_MAX = 64,
 };
 
@@ -43,7 +53,7 @@ struct wb_mbox_ring {
     char pad1[56];
     _Atomic uint64_t head; /* written by the owner */
     char pad2[56];
-    uint32_t tags[WB_MBOX_DEPTH];
+    uint8_t notes[WB_MBOX_DEPTH][WB_MBOX_NOTE];
 };
 
 struct wb_mbox_shm {
@@ -68,10 +78,14 @@ int wb_mbox_create(struct wb_mbox *mb, uint64_t uid);
  * drained ring of a dead process when all are taken). -ENOENT (no such mailbox), -EBUSY (no
  * ring free), -EBADMSG. */
 int wb_mbox_open(struct wb_mbox *mb, const char *name, uint64_t uid);
-/* Writer: queues one tag. -EAGAIN when the ring is full. */
-int wb_mbox_push(struct wb_mbox *mb, uint32_t tag);
-/* Owner: hands every queued tag of every ring to fn; returns how many. */
-size_t wb_mbox_drain(struct wb_mbox *mb, void (*fn)(void *arg, uint32_t tag), void *arg);
+/* Writer: queues one note (WB_MBOX_NOTE bytes). -EAGAIN when the ring is full. */
+int wb_mbox_push(struct wb_mbox *mb, const void *note);
+/* Owner: hands every queued note of every ring to fn with the ring's owner word (the writer's
+ * pid << 32 | the low half of its uid); returns how many. */
+size_t wb_mbox_drain(struct wb_mbox *mb, void (*fn)(void *arg, uint64_t owner, const void *note),
+                     void *arg);
+/* The owner word a writer of transport `uid` in this process claims rings with. */
+uint64_t wb_mbox_writer_id(uint64_t uid);
 /* Writer: releases its ring (tags already pushed are still drained). Owner: unlinks the
  * segment. Both unmap. NULL-safe on a zeroed struct. */
 void wb_mbox_close(struct wb_mbox *mb);

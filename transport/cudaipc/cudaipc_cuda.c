@@ -54,8 +54,8 @@ struct ipc_write {
     void *ctx;
     uint32_t peer, shards_left;
     int err, native;
-    bool has_imm;
-    uint32_t tag;
+    bool has_imm; /* a note follows (made when the write was queued) */
+    uint8_t note[WB_TXN_WIRE];
     struct ipc_mr *src;
     struct ipc_shard shard[WB_TX_MAX_RAILS];
 };
@@ -317,7 +317,7 @@ static void notify(struct ipc_tx *ix, struct ipc_write *w)
         wlist_push(&ix->immq, w);
         return;
     }
-    if (wb_mbox_push(&p->mb, w->tag) != 0) {
+    if (wb_mbox_push(&p->mb, w->note) != 0) {
         ix->st.eagain++; /* the destination's ring is full */
         wlist_push(&ix->immq, w);
         return;
@@ -325,7 +325,7 @@ static void notify(struct ipc_tx *ix, struct ipc_write *w)
     finish(ix, w);
 }
 
-static int ipc_write_imm(struct wb_tx *tx, uint32_t peer, uint32_t tag, void *ctx)
+static int ipc_note(struct wb_tx *tx, uint32_t peer, bool count, uint32_t tag, void *ctx)
 {
     struct ipc_tx *ix = ipc_of(tx);
     struct ipc_peer *p = &ix->peers[peer];
@@ -335,7 +335,12 @@ static int ipc_write_imm(struct wb_tx *tx, uint32_t peer, uint32_t tag, void *ct
     struct ipc_write *w = calloc(1, sizeof(*w));
     if (!w)
         return -ENOMEM;
-    *w = (struct ipc_write){.ctx = ctx, .peer = peer, .has_imm = true, .tag = tag};
+    *w = (struct ipc_write){.ctx = ctx, .peer = peer, .has_imm = true};
+    int e = wb_txi_note_make(tx, peer, count ? WB_TXN_COUNT : WB_TXN_WARMUP, tag, 0, 0, 0, w->note);
+    if (e) {
+        free(w);
+        return e;
+    }
     p->inflight++;
     ix->st.writes++;
     notify(ix, w);
@@ -399,7 +404,7 @@ static int ipc_write(struct wb_tx *tx, const struct wb_tx_write *uw)
                           wb_txi_peer_pid(tx, uw->peer));
     if (uw->len == 0) {
         if (uw->has_imm)
-            return ipc_write_imm(tx, uw->peer, uw->imm, uw->ctx);
+            return ipc_note(tx, uw->peer, true, uw->imm, uw->ctx);
         struct ipc_write *w = calloc(1, sizeof(*w));
         if (!w)
             return -ENOMEM;
@@ -422,8 +427,14 @@ static int ipc_write(struct wb_tx *tx, const struct wb_tx_write *uw)
     if (!w)
         return -ENOMEM;
     struct ipc_mr *m = WB_CONTAINER_OF(uw->src, struct ipc_mr, base);
-    *w = (struct ipc_write){
-        .ctx = uw->ctx, .peer = uw->peer, .has_imm = uw->has_imm, .tag = uw->imm, .src = m};
+    *w = (struct ipc_write){.ctx = uw->ctx, .peer = uw->peer, .has_imm = uw->has_imm, .src = m};
+    if (uw->has_imm) {
+        int e = wb_txi_note_make(tx, uw->peer, WB_TXN_COUNT, uw->imm, 0, 0, 0, w->note);
+        if (e) {
+            free(w);
+            return e;
+        }
+    }
     uint8_t *dst = base + uw->dst->rail[0].addr + uw->dst->base + uw->dst_off;
     const uint8_t *src = (const uint8_t *)m->base.ptr + uw->src_off;
     uint64_t len = uw->len, n = 1;
@@ -477,11 +488,31 @@ static int ipc_write(struct wb_tx *tx, const struct wb_tx_write *uw)
 
 /* ---------------------------------------------------------------- poll */
 
-static void count_imm(void *arg, uint32_t tag)
+/* The peer whose writer ring `owner` is (wb_mbox_writer_id of its uid, in its process), or
+ * WB_TXN_NOBODY. */
+static uint32_t ring_peer(struct ipc_tx *ix, uint64_t owner)
+{
+    for (uint32_t k = 0; k < ix->npeers; k++)
+        if ((uint64_t)wb_txi_peer_pid(&ix->base, k) == owner >> 32 &&
+            (wb_txi_peer_uid(&ix->base, k) & 0xffffffffu) == (owner & 0xffffffffu))
+            return k;
+    return WB_TXN_NOBODY;
+}
+
+static void take_note(struct ipc_tx *ix, const void *note, uint32_t src)
+{
+    struct wb_txn n;
+    if (wb_txi_note_accept(&ix->base, note, WB_TXN_WIRE, src, &n) == 1 &&
+        (n.flags & WB_TXN_COUNT)) {
+        ix->st.imm_recv++;
+        wb_txi_imm_arrived(&ix->base, n.tag);
+    }
+}
+
+static void count_imm(void *arg, uint64_t owner, const void *note)
 {
     struct ipc_tx *ix = arg;
-    ix->st.imm_recv++;
-    wb_txi_imm_arrived(&ix->base, tag);
+    take_note(ix, note, ring_peer(ix, owner));
 }
 
 /* Retires finished copies of one stream (in order). `wait` synchronizes first (close). */
@@ -535,12 +566,16 @@ static ssize_t ipc_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
         if (p->failed) {
             w->err = -WB_E_PEER;
             finish(ix, w);
-        } else if (ix->immq.first || wb_mbox_push(&p->mb, w->tag) != 0) {
+        } else if (ix->immq.first || wb_mbox_push(&p->mb, w->note) != 0) {
             wlist_push(&ix->immq, w);
         } else {
             finish(ix, w);
         }
     }
+    uint8_t early[WB_TXN_WIRE];
+    uint32_t from;
+    while (wb_txi_note_early(tx, early, &from))
+        take_note(ix, early, from);
     wb_mbox_drain(&ix->own, count_imm, ix);
     size_t n = 0;
     while (ix->done.first && n < max) {
@@ -555,6 +590,15 @@ static ssize_t ipc_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
         free(w);
     }
     return (ssize_t)(n + wb_txi_imm_drain(tx, ev + n, max - n));
+}
+
+/* A writer maps the allocation and stores into it itself: nothing here can refuse a write. */
+static int ipc_mr_window(struct wb_tx *tx, struct wb_tx_mr *mr, bool open)
+{
+    (void)open;
+    return wb_txi_err(tx, -ENOTSUP,
+                      "window: CUDA IPC writers map region %" PRIu64 " themselves; it stays open",
+                      mr->id);
 }
 
 /* ---------------------------------------------------------------- query, close, open */
@@ -632,8 +676,9 @@ static const struct wb_tx_ops ipc_ops = {
     .mr_reg = ipc_mr_reg,
     .mr_rdesc = ipc_mr_rdesc,
     .mr_dereg = ipc_mr_dereg,
+    .mr_window = ipc_mr_window,
     .write = ipc_write,
-    .write_imm = ipc_write_imm,
+    .note = ipc_note,
     .peer_ptr = ipc_peer_ptr,
     .poll = ipc_poll,
     .stats = ipc_stats,

@@ -16,7 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { MBOX_MAGIC = 0x57424d42u, MBOX_VERSION = 1 };
+enum { MBOX_MAGIC = 0x57424d42u, MBOX_VERSION = 2 /* 2: notes */ };
+_Static_assert((int)WB_MBOX_NOTE == (int)WB_TXN_WIRE, "a mailbox entry is a note");
 
 /* 1 while pid names a live, non-zombie process. */
 static int pid_alive(int64_t pid)
@@ -115,7 +116,7 @@ int wb_mbox_open(struct wb_mbox *mb, const char *name, uint64_t uid)
         munmap(s, sizeof(*s));
         return -EBADMSG;
     }
-    uint64_t me = ((uint64_t)getpid() << 32) | (uid & 0xffffffffu);
+    uint64_t me = wb_mbox_writer_id(uid);
     int got = -1;
     for (int i = 0; i < WB_MBOX_RINGS && got < 0; i++)
         if (claim(&s->ring[i], 0, me))
@@ -135,19 +136,25 @@ int wb_mbox_open(struct wb_mbox *mb, const char *name, uint64_t uid)
     return 0;
 }
 
-int wb_mbox_push(struct wb_mbox *mb, uint32_t tag)
+uint64_t wb_mbox_writer_id(uint64_t uid)
+{
+    return ((uint64_t)getpid() << 32) | (uid & 0xffffffffu);
+}
+
+int wb_mbox_push(struct wb_mbox *mb, const void *note)
 {
     struct wb_mbox_ring *rg = &mb->shm->ring[mb->ring];
     uint64_t t = atomic_load_explicit(&rg->tail, memory_order_relaxed);
     uint64_t h = atomic_load_explicit(&rg->head, memory_order_acquire);
     if (t - h >= WB_MBOX_DEPTH)
         return -EAGAIN;
-    rg->tags[t & (WB_MBOX_DEPTH - 1)] = tag;
+    memcpy(rg->notes[t & (WB_MBOX_DEPTH - 1)], note, WB_MBOX_NOTE);
     atomic_store_explicit(&rg->tail, t + 1, memory_order_release);
     return 0;
 }
 
-size_t wb_mbox_drain(struct wb_mbox *mb, void (*fn)(void *arg, uint32_t tag), void *arg)
+size_t wb_mbox_drain(struct wb_mbox *mb, void (*fn)(void *arg, uint64_t owner, const void *note),
+                     void *arg)
 {
     size_t n = 0;
     for (int i = 0; i < WB_MBOX_RINGS; i++) {
@@ -158,8 +165,12 @@ size_t wb_mbox_drain(struct wb_mbox *mb, void (*fn)(void *arg, uint32_t tag), vo
             continue;
         if (t - h > WB_MBOX_DEPTH) /* a corrupt ring: skip what cannot be valid */
             h = t - WB_MBOX_DEPTH;
-        for (; h != t; h++, n++)
-            fn(arg, rg->tags[h & (WB_MBOX_DEPTH - 1)]);
+        uint64_t owner = atomic_load_explicit(&rg->owner, memory_order_acquire);
+        for (; h != t; h++, n++) {
+            uint8_t note[WB_MBOX_NOTE]; /* the writer may reuse the slot once head moves */
+            memcpy(note, rg->notes[h & (WB_MBOX_DEPTH - 1)], sizeof(note));
+            fn(arg, owner, note);
+        }
         atomic_store_explicit(&rg->head, h, memory_order_release);
     }
     return n;

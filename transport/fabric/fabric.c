@@ -27,9 +27,10 @@ static uint64_t key_draw(const struct fab_rail *r)
     return k ? k : 1;
 }
 
-/* Registers [p, p+len) on one rail. device >= 0 marks CUDA memory (only with FI_HMEM). */
-static int reg_rail(struct fab_tx *fx, uint32_t i, void *p, uint64_t len, uint64_t access,
-                    int device, struct fid_mr **mr_out, void **desc, uint64_t *key)
+/* Registers [p, p+len) on one rail, under *key when `reuse` (a window opened again), else a
+ * fresh random key. device >= 0 marks CUDA memory (only with FI_HMEM). */
+static int reg_rail_key(struct fab_tx *fx, uint32_t i, void *p, uint64_t len, uint64_t access,
+                        int device, bool reuse, struct fid_mr **mr_out, void **desc, uint64_t *key)
 {
     struct fab_rail *r = &fx->rail[i];
     struct iovec iov = {.iov_base = p, .iov_len = len};
@@ -41,9 +42,9 @@ static int reg_rail(struct fab_tx *fx, uint32_t i, void *p, uint64_t len, uint64
     struct fid_mr *mr = NULL;
     int e;
     for (int tries = 0;; tries++) { /* a key already in use: another draw */
-        a.requested_key = key_draw(r);
+        a.requested_key = reuse ? *key : key_draw(r);
         e = fi_mr_regattr(r->domain, &a, 0, &mr);
-        if (e != -FI_ENOKEY || tries == 8)
+        if (reuse || e != -FI_ENOKEY || tries == 8)
             break;
     }
     if (e)
@@ -61,6 +62,12 @@ static int reg_rail(struct fab_tx *fx, uint32_t i, void *p, uint64_t len, uint64
     *desc = fi_mr_desc(mr);
     *key = fi_mr_key(mr);
     return 0;
+}
+
+static int reg_rail(struct fab_tx *fx, uint32_t i, void *p, uint64_t len, uint64_t access,
+                    int device, struct fid_mr **mr_out, void **desc, uint64_t *key)
+{
+    return reg_rail_key(fx, i, p, len, access, device, false, mr_out, desc, key);
 }
 
 /* The remote address of byte 0 of a registration: its virtual address or 0 (offset mode). */
@@ -197,10 +204,12 @@ static int fab_mr_reg(struct wb_tx *tx, void *ptr, uint64_t len, unsigned access
         acc |= FI_WRITE | FI_SEND;
     if (access & WB_TX_ACCESS_DST)
         acc |= FI_REMOTE_WRITE;
+    m->target = target;
+    m->acc = acc;
+    m->dev = target == ptr ? dev : -1;
     if (acc) {
         for (uint32_t i = 0; i < fx->nrails; i++) {
-            e = reg_rail(fx, i, target, len, acc, target == ptr ? dev : -1, &m->mr[i], &m->desc[i],
-                         &m->key[i]);
+            e = reg_rail(fx, i, target, len, acc, m->dev, &m->mr[i], &m->desc[i], &m->key[i]);
             if (e)
                 goto err_free;
         }
@@ -258,6 +267,53 @@ static int fab_mr_dereg(struct wb_tx *tx, struct wb_tx_mr *mr)
     return 0;
 }
 
+/* Closing a window closes the provider registrations (the memory and its mirror stay); opening
+ * it registers the same range under the same keys, so descriptors handed out stay valid. Writes
+ * already accepted by the provider when it closes still finish: the providers check a key when
+ * a write's header arrives. */
+static int fab_mr_window(struct wb_tx *tx, struct wb_tx_mr *mr, bool open)
+{
+    struct fab_tx *fx = fab_of(tx);
+    struct fab_mr *m = WB_CONTAINER_OF(mr, struct fab_mr, base);
+    if (mr->access != WB_TX_ACCESS_DST)
+        return wb_txi_err(tx, -EINVAL, "window: region %" PRIu64 " is not a write destination only",
+                          mr->id);
+    for (uint32_t i = 0; i < fx->nrails; i++)
+        if (fx->rail[i].mr_mode & FI_MR_PROV_KEY)
+            return wb_txi_err(tx, -ENOTSUP,
+                              "window: provider '%s' chooses its own keys; region %" PRIu64
+                              " stays open",
+                              fx->prov, mr->id);
+    if (m->closed == !open)
+        return 0;
+    if (!open) {
+        for (uint32_t i = 0; i < fx->nrails; i++)
+            if (m->mr[i]) {
+                fi_close(&m->mr[i]->fid);
+                m->mr[i] = NULL;
+                m->desc[i] = NULL;
+            }
+        m->closed = true;
+        return 0;
+    }
+    for (uint32_t i = 0; i < fx->nrails; i++) {
+        uint64_t key = m->key[i];
+        int e = reg_rail_key(fx, i, m->target, mr->size, m->acc, m->dev, true, &m->mr[i],
+                             &m->desc[i], &key);
+        if (e || key != m->key[i]) {
+            if (!e)
+                e = wb_txi_err(tx, -WB_E_FABRIC, "window: rail %u: the provider changed key", i);
+            while (i-- > 0) {
+                fi_close(&m->mr[i]->fid);
+                m->mr[i] = NULL;
+            }
+            return e;
+        }
+    }
+    m->closed = false;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- addresses and peers */
 
 static int fab_addr(struct wb_tx *tx, struct wb_mpw *w)
@@ -266,14 +322,8 @@ static int fab_addr(struct wb_tx *tx, struct wb_mpw *w)
     wb_mpw_array(w, 2);
     wb_mpw_str(w, fx->prov);
     wb_mpw_array(w, fx->nrails);
-    for (uint32_t i = 0; i < fx->nrails; i++) {
-        const struct fab_rail *r = &fx->rail[i];
-        uint8_t *bell = fx->ctrl + i * FAB_BELL_SIZE;
-        wb_mpw_array(w, 3);
-        wb_mpw_bin(w, r->name, r->namelen);
-        wb_mpw_u64(w, rail_base(r, bell));
-        wb_mpw_u64(w, r->ctrl_key);
-    }
+    for (uint32_t i = 0; i < fx->nrails; i++)
+        wb_mpw_bin(w, fx->rail[i].name, fx->rail[i].namelen);
     return wb_mpw_finish(w);
 }
 
@@ -295,13 +345,9 @@ static int fab_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t index)
     p.nrem = nrem;
     const void *names[WB_TX_MAX_RAILS];
     for (uint32_t j = 0; j < nrem; j++) {
-        uint32_t three = 0;
         size_t len = 0;
-        wb_mpr_array(r, 3, &three);
         wb_mpr_bin(r, &names[j], &len, FAB_NAME_MAX);
-        wb_mpr_u64(r, &p.bell_addr[j]);
-        wb_mpr_u64(r, &p.bell_key[j]);
-        if (r->err || three != 3 || len == 0)
+        if (r->err || len == 0)
             return wb_txi_err(tx, -EBADMSG, "peer address: malformed rail %u", j);
     }
     if (index != fx->npeers)
@@ -315,11 +361,27 @@ static int fab_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t index)
         fx->peer_cap = cap;
     }
     for (uint32_t i = 0; i < fx->nrails; i++) {
+        struct fab_rail *ra = &fx->rail[i];
         uint32_t j = i % nrem;
-        int n = fi_av_insert(fx->rail[i].av, names[j], 1, &p.fa[i], 0, NULL);
+        int n = fi_av_insert(ra->av, names[j], 1, &p.fa[i], 0, NULL);
         if (n != 1)
             return wb_txi_err(tx, -WB_E_FABRIC, "peer address: rail %u: fi_av_insert: %s", i,
                               n < 0 ? fi_strerror(-n) : "address refused");
+        /* FI_AV_TABLE: addresses are the indices 0, 1, 2... of the vector */
+        if (p.fa[i] >= (1u << 24))
+            return wb_txi_err(tx, -WB_E_FABRIC,
+                              "peer address: rail %u: address %" PRIu64 " is no table index", i,
+                              (uint64_t)p.fa[i]);
+        if (p.fa[i] >= ra->nfa) {
+            size_t nn = p.fa[i] + 16;
+            uint32_t *m = realloc(ra->fa_peer, nn * sizeof(*m));
+            if (!m)
+                return wb_txi_err(tx, -ENOMEM, "peer address: out of memory");
+            memset(m + ra->nfa, 0, (nn - ra->nfa) * sizeof(*m));
+            ra->fa_peer = m;
+            ra->nfa = nn;
+        }
+        ra->fa_peer[p.fa[i]] = index + 1;
     }
     /* AV entries of a refused peer stay in the AVs; they are unused and freed at close. */
     fx->peers[fx->npeers++] = p;
@@ -367,8 +429,9 @@ static const struct wb_tx_ops fab_ops = {
     .mr_reg = fab_mr_reg,
     .mr_rdesc = fab_mr_rdesc,
     .mr_dereg = fab_mr_dereg,
+    .mr_window = fab_mr_window,
     .write = fab_write,
-    .write_imm = fab_write_imm,
+    .note = fab_note,
     .poll = fab_poll,
     .stats = fab_stats,
     .close = fab_close,
@@ -402,7 +465,8 @@ static struct fi_info *get_info(const struct wb_tx_cfg *cfg, bool hmem, int *err
         return NULL;
     }
     hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_MSG | FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
+    /* FI_SOURCE: a received note comes with the address vector index of its sender */
+    hints->caps = FI_MSG | FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_SEND | FI_RECV | FI_SOURCE;
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
@@ -509,11 +573,10 @@ static int open_rail(struct fab_tx *fx, uint32_t i, struct wb_errlist *el)
     r->window = fx->cfg.window ? fx->cfg.window : in->tx_attr->size;
     if (r->window == 0)
         r->window = 256;
-    /* The doorbell (zero-length immediate writes land here) and the commit receive buffers. */
-    uint8_t *ctrl = fx->ctrl;
-    e = reg_rail(fx, i, ctrl, (size_t)fx->nrails * (FAB_BELL_SIZE + FAB_NRECV * FAB_MSG_SIZE),
-                 FI_WRITE | FI_REMOTE_WRITE | FI_SEND | FI_RECV, -1, &r->ctrl_mr, &r->ctrl_desc,
-                 &r->ctrl_key);
+    /* The note receive buffers: local use only, no peer may write them. */
+    uint64_t ctrl_key;
+    e = reg_rail(fx, i, fx->ctrl, (size_t)fx->nrails * FAB_NRECV * FAB_MSG_SIZE, FI_RECV, -1,
+                 &r->ctrl_mr, &r->ctrl_desc, &ctrl_key);
     if (e) {
         wb_errlist_add(el, "%s", wb_tx_errmsg(&fx->base));
         return e;
@@ -540,7 +603,7 @@ int wb_txi_fabric_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struc
     fx->cfg.provider = fx->cfg.domain = NULL;
     fx->nrails = (uint32_t)cfg->rails;
     fx->gpu_device = -1;
-    size_t ctrl_len = (size_t)fx->nrails * (FAB_BELL_SIZE + FAB_NRECV * FAB_MSG_SIZE);
+    size_t ctrl_len = (size_t)fx->nrails * FAB_NRECV * FAB_MSG_SIZE;
     if (posix_memalign((void **)&fx->ctrl, 4096, ctrl_len) != 0) {
         fx->ctrl = NULL;
         e = -ENOMEM;
@@ -613,6 +676,7 @@ static void fab_close(struct wb_tx *tx)
         close_fid(r->fabric ? &r->fabric->fid : NULL);
         if (r->info)
             fi_freeinfo(r->info);
+        free(r->fa_peer);
     }
     if (fx->pool)
         fab_gpu_host_free(fx->pool, fx->pool_pinned);

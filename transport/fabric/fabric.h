@@ -17,13 +17,22 @@
  * device and only then counts the write's immediate. The same code runs on host memory when
  * stage_host is set, which is how it is tested on machines without a GPU.
  *
- * Immediates: a write that fits one provider operation carries its tag as remote CQ data. A
- * write split into several operations (rails, bounce chunks) posts them with
- * FI_DELIVERY_COMPLETE and, once all completed, one zero-length write with the tag to the
- * peer's doorbell — so the destination counts each user write exactly once, whatever the
- * split. (pplx-garden instead tags every shard and makes receivers expect shards; hiding the
- * split keeps the plan independent of the writer's rail count, at one small message per
- * striped write.)
+ * Immediates: every write that carries one, and every write into a staged region, is followed
+ * by a note (transport/note.c) sent as a message once the write's data operations completed
+ * with FI_DELIVERY_COMPLETE — so the destination counts each user write exactly once, whatever
+ * its split across rails and bounce chunks, and only after its bytes are in place. Notes are
+ * received into buffers posted on each rail and read with their source address (FI_SOURCE):
+ * the provider names the sending endpoint when it is in this transport's address vector, and
+ * a note from any other is a stranger's. Nothing is ever written into this transport's own
+ * control memory, and the provider's remote CQ data is not used: a write carrying some comes
+ * from no peer of ours. (pplx-garden instead tags every shard and makes receivers expect
+ * shards; hiding the split keeps the plan independent of the writer's rail count, at one small
+ * message per striped write.)
+ *
+ * Windows: a destination registration is closed by closing its provider registrations and
+ * opened by registering the same memory again under the same requested keys, so writers keep
+ * their descriptors; the providers here (tcp, shm) then refuse a write with its key. A provider
+ * that chooses its own keys cannot reopen under the old key: the window stays open there.
  */
 #ifndef WB_TX_FABRIC_H
 #define WB_TX_FABRIC_H
@@ -38,27 +47,15 @@
 #include <rdma/fi_rma.h>
 
 enum {
-    FAB_NAME_MAX = 64, /* endpoint address bytes */
-    FAB_NRECV = 32,    /* commit receives posted per rail */
-    FAB_MSG_SIZE = 64, /* bytes per commit receive buffer */
-    FAB_BELL_SIZE = 64,
+    FAB_NAME_MAX = 64,  /* endpoint address bytes */
+    FAB_NRECV = 64,     /* note receives posted per rail (a bit each in recv_repost) */
+    FAB_MSG_SIZE = 128, /* bytes per note receive buffer (a note is WB_TXN_WIRE) */
     FAB_CHECK_NS = 100 * 1000 * 1000, /* liveness/timeout checks at most every 100 ms */
     FAB_MAX_OP = 1 << 30,             /* largest provider operation (tcp and shm report SIZE_MAX) */
 };
 
-enum fab_op_kind { OP_DATA = 1, OP_IMM, OP_COMMIT, OP_RECV };
+enum fab_op_kind { OP_DATA = 1, OP_NOTE, OP_RECV };
 enum fab_op_state { ST_FREE = 0, ST_COPYQ, ST_COPYING, ST_PENDING, ST_POSTED, ST_ABANDONED };
-
-/* The commit message a writer sends after the data of a write into a STAGED region. */
-enum { FAB_COMMIT_MAGIC = 0x57427843u, FAB_COMMIT_VERSION = 1, FAB_COMMIT_IMM = 1 };
-struct fab_commit {
-    uint32_t magic;
-    uint16_t version, flags;
-    uint32_t tag;
-    uint32_t pad;
-    uint64_t region; /* the owner's registration id */
-    uint64_t off, len;
-};
 
 struct fab_write;
 struct fab_chunk;
@@ -76,8 +73,8 @@ struct fab_op {
     struct fab_chunk *chunk;
     void *gpu_ev;
     uint64_t len, raddr, rkey, data, flags;
-    uint64_t t_post; /* ns, for op_timeout */
-    struct fab_commit commit;
+    uint64_t t_post;           /* ns, for op_timeout */
+    uint8_t note[WB_TXN_WIRE]; /* OP_NOTE: what is sent */
 };
 
 struct fab_list {
@@ -91,11 +88,8 @@ struct fab_write {
     void *ctx;
     uint32_t peer, left;
     int err, native_err;
-    bool has_imm, final_started;
-    uint8_t final_kind;      /* 0, OP_IMM or OP_COMMIT: sent after the data operations */
-    struct fab_op *final_op; /* reserved with the write, enqueued after its data */
-    uint32_t tag;
-    uint64_t region, dst_off, len; /* for the commit */
+    bool final_started;
+    struct fab_op *final_op; /* its note, made when queued and enqueued after its data */
 };
 
 struct fab_chunk {
@@ -115,20 +109,20 @@ struct fab_rail {
     uint64_t mr_mode, max_msg, window;
     size_t inject_size;
     size_t key_size;        /* bytes of the domain's memory keys (0: not said) */
-    struct fid_mr *ctrl_mr; /* doorbell + commit receive buffers of this rail */
+    struct fid_mr *ctrl_mr; /* the note receive buffers (local use only) */
     void *ctrl_desc;
-    uint64_t ctrl_key;
+    uint32_t *fa_peer; /* AV index -> peer index + 1 (0: none), for notes' source addresses */
+    size_t nfa;
     struct fid_mr *pool_mr; /* bounce pool, registered on first use */
     void *pool_desc;
     struct fab_list pending, posted;
     struct fab_op recv[FAB_NRECV];
-    uint32_t recv_repost; /* bitmask of receives to post again (EAGAIN) */
+    uint64_t recv_repost; /* bitmask of receives to post again (EAGAIN) */
 };
 
 struct fab_peer {
     fi_addr_t fa[WB_TX_MAX_RAILS]; /* per local rail: the remote rail it talks to */
     uint32_t nrem;
-    uint64_t bell_addr[WB_TX_MAX_RAILS], bell_key[WB_TX_MAX_RAILS]; /* per remote rail */
     bool failed;
     int fail_err, fail_native;
     uint64_t inflight; /* operations queued or posted */
@@ -143,6 +137,10 @@ struct fab_mr {
     void *mirror;  /* staged destination: the host mirror peers write into */
     bool pinned;   /* mirror from cudaHostAlloc */
     uint64_t busy; /* operations reading it, staged copies writing it */
+    bool closed;   /* DST window closed: no provider registration */
+    void *target;  /* what the provider registrations cover (ptr or mirror) */
+    uint64_t acc;  /* their access flags */
+    int dev;       /* their device (-1: host memory) */
 };
 
 /* A staged copy (mirror -> registered memory) in flight at the destination. */
@@ -169,7 +167,7 @@ struct fab_tx {
     bool hmem;      /* the provider registers CUDA memory */
     int gpu_device; /* device of the first device registration, -1 before */
     struct fab_gpu *gpu;
-    uint8_t *ctrl; /* doorbells and commit receive buffers, all rails */
+    uint8_t *ctrl; /* note receive buffers, all rails */
     uint32_t rr;   /* next rail for round-robin */
     struct fab_peer *peers;
     uint32_t npeers, peer_cap;
@@ -198,9 +196,9 @@ static inline struct fab_tx *fab_of(struct wb_tx *tx)
 
 /* fabric_post.c */
 int fab_write(struct wb_tx *tx, const struct wb_tx_write *w);
-int fab_write_imm(struct wb_tx *tx, uint32_t peer, uint32_t tag, void *ctx);
+int fab_note(struct wb_tx *tx, uint32_t peer, bool count, uint32_t tag, void *ctx);
 ssize_t fab_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max);
-/* Posts the commit receives of a rail (at open). */
+/* Posts the note receives of a rail (at open). */
 int fab_post_recvs(struct fab_tx *fx, uint32_t rail);
 /* Frees operation slabs and bookkeeping lists (close). */
 void fab_post_fini(struct fab_tx *fx);

@@ -161,7 +161,7 @@ static void part_done(struct fab_tx *fx, struct fab_write *w, int err, int nativ
     }
     if (--w->left)
         return;
-    struct fab_op *fin = w->final_kind ? w->final_op : NULL;
+    struct fab_op *fin = w->final_op;
     if (fin && !w->final_started) {
         w->final_started = true;
         if (!w->err && !fx->peers[w->peer].failed) {
@@ -259,23 +259,15 @@ static uint64_t div_up(uint64_t a, uint64_t b)
     return a / b + (a % b != 0);
 }
 
-/* Fills the immediate-alone operation (a zero-length write with remote CQ data into the peer's
- * doorbell on the remote rail this rail talks to). */
-static void make_imm(struct fab_tx *fx, struct fab_op *op, uint32_t rail, uint32_t peer,
-                     uint32_t tag)
+/* Fills a note operation (a message to the peer's rail this rail talks to); the note itself
+ * is made by the caller. */
+static void make_note(struct fab_op *op, uint32_t rail, uint32_t peer)
 {
-    const struct fab_peer *p = &fx->peers[peer];
-    uint32_t j = rail % p->nrem;
-    op->kind = OP_IMM;
+    op->kind = OP_NOTE;
     op->rail = (uint8_t)rail;
     op->peer = peer;
-    op->lbuf = fx->ctrl + rail * FAB_BELL_SIZE;
-    op->ldesc = fx->rail[rail].ctrl_desc;
-    op->len = 0;
-    op->raddr = p->bell_addr[j];
-    op->rkey = p->bell_key[j];
-    op->data = tag;
-    op->flags = FI_REMOTE_CQ_DATA;
+    op->lbuf = op->note;
+    op->len = WB_TXN_WIRE;
 }
 
 static int refuse_failed(struct fab_tx *fx, uint32_t peer)
@@ -285,7 +277,7 @@ static int refuse_failed(struct fab_tx *fx, uint32_t peer)
                       wb_strerror(fx->peers[peer].fail_err));
 }
 
-int fab_write_imm(struct wb_tx *tx, uint32_t peer, uint32_t tag, void *ctx)
+int fab_note(struct wb_tx *tx, uint32_t peer, bool count, uint32_t tag, void *ctx)
 {
     struct fab_tx *fx = fab_of(tx);
     if (fx->peers[peer].failed)
@@ -295,14 +287,20 @@ int fab_write_imm(struct wb_tx *tx, uint32_t peer, uint32_t tag, void *ctx)
     struct fab_write *w = write_get(fx);
     if (!w)
         return -ENOMEM;
+    struct fab_op *op = op_get(fx);
+    int e =
+        wb_txi_note_make(tx, peer, count ? WB_TXN_COUNT : WB_TXN_WARMUP, tag, 0, 0, 0, op->note);
+    if (e) {
+        op_put(fx, op);
+        w->next = fx->free_writes;
+        fx->free_writes = w;
+        return e;
+    }
     w->ctx = ctx;
     w->peer = peer;
-    w->has_imm = true;
-    w->tag = tag;
     w->left = 1;
-    struct fab_op *op = op_get(fx);
     op->w = w;
-    make_imm(fx, op, fx->rr, peer, tag);
+    make_note(op, fx->rr, peer);
     fx->rr = (fx->rr + 1) % fx->nrails;
     fx->peers[peer].inflight++;
     fx->st.writes++;
@@ -321,7 +319,7 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
                           uw->dst->nrails, uw->peer, p->nrem);
     if (uw->len == 0) {
         if (uw->has_imm)
-            return fab_write_imm(tx, uw->peer, uw->imm, uw->ctx);
+            return fab_note(tx, uw->peer, true, uw->imm, uw->ctx);
         /* Nothing to move and nothing to tell: complete at the next poll, post nothing. */
         struct fab_write *w = write_get(fx);
         if (!w)
@@ -344,45 +342,39 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
     uint64_t npieces = 0, nsh = 0;
     for (uint64_t off = 0; off < len; off += shard, nsh++)
         npieces += div_up(min_u64(shard, len - off), piece);
-    bool deferred = staged_dst || (uw->has_imm && npieces > 1);
+    /* A note follows the data (its immediate, or the commit of a staged range), sent once the
+     * data operations completed at the destination. */
+    bool noted = staged_dst || uw->has_imm;
 
     struct fab_write *w = write_get(fx);
     if (!w)
         return -ENOMEM;
-    if (ops_reserve(fx, npieces + (deferred ? 1 : 0))) {
+    if (ops_reserve(fx, npieces + (noted ? 1 : 0))) {
         w->next = fx->free_writes;
         fx->free_writes = w;
         return -ENOMEM;
     }
-    w->ctx = uw->ctx;
-    w->peer = uw->peer;
-    w->has_imm = uw->has_imm;
-    w->tag = uw->imm;
-    w->left = (uint32_t)npieces;
-    if (deferred) {
+    if (noted) {
         struct fab_op *fin = op_get(fx);
-        fin->w = w;
-        if (staged_dst) {
-            uint32_t rail = fx->rr;
-            fin->kind = OP_COMMIT;
-            fin->rail = (uint8_t)rail;
-            fin->peer = uw->peer;
-            fin->commit = (struct fab_commit){.magic = FAB_COMMIT_MAGIC,
-                                              .version = FAB_COMMIT_VERSION,
-                                              .flags = uw->has_imm ? FAB_COMMIT_IMM : 0,
-                                              .tag = uw->imm,
-                                              .region = uw->dst->id,
-                                              .off = uw->dst->base + uw->dst_off,
-                                              .len = len};
-            fin->lbuf = &fin->commit;
-            fin->len = sizeof(fin->commit);
-        } else {
-            make_imm(fx, fin, fx->rr, uw->peer, uw->imm);
+        uint16_t nf =
+            (uint16_t)((uw->has_imm ? WB_TXN_COUNT : 0) | (staged_dst ? WB_TXN_COMMIT : 0));
+        int e = wb_txi_note_make(tx, uw->peer, nf, uw->imm, staged_dst ? uw->dst->id : 0,
+                                 staged_dst ? uw->dst->base + uw->dst_off : 0, staged_dst ? len : 0,
+                                 fin->note);
+        if (e) {
+            op_put(fx, fin);
+            w->next = fx->free_writes;
+            fx->free_writes = w;
+            return e;
         }
-        w->final_kind = fin->kind;
+        fin->w = w;
+        make_note(fin, fx->rr, uw->peer);
         w->final_op = fin;
     }
-    uint64_t flags = deferred ? FI_DELIVERY_COMPLETE : uw->has_imm ? FI_REMOTE_CQ_DATA : 0;
+    w->ctx = uw->ctx;
+    w->peer = uw->peer;
+    w->left = (uint32_t)npieces;
+    uint64_t flags = noted ? FI_DELIVERY_COMPLETE : 0;
     uint32_t s = 0;
     for (uint64_t off = 0; off < len; off += shard, s++) {
         uint32_t rail = (fx->rr + s) % fx->nrails, j = rail % p->nrem;
@@ -399,7 +391,6 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
             op->raddr = uw->dst->rail[j].addr + uw->dst->base + dof;
             op->rkey = uw->dst->rail[j].key;
             op->flags = flags;
-            op->data = flags & FI_REMOTE_CQ_DATA ? uw->imm : 0;
             m->busy++;
             p->inflight++;
             if (m->bounce) {
@@ -429,12 +420,12 @@ static ssize_t post_op(struct fab_tx *fx, struct fab_op *op)
     fi_addr_t to = fx->peers[op->peer].fa[op->rail];
     if (WB_FAULT_HIT(WB_FAULT_POST)) /* make fault: as the provider refuses a post */
         return -FI_EIO;
-    if (op->kind == OP_COMMIT) {
-        if (r->inject_size >= sizeof(op->commit)) {
-            ssize_t e = fi_inject(r->ep, &op->commit, sizeof(op->commit), to);
+    if (op->kind == OP_NOTE) {
+        if (r->inject_size >= WB_TXN_WIRE) {
+            ssize_t e = fi_inject(r->ep, op->note, WB_TXN_WIRE, to);
             return e ? e : 1;
         }
-        return fi_send(r->ep, &op->commit, sizeof(op->commit), NULL, to, &op->fctx);
+        return fi_send(r->ep, op->note, WB_TXN_WIRE, NULL, to, &op->fctx);
     }
     struct iovec iov = {.iov_base = op->lbuf, .iov_len = op->len};
     struct fi_rma_iov rma = {.addr = op->raddr, .len = op->len, .key = op->rkey};
@@ -456,7 +447,7 @@ static void repost_recv(struct fab_tx *fx, uint32_t i, uint32_t k)
     struct fab_op *op = &r->recv[k];
     ssize_t e = fi_recv(r->ep, op->lbuf, FAB_MSG_SIZE, op->ldesc, FI_ADDR_UNSPEC, &op->fctx);
     if (e == -FI_EAGAIN)
-        r->recv_repost |= 1u << k;
+        r->recv_repost |= 1ull << k;
     else if (e)
         wb_log(WB_LOG_ERROR, "transport", "fabric: rail %u: fi_recv: %s", i, fi_strerror(-e));
 }
@@ -464,7 +455,7 @@ static void repost_recv(struct fab_tx *fx, uint32_t i, uint32_t k)
 int fab_post_recvs(struct fab_tx *fx, uint32_t i)
 {
     struct fab_rail *r = &fx->rail[i];
-    uint8_t *bufs = fx->ctrl + fx->nrails * FAB_BELL_SIZE;
+    uint8_t *bufs = fx->ctrl;
     for (uint32_t k = 0; k < FAB_NRECV; k++) {
         struct fab_op *op = &r->recv[k];
         op->kind = OP_RECV;
@@ -480,9 +471,9 @@ int fab_post_recvs(struct fab_tx *fx, uint32_t i)
 static void post_rail(struct fab_tx *fx, uint32_t i, uint64_t now)
 {
     struct fab_rail *r = &fx->rail[i];
-    for (uint32_t bits = r->recv_repost; bits; bits &= bits - 1) {
-        uint32_t k = (uint32_t)__builtin_ctz(bits);
-        r->recv_repost &= ~(1u << k);
+    for (uint64_t bits = r->recv_repost; bits; bits &= bits - 1) {
+        uint32_t k = (uint32_t)__builtin_ctzll(bits);
+        r->recv_repost &= ~(1ull << k);
         repost_recv(fx, i, k);
     }
     for (uint64_t n = 0; r->pending.first && r->posted.n < r->window && n < fx->cfg.post_batch;) {
@@ -513,40 +504,55 @@ static void post_rail(struct fab_tx *fx, uint32_t i, uint64_t now)
 
 /* ---------------------------------------------------------------- completions */
 
-/* A commit arrived: copy the committed range from the mirror to the registered memory, then
- * count the immediate (at once for host copies, when the copy's event fires otherwise). The
- * range is checked against our own registration: a commit is input from the network. */
-static void handle_commit(struct fab_tx *fx, uint32_t rail, const struct fab_op *rop, size_t len)
+/* The transport peer a note came from (FI_SOURCE: its address vector index on this rail), or
+ * WB_TXN_NOBODY. */
+static uint32_t src_peer(const struct fab_tx *fx, uint32_t rail, fi_addr_t src)
 {
-    struct fab_commit c;
-    memcpy(&c, rop->lbuf, sizeof(c));
-    if (len != sizeof(c) || c.magic != FAB_COMMIT_MAGIC || c.version != FAB_COMMIT_VERSION) {
-        wb_log(WB_LOG_WARN, "transport", "fabric: rail %u: dropped a malformed message", rail);
+    const struct fab_rail *r = &fx->rail[rail];
+    if (src == FI_ADDR_NOTAVAIL || src >= r->nfa || !r->fa_peer[src])
+        return WB_TXN_NOBODY;
+    return r->fa_peer[src] - 1;
+}
+
+/* A note arrived from `src`: checked (note.c); a staged commit copies its range from the mirror
+ * to the registered memory first, then the tag counts (at once for host copies, when the copy's
+ * event fires otherwise). The range is checked against our own registration, which must be open:
+ * a note is input from the network. */
+static void handle_note(struct fab_tx *fx, const void *buf, size_t len, uint32_t src)
+{
+    struct wb_txn n;
+    if (wb_txi_note_accept(&fx->base, buf, len, src, &n) != 1)
+        return;
+    if (!(n.flags & WB_TXN_COMMIT)) {
+        if (n.flags & WB_TXN_COUNT) {
+            fx->st.imm_recv++;
+            wb_txi_imm_arrived(&fx->base, n.tag);
+        }
         return;
     }
-    struct fab_mr *m = fab_mr_find(fx, c.region);
-    if (!m || !m->mirror || c.off > m->base.size || c.len > m->base.size - c.off) {
-        wb_log(WB_LOG_ERROR, "transport",
-               "fabric: commit for region %" PRIu64 " [%" PRIu64 ", +%" PRIu64
-               ") does not match a staged registration; dropped",
-               c.region, c.off, c.len);
+    struct fab_mr *m = fab_mr_find(fx, n.region);
+    if (!m || !m->mirror || m->closed || n.off > m->base.size || n.len > m->base.size - n.off) {
+        wb_txi_note_refuse(&fx->base, WB_TXN_STALE);
         return;
     }
     void *ev = NULL;
     int native = 0;
-    int e = fab_gpu_copy(fx->gpu, 1, (uint8_t *)m->base.ptr + c.off,
-                         (const uint8_t *)m->mirror + c.off, c.len, &ev, &native);
+    int e = fab_gpu_copy(fx->gpu, 1, (uint8_t *)m->base.ptr + n.off,
+                         (const uint8_t *)m->mirror + n.off, n.len, &ev, &native);
     fx->st.staged_copies++;
+    bool count = n.flags & WB_TXN_COUNT;
     if (e) {
         wb_log(WB_LOG_ERROR, "transport",
                "fabric: staging region %" PRIu64 " [%" PRIu64 ", +%" PRIu64
                ") to the device failed (cuda error %d); immediate %u not counted",
-               c.region, c.off, c.len, native, c.tag);
+               n.region, n.off, n.len, native, n.tag);
         return;
     }
     if (!ev) {
-        if (c.flags & FAB_COMMIT_IMM)
-            wb_txi_imm_arrived(&fx->base, c.tag);
+        if (count) {
+            fx->st.imm_recv++;
+            wb_txi_imm_arrived(&fx->base, n.tag);
+        }
         return;
     }
     struct fab_stage *s = malloc(sizeof(*s));
@@ -554,11 +560,13 @@ static void handle_commit(struct fab_tx *fx, uint32_t rail, const struct fab_op 
         int d;
         while ((d = fab_gpu_done(fx->gpu, ev, &native)) == 0) {
         }
-        if (d == 1 && (c.flags & FAB_COMMIT_IMM))
-            wb_txi_imm_arrived(&fx->base, c.tag);
+        if (d == 1 && count) {
+            fx->st.imm_recv++;
+            wb_txi_imm_arrived(&fx->base, n.tag);
+        }
         return;
     }
-    *s = (struct fab_stage){.mr = m, .ev = ev, .tag = c.tag, .has_imm = c.flags & FAB_COMMIT_IMM};
+    *s = (struct fab_stage){.mr = m, .ev = ev, .tag = n.tag, .has_imm = count};
     m->busy++;
     if (fx->stage_last)
         fx->stage_last->next = s;
@@ -576,8 +584,10 @@ static void stage_check(struct fab_tx *fx)
             return; /* one stream: later copies finish later */
         if (d < 0)
             wb_log(WB_LOG_ERROR, "transport", "fabric: staged copy failed (cuda error %d)", native);
-        else if (s->has_imm)
+        else if (s->has_imm) {
+            fx->st.imm_recv++;
             wb_txi_imm_arrived(&fx->base, s->tag);
+        }
         s->mr->busy--;
         fx->stage_first = s->next;
         if (!fx->stage_first)
@@ -586,20 +596,19 @@ static void stage_check(struct fab_tx *fx)
     }
 }
 
-static void handle_cqe(struct fab_tx *fx, uint32_t rail, const struct fi_cq_data_entry *e)
+static void handle_cqe(struct fab_tx *fx, uint32_t rail, const struct fi_cq_data_entry *e,
+                       fi_addr_t src)
 {
-    if (e->flags & FI_REMOTE_WRITE) {
-        if (e->flags & FI_REMOTE_CQ_DATA) {
-            fx->st.imm_recv++;
-            wb_txi_imm_arrived(&fx->base, (uint32_t)e->data);
-        }
+    if (e->flags & FI_REMOTE_WRITE) { /* remote CQ data: nobody of ours sends any */
+        if (e->flags & FI_REMOTE_CQ_DATA)
+            wb_txi_note_refuse(&fx->base, WB_TXN_STRANGER);
         return;
     }
     if (!e->op_context)
         return;
     struct fab_op *op = WB_CONTAINER_OF(e->op_context, struct fab_op, fctx);
     if (op->kind == OP_RECV) {
-        handle_commit(fx, rail, op, e->len);
+        handle_note(fx, op->lbuf, e->len, src_peer(fx, rail, src));
         repost_recv(fx, rail, (uint32_t)op->data);
         return;
     }
@@ -633,9 +642,10 @@ static void handle_cq_err(struct fab_tx *fx, uint32_t rail)
 static int drain_cq(struct fab_tx *fx, uint32_t rail)
 {
     struct fi_cq_data_entry ents[CQ_MAX];
+    fi_addr_t src[CQ_MAX];
     size_t batch = fx->cfg.cq_batch < CQ_MAX ? fx->cfg.cq_batch : CQ_MAX;
     for (int round = 0; round < CQ_ROUNDS; round++) {
-        ssize_t n = fi_cq_read(fx->rail[rail].cq, ents, batch);
+        ssize_t n = fi_cq_readfrom(fx->rail[rail].cq, ents, batch, src);
         if (n == -FI_EAGAIN)
             return 0;
         if (n == -FI_EAVAIL) {
@@ -646,7 +656,7 @@ static int drain_cq(struct fab_tx *fx, uint32_t rail)
             return wb_txi_err(&fx->base, -WB_E_FABRIC, "fabric: rail %u: fi_cq_read: %s", rail,
                               fi_strerror((int)-n));
         for (ssize_t k = 0; k < n; k++)
-            handle_cqe(fx, rail, &ents[k]);
+            handle_cqe(fx, rail, &ents[k], src[k]);
         if ((size_t)n < batch)
             return 0;
     }
@@ -735,6 +745,11 @@ ssize_t fab_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
     copy_stage(fx);
     for (uint32_t i = 0; i < fx->nrails; i++)
         post_rail(fx, i, now);
+    /* notes that arrived before the attempt they belong to began here */
+    uint8_t early[WB_TXN_WIRE];
+    uint32_t from;
+    while (wb_txi_note_early(tx, early, &from))
+        handle_note(fx, early, sizeof(early), from);
     for (uint32_t i = 0; i < fx->nrails; i++) {
         int e = drain_cq(fx, i);
         if (e)

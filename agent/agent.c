@@ -436,9 +436,27 @@ static void cmd_setup(struct wb_endpoint *ep, const struct wb_body_setup *b)
     report(ep, WB_MSG_REP_SETUP, &r);
 }
 
+/* Testing ($WB_TEST_PEERS_OUT=DIR): what this agent was told of its peers — addresses and
+ * memory descriptors, every key it holds — written to DIR/<role><rank>.peers, so that a test
+ * can play a departed member who kept them. */
+static void peers_out(const struct wb_endpoint *ep, const struct wb_body_peers *b)
+{
+    const char *dir = getenv("WB_TEST_PEERS_OUT");
+    if (!dir || !*dir)
+        return;
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/%s%u.peers", dir, ep->role, ep->o.rank);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(b->agents.p, 1, b->agents.n, f) != b->agents.n)
+        wb_log(WB_LOG_ERROR, M, "%s: cannot write the peer list", path);
+    if (f)
+        fclose(f);
+}
+
 static void cmd_peers(struct wb_endpoint *ep, const struct wb_body_peers *b)
 {
     char err[WB_ERRMSG_MAX] = "";
+    peers_out(ep, b);
     int rc = ep->d ? ag_data_peers(ep->d, b->agents.p, b->agents.n, err, sizeof(err)) : -EINVAL;
     if (rc && !*err)
         snprintf(err, sizeof(err), "%s", ep->d ? wb_strerror(rc) : "peers before setup");

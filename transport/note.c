@@ -39,7 +39,7 @@ enum {
     PAST_EPOCHS = 8,
     EARLY_CAP = 16384,           /* notes kept for an attempt not begun here yet */
     DEFAULT_MAX_TAGS = 1 << 16,  /* counters per attempt when the attempt does not say */
-    DEFAULT_MAX_NOTES = 1 << 22, /* replay-set entries per attempt likewise */
+    DEFAULT_MAX_NOTES = 1 << 20, /* replay-set entries per attempt likewise (32 MiB at most) */
     LOG_EVERY_NS = 1000 * 1000 * 1000,
 };
 
@@ -153,7 +153,7 @@ static uint64_t mix64(uint64_t x)
     return x;
 }
 
-/* A table of `n` slots of `size` bytes, doubled (or made `first`) and rehashed by `rehash`. */
+/* A zeroed table of n slots of `size` bytes. */
 static void *table_new(size_t n, size_t size)
 {
     return calloc(n, size);
@@ -165,26 +165,24 @@ static void *table_new(size_t n, size_t size)
  * out of room or out of memory). */
 static struct imm_slot *imm_slot(struct wb_txn_state *c, uint32_t tag, bool create)
 {
+    if (create && c->used + 1 > c->max_tags)
+        create = false; /* a lookup only: a new counter finds no room */
     if (create && (c->used + 1) * 2 > c->nslots) {
-        if (c->used + 1 > c->max_tags)
-            create = false;
-        else {
-            size_t n = c->nslots ? 2 * c->nslots : 64;
-            struct imm_slot *s = table_new(n, sizeof(*s));
-            if (!s)
-                return NULL;
-            for (size_t i = 0; i < c->nslots; i++) {
-                if (!c->slots[i].used)
-                    continue;
-                size_t j = mix64(c->slots[i].tag) & (n - 1);
-                while (s[j].used)
-                    j = (j + 1) & (n - 1);
-                s[j] = c->slots[i];
-            }
-            free(c->slots);
-            c->slots = s;
-            c->nslots = n;
+        size_t n = c->nslots ? 2 * c->nslots : 64;
+        struct imm_slot *s = table_new(n, sizeof(*s));
+        if (!s)
+            return NULL;
+        for (size_t i = 0; i < c->nslots; i++) {
+            if (!c->slots[i].used)
+                continue;
+            size_t j = mix64(c->slots[i].tag) & (n - 1);
+            while (s[j].used)
+                j = (j + 1) & (n - 1);
+            s[j] = c->slots[i];
         }
+        free(c->slots);
+        c->slots = s;
+        c->nslots = n;
     }
     if (!c->nslots)
         return NULL;
@@ -469,9 +467,8 @@ static int refuse(struct wb_tx *tx, uint64_t *counter)
 static int seen_add(struct wb_txn_state *s, uint64_t src, uint32_t tag, uint32_t seq, bool *dup)
 {
     *dup = false;
-    if ((s->nseen + 1) * 2 > s->nseen_slots) {
-        if (s->nseen + 1 > s->max_notes)
-            return -ENOSPC;
+    bool room = s->nseen + 1 <= s->max_notes; /* a duplicate is still found when full */
+    if (room && (s->nseen + 1) * 2 > s->nseen_slots) {
         size_t n = s->nseen_slots ? 2 * s->nseen_slots : 256;
         struct seen_key *t = table_new(n, sizeof(*t));
         if (!t)
@@ -498,6 +495,8 @@ static int seen_add(struct wb_txn_state *s, uint64_t src, uint32_t tag, uint32_t
         }
         j = (j + 1) & (s->nseen_slots - 1);
     }
+    if (!room)
+        return -ENOSPC;
     s->seen[j] = (struct seen_key){src, tag, seq};
     s->nseen++;
     return 0;

@@ -7,6 +7,7 @@
 #include "tests/wbtest.h"
 #include "transport/cudaipc/cudaipc.h"
 #include "transport/transport.h"
+#include "transport/tx_priv.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -543,6 +544,199 @@ static void test_counters_inproc(void)
     pair_close(&p);
 }
 
+/* ---------------------------------------------------------------- notes */
+
+static struct wb_tx_note_stats note_stats(struct wb_tx *tx)
+{
+    struct wb_tx_note_stats st;
+    wb_tx_note_stats(tx, &st);
+    return st;
+}
+
+/* Every check an arrived note passes, one refusal each, counted by reason: a member's note
+ * counts once (its replay does not), a stranger's, a flipped bit, a short one, another key's,
+ * another version's, an ended attempt's and one arriving before its attempt began (kept, then
+ * counted once it does) — with the transports' real peer tables (A is B's peer 0). */
+static void test_notes_checked(void)
+{
+    struct pair p;
+    pair_open(&p, TCP);
+    struct wb_tx_attempt at = {.epoch = 0x1111, .version = 3, .max_tags = 4, .max_notes = 64};
+    memset(at.key, 7, sizeof(at.key));
+    CHECK_INT(wb_tx_attempt_begin(p.a, &at), 0);
+    CHECK_INT(wb_tx_attempt_begin(p.b, &at), 0);
+    CHECK_INT(wb_tx_attempt_begin(p.b, &at), -EALREADY);
+    CHECK_U64(wb_tx_attempt_epoch(p.b), 0x1111);
+    uint8_t n[WB_TXN_WIRE], m[WB_TXN_WIRE];
+    struct wb_txn got;
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 5, 0, 0, 0, n), 0);
+    CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), 0, &got), 1);
+    CHECK_INT(got.tag, 5);
+    CHECK_INT(got.seq, 0);
+    CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), 0, &got), 0); /* replayed */
+    CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), WB_TXN_NOBODY, &got), 0);
+    memcpy(m, n, sizeof(m));
+    m[8] ^= 1; /* a bit of the tag: the MAC no longer matches */
+    CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
+    CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n) - 1, 0, &got), 0);
+    /* the next note of (peer, tag) has the next sequence number: it counts */
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 5, 0, 0, 0, m), 0);
+    CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 1);
+    CHECK_INT(got.seq, 1);
+    struct wb_tx_note_stats st = note_stats(p.b);
+    CHECK_U64(st.accepted, 2);
+    CHECK_U64(st.replayed, 1);
+    CHECK_U64(st.stranger, 1);
+    CHECK_U64(st.forged, 2);
+    /* made under another key, or for another version: forged */
+    struct wb_tx_attempt other = at;
+    other.key[0] ^= 1;
+    CHECK_INT(wb_tx_attempt_begin(p.a, &(struct wb_tx_attempt){.epoch = 0x2222}), 0);
+    CHECK_INT(wb_tx_attempt_begin(p.a, &other), 0);
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 6, 0, 0, 0, m), 0);
+    CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
+    other = at;
+    other.version = 4;
+    CHECK_INT(wb_tx_attempt_begin(p.a, &(struct wb_tx_attempt){.epoch = 0x3333}), 0);
+    CHECK_INT(wb_tx_attempt_begin(p.a, &other), 0);
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 6, 0, 0, 0, m), 0);
+    CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
+    CHECK_U64(note_stats(p.b).forged, 4);
+    /* B moves on to attempt 0x4444: the first attempt's notes are stale now */
+    struct wb_tx_attempt next = at;
+    next.epoch = 0x4444;
+    CHECK_INT(wb_tx_attempt_begin(p.b, &next), 0);
+    CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), 0, &got), 0);
+    CHECK_U64(note_stats(p.b).stale, 1);
+    /* A begins attempt 0x5555 before B: its note is kept, and counts once B begins it */
+    struct wb_tx_attempt later = at;
+    later.epoch = 0x5555;
+    CHECK_INT(wb_tx_attempt_begin(p.a, &later), 0);
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 9, 0, 0, 0, m), 0);
+    CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
+    CHECK_U64(note_stats(p.b).early, 1);
+    uint8_t back[WB_TXN_WIRE];
+    uint32_t from = 99;
+    CHECK_INT(wb_txi_note_early(p.b, back, &from), 0); /* not B's attempt yet */
+    CHECK_INT(wb_tx_attempt_begin(p.b, &later), 0);
+    CHECK_INT(wb_txi_note_early(p.b, back, &from), 1);
+    CHECK_INT(from, 0);
+    CHECK_INT(wb_txi_note_accept(p.b, back, sizeof(back), from, &got), 1);
+    CHECK_INT(got.tag, 9);
+    /* without an attempt nothing counts and nothing is sent */
+    wb_tx_attempt_end(p.b);
+    CHECK_U64(wb_tx_attempt_epoch(p.b), 0);
+    CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
+    CHECK_INT(wb_txi_note_make(p.b, 0, WB_TXN_COUNT, 1, 0, 0, 0, m), -EPROTO);
+    CHECK_INT(wb_tx_attempt_begin(p.b, &(struct wb_tx_attempt){.epoch = 0}), -EINVAL);
+    pair_close(&p);
+}
+
+/* An attempt's tables are bounded by what it declared: a counter past max_tags is refused
+ * (-ENOSPC) and an arrival that would need one is dropped and counted, never allocated. */
+static void test_notes_bounded(void)
+{
+    struct pair p;
+    pair_open(&p, TCP);
+    struct wb_tx_attempt at = {.epoch = 77, .version = 1, .max_tags = 2, .max_notes = 3};
+    CHECK_INT(wb_tx_attempt_begin(p.a, &at), 0);
+    CHECK_INT(wb_tx_attempt_begin(p.b, &at), 0);
+    CHECK_INT(wb_tx_expect(p.b, 1, 5, NULL, NULL), 0);
+    CHECK_INT(wb_tx_expect(p.b, 2, 5, NULL, NULL), 0);
+    CHECK_INT(wb_tx_expect(p.b, 3, 5, NULL, NULL), -ENOSPC);
+    CHECK_STR(wb_tx_errmsg(p.b), "expect: tag 3: the attempt's 2 counters are in use");
+    uint8_t n[WB_TXN_WIRE];
+    struct wb_txn got;
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 3, 0, 0, 0, n), 0);
+    CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), 0, &got), 1);
+    wb_txi_imm_arrived(p.b, 3); /* no counter can be made for it */
+    CHECK_U64(note_stats(p.b).full, 1);
+    CHECK_U64(wb_tx_imm_count(p.b, 3), 0);
+    /* the replay set holds max_notes: the fourth distinct note finds no room */
+    for (int i = 0; i < 3; i++) {
+        CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 1, 0, 0, 0, n), 0);
+        (void)wb_txi_note_accept(p.b, n, sizeof(n), 0, &got);
+    }
+    CHECK_U64(note_stats(p.b).full, 2);
+    pair_close(&p);
+}
+
+/* Over the wire: a stranger's notes (a transport B never added) are dropped and counted at
+ * B's end by the provider's source address, whatever they claim; a closed window refuses a
+ * write under its key (the writer's completion fails) and lands nothing; opened again under
+ * the same key, A's write lands and counts. */
+static void test_notes_wire(void)
+{
+    struct pair p;
+    pair_open(&p, TCP);
+    struct wb_tx *s = open_ok(TCP);
+    uint32_t sp = connect(s, p.b); /* the stranger knows B's address; B does not know it */
+    struct wb_tx_attempt at = {.epoch = 42, .version = 1};
+    CHECK_INT(wb_tx_attempt_begin(p.a, &at), 0);
+    CHECK_INT(wb_tx_attempt_begin(p.b, &at), 0);
+    CHECK_INT(wb_tx_attempt_begin(s, &at), 0); /* even with the attempt's very key */
+    CHECK_INT(wb_tx_expect(p.b, 7, 1, NULL, (void *)"seven"), 0);
+    for (int i = 0; i < 100; i++)
+        CHECK_INT(wb_tx_write_imm(s, sp, 7, NULL), 0);
+    struct wb_tx_event ev[64];
+    uint64_t dl = wb_now_ns() + 60000000000ull;
+    int done = 0;
+    while (note_stats(p.b).stranger < 100 || done < 100) {
+        CHECK(wb_now_ns() < dl);
+        CHECK_INT(wb_tx_poll(p.b, ev, 64), 0); /* nothing counts */
+        ssize_t k = wb_tx_poll(s, ev, 64);
+        CHECK(k >= 0);
+        done += (int)k;
+    }
+    CHECK_U64(note_stats(p.b).stranger, 100);
+    CHECK_U64(wb_tx_imm_count(p.b, 7), 0);
+    /* the window: closed, the stranger's write under the real key is refused */
+    CHECK_INT(wb_tx_mr_window(p.b, p.dmr, false), 0);
+    uint8_t *junk = malloc(4096);
+    CHECK(junk);
+    memset(junk, 0xAA, 4096);
+    struct wb_tx_mr *jm;
+    CHECK_INT(wb_tx_mr_reg(s, junk, 4096, WB_TX_ACCESS_SRC, &jm), 0);
+    /* with an immediate: delivery complete, so the completion says what B did with it */
+    struct wb_tx_write w = {.src = jm,
+                            .peer = sp,
+                            .dst = &p.d,
+                            .len = 4096,
+                            .has_imm = true,
+                            .imm = 7,
+                            .ctx = (void *)"j"};
+    CHECK_INT(wb_tx_write(s, &w), 0);
+    int err = 0;
+    dl = wb_now_ns() + 60000000000ull;
+    for (bool fin = false; !fin;) {
+        CHECK(wb_now_ns() < dl);
+        wb_tx_poll(p.b, ev, 64);
+        ssize_t k = wb_tx_poll(s, ev, 64);
+        for (ssize_t i = 0; i < k; i++)
+            if (ev[i].kind == WB_TX_EV_WRITE) {
+                fin = true;
+                err = ev[i].err;
+            }
+    }
+    CHECK(err != 0);
+    for (int i = 0; i < 4096; i++)
+        CHECK_INT(p.dst[i], 0);
+    /* open again: A's write and note land and count */
+    CHECK_INT(wb_tx_mr_window(p.b, p.dmr, true), 0);
+    struct wb_tx_write aw = {
+        .src = p.smr, .peer = p.peer, .dst = &p.d, .len = 4096, .has_imm = true, .imm = 7};
+    CHECK_INT(wb_tx_write(p.a, &aw), 0);
+    struct wb_tx_event out[1];
+    pair_run(&p, 1, 1, out);
+    CHECK_INT(out[0].kind, WB_TX_EV_IMM);
+    CHECK_STR(out[0].ctx, "seven");
+    CHECK_MEM(p.dst, p.src, 4096);
+    CHECK_INT(wb_tx_mr_dereg(s, jm), 0);
+    wb_tx_close(s);
+    free(junk);
+    pair_close(&p);
+}
+
 /* Close right after queueing work (never polled), and with registrations left: no leak, no
  * crash (ASan checks both). */
 static void test_close_with_work(void)
@@ -686,6 +880,9 @@ const struct wb_test wb_tests[] = {
     {"register_rules", test_register_rules, 120},
     {"counters_inproc", test_counters_inproc, 120},
     {"close_with_work", test_close_with_work, 120},
+    {"notes_checked", test_notes_checked, 0},
+    {"notes_bounded", test_notes_bounded, 0},
+    {"notes_wire", test_notes_wire, 0},
     {"mbox", test_mbox, 0},
     {"mbox_stale_sweep", test_mbox_stale_sweep, 0},
     {0},

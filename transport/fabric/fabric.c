@@ -457,8 +457,20 @@ static size_t list_item(const char *list, size_t i, char *buf, size_t cap)
     return n;
 }
 
+/* tcp;ofi_rxm's message buffers are 16 KiB by default, and it preposts thousands per endpoint
+ * (about 65 MB of resident memory per rail, seen here); the only messages this transport sends
+ * are 80-byte notes, so 1 KiB buffers lose nothing (data moves by RMA writes, which do not use
+ * them). libfabric reads the setting when it first loads its providers, and rxm refuses a peer
+ * whose value differs: it is set only where the environment does not say otherwise, and the
+ * same way in every process of a job. */
+static void rxm_buffers(void)
+{
+    setenv("FI_OFI_RXM_BUFFER_SIZE", "1024", 0);
+}
+
 static struct fi_info *get_info(const struct wb_tx_cfg *cfg, bool hmem, int *err)
 {
+    rxm_buffers();
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
     if (!hints) {
         *err = -FI_ENOMEM;

@@ -47,9 +47,12 @@
 #include <rdma/fi_rma.h>
 
 enum {
-    FAB_NAME_MAX = 64,  /* endpoint address bytes */
-    FAB_NRECV = 64,     /* note receives posted per rail (a bit each in recv_repost) */
-    FAB_MSG_SIZE = 128, /* bytes per note receive buffer (a note is WB_TXN_WIRE) */
+    FAB_NAME_MAX = 64, /* endpoint address bytes */
+    /* Note receives posted per rail. Many: a note that finds none posted waits in the provider
+     * as an unexpected message holding a whole eager buffer (16 KiB on tcp;ofi_rxm), so a
+     * burst of them — a flood from a stranger — would cost memory in proportion. */
+    FAB_NRECV = 1024,
+    FAB_MSG_SIZE = 128,               /* bytes per note receive buffer (a note is WB_TXN_WIRE) */
     FAB_CHECK_NS = 100 * 1000 * 1000, /* liveness/timeout checks at most every 100 ms */
     FAB_MAX_OP = 1 << 30,             /* largest provider operation (tcp and shm report SIZE_MAX) */
 };
@@ -117,7 +120,7 @@ struct fab_rail {
     void *pool_desc;
     struct fab_list pending, posted;
     struct fab_op recv[FAB_NRECV];
-    uint64_t recv_repost; /* bitmask of receives to post again (EAGAIN) */
+    uint64_t recv_repost[FAB_NRECV / 64]; /* receives to post again (EAGAIN), a bit each */
 };
 
 struct fab_peer {

@@ -447,7 +447,7 @@ static void repost_recv(struct fab_tx *fx, uint32_t i, uint32_t k)
     struct fab_op *op = &r->recv[k];
     ssize_t e = fi_recv(r->ep, op->lbuf, FAB_MSG_SIZE, op->ldesc, FI_ADDR_UNSPEC, &op->fctx);
     if (e == -FI_EAGAIN)
-        r->recv_repost |= 1ull << k;
+        r->recv_repost[k / 64] |= 1ull << (k % 64);
     else if (e)
         wb_log(WB_LOG_ERROR, "transport", "fabric: rail %u: fi_recv: %s", i, fi_strerror(-e));
 }
@@ -471,11 +471,12 @@ int fab_post_recvs(struct fab_tx *fx, uint32_t i)
 static void post_rail(struct fab_tx *fx, uint32_t i, uint64_t now)
 {
     struct fab_rail *r = &fx->rail[i];
-    for (uint64_t bits = r->recv_repost; bits; bits &= bits - 1) {
-        uint32_t k = (uint32_t)__builtin_ctzll(bits);
-        r->recv_repost &= ~(1ull << k);
-        repost_recv(fx, i, k);
-    }
+    for (uint32_t wd = 0; wd < FAB_NRECV / 64; wd++)
+        for (uint64_t bits = r->recv_repost[wd]; bits; bits &= bits - 1) {
+            uint32_t k = (uint32_t)__builtin_ctzll(bits);
+            r->recv_repost[wd] &= ~(1ull << k);
+            repost_recv(fx, i, wd * 64 + k);
+        }
     for (uint64_t n = 0; r->pending.first && r->posted.n < r->window && n < fx->cfg.post_batch;) {
         struct fab_op *op = r->pending.first;
         ssize_t e = post_op(fx, op);

@@ -217,11 +217,26 @@ int ag_segs_group(const struct reg *regs, uint32_t nregs, ag_alloc_range_fn rang
         }
         s[n++] = (struct seg){.base = base, .len = size, .device = r->device};
     }
-    /* Merge what overlaps or touches (host pages; GPU tensors of one allocation). */
+    /* Merge host pages that overlap or touch, and GPU tensors of one allocation — only those:
+     * two GPU allocations stay two segments even where the driver placed them back to back.
+     * A segment is registered (and, for CUDA IPC, exported by the handle of the allocation it
+     * starts in) as one piece, and a peer reaches every tensor in it at its offset from the
+     * segment's base; a peer that opened the first allocation's handle has mapped that
+     * allocation and nothing after it, so a tensor of the next one was written past the
+     * mapping — into whatever the writer's process had there — while the write was counted
+     * as landed (issue #35: layers 1-3 of a Qwen3 rollout, whose caching-allocator segments
+     * lay back to back, wrong while every version was complete; trainers whose own memory
+     * there held more crashed). Host
+     * memory is one address space for every transport: touching pages may share a
+     * registration. */
     qsort(s, n, sizeof(*s), cmp_seg);
     uint32_t m = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (m && s[i].device == s[m - 1].device && s[i].base <= s[m - 1].base + s[m - 1].len) {
+        const struct seg *prev = m ? &s[m - 1] : NULL;
+        bool merge = prev && s[i].device == prev->device &&
+                     (s[i].device ? s[i].base == prev->base /* the same allocation */
+                                  : s[i].base <= prev->base + prev->len);
+        if (merge) {
             uintptr_t end = s[i].base + s[i].len;
             if (end > s[m - 1].base + s[m - 1].len)
                 s[m - 1].len = end - s[m - 1].base;

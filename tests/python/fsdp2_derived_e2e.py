@@ -50,7 +50,7 @@ DENSE = {"head_dim": 64, "hidden_size": 256, "intermediate_size": 384, "num_atte
 CONFIGS = {
     "qwen3": dict(DENSE, architectures=["Qwen3ForCausalLM"], model_type="qwen3"),
     "qwen3_moe": dict(DENSE, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
-                      num_experts=4, moe_intermediate_size=384, num_experts_per_tok=2,
+                      num_experts=2, moe_intermediate_size=384, num_experts_per_tok=2,
                       decoder_sparse_step=1, mlp_only_layers=[]),
     "llama3": dict({k: v for k, v in DENSE.items() if k != "head_dim"}, architectures=["LlamaForCausalLM"],
                    model_type="llama", tie_word_embeddings=True),

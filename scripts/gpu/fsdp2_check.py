@@ -30,7 +30,6 @@ Usage: fsdp2_check.py [--case bf16|fp8|all] [--layers N] [--versions N] [--timeo
 
 import argparse
 import json
-import math
 import os
 import random
 import signal
@@ -42,6 +41,7 @@ import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # endpoint_check's reference
 BIN = os.environ.get("WB_BIN", os.path.join(ROOT, "build", "bin"))
 RULES = os.path.join(ROOT, "configs/models/qwen3.yaml")
 TOKEN = os.environ.setdefault("WB_TOKEN", "fsdp2-check-%d" % random.randrange(1 << 30))
@@ -152,24 +152,13 @@ def run_trainer(url, tmp, case, layers, versions, timeout):
 # ---------------------------------------------------------------- the rollout
 
 
-def per_block_cast_to_fp8(x):
-    """DeepGEMM's reference (tests/test_core.py): 128x128 blocks from the origin."""
-    import torch
-
-    m, n = x.shape
-    xp = torch.zeros((math.ceil(m / 128) * 128, math.ceil(n / 128) * 128), dtype=x.dtype, device=x.device)
-    xp[:m, :n] = x
-    xv = xp.view(-1, 128, xp.size(1) // 128, 128)
-    amax = xv.abs().float().amax(dim=(1, 3), keepdim=True).clamp(1e-4)
-    q = (xv * (448.0 / amax)).to(torch.float8_e4m3fn)
-    return q.view_as(xp)[:m, :n].contiguous(), (amax / 448.0).view(xv.size(0), xv.size(2))
-
-
 def expected(ref, names, fp8):
     """The rollout tensors from the trainer's full parameters: fused, and for FP8 the fused
     tensor quantized (its components start on 128-row block edges, so that is each component
     quantized and concatenated, as vLLM's loader does)."""
     import torch
+
+    from endpoint_check import per_block_cast_to_fp8  # DeepGEMM's reference, beside this file
 
     out = {}
     for name in names:

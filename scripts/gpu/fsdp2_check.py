@@ -143,10 +143,7 @@ def run_trainer(url, tmp, case, layers, versions, timeout):
         json.dump({"changed": changed, "total": total}, f)
     log(f"trainer rank {rank}: {changed} of {total} bytes of the full tensors taken after registration changed")
     t.close()
-    dist.destroy_process_group()
-    if changed:
-        raise SystemExit(f"fsdp2_check: trainer rank {rank}: the transfers wrote into its own memory "
-                         f"({changed} bytes of tensors it allocated after registering)")
+    dist.destroy_process_group()  # a difference is the parent's verdict, with the rollout's
 
 
 # ---------------------------------------------------------------- the rollout
@@ -240,9 +237,7 @@ def run_rollout(url, tmp, case, layers, versions, device, timeout):
             f.write(str(differ))
     with open(os.path.join(tmp, "rollout.json"), "w") as f:
         json.dump({"differ": differ_all, "total": total * versions, "tensors": len(params), "bad": bad_all[:100]}, f)
-    r.close()
-    if differ_all:
-        raise SystemExit(f"fsdp2_check: case {case}: {differ_all} of {total * versions} rollout bytes differ")
+    r.close()  # a difference is the parent's verdict: it prints the case's summary line
 
 
 # ---------------------------------------------------------------- the run
@@ -360,15 +355,21 @@ dead_after: 10s
     if failed:
         log(f"case {case}: FAILED: {failed}")
         return 1
-    with open(os.path.join(tmp, "rollout.json")) as f:
-        res = json.load(f)
-    tr = []
-    for r in range(2):
-        with open(os.path.join(tmp, f"trainer{r}.json")) as f:
-            tr.append(json.load(f))
+    try:
+        with open(os.path.join(tmp, "rollout.json")) as f:
+            res = json.load(f)
+        tr = []
+        for r in range(2):
+            with open(os.path.join(tmp, f"trainer{r}.json")) as f:
+                tr.append(json.load(f))
+    except (OSError, ValueError) as e:
+        log(f"case {case}: FAILED: every process exited 0 but a result is missing: {e}")
+        return 1
     log(f"case {case}: {res['differ']} of {res['total']} bytes differ ({res['tensors']} rollout tensors, "
         f"{a.versions} versions); trainers' own memory: {sum(t['changed'] for t in tr)} of "
         f"{sum(t['total'] for t in tr)} bytes changed")
+    for b in res["bad"][:40]:
+        log("    " + b)
     return 1 if res["differ"] or any(t["changed"] for t in tr) else 0
 
 

@@ -185,6 +185,12 @@ void ag_regs_put(const struct wb_endpoint *ep, struct wb_mpw *w);
 /* Groups the registrations into allocations (ep->segs): GPU memory by the allocation the
  * driver reports, host memory by page-aligned ranges merged where they touch. */
 int ag_segs_build(struct wb_endpoint *ep, char *err, size_t errcap);
+/* The grouping itself, for nregs registrations: range(arg, p, &base, &size) is the GPU
+ * allocation holding device pointer p (ag_gpu_addr_range in ag_segs_build; tests give their
+ * own). *out (malloc'd) gets *nout segments sorted by base. */
+typedef int (*ag_alloc_range_fn)(void *arg, const void *p, uintptr_t *base, uint64_t *size);
+int ag_segs_group(const struct reg *regs, uint32_t nregs, ag_alloc_range_fn range, void *arg,
+                  struct seg **out, uint32_t *nout, char *err, size_t errcap);
 /* The segment holding [p, p + n): its index, or -1. */
 int ag_seg_of(const struct wb_endpoint *ep, const void *p, uint64_t n);
 void ag_regs_free(struct wb_endpoint *ep);

@@ -174,33 +174,29 @@ static int cmp_seg(const void *a, const void *b)
     return x->base < y->base ? -1 : x->base > y->base;
 }
 
-int ag_segs_build(struct wb_endpoint *ep, char *err, size_t errcap)
+/* The device-allocation lookup of ag_segs_build: the driver's (cuMemGetAddressRange). */
+static int gpu_range(void *arg, const void *p, uintptr_t *base, uint64_t *size)
 {
-    /* The driver answers for the calling thread's context: the endpoint's thread has none until
-     * it names its device. */
-    int rc0 = ep->o.device >= 0 ? ag_gpu_use(ep->o.device) : 0;
-    if (rc0) {
-        snprintf(err, errcap, "GPU %d: %s", ep->o.device, wb_strerror(rc0));
-        return rc0;
-    }
-    int rc1 = ag_regs_index(ep);
-    if (rc1)
-        return rc1;
-    if (ep->sourced) /* nothing in memory: the executor reads into its own */
-        return 0;
-    struct seg *s = calloc(ep->nregs ? ep->nregs : 1, sizeof(*s));
+    (void)arg;
+    return ag_gpu_addr_range(p, base, size);
+}
+
+int ag_segs_group(const struct reg *regs, uint32_t nregs, ag_alloc_range_fn range, void *arg,
+                  struct seg **out, uint32_t *nout, char *err, size_t errcap)
+{
+    struct seg *s = calloc(nregs ? nregs : 1, sizeof(*s));
     uint32_t n = 0;
     if (!s)
         return -ENOMEM;
-    for (uint32_t i = 0; i < ep->nregs; i++) {
-        const struct reg *r = &ep->regs[i];
+    for (uint32_t i = 0; i < nregs; i++) {
+        const struct reg *r = &regs[i];
         uint64_t len = extent_bytes(r);
         if (!len)
             continue;
         uintptr_t p = (uintptr_t)r->ptr, base;
         uint64_t size;
         if (r->device) {
-            int rc = ag_gpu_addr_range(r->ptr, &base, &size);
+            int rc = range(arg, r->ptr, &base, &size);
             if (rc) {
                 snprintf(err, errcap, "%s: cannot find the GPU allocation it lies in: %s",
                          r->t.meta.name, wb_strerror(rc));
@@ -221,11 +217,26 @@ int ag_segs_build(struct wb_endpoint *ep, char *err, size_t errcap)
         }
         s[n++] = (struct seg){.base = base, .len = size, .device = r->device};
     }
-    /* Merge what overlaps or touches (host pages; GPU tensors of one allocation). */
+    /* Merge host pages that overlap or touch, and GPU tensors of one allocation — only those:
+     * two GPU allocations stay two segments even where the driver placed them back to back.
+     * A segment is registered (and, for CUDA IPC, exported by the handle of the allocation it
+     * starts in) as one piece, and a peer reaches every tensor in it at its offset from the
+     * segment's base; a peer that opened the first allocation's handle has mapped that
+     * allocation and nothing after it, so a tensor of the next one was written past the
+     * mapping — into whatever the writer's process had there — while the write was counted
+     * as landed (issue #35: layers 1-3 of a Qwen3 rollout, whose caching-allocator segments
+     * lay back to back, wrong while every version was complete; trainers whose own memory
+     * there held more crashed). Host
+     * memory is one address space for every transport: touching pages may share a
+     * registration. */
     qsort(s, n, sizeof(*s), cmp_seg);
     uint32_t m = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (m && s[i].device == s[m - 1].device && s[i].base <= s[m - 1].base + s[m - 1].len) {
+        const struct seg *prev = m ? &s[m - 1] : NULL;
+        bool merge = prev && s[i].device == prev->device &&
+                     (s[i].device ? s[i].base == prev->base /* the same allocation */
+                                  : s[i].base <= prev->base + prev->len);
+        if (merge) {
             uintptr_t end = s[i].base + s[i].len;
             if (end > s[m - 1].base + s[m - 1].len)
                 s[m - 1].len = end - s[m - 1].base;
@@ -233,6 +244,30 @@ int ag_segs_build(struct wb_endpoint *ep, char *err, size_t errcap)
             s[m++] = s[i];
         }
     }
+    *out = s;
+    *nout = m;
+    return 0;
+}
+
+int ag_segs_build(struct wb_endpoint *ep, char *err, size_t errcap)
+{
+    /* The driver answers for the calling thread's context: the endpoint's thread has none until
+     * it names its device. */
+    int rc0 = ep->o.device >= 0 ? ag_gpu_use(ep->o.device) : 0;
+    if (rc0) {
+        snprintf(err, errcap, "GPU %d: %s", ep->o.device, wb_strerror(rc0));
+        return rc0;
+    }
+    int rc1 = ag_regs_index(ep);
+    if (rc1)
+        return rc1;
+    if (ep->sourced) /* nothing in memory: the executor reads into its own */
+        return 0;
+    struct seg *s;
+    uint32_t m;
+    int rc = ag_segs_group(ep->regs, ep->nregs, gpu_range, NULL, &s, &m, err, errcap);
+    if (rc)
+        return rc;
     free(ep->segs);
     ep->segs = s;
     ep->nsegs = m;

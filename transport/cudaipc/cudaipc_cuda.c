@@ -134,7 +134,7 @@ static void event_put(struct ipc_tx *ix, cudaEvent_t e)
 /* The allocation containing p (cuMemGetAddressRange): cudaIpcGetMemHandle names whole
  * allocations, while callers register tensors inside allocator segments. The driver function is
  * fetched through the runtime because the build links only the static runtime. */
-static int alloc_base(const void *p, uint64_t *off)
+static int alloc_base(const void *p, uint64_t *off, uint64_t *alloc_size)
 {
     void *fn = NULL;
     enum cudaDriverEntryPointQueryResult q;
@@ -151,6 +151,7 @@ static int alloc_base(const void *p, uint64_t *off)
     if (get_range(&base, &size, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
         return -WB_E_CUDA;
     *off = (uint64_t)((uintptr_t)p - (uintptr_t)base);
+    *alloc_size = size;
     return 0;
 }
 
@@ -175,10 +176,22 @@ static int ipc_mr_reg(struct wb_tx *tx, void *ptr, uint64_t len, unsigned access
     if (!m)
         return wb_txi_err(tx, -ENOMEM, "register: out of memory");
     if (access & WB_TX_ACCESS_DST) {
-        int e = alloc_base(ptr, &m->alloc_off);
+        uint64_t asize = 0;
+        int e = alloc_base(ptr, &m->alloc_off, &asize);
         if (e) {
             free(m);
             return wb_txi_err(tx, e, "register: cuMemGetAddressRange failed");
+        }
+        /* A peer maps the allocation the handle names and nothing after it: a region running
+         * past it would be written past the peer's mapping (issue #35). */
+        uint64_t off = m->alloc_off;
+        if (len > asize - off) {
+            free(m);
+            return wb_txi_err(tx, -WB_E_BOUNDS,
+                              "register: %" PRIu64 " bytes at %p run past their allocation "
+                              "(%" PRIu64 " bytes, %p at offset %" PRIu64
+                              "): a peer maps one allocation per IPC handle",
+                              len, ptr, asize, ptr, off);
         }
         void *base = (uint8_t *)ptr - m->alloc_off;
         m->alloc = (uintptr_t)base;

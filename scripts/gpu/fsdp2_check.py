@@ -1,0 +1,420 @@
+#!/usr/bin/env python3
+"""fsdp2_check.py — issue #35's case on GPUs, as reported: FSDP2 trainers -> one rollout.
+
+Trainers: `torchrun --nproc_per_node 2`, a transformers Qwen3ForCausalLM (hidden 1024,
+intermediate 3072, LAYERS layers, 16 heads, 8 KV heads, head_dim 64, vocab 4096, untied, random
+init, BF16), fully_shard(layer) for every decoder layer and then fully_shard(model) on the default
+mesh; wb.Trainer(url, model=model, rank=rank) registers the DTensor shards (the job names no
+trainer layout: the controller derives it). Right after registering, every parameter's
+full_tensor() is taken once and kept (the report's variant that crashed with an illegal
+instruction: memory allocated after the rollout's IPC handles were opened); at the end it must be
+unchanged. Then VERSIONS times: one SGD step (lr 1e-2) on an LM loss, push(v), sources(),
+result(), and the full parameters of version v for the rollout to check against.
+
+With two GPUs each trainer rank has its own (NCCL); with one, both share GPU 0 (gloo, whose
+collectives take CUDA tensors). The rollout is one process on GPU 1 (GPU 0 when alone): the tensors
+wb.plan() lists for rank 0, torch.zeros in that order (vLLM's layout: fused qkv_proj and
+gate_up_proj), registered with wb.Rollout; after every version every rollout byte is compared
+with the trainer's full parameters of that version — qkv_proj = cat(q, k, v), gate_up_proj =
+cat(gate, up) — and, for the FP8 case (the config with a quantization_config of 128x128 fp8
+blocks), with torch's per_block_cast_to_fp8 (DeepGEMM's reference) of the fused tensors.
+
+Cases: bf16 (the report's), fp8. Each prints "case X: 0 of N bytes differ" (N: every rollout byte
+of every version) and the trainers' own memory check; the run exits non-zero on any difference
+or failure. Every child's failure ends the case with its output; every wait has a time limit and
+the children (torchrun's workers included) are found by a marker in their environment and killed.
+
+Usage: fsdp2_check.py [--case bf16|fp8|all] [--layers N] [--versions N] [--timeout S]
+       (build first and set WB_LIBRARY, WB_BIN: scripts/gpu/fsdp2_check.sh does)
+"""
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # endpoint_check's reference
+BIN = os.environ.get("WB_BIN", os.path.join(ROOT, "build", "bin"))
+RULES = os.path.join(ROOT, "configs/models/qwen3.yaml")
+TOKEN = os.environ.setdefault("WB_TOKEN", "fsdp2-check-%d" % random.randrange(1 << 30))
+MARK = "WB_FSDP2_CHECK_RUN"  # in every child's environment: how the cleanup finds them
+FP8_QC = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def config(layers, fp8):
+    c = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
+         "intermediate_size": 3072, "num_hidden_layers": layers, "num_attention_heads": 16,
+         "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 4096, "tie_word_embeddings": False,
+         "torch_dtype": "bfloat16"}
+    if fp8:
+        c["quantization_config"] = FP8_QC
+    return c
+
+
+def wait_for(path, deadline, what):
+    while not os.path.exists(path):
+        if time.time() > deadline:
+            raise SystemExit(f"fsdp2_check: timed out waiting for {what} ({path})")
+        if os.path.exists(os.path.join(os.path.dirname(path), "abort")):
+            raise SystemExit(f"fsdp2_check: gave up waiting for {what}: another process failed")
+        time.sleep(0.05)
+
+
+def atomic_save(obj, path):
+    import torch
+
+    torch.save(obj, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+# ---------------------------------------------------------------- trainers (under torchrun)
+
+
+def run_trainer(url, tmp, case, layers, versions, timeout):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    import weightbridge as wb
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    ngpu = torch.cuda.device_count()
+    torch.cuda.set_device(rank % ngpu)
+    backend = "nccl" if ngpu >= world else "gloo"  # two ranks on one GPU: NCCL refuses that
+    dist.init_process_group(backend)
+    c = config(layers, False)  # the trainer holds BF16 whatever the rollout holds
+    for k in ("architectures", "model_type", "torch_dtype"):
+        c.pop(k)
+    torch.manual_seed(1234)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(Qwen3Config(**c)).to(torch.bfloat16)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)  # the default mesh: every rank
+    names = [n for n, _ in model.named_parameters()]
+    log(f"trainer rank {rank}: {backend} on GPU {torch.cuda.current_device()}, {len(names)} parameters "
+        f"(named_parameters() order: {', '.join(names[:3])}, ...)")
+    t = wb.Trainer(url, model=model, rank=rank, timeout=timeout)
+    ptrs = {n: p.to_local().data_ptr() for n, p in model.named_parameters()}
+    # the report's variant: memory allocated after registration (the rollout's IPC handles are
+    # open by now), kept and checked at the end
+    early = {n: p.full_tensor() for n, p in model.named_parameters()}
+    early_host = {n: v.cpu() for n, v in early.items()}
+    torch.cuda.synchronize()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(7)
+    deadline = time.time() + timeout
+    for v in range(1, versions + 1):
+        x = torch.randint(0, c["vocab_size"], (2, 64), generator=g).cuda()
+        loss = torch.nn.functional.cross_entropy(model(x).logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        moved = [n for n, p in model.named_parameters() if p.to_local().data_ptr() != ptrs[n]]
+        if moved:
+            raise SystemExit(f"fsdp2_check: trainer rank {rank}: local shards moved since registration: {moved[:4]}")
+        t0 = time.time()
+        p = t.push(v)
+        p.sources(timeout)
+        p.result(timeout)
+        log(f"trainer rank {rank}: version {v} complete in {(time.time() - t0) * 1000:.1f} ms (loss {loss.item():.3f})")
+        full = {n: q.full_tensor() for n, q in model.named_parameters()}  # a collective: every rank
+        if rank == 0:
+            atomic_save({n: w.cpu() for n, w in full.items()}, os.path.join(tmp, f"ref.v{v}.pt"))
+        del full
+        wait_for(os.path.join(tmp, f"checked.v{v}"), deadline, f"the rollout's check of version {v}")
+    torch.cuda.synchronize()
+    changed = sum(int((early[n].cpu().view(torch.uint8) != early_host[n].view(torch.uint8)).sum()) for n in early)
+    total = sum(v.numel() * v.element_size() for v in early_host.values())
+    with open(os.path.join(tmp, f"trainer{rank}.json"), "w") as f:
+        json.dump({"changed": changed, "total": total}, f)
+    log(f"trainer rank {rank}: {changed} of {total} bytes of the full tensors taken after registration changed")
+    t.close()
+    dist.destroy_process_group()  # a difference is the parent's verdict, with the rollout's
+
+
+# ---------------------------------------------------------------- the rollout
+
+
+def expected(ref, names, fp8):
+    """The rollout tensors from the trainer's full parameters: fused, and for FP8 the fused
+    tensor quantized (its components start on 128-row block edges, so that is each component
+    quantized and concatenated, as vLLM's loader does)."""
+    import torch
+
+    from endpoint_check import per_block_cast_to_fp8  # DeepGEMM's reference, beside this file
+
+    out = {}
+    for name in names:
+        base = name[: -len("_scale_inv")] if name.endswith("_scale_inv") else name
+        if ".qkv_proj." in base:
+            w = torch.cat([ref[base.replace("qkv_proj", p)] for p in ("q_proj", "k_proj", "v_proj")])
+        elif ".gate_up_proj." in base:
+            w = torch.cat([ref[base.replace("gate_up_proj", p)] for p in ("gate_proj", "up_proj")])
+        else:
+            w = ref[base]
+        if fp8 and (name.endswith("_scale_inv") or name + "_scale_inv" in names):
+            q, s = per_block_cast_to_fp8(w)
+            w = s if name.endswith("_scale_inv") else q
+        out[name] = w
+    return out
+
+
+def allocator_layout(params, device):
+    """What the caching allocator did with the rollout's tensors: allocations (cudaMalloc'd
+    segments) holding them, and how many begin exactly where another ends (before the fix of
+    #35 such runs were registered as one region through the first allocation's IPC handle)."""
+    import torch
+
+    segs = sorted((s["address"], s["total_size"]) for s in torch.cuda.memory_snapshot()
+                  if s.get("device") == device)
+    held = set()
+    for p in params.values():
+        a = p.data_ptr()
+        for i, (b, n) in enumerate(segs):
+            if b <= a < b + n:
+                held.add(i)
+    touching = sum(1 for i in range(1, len(segs)) if segs[i][0] == segs[i - 1][0] + segs[i - 1][1])
+    return len(held), len(segs), touching
+
+
+def run_rollout(url, tmp, case, layers, versions, device, timeout):
+    import torch
+
+    import weightbridge as wb
+
+    torch.cuda.set_device(device)
+    fp8 = case == "fp8"
+    local = wb.plan(RULES, os.path.join(tmp, "config.json"), os.path.join(tmp, "trainer.yaml"),
+                    os.path.join(tmp, "rollout.yaml"), tables=True)["receive"][0]["local"]
+    dt = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8_e4m3": torch.float8_e4m3fn}
+    params = {l["name"]: torch.zeros(l["shape"], dtype=dt[l["dtype"]], device=f"cuda:{device}") for l in local}
+    held, nsegs, touching = allocator_layout(params, device)
+    log(f"rollout: {len(params)} tensors in {held} of the GPU {device} caching allocator's {nsegs} allocations; "
+        f"{touching} allocation(s) begin where another ends")
+    total = sum(p.numel() * p.element_size() for p in params.values())
+    r = wb.Rollout(url, params, rank=0, timeout=timeout)
+    deadline = time.time() + timeout
+    differ_all, bad_all = 0, []
+    for v in range(1, versions + 1):
+        r.wait(v, timeout)
+        torch.cuda.synchronize()
+        wait_for(os.path.join(tmp, f"ref.v{v}.pt"), deadline, f"the trainers' full parameters of version {v}")
+        ref = torch.load(os.path.join(tmp, f"ref.v{v}.pt"), map_location=f"cuda:{device}")
+        want = expected(ref, list(params), fp8)
+        differ, bad = 0, []
+        for name, p in params.items():
+            a = p.contiguous().view(torch.uint8)
+            b = want[name].to(p.dtype).contiguous().view(torch.uint8)
+            if a.shape != b.shape:
+                raise SystemExit(f"fsdp2_check: {name}: rollout shape {tuple(p.shape)}, "
+                                 f"reference {tuple(want[name].shape)}")
+            n = int((a != b).sum())
+            if n:
+                md = (p.float() - want[name].float()).abs().max().item()
+                bad.append(f"{name}: {n} of {a.numel()} bytes, max |diff| {md:.4g}")
+            differ += n
+        log(f"case {case}: version {v}: {differ} of {total} bytes differ" + (f" ({len(bad)} tensors)" if bad else ""))
+        for line in bad[:40]:
+            log("    " + line)
+        differ_all += differ
+        bad_all += [f"v{v} {b}" for b in bad]
+        del ref, want
+        with open(os.path.join(tmp, f"checked.v{v}"), "w") as f:
+            f.write(str(differ))
+    with open(os.path.join(tmp, "rollout.json"), "w") as f:
+        json.dump({"differ": differ_all, "total": total * versions, "tensors": len(params), "bad": bad_all[:100]}, f)
+    r.close()  # a difference is the parent's verdict: it prints the case's summary line
+
+
+# ---------------------------------------------------------------- the run
+
+
+def ours():
+    """Our children: every process whose environment carries this run's marker."""
+    want = f"{MARK}={os.environ[MARK]}".encode()
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    out.append(int(d))
+        except OSError:
+            pass
+    return out
+
+
+def kill_ours():
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = ours()
+        for p in pids:
+            try:
+                os.kill(p, sig)
+            except OSError:
+                pass
+        t0 = time.time()
+        while ours() and time.time() - t0 < 5:
+            time.sleep(0.1)
+
+
+def tail(path, n=60):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
+
+
+def run_case(case, a):
+    import torch
+
+    ngpu = torch.cuda.device_count()
+    tmp = tempfile.mkdtemp(prefix=f"fsdp2_check_{case}.")
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(config(a.layers, case == "fp8"), f)
+    with open(os.path.join(tmp, "rollout.yaml"), "w") as f:
+        f.write("replicas: 1\ntp: 1\ngpus_per_replica: 1\n")
+    with open(os.path.join(tmp, "trainer.yaml"), "w") as f:  # what the controller derives; wb.plan only
+        f.write("world_size: 2\nmesh:\n  - {name: d0, size: 2}\n"
+                "placements:\n  - match: \"*\"\n    place: {d0: shard(0)}\n")
+    with open(os.path.join(tmp, "job.yaml"), "w") as f:
+        f.write(f"""name: fsdp2-check-{case}
+model:
+  rules: {RULES}
+  hf_config: {os.path.join(tmp, "config.json")}
+trainers: 2
+rollout_layout: {os.path.join(tmp, "rollout.yaml")}
+provider: cudaipc
+mem_cap: 1GiB
+dead_after: 10s
+""")
+    url = f"tcp://127.0.0.1:{21000 + random.randrange(20000)}"
+    rdev = 1 if ngpu >= 2 else 0  # the report's: GPU 1, beside trainer rank 1
+    log(f"== case {case}: 2 FSDP2 trainer processes on GPU(s) {[0, 1] if ngpu >= 2 else [0, 0]} "
+        f"({'NCCL' if ngpu >= 2 else 'gloo, sharing GPU 0'}), the rollout on GPU {rdev}, cudaipc, "
+        f"{a.layers} layers, {a.versions} versions, {'FP8' if case == 'fp8' else 'BF16'} rollout (logs: {tmp})")
+    env = dict(os.environ, WB_TOKEN=TOKEN)
+    common = [url, tmp, case, str(a.layers), str(a.versions), str(a.timeout)]
+    children = {
+        "controller": [os.path.join(BIN, "wb-controller"), "--config", os.path.join(tmp, "job.yaml"), "--listen", url],
+        "rollout": [sys.executable, __file__, "--role", "rollout", *common, str(rdev)],
+        "trainers": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                     __file__, "--role", "trainer", *common],
+    }
+    procs, logs, files = {}, {}, []
+    failed = None
+    try:
+        for name, cmd in children.items():
+            logs[name] = os.path.join(tmp, name + ".log")
+            files.append(open(logs[name], "w"))
+            procs[name] = subprocess.Popen(cmd, env=env, stdout=files[-1], stderr=subprocess.STDOUT)
+        deadline = time.time() + a.timeout + 120
+        while failed is None:
+            rc = {n: p.poll() for n, p in procs.items()}
+            bad = [n for n, c in rc.items() if c not in (None, 0)]
+            if bad:
+                failed = f"{bad[0]} exited {rc[bad[0]]}:\n{tail(logs[bad[0]])}"
+            elif rc["rollout"] == 0 and rc["trainers"] == 0:
+                break
+            elif rc["controller"] == 0:
+                failed = f"the controller exited before the job was done:\n{tail(logs['controller'])}"
+            elif time.time() > deadline:
+                failed = f"not done in {a.timeout + 120} s; still running: {[n for n, c in rc.items() if c is None]}"
+            time.sleep(0.2)
+    finally:
+        if failed is None and "controller" in procs:  # done: the controller ends the job
+            try:
+                subprocess.run([os.path.join(BIN, "wb-ctl"), "-c", url, "--timeout", "10s", "shutdown"], env=env,
+                               capture_output=True, timeout=30)
+                procs["controller"].wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        open(os.path.join(tmp, "abort"), "w").close()  # whoever still waits stops
+        kill_ours()
+        for f in files:
+            f.close()
+    for name in ("trainers", "rollout"):
+        for line in tail(logs.get(name, ""), 400).splitlines():
+            if line.startswith(("trainer rank", "rollout:", "case ", "    ")):
+                log("  " + line)
+    if failed:
+        log(f"case {case}: FAILED: {failed}")
+        return 1
+    try:
+        with open(os.path.join(tmp, "rollout.json")) as f:
+            res = json.load(f)
+        tr = []
+        for r in range(2):
+            with open(os.path.join(tmp, f"trainer{r}.json")) as f:
+                tr.append(json.load(f))
+    except (OSError, ValueError) as e:
+        log(f"case {case}: FAILED: every process exited 0 but a result is missing: {e}")
+        return 1
+    log(f"case {case}: {res['differ']} of {res['total']} bytes differ ({res['tensors']} rollout tensors, "
+        f"{a.versions} versions); trainers' own memory: {sum(t['changed'] for t in tr)} of "
+        f"{sum(t['total'] for t in tr)} bytes changed")
+    for b in res["bad"][:40]:
+        log("    " + b)
+    return 1 if res["differ"] or any(t["changed"] for t in tr) else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--case", default="all", choices=["bf16", "fp8", "all"])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--versions", type=int, default=5)
+    ap.add_argument("--timeout", type=int, default=600, help="seconds for each wait, and a case's limit")
+    ap.add_argument("--role", default=None)
+    ap.add_argument("rest", nargs="*")
+    a = ap.parse_args()
+    if a.role in ("trainer", "rollout"):
+        url, tmp, case, layers, versions, timeout = a.rest[:6]
+        try:
+            if a.role == "trainer":
+                run_trainer(url, tmp, case, int(layers), int(versions), int(timeout))
+            else:
+                run_rollout(url, tmp, case, int(layers), int(versions), int(a.rest[6]), int(timeout))
+        except BaseException:
+            open(os.path.join(tmp, "abort"), "w").close()  # the others stop waiting for us
+            raise
+        return 0
+    if a.layers < 2 or a.versions < 1:
+        ap.error("--layers >= 2 (layers past the first are the point) and --versions >= 1")
+    import torch
+    import transformers
+
+    if not torch.cuda.is_available():
+        log("fsdp2_check: no GPU")
+        return 1
+    os.environ[MARK] = uuid.uuid4().hex
+    log(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.cuda.device_count()} GPU(s): "
+        f"{torch.cuda.get_device_name(0)}; library {os.environ.get('WB_LIBRARY', '(default)')}, programs {BIN}")
+    rc = 0
+    for case in (["bf16", "fp8"] if a.case == "all" else [a.case]):
+        try:
+            r = run_case(case, a)
+        except BaseException:
+            kill_ours()
+            raise
+        log(f"== case {case}: {'PASS' if r == 0 else 'FAIL'}")
+        rc |= r
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

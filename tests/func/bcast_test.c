@@ -328,6 +328,30 @@ static void patch_header(const char *dir, const char *file, const char *from, co
     free(buf);
 }
 
+/* Replaces the first `from` of a text file (the index) by `to`. */
+static void patch_text(const char *dir, const char *file, const char *from, const char *to)
+{
+    char path[900];
+    snprintf(path, sizeof(path), "%s/%s", dir, file);
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL);
+    char *text = NULL;
+    size_t cap = 0;
+    ssize_t n = getdelim(&text, &cap, 0, f); /* the whole file: it holds no NUL */
+    fclose(f);
+    CHECK(n > 0);
+    char *at = strstr(text, from);
+    if (!at)
+        wb_test_fail(__FILE__, __LINE__, "%s: no \"%s\"", file, from);
+    f = fopen(path, "wb");
+    CHECK(f != NULL);
+    fwrite(text, 1, (size_t)(at - text), f);
+    fputs(to, f);
+    fputs(at + strlen(from), f);
+    CHECK_INT(fclose(f), 0);
+    free(text);
+}
+
 /* The coordinator refuses the checkpoint: exit 1, exactly `want` on stderr, and nothing
  * listens (no rollout or reader could have been sent anything). */
 static void refused(struct bc *b, const char *log, const char *want)
@@ -406,6 +430,66 @@ static void test_bad_files(void)
              "(the index puts 17 tensors there, "
              "\"model.layers.0.mlp.experts.0.down_proj.weight\" first)\n");
     refused(&b, "missing.log", want);
+}
+
+/* What the files could do to the programs reading them: a FIFO named by the index (it would
+ * block open(2) forever), a shard linked to a file outside the checkpoint folder (read and sent
+ * to the rollouts), a tensor name with a newline and a terminal escape sequence (printed raw):
+ * each refused or escaped with its exact message, nothing listening. And --io mmap, gone (a
+ * file that shrank while mapped killed the reader with SIGBUS), refused at the command line. */
+static void test_bad_inputs(void)
+{
+    struct bc b;
+    setup(&b, "inputs", 9, DEMO_RULES, DEMO_CONFIG, 2, 2, NULL);
+    char want[4096], path[900], target[900];
+    const char *f2 = "model-00002-of-00003.safetensors";
+    /* a FIFO where a shard should be */
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    snprintf(path, sizeof(path), "%s/%s", b.ckpt, f2);
+    CHECK_INT(unlink(path), 0);
+    CHECK_INT(mkfifo(path, 0644), 0);
+    refused(&b, "fifo.log",
+            "wb-broadcast: 1 problem; nothing was sent\n"
+            "  model-00002-of-00003.safetensors: a FIFO, not a regular file\n");
+    /* a shard that is a link to a file outside the folder (the writer would block on the FIFO) */
+    CHECK_INT(unlink(path), 0);
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    snprintf(target, sizeof(target), "%s/elsewhere.safetensors", wb_test_tmpdir());
+    snprintf(path, sizeof(path), "%s/%s", b.ckpt, f2);
+    CHECK_INT(rename(path, target), 0);
+    CHECK_INT(symlink(target, path), 0);
+    char *rt = realpath(target, NULL), *rd = realpath(b.ckpt, NULL);
+    snprintf(want, sizeof(want),
+             "wb-broadcast: 1 problem; nothing was sent\n"
+             "  model-00002-of-00003.safetensors: leads to %s, outside the checkpoint folder %s\n",
+             rt, rd);
+    free(rt);
+    free(rd);
+    refused(&b, "link.log", want);
+    /* a tensor name with a newline and a terminal escape sequence (the writer would follow
+     * the link) */
+    CHECK_INT(unlink(path), 0);
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    patch_header(b.ckpt, "model-00001-of-00003.safetensors",
+                 "\"model.norm.weight\":", "\"model.norm.weight\\n  fake line\\u001b[2J\":");
+    patch_text(b.ckpt, "model.safetensors.index.json",
+               "\"model.norm.weight\":", "\"model.norm.weight\\n  fake line\\u001b[2J\":");
+    refused(&b, "name.log",
+            "wb-broadcast: 2 problems; nothing was sent\n"
+            "  extra tensor \"model.norm.weight\\n  fake line\\x1b[2J\" (bf16 [256], in "
+            "model-00001-of-00003.safetensors): the model has no such tensor\n"
+            "  missing tensor \"model.norm.weight\": the model expects bf16 [256]\n");
+    /* --io mmap */
+    char *out;
+    CHECK_INT(e2e_run(&out,
+                      "%s wb-broadcast --reader --checkpoint %s --controller %s --rank 0 "
+                      "--io mmap",
+                      TOKEN_ENV, b.ckpt, b.url),
+              2);
+    CHECK_STR(out, "wb-broadcast: --io mmap is no longer offered: a checkpoint file that shrinks "
+                   "while it is mapped kills the reader (SIGBUS); pread (the default) reads the "
+                   "same page cache\n");
+    free(out);
 }
 
 static bool matches(const char *text, const char *re);
@@ -591,6 +675,7 @@ const struct wb_test wb_tests[] = {
     {"demo_fp8", test_demo_fp8, 120},
     {"one_gb", test_one_gb, 400},
     {"bad_files", test_bad_files, 120},
+    {"bad_inputs", test_bad_inputs, 120},
     {"wrong_reader", test_wrong_reader, 60},
     {"kill_reader_resume", test_kill_reader_resume, 180},
     {"checksum_mismatch", test_checksum_mismatch, 120},

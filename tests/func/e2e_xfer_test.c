@@ -447,18 +447,17 @@ static void test_kill_trainer(void)
     static char tok[] = "WB_TOKEN=xfer-tok";
     char *env[] = {tok, NULL};
     char *argv[] = {cmd, "-c", c.url, "--timeout", "20s", "transfer", "--version", "2", NULL};
-    uint64_t t0 = wb_now_ns();
     pid_t client = e2e_spawn("transfer2.log", env, argv);
     e2e_sleep_ms(400);
     CHECK_INT(kill(c.ag[2], SIGKILL), 0);
     CHECK_INT(e2e_wait(c.ag[2], 5000), 128 + SIGKILL);
-    CHECK_INT(e2e_wait(client, 30000), 1);
-    uint64_t took = wb_now_ns() - t0;
+    CHECK_INT(e2e_wait(client, 60000), 1);
     out = e2e_slurp("transfer2.log");
     CHECK_CONTAINS(out, "transfer 2 failed");
     CHECK_CONTAINS(out, "trainer rank 2");
+    /* failed for the kill, not at the transfer timeout ("timed out after 20.0 s waiting for") */
+    CHECK(!strstr(out, "timed out"));
     free(out);
-    CHECK(took < 20ull * 1000000000); /* within the transfer timeout, not at it */
     ctl(&c, &out, "status");
     CHECK_CONTAINS(out, "version 1, in flight: none");
     CHECK(strstr(out, "rollout      0 alive") && strstr(out, "rollout      1 alive"));
@@ -771,13 +770,11 @@ static void stray_write(struct fid_domain *dom, const struct fi_info *info, uint
                              .rma_iov_count = 1,
                              .context = &ctx,
                              .data = 0x01000001u};
-    uint64_t t0 = wb_now_ns();
-    ssize_t e;
+    ssize_t e; /* a write that is never answered is a hang: the test's time limit ends it */
     while ((e = fi_writemsg(ep, &msg, FI_REMOTE_CQ_DATA | FI_DELIVERY_COMPLETE | FI_COMPLETION)) ==
            -FI_EAGAIN) {
         struct fi_cq_data_entry ce;
         fi_cq_read(cq, &ce, 1);
-        CHECK(wb_now_ns() - t0 < 10000000000ull);
     }
     if (e) {
         st->other++;
@@ -798,7 +795,6 @@ static void stray_write(struct fid_domain *dom, const struct fi_info *info, uint
                     st->other++;
                 break;
             }
-            CHECK(wb_now_ns() - t0 < 10000000000ull);
         }
     }
     fi_close(&mr->fid);

@@ -181,12 +181,12 @@ static char *finish_ok(struct bc *b, unsigned ms, long *reader_rss_kb)
         wb_test_fail(__FILE__, __LINE__, "wb-broadcast exited %d:\n%s", rc, out);
     for (int r = 0; r < b->readers; r++) {
         long kb = 0;
-        CHECK_INT(wait_rss(b->rd[r], 20000, &kb), 0);
+        CHECK_INT(wait_rss(b->rd[r], 60000, &kb), 0);
         if (reader_rss_kb)
             reader_rss_kb[r] = kb;
     }
     for (int r = 0; r < b->rollouts; r++)
-        CHECK_INT(e2e_wait(b->ro[r], 20000), 0);
+        CHECK_INT(e2e_wait(b->ro[r], 60000), 0);
     return out;
 }
 
@@ -267,7 +267,7 @@ static void test_one_gb(void)
     start_reader(&b, 0, NULL);
     start_reader(&b, 1, NULL);
     long rss[2] = {0, 0};
-    char *out = finish_ok(&b, 240000, rss);
+    char *out = finish_ok(&b, 1000000, rss); /* 42 s alone; ten times that under load */
     expect_line(out,
                 "wb-broadcast: checkpoint %s: 4 files, 113 tensors, 1.28 GB; every tensor matches "
                 "the model\n",
@@ -673,7 +673,7 @@ static void test_progress_terminal(void)
 const struct wb_test wb_tests[] = {
     {"demo_bf16", test_demo_bf16, 120},
     {"demo_fp8", test_demo_fp8, 120},
-    {"one_gb", test_one_gb, 400},
+    {"one_gb", test_one_gb, 1200}, /* 42 s on a quiet 2-core machine; near 400 s under load */
     {"bad_files", test_bad_files, 120},
     {"bad_inputs", test_bad_inputs, 120},
     {"wrong_reader", test_wrong_reader, 60},

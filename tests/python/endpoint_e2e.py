@@ -428,59 +428,46 @@ def test_derived_layout_refused(tmp):
         c.stop()
 
 
-def test_hook_failure(tmp):
-    """Rollout rank 1's post-update hook fails version 2: trainers' push(2).result() and every
-    rollout's wait(2) raise with that reason, the rollouts still hold version 1, and version 3
-    then completes."""
-    dump = os.path.join(tmp, "dump-hook")
+def run_failing_version(tmp, mode, verify):
+    """The demo job with every process in `mode`, in which version 2 fails (each process checks
+    its own side of that); then no rollout published version 2, and version `verify` is every
+    byte right."""
+    dump = os.path.join(tmp, f"dump-{mode}")
     os.makedirs(dump)
     c = Controller(tmp)
     procs = []
     try:
         for r in range(2):
-            procs.append(("rollout", r, spawn("rollout", r, c.url, dump, "hookfail")))
+            procs.append(("rollout", r, spawn("rollout", r, c.url, dump, mode)))
         for r in range(FSDP * EP):
-            procs.append(("trainer", r, spawn("trainer", r, c.url, "hookfail")))
-        for role, r, p in procs:
-            out, _ = p.communicate(timeout=180)
-            check(p.returncode == 0, f"{role} {r} exited {p.returncode}:\n{out.decode()}")
-        check(not os.path.exists(os.path.join(dump, "rollout0.v2.bin")), "version 2 was dumped as complete")
-        res = subprocess.run([os.path.join(BIN, "wb-ctl"), "verify", "--config", JOB, "--dump", dump,
-                              "--version", "3"], capture_output=True, text=True, timeout=120)
-        check(res.returncode == 0, res.stdout + res.stderr)
-    finally:
-        for _, _, p in procs:
-            if p.poll() is None:
-                p.kill()
-        c.stop()
-
-
-def test_moved_buffer(tmp):
-    """Rollout rank 1's engine hook changes a registered tensor (its dtype, in place) while
-    version 2 lands: the package's check after the hook fails version 2 naming the tensor, at
-    every trainer and rollout; version 1 stays verified and version 2 is published nowhere."""
-    dump = os.path.join(tmp, "dump-moved")
-    os.makedirs(dump)
-    c = Controller(tmp)
-    procs = []
-    try:
-        for r in range(2):
-            procs.append(("rollout", r, spawn("rollout", r, c.url, dump, "moved")))
-        for r in range(FSDP * EP):
-            procs.append(("trainer", r, spawn("trainer", r, c.url, "moved")))
+            procs.append(("trainer", r, spawn("trainer", r, c.url, mode)))
         for role, r, p in procs:
             out, _ = p.communicate(timeout=180)
             check(p.returncode == 0, f"{role} {r} exited {p.returncode}:\n{out.decode()}")
         for r in range(2):
             check(not os.path.exists(os.path.join(dump, f"rollout{r}.v2.bin")), "version 2 was dumped as complete")
         res = subprocess.run([os.path.join(BIN, "wb-ctl"), "verify", "--config", JOB, "--dump", dump,
-                              "--version", "1"], capture_output=True, text=True, timeout=120)
+                              "--version", str(verify)], capture_output=True, text=True, timeout=120)
         check(res.returncode == 0, res.stdout + res.stderr)
     finally:
         for _, _, p in procs:
             if p.poll() is None:
                 p.kill()
         c.stop()
+
+
+def test_hook_failure(tmp):
+    """Rollout rank 1's post-update hook fails version 2: trainers' push(2).result() and every
+    rollout's wait(2) raise with that reason, the rollouts still hold version 1, and version 3
+    then completes."""
+    run_failing_version(tmp, "hookfail", 3)
+
+
+def test_moved_buffer(tmp):
+    """Rollout rank 1's engine hook changes a registered tensor (its dtype, in place) while
+    version 2 lands: the package's check after the hook fails version 2 naming the tensor, at
+    every trainer and rollout; version 1 stays verified and version 2 is published nowhere."""
+    run_failing_version(tmp, "moved", 1)
 
 
 BAD = {

@@ -119,6 +119,7 @@ class _Endpoint:
         self._ep = ctypes.c_void_p()
         self._keep = []
         self._regs = []  # (name, object registered, state() at registration)
+        self._closed_state = (0, False)  # version and torn as they were when closed
         self.role = role
         self.rank = _rank_from_env(rank)
         token = token if token is not None else os.environ.get("WB_TOKEN")
@@ -199,9 +200,14 @@ class _Endpoint:
         if rc:
             self._fail(rc)
 
+    def _closed(self) -> None:
+        raise WeightbridgeError(-errno.EBADF, f"{self.role} rank {self.rank}: closed")
+
     def wait_ready(self, timeout: float = 600.0) -> None:
         """Waits until the whole job is ready (for endpoints made with ``timeout=0``, e.g. a
         trainer and a rollout colocated in one process, started one after the other)."""
+        if not self._ep:
+            self._closed()
         rc = _lib.endpoint_wait_ready(self._ep, _ns(timeout))
         if rc:
             self._fail(rc)
@@ -209,18 +215,23 @@ class _Endpoint:
     @property
     def version(self) -> int:
         """The last complete version (rollouts) or the last version every rollout received
-        (trainers)."""
+        (trainers); after :meth:`close`, what it was then."""
+        if not self._ep:
+            return self._closed_state[0]
         return int(_lib.endpoint_version(self._ep))
 
     @property
     def torn(self) -> bool:
         """Rollouts: True from a failed transfer until a version completes — parts of it may
         have landed, so the parameters hold neither it nor :attr:`version` whole."""
+        if not self._ep:
+            return self._closed_state[1]
         return bool(_lib.endpoint_torn(self._ep))
 
     def close(self):
         """Stops the endpoint and releases its registrations (the tensors stay yours)."""
         if self._ep:
+            self._closed_state = (self.version, self.torn)
             _lib.endpoint_close(self._ep)
             self._ep = ctypes.c_void_p()
             self._keep = []
@@ -249,6 +260,8 @@ class Push:
         self.version = version
 
     def _wait(self, ev: int, timeout: float):
+        if not self._t._ep:
+            self._t._closed()
         rc = _lib.endpoint_wait_push(self._t._ep, self.version, ev, _ns(timeout))
         if rc:
             self._t._fail(rc)
@@ -261,6 +274,8 @@ class Push:
         return self.version
 
     def done(self) -> bool:
+        if not self._t._ep:
+            self._t._closed()
         rc = _lib.endpoint_wait_push(self._t._ep, self.version, _lib.WB_PUSH_DONE, 0)
         return rc != _lib.TIMEOUT
 
@@ -317,7 +332,7 @@ class Trainer(_Endpoint):
         it starts when all did) and returns at once. GPU work PyTorch queued on the tensors
         (the optimizer step) is waited for first: the transfer reads them on its own streams."""
         if not self._ep:
-            raise WeightbridgeError(-errno.EBADF, f"trainer rank {self.rank}: closed")
+            self._closed()
         why = _moved(self._regs, "reads")
         if why:
             raise WeightbridgeError(-errno.EFAULT, f"trainer rank {self.rank}: version {int(version)} "
@@ -396,7 +411,7 @@ class Rollout(_Endpoint):
         it, named, and closes this Rollout: no version may land in memory that is not the
         tensor's."""
         if not self._ep:
-            raise WeightbridgeError(-errno.EBADF, f"rollout rank {self.rank}: closed")
+            self._closed()
         why = _moved(self._regs, "writes")
         if why:
             self.close()

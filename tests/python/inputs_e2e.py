@@ -11,7 +11,8 @@ byte outside the buffer is touched.
                   (resize, even with refcheck=False) while registered; after close() it can
   changed_push    a trainer tensor whose memory changed since registration (here its dtype):
                   push() raises naming it, and nothing is pushed
-  changed_wait    the same at a rollout: wait() raises naming it and closes the Rollout
+  changed_wait    the same at a rollout: wait() raises naming it and closes the Rollout (which
+                  then answers version/torn as they were, and raises "closed" for the rest)
 
 No controller is needed: endpoints are made with timeout=0 against a port nothing listens on
 (a registration that was refused never opened one). The in-flight case — a rollout's tensor
@@ -119,6 +120,8 @@ def test_changed_push():
     a.dtype = np.uint16
     t.close()
     raises(wb.WeightbridgeError, "trainer rank 0: closed", t.push, 1)
+    raises(wb.WeightbridgeError, "trainer rank 0: closed", wb.Push(t, 1).result, 1)
+    assert t.version == 0
 
 
 def test_changed_wait():
@@ -129,6 +132,8 @@ def test_changed_wait():
            "uint16 -> float16); weightbridge writes registered memory in place: this Rollout is closed "
            "(register again)", r.wait, 1, 1)
     raises(wb.WeightbridgeError, "rollout rank 0: closed", r.wait, 1, 1)
+    raises(wb.WeightbridgeError, "rollout rank 0: closed", r.wait_ready, 1)
+    assert r.version == 0 and r.torn is False  # as they were when it closed, no crash
     a.dtype = np.uint16
     a.resize(128, refcheck=False)  # closed: nothing holds it any more
 

@@ -216,6 +216,11 @@ static int run_one(const struct wb_test *t)
         return 1;
     }
     int r = run_child(t);
+    if (r == 1 && getenv("WB_TEST_KEEP") && *getenv("WB_TEST_KEEP")) {
+        fprintf(stderr, "    kept: %s\n", tmpdir); /* its logs, for a look */
+        tmpdir[0] = 0;
+        return r;
+    }
     remove_tmpdir(); /* also after a failure, a skip, a crash or the time limit */
     return r;
 }

@@ -41,7 +41,7 @@ _Noreturn void wb_test_fail(const char *file, int line, const char *fmt, ...)
 /* Ends the running test as skipped with a reason. */
 _Noreturn void wb_test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A directory private to the running test (made before it starts, removed after it ended,
- * however it ended). */
+ * however it ended; WB_TEST_KEEP=1 keeps a failed test's, and says where). */
 const char *wb_test_tmpdir(void);
 /* Registers fn to run when the test ends — returns, fails a check or skips — in the process
  * that registered it (not in children it forked); the last registered runs first. For what a

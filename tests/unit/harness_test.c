@@ -103,7 +103,7 @@ static void hidden_sleep(void)
 /* ---------------------------------------------------------------- the harness, run whole */
 
 struct self {
-    const char *test, *tmp, *mark, *scale;
+    const char *test, *tmp, *mark, *scale, *keep;
 };
 
 static void run_self(void *arg)
@@ -115,6 +115,10 @@ static void run_self(void *arg)
         setenv("WB_TEST_TIME_SCALE", s->scale, 1);
     else
         unsetenv("WB_TEST_TIME_SCALE");
+    if (s->keep)
+        setenv("WB_TEST_KEEP", s->keep, 1);
+    else
+        unsetenv("WB_TEST_KEEP");
     execl("/proc/self/exe", "harness", s->test, (char *)NULL);
     _exit(127);
 }
@@ -133,8 +137,8 @@ static bool empty_dir(const char *path)
 
 /* Runs hidden test `name` in this binary (TMPDIR a fresh folder); returns its exit status and
  * output; *left says whether its directory is still there, *cleaned whether its cleanup ran. */
-static int harness(const char *name, const char *scale, char *out, size_t cap, bool *left,
-                   bool *cleaned)
+static int harness(const char *name, const char *scale, const char *keep, char *out, size_t cap,
+                   bool *left, bool *cleaned)
 {
     static int runs;
     char tmp[700], mk[700];
@@ -142,7 +146,7 @@ static int harness(const char *name, const char *scale, char *out, size_t cap, b
     snprintf(tmp, sizeof(tmp), "%s/%s.%d", wb_test_tmpdir(), name, runs);
     snprintf(mk, sizeof(mk), "%s/%s.%d.mark", wb_test_tmpdir(), name, runs);
     CHECK_INT(mkdir(tmp, 0755), 0);
-    struct self s = {name, tmp, mk, scale};
+    struct self s = {name, tmp, mk, scale, keep};
     int rc = wb_test_capture(run_self, &s, out, cap);
     *left = !empty_dir(tmp);
     *cleaned = access(mk, F_OK) == 0;
@@ -154,18 +158,22 @@ static void test_tmpdir_removed(void)
 {
     char out[2048];
     bool left, cleaned;
-    CHECK_INT(harness("_fail", NULL, out, sizeof(out), &left, &cleaned), 1);
+    CHECK_INT(harness("_fail", NULL, NULL, out, sizeof(out), &left, &cleaned), 1);
     CHECK(strstr(out, "FAIL harness _fail (") && strstr(out, "\n0 passed, 1 failed, 0 skipped\n"));
     CHECK(!left && cleaned);
-    CHECK_INT(harness("_skip", NULL, out, sizeof(out), &left, &cleaned), 0);
+    CHECK_INT(harness("_skip", NULL, NULL, out, sizeof(out), &left, &cleaned), 0);
     CHECK(strstr(out, "skipped: nothing to run here\nSKIP harness _skip ("));
     CHECK(!left && cleaned);
-    CHECK_INT(harness("_hang", NULL, out, sizeof(out), &left, &cleaned), 1);
+    CHECK_INT(harness("_hang", NULL, NULL, out, sizeof(out), &left, &cleaned), 1);
     CHECK(strstr(out, "    timed out after 1 s\nFAIL harness _hang ("));
     CHECK(!left && !cleaned);
-    CHECK_INT(harness("_pass", NULL, out, sizeof(out), &left, &cleaned), 0);
+    CHECK_INT(harness("_pass", NULL, NULL, out, sizeof(out), &left, &cleaned), 0);
     CHECK(strstr(out, "ok harness _pass (") && strstr(out, "\n1 passed, 0 failed, 0 skipped\n"));
     CHECK(!left && cleaned);
+    /* WB_TEST_KEEP=1 keeps a failed test's folder, for its logs, and says where */
+    CHECK_INT(harness("_fail", NULL, "1", out, sizeof(out), &left, &cleaned), 1);
+    CHECK(strstr(out, "\n    kept: ") != NULL);
+    CHECK(left && cleaned);
 }
 
 /* $WB_TEST_TIME_SCALE stretches every limit: a test of 2 s with a limit of 1 s passes at 3x. */
@@ -173,9 +181,9 @@ static void test_time_scale(void)
 {
     char out[2048];
     bool left, cleaned;
-    CHECK_INT(harness("_sleep", NULL, out, sizeof(out), &left, &cleaned), 1);
+    CHECK_INT(harness("_sleep", NULL, NULL, out, sizeof(out), &left, &cleaned), 1);
     CHECK(strstr(out, "    timed out after 1 s\n"));
-    CHECK_INT(harness("_sleep", "3", out, sizeof(out), &left, &cleaned), 0);
+    CHECK_INT(harness("_sleep", "3", NULL, out, sizeof(out), &left, &cleaned), 0);
     CHECK(strstr(out, "\n1 passed, 0 failed, 0 skipped\n"));
 }
 

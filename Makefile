@@ -56,6 +56,13 @@ FAULT_REDEF = $(if $(filter %/common/fault.o,$@),,objcopy $(foreach f,$(WRAPPED)
 KEEPSYM := --keep-global-symbol='__wrap_*'
 endif
 
+# The builds that test, demo, fault and fuzz start use every core (make test on a 2-core machine
+# built on one), unless this make was given -j itself: its sub-makes share its job slots then.
+# Each target's output is printed whole (--output-sync), so parallel errors stay readable.
+NPROC   := $(shell nproc 2>/dev/null || echo 1)
+SUBMAKE = $(MAKE) --no-print-directory $(if $(findstring -j,$(MAKEFLAGS)),,-j$(NPROC)) \
+          --output-sync=target
+
 # ---- CUDA: auto uses nvcc when it can be found
 NVCC_FOUND := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 ifeq ($(CUDA),auto)
@@ -189,11 +196,11 @@ fuzzers: $(FUZZERS)
 
 # The fuzz targets, built with clang into build/fuzz (scripts/fuzz.sh runs them).
 fuzz:
-	@$(MAKE) --no-print-directory CC=clang CUDA=0 SAN=fuzz BUILD=$(BUILD)/fuzz OPT="-O1 -g" fuzzers
+	@$(SUBMAKE) CC=clang CUDA=0 SAN=fuzz BUILD=$(BUILD)/fuzz OPT="-O1 -g" fuzzers
 
 # The fault-injection build into build/fault (tests/sh/fault_test.sh runs its programs).
 fault:
-	@$(MAKE) --no-print-directory SAN=1 FAULT=1 BUILD=$(BUILD)/fault OPT="-O1 -g" progs
+	@$(SUBMAKE) SAN=1 FAULT=1 BUILD=$(BUILD)/fault OPT="-O1 -g" progs
 
 define bench_rule
 $(BUILD)/bench/$(basename $(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB_INT)
@@ -206,14 +213,14 @@ $(foreach f,$(BENCH_C),$(eval $(call bench_rule,$(f))))
 # ASAN_OPTIONS: CUDA's runtime maps memory where ASan keeps its shadow gap; leak checking stays on.
 # The fault-injection programs (build/fault) are built too: tests/sh/fault_test.sh runs them.
 test: deps
-	@$(MAKE) --no-print-directory SAN=1 BUILD=$(BUILD)/asan OPT="-O1 -g" tests progs
-	@$(MAKE) --no-print-directory fault
+	@$(SUBMAKE) SAN=1 BUILD=$(BUILD)/asan OPT="-O1 -g" tests progs
+	@$(SUBMAKE) fault
 	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1 WB_BIN=$(BUILD)/asan/bin WB_FAULT_BIN=$(BUILD)/fault/bin \
 	  tests/run.sh $(BUILD)/asan/tests
 
 demo: deps
-	@$(MAKE) --no-print-directory all
+	@$(SUBMAKE) all
 	@scripts/demo.sh $(BUILD)
 
 install: all

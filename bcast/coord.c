@@ -408,12 +408,12 @@ int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, str
     if (err)
         return err;
     say(&c, "checkpoint %s: %zu file%s, %zu tensors, %s; every tensor matches the model",
-        o->checkpoint, ck->nfiles, ck->nfiles == 1 ? "" : "s", ck->inv.n,
+        wb_esc(o->checkpoint).s, ck->nfiles, ck->nfiles == 1 ? "" : "s", ck->inv.n,
         bc_fmt_dec(ck->bytes, a, sizeof(a)));
     wb_model_free(&md);
     if ((err = wb_ckpt_shares_make(ck, o->readers, &sh)) != 0 ||
         (err = wb_ckpt_fingerprint(ck, id, sizeof(id))) != 0) {
-        wb_errlist_add(el, "%s: %s", o->checkpoint, wb_strerror(err));
+        wb_errlist_add(el, "%s: %s", wb_esc(o->checkpoint).s, wb_strerror(err));
         goto out;
     }
     if ((err = wb_ckpt_layout(ck, &sh, &tl, el)) != 0)

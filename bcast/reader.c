@@ -41,7 +41,7 @@ static int read_piece(void *arg, uint32_t thread, uint32_t index, uint64_t off, 
     if (rc) {
         const struct wb_ckpt_loc *l = &s->ck->loc[p->tensor];
         snprintf(msg, msgcap, "%s: %" PRIu64 " bytes at offset %" PRIu64 ": %s",
-                 s->ck->files[l->file].name, len, l->offset + p->offset + off,
+                 wb_esc(s->ck->files[l->file].name).s, len, l->offset + p->offset + off,
                  rc == -EIO ? "the file is shorter than when it was opened" : wb_strerror(rc));
     }
     return rc;
@@ -77,7 +77,7 @@ int wb_bcast_reader_run(const struct wb_bcast_reader_opts *o, struct wb_errlist 
     }
     if ((rc = wb_ckpt_shares_make(ck, o->readers, &sh)) != 0 ||
         (rc = wb_ckpt_fingerprint(ck, id, sizeof(id))) != 0) {
-        wb_errlist_add(el, "%s: %s", o->checkpoint, wb_strerror(rc));
+        wb_errlist_add(el, "%s: %s", wb_esc(o->checkpoint).s, wb_strerror(rc));
         goto out;
     }
     src.ck = ck;
@@ -90,7 +90,7 @@ int wb_bcast_reader_run(const struct wb_bcast_reader_opts *o, struct wb_errlist 
     }
     for (uint32_t i = 0; i < src.nthreads; i++)
         if ((rc = wb_ckpt_reader_open(ck, &o->io, &src.rd[i])) != 0) {
-            wb_errlist_add(el, "%s: reader context: %s", o->checkpoint, wb_strerror(rc));
+            wb_errlist_add(el, "%s: reader context: %s", wb_esc(o->checkpoint).s, wb_strerror(rc));
             goto out;
         }
     struct wb_endpoint_opts eo = {.role = WB_ROLE_TRAINER,

@@ -55,7 +55,7 @@ static void usage(FILE *f)
            "  --readers N      reader processes (default 1)\n"
            "  --rollouts N     rollout agents, each a whole copy (default 1)\n"
            "  --provider P     libfabric provider (default tcp; shm on one host)\n"
-           "  --io MODE        the readers' reads: pread (default), direct, mmap\n"
+           "  --io MODE        the readers' reads: pread (default) or direct\n"
            "  --device D       readers copy to GPU D (default: host memory)\n"
            "  --rollout-device D  rollouts hold GPU D's memory (default: --device's)\n"
            "  --reps N         repetitions, the median is printed (default 3)\n"

@@ -5,7 +5,7 @@
  * other, in calls of the chunk size our reader uses (8 MiB; --chunk), as cat or dd would.
  * Ours: the checkpoint's shares for N readers, one thread each, every piece read with
  * wb_ckpt_read_piece into its place in one destination buffer (the tensors back to back), with
- * XXH3 checksums off and on, by pread (the default), mmap and O_DIRECT. Both buffers are
+ * XXH3 checksums off and on, by pread (the default) and O_DIRECT. Both buffers are
  * touched before timing, so page faults of the destination are not measured. Every repetition
  * runs every case once (round-robin, forwards and backwards in turn), so drift in the machine's
  * load and the order of cases spread over all cases; medians are printed.
@@ -45,7 +45,7 @@ static void usage(FILE *f)
                "N]\n"
                "                  [--readers 1,2,4] [--reps N] [--chunk SIZE] [--cold|--warm]\n"
                "  Reads a safetensors checkpoint with our reader (shares of N readers in threads,\n"
-               "  checksums off and on, pread / mmap / O_DIRECT) and with a plain sequential\n"
+               "  checksums off and on, pread / O_DIRECT) and with a plain sequential\n"
                "  read(2) of each file in the same run, cold (page cache dropped per file) and\n"
                "  warm; prints GB/s and ratios to the plain read.\n"
                "  --dir DIR      where the checkpoint is written once and reused\n"
@@ -228,7 +228,7 @@ int main(int argc, char **argv)
            sysconf(_SC_NPROCESSORS_ONLN));
 
     /* the cases: the floor, then ours (per readers count: pread with checksums off and on;
-     * with one reader also mmap and O_DIRECT) */
+     * with one reader also O_DIRECT) */
     struct kase {
         char what[64];
         uint32_t n; /* 0: the plain read */
@@ -237,17 +237,18 @@ int main(int argc, char **argv)
         struct wb_ckpt_shares sh;
         double gbs[2][100]; /* cold, warm; per repetition */
     };
-    static const char *const mname[] = {"pread", "mmap", "direct"};
+    static const enum wb_ckpt_io_mode modes[] = {WB_CKPT_IO_PREAD, WB_CKPT_IO_DIRECT};
+    static const char *const mname[] = {"pread", "direct"};
     struct kase *cs = calloc(1 + 6 * o.nreaders, sizeof(*cs));
     size_t nc = 0;
     snprintf(cs[nc++].what, sizeof(cs[0].what), "plain read(2), %llu MiB calls",
              (unsigned long long)((o.chunk ? o.chunk : 8 << 20) >> 20));
     for (size_t ri = 0; ri < o.nreaders; ri++)
-        for (int m = 0; m < (o.readers[ri] == 1 ? 3 : 1); m++)
+        for (int m = 0; m < (o.readers[ri] == 1 ? 2 : 1); m++)
             for (int sum = 0; sum < 2; sum++) {
                 struct kase *k = &cs[nc++];
                 k->n = o.readers[ri];
-                k->mode = (enum wb_ckpt_io_mode)m;
+                k->mode = modes[m];
                 k->sum = sum;
                 snprintf(k->what, sizeof(k->what), "ours %-6s %3u reader%s xxh3 %s", mname[m], k->n,
                          k->n == 1 ? " " : "s", sum ? "on " : "off");

@@ -112,7 +112,7 @@ int wb_ckpt_check(const struct wb_ckpt *ck, const struct wb_inventory *want, str
         if (j < 0) {
             describe(p, a, sizeof(a));
             wb_errlist_add(el, "extra tensor \"%s\" (%s, in %s): the model has no such tensor",
-                           p->name, a, file);
+                           wb_esc(p->name).s, a, wb_esc(file).s);
             bad++;
             continue;
         }
@@ -131,7 +131,8 @@ int wb_ckpt_check(const struct wb_ckpt *ck, const struct wb_inventory *want, str
         } else {
             continue;
         }
-        wb_errlist_add(el, "tensor \"%s\" (in %s): %s, the model expects %s", p->name, file, a, b);
+        wb_errlist_add(el, "tensor \"%s\" (in %s): %s, the model expects %s", wb_esc(p->name).s,
+                       wb_esc(file).s, a, b);
         bad++;
     }
     for (size_t j = 0; j < want->n; j++) {

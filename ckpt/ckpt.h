@@ -113,12 +113,14 @@ int wb_ckpt_check_model(const struct wb_ckpt *ck, const struct wb_model *m, enum
  * checksum a read returned for the same bytes. */
 uint64_t wb_ckpt_xxh3(const void *p, size_t n);
 
+/* (1 was an mmap mode, gone: a mapped file that shrinks while it is copied is a SIGBUS that a
+ * library cannot catch cleanly; wb_ckpt_reader_open() refuses it with -EINVAL.) */
 enum wb_ckpt_io_mode {
-    WB_CKPT_IO_PREAD = 0, /* pread(2) in chunks straight into the caller's buffer (default) */
-    WB_CKPT_IO_MMAP,      /* memcpy from a read-only mapping of each file */
-    WB_CKPT_IO_DIRECT,    /* O_DIRECT pread(2) of 4 KiB-aligned chunks into a bounce buffer, then
-                             memcpy: no page cache; falls back to PREAD for a file whose
-                             filesystem refuses O_DIRECT (wb_ckpt_reader_direct() says) */
+    WB_CKPT_IO_PREAD = 0,  /* pread(2) in chunks straight into the caller's buffer (default) */
+    WB_CKPT_IO_DIRECT = 2, /* O_DIRECT pread(2) of 4 KiB-aligned chunks into a bounce buffer,
+                              then memcpy: no page cache; falls back to PREAD for a file whose
+                              filesystem refuses O_DIRECT, or that is no longer the file opened
+                              (wb_ckpt_reader_direct() says) */
 };
 
 struct wb_ckpt_io_opts {
@@ -126,7 +128,7 @@ struct wb_ckpt_io_opts {
     uint64_t chunk; /* bytes per read call (rounded up to 4 KiB); 0: 8 MiB */
 };
 
-/* A reading context: one per thread (it owns the bounce buffer and, with MMAP, the mappings);
+/* A reading context: one per thread (it owns the bounce buffer and the O_DIRECT descriptors);
  * any number may read the same open checkpoint at once. */
 struct wb_ckpt_reader;
 

@@ -1,19 +1,23 @@
 /* io.c — reading tensor bytes into host memory, with XXH3-64 checksums computed chunk by chunk
  * while the chunk is still in cache.
  *
- * Three ways to read (bench/ckpt_bench.c measures them against a plain read(2) of the files):
- * pread(2) in large chunks straight into the caller's buffer (the default), memcpy from a
- * mapping of the file, and O_DIRECT into an aligned bounce buffer (no page cache: a 2 TB
- * checkpoint read once should not evict everything else, and on fast NVMe arrays it avoids the
- * kernel's copy). A reader is one thread's context; the checkpoint's descriptors are shared
- * (pread has no file position). */
+ * Two ways to read (bench/ckpt_bench.c measures them against a plain read(2) of the files):
+ * pread(2) in large chunks straight into the caller's buffer (the default), and O_DIRECT into an
+ * aligned bounce buffer (no page cache: a 2 TB checkpoint read once should not evict everything
+ * else, and on fast NVMe arrays it avoids the kernel's copy). A reader is one thread's context;
+ * the checkpoint's descriptors are shared (pread has no file position).
+ *
+ * There is no mmap mode any more: a mapped file that shrinks while it is copied kills the
+ * process with SIGBUS, and checking the size first leaves the window open (someone truncates
+ * between the check and the copy). Catching SIGBUS would mean owning the process's handler from
+ * a library loaded into PyTorch and sanitizers, and jumping out of a memcpy on an I/O thread;
+ * pread reads the same page cache and reports a short file as an error naming it. */
 #include "ckpt/ckpriv.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -34,13 +38,30 @@ struct wb_ckpt_reader {
     void *bounce; /* chunk + ALIGN bytes, ALIGN-aligned */
     int *dfd;     /* per file: an O_DIRECT descriptor, FD_UNTRIED or FD_REFUSED */
     bool direct;  /* the first file took O_DIRECT */
-    /* MMAP */
-    void **map; /* per file, mapped on first use */
 };
 
 uint64_t wb_ckpt_xxh3(const void *p, size_t n)
 {
     return XXH3_64bits(p, n);
+}
+
+/* The O_DIRECT descriptor of file fi, or -1 to read it buffered. The file is opened again by
+ * its path, so only when that is still the file wb_ckpt_open() checked (same device and inode:
+ * not a FIFO or another file put there since, and opened without blocking) is it used. */
+static int direct_fd(struct wb_ckpt_reader *r, uint32_t fi)
+{
+    if (r->dfd[fi] == FD_UNTRIED) {
+        const struct wb_ckpt_file *f = &r->ck->files[fi];
+        int fd = open(f->path, O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK | O_NOCTTY);
+        struct stat a, b;
+        if (fd >= 0 && (fstat(fd, &a) != 0 || fstat(f->fd, &b) != 0 || a.st_dev != b.st_dev ||
+                        a.st_ino != b.st_ino || !S_ISREG(a.st_mode))) {
+            close(fd);
+            fd = -1;
+        }
+        r->dfd[fi] = fd >= 0 ? fd : FD_REFUSED;
+    }
+    return r->dfd[fi] >= 0 ? r->dfd[fi] : -1;
 }
 
 int wb_ckpt_reader_open(const struct wb_ckpt *ck, const struct wb_ckpt_io_opts *o,
@@ -49,7 +70,7 @@ int wb_ckpt_reader_open(const struct wb_ckpt *ck, const struct wb_ckpt_io_opts *
     struct wb_ckpt_io_opts def = {0};
     if (!o)
         o = &def;
-    if (o->mode > WB_CKPT_IO_DIRECT || o->chunk > (1ull << 32))
+    if ((o->mode != WB_CKPT_IO_PREAD && o->mode != WB_CKPT_IO_DIRECT) || o->chunk > (1ull << 32))
         return -EINVAL;
     struct wb_ckpt_reader *r = calloc(1, sizeof(*r));
     if (!r)
@@ -66,15 +87,9 @@ int wb_ckpt_reader_open(const struct wb_ckpt *ck, const struct wb_ckpt_io_opts *
             err = -ENOMEM;
         for (size_t i = 0; !err && i < ck->nfiles; i++)
             r->dfd[i] = FD_UNTRIED;
-        if (!err && ck->nfiles) {
-            r->dfd[0] = open(ck->files[0].path, O_RDONLY | O_CLOEXEC | O_DIRECT);
-            if (r->dfd[0] < 0)
-                r->dfd[0] = FD_REFUSED;
-            r->direct = r->dfd[0] >= 0;
-        }
+        if (!err && ck->nfiles)
+            r->direct = direct_fd(r, 0) >= 0;
     }
-    if (!err && r->mode == WB_CKPT_IO_MMAP && !(r->map = calloc(ck->nfiles + 1, sizeof(void *))))
-        err = -ENOMEM;
     if (err) {
         wb_ckpt_reader_close(r);
         return err;
@@ -90,11 +105,7 @@ void wb_ckpt_reader_close(struct wb_ckpt_reader *r)
     for (size_t i = 0; r->dfd && i < r->ck->nfiles; i++)
         if (r->dfd[i] >= 0)
             close(r->dfd[i]);
-    for (size_t i = 0; r->map && i < r->ck->nfiles; i++)
-        if (r->map[i])
-            munmap(r->map[i], r->ck->files[i].size);
     free(r->dfd);
-    free(r->map);
     free(r->bounce);
     XXH3_freeState(r->xs);
     free(r);
@@ -108,7 +119,7 @@ bool wb_ckpt_reader_direct(const struct wb_ckpt_reader *r)
 static int short_file(const struct wb_ckpt_reader *r, uint32_t fi, uint64_t pos)
 {
     wb_log(WB_LOG_ERROR, "ckpt", "%s: ends before byte %llu; it changed since it was opened",
-           r->ck->files[fi].name, (unsigned long long)pos);
+           wb_esc(r->ck->files[fi].name).s, (unsigned long long)pos);
     return -EIO;
 }
 
@@ -130,17 +141,6 @@ static ssize_t direct_read(int fd, void *buf, size_t want, uint64_t off, size_t 
             break; /* end of file: O_DIRECT reads stop short only there */
     }
     return (ssize_t)got;
-}
-
-/* The O_DIRECT descriptor of file fi, or -1 to read it buffered. */
-static int direct_fd(struct wb_ckpt_reader *r, uint32_t fi)
-{
-    if (r->dfd[fi] == FD_UNTRIED) {
-        r->dfd[fi] = open(r->ck->files[fi].path, O_RDONLY | O_CLOEXEC | O_DIRECT);
-        if (r->dfd[fi] < 0)
-            r->dfd[fi] = FD_REFUSED;
-    }
-    return r->dfd[fi] >= 0 ? r->dfd[fi] : -1;
 }
 
 static int read_direct(struct wb_ckpt_reader *r, int fd, uint32_t fi, uint64_t pos, uint64_t len,
@@ -195,30 +195,6 @@ int wb_ckpt_read(struct wb_ckpt_reader *r, size_t tensor, uint64_t off, uint64_t
         if (sum)
             XXH3_64bits_reset(r->xs);
         err = 0;
-    }
-    if (r->mode == WB_CKPT_IO_MMAP && len) {
-        if (!r->map[fi]) {
-            void *m = mmap(NULL, f->size, PROT_READ, MAP_SHARED, f->fd, 0);
-            if (m == MAP_FAILED)
-                return -errno;
-            madvise(m, f->size, MADV_SEQUENTIAL);
-            r->map[fi] = m;
-        }
-        /* a mapping past the end of a file that shrank faults (SIGBUS): check first */
-        struct stat st;
-        if (fstat(f->fd, &st) != 0)
-            return -errno;
-        if (pos + len > (uint64_t)st.st_size)
-            return short_file(r, fi, (uint64_t)st.st_size);
-        const char *s = (const char *)r->map[fi] + pos;
-        for (uint64_t done = 0; done < len;) {
-            size_t n = (size_t)(len - done < r->chunk ? len - done : r->chunk);
-            memcpy(d + done, s + done, n);
-            if (sum)
-                XXH3_64bits_update(r->xs, d + done, n);
-            done += n;
-        }
-        goto done;
     }
     for (uint64_t done = 0; done < len;) {
         size_t n = (size_t)(len - done < r->chunk ? len - done : r->chunk);

@@ -7,13 +7,20 @@
  * area. Everything a file claims is bounded before anything is allocated for it (the header
  * length against the file and WB_CKPT_MAX_HEADER, the tensor count against
  * WB_CKPT_MAX_TENSORS, dims and bytes against WB_INV_MAX_BYTES), and every problem of every
- * file is reported, so one run lists everything that is wrong with a checkpoint. */
+ * file is reported, so one run lists everything that is wrong with a checkpoint.
+ *
+ * The files are other people's: only regular files are read (opened without blocking, so a FIFO
+ * or a device named by the index cannot hang the open), none that leads outside the checkpoint
+ * folder (a symbolic link to /etc/..., say), and what they say — tensor names, file names,
+ * JSON errors quoting them — is escaped in every message (wb_esc_str), so a name cannot forge a
+ * line of output or send a terminal escape sequence. */
 #include "ckpt/ckpriv.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,15 +53,25 @@ struct opener {
     struct ixent *ixe;
     size_t nixe;
     bool *parsed; /* per file: its header was read, so the index can be checked against it */
+    /* a checkpoint folder: its real path, where every file must lie; for a snapshot of the
+     * Hugging Face cache (<repo>/snapshots/<rev>, whose files link to <repo>/blobs/) also
+     * <repo>/blobs. NULL for a checkpoint named as one file. */
+    char *root, *blobs;
 };
 
 static void fail(struct opener *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail(struct opener *o, const char *fmt, ...)
 {
     va_list ap;
+    char *msg = NULL, *esc = NULL;
     va_start(ap, fmt);
-    wb_errlist_vadd(o->el, fmt, ap);
+    int n = vasprintf(&msg, fmt, ap);
     va_end(ap);
+    /* names and paths from the files, and JSON errors quoting them: escaped, the whole line */
+    if (n >= 0 && (esc = malloc(4 * (size_t)n + 1)) != NULL)
+        wb_errlist_add(o->el, "%s", wb_esc_str(msg, esc, 4 * (size_t)n + 1));
+    free(msg);
+    free(esc);
     o->nerr++;
     if (!o->err)
         o->err = -EBADMSG;
@@ -248,26 +265,107 @@ int ck_read_full(int fd, void *buf, size_t len, uint64_t off)
     return 0;
 }
 
+static const char *file_kind(mode_t m)
+{
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+                         : "not a regular file";
+}
+
+/* Whether path (a real path) is dir or lies under it. */
+static bool under(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+    if (n == 1 && dir[0] == '/')
+        return true;
+    return strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == 0);
+}
+
+/* Where the open descriptor fd really is (what it was opened through, links followed): the
+ * kernel's name for it, or else the path resolved again. malloc'd; NULL when neither works. */
+static char *real_path_of(int fd, const char *path)
+{
+    char link[64], buf[PATH_MAX];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, buf, sizeof(buf) - 1);
+    if (n > 0 && buf[0] == '/') {
+        buf[n] = 0;
+        return strdup(buf);
+    }
+    return realpath(path, NULL);
+}
+
+/* Opens a file of the checkpoint for reading: O_NONBLOCK, so that opening a FIFO or a device
+ * cannot block, then only a regular file inside the checkpoint folder is kept (blocking again).
+ * Returns the descriptor with *st filled, -ENOENT (not reported), -ENOMEM, or -1 with the
+ * problem reported under `name`. */
+static int open_checked(struct opener *o, const char *path, const char *name, struct stat *st)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOENT)
+            return -ENOENT;
+        fail(o, "%s: cannot open: %s", name, strerror(e));
+        return -1;
+    }
+    if (fstat(fd, st) != 0) {
+        fail(o, "%s: cannot stat: %s", name, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        fail(o, "%s: %s, not a regular file", name, file_kind(st->st_mode));
+        close(fd);
+        return -1;
+    }
+    if (o->root) {
+        char *real = real_path_of(fd, path);
+        if (!real) {
+            int e = errno;
+            close(fd);
+            if (e == ENOMEM)
+                return -ENOMEM;
+            fail(o, "%s: cannot resolve its path: %s", name, strerror(e));
+            return -1;
+        }
+        bool inside = under(real, o->root) || (o->blobs && under(real, o->blobs));
+        if (!inside)
+            fail(o, "%s: leads to %s, outside the checkpoint folder %s", name, real, o->root);
+        free(real);
+        if (!inside) {
+            close(fd);
+            return -1;
+        }
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        fail(o, "%s: fcntl: %s", name, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 /* Opens and checks file fi. Problems go to the list; the return is only for fatal errors
  * (out of memory). */
 static int open_file(struct opener *o, uint32_t fi)
 {
     struct wb_ckpt *ck = o->ck;
     struct wb_ckpt_file *f = &ck->files[fi];
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        if (o->ix && e == ENOENT)
-            return 0; /* reported once per file by the index check */
-        fail(o, "%s: cannot open: %s", f->name, strerror(e));
-        return 0;
-    }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        fail(o, "%s: not a regular file", f->name);
-        close(fd);
+    int fd = open_checked(o, f->path, f->name, &st);
+    if (fd == -ENOENT && o->ix)
+        return 0; /* reported once per file by the index check */
+    if (fd == -ENOENT)
+        fail(o, "%s: cannot open: %s", f->name, strerror(ENOENT));
+    if (fd == -ENOMEM)
+        return -ENOMEM;
+    if (fd < 0)
         return 0;
-    }
     f->size = (uint64_t)st.st_size;
     uint8_t lenb[8];
     if (f->size < 8) {
@@ -409,14 +507,14 @@ static bool safe_name(const char *s)
 /* Reads the index: the set of files (sorted) and the tensor -> file entries. */
 static int load_index(struct opener *o, const char *dir, const char *ixpath)
 {
-    int fd = open(ixpath, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        fail(o, "%s: cannot open: %s", o->ixname, strerror(errno));
-        if (fd >= 0)
-            close(fd);
+    int fd = open_checked(o, ixpath, o->ixname, &st);
+    if (fd == -ENOMEM)
+        return -ENOMEM;
+    if (fd == -ENOENT)
+        fail(o, "%s: cannot open: %s", o->ixname, strerror(ENOENT));
+    if (fd < 0)
         return o->err;
-    }
     if ((uint64_t)st.st_size > WB_CKPT_MAX_INDEX) {
         fail(o, "%s: %llu bytes, over the limit of %llu", o->ixname, (unsigned long long)st.st_size,
              (unsigned long long)WB_CKPT_MAX_INDEX);
@@ -555,6 +653,34 @@ static int scan_dir(struct opener *o, const char *dir)
     return r;
 }
 
+/* The folder every file of a checkpoint folder must lie in: its real path, and for a snapshot of
+ * the Hugging Face cache (<repo>/snapshots/<rev>/, whose files are links to <repo>/blobs/) that
+ * blobs folder too. */
+static int set_root(struct opener *o, const char *dir)
+{
+    if (!(o->root = realpath(dir, NULL))) {
+        int e = errno;
+        if (e == ENOMEM)
+            return -ENOMEM;
+        wb_errlist_add(o->el, "%s: %s", wb_esc(dir).s, strerror(e));
+        return -e;
+    }
+    char *slash = strrchr(o->root, '/');
+    if (!slash || slash == o->root)
+        return 0;
+    size_t plen = (size_t)(slash - o->root); /* <repo>/snapshots */
+    if (plen < 10 || strncmp(o->root + plen - 10, "/snapshots", 10) != 0)
+        return 0;
+    char *blobs;
+    if (asprintf(&blobs, "%.*s/blobs", (int)(plen - 10), o->root) < 0)
+        return -ENOMEM;
+    struct stat st;
+    if (stat(blobs, &st) == 0 && S_ISDIR(st.st_mode))
+        o->blobs = realpath(blobs, NULL);
+    free(blobs);
+    return 0;
+}
+
 void wb_ckpt_close(struct wb_ckpt *ck)
 {
     if (!ck)
@@ -585,15 +711,17 @@ int wb_ckpt_open(const char *path, struct wb_ckpt **out, struct wb_errlist *el)
     struct stat st;
     if (stat(path, &st) != 0) {
         r = -errno;
-        wb_errlist_add(el, "%s: %s", path, strerror(errno));
+        wb_errlist_add(el, "%s: %s", wb_esc(path).s, strerror(errno));
         wb_ckpt_close(ck);
         return r;
     }
     char *ixpath = NULL;
     if (S_ISDIR(st.st_mode)) {
-        if (!(ixpath = join(path, WB_CKPT_INDEX))) {
+        if ((r = set_root(&o, path)) != 0 || !(ixpath = join(path, WB_CKPT_INDEX))) {
+            free(o.root);
+            free(o.blobs);
             wb_ckpt_close(ck);
-            return -ENOMEM;
+            return r ? r : -ENOMEM;
         }
         if (access(ixpath, F_OK) == 0) {
             o.ixname = WB_CKPT_INDEX;
@@ -630,6 +758,8 @@ int wb_ckpt_open(const char *path, struct wb_ckpt **out, struct wb_errlist *el)
                          o.ixe[i].name, WB_CKPT_INDEX);
     }
     r = r ? r : o.err;
+    free(o.root);
+    free(o.blobs);
     free(o.parsed);
     free(o.ixe);
     json_decref(o.ix);

@@ -455,6 +455,22 @@ uint64_t wb_siphash(const uint8_t key[WB_MAC_KEY_BYTES], const void *msg, size_t
 /* "1.50 GiB" style formatting into buf; returns buf. */
 char *wb_fmt_bytes(uint64_t bytes, char *buf, size_t cap);
 
+/* Untrusted text made safe to print — tensor and file names read from a checkpoint, paths:
+ * control characters (bytes below 0x20, DEL, the C1 controls U+0080..U+009F), bytes that are
+ * not UTF-8 and the backslash are written as C escapes (\n, \t, \r, \\, \xHH), so what is
+ * printed can neither start a line of its own nor send the terminal an escape sequence; UTF-8
+ * text is kept. Into buf, always NUL-terminated: a result longer than cap - 1 bytes is cut and
+ * ends in "..." (cap >= 4; 4 * strlen(s) + 1 always holds it whole). NULL is "(null)". */
+char *wb_esc_str(const char *s, char *buf, size_t cap);
+/* The same by value, for use within one expression (C11: the returned array lives until the
+ * end of the statement), cut at WB_ESC_MAX - 1 bytes:
+ *     fprintf(stderr, "tensor \"%s\"\n", wb_esc(name).s);                                    */
+enum { WB_ESC_MAX = 1024 };
+struct wb_esc_buf {
+    char s[WB_ESC_MAX];
+};
+struct wb_esc_buf wb_esc(const char *s);
+
 #define WB_ARRAY_LEN(a)                    (sizeof(a) / sizeof((a)[0]))
 #define WB_CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 

@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # Installs the Debian packages weightbridge needs to build and test, and nothing when all are
-# present. Uses sudo when not root. Usage: scripts/deps.sh [--check]  (--check only reports)
+# present. Uses sudo when not root.
+# Usage: scripts/deps.sh [--check | --list]  (--check only reports; --list prints the packages)
 set -eu
+# libFuzzer's runtime (make fuzz, tests/sh/fuzz_test.sh) is in libclang-rt-N-dev, which clang-N
+# only recommends: the --no-install-recommends below leaves it out unless it is named. N is the
+# installed clang's major version, or Debian 12's (14) when clang is still to be installed.
+clang_major=$(clang -dumpversion 2>/dev/null | cut -d. -f1 || true)
 pkgs=(
     build-essential pkg-config
     libfabric-dev libibverbs-dev libnng-dev libmsgpack-dev libyaml-dev libjansson-dev libxxhash-dev
-    iproute2 python3 python3-numpy python3-setuptools python3-pip clang
+    iproute2 python3 python3-numpy python3-setuptools python3-pip clang "libclang-rt-${clang_major:-14}-dev"
     bsdutils openssl
 )
+if [ "${1:-}" = "--list" ]; then
+    printf '%s\n' "${pkgs[@]}"
+    exit 0
+fi
 # Fast path, and the one that works where the libraries come from elsewhere (a prefix set up
 # by scripts/gpu/env.sh on the lent GPU machines): the headers compile and the libraries link.
 probe() {

@@ -6,8 +6,16 @@
  * with a time limit (default 60 s, or the row's seconds), so a crash or a hang fails only that
  * test. A test fails by a failed check (the child exits at once), passes by returning, and skips
  * by calling wb_test_skip(). Output: one line per test, then "N passed, N failed, N skipped".
+ * Whatever the outcome — pass, fail, skip, crash or time limit — the test's directory
+ * (wb_test_tmpdir) is removed afterwards, and the cleanups it registered (wb_test_cleanup) run
+ * unless it was killed.
  *
- * Usage: <test> [-l] [name...]   (-l lists the names; names select tests)
+ * A limit is a hang guard, not a speed check: tests decide by what happened (counts, exact
+ * errors), never by elapsed time, and limits are set for a loaded 2-core machine.
+ * $WB_TEST_TIME_SCALE (a number >= 1) multiplies every limit, for machines slower than that.
+ *
+ * Usage: <test> [-l] [name...]   (-l lists the names; names select tests; a name starting with
+ * '_' is a test of the harness itself, run only when named)
  * WB_TEST_NOFORK=1 runs tests in-process (for gdb).
  */
 #ifndef WB_TEST_H
@@ -32,8 +40,13 @@ _Noreturn void wb_test_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Ends the running test as skipped with a reason. */
 _Noreturn void wb_test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* A directory private to the running test (created on first use, removed afterwards). */
+/* A directory private to the running test (made before it starts, removed after it ended,
+ * however it ended; WB_TEST_KEEP=1 keeps a failed test's, and says where). */
 const char *wb_test_tmpdir(void);
+/* Registers fn to run when the test ends — returns, fails a check or skips — in the process
+ * that registered it (not in children it forked); the last registered runs first. For what a
+ * test sets up outside its directory (network namespaces, say). At most 8. */
+void wb_test_cleanup(void (*fn)(void));
 /* Writes text to <tmpdir>/<name> and returns the path (valid until the test ends). */
 const char *wb_test_write_file(const char *name, const char *text);
 

@@ -61,7 +61,7 @@ static const char usage[] =
     "  --controller URL   the coordinator's controller\n"
     "  --rank R           this reader (default: $RANK (torchrun) or $SLURM_PROCID)\n"
     "  --device D         GPU the reads are copied to (default: host memory)\n"
-    "  --io MODE          pread (default), direct (O_DIRECT: no page cache) or mmap\n"
+    "  --io MODE          pread (default) or direct (O_DIRECT: no page cache)\n"
     "  --io-threads N     reading threads (default 2)\n"
     "  --tx-domain NAME   transport domain: NIC or interface\n"
     "  --tx-extra YAML    more transport settings (keys: transport/transport.h)\n"
@@ -266,10 +266,13 @@ static int parse_args(int argc, char **argv, struct args *a)
                 a->io = WB_CKPT_IO_PREAD;
             else if (strcmp(optarg, "direct") == 0)
                 a->io = WB_CKPT_IO_DIRECT;
-            else if (strcmp(optarg, "mmap") == 0)
-                a->io = WB_CKPT_IO_MMAP;
-            else
-                r = bad("io", "pread, direct or mmap", optarg);
+            else if (strcmp(optarg, "mmap") == 0) {
+                fprintf(stderr, "wb-broadcast: --io mmap is no longer offered: a checkpoint file "
+                                "that shrinks while it is mapped kills the reader (SIGBUS); pread "
+                                "(the default) reads the same page cache\n");
+                r = 2;
+            } else
+                r = bad("io", "pread or direct", optarg);
             break;
         case 'I':
             r = parse_u32("io-threads", optarg, 1, 64, &a->io_threads);
@@ -348,15 +351,15 @@ static void print_shares(const struct wb_ckpt *ck, const struct wb_ckpt_shares *
         printf("  %6u %15llu  %6.2f%%  %6zu", k, (unsigned long long)sh->bytes,
                s->total ? 100.0 * (double)sh->bytes / (double)s->total : 0.0, sh->n);
         if (sh->n)
-            printf("  %s rows [%llu, %llu)", ck->inv.p[sh->piece[0].tensor].name,
+            printf("  %s rows [%llu, %llu)", wb_esc(ck->inv.p[sh->piece[0].tensor].name).s,
                    (unsigned long long)sh->piece[0].row0,
                    (unsigned long long)(sh->piece[0].row0 + sh->piece[0].rows));
         putchar('\n');
         for (size_t i = 0; list && i < sh->n; i++) {
             const struct wb_ckpt_piece *p = &sh->piece[i];
-            printf("         %s rows [%llu, %llu) bytes %llu\n", ck->inv.p[p->tensor].name,
-                   (unsigned long long)p->row0, (unsigned long long)(p->row0 + p->rows),
-                   (unsigned long long)p->bytes);
+            printf("         %s rows [%llu, %llu) bytes %llu\n",
+                   wb_esc(ck->inv.p[p->tensor].name).s, (unsigned long long)p->row0,
+                   (unsigned long long)(p->row0 + p->rows), (unsigned long long)p->bytes);
         }
     }
     printf("tensors split over readers: %zu\n", s->nsplit);
@@ -371,7 +374,7 @@ static void print_shares(const struct wb_ckpt *ck, const struct wb_ckpt_shares *
         uint64_t rows = ck->inv.p[p->tensor].shape.ndim ? ck->inv.p[p->tensor].shape.dim[0] : 1;
         if (p->row0 + p->rows == rows || p->bytes == 0)
             continue; /* the tensor ends in this share */
-        printf("  %s:", ck->inv.p[p->tensor].name);
+        printf("  %s:", wb_esc(ck->inv.p[p->tensor].name).s);
         for (uint32_t j = k; j < s->n; j++) {
             const struct wb_ckpt_share *o = &s->share[j];
             const struct wb_ckpt_piece *q = j == k                                    ? p
@@ -439,7 +442,7 @@ static int dry_run(const struct args *a)
         /* config.json of the checkpoint itself */
         if (asprintf(&ckcfg, "%s/config.json", a->ckpt) < 0 || access(ckcfg, R_OK) != 0) {
             fprintf(stderr, "wb-broadcast: no --config and no readable config.json in %s\n",
-                    a->ckpt);
+                    wb_esc(a->ckpt).s);
             rc = 2;
             goto out;
         }
@@ -451,14 +454,14 @@ static int dry_run(const struct args *a)
     int e1 = wb_ckpt_open(a->ckpt, &ck, &el);
     int e2 = wb_model_load(&src, &md, &el);
     if (e1 || e2) {
-        rc = problems(&el, e1 && e2 ? "checkpoint and model" : e1 ? a->ckpt : "model");
+        rc = problems(&el, e1 && e2 ? "checkpoint and model" : e1 ? wb_esc(a->ckpt).s : "model");
         if (!e2)
             wb_model_free(&md);
         wb_ckpt_close(ck);
         goto out;
     }
     char b1[32];
-    printf("checkpoint %s: %zu file%s, %zu tensors, %s (%llu B)\n", a->ckpt, ck->nfiles,
+    printf("checkpoint %s: %zu file%s, %zu tensors, %s (%llu B)\n", wb_esc(a->ckpt).s, ck->nfiles,
            ck->nfiles == 1 ? "" : "s", ck->inv.n, wb_fmt_bytes(ck->bytes, b1, sizeof(b1)),
            (unsigned long long)ck->bytes);
     int err;

@@ -33,7 +33,7 @@ import os
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from . import _lib
-from ._tensors import Shard, TensorInfo, info
+from ._tensors import Shard, TensorInfo, changes, info, state
 
 __all__ = [
     "WeightbridgeError",
@@ -81,8 +81,21 @@ def _rank_from_env(rank: Optional[int]) -> int:
     raise ValueError("no rank: pass rank=, or start under torchrun ($RANK) or srun ($SLURM_PROCID)")
 
 
+def _moved(regs, verb: str) -> Optional[str]:
+    """Why a registered tensor's memory is no longer what was registered (it moved, was
+    resized, or now holds another dtype), naming the first such tensor; None when none is."""
+    for name, src, was in regs:
+        now = state(src)
+        if now != was:
+            return (f"{name}: its memory changed since it was registered ({changes(was, now)}); "
+                    f"weightbridge {verb} registered memory in place")
+    return None
+
+
 class _Endpoint:
-    """The C endpoint behind Trainer and Rollout."""
+    """The C endpoint behind Trainer and Rollout. What it registered stays referenced until
+    :meth:`close` (a numpy array also pinned against reallocation), and is checked before every
+    version: a tensor whose memory moved, was resized or holds another dtype fails it, named."""
 
     def __init__(
         self,
@@ -99,13 +112,31 @@ class _Endpoint:
         trace: Optional[str],
         give_up: Optional[float],
         mesh: Optional[Any] = None,
+        watch: Optional[Mapping[str, Any]] = None,
     ):
+        """``watch``: name -> the object whose memory is checked before every version, where it
+        is not the one registered (a Parameter whose ``.data`` was registered)."""
         self._ep = ctypes.c_void_p()
         self._keep = []
+        self._regs = []  # (name, object registered, state() at registration)
+        self._closed_state = (0, False)  # version and torn as they were when closed
         self.role = role
         self.rank = _rank_from_env(rank)
         token = token if token is not None else os.environ.get("WB_TOKEN")
-        infos = {name: info(t, (dtypes or {}).get(name)) for name, t in tensors.items()}
+        infos = {}
+        for name, t in tensors.items():
+            try:
+                ti = info(t, (dtypes or {}).get(name))
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"{role} rank {self.rank}: {name}: {e}") from None
+            if role == "rollout" and not ti.writeable:
+                raise ValueError(
+                    f"{role} rank {self.rank}: {name}: the buffer is read-only ({ti.buffer}, "
+                    "flags.writeable is False); a rollout's tensors are written in place"
+                )
+            if watch and name in watch:
+                ti.src = watch[name]
+            infos[name] = ti
         devices = {ti.device for ti in infos.values()}
         if device is None:
             if len(devices) > 1:
@@ -156,6 +187,9 @@ class _Endpoint:
         if rc:
             self._fail(rc)
         self._keep.append(ti.keep)
+        self._keep.extend(ti.hold)
+        src = ti.src if ti.src is not None else ti.keep
+        self._regs.append((name, src, state(src)))
 
     def _fail(self, rc: int):
         msg = _lib.endpoint_error(self._ep).decode() if self._ep else ""
@@ -166,9 +200,14 @@ class _Endpoint:
         if rc:
             self._fail(rc)
 
+    def _closed(self) -> None:
+        raise WeightbridgeError(-errno.EBADF, f"{self.role} rank {self.rank}: closed")
+
     def wait_ready(self, timeout: float = 600.0) -> None:
         """Waits until the whole job is ready (for endpoints made with ``timeout=0``, e.g. a
         trainer and a rollout colocated in one process, started one after the other)."""
+        if not self._ep:
+            self._closed()
         rc = _lib.endpoint_wait_ready(self._ep, _ns(timeout))
         if rc:
             self._fail(rc)
@@ -176,21 +215,27 @@ class _Endpoint:
     @property
     def version(self) -> int:
         """The last complete version (rollouts) or the last version every rollout received
-        (trainers)."""
+        (trainers); after :meth:`close`, what it was then."""
+        if not self._ep:
+            return self._closed_state[0]
         return int(_lib.endpoint_version(self._ep))
 
     @property
     def torn(self) -> bool:
         """Rollouts: True from a failed transfer until a version completes — parts of it may
         have landed, so the parameters hold neither it nor :attr:`version` whole."""
+        if not self._ep:
+            return self._closed_state[1]
         return bool(_lib.endpoint_torn(self._ep))
 
     def close(self):
         """Stops the endpoint and releases its registrations (the tensors stay yours)."""
         if self._ep:
+            self._closed_state = (self.version, self.torn)
             _lib.endpoint_close(self._ep)
             self._ep = ctypes.c_void_p()
             self._keep = []
+            self._regs = []
 
     def __enter__(self):
         return self
@@ -215,6 +260,8 @@ class Push:
         self.version = version
 
     def _wait(self, ev: int, timeout: float):
+        if not self._t._ep:
+            self._t._closed()
         rc = _lib.endpoint_wait_push(self._t._ep, self.version, ev, _ns(timeout))
         if rc:
             self._t._fail(rc)
@@ -227,6 +274,8 @@ class Push:
         return self.version
 
     def done(self) -> bool:
+        if not self._t._ep:
+            self._t._closed()
         rc = _lib.endpoint_wait_push(self._t._ep, self.version, _lib.WB_PUSH_DONE, 0)
         return rc != _lib.TIMEOUT
 
@@ -262,15 +311,19 @@ class Trainer(_Endpoint):
         """``mesh``: [(name, size), ...] of the device mesh :class:`Shard` placements refer to
         (DTensors bring their own)."""
         all_tensors: Dict[str, Any] = {}
+        params: Dict[str, Any] = {}  # checked before each push: `p.data = x` moves p, not p.data
         if model is not None:
             for name, p in model.named_parameters():
                 all_tensors[name] = p.data if hasattr(p, "data") else p
+                params[name] = p
+        for name in tensors or {}:
+            params.pop(name, None)
         all_tensors.update(tensors or {})
         self._cuda = any(getattr(t.local if isinstance(t, Shard) else t, "is_cuda", False)
                          for t in all_tensors.values())
         super().__init__(
             "trainer", controller, rank, token, device, all_tensors, dtypes, tx_domain, tx_extra,
-            None, trace, give_up, mesh,
+            None, trace, give_up, mesh, params,
         )
         self._start(timeout)
 
@@ -278,6 +331,12 @@ class Trainer(_Endpoint):
         """Asks for transfer ``version`` (every trainer rank pushes the same versions in order;
         it starts when all did) and returns at once. GPU work PyTorch queued on the tensors
         (the optimizer step) is waited for first: the transfer reads them on its own streams."""
+        if not self._ep:
+            self._closed()
+        why = _moved(self._regs, "reads")
+        if why:
+            raise WeightbridgeError(-errno.EFAULT, f"trainer rank {self.rank}: version {int(version)} "
+                                                   f"not pushed: {why}")
         if self._cuda:
             import torch
 
@@ -316,29 +375,48 @@ class Rollout(_Endpoint):
             "rollout", controller, rank, token, device, dict(params), dtypes, tx_domain, tx_extra,
             dump, None, give_up,
         )
-        self._hook_fn = None
-        if hook is not None:
-            self._hook_fn = _lib.HOOK(self._make_hook(hook))
-            _lib.endpoint_set_hook(self._ep, self._hook_fn, None)
+        # Always a hook: after the engine's own (which may replace parameters), before the
+        # version is reported received, every registered tensor is checked, so a version never
+        # counts as complete here when a tensor's memory is no longer where it landed.
+        self._hook_fn = _lib.HOOK(self._make_hook(hook, self._regs))
+        _lib.endpoint_set_hook(self._ep, self._hook_fn, None)
         self._start(timeout)
 
     @staticmethod
-    def _make_hook(hook: Callable[[int], None]):
+    def _make_hook(hook: Optional[Callable[[int], None]], regs):
+        def fail(err, cap, text: str) -> int:
+            msg = text.encode()[: max(0, cap - 1)]
+            ctypes.memmove(err, msg + b"\0", len(msg) + 1)
+            return 1
+
         def run(_arg, version, err, cap):
             try:
-                hook(int(version))
-                return 0
+                if hook is not None:
+                    hook(int(version))
             except BaseException as e:  # noqa: BLE001 - any failure fails the version
-                msg = f"{type(e).__name__}: {e}".encode()[: max(0, cap - 1)]
-                ctypes.memmove(err, msg + b"\0", len(msg) + 1)
-                return 1
+                return fail(err, cap, f"{type(e).__name__}: {e}")
+            try:
+                why = _moved(regs, "writes")
+            except BaseException as e:  # noqa: BLE001 - a tensor that cannot be read back
+                why = f"checking the registered tensors: {type(e).__name__}: {e}"
+            return fail(err, cap, why) if why else 0
 
         return run
 
     def wait(self, version: int, timeout: float = 600.0) -> int:
         """Returns once this rank holds ``version`` (or a newer one) complete; raises
         :class:`WeightbridgeError` with the controller's reason when it failed (the rank keeps
-        its last complete version) and ``TimeoutError`` after ``timeout`` seconds."""
+        its last complete version) and ``TimeoutError`` after ``timeout`` seconds. A registered
+        tensor whose memory moved, was resized or holds another dtype since registration raises
+        it, named, and closes this Rollout: no version may land in memory that is not the
+        tensor's."""
+        if not self._ep:
+            self._closed()
+        why = _moved(self._regs, "writes")
+        if why:
+            self.close()
+            raise WeightbridgeError(-errno.EFAULT, f"rollout rank {self.rank}: {why}: this Rollout "
+                                                   "is closed (register again)")
         rc = _lib.endpoint_wait(self._ep, int(version), _ns(timeout))
         if rc:
             self._fail(rc)
@@ -430,7 +508,12 @@ def synth_fill(out: Any, name: str, seed: int, version: int, shape, offset, dtyp
     ``name`` that starts at ``offset`` in a global tensor of ``shape``) with weightbridge's
     synthetic values of (seed, version) — what ``wb-agent`` trainers hold, so that ``wb-ctl
     verify`` can check what rollouts received. ``dtype``: 'bf16', 'fp16' or 'fp32'."""
-    ti = info(out, dtype)
+    try:
+        ti = info(out, dtype)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"synth_fill {name}: {e}") from None
+    if not ti.writeable:
+        raise ValueError(f"synth_fill {name}: out is read-only ({ti.buffer})")
     if ti.strides is not None or ti.device >= 0:
         raise ValueError("synth_fill: out must be contiguous host memory")
     rc = _lib.synth_fill(

@@ -110,6 +110,17 @@ synth_fill = _decl(
     c_u64p, c_u64p, ctypes.c_void_p,
 )
 gpu_count = _decl("wb_gpu_count", ctypes.c_int)
+_dtype_parse = _decl("wb_dtype_parse", ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int))
+_dtype_size = _decl("wb_dtype_size", ctypes.c_size_t, ctypes.c_int)
+
+
+def dtype_size_of(name: str) -> int:
+    """Bytes per element of a dtype name the library accepts ("bf16", "torch.float8_e4m3fn",
+    ...); 0 for a name it does not (wb_endpoint_add then says so)."""
+    dt = ctypes.c_int()
+    if _dtype_parse(name.encode(), ctypes.byref(dt)) != 0:
+        return 0
+    return int(_dtype_size(dt.value))
 
 _libc = ctypes.CDLL(None)
 _libc.free.argtypes = [ctypes.c_void_p]

@@ -4,8 +4,11 @@ parameter — the global shape and the box of it this rank holds."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence, Tuple
+
+from . import _lib
 
 
 @dataclass
@@ -37,6 +40,11 @@ class TensorInfo:
     keep: Any  # the object that owns the memory (kept alive by the endpoint)
     placement: Optional[Tuple[int, ...]] = None  # per mesh dim: -1 replicate, d: Shard(d)
     mesh: Optional[Tuple[Tuple[str, int], ...]] = None  # a DTensor's device mesh
+    itemsize: int = 0  # bytes per element of the buffer itself (numpy itemsize, torch element_size)
+    buffer: str = ""  # what the buffer holds, for messages: "numpy uint8", "torch.bfloat16"
+    writeable: bool = True  # False for a read-only numpy array (bytes, a read-only mapping)
+    src: Any = None  # the object registered (a DTensor, a Parameter): what state() re-reads
+    hold: List[Any] = field(default_factory=list)  # what keeps the memory alive and in place
 
 
 _NUMPY_DTYPES = {"float16": "fp16", "float32": "fp32", "int32": "i32", "int64": "i64"}
@@ -125,6 +133,8 @@ def _torch_info(t, shape=None, offset=None) -> TensorInfo:
         keep=t,
         placement=placement,
         mesh=mesh,
+        itemsize=int(t.element_size()),
+        buffer=str(t.dtype),
     )
 
 
@@ -151,6 +161,9 @@ def _numpy_info(a, shape=None, offset=None) -> TensorInfo:
         shape=tuple(shape) if shape is not None else local_shape,
         offset=tuple(offset) if offset is not None else (0,) * len(local_shape),
         keep=a,
+        itemsize=int(es),
+        buffer=f"numpy {name}",
+        writeable=bool(a.flags.writeable),
     )
 
 
@@ -166,6 +179,7 @@ def info(x, dtype: Optional[str] = None) -> TensorInfo:
             dtype = x.dtype
         x, shape, offset = x.local, tuple(int(d) for d in x.shape), tuple(int(o) for o in x.offset)
     ti = _torch_info(x, shape, offset) if _is_torch(x) else _numpy_info(x, shape, offset)
+    ti.src = x
     if placement is not None:
         ti.placement = placement
     if dtype is not None:
@@ -175,9 +189,62 @@ def info(x, dtype: Optional[str] = None) -> TensorInfo:
             "this array's dtype does not say which floating-point format it holds: pass dtype= "
             "('bf16', 'fp8_e4m3', ...)"
         )
+    # every byte written or read is counted in the registered dtype's elements: a buffer of
+    # smaller elements would be run past (a uint8 array registered as bf16 is half as long)
+    size = _lib.dtype_size_of(ti.dtype)
+    if size and size != ti.itemsize:
+        raise ValueError(
+            f"dtype {ti.dtype} has {size}-byte elements, but the buffer's itemsize is "
+            f"{ti.itemsize} ({ti.buffer})"
+        )
     if len(ti.shape) != len(ti.local_shape) or len(ti.offset) != len(ti.local_shape):
         raise ValueError(
             f"shape {ti.shape} and offset {ti.offset} must have the local tensor's "
             f"{len(ti.local_shape)} dimensions"
         )
+    ti.hold = _hold(x)
     return ti
+
+
+def _hold(x) -> List[Any]:
+    """References that keep x's memory alive and where it is while it is registered. A torch
+    tensor: a detached alias of its storage (survives ``p.data = other``, which would otherwise
+    free the memory the peers write). A numpy array: weak references to it and to every array it
+    is a view of — numpy refuses to reallocate an array that has one (``resize``, even with
+    ``refcheck=False``: "cannot resize an array that references or is referenced by another
+    array in this way"); dropping them (the endpoint's close) lets it resize again."""
+    if _is_torch(x):
+        local = x.to_local() if hasattr(x, "to_local") else x
+        return [x, local.detach()]
+    out: List[Any] = [x]
+    a = x
+    while a is not None and type(a).__module__ == "numpy" and hasattr(a, "base"):
+        try:
+            out.append(weakref.ref(a))
+        except TypeError:
+            break
+        a = a.base
+    return out
+
+
+def state(x) -> Tuple[int, int, str]:
+    """(address, bytes, dtype) of what x's memory is now — compared before every version with
+    what was registered: weightbridge reads and writes registered memory in place."""
+    if isinstance(x, Shard):
+        x = x.local
+    if _is_torch(x):
+        t = x.to_local() if hasattr(x, "to_local") else x
+        return int(t.data_ptr()), int(t.numel()) * int(t.element_size()), str(t.dtype)
+    return int(x.ctypes.data), int(x.nbytes), str(x.dtype)
+
+
+def changes(was: Tuple[int, int, str], now: Tuple[int, int, str]) -> str:
+    """How a buffer's state changed: "address 0x.. -> 0x.., 256 -> 512 bytes, dtype a -> b"."""
+    out = []
+    if was[0] != now[0]:
+        out.append(f"address {was[0]:#x} -> {now[0]:#x}")
+    if was[1] != now[1]:
+        out.append(f"{was[1]} -> {now[1]} bytes")
+    if was[2] != now[2]:
+        out.append(f"dtype {was[2]} -> {now[2]}")
+    return ", ".join(out)

@@ -13,6 +13,7 @@
 #include "controller/controller.h"
 #include "tests/func/e2e_proc.h"
 
+#include <fcntl.h>
 #include <regex.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -181,12 +182,12 @@ static char *finish_ok(struct bc *b, unsigned ms, long *reader_rss_kb)
         wb_test_fail(__FILE__, __LINE__, "wb-broadcast exited %d:\n%s", rc, out);
     for (int r = 0; r < b->readers; r++) {
         long kb = 0;
-        CHECK_INT(wait_rss(b->rd[r], 20000, &kb), 0);
+        CHECK_INT(wait_rss(b->rd[r], 60000, &kb), 0);
         if (reader_rss_kb)
             reader_rss_kb[r] = kb;
     }
     for (int r = 0; r < b->rollouts; r++)
-        CHECK_INT(e2e_wait(b->ro[r], 20000), 0);
+        CHECK_INT(e2e_wait(b->ro[r], 60000), 0);
     return out;
 }
 
@@ -267,7 +268,7 @@ static void test_one_gb(void)
     start_reader(&b, 0, NULL);
     start_reader(&b, 1, NULL);
     long rss[2] = {0, 0};
-    char *out = finish_ok(&b, 240000, rss);
+    char *out = finish_ok(&b, 1000000, rss); /* 42 s alone; ten times that under load */
     expect_line(out,
                 "wb-broadcast: checkpoint %s: 4 files, 113 tensors, 1.28 GB; every tensor matches "
                 "the model\n",
@@ -326,6 +327,30 @@ static void patch_header(const char *dir, const char *file, const char *from, co
     CHECK_INT(fclose(f), 0);
     free(hdr);
     free(buf);
+}
+
+/* Replaces the first `from` of a text file (the index) by `to`. */
+static void patch_text(const char *dir, const char *file, const char *from, const char *to)
+{
+    char path[900];
+    snprintf(path, sizeof(path), "%s/%s", dir, file);
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL);
+    char *text = NULL;
+    size_t cap = 0;
+    ssize_t n = getdelim(&text, &cap, 0, f); /* the whole file: it holds no NUL */
+    fclose(f);
+    CHECK(n > 0);
+    char *at = strstr(text, from);
+    if (!at)
+        wb_test_fail(__FILE__, __LINE__, "%s: no \"%s\"", file, from);
+    f = fopen(path, "wb");
+    CHECK(f != NULL);
+    fwrite(text, 1, (size_t)(at - text), f);
+    fputs(to, f);
+    fputs(at + strlen(from), f);
+    CHECK_INT(fclose(f), 0);
+    free(text);
 }
 
 /* The coordinator refuses the checkpoint: exit 1, exactly `want` on stderr, and nothing
@@ -406,6 +431,66 @@ static void test_bad_files(void)
              "(the index puts 17 tensors there, "
              "\"model.layers.0.mlp.experts.0.down_proj.weight\" first)\n");
     refused(&b, "missing.log", want);
+}
+
+/* What the files could do to the programs reading them: a FIFO named by the index (it would
+ * block open(2) forever), a shard linked to a file outside the checkpoint folder (read and sent
+ * to the rollouts), a tensor name with a newline and a terminal escape sequence (printed raw):
+ * each refused or escaped with its exact message, nothing listening. And --io mmap, gone (a
+ * file that shrank while mapped killed the reader with SIGBUS), refused at the command line. */
+static void test_bad_inputs(void)
+{
+    struct bc b;
+    setup(&b, "inputs", 9, DEMO_RULES, DEMO_CONFIG, 2, 2, NULL);
+    char want[4096], path[900], target[900];
+    const char *f2 = "model-00002-of-00003.safetensors";
+    /* a FIFO where a shard should be */
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    snprintf(path, sizeof(path), "%s/%s", b.ckpt, f2);
+    CHECK_INT(unlink(path), 0);
+    CHECK_INT(mkfifo(path, 0644), 0);
+    refused(&b, "fifo.log",
+            "wb-broadcast: 1 problem; nothing was sent\n"
+            "  model-00002-of-00003.safetensors: a FIFO, not a regular file\n");
+    /* a shard that is a link to a file outside the folder (the writer would block on the FIFO) */
+    CHECK_INT(unlink(path), 0);
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    snprintf(target, sizeof(target), "%s/elsewhere.safetensors", wb_test_tmpdir());
+    snprintf(path, sizeof(path), "%s/%s", b.ckpt, f2);
+    CHECK_INT(rename(path, target), 0);
+    CHECK_INT(symlink(target, path), 0);
+    char *rt = realpath(target, NULL), *rd = realpath(b.ckpt, NULL);
+    snprintf(want, sizeof(want),
+             "wb-broadcast: 1 problem; nothing was sent\n"
+             "  model-00002-of-00003.safetensors: leads to %s, outside the checkpoint folder %s\n",
+             rt, rd);
+    free(rt);
+    free(rd);
+    refused(&b, "link.log", want);
+    /* a tensor name with a newline and a terminal escape sequence (the writer would follow
+     * the link) */
+    CHECK_INT(unlink(path), 0);
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    patch_header(b.ckpt, "model-00001-of-00003.safetensors",
+                 "\"model.norm.weight\":", "\"model.norm.weight\\n  fake line\\u001b[2J\":");
+    patch_text(b.ckpt, "model.safetensors.index.json",
+               "\"model.norm.weight\":", "\"model.norm.weight\\n  fake line\\u001b[2J\":");
+    refused(&b, "name.log",
+            "wb-broadcast: 2 problems; nothing was sent\n"
+            "  extra tensor \"model.norm.weight\\n  fake line\\x1b[2J\" (bf16 [256], in "
+            "model-00001-of-00003.safetensors): the model has no such tensor\n"
+            "  missing tensor \"model.norm.weight\": the model expects bf16 [256]\n");
+    /* --io mmap */
+    char *out;
+    CHECK_INT(e2e_run(&out,
+                      "%s wb-broadcast --reader --checkpoint %s --controller %s --rank 0 "
+                      "--io mmap",
+                      TOKEN_ENV, b.ckpt, b.url),
+              2);
+    CHECK_STR(out, "wb-broadcast: --io mmap is no longer offered: a checkpoint file that shrinks "
+                   "while it is mapped kills the reader (SIGBUS); pread (the default) reads the "
+                   "same page cache\n");
+    free(out);
 }
 
 static bool matches(const char *text, const char *re);
@@ -555,12 +640,34 @@ static void test_checksum_mismatch(void)
 
 /* ---------------------------------------------------------------- a real terminal */
 
+/* Whether a pseudo-terminal can be made here, as script(1) makes one; why not in why. A root
+ * without a devpts instance at /dev/pts (a container's, say) has /dev/ptmx but no terminals. */
+static bool pty_possible(char *why, size_t cap)
+{
+    int m = posix_openpt(O_RDWR | O_NOCTTY);
+    if (m < 0) {
+        snprintf(why, cap, "posix_openpt: %s", strerror(errno));
+        return false;
+    }
+    const char *name = grantpt(m) == 0 && unlockpt(m) == 0 ? ptsname(m) : NULL;
+    int sl = name ? open(name, O_RDWR | O_NOCTTY) : -1;
+    if (sl < 0)
+        snprintf(why, cap, "%s: %s", name ? name : "grantpt/unlockpt", strerror(errno));
+    else
+        close(sl);
+    close(m);
+    return sl >= 0;
+}
+
 /* The coordinator under script(1), so its output is a pseudo-terminal: one progress line
  * rewritten in place (carriage return, erase to the end of the line). */
 static void test_progress_terminal(void)
 {
     if (system("script --version >/dev/null 2>&1") != 0)
         wb_test_skip("no script(1) (util-linux / bsdutils): scripts/deps.sh installs it");
+    char why[300];
+    if (!pty_possible(why, sizeof(why)))
+        wb_test_skip("no pseudo-terminal can be made here (%s): script(1) needs one", why);
     struct bc b;
     setup(&b, "tty", 7, DEMO_RULES, DEMO_CONFIG, 2, 2, "mem_cap: 4MiB\n");
     write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
@@ -586,14 +693,37 @@ static void test_progress_terminal(void)
     CHECK_U64(verify(&b), DEMO_WRITE_BYTES);
 }
 
+/* Where no pseudo-terminal can be made, progress_terminal skips saying why instead of failing
+ * on script(1)'s error: run again in a mount namespace whose /dev/pts is an empty tmpfs. */
+static void test_progress_terminal_no_pty(void)
+{
+    char *out;
+    if (geteuid() != 0 || system("unshare -m true >/dev/null 2>&1") != 0)
+        wb_test_skip("cannot make a mount namespace here (unshare -m needs root)");
+    char *self = realpath("/proc/self/exe", NULL);
+    CHECK(self != NULL);
+    CHECK_INT(e2e_run(&out,
+                      "unshare -m sh -c 'mount -t tmpfs none /dev/pts && exec %s "
+                      "progress_terminal'",
+                      self),
+              0);
+    free(self);
+    CHECK_CONTAINS(out, "\nskipped: no pseudo-terminal can be made here (posix_openpt: No such "
+                        "device): script(1) needs one\nSKIP bcast progress_terminal (");
+    CHECK_CONTAINS(out, "\n0 passed, 0 failed, 1 skipped\n");
+    free(out);
+}
+
 const struct wb_test wb_tests[] = {
     {"demo_bf16", test_demo_bf16, 120},
     {"demo_fp8", test_demo_fp8, 120},
-    {"one_gb", test_one_gb, 400},
+    {"one_gb", test_one_gb, 1200}, /* 42 s on a quiet 2-core machine; near 400 s under load */
     {"bad_files", test_bad_files, 120},
+    {"bad_inputs", test_bad_inputs, 120},
     {"wrong_reader", test_wrong_reader, 60},
     {"kill_reader_resume", test_kill_reader_resume, 180},
     {"checksum_mismatch", test_checksum_mismatch, 120},
     {"progress_terminal", test_progress_terminal, 120},
+    {"progress_terminal_no_pty", test_progress_terminal_no_pty, 60},
     {0},
 };

@@ -117,13 +117,11 @@ static void stray_write(struct fid_domain *dom, const struct fi_info *info, uint
                              .rma_iov_count = 1,
                              .context = &ctx,
                              .data = 0x01000001u};
-    uint64_t t0 = wb_now_ns();
-    ssize_t e;
+    ssize_t e; /* a write that is never answered is a hang: the test's time limit ends it */
     while ((e = fi_writemsg(ep, &msg, FI_REMOTE_CQ_DATA | FI_DELIVERY_COMPLETE | FI_COMPLETION)) ==
            -FI_EAGAIN) {
         struct fi_cq_data_entry ce;
         fi_cq_read(cq, &ce, 1);
-        CHECK(wb_now_ns() - t0 < 10000000000ull);
     }
     if (e) {
         st->other++;
@@ -144,7 +142,6 @@ static void stray_write(struct fid_domain *dom, const struct fi_info *info, uint
                     st->other++;
                 break;
             }
-            CHECK(wb_now_ns() - t0 < 10000000000ull);
         }
     }
     fi_close(&mr->fid);

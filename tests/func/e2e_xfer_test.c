@@ -144,18 +144,17 @@ static void test_kill_trainer(void)
     static char tok[] = "WB_TOKEN=xfer-tok";
     char *env[] = {tok, NULL};
     char *argv[] = {cmd, "-c", c.url, "--timeout", "20s", "transfer", "--version", "2", NULL};
-    uint64_t t0 = wb_now_ns();
     pid_t client = e2e_spawn("transfer2.log", env, argv);
     e2e_sleep_ms(400);
     CHECK_INT(kill(c.ag[2], SIGKILL), 0);
     CHECK_INT(e2e_wait(c.ag[2], 5000), 128 + SIGKILL);
-    CHECK_INT(e2e_wait(client, 30000), 1);
-    uint64_t took = wb_now_ns() - t0;
+    CHECK_INT(e2e_wait(client, 60000), 1);
     out = e2e_slurp("transfer2.log");
     CHECK_CONTAINS(out, "transfer 2 failed");
     CHECK_CONTAINS(out, "trainer rank 2");
+    /* failed for the kill, not at the transfer timeout ("timed out after 20.0 s waiting for") */
+    CHECK(!strstr(out, "timed out"));
     free(out);
-    CHECK(took < 20ull * 1000000000); /* within the transfer timeout, not at it */
     ctl(&c, &out, "status");
     CHECK_CONTAINS(out, "version 1, in flight: none");
     CHECK(strstr(out, "rollout      0 alive") && strstr(out, "rollout      1 alive"));
@@ -284,7 +283,8 @@ static void sweep_netns(void)
 
 static int netns_id;
 
-/* Runs at exit (also after a failed check): agents first, then the namespaces. */
+/* Runs when the test ends — passed, failed a check or skipped (wb_test_cleanup; atexit would
+ * miss the last two, which end with _exit): agents first, then the namespaces. */
 static void netns_cleanup(void)
 {
     e2e_kill_all();
@@ -307,7 +307,7 @@ static void test_netns_tcp(void)
     if (!sh("ip netns add %s", hub))
         wb_test_skip("cannot create network namespaces here (ip netns add failed)");
     netns_id = id;
-    atexit(netns_cleanup);
+    wb_test_cleanup(netns_cleanup); /* from here on, a skip or a failed check deletes them */
     bool ok = sh("ip -n %s link add wbbr type bridge", hub) && sh("ip -n %s link set wbbr up", hub);
     int net = id % 200 + 20;
     for (int k = 0; ok && k <= NTR + NRO; k++) {
@@ -328,6 +328,47 @@ static void test_netns_tcp(void)
     for (uint64_t v = 1; v <= 2; v++)
         transfer_ok(&c, v, NULL);
     stop(&c);
+}
+
+static void netns_tcp_in_child(void *arg)
+{
+    setenv("PATH", (const char *)arg, 1);
+    printf("pid %d\n", (int)getpid()); /* what names its namespaces */
+    fflush(stdout);
+    test_netns_tcp();
+}
+
+/* The skip taken when namespaces can be made but not wired (here an `ip` that refuses veth
+ * pairs, first on PATH) deletes what it made: no namespace of that run is left. */
+static void test_netns_skip_cleans(void)
+{
+    if (geteuid() != 0 || !sh("command -v ip"))
+        wb_test_skip("network namespaces need root and the ip command (iproute2)");
+    char *real = NULL;
+    CHECK_INT(e2e_run(&real, "sh -c 'command -v ip'"), 0);
+    real[strcspn(real, "\n")] = 0;
+    char bin[700], script[1500], path[4096];
+    snprintf(bin, sizeof(bin), "%s/fakebin", wb_test_tmpdir());
+    CHECK_INT(mkdir(bin, 0755), 0);
+    snprintf(script, sizeof(script),
+             "#!/bin/sh\ncase \"$*\" in *\"type veth\"*) exit 1;; esac\nexec %s \"$@\"\n", real);
+    free(real);
+    const char *ip = wb_test_write_file("fakebin/ip", script);
+    CHECK_INT(chmod(ip, 0755), 0);
+    snprintf(path, sizeof(path), "%s:%s", bin, getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+    char out[2048];
+    CHECK_INT(wb_test_capture(netns_tcp_in_child, path, out, sizeof(out)), 77);
+    int pid = 0;
+    CHECK(sscanf(out, "pid %d\n", &pid) == 1 && pid > 0);
+    CHECK_STR(strchr(out, '\n') + 1,
+              "skipped: cannot wire namespaces with veth pairs and a bridge here\n");
+    char *list = NULL, hub[32], first[32];
+    CHECK_INT(e2e_run(&list, "ip netns list"), 0);
+    snprintf(hub, sizeof(hub), "wbxhub%d", pid);
+    snprintf(first, sizeof(first), "wbx%d-0", pid);
+    if (strstr(list, hub) || strstr(list, first))
+        wb_test_fail(__FILE__, __LINE__, "namespaces of the skipped run are left:\n%s", list);
+    free(list);
 }
 
 /* The demo's config.json with one setting changed (`from` -> `to`, the same length), written
@@ -438,5 +479,6 @@ const struct wb_test wb_tests[] = {
     {"kill_trainer", test_kill_trainer, 120},
     {"stray_write_detected", test_stray_write_detected, 120},
     {"netns_tcp", test_netns_tcp, 120},
+    {"netns_skip_cleans", test_netns_skip_cleans, 60},
     {0},
 };

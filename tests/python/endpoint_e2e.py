@@ -5,7 +5,9 @@ the demo job (a small Qwen3-MoE-shaped model, BF16 trainers FSDP 2 x EP 2 -> FP8
 processes register vLLM-layout FP8 buffers (values and weight_scale_inv scales, as vLLM holds
 them) and wait; every rollout byte of every version is then checked against the independent CPU
 reference (wb-ctl verify). Bad registrations (missing tensor, wrong shape, wrong box, wrong
-dtype, duplicate, non-contiguous) each get their exact error and nothing is transferred.
+dtype, duplicate, non-contiguous) each get their exact error and nothing is transferred. A
+rollout tensor whose memory changed while a version landed fails that version, named, at every
+trainer and rollout, and the version is not published.
 
 What each rank holds is written here from the demo's files, independently of the planner:
 trainer names and shapes from config.json in Hugging Face naming, boxes from the layout's rules
@@ -153,9 +155,19 @@ def run_trainer(rank, url, mode=""):
     t = wb.Trainer(url, tensors=tensors, rank=rank, token=TOKEN, dtypes={n: "bf16" for n in shards},
                    tx_domain="lo", timeout=60, mesh=[("fsdp", FSDP * EP)] if derived else None)
     for v in VERSIONS:
+        if mode == "moved" and v == 3:
+            break  # rollout rank 1 closed itself after version 2
         for name, (shape, off, _) in shards.items():  # the "optimizer step"
             wb.synth_fill(arrays[name], name, SEED, v, shape, off, "bf16")
         p = t.push(v)
+        if mode == "moved" and v == 2:
+            try:
+                p.sources(60)
+                p.result(60)
+                raise AssertionError("version 2 completed though a rollout tensor changed under it")
+            except wb.WeightbridgeError as e:
+                assert str(e) == "version 2 failed: rollout rank 1: post-update hook: " + MOVED, str(e)
+            continue
         if mode == "hookfail" and v == 2:
             try:
                 p.sources(60)  # says the version failed if that is known by then
@@ -168,8 +180,15 @@ def run_trainer(rank, url, mode=""):
             continue
         p.sources(60)
         assert p.result(60) == v
-    assert t.version == VERSIONS[-1]
+    assert t.version == (1 if mode == "moved" else VERSIONS[-1])
     t.close()
+
+
+# Rollout rank 1 of test_moved_buffer: its engine hook swaps a tensor's element type in place at
+# version 2 (what an engine replacing a parameter amounts to); the package's check after it
+# fails the version with this reason.
+MOVED = ("model.norm.weight: its memory changed since it was registered (dtype uint16 -> float16); "
+         "weightbridge writes registered memory in place")
 
 
 def run_rollout(rank, url, dump, mode=""):
@@ -180,9 +199,25 @@ def run_rollout(rank, url, dump, mode=""):
         seen.append(v)
         if mode == "hookfail" and rank == 1 and v == 2:
             raise ValueError("engine refused version 2")
+        if mode == "moved" and rank == 1 and v == 2:
+            bufs["model.norm.weight"].dtype = np.float16
 
     r = wb.Rollout(url, bufs, rank=rank, token=TOKEN, dtypes={n: dt for n, (dt, _) in rollout_locals(rank).items()},
                    hook=hook, tx_domain="lo", dump=dump, timeout=60)
+    if mode == "moved":
+        assert r.wait(1, 60) >= 1
+        try:
+            r.wait(2, 60)
+            raise AssertionError("wait(2) returned though version 2 failed")
+        except wb.WeightbridgeError as e:
+            failed = ("version 2 failed: rollout rank 1: post-update hook: " + MOVED + " (this rank's "
+                      "tensors are torn: parts of it may have landed over version 1)")
+            # rank 1's own wait may begin after its hook ran: the package's check then says it
+            closed = f"rollout rank 1: {MOVED}: this Rollout is closed (register again)"
+            assert str(e) in ((failed, closed) if rank == 1 else (failed,)), str(e)
+        assert r.version == 1
+        r.close()
+        return
     for v in VERSIONS:
         if mode == "hookfail" and v == 2:
             try:
@@ -393,31 +428,46 @@ def test_derived_layout_refused(tmp):
         c.stop()
 
 
-def test_hook_failure(tmp):
-    """Rollout rank 1's post-update hook fails version 2: trainers' push(2).result() and every
-    rollout's wait(2) raise with that reason, the rollouts still hold version 1, and version 3
-    then completes."""
-    dump = os.path.join(tmp, "dump-hook")
+def run_failing_version(tmp, mode, verify):
+    """The demo job with every process in `mode`, in which version 2 fails (each process checks
+    its own side of that); then no rollout published version 2, and version `verify` is every
+    byte right."""
+    dump = os.path.join(tmp, f"dump-{mode}")
     os.makedirs(dump)
     c = Controller(tmp)
     procs = []
     try:
         for r in range(2):
-            procs.append(("rollout", r, spawn("rollout", r, c.url, dump, "hookfail")))
+            procs.append(("rollout", r, spawn("rollout", r, c.url, dump, mode)))
         for r in range(FSDP * EP):
-            procs.append(("trainer", r, spawn("trainer", r, c.url, "hookfail")))
+            procs.append(("trainer", r, spawn("trainer", r, c.url, mode)))
         for role, r, p in procs:
             out, _ = p.communicate(timeout=180)
             check(p.returncode == 0, f"{role} {r} exited {p.returncode}:\n{out.decode()}")
-        check(not os.path.exists(os.path.join(dump, "rollout0.v2.bin")), "version 2 was dumped as complete")
+        for r in range(2):
+            check(not os.path.exists(os.path.join(dump, f"rollout{r}.v2.bin")), "version 2 was dumped as complete")
         res = subprocess.run([os.path.join(BIN, "wb-ctl"), "verify", "--config", JOB, "--dump", dump,
-                              "--version", "3"], capture_output=True, text=True, timeout=120)
+                              "--version", str(verify)], capture_output=True, text=True, timeout=120)
         check(res.returncode == 0, res.stdout + res.stderr)
     finally:
         for _, _, p in procs:
             if p.poll() is None:
                 p.kill()
         c.stop()
+
+
+def test_hook_failure(tmp):
+    """Rollout rank 1's post-update hook fails version 2: trainers' push(2).result() and every
+    rollout's wait(2) raise with that reason, the rollouts still hold version 1, and version 3
+    then completes."""
+    run_failing_version(tmp, "hookfail", 3)
+
+
+def test_moved_buffer(tmp):
+    """Rollout rank 1's engine hook changes a registered tensor (its dtype, in place) while
+    version 2 lands: the package's check after the hook fails version 2 naming the tensor, at
+    every trainer and rollout; version 1 stays verified and version 2 is published nowhere."""
+    run_failing_version(tmp, "moved", 1)
 
 
 BAD = {
@@ -458,7 +508,7 @@ def test_bad_registrations(tmp):
 def main():
     tests = [("three_versions", test_three_versions), ("bad_registrations", test_bad_registrations),
              ("derived_layout", test_derived_layout), ("derived_layout_refused", test_derived_layout_refused),
-             ("hook_failure", test_hook_failure)]
+             ("hook_failure", test_hook_failure), ("moved_buffer", test_moved_buffer)]
     passed = failed = 0
     only = sys.argv[1:]
     with tempfile.TemporaryDirectory(prefix="wb-py-e2e.") as tmp:

@@ -9,11 +9,13 @@ if ! command -v clang >/dev/null ||
     ! printf 'int LLVMFuzzerTestOneInput(const char *d, long n){return 0;}\n' |
     clang -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null; then
     echo "fuzz ..."
-    echo "SKIP fuzz: skipped: no clang with libFuzzer (scripts/deps.sh installs clang)"
+    echo "SKIP fuzz: skipped: no clang with libFuzzer (scripts/deps.sh installs clang and its" \
+        "runtime, libclang-rt-N-dev)"
     echo "0 passed, 0 failed, 1 skipped"
     exit 0
 fi
-out=$(WB_FUZZ_DIR=$(mktemp -d /tmp/wb-fuzz.XXXXXX) "$root/scripts/fuzz.sh" "${WB_FUZZ_SECONDS:-5}" 2>&1)
+dir=$(mktemp -d /tmp/wb-fuzz.XXXXXX)
+out=$(WB_FUZZ_DIR=$dir "$root/scripts/fuzz.sh" "${WB_FUZZ_SECONDS:-5}" 2>&1)
 passed=0 failed=0
 while IFS= read -r line; do
     case "$line" in
@@ -33,4 +35,10 @@ while IFS= read -r line; do
     esac
 done <<<"$out"
 [ $((passed + failed)) -gt 0 ] || { echo "FAIL fuzz: no target ran"; failed=1; }
+# the corpora and the build log go; a failure keeps them, reproducer included
+if [ "$failed" -eq 0 ]; then
+    rm -rf "$dir" "$dir.build.log"
+else
+    echo "    kept: $dir (the reproducer) and $dir.build.log"
+fi
 echo "$passed passed, $failed failed, 0 skipped"

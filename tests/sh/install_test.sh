@@ -58,6 +58,26 @@ else
     bad pkg_config_link "pkg-config: $flags; cc: $out; ran: $run"
 fi
 
+# What the README says a program of a prefix outside the system's folders needs: without
+# PKG_CONFIG_PATH pkg-config does not find the library, and without an rpath (or
+# LD_LIBRARY_PATH) the program does not start; with -Wl,-rpath it runs as it is.
+t pkg_config_prefix_needs
+none=$(env -u PKG_CONFIG_PATH pkg-config --libs weightbridge 2>&1)
+if [ -f /usr/lib/pkgconfig/weightbridge.pc ] || [ -f /usr/local/lib/pkgconfig/weightbridge.pc ]; then
+    echo "SKIP install pkg_config_prefix_needs: skipped: a weightbridge.pc is installed system-wide"
+    skip=$((skip + 1))
+elif env -u PKG_CONFIG_PATH pkg-config --exists weightbridge; then
+    bad pkg_config_prefix_needs "pkg-config found weightbridge without PKG_CONFIG_PATH: $none"
+elif ! norpath=$(env -u LD_LIBRARY_PATH ASAN_OPTIONS=detect_leaks=0 "$tmp/hello" 2>&1) &&
+    grep -q "libweightbridge.so.0: cannot open shared object file" <<<"$norpath" &&
+    cc -std=c11 $sanflags "$tmp/hello.c" -o "$tmp/hello-rpath" $flags -Wl,-rpath,"$prefix/lib" &&
+    run=$(env -u LD_LIBRARY_PATH ASAN_OPTIONS=detect_leaks=0 "$tmp/hello-rpath" 2>&1) &&
+    [ "$run" = "peer died or stopped answering 32768 gather" ]; then
+    ok pkg_config_prefix_needs
+else
+    bad pkg_config_prefix_needs "without LD_LIBRARY_PATH: $norpath; with an rpath: $run"
+fi
+
 t python_package
 py=""
 for p in /usr/bin/python3 python3; do

@@ -1,4 +1,4 @@
-/* ckpt_io_test.c — reading tensor bytes (pread, mmap, O_DIRECT; whole tensors and byte
+/* ckpt_io_test.c — reading tensor bytes (pread, O_DIRECT; whole tensors and byte
  * ranges), XXH3-64 against known values, and the readers' shares with exact numbers (a small
  * checkpoint worked by hand, and the >= 1 GB fixture model's inventory, cross-checked by a
  * Python model of the cuts; no data is written for that one). */
@@ -7,9 +7,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+static const enum wb_ckpt_io_mode MODES[] = {WB_CKPT_IO_PREAD, WB_CKPT_IO_DIRECT};
 
 static char *dir_of(const char *name)
 {
@@ -131,13 +135,15 @@ static void test_read_modes(void)
 {
     struct wb_inventory inv = io_inv();
     struct wb_ckpt *ck = write_open("modes", &inv, 2);
-    for (int mode = WB_CKPT_IO_PREAD; mode <= WB_CKPT_IO_DIRECT; mode++) {
-        check_mode(ck, (enum wb_ckpt_io_mode)mode, 4096);
-        check_mode(ck, (enum wb_ckpt_io_mode)mode, 0);
-        check_mode(ck, (enum wb_ckpt_io_mode)mode, 5000); /* rounded up to 8 KiB */
+    for (size_t m = 0; m < WB_ARRAY_LEN(MODES); m++) {
+        check_mode(ck, MODES[m], 4096);
+        check_mode(ck, MODES[m], 0);
+        check_mode(ck, MODES[m], 5000); /* rounded up to 8 KiB */
     }
     struct wb_ckpt_reader *r;
     struct wb_ckpt_io_opts bad = {(enum wb_ckpt_io_mode)7, 0};
+    CHECK_INT(wb_ckpt_reader_open(ck, &bad, &r), -EINVAL);
+    bad.mode = (enum wb_ckpt_io_mode)1; /* what was the mmap mode */
     CHECK_INT(wb_ckpt_reader_open(ck, &bad, &r), -EINVAL);
     wb_ckpt_close(ck);
     wb_inv_free(&inv);
@@ -149,8 +155,8 @@ static void test_shrunk_file(void)
     struct wb_inventory inv = io_inv();
     struct wb_ckpt *ck = write_open("shrunk", &inv, 1);
     CHECK_INT(truncate(ck->files[0].path, (off_t)(ck->loc[2].offset + 10)), 0);
-    for (int mode = WB_CKPT_IO_PREAD; mode <= WB_CKPT_IO_DIRECT; mode++) {
-        struct wb_ckpt_io_opts o = {(enum wb_ckpt_io_mode)mode, 4096};
+    for (size_t m = 0; m < WB_ARRAY_LEN(MODES); m++) {
+        struct wb_ckpt_io_opts o = {MODES[m], 4096};
         struct wb_ckpt_reader *r;
         CHECK_INT(wb_ckpt_reader_open(ck, &o, &r), 0);
         uint8_t *b = malloc(ck->loc[2].bytes);
@@ -166,6 +172,90 @@ static void test_shrunk_file(void)
         free(b);
         wb_ckpt_reader_close(r);
     }
+    wb_ckpt_close(ck);
+    wb_inv_free(&inv);
+}
+
+struct shrinker {
+    const char *path;
+    off_t to;
+    unsigned spins;
+};
+
+static void *shrink(void *arg)
+{
+    struct shrinker *s = arg;
+    for (volatile unsigned i = 0; i < s->spins; i++)
+        ;
+    if (truncate(s->path, s->to) != 0)
+        abort();
+    return NULL;
+}
+
+/* A file cut short while a tensor of it is being copied out (another thread truncates it at
+ * some point of the copy): the read ends with -EIO naming the file or, when the copy was done
+ * first, with every byte — never a fault (a mapping of the file would take SIGBUS here). */
+static void test_shrinks_while_read(void)
+{
+    struct wb_inventory inv;
+    wb_inv_init(&inv);
+    add(&inv, "big", WB_DTYPE_BF16, 2, 1024, 1024); /* 2 MiB: 512 reads of 4 KiB */
+    uint8_t *b = malloc(2 << 20);
+    unsigned eio = 0, whole = 0;
+    for (unsigned round = 0; round < 24; round++) {
+        char name[32];
+        snprintf(name, sizeof(name), "race%u", round);
+        struct wb_ckpt *ck = write_open(name, &inv, 1);
+        struct wb_ckpt_io_opts o = {MODES[round % 2], 4096};
+        struct wb_ckpt_reader *r;
+        CHECK_INT(wb_ckpt_reader_open(ck, &o, &r), 0);
+        struct shrinker s = {ck->files[0].path, (off_t)(ck->loc[0].offset + (1 << 20)),
+                             round * 200000u};
+        pthread_t th;
+        struct wb_test_stderr cap;
+        char msg[512];
+        wb_test_stderr_begin(&cap);
+        CHECK_INT(pthread_create(&th, NULL, shrink, &s), 0);
+        int err = wb_ckpt_read_tensor(r, 0, b, NULL);
+        CHECK_INT(pthread_join(th, NULL), 0);
+        wb_test_stderr_end(&cap, msg, sizeof(msg));
+        if (err == -EIO) {
+            CHECK(strstr(msg, "model.safetensors: ends before byte ") != NULL);
+            eio++;
+        } else {
+            CHECK_INT(err, 0);
+            whole++;
+        }
+        wb_ckpt_reader_close(r);
+        wb_ckpt_close(ck);
+    }
+    CHECK_INT(eio + whole, 24);
+    printf("    %u reads cut short (-EIO), %u done before the cut\n", eio, whole);
+    free(b);
+    wb_inv_free(&inv);
+}
+
+/* O_DIRECT opens a file again by its path: a FIFO put there since the checkpoint was opened
+ * neither blocks the open nor is read — the reads go through the descriptor that was checked,
+ * buffered, and give the file's bytes. */
+static void test_direct_same_file(void)
+{
+    struct wb_inventory inv = io_inv();
+    struct wb_ckpt *ck = write_open("swapped", &inv, 1);
+    size_t len;
+    uint8_t *want = slurp(ck->files[0].path, &len);
+    CHECK_INT(unlink(ck->files[0].path), 0);
+    CHECK_INT(mkfifo(ck->files[0].path, 0644), 0);
+    struct wb_ckpt_io_opts o = {WB_CKPT_IO_DIRECT, 4096};
+    struct wb_ckpt_reader *r;
+    CHECK_INT(wb_ckpt_reader_open(ck, &o, &r), 0);
+    CHECK(!wb_ckpt_reader_direct(r));
+    uint8_t *got = malloc(ck->loc[0].bytes);
+    CHECK_INT(wb_ckpt_read_tensor(r, 0, got, NULL), 0);
+    CHECK_MEM(got, want + ck->loc[0].offset, ck->loc[0].bytes);
+    free(got);
+    free(want);
+    wb_ckpt_reader_close(r);
     wb_ckpt_close(ck);
     wb_inv_free(&inv);
 }
@@ -344,7 +434,12 @@ static void test_shares_1g(void)
 }
 
 const struct wb_test wb_tests[] = {
-    {"xxh3_known", test_xxh3_known, 0},   {"read_modes", test_read_modes, 0},
-    {"shrunk_file", test_shrunk_file, 0}, {"shares_exact", test_shares_exact, 0},
-    {"shares_1g", test_shares_1g, 0},     {0},
+    {"xxh3_known", test_xxh3_known, 0},
+    {"read_modes", test_read_modes, 0},
+    {"shrunk_file", test_shrunk_file, 0},
+    {"shares_exact", test_shares_exact, 0},
+    {"shares_1g", test_shares_1g, 0},
+    {"shrinks_while_read", test_shrinks_while_read, 0},
+    {"direct_same_file", test_direct_same_file, 0},
+    {0},
 };

@@ -339,6 +339,135 @@ static void test_long_name(void)
     free(d);
 }
 
+/* Only regular files are read: a FIFO (which would block open(2) until a writer came), a
+ * directory or a device named by the index or found in the folder is refused, named, at once. */
+static void test_not_regular(void)
+{
+    char *d = case_dir("fifo");
+    const char *ix = "{\"weight_map\": {\"a\": \"m-1.safetensors\", \"b\": \"m-2.safetensors\", "
+                     "\"c\": \"m-3.safetensors\"}}";
+    put(d, WB_CKPT_INDEX, ix, strlen(ix));
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/m-1.safetensors", d);
+    CHECK_INT(mkfifo(path, 0644), 0);
+    snprintf(path, sizeof(path), "%s/m-2.safetensors", d);
+    CHECK_INT(mkdir(path, 0755), 0);
+    snprintf(path, sizeof(path), "%s/m-3.safetensors", d);
+    CHECK_INT(symlink("/dev/null", path), 0);
+    EXPECT(d, -EBADMSG, "m-1.safetensors: a FIFO, not a regular file",
+           "m-2.safetensors: a directory, not a regular file",
+           "m-3.safetensors: a character device, not a regular file");
+    free(d);
+    /* the index itself, and a folder without one */
+    d = case_dir("fifo-index");
+    snprintf(path, sizeof(path), "%s/%s", d, WB_CKPT_INDEX);
+    CHECK_INT(mkfifo(path, 0644), 0);
+    EXPECT(d, -EBADMSG, "model.safetensors.index.json: a FIFO, not a regular file");
+    free(d);
+    d = case_dir("fifo-scan");
+    snprintf(path, sizeof(path), "%s/x.safetensors", d);
+    CHECK_INT(mkfifo(path, 0644), 0);
+    EXPECT(d, -EBADMSG, "x.safetensors: a FIFO, not a regular file");
+    free(d);
+}
+
+/* A file that leads outside the checkpoint folder (a symbolic link, or a link on its way) is
+ * refused, named with where it leads, before a byte of it is read; links that stay inside are
+ * followed, and so are a Hugging Face cache snapshot's links into its repository's blobs/. */
+static void test_links_outside(void)
+{
+    char *out = case_dir("outside"), *d = case_dir("links");
+    st(out, "m.safetensors", "{\"a\":{\"dtype\":\"BF16\",\"shape\":[1],\"data_offsets\":[0,2]}}",
+       2);
+    char *inner = case_dir("links/real");
+    st(inner, "m-3.safetensors",
+       "{\"c\":{\"dtype\":\"BF16\",\"shape\":[1],\"data_offsets\":[0,2]}}", 2);
+    const char *ix = "{\"weight_map\": {\"a\": \"m-1.safetensors\", \"b\": \"sub/m.safetensors\", "
+                     "\"c\": \"m-3.safetensors\"}}";
+    put(d, WB_CKPT_INDEX, ix, strlen(ix));
+    char path[1200], target[1200], want1[3000], want2[3000];
+    snprintf(path, sizeof(path), "%s/m-1.safetensors", d);
+    snprintf(target, sizeof(target), "%s/m.safetensors", out);
+    CHECK_INT(symlink(target, path), 0);
+    snprintf(path, sizeof(path), "%s/sub", d);
+    CHECK_INT(symlink("../outside", path), 0); /* a folder on the way */
+    snprintf(path, sizeof(path), "%s/m-3.safetensors", d);
+    CHECK_INT(symlink("real/m-3.safetensors", path), 0); /* inside: fine */
+    char *rd = realpath(d, NULL), *rt = realpath(target, NULL);
+    CHECK(rd && rt);
+    snprintf(want1, sizeof(want1), "m-1.safetensors: leads to %s, outside the checkpoint folder %s",
+             rt, rd);
+    snprintf(want2, sizeof(want2),
+             "sub/m.safetensors: leads to %s, outside the checkpoint folder %s", rt, rd);
+    EXPECT(d, -EBADMSG, want1, want2);
+    /* the index itself */
+    char *d2 = case_dir("links-index");
+    snprintf(path, sizeof(path), "%s/%s", d2, WB_CKPT_INDEX);
+    snprintf(target, sizeof(target), "%s/%s", d, WB_CKPT_INDEX);
+    CHECK_INT(symlink(target, path), 0);
+    char *rd2 = realpath(d2, NULL), *ri = realpath(target, NULL);
+    snprintf(want1, sizeof(want1),
+             "model.safetensors.index.json: leads to %s, outside the checkpoint folder %s", ri,
+             rd2);
+    EXPECT(d2, -EBADMSG, want1);
+    /* a Hugging Face cache repository: snapshots/<rev>/ links into blobs/ */
+    free(case_dir("hf"));
+    char *blobs = case_dir("hf/blobs");
+    free(case_dir("hf/snapshots"));
+    char *rev = case_dir("hf/snapshots/0123abcd");
+    st(blobs, "9f86d081", GOOD, 17);
+    snprintf(path, sizeof(path), "%s/model.safetensors", rev);
+    CHECK_INT(symlink("../../blobs/9f86d081", path), 0);
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_ckpt *ck = NULL;
+    CHECK_INT(wb_ckpt_open(rev, &ck, &el), 0);
+    CHECK_INT(ck->inv.n, 4);
+    wb_ckpt_close(ck);
+    /* ... but nothing else outside the snapshot */
+    snprintf(path, sizeof(path), "%s/other.safetensors", rev);
+    snprintf(target, sizeof(target), "%s/m.safetensors", out);
+    CHECK_INT(symlink(target, path), 0);
+    char *rr = realpath(rev, NULL);
+    snprintf(want1, sizeof(want1),
+             "other.safetensors: leads to %s, outside the checkpoint folder %s", rt, rr);
+    EXPECT(rev, -EBADMSG, want1);
+    wb_errlist_free(&el);
+    free(rr);
+    free(rev);
+    free(blobs);
+    free(rd2);
+    free(ri);
+    free(d2);
+    free(rd);
+    free(rt);
+    free(inner);
+    free(d);
+    free(out);
+}
+
+/* Names and file names from the files are escaped in every message: a newline or a terminal
+ * escape sequence in them cannot forge a line of output or reach the terminal. */
+static void test_names_escaped(void)
+{
+    char *d = case_dir("esc");
+    st(d, "a.safetensors",
+       "{\"evil\\n  fake: line\\u001b[31m\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,"
+       "2]}}",
+       2);
+    EXPECT(d, -EBADMSG,
+           "a.safetensors: tensor \"evil\\n  fake: line\\x1b[31m\": 2 bytes for bf16 [2], which "
+           "needs 4");
+    free(d);
+    d = case_dir("esc-index");
+    const char *ix = "{\"weight_map\": {\"t\\r\": \"m\\n\\u001b]0;x\\u0007.safetensors\"}}";
+    put(d, WB_CKPT_INDEX, ix, strlen(ix));
+    EXPECT(d, -EBADMSG,
+           "model.safetensors.index.json: m\\n\\x1b]0;x\\x07.safetensors does not exist (the index "
+           "puts 1 tensor there, \"t\\r\" first)");
+    free(d);
+}
+
 const struct wb_test wb_tests[] = {
     {"good_single_file", test_good_single_file, 0},
     {"truncated", test_truncated, 0},
@@ -354,5 +483,8 @@ const struct wb_test wb_tests[] = {
     {"all_reported", test_all_reported, 0},
     {"paths", test_paths, 0},
     {"long_name", test_long_name, 0},
+    {"not_regular", test_not_regular, 0},
+    {"links_outside", test_links_outside, 0},
+    {"names_escaped", test_names_escaped, 0},
     {0},
 };

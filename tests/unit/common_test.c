@@ -157,6 +157,46 @@ static void test_grow(void)
     free(a);
 }
 
+/* Names from files others wrote are printed escaped: no control character, no terminal escape
+ * sequence, no byte that is not UTF-8 reaches the output; UTF-8 text is kept as it is. */
+static void test_esc(void)
+{
+    CHECK_STR(wb_esc("model.layers.0.mlp.gate.weight").s, "model.layers.0.mlp.gate.weight");
+    CHECK_STR(wb_esc("a\nb\tc\rd\\e").s, "a\\nb\\tc\\rd\\\\e");
+    CHECK_STR(wb_esc("\033[2J\033[31mred\033[0m\x7f\x01").s,
+              "\\x1b[2J\\x1b[31mred\\x1b[0m\\x7f\\x01");
+    CHECK_STR(wb_esc("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80").s,
+              "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"); /* é € and an emoji */
+    CHECK_STR(wb_esc("\xc2\x9b[31m").s, "\\xc2\\x9b[31m");  /* U+009B, the C1 CSI */
+    /* not UTF-8: a lone C1 byte, a cut sequence, an overlong '/', a surrogate, past U+10FFFF */
+    CHECK_STR(wb_esc("\x9b|\xc3|\xc0\xaf|\xed\xa0\x80|\xf4\x90\x80\x80").s,
+              "\\x9b|\\xc3|\\xc0\\xaf|\\xed\\xa0\\x80|\\xf4\\x90\\x80\\x80");
+    CHECK_STR(wb_esc(NULL).s, "(null)");
+    CHECK_STR(wb_esc("").s, "");
+    /* a result that fits is kept whole; a longer one is cut, "..." at its end */
+    char in[2100], want[WB_ESC_MAX];
+    memset(in, 'a', WB_ESC_MAX - 1);
+    in[WB_ESC_MAX - 1] = 0;
+    CHECK_STR(wb_esc(in).s, in);
+    memset(in, 'a', sizeof(in) - 1);
+    in[sizeof(in) - 1] = 0;
+    memset(want, 'a', WB_ESC_MAX - 4);
+    memcpy(want + WB_ESC_MAX - 4, "...", 4);
+    CHECK_STR(wb_esc(in).s, want);
+    for (size_t i = 0; i + 1 < sizeof(in); i++)
+        in[i] = '\n'; /* 2 bytes each: 510 of them and "..." */
+    CHECK_U64(strlen(wb_esc(in).s), 510 * 2 + 3);
+    CHECK(strcmp(wb_esc(in).s + 1020, "...") == 0);
+    /* into a buffer of the caller's: cut to fit, an escape never split */
+    char small[9];
+    CHECK_STR(wb_esc_str("abcdefgh", small, 9), "abcdefgh");
+    CHECK_STR(wb_esc_str("abcdefghi", small, 9), "abcde...");
+    CHECK_STR(wb_esc_str("ab\ncdefg", small, 9), "ab\\nc...");
+    CHECK_STR(wb_esc_str("abcd\033", small, 9), "abcd\\x1b");
+    CHECK_STR(wb_esc_str("abcde\033", small, 9), "abcde...");
+    CHECK_STR(wb_esc_str("x", small, 3), "");
+}
+
 static void test_gpu_helpers(void)
 {
     int host = 0;
@@ -198,5 +238,6 @@ const struct wb_test wb_tests[] = {
     {"fmt_bytes", test_fmt_bytes, 0},
     {"grow", test_grow, 0},
     {"gpu_helpers", test_gpu_helpers, 0},
+    {"esc", test_esc, 0},
     {0},
 };

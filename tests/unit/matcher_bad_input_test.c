@@ -96,23 +96,17 @@ static void gen_fails(const char *family, const char *cfg, const char *side, str
             wb_test_fail(__FILE__, __LINE__, "output lacks \"%s\":\n%s", n_, h_);                  \
     } while (0)
 
-static uint64_t ms_since(uint64_t t0)
-{
-    return (wb_now_ns() - t0) / 1000000;
-}
-
 /* ---------------------------------------------------------------- config.json values */
 
 static void test_layer_start_int64_min(void)
 {
-    /* used to hang with memory growing ~300 MB/s (a signed overflow computing the loop count) */
+    /* used to hang with memory growing ~300 MB/s (a signed overflow computing the loop count):
+     * the start is refused before the loop runs once, the exact error says so */
     const char *cfg =
         derived("configs/hf/DeepSeek-V3.json", "ds.json", "\"first_k_dense_replace\": 3",
                 "\"first_k_dense_replace\": -9223372036854775808");
-    uint64_t t0 = wb_now_ns();
     struct wb_errlist el;
     gen_fails(DSV3, cfg, "trainer", &el);
-    CHECK(ms_since(t0) < 1000);
     EXPECT(&el,
            "configs/models/deepseek_v3.yaml:72:11: 'first_k_dense_replace': loop layer starts at "
            "-9223372036854775808, a negative index",
@@ -405,25 +399,23 @@ static void test_nested_loops_product(void)
                                         "    tensors:\n"
                                         "      x.{a}.{b}.{c}: [4]\n");
     const char *cfg = put("n.json", "{\"n\": 1000}");
-    uint64_t t0 = wb_now_ns();
     struct wb_errlist el;
+    /* refused from the bounds alone, before an iteration runs: the error names the product */
     gen_fails(fam, cfg, "trainer", &el);
-    CHECK(ms_since(t0) < 1000);
     EXPECT(&el, fmt("%s:3:5: for: a 1000 x b 1000 x c 1000 = 1000000000 iterations, more than "
                     "1048576 in all (nested loops multiply)",
                     fam));
     wb_errlist_free(&el);
     /* an inner bound that grows with the outer variable is caught while running (the block
-     * makes no tensor, so only the iterations count) */
+     * makes no tensor, so only the iterations count): stopped at the budget of 1048576, which
+     * the error names, not after the 1000 x 600000 the bounds allow */
     fam = put("loops2.yaml", "family: t\n"
                              "trainer:\n"
                              "  - for: {a: n, b: a * 600}\n"
                              "    when: a < 0\n"
                              "    tensors:\n"
                              "      x.{a}.{b}: [4]\n");
-    t0 = wb_now_ns();
     gen_fails(fam, cfg, "trainer", &el);
-    CHECK(ms_since(t0) < 1000);
     EXPECT(&el, fmt("%s:3:5: for: the loops of this section run more than 1048576 iterations in "
                     "all (nested loops multiply); stopped",
                     fam));
@@ -446,17 +438,16 @@ static void test_single_loop_too_long(void)
 
 static void test_too_many_tensors(void)
 {
-    /* 1000 x 600 iterations fit the loop budget; 600,000 tensors do not */
+    /* 1000 x 600 iterations fit the loop budget; 600,000 tensors do not: generation stops at the
+     * 524289th tensor (x.873.488 = 873 * 600 + 488 + 1), named in the error, not at the end */
     const char *fam = put("many.yaml", "family: t\n"
                                        "trainer:\n"
                                        "  - for: {a: 1000, b: 600}\n"
                                        "    tensors:\n"
                                        "      x.{a}.{b}: [4]\n");
     const char *cfg = put("e.json", "{}");
-    uint64_t t0 = wb_now_ns();
     struct wb_errlist el;
     gen_fails(fam, cfg, "trainer", &el);
-    CHECK(ms_since(t0) < 5000);
     EXPECT(&el, fmt("%s:5:7: x.873.488: more than 524288 tensors generated; stopped", fam));
     wb_errlist_free(&el);
 }

@@ -98,8 +98,8 @@ static void test_demo_gather(void)
 }
 
 const struct wb_test wb_tests[] = {
-    {"kimi_k2_auto", test_kimi_auto, 120},
-    {"kimi_k2_gather", test_kimi_gather, 120},
+    {"kimi_k2_auto", test_kimi_auto, 300},
+    {"kimi_k2_gather", test_kimi_gather, 300},
     {"qwen3_235b_auto", test_qwen_auto, 120},
     {"qwen3_235b_gather", test_qwen_gather, 120},
     {"demo_auto", test_demo_auto, 60},

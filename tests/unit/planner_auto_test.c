@@ -157,10 +157,12 @@ static void test_qwen_all_cols(void)
         cell(&QWEN, 8, COLS, true, &ROLLOUTS[k]);
 }
 
+/* Limits for a loaded 2-core machine: the largest cell (kimi_fsdp64) takes 13 s under ASan
+ * when other work runs beside it, and was seen near 120 s under a full `make test` load. */
 const struct wb_test wb_tests[] = {
-    {"kimi_fsdp8", test_kimi_fsdp8, 120},       {"kimi_fsdp16", test_kimi_fsdp16, 120},
-    {"kimi_fsdp32", test_kimi_fsdp32, 120},     {"kimi_fsdp64", test_kimi_fsdp64, 120},
-    {"qwen_fsdp8", test_qwen_fsdp8, 120},       {"qwen_fsdp16", test_qwen_fsdp16, 120},
-    {"qwen_fsdp32", test_qwen_fsdp32, 120},     {"qwen_fsdp64", test_qwen_fsdp64, 120},
-    {"qwen_all_cols", test_qwen_all_cols, 120}, {0},
+    {"kimi_fsdp8", test_kimi_fsdp8, 600},       {"kimi_fsdp16", test_kimi_fsdp16, 600},
+    {"kimi_fsdp32", test_kimi_fsdp32, 600},     {"kimi_fsdp64", test_kimi_fsdp64, 600},
+    {"qwen_fsdp8", test_qwen_fsdp8, 600},       {"qwen_fsdp16", test_qwen_fsdp16, 600},
+    {"qwen_fsdp32", test_qwen_fsdp32, 600},     {"qwen_fsdp64", test_qwen_fsdp64, 600},
+    {"qwen_all_cols", test_qwen_all_cols, 600}, {0},
 };

@@ -32,8 +32,9 @@ static void run_argv(void *arg)
 static char out[65536];
 
 /* Runs wb-plan with the demo model and layouts plus `extra` (NULL-terminated), expects exit
- * status rc within `limit` seconds; returns its output (stdout and stderr). */
-static const char *run_demo(int rc, double limit, const char *const *extra)
+ * status rc; returns its output (stdout and stderr). What ran is told by the output alone —
+ * a check made "first" leaves no planning output — not by how long it took. */
+static const char *run_demo(int rc, const char *const *extra)
 {
     const char *argv[32] = {plan_bin(),
                             "--model",
@@ -58,17 +59,13 @@ static const char *run_demo(int rc, double limit, const char *const *extra)
             argv[n++] = extra[i];
     }
     argv[n] = NULL;
-    uint64_t t0 = wb_now_ns();
     int got = wb_test_capture(run_argv, (void *)argv, out, sizeof(out));
-    double s = (double)(wb_now_ns() - t0) * 1e-9;
     if (got != rc)
         wb_test_fail(__FILE__, __LINE__, "exit status %d, expected %d; output:\n%s", got, rc, out);
-    if (s > limit)
-        wb_test_fail(__FILE__, __LINE__, "took %.2f s, expected at most %.2f s", s, limit);
     return out;
 }
 
-#define DEMO(rc, limit, ...) run_demo(rc, limit, (const char *const[]){__VA_ARGS__, NULL})
+#define DEMO(rc, ...) run_demo(rc, (const char *const[]){__VA_ARGS__, NULL})
 
 /* ---------------------------------------------------------------- files, before planning */
 
@@ -76,7 +73,7 @@ static void test_outputs_checked_first(void)
 {
     char missing[600];
     snprintf(missing, sizeof(missing), "%s/no/such/dir/plan.json", wb_test_tmpdir());
-    const char *o = DEMO(1, 1.0, "--json", missing, "--svg", wb_test_tmpdir());
+    const char *o = DEMO(1, "--json", missing, "--svg", wb_test_tmpdir());
     char want[2048];
     snprintf(want, sizeof(want),
              "wb-plan: files: 2 problems\n"
@@ -89,7 +86,7 @@ static void test_outputs_checked_first(void)
 static void test_output_same_as_output(void)
 {
     char *p = strdup(wb_test_write_file("plan.out", "keep me\n"));
-    const char *o = DEMO(1, 1.0, "--json", p, "--svg", p);
+    const char *o = DEMO(1, "--json", p, "--svg", p);
     char want[2048];
     snprintf(want, sizeof(want),
              "wb-plan: files: 1 problem\n"
@@ -107,7 +104,7 @@ static void test_output_same_as_input(void)
     snprintf(link, sizeof(link), "%s/plan.json", wb_test_tmpdir());
     snprintf(target, sizeof(target), "%s/configs/jobs/demo/config.json", cwd);
     CHECK_INT(symlink(target, link), 0);
-    const char *o = DEMO(1, 1.0, "--json", link);
+    const char *o = DEMO(1, "--json", link);
     char want[2048];
     snprintf(want, sizeof(want),
              "wb-plan: files: 1 problem\n"
@@ -122,7 +119,7 @@ static void test_new_output_left_alone(void)
     /* checking that an output can be created leaves no file behind when the plan fails */
     char json[600];
     snprintf(json, sizeof(json), "%s/new.json", wb_test_tmpdir());
-    DEMO(1, 5.0, "--json", json, "--rollout", "configs/jobs/demo/trainer.yaml");
+    DEMO(1, "--json", json, "--rollout", "configs/jobs/demo/trainer.yaml");
     CHECK(access(json, F_OK) != 0);
 }
 
@@ -130,7 +127,7 @@ static void test_inputs_checked_first(void)
 {
     char missing[600];
     snprintf(missing, sizeof(missing), "%s/none.yaml", wb_test_tmpdir());
-    const char *o = DEMO(1, 1.0, "--config", "configs/hf", "--trainer", missing);
+    const char *o = DEMO(1, "--config", "configs/hf", "--trainer", missing);
     char want[2048];
     snprintf(want, sizeof(want),
              "wb-plan: files: 2 problems\n"
@@ -142,24 +139,24 @@ static void test_inputs_checked_first(void)
 
 static void test_tables_without_json(void)
 {
-    CHECK_STR(DEMO(2, 1.0, "--tables"),
+    CHECK_STR(DEMO(2, "--tables"),
               "wb-plan: --tables goes with --json FILE (it adds the tables to it)\n");
 }
 
 static void test_dump_rank_checked_first(void)
 {
-    CHECK_STR(DEMO(1, 1.0, "--dump", "4"), "wb-plan: --dump 4: the trainer has 4 ranks (0 to 3)\n");
+    CHECK_STR(DEMO(1, "--dump", "4"), "wb-plan: --dump 4: the trainer has 4 ranks (0 to 3)\n");
 }
 
 static void test_max_problems_value(void)
 {
-    CHECK_STR(DEMO(2, 1.0, "--max-problems", "-1"),
+    CHECK_STR(DEMO(2, "--max-problems", "-1"),
               "wb-plan: --max-problems: expected a number (0: all), got '-1'\n");
 }
 
 static void test_layouts_swapped(void)
 {
-    CHECK_STR(DEMO(1, 1.0, "--trainer", "configs/jobs/demo/rollout.yaml", "--rollout",
+    CHECK_STR(DEMO(1, "--trainer", "configs/jobs/demo/rollout.yaml", "--rollout",
                    "configs/jobs/demo/trainer.yaml"),
               "wb-plan: model and layouts: 2 problems\n"
               "  configs/jobs/demo/rollout.yaml: a rollout layout (it has replicas:), given as the "
@@ -171,7 +168,7 @@ static void test_layouts_swapped(void)
 static void test_config_not_json_once(void)
 {
     /* both inventories come from the one config.json: its problem is reported once */
-    const char *o = DEMO(1, 1.0, "--config", "configs/jobs/demo/trainer.yaml");
+    const char *o = DEMO(1, "--config", "configs/jobs/demo/trainer.yaml");
     CHECK_STR(o, "wb-plan: model and layouts: 1 problem\n"
                  "  configs/jobs/demo/trainer.yaml:1:1: '[' or '{' expected near '#'\n");
 }
@@ -179,7 +176,7 @@ static void test_config_not_json_once(void)
 static void test_too_many_rollout_gpus(void)
 {
     char *r = strdup(wb_test_write_file("r.yaml", "replicas: 8193\ngpus_per_replica: 8\n"));
-    const char *o = DEMO(1, 1.0, "--rollout", r);
+    const char *o = DEMO(1, "--rollout", r);
     char want[1024];
     snprintf(want, sizeof(want),
              "wb-plan: model and layouts: 1 problem\n"
@@ -201,8 +198,8 @@ static void test_problem_count(void)
                                                   "placements: [{match: \"*\", place: {dp: "
                                                   "shard(0)}}]\n"));
     char *r = strdup(wb_test_write_file("r.yaml", "replicas: 1\ntp: 3\n"));
-    const char *o = DEMO(1, 30.0, "--config", "configs/hf/Qwen3-235B-A22B-FP8.json", "--trainer", t,
-                         "--rollout", r);
+    const char *o =
+        DEMO(1, "--config", "configs/hf/Qwen3-235B-A22B-FP8.json", "--trainer", t, "--rollout", r);
     const char *rule = "(rule configs/models/qwen3_moe.yaml:";
     char want[8192];
     size_t n = (size_t)snprintf(
@@ -239,7 +236,7 @@ static void test_bf16_rollout_warning(void)
                        "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"num_hidden_layers\": 2, "
                        "\"num_key_value_heads\": 2, \"tie_word_embeddings\": false,\n"
                        "\"torch_dtype\": \"bfloat16\", \"vocab_size\": 1024}\n"));
-    const char *o = DEMO(0, 5.0, "--config", cfg);
+    const char *o = DEMO(0, "--config", cfg);
     char want[1024];
     snprintf(want, sizeof(want),
              "wb-plan: warning: rollout weights are bf16, not FP8: each replica receives 5.51 MiB, "
@@ -252,7 +249,7 @@ static void test_bf16_rollout_warning(void)
                     "MiB, about twice an FP8 rollout's bytes: the rollout's config.json has no "
                     "quantization_config\n") != NULL);
     /* the FP8 demo: the dtypes, no warning */
-    o = DEMO(0, 5.0, "--mem-cap", "4MiB");
+    o = DEMO(0, "--mem-cap", "4MiB");
     CHECK(strstr(o, "\n  rollout dtype: fp8_e4m3 2.25 MiB in 8 tensors (+ 576 B of block "
                     "scales), bf16 1.01 MiB in 13 tensors\n") != NULL);
     CHECK(strstr(o, "warning") == NULL);

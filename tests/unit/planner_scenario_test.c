@@ -125,10 +125,12 @@ static void test_qwen_gather(void)
     run(&QWEN, WB_MODE_GATHER);
 }
 
+/* Limits for a loaded 2-core machine: kimi_k2_gather takes 12 s under ASan with other work
+ * beside it, and was seen near 120 s under a full `make test` load. */
 const struct wb_test wb_tests[] = {
-    {"kimi_k2_auto", test_kimi_auto, 120},
-    {"kimi_k2_gather", test_kimi_gather, 120},
-    {"qwen3_235b_auto", test_qwen_auto, 120},
-    {"qwen3_235b_gather", test_qwen_gather, 120},
+    {"kimi_k2_auto", test_kimi_auto, 600},
+    {"kimi_k2_gather", test_kimi_gather, 600},
+    {"qwen3_235b_auto", test_qwen_auto, 600},
+    {"qwen3_235b_gather", test_qwen_gather, 600},
     {0},
 };

@@ -429,15 +429,15 @@ static int setup_trainer(struct data *d, const void *plan, size_t plan_len, cons
 static void local_window(struct data *d, uint32_t k, bool open)
 {
     struct local *l = &d->locals[k];
-    if (l->mr && l->desc.bytes)
+    if (d->caps.windows && l->mr && l->desc.bytes)
         wb_tx_mr_window(d->tx, l->mr, open);
 }
 
 static void rollout_windows(struct data *d, bool open)
 {
-    for (uint32_t k = 0; k < d->recv.nlocal; k++)
+    for (uint32_t k = 0; d->caps.windows && k < d->recv.nlocal; k++)
         local_window(d, k, open);
-    if (d->sum_in_mr)
+    if (d->caps.windows && d->sum_in_mr)
         wb_tx_mr_window(d->tx, d->sum_in_mr, open);
     d->windows_open = open;
 }
@@ -1275,10 +1275,10 @@ static int rollout_arm(struct data *d, uint64_t version, const struct skipset *s
  * will receive open, then every trainer that writes to it hears "ready" — none writes before. */
 static int rollout_open(struct data *d, char *err, size_t errcap)
 {
-    for (uint32_t k = 0; k < d->recv.nlocal; k++)
+    for (uint32_t k = 0; d->caps.windows && k < d->recv.nlocal; k++)
         if (d->local_left[k])
             local_window(d, k, true);
-    if (d->sum_in_mr)
+    if (d->caps.windows && d->sum_in_mr)
         wb_tx_mr_window(d->tx, d->sum_in_mr, true);
     d->windows_open = true;
     for (uint32_t i = 0; i < d->nwriters; i++) {
@@ -1384,6 +1384,9 @@ int ag_data_start(struct data *d, const struct wb_body_version_epoch *b, char *e
     rc = rollout_arm(d, version, &ss, err, errcap);
     skip_free(&ss);
     rc = rc ? rc : rollout_open(d, err, errcap);
+    wb_log(WB_LOG_DEBUG, M,
+           "rollout rank %u: attempt of version %" PRIu64 " armed and open in %.3f ms", d->rank,
+           version, (double)(wb_now_ns() - d->start_ns) / 1e6);
     if (rc) {
         d->active = false;
         rollout_close(d);
@@ -1687,6 +1690,14 @@ void ag_data_abort(struct data *d)
     d->active = false;
     d->pending_start = false;
     rollout_close(d);
+    /* A trainer's writes complete once they left (their notes follow in order); what it wrote
+     * to each rollout is placed once a fence behind it comes back: only then is the trainer
+     * drained (REPORT_DRAINED), and only then may the rollouts close their windows. */
+    for (uint32_t g = 0; d->role == WB_ROLE_TRAINER && d->tx && d->rpeer && g < d->table.nrollouts;
+         g++)
+        if (d->rpeer[g].present &&
+            wb_tx_fence(d->tx, d->rpeer[g].idx, (void *)(uintptr_t)WARMUP_CTX) == 0)
+            d->outstanding++;
 }
 
 /* ---------------------------------------------------------------- rollout dumps */

@@ -269,10 +269,13 @@ int ag_exec_setup(struct data *d, char *err, size_t errcap)
                 d->gx_total[tk->phase]++;
         }
     }
+    for (uint32_t i = 0; i < t->ntasks; i++)
+        if (t->tasks[i].nwrites > d->max_task_writes)
+            d->max_task_writes = t->tasks[i].nwrites;
+    d->akeys = calloc(d->max_task_writes ? d->max_task_writes : 1, sizeof(uint64_t));
+    if (!d->akeys)
+        return -ENOMEM;
     if (d->verify) {
-        for (uint32_t i = 0; i < t->ntasks; i++)
-            if (t->tasks[i].nwrites > d->max_task_writes)
-                d->max_task_writes = t->tasks[i].nwrites;
         uint32_t nw = t->nwrites ? t->nwrites : 1, mw = d->max_task_writes ? d->max_task_writes : 1;
         d->wsame = calloc(nw, sizeof(uint32_t));
         d->wpiece = calloc(nw, sizeof(uint32_t));
@@ -332,6 +335,7 @@ void ag_exec_free(struct data *d)
         wb_sum_gpu_free(d->sum_free[i]);
     free(d->sum_free);
     free(d->wsame);
+    free(d->akeys);
     free(d->wpiece);
     free(d->spiece);
     ag_host_free(d->srec);
@@ -444,6 +448,8 @@ static int direct_launch(struct data *d)
     if (!d->dbatch || d->dstate != 0 || d->rready_left)
         return 0;
     d->dt0 = wb_now_ns();
+    wb_log(WB_LOG_DEBUG, M, "trainer rank %u: every rollout ready %.3f ms after the start", d->rank,
+           (double)(d->dt0 - d->start_ns) / 1e6);
     int rc = wb_quant_batch_run(d->dbatch, d->stream);
     rc = rc ? rc : ag_event_record(d->stream, &d->dev_ev);
     if (rc) {
@@ -898,27 +904,42 @@ static int step_read(struct data *d, struct task *tk, const struct opctx *c,
     return rc ? rc : STEP_NEXT;
 }
 
-/* Advances one running task as far as it goes without waiting. Negative on failure. */
+static int cmp_key(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 /* A direct task once the batch is done: one immediate per write it stands for, counted at its
- * rollout exactly as the write's own would be. */
+ * rollout exactly as the write's own would be — all of the task's writes to one rollout tensor
+ * in one note (a note costs its MAC and a replay-set entry at each end, and a task's tiles
+ * alternate between a tensor's values and its scales). */
 static int announce_direct(struct data *d, struct task *tk, uint32_t ti)
 {
     const struct wb_route_table *t = &d->table;
     const struct wb_rt_task *rt = &t->tasks[ti];
     span_open(d, tk, ti, WB_STAGE_WRITE);
+    uint32_t nk = 0;
     for (uint32_t k = 0; k < rt->nwrites; k++) {
         const struct wb_rt_write *wr = &t->writes[rt->write0 + k];
-        struct peer *p = &d->rpeer[wr->dst_rank];
-        int rc = wb_tx_write_imm(d->tx, p->idx, imm_make(IMM_DATA, wr->tag),
-                                 wctx(d, WB_ROLE_ROLLOUT, wr->dst_rank, ti));
+        d->akeys[nk++] = (uint64_t)wr->dst_rank << 32 | wr->tag;
+        d->stats.bytes += wr->len;
+    }
+    qsort(d->akeys, nk, sizeof(*d->akeys), cmp_key);
+    for (uint32_t k = 0; k < nk;) {
+        uint32_t n = 1, rank = (uint32_t)(d->akeys[k] >> 32), tag = (uint32_t)d->akeys[k];
+        while (k + n < nk && d->akeys[k + n] == d->akeys[k])
+            n++;
+        int rc = wb_tx_write_imms(d->tx, d->rpeer[rank].idx, imm_make(IMM_DATA, tag), n,
+                                  wctx(d, WB_ROLE_ROLLOUT, rank, ti));
         if (rc) {
-            fail(d, "announcing a write to rollout rank %u: %s", wr->dst_rank, wb_tx_errmsg(d->tx));
+            fail(d, "announcing writes to rollout rank %u: %s", rank, wb_tx_errmsg(d->tx));
             return rc;
         }
         tk->writes_left++;
         d->outstanding++;
-        d->stats.bytes += wr->len;
-        d->stats.writes++;
+        d->stats.writes += n;
+        k += n;
     }
     tk->st = T_WRITING;
     return 0;
@@ -1161,6 +1182,8 @@ int ag_exec_step(struct data *d)
         if (r > 0) {
             d->dstate = 2;
             span_add(d, WB_STAGE_QUANT, UINT32_MAX, d->dt0, wb_now_ns());
+            wb_log(WB_LOG_DEBUG, M, "trainer rank %u: direct batch done %.3f ms after the start",
+                   d->rank, (double)(wb_now_ns() - d->start_ns) / 1e6);
         }
     }
     for (uint32_t i = 0; i < d->next_task && !d->fail[0]; i++) {
@@ -1177,6 +1200,8 @@ int ag_exec_step(struct data *d)
     for (uint32_t p = 0; p < t->nphases; p++)
         if (t->phases[p].barrier_after && !d->barrier_done[p])
             return 0;
+    wb_log(WB_LOG_DEBUG, M, "trainer rank %u: every write complete %.3f ms after the start",
+           d->rank, (double)(wb_now_ns() - d->start_ns) / 1e6);
     d->stats.tasks = t->ntasks;
     d->stats.peak_tmp = d->peak_tmp;
     d->stats.cap = d->cap;

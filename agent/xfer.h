@@ -285,6 +285,7 @@ struct data {
      * (UINT32_MAX: hashed on the host) */
     uint32_t *wsame, *wpiece;
     uint32_t max_task_writes;
+    uint64_t *akeys; /* [max_task_writes]: a direct task's (rollout, tag) pairs, to batch notes */
     struct wb_sum_piece *spiece; /* [max_task_writes]: a task's batch being launched */
     struct wb_sum_record *srec;  /* GPU: [table.nwrites], pinned: records on their way to sum_out */
     struct wb_sum_gpu **sum_free; /* GPU batches not in use (a task holds one in flight) */

@@ -547,13 +547,24 @@ static bool finish_plan(struct wb_controller *c)
     return ok;
 }
 
+/* An agent whose part of the transfer in flight is over: a trainer that reported its writes
+ * sent, a rollout that committed the version. Its death no longer fails the transfer (a
+ * rollout process that received its last version may exit before the others committed). */
+static bool part_done(const struct wb_controller *c, const struct agent *a)
+{
+    return c->x.active && !c->x.aborting && (a->role == WB_ROLE_TRAINER ? a->done : a->committed);
+}
+
 /* Moves the setup state machine forward after any event. */
 static void advance(struct wb_controller *c)
 {
     char why[128];
     if (!agents_all_alive(c, why, sizeof(why))) {
         if (c->state != ST_WAITING) {
-            if (c->x.active)
+            bool needed = false; /* a dead agent the transfer in flight still waits for */
+            for (uint32_t i = 0; i < c->nagents; i++)
+                needed |= !c->agents[i].alive && !part_done(c, &c->agents[i]);
+            if (c->x.active && needed)
                 xfer_fail(c, "%s", why);
             set_state(c, ST_WAITING);
         }
@@ -639,7 +650,7 @@ static void check_dead(struct wb_controller *c, uint64_t now)
             a->alive = false;
             wb_log(WB_LOG_WARN, M, "%s rank %u is dead: silent for %.2f s", wb_role_name(a->role),
                    a->rank, (double)(now - a->last_ns) / 1e9);
-            if (c->x.active)
+            if (c->x.active && !part_done(c, a))
                 xfer_fail(c, "%s rank %u died (silent for %.2f s)", wb_role_name(a->role), a->rank,
                           (double)(now - a->last_ns) / 1e9);
             agent_reset(a);
@@ -1151,7 +1162,7 @@ static void check_closed(struct wb_controller *c)
         else
             wb_log(WB_LOG_WARN, M, "%s rank %u is dead: its connection closed",
                    wb_role_name(a->role), a->rank);
-        if (c->x.active)
+        if (c->x.active && !part_done(c, a))
             xfer_fail(c, "%s rank %u died (its connection closed)", wb_role_name(a->role), a->rank);
         agent_reset(a);
     }

@@ -34,7 +34,7 @@
 #include <string.h>
 
 enum {
-    NOTE_MAGIC = 0x314e4257u, /* "WBN1" */
+    NOTE_MAGIC = 0x4e57, /* "WN" */
     NOTE_VERSION = 1,
     PAST_EPOCHS = 8,
     EARLY_CAP = 16384,           /* notes kept for an attempt not begun here yet */
@@ -43,17 +43,21 @@ enum {
     LOG_EVERY_NS = 1000 * 1000 * 1000,
 };
 
-/* The wire form, little-endian (every host weightbridge runs on). */
+/* The wire form, little-endian (every host weightbridge runs on). count: the immediates of
+ * `tag` the note stands for (a batch of stores announced at once, 1 for a write). A note that
+ * commits nothing ends at the MAC (56 bytes, within what tcp;ofi_rxm sends inline); one that
+ * commits a staged range carries the range after it (80 bytes), and its MAC covers both. */
 struct note_wire {
-    uint32_t magic;
-    uint16_t version, flags;
-    uint32_t tag, seq;
+    uint16_t magic;
+    uint8_t version, flags;
+    uint32_t tag, seq, count;
     uint64_t epoch, xversion;
     uint64_t src, dst;
+    uint64_t mac; /* SipHash-2-4 of the 48 bytes before it and, in a commit, the range */
     uint64_t region, off, len;
-    uint64_t mac; /* SipHash-2-4 of every byte before it */
 };
-_Static_assert(sizeof(struct note_wire) == WB_TXN_WIRE, "a note is 80 bytes");
+_Static_assert(sizeof(struct note_wire) == WB_TXN_WIRE, "a note is at most 80 bytes");
+_Static_assert(offsetof(struct note_wire, region) == WB_TXN_SHORT, "a short note ends at its MAC");
 
 struct imm_slot {
     uint32_t tag;
@@ -209,7 +213,7 @@ static void imm_fire(struct wb_txn_state *c, struct imm_slot *s)
     s->armed = false;
 }
 
-void wb_txi_imm_arrived(struct wb_tx *tx, uint32_t tag)
+void wb_txi_imm_arrived(struct wb_tx *tx, uint32_t tag, uint32_t n)
 {
     struct wb_txn_state *c = wb_txi_notes(tx);
     struct imm_slot *s = imm_slot(c, tag, true);
@@ -217,7 +221,7 @@ void wb_txi_imm_arrived(struct wb_tx *tx, uint32_t tag)
         c->st.full++;
         return;
     }
-    s->count++;
+    s->count += n;
     if (s->armed && s->count >= s->target)
         imm_fire(c, s);
 }
@@ -369,7 +373,20 @@ uint64_t wb_tx_attempt_epoch(const struct wb_tx *tx)
 
 static uint64_t note_mac(const uint8_t key[WB_MAC_KEY_BYTES], const struct note_wire *w)
 {
-    return wb_siphash(key, w, offsetof(struct note_wire, mac));
+    uint8_t m[offsetof(struct note_wire, mac) + 3 * sizeof(uint64_t)];
+    size_t n = offsetof(struct note_wire, mac);
+    memcpy(m, w, n);
+    if (w->flags & WB_TXN_COMMIT) {
+        memcpy(m + n, &w->region, 3 * sizeof(uint64_t));
+        n += 3 * sizeof(uint64_t);
+    }
+    return wb_siphash(key, m, n);
+}
+
+/* The bytes of a note with these flags on the wire. */
+static size_t note_len(unsigned flags)
+{
+    return flags & WB_TXN_COMMIT ? WB_TXN_WIRE : WB_TXN_SHORT;
 }
 
 /* The next seq of (peer, tag) in this attempt; UINT32_MAX when out of memory. */
@@ -403,14 +420,15 @@ static uint32_t seq_next(struct wb_txn_state *s, uint32_t peer, uint32_t tag)
     return s->seq[j].next++;
 }
 
-int wb_txi_note_make(struct wb_tx *tx, uint32_t peer, uint16_t flags, uint32_t tag, uint64_t region,
-                     uint64_t off, uint64_t len, uint8_t out[WB_TXN_WIRE])
+int wb_txi_note_make(struct wb_tx *tx, uint32_t peer, uint16_t flags, uint32_t tag, uint32_t n,
+                     uint64_t region, uint64_t off, uint64_t len, uint8_t out[WB_TXN_WIRE])
 {
     struct wb_txn_state *s = wb_txi_notes(tx);
     struct note_wire w = {.magic = NOTE_MAGIC,
                           .version = NOTE_VERSION,
-                          .flags = flags,
+                          .flags = (uint8_t)flags,
                           .tag = tag,
+                          .count = flags & WB_TXN_COUNT ? n : 0,
                           .src = wb_txi_uid(tx),
                           .dst = wb_txi_peer_uid(tx, peer),
                           .region = region,
@@ -431,7 +449,7 @@ int wb_txi_note_make(struct wb_tx *tx, uint32_t peer, uint16_t flags, uint32_t t
         w.mac = note_mac(s->key, &w);
     }
     memcpy(out, &w, sizeof(w));
-    return 0;
+    return (int)note_len(flags);
 }
 
 /* ---------------------------------------------------------------- arrivals */
@@ -559,11 +577,17 @@ int wb_txi_note_accept(struct wb_tx *tx, const void *buf, size_t len, uint32_t s
     if (src == WB_TXN_NOBODY || src >= wb_txi_npeers(tx))
         return refuse(tx, &s->st.stranger);
     struct note_wire w;
-    if (len != sizeof(w))
+    if (len < WB_TXN_SHORT)
         return refuse(tx, &s->st.forged);
-    memcpy(&w, buf, sizeof(w));
+    memset(&w, 0, sizeof(w));
+    memcpy(&w, buf, WB_TXN_SHORT);
+    if (len != note_len(w.flags) && !(len == WB_TXN_WIRE && !(w.flags & WB_TXN_COMMIT)))
+        return refuse(tx, &s->st.forged); /* a mailbox slot is WB_TXN_WIRE, whatever the note */
+    if (w.flags & WB_TXN_COMMIT)
+        memcpy(&w, buf, sizeof(w));
     if (w.magic != NOTE_MAGIC || w.version != NOTE_VERSION ||
-        (w.flags & ~(unsigned)(WB_TXN_COUNT | WB_TXN_COMMIT | WB_TXN_WARMUP)))
+        (w.flags & ~(unsigned)(WB_TXN_COUNT | WB_TXN_COMMIT | WB_TXN_WARMUP)) ||
+        ((w.flags & WB_TXN_COUNT) && (w.count == 0 || w.count > WB_TXN_MAX_COUNT)))
         return refuse(tx, &s->st.forged);
     if (w.src != wb_txi_peer_uid(tx, src) || w.dst != wb_txi_uid(tx))
         return refuse(tx, &s->st.forged);
@@ -589,6 +613,7 @@ int wb_txi_note_accept(struct wb_tx *tx, const void *buf, size_t len, uint32_t s
     *out = (struct wb_txn){.flags = w.flags,
                            .tag = w.tag,
                            .seq = w.seq,
+                           .count = w.count,
                            .region = w.region,
                            .off = w.off,
                            .len = w.len};

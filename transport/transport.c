@@ -531,5 +531,20 @@ int wb_tx_peer_ptr(struct wb_tx *tx, uint32_t peer, const struct wb_tx_rdesc *ds
 int wb_tx_connect(struct wb_tx *tx, uint32_t peer, void *ctx)
 {
     int r = wb_tx_check_peer(tx, peer);
-    return r ? r : tx->ops->note(tx, peer, false, 0, ctx);
+    return r ? r : tx->ops->note(tx, peer, 0, 0, ctx);
+}
+
+int wb_tx_fence(struct wb_tx *tx, uint32_t peer, void *ctx)
+{
+    int r = wb_tx_check_peer(tx, peer);
+    return r ? r : tx->ops->fence(tx, peer, ctx);
+}
+
+int wb_tx_write_imms(struct wb_tx *tx, uint32_t peer, uint32_t tag, uint32_t n, void *ctx)
+{
+    int r = wb_tx_check_peer(tx, peer);
+    if (!r && (n == 0 || n > WB_TXN_MAX_COUNT))
+        r = wb_txi_err(tx, -EINVAL, "write: %u immediates in one note (1..%u)", n,
+                       (unsigned)WB_TXN_MAX_COUNT);
+    return r ? r : tx->ops->note(tx, peer, tag, n, ctx);
 }

@@ -186,6 +186,7 @@ struct wb_tx_caps {
     bool gpu_direct;    /* device memory is written in place (FI_HMEM, IPC), not staged */
     bool needs_reg;     /* sources and destinations must be registered (always, today) */
     bool same_host;     /* peers must be on this host */
+    bool windows;       /* a DST registration's window can be closed (wb_tx_mr_window) */
     uint32_t imm_bits;  /* immediate width: 32 */
     uint64_t bw_hint;   /* bytes/s over all rails, 0 when unknown */
 };
@@ -261,10 +262,15 @@ struct wb_tx_ops {
      * Nothing is posted on failure. */
     int (*write)(struct wb_tx *tx, const struct wb_tx_write *w);
 
-    /* Queues a note without data to `peer`: with `count`, an immediate of `tag` (counted there
-     * like a write's immediate); without, a warm-up nothing counts (wb_tx_connect). Returns as
-     * write does. */
-    int (*note)(struct wb_tx *tx, uint32_t peer, bool count, uint32_t tag, void *ctx);
+    /* Queues a note without data to `peer`: n > 0, n immediates of `tag` at once (counted
+     * there like n writes' immediates); n == 0, a warm-up nothing counts (wb_tx_connect).
+     * Returns as write does. */
+    int (*note)(struct wb_tx *tx, uint32_t peer, uint32_t tag, uint32_t n, void *ctx);
+
+    /* Queues a fence to `peer`: its one WB_TX_EV_WRITE comes once everything queued to the
+     * peer before it has been placed there (err set if the peer refused any of it, or failed).
+     * Returns as write does. */
+    int (*fence)(struct wb_tx *tx, uint32_t peer, void *ctx);
 
     /* Opens or closes a DST registration's window: closed, the provider refuses writes with
      * its key (they land nowhere); opened again, the same descriptor works. A registration
@@ -413,8 +419,13 @@ int wb_tx_check_peer(struct wb_tx *tx, uint32_t peer);
 static inline int wb_tx_write_imm(struct wb_tx *tx, uint32_t peer, uint32_t tag, void *ctx)
 {
     int r = wb_tx_check_peer(tx, peer);
-    return r ? r : tx->ops->note(tx, peer, true, tag, ctx);
+    return r ? r : tx->ops->note(tx, peer, tag, 1, ctx);
 }
+
+/* n immediates of `tag` in one note (one completion event), counted at `peer` exactly as n
+ * wb_tx_write_imm() would be: stores into a peer's memory announced in a batch. n is 1 ..
+ * 2^24; -EINVAL otherwise or for an unknown peer. */
+int wb_tx_write_imms(struct wb_tx *tx, uint32_t peer, uint32_t tag, uint32_t n, void *ctx);
 
 static inline ssize_t wb_tx_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
 {
@@ -435,6 +446,12 @@ static inline int wb_tx_mr_window(struct wb_tx *tx, struct wb_tx_mr *mr, bool op
 /* Makes the provider connect to `peer` now (tcp;ofi_rxm connects on first use) with a note
  * that nothing counts, so the first transfer does not pay for it. Completes as a write. */
 int wb_tx_connect(struct wb_tx *tx, uint32_t peer, void *ctx);
+
+/* A write's completion says its bytes left; where the provider keeps order its note follows
+ * without waiting (fabric.h). A fence says more: its completion comes once everything queued to
+ * `peer` before it was placed there, so that, say, nothing of an aborted attempt is still on
+ * its way when the peer closes its windows. */
+int wb_tx_fence(struct wb_tx *tx, uint32_t peer, void *ctx);
 
 /* Closes a transport (NULL is a no-op). */
 static inline void wb_tx_close(struct wb_tx *tx)

@@ -41,14 +41,16 @@ uint64_t wb_txi_peer_uid(const struct wb_tx *tx, uint32_t peer);
 
 /* ---------------------------------------------------------------- notes (note.c) */
 
-enum { WB_TXN_WIRE = 80 };            /* bytes of a note on the wire */
-enum { WB_TXN_NOBODY = 0xffffffffu }; /* a note's sender is no peer of this transport */
+enum { WB_TXN_MAX_COUNT = 1 << 24 };          /* immediates one note may stand for */
+enum { WB_TXN_WIRE = 80, WB_TXN_SHORT = 56 }; /* bytes of a note on the wire */
+enum { WB_TXN_NOBODY = 0xffffffffu };         /* a note's sender is no peer of this transport */
 enum { WB_TXN_COUNT = 1, WB_TXN_COMMIT = 2, WB_TXN_WARMUP = 4 }; /* note flags */
 
 /* An accepted note: count `tag` (COUNT) and/or copy a staged range first (COMMIT). */
 struct wb_txn {
     uint16_t flags;
     uint32_t tag, seq;
+    uint32_t count; /* COUNT: the immediates of tag it stands for */
     uint64_t region, off, len;
 };
 
@@ -60,13 +62,14 @@ void wb_txi_notes_fini(struct wb_txn_state *s);
 /* The core's note state. */
 struct wb_txn_state *wb_txi_notes(struct wb_tx *tx);
 
-/* Writer: a note to `peer` into out[] — flags WB_TXN_COUNT (tag counted there), WB_TXN_COMMIT
- * (the staged range region/off/len copied there first) or WB_TXN_WARMUP (nothing) — stamped
- * with the current attempt and its next sequence number for (peer, tag), and its MAC. Call it
- * when the write is queued, so that a write finishing after another attempt began still
- * carries its own. -EPROTO when no attempt is current (warm-ups excepted), -ENOMEM. */
-int wb_txi_note_make(struct wb_tx *tx, uint32_t peer, uint16_t flags, uint32_t tag, uint64_t region,
-                     uint64_t off, uint64_t len, uint8_t out[WB_TXN_WIRE]);
+/* Writer: a note to `peer` into out[] — flags WB_TXN_COUNT (n immediates of tag counted there),
+ * WB_TXN_COMMIT (the staged range region/off/len copied there first) or WB_TXN_WARMUP (nothing) —
+ * stamped with the current attempt and its next sequence number for (peer, tag), and its MAC. Call
+ * it when the write is queued, so that a write finishing after another attempt began still carries
+ * its own. Returns the note's length on the wire (WB_TXN_SHORT, or WB_TXN_WIRE for a commit),
+ * -EPROTO when no attempt is current (warm-ups excepted), -ENOMEM. */
+int wb_txi_note_make(struct wb_tx *tx, uint32_t peer, uint16_t flags, uint32_t tag, uint32_t n,
+                     uint64_t region, uint64_t off, uint64_t len, uint8_t out[WB_TXN_WIRE]);
 /* Receiver: checks a note from peer `src` (WB_TXN_NOBODY when the sender is no peer). 1: act
  * on *out now (copy its staged range, then count its tag); 0: dropped (counted in the stats),
  * a warm-up, or kept for an attempt not begun here yet. */
@@ -79,9 +82,9 @@ int wb_txi_note_early(struct wb_tx *tx, uint8_t wire[WB_TXN_WIRE], uint32_t *src
  * closed or unknown region). */
 void wb_txi_note_refuse(struct wb_tx *tx, enum wb_txn_refusal why);
 
-/* Counts one accepted immediate of `tag`; a reached expectation is queued for the next drain.
+/* Counts n accepted immediates of `tag`; a reached expectation is queued for the next drain.
  * A tag without a counter where the attempt has no room for another is dropped (stats). */
-void wb_txi_imm_arrived(struct wb_tx *tx, uint32_t tag);
+void wb_txi_imm_arrived(struct wb_tx *tx, uint32_t tag, uint32_t n);
 /* Delivers queued reached expectations: calls callbacks, writes events for the others into
  * ev[0..max). Returns the number of events written. Backends call it at the end of poll. */
 size_t wb_txi_imm_drain(struct wb_tx *tx, struct wb_tx_event *ev, size_t max);

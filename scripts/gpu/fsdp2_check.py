@@ -53,11 +53,20 @@ def log(*a):
     print(*a, flush=True)
 
 
+# The report's model, and one of the size users run (--size 9g: 24 layers of hidden 4096, 4.9 B
+# parameters, 9.8 GB BF16; --layers is then the layer count, default 24).
+SIZES = {
+    "small": {"hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
+              "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 4096},
+    "9g": {"hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 32768},
+}
+SIZE = os.environ.get("WB_FSDP2_SIZE", "small")  # the children learn it from the parent
+
+
 def config(layers, fp8):
-    c = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
-         "intermediate_size": 3072, "num_hidden_layers": layers, "num_attention_heads": 16,
-         "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 4096, "tie_word_embeddings": False,
-         "torch_dtype": "bfloat16"}
+    c = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": layers,
+         "tie_word_embeddings": False, "torch_dtype": "bfloat16", **SIZES[SIZE]}
     if fp8:
         c["quantization_config"] = FP8_QC
     return c
@@ -149,6 +158,16 @@ def run_trainer(url, tmp, case, layers, versions, timeout):
 # ---------------------------------------------------------------- the rollout
 
 
+class OnDevice:
+    """The reference's tensors (on the CPU), each moved to the device when it is read."""
+
+    def __init__(self, ref, device):
+        self.ref, self.device = ref, device
+
+    def __getitem__(self, name):
+        return self.ref[name].to(self.device)
+
+
 def expected(ref, names, fp8):
     """The rollout tensors from the trainer's full parameters: fused, and for FP8 the fused
     tensor quantized (its components start on 128-row block edges, so that is each component
@@ -213,10 +232,14 @@ def run_rollout(url, tmp, case, layers, versions, device, timeout):
         r.wait(v, timeout)
         torch.cuda.synchronize()
         wait_for(os.path.join(tmp, f"ref.v{v}.pt"), deadline, f"the trainers' full parameters of version {v}")
-        ref = torch.load(os.path.join(tmp, f"ref.v{v}.pt"), map_location=f"cuda:{device}")
-        want = expected(ref, list(params), fp8)
+        # on the CPU, moved to the GPU a tensor at a time: a 9.8 GB model's reference and its
+        # FP8 expectation at once would not fit beside the rollout's own tensors
+        ref = torch.load(os.path.join(tmp, f"ref.v{v}.pt"), map_location="cpu")
         differ, bad = 0, []
         for name, p in params.items():
+            lazy = OnDevice(ref, f"cuda:{device}")
+            pair = [name] + ([name + "_scale_inv"] if name + "_scale_inv" in params else [])
+            want = expected(lazy, pair, fp8)
             a = p.contiguous().view(torch.uint8)
             b = want[name].to(p.dtype).contiguous().view(torch.uint8)
             if a.shape != b.shape:
@@ -227,12 +250,14 @@ def run_rollout(url, tmp, case, layers, versions, device, timeout):
                 md = (p.float() - want[name].float()).abs().max().item()
                 bad.append(f"{name}: {n} of {a.numel()} bytes, max |diff| {md:.4g}")
             differ += n
+            del want, a, b
         log(f"case {case}: version {v}: {differ} of {total} bytes differ" + (f" ({len(bad)} tensors)" if bad else ""))
         for line in bad[:40]:
             log("    " + line)
         differ_all += differ
         bad_all += [f"v{v} {b}" for b in bad]
-        del ref, want
+        del ref
+        torch.cuda.empty_cache()
         with open(os.path.join(tmp, f"checked.v{v}"), "w") as f:
             f.write(str(differ))
     with open(os.path.join(tmp, "rollout.json"), "w") as f:
@@ -376,12 +401,19 @@ dead_after: 10s
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--case", default="all", choices=["bf16", "fp8", "all"])
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=None, help="default 4 (--size 9g: 24)")
+    ap.add_argument("--size", default="small", choices=sorted(SIZES))
     ap.add_argument("--versions", type=int, default=5)
     ap.add_argument("--timeout", type=int, default=600, help="seconds for each wait, and a case's limit")
     ap.add_argument("--role", default=None)
     ap.add_argument("rest", nargs="*")
     a = ap.parse_args()
+    global SIZE
+    if a.role is None:
+        SIZE = a.size
+        os.environ["WB_FSDP2_SIZE"] = a.size
+        if a.layers is None:
+            a.layers = 24 if a.size == "9g" else 4
     if a.role in ("trainer", "rollout"):
         url, tmp, case, layers, versions, timeout = a.rest[:6]
         try:

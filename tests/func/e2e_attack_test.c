@@ -13,7 +13,12 @@
  *
  * A "thief" is a process of its own with this project's transport (what a former member or a
  * key holder would run): it reads a peer list an agent was handed ($WB_TEST_PEERS_OUT) and
- * writes with its descriptors. Timing never decides a result. */
+ * writes with its descriptors. Timing never decides a result.
+ *
+ * On a GPU machine (scripts/gpu/attack_check.sh) the same tests run with every agent's memory
+ * on a GPU: $WB_ATTACK_DEVICE names it, and $WB_ATTACK_PROVIDER=cudaipc moves the job to CUDA
+ * IPC, where what a window or a key's range would refuse cannot be refused (a writer maps the
+ * whole allocation itself: README, security model); those tests say so and skip. */
 #include "tests/func/e2e_cluster.h"
 #include "transport/transport.h"
 
@@ -30,6 +35,41 @@ const char *__lsan_default_suppressions(void);
 const char *__lsan_default_suppressions(void)
 {
     return "leak:libfabric.so\n";
+}
+
+/* ---------------------------------------------------------------- the machine's mode */
+
+/* The agents' GPU ($WB_ATTACK_DEVICE), or NULL for host memory. */
+static const char *attack_device(void)
+{
+    const char *e = getenv("WB_ATTACK_DEVICE");
+    return e && *e ? e : NULL;
+}
+
+static bool attack_ipc(void)
+{
+    const char *e = getenv("WB_ATTACK_PROVIDER");
+    return e && strcmp(e, "cudaipc") == 0;
+}
+
+/* The demo cluster of this machine's mode: tcp on loopback (with GPU memory: the staged path),
+ * or CUDA IPC. */
+static struct cluster attack_cluster(const char *tx_extra, const char *job_extra)
+{
+    struct cluster c = {.provider = attack_ipc() ? "cudaipc" : "tcp",
+                        .domain = attack_ipc() ? NULL : "lo",
+                        .tx_extra = tx_extra,
+                        .job_extra = job_extra,
+                        .device = attack_device()};
+    return c;
+}
+
+static void skip_on_ipc(const char *what)
+{
+    if (attack_ipc())
+        wb_test_skip("CUDA IPC: %s cannot be refused there (a writer maps the whole allocation "
+                     "and stores into it itself); see the README's security model",
+                     what);
 }
 
 /* The TCP ports process pid listens on: its sockets' inodes found in /proc/net/tcp. */
@@ -190,7 +230,8 @@ static void stranger(uint16_t port, struct stray *st)
  * refused by the target, and every byte each rollout holds is the reference's. */
 static void test_stranger_write(void)
 {
-    struct cluster c = {.provider = "tcp", .domain = "lo", .job_extra = "verify: true\n"};
+    skip_on_ipc("a write into a data port");
+    struct cluster c = attack_cluster(NULL, "verify: true\n");
     snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(14));
     write_job(&c, "auto", "4MiB", false);
     start(&c, "30ms"); /* paced: a transfer stays open while the stranger writes */
@@ -315,11 +356,18 @@ static int thief_open(struct thief *t, const struct loot *l, bool staged)
     struct wb_tx_cfg cfg;
     memset(&cfg, 0, sizeof(cfg));
     /* a short op_timeout: a write to an address nobody listens at any more fails soon */
-    const char *yaml = staged ? "backend: fabric\nprovider: tcp\ndomain: lo\nop_timeout: 3s\n"
-                                "stage_host: true\n"
-                              : "backend: fabric\nprovider: tcp\ndomain: lo\nop_timeout: 3s\n";
+    char yaml[256];
+    if (attack_ipc())
+        snprintf(yaml, sizeof(yaml), "backend: cudaipc\ndevice: %s\n", attack_device());
+    else
+        snprintf(yaml, sizeof(yaml),
+                 "backend: fabric\nprovider: tcp\ndomain: lo\nop_timeout: 3s\n%s",
+                 staged ? "stage_host: true\n" : "");
     int r = wb_yaml_load_string("thief.yaml", yaml, &el, &y);
     r = r ? r : wb_cfg_parse(y, wb_yaml_root(y), wb_tx_cfg_fields, &cfg, &el);
+    /* every write delivery-complete, so that its completion says whether it was refused
+     * (a thief is a process of its own: the setting is its alone) */
+    setenv("WB_TX_NOTES_DELIVERED", "1", 1);
     r = r ? r : wb_tx_open(&cfg, &el, &t->tx);
     wb_cfg_free(wb_tx_cfg_fields, &cfg);
     wb_yaml_free(y);
@@ -330,6 +378,8 @@ static int thief_open(struct thief *t, const struct loot *l, bool staged)
     wb_mpr_init(&ar, l->addr, l->alen);
     if ((r = wb_tx_peer_add(t->tx, &ar, &t->peer)) != 0)
         return r;
+    if (attack_ipc()) /* notes only: nothing of its own to write from */
+        return 0;
     if (!(t->junk = malloc(1 << 16)))
         return -ENOMEM;
     memset(t->junk, 0xAA, 1 << 16);
@@ -342,8 +392,26 @@ static void thief_close(struct thief *t)
     free(t->junk);
 }
 
-/* One write of len bytes of 0xAA into descriptor d at off, with an immediate (delivery
- * complete: its completion says what the target did). 0: the target took it; else the error. */
+/* Polls until the event of ctx: its error. */
+static int thief_wait(struct thief *t, void *ctx)
+{
+    /* bounded: a write to an address nobody listens at any more waits for a connection */
+    uint64_t dl = wb_now_ns() + 5000000000ull;
+    struct wb_tx_event ev[16];
+    while (wb_now_ns() < dl) {
+        ssize_t n = wb_tx_poll(t->tx, ev, 16);
+        for (ssize_t i = 0; i < n; i++)
+            if (ev[i].kind == WB_TX_EV_WRITE && ev[i].ctx == ctx)
+                return ev[i].err;
+        if (n < 0)
+            return (int)n;
+    }
+    return -ETIMEDOUT;
+}
+
+/* One write of len bytes of 0xAA into descriptor d at off, with an immediate: its
+ * completion says what the target did with it (the thief's transport sends delivery-complete).
+ * 0: the target took it; else the error. */
 static int thief_write(struct thief *t, const struct wb_tx_rdesc *d, uint64_t off, uint64_t len)
 {
     struct wb_tx_write w = {.src = t->mr,
@@ -355,39 +423,47 @@ static int thief_write(struct thief *t, const struct wb_tx_rdesc *d, uint64_t of
                             .imm = 1,
                             .ctx = (void *)"thief"};
     int r = wb_tx_write(t->tx, &w);
-    if (r)
-        return r;
-    /* bounded: a write to an address nobody listens at any more waits for a connection */
-    uint64_t dl = wb_now_ns() + 5000000000ull;
-    struct wb_tx_event ev[16];
-    while (wb_now_ns() < dl) {
-        ssize_t n = wb_tx_poll(t->tx, ev, 16);
-        for (ssize_t i = 0; i < n; i++)
-            if (ev[i].kind == WB_TX_EV_WRITE)
-                return ev[i].err;
-        if (n < 0)
-            return (int)n;
-    }
-    return -ETIMEDOUT;
+    return r ? r : thief_wait(t, (void *)"thief");
 }
 
-/* n notes of (a believable) data tag, counted or not, as fast as they go; their completions
- * drained. */
+/* Notes go inline and complete at once: a fence (a note of its own, on the thief's one rail)
+ * completes once everything sent before it was read. */
+static void thief_fence(struct thief *t)
+{
+    if (wb_tx_fence(t->tx, t->peer, (void *)"fence") == 0)
+        thief_wait(t, (void *)"fence");
+}
+
+#define THIEF_BATCH 4096
+
+/* n notes of (a believable) data tag, counted or not, as fast as the target reads them: a
+ * fence after every THIEF_BATCH of them and after the last. */
 static void thief_notes(struct thief *t, uint64_t n)
 {
     struct wb_tx_event ev[256];
-    uint64_t sent = 0, done = 0, dl = wb_now_ns() + 300000000000ull;
-    while (done < n && wb_now_ns() < dl) {
-        while (sent < n && sent - done < 4096) {
-            if (wb_tx_write_imm(t->tx, t->peer, (uint32_t)(1 + sent % 31), NULL))
-                break;
-            sent++;
+    for (uint64_t sent = 0; sent < n;) {
+        for (uint64_t b = 0; b < THIEF_BATCH && sent < n;) {
+            if (wb_tx_write_imm(t->tx, t->peer, (uint32_t)(1 + sent % 31), NULL) == 0) {
+                sent++, b++;
+                continue;
+            }
+            if (wb_tx_poll(t->tx, ev, 256) < 0)
+                return;
         }
-        ssize_t k = wb_tx_poll(t->tx, ev, 256);
-        if (k < 0)
-            break;
-        done += (uint64_t)k;
+        while (wb_tx_poll(t->tx, ev, 256) > 0)
+            ;
+        thief_fence(t);
     }
+}
+
+/* The notes a rollout drops from a thief that sent n in two halves (forge_main): those and
+ * its fences (CUDA IPC's fence sends nothing). */
+static uint64_t dropped_of(uint64_t n)
+{
+    uint64_t h = n / 2, r = n - h;
+    return n + (attack_ipc()
+                    ? 0
+                    : (h + THIEF_BATCH - 1) / THIEF_BATCH + (r + THIEF_BATCH - 1) / THIEF_BATCH);
 }
 
 /* Runs fn(arg) in a child process (a thief is a process of its own); returns its exit code. */
@@ -505,7 +581,7 @@ struct forge_arg {
 static int forge_main(void *p)
 {
     struct forge_arg *a = p;
-    struct thief t;
+    struct thief t = {0};
     if (thief_open(&t, &a->l, a->staged))
         return 2;
     thief_notes(&t, a->n / 2); /* no attempt of its own: epoch 0 */
@@ -517,15 +593,13 @@ static int forge_main(void *p)
 }
 
 /* A stranger who reached a rollout's data port (and knows how notes look) sends 20,000 notes
- * before a transfer: every one is dropped and counted (the status says exactly how many).
+ * before a transfer: every one (and each of its fences) is dropped and counted (the status says
+ * exactly how many).
  * Then a trainer is killed mid-transfer: the attempt fails, the rollouts say they are torn;
  * after the restart the resumed retry completes, and every byte is the reference's. */
 static void forged_notes(bool staged, unsigned salt)
 {
-    struct cluster c = {.provider = "tcp",
-                        .domain = "lo",
-                        .tx_extra = staged ? "stage_host: true" : NULL,
-                        .job_extra = "verify: true\n"};
+    struct cluster c = attack_cluster(staged ? "stage_host: true" : NULL, "verify: true\n");
     snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(salt));
     peers_dir(&c);
     write_job(&c, "auto", "4MiB", false);
@@ -534,7 +608,7 @@ static void forged_notes(bool staged, unsigned salt)
     struct forge_arg a = {.staged = staged, .n = 20000};
     loot_read(c.peers_dir, "trainer0", 0, &a.l);
     CHECK_INT(in_child(forge_main, &a), 0);
-    wait_dropped(&c, 0, 20000);
+    wait_dropped(&c, 0, dropped_of(20000));
     state_is(&c, 0, 1);
 
     char cmd[700];
@@ -593,7 +667,7 @@ struct steal_arg {
 static int steal_main(void *p)
 {
     struct steal_arg *a = p;
-    struct thief t;
+    struct thief t = {0};
     if (thief_open(&t, &a->l, a->staged))
         return 2;
     struct wb_tx_rdesc d = a->l.reg[a->k];
@@ -617,7 +691,8 @@ static int steal_main(void *p)
  * nothing at the old address at all), and the next version lands exactly. */
 static void test_departed_keys(void)
 {
-    struct cluster c = {.provider = "tcp", .domain = "lo"};
+    skip_on_ipc("a write with a departed member's descriptors");
+    struct cluster c = attack_cluster(NULL, NULL);
     snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(23));
     peers_dir(&c);
     write_job(&c, "auto", "4MiB", false);
@@ -647,8 +722,8 @@ static void test_departed_keys(void)
  * rollout's bytes and claim stay those of the last version. */
 static void keys_exact(bool staged, unsigned salt)
 {
-    struct cluster c = {
-        .provider = "tcp", .domain = "lo", .tx_extra = staged ? "stage_host: true" : NULL};
+    skip_on_ipc("a write across a tensor's edges, or between transfers,");
+    struct cluster c = attack_cluster(staged ? "stage_host: true" : NULL, NULL);
     snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(salt));
     peers_dir(&c);
     write_job(&c, "auto", "4MiB", false);
@@ -734,7 +809,7 @@ static size_t count_lines(const char *text, const char *what)
  * it keeps every freed block of the provider's for a while on purpose. */
 static void test_flood_bounded(void)
 {
-    struct cluster c = {.provider = "tcp", .domain = "lo"};
+    struct cluster c = attack_cluster(NULL, NULL);
     snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(26));
     peers_dir(&c);
     write_job(&c, "auto", "4MiB", false);
@@ -748,7 +823,7 @@ static void test_flood_bounded(void)
     struct forge_arg a = {.n = 300000};
     loot_read(c.peers_dir, "trainer0", 0, &a.l);
     CHECK_INT(in_child(forge_main, &a), 0);
-    wait_dropped(&c, 0, 300000);
+    wait_dropped(&c, 0, dropped_of(300000));
     uint64_t rss0 = rss_kib(c.ag[NTR]);
     char *log = e2e_slurp("agent4.log");
     size_t lines0 = count_lines(log, "notes dropped");
@@ -756,7 +831,7 @@ static void test_flood_bounded(void)
     uint64_t t0 = wb_now_ns();
     a.n = 1000000;
     CHECK_INT(in_child(forge_main, &a), 0);
-    wait_dropped(&c, 0, 1300000);
+    wait_dropped(&c, 0, dropped_of(300000) + dropped_of(1000000));
     double secs = (double)(wb_now_ns() - t0) / 1e9;
     uint64_t rss1 = rss_kib(c.ag[NTR]);
     if (rss1 > rss0 + 10 * 1024)

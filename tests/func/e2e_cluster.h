@@ -30,6 +30,7 @@ struct cluster {
     const char *corrupt;   /* rollout 1 flips a byte of this tensor once it lands, or NULL */
     uint64_t recv[NRO];    /* bytes each rollout receives per transfer; 0: the demo's */
     const char *peers_dir; /* agents write the peer lists they get here ($WB_TEST_PEERS_OUT) */
+    const char *device;    /* the agents' GPU (--device), or NULL: host memory */
 };
 
 /* The demo plan's bytes per rollout. */
@@ -127,6 +128,10 @@ static pid_t spawn_agent(struct cluster *c, int i, const char *extra)
     if (c->tx_extra) {
         argv[n++] = "--tx-extra";
         argv[n++] = (char *)c->tx_extra;
+    }
+    if (c->device) {
+        argv[n++] = "--device";
+        argv[n++] = (char *)c->device;
     }
     if (i >= NTR) {
         argv[n++] = "--dump";

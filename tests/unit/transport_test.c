@@ -569,18 +569,18 @@ static void test_notes_checked(void)
     CHECK_U64(wb_tx_attempt_epoch(p.b), 0x1111);
     uint8_t n[WB_TXN_WIRE], m[WB_TXN_WIRE];
     struct wb_txn got;
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 5, 0, 0, 0, n), 0);
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 5, 1, 0, 0, 0, n), WB_TXN_SHORT);
     CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), 0, &got), 1);
     CHECK_INT(got.tag, 5);
     CHECK_INT(got.seq, 0);
     CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), 0, &got), 0); /* replayed */
     CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), WB_TXN_NOBODY, &got), 0);
     memcpy(m, n, sizeof(m));
-    m[8] ^= 1; /* a bit of the tag: the MAC no longer matches */
+    m[4] ^= 1; /* a bit of the tag: the MAC no longer matches */
     CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
     CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n) - 1, 0, &got), 0);
     /* the next note of (peer, tag) has the next sequence number: it counts */
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 5, 0, 0, 0, m), 0);
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 5, 1, 0, 0, 0, m), WB_TXN_SHORT);
     CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 1);
     CHECK_INT(got.seq, 1);
     struct wb_tx_note_stats st = note_stats(p.b);
@@ -593,13 +593,13 @@ static void test_notes_checked(void)
     other.key[0] ^= 1;
     CHECK_INT(wb_tx_attempt_begin(p.a, &(struct wb_tx_attempt){.epoch = 0x2222}), 0);
     CHECK_INT(wb_tx_attempt_begin(p.a, &other), 0);
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 6, 0, 0, 0, m), 0);
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 6, 1, 0, 0, 0, m), WB_TXN_SHORT);
     CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
     other = at;
     other.version = 4;
     CHECK_INT(wb_tx_attempt_begin(p.a, &(struct wb_tx_attempt){.epoch = 0x3333}), 0);
     CHECK_INT(wb_tx_attempt_begin(p.a, &other), 0);
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 6, 0, 0, 0, m), 0);
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 6, 1, 0, 0, 0, m), WB_TXN_SHORT);
     CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
     CHECK_U64(note_stats(p.b).forged, 4);
     /* B moves on to attempt 0x4444: the first attempt's notes are stale now */
@@ -612,7 +612,7 @@ static void test_notes_checked(void)
     struct wb_tx_attempt later = at;
     later.epoch = 0x5555;
     CHECK_INT(wb_tx_attempt_begin(p.a, &later), 0);
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 9, 0, 0, 0, m), 0);
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 9, 1, 0, 0, 0, m), WB_TXN_SHORT);
     CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
     CHECK_U64(note_stats(p.b).early, 1);
     uint8_t back[WB_TXN_WIRE];
@@ -627,7 +627,7 @@ static void test_notes_checked(void)
     wb_tx_attempt_end(p.b);
     CHECK_U64(wb_tx_attempt_epoch(p.b), 0);
     CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
-    CHECK_INT(wb_txi_note_make(p.b, 0, WB_TXN_COUNT, 1, 0, 0, 0, m), -EPROTO);
+    CHECK_INT(wb_txi_note_make(p.b, 0, WB_TXN_COUNT, 1, 1, 0, 0, 0, m), -EPROTO);
     CHECK_INT(wb_tx_attempt_begin(p.b, &(struct wb_tx_attempt){.epoch = 0}), -EINVAL);
     pair_close(&p);
 }
@@ -647,14 +647,14 @@ static void test_notes_bounded(void)
     CHECK_STR(wb_tx_errmsg(p.b), "expect: tag 3: the attempt's 2 counters are in use");
     uint8_t n[WB_TXN_WIRE];
     struct wb_txn got;
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 3, 0, 0, 0, n), 0);
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 3, 1, 0, 0, 0, n), WB_TXN_SHORT);
     CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), 0, &got), 1);
-    wb_txi_imm_arrived(p.b, 3); /* no counter can be made for it */
+    wb_txi_imm_arrived(p.b, 3, 1); /* no counter can be made for it */
     CHECK_U64(note_stats(p.b).full, 1);
     CHECK_U64(wb_tx_imm_count(p.b, 3), 0);
     /* the replay set holds max_notes: the fourth distinct note finds no room */
     for (int i = 0; i < 3; i++) {
-        CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 1, 0, 0, 0, n), 0);
+        CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 1, 1, 0, 0, 0, n), WB_TXN_SHORT);
         (void)wb_txi_note_accept(p.b, n, sizeof(n), 0, &got);
     }
     CHECK_U64(note_stats(p.b).full, 2);
@@ -669,7 +669,9 @@ static void test_notes_wire(void)
 {
     struct pair p;
     pair_open(&p, TCP);
+    setenv("WB_TX_NOTES_DELIVERED", "1", 1);
     struct wb_tx *s = open_ok(TCP);
+    unsetenv("WB_TX_NOTES_DELIVERED");
     uint32_t sp = connect(s, p.b); /* the stranger knows B's address; B does not know it */
     struct wb_tx_attempt at = {.epoch = 42, .version = 1};
     CHECK_INT(wb_tx_attempt_begin(p.a, &at), 0);
@@ -697,7 +699,9 @@ static void test_notes_wire(void)
     memset(junk, 0xAA, 4096);
     struct wb_tx_mr *jm;
     CHECK_INT(wb_tx_mr_reg(s, junk, 4096, WB_TX_ACCESS_SRC, &jm), 0);
-    /* with an immediate: delivery complete, so the completion says what B did with it */
+    /* The stranger sends delivery-complete (as on a provider that does not read a
+     * connection in order), so its write's completion says what B did with it; the fence
+     * behind it completes once B dealt with everything before it. */
     struct wb_tx_write w = {.src = jm,
                             .peer = sp,
                             .dst = &p.d,
@@ -706,17 +710,19 @@ static void test_notes_wire(void)
                             .imm = 7,
                             .ctx = (void *)"j"};
     CHECK_INT(wb_tx_write(s, &w), 0);
-    int err = 0;
+    CHECK_INT(wb_tx_fence(s, sp, (void *)"f"), 0);
+    int err = 0, seen = 0;
     dl = wb_now_ns() + 60000000000ull;
-    for (bool fin = false; !fin;) {
+    while (seen < 2) {
         CHECK(wb_now_ns() < dl);
         wb_tx_poll(p.b, ev, 64);
         ssize_t k = wb_tx_poll(s, ev, 64);
-        for (ssize_t i = 0; i < k; i++)
-            if (ev[i].kind == WB_TX_EV_WRITE) {
-                fin = true;
+        for (ssize_t i = 0; i < k; i++) {
+            CHECK_INT(ev[i].kind, WB_TX_EV_WRITE);
+            seen++;
+            if (!strcmp(ev[i].ctx, "j"))
                 err = ev[i].err;
-            }
+        }
     }
     CHECK(err != 0);
     for (int i = 0; i < 4096; i++)

@@ -338,7 +338,7 @@ static void notify(struct ipc_tx *ix, struct ipc_write *w)
     finish(ix, w);
 }
 
-static int ipc_note(struct wb_tx *tx, uint32_t peer, bool count, uint32_t tag, void *ctx)
+static int ipc_note(struct wb_tx *tx, uint32_t peer, uint32_t tag, uint32_t n, void *ctx)
 {
     struct ipc_tx *ix = ipc_of(tx);
     struct ipc_peer *p = &ix->peers[peer];
@@ -349,14 +349,29 @@ static int ipc_note(struct wb_tx *tx, uint32_t peer, bool count, uint32_t tag, v
     if (!w)
         return -ENOMEM;
     *w = (struct ipc_write){.ctx = ctx, .peer = peer, .has_imm = true};
-    int e = wb_txi_note_make(tx, peer, count ? WB_TXN_COUNT : WB_TXN_WARMUP, tag, 0, 0, 0, w->note);
-    if (e) {
+    int e = wb_txi_note_make(tx, peer, n ? WB_TXN_COUNT : WB_TXN_WARMUP, tag, n, 0, 0, 0, w->note);
+    if (e < 0) {
         free(w);
         return e;
     }
     p->inflight++;
     ix->st.writes++;
     notify(ix, w);
+    return 0;
+}
+
+/* A copy completes only once its bytes are in the peer's memory: what came before a fence is
+ * placed when the writes before it completed, so the fence itself completes at the next poll. */
+static int ipc_fence(struct wb_tx *tx, uint32_t peer, void *ctx)
+{
+    struct ipc_tx *ix = ipc_of(tx);
+    struct ipc_write *w = calloc(1, sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    *w = (struct ipc_write){.ctx = ctx, .peer = peer};
+    ix->peers[peer].inflight++;
+    ix->st.writes++;
+    finish(ix, w);
     return 0;
 }
 
@@ -417,7 +432,7 @@ static int ipc_write(struct wb_tx *tx, const struct wb_tx_write *uw)
                           wb_txi_peer_pid(tx, uw->peer));
     if (uw->len == 0) {
         if (uw->has_imm)
-            return ipc_note(tx, uw->peer, true, uw->imm, uw->ctx);
+            return ipc_note(tx, uw->peer, uw->imm, 1, uw->ctx);
         struct ipc_write *w = calloc(1, sizeof(*w));
         if (!w)
             return -ENOMEM;
@@ -442,8 +457,8 @@ static int ipc_write(struct wb_tx *tx, const struct wb_tx_write *uw)
     struct ipc_mr *m = WB_CONTAINER_OF(uw->src, struct ipc_mr, base);
     *w = (struct ipc_write){.ctx = uw->ctx, .peer = uw->peer, .has_imm = uw->has_imm, .src = m};
     if (uw->has_imm) {
-        int e = wb_txi_note_make(tx, uw->peer, WB_TXN_COUNT, uw->imm, 0, 0, 0, w->note);
-        if (e) {
+        int e = wb_txi_note_make(tx, uw->peer, WB_TXN_COUNT, uw->imm, 1, 0, 0, 0, w->note);
+        if (e < 0) {
             free(w);
             return e;
         }
@@ -517,8 +532,8 @@ static void take_note(struct ipc_tx *ix, const void *note, uint32_t src)
     struct wb_txn n;
     if (wb_txi_note_accept(&ix->base, note, WB_TXN_WIRE, src, &n) == 1 &&
         (n.flags & WB_TXN_COUNT)) {
-        ix->st.imm_recv++;
-        wb_txi_imm_arrived(&ix->base, n.tag);
+        ix->st.imm_recv += n.count;
+        wb_txi_imm_arrived(&ix->base, n.tag, n.count);
     }
 }
 
@@ -628,6 +643,7 @@ static int ipc_query(struct wb_tx *tx, struct wb_tx_caps *c)
                              .gpu_direct = true,
                              .needs_reg = true,
                              .same_host = true,
+                             .windows = false,
                              .imm_bits = 32,
                              .bw_hint = ix->cfg.bw_hint};
     return 0;
@@ -692,6 +708,7 @@ static const struct wb_tx_ops ipc_ops = {
     .mr_window = ipc_mr_window,
     .write = ipc_write,
     .note = ipc_note,
+    .fence = ipc_fence,
     .peer_ptr = ipc_peer_ptr,
     .poll = ipc_poll,
     .stats = ipc_stats,

@@ -410,6 +410,7 @@ static int fab_query(struct wb_tx *tx, struct wb_tx_caps *c)
                              .gpu_direct = fx->hmem,
                              .needs_reg = true,
                              .same_host = strcmp(fx->prov, "shm") == 0,
+                             .windows = !(fx->rail[0].mr_mode & FI_MR_PROV_KEY),
                              .imm_bits = 32,
                              .bw_hint = fx->cfg.bw_hint ? fx->cfg.bw_hint : bw};
     return 0;
@@ -432,6 +433,7 @@ static const struct wb_tx_ops fab_ops = {
     .mr_window = fab_mr_window,
     .write = fab_write,
     .note = fab_note,
+    .fence = fab_fence,
     .poll = fab_poll,
     .stats = fab_stats,
     .close = fab_close,
@@ -642,6 +644,7 @@ int wb_txi_fabric_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struc
     if (e)
         goto err_close;
     snprintf(fx->prov, sizeof(fx->prov), "%s", fx->rail[0].info->fabric_attr->prov_name);
+    fx->ordered = strcmp(fx->prov, "tcp;ofi_rxm") == 0 && !getenv("WB_TX_NOTES_DELIVERED");
     snprintf(fx->name, sizeof(fx->name), "fabric/%s", fx->prov);
     for (uint32_t i = 0; i < fx->nrails; i++) {
         e = open_rail(fx, i, el);

@@ -167,7 +167,13 @@ struct fab_tx {
     char prov[64], name[96];
     uint32_t nrails;
     struct fab_rail rail[WB_TX_MAX_RAILS];
-    bool hmem;      /* the provider registers CUDA memory */
+    bool hmem; /* the provider registers CUDA memory */
+    /* Notes may follow their write's data on the same rail without waiting for its delivery:
+     * tcp;ofi_rxm, whose target reads one connection's stream in order and places an RMA
+     * write's payload before it reads the next message's header (prov/tcp: the receive state
+     * machine finishes a write's payload first). Not shm (a large write may finish in segments
+     * after later commands were processed) nor the hardware providers (no such promise). */
+    bool ordered;
     int gpu_device; /* device of the first device registration, -1 before */
     struct fab_gpu *gpu;
     uint8_t *ctrl; /* note receive buffers, all rails */
@@ -199,7 +205,8 @@ static inline struct fab_tx *fab_of(struct wb_tx *tx)
 
 /* fabric_post.c */
 int fab_write(struct wb_tx *tx, const struct wb_tx_write *w);
-int fab_note(struct wb_tx *tx, uint32_t peer, bool count, uint32_t tag, void *ctx);
+int fab_note(struct wb_tx *tx, uint32_t peer, uint32_t tag, uint32_t n, void *ctx);
+int fab_fence(struct wb_tx *tx, uint32_t peer, void *ctx);
 ssize_t fab_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max);
 /* Posts the note receives of a rail (at open). */
 int fab_post_recvs(struct fab_tx *fx, uint32_t rail);

@@ -261,13 +261,13 @@ static uint64_t div_up(uint64_t a, uint64_t b)
 
 /* Fills a note operation (a message to the peer's rail this rail talks to); the note itself
  * is made by the caller. */
-static void make_note(struct fab_op *op, uint32_t rail, uint32_t peer)
+static void make_note(struct fab_op *op, uint32_t rail, uint32_t peer, int len)
 {
     op->kind = OP_NOTE;
     op->rail = (uint8_t)rail;
     op->peer = peer;
     op->lbuf = op->note;
-    op->len = WB_TXN_WIRE;
+    op->len = (uint64_t)len;
 }
 
 static int refuse_failed(struct fab_tx *fx, uint32_t peer)
@@ -277,7 +277,7 @@ static int refuse_failed(struct fab_tx *fx, uint32_t peer)
                       wb_strerror(fx->peers[peer].fail_err));
 }
 
-int fab_note(struct wb_tx *tx, uint32_t peer, bool count, uint32_t tag, void *ctx)
+int fab_note(struct wb_tx *tx, uint32_t peer, uint32_t tag, uint32_t n, void *ctx)
 {
     struct fab_tx *fx = fab_of(tx);
     if (fx->peers[peer].failed)
@@ -288,9 +288,8 @@ int fab_note(struct wb_tx *tx, uint32_t peer, bool count, uint32_t tag, void *ct
     if (!w)
         return -ENOMEM;
     struct fab_op *op = op_get(fx);
-    int e =
-        wb_txi_note_make(tx, peer, count ? WB_TXN_COUNT : WB_TXN_WARMUP, tag, 0, 0, 0, op->note);
-    if (e) {
+    int e = wb_txi_note_make(tx, peer, n ? WB_TXN_COUNT : WB_TXN_WARMUP, tag, n, 0, 0, 0, op->note);
+    if (e < 0) {
         op_put(fx, op);
         w->next = fx->free_writes;
         fx->free_writes = w;
@@ -300,11 +299,39 @@ int fab_note(struct wb_tx *tx, uint32_t peer, bool count, uint32_t tag, void *ct
     w->peer = peer;
     w->left = 1;
     op->w = w;
-    make_note(op, fx->rr, peer);
+    make_note(op, fx->rr, peer, e);
     fx->rr = (fx->rr + 1) % fx->nrails;
     fx->peers[peer].inflight++;
     fx->st.writes++;
     enqueue(fx, op);
+    return 0;
+}
+
+/* One note nothing counts on every rail, each sent delivery-complete: a rail's stream is read
+ * in order, so each one completes once everything queued before it on that rail was placed. */
+int fab_fence(struct wb_tx *tx, uint32_t peer, void *ctx)
+{
+    struct fab_tx *fx = fab_of(tx);
+    if (fx->peers[peer].failed)
+        return refuse_failed(fx, peer);
+    if (ops_reserve(fx, fx->nrails))
+        return -ENOMEM;
+    struct fab_write *w = write_get(fx);
+    if (!w)
+        return -ENOMEM;
+    w->ctx = ctx;
+    w->peer = peer;
+    w->left = fx->nrails;
+    for (uint32_t i = 0; i < fx->nrails; i++) {
+        struct fab_op *op = op_get(fx);
+        int e = wb_txi_note_make(tx, peer, WB_TXN_WARMUP, 0, 0, 0, 0, 0, op->note);
+        op->w = w;
+        make_note(op, i, peer, e);
+        op->flags = FI_DELIVERY_COMPLETE;
+        fx->peers[peer].inflight++;
+        enqueue(fx, op);
+    }
+    fx->st.writes++;
     return 0;
 }
 
@@ -319,7 +346,7 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
                           uw->dst->nrails, uw->peer, p->nrem);
     if (uw->len == 0) {
         if (uw->has_imm)
-            return fab_note(tx, uw->peer, true, uw->imm, uw->ctx);
+            return fab_note(tx, uw->peer, uw->imm, 1, uw->ctx);
         /* Nothing to move and nothing to tell: complete at the next poll, post nothing. */
         struct fab_write *w = write_get(fx);
         if (!w)
@@ -358,23 +385,27 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
         struct fab_op *fin = op_get(fx);
         uint16_t nf =
             (uint16_t)((uw->has_imm ? WB_TXN_COUNT : 0) | (staged_dst ? WB_TXN_COMMIT : 0));
-        int e = wb_txi_note_make(tx, uw->peer, nf, uw->imm, staged_dst ? uw->dst->id : 0,
+        int e = wb_txi_note_make(tx, uw->peer, nf, uw->imm, 1, staged_dst ? uw->dst->id : 0,
                                  staged_dst ? uw->dst->base + uw->dst_off : 0, staged_dst ? len : 0,
                                  fin->note);
-        if (e) {
+        if (e < 0) {
             op_put(fx, fin);
             w->next = fx->free_writes;
             fx->free_writes = w;
             return e;
         }
         fin->w = w;
-        make_note(fin, fx->rr, uw->peer);
+        make_note(fin, fx->rr, uw->peer, e); /* the rail of the write's first (or only) shard */
         w->final_op = fin;
     }
     w->ctx = uw->ctx;
     w->peer = uw->peer;
     w->left = (uint32_t)npieces;
-    uint64_t flags = noted ? FI_DELIVERY_COMPLETE : 0;
+    /* Where the provider reads a connection's stream in order (fx->ordered) and the write
+     * stays on one rail, its note, sent on that rail once the data left, is read there only
+     * after the data was placed; otherwise the note waits for the data's delivery completion
+     * (an acknowledgement from the target). */
+    uint64_t flags = noted && !(fx->ordered && nshards == 1) ? FI_DELIVERY_COMPLETE : 0;
     uint32_t s = 0;
     for (uint64_t off = 0; off < len; off += shard, s++) {
         uint32_t rail = (fx->rr + s) % fx->nrails, j = rail % p->nrem;
@@ -421,11 +452,16 @@ static ssize_t post_op(struct fab_tx *fx, struct fab_op *op)
     if (WB_FAULT_HIT(WB_FAULT_POST)) /* make fault: as the provider refuses a post */
         return -FI_EIO;
     if (op->kind == OP_NOTE) {
-        if (r->inject_size >= WB_TXN_WIRE) {
-            ssize_t e = fi_inject(r->ep, op->note, WB_TXN_WIRE, to);
+        if (op->flags & FI_DELIVERY_COMPLETE) { /* a fence: answered once placed */
+            struct iovec iov = {.iov_base = op->note, .iov_len = op->len};
+            struct fi_msg m = {.msg_iov = &iov, .iov_count = 1, .addr = to, .context = &op->fctx};
+            return fi_sendmsg(r->ep, &m, FI_DELIVERY_COMPLETE | FI_COMPLETION);
+        }
+        if (r->inject_size >= op->len) {
+            ssize_t e = fi_inject(r->ep, op->note, op->len, to);
             return e ? e : 1;
         }
-        return fi_send(r->ep, op->note, WB_TXN_WIRE, NULL, to, &op->fctx);
+        return fi_send(r->ep, op->note, op->len, NULL, to, &op->fctx);
     }
     struct iovec iov = {.iov_base = op->lbuf, .iov_len = op->len};
     struct fi_rma_iov rma = {.addr = op->raddr, .len = op->len, .key = op->rkey};
@@ -526,8 +562,8 @@ static void handle_note(struct fab_tx *fx, const void *buf, size_t len, uint32_t
         return;
     if (!(n.flags & WB_TXN_COMMIT)) {
         if (n.flags & WB_TXN_COUNT) {
-            fx->st.imm_recv++;
-            wb_txi_imm_arrived(&fx->base, n.tag);
+            fx->st.imm_recv += n.count;
+            wb_txi_imm_arrived(&fx->base, n.tag, n.count);
         }
         return;
     }
@@ -552,7 +588,7 @@ static void handle_note(struct fab_tx *fx, const void *buf, size_t len, uint32_t
     if (!ev) {
         if (count) {
             fx->st.imm_recv++;
-            wb_txi_imm_arrived(&fx->base, n.tag);
+            wb_txi_imm_arrived(&fx->base, n.tag, 1);
         }
         return;
     }
@@ -563,7 +599,7 @@ static void handle_note(struct fab_tx *fx, const void *buf, size_t len, uint32_t
         }
         if (d == 1 && count) {
             fx->st.imm_recv++;
-            wb_txi_imm_arrived(&fx->base, n.tag);
+            wb_txi_imm_arrived(&fx->base, n.tag, 1);
         }
         return;
     }
@@ -587,7 +623,7 @@ static void stage_check(struct fab_tx *fx)
             wb_log(WB_LOG_ERROR, "transport", "fabric: staged copy failed (cuda error %d)", native);
         else if (s->has_imm) {
             fx->st.imm_recv++;
-            wb_txi_imm_arrived(&fx->base, s->tag);
+            wb_txi_imm_arrived(&fx->base, s->tag, 1);
         }
         s->mr->busy--;
         fx->stage_first = s->next;

@@ -41,6 +41,18 @@ static uint32_t feed(struct wb_controller *c, uint32_t type, const void *body, v
     return t;
 }
 
+/* A controller of the job file `yaml` (written as `name`), fed by hand. */
+static struct wb_controller *ctl_open(const char *name, const char *yaml, struct wb_job *job)
+{
+    struct wb_errlist el;
+    struct wb_controller *c = NULL;
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(wb_test_write_file(name, yaml), job, &el), 0);
+    CHECK_INT(wb_controller_create(job, &c, &el), 0);
+    wb_errlist_free(&el);
+    return c;
+}
+
 /* The status of rollout 0: its version, or UINT64_MAX when it says it is torn. */
 static uint64_t rollout_version(struct wb_controller *c)
 {
@@ -67,20 +79,17 @@ static uint64_t rollout_version(struct wb_controller *c)
 
 static void test_stale_heartbeat(void)
 {
-    const char *path = wb_test_write_file("job.yaml", "name: state\n"
-                                                      "listen: inproc://wb-ctl-state\n"
-                                                      "token: state-token\n"
-                                                      "trainers: 1\n"
-                                                      "rollouts: 1\n"
-                                                      "heartbeat: 100ms\n"
-                                                      "dead_after: 10s\n"
-                                                      "poll_hold: 0s\n");
     struct wb_job job;
-    struct wb_errlist el;
-    wb_errlist_init(&el);
-    CHECK_INT(wb_job_load(path, &job, &el), 0);
-    struct wb_controller *c;
-    CHECK_INT(wb_controller_create(&job, &c, &el), 0);
+    struct wb_controller *c = ctl_open("job.yaml",
+                                       "name: state\n"
+                                       "listen: inproc://wb-ctl-state\n"
+                                       "token: state-token\n"
+                                       "trainers: 1\n"
+                                       "rollouts: 1\n"
+                                       "heartbeat: 100ms\n"
+                                       "dead_after: 10s\n"
+                                       "poll_hold: 0s\n",
+                                       &job);
 
     struct wb_body_register reg = {.role = "rollout", .device = -1, .host = "h", .pid = 1};
     struct wb_body_registered ok;
@@ -107,7 +116,6 @@ static void test_stale_heartbeat(void)
     CHECK_U64(rollout_version(c), UINT64_MAX);
     wb_controller_destroy(c);
     wb_job_free(&job);
-    wb_errlist_free(&el);
 }
 
 /* Feeds one message whose replies (none, one, or several: a held client's answer may come with
@@ -142,20 +150,17 @@ static void ctl_state(struct wb_controller *c, char *state, size_t cap, uint64_t
  * and a retry of version 1 is not refused as old. (It was: issue #27's soak test found it.) */
 static void test_failed_commit_phase(void)
 {
-    const char *path = wb_test_write_file("job2.yaml", "name: state\n"
-                                                       "listen: inproc://wb-ctl-state2\n"
-                                                       "token: state-token\n"
-                                                       "trainers: 1\n"
-                                                       "rollouts: 2\n"
-                                                       "heartbeat: 50ms\n"
-                                                       "dead_after: 300ms\n"
-                                                       "poll_hold: 0s\n");
     struct wb_job job;
-    struct wb_errlist el;
-    wb_errlist_init(&el);
-    CHECK_INT(wb_job_load(path, &job, &el), 0);
-    struct wb_controller *c;
-    CHECK_INT(wb_controller_create(&job, &c, &el), 0);
+    struct wb_controller *c = ctl_open("job2.yaml",
+                                       "name: state\n"
+                                       "listen: inproc://wb-ctl-state2\n"
+                                       "token: state-token\n"
+                                       "trainers: 1\n"
+                                       "rollouts: 2\n"
+                                       "heartbeat: 50ms\n"
+                                       "dead_after: 300ms\n"
+                                       "poll_hold: 0s\n",
+                                       &job);
     struct wb_session s[3];
     const char *role[3] = {"trainer", "rollout", "rollout"};
     for (int i = 0; i < 3; i++) {
@@ -207,7 +212,6 @@ static void test_failed_commit_phase(void)
     CHECK_STR(e.msg, "not ready: waiting for rollout rank 1 (dead)");
     wb_controller_destroy(c);
     wb_job_free(&job);
-    wb_errlist_free(&el);
 }
 
 const struct wb_test wb_tests[] = {

@@ -41,7 +41,7 @@ Prints a summary with the counts; exits 1 on a wrong byte, a hang, a failed stat
 crash, a job that does not recover within 60 s, or the time bound (--minutes) passing before
 the end. Logs are kept (the path is printed) when it fails, removed when it passes.
 
-  --versions N       versions to complete (default 2500)
+  --versions N       versions to complete (default 2000)
   --fault-every K    mean versions between faults (default 30; 0: no faults)
   --seed S           seed of the fault schedule, kinds, victims and delays (default: random;
                      printed, so a run can be repeated as far as timing allows)
@@ -54,7 +54,7 @@ the end. Logs are kept (the path is printed) when it fails, removed when it pass
 EOF
 }
 
-versions=2500 fault_every=30 seed=$((RANDOM * 32768 + RANDOM)) minutes=10 build='' xfer_timeout=20
+versions=2000 fault_every=30 seed=$((RANDOM * 32768 + RANDOM)) minutes=10 build='' xfer_timeout=20
 keep=0 kinds_opt=''
 while [ $# -gt 0 ]; do
     opt=$1 val=

@@ -471,7 +471,7 @@ static void test_stray_write_detected(void)
 static void test_state_dump(void)
 {
     struct cluster c = {.provider = "tcp", .domain = "lo"};
-    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(16));
+    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(17));
     write_job(&c, "auto", "4MiB", false);
     start(&c, NULL);
     transfer_ok(&c, 1, NULL);

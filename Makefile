@@ -5,6 +5,7 @@
 #   make demo       installs missing deps, builds, runs the main job on a small built-in example
 #   make bench      builds the benchmarks (build/bench/)
 #   make install PREFIX=/usr/local
+#   make soak       builds, runs the soak test (thousands of versions, faults injected, <= 10 min)
 #
 # Sources are found by convention, so a part never edits this file to add a file:
 #   <part>/*.c, <part>/<sub>/*.c     -> libweightbridge.a
@@ -110,7 +111,7 @@ BENCHES := $(foreach f,$(BENCH_C),$(BUILD)/bench/$(basename $(notdir $(f))))
 FUZZERS := $(foreach f,$(FUZZ_C),$(BUILD)/fuzzers/$(patsubst %_fuzz.c,%,$(notdir $(f))))
 HEADERS := $(foreach p,$(PARTS),$(wildcard $(p)/$(p).h)) common/fpbits.h
 
-.PHONY: all lib progs test tests bench fuzz fuzzers fault demo deps install clean format check-format
+.PHONY: all lib progs test tests bench fuzz fuzzers fault demo soak deps install clean format check-format
 .DEFAULT_GOAL := all
 
 all: lib progs
@@ -222,6 +223,16 @@ test: deps
 demo: deps
 	@$(SUBMAKE) all
 	@scripts/demo.sh $(BUILD)
+
+# The soak test (issue #27; tests/sh/soak.sh --help): the demo job for SOAK_VERSIONS versions
+# with a fault (kill -9 of a trainer, a rollout or the controller, SIGSTOP of an agent) injected
+# mid-transfer every ~30, every byte of every complete version verified, at most 10 minutes.
+# More options: make soak SOAK_ARGS="--seed 7". tests/sh/soak_test.sh (make test) is the short form.
+SOAK_VERSIONS ?= 2000
+soak: deps
+	@$(MAKE) --no-print-directory all
+	@tests/sh/soak.sh --build $(BUILD) --versions $(SOAK_VERSIONS) --fault-every 30 --minutes 10 \
+	  $(SOAK_ARGS)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/weightbridge \

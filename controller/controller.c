@@ -113,6 +113,7 @@ struct wb_controller {
     uint64_t refused_sessions; /* a deferred plan failed with these sessions: wait for new ones */
     uint64_t last_version;     /* last complete transfer */
     uint64_t failed_version;   /* the version whose last attempt failed (0: none) */
+    uint64_t attempted;        /* the highest version this process started an attempt of */
     uint64_t epochs;           /* the epoch of the last transfer attempt started */
     char *source;              /* the source every trainer must read (NULL: any) */
     uint64_t refuse_t0;        /* refusals logged in the second from refuse_t0 ... */
@@ -794,6 +795,8 @@ static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nn
     xfer_end(c);
     c->x.active = true;
     c->x.version = v;
+    if (v > c->attempted)
+        c->attempted = v;
     c->x.start_ns = wb_now_ns();
     c->x.deadline = c->x.start_ns + timeout;
     c->x.client = client;
@@ -999,10 +1002,13 @@ static bool registration_ok(struct wb_controller *c, nng_msg *req, enum wb_role 
 }
 
 /* An agent holds a version complete that this controller does not know (it restarted): the
- * versions go on from there, so that an older one is never accepted again. */
+ * versions go on from there, so that an older one is never accepted again. A version this
+ * process attempted itself is complete only when its attempt completed: a rollout may have
+ * committed one whose attempt failed after that (another rollout died before it committed,
+ * without the bytes), and its retry must be accepted. */
 static void seen_version(struct wb_controller *c, const struct agent *a, uint64_t v)
 {
-    if (v <= c->last_version || c->x.active)
+    if (v <= c->last_version || v <= c->attempted || c->x.active)
         return;
     wb_log(WB_LOG_INFO, M,
            "%s rank %u holds version %" PRIu64 " complete: the last complete version from now on",

@@ -12,7 +12,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: wb-ctl [options] transfer --version N | status | plan | shutdown\n"
-               "       wb-ctl verify --config JOB --dump DIR --version N\n"
+               "       wb-ctl verify --config JOB --dump DIR --version N [--rank R]\n"
                "\n"
                "  transfer --version N   run transfer N; prints per-GPU bytes, per-stage and\n"
                "                         total times; exit 1 with the reason when it fails\n"
@@ -24,12 +24,15 @@ static void usage(FILE *f)
                "                         --dump DIR) against the reference computed from the\n"
                "                         job's model: synthetic source, fusion, quant CPU\n"
                "                         reference, rollout boxes; needs no controller\n"
+               "                         (--rank R: only rollout rank R's dump, e.g. a state\n"
+               "                         dump that wb-agent writes on SIGUSR1)\n"
                "\n"
                "  -c, --controller URL   default tcp://127.0.0.1:7420\n"
                "  -t, --token TOKEN      default $WB_TOKEN\n"
                "      --timeout DURATION how long to wait for the answer (default 120s)\n"
                "      --config JOB       verify: the job file\n"
                "      --dump DIR         verify: the rollouts' dump directory\n"
+               "      --rank R           verify: only this rollout rank\n"
                "  -h, --help             this text\n");
 }
 
@@ -183,8 +186,9 @@ static int call(const char *url, const char *token, uint64_t timeout, struct wb_
     return rc;
 }
 
-/* verify: every rollout's dump of `version` against the reference. */
-static int verify(const char *config, const char *dump, uint64_t version)
+/* verify: every rollout's dump of `version` against the reference, or only rollout rank `only`'s
+ * (>= 0). */
+static int verify(const char *config, const char *dump, uint64_t version, int64_t only)
 {
     if (!config || !dump || !version) {
         fprintf(stderr, "wb-ctl: verify needs --config JOB, --dump DIR and --version N\n");
@@ -209,7 +213,15 @@ static int verify(const char *config, const char *dump, uint64_t version)
     wb_errlist_free(&el);
     int rc = 0;
     uint64_t total = 0;
-    for (uint32_t r = 0; r < wb_ref_nrollouts(ref); r++) {
+    uint32_t n = wb_ref_nrollouts(ref);
+    if (only >= (int64_t)n) {
+        fprintf(stderr, "wb-ctl: verify: --rank %" PRId64 ": the job has %u rollout ranks\n", only,
+                n);
+        wb_ref_free(ref);
+        return 2;
+    }
+    for (uint32_t r = only >= 0 ? (uint32_t)only : 0; r < (only >= 0 ? (uint32_t)only + 1 : n);
+         r++) {
         char path[4096], msg[512];
         uint64_t bytes = 0;
         snprintf(path, sizeof(path), "%s/rollout%u.v%" PRIu64 ".bin", dump, r, version);
@@ -220,10 +232,14 @@ static int verify(const char *config, const char *dump, uint64_t version)
             total += bytes;
         }
     }
-    if (!rc)
+    if (!rc && only >= 0)
+        printf("verify version %" PRIu64 ": rollout rank %" PRId64 ", %" PRIu64
+               " bytes, every byte equals the reference\n",
+               version, only, total);
+    else if (!rc)
         printf("verify version %" PRIu64 ": %u rollouts, %" PRIu64
                " bytes, every byte equals the reference\n",
-               version, wb_ref_nrollouts(ref), total);
+               version, n, total);
     wb_ref_free(ref);
     return rc;
 }
@@ -236,11 +252,13 @@ int main(int argc, char **argv)
                                        {"version", required_argument, 0, 'v'},
                                        {"config", required_argument, 0, 'J'},
                                        {"dump", required_argument, 0, 'U'},
+                                       {"rank", required_argument, 0, 'R'},
                                        {"help", no_argument, 0, 'h'},
                                        {0}};
     const char *url = "tcp://127.0.0.1:7420", *token = getenv("WB_TOKEN");
     const char *config = NULL, *dump = NULL;
     uint64_t timeout = 120ull * 1000000000, version = 0;
+    int64_t rank = -1;
     int ch;
     while ((ch = getopt_long(argc, argv, "c:t:v:h", lo, NULL)) != -1) {
         switch (ch) {
@@ -269,6 +287,12 @@ int main(int argc, char **argv)
         case 'U':
             dump = optarg;
             break;
+        case 'R':
+            if (wb_parse_i64(optarg, &rank) || rank < 0 || rank > UINT32_MAX) {
+                fprintf(stderr, "wb-ctl: --rank: expected a rollout rank, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -282,7 +306,11 @@ int main(int argc, char **argv)
         return 2;
     }
     if (strcmp(argv[optind], "verify") == 0)
-        return verify(config, dump, version);
+        return verify(config, dump, version, rank);
+    if (rank >= 0) {
+        fprintf(stderr, "wb-ctl: --rank is an option of verify\n");
+        return 2;
+    }
     if (!token || !*token) {
         fprintf(stderr, "wb-ctl: no cluster token: give --token or set $WB_TOKEN\n");
         return 2;

@@ -5,8 +5,9 @@
  * here, independently of the planner and the executor (controller/verify.c: synthetic source,
  * fusion, quant's CPU reference, the rollout boxes). Also: the memory cap (peak <= cap, and a
  * cap that forces tasks to queue), a trainer killed mid-transfer (the failure names it, the
- * rollouts keep their version, the retry after a restart succeeds), and the same job with every
- * process in its own network namespace. Timing never decides a result. */
+ * rollouts keep their version, the retry after a restart succeeds), a rollout's state dump
+ * (SIGUSR1) checked rank by rank, and the same job with every process in its own network
+ * namespace. Timing never decides a result. */
 #include <jansson.h>
 
 #include "tests/func/e2e_cluster.h"
@@ -463,6 +464,57 @@ static void test_stray_write_detected(void)
     stop(&c);
 }
 
+/* wb-agent's testing hook: SIGUSR1 to a rollout started with --dump writes its tensors as they
+ * are now under <dump>/state/ and then its claim, "version V torn T in_flight F"; wb-ctl verify
+ * --rank R checks that one rank's file against the reference (tests/sh/soak.sh does so after
+ * every fault it injects). A flipped byte is named; a rank the job lacks is refused. */
+static void test_state_dump(void)
+{
+    struct cluster c = {.provider = "tcp", .domain = "lo"};
+    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(17));
+    write_job(&c, "auto", "4MiB", false);
+    start(&c, NULL);
+    transfer_ok(&c, 1, NULL);
+    char state[700], claim[760], bin[760], *out;
+    snprintf(state, sizeof(state), "%s/state", c.dump);
+    snprintf(claim, sizeof(claim), "%s/rollout1.txt", state);
+    snprintf(bin, sizeof(bin), "%s/rollout1.v1.bin", state);
+    CHECK_INT(kill(c.ag[NTR + 1], SIGUSR1), 0);
+    for (int t = 0; t < 200 && access(claim, F_OK) != 0; t++)
+        e2e_sleep_ms(50);
+    CHECK_INT(e2e_run(&out, "cat %s", claim), 0);
+    CHECK_STR(out, "version 1 torn 0 in_flight 0\n");
+    free(out);
+    CHECK_INT(
+        e2e_run(&out, "wb-ctl verify --config %s --dump %s --version 1 --rank 1", c.job, state), 0);
+    CHECK_STR(out, "verify version 1: rollout rank 1, 1711904 bytes, every byte equals the "
+                   "reference\n");
+    free(out);
+    /* without --rank every rank's file is needed: rank 0 wrote none here */
+    CHECK_INT(e2e_run(&out, "wb-ctl verify --config %s --dump %s --version 1", c.job, state), 1);
+    CHECK_CONTAINS(out, "/state/rollout0.v1.bin: cannot open");
+    free(out);
+    /* the first byte of the first tensor (header: 8 + 4 bytes, entry: 4 + 8) flipped */
+    FILE *f = fopen(bin, "r+b");
+    CHECK(f != NULL);
+    CHECK_INT(fseek(f, 24, SEEK_SET), 0);
+    int b = fgetc(f);
+    CHECK(b != EOF);
+    CHECK_INT(fseek(f, 24, SEEK_SET), 0);
+    CHECK_INT(fputc(b ^ 0x40, f), b ^ 0x40);
+    CHECK_INT(fclose(f), 0);
+    CHECK_INT(
+        e2e_run(&out, "wb-ctl verify --config %s --dump %s --version 1 --rank 1", c.job, state), 1);
+    CHECK_CONTAINS(out, "wb-ctl: verify: rollout rank 1, version 1: ");
+    CHECK_CONTAINS(out, ": byte 0 is 0x");
+    free(out);
+    CHECK_INT(
+        e2e_run(&out, "wb-ctl verify --config %s --dump %s --version 1 --rank 2", c.job, state), 2);
+    CHECK_STR(out, "wb-ctl: verify: --rank 2: the job has 2 rollout ranks\n");
+    free(out);
+    stop(&c);
+}
+
 const struct wb_test wb_tests[] = {
     {"padded_vocab", test_padded_vocab, 120},
     {"amax_three_peers", test_amax_three_peers, 120},
@@ -478,6 +530,7 @@ const struct wb_test wb_tests[] = {
     {"tcp_two_rails", test_tcp_two_rails, 120},
     {"kill_trainer", test_kill_trainer, 120},
     {"stray_write_detected", test_stray_write_detected, 120},
+    {"state_dump", test_state_dump, 120},
     {"netns_tcp", test_netns_tcp, 120},
     {"netns_skip_cleans", test_netns_skip_cleans, 60},
     {0},

@@ -19,7 +19,10 @@
  *  - An immediate travels as a *note* (transport/note.c): the tag with the transfer attempt's
  *    64-bit random epoch and version, a per-(peer, tag) sequence number, both transports'
  *    identities and a SipHash MAC under the attempt's 128-bit key, sent once the write's bytes
- *    are delivered. A destination counts a note only from a peer it added, of the attempt it
+ *    are delivered (or, where the provider reads a connection in order, right behind them on
+ *    the same connection); one note may stand for n writes of one tag (wb_tx_write_imms).
+ *    A fence (wb_tx_fence) completes once everything sent to a peer before it was placed.
+ *    A destination counts a note only from a peer it added, of the attempt it
  *    has begun (wb_tx_attempt_begin), with a valid MAC and never twice; everything else is
  *    dropped, counted (wb_tx_note_stats) and logged at most once a second. Beginning an
  *    attempt resets every counter, so nothing received before can complete it.

@@ -72,6 +72,108 @@ static void skip_on_ipc(const char *what)
                      what);
 }
 
+/* ---------------------------------------------------------------- helpers */
+
+/* The "dropped" column of a rollout's line in wb-ctl status. */
+static uint64_t dropped_at(struct cluster *c, int rollout)
+{
+    char *out, want[64];
+    ctl(c, &out, "status");
+    snprintf(want, sizeof(want), "\nrollout %6d ", rollout);
+    const char *p = strstr(out, want);
+    uint64_t v = UINT64_MAX;
+    if (p) {
+        const char *eol = strchr(p + 1, '\n');
+        const char *q = eol ? eol : p + strlen(p);
+        while (q > p && q[-1] == ' ')
+            q--;
+        while (q > p && q[-1] >= '0' && q[-1] <= '9')
+            q--;
+        v = strtoull(q, NULL, 10);
+    }
+    free(out);
+    return v;
+}
+
+static void wait_dropped(struct cluster *c, int rollout, uint64_t want)
+{
+    uint64_t got = 0;
+    for (int t = 0; t < 300 && (got = dropped_at(c, rollout)) < want; t++)
+        e2e_sleep_ms(100);
+    CHECK_U64(got, want);
+}
+
+static void wait_state(struct cluster *c, const char *what)
+{
+    char *out = NULL;
+    for (int t = 0; t < 200; t++) {
+        free(out);
+        ctl(c, &out, "--timeout 5s status");
+        if (strstr(out, what))
+            break;
+        e2e_sleep_ms(100);
+    }
+    if (!strstr(out, what))
+        wb_test_fail(__FILE__, __LINE__, "status never said \"%s\":\n%s", what, out);
+    free(out);
+}
+
+/* `wb-ctl transfer --version v` in the background (its output in transfer<v>.log), once the
+ * controller says it is in flight: the client's pid. */
+static pid_t transfer_bg(struct cluster *c, uint64_t v, const char *timeout, bool wait_flight)
+{
+    char cmd[700], ver[24], log[40], flight[40];
+    snprintf(cmd, sizeof(cmd), "%s/wb-ctl", e2e_bin());
+    snprintf(ver, sizeof(ver), "%" PRIu64, v);
+    snprintf(log, sizeof(log), "transfer%" PRIu64 ".log", v);
+    char *env[] = {(char *)TOK, NULL};
+    char *argv[] = {cmd,        "-c",        c->url, "--timeout", (char *)timeout,
+                    "transfer", "--version", ver,    NULL};
+    pid_t client = e2e_spawn(log, env, argv);
+    snprintf(flight, sizeof(flight), "in flight: %" PRIu64, v);
+    if (wait_flight)
+        wait_state(c, flight);
+    return client;
+}
+
+/* A rollout's tensors as they are (the wb-agent's SIGUSR1 state dump) against version v's
+ * reference, and its claim: version v, not torn. */
+static void state_is(struct cluster *c, int rollout, uint64_t v)
+{
+    char path[800], claim[800];
+    snprintf(claim, sizeof(claim), "%s/state/rollout%d.txt", c->dump, rollout);
+    unlink(claim);
+    CHECK_INT(kill(c->ag[NTR + rollout], SIGUSR1), 0);
+    FILE *f = NULL;
+    for (int t = 0; t < 300 && !(f = fopen(claim, "r")); t++)
+        e2e_sleep_ms(20);
+    CHECK(f != NULL);
+    unsigned long long cv = 0;
+    int torn = -1, infl = -1;
+    CHECK_INT(fscanf(f, "version %llu torn %d in_flight %d", &cv, &torn, &infl), 3);
+    fclose(f);
+    CHECK_U64(cv, v);
+    CHECK_INT(torn, 0);
+    struct refjob rj;
+    struct wb_ref *ref = ref_open(c, &rj);
+    char msg[512];
+    uint64_t bytes = 0;
+    snprintf(path, sizeof(path), "%s/state/rollout%d.v%" PRIu64 ".bin", c->dump, rollout, v);
+    int rc = wb_ref_check_dump(ref, (uint32_t)rollout, v, path, msg, sizeof(msg), &bytes);
+    if (rc)
+        wb_test_fail(__FILE__, __LINE__, "rollout %d's bytes: %s", rollout, msg);
+    CHECK_U64(bytes, recv_bytes(c, rollout));
+    ref_close(&rj);
+}
+
+static void peers_dir(struct cluster *c)
+{
+    static char dir[700];
+    snprintf(dir, sizeof(dir), "%s/peers", wb_test_tmpdir());
+    mkdir(dir, 0755);
+    c->peers_dir = dir;
+}
+
 /* The TCP ports process pid listens on: its sockets' inodes found in /proc/net/tcp. */
 static int listen_ports(pid_t pid, uint16_t *ports, int cap)
 {
@@ -239,11 +341,7 @@ static void test_stranger_write(void)
     uint16_t ports[8];
     int np = listen_ports(c.ag[NTR], ports, 8);
     CHECK(np >= 1);
-    char cmd[700];
-    snprintf(cmd, sizeof(cmd), "%s/wb-ctl", e2e_bin());
-    char *env[] = {(char *)TOK, NULL};
-    char *argv[] = {cmd, "-c", c.url, "--timeout", "60s", "transfer", "--version", "2", NULL};
-    pid_t client = e2e_spawn("transfer2.log", env, argv);
+    pid_t client = transfer_bg(&c, 2, "60s", false);
     int fds[2];
     CHECK_INT(pipe(fds), 0);
     pid_t s = fork();
@@ -479,97 +577,6 @@ static int in_child(int (*fn)(void *), void *arg)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-/* ---------------------------------------------------------------- helpers */
-
-/* The "dropped" column of a rollout's line in wb-ctl status. */
-static uint64_t dropped_at(struct cluster *c, int rollout)
-{
-    char *out, want[64];
-    ctl(c, &out, "status");
-    snprintf(want, sizeof(want), "\nrollout %6d ", rollout);
-    const char *p = strstr(out, want);
-    uint64_t v = UINT64_MAX;
-    if (p) {
-        const char *eol = strchr(p + 1, '\n');
-        const char *q = eol ? eol : p + strlen(p);
-        while (q > p && q[-1] == ' ')
-            q--;
-        while (q > p && q[-1] >= '0' && q[-1] <= '9')
-            q--;
-        v = strtoull(q, NULL, 10);
-    }
-    free(out);
-    return v;
-}
-
-static void wait_dropped(struct cluster *c, int rollout, uint64_t want)
-{
-    uint64_t got = 0;
-    for (int t = 0; t < 300 && (got = dropped_at(c, rollout)) < want; t++)
-        e2e_sleep_ms(100);
-    CHECK_U64(got, want);
-}
-
-static void wait_state(struct cluster *c, const char *what)
-{
-    char *out = NULL;
-    for (int t = 0; t < 200; t++) {
-        free(out);
-        ctl(c, &out, "--timeout 5s status");
-        if (strstr(out, what))
-            break;
-        e2e_sleep_ms(100);
-    }
-    if (!strstr(out, what))
-        wb_test_fail(__FILE__, __LINE__, "status never said \"%s\":\n%s", what, out);
-    free(out);
-}
-
-/* A rollout's tensors as they are (the wb-agent's SIGUSR1 state dump) against version v's
- * reference, and its claim: version v, not torn. */
-static void state_is(struct cluster *c, int rollout, uint64_t v)
-{
-    char path[800], claim[800];
-    snprintf(claim, sizeof(claim), "%s/state/rollout%d.txt", c->dump, rollout);
-    unlink(claim);
-    CHECK_INT(kill(c->ag[NTR + rollout], SIGUSR1), 0);
-    FILE *f = NULL;
-    for (int t = 0; t < 300 && !(f = fopen(claim, "r")); t++)
-        e2e_sleep_ms(20);
-    CHECK(f != NULL);
-    unsigned long long cv = 0;
-    int torn = -1, infl = -1;
-    CHECK_INT(fscanf(f, "version %llu torn %d in_flight %d", &cv, &torn, &infl), 3);
-    fclose(f);
-    CHECK_U64(cv, v);
-    CHECK_INT(torn, 0);
-    struct wb_errlist el;
-    struct wb_job job;
-    struct wb_ref *ref = NULL;
-    wb_errlist_init(&el);
-    setenv("WB_TOKEN", "xfer-tok", 1);
-    CHECK_INT(wb_job_load(c->job, &job, &el), 0);
-    CHECK_INT(wb_ref_load(&job, &ref, &el), 0);
-    char msg[512];
-    uint64_t bytes = 0;
-    snprintf(path, sizeof(path), "%s/state/rollout%d.v%" PRIu64 ".bin", c->dump, rollout, v);
-    int rc = wb_ref_check_dump(ref, (uint32_t)rollout, v, path, msg, sizeof(msg), &bytes);
-    if (rc)
-        wb_test_fail(__FILE__, __LINE__, "rollout %d's bytes: %s", rollout, msg);
-    CHECK_U64(bytes, recv_bytes(c, rollout));
-    wb_ref_free(ref);
-    wb_job_free(&job);
-    wb_errlist_free(&el);
-}
-
-static void peers_dir(struct cluster *c)
-{
-    static char dir[700];
-    snprintf(dir, sizeof(dir), "%s/peers", wb_test_tmpdir());
-    mkdir(dir, 0755);
-    c->peers_dir = dir;
-}
-
 /* ---------------------------------------------------------------- forged notes */
 
 struct forge_arg {
@@ -611,12 +618,7 @@ static void forged_notes(bool staged, unsigned salt)
     wait_dropped(&c, 0, dropped_of(20000));
     state_is(&c, 0, 1);
 
-    char cmd[700];
-    snprintf(cmd, sizeof(cmd), "%s/wb-ctl", e2e_bin());
-    char *env[] = {(char *)TOK, NULL};
-    char *argv[] = {cmd, "-c", c.url, "--timeout", "30s", "transfer", "--version", "2", NULL};
-    pid_t client = e2e_spawn("transfer2.log", env, argv);
-    wait_state(&c, "in flight: 2");
+    pid_t client = transfer_bg(&c, 2, "30s", true);
     e2e_sleep_ms(300);
     CHECK_INT(kill(c.ag[1], SIGKILL), 0);
     CHECK_INT(e2e_wait(c.ag[1], 5000), 128 + SIGKILL);
@@ -741,12 +743,7 @@ static void keys_exact(bool staged, unsigned salt)
     state_is(&c, 1, 1);
 
     /* during a transfer: across the tensor's edges, refused */
-    char cmd[700];
-    snprintf(cmd, sizeof(cmd), "%s/wb-ctl", e2e_bin());
-    char *env[] = {(char *)TOK, NULL};
-    char *argv[] = {cmd, "-c", c.url, "--timeout", "60s", "transfer", "--version", "2", NULL};
-    pid_t client = e2e_spawn("transfer2.log", env, argv);
-    wait_state(&c, "in flight: 2");
+    pid_t client = transfer_bg(&c, 2, "60s", true);
     for (int k = 0; k < 2; k++) {
         a.k = k;
         a.before = 64;

@@ -197,16 +197,36 @@ static void stop(struct cluster *c)
         CHECK_INT(e2e_wait(c->ag[i], 10000), 0);
 }
 
+/* The reference of the cluster's job (its job file loaded into job): free both with
+ * ref_close(). */
+struct refjob {
+    struct wb_errlist el;
+    struct wb_job job;
+    struct wb_ref *ref;
+};
+
+static struct wb_ref *ref_open(struct cluster *c, struct refjob *r)
+{
+    r->ref = NULL;
+    wb_errlist_init(&r->el);
+    setenv("WB_TOKEN", "xfer-tok", 1);
+    CHECK_INT(wb_job_load(c->job, &r->job, &r->el), 0);
+    CHECK_INT(wb_ref_load(&r->job, &r->ref, &r->el), 0);
+    return r->ref;
+}
+
+static void ref_close(struct refjob *r)
+{
+    wb_ref_free(r->ref);
+    wb_job_free(&r->job);
+    wb_errlist_free(&r->el);
+}
+
 /* Every rollout's dump of version v against the reference. */
 static void verify(struct cluster *c, uint64_t v)
 {
-    struct wb_errlist el;
-    struct wb_job job;
-    struct wb_ref *ref = NULL;
-    wb_errlist_init(&el);
-    setenv("WB_TOKEN", "xfer-tok", 1);
-    CHECK_INT(wb_job_load(c->job, &job, &el), 0);
-    CHECK_INT(wb_ref_load(&job, &ref, &el), 0);
+    struct refjob rj;
+    struct wb_ref *ref = ref_open(c, &rj);
     CHECK_INT(wb_ref_nrollouts(ref), NRO);
     uint64_t total = 0;
     for (uint32_t r = 0; r < NRO; r++) {
@@ -250,9 +270,7 @@ static void verify(struct cluster *c, uint64_t v)
              tensor == 0 ? "model.embed_tokens.weight" : "?");
     CHECK_STR(msg, want);
     unlink(forged);
-    wb_ref_free(ref);
-    wb_job_free(&job);
-    wb_errlist_free(&el);
+    ref_close(&rj);
 }
 
 /* The "all" row of a transfer result: peak_tmp, mem_cap and queued columns. */

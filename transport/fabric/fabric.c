@@ -461,9 +461,9 @@ static size_t list_item(const char *list, size_t i, char *buf, size_t cap)
 
 /* tcp;ofi_rxm's message buffers are 16 KiB by default, and it preposts thousands per endpoint
  * (about 65 MB of resident memory per rail, seen here); the only messages this transport sends
- * are 80-byte notes, so 1 KiB buffers lose nothing (data moves by RMA writes, which do not use
- * them). libfabric reads the setting when it first loads its providers, and rxm refuses a peer
- * whose value differs: it is set only where the environment does not say otherwise, and the
+ * are notes of at most 80 bytes, so 1 KiB buffers lose nothing (data moves by RMA writes, which do
+ * not use them). libfabric reads the setting when it first loads its providers, and rxm refuses a
+ * peer whose value differs: it is set only where the environment does not say otherwise, and the
  * same way in every process of a job. */
 static void rxm_buffers(void)
 {

@@ -197,11 +197,11 @@ fuzzers: $(FUZZERS)
 
 # The fuzz targets, built with clang into build/fuzz (scripts/fuzz.sh runs them).
 fuzz:
-	@$(SUBMAKE) CC=clang CUDA=0 SAN=fuzz BUILD=$(BUILD)/fuzz OPT="-O1 -g" fuzzers
+	+@$(SUBMAKE) CC=clang CUDA=0 SAN=fuzz BUILD=$(BUILD)/fuzz OPT="-O1 -g" fuzzers
 
 # The fault-injection build into build/fault (tests/sh/fault_test.sh runs its programs).
 fault:
-	@$(SUBMAKE) SAN=1 FAULT=1 BUILD=$(BUILD)/fault OPT="-O1 -g" progs
+	+@$(SUBMAKE) SAN=1 FAULT=1 BUILD=$(BUILD)/fault OPT="-O1 -g" progs
 
 define bench_rule
 $(BUILD)/bench/$(basename $(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB_INT)
@@ -214,14 +214,14 @@ $(foreach f,$(BENCH_C),$(eval $(call bench_rule,$(f))))
 # ASAN_OPTIONS: CUDA's runtime maps memory where ASan keeps its shadow gap; leak checking stays on.
 # The fault-injection programs (build/fault) are built too: tests/sh/fault_test.sh runs them.
 test: deps
-	@$(SUBMAKE) SAN=1 BUILD=$(BUILD)/asan OPT="-O1 -g" tests progs
-	@$(SUBMAKE) fault
+	+@$(SUBMAKE) SAN=1 BUILD=$(BUILD)/asan OPT="-O1 -g" tests progs
+	+@$(SUBMAKE) fault
 	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1 WB_BIN=$(BUILD)/asan/bin WB_FAULT_BIN=$(BUILD)/fault/bin \
 	  tests/run.sh $(BUILD)/asan/tests
 
 demo: deps
-	@$(SUBMAKE) all
+	+@$(SUBMAKE) all
 	@scripts/demo.sh $(BUILD)
 
 # The soak test (issue #27; tests/sh/soak.sh --help): the demo job for SOAK_VERSIONS versions

@@ -620,6 +620,16 @@ int wb_txi_note_accept(struct wb_tx *tx, const void *buf, size_t len, uint32_t s
     return 1;
 }
 
+size_t wb_txi_note_size(const void *buf, size_t len)
+{
+    struct note_wire w;
+    if (len < WB_TXN_SHORT)
+        return 0;
+    memcpy(&w, buf, offsetof(struct note_wire, tag));
+    size_t n = note_len(w.flags);
+    return n <= len ? n : 0;
+}
+
 void wb_txi_note_refuse(struct wb_tx *tx, enum wb_txn_refusal why)
 {
     struct wb_txn_state *s = wb_txi_notes(tx);

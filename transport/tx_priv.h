@@ -75,6 +75,10 @@ int wb_txi_note_make(struct wb_tx *tx, uint32_t peer, uint16_t flags, uint32_t t
  * a warm-up, or kept for an attempt not begun here yet. */
 int wb_txi_note_accept(struct wb_tx *tx, const void *buf, size_t len, uint32_t src,
                        struct wb_txn *out);
+/* Receiver: the length of the note at the head of buf, by its flags (WB_TXN_SHORT, or
+ * WB_TXN_WIRE for a commit), or 0 when fewer bytes than that remain. A backend that sends
+ * several notes in one message walks it with this; each note is then checked on its own. */
+size_t wb_txi_note_size(const void *buf, size_t len);
 /* Receiver: the next kept note that belongs to the attempt just begun (1, into wire and *src,
  * to be passed to wb_txi_note_accept again), 0 when none is left. Backends call it in poll. */
 int wb_txi_note_early(struct wb_tx *tx, uint8_t wire[WB_TXN_WIRE], uint32_t *src);

@@ -661,6 +661,44 @@ static void test_notes_bounded(void)
     pair_close(&p);
 }
 
+/* Notes queued together to one peer go as one message of up to 16 (896 bytes), and each is
+ * checked and counted on its own: 500 immediates queued before a poll leave in exactly 32
+ * messages and count 500 at B. The walk over a message takes a note's length from its flags
+ * and stops at a tail too short for one. */
+static void test_notes_batched(void)
+{
+    struct pair p;
+    pair_open(&p, TCP);
+    struct wb_tx_attempt at = {.epoch = 5, .version = 1};
+    CHECK_INT(wb_tx_attempt_begin(p.a, &at), 0);
+    CHECK_INT(wb_tx_attempt_begin(p.b, &at), 0);
+    CHECK_INT(wb_tx_expect(p.b, 9, 500, NULL, (void *)"nine"), 0);
+    struct wb_tx_stats st0;
+    CHECK_INT(wb_tx_stats(p.a, &st0), 0);
+    for (int i = 0; i < 500; i++)
+        CHECK_INT(wb_tx_write_imm(p.a, p.peer, 9, NULL), 0);
+    struct wb_tx_event out[1];
+    pair_run(&p, 500, 1, out);
+    CHECK_STR(out[0].ctx, "nine");
+    struct wb_tx_stats st;
+    CHECK_INT(wb_tx_stats(p.a, &st), 0);
+    CHECK_U64(st.ops_posted - st0.ops_posted, 32);
+    CHECK_U64(note_stats(p.b).accepted, 500);
+
+    uint8_t buf[3 * WB_TXN_WIRE];
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 1, 1, 0, 0, 0, buf), WB_TXN_SHORT);
+    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT | WB_TXN_COMMIT, 1, 1, 7, 0, 64,
+                               buf + WB_TXN_SHORT),
+              WB_TXN_WIRE);
+    CHECK_U64(wb_txi_note_size(buf, sizeof(buf)), WB_TXN_SHORT);
+    CHECK_U64(wb_txi_note_size(buf, WB_TXN_SHORT), WB_TXN_SHORT);
+    CHECK_U64(wb_txi_note_size(buf, WB_TXN_SHORT - 1), 0);
+    CHECK_U64(wb_txi_note_size(buf, 0), 0);
+    CHECK_U64(wb_txi_note_size(buf + WB_TXN_SHORT, WB_TXN_WIRE), WB_TXN_WIRE);
+    CHECK_U64(wb_txi_note_size(buf + WB_TXN_SHORT, WB_TXN_WIRE - 1), 0); /* a commit cut short */
+    pair_close(&p);
+}
+
 /* Over the wire: a stranger's notes (a transport B never added) are dropped and counted at
  * B's end by the provider's source address, whatever they claim; a closed window refuses a
  * write under its key (the writer's completion fails) and lands nothing; opened again under
@@ -888,6 +926,7 @@ const struct wb_test wb_tests[] = {
     {"close_with_work", test_close_with_work, 120},
     {"notes_checked", test_notes_checked, 0},
     {"notes_bounded", test_notes_bounded, 0},
+    {"notes_batched", test_notes_batched, 0},
     {"notes_wire", test_notes_wire, 0},
     {"mbox", test_mbox, 0},
     {"mbox_stale_sweep", test_mbox_stale_sweep, 0},

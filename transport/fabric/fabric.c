@@ -489,8 +489,16 @@ static struct fi_info *get_info(const struct wb_tx_cfg *cfg, bool hmem, int *err
         hints->domain_attr->mr_mode |= FI_MR_HMEM;
     }
     hints->fabric_attr->prov_name = strdup(cfg->provider);
+    /* Notes queued together go as one injected message (fabric_post.c): ask for an inject size
+     * that holds a receive buffer's worth (tcp;ofi_rxm says 64 bytes unless asked, and gives up
+     * to its buffer size); a provider that cannot is asked again for its own. */
+    hints->tx_attr->inject_size = FAB_MSG_SIZE;
     *err = hints->fabric_attr->prov_name ? fi_getinfo(FAB_API, NULL, NULL, 0, hints, &info)
                                          : -FI_ENOMEM;
+    if (*err == -FI_ENODATA) {
+        hints->tx_attr->inject_size = 0;
+        *err = fi_getinfo(FAB_API, NULL, NULL, 0, hints, &info);
+    }
     fi_freeinfo(hints);
     return *err ? NULL : info;
 }
@@ -583,6 +591,8 @@ static int open_rail(struct fab_tx *fx, uint32_t i, struct wb_errlist *el)
     r->mr_mode = in->domain_attr->mr_mode;
     r->max_msg = in->ep_attr->max_msg_size ? in->ep_attr->max_msg_size : (1ull << 30);
     r->inject_size = in->tx_attr->inject_size;
+    wb_log(WB_LOG_DEBUG, "transport", "fabric: rail %u: inject size %zu, window %zu", i,
+           r->inject_size, (size_t)in->tx_attr->size);
     r->key_size = in->domain_attr->mr_key_size;
     r->window = fx->cfg.window ? fx->cfg.window : in->tx_attr->size;
     if (r->window == 0)

@@ -48,11 +48,14 @@
 
 enum {
     FAB_NAME_MAX = 64, /* endpoint address bytes */
-    /* Note receives posted per rail. Many: a note that finds none posted waits in the provider
-     * as an unexpected message holding a whole eager buffer (16 KiB on tcp;ofi_rxm), so a
-     * burst of them — a flood from a stranger — would cost memory in proportion. */
+    /* Note receives posted per rail. Many: a message that finds none posted waits in the
+     * provider as an unexpected message holding a whole eager buffer (1 KiB on tcp;ofi_rxm as
+     * we set it), so a burst of them — a flood from a stranger — would cost memory in
+     * proportion. */
     FAB_NRECV = 1024,
-    FAB_MSG_SIZE = 128,               /* bytes per note receive buffer (a note is WB_TXN_WIRE) */
+    /* Bytes per note receive buffer: the largest message of notes a peer sends (notes queued
+     * together to one peer on one rail go as one message, up to this and the inject size). */
+    FAB_MSG_SIZE = 896,
     FAB_CHECK_NS = 100 * 1000 * 1000, /* liveness/timeout checks at most every 100 ms */
     FAB_MAX_OP = 1 << 30,             /* largest provider operation (tcp and shm report SIZE_MAX) */
 };
@@ -119,6 +122,7 @@ struct fab_rail {
     struct fid_mr *pool_mr; /* bounce pool, registered on first use */
     void *pool_desc;
     struct fab_list pending, posted;
+    uint8_t batch[FAB_MSG_SIZE]; /* notes going out as one message */
     struct fab_op recv[FAB_NRECV];
     uint64_t recv_repost[FAB_NRECV / 64]; /* receives to post again (EAGAIN), a bit each */
 };

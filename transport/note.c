@@ -522,7 +522,9 @@ static int seen_add(struct wb_txn_state *s, uint64_t src, uint32_t tag, uint32_t
 
 /* Keeps a note for an attempt not begun here yet; the ring drops its oldest when full (a
  * flood from a peer cannot grow it; what it pushes out was of no current attempt either). */
-static void early_keep(struct wb_tx *tx, const void *buf, uint32_t src)
+/* Keeps a note of len bytes (a short one is kept zero-padded to WB_TXN_WIRE, which accept
+ * takes as a short note again). */
+static void early_keep(struct wb_tx *tx, const void *buf, size_t len, uint32_t src)
 {
     struct wb_txn_state *s = wb_txi_notes(tx);
     if (!s->early && !(s->early = calloc(EARLY_CAP, sizeof(*s->early)))) {
@@ -537,7 +539,8 @@ static void early_keep(struct wb_tx *tx, const void *buf, uint32_t src)
         refuse(tx, &s->st.stale);
     }
     struct early *e = &s->early[(s->early_head + s->early_n) % EARLY_CAP];
-    memcpy(e->wire, buf, WB_TXN_WIRE);
+    memset(e->wire, 0, WB_TXN_WIRE);
+    memcpy(e->wire, buf, len < WB_TXN_WIRE ? len : WB_TXN_WIRE);
     e->src = src;
     s->early_n++;
     s->st.early++;
@@ -596,7 +599,7 @@ int wb_txi_note_accept(struct wb_tx *tx, const void *buf, size_t len, uint32_t s
     if (!s->active || w.epoch != s->epoch) {
         if (!w.epoch || past_has(s, w.epoch))
             return refuse(tx, &s->st.stale);
-        early_keep(tx, buf, src);
+        early_keep(tx, buf, len, src);
         return 0;
     }
     if (w.mac != note_mac(s->key, &w) || w.xversion != s->version)

@@ -21,7 +21,8 @@
  *    identities and a SipHash MAC under the attempt's 128-bit key, sent once the write's bytes
  *    are delivered (or, where the provider reads a connection in order, right behind them on
  *    the same connection); one note may stand for n writes of one tag (wb_tx_write_imms).
- *    A fence (wb_tx_fence) completes once everything sent to a peer before it was placed.
+ *    A fence (wb_tx_fence) completes once every write with an immediate sent to a peer before
+ *    it was placed.
  *    A destination counts a note only from a peer it added, of the attempt it
  *    has begun (wb_tx_attempt_begin), with a valid MAC and never twice; everything else is
  *    dropped, counted (wb_tx_note_stats) and logged at most once a second. Beginning an
@@ -270,9 +271,10 @@ struct wb_tx_ops {
      * Returns as write does. */
     int (*note)(struct wb_tx *tx, uint32_t peer, uint32_t tag, uint32_t n, void *ctx);
 
-    /* Queues a fence to `peer`: its one WB_TX_EV_WRITE comes once everything queued to the
-     * peer before it has been placed there (err set if the peer refused any of it, or failed).
-     * Returns as write does. */
+    /* Queues a fence to `peer`: its one WB_TX_EV_WRITE comes once every write with an
+     * immediate queued to the peer before it was placed there (wb_tx_fence); err set if the
+     * peer failed. A write the peer refused is not reported by the fence. Returns as write
+     * does. */
     int (*fence)(struct wb_tx *tx, uint32_t peer, void *ctx);
 
     /* Opens or closes a DST registration's window: closed, the provider refuses writes with
@@ -451,9 +453,10 @@ static inline int wb_tx_mr_window(struct wb_tx *tx, struct wb_tx_mr *mr, bool op
 int wb_tx_connect(struct wb_tx *tx, uint32_t peer, void *ctx);
 
 /* A write's completion says its bytes left; where the provider keeps order its note follows
- * without waiting (fabric.h). A fence says more: its completion comes once everything queued to
- * `peer` before it was placed there, so that, say, nothing of an aborted attempt is still on
- * its way when the peer closes its windows. */
+ * without waiting (fabric.h). A fence says more: its completion comes once every write with an
+ * immediate queued to `peer` before it was placed there (by the provider: a staged
+ * destination copies to the device when it handles the commit), so that, say, nothing of an
+ * aborted attempt is still on its way when the peer closes its windows. */
 int wb_tx_fence(struct wb_tx *tx, uint32_t peer, void *ctx);
 
 /* Closes a transport (NULL is a no-op). */

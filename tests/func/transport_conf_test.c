@@ -25,6 +25,7 @@ static void tcp_eagain(void) { run(&TCP, C_EAGAIN); }
 static void tcp_killed(void) { run(&TCP, C_KILLED); }
 static void tcp_two(void) { run(&TCP, C_TWO); }
 static void tcp_view(void) { run(&TCP, C_VIEW); }
+static void tcp_fence(void) { run(&TCP, C_FENCE); }
 static void tcp2_sizes(void) { run(&TCP2, C_SIZES); }
 static void tcp2_imm(void) { run(&TCP2, C_IMM); }
 static void tcp2_zero(void) { run(&TCP2, C_ZERO); }
@@ -33,6 +34,7 @@ static void tcp2_eagain(void) { run(&TCP2, C_EAGAIN); }
 static void tcp2_killed(void) { run(&TCP2, C_KILLED); }
 static void tcp2_two(void) { run(&TCP2, C_TWO); }
 static void tcp2_view(void) { run(&TCP2, C_VIEW); }
+static void tcp2_fence(void) { run(&TCP2, C_FENCE); }
 static void shm_sizes(void) { run(&SHM, C_SIZES); }
 static void shm_imm(void) { run(&SHM, C_IMM); }
 static void shm_zero(void) { run(&SHM, C_ZERO); }
@@ -41,6 +43,7 @@ static void shm_eagain(void) { run(&SHM, C_EAGAIN); }
 static void shm_killed(void) { run(&SHM, C_KILLED); }
 static void shm_two(void) { run(&SHM, C_TWO); }
 static void shm_view(void) { run(&SHM, C_VIEW); }
+static void shm_fence(void) { run(&SHM, C_FENCE); }
 static void staged_sizes(void) { run(&STAGED, C_SIZES); }
 static void staged_imm(void) { run(&STAGED, C_IMM); }
 static void staged_zero(void) { run(&STAGED, C_ZERO); }
@@ -73,6 +76,7 @@ static void ipc_eagain(void) { run(&IPC, C_EAGAIN); }
 static void ipc_killed(void) { run(&IPC, C_KILLED); }
 static void ipc_two(void) { run(&IPC, C_TWO); }
 static void ipc_view(void) { run(&IPC, C_VIEW); }
+static void ipc_fence(void) { run(&IPC, C_FENCE); }
 // clang-format on
 
 const struct wb_test wb_tests[] = {
@@ -84,6 +88,7 @@ const struct wb_test wb_tests[] = {
     {"tcp_killed", tcp_killed, 180},
     {"tcp_two", tcp_two, 180},
     {"tcp_view", tcp_view, 180},
+    {"tcp_fence", tcp_fence, 180},
     {"tcp2_sizes", tcp2_sizes, 180},
     {"tcp2_imm", tcp2_imm, 180},
     {"tcp2_zero", tcp2_zero, 180},
@@ -92,6 +97,7 @@ const struct wb_test wb_tests[] = {
     {"tcp2_killed", tcp2_killed, 180},
     {"tcp2_two", tcp2_two, 180},
     {"tcp2_view", tcp2_view, 180},
+    {"tcp2_fence", tcp2_fence, 180},
     {"shm_sizes", shm_sizes, 180},
     {"shm_imm", shm_imm, 180},
     {"shm_zero", shm_zero, 180},
@@ -100,6 +106,7 @@ const struct wb_test wb_tests[] = {
     {"shm_killed", shm_killed, 180},
     {"shm_two", shm_two, 180},
     {"shm_view", shm_view, 180},
+    {"shm_fence", shm_fence, 180},
     {"staged_sizes", staged_sizes, 180},
     {"staged_imm", staged_imm, 180},
     {"staged_zero", staged_zero, 180},
@@ -132,5 +139,6 @@ const struct wb_test wb_tests[] = {
     {"ipc_killed", ipc_killed, 180},
     {"ipc_two", ipc_two, 180},
     {"ipc_view", ipc_view, 180},
+    {"ipc_fence", ipc_fence, 180},
     {0},
 };

@@ -892,12 +892,54 @@ static void case_two(struct side *s)
     step_send(s, 2);
 }
 
+/* A fence behind 32 writes with immediates: once its completion is in, A tells B, and B —
+ * polling no more — holds every byte of every write (the contract an aborting trainer relies
+ * on before it reports drained). Whatever A's write completions said meanwhile. */
+static void case_fence(struct side *s)
+{
+    enum { NW = 32, LEN = 64 << 10 };
+    if (s->role == 0) {
+        for (uint64_t i = 0; i < NW; i++)
+            write_one(s, i * LEN + 3, i * LEN, LEN, true, 20);
+        CHECK_INT(wb_tx_fence(s->tx, s->peer, (void *)"fence"), 0);
+        struct wb_tx_event ev[64];
+        uint64_t writes = 0, dl = deadline();
+        bool fenced = false;
+        while (!fenced || writes < NW) {
+            CHECK(!expired(dl));
+            ssize_t n = wb_tx_poll(s->tx, ev, 64);
+            CHECK(n >= 0);
+            for (ssize_t i = 0; i < n; i++) {
+                CHECK_INT(ev[i].kind, WB_TX_EV_WRITE);
+                CHECK_INT(ev[i].err, 0);
+                if (ev[i].ctx) {
+                    CHECK_STR(ev[i].ctx, "fence");
+                    CHECK(!fenced);
+                    fenced = true;
+                    step_send(s, 2); /* at once: B checks what is placed now */
+                } else {
+                    writes++;
+                }
+            }
+        }
+        CHECK_INT(step_wait(s), 3);
+        return;
+    }
+    CHECK_INT(step_wait(s), 2);
+    fetch(s);
+    for (uint64_t i = 0; i < NW; i++)
+        check_landed(s, i * LEN, i * LEN + 3, LEN);
+    check_guards(s);
+    step_send(s, 3);
+}
+
 /* ---------------------------------------------------------------- two processes */
 
-enum case_id { C_SIZES, C_IMM, C_ZERO, C_BOUNDS, C_EAGAIN, C_KILLED, C_TWO, C_VIEW };
+enum case_id { C_SIZES, C_IMM, C_ZERO, C_BOUNDS, C_EAGAIN, C_KILLED, C_TWO, C_VIEW, C_FENCE };
 
-static void (*const cases[])(struct side *) = {case_sizes,  case_imm,    case_zero, case_bounds,
-                                               case_eagain, case_killed, case_two,  case_view};
+static void (*const cases[])(struct side *) = {case_sizes,  case_imm,    case_zero,
+                                               case_bounds, case_eagain, case_killed,
+                                               case_two,    case_view,   case_fence};
 
 struct run {
     const struct bk *bk;

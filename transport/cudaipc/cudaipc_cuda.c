@@ -31,6 +31,7 @@ struct ipc_peer {
     struct ipc_map *maps;
     size_t nmaps, cap;
     uint64_t inflight;
+    uint64_t fences; /* of inflight: fences waiting for the writes before them */
 };
 
 struct ipc_mr {
@@ -80,7 +81,7 @@ struct ipc_tx {
     uint32_t npeers, peer_cap;
     struct ipc_mr **mrs;
     size_t nmrs, mrs_cap;
-    struct ipc_wlist immq, done;
+    struct ipc_wlist immq, fenceq, done;
     cudaEvent_t *spare;
     size_t nspare, spare_cap;
     uint64_t last_check;
@@ -360,8 +361,9 @@ static int ipc_note(struct wb_tx *tx, uint32_t peer, uint32_t tag, uint32_t n, v
     return 0;
 }
 
-/* A copy completes only once its bytes are in the peer's memory: what came before a fence is
- * placed when the writes before it completed, so the fence itself completes at the next poll. */
+/* A copy completes only once its bytes are in the peer's memory (and its note in the peer's
+ * mailbox): a fence completes once nothing but fences is in flight to the peer (fences_reap),
+ * so everything queued before it was placed. */
 static int ipc_fence(struct wb_tx *tx, uint32_t peer, void *ctx)
 {
     struct ipc_tx *ix = ipc_of(tx);
@@ -370,9 +372,28 @@ static int ipc_fence(struct wb_tx *tx, uint32_t peer, void *ctx)
         return -ENOMEM;
     *w = (struct ipc_write){.ctx = ctx, .peer = peer};
     ix->peers[peer].inflight++;
+    ix->peers[peer].fences++;
     ix->st.writes++;
-    finish(ix, w);
+    wlist_push(&ix->fenceq, w);
     return 0;
+}
+
+/* Completes the fences whose peer has nothing else in flight (or failed). */
+static void fences_reap(struct ipc_tx *ix)
+{
+    struct ipc_wlist wait = ix->fenceq;
+    ix->fenceq = (struct ipc_wlist){0};
+    for (struct ipc_write *w = wait.first, *next; w; w = next) {
+        next = w->next;
+        struct ipc_peer *p = &ix->peers[w->peer];
+        if (p->failed || p->inflight == p->fences) {
+            w->err = p->failed ? -WB_E_PEER : 0;
+            p->fences--;
+            finish(ix, w);
+        } else {
+            wlist_push(&ix->fenceq, w);
+        }
+    }
 }
 
 static void *peer_region(struct ipc_tx *ix, uint32_t peer, const struct wb_tx_rdesc *d, int *err)
@@ -600,6 +621,7 @@ static ssize_t ipc_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
             finish(ix, w);
         }
     }
+    fences_reap(ix);
     uint8_t early[WB_TXN_WIRE];
     uint32_t from;
     while (wb_txi_note_early(tx, early, &from))
@@ -676,6 +698,7 @@ static void ipc_close(struct wb_tx *tx)
         cudaStreamDestroy(ix->stream[i].s);
     }
     free_wlist(&ix->immq);
+    free_wlist(&ix->fenceq);
     free_wlist(&ix->done);
     for (size_t i = 0; i < ix->nspare; i++)
         cudaEventDestroy(ix->spare[i]);

@@ -316,14 +316,20 @@ static int fab_mr_window(struct wb_tx *tx, struct wb_tx_mr *mr, bool open)
 
 /* ---------------------------------------------------------------- addresses and peers */
 
+/* [provider, [rail name...], [fence pad address, key, ...]] */
 static int fab_addr(struct wb_tx *tx, struct wb_mpw *w)
 {
     struct fab_tx *fx = fab_of(tx);
-    wb_mpw_array(w, 2);
+    wb_mpw_array(w, 3);
     wb_mpw_str(w, fx->prov);
     wb_mpw_array(w, fx->nrails);
     for (uint32_t i = 0; i < fx->nrails; i++)
         wb_mpw_bin(w, fx->rail[i].name, fx->rail[i].namelen);
+    wb_mpw_array(w, 2 * fx->nrails);
+    for (uint32_t i = 0; i < fx->nrails; i++) {
+        wb_mpw_u64(w, rail_base(&fx->rail[i], fx->pad + (size_t)i * FAB_PAD));
+        wb_mpw_u64(w, fx->rail[i].pad_key);
+    }
     return wb_mpw_finish(w);
 }
 
@@ -331,11 +337,11 @@ static int fab_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t index)
 {
     struct fab_tx *fx = fab_of(tx);
     char prov[64];
-    uint32_t two = 0, nrem = 0;
-    wb_mpr_array(r, 2, &two);
+    uint32_t three = 0, nrem = 0, npad = 0;
+    wb_mpr_array(r, 3, &three);
     wb_mpr_str(r, prov, sizeof(prov));
     wb_mpr_array(r, WB_TX_MAX_RAILS, &nrem);
-    if (r->err || two != 2 || nrem == 0)
+    if (r->err || three != 3 || nrem == 0)
         return wb_txi_err(tx, -EBADMSG, "peer address: malformed fabric body");
     if (strcmp(prov, fx->prov) != 0)
         return wb_txi_err(tx, -EPROTO, "peer address: peer uses provider '%s', this one '%s'", prov,
@@ -350,6 +356,12 @@ static int fab_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t index)
         if (r->err || len == 0)
             return wb_txi_err(tx, -EBADMSG, "peer address: malformed rail %u", j);
     }
+    uint64_t pads[2 * WB_TX_MAX_RAILS];
+    wb_mpr_array(r, 2 * WB_TX_MAX_RAILS, &npad);
+    for (uint32_t k = 0; k < npad && !r->err; k++)
+        wb_mpr_u64(r, &pads[k]);
+    if (r->err || npad != 2 * nrem)
+        return wb_txi_err(tx, -EBADMSG, "peer address: malformed fence pads");
     if (index != fx->npeers)
         return wb_txi_err(tx, -EINVAL, "peer address: index %u out of order", index);
     if (fx->npeers == fx->peer_cap) {
@@ -363,6 +375,8 @@ static int fab_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t index)
     for (uint32_t i = 0; i < fx->nrails; i++) {
         struct fab_rail *ra = &fx->rail[i];
         uint32_t j = i % nrem;
+        p.pad_addr[i] = pads[2 * j];
+        p.pad_key[i] = pads[2 * j + 1];
         int n = fi_av_insert(ra->av, names[j], 1, &p.fa[i], 0, NULL);
         if (n != 1)
             return wb_txi_err(tx, -WB_E_FABRIC, "peer address: rail %u: fi_av_insert: %s", i,
@@ -605,6 +619,12 @@ static int open_rail(struct fab_tx *fx, uint32_t i, struct wb_errlist *el)
         wb_errlist_add(el, "%s", wb_tx_errmsg(&fx->base));
         return e;
     }
+    e = reg_rail(fx, i, fx->pad + (size_t)i * FAB_PAD, FAB_PAD, FI_WRITE | FI_REMOTE_WRITE, -1,
+                 &r->pad_mr, &r->pad_desc, &r->pad_key);
+    if (e) {
+        wb_errlist_add(el, "%s", wb_tx_errmsg(&fx->base));
+        return e;
+    }
     e = fab_post_recvs(fx, i);
     if (e) {
         wb_errlist_add(el, "fabric: rail %u: posting receives: %s", i, wb_tx_errmsg(&fx->base));
@@ -634,6 +654,12 @@ int wb_txi_fabric_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struc
         goto err_close;
     }
     memset(fx->ctrl, 0, ctrl_len);
+    if (posix_memalign((void **)&fx->pad, 64, (size_t)fx->nrails * FAB_PAD) != 0) {
+        fx->pad = NULL;
+        e = -ENOMEM;
+        goto err_close;
+    }
+    memset(fx->pad, 0, (size_t)fx->nrails * FAB_PAD);
 
     int fe = 0;
     bool want_hmem = cfg->hmem == WB_TX_HMEM_AUTO && fab_gpu_available();
@@ -695,6 +721,7 @@ static void fab_close(struct wb_tx *tx)
         struct fab_rail *r = &fx->rail[i];
         close_fid(r->pool_mr ? &r->pool_mr->fid : NULL);
         close_fid(r->ctrl_mr ? &r->ctrl_mr->fid : NULL);
+        close_fid(r->pad_mr ? &r->pad_mr->fid : NULL);
         close_fid(r->av ? &r->av->fid : NULL);
         close_fid(r->cq ? &r->cq->fid : NULL);
         close_fid(r->domain ? &r->domain->fid : NULL);
@@ -709,6 +736,7 @@ static void fab_close(struct wb_tx *tx)
     fab_post_fini(fx);
     free(fx->peers);
     free(fx->ctrl);
+    free(fx->pad);
     wb_txi_core_fini(&fx->base);
     free(fx);
 }

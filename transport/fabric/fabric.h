@@ -57,6 +57,7 @@ enum {
      * together to one peer on one rail go as one message, up to this and the inject size). */
     FAB_MSG_SIZE = 896,
     FAB_CHECK_NS = 100 * 1000 * 1000, /* liveness/timeout checks at most every 100 ms */
+    FAB_PAD = 64,                     /* bytes of a rail's fence pad */
     FAB_MAX_OP = 1 << 30,             /* largest provider operation (tcp and shm report SIZE_MAX) */
 };
 
@@ -117,6 +118,11 @@ struct fab_rail {
     size_t key_size;        /* bytes of the domain's memory keys (0: not said) */
     struct fid_mr *ctrl_mr; /* the note receive buffers (local use only) */
     void *ctrl_desc;
+    /* The fence pad: FAB_PAD bytes a peer's fence writes (delivery-complete) and nothing reads;
+     * the first 8 are what this side's fences write from. */
+    struct fid_mr *pad_mr;
+    void *pad_desc;
+    uint64_t pad_key;
     uint32_t *fa_peer; /* AV index -> peer index + 1 (0: none), for notes' source addresses */
     size_t nfa;
     struct fid_mr *pool_mr; /* bounce pool, registered on first use */
@@ -129,6 +135,7 @@ struct fab_rail {
 
 struct fab_peer {
     fi_addr_t fa[WB_TX_MAX_RAILS]; /* per local rail: the remote rail it talks to */
+    uint64_t pad_addr[WB_TX_MAX_RAILS], pad_key[WB_TX_MAX_RAILS]; /* that rail's fence pad */
     uint32_t nrem;
     bool failed;
     int fail_err, fail_native;
@@ -181,6 +188,7 @@ struct fab_tx {
     int gpu_device; /* device of the first device registration, -1 before */
     struct fab_gpu *gpu;
     uint8_t *ctrl; /* note receive buffers, all rails */
+    uint8_t *pad;  /* fence pads, FAB_PAD bytes a rail */
     uint32_t rr;   /* next rail for round-robin */
     struct fab_peer *peers;
     uint32_t npeers, peer_cap;
@@ -198,6 +206,7 @@ struct fab_tx {
     struct fab_op *free_ops;
     struct fab_write *free_writes;
     struct fab_write *done_first, *done_last;
+    struct fab_write *fences; /* fences waiting for their peer's operations (not ordered) */
     uint64_t last_check;
     struct wb_tx_stats st;
 };

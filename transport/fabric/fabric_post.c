@@ -307,31 +307,52 @@ int fab_note(struct wb_tx *tx, uint32_t peer, uint32_t tag, uint32_t n, void *ct
     return 0;
 }
 
-/* One note nothing counts on every rail, each sent delivery-complete: a rail's stream is read
- * in order, so each one completes once everything queued before it on that rail was placed. */
+/* A fence waits until nothing is in flight to its peer (fences_reap): every write before it
+ * completed. A write with an immediate completes only once delivered, except where the provider
+ * reads a connection in order (fx->ordered), where its completion says only that its bytes are
+ * in the connection's stream; there the fence then writes 8 bytes into the peer's fence pad on
+ * every rail, delivery-complete: the target acknowledges a write once it placed it, so after
+ * everything before it on that connection. (A message will not do: tcp;ofi_rxm completes a
+ * send once it left, delivery-complete or not.) */
 int fab_fence(struct wb_tx *tx, uint32_t peer, void *ctx)
 {
     struct fab_tx *fx = fab_of(tx);
     if (fx->peers[peer].failed)
         return refuse_failed(fx, peer);
-    if (ops_reserve(fx, fx->nrails))
-        return -ENOMEM;
     struct fab_write *w = write_get(fx);
     if (!w)
         return -ENOMEM;
     w->ctx = ctx;
     w->peer = peer;
+    w->left = 0;
+    w->next = fx->fences;
+    fx->fences = w;
+    fx->st.writes++;
+    return 0;
+}
+
+/* An ordered transport's fence once its peer's writes completed: its pad writes. */
+static int fence_writes(struct fab_tx *fx, struct fab_write *w)
+{
+    if (ops_reserve(fx, fx->nrails))
+        return -ENOMEM;
+    struct fab_peer *p = &fx->peers[w->peer];
     w->left = fx->nrails;
     for (uint32_t i = 0; i < fx->nrails; i++) {
         struct fab_op *op = op_get(fx);
-        int e = wb_txi_note_make(tx, peer, WB_TXN_WARMUP, 0, 0, 0, 0, 0, op->note);
+        op->kind = OP_DATA;
         op->w = w;
-        make_note(op, i, peer, e);
+        op->rail = (uint8_t)i;
+        op->peer = w->peer;
+        op->lbuf = fx->pad + (size_t)i * FAB_PAD;
+        op->ldesc = fx->rail[i].pad_desc;
+        op->len = 8;
+        op->raddr = p->pad_addr[i] + 8;
+        op->rkey = p->pad_key[i];
         op->flags = FI_DELIVERY_COMPLETE;
-        fx->peers[peer].inflight++;
+        p->inflight++;
         enqueue(fx, op);
     }
-    fx->st.writes++;
     return 0;
 }
 
@@ -820,6 +841,31 @@ static void check_peers(struct fab_tx *fx, uint64_t now)
     }
 }
 
+/* The waiting fences whose peer has nothing in flight: complete (or, ordered, post their pad
+ * writes); a failed peer's fail. */
+static void fences_reap(struct fab_tx *fx)
+{
+    for (struct fab_write **pw = &fx->fences; *pw;) {
+        struct fab_write *w = *pw;
+        const struct fab_peer *p = &fx->peers[w->peer];
+        if (!p->failed && p->inflight) {
+            pw = &w->next;
+            continue;
+        }
+        *pw = w->next;
+        if (p->failed) {
+            w->err = -WB_E_PEER;
+            w->native_err = p->fail_native;
+        } else if (fx->ordered) {
+            int e = fence_writes(fx, w);
+            if (e == 0)
+                continue;
+            w->err = e;
+        }
+        write_finish(fx, w);
+    }
+}
+
 ssize_t fab_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
 {
     struct fab_tx *fx = fab_of(tx);
@@ -841,6 +887,7 @@ ssize_t fab_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
         if (e)
             return e;
     }
+    fences_reap(fx);
     /* Completions freed chunks and window slots: post again rather than wait for the next
      * call (the lazy part is that write() itself never posts). */
     copy_stage(fx);

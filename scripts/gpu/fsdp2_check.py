@@ -11,8 +11,12 @@ instruction: memory allocated after the rollout's IPC handles were opened); at t
 unchanged. Then VERSIONS times: one SGD step (lr 1e-2) on an LM loss, push(v), sources(),
 result(), and the full parameters of version v for the rollout to check against.
 
-With two GPUs each trainer rank has its own (NCCL); with one, both share GPU 0 (gloo, whose
-collectives take CUDA tensors). The rollout is one process on GPU 1 (GPU 0 when alone): the tensors
+With two GPUs each trainer rank has its own (NCCL). With one, both share GPU 0: NCCL refuses two
+ranks on one GPU and gloo's all-gather crashes on CUDA tensors (SIGSEGV in memcpy, torch 2.11), so
+there the trainers take no FSDP2 collective: each version adds seeded noise (scale 1e-2) to its
+local shards in place, and full parameters are gathered on the CPU over gloo (the shards are
+FSDP2's dim-0 chunks) — the registered memory, its layout and its DTensor placements are FSDP2's
+either way. The rollout is one process on GPU 1 (GPU 0 when alone): the tensors
 wb.plan() lists for rank 0, torch.zeros in that order (vLLM's layout: fused qkv_proj and
 gate_up_proj), registered with wb.Rollout; after every version every rollout byte is compared
 with the trainer's full parameters of that version — qkv_proj = cat(q, k, v), gate_up_proj =
@@ -118,9 +122,25 @@ def run_trainer(url, tmp, case, layers, versions, timeout):
         f"(named_parameters() order: {', '.join(names[:3])}, ...)")
     t = wb.Trainer(url, model=model, rank=rank, timeout=timeout)
     ptrs = {n: p.to_local().data_ptr() for n, p in model.named_parameters()}
+    shared = backend == "gloo"  # one GPU: no FSDP2 collective (see the module's docstring)
+
+    def full_tensor(q):
+        if not shared:
+            return q.full_tensor()
+        # FSDP2's chunks: ceil(rows / world) rows each, the last ones shorter or empty; padded to
+        # that size and gathered as bytes (gloo's all-gather of CPU tensors)
+        rows = q.shape[0]
+        step = -(-rows // world)
+        loc = q.to_local().detach().cpu().contiguous()
+        pad = torch.zeros((step, *q.shape[1:]), dtype=q.dtype)
+        pad[: loc.shape[0]] = loc
+        parts = [torch.empty_like(pad).view(torch.uint8) for _ in range(world)]
+        dist.all_gather(parts, pad.view(torch.uint8))
+        return torch.cat([x.view(q.dtype) for x in parts], 0)[:rows].cuda()
+
     # the report's variant: memory allocated after registration (the rollout's IPC handles are
     # open by now), kept and checked at the end
-    early = {n: p.full_tensor() for n, p in model.named_parameters()}
+    early = {n: full_tensor(p) for n, p in model.named_parameters()}
     early_host = {n: v.cpu() for n, v in early.items()}
     torch.cuda.synchronize()
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
@@ -128,10 +148,18 @@ def run_trainer(url, tmp, case, layers, versions, timeout):
     deadline = time.time() + timeout
     for v in range(1, versions + 1):
         x = torch.randint(0, c["vocab_size"], (2, 64), generator=g).cuda()
-        loss = torch.nn.functional.cross_entropy(model(x).logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if shared:
+            gn = torch.Generator().manual_seed(1000 * v + rank)
+            with torch.no_grad():
+                for q in model.parameters():
+                    loc = q.to_local()
+                    noise = torch.randn(loc.shape, generator=gn) * 1e-2
+                    loc.add_(noise.to(loc.device, loc.dtype))
+        else:
+            loss = torch.nn.functional.cross_entropy(model(x).logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         moved = [n for n, p in model.named_parameters() if p.to_local().data_ptr() != ptrs[n]]
         if moved:
             raise SystemExit(f"fsdp2_check: trainer rank {rank}: local shards moved since registration: {moved[:4]}")
@@ -139,8 +167,8 @@ def run_trainer(url, tmp, case, layers, versions, timeout):
         p = t.push(v)
         p.sources(timeout)
         p.result(timeout)
-        log(f"trainer rank {rank}: version {v} complete in {(time.time() - t0) * 1000:.1f} ms (loss {loss.item():.3f})")
-        full = {n: q.full_tensor() for n, q in model.named_parameters()}  # a collective: every rank
+        log(f"trainer rank {rank}: version {v} complete in {(time.time() - t0) * 1000:.1f} ms ({'shards perturbed in place' if shared else f'loss {loss.item():.3f}'})")
+        full = {n: full_tensor(q) for n, q in model.named_parameters()}  # a collective: every rank
         if rank == 0:
             atomic_save({n: w.cpu() for n, w in full.items()}, os.path.join(tmp, f"ref.v{v}.pt"))
         del full

@@ -4,7 +4,8 @@
 # fully_shard per layer then the model, the layout derived from their DTensor placements -> one
 # rollout process on GPU 1 over CUDA IPC; BF16 and FP8 rollouts, 4 layers, 5 versions, every
 # rollout byte of every version against the trainers' full parameters). With one GPU the two
-# trainer processes and the rollout share it. Prints "case X: 0 of N bytes differ" per case and
+# trainer processes and the rollout share it (gloo; the trainers perturb their shards in place
+# instead of a training step: fsdp2_check.py says why). Prints "case X: 0 of N bytes differ" per case and
 # exits non-zero on any difference or failure.
 # Usage: . scripts/gpu/env.sh; scripts/gpu/fsdp2_check.sh [--build DIR] [--case bf16|fp8|all]
 #        [--layers N] [--versions N] [--timeout S]

@@ -13,7 +13,10 @@
  * config.json booleans are truth values: conditions, == and != take them, arithmetic and
  * numbers (shapes, loop bounds, names) do not.
  * An expression compiles once into a node array and is evaluated many times (the generator
- * evaluates shapes ~100k times for Kimi-K2), so evaluation does no allocation. */
+ * evaluates shapes ~100k times for Kimi-K2), so evaluation does no allocation.
+ * Parsing and evaluation recurse, so nesting is bounded: an expression whose parentheses, unary
+ * operators, ternaries or operator chains nest deeper than EXPR_MAX_DEPTH is refused when it is
+ * compiled (real family files nest fewer than 10 levels). */
 #include "matcher/mpriv.h"
 
 #include <ctype.h>
@@ -21,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define EXPR_MAX_DEPTH 200
 
 enum xop {
     X_NUM,
@@ -51,6 +56,7 @@ enum xop {
 struct xnode {
     enum xop op;
     int32_t a, b, c; /* child node indexes */
+    uint32_t depth;  /* 1 + the deepest child's: bounds eval()'s recursion */
     int64_t num;
     uint32_t name_off, name_len; /* X_NAME, X_DEFINED, X_CONTAINS (the list name) */
 };
@@ -71,6 +77,7 @@ struct parser {
     char *err;
     size_t errcap;
     int failed;
+    unsigned nest; /* parse_cond/parse_unary calls in progress */
 };
 
 static void skip_ws(struct parser *p)
@@ -99,16 +106,38 @@ static int fail(struct parser *p, const char *what)
     return -1;
 }
 
-static int32_t add_node(struct parser *p, enum xop op, int32_t a, int32_t b)
+static int too_deep(struct parser *p)
+{
+    if (!p->failed) {
+        snprintf(p->err, p->errcap, "expression nested deeper than %d levels at column %zu",
+                 EXPR_MAX_DEPTH, p->pos + 1);
+        p->failed = 1;
+    }
+    return -1;
+}
+
+static int32_t add_node3(struct parser *p, enum xop op, int32_t a, int32_t b, int32_t c)
 {
     struct wb_expr *e = p->e;
+    uint32_t depth = 0;
+    int32_t kids[3] = {a, b, c};
+    for (int k = 0; k < 3; k++)
+        if (kids[k] >= 0 && e->n[kids[k]].depth > depth)
+            depth = e->n[kids[k]].depth;
+    if (++depth > EXPR_MAX_DEPTH)
+        return too_deep(p);
     if (e->nn == e->cap && wb_grow(&e->n, &e->cap, 16, sizeof(*e->n)) != 0) {
         snprintf(p->err, p->errcap, "out of memory");
         p->failed = 1;
         return -1;
     }
-    e->n[e->nn] = (struct xnode){.op = op, .a = a, .b = b, .c = -1};
+    e->n[e->nn] = (struct xnode){.op = op, .a = a, .b = b, .c = c, .depth = depth};
     return (int32_t)e->nn++;
+}
+
+static int32_t add_node(struct parser *p, enum xop op, int32_t a, int32_t b)
+{
+    return add_node3(p, op, a, b, -1);
 }
 
 static bool accept(struct parser *p, const char *tok)
@@ -229,15 +258,18 @@ static int32_t parse_atom(struct parser *p)
 
 static int32_t parse_unary(struct parser *p)
 {
-    if (accept(p, "-")) {
-        int32_t a = parse_unary(p);
-        return a < 0 ? -1 : add_node(p, X_NEG, a, -1);
-    }
-    if (accept(p, "!")) {
-        int32_t a = parse_unary(p);
-        return a < 0 ? -1 : add_node(p, X_NOT, a, -1);
-    }
-    return parse_atom(p);
+    enum xop op;
+    if (accept(p, "-"))
+        op = X_NEG;
+    else if (accept(p, "!"))
+        op = X_NOT;
+    else
+        return parse_atom(p);
+    if (++p->nest > EXPR_MAX_DEPTH)
+        return too_deep(p);
+    int32_t a = parse_unary(p);
+    p->nest--;
+    return a < 0 ? -1 : add_node(p, op, a, -1);
 }
 
 static int32_t parse_mul(struct parser *p)
@@ -334,7 +366,7 @@ static int32_t parse_or(struct parser *p)
     return a;
 }
 
-static int32_t parse_cond(struct parser *p)
+static int32_t parse_cond3(struct parser *p)
 {
     int32_t a = parse_or(p);
     if (a < 0 || !accept(p, "?"))
@@ -347,9 +379,16 @@ static int32_t parse_cond(struct parser *p)
     int32_t c = parse_cond(p);
     if (c < 0)
         return -1;
-    int32_t n = add_node(p, X_COND, a, b);
-    if (n >= 0)
-        p->e->n[n].c = c;
+    return add_node3(p, X_COND, a, b, c);
+}
+
+/* Every nesting ('(', a function's argument, a ternary's branch) passes here. */
+static int32_t parse_cond(struct parser *p)
+{
+    if (++p->nest > EXPR_MAX_DEPTH)
+        return too_deep(p);
+    int32_t n = parse_cond3(p);
+    p->nest--;
     return n;
 }
 

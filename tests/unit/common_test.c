@@ -197,6 +197,68 @@ static void test_esc(void)
     CHECK_STR(wb_esc_str("x", small, 3), "");
 }
 
+/* YAML nesting is bounded at 64 levels: 40,000 nested '[' took 42 s in libyaml's scanner and its
+ * loader recurses per level; refused at the node that passes the bound, file and string alike. */
+static void yaml_expect(const char *text, bool from_file, const char *want)
+{
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_yaml *y = NULL;
+    int r;
+    char full[512];
+    if (from_file) {
+        const char *path = wb_test_write_file("deep.yaml", text);
+        r = wb_yaml_load(path, &el, &y);
+        if (want) {
+            CHECK_INT(r, -WB_E_CONFIG);
+            CHECK_INT(el.n, 1);
+            snprintf(full, sizeof(full), "%s%s", path, want);
+            CHECK_STR(el.msgs[0], full);
+        }
+    } else {
+        r = wb_yaml_load_string("deep.yaml", text, &el, &y);
+        if (want) {
+            CHECK_INT(r, -WB_E_CONFIG);
+            CHECK_INT(el.n, 1);
+            snprintf(full, sizeof(full), "deep.yaml%s", want);
+            CHECK_STR(el.msgs[0], full);
+        }
+    }
+    if (!want) {
+        CHECK_INT(r, 0);
+        CHECK_INT(el.n, 0);
+    }
+    CHECK(want ? y == NULL : y != NULL);
+    wb_yaml_free(y);
+    wb_errlist_free(&el);
+}
+
+static void test_yaml_nesting(void)
+{
+    size_t n = 40000;
+    char *flow = malloc(2 * n + 2);
+    CHECK(flow != NULL);
+    memset(flow, '[', n);
+    memset(flow + n, ']', n);
+    strcpy(flow + 2 * n, "\n");
+    yaml_expect(flow, false, ":1:65: nested deeper than 64 levels");
+    yaml_expect(flow, true, ":1:65: nested deeper than 64 levels");
+    flow[64] = '1';
+    memmove(flow + 65, flow + n, 64);
+    strcpy(flow + 129, "\n");
+    yaml_expect(flow, false, NULL); /* exactly 64 levels load */
+    free(flow);
+    /* block mappings, one level per line and two spaces of indent: the 65th key's value */
+    char *block = malloc(70 * 140);
+    CHECK(block != NULL);
+    size_t at = 0;
+    for (int i = 0; i < 65; i++)
+        at += (size_t)sprintf(block + at, "%*sk%d:\n", 2 * i, "", i);
+    sprintf(block + at, "%*sv\n", 2 * 65, "");
+    yaml_expect(block, true, ":65:129: nested deeper than 64 levels");
+    free(block);
+}
+
 static void test_gpu_helpers(void)
 {
     int host = 0;
@@ -239,5 +301,6 @@ const struct wb_test wb_tests[] = {
     {"grow", test_grow, 0},
     {"gpu_helpers", test_gpu_helpers, 0},
     {"esc", test_esc, 0},
+    {"yaml_nesting", test_yaml_nesting, 0},
     {0},
 };

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static struct wb_jcfg *cfg(void)
@@ -115,6 +116,58 @@ static void test_expression_errors(void)
     wb_jcfg_free(c);
 }
 
+/* 100,000 levels of '(' / '!' / '-' or an operator chain of 100,000 terms overflowed the
+ * parser's or the evaluator's stack (SIGSEGV); nesting is refused past 200 levels, at the
+ * column where it passes the bound, and 200 levels still work. */
+static char *repeat(const char *unit, size_t n, const char *tail)
+{
+    size_t u = strlen(unit), t = strlen(tail);
+    char *s = malloc(u * n + t + 1);
+    CHECK(s != NULL);
+    for (size_t i = 0; i < n; i++)
+        memcpy(s + i * u, unit, u);
+    memcpy(s + u * n, tail, t + 1);
+    return s;
+}
+
+static void test_nesting_bounded(void)
+{
+    struct wb_xenv env = {0};
+    const char *deep = "expression nested deeper than 200 levels at column ";
+    char want[96];
+    struct {
+        const char *unit, *tail;
+        size_t n;
+        int column; /* 0: compiles; evaluates to `value` */
+        int64_t value;
+    } cases[] = {
+        {"(", "1", 100000, 201, 0},    {"!", "1", 100000, 201, 0},
+        {"-", "1", 100000, 201, 0},    {"1+", "1", 100000, 402, 0},
+        {"1?", "1:0", 100000, 401, 0}, {"max(1,", "1", 100000, 1199, 0},
+        {"(", "1", 199, 0, 1},         {"-", "1", 198, 0, 1},
+        {"1+", "1", 199, 0, 200},
+    };
+    for (size_t i = 0; i < WB_ARRAY_LEN(cases); i++) {
+        char *text = repeat(cases[i].unit, cases[i].n, cases[i].tail);
+        if (cases[i].column) {
+            snprintf(want, sizeof(want), "%s%d", deep, cases[i].column);
+            ev_err(text, &env, -EINVAL, want);
+        } else if (cases[i].unit[0] == '(') {
+            /* balanced: close every '(' */
+            char *closed = repeat(")", cases[i].n, "");
+            char *full = malloc(strlen(text) + strlen(closed) + 1);
+            CHECK(full != NULL);
+            strcpy(full, text);
+            strcat(full, closed);
+            CHECK_INT(ev(full, &env), cases[i].value);
+            free(full);
+            free(closed);
+        } else
+            CHECK_INT(ev(text, &env), cases[i].value);
+        free(text);
+    }
+}
+
 static void test_templates(void)
 {
     struct wb_xvar vars[] = {{"layer", 12}, {"expert", 0}};
@@ -178,6 +231,7 @@ const struct wb_test wb_tests[] = {
     {"arithmetic", test_arithmetic, 0},
     {"derived_values", test_derived_values, 0},
     {"expression_errors", test_expression_errors, 0},
+    {"nesting_bounded", test_nesting_bounded, 0},
     {"templates", test_templates, 0},
     {"patterns", test_patterns, 0},
     {0},

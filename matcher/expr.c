@@ -8,7 +8,8 @@
  *   unary := ('-'|'!') unary | atom
  *   atom  := INT | NAME | NAME '(' args ')' | '(' cond ')'
  * NAME is [A-Za-z_][A-Za-z0-9_.]* (dots reach into nested config objects). Functions:
- * min(a,b), max(a,b), ceil_div(a,b), defined(name), contains(list, x).
+ * min(a,b), max(a,b), ceil_div(a,b), defined(name), contains(list, x), boolean(name) (the field
+ * as a truth value, refused unless config.json has it as true/false or a job value is 0/1).
  * Values are int64; every + - * checks overflow, / and % check for zero and truncate like C.
  * config.json booleans are truth values: conditions, == and != take them, arithmetic and
  * numbers (shapes, loop bounds, names) do not.
@@ -21,6 +22,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +53,7 @@ enum xop {
     X_CEILDIV,
     X_DEFINED,
     X_CONTAINS,
+    X_BOOLEAN,
 };
 
 struct xnode {
@@ -175,11 +178,8 @@ static int32_t parse_name_or_call(struct parser *p)
         const char *name;
         enum xop op;
         int nargs;
-    } fns[] = {{"min", X_MIN, 2},
-               {"max", X_MAX, 2},
-               {"ceil_div", X_CEILDIV, 2},
-               {"defined", X_DEFINED, 1},
-               {"contains", X_CONTAINS, 2}};
+    } fns[] = {{"min", X_MIN, 2},         {"max", X_MAX, 2},           {"ceil_div", X_CEILDIV, 2},
+               {"defined", X_DEFINED, 1}, {"contains", X_CONTAINS, 2}, {"boolean", X_BOOLEAN, 1}};
     size_t f = 0;
     while (f < WB_ARRAY_LEN(fns) &&
            !(strlen(fns[f].name) == len && strncmp(fns[f].name, p->s + start, len) == 0))
@@ -195,7 +195,8 @@ static int32_t parse_name_or_call(struct parser *p)
         if (i && !accept(p, ","))
             return fail(p, "expected ',' but found");
         skip_ws(p);
-        if (i == 0 && (fns[f].op == X_DEFINED || fns[f].op == X_CONTAINS)) {
+        if (i == 0 &&
+            (fns[f].op == X_DEFINED || fns[f].op == X_CONTAINS || fns[f].op == X_BOOLEAN)) {
             /* the first argument is a field name, not a value */
             if (!(isalpha((unsigned char)p->s[p->pos]) || p->s[p->pos] == '_'))
                 return fail(p, "expected a field name but found");
@@ -549,6 +550,32 @@ static int eval(struct ectx *x, int32_t i, struct xval *out)
                 }
             }
         out->v = 0;
+        return 0;
+    }
+    case X_BOOLEAN: {
+        /* "tie_word_embeddings: 2" is not a boolean: refused instead of read as true */
+        if ((r = lookup(x, name, n->name_len, &a)))
+            return r;
+        bool job = false; /* a loop variable or a job's value: 0 or 1 */
+        for (size_t k = 0; k < x->env->nvars; k++)
+            job |= strlen(x->env->vars[k].name) == n->name_len &&
+                   memcmp(x->env->vars[k].name, name, n->name_len) == 0;
+        for (size_t k = 0; k < x->env->nsets; k++)
+            job |= strlen(x->env->sets[k].name) == n->name_len &&
+                   memcmp(x->env->sets[k].name, name, n->name_len) == 0;
+        const struct wb_jval *v = x->env->cfg ? wb_jcfg_get(x->env->cfg, name, n->name_len) : NULL;
+        if (!job && v && !v->is_bool) {
+            snprintf(x->err, x->errcap,
+                     "field '%.*s' is %" PRId64 ", not a boolean (true or false)", (int)n->name_len,
+                     name, a.v);
+            return -EINVAL;
+        }
+        if (a.v != 0 && a.v != 1) {
+            snprintf(x->err, x->errcap, "'%.*s' is %" PRId64 ", not a boolean (0 or 1)",
+                     (int)n->name_len, name, a.v);
+            return -EINVAL;
+        }
+        *out = a;
         return 0;
     }
     case X_CONTAINS: {

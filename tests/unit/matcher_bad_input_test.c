@@ -149,6 +149,19 @@ static void test_boolean_layer_count(void)
     wb_errlist_free(&el);
 }
 
+static void test_tie_word_embeddings_2(void)
+{
+    /* a number where config.json should say true or false used to be read as true (tied: no
+     * lm_head) */
+    const char *cfg = derived("configs/hf/Qwen3-8B.json", "tie2.json",
+                              "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": 2");
+    struct wb_errlist el;
+    gen_fails(QWEN3, cfg, "trainer", &el);
+    EXPECT(&el, "configs/models/qwen3.yaml:31:5: 'boolean(tie_word_embeddings) == 0': field "
+                "'tie_word_embeddings' is 2, not a boolean (true or false)");
+    wb_errlist_free(&el);
+}
+
 static void test_dimension_2_62(void)
 {
     /* 2^62 x 4096 elements overflow any byte count: refused at 2^48 bytes */
@@ -713,6 +726,7 @@ const struct wb_test wb_tests[] = {
     {"model_type_missing_or_not_a_string", test_model_type_missing_or_not_a_string, 0},
     {"big_integer_and_dotted_keys", test_big_integer_and_dotted_keys, 0},
     {"negation_overflow", test_negation_overflow, 0},
+    {"tie_word_embeddings_2", test_tie_word_embeddings_2, 0},
     {"job_vars", test_job_vars, 0},
     {"nested_loops_product", test_nested_loops_product, 10},
     {"single_loop_too_long", test_single_loop_too_long, 10},

@@ -116,6 +116,33 @@ static void test_expression_errors(void)
     wb_jcfg_free(c);
 }
 
+/* boolean(name): config.json's true/false, or a job value 0/1; "tie_word_embeddings: 2" (or 1)
+ * in config.json is refused instead of read as true. */
+static void test_boolean(void)
+{
+    const char *p = wb_test_write_file(
+        "b.json", "{\"tie\": true, \"untie\": false, \"two\": 2, \"one\": 1, \"s\": \"yes\"}");
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_jcfg *c = NULL;
+    CHECK_INT(wb_jcfg_load(p, &c, &el), 0);
+    struct wb_xvar sets[] = {{"flag", 1}, {"two", 0}, {"bad", 3}};
+    struct wb_xenv env = {.cfg = c, .sets = sets, .nsets = 3};
+    CHECK_INT(ev("boolean(tie)", &env), 1);
+    CHECK_INT(ev("boolean(untie) == 0", &env), 1);
+    CHECK_INT(ev("boolean(flag)", &env), 1);
+    CHECK_INT(ev("boolean(two)", &env), 0); /* the job's value wins over config.json's */
+    ev_err("boolean(one)", &env, -EINVAL, "field 'one' is 1, not a boolean (true or false)");
+    ev_err("boolean(bad)", &env, -EINVAL, "'bad' is 3, not a boolean (0 or 1)");
+    ev_err("boolean(s)", &env, -EINVAL, "field 's' is not an integer (\"yes\")");
+    ev_err("boolean(nope)", &env, -ENOENT, "missing field 'nope'");
+    struct wb_xenv cfg_only = {.cfg = c};
+    ev_err("boolean(two) == 0", &cfg_only, -EINVAL,
+           "field 'two' is 2, not a boolean (true or false)");
+    wb_jcfg_free(c);
+    wb_errlist_free(&el);
+}
+
 /* 100,000 levels of '(' / '!' / '-' or an operator chain of 100,000 terms overflowed the
  * parser's or the evaluator's stack (SIGSEGV); nesting is refused past 200 levels, at the
  * column where it passes the bound, and 200 levels still work. */
@@ -232,6 +259,7 @@ const struct wb_test wb_tests[] = {
     {"derived_values", test_derived_values, 0},
     {"expression_errors", test_expression_errors, 0},
     {"nesting_bounded", test_nesting_bounded, 0},
+    {"boolean", test_boolean, 0},
     {"templates", test_templates, 0},
     {"patterns", test_patterns, 0},
     {0},

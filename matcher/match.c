@@ -16,6 +16,7 @@
 #include "matcher/mpriv.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -809,6 +810,45 @@ static void build_one(struct mctx *c, size_t ri, size_t rule_index, const struct
 
 /* ---------------------------------------------------------------- the run */
 
+/* The decoder layer index in a name ("model.layers.61.mlp..." -> 61), or -1. */
+static long layer_of(const char *name)
+{
+    const char *l = strstr(name, "layers.");
+    if (!l || l[7] < '0' || l[7] > '9')
+        return -1;
+    char *end;
+    long v = strtol(l + 7, &end, 10);
+    return *end == '.' ? v : -1;
+}
+
+/* When every unused trainer tensor lies in layers past the last one the rollout uses, the
+ * checkpoint most likely carries a multi-token-prediction draft layer (DeepSeek-V3's layer 61)
+ * that this run left out: said first, before the hundreds of lines it explains. */
+static void mtp_hint(struct mctx *c, size_t first, size_t nunused, long lo, long hi, long used)
+{
+    if (nunused == 0 || lo < 0 || lo <= used || used < 0)
+        return;
+    char layers[64];
+    if (lo == hi)
+        snprintf(layers, sizeof(layers), "layer %ld", lo);
+    else
+        snprintf(layers, sizeof(layers), "layers %ld-%ld", lo, hi);
+    if (wb_errlist_add(
+            c->el,
+            "hint: the %zu unused trainer tensor%s all lie in %s, past the last layer "
+            "the rollout uses (%ld): a multi-token-prediction (MTP) draft layer? A "
+            "family with an `mtp` var moves it with --var mtp=1 (a job file: model.vars: "
+            "\"mtp=1\"); otherwise list it in the family's ignore.trainer",
+            nunused, nunused == 1 ? "" : "s", layers, used)) {
+        c->fatal = -ENOMEM;
+        return;
+    }
+    struct wb_errlist *el = c->el; /* the hint goes before the problems it explains */
+    char *h = el->msgs[el->n - 1];
+    memmove(&el->msgs[first + 1], &el->msgs[first], (el->n - 1 - first) * sizeof(*el->msgs));
+    el->msgs[first] = h;
+}
+
 void wb_match_free(struct wb_match *m)
 {
     if (!m)
@@ -824,7 +864,7 @@ int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *
                  const struct wb_inventory *rollout, struct wb_match **out, struct wb_errlist *el)
 {
     struct mctx c = {.rs = rules, .T = trainer, .R = rollout, .el = el};
-    size_t nt = trainer->n, nr = rollout->n;
+    size_t nt = trainer->n, nr = rollout->n, first = el->n;
     int r = -ENOMEM;
     c.r_scale = calloc(nr + 1, sizeof(*c.r_scale));
     c.r_is_scale = calloc(nr + 1, 1);
@@ -868,7 +908,12 @@ int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *
         build_one(&c, i, k, &caps);
     }
 
-    size_t nignored = 0;
+    size_t nignored = 0, nunused = 0;
+    /* the last layer used; the unused tensors' layers (lo -1: one of them is in none) */
+    long used_layer = -1, lo = LONG_MAX, hi = -1;
+    for (size_t t = 0; t < nt; t++)
+        if (c.t_used[t] && layer_of(trainer->p[t].name) > used_layer)
+            used_layer = layer_of(trainer->p[t].name);
     for (size_t t = 0; t < nt && !c.fatal; t++) {
         const struct wb_param *T = &trainer->p[t];
         uint64_t numel = wb_shape_numel(&T->shape);
@@ -890,6 +935,10 @@ int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *
             ssize_t v = c.t_is_scale[t] ? wb_inv_find(trainer, value_name) : -1;
             if (v >= 0 && c.t_used[v] == 0)
                 continue; /* its value is reported already */
+            long layer = layer_of(T->name);
+            nunused++;
+            lo = layer < 0 ? -1 : lo < 0 ? lo : layer < lo ? layer : lo;
+            hi = layer > hi ? layer : hi;
             merr(&c,
                  "%s %s %s: trainer tensor not used by any rollout tensor and not declared "
                  "ignorable (%s)",
@@ -901,6 +950,7 @@ int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *
              (unsigned long long)numel, rollout->p[c.t_user[t]].name);
     }
 
+    mtp_hint(&c, first, nunused, lo, hi, used_layer);
     for (int side = 0; side < 2; side++) {
         if (!c.bad_scale[side].n)
             continue;

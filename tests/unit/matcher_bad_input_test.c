@@ -402,6 +402,35 @@ static void test_job_vars(void)
     wb_inv_free(&inv);
 }
 
+/* A checkpoint with DeepSeek-V3's MTP layer matched with the default mtp=0: 787 "not used"
+ * lines used to be all; a hint naming --var mtp=1 comes first. */
+static void test_mtp_hint(void)
+{
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_inventory t = {0}, r = {0};
+    CHECK_INT(
+        wb_inv_generate_vars(DSV3, "configs/hf/DeepSeek-V3.json", "mtp=1", "trainer", &t, &el), 0);
+    CHECK_INT(wb_inv_generate(DSV3, "configs/hf/DeepSeek-V3.json", "rollout", &r, &el), 0);
+    struct wb_match_rules *rules = NULL;
+    CHECK_INT(wb_match_rules_load(DSV3, &rules, &el), 0);
+    struct wb_match *m = NULL;
+    CHECK_INT(wb_match_run(rules, &t, &r, &m, &el), -WB_E_MATCH);
+    CHECK_INT(el.n, 788);
+    CHECK_STR(el.msgs[0],
+              "hint: the 787 unused trainer tensors all lie in layer 61, past the last layer the "
+              "rollout uses (60): a multi-token-prediction (MTP) draft layer? A family with an "
+              "`mtp` var moves it with --var mtp=1 (a job file: model.vars: \"mtp=1\"); "
+              "otherwise list it in the family's ignore.trainer");
+    CHECK_STR(el.msgs[1], "model.layers.61.input_layernorm.weight bf16 [7168]: trainer tensor not "
+                          "used by any rollout tensor and not declared ignorable "
+                          "(configs/models/deepseek_v3.yaml)");
+    wb_match_rules_free(rules);
+    wb_inv_free(&t);
+    wb_inv_free(&r);
+    wb_errlist_free(&el);
+}
+
 /* ---------------------------------------------------------------- loops */
 
 static void test_nested_loops_product(void)
@@ -727,6 +756,7 @@ const struct wb_test wb_tests[] = {
     {"big_integer_and_dotted_keys", test_big_integer_and_dotted_keys, 0},
     {"negation_overflow", test_negation_overflow, 0},
     {"tie_word_embeddings_2", test_tie_word_embeddings_2, 0},
+    {"mtp_hint", test_mtp_hint, 0},
     {"job_vars", test_job_vars, 0},
     {"nested_loops_product", test_nested_loops_product, 10},
     {"single_loop_too_long", test_single_loop_too_long, 10},

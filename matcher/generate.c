@@ -261,8 +261,10 @@ int wb_check_quant_config(const struct wb_jcfg *cfg, struct wb_errlist *el)
     if (strcmp(m->str, "fp8") != 0) {
         wb_errlist_add(el,
                        "%s: quantization_config.quant_method: %s: not produced by weightbridge "
-                       "(only fp8 with %ux%u blocks)",
-                       path, m->str, WB_FP8_BLOCK, WB_FP8_BLOCK);
+                       "(only fp8 with %ux%u blocks); for a BF16 rollout give a config.json "
+                       "without quantization_config, this one for the trainer side only "
+                       "(wb-match --config BF16.json --trainer-config %s)",
+                       path, m->str, WB_FP8_BLOCK, WB_FP8_BLOCK, path);
         return -WB_E_CONFIG;
     }
     int r = 0;

@@ -763,7 +763,13 @@ static void quant_refused(const char *q, size_t n, const char *const *want, int 
     char w[8][512];
     const char *wp[8];
     for (size_t i = 0; i < n && i < 8; i++) {
-        snprintf(w[i], sizeof(w[i]), "%s: %s", cfg, want[i]);
+        /* "{cfg}" in a wanted message stands for the config's path */
+        const char *at = strstr(want[i], "{cfg}");
+        if (at)
+            snprintf(w[i], sizeof(w[i]), "%s: %.*s%s%s", cfg, (int)(at - want[i]), want[i], cfg,
+                     at + 5);
+        else
+            snprintf(w[i], sizeof(w[i]), "%s: %s", cfg, want[i]);
         wp[i] = w[i];
     }
     expect(&el, n, wp, line);
@@ -780,14 +786,20 @@ static void test_quantization_config_refused(void)
     /* each of these used to be taken as FP8 128x128 blocks, exit 0, wrong rollout */
     QUANT_REFUSED("{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128}",
                   "quantization_config.quant_method: awq: not produced by weightbridge (only fp8 "
-                  "with 128x128 blocks)");
+                  "with 128x128 blocks)"
+                  "; for a BF16 rollout give a config.json without quantization_config, this one "
+                  "for the trainer side only (wb-match --config BF16.json --trainer-config {cfg})");
     QUANT_REFUSED("{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": "
                   "{\"weights\": {\"num_bits\": 8}}}}",
                   "quantization_config.quant_method: compressed-tensors: not produced by "
-                  "weightbridge (only fp8 with 128x128 blocks)");
+                  "weightbridge (only fp8 with 128x128 blocks)"
+                  "; for a BF16 rollout give a config.json without quantization_config, this one "
+                  "for the trainer side only (wb-match --config BF16.json --trainer-config {cfg})");
     QUANT_REFUSED("{\"quant_method\": \"mxfp4\"}",
                   "quantization_config.quant_method: mxfp4: not produced by weightbridge (only fp8 "
-                  "with 128x128 blocks)");
+                  "with 128x128 blocks)"
+                  "; for a BF16 rollout give a config.json without quantization_config, this one "
+                  "for the trainer side only (wb-match --config BF16.json --trainer-config {cfg})");
     QUANT_REFUSED("{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", \"quant_method\": "
                   "\"fp8\", \"weight_block_size\": [64, 64]}",
                   "quantization_config.weight_block_size: [64, 64]: only 128x128 FP8 blocks are "

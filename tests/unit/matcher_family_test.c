@@ -588,7 +588,10 @@ static void test_gpt_oss_mxfp4_refused(void)
               -WB_E_CONFIG);
     CHECK_INT(el.n, 1);
     CHECK_STR(el.msgs[0], "configs/hf/gpt-oss-20b.json: quantization_config.quant_method: mxfp4: "
-                          "not produced by weightbridge (only fp8 with 128x128 blocks)");
+                          "not produced by weightbridge (only fp8 with 128x128 blocks); for a BF16 "
+                          "rollout give a config.json without quantization_config, this one for "
+                          "the trainer side only (wb-match --config BF16.json --trainer-config "
+                          "configs/hf/gpt-oss-20b.json)");
     wb_inv_free(&t);
     wb_inv_free(&r);
     wb_errlist_free(&el);

@@ -685,7 +685,9 @@ static const struct wb_cfg_field rollout_table[] = {
      offsetof(struct rollout_raw, gpr)},
     {"tp", WB_CFG_U64, "1", "tensor-parallel size inside a replica",
      offsetof(struct rollout_raw, tp)},
-    {"ep", WB_CFG_U64, "1", "expert-parallel size inside a replica",
+    {"ep", WB_CFG_U64, "1",
+     "expert-parallel size inside a replica: 1 (experts tensor-parallel) or gpus_per_replica "
+     "(vLLM --enable-expert-parallel: tp x data-parallel size)",
      offsetof(struct rollout_raw, ep)},
     {"gpus_per_node", WB_CFG_U64, "8", "GPUs per rollout node", offsetof(struct rollout_raw, gpn)},
     {"world_size", WB_CFG_U64, "0", "total rollout GPUs, checked when given (0: not checked)",
@@ -828,9 +830,14 @@ int wb_layout_check(const struct wb_trainer_layout *tl, const struct wb_rollout_
                            rl->gpus_per_replica);
             err = -WB_E_PLAN;
         }
-        if (rl->gpus_per_replica % rl->ep) {
-            wb_errlist_add(el, "%s: ep %u does not divide gpus_per_replica %u", rl->path, rl->ep,
-                           rl->gpus_per_replica);
+        /* vLLM --enable-expert-parallel makes the expert-parallel group tp x data-parallel size:
+         * every GPU of the replica; without it experts are tensor-parallel (ep 1) */
+        if (rl->ep != 1 && rl->ep != rl->gpus_per_replica) {
+            wb_errlist_add(el,
+                           "%s: ep %u with gpus_per_replica %u: vLLM's expert parallelism is off "
+                           "(ep 1) or spans the replica (ep = gpus_per_replica = tp x "
+                           "data-parallel size)",
+                           rl->path, rl->ep, rl->gpus_per_replica);
             err = -WB_E_PLAN;
         }
     }

@@ -170,6 +170,13 @@ int main(int argc, char **argv)
                 ep);
         return 2;
     }
+    if (ep > 1 && tp > ep) { /* vLLM's expert-parallel group is tp x data-parallel size */
+        fprintf(stderr,
+                "wb-match: --tp %ld and --ep %ld: vLLM's expert parallelism is off (--ep 1) or "
+                "spans the replica (--ep = tp x data-parallel size, at least --tp)\n",
+                tp, ep);
+        return 2;
+    }
     if (gpr && rank >= gpr) {
         fprintf(stderr, "wb-match: --rank %ld: a replica of tp %ld / ep %ld has ranks 0..%ld\n",
                 rank, tp ? tp : 1, ep ? ep : 1, gpr - 1);

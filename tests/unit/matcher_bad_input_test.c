@@ -735,6 +735,9 @@ static void test_wb_match_options(void)
     wbm("wb-match: --rank needs --tp or --ep\n", 2, "--rank", "1", NULL);
     wbm("wb-match: --tp 3 and --ep 2: the smaller must divide the larger\n", 2, "--tp", "3", "--ep",
         "2", NULL);
+    wbm("wb-match: --tp 8 and --ep 4: vLLM's expert parallelism is off (--ep 1) or spans the "
+        "replica (--ep = tp x data-parallel size, at least --tp)\n",
+        2, "--tp", "8", "--ep", "4", NULL);
     wbm("wb-match: vars 'nope=1': 'nope' is not one of configs/models/qwen3.yaml's vars "
         "(head_dim)\nwb-match: 1 problem\n",
         1, "--var", "nope=1", NULL);

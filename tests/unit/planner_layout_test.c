@@ -241,11 +241,41 @@ static void test_bad_tp_replica(void)
     CHECK_INT(wb_layout_check(NULL, &f.rl, &f.el), -WB_E_PLAN);
     char want[2][512];
     snprintf(want[0], sizeof(want[0]), "%s: tp 3 does not divide gpus_per_replica 4", p);
-    snprintf(want[1], sizeof(want[1]), "%s: ep 8 does not divide gpus_per_replica 4", p);
+    snprintf(want[1], sizeof(want[1]),
+             "%s: ep 8 with gpus_per_replica 4: vLLM's expert parallelism is off (ep 1) or spans "
+             "the replica (ep = gpus_per_replica = tp x data-parallel size)",
+             p);
     CHECK_INT(f.el.n, 2);
     CHECK_STR(f.el.msgs[0], want[0]);
     CHECK_STR(f.el.msgs[1], want[1]);
     fx_free(&f);
+}
+
+/* tp 8, ep 4 on 8 GPUs: vLLM has no such layout (its EP group is tp x dp, the whole replica) */
+static void test_ep_not_replica(void)
+{
+    struct fx f;
+    fx_init(&f);
+    const char *p = rollout_file(&f, "replicas: 1\ngpus_per_replica: 8\ntp: 8\nep: 4\n", 0);
+    CHECK_INT(wb_layout_check(NULL, &f.rl, &f.el), -WB_E_PLAN);
+    char want[512];
+    snprintf(want, sizeof(want),
+             "%s: ep 4 with gpus_per_replica 8: vLLM's expert parallelism is off (ep 1) or spans "
+             "the replica (ep = gpus_per_replica = tp x data-parallel size)",
+             p);
+    CHECK_INT(f.el.n, 1);
+    CHECK_STR(f.el.msgs[0], want);
+    fx_free(&f);
+    /* tp 2 x data-parallel 4 with ep 8, and ep off: both vLLM layouts */
+    const char *ok[] = {"replicas: 1\ngpus_per_replica: 8\ntp: 2\nep: 8\n",
+                        "replicas: 1\ngpus_per_replica: 8\ntp: 8\nep: 1\n"};
+    for (size_t i = 0; i < 2; i++) {
+        fx_init(&f);
+        rollout_file(&f, ok[i], 0);
+        CHECK_INT(wb_layout_check(NULL, &f.rl, &f.el), 0);
+        CHECK_INT(f.el.n, 0);
+        fx_free(&f);
+    }
 }
 
 static void test_bad_rollout_world(void)
@@ -631,6 +661,7 @@ const struct wb_test wb_tests[] = {
     {"bad_gpus_per_node", test_bad_gpus_per_node, 0},
     {"bad_experts_split", test_bad_experts_split, 0},
     {"bad_tp_heads", test_bad_tp_heads, 0},
+    {"ep_not_replica", test_ep_not_replica, 0},
     {"bad_tp_replica", test_bad_tp_replica, 0},
     {"bad_rollout_world", test_bad_rollout_world, 0},
     {"bad_unknown_dim", test_bad_unknown_dim, 0},

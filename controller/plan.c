@@ -237,6 +237,7 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
     struct wb_plan_input in = wb_model_input(&md);
     struct wb_plan_opts opts = {(enum wb_plan_mode)job->mode, job->mem_cap};
     int err = wb_plan_build(&in, &opts, &plan, el);
+    err = err ? err : wb_plan_fit_cap(plan, &in, fit_largest, el);
     if (err)
         goto out;
     if ((job->trainers && job->trainers != plan->ntrainers) ||
@@ -256,20 +257,18 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
         err = -ENOMEM;
         goto out;
     }
+    /* a cap below the largest task was refused above, or raised (fit_largest) */
     p->mem_cap = plan->mem_cap;
     for (uint32_t r = 0; r < p->ntrainers; r++) {
         p->send_bytes[r] = plan->tables[r].send_bytes;
         if (plan->tables[r].max_tmp_bytes > p->largest_task)
             p->largest_task = plan->tables[r].max_tmp_bytes;
     }
-    if (fit_largest && p->largest_task > p->mem_cap) {
+    if (p->mem_cap > (job->mem_cap ? job->mem_cap : WB_MEM_CAP_DEFAULT))
         wb_log(WB_LOG_INFO, "controller",
                "memory cap raised from %llu to the largest task's %llu bytes",
-               (unsigned long long)p->mem_cap, (unsigned long long)p->largest_task);
-        p->mem_cap = plan->mem_cap = p->largest_task;
-        for (uint32_t r = 0; r < p->ntrainers; r++)
-            plan->tables[r].mem_cap = p->mem_cap;
-    }
+               (unsigned long long)(job->mem_cap ? job->mem_cap : WB_MEM_CAP_DEFAULT),
+               (unsigned long long)p->mem_cap);
     p->table = calloc(p->ntrainers, sizeof(*p->table));
     p->shards = calloc(p->ntrainers, sizeof(*p->shards));
     p->recv = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->recv));

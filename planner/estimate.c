@@ -2,7 +2,8 @@
  *
  * The model (also in the README):
  *  - each trainer GPU runs its tasks in table order through FIFO stages, as the executor does:
- *    admission under the memory cap (a task larger than the cap runs alone) -> H2D copy engine
+ *    admission under the memory cap (a task larger than the cap runs alone here; a plan to be
+ *    executed has none: wb_plan_fit_cap) -> H2D copy engine
  *    (h2d_Bps) -> collectives (GATHER: an all-gather among the shard peers, which starts when
  *    every peer reached it; over NVLink at nvlink_Bps when all peers share a node, else as
  *    ring flows through the NICs; AMAX: a rendezvous with the peer plus one collective launch)

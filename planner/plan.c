@@ -404,6 +404,44 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     return pl_plan_build(in, opts, true, out, NULL, el);
 }
 
+/* Items are cut at a quarter of the cap (build_items), but one component's share is not: a
+ * tensor gathered whole (an embedding, stacked experts) can exceed the cap. The executor starts
+ * a task only when its bytes fit, so such a task would never start. Running it alone was the
+ * other choice, rejected: it would hold more than the cap, the one promise the cap makes. The
+ * builder itself leaves the plan as it is (the estimate admits such a task alone), so that
+ * plans can be compared at one cap; what is to be executed goes through here. */
+int wb_plan_fit_cap(struct wb_plan *p, const struct wb_plan_input *in, bool raise,
+                    struct wb_errlist *el)
+{
+    uint64_t need = 0, over = 0;
+    uint32_t rank = 0, task = 0;
+    for (uint32_t r = 0; r < p->ntrainers; r++)
+        for (uint32_t k = 0; k < p->tables[r].ntasks; k++) {
+            uint64_t b = p->tables[r].tasks[k].tmp_bytes;
+            over += b > p->mem_cap;
+            if (b > need)
+                need = b, rank = r, task = k;
+        }
+    if (need <= p->mem_cap)
+        return 0;
+    if (raise) {
+        p->mem_cap = need;
+        for (uint32_t r = 0; r < p->ntrainers; r++)
+            p->tables[r].mem_cap = need;
+        return 0;
+    }
+    const struct wb_rt_task *t = &p->tables[rank].tasks[task];
+    uint32_t rt = t->mapping < in->match->n ? in->match->map[t->mapping].rollout : UINT32_MAX;
+    char a[32], b[32];
+    wb_errlist_add(el,
+                   "mem_cap %s is below the %s the largest task needs (%s, %s on trainer rank "
+                   "%u; %llu task(s) over the cap): set mem_cap to at least %llu bytes",
+                   wb_fmt_bytes(p->mem_cap, a, sizeof(a)), wb_fmt_bytes(need, b, sizeof(b)),
+                   rt < in->rollout->n ? in->rollout->p[rt].name : "?", wb_plan_mode_name(t->mode),
+                   rank, (unsigned long long)over, (unsigned long long)need);
+    return -WB_E_PLAN;
+}
+
 /* Auto's choice as it came out of pl_auto_choose, for pl_plan_build to check it. */
 struct auto_info {
     uint8_t *groups; /* malloc'd: per (mapping, mesh), gather or not */

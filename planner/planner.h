@@ -299,6 +299,13 @@ void wb_plan_tbuf_free(struct wb_plan_tbuf *buf);
 int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts,
                   struct wb_plan **out, struct wb_errlist *el);
 void wb_plan_free(struct wb_plan *p);
+/* A plan to be executed: every task's temporary bytes must fit under the plan's memory cap (the
+ * executor never starts a larger task; a job would never become ready). Where one does not:
+ * with `raise`, the cap of the plan and of every table becomes the largest task's bytes (a
+ * checkpoint's tensors are the size they are); otherwise -WB_E_PLAN with one message naming
+ * the cap, the bytes needed and the task's tensor. 0 when everything fits. */
+int wb_plan_fit_cap(struct wb_plan *p, const struct wb_plan_input *in, bool raise,
+                    struct wb_errlist *el);
 
 /* One line per phase, task, op and write (names from `in`, which may be NULL). */
 void wb_route_table_print(const struct wb_route_table *t, const struct wb_plan_input *in, FILE *f);

@@ -180,10 +180,55 @@ static void test_job_bf16_warning(void)
     free(cfg);
 }
 
+/* A job whose mem_cap is below its largest task (the demo's embedding gathered whole: 512 KiB)
+ * is refused when it is planned — the controller does not start — with the bytes needed, not
+ * left to agents that would never become ready; at those bytes it plans with that cap. */
+static void test_job_cap_below_largest_task(void)
+{
+    char cwd[256], text[4096];
+    CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
+    for (int fits = 0; fits < 2; fits++) {
+        snprintf(text, sizeof(text),
+                 "name: capjob\n"
+                 "token: t\n"
+                 "mode: gather\n"
+                 "mem_cap: %s\n"
+                 "model:\n"
+                 "  rules: %s/configs/models/qwen3_moe.yaml\n"
+                 "  hf_config: %s/configs/jobs/demo/config.json\n"
+                 "trainer_layout: %s/configs/jobs/demo/trainer.yaml\n"
+                 "rollout_layout: %s/configs/jobs/demo/rollout.yaml\n",
+                 fits ? "512KiB" : "256KiB", cwd, cwd, cwd, cwd);
+        const char *p = wb_test_write_file("job.yaml", text);
+        struct wb_job j;
+        struct wb_errlist el;
+        wb_errlist_init(&el);
+        CHECK_INT(wb_job_load(p, &j, &el), 0);
+        struct ctl_plan plan;
+        struct wb_controller_opts o = {0};
+        int rc = ctl_plan_build(&j, &o, &plan, &el);
+        if (fits) {
+            CHECK_INT(rc, 0);
+            CHECK_U64(plan.mem_cap, 512 << 10);
+            CHECK_U64(plan.largest_task, 512 << 10);
+            ctl_plan_free(&plan);
+        } else {
+            CHECK_INT(rc, -WB_E_PLAN);
+            CHECK_INT(el.n, 1);
+            CHECK_STR(el.msgs[0], "mem_cap 256.00 KiB is below the 512.00 KiB the largest task "
+                                  "needs (model.embed_tokens.weight, gather on trainer rank 0; 16 "
+                                  "task(s) over the cap): set mem_cap to at least 524288 bytes");
+        }
+        wb_job_free(&j);
+        wb_errlist_free(&el);
+    }
+}
+
 const struct wb_test wb_tests[] = {
     {"job_load", test_job_load, 0},
     {"job_model_vars", test_job_model_vars, 0},
     {"job_errors", test_job_errors, 0},
     {"job_bf16_warning", test_job_bf16_warning, 0},
+    {"job_cap_below_largest_task", test_job_cap_below_largest_task, 0},
     {0},
 };

@@ -256,6 +256,20 @@ static void test_bf16_rollout_warning(void)
     free(cfg);
 }
 
+/* A cap below the largest task (the embedding gathered whole is 512 KiB): refused with the
+ * bytes needed and the tensor, exit status 1, no plan printed; at those bytes it plans. */
+static void test_cap_below_largest_task(void)
+{
+    const char *o = DEMO(1, "--mode", "gather", "--mem-cap", "256KiB");
+    CHECK_STR(o, "wb-plan: planning: 1 problem\n"
+                 "  mem_cap 256.00 KiB is below the 512.00 KiB the largest task needs "
+                 "(model.embed_tokens.weight, gather on trainer rank 0; 16 task(s) over the cap): "
+                 "set mem_cap to at least 524288 bytes\n");
+    o = DEMO(0, "--mode", "gather", "--mem-cap", "524288");
+    CHECK(strstr(o, "memory cap 512.00 KiB\n") != NULL);
+    CHECK(strstr(o, "\n  largest task: 512.00 KiB of temporary memory\n") != NULL);
+}
+
 const struct wb_test wb_tests[] = {
     {"outputs_checked_first", test_outputs_checked_first, 0},
     {"output_same_as_output", test_output_same_as_output, 0},
@@ -270,5 +284,6 @@ const struct wb_test wb_tests[] = {
     {"too_many_rollout_gpus", test_too_many_rollout_gpus, 0},
     {"problem_count", test_problem_count, 120},
     {"bf16_rollout_warning", test_bf16_rollout_warning, 0},
+    {"cap_below_largest_task", test_cap_below_largest_task, 0},
     {0},
 };

@@ -343,6 +343,55 @@ static void test_refused_not_planned(void)
     fx_free(&f);
 }
 
+/* One stacked-experts tensor, 4 x 256 x 512 BF16 (1 MiB), sharded over 4 trainers and gathered
+ * whole for 2 rollout replicas: a task of 1 MiB of temporary memory that no cut makes smaller. */
+static void experts_case(struct fx *f)
+{
+    fx_init(f);
+    CHECK_INT(fx_layouts(f, FSDP4, "replicas: 2\ntp: 1\n"), 0);
+    uint32_t t = fx_t(f, "model.layers.0.mlp.experts.w13", WB_DTYPE_BF16, fx_shape(3, 4, 256, 512));
+    uint32_t r = fx_r(f, "model.layers.0.mlp.experts.w13", WB_DTYPE_BF16, fx_shape(3, 4, 256, 512));
+    struct wb_mapping *m = fx_map(f, r, -1, WB_XFORM_COPY, WB_SHARD_REPLICATE, 0);
+    fx_comp_full(f, m, t, fx_box(3, 0, 4, 0, 256, 0, 512));
+}
+
+/* A memory cap below the largest task: a plan to be executed is refused, naming the tensor,
+ * the cap and the bytes needed (the builder leaves it as it is); at exactly those bytes it
+ * fits; `raise` makes them the cap of the plan and of every table. */
+static void test_cap_below_largest_task(void)
+{
+    struct fx f;
+    experts_case(&f);
+    struct wb_plan *p = NULL;
+    struct wb_plan_opts o = {WB_MODE_GATHER, 512 << 10};
+    CHECK_INT(wb_plan_build(&f.in, &o, &p, &f.el), 0);
+    CHECK_U64(p->tables[0].max_tmp_bytes, 1 << 20);
+    CHECK_INT(wb_plan_fit_cap(p, &f.in, false, &f.el), -WB_E_PLAN);
+    CHECK_U64(p->mem_cap, 512 << 10);
+    CHECK_INT(f.el.n, 1);
+    CHECK_STR(f.el.msgs[0], "mem_cap 512.00 KiB is below the 1.00 MiB the largest task needs "
+                            "(model.layers.0.mlp.experts.w13, gather on trainer rank 0; 4 task(s) "
+                            "over the cap): set mem_cap to at least 1048576 bytes");
+    CHECK_INT(wb_plan_fit_cap(p, &f.in, true, &f.el), 0);
+    CHECK_INT(f.el.n, 1);
+    CHECK_U64(p->mem_cap, 1 << 20);
+    for (uint32_t r = 0; r < p->ntrainers; r++)
+        CHECK_U64(p->tables[r].mem_cap, 1 << 20);
+    CHECK_INT(wb_plan_fit_cap(p, &f.in, false, &f.el), 0);
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), 0);
+    wb_plan_free(p);
+    fx_free(&f);
+
+    experts_case(&f);
+    o.mem_cap = 1 << 20;
+    CHECK_INT(wb_plan_build(&f.in, &o, &p, &f.el), 0);
+    CHECK_INT(wb_plan_fit_cap(p, &f.in, false, &f.el), 0);
+    CHECK_U64(p->mem_cap, 1 << 20);
+    CHECK_INT(f.el.n, 0);
+    wb_plan_free(p);
+    fx_free(&f);
+}
+
 /* ---------------------------------------------------------------- verify */
 
 static void test_verify_catches(void)
@@ -698,6 +747,7 @@ const struct wb_test wb_tests[] = {
     {"wire_bad_indices", test_wire_bad_indices, 0},
     {"balance", test_balance, 0},
     {"refused_not_planned", test_refused_not_planned, 0},
+    {"cap_below_largest_task", test_cap_below_largest_task, 0},
     {"verify_catches", test_verify_catches, 0},
     {"verify_counts_all", test_verify_counts_all, 0},
     {"estimate_by_hand", test_estimate_by_hand, 0},

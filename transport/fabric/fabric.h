@@ -128,6 +128,11 @@ struct fab_rail {
     struct fid_mr *pool_mr; /* bounce pool, registered on first use */
     void *pool_desc;
     struct fab_list pending, posted;
+    /* Since when the provider has refused the head of `pending` (-FI_EAGAIN), 0: not refused.
+     * tcp;ofi_rxm refuses every operation to a peer it cannot connect to (an address whose
+     * endpoint closed: a peer set up again) and retries the connection on each post, forever;
+     * op_timeout counts from here too, or such a write would never be reported. */
+    uint64_t refused_since;
     uint8_t batch[FAB_MSG_SIZE]; /* notes going out as one message */
     struct fab_op recv[FAB_NRECV];
     uint64_t recv_repost[FAB_NRECV / 64]; /* receives to post again (EAGAIN), a bit each */

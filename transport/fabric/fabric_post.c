@@ -11,8 +11,9 @@
  *
  * Failure: an error completion fails its write and marks the peer failed; the peer's queued
  * operations then fail with -WB_E_PEER without reaching the provider, and new writes to it are
- * refused. A same-host peer whose process is gone, or an operation in flight for longer than
- * op_timeout, fails the peer the same way and also abandons what the provider still holds for it
+ * refused. A same-host peer whose process is gone, or an operation in flight (or refused by the
+ * provider, as one to an endpoint that closed is) for longer than op_timeout, fails the peer the
+ * same way and also abandons what the provider still holds for it
  * (the write is reported; the operation's memory stays until the provider returns it or the
  * endpoint closes). That is what keeps a dead peer from hanging a writer: the shm provider never
  * completes operations addressed to a dead process.
@@ -217,6 +218,8 @@ static void peer_fail(struct fab_tx *fx, uint32_t peer, int err, int native, boo
     queues[nq++] = &fx->copyq;
     for (uint32_t i = 0; i < fx->nrails; i++)
         queues[nq++] = &fx->rail[i].pending;
+    for (uint32_t i = 0; i < fx->nrails; i++) /* the head may change: a fresh count */
+        fx->rail[i].refused_since = 0;
     for (size_t q = 0; q < nq; q++) {
         for (struct fab_op *op = queues[q]->first, *next; op; op = next) {
             next = op->next;
@@ -567,6 +570,7 @@ static void post_rail(struct fab_tx *fx, uint32_t i, uint64_t now)
                        op->peer, fi_strerror((int)-e));
             else
                 fx->st.ops_posted++;
+            r->refused_since = 0;
             for (ssize_t k = e > 0 ? e : 1; k > 0; k--, n++) {
                 op = r->pending.first;
                 list_remove(&r->pending, op);
@@ -577,8 +581,11 @@ static void post_rail(struct fab_tx *fx, uint32_t i, uint64_t now)
         e = e ? e : post_op(fx, op);
         if (e == -FI_EAGAIN) {
             fx->st.eagain++;
+            if (!r->refused_since)
+                r->refused_since = now ? now : 1;
             break;
         }
+        r->refused_since = 0;
         list_remove(&r->pending, op);
         n++;
         if (e < 0) {
@@ -835,8 +842,14 @@ static void check_peers(struct fab_tx *fx, uint64_t now)
     if (!fx->cfg.op_timeout)
         return;
     for (uint32_t i = 0; i < fx->nrails; i++) {
+        struct fab_rail *r = &fx->rail[i];
         struct fab_op *op;
-        while ((op = fx->rail[i].posted.first) && now - op->t_post > fx->cfg.op_timeout)
+        while ((op = r->posted.first) && now - op->t_post > fx->cfg.op_timeout)
+            peer_fail(fx, op->peer, -ETIMEDOUT, 0, true);
+        /* the head of the queue refused all that time: its peer, not the rail, is stuck (a
+         * rail whose window is full has posted operations, which time out first) */
+        if ((op = r->pending.first) && r->refused_since &&
+            now - r->refused_since > fx->cfg.op_timeout)
             peer_fail(fx, op->peer, -ETIMEDOUT, 0, true);
     }
 }

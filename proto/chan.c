@@ -36,16 +36,37 @@ static int nng_err(int rv)
 }
 
 /* A tls+tcp:// controller: its certificate must be signed by the CA in $WB_TLS_CA (PEM) and
- * name $WB_TLS_SERVER_NAME, or else the URL's host. One dial is tried at once, so that a
- * certificate that does not verify is an error here rather than endless silent retries; a
- * controller not listening yet is dialled again in the background as over tcp. */
+ * name $WB_TLS_SERVER_NAME, or else the URL's host — always one of them: without a name to
+ * check, any certificate the CA ever signed would pass for the controller (and collect the
+ * token from the first message). mbedtls compares the name with the certificate's DNS names
+ * and its common name, as text (an IP address too; it does not read iPAddress entries). One
+ * dial is tried at once, so that a certificate that does not verify is an error here rather
+ * than endless silent retries; a controller not listening yet is dialled again in the
+ * background as over tcp. */
 static int dial_tls(nng_socket s, const char *url)
 {
-    const char *ca = getenv("WB_TLS_CA"), *name = getenv("WB_TLS_SERVER_NAME");
+    const char *ca = getenv("WB_TLS_CA"), *env = getenv("WB_TLS_SERVER_NAME");
+    char name[256] = "";
     if (!ca || !*ca) {
         wb_log(WB_LOG_ERROR, "chan",
                "%s: a tls+tcp:// controller needs $WB_TLS_CA, the PEM file of the CA that signed "
                "its certificate",
+               url);
+        return -WB_E_CONFIG;
+    }
+    if (env && *env) {
+        snprintf(name, sizeof(name), "%s", env);
+    } else {
+        nng_url *u = NULL;
+        if (nng_url_parse(&u, url) == 0 && u->u_hostname)
+            snprintf(name, sizeof(name), "%s", u->u_hostname);
+        if (u)
+            nng_url_free(u);
+    }
+    if (!*name) {
+        wb_log(WB_LOG_ERROR, "chan",
+               "%s: names no host to check the controller's certificate against: set "
+               "$WB_TLS_SERVER_NAME to the name its certificate carries",
                url);
         return -WB_E_CONFIG;
     }
@@ -61,8 +82,10 @@ static int dial_tls(nng_socket s, const char *url)
         return -WB_E_CONFIG;
     }
     nng_tls_config_auth_mode(cfg, NNG_TLS_AUTH_MODE_REQUIRED);
-    if (name && *name)
-        nng_tls_config_server_name(cfg, name);
+    if ((rv = nng_tls_config_server_name(cfg, name)) != 0) {
+        nng_tls_config_free(cfg);
+        return nng_err(rv);
+    }
     for (int at_once = 1; at_once >= 0; at_once--) {
         nng_dialer d;
         rv = nng_dialer_create(&d, s, url);
@@ -73,8 +96,9 @@ static int dial_tls(nng_socket s, const char *url)
         nng_dialer_close(d);
         if (rv == NNG_ECRYPTO || rv == NNG_EPEERAUTH) {
             wb_log(WB_LOG_ERROR, "chan",
-                   "%s: the controller's certificate does not verify against WB_TLS_CA %s%s%s: %s",
-                   url, ca, name && *name ? " for the name " : "", name && *name ? name : "",
+                   "%s: the controller's certificate does not verify against WB_TLS_CA %s for the "
+                   "name %s%s: %s",
+                   url, ca, name, env && *env ? " ($WB_TLS_SERVER_NAME)" : " (the URL's host)",
                    nng_strerror(rv));
             break;
         }

@@ -449,7 +449,7 @@ static void test_tls(void)
         1);
     snprintf(want, sizeof(want),
              "wb error chan: %s: the controller's certificate does not verify against WB_TLS_CA "
-             "%s/other.pem for the name localhost: ",
+             "%s/other.pem for the name localhost ($WB_TLS_SERVER_NAME): ",
              c.url, dir);
     CHECK(strncmp(out, want, strlen(want)) == 0);
     free(out);
@@ -714,6 +714,92 @@ static void test_shutdown_by_heartbeat(void)
     CHECK_INT(e2e_wait(c.tr[0], 5000), 0);
 }
 
+/* A certificate for NAME signed by the CA dir/ca.{pem,key} (made on the first call), in
+ * dir/NAME.{pem,key}; skips without openssl. */
+static void make_signed_cert(const char *dir, const char *name)
+{
+    char *out;
+    int rc = e2e_run(&out,
+                     "sh -c 'cd %s && { test -e ca.pem || openssl req -x509 -newkey ec -pkeyopt "
+                     "ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=test-ca -keyout "
+                     "ca.key -out ca.pem; } && openssl req -newkey ec -pkeyopt "
+                     "ec_paramgen_curve:prime256v1 -nodes -subj /CN=%s -keyout %s.key -out %s.csr "
+                     "&& printf \"subjectAltName=DNS:%s\\n\" > %s.ext && openssl x509 -req -in "
+                     "%s.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile %s.ext -out "
+                     "%s.pem'",
+                     dir, name, name, name, name, name, name, name, name);
+    if (rc == 127 || (rc && strstr(out, "openssl: not found")))
+        wb_test_skip("no openssl to make a certificate (install openssl)");
+    if (rc)
+        wb_test_fail(__FILE__, __LINE__, "openssl: %s", out);
+    free(out);
+}
+
+/* Issue #28: the controller's certificate must carry the name the client dials, by default the
+ * URL's host. Certificates signed by one CA for localhost (the right name) and for
+ * wrong.example (a host posing as the controller): the wrong one is refused for localhost and
+ * 127.0.0.1, naming the name checked and where it came from; $WB_TLS_SERVER_NAME names another
+ * on purpose. */
+static void test_tls_names(void)
+{
+    const char *dir = wb_test_tmpdir();
+    make_signed_cert(dir, "localhost");
+    make_signed_cert(dir, "wrong.example");
+    char ca[700];
+    snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
+    setenv("WB_TLS_CA", ca, 1);
+    unsetenv("WB_TLS_SERVER_NAME");
+    const char *names[] = {"localhost", "wrong.example"};
+    for (int k = 0; k < 2; k++) {
+        unsigned port = e2e_port(6 + (unsigned)k);
+        char text[2048], url[64], job[1024];
+        snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%u", port);
+        snprintf(text, sizeof(text),
+                 "name: ctltest\nlisten: %s\ntoken: tok-123\ntrainers: 1\nrollouts: 1\n"
+                 "tls:\n  cert: %s/%s.pem\n  key: %s/%s.key\n",
+                 url, dir, names[k], dir, names[k]);
+        snprintf(job, sizeof(job), "%s", wb_test_write_file("job.yaml", text));
+        char *argv[] = {"wb-controller", "--config", job, NULL};
+        pid_t ctl = e2e_spawn("controller.log", NULL, argv);
+        /* k 0: the right certificate, found by the URL's host alone; k 1: the impostor's,
+         * reached only by naming its name on purpose */
+        const char *env = k == 0 ? "" : "WB_TLS_SERVER_NAME=wrong.example";
+        char *out = NULL, want[1024];
+        int rc = 1;
+        for (int t = 0; t < 100 && rc; t++) { /* until it listens */
+            free(out);
+            rc = e2e_run(&out, "%s WB_TOKEN=tok-123 wb-ctl -c tls+tcp://localhost:%u status", env,
+                         port);
+            if (rc)
+                e2e_sleep_ms(100);
+        }
+        CHECK_INT(rc, 0);
+        CHECK_CONTAINS(out, "waiting");
+        free(out);
+        /* by default the name checked is the URL's host: 127.0.0.1 is neither certificate's
+         * name, and wrong.example is not localhost */
+        for (int u = 0; u < 2; u++) {
+            const char *host = u == 0 ? "127.0.0.1" : "localhost";
+            if (k == 0 && u == 1)
+                continue;
+            CHECK_INT(
+                e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c tls+tcp://%s:%u status", host, port), 1);
+            snprintf(want, sizeof(want),
+                     "wb error chan: tls+tcp://%s:%u: the controller's certificate does not "
+                     "verify against WB_TLS_CA %s for the name %s (the URL's host): ",
+                     host, port, ca, host);
+            CHECK(strncmp(out, want, strlen(want)) == 0);
+            free(out);
+        }
+        CHECK_INT(e2e_run(&out, "WB_TLS_SERVER_NAME=%s WB_TOKEN=tok-123 wb-ctl -c %s shutdown",
+                          names[k], url),
+                  0);
+        free(out);
+        CHECK_INT(e2e_wait(ctl, 5000), 0);
+    }
+    unsetenv("WB_TLS_CA");
+}
+
 const struct wb_test wb_tests[] = {
     {"transfers", test_transfers, 60},
     {"wrong_token", test_wrong_token, 60},
@@ -724,6 +810,7 @@ const struct wb_test wb_tests[] = {
     {"rank_takeover", test_rank_takeover, 60},
     {"controller_outage", test_controller_outage, 60},
     {"tls", test_tls, 60},
+    {"tls_names", test_tls_names, 60},
     {"connection_limit", test_connection_limit, 60},
     {"shutdown_by_heartbeat", test_shutdown_by_heartbeat, 60},
     {0},

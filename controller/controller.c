@@ -292,6 +292,7 @@ static bool agents_all_alive(struct wb_controller *c, char *why, size_t cap)
 static void xfer_fail(struct wb_controller *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void push_check(struct wb_controller *c);
+static void log_refusal(struct wb_controller *c, const char *what);
 static void teardown_check(struct wb_controller *c, uint64_t now);
 
 static void set_state(struct wb_controller *c, enum ctl_state s)
@@ -789,6 +790,22 @@ static uint64_t epoch_new(uint64_t prev)
     }
 }
 
+/* A version more than version_step past the last complete one is refused (true, with why in
+ * msg): a member that sent 2^64-1 would leave no later version to send, for this controller
+ * and, through what the rollouts then hold, for the next one. */
+static bool version_far(const struct wb_controller *c, const char *what, uint64_t v, char *msg,
+                        size_t cap)
+{
+    uint64_t step = c->job->version_step ? c->job->version_step : 1ull << 32;
+    if (v <= c->last_version || v - c->last_version <= step)
+        return false;
+    snprintf(msg, cap,
+             "%sversion %" PRIu64 " is more than version_step (%" PRIu64 ") past the last "
+             "complete version %" PRIu64,
+             what, v, step, c->last_version);
+    return true;
+}
+
 /* Starts transfer v (client: the wb-ctl request to answer at the end, or NULL for a push). */
 static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nng_msg *client)
 {
@@ -878,6 +895,14 @@ static void on_ctl_transfer(struct wb_controller *c, nng_msg *req,
         reply_error(c, req, -EINVAL, msg);
         return;
     }
+    if (version_far(c, "transfer: ", v, msg, sizeof(msg)) ||
+        (b->timeout_ns > WB_JOB_MAX_NS &&
+         snprintf(msg, sizeof(msg),
+                  "transfer: timeout_ns %" PRIu64 " is longer than the longest duration, %d days",
+                  b->timeout_ns, WB_JOB_MAX_DAYS) > 0)) {
+        reply_error(c, req, -ERANGE, msg);
+        return;
+    }
     if (c->state != ST_READY) {
         if (agents_all_alive(c, why, sizeof(why)))
             snprintf(why, sizeof(why), "agents are in %s (gen %" PRIu64 ")", state_names[c->state],
@@ -909,6 +934,8 @@ static void on_push(struct wb_controller *c, nng_msg *req, struct agent *a, uint
         snprintf(msg, sizeof(msg),
                  "push: version %" PRIu64 " is not newer than the last complete version %" PRIu64,
                  v, c->last_version);
+    else if (version_far(c, "push: ", v, msg, sizeof(msg)))
+        ;
     else if (c->x.active && !c->x.aborting)
         snprintf(msg, sizeof(msg), "push: transfer %" PRIu64 " is in flight", c->x.version);
     for (uint32_t t = 0; !*msg && t < c->plan.ntrainers; t++)
@@ -1008,8 +1035,16 @@ static bool registration_ok(struct wb_controller *c, nng_msg *req, enum wb_role 
  * without the bytes), and its retry must be accepted. */
 static void seen_version(struct wb_controller *c, const struct agent *a, uint64_t v)
 {
+    char msg[256];
     if (v <= c->last_version || v <= c->attempted || c->x.active)
         return;
+    if (version_far(c, "", v, msg, sizeof(msg))) {
+        char line[400];
+        snprintf(line, sizeof(line), "%s rank %u holds %s (not taken)", wb_role_name(a->role),
+                 a->rank, msg);
+        log_refusal(c, line);
+        return;
+    }
     wb_log(WB_LOG_INFO, M,
            "%s rank %u holds version %" PRIu64 " complete: the last complete version from now on",
            wb_role_name(a->role), a->rank, v);

@@ -41,11 +41,17 @@ struct wb_job {
     char *trace;                 /* "" or a directory: agents write <dir>/<role><rank>.json */
     bool verify; /* rollouts check every write against its checksum computed at the writer */
     uint64_t max_connections; /* control connections held at once (0: 4 per agent + 64) */
+    uint64_t version_step;    /* a version may be at most this far past the last complete one */
     struct {
         char *cert; /* PEM certificate (chain) the controller shows on a tls+tcp:// listen URL */
         char *key;  /* PEM private key of cert */
     } tls;
 };
+
+/* The longest duration a job or a request may set (7 days): longer ones are refused rather
+ * than added to a clock reading, where 2^64 ns would wrap to an immediate deadline. */
+enum { WB_JOB_MAX_DAYS = 7 };
+static const uint64_t WB_JOB_MAX_NS = WB_JOB_MAX_DAYS * 86400ull * 1000000000ull;
 
 extern const struct wb_cfg_field wb_job_fields[];
 

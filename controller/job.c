@@ -81,6 +81,11 @@ const struct wb_cfg_field wb_job_fields[] = {
      "control connections the controller holds at once, before any is authenticated; one "
      "over it is closed (0: 4 per agent + 64)",
      offsetof(struct wb_job, max_connections)},
+    {"version_step", WB_CFG_U64, "4294967296",
+     "a transfer's version may be at most this far past the last complete one (2^32 by "
+     "default), so that no member can push the versions to the end of their range and block "
+     "every later one",
+     offsetof(struct wb_job, version_step)},
     {"tls", WB_CFG_SECTION, "", "the control plane over TLS (listen: tls+tcp://HOST:PORT)",
      offsetof(struct wb_job, tls), NULL, tls_fields},
     {0},
@@ -185,6 +190,23 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
         }
     if (!any && (j.trainers == 0 || j.rollouts == 0)) {
         wb_errlist_add(el, "%s: trainers, rollouts: a job without a model needs both counts", path);
+        err = -WB_E_CONFIG;
+    }
+    const struct {
+        const char *key;
+        uint64_t ns;
+    } durs[] = {{"heartbeat", j.heartbeat_ns},
+                {"dead_after", j.dead_ns},
+                {"transfer_timeout", j.transfer_ns},
+                {"poll_hold", j.poll_hold_ns}};
+    for (size_t i = 0; i < WB_ARRAY_LEN(durs); i++)
+        if (durs[i].ns > WB_JOB_MAX_NS) {
+            wb_errlist_add(el, "%s: %s: %.0f s is longer than the longest duration, %d days", path,
+                           durs[i].key, (double)durs[i].ns / 1e9, WB_JOB_MAX_DAYS);
+            err = -WB_E_CONFIG;
+        }
+    if (j.version_step == 0) {
+        wb_errlist_add(el, "%s: version_step: must be at least 1", path);
         err = -WB_E_CONFIG;
     }
     if (j.heartbeat_ns == 0 || j.dead_ns <= j.heartbeat_ns) {

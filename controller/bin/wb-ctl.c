@@ -273,6 +273,12 @@ int main(int argc, char **argv)
                 fprintf(stderr, "wb-ctl: --timeout: expected a duration, got '%s'\n", optarg);
                 return 2;
             }
+            if (timeout > WB_JOB_MAX_NS) {
+                fprintf(stderr,
+                        "wb-ctl: --timeout: %s is longer than the longest duration, %d days\n",
+                        optarg, WB_JOB_MAX_DAYS);
+                return 2;
+            }
             break;
         case 'v':
             if (wb_parse_u64(optarg, &version) || version == 0) {

@@ -800,6 +800,89 @@ static void test_tls_names(void)
     unsetenv("WB_TLS_CA");
 }
 
+/* Issue #28: versions advance by at most version_step (2^32) past the last complete one, so a
+ * token holder cannot send 2^64-1 and leave no later version — not by a transfer, not by a
+ * rollout's claim at registration, not across a controller restart; durations are checked
+ * against their range (7 days) instead of wrapping into an immediate deadline. */
+static void test_version_bounds(void)
+{
+    struct cluster c = {0};
+    char *out, want[2400], msg[256];
+    /* a member's claim: rollout rank 0 (this test) says it holds 2^64-1 */
+    write_job(&c, 1, 1, NULL);
+    c.nro = 0;
+    start(&c);
+    free(wait_status(&c, "trainer      0 alive", 10000));
+    struct wb_body_register reg = {
+        .rank = 0, .device = -1, .pid = 1, .synthetic = true, .version = UINT64_MAX};
+    snprintf(reg.role, sizeof(reg.role), "rollout");
+    memcpy(reg.host, "claim", 6);
+    struct wb_body_registered ok;
+    CHECK_INT(call(&c, WB_MSG_REGISTER, &reg, &ok, msg, sizeof(msg)), WB_MSG_REGISTERED);
+    out = wait_status(&c, "version 0, in flight: none", 5000);
+    free(out);
+    e2e_sleep_ms(300);
+    char *log = e2e_slurp("controller.log");
+    CHECK_CONTAINS(log, "controller: rollout rank 0 holds version 18446744073709551615 is more "
+                        "than version_step (4294967296) past the last complete version 0 (not "
+                        "taken)");
+    free(log);
+    shutdown_all(&c);
+
+    write_job(&c, 1, 1, NULL);
+    start(&c);
+    free(wait_status(&c, "ready", 10000));
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version %" PRIu64, c.url,
+                      UINT64_MAX),
+              1);
+    CHECK_STR(out, "wb-ctl: transfer: version 18446744073709551615 is more than version_step "
+                   "(4294967296) past the last complete version 0\n");
+    free(out);
+    /* exactly one step is allowed */
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 4294967296", c.url),
+              0);
+    CHECK_CONTAINS(out, "transfer 4294967296: complete in");
+    free(out);
+    /* the request's own time limit, 2^64-1 ns: refused, not wrapped */
+    struct wb_body_ctl_transfer xf = {.version = 4294967297ull, .timeout_ns = UINT64_MAX};
+    CHECK_INT(call(&c, WB_MSG_CTL_TRANSFER, &xf, NULL, msg, sizeof(msg)), WB_MSG_ERROR);
+    CHECK_STR(msg, "transfer: timeout_ns 18446744073709551615 is longer than the longest "
+                   "duration, 7 days");
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s --timeout 700000s transfer --version 5",
+                      c.url),
+              2);
+    CHECK_STR(out, "wb-ctl: --timeout: 700000s is longer than the longest duration, 7 days\n");
+    free(out);
+    /* a restarted controller goes on from what the rollout holds, and the bound with it */
+    kill(c.ctl, SIGKILL);
+    CHECK_INT(e2e_wait(c.ctl, 2000), 128 + SIGKILL);
+    c.ctl =
+        e2e_spawn("controller2.log", NULL, (char *[]){"wb-controller", "--config", c.job, NULL});
+    free(wait_status(&c, "version 4294967296, in flight: none", 10000));
+    free(wait_status(&c, "ready", 10000));
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version %" PRIu64, c.url,
+                      UINT64_MAX),
+              1);
+    CHECK_STR(out, "wb-ctl: transfer: version 18446744073709551615 is more than version_step "
+                   "(4294967296) past the last complete version 4294967296\n");
+    free(out);
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 4294967297", c.url),
+              0);
+    CHECK_CONTAINS(out, "transfer 4294967297: complete in");
+    free(out);
+    shutdown_all(&c);
+
+    /* a job's durations likewise */
+    write_job(&c, 1, 1, "transfer_timeout: 700000s\nversion_step: 0\n");
+    CHECK_INT(e2e_run(&out, "wb-controller --config %s", c.job), 1);
+    snprintf(want, sizeof(want),
+             "wb-controller: %s: transfer_timeout: 700000 s is longer than the longest duration, "
+             "7 days\nwb-controller: %s: version_step: must be at least 1\n",
+             c.job, c.job);
+    CHECK_STR(out, want);
+    free(out);
+}
+
 const struct wb_test wb_tests[] = {
     {"transfers", test_transfers, 60},
     {"wrong_token", test_wrong_token, 60},
@@ -811,6 +894,7 @@ const struct wb_test wb_tests[] = {
     {"controller_outage", test_controller_outage, 60},
     {"tls", test_tls, 60},
     {"tls_names", test_tls_names, 60},
+    {"version_bounds", test_version_bounds, 90},
     {"connection_limit", test_connection_limit, 60},
     {"shutdown_by_heartbeat", test_shutdown_by_heartbeat, 60},
     {0},

@@ -1,6 +1,8 @@
 /* chan.c — the nng request channel agents and clients reach the controller through: a REQ
  * socket used one request at a time, non-blocking (send, then poll for the reply) or as a
- * blocking call with a time limit. */
+ * blocking call with a time limit. It introduces each connection (HELLO, proto.h) and binds
+ * every request to it, so a request captured on the wire is refused on any other connection
+ * and again on its own. */
 #include "proto/proto.h"
 
 #include <errno.h>
@@ -109,12 +111,33 @@ static int dial_tls(nng_socket s, const char *url)
     return rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP ? -EINVAL : nng_err(rv);
 }
 
-int wb_chan_open(struct wb_chan *c, const char *url)
+/* What the channel keeps beyond the public struct: the token its HELLO carries, the nonce its
+ * connection was given, and the request in flight (sent again after a new HELLO). */
+struct wb_chan_state {
+    char *token;
+    uint64_t nonce; /* 0: the connection is not introduced (yet) */
+    uint64_t seq;   /* the last binding sequence number sent */
+    uint8_t *req;   /* the request in flight, as the caller gave it */
+    size_t req_len;
+    bool hello;       /* the HELLO is what is outstanding; req goes once it is answered */
+    unsigned rehello; /* HELLOs sent again for the request in flight */
+    uint64_t requests, hellos;
+};
+
+int wb_chan_open(struct wb_chan *c, const char *url, const char *token)
 {
     nng_socket s;
+    struct wb_chan_state *st = calloc(1, sizeof(*st));
+    if (!st || !(st->token = strdup(token ? token : ""))) {
+        free(st);
+        return -ENOMEM;
+    }
     int fd, rv = nng_req0_open(&s);
-    if (rv)
+    if (rv) {
+        free(st->token);
+        free(st);
         return nng_err(rv);
+    }
     /* Resending would duplicate registers and reports at the controller: the agent resends
      * itself, knowing what is idempotent. */
     nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
@@ -125,6 +148,8 @@ int wb_chan_open(struct wb_chan *c, const char *url)
         int err = dial_tls(s, url);
         if (err) {
             nng_close(s);
+            free(st->token);
+            free(st);
             return err;
         }
         rv = 0;
@@ -135,9 +160,11 @@ int wb_chan_open(struct wb_chan *c, const char *url)
         rv = nng_socket_get_int(s, NNG_OPT_RECVFD, &fd);
     if (rv) {
         nng_close(s);
+        free(st->token);
+        free(st);
         return rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP ? -EINVAL : nng_err(rv);
     }
-    *c = (struct wb_chan){.sock = s.id, .fd = fd};
+    *c = (struct wb_chan){.sock = s.id, .fd = fd, .st = st};
     return 0;
 }
 
@@ -147,35 +174,142 @@ void wb_chan_close(struct wb_chan *c)
         nng_close((nng_socket){.id = c->sock});
         c->sock = 0;
     }
+    if (c->st) {
+        free(c->st->token);
+        free(c->st->req);
+        free(c->st);
+        c->st = NULL;
+    }
+}
+
+void wb_chan_counts(const struct wb_chan *c, uint64_t *requests, uint64_t *hellos)
+{
+    *requests = c->st ? c->st->requests : 0;
+    *hellos = c->st ? c->st->hellos : 0;
+}
+
+static int send_raw(struct wb_chan *c, const void *head, size_t hn, const void *p, size_t n)
+{
+    nng_msg *m;
+    int rv = nng_msg_alloc(&m, 0);
+    if (rv)
+        return nng_err(rv);
+    if ((hn && (rv = nng_msg_append(m, head, hn)) != 0) ||
+        (n && (rv = nng_msg_append(m, p, n)) != 0) ||
+        (rv = nng_sendmsg((nng_socket){.id = c->sock}, m, NNG_FLAG_NONBLOCK)) != 0) {
+        nng_msg_free(m);
+        return nng_err(rv);
+    }
+    return 0;
+}
+
+/* The HELLO that introduces the connection (the request waits in st->req). */
+static int send_hello(struct wb_chan *c)
+{
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    wb_msg_encode(&w, WB_MSG_HELLO, c->st->token, NULL);
+    int err = w.err ? w.err : send_raw(c, NULL, 0, w.buf, w.len);
+    wb_mpw_free(&w);
+    if (!err) {
+        c->st->hello = true;
+        c->st->hellos++;
+    }
+    return err;
+}
+
+/* The request in flight behind the connection's binding prefix. */
+static int send_bound(struct wb_chan *c)
+{
+    uint8_t head[WB_BIND_LEN];
+    wb_bind_put(head, c->st->nonce, ++c->st->seq);
+    int err = send_raw(c, head, sizeof(head), c->st->req, c->st->req_len);
+    if (!err) {
+        c->st->hello = false;
+        c->st->requests++;
+    }
+    return err;
 }
 
 int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w)
 {
+    struct wb_chan_state *st = c->st;
     if (w->err)
         return w->err;
     if (w->len > WB_CTL_MAX_MSG)
         return -EMSGSIZE;
-    int rv = nng_send((nng_socket){.id = c->sock}, w->buf, w->len, NNG_FLAG_NONBLOCK);
-    if (rv)
-        return nng_err(rv);
+    uint8_t *copy = malloc(w->len ? w->len : 1);
+    if (!copy)
+        return -ENOMEM;
+    memcpy(copy, w->buf, w->len);
+    free(st->req);
+    st->req = copy;
+    st->req_len = w->len;
+    st->rehello = 0;
+    int err = st->nonce ? send_bound(c) : send_hello(c);
+    if (err) {
+        free(st->req);
+        st->req = NULL;
+        return err;
+    }
     c->busy = true;
     c->sent_ns = wb_now_ns();
     return 0;
 }
 
+/* A reply that the channel handles itself: HELLO's WELCOME (the request goes out now), or the
+ * controller saying the request came on a connection it is not bound to (its connection was
+ * replaced: introduce the new one, send again). True when consumed. */
+static bool chan_own_reply(struct wb_chan *c, const void *buf, size_t len)
+{
+    struct wb_chan_state *st = c->st;
+    struct wb_msg m;
+    const char *why;
+    char msg[WB_ERRMSG_MAX];
+    if (!st->req || wb_msg_open(buf, len, st->token, &m, &why))
+        return false;
+    if (st->hello && m.type == WB_MSG_WELCOME) {
+        struct wb_body_welcome b;
+        if (wb_msg_decode(&m, &b, msg, sizeof(msg)) || !b.nonce)
+            return false;
+        st->nonce = b.nonce;
+        st->seq = 0;
+        if (send_bound(c)) /* not sent: the caller's request times out as any lost one */
+            st->nonce = 0;
+        return true;
+    }
+    if (!st->hello && m.type == WB_MSG_ERROR && st->rehello < 3) {
+        struct wb_body_error e;
+        if (wb_msg_decode(&m, &e, msg, sizeof(msg)) || e.code != -WB_E_HELLO)
+            return false;
+        st->nonce = 0;
+        st->rehello++;
+        send_hello(c);
+        return true;
+    }
+    return false;
+}
+
 int wb_chan_try_recv(struct wb_chan *c, void **buf, size_t *len)
 {
-    void *p;
-    size_t n;
-    int rv = nng_recv((nng_socket){.id = c->sock}, &p, &n, NNG_FLAG_ALLOC | NNG_FLAG_NONBLOCK);
-    if (rv == NNG_EAGAIN)
-        return 0;
-    if (rv)
-        return nng_err(rv);
-    c->busy = false;
-    *buf = p;
-    *len = n;
-    return 1;
+    for (;;) {
+        void *p;
+        size_t n;
+        int rv = nng_recv((nng_socket){.id = c->sock}, &p, &n, NNG_FLAG_ALLOC | NNG_FLAG_NONBLOCK);
+        if (rv == NNG_EAGAIN)
+            return 0;
+        if (rv)
+            return nng_err(rv);
+        if (chan_own_reply(c, p, n)) {
+            nng_free(p, n);
+            continue;
+        }
+        c->busy = false;
+        c->st->hello = false;
+        *buf = p;
+        *len = n;
+        return 1;
+    }
 }
 
 void wb_chan_free(void *buf)

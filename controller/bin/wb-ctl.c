@@ -133,6 +133,19 @@ static int print_status(const struct wb_msg *m, char *why, size_t cap)
         if (a.err[0])
             printf("         setup failed: %s\n", a.err);
     }
+    struct wb_conn_stats cs;
+    if (st.conns.n) {
+        wb_mpr_init(&r, st.conns.p, st.conns.n);
+        if (wb_body_get(&r, WB_BODY_CONN_STATS, &cs, why, cap))
+            return -EBADMSG;
+        printf("connections: %" PRIu64 " introduced (at most %" PRIu64 "), %" PRIu64
+               " pending (at most %" PRIu64 "), %" PRIu64 " accepted; closed: %" PRIu64
+               " silent past the handshake time, %" PRIu64 " evicted, %" PRIu64
+               " over max_connections, %" PRIu64 " first frame too long, %" PRIu64
+               " refused first message; messages refused: %" PRIu64 "\n",
+               cs.held, cs.max_held, cs.pending, cs.max_pending, cs.accepted, cs.expired,
+               cs.evicted, cs.full, cs.oversized, cs.refused, cs.unbound);
+    }
     return 0;
 }
 
@@ -141,7 +154,7 @@ static int call(const char *url, const char *token, uint64_t timeout, struct wb_
     struct wb_chan ch;
     void *buf = NULL;
     size_t len = 0;
-    int err = wb_chan_open(&ch, url);
+    int err = wb_chan_open(&ch, url, token);
     if (err) {
         fprintf(stderr, "wb-ctl: %s: %s\n", url, wb_strerror(err));
         return 1;

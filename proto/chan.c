@@ -120,6 +120,8 @@ struct wb_chan_state {
     uint8_t *req;   /* the request in flight, as the caller gave it */
     size_t req_len;
     bool hello;       /* the HELLO is what is outstanding; req goes once it is answered */
+    bool lost;        /* nothing is outstanding (a send after an own reply failed): the
+                         caller's request times out as a lost one */
     unsigned rehello; /* HELLOs sent again for the request in flight */
     uint64_t requests, hellos;
 };
@@ -144,6 +146,7 @@ int wb_chan_open(struct wb_chan *c, const char *url, const char *token)
     nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, CHAN_MAX_MSG);
     nng_socket_set_ms(s, NNG_OPT_RECONNMINT, 20);
     nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, 200);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 200); /* send_raw's waiting sends */
     if (strncmp(url, "tls+tcp://", 10) == 0) {
         int err = dial_tls(s, url);
         if (err) {
@@ -188,7 +191,13 @@ void wb_chan_counts(const struct wb_chan *c, uint64_t *requests, uint64_t *hello
     *hellos = c->st ? c->st->hellos : 0;
 }
 
-static int send_raw(struct wb_chan *c, const void *head, size_t hn, const void *p, size_t n)
+/* Sends [head, p]: at once or -EAGAIN (the caller's own sends), or waiting up to the socket's
+ * send time (200 ms) for the connection to take it — the sends that follow an answer the
+ * channel consumed itself: nng may not have put the connection back in its ready list yet
+ * when the answer is handed over (seen on a loaded machine), and the caller is not there to
+ * try again. */
+static int send_raw(struct wb_chan *c, const void *head, size_t hn, const void *p, size_t n,
+                    bool wait)
 {
     nng_msg *m;
     int rv = nng_msg_alloc(&m, 0);
@@ -196,7 +205,7 @@ static int send_raw(struct wb_chan *c, const void *head, size_t hn, const void *
         return nng_err(rv);
     if ((hn && (rv = nng_msg_append(m, head, hn)) != 0) ||
         (n && (rv = nng_msg_append(m, p, n)) != 0) ||
-        (rv = nng_sendmsg((nng_socket){.id = c->sock}, m, NNG_FLAG_NONBLOCK)) != 0) {
+        (rv = nng_sendmsg((nng_socket){.id = c->sock}, m, wait ? 0 : NNG_FLAG_NONBLOCK)) != 0) {
         nng_msg_free(m);
         return nng_err(rv);
     }
@@ -204,12 +213,12 @@ static int send_raw(struct wb_chan *c, const void *head, size_t hn, const void *
 }
 
 /* The HELLO that introduces the connection (the request waits in st->req). */
-static int send_hello(struct wb_chan *c)
+static int send_hello(struct wb_chan *c, bool wait)
 {
     struct wb_mpw w;
     wb_mpw_init(&w);
     wb_msg_encode(&w, WB_MSG_HELLO, c->st->token, NULL);
-    int err = w.err ? w.err : send_raw(c, NULL, 0, w.buf, w.len);
+    int err = w.err ? w.err : send_raw(c, NULL, 0, w.buf, w.len, wait);
     wb_mpw_free(&w);
     if (!err) {
         c->st->hello = true;
@@ -219,11 +228,11 @@ static int send_hello(struct wb_chan *c)
 }
 
 /* The request in flight behind the connection's binding prefix. */
-static int send_bound(struct wb_chan *c)
+static int send_bound(struct wb_chan *c, bool wait)
 {
     uint8_t head[WB_BIND_LEN];
     wb_bind_put(head, c->st->nonce, ++c->st->seq);
-    int err = send_raw(c, head, sizeof(head), c->st->req, c->st->req_len);
+    int err = send_raw(c, head, sizeof(head), c->st->req, c->st->req_len, wait);
     if (!err) {
         c->st->hello = false;
         c->st->requests++;
@@ -246,7 +255,8 @@ int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w)
     st->req = copy;
     st->req_len = w->len;
     st->rehello = 0;
-    int err = st->nonce ? send_bound(c) : send_hello(c);
+    st->lost = false;
+    int err = st->nonce ? send_bound(c, false) : send_hello(c, false);
     if (err) {
         free(st->req);
         st->req = NULL;
@@ -274,8 +284,10 @@ static bool chan_own_reply(struct wb_chan *c, const void *buf, size_t len)
             return false;
         st->nonce = b.nonce;
         st->seq = 0;
-        if (send_bound(c)) /* not sent: the caller's request times out as any lost one */
+        if (send_bound(c, true)) { /* not sent: the request times out as any lost one */
             st->nonce = 0;
+            st->lost = true;
+        }
         return true;
     }
     if (!st->hello && m.type == WB_MSG_ERROR && st->rehello < 3) {
@@ -284,7 +296,7 @@ static bool chan_own_reply(struct wb_chan *c, const void *buf, size_t len)
             return false;
         st->nonce = 0;
         st->rehello++;
-        send_hello(c);
+        st->lost = send_hello(c, true) != 0;
         return true;
     }
     return false;
@@ -295,6 +307,8 @@ int wb_chan_try_recv(struct wb_chan *c, void **buf, size_t *len)
     for (;;) {
         void *p;
         size_t n;
+        if (c->st->lost)
+            return 0;
         int rv = nng_recv((nng_socket){.id = c->sock}, &p, &n, NNG_FLAG_ALLOC | NNG_FLAG_NONBLOCK);
         if (rv == NNG_EAGAIN)
             return 0;

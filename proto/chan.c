@@ -312,6 +312,14 @@ int wb_chan_try_recv(struct wb_chan *c, void **buf, size_t *len)
         int rv = nng_recv((nng_socket){.id = c->sock}, &p, &n, NNG_FLAG_ALLOC | NNG_FLAG_NONBLOCK);
         if (rv == NNG_EAGAIN)
             return 0;
+        /* The connection closed under a HELLO (a controller evicts connections that have not
+         * introduced themselves when strangers crowd it): nothing of the request was seen,
+         * so introduce the next connection (the socket dials again) a few times. */
+        if ((rv == NNG_ECONNSHUT || rv == NNG_ECONNRESET) && c->st->hello && c->st->rehello < 8) {
+            c->st->rehello++;
+            c->st->lost = send_hello(c, true) != 0;
+            continue;
+        }
         if (rv)
             return nng_err(rv);
         if (chan_own_reply(c, p, n)) {

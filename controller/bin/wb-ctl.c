@@ -257,6 +257,16 @@ static int verify(const char *config, const char *dump, uint64_t version, int64_
     return rc;
 }
 
+/* LeakSanitizer, in the sanitizer builds (unused elsewhere): nng 1.5.2 keeps a request that
+ * was being sent on a connection that closed under it (a controller evicts connections not
+ * introduced yet while strangers crowd it; wb_chan introduces the next one) after the socket
+ * is closed. Only allocations made inside libnng are exempt. */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libnng.so\n";
+}
+
 int main(int argc, char **argv)
 {
     static const struct option lo[] = {{"controller", required_argument, 0, 'c'},

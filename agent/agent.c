@@ -207,7 +207,7 @@ static int hb_start(struct wb_endpoint *ep)
     pthread_condattr_destroy(&ca);
     ep->hb_period = ep->hb_ns;
     ep->hb_wait = ep->dead_ns;
-    int rc = wb_chan_open(&ep->hbc, ep->o.controller);
+    int rc = wb_chan_open(&ep->hbc, ep->o.controller, ep->o.token);
     if (rc == 0 && (rc = -pthread_create(&ep->hb_thread, NULL, hb_main, ep)) != 0)
         wb_chan_close(&ep->hbc);
     ep->hb_started = rc == 0;

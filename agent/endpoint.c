@@ -51,10 +51,10 @@ int wb_endpoint_open(const struct wb_endpoint_opts *opts, struct wb_endpoint **o
     pthread_condattr_destroy(&ca);
     if (!err && (!opts->controller || !opts->token || (unsigned)opts->role >= WB_ROLE_COUNT))
         err = -EINVAL;
-    err = err ? err : wb_chan_open(&ep->call, opts->controller);
+    err = err ? err : wb_chan_open(&ep->call, opts->controller, opts->token);
     if (err)
         goto err_free;
-    err = wb_chan_open(&ep->pollc, opts->controller);
+    err = wb_chan_open(&ep->pollc, opts->controller, opts->token);
     if (err)
         goto err_call;
     *out = ep;

@@ -455,8 +455,8 @@ int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, str
             : "",
         o->job->listen);
     /* the channels first: once the thread runs, only a shutdown request through them ends it */
-    if ((err = wb_chan_open(&c.st, o->job->listen)) != 0 ||
-        (err = wb_chan_open(&c.xf, o->job->listen)) != 0) {
+    if ((err = wb_chan_open(&c.st, o->job->listen, c.token)) != 0 ||
+        (err = wb_chan_open(&c.xf, o->job->listen, c.token)) != 0) {
         wb_errlist_add(el, "controller %s: %s", o->job->listen, wb_strerror(err));
         goto out;
     }

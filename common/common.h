@@ -35,6 +35,7 @@ enum wb_errcode {
     WB_E_NOGPU,        /* a GPU was needed and none is usable */
     WB_E_BOUNDS,       /* a write would fall outside its destination region */
     WB_E_ENDED,        /* the controller is shutting the job down: agents exit */
+    WB_E_HELLO,        /* a control message on a connection it is not bound to (HELLO first) */
     WB_E_LAST
 };
 

@@ -19,6 +19,7 @@ static const char *const project_errors[WB_E_LAST - WB_E_FIRST] = {
     [WB_E_NOGPU - WB_E_FIRST] = "no usable GPU",
     [WB_E_BOUNDS - WB_E_FIRST] = "write outside its destination region",
     [WB_E_ENDED - WB_E_FIRST] = "the job was shut down",
+    [WB_E_HELLO - WB_E_FIRST] = "control message not bound to its connection",
 };
 
 const char *wb_strerror(int err)

@@ -3,10 +3,10 @@
  * (trigger, collect reports, publish "version N complete" to rollouts, or fail naming the
  * rank), and the client requests of wb-ctl.
  *
- * One raw REP socket carries everything (see controller.h). A request is either answered at
- * once or kept ("held"): agent polls are held until a command is queued for that agent or
- * poll_hold passes; a client's transfer request is held until the transfer ends. Every held
- * request has a deadline, so nothing waits forever on either side.
+ * One listener carries everything (serve.c: connections, their handshake and binding). A request is
+ * either answered at once or kept ("held"): agent polls are held until a command is queued for that
+ * agent or poll_hold passes; a client's transfer request is held until the transfer ends. Every
+ * held request has a deadline, so nothing waits forever on either side.
  *
  * Setup handshake, run whenever the set of live agent sessions changes (start-up, restart):
  *   SETUP(gen) to every agent whose session has not been set up  -> REPORT setup {addr, regions}
@@ -18,7 +18,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <nng/nng.h>
-#include <nng/protocol/reqrep0/rep.h>
 #include <nng/supplemental/tls/tls.h>
 #include <poll.h>
 #include <pthread.h>
@@ -101,7 +100,7 @@ struct xfer {
 
 struct wb_controller {
     const struct wb_job *job;
-    nng_socket sock;
+    struct ctl_serve *srv;
     int fd;
     struct wb_mpw *capture; /* wb_controller_feed: replies go here instead of the socket */
     struct ctl_plan plan;
@@ -122,17 +121,7 @@ struct wb_controller {
     struct xfer x;
     bool shutting_down;
     uint64_t exit_deadline, exit_linger;
-    /* Connections, counted by nng's pipe callbacks (its threads) before any message is read:
-     * the ids of those held; one over max is closed at once. */
-    struct {
-        pthread_mutex_t mu;
-        uint32_t *ids, n, max;
-        size_t cap;             /* ids grows with the connections held, never past max */
-        uint64_t refused, said; /* refused so far; how many of them the log has counted */
-        uint32_t closed[64];    /* held connections closed since the loop last looked (more
-                                   between two turns: dead_after still finds their agents) */
-        uint32_t nclosed;
-    } conn;
+    uint64_t conn_said; /* connections and messages refused that the log has counted */
 };
 
 static const char *M = "controller";
@@ -157,11 +146,15 @@ static void reply(struct wb_controller *c, nng_msg *req, const struct wb_mpw *bo
         nng_msg_free(req);
         return;
     }
-    if (body->err || nng_msg_append(req, body->buf, body->len) != 0 ||
-        nng_sendmsg(c->sock, req, 0) != 0) {
+    if (body->err || nng_msg_append(req, body->buf, body->len) != 0) {
         wb_log(WB_LOG_WARN, M, "a reply could not be sent");
         nng_msg_free(req);
+        return;
     }
+    /* a connection gone meanwhile: its peer asks again on its next one */
+    int err = ctl_serve_send(c->srv, req);
+    if (err && err != -ENOTCONN)
+        wb_log(WB_LOG_WARN, M, "a reply could not be sent: %s", wb_strerror(err));
 }
 
 /* Refusals never carry the token: the sender may not know it. */
@@ -292,6 +285,7 @@ static bool agents_all_alive(struct wb_controller *c, char *why, size_t cap)
 static void xfer_fail(struct wb_controller *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void push_check(struct wb_controller *c);
+static void log_refusal(struct wb_controller *c, const char *what);
 static void teardown_check(struct wb_controller *c, uint64_t now);
 
 static void set_state(struct wb_controller *c, enum ctl_state s)
@@ -789,6 +783,22 @@ static uint64_t epoch_new(uint64_t prev)
     }
 }
 
+/* A version more than version_step past the last complete one is refused (true, with why in
+ * msg): a member that sent 2^64-1 would leave no later version to send, for this controller
+ * and, through what the rollouts then hold, for the next one. */
+static bool version_far(const struct wb_controller *c, const char *what, uint64_t v, char *msg,
+                        size_t cap)
+{
+    uint64_t step = c->job->version_step ? c->job->version_step : 1ull << 32;
+    if (v <= c->last_version || v - c->last_version <= step)
+        return false;
+    snprintf(msg, cap,
+             "%sversion %" PRIu64 " is more than version_step (%" PRIu64 ") past the last "
+             "complete version %" PRIu64,
+             what, v, step, c->last_version);
+    return true;
+}
+
 /* Starts transfer v (client: the wb-ctl request to answer at the end, or NULL for a push). */
 static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nng_msg *client)
 {
@@ -878,6 +888,14 @@ static void on_ctl_transfer(struct wb_controller *c, nng_msg *req,
         reply_error(c, req, -EINVAL, msg);
         return;
     }
+    if (version_far(c, "transfer: ", v, msg, sizeof(msg)) ||
+        (b->timeout_ns > WB_JOB_MAX_NS &&
+         snprintf(msg, sizeof(msg),
+                  "transfer: timeout_ns %" PRIu64 " is longer than the longest duration, %d days",
+                  b->timeout_ns, WB_JOB_MAX_DAYS) > 0)) {
+        reply_error(c, req, -ERANGE, msg);
+        return;
+    }
     if (c->state != ST_READY) {
         if (agents_all_alive(c, why, sizeof(why)))
             snprintf(why, sizeof(why), "agents are in %s (gen %" PRIu64 ")", state_names[c->state],
@@ -909,6 +927,8 @@ static void on_push(struct wb_controller *c, nng_msg *req, struct agent *a, uint
         snprintf(msg, sizeof(msg),
                  "push: version %" PRIu64 " is not newer than the last complete version %" PRIu64,
                  v, c->last_version);
+    else if (version_far(c, "push: ", v, msg, sizeof(msg)))
+        ;
     else if (c->x.active && !c->x.aborting)
         snprintf(msg, sizeof(msg), "push: transfer %" PRIu64 " is in flight", c->x.version);
     for (uint32_t t = 0; !*msg && t < c->plan.ntrainers; t++)
@@ -1008,8 +1028,16 @@ static bool registration_ok(struct wb_controller *c, nng_msg *req, enum wb_role 
  * without the bytes), and its retry must be accepted. */
 static void seen_version(struct wb_controller *c, const struct agent *a, uint64_t v)
 {
+    char msg[256];
     if (v <= c->last_version || v <= c->attempted || c->x.active)
         return;
+    if (version_far(c, "", v, msg, sizeof(msg))) {
+        char line[400];
+        snprintf(line, sizeof(line), "%s rank %u holds %s (not taken)", wb_role_name(a->role),
+                 a->rank, msg);
+        log_refusal(c, line);
+        return;
+    }
     wb_log(WB_LOG_INFO, M,
            "%s rank %u holds version %" PRIu64 " complete: the last complete version from now on",
            wb_role_name(a->role), a->rank, v);
@@ -1147,12 +1175,7 @@ static struct agent *session_agent(struct wb_controller *c, nng_msg *req,
 /* Agents whose connection closed are dead at once: a crashed process closes them all. */
 static void check_closed(struct wb_controller *c)
 {
-    uint32_t closed[64], n;
-    pthread_mutex_lock(&c->conn.mu);
-    n = c->conn.nclosed;
-    memcpy(closed, c->conn.closed, n * sizeof(*closed));
-    c->conn.nclosed = 0;
-    pthread_mutex_unlock(&c->conn.mu);
+    uint32_t closed[256], n = c->srv ? ctl_serve_closed(c->srv, closed, 256) : 0;
     for (uint32_t i = 0; i < c->nagents && n; i++) {
         struct agent *a = &c->agents[i];
         bool gone = false;
@@ -1407,16 +1430,24 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
         snprintf(as.host, sizeof(as.host), "%s", a->host);
         wb_body_put(&agents, WB_BODY_AGENT_STATUS, &as);
     }
+    struct wb_conn_stats cs = {0};
+    if (c->srv)
+        ctl_serve_stats(c->srv, &cs);
+    struct wb_mpw conns;
+    wb_mpw_init(&conns);
+    wb_body_put(&conns, WB_BODY_CONN_STATS, &cs);
     struct wb_body_status b = {.gen = c->gen,
                                .version = c->last_version,
                                .in_flight = c->x.active ? c->x.version : 0,
-                               .agents = mpw_bytes(&agents)};
+                               .agents = mpw_bytes(&agents),
+                               .conns = mpw_bytes(&conns)};
     snprintf(b.job, sizeof(b.job), "%s", c->job->name);
     /* not "ready" while a failed attempt is torn down: a transfer would be refused */
     snprintf(b.state, sizeof(b.state), "%s",
              c->x.active && c->x.aborting ? "aborting" : state_names[c->state]);
     reply_msg(c, req, WB_MSG_STATUS, &b);
     wb_mpw_free(&agents);
+    wb_mpw_free(&conns);
 }
 
 static void on_ctl_plan(struct wb_controller *c, nng_msg *req)
@@ -1529,58 +1560,36 @@ static void on_message(struct wb_controller *c, nng_msg *req)
     advance(c);
 }
 
-/* A connection is held only while fewer than max are: a flood of them (each costs buffers and
- * a thread's work before any token is seen) is closed as it arrives. Every pipe nng reports
- * added is either held or closed; a removed one is forgotten only if it was held (nng 1.5
- * reports the removal of one closed here, later versions may not). */
-static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
-{
-    struct wb_controller *c = arg;
-    uint32_t id = (uint32_t)nng_pipe_id(p);
-    bool refuse = false;
-    pthread_mutex_lock(&c->conn.mu);
-    if (ev == NNG_PIPE_EV_ADD_PRE) {
-        if (c->conn.n < c->conn.max &&
-            (c->conn.n < c->conn.cap ||
-             !wb_grow(&c->conn.ids, &c->conn.cap, 64, sizeof(*c->conn.ids))))
-            c->conn.ids[c->conn.n++] = id;
-        else /* over the limit, or no memory to hold it: closed either way */
-            refuse = true, c->conn.refused++;
-    } else {
-        for (uint32_t i = 0; i < c->conn.n; i++)
-            if (c->conn.ids[i] == id) {
-                c->conn.ids[i] = c->conn.ids[--c->conn.n];
-                if (c->conn.nclosed < WB_ARRAY_LEN(c->conn.closed))
-                    c->conn.closed[c->conn.nclosed++] = id;
-                break;
-            }
-    }
-    pthread_mutex_unlock(&c->conn.mu);
-    if (refuse)
-        nng_pipe_close(p);
-}
-
-/* Says how many connections were refused since the last time (through the refusal log's rate
- * limit). */
+/* Says how many connections and messages serve.c refused since the last time (through the
+ * refusal log's rate limit). */
 static void conn_say(struct wb_controller *c)
 {
-    pthread_mutex_lock(&c->conn.mu);
-    uint64_t k = c->conn.refused - c->conn.said;
-    uint32_t max = c->conn.max;
-    c->conn.said = c->conn.refused;
-    pthread_mutex_unlock(&c->conn.mu);
-    if (k) {
-        char line[160];
-        snprintf(line, sizeof(line),
-                 "refused %" PRIu64 " connection%s: %u are held (max_connections)", k,
-                 k == 1 ? "" : "s", max);
-        log_refusal(c, line);
-    }
+    struct wb_conn_stats s;
+    ctl_serve_stats(c->srv, &s);
+    uint64_t k = s.expired + s.evicted + s.full + s.oversized + s.refused + s.unbound;
+    if (k == c->conn_said)
+        return;
+    c->conn_said = k;
+    char line[400];
+    snprintf(line, sizeof(line),
+             "connections so far: %" PRIu64 " accepted, %" PRIu64 " held now (max_connections "
+             "%" PRIu64 "); closed %" PRIu64 " silent past the handshake time, %" PRIu64
+             " evicted, %" PRIu64 " over max_connections, %" PRIu64 " with a first frame over "
+             "%u bytes, %" PRIu64 " with a first message that was no HELLO with the token; %" PRIu64
+             " messages refused (another connection's, a replay)",
+             s.accepted, s.held,
+             (uint64_t)(c->job->max_connections ? c->job->max_connections : 4ull * c->nagents + 64),
+             s.expired, s.evicted, s.full, s.oversized, (unsigned)WB_HELLO_MAX, s.refused,
+             s.unbound);
+    log_refusal(c, line);
 }
 
 static void on_tick(struct wb_controller *c, uint64_t now)
 {
-    conn_say(c);
+    if (c->srv) {
+        ctl_serve_tick(c->srv, now);
+        conn_say(c);
+    }
     check_closed(c);
     check_dead(c, now);
     for (uint32_t i = 0; i < c->nagents; i++) {
@@ -1628,14 +1637,9 @@ int wb_controller_step(struct wb_controller *c, int wait_ms)
     struct pollfd p = {.fd = c->fd, .events = POLLIN};
     poll(&p, 1, wait_ms);
     for (int k = 0; k < 64; k++) {
-        nng_msg *req;
-        int rv = nng_recvmsg(c->sock, &req, NNG_FLAG_NONBLOCK);
-        if (rv == NNG_EAGAIN)
+        nng_msg *req = ctl_serve_recv(c->srv);
+        if (!req)
             break;
-        if (rv) {
-            wb_log(WB_LOG_ERROR, M, "receive: %s", nng_strerror(rv));
-            return -EIO;
-        }
         on_message(c, req);
     }
     on_tick(c, wb_now_ns());
@@ -1685,11 +1689,10 @@ static char *slurp(const char *path)
 /* Listens on the job's URL; on tls+tcp:// with the job's certificate and key. */
 static int listen_on(struct wb_controller *c, const struct wb_job *job, struct wb_errlist *el)
 {
-    nng_listener l;
     nng_tls_config *cfg = NULL;
-    char *cert = NULL, *key = NULL;
-    int rv = nng_listener_create(&l, c->sock, job->listen), err = 0;
-    if (!rv && strncmp(job->listen, "tls+tcp://", 10) == 0) {
+    char *cert = NULL, *key = NULL, why[200] = "";
+    int rv = 0, err = 0;
+    if (strncmp(job->listen, "tls+tcp://", 10) == 0) {
         if (!(cert = slurp(job->tls.cert)) || !(key = slurp(job->tls.key))) {
             wb_errlist_add(el, "controller: tls.%s %s: cannot read it", cert ? "key" : "cert",
                            cert ? job->tls.key : job->tls.cert);
@@ -1702,15 +1705,23 @@ static int listen_on(struct wb_controller *c, const struct wb_job *job, struct w
                            job->tls.cert, job->tls.key, nng_strerror(rv));
             err = -WB_E_CONFIG;
         }
-        if (!err && !rv)
-            rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, cfg);
     }
-    if (!err && !rv)
-        rv = nng_listener_start(l, 0);
     if (!err && rv) {
         wb_errlist_add(el, "controller: cannot listen on %s: %s", job->listen, nng_strerror(rv));
-        err = rv == NNG_EADDRINUSE ? -EADDRINUSE : -EINVAL;
+        err = -EINVAL;
     }
+    /* an agent holds three connections (calls, polls, heartbeats), wb-ctl one; until they
+     * are introduced, as many again plus a margin */
+    uint64_t held = job->max_connections ? job->max_connections : 4ull * c->nagents + 64;
+    uint64_t pend = job->max_pending ? job->max_pending : 3ull * c->nagents + 64;
+    uint64_t peer = job->max_pending_per_peer ? job->max_pending_per_peer : 3ull * c->nagents + 16;
+    struct ctl_serve_limits lim = {.handshake_ns = job->handshake_ns,
+                                   .max_held = held > UINT32_MAX ? UINT32_MAX : (uint32_t)held,
+                                   .max_pending = pend > UINT32_MAX ? UINT32_MAX : (uint32_t)pend,
+                                   .max_per_peer = peer > UINT32_MAX ? UINT32_MAX : (uint32_t)peer};
+    if (!err &&
+        (err = ctl_serve_open(&c->srv, job->listen, cfg, job->token, &lim, why, sizeof(why))) != 0)
+        wb_errlist_add(el, "controller: cannot listen on %s: %s", job->listen, why);
     if (cfg)
         nng_tls_config_free(cfg); /* the listener holds its own reference */
     free(cert);
@@ -1734,7 +1745,7 @@ int wb_controller_create_opts(const struct wb_job *job, const struct wb_controll
         return -ENOMEM;
     }
     c->job = job;
-    int rv, err = 0;
+    int err = 0;
     if (o && o->source && !(c->source = strdup(o->source)))
         err = -ENOMEM;
     err = err ? err : ctl_plan_build(job, o, &c->plan, el);
@@ -1761,38 +1772,14 @@ int wb_controller_create_opts(const struct wb_job *job, const struct wb_controll
         err = -WB_E_CONFIG;
         goto err_agents;
     }
-    uint64_t maxc = job->max_connections ? job->max_connections : 4ull * c->nagents + 64;
-    c->conn.max = maxc > UINT32_MAX ? UINT32_MAX : (uint32_t)maxc;
-    pthread_mutex_init(&c->conn.mu, NULL);
-    if ((rv = nng_rep0_open_raw(&c->sock)) != 0) {
-        wb_errlist_add(el, "controller: cannot open a socket: %s", nng_strerror(rv));
-        err = -EIO;
-        goto err_conn;
-    }
-    nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_PRE, on_pipe, c);
-    nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, on_pipe, c);
-    nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, WB_CTL_MAX_MSG);
-    /* Sends block only while the previous reply to the same agent is still being written
-     * (nng's raw REP cannot queue a second one without blocking); a stuck peer costs at most
-     * this long, then the reply is dropped and the peer's request times out and repeats. */
-    nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO, 200);
     if ((err = listen_on(c, job, el)) != 0)
-        goto err_sock;
-    if ((rv = nng_socket_get_int(c->sock, NNG_OPT_RECVFD, &c->fd)) != 0) {
-        wb_errlist_add(el, "controller: no receive fd: %s", nng_strerror(rv));
-        err = -EIO;
-        goto err_sock;
-    }
+        goto err_agents;
+    c->fd = ctl_serve_fd(c->srv);
     wb_log(WB_LOG_INFO, M, "job %s listening on %s: %u trainers, %u rollouts", job->name,
            job->listen, c->plan.ntrainers, c->plan.nrollouts);
     *out = c;
     return 0;
 
-err_sock:
-    nng_close(c->sock);
-err_conn:
-    pthread_mutex_destroy(&c->conn.mu);
-    free(c->conn.ids);
 err_agents:
     free(c->agents);
 err_plan:
@@ -1815,9 +1802,7 @@ void wb_controller_destroy(struct wb_controller *c)
         agent_reset(&c->agents[i]);
         free(c->agents[i].cmds);
     }
-    nng_close(c->sock); /* no pipe callback runs after it */
-    pthread_mutex_destroy(&c->conn.mu);
-    free(c->conn.ids);
+    ctl_serve_close(c->srv); /* no callback of nng's runs after it */
     free(c->agents);
     ctl_plan_free(&c->plan);
     free(c->source);

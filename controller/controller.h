@@ -4,7 +4,9 @@
  * The controller collects agents (proto/ is the protocol they speak), matches and plans once
  * (matcher/, planner/), hands each agent its routing table or receive list (route/), triggers
  * transfers and publishes "version N complete" only when every trainer and rollout agrees.
- * One raw REP socket carries everything: a request is answered at once or held (agent polls
+ * One listener carries everything (the REQ/REP wire protocol, served by the controller itself
+ * so that strangers are refused before they cost anything): a request is answered at once or
+ * held (agent polls
  * until a command is queued, a client's transfer until it ends), every held request with a
  * deadline, so nothing waits forever on either side.
  */
@@ -40,12 +42,21 @@ struct wb_job {
     uint64_t trainers, rollouts; /* expected agents; 0 = from the layouts */
     char *trace;                 /* "" or a directory: agents write <dir>/<role><rank>.json */
     bool verify; /* rollouts check every write against its checksum computed at the writer */
-    uint64_t max_connections; /* control connections held at once (0: 4 per agent + 64) */
+    uint64_t max_connections; /* introduced connections held at once (0: 4 per agent + 64) */
+    uint64_t version_step;    /* a version may be at most this far past the last complete one */
+    uint64_t handshake_ns; /* a connection not introduced (HELLO with the token) by then closes */
+    uint64_t max_pending;  /* connections not introduced yet (0: 3 per agent + 64) */
+    uint64_t max_pending_per_peer; /* ... of one peer address (0: 3 per agent + 16) */
     struct {
         char *cert; /* PEM certificate (chain) the controller shows on a tls+tcp:// listen URL */
         char *key;  /* PEM private key of cert */
     } tls;
 };
+
+/* The longest duration a job or a request may set (7 days): longer ones are refused rather
+ * than added to a clock reading, where 2^64 ns would wrap to an immediate deadline. */
+enum { WB_JOB_MAX_DAYS = 7 };
+static const uint64_t WB_JOB_MAX_NS = WB_JOB_MAX_DAYS * 86400ull * 1000000000ull;
 
 extern const struct wb_cfg_field wb_job_fields[];
 

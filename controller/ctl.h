@@ -72,4 +72,37 @@ int ctl_plan_derive(const struct wb_job *job, struct ctl_plan *p, const struct w
 int ctl_check_registration(const struct ctl_plan *p, enum wb_role role, uint32_t rank,
                            const struct wb_bytes *inv, char **detail, uint32_t *nproblems);
 
+/* ---------------------------------------------------------------- serve.c */
+
+/* The control connections (serve.c says why the controller speaks nng's REQ/REP wire protocol
+ * itself): listening, the handshake, the binding checks; requests that pass come out as nng
+ * messages whose header is the request id and whose pipe is the connection's id. */
+struct ctl_serve;
+struct ctl_serve_limits {
+    uint64_t handshake_ns; /* a connection not introduced by then is closed */
+    uint32_t max_held;     /* introduced connections (max_connections) */
+    uint32_t max_pending;  /* connections not introduced yet, all peers */
+    uint32_t max_per_peer; /* ... of one peer address */
+};
+typedef struct nng_tls_config nng_tls_config;
+typedef struct nng_msg nng_msg;
+/* Listens on url (tls: the server's TLS configuration for tls+tcp://, else NULL). On failure,
+ * why says what nng said. */
+int ctl_serve_open(struct ctl_serve **out, const char *url, nng_tls_config *tls, const char *token,
+                   const struct ctl_serve_limits *lim, char *why, size_t cap);
+/* Readable while requests are waiting. */
+int ctl_serve_fd(const struct ctl_serve *s);
+/* The next request, or NULL. */
+nng_msg *ctl_serve_recv(struct ctl_serve *s);
+/* Sends m (a request's message, its body replaced by the reply) back on its connection;
+ * consumes m. -ENOTCONN when the connection is gone, -EAGAIN when its peer reads nothing. */
+int ctl_serve_send(struct ctl_serve *s, nng_msg *m);
+/* Closes connections past their handshake time; frees closed ones. */
+void ctl_serve_tick(struct ctl_serve *s, uint64_t now);
+/* The ids of introduced connections closed since the last call (at most cap). */
+uint32_t ctl_serve_closed(struct ctl_serve *s, uint32_t *ids, uint32_t cap);
+void ctl_serve_stats(struct ctl_serve *s, struct wb_conn_stats *out);
+/* Closes every connection and the listener (waits for nng's callbacks to end). */
+void ctl_serve_close(struct ctl_serve *s);
+
 #endif /* WB_CTL_H */

@@ -78,9 +78,25 @@ const struct wb_cfg_field wb_job_fields[] = {
      "every byte on both sides; on the GPU for GPU memory)",
      offsetof(struct wb_job, verify)},
     {"max_connections", WB_CFG_U64, "0",
-     "control connections the controller holds at once, before any is authenticated; one "
-     "over it is closed (0: 4 per agent + 64)",
+     "control connections introduced with the token (HELLO) the controller holds at once; "
+     "one over it is closed (0: 4 per agent + 64)",
      offsetof(struct wb_job, max_connections)},
+    {"handshake", WB_CFG_DURATION, "2s",
+     "a control connection that has not shown the token (HELLO) by then is closed, TLS "
+     "handshake included",
+     offsetof(struct wb_job, handshake_ns)},
+    {"max_pending", WB_CFG_U64, "0",
+     "control connections not introduced yet, held apart from max_connections; a newer one "
+     "evicts the oldest (0: 3 per agent + 64)",
+     offsetof(struct wb_job, max_pending)},
+    {"max_pending_per_peer", WB_CFG_U64, "0",
+     "of those, from one peer address (0: 3 per agent + 16)",
+     offsetof(struct wb_job, max_pending_per_peer)},
+    {"version_step", WB_CFG_U64, "4294967296",
+     "a transfer's version may be at most this far past the last complete one (2^32 by "
+     "default), so that no member can push the versions to the end of their range and block "
+     "every later one",
+     offsetof(struct wb_job, version_step)},
     {"tls", WB_CFG_SECTION, "", "the control plane over TLS (listen: tls+tcp://HOST:PORT)",
      offsetof(struct wb_job, tls), NULL, tls_fields},
     {0},
@@ -185,6 +201,28 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
         }
     if (!any && (j.trainers == 0 || j.rollouts == 0)) {
         wb_errlist_add(el, "%s: trainers, rollouts: a job without a model needs both counts", path);
+        err = -WB_E_CONFIG;
+    }
+    const struct {
+        const char *key;
+        uint64_t ns;
+    } durs[] = {{"heartbeat", j.heartbeat_ns},
+                {"dead_after", j.dead_ns},
+                {"transfer_timeout", j.transfer_ns},
+                {"poll_hold", j.poll_hold_ns},
+                {"handshake", j.handshake_ns}};
+    for (size_t i = 0; i < WB_ARRAY_LEN(durs); i++)
+        if (durs[i].ns > WB_JOB_MAX_NS) {
+            wb_errlist_add(el, "%s: %s: %.0f s is longer than the longest duration, %d days", path,
+                           durs[i].key, (double)durs[i].ns / 1e9, WB_JOB_MAX_DAYS);
+            err = -WB_E_CONFIG;
+        }
+    if (j.handshake_ns == 0) {
+        wb_errlist_add(el, "%s: handshake: must be longer than 0", path);
+        err = -WB_E_CONFIG;
+    }
+    if (j.version_step == 0) {
+        wb_errlist_add(el, "%s: version_step: must be at least 1", path);
         err = -WB_E_CONFIG;
     }
     if (j.heartbeat_ns == 0 || j.dead_ns <= j.heartbeat_ns) {

@@ -1,6 +1,8 @@
 /* chan.c — the nng request channel agents and clients reach the controller through: a REQ
  * socket used one request at a time, non-blocking (send, then poll for the reply) or as a
- * blocking call with a time limit. */
+ * blocking call with a time limit. It introduces each connection (HELLO, proto.h) and binds
+ * every request to it, so a request captured on the wire is refused on any other connection
+ * and again on its own. */
 #include "proto/proto.h"
 
 #include <errno.h>
@@ -36,16 +38,37 @@ static int nng_err(int rv)
 }
 
 /* A tls+tcp:// controller: its certificate must be signed by the CA in $WB_TLS_CA (PEM) and
- * name $WB_TLS_SERVER_NAME, or else the URL's host. One dial is tried at once, so that a
- * certificate that does not verify is an error here rather than endless silent retries; a
- * controller not listening yet is dialled again in the background as over tcp. */
+ * name $WB_TLS_SERVER_NAME, or else the URL's host — always one of them: without a name to
+ * check, any certificate the CA ever signed would pass for the controller (and collect the
+ * token from the first message). mbedtls compares the name with the certificate's DNS names
+ * and its common name, as text (an IP address too; it does not read iPAddress entries). One
+ * dial is tried at once, so that a certificate that does not verify is an error here rather
+ * than endless silent retries; a controller not listening yet is dialled again in the
+ * background as over tcp. */
 static int dial_tls(nng_socket s, const char *url)
 {
-    const char *ca = getenv("WB_TLS_CA"), *name = getenv("WB_TLS_SERVER_NAME");
+    const char *ca = getenv("WB_TLS_CA"), *env = getenv("WB_TLS_SERVER_NAME");
+    char name[256] = "";
     if (!ca || !*ca) {
         wb_log(WB_LOG_ERROR, "chan",
                "%s: a tls+tcp:// controller needs $WB_TLS_CA, the PEM file of the CA that signed "
                "its certificate",
+               url);
+        return -WB_E_CONFIG;
+    }
+    if (env && *env) {
+        snprintf(name, sizeof(name), "%s", env);
+    } else {
+        nng_url *u = NULL;
+        if (nng_url_parse(&u, url) == 0 && u->u_hostname)
+            snprintf(name, sizeof(name), "%s", u->u_hostname);
+        if (u)
+            nng_url_free(u);
+    }
+    if (!*name) {
+        wb_log(WB_LOG_ERROR, "chan",
+               "%s: names no host to check the controller's certificate against: set "
+               "$WB_TLS_SERVER_NAME to the name its certificate carries",
                url);
         return -WB_E_CONFIG;
     }
@@ -61,8 +84,10 @@ static int dial_tls(nng_socket s, const char *url)
         return -WB_E_CONFIG;
     }
     nng_tls_config_auth_mode(cfg, NNG_TLS_AUTH_MODE_REQUIRED);
-    if (name && *name)
-        nng_tls_config_server_name(cfg, name);
+    if ((rv = nng_tls_config_server_name(cfg, name)) != 0) {
+        nng_tls_config_free(cfg);
+        return nng_err(rv);
+    }
     for (int at_once = 1; at_once >= 0; at_once--) {
         nng_dialer d;
         rv = nng_dialer_create(&d, s, url);
@@ -73,8 +98,9 @@ static int dial_tls(nng_socket s, const char *url)
         nng_dialer_close(d);
         if (rv == NNG_ECRYPTO || rv == NNG_EPEERAUTH) {
             wb_log(WB_LOG_ERROR, "chan",
-                   "%s: the controller's certificate does not verify against WB_TLS_CA %s%s%s: %s",
-                   url, ca, name && *name ? " for the name " : "", name && *name ? name : "",
+                   "%s: the controller's certificate does not verify against WB_TLS_CA %s for the "
+                   "name %s%s: %s",
+                   url, ca, name, env && *env ? " ($WB_TLS_SERVER_NAME)" : " (the URL's host)",
                    nng_strerror(rv));
             break;
         }
@@ -85,22 +111,48 @@ static int dial_tls(nng_socket s, const char *url)
     return rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP ? -EINVAL : nng_err(rv);
 }
 
-int wb_chan_open(struct wb_chan *c, const char *url)
+/* What the channel keeps beyond the public struct: the token its HELLO carries, the nonce its
+ * connection was given, and the request in flight (sent again after a new HELLO). */
+struct wb_chan_state {
+    char *token;
+    uint64_t nonce; /* 0: the connection is not introduced (yet) */
+    uint64_t seq;   /* the last binding sequence number sent */
+    uint8_t *req;   /* the request in flight, as the caller gave it */
+    size_t req_len;
+    bool hello;       /* the HELLO is what is outstanding; req goes once it is answered */
+    bool lost;        /* nothing is outstanding (a send after an own reply failed): the
+                         caller's request times out as a lost one */
+    unsigned rehello; /* HELLOs sent again for the request in flight */
+    uint64_t requests, hellos;
+};
+
+int wb_chan_open(struct wb_chan *c, const char *url, const char *token)
 {
     nng_socket s;
+    struct wb_chan_state *st = calloc(1, sizeof(*st));
+    if (!st || !(st->token = strdup(token ? token : ""))) {
+        free(st);
+        return -ENOMEM;
+    }
     int fd, rv = nng_req0_open(&s);
-    if (rv)
+    if (rv) {
+        free(st->token);
+        free(st);
         return nng_err(rv);
+    }
     /* Resending would duplicate registers and reports at the controller: the agent resends
      * itself, knowing what is idempotent. */
     nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
     nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, CHAN_MAX_MSG);
     nng_socket_set_ms(s, NNG_OPT_RECONNMINT, 20);
     nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, 200);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 200); /* send_raw's waiting sends */
     if (strncmp(url, "tls+tcp://", 10) == 0) {
         int err = dial_tls(s, url);
         if (err) {
             nng_close(s);
+            free(st->token);
+            free(st);
             return err;
         }
         rv = 0;
@@ -111,9 +163,11 @@ int wb_chan_open(struct wb_chan *c, const char *url)
         rv = nng_socket_get_int(s, NNG_OPT_RECVFD, &fd);
     if (rv) {
         nng_close(s);
+        free(st->token);
+        free(st);
         return rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP ? -EINVAL : nng_err(rv);
     }
-    *c = (struct wb_chan){.sock = s.id, .fd = fd};
+    *c = (struct wb_chan){.sock = s.id, .fd = fd, .st = st};
     return 0;
 }
 
@@ -123,35 +177,161 @@ void wb_chan_close(struct wb_chan *c)
         nng_close((nng_socket){.id = c->sock});
         c->sock = 0;
     }
+    if (c->st) {
+        free(c->st->token);
+        free(c->st->req);
+        free(c->st);
+        c->st = NULL;
+    }
+}
+
+void wb_chan_counts(const struct wb_chan *c, uint64_t *requests, uint64_t *hellos)
+{
+    *requests = c->st ? c->st->requests : 0;
+    *hellos = c->st ? c->st->hellos : 0;
+}
+
+/* Sends [head, p]: at once or -EAGAIN (the caller's own sends), or waiting up to the socket's
+ * send time (200 ms) for the connection to take it — the sends that follow an answer the
+ * channel consumed itself: nng may not have put the connection back in its ready list yet
+ * when the answer is handed over (seen on a loaded machine), and the caller is not there to
+ * try again. */
+static int send_raw(struct wb_chan *c, const void *head, size_t hn, const void *p, size_t n,
+                    bool wait)
+{
+    nng_msg *m;
+    int rv = nng_msg_alloc(&m, 0);
+    if (rv)
+        return nng_err(rv);
+    if ((hn && (rv = nng_msg_append(m, head, hn)) != 0) ||
+        (n && (rv = nng_msg_append(m, p, n)) != 0) ||
+        (rv = nng_sendmsg((nng_socket){.id = c->sock}, m, wait ? 0 : NNG_FLAG_NONBLOCK)) != 0) {
+        nng_msg_free(m);
+        return nng_err(rv);
+    }
+    return 0;
+}
+
+/* The HELLO that introduces the connection (the request waits in st->req). */
+static int send_hello(struct wb_chan *c, bool wait)
+{
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    wb_msg_encode(&w, WB_MSG_HELLO, c->st->token, NULL);
+    int err = w.err ? w.err : send_raw(c, NULL, 0, w.buf, w.len, wait);
+    wb_mpw_free(&w);
+    if (!err) {
+        c->st->hello = true;
+        c->st->hellos++;
+    }
+    return err;
+}
+
+/* The request in flight behind the connection's binding prefix. */
+static int send_bound(struct wb_chan *c, bool wait)
+{
+    uint8_t head[WB_BIND_LEN];
+    wb_bind_put(head, c->st->nonce, ++c->st->seq);
+    int err = send_raw(c, head, sizeof(head), c->st->req, c->st->req_len, wait);
+    if (!err) {
+        c->st->hello = false;
+        c->st->requests++;
+    }
+    return err;
 }
 
 int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w)
 {
+    struct wb_chan_state *st = c->st;
     if (w->err)
         return w->err;
     if (w->len > WB_CTL_MAX_MSG)
         return -EMSGSIZE;
-    int rv = nng_send((nng_socket){.id = c->sock}, w->buf, w->len, NNG_FLAG_NONBLOCK);
-    if (rv)
-        return nng_err(rv);
+    uint8_t *copy = malloc(w->len ? w->len : 1);
+    if (!copy)
+        return -ENOMEM;
+    memcpy(copy, w->buf, w->len);
+    free(st->req);
+    st->req = copy;
+    st->req_len = w->len;
+    st->rehello = 0;
+    st->lost = false;
+    int err = st->nonce ? send_bound(c, false) : send_hello(c, false);
+    if (err) {
+        free(st->req);
+        st->req = NULL;
+        return err;
+    }
     c->busy = true;
     c->sent_ns = wb_now_ns();
     return 0;
 }
 
+/* A reply that the channel handles itself: HELLO's WELCOME (the request goes out now), or the
+ * controller saying the request came on a connection it is not bound to (its connection was
+ * replaced: introduce the new one, send again). True when consumed. */
+static bool chan_own_reply(struct wb_chan *c, const void *buf, size_t len)
+{
+    struct wb_chan_state *st = c->st;
+    struct wb_msg m;
+    const char *why;
+    char msg[WB_ERRMSG_MAX];
+    if (!st->req || wb_msg_open(buf, len, st->token, &m, &why))
+        return false;
+    if (st->hello && m.type == WB_MSG_WELCOME) {
+        struct wb_body_welcome b;
+        if (wb_msg_decode(&m, &b, msg, sizeof(msg)) || !b.nonce)
+            return false;
+        st->nonce = b.nonce;
+        st->seq = 0;
+        if (send_bound(c, true)) { /* not sent: the request times out as any lost one */
+            st->nonce = 0;
+            st->lost = true;
+        }
+        return true;
+    }
+    if (!st->hello && m.type == WB_MSG_ERROR && st->rehello < 3) {
+        struct wb_body_error e;
+        if (wb_msg_decode(&m, &e, msg, sizeof(msg)) || e.code != -WB_E_HELLO)
+            return false;
+        st->nonce = 0;
+        st->rehello++;
+        st->lost = send_hello(c, true) != 0;
+        return true;
+    }
+    return false;
+}
+
 int wb_chan_try_recv(struct wb_chan *c, void **buf, size_t *len)
 {
-    void *p;
-    size_t n;
-    int rv = nng_recv((nng_socket){.id = c->sock}, &p, &n, NNG_FLAG_ALLOC | NNG_FLAG_NONBLOCK);
-    if (rv == NNG_EAGAIN)
-        return 0;
-    if (rv)
-        return nng_err(rv);
-    c->busy = false;
-    *buf = p;
-    *len = n;
-    return 1;
+    for (;;) {
+        void *p;
+        size_t n;
+        if (c->st->lost)
+            return 0;
+        int rv = nng_recv((nng_socket){.id = c->sock}, &p, &n, NNG_FLAG_ALLOC | NNG_FLAG_NONBLOCK);
+        if (rv == NNG_EAGAIN)
+            return 0;
+        /* The connection closed under a HELLO (a controller evicts connections that have not
+         * introduced themselves when strangers crowd it): nothing of the request was seen,
+         * so introduce the next connection (the socket dials again) a few times. */
+        if ((rv == NNG_ECONNSHUT || rv == NNG_ECONNRESET) && c->st->hello && c->st->rehello < 8) {
+            c->st->rehello++;
+            c->st->lost = send_hello(c, true) != 0;
+            continue;
+        }
+        if (rv)
+            return nng_err(rv);
+        if (chan_own_reply(c, p, n)) {
+            nng_free(p, n);
+            continue;
+        }
+        c->busy = false;
+        c->st->hello = false;
+        *buf = p;
+        *len = n;
+        return 1;
+    }
 }
 
 void wb_chan_free(void *buf)

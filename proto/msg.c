@@ -78,6 +78,23 @@ static const struct wb_field f_status[] = {
     F(struct wb_body_status, "version", WB_FIELD_U64, true, version),
     F(struct wb_body_status, "in_flight", WB_FIELD_U64, true, in_flight),
     F(struct wb_body_status, "agents", WB_FIELD_OBJ, true, agents),
+    F(struct wb_body_status, "conns", WB_FIELD_OBJ, false, conns),
+};
+static const struct wb_field f_conn_stats[] = {
+    F(struct wb_conn_stats, "held", WB_FIELD_U64, true, held),
+    F(struct wb_conn_stats, "pending", WB_FIELD_U64, true, pending),
+    F(struct wb_conn_stats, "max_held", WB_FIELD_U64, true, max_held),
+    F(struct wb_conn_stats, "max_pending", WB_FIELD_U64, true, max_pending),
+    F(struct wb_conn_stats, "accepted", WB_FIELD_U64, true, accepted),
+    F(struct wb_conn_stats, "expired", WB_FIELD_U64, true, expired),
+    F(struct wb_conn_stats, "evicted", WB_FIELD_U64, true, evicted),
+    F(struct wb_conn_stats, "full", WB_FIELD_U64, true, full),
+    F(struct wb_conn_stats, "oversized", WB_FIELD_U64, true, oversized),
+    F(struct wb_conn_stats, "refused", WB_FIELD_U64, true, refused),
+    F(struct wb_conn_stats, "unbound", WB_FIELD_U64, true, unbound),
+};
+static const struct wb_field f_welcome[] = {
+    F(struct wb_body_welcome, "nonce", WB_FIELD_U64, true, nonce),
 };
 static const struct wb_field f_plan_info[] = {
     F(struct wb_body_plan_info, "summary", WB_FIELD_BYTES, true, summary),
@@ -243,6 +260,7 @@ static const struct spec specs[] = {
     S(WB_MSG_RESULT, "RESULT", f_result),
     S(WB_MSG_STATUS, "STATUS", f_status),
     S(WB_MSG_PLAN_INFO, "PLAN_INFO", f_plan_info),
+    S(WB_MSG_WELCOME, "WELCOME", f_welcome),
     S(WB_MSG_REGISTER, "REGISTER", f_register),
     S(WB_MSG_HEARTBEAT, "HEARTBEAT", f_heartbeat),
     S(WB_MSG_POLL, "POLL", f_poll),
@@ -257,6 +275,7 @@ static const struct spec specs[] = {
     S0(WB_MSG_CTL_STATUS, "STATUS_REQUEST"),
     S0(WB_MSG_CTL_PLAN, "PLAN_REQUEST"),
     S0(WB_MSG_CTL_SHUTDOWN, "SHUTDOWN"),
+    S0(WB_MSG_HELLO, "HELLO"),
     S(WB_CMD_SETUP, "SETUP", f_setup),
     S(WB_CMD_PEERS, "PEERS", f_peers),
     S(WB_CMD_TRANSFER, "TRANSFER_COMMAND", f_version_epoch),
@@ -267,6 +286,7 @@ static const struct spec specs[] = {
     S(WB_CMD_REFUSED, "REFUSED", f_error),
     S(WB_BODY_STATS, "STATS", f_stats),
     S(WB_BODY_AGENT_STATUS, "AGENT_STATUS", f_agent_status),
+    S(WB_BODY_CONN_STATS, "CONN_STATS", f_conn_stats),
 };
 #undef S
 #undef S0
@@ -569,6 +589,43 @@ int wb_body_get(struct wb_mpr *r, uint32_t type, void *body, char *why, size_t w
         return -EBADMSG;
     }
     return get_pairs(r, n, s, body, why, whycap);
+}
+
+/* ---------------------------------------------------------------- connection binding */
+
+void wb_bind_put(uint8_t out[WB_BIND_LEN], uint64_t nonce, uint64_t seq)
+{
+    uint32_t magic = WB_BIND_MAGIC, zero = 0;
+    for (int i = 0; i < 4; i++) {
+        out[i] = (uint8_t)(magic >> (8 * i));
+        out[4 + i] = (uint8_t)(zero >> (8 * i));
+    }
+    for (int i = 0; i < 8; i++) {
+        out[8 + i] = (uint8_t)(nonce >> (8 * i));
+        out[16 + i] = (uint8_t)(seq >> (8 * i));
+    }
+}
+
+int wb_bind_get(const void *p, size_t n, uint64_t *nonce, uint64_t *seq)
+{
+    const uint8_t *b = p;
+    uint32_t magic = 0, zero = 0;
+    uint64_t x = 0, s = 0;
+    if (n < WB_BIND_LEN)
+        return -EBADMSG;
+    for (int i = 0; i < 4; i++) {
+        magic |= (uint32_t)b[i] << (8 * i);
+        zero |= (uint32_t)b[4 + i] << (8 * i);
+    }
+    for (int i = 0; i < 8; i++) {
+        x |= (uint64_t)b[8 + i] << (8 * i);
+        s |= (uint64_t)b[16 + i] << (8 * i);
+    }
+    if (magic != WB_BIND_MAGIC || zero != 0)
+        return -EBADMSG;
+    *nonce = x;
+    *seq = s;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- registered tensors */

@@ -6,12 +6,21 @@
  * It sits below both agent/ and controller/ so that neither includes the other: the agent and
  * the controller stand side by side on this contract.
  *
- * Transport of control messages: nng. The controller listens on one raw REP socket; every
- * agent dials it with two REQ sockets — a "call" socket for register / heartbeat / report
- * (answered at once) and a "poll" socket the controller holds until it has commands for the
- * agent (long poll). Commands carry sequence numbers and stay queued until the agent
- * acknowledges them in its next poll, so a lost reply never loses a command. wb-ctl dials the
- * same socket with one REQ.
+ * Transport of control messages: nng's REQ/REP wire protocol. Every agent dials the controller
+ * with three REQ sockets — a "call" socket for register / report / push (answered at once), a
+ * "poll" socket the controller holds until it has commands for the agent (long poll) and a
+ * heartbeat socket. Commands carry sequence numbers and stay queued until the agent
+ * acknowledges them in its next poll, so a lost reply never loses a command. wb-ctl dials with
+ * one REQ. The controller serves the same wire protocol itself on nng's stream layer (a REP
+ * socket reads a frame whole before its protocol sees it; see controller/serve.c).
+ *
+ * Connections: a connection's first message is a HELLO (at most WB_HELLO_MAX bytes, with the
+ * token); the WELCOME reply hands out a 64-bit nonce for that connection, and every later
+ * message on it travels behind a binding prefix (WB_BIND_LEN bytes: magic, that nonce and a
+ * sequence number that grows with every message sent on the connection). The controller refuses
+ * a message whose nonce is not its connection's (a message captured on one connection and sent
+ * on another) or whose number is not above the last one's (a replay on the same connection).
+ * wb_chan does all of this under its API.
  *
  * Wire form: common's versioned envelope [magic, version, type, body]. The body is a msgpack
  * map; every message but ERROR has "token" (the cluster token from the job file or $WB_TOKEN)
@@ -58,6 +67,7 @@ enum wb_msg_type {
     WB_MSG_RESULT,         /* struct wb_body_result (a transfer's outcome) */
     WB_MSG_STATUS,         /* struct wb_body_status */
     WB_MSG_PLAN_INFO,      /* struct wb_body_plan_info */
+    WB_MSG_WELCOME,        /* struct wb_body_welcome (HELLO's answer) */
     /* agent calls */
     WB_MSG_REGISTER = 0x0710, /* struct wb_body_register */
     WB_MSG_HEARTBEAT,         /* struct wb_body_heartbeat */
@@ -75,6 +85,8 @@ enum wb_msg_type {
     WB_MSG_CTL_STATUS,            /* no fields -> STATUS */
     WB_MSG_CTL_PLAN,              /* no fields -> PLAN_INFO */
     WB_MSG_CTL_SHUTDOWN,          /* no fields -> OK; agents are told to exit */
+    /* every connection's first message (wb_chan sends it) */
+    WB_MSG_HELLO = 0x0728, /* no fields -> WELCOME or ERROR */
     /* commands (inside COMMANDS) */
     WB_CMD_SETUP = 0x0730, /* struct wb_body_setup */
     WB_CMD_PEERS,          /* struct wb_body_peers */
@@ -88,6 +100,7 @@ enum wb_msg_type {
     /* nested maps */
     WB_BODY_STATS = 0x0740, /* struct wb_xfer_stats */
     WB_BODY_AGENT_STATUS,   /* struct wb_body_agent_status (one entry of STATUS.agents) */
+    WB_BODY_CONN_STATS,     /* struct wb_conn_stats (STATUS.conns) */
 };
 
 /* The type's name ("REGISTER", "SETUP", ...), or NULL for a type without a table. */
@@ -283,6 +296,24 @@ struct wb_body_status {
     char state[WB_ROLE_STR];
     uint64_t gen, version, in_flight;
     struct wb_bytes agents; /* array of WB_BODY_AGENT_STATUS maps */
+    struct wb_bytes conns;  /* a WB_BODY_CONN_STATS map (optional) */
+};
+
+/* The controller's control connections: held now, and what it refused since it started. */
+struct wb_conn_stats {
+    uint64_t held, pending; /* connections introduced (HELLO with the token) / not yet */
+    uint64_t max_held, max_pending;
+    uint64_t accepted;  /* connections accepted */
+    uint64_t expired;   /* closed: no HELLO within the job's handshake time */
+    uint64_t evicted;   /* closed to make room for a newer unintroduced connection */
+    uint64_t full;      /* closed: introduced while max_connections were held */
+    uint64_t oversized; /* closed: a first frame over WB_HELLO_MAX, before it was read */
+    uint64_t refused;   /* closed: a first message that was no HELLO with the token */
+    uint64_t unbound;   /* messages refused: another connection's nonce, a replay */
+};
+
+struct wb_body_welcome {
+    uint64_t nonce; /* this connection's: every later message's binding prefix carries it */
 };
 
 struct wb_body_agent_status {
@@ -452,27 +483,49 @@ int wb_cmd_reader_init(struct wb_cmd_reader *cr, const struct wb_bytes *cmds);
  * -EBADMSG for a malformed entry. */
 int wb_cmd_next(struct wb_cmd_reader *cr, uint64_t *seq, uint32_t *type, struct wb_mpr *body);
 
+/* ---------------------------------------------------------------- connection binding */
+
+/* A HELLO frame (the request header included) is at most this long: a larger first frame is
+ * refused from its length, before anything of it is read. */
+enum { WB_HELLO_MAX = 8192 };
+
+/* The prefix every message after HELLO carries: "WBb1", 4 zero bytes, the connection's nonce
+ * and the message's sequence number (little-endian). */
+enum { WB_BIND_MAGIC = 0x31624257, WB_BIND_LEN = 24 };
+void wb_bind_put(uint8_t out[WB_BIND_LEN], uint64_t nonce, uint64_t seq);
+/* 0 with *nonce and *seq when p starts with a binding prefix, -EBADMSG otherwise. */
+int wb_bind_get(const void *p, size_t n, uint64_t *nonce, uint64_t *seq);
+
 /* ---------------------------------------------------------------- request channel */
 
-/* The largest message the controller accepts (nng drops larger frames before they are read,
- * so an unauthenticated peer cannot make it allocate more); wb_chan_send refuses to send one
- * (-EMSGSIZE). A registration of 100,000 tensors is about 15 MiB. */
+/* The largest message the controller accepts on an introduced connection (a larger frame is
+ * closed from its length, before it is read; before HELLO the bound is WB_HELLO_MAX);
+ * wb_chan_send refuses to send one (-EMSGSIZE). A registration of 100,000 tensors is about
+ * 15 MiB. */
 enum { WB_CTL_MAX_MSG = 64 << 20 };
 
 /* A REQ socket to the controller used one request at a time. Non-blocking use: send, then
- * wb_chan_try_recv() until it yields the reply (fd is pollable for readability). */
+ * wb_chan_try_recv() until it yields the reply (fd is pollable for readability). The channel
+ * introduces each connection it gets (HELLO with its token) before the first request on it and
+ * sends every request behind the connection's binding prefix; a request refused because its
+ * connection was replaced meanwhile (-WB_E_HELLO) is sent again after a new HELLO. */
+struct wb_chan_state;
 struct wb_chan {
     uint32_t sock; /* nng_socket id (nng.h stays out of this header) */
     int fd;        /* readable when a reply may be waiting */
     bool busy;     /* a request is outstanding */
     uint64_t sent_ns;
+    struct wb_chan_state *st; /* the token, the connection's nonce, the request in flight */
 };
 
-/* Dials url (asynchronously: the dial completes in the background and is retried). */
-int wb_chan_open(struct wb_chan *c, const char *url);
+/* Dials url (asynchronously: the dial completes in the background and is retried). token: what
+ * HELLO carries (NULL or "": none, so that a controller refuses every request). */
+int wb_chan_open(struct wb_chan *c, const char *url, const char *token);
 void wb_chan_close(struct wb_chan *c);
 /* Sends w's bytes as the request; a request still outstanding is abandoned. */
 int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w);
+/* Requests sent and HELLOs sent so far on this channel (tests). */
+void wb_chan_counts(const struct wb_chan *c, uint64_t *requests, uint64_t *hellos);
 /* The reply, if one has arrived: 1 with *buf (free with wb_chan_free) and *len, 0 when none
  * yet, negative on error. */
 int wb_chan_try_recv(struct wb_chan *c, void **buf, size_t *len);

@@ -133,6 +133,19 @@ static int print_status(const struct wb_msg *m, char *why, size_t cap)
         if (a.err[0])
             printf("         setup failed: %s\n", a.err);
     }
+    struct wb_conn_stats cs;
+    if (st.conns.n) {
+        wb_mpr_init(&r, st.conns.p, st.conns.n);
+        if (wb_body_get(&r, WB_BODY_CONN_STATS, &cs, why, cap))
+            return -EBADMSG;
+        printf("connections: %" PRIu64 " introduced (at most %" PRIu64 "), %" PRIu64
+               " pending (at most %" PRIu64 "), %" PRIu64 " accepted; closed: %" PRIu64
+               " silent past the handshake time, %" PRIu64 " evicted, %" PRIu64
+               " over max_connections, %" PRIu64 " first frame too long, %" PRIu64
+               " refused first message; messages refused: %" PRIu64 "\n",
+               cs.held, cs.max_held, cs.pending, cs.max_pending, cs.accepted, cs.expired,
+               cs.evicted, cs.full, cs.oversized, cs.refused, cs.unbound);
+    }
     return 0;
 }
 
@@ -141,7 +154,7 @@ static int call(const char *url, const char *token, uint64_t timeout, struct wb_
     struct wb_chan ch;
     void *buf = NULL;
     size_t len = 0;
-    int err = wb_chan_open(&ch, url);
+    int err = wb_chan_open(&ch, url, token);
     if (err) {
         fprintf(stderr, "wb-ctl: %s: %s\n", url, wb_strerror(err));
         return 1;
@@ -244,6 +257,16 @@ static int verify(const char *config, const char *dump, uint64_t version, int64_
     return rc;
 }
 
+/* LeakSanitizer, in the sanitizer builds (unused elsewhere): nng 1.5.2 keeps a request that
+ * was being sent on a connection that closed under it (a controller evicts connections not
+ * introduced yet while strangers crowd it; wb_chan introduces the next one) after the socket
+ * is closed. Only allocations made inside libnng are exempt. */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libnng.so\n";
+}
+
 int main(int argc, char **argv)
 {
     static const struct option lo[] = {{"controller", required_argument, 0, 'c'},
@@ -271,6 +294,12 @@ int main(int argc, char **argv)
         case 'T':
             if (wb_parse_duration(optarg, &timeout)) {
                 fprintf(stderr, "wb-ctl: --timeout: expected a duration, got '%s'\n", optarg);
+                return 2;
+            }
+            if (timeout > WB_JOB_MAX_NS) {
+                fprintf(stderr,
+                        "wb-ctl: --timeout: %s is longer than the longest duration, %d days\n",
+                        optarg, WB_JOB_MAX_DAYS);
                 return 2;
             }
             break;

@@ -5,6 +5,11 @@
 #include "controller/controller.h"
 #include "tests/func/e2e_proc.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
 struct cluster {
     char url[64];
     char job[1024];
@@ -148,7 +153,7 @@ static void test_wrong_token(void)
     size_t len;
     const char *why;
     char msg[128];
-    CHECK_INT(wb_chan_open(&ch, c.url), 0);
+    CHECK_INT(wb_chan_open(&ch, c.url, "tok-123"), 0);
     wb_mpw_init(&w);
     wb_mpw_envelope(&w, WB_MSG_CTL_TRANSFER);
     wb_mpw_map(&w, 1);
@@ -380,6 +385,34 @@ static void test_controller_outage(void)
     shutdown_all(&c);
 }
 
+/* A TCP connection to 127.0.0.1:port, or -1. */
+static int raw_connect(unsigned port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Reads fd until the peer closes it: true, or false at limit_ms (which only ends a hang). */
+static bool closed_by_peer(int fd, unsigned limit_ms)
+{
+    char b[4096];
+    for (unsigned waited = 0; waited <= limit_ms; waited += 50) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 50) > 0) {
+            ssize_t n = read(fd, b, sizeof(b));
+            if (n == 0 || (n < 0 && errno == ECONNRESET))
+                return true;
+        }
+    }
+    return false;
+}
+
 /* A self-signed certificate for the name localhost in dir/NAME.{pem,key}: 0, or skips. */
 static void make_cert(const char *dir, const char *name)
 {
@@ -449,10 +482,16 @@ static void test_tls(void)
         1);
     snprintf(want, sizeof(want),
              "wb error chan: %s: the controller's certificate does not verify against WB_TLS_CA "
-             "%s/other.pem for the name localhost: ",
+             "%s/other.pem for the name localhost ($WB_TLS_SERVER_NAME): ",
              c.url, dir);
     CHECK(strncmp(out, want, strlen(want)) == 0);
     free(out);
+    /* a TCP connection that never sends a ClientHello is closed after the handshake time */
+    int raw = raw_connect(port);
+    CHECK(raw >= 0);
+    CHECK(closed_by_peer(raw, 30000));
+    close(raw);
+    free(wait_status(&c, " 1 silent past the handshake time, ", 5000));
     /* plain tcp to the TLS port: no answer */
     CHECK_INT(
         e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c tcp://127.0.0.1:%u --timeout 1s status", port),
@@ -488,7 +527,7 @@ static uint32_t call(struct cluster *c, uint32_t type, const void *body, void *r
     void *buf;
     size_t len;
     const char *why;
-    CHECK_INT(wb_chan_open(&ch, c->url), 0);
+    CHECK_INT(wb_chan_open(&ch, c->url, "tok-123"), 0);
     wb_mpw_init(&w);
     wb_msg_encode(&w, type, "tok-123", body);
     CHECK_INT(wb_chan_call(&ch, &w, 5000000000ull, &buf, &len), 0);
@@ -605,25 +644,37 @@ const char *__lsan_default_suppressions(void)
     return "leak:libnng.so\n";
 }
 
-/* Connections past max_connections are closed as they arrive, before a message is read: with
- * 1 trainer and 1 rollout (3 connections each) and a limit of 12, six strangers are answered
- * and the others never connect; once they leave, their places are free again. A limit below
- * what the agents need is refused at start. */
+/* A status request on ch: 0 for STATUS, the ERROR's code, or the channel's error. */
 static int probe(struct wb_chan *ch, unsigned timeout_ms)
 {
     struct wb_mpw w;
     void *buf;
     size_t len;
     wb_mpw_init(&w);
-    wb_mpw_envelope(&w, WB_MSG_CTL_STATUS);
-    wb_mpw_map(&w, 0);
+    wb_msg_encode(&w, WB_MSG_CTL_STATUS, "tok-123", NULL);
     int err = wb_chan_call(ch, &w, timeout_ms * 1000000ull, &buf, &len);
     wb_mpw_free(&w);
-    if (!err)
-        wb_chan_free(buf);
+    if (err)
+        return err;
+    struct wb_msg m;
+    const char *why;
+    CHECK_INT(wb_msg_open(buf, len, "tok-123", &m, &why), 0);
+    if (m.type == WB_MSG_ERROR) {
+        struct wb_body_error e;
+        char msg[256];
+        CHECK_INT(wb_msg_decode(&m, &e, msg, sizeof(msg)), 0);
+        err = (int)e.code;
+    } else {
+        CHECK_INT(m.type, WB_MSG_STATUS);
+    }
+    wb_chan_free(buf);
     return err;
 }
 
+/* max_connections counts connections introduced with the token: with 1 trainer and 1 rollout
+ * (3 connections each) and a limit of 12, six more token holders are answered and the others
+ * are told why; once they leave, their places are free again. A limit below what the agents
+ * need is refused at start. */
 static void test_connection_limit(void)
 {
     struct cluster c = {0};
@@ -633,29 +684,18 @@ static void test_connection_limit(void)
     free(wait_status(&c, "ready", 10000));
     e2e_sleep_ms(300); /* wb-ctl's connection is gone */
     struct wb_chan ch[10];
-    for (int i = 0; i < 10; i++)
-        CHECK_INT(wb_chan_open(&ch[i], c.url), 0);
-    e2e_sleep_ms(500); /* every dial has been answered: held or closed */
-    int answered = 0, unanswered = 0;
+    int answered = 0, full = 0;
     for (int i = 0; i < 10; i++) {
-        /* a connection closed as it arrives: the send waits for one (a timeout), or goes to the
-         * one being closed (closed without an answer) */
-        int err = probe(&ch[i], 1000);
+        CHECK_INT(wb_chan_open(&ch[i], c.url, "tok-123"), 0);
+        int err = probe(&ch[i], 5000);
         answered += err == 0;
-        unanswered += err == -ETIMEDOUT || err == -ECONNRESET;
+        full += err == -EBUSY;
     }
     CHECK_INT(answered, 6);
-    CHECK_INT(unanswered, 4);
-    /* wb-ctl finds no place either */
-    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s --timeout 1s status", c.url), 1);
-    char want1[160], want2[200];
-    snprintf(want1, sizeof(want1), "wb-ctl: controller %s: no answer (timed out)\n", c.url);
-    snprintf(want2, sizeof(want2),
-             "wb-ctl: controller %s: it closed the connection without an answer (is it at its "
-             "max_connections?)\n",
-             c.url);
-    if (strcmp(out, want1) != 0)
-        CHECK_STR(out, want2);
+    CHECK_INT(full, 4);
+    /* wb-ctl finds no place either, and says why */
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s --timeout 5s status", c.url), 1);
+    CHECK_STR(out, "wb-ctl: the controller holds max_connections introduced connections\n");
     free(out);
     for (int i = 0; i < 10; i++)
         wb_chan_close(&ch[i]);
@@ -663,15 +703,14 @@ static void test_connection_limit(void)
     free(wait_status(&c, "ready", 5000));
     e2e_sleep_ms(300);
     for (int i = 0; i < 6; i++)
-        CHECK_INT(wb_chan_open(&ch[i], c.url), 0);
+        CHECK_INT(wb_chan_open(&ch[i], c.url, "tok-123"), 0);
     for (int i = 0; i < 6; i++)
         CHECK_INT(probe(&ch[i], 5000), 0);
     for (int i = 0; i < 6; i++)
         wb_chan_close(&ch[i]);
     e2e_sleep_ms(1100); /* refusals are logged once a tick, rate limited */
     char *clog = e2e_slurp("controller.log");
-    CHECK_CONTAINS(clog, "controller: refused ");
-    CHECK_CONTAINS(clog, " are held (max_connections)");
+    CHECK_CONTAINS(clog, " over max_connections, ");
     free(clog);
     shutdown_all(&c);
 
@@ -680,6 +719,92 @@ static void test_connection_limit(void)
     CHECK_STR(out, "wb-controller: job: max_connections 6 is below what the 2 agents and one "
                    "wb-ctl hold (7)\n");
     free(out);
+}
+
+/* The SP header a REQ sends, then a frame length. */
+static void send_sp_len(int fd, uint64_t len)
+{
+    uint8_t h[16] = {0, 'S', 'P', 0, 0, 0x30, 0, 0};
+    for (int i = 0; i < 8; i++)
+        h[15 - i] = (uint8_t)(len >> (8 * i));
+    CHECK_INT((int)write(fd, h, sizeof(h)), 16);
+}
+
+/* Issue #28: strangers cannot lock anyone out. A process keeps 100 connections to the
+ * controller that never say anything (reopening each one closed) while wb-ctl asks for the
+ * status and a killed rollout comes back: places for introduced connections are a pool of
+ * their own, a silent connection is closed after the handshake time (2 s), the 22nd pending
+ * one of a peer address evicts its oldest. A first frame longer than a HELLO is closed from
+ * its length, unread. */
+static void test_strangers(void)
+{
+    struct cluster c = {0};
+    char *out;
+    write_job(&c, 1, 1, NULL);
+    start(&c);
+    free(wait_status(&c, "ready", 10000));
+    unsigned port = e2e_port(1);
+    pid_t flood = fork();
+    if (flood == 0) {
+        int fds[100];
+        for (int i = 0; i < 100; i++)
+            fds[i] = raw_connect(port);
+        for (;;) { /* until killed */
+            for (int i = 0; i < 100; i++) {
+                struct pollfd p = {.fd = fds[i], .events = POLLIN};
+                char b[64];
+                if (fds[i] < 0 || (poll(&p, 1, 0) > 0 && read(fds[i], b, sizeof(b)) <= 0)) {
+                    if (fds[i] >= 0)
+                        close(fds[i]);
+                    fds[i] = raw_connect(port);
+                }
+            }
+            usleep(2000);
+        }
+    }
+    CHECK(flood > 0);
+    e2e_sleep_ms(500);
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s --timeout 10s status", c.url), 0);
+    CHECK_CONTAINS(out, ": ready (gen");
+    free(out);
+    kill(c.ro[0], SIGKILL);
+    CHECK_INT(e2e_wait(c.ro[0], 2000), 128 + SIGKILL);
+    c.ro[0] = start_agent(&c, "rollout", 0, NULL);
+    char pid[32];
+    snprintf(pid, sizeof(pid), " %8d %6d ", (int)c.ro[0], -1); /* the new process's row */
+    free(wait_status(&c, pid, 20000));
+    free(wait_status(&c, ": ready (gen", 20000));
+    int rc = e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 1", c.url);
+    CHECK_CONTAINS(out, "transfer 1: complete in");
+    CHECK_INT(rc, 0);
+    free(out);
+    kill(flood, SIGKILL);
+    waitpid(flood, NULL, 0);
+    out = wait_status(&c, "connections: ", 5000);
+    CHECK_CONTAINS(out, " pending (at most 22), "); /* 3 per agent + 16 from one address */
+    CHECK_CONTAINS(out, " 0 over max_connections, 0 first frame too long, ");
+    CHECK(strstr(out, " 0 evicted, ") == NULL);
+    free(out);
+
+    /* each kind of silence is closed: nothing at all, the SP header alone, half a frame */
+    int fd[3] = {raw_connect(port), raw_connect(port), raw_connect(port)};
+    CHECK(fd[0] >= 0 && fd[1] >= 0 && fd[2] >= 0);
+    CHECK_INT((int)write(fd[1], "\0SP\0\0\x30\0\0", 8), 8);
+    send_sp_len(fd[2], 100);
+    CHECK_INT((int)write(fd[2], "half", 4), 4);
+    for (int i = 0; i < 3; i++) {
+        CHECK(closed_by_peer(fd[i], 30000));
+        close(fd[i]);
+    }
+    /* a first frame of 1 MiB: closed from its length */
+    int big = raw_connect(port);
+    CHECK(big >= 0);
+    send_sp_len(big, 1 << 20);
+    CHECK(closed_by_peer(big, 30000));
+    close(big);
+    out = wait_status(&c, " 1 first frame too long, ", 5000);
+    free(out);
+    shutdown_all(&c);
 }
 
 /* Shutdown reaches an agent whose poll answer never arrives: its heartbeats are answered "the
@@ -714,6 +839,328 @@ static void test_shutdown_by_heartbeat(void)
     CHECK_INT(e2e_wait(c.tr[0], 5000), 0);
 }
 
+/* A certificate for NAME signed by the CA dir/ca.{pem,key} (made on the first call), in
+ * dir/NAME.{pem,key}; skips without openssl. */
+static void make_signed_cert(const char *dir, const char *name)
+{
+    char *out;
+    int rc = e2e_run(&out,
+                     "sh -c 'cd %s && { test -e ca.pem || openssl req -x509 -newkey ec -pkeyopt "
+                     "ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=test-ca -keyout "
+                     "ca.key -out ca.pem; } && openssl req -newkey ec -pkeyopt "
+                     "ec_paramgen_curve:prime256v1 -nodes -subj /CN=%s -keyout %s.key -out %s.csr "
+                     "&& printf \"subjectAltName=DNS:%s\\n\" > %s.ext && openssl x509 -req -in "
+                     "%s.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile %s.ext -out "
+                     "%s.pem'",
+                     dir, name, name, name, name, name, name, name, name);
+    if (rc == 127 || (rc && strstr(out, "openssl: not found")))
+        wb_test_skip("no openssl to make a certificate (install openssl)");
+    if (rc)
+        wb_test_fail(__FILE__, __LINE__, "openssl: %s", out);
+    free(out);
+}
+
+/* Issue #28: the controller's certificate must carry the name the client dials, by default the
+ * URL's host. Certificates signed by one CA for localhost (the right name) and for
+ * wrong.example (a host posing as the controller): the wrong one is refused for localhost and
+ * 127.0.0.1, naming the name checked and where it came from; $WB_TLS_SERVER_NAME names another
+ * on purpose. */
+static void test_tls_names(void)
+{
+    const char *dir = wb_test_tmpdir();
+    make_signed_cert(dir, "localhost");
+    make_signed_cert(dir, "wrong.example");
+    char ca[700];
+    snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
+    setenv("WB_TLS_CA", ca, 1);
+    unsetenv("WB_TLS_SERVER_NAME");
+    const char *names[] = {"localhost", "wrong.example"};
+    for (int k = 0; k < 2; k++) {
+        unsigned port = e2e_port(6 + (unsigned)k);
+        char text[2048], url[64], job[1024];
+        snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%u", port);
+        snprintf(text, sizeof(text),
+                 "name: ctltest\nlisten: %s\ntoken: tok-123\ntrainers: 1\nrollouts: 1\n"
+                 "tls:\n  cert: %s/%s.pem\n  key: %s/%s.key\n",
+                 url, dir, names[k], dir, names[k]);
+        snprintf(job, sizeof(job), "%s", wb_test_write_file("job.yaml", text));
+        char *argv[] = {"wb-controller", "--config", job, NULL};
+        pid_t ctl = e2e_spawn("controller.log", NULL, argv);
+        /* k 0: the right certificate, found by the URL's host alone; k 1: the impostor's,
+         * reached only by naming its name on purpose */
+        const char *env = k == 0 ? "" : "WB_TLS_SERVER_NAME=wrong.example";
+        char *out = NULL, want[1024];
+        int rc = 1;
+        for (int t = 0; t < 100 && rc; t++) { /* until it listens */
+            free(out);
+            rc = e2e_run(&out, "%s WB_TOKEN=tok-123 wb-ctl -c tls+tcp://localhost:%u status", env,
+                         port);
+            if (rc)
+                e2e_sleep_ms(100);
+        }
+        CHECK_INT(rc, 0);
+        CHECK_CONTAINS(out, "waiting");
+        free(out);
+        /* by default the name checked is the URL's host: 127.0.0.1 is neither certificate's
+         * name, and wrong.example is not localhost */
+        for (int u = 0; u < 2; u++) {
+            const char *host = u == 0 ? "127.0.0.1" : "localhost";
+            if (k == 0 && u == 1)
+                continue;
+            CHECK_INT(
+                e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c tls+tcp://%s:%u status", host, port), 1);
+            snprintf(want, sizeof(want),
+                     "wb error chan: tls+tcp://%s:%u: the controller's certificate does not "
+                     "verify against WB_TLS_CA %s for the name %s (the URL's host): ",
+                     host, port, ca, host);
+            CHECK(strncmp(out, want, strlen(want)) == 0);
+            free(out);
+        }
+        CHECK_INT(e2e_run(&out, "WB_TLS_SERVER_NAME=%s WB_TOKEN=tok-123 wb-ctl -c %s shutdown",
+                          names[k], url),
+                  0);
+        free(out);
+        CHECK_INT(e2e_wait(ctl, 5000), 0);
+    }
+    unsetenv("WB_TLS_CA");
+}
+
+/* Issue #28: versions advance by at most version_step (2^32) past the last complete one, so a
+ * token holder cannot send 2^64-1 and leave no later version — not by a transfer, not by a
+ * rollout's claim at registration, not across a controller restart; durations are checked
+ * against their range (7 days) instead of wrapping into an immediate deadline. */
+static void test_version_bounds(void)
+{
+    struct cluster c = {0};
+    char *out, want[2400], msg[256];
+    /* a member's claim: rollout rank 0 (this test) says it holds 2^64-1 */
+    write_job(&c, 1, 1, NULL);
+    c.nro = 0;
+    start(&c);
+    free(wait_status(&c, "trainer      0 alive", 10000));
+    struct wb_body_register reg = {
+        .rank = 0, .device = -1, .pid = 1, .synthetic = true, .version = UINT64_MAX};
+    snprintf(reg.role, sizeof(reg.role), "rollout");
+    memcpy(reg.host, "claim", 6);
+    struct wb_body_registered ok;
+    CHECK_INT(call(&c, WB_MSG_REGISTER, &reg, &ok, msg, sizeof(msg)), WB_MSG_REGISTERED);
+    out = wait_status(&c, "version 0, in flight: none", 5000);
+    free(out);
+    e2e_sleep_ms(300);
+    char *log = e2e_slurp("controller.log");
+    CHECK_CONTAINS(log, "controller: rollout rank 0 holds version 18446744073709551615 is more "
+                        "than version_step (4294967296) past the last complete version 0 (not "
+                        "taken)");
+    free(log);
+    shutdown_all(&c);
+
+    write_job(&c, 1, 1, NULL);
+    start(&c);
+    free(wait_status(&c, "ready", 10000));
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version %" PRIu64, c.url,
+                      UINT64_MAX),
+              1);
+    CHECK_STR(out, "wb-ctl: transfer: version 18446744073709551615 is more than version_step "
+                   "(4294967296) past the last complete version 0\n");
+    free(out);
+    /* exactly one step is allowed */
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 4294967296", c.url),
+              0);
+    CHECK_CONTAINS(out, "transfer 4294967296: complete in");
+    free(out);
+    /* the request's own time limit, 2^64-1 ns: refused, not wrapped */
+    struct wb_body_ctl_transfer xf = {.version = 4294967297ull, .timeout_ns = UINT64_MAX};
+    CHECK_INT(call(&c, WB_MSG_CTL_TRANSFER, &xf, NULL, msg, sizeof(msg)), WB_MSG_ERROR);
+    CHECK_STR(msg, "transfer: timeout_ns 18446744073709551615 is longer than the longest "
+                   "duration, 7 days");
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s --timeout 700000s transfer --version 5",
+                      c.url),
+              2);
+    CHECK_STR(out, "wb-ctl: --timeout: 700000s is longer than the longest duration, 7 days\n");
+    free(out);
+    /* a restarted controller goes on from what the rollout holds, and the bound with it */
+    kill(c.ctl, SIGKILL);
+    CHECK_INT(e2e_wait(c.ctl, 2000), 128 + SIGKILL);
+    c.ctl =
+        e2e_spawn("controller2.log", NULL, (char *[]){"wb-controller", "--config", c.job, NULL});
+    free(wait_status(&c, "version 4294967296, in flight: none", 10000));
+    free(wait_status(&c, "ready", 10000));
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version %" PRIu64, c.url,
+                      UINT64_MAX),
+              1);
+    CHECK_STR(out, "wb-ctl: transfer: version 18446744073709551615 is more than version_step "
+                   "(4294967296) past the last complete version 4294967296\n");
+    free(out);
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 4294967297", c.url),
+              0);
+    CHECK_CONTAINS(out, "transfer 4294967297: complete in");
+    free(out);
+    shutdown_all(&c);
+
+    /* a job's durations likewise */
+    write_job(&c, 1, 1, "transfer_timeout: 700000s\nversion_step: 0\n");
+    CHECK_INT(e2e_run(&out, "wb-controller --config %s", c.job), 1);
+    snprintf(want, sizeof(want),
+             "wb-controller: %s: transfer_timeout: 700000 s is longer than the longest duration, "
+             "7 days\nwb-controller: %s: version_step: must be at least 1\n",
+             c.job, c.job);
+    CHECK_STR(out, want);
+    free(out);
+}
+
+/* Raw REQ framing, as a peer that captured bytes would send them: the SP header, then frames
+ * [64-bit length, request id, payload]. */
+static void frame_send(int fd, uint32_t id, const void *p, size_t n)
+{
+    uint8_t h[12];
+    uint64_t len = 4 + n;
+    for (int i = 0; i < 8; i++)
+        h[7 - i] = (uint8_t)(len >> (8 * i));
+    id |= 0x80000000u;
+    for (int i = 0; i < 4; i++)
+        h[11 - i] = (uint8_t)(id >> (8 * i));
+    CHECK_INT((int)write(fd, h, 12), 12);
+    CHECK_INT((int)write(fd, p, n), (int)n);
+}
+
+static void read_all(int fd, void *buf, size_t n)
+{
+    for (size_t got = 0; got < n;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        CHECK(poll(&p, 1, 30000) == 1); /* only ends a hang */
+        ssize_t k = read(fd, (uint8_t *)buf + got, n - got);
+        CHECK(k > 0);
+        got += (size_t)k;
+    }
+}
+
+/* The reply's type; an ERROR's text in msg, a WELCOME's nonce or a REGISTERED's session in
+ * *nonce. */
+static uint32_t frame_reply(int fd, char *msg, size_t cap, uint64_t *nonce)
+{
+    uint8_t h[8], buf[65536];
+    read_all(fd, h, 8);
+    uint64_t len = 0;
+    for (int i = 0; i < 8; i++)
+        len = len << 8 | h[i];
+    CHECK(len >= 4 && len <= sizeof(buf));
+    read_all(fd, buf, len);
+    struct wb_msg m;
+    const char *why;
+    CHECK_INT(wb_msg_open(buf + 4, len - 4, "tok-123", &m, &why), 0);
+    *msg = 0;
+    if (m.type == WB_MSG_ERROR) {
+        struct wb_body_error e;
+        CHECK_INT(wb_msg_decode(&m, &e, msg, cap), 0);
+        snprintf(msg, cap, "%s", e.msg);
+    } else if (m.type == WB_MSG_WELCOME) {
+        struct wb_body_welcome w;
+        CHECK_INT(wb_msg_decode(&m, &w, msg, cap), 0);
+        *nonce = w.nonce;
+    } else if (m.type == WB_MSG_REGISTERED) {
+        struct wb_body_registered r;
+        CHECK_INT(wb_msg_decode(&m, &r, msg, cap), 0);
+        *nonce = r.session;
+    }
+    return m.type;
+}
+
+/* A connection introduced with the token: its nonce. */
+static uint64_t raw_hello(int fd)
+{
+    uint8_t sp[8];
+    CHECK_INT((int)write(fd, "\0SP\0\0\x30\0\0", 8), 8);
+    read_all(fd, sp, 8);
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    wb_msg_encode(&w, WB_MSG_HELLO, "tok-123", NULL);
+    frame_send(fd, 1, w.buf, w.len);
+    wb_mpw_free(&w);
+    char msg[256];
+    uint64_t nonce = 0;
+    CHECK_INT(frame_reply(fd, msg, sizeof(msg), &nonce), WB_MSG_WELCOME);
+    CHECK(nonce != 0);
+    return nonce;
+}
+
+/* A message of type behind the binding prefix (nonce, seq): its bytes in *w. */
+static void bound(struct wb_mpw *w, uint64_t nonce, uint64_t seq, uint32_t type, const void *body)
+{
+    uint8_t head[WB_BIND_LEN];
+    struct wb_mpw m;
+    wb_mpw_init(&m);
+    wb_msg_encode(&m, type, "tok-123", body);
+    wb_bind_put(head, nonce, seq);
+    wb_mpw_init(w);
+    wb_mpw_raw(w, head, sizeof(head));
+    wb_mpw_raw(w, m.buf, m.len);
+    wb_mpw_free(&m);
+}
+
+/* Issue #28: every message is bound to its connection and numbered, so captured bytes replay
+ * nowhere, plain tcp included: not again on their own connection, not on another introduced
+ * one, not on one that was never introduced. The issue's case: a rollout's captured heartbeat,
+ * replayed once the rollout died, does not bring it back. */
+static void test_replay(void)
+{
+    struct cluster c = {0};
+    char msg[256];
+    uint64_t nonce;
+    write_job(&c, 1, 1, NULL);
+    c.nro = 0; /* rollout rank 0 is this test */
+    start(&c);
+    free(wait_status(&c, "trainer      0 alive", 10000));
+    unsigned port = e2e_port(1);
+    int a = raw_connect(port), b = raw_connect(port), n = raw_connect(port);
+    CHECK(a >= 0 && b >= 0 && n >= 0);
+    uint64_t na = raw_hello(a), nb = raw_hello(b);
+    CHECK(na != nb);
+    struct wb_body_register reg = {.rank = 0, .device = -1, .pid = 1, .synthetic = true};
+    snprintf(reg.role, sizeof(reg.role), "rollout");
+    memcpy(reg.host, "replay", 7);
+    struct wb_mpw w, hb;
+    bound(&w, na, 1, WB_MSG_REGISTER, &reg);
+    frame_send(a, 2, w.buf, w.len);
+    wb_mpw_free(&w);
+    uint64_t session = 0;
+    CHECK_INT(frame_reply(a, msg, sizeof(msg), &session), WB_MSG_REGISTERED);
+    free(wait_status(&c, "rollout      0 alive", 5000));
+    /* the heartbeat a sniffer captures: the rollout's session, on its connection */
+    struct wb_body_heartbeat h = {.s = {.rank = 0, .session = session}};
+    snprintf(h.s.role, sizeof(h.s.role), "rollout");
+    bound(&hb, na, 2, WB_MSG_HEARTBEAT, &h);
+    frame_send(a, 3, hb.buf, hb.len);
+    CHECK(frame_reply(a, msg, sizeof(msg), &nonce) != WB_MSG_ERROR);
+    /* again on its own connection */
+    frame_send(a, 4, hb.buf, hb.len);
+    CHECK_INT(frame_reply(a, msg, sizeof(msg), &nonce), WB_MSG_ERROR);
+    CHECK_STR(msg, "refused: a replayed message (sequence number not new)");
+    /* the rollout dies (its connection closes) */
+    close(a);
+    free(wait_status(&c, "rollout      0 dead", 5000));
+    /* on another introduced connection, and on one never introduced */
+    frame_send(b, 5, hb.buf, hb.len);
+    CHECK_INT(frame_reply(b, msg, sizeof(msg), &nonce), WB_MSG_ERROR);
+    CHECK_STR(msg, "refused: another connection's message");
+    CHECK_INT((int)write(n, "\0SP\0\0\x30\0\0", 8), 8);
+    uint8_t sp[8];
+    read_all(n, sp, 8);
+    for (int i = 0; i < 3; i++) {
+        frame_send(n, 6 + (uint32_t)i, hb.buf, hb.len);
+        CHECK_INT(frame_reply(n, msg, sizeof(msg), &nonce), WB_MSG_ERROR);
+        CHECK_STR(msg, "this connection is not introduced: HELLO first");
+    }
+    frame_send(n, 9, hb.buf, hb.len); /* the fourth: closed */
+    CHECK(closed_by_peer(n, 30000));
+    close(n);
+    wb_mpw_free(&hb);
+    char *out = wait_status(&c, "messages refused: 2\n", 5000);
+    CHECK_CONTAINS(out, "rollout      0 dead");
+    free(out);
+    close(b);
+    shutdown_all(&c);
+}
+
 const struct wb_test wb_tests[] = {
     {"transfers", test_transfers, 60},
     {"wrong_token", test_wrong_token, 60},
@@ -724,7 +1171,11 @@ const struct wb_test wb_tests[] = {
     {"rank_takeover", test_rank_takeover, 60},
     {"controller_outage", test_controller_outage, 60},
     {"tls", test_tls, 60},
+    {"tls_names", test_tls_names, 60},
+    {"version_bounds", test_version_bounds, 90},
     {"connection_limit", test_connection_limit, 60},
+    {"strangers", test_strangers, 120},
+    {"replay", test_replay, 60},
     {"shutdown_by_heartbeat", test_shutdown_by_heartbeat, 60},
     {0},
 };

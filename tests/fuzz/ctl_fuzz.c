@@ -134,7 +134,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    static const char text[] = "name: fuzz\nlisten: inproc://wb-ctl-fuzz\ntoken: fuzz-token\n"
+    static const char text[] = "name: fuzz\nlisten: tcp://127.0.0.1:0\ntoken: fuzz-token\n"
                                "trainers: 2\nrollouts: 2\nheartbeat: 100ms\ndead_after: 1s\n"
                                "poll_hold: 0s\n";
     const char *path = fuzz_file((const uint8_t *)text, sizeof(text) - 1, ".yaml");

@@ -82,7 +82,7 @@ static void test_stale_heartbeat(void)
     struct wb_job job;
     struct wb_controller *c = ctl_open("job.yaml",
                                        "name: state\n"
-                                       "listen: inproc://wb-ctl-state\n"
+                                       "listen: tcp://127.0.0.1:0\n"
                                        "token: state-token\n"
                                        "trainers: 1\n"
                                        "rollouts: 1\n"
@@ -153,7 +153,7 @@ static void test_failed_commit_phase(void)
     struct wb_job job;
     struct wb_controller *c = ctl_open("job2.yaml",
                                        "name: state\n"
-                                       "listen: inproc://wb-ctl-state2\n"
+                                       "listen: tcp://127.0.0.1:0\n"
                                        "token: state-token\n"
                                        "trainers: 1\n"
                                        "rollouts: 2\n"

@@ -8,6 +8,7 @@
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/tls/tls.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,12 +86,38 @@ static int dial_tls(nng_socket s, const char *url)
     return rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP ? -EINVAL : nng_err(rv);
 }
 
+/* The channel's connections as nng's pipe callbacks see them. A pipe's removal is reported
+ * once its addition began (ADD_PRE), whether or not it was ever fully added, so the two pair. */
+struct wb_chan_pipes {
+    _Atomic uint32_t up;     /* connections held now */
+    _Atomic uint32_t closed; /* connections closed so far */
+};
+
+static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    struct wb_chan_pipes *cp = arg;
+    (void)p;
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        atomic_fetch_add(&cp->up, 1);
+    } else {
+        atomic_fetch_sub(&cp->up, 1);
+        atomic_fetch_add(&cp->closed, 1);
+    }
+}
+
 int wb_chan_open(struct wb_chan *c, const char *url)
 {
     nng_socket s;
+    struct wb_chan_pipes *cp = calloc(1, sizeof(*cp));
+    if (!cp)
+        return -ENOMEM;
     int fd, rv = nng_req0_open(&s);
-    if (rv)
+    if (rv) {
+        free(cp);
         return nng_err(rv);
+    }
+    nng_pipe_notify(s, NNG_PIPE_EV_ADD_PRE, on_pipe, cp);
+    nng_pipe_notify(s, NNG_PIPE_EV_REM_POST, on_pipe, cp);
     /* Resending would duplicate registers and reports at the controller: the agent resends
      * itself, knowing what is idempotent. */
     nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
@@ -101,6 +128,7 @@ int wb_chan_open(struct wb_chan *c, const char *url)
         int err = dial_tls(s, url);
         if (err) {
             nng_close(s);
+            free(cp);
             return err;
         }
         rv = 0;
@@ -111,18 +139,31 @@ int wb_chan_open(struct wb_chan *c, const char *url)
         rv = nng_socket_get_int(s, NNG_OPT_RECVFD, &fd);
     if (rv) {
         nng_close(s);
+        free(cp);
         return rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP ? -EINVAL : nng_err(rv);
     }
-    *c = (struct wb_chan){.sock = s.id, .fd = fd};
+    *c = (struct wb_chan){.sock = s.id, .fd = fd, .pipes = cp};
     return 0;
 }
 
 void wb_chan_close(struct wb_chan *c)
 {
     if (c->sock) {
-        nng_close((nng_socket){.id = c->sock});
+        nng_close((nng_socket){.id = c->sock}); /* no pipe callback runs after it */
         c->sock = 0;
     }
+    free(c->pipes);
+    c->pipes = NULL;
+}
+
+bool wb_chan_connected(const struct wb_chan *c)
+{
+    return c->pipes && atomic_load(&c->pipes->up) > 0;
+}
+
+bool wb_chan_lost(const struct wb_chan *c)
+{
+    return c->busy && c->pipes && atomic_load(&c->pipes->closed) != c->closed_at_send;
 }
 
 int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w)
@@ -131,11 +172,14 @@ int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w)
         return w->err;
     if (w->len > WB_CTL_MAX_MSG)
         return -EMSGSIZE;
+    /* Read before the send: a connection that closes after it counts against this request. */
+    uint32_t closed = c->pipes ? atomic_load(&c->pipes->closed) : 0;
     int rv = nng_send((nng_socket){.id = c->sock}, w->buf, w->len, NNG_FLAG_NONBLOCK);
     if (rv)
         return nng_err(rv);
     c->busy = true;
     c->sent_ns = wb_now_ns();
+    c->closed_at_send = closed;
     return 0;
 }
 

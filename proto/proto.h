@@ -460,12 +460,21 @@ int wb_cmd_next(struct wb_cmd_reader *cr, uint64_t *seq, uint32_t *type, struct 
 enum { WB_CTL_MAX_MSG = 64 << 20 };
 
 /* A REQ socket to the controller used one request at a time. Non-blocking use: send, then
- * wb_chan_try_recv() until it yields the reply (fd is pollable for readability). */
+ * wb_chan_try_recv() until it yields the reply (fd is pollable for readability).
+ *
+ * A request lives on the connection it was sent on: when that closes (the controller
+ * restarted, the connection was reset) its reply can never come, and nng does not send it
+ * again (resending is ours to decide). wb_chan_lost() says so at once, so the caller sends it
+ * again on the next connection instead of waiting out a timeout; wb_chan_connected() tells a
+ * controller that cannot be reached from one that answers slowly. */
+struct wb_chan_pipes;
 struct wb_chan {
     uint32_t sock; /* nng_socket id (nng.h stays out of this header) */
     int fd;        /* readable when a reply may be waiting */
     bool busy;     /* a request is outstanding */
     uint64_t sent_ns;
+    struct wb_chan_pipes *pipes; /* counted by nng's pipe callbacks (its threads) */
+    uint32_t closed_at_send;     /* connections closed so far when the request left */
 };
 
 /* Dials url (asynchronously: the dial completes in the background and is retried). */
@@ -476,6 +485,10 @@ int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w);
 /* The reply, if one has arrived: 1 with *buf (free with wb_chan_free) and *len, 0 when none
  * yet, negative on error. */
 int wb_chan_try_recv(struct wb_chan *c, void **buf, size_t *len);
+/* A connection to the controller is up (it may still be slow to answer). */
+bool wb_chan_connected(const struct wb_chan *c);
+/* The outstanding request may be lost: a connection closed since it was sent. */
+bool wb_chan_lost(const struct wb_chan *c);
 /* Blocking round trip with a time limit: -ETIMEDOUT when no reply came within timeout_ns. */
 int wb_chan_call(struct wb_chan *c, const struct wb_mpw *w, uint64_t timeout_ns, void **buf,
                  size_t *len);

@@ -154,9 +154,19 @@ static int hb_call(struct wb_endpoint *ep, const struct wb_mpw *w, uint64_t wait
     return rc < 0 ? rc : 0;
 }
 
+/* Two beats say the same (the session and every figure). */
+static bool same_beat(const struct wb_body_heartbeat *a, const struct wb_body_heartbeat *b)
+{
+    return a->s.session == b->s.session && a->version == b->version &&
+           a->in_flight == b->in_flight && a->done == b->done && a->total == b->total &&
+           a->epoch == b->epoch && a->torn == b->torn && a->dropped == b->dropped &&
+           a->commits == b->commits;
+}
+
 static void *hb_main(void *arg)
 {
     struct wb_endpoint *ep = arg;
+    struct wb_body_heartbeat sent = {0}; /* the last beat sent */
     pthread_mutex_lock(&ep->hb_mu);
     while (!ep->hb_quit) {
         struct timespec dl;
@@ -170,6 +180,12 @@ static void *hb_main(void *arg)
             continue;
         struct wb_body_heartbeat b = ep->beat;
         uint64_t wait = ep->hb_wait;
+        /* The controller hears an agent on any request (an idle loop's poll goes out every
+         * poll_hold). A beat that would say nothing new while the loop's requests flow is
+         * skipped: an idle agent costs its polls only. Once the loop stops sending (blocked,
+         * starved, stuck), the beats come again within three periods. */
+        if (same_beat(&b, &sent) && wb_now_ns() - ep->loop_sent_ns < 3 * ep->hb_period)
+            continue;
         pthread_mutex_unlock(&ep->hb_mu);
         struct wb_mpw w;
         void *buf = NULL;
@@ -178,6 +194,7 @@ static void *hb_main(void *arg)
         bool ended = false;
         wb_mpw_init(&w);
         wb_msg_encode(&w, WB_MSG_HEARTBEAT, ep->o.token, &b);
+        sent = b;
         if (hb_call(ep, &w, wait, &buf, &len) == 0) {
             struct wb_msg m;
             struct wb_body_error e;
@@ -254,8 +271,11 @@ static void hb_update(struct wb_endpoint *ep)
     b.torn = ep->o.role == WB_ROLE_ROLLOUT && wb_endpoint_torn(ep);
     b.commits = ep->commits;
     b.dropped = ep->d ? ag_data_dropped(ep->d) : 0;
+    uint64_t loop_sent =
+        ep->pollc.sent_ns > ep->call.sent_ns ? ep->pollc.sent_ns : ep->call.sent_ns;
     pthread_mutex_lock(&ep->hb_mu);
     ep->beat = b;
+    ep->loop_sent_ns = loop_sent;
     /* A beat waits for its answer at most until the next is due: the beats keep their pace
      * whatever the controller's, so a slow answer never makes this agent look silent. */
     ep->hb_period = ep->hb_wait = ep->hb_ns;

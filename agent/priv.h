@@ -137,11 +137,12 @@ struct wb_endpoint {
     pthread_cond_t hb_cv;
     struct wb_body_heartbeat beat; /* under hb_mu: the next heartbeat (session 0: none yet) */
     uint64_t hb_period, hb_wait;   /* under hb_mu: heartbeat period, time to wait for a reply */
-    uint64_t hb_heard;             /* under hb_mu: when the last heartbeat was answered */
-    uint64_t hb_lost;              /* under hb_mu: a session the controller said it lost */
-    bool hb_ended;                 /* under hb_mu: the controller said the job is shutting down */
-    bool hb_quit;                  /* under hb_mu */
-    uint64_t hb_next;              /* loop only: when hb_update runs next */
+    uint64_t loop_sent_ns; /* under hb_mu: when the loop last sent the controller a request */
+    uint64_t hb_heard;     /* under hb_mu: when the last heartbeat was answered */
+    uint64_t hb_lost;      /* under hb_mu: a session the controller said it lost */
+    bool hb_ended;         /* under hb_mu: the controller said the job is shutting down */
+    bool hb_quit;          /* under hb_mu */
+    uint64_t hb_next;      /* loop only: when hb_update runs next */
     /* Wakes the loop from its sleep (an eventfd): a push or a close asked for, the heartbeat
      * thread's news, a dump that ended, a state dump asked for (async-signal-safe). */
     int wake_fd;

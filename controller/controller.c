@@ -123,6 +123,7 @@ struct wb_controller {
     struct xfer x;
     bool shutting_down;
     uint64_t exit_deadline, exit_linger;
+    uint64_t checked_ns; /* check_dead's last turn (0: none yet) */
     /* Connections, counted by nng's pipe callbacks (its threads) before any message is read:
      * the ids of those held; one over max is closed at once. */
     struct {
@@ -647,6 +648,18 @@ static void agent_reset(struct agent *a)
  * needs it fails. A suspect agent that is heard again is simply alive. */
 static void check_dead(struct wb_controller *c, uint64_t now)
 {
+    /* Silence counts only while the controller listens. It turns several times a heartbeat;
+     * a turn later than that (this process starved or stopped, a long plan) credits every
+     * agent the time it could not hear them, so that a starved controller does not declare
+     * its agents dead the moment it runs again, their messages still queued. */
+    uint64_t gap = c->checked_ns && now > c->checked_ns ? now - c->checked_ns : 0;
+    c->checked_ns = now;
+    if (gap > c->job->heartbeat_ns)
+        for (uint32_t i = 0; i < c->nagents; i++) {
+            struct agent *a = &c->agents[i];
+            uint64_t credit = gap - c->job->heartbeat_ns;
+            a->last_ns = now - a->last_ns > credit ? a->last_ns + credit : now;
+        }
     for (uint32_t i = 0; i < c->nagents; i++) {
         struct agent *a = &c->agents[i];
         /* An agent handling SETUP is busy for a while (transport open, allocation and

@@ -403,7 +403,8 @@ static void test_rank_checks(void)
     shutdown_all(&c);
 }
 
-/* The controller dies after version 2: a trainer gives up after its --give-up, a rollout (no
+/* The controller is stopped for a while after version 2, then dies: a trainer waits for a
+ * slow controller and gives up after its --give-up once it cannot reach it, a rollout (no
  * --give-up: never) keeps running and registers again with the controller that comes back,
  * which goes on from version 2 (an older version is refused). */
 static void test_controller_outage(void)
@@ -425,10 +426,29 @@ static void test_controller_outage(void)
         CHECK_INT(e2e_run(&out, "%s", cmd), 0);
         free(out);
     }
+    /* A controller that answers slowly (stopped for 3 s: past the trainer's --give-up 2s and
+     * the job's dead_after 1s) is waited for: its connections stay up. When it runs again it
+     * declares nobody dead (the time it did not listen is not the agents' silence). */
+    kill(c.ctl, SIGSTOP);
+    e2e_sleep_ms(3000);
+    kill(c.ctl, SIGCONT);
+    out = wait_status(&c, "version 2, in flight: none", 10000);
+    CHECK_CONTAINS(out, ": ready (gen 1)");
+    CHECK_CONTAINS(out, "trainer      0 alive");
+    CHECK_CONTAINS(out, "rollout      0 alive");
+    free(out);
+    CHECK_INT(waitpid(t, NULL, WNOHANG), 0);
+    char *log = e2e_slurp("controller.log");
+    CHECK(strstr(log, " is dead") == NULL);
+    free(log);
+    log = e2e_slurp("tr.log");
+    CHECK(strstr(log, "giving up") == NULL);
+    free(log);
+
     kill(c.ctl, SIGKILL);
     CHECK_INT(e2e_wait(c.ctl, 2000), 128 + SIGKILL);
     CHECK_INT(e2e_wait(t, 6000), 1);
-    char *log = e2e_slurp("tr.log");
+    log = e2e_slurp("tr.log");
     char want[256];
     /* past --give-up 2s without a connection: by how much depends on the machine's load */
     snprintf(want, sizeof(want), "wb-agent: trainer rank 0: controller %s unreachable for ", c.url);

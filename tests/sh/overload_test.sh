@@ -235,8 +235,9 @@ if [ $rc -eq 0 ]; then # it finished before the kill landed: not the case under 
     fail "transfer $v completed before the kill landed ($kill_ms ms): $out"
 fi
 # The first to notice says why: the controller (trainer 7's connections closed) or a trainer
-# whose write to it failed (its data connection closed) — both the crash, not silence.
-why_re="trainer rank 7 died \(its connection closed\)|write to trainer rank 7 failed: the peer died or failed"
+# whose write to it failed (its data connection closed: "the peer died or failed", "Transport
+# endpoint is not connected", ...) — both the crash, not silence.
+why_re="trainer rank 7 died \(its connection closed\)|write to trainer rank 7( \([0-9]+ bytes at [0-9]+\))?( failed)?: [^()]+"
 grep -qE "^wb-ctl: transfer $v failed: ($why_re|[a-z]+ rank [0-9]+: ($why_re))\$" <<<"$out" ||
     fail "transfer $v after kill -9 of trainer 7: $out"
 # when the controller failed it (its log line's stamp) and when wb-ctl had the answer: that

@@ -834,12 +834,22 @@ static bool reachable(const struct wb_endpoint *ep)
  * a connection or a retry; otherwise (idle: ready, between attempts) up to a second. Messages
  * and wake-ups end the sleep at once; the second only bounds the timers' lateness (a lost
  * request's resend after dead_ns). */
-static int loop_wait_ms(struct wb_endpoint *ep)
+static int loop_wait_ms(struct wb_endpoint *ep, uint64_t now)
 {
     if (ep->xfer_active)
         return 0;
     if (ep->d && ag_data_busy(ep->d) &&
         (!ep->settled || ep->attempt_open || ep->drain_version || !ag_data_idle(ep->d)))
+        return 1;
+    /* Traffic on an idle transport (notes from a stranger, a late peer): it was dropped, and
+     * the transport is drained every millisecond for a second after the last such note, so
+     * that a flood costs the flooder, not this agent's memory or the kernel's buffers. */
+    uint64_t dropped = ep->d ? ag_data_dropped(ep->d) : 0;
+    if (dropped != ep->idle_dropped) {
+        ep->idle_dropped = dropped;
+        ep->drain_until = now + 1000000000ull;
+    }
+    if (ep->d && ag_data_busy(ep->d) && now < ep->drain_until)
         return 1;
     if (!ep->session || !ep->pollc.busy || (ep->nq && !ep->call.busy) || !reachable(ep))
         return 10;
@@ -913,7 +923,7 @@ static int loop(struct wb_endpoint *ep)
         struct pollfd p[3] = {{.fd = ep->call.fd, .events = POLLIN},
                               {.fd = ep->pollc.fd, .events = POLLIN},
                               {.fd = ep->wake_fd, .events = POLLIN}};
-        int wait = loop_wait_ms(ep);
+        int wait = loop_wait_ms(ep, now);
         if (wait > 1) /* the next beat says what the state is now, however long the sleep */
             hb_update(ep);
         if (poll(p, 3, wait) > 0 && (p[2].revents & POLLIN)) {

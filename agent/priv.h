@@ -113,6 +113,8 @@ struct wb_endpoint {
     /* READY came for the current setup: the transport has settled (connections made, warm-up
      * notes delivered), and between attempts it needs no polling. */
     bool settled;
+    uint64_t idle_dropped; /* loop_wait_ms: notes dropped as of its last turn ... */
+    uint64_t drain_until;  /* ... and until when the transport is drained after a change */
     uint64_t xfer_version;
     uint64_t drain_version; /* trainers: an aborted attempt whose REPORT_DRAINED is due */
     bool in_flight;

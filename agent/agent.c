@@ -2,8 +2,11 @@
  * commands, run them on the data side (data.c) and report back; send the pushes the trainer's
  * process asked for and publish what happened to them (endpoint.c's state).
  *
- * One thread, never blocking: the loop polls the two channel fds with a short timeout and
- * calls ag_data_progress() between polls, so the executor advances while control messages flow.
+ * One thread, never blocking: the loop polls the two channel fds and calls ag_data_progress()
+ * between polls, so the executor advances while control messages flow. It polls without
+ * waiting while a transfer runs, every millisecond while the transport has anything in flight,
+ * and otherwise sleeps until a message, a wake-up (ag_wake: a push, a close, the heartbeat
+ * thread's news) or its next timer — an idle agent costs next to nothing (loop_wait_ms).
  * Two REQ channels because a REQ socket has one request in flight: the "poll" channel is
  * parked at the controller most of the time, the "call" channel carries registers, heartbeats,
  * reports and pushes, answered at once. Reports and pushes go out in order through a queue. */
@@ -20,6 +23,13 @@
 #include <unistd.h>
 
 static const char *M = "agent";
+
+void ag_wake(struct wb_endpoint *ep)
+{
+    uint64_t one = 1;
+    if (write(ep->wake_fd, &one, sizeof(one)) < 0) { /* full: a wake-up is pending anyway */
+    }
+}
 
 /* ---------------------------------------------------------------- sending */
 
@@ -144,9 +154,19 @@ static int hb_call(struct wb_endpoint *ep, const struct wb_mpw *w, uint64_t wait
     return rc < 0 ? rc : 0;
 }
 
+/* Two beats say the same (the session and every figure). */
+static bool same_beat(const struct wb_body_heartbeat *a, const struct wb_body_heartbeat *b)
+{
+    return a->s.session == b->s.session && a->version == b->version &&
+           a->in_flight == b->in_flight && a->done == b->done && a->total == b->total &&
+           a->epoch == b->epoch && a->torn == b->torn && a->dropped == b->dropped &&
+           a->commits == b->commits;
+}
+
 static void *hb_main(void *arg)
 {
     struct wb_endpoint *ep = arg;
+    struct wb_body_heartbeat sent = {0}; /* the last beat sent */
     pthread_mutex_lock(&ep->hb_mu);
     while (!ep->hb_quit) {
         struct timespec dl;
@@ -160,6 +180,12 @@ static void *hb_main(void *arg)
             continue;
         struct wb_body_heartbeat b = ep->beat;
         uint64_t wait = ep->hb_wait;
+        /* The controller hears an agent on any request (an idle loop's poll goes out every
+         * poll_hold). A beat that would say nothing new while the loop's requests flow is
+         * skipped: an idle agent costs its polls only. Once the loop stops sending (blocked,
+         * starved, stuck), the beats come again within three periods. */
+        if (same_beat(&b, &sent) && wb_now_ns() - ep->loop_sent_ns < 3 * ep->hb_period)
+            continue;
         pthread_mutex_unlock(&ep->hb_mu);
         struct wb_mpw w;
         void *buf = NULL;
@@ -168,6 +194,7 @@ static void *hb_main(void *arg)
         bool ended = false;
         wb_mpw_init(&w);
         wb_msg_encode(&w, WB_MSG_HEARTBEAT, ep->o.token, &b);
+        sent = b;
         if (hb_call(ep, &w, wait, &buf, &len) == 0) {
             struct wb_msg m;
             struct wb_body_error e;
@@ -192,6 +219,8 @@ static void *hb_main(void *arg)
             ep->hb_lost = lost;
         if (ended)
             ep->hb_ended = true;
+        if (lost || ended) /* the loop acts on it now, not when it next wakes */
+            ag_wake(ep);
     }
     pthread_mutex_unlock(&ep->hb_mu);
     return NULL;
@@ -205,8 +234,7 @@ static int hb_start(struct wb_endpoint *ep)
     pthread_mutex_init(&ep->hb_mu, NULL);
     pthread_cond_init(&ep->hb_cv, &ca);
     pthread_condattr_destroy(&ca);
-    ep->hb_period = ep->hb_ns;
-    ep->hb_wait = ep->dead_ns;
+    ep->hb_period = ep->hb_wait = ep->hb_ns;
     int rc = wb_chan_open(&ep->hbc, ep->o.controller, ep->o.token);
     if (rc == 0 && (rc = -pthread_create(&ep->hb_thread, NULL, hb_main, ep)) != 0)
         wb_chan_close(&ep->hbc);
@@ -243,10 +271,14 @@ static void hb_update(struct wb_endpoint *ep)
     b.torn = ep->o.role == WB_ROLE_ROLLOUT && wb_endpoint_torn(ep);
     b.commits = ep->commits;
     b.dropped = ep->d ? ag_data_dropped(ep->d) : 0;
+    uint64_t loop_sent =
+        ep->pollc.sent_ns > ep->call.sent_ns ? ep->pollc.sent_ns : ep->call.sent_ns;
     pthread_mutex_lock(&ep->hb_mu);
     ep->beat = b;
-    ep->hb_period = ep->hb_ns;
-    ep->hb_wait = ep->dead_ns;
+    ep->loop_sent_ns = loop_sent;
+    /* A beat waits for its answer at most until the next is due: the beats keep their pace
+     * whatever the controller's, so a slow answer never makes this agent look silent. */
+    ep->hb_period = ep->hb_wait = ep->hb_ns;
     uint64_t heard = ep->hb_heard, lost = ep->hb_lost;
     bool ended = ep->hb_ended;
     ep->hb_lost = 0;
@@ -293,6 +325,8 @@ static void lose_session(struct wb_endpoint *ep, const char *why)
             ag_push_event(ep, ep->xfer_version, WB_PUSH_DONE, true, why);
     }
     ep->xfer_active = false;
+    ep->attempt_open = false;
+    ep->settled = false;
     ep->in_flight = false;
     ep->pollc.busy = false;
     ag_set_ready(ep, false);
@@ -422,7 +456,9 @@ static void cmd_setup(struct wb_endpoint *ep, const struct wb_body_setup *b)
     if (ep->xfer_active && ep->d)
         ag_data_abort(ep->d);
     ep->xfer_active = false;
-    ag_dump_wait(ep); /* the dump reads the memory the new setup replaces */
+    ep->attempt_open = false;
+    ep->settled = false; /* until READY: connections are being made */
+    ag_dump_wait(ep);    /* the dump reads the memory the new setup replaces */
     ag_set_ready(ep, false);
     int rc =
         ag_data_setup(&ep->d, ep, b, &addr, &addr_len, &regions, &regions_len, err, sizeof(err));
@@ -456,6 +492,7 @@ static void peers_out(const struct wb_endpoint *ep, const struct wb_body_peers *
 static void cmd_peers(struct wb_endpoint *ep, const struct wb_body_peers *b)
 {
     char err[WB_ERRMSG_MAX] = "";
+    ep->settled = false; /* until READY: warm-up notes travel to the peers */
     peers_out(ep, b);
     int rc = ep->d ? ag_data_peers(ep->d, b->agents.p, b->agents.n, err, sizeof(err)) : -EINVAL;
     if (rc && !*err)
@@ -490,6 +527,7 @@ static void cmd_transfer(struct wb_endpoint *ep, const struct wb_body_version_ep
     uint64_t version = b->version;
     char err[WB_ERRMSG_MAX] = "";
     ep->drain_version = 0;
+    ep->attempt_open = true; /* until its outcome arrives, failed start or not */
     int rc = ep->d ? ag_data_start(ep->d, b, err, sizeof(err)) : -EINVAL;
     if (rc) {
         if (!*err)
@@ -522,6 +560,7 @@ static void *dump_main(void *arg)
     struct wb_endpoint *ep = arg;
     int rc = ag_data_dump(ep->d, ep->o.dump, ep->dump_version, ep->dump_err, sizeof(ep->dump_err));
     atomic_store(&ep->dump_state, rc ? rc : 1);
+    ag_wake(ep); /* the loop commits the version now */
     return NULL;
 }
 
@@ -548,6 +587,8 @@ static void dump_step(struct wb_endpoint *ep)
 
 static void cmd_complete(struct wb_endpoint *ep, uint64_t version)
 {
+    if (version == ep->xfer_version)
+        ep->attempt_open = false;
     if (ep->o.role == WB_ROLE_TRAINER) {
         ag_push_event(ep, version, WB_PUSH_DONE, false, NULL);
         return;
@@ -575,6 +616,7 @@ static void cmd_abort(struct wb_endpoint *ep, const struct wb_body_abort *b)
         ag_data_abort(ep->d);
     if (ep->xfer_version == b->version) {
         ep->xfer_active = false;
+        ep->attempt_open = false; /* a trainer still drains (drain_version) */
         ep->in_flight = false;
     }
     if (ep->o.role == WB_ROLE_TRAINER) {
@@ -646,6 +688,7 @@ static int on_commands(struct wb_endpoint *ep, void *buf, size_t len)
             cmd_abort(ep, &b.abort);
             break;
         case WB_CMD_READY:
+            ep->settled = true;
             ag_set_ready(ep, true);
             break;
         case WB_CMD_REFUSED:
@@ -726,6 +769,7 @@ static void data_step(struct wb_endpoint *ep)
 void ag_state_request(struct wb_endpoint *ep)
 {
     atomic_store(&ep->state_req, 1);
+    ag_wake(ep);
 }
 
 /* A state dump asked for (ag_state_request): written here, on the loop, so that no command
@@ -775,6 +819,43 @@ static bool may_stop(struct wb_endpoint *ep, uint64_t now)
     return !ep->session || (ep->nq == 0 && !ep->call.busy) || now >= ep->stop_at;
 }
 
+/* A connection to the controller is up on some channel (the heartbeat thread's included: its
+ * count is read atomically). */
+static bool reachable(const struct wb_endpoint *ep)
+{
+    return wb_chan_connected(&ep->call) || wb_chan_connected(&ep->pollc) ||
+           wb_chan_connected(&ep->hbc);
+}
+
+/* How long the loop may sleep in poll() before its next turn. Not at all while a transfer runs;
+ * a millisecond while the transport may have anything in flight (software providers move data
+ * only when polled: connections being made before READY, an attempt open until its outcome —
+ * a peer's fence or barrier may still come —, a drain, a fill); 10 ms while something waits for
+ * a connection or a retry; otherwise (idle: ready, between attempts) up to a second. Messages
+ * and wake-ups end the sleep at once; the second only bounds the timers' lateness (a lost
+ * request's resend after dead_ns). */
+static int loop_wait_ms(struct wb_endpoint *ep, uint64_t now)
+{
+    if (ep->xfer_active)
+        return 0;
+    if (ep->d && ag_data_busy(ep->d) &&
+        (!ep->settled || ep->attempt_open || ep->drain_version || !ag_data_idle(ep->d)))
+        return 1;
+    /* Traffic on an idle transport (notes from a stranger, a late peer): it was dropped, and
+     * the transport is drained every millisecond for a second after the last such note, so
+     * that a flood costs the flooder, not this agent's memory or the kernel's buffers. */
+    uint64_t dropped = ep->d ? ag_data_dropped(ep->d) : 0;
+    if (dropped != ep->idle_dropped) {
+        ep->idle_dropped = dropped;
+        ep->drain_until = now + 1000000000ull;
+    }
+    if (ep->d && ag_data_busy(ep->d) && now < ep->drain_until)
+        return 1;
+    if (!ep->session || !ep->pollc.busy || (ep->nq && !ep->call.busy) || !reachable(ep))
+        return 10;
+    return 1000;
+}
+
 static int loop(struct wb_endpoint *ep)
 {
     int rc = 0;
@@ -783,36 +864,47 @@ static int loop(struct wb_endpoint *ep)
         ag_set_fatal(ep, rc, "%s rank %u: %s", ep->role, ep->o.rank, err);
         return rc;
     }
-    ep->last_heard = wb_now_ns();
+    ep->last_heard = ep->last_reach = wb_now_ns();
     for (;;) {
         uint64_t now = wb_now_ns();
         if (ep->exiting || may_stop(ep, now))
             break;
         if (!ep->session && !ep->call.busy && now >= ep->retry_at)
             send_register(ep);
-        if (now - ep->last_heard > ep->o.give_up_ns) {
-            ag_set_fatal(ep, -WB_E_PEER, "%s rank %u: controller %s silent for %.1f s, giving up",
+        /* Giving up is for a controller that cannot be reached — no connection on any channel
+         * (it exited, its host is gone) — never for one that is connected and slow to answer
+         * (a starved process): that one is waited for, and said so every 30 s. */
+        if (reachable(ep) || ep->last_heard > ep->last_reach)
+            ep->last_reach = reachable(ep) ? now : ep->last_heard;
+        if (now - ep->last_reach > ep->o.give_up_ns) {
+            ag_set_fatal(ep, -WB_E_PEER,
+                         "%s rank %u: controller %s unreachable for %.1f s (no connection), giving "
+                         "up",
                          ep->role, ep->o.rank, ep->o.controller,
-                         (double)(now - ep->last_heard) / 1e9);
+                         (double)(now - ep->last_reach) / 1e9);
             return -WB_E_PEER;
         }
         uint64_t said = (now - ep->last_heard) / (30ull * 1000000000);
-        if (said > ep->silent_said && ep->o.role == WB_ROLE_ROLLOUT) /* every 30 s, once */
-            wb_log(WB_LOG_WARN, M,
-                   "%s rank %u: controller %s silent for %.0f s: keeping the weights, waiting "
-                   "for it to come back",
-                   ep->role, ep->o.rank, ep->o.controller, (double)(now - ep->last_heard) / 1e9);
+        if (said > ep->silent_said) /* every 30 s, once */
+            wb_log(WB_LOG_WARN, M, "%s rank %u: controller %s silent for %.0f s (%s): %s", ep->role,
+                   ep->o.rank, ep->o.controller, (double)(now - ep->last_heard) / 1e9,
+                   reachable(ep) ? "connected" : "no connection",
+                   ep->o.role == WB_ROLE_ROLLOUT
+                       ? "keeping the weights, waiting for it to come back"
+                       : "waiting for it (a trainer gives up only when it cannot reach it)");
         ep->silent_said = said;
-        /* A request unanswered for dead_ns: the controller restarted or the connection was
-         * replaced; send again (the REQ socket abandons the old request). */
-        if (ep->call.busy && now > ep->call.sent_ns && now - ep->call.sent_ns > ep->dead_ns) {
+        /* A request lost with its connection (the controller restarted, the connection was
+         * replaced), or unanswered for dead_ns: send it again (the REQ socket abandons the old
+         * request). */
+        if (ep->call.busy && (wb_chan_lost(&ep->call) ||
+                              (now > ep->call.sent_ns && now - ep->call.sent_ns > ep->dead_ns))) {
             if (ep->registering || !ep->session)
                 send_register(ep);
             else
                 ep->call.busy = false; /* pump_calls() sends queue[0] again */
         }
         if (ep->session &&
-            (!ep->pollc.busy ||
+            (!ep->pollc.busy || wb_chan_lost(&ep->pollc) ||
              (now > ep->pollc.sent_ns && now - ep->pollc.sent_ns > ep->hold_ns + ep->dead_ns)))
             send_poll(ep);
         pump_pushes(ep);
@@ -828,9 +920,17 @@ static int loop(struct wb_endpoint *ep)
         dump_step(ep);
         state_step(ep);
 
-        struct pollfd p[2] = {{.fd = ep->call.fd, .events = POLLIN},
-                              {.fd = ep->pollc.fd, .events = POLLIN}};
-        poll(p, 2, ep->xfer_active ? 0 : ep->d && ag_data_busy(ep->d) ? 1 : 10);
+        struct pollfd p[3] = {{.fd = ep->call.fd, .events = POLLIN},
+                              {.fd = ep->pollc.fd, .events = POLLIN},
+                              {.fd = ep->wake_fd, .events = POLLIN}};
+        int wait = loop_wait_ms(ep, now);
+        if (wait > 1) /* the next beat says what the state is now, however long the sleep */
+            hb_update(ep);
+        if (poll(p, 3, wait) > 0 && (p[2].revents & POLLIN)) {
+            uint64_t n;
+            if (read(ep->wake_fd, &n, sizeof(n)) < 0) { /* EAGAIN: another read took it */
+            }
+        }
         void *buf;
         size_t len;
         while (wb_chan_try_recv(&ep->call, &buf, &len) == 1) {

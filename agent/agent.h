@@ -58,8 +58,9 @@ struct wb_endpoint_opts {
     const char *token;
     bool synthetic;        /* wb-agent: hold what the plan assigns, synthetic values */
     const char *trace;     /* Chrome trace JSON path, or NULL */
-    uint64_t give_up_ns;   /* stop when the controller stays silent this long (0: trainers
-                              30 s, rollouts never: they keep the weights and wait) */
+    uint64_t give_up_ns;   /* stop when the controller cannot be reached (no connection, no
+                              answer) this long (0: trainers 30 s, rollouts never: they keep
+                              the weights and wait); one that answers slowly is waited for */
     uint64_t pace_ns;      /* testing: extra delay before each task starts (0 = none) */
     const char *tx_domain; /* transport domain (NIC / interface), NULL = the provider's choice */
     const char *dump;      /* rollouts: directory for rollout<rank>.v<N>.bin after each version */
@@ -178,7 +179,7 @@ bool wb_endpoint_torn(struct wb_endpoint *ep);
 const char *wb_endpoint_error(struct wb_endpoint *ep);
 
 /* Runs the endpoint on the calling thread until the controller says EXIT (0), refuses the
- * registration (-WB_E_CONFIG) or the token (-WB_E_TOKEN), or stays silent past give_up_ns
+ * registration (-WB_E_CONFIG) or the token (-WB_E_TOKEN), or cannot be reached for give_up_ns
  * (-WB_E_PEER). What wb-agent does; not together with wb_endpoint_start. */
 int wb_endpoint_run(struct wb_endpoint *ep);
 

@@ -12,7 +12,8 @@
  * (rollouts); a rollout is done when every tag reached the plan's count.
  *
  * The transport moves data only while both sides poll it (software providers), so ag_data_poll()
- * runs on every turn of the agent's loop, transfer or not. A job without a model (control plane
+ * runs on every turn of the agent's loop while anything may be in flight; between attempts
+ * (ag_data_idle) nothing is, and the loop sleeps. A job without a model (control plane
  * only) has empty plans: nothing is opened and a transfer finishes at once. */
 #include "agent/xfer.h"
 
@@ -1681,6 +1682,12 @@ bool ag_data_empty(const struct data *d)
 bool ag_data_busy(const struct data *d)
 {
     return d->tx != NULL;
+}
+
+bool ag_data_idle(const struct data *d)
+{
+    return !d->active && !d->pending_start && !d->windows_open && !d->outstanding &&
+           !d->fill_want && !(d->io && ag_io_busy(d->io));
 }
 
 void ag_data_abort(struct data *d)

@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 static char *dup_opt(const char *s, int *err)
 {
@@ -41,8 +43,9 @@ int wb_endpoint_open(const struct wb_endpoint_opts *opts, struct wb_endpoint **o
         ep->o.give_up_ns = opts->role == WB_ROLE_ROLLOUT ? UINT64_MAX : 30ull * 1000000000;
     ep->role = wb_role_name(opts->role);
     ep->hb_ns = 200 * 1000000ull;
-    ep->dead_ns = 1500 * 1000000ull;
+    ep->dead_ns = 10000 * 1000000ull;
     ep->hold_ns = 500 * 1000000ull;
+    ep->wake_fd = -1;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -51,6 +54,8 @@ int wb_endpoint_open(const struct wb_endpoint_opts *opts, struct wb_endpoint **o
     pthread_condattr_destroy(&ca);
     if (!err && (!opts->controller || !opts->token || (unsigned)opts->role >= WB_ROLE_COUNT))
         err = -EINVAL;
+    if (!err && (ep->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+        err = -errno;
     err = err ? err : wb_chan_open(&ep->call, opts->controller, opts->token);
     if (err)
         goto err_free;
@@ -63,6 +68,8 @@ int wb_endpoint_open(const struct wb_endpoint_opts *opts, struct wb_endpoint **o
 err_call:
     wb_chan_close(&ep->call);
 err_free:
+    if (ep->wake_fd >= 0)
+        close(ep->wake_fd);
     pthread_cond_destroy(&ep->cv);
     pthread_mutex_destroy(&ep->mu);
     free(ep->s_controller);
@@ -352,6 +359,8 @@ int wb_endpoint_push(struct wb_endpoint *ep, uint64_t version)
             ep->pushes[ep->npushes++] = (struct push){.version = version};
     }
     pthread_mutex_unlock(&ep->mu);
+    if (!rc)
+        ag_wake(ep); /* the loop sleeps between transfers */
     return rc;
 }
 
@@ -452,6 +461,7 @@ void wb_endpoint_close(struct wb_endpoint *ep)
     ep->stop = true;
     bool joined = ep->thread_started;
     pthread_mutex_unlock(&ep->mu);
+    ag_wake(ep);
     if (joined)
         pthread_join(ep->thread, NULL);
     for (size_t i = 0; i < ep->nq; i++)
@@ -461,6 +471,7 @@ void wb_endpoint_close(struct wb_endpoint *ep)
     ag_regs_free(ep);
     wb_chan_close(&ep->pollc);
     wb_chan_close(&ep->call);
+    close(ep->wake_fd);
     pthread_cond_destroy(&ep->cv);
     pthread_mutex_destroy(&ep->mu);
     free(ep->s_controller);

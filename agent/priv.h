@@ -77,7 +77,8 @@ struct wb_endpoint {
     uint64_t lost_session; /* the session held before it was lost: proof for re-registering */
     uint64_t hb_ns, dead_ns, hold_ns;
     uint64_t last_heard;  /* last reply from the controller */
-    uint64_t silent_said; /* rollouts: how many 30 s of the controller's silence were said */
+    uint64_t last_reach;  /* last time the controller was reachable (a connection, a reply) */
+    uint64_t silent_said; /* how many 30 s of the controller's silence were said */
     bool call_is_report;  /* the call in flight is queue[0] */
     uint64_t call_push;   /* ... and it is the PUSH of this version (0: not a push) */
     bool registering;
@@ -106,6 +107,14 @@ struct wb_endpoint {
     struct agent_job job;
     struct data *d;
     bool xfer_active;
+    /* Between TRANSFER and its outcome (COMPLETE or ABORT): peers may still need this agent's
+     * transport (a fence, a barrier), so the loop keeps polling it. */
+    bool attempt_open;
+    /* READY came for the current setup: the transport has settled (connections made, warm-up
+     * notes delivered), and between attempts it needs no polling. */
+    bool settled;
+    uint64_t idle_dropped; /* loop_wait_ms: notes dropped as of its last turn ... */
+    uint64_t drain_until;  /* ... and until when the transport is drained after a change */
     uint64_t xfer_version;
     uint64_t drain_version; /* trainers: an aborted attempt whose REPORT_DRAINED is due */
     bool in_flight;
@@ -130,11 +139,15 @@ struct wb_endpoint {
     pthread_cond_t hb_cv;
     struct wb_body_heartbeat beat; /* under hb_mu: the next heartbeat (session 0: none yet) */
     uint64_t hb_period, hb_wait;   /* under hb_mu: heartbeat period, time to wait for a reply */
-    uint64_t hb_heard;             /* under hb_mu: when the last heartbeat was answered */
-    uint64_t hb_lost;              /* under hb_mu: a session the controller said it lost */
-    bool hb_ended;                 /* under hb_mu: the controller said the job is shutting down */
-    bool hb_quit;                  /* under hb_mu */
-    uint64_t hb_next;              /* loop only: when hb_update runs next */
+    uint64_t loop_sent_ns; /* under hb_mu: when the loop last sent the controller a request */
+    uint64_t hb_heard;     /* under hb_mu: when the last heartbeat was answered */
+    uint64_t hb_lost;      /* under hb_mu: a session the controller said it lost */
+    bool hb_ended;         /* under hb_mu: the controller said the job is shutting down */
+    bool hb_quit;          /* under hb_mu */
+    uint64_t hb_next;      /* loop only: when hb_update runs next */
+    /* Wakes the loop from its sleep (an eventfd): a push or a close asked for, the heartbeat
+     * thread's news, a dump that ended, a state dump asked for (async-signal-safe). */
+    int wake_fd;
     /* shared with the public calls, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -156,6 +169,8 @@ struct wb_endpoint {
 
 /* agent.c: the control loop. Returns as wb_endpoint_run() does. */
 int ag_loop(struct wb_endpoint *ep);
+/* Wakes the loop if it sleeps (any thread, and signal handlers). */
+void ag_wake(struct wb_endpoint *ep);
 /* Waits for a rollout's dump thread, if one runs (before its memory goes). */
 void ag_dump_wait(struct wb_endpoint *ep);
 
@@ -235,6 +250,9 @@ void ag_data_abort(struct data *d);
 void ag_data_poll(struct data *d);
 /* True when the data side has a transport that must be polled on every turn of the loop. */
 bool ag_data_busy(const struct data *d);
+/* Nothing is in flight on the data side: no attempt, no open window, no write or read
+ * outstanding, no fill under way. Its transport needs no polling until the next command. */
+bool ag_data_idle(const struct data *d);
 /* Nothing of the plan is assigned to this rank. */
 bool ag_data_empty(const struct data *d);
 /* Rollouts: writes every local tensor to DIR/rollout<rank>.v<version>.bin (for checks). Runs

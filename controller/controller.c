@@ -37,6 +37,7 @@ struct agent {
     enum wb_role role;
     uint32_t rank;
     bool alive;
+    bool suspect;     /* alive, but silent for suspect_after: maybe starved, maybe gone */
     uint64_t session; /* 0: never registered */
     uint64_t last_ns;
     char host[64];
@@ -121,7 +122,8 @@ struct wb_controller {
     struct xfer x;
     bool shutting_down;
     uint64_t exit_deadline, exit_linger;
-    uint64_t conn_said; /* connections and messages refused that the log has counted */
+    uint64_t conn_said;  /* connections and messages refused that the log has counted */
+    uint64_t checked_ns; /* check_dead's last turn (0: none yet) */
 };
 
 static const char *M = "controller";
@@ -629,10 +631,29 @@ static void agent_reset(struct agent *a)
     a->torn = false;
     a->commits = 0;
     a->dropped = 0;
+    a->suspect = false;
 }
 
+/* Silence, in two stages. A process that crashed or was killed closes its connections, and
+ * check_closed() declares it dead at once; a process that is connected but silent is usually
+ * starved (a loaded machine, a swapping host, a stop signal), so silence first makes it only
+ * suspect — shown in the status, logged, waited for by a transfer that needs it (the attempt's
+ * own timeout still bounds that) — and dead only after dead_after, when the transfer that
+ * needs it fails. A suspect agent that is heard again is simply alive. */
 static void check_dead(struct wb_controller *c, uint64_t now)
 {
+    /* Silence counts only while the controller listens. It turns several times a heartbeat;
+     * a turn later than that (this process starved or stopped, a long plan) credits every
+     * agent the time it could not hear them, so that a starved controller does not declare
+     * its agents dead the moment it runs again, their messages still queued. */
+    uint64_t gap = c->checked_ns && now > c->checked_ns ? now - c->checked_ns : 0;
+    c->checked_ns = now;
+    if (gap > c->job->heartbeat_ns)
+        for (uint32_t i = 0; i < c->nagents; i++) {
+            struct agent *a = &c->agents[i];
+            uint64_t credit = gap - c->job->heartbeat_ns;
+            a->last_ns = now - a->last_ns > credit ? a->last_ns + credit : now;
+        }
     for (uint32_t i = 0; i < c->nagents; i++) {
         struct agent *a = &c->agents[i];
         /* An agent handling SETUP is busy for a while (transport open, allocation and
@@ -641,7 +662,16 @@ static void check_dead(struct wb_controller *c, uint64_t now)
         uint64_t limit = c->job->dead_ns;
         if (c->state == ST_SETUP && a->setup_session != a->session)
             limit *= 4;
-        if (a->alive && now - a->last_ns > limit) {
+        uint64_t silent = a->alive ? now - a->last_ns : 0;
+        if (a->alive && !a->suspect && silent > c->job->suspect_ns && silent <= limit) {
+            a->suspect = true;
+            wb_log(WB_LOG_WARN, M, "%s rank %u is suspect: silent for %.2f s (dead after %.1f s)",
+                   wb_role_name(a->role), a->rank, (double)silent / 1e9, (double)limit / 1e9);
+        } else if (a->suspect && silent <= c->job->suspect_ns) {
+            a->suspect = false;
+            wb_log(WB_LOG_INFO, M, "%s rank %u is heard again", wb_role_name(a->role), a->rank);
+        }
+        if (a->alive && silent > limit) {
             a->alive = false;
             wb_log(WB_LOG_WARN, M, "%s rank %u is dead: silent for %.2f s", wb_role_name(a->role),
                    a->rank, (double)(now - a->last_ns) / 1e9);
@@ -969,8 +999,9 @@ static void xfer_timeout(struct wb_controller *c, uint64_t now)
         struct agent *a = &c->agents[i];
         bool pending = c->x.completing ? a->role == WB_ROLE_ROLLOUT && !a->committed : !a->done;
         if (pending)
-            pos += (size_t)snprintf(list + pos, sizeof(list) - pos, "%s%s rank %u", pos ? ", " : "",
-                                    wb_role_name(a->role), a->rank);
+            pos +=
+                (size_t)snprintf(list + pos, sizeof(list) - pos, "%s%s rank %u%s", pos ? ", " : "",
+                                 wb_role_name(a->role), a->rank, a->suspect ? " (suspect)" : "");
     }
     xfer_fail(c, "timed out after %.1f s waiting for %s", (double)(now - c->x.start_ns) / 1e9,
               list);
@@ -1423,6 +1454,7 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
         snprintf(as.role, sizeof(as.role), "%s", wb_role_name(a->role));
         snprintf(as.state, sizeof(as.state), "%s",
                  a->alive && a->setup_err[0] ? "failed"
+                 : a->alive && a->suspect    ? "suspect"
                  : a->alive                  ? "alive"
                  : a->session                ? "dead"
                                              : "absent");

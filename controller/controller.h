@@ -38,7 +38,9 @@ struct wb_job {
     uint64_t mem_cap; /* executor temporary-memory cap, bytes */
     uint64_t seed;    /* synthetic parameter source seed */
     char *provider;   /* transport: tcp|shm|cuda_ipc|… as transport/ names them */
-    uint64_t heartbeat_ns, dead_ns, transfer_ns, poll_hold_ns;
+    /* Liveness: a heartbeat every heartbeat_ns; silent for suspect_ns, an agent is suspect
+     * (shown, waited for); for dead_ns, dead. A closed connection is a death at once. */
+    uint64_t heartbeat_ns, suspect_ns, dead_ns, transfer_ns, poll_hold_ns;
     uint64_t trainers, rollouts; /* expected agents; 0 = from the layouts */
     char *trace;                 /* "" or a directory: agents write <dir>/<role><rank>.json */
     bool verify; /* rollouts check every write against its checksum computed at the writer */

@@ -61,8 +61,14 @@ const struct wb_cfg_field wb_job_fields[] = {
      offsetof(struct wb_job, provider)},
     {"heartbeat", WB_CFG_DURATION, "200ms", "agents send a heartbeat this often",
      offsetof(struct wb_job, heartbeat_ns)},
-    {"dead_after", WB_CFG_DURATION, "1500ms",
-     "an agent silent this long is dead (its transfer fails)", offsetof(struct wb_job, dead_ns)},
+    {"suspect_after", WB_CFG_DURATION, "1500ms",
+     "an agent silent this long is suspect (wb-ctl status says so; a transfer waits for it); "
+     "at or past dead_after there is no suspect stage",
+     offsetof(struct wb_job, suspect_ns)},
+    {"dead_after", WB_CFG_DURATION, "10s",
+     "an agent silent this long is dead (a transfer that needs it fails); a closed connection "
+     "(a process that exited or was killed) is a death at once",
+     offsetof(struct wb_job, dead_ns)},
     {"transfer_timeout", WB_CFG_DURATION, "60s", "a transfer not done by then fails",
      offsetof(struct wb_job, transfer_ns)},
     {"poll_hold", WB_CFG_DURATION, "500ms", "how long the controller holds an idle agent poll",
@@ -101,6 +107,14 @@ const struct wb_cfg_field wb_job_fields[] = {
      offsetof(struct wb_job, tls), NULL, tls_fields},
     {0},
 };
+
+/* Where a top-level key of the job file is ("file:line:col"), or the file when it is absent
+ * (a default). */
+static char *key_at(const struct wb_yaml *y, const char *key, char *buf, size_t cap)
+{
+    const struct wb_ynode *root = wb_yaml_root(y);
+    return wb_yaml_where(y, root ? wb_ynode_get(y, root, key) : NULL, buf, cap);
+}
 
 /* A relative path in the job file is relative to the file's directory. */
 static int resolve(char **p, const char *dir)
@@ -206,11 +220,9 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
     const struct {
         const char *key;
         uint64_t ns;
-    } durs[] = {{"heartbeat", j.heartbeat_ns},
-                {"dead_after", j.dead_ns},
-                {"transfer_timeout", j.transfer_ns},
-                {"poll_hold", j.poll_hold_ns},
-                {"handshake", j.handshake_ns}};
+    } durs[] = {{"heartbeat", j.heartbeat_ns}, {"suspect_after", j.suspect_ns},
+                {"dead_after", j.dead_ns},     {"transfer_timeout", j.transfer_ns},
+                {"poll_hold", j.poll_hold_ns}, {"handshake", j.handshake_ns}};
     for (size_t i = 0; i < WB_ARRAY_LEN(durs); i++)
         if (durs[i].ns > WB_JOB_MAX_NS) {
             wb_errlist_add(el, "%s: %s: %.0f s is longer than the longest duration, %d days", path,
@@ -225,8 +237,16 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
         wb_errlist_add(el, "%s: version_step: must be at least 1", path);
         err = -WB_E_CONFIG;
     }
+    /* A silence shorter than a beat's gap says nothing: suspicion and death start beyond it. */
+    char at[1200];
     if (j.heartbeat_ns == 0 || j.dead_ns <= j.heartbeat_ns) {
-        wb_errlist_add(el, "%s: dead_after: must be longer than heartbeat", path);
+        wb_errlist_add(el, "%s: dead_after: must be longer than heartbeat",
+                       key_at(y, "dead_after", at, sizeof(at)));
+        err = -WB_E_CONFIG;
+    }
+    if (j.suspect_ns <= j.heartbeat_ns && j.suspect_ns < j.dead_ns) {
+        wb_errlist_add(el, "%s: suspect_after: must be longer than heartbeat",
+                       key_at(y, "suspect_after", at, sizeof(at)));
         err = -WB_E_CONFIG;
     }
     if (err)

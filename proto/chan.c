@@ -10,6 +10,7 @@
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/tls/tls.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,9 +116,11 @@ static int dial_tls(nng_socket s, const char *url)
  * connection was given, and the request in flight (sent again after a new HELLO). */
 struct wb_chan_state {
     char *token;
-    uint64_t nonce; /* 0: the connection is not introduced (yet) */
-    uint64_t seq;   /* the last binding sequence number sent */
-    uint8_t *req;   /* the request in flight, as the caller gave it */
+    uint64_t nonce;        /* 0: the connection is not introduced (yet) */
+    uint32_t nonce_closed; /* connections closed when the nonce came: another closed since, it
+                              belongs to a connection that is gone */
+    uint64_t seq;          /* the last binding sequence number sent */
+    uint8_t *req;          /* the request in flight, as the caller gave it */
     size_t req_len;
     bool hello;       /* the HELLO is what is outstanding; req goes once it is answered */
     bool lost;        /* nothing is outstanding (a send after an own reply failed): the
@@ -126,20 +129,52 @@ struct wb_chan_state {
     uint64_t requests, hellos;
 };
 
+/* The channel's connections as nng's pipe callbacks see them. A pipe's removal is reported
+ * once its addition began (ADD_PRE), whether or not it was ever fully added, so the two pair. */
+struct wb_chan_pipes {
+    _Atomic uint32_t up;     /* connections held now */
+    _Atomic uint32_t closed; /* connections closed so far */
+};
+
+static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    struct wb_chan_pipes *cp = arg;
+    (void)p;
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        atomic_fetch_add(&cp->up, 1);
+    } else {
+        atomic_fetch_sub(&cp->up, 1);
+        atomic_fetch_add(&cp->closed, 1);
+    }
+}
+
+static void chan_state_free(struct wb_chan_state *st)
+{
+    if (st) {
+        free(st->token);
+        free(st->req);
+        free(st);
+    }
+}
+
 int wb_chan_open(struct wb_chan *c, const char *url, const char *token)
 {
     nng_socket s;
     struct wb_chan_state *st = calloc(1, sizeof(*st));
-    if (!st || !(st->token = strdup(token ? token : ""))) {
+    struct wb_chan_pipes *cp = calloc(1, sizeof(*cp));
+    if (!st || !cp || !(st->token = strdup(token ? token : ""))) {
         free(st);
+        free(cp);
         return -ENOMEM;
     }
     int fd, rv = nng_req0_open(&s);
     if (rv) {
-        free(st->token);
-        free(st);
+        chan_state_free(st);
+        free(cp);
         return nng_err(rv);
     }
+    nng_pipe_notify(s, NNG_PIPE_EV_ADD_PRE, on_pipe, cp);
+    nng_pipe_notify(s, NNG_PIPE_EV_REM_POST, on_pipe, cp);
     /* Resending would duplicate registers and reports at the controller: the agent resends
      * itself, knowing what is idempotent. */
     nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
@@ -151,8 +186,8 @@ int wb_chan_open(struct wb_chan *c, const char *url, const char *token)
         int err = dial_tls(s, url);
         if (err) {
             nng_close(s);
-            free(st->token);
-            free(st);
+            chan_state_free(st);
+            free(cp);
             return err;
         }
         rv = 0;
@@ -163,18 +198,18 @@ int wb_chan_open(struct wb_chan *c, const char *url, const char *token)
         rv = nng_socket_get_int(s, NNG_OPT_RECVFD, &fd);
     if (rv) {
         nng_close(s);
-        free(st->token);
-        free(st);
+        chan_state_free(st);
+        free(cp);
         return rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP ? -EINVAL : nng_err(rv);
     }
-    *c = (struct wb_chan){.sock = s.id, .fd = fd, .st = st};
+    *c = (struct wb_chan){.sock = s.id, .fd = fd, .st = st, .pipes = cp};
     return 0;
 }
 
 void wb_chan_close(struct wb_chan *c)
 {
     if (c->sock) {
-        nng_close((nng_socket){.id = c->sock});
+        nng_close((nng_socket){.id = c->sock}); /* no pipe callback runs after it */
         c->sock = 0;
     }
     if (c->st) {
@@ -183,6 +218,8 @@ void wb_chan_close(struct wb_chan *c)
         free(c->st);
         c->st = NULL;
     }
+    free(c->pipes);
+    c->pipes = NULL;
 }
 
 void wb_chan_counts(const struct wb_chan *c, uint64_t *requests, uint64_t *hellos)
@@ -240,6 +277,16 @@ static int send_bound(struct wb_chan *c, bool wait)
     return err;
 }
 
+bool wb_chan_connected(const struct wb_chan *c)
+{
+    return c->pipes && atomic_load(&c->pipes->up) > 0;
+}
+
+bool wb_chan_lost(const struct wb_chan *c)
+{
+    return c->busy && c->pipes && atomic_load(&c->pipes->closed) != c->closed_at_send;
+}
+
 int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w)
 {
     struct wb_chan_state *st = c->st;
@@ -247,6 +294,8 @@ int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w)
         return w->err;
     if (w->len > WB_CTL_MAX_MSG)
         return -EMSGSIZE;
+    /* Read before the send: a connection that closes after it counts against this request. */
+    uint32_t closed = c->pipes ? atomic_load(&c->pipes->closed) : 0;
     uint8_t *copy = malloc(w->len ? w->len : 1);
     if (!copy)
         return -ENOMEM;
@@ -256,6 +305,8 @@ int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w)
     st->req_len = w->len;
     st->rehello = 0;
     st->lost = false;
+    if (st->nonce && closed != st->nonce_closed)
+        st->nonce = 0; /* the connection it bound is gone: introduce the next one */
     int err = st->nonce ? send_bound(c, false) : send_hello(c, false);
     if (err) {
         free(st->req);
@@ -264,6 +315,7 @@ int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w)
     }
     c->busy = true;
     c->sent_ns = wb_now_ns();
+    c->closed_at_send = closed;
     return 0;
 }
 
@@ -283,6 +335,7 @@ static bool chan_own_reply(struct wb_chan *c, const void *buf, size_t len)
         if (wb_msg_decode(&m, &b, msg, sizeof(msg)) || !b.nonce)
             return false;
         st->nonce = b.nonce;
+        st->nonce_closed = c->pipes ? atomic_load(&c->pipes->closed) : 0;
         st->seq = 0;
         if (send_bound(c, true)) { /* not sent: the request times out as any lost one */
             st->nonce = 0;

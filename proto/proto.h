@@ -508,14 +508,23 @@ enum { WB_CTL_MAX_MSG = 64 << 20 };
  * wb_chan_try_recv() until it yields the reply (fd is pollable for readability). The channel
  * introduces each connection it gets (HELLO with its token) before the first request on it and
  * sends every request behind the connection's binding prefix; a request refused because its
- * connection was replaced meanwhile (-WB_E_HELLO) is sent again after a new HELLO. */
+ * connection was replaced meanwhile (-WB_E_HELLO) is sent again after a new HELLO.
+ *
+ * A request lives on the connection it was sent on: when that closes (the controller
+ * restarted, the connection was reset) its reply can never come, and nng does not send it
+ * again (resending is ours to decide). wb_chan_lost() says so at once, so the caller sends it
+ * again on the next connection instead of waiting out a timeout; wb_chan_connected() tells a
+ * controller that cannot be reached from one that answers slowly. */
 struct wb_chan_state;
+struct wb_chan_pipes;
 struct wb_chan {
     uint32_t sock; /* nng_socket id (nng.h stays out of this header) */
     int fd;        /* readable when a reply may be waiting */
     bool busy;     /* a request is outstanding */
     uint64_t sent_ns;
-    struct wb_chan_state *st; /* the token, the connection's nonce, the request in flight */
+    struct wb_chan_state *st;    /* the token, the connection's nonce, the request in flight */
+    struct wb_chan_pipes *pipes; /* counted by nng's pipe callbacks (its threads) */
+    uint32_t closed_at_send;     /* connections closed so far when the request left */
 };
 
 /* Dials url (asynchronously: the dial completes in the background and is retried). token: what
@@ -529,6 +538,10 @@ void wb_chan_counts(const struct wb_chan *c, uint64_t *requests, uint64_t *hello
 /* The reply, if one has arrived: 1 with *buf (free with wb_chan_free) and *len, 0 when none
  * yet, negative on error. */
 int wb_chan_try_recv(struct wb_chan *c, void **buf, size_t *len);
+/* A connection to the controller is up (it may still be slow to answer). */
+bool wb_chan_connected(const struct wb_chan *c);
+/* The outstanding request may be lost: a connection closed since it was sent. */
+bool wb_chan_lost(const struct wb_chan *c);
 /* Blocking round trip with a time limit: -ETIMEDOUT when no reply came within timeout_ns. */
 int wb_chan_call(struct wb_chan *c, const struct wb_mpw *w, uint64_t timeout_ns, void **buf,
                  size_t *len);

@@ -331,19 +331,25 @@ static void stranger(uint16_t port, struct stray *st)
  * under keys 1, 2, 3 ... during a transfer that then reported complete. Now keys are random
  * 64-bit values: a stranger's 256 writes per data port during version 2 (a process of its own,
  * libfabric tcp, keys 0..63 and 64 random ones, each on a connection of its own) are all
- * refused by the target, and every byte each rollout holds is the reference's. */
+ * refused by the target, and every byte each rollout holds is the reference's. Version 2 stays
+ * open while the stranger writes, however long that takes: trainer 0 is stopped before it
+ * starts and continued after (a stopped agent is suspect, waited for; dead_after 120 s here).
+ * Between attempts an agent does not poll its transport (it sleeps), so a stranger's
+ * connections would wait for the next attempt. */
 static void test_stranger_write(void)
 {
     skip_on_ipc("a write into a data port");
-    struct cluster c = attack_cluster(NULL, "verify: true\n");
+    struct cluster c = attack_cluster(NULL, "verify: true\ndead_after: 120s\n");
     snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(14));
     write_job(&c, "auto", "4MiB", false);
-    start(&c, "30ms"); /* paced: a transfer stays open while the stranger writes */
+    start(&c, "30ms");
     transfer_ok(&c, 1, NULL);
     uint16_t ports[8];
     int np = listen_ports(c.ag[NTR], ports, 8);
     CHECK(np >= 1);
-    pid_t client = transfer_bg(&c, 2, "60s", false);
+    CHECK_INT(kill(c.ag[0], SIGSTOP), 0);
+    pid_t client = transfer_bg(&c, 2, "110s", true);
+    wait_state(&c, " yes"); /* the rollouts have the attempt: they poll their transport */
     int fds[2];
     CHECK_INT(pipe(fds), 0);
     pid_t s = fork();
@@ -363,6 +369,7 @@ static void test_stranger_write(void)
     CHECK_INT(got.accepted, 0);
     CHECK_INT(got.other, 0);
     CHECK_INT(got.cancelled, 256 * np);
+    CHECK_INT(kill(c.ag[0], SIGCONT), 0);
     CHECK_INT(e2e_wait(client, 60000), 0);
     char *out = e2e_slurp("transfer2.log");
     CHECK_CONTAINS(out, "transfer 2: complete in");
@@ -573,6 +580,25 @@ static int in_child(int (*fn)(void *), void *arg)
 
 /* ---------------------------------------------------------------- forged notes */
 
+/* Until wb-ctl status shows both rollouts with an update in flight (their windows open). */
+static void both_in_flight(struct cluster *c)
+{
+    char *out = NULL;
+    int n = 0;
+    for (int t = 0; t < 300 && n < 2; t++) {
+        free(out);
+        ctl(c, &out, "--timeout 5s status");
+        n = 0;
+        for (const char *p = out; (p = strstr(p, " yes ")) != NULL; p++)
+            n++;
+        if (n < 2)
+            e2e_sleep_ms(100);
+    }
+    if (n < 2)
+        wb_test_fail(__FILE__, __LINE__, "status never showed both rollouts in flight:\n%s", out);
+    free(out);
+}
+
 struct forge_arg {
     struct loot l;
     bool staged;
@@ -595,8 +621,9 @@ static int forge_main(void *p)
 
 /* A stranger who reached a rollout's data port (and knows how notes look) sends 20,000 notes
  * before a transfer: every one is dropped and counted (the status says exactly how many).
- * Then a trainer is killed mid-transfer: the attempt fails, the rollouts say they are torn;
- * after the restart the resumed retry completes, and every byte is the reference's. */
+ * Then a trainer is killed mid-transfer (stopped before it, so its part is never over): the attempt
+ * fails, the rollouts say they are torn; after the restart the resumed retry completes, and every
+ * byte is the reference's. */
 static void forged_notes(bool staged, unsigned salt)
 {
     struct cluster c = attack_cluster(staged ? "stage_host: true" : NULL, "verify: true\n");
@@ -611,8 +638,11 @@ static void forged_notes(bool staged, unsigned salt)
     wait_dropped(&c, 0, 20000);
     state_is(&c, 0, 1);
 
+    /* trainer 1 is stopped before version 2 starts and killed once both rollouts have it in
+     * flight: its part cannot be over however slow the machine is */
+    CHECK_INT(kill(c.ag[1], SIGSTOP), 0);
     pid_t client = transfer_bg(&c, 2, "30s", true);
-    e2e_sleep_ms(300);
+    both_in_flight(&c);
     CHECK_INT(kill(c.ag[1], SIGKILL), 0);
     CHECK_INT(e2e_wait(c.ag[1], 5000), 128 + SIGKILL);
     CHECK_INT(e2e_wait(client, 40000), 1);
@@ -939,7 +969,7 @@ static void test_ctl_flood(void)
 }
 
 const struct wb_test wb_tests[] = {
-    {"stranger_write", test_stranger_write, 120},
+    {"stranger_write", test_stranger_write, 240},
     {"ctl_flood", test_ctl_flood, 240},
     {"forged_notes", test_forged_notes, 180},
     {"forged_notes_staged", test_forged_notes_staged, 180},

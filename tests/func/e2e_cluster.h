@@ -75,7 +75,7 @@ static void write_job(struct cluster *c, const char *mode, const char *cap, bool
             "trainer_layout: %s\n"
             "rollout_layout: %s/configs/jobs/demo/rollout.yaml\n"
             "mode: %s\nmem_cap: %s\nseed: 7\nprovider: %s\n"
-            "heartbeat: 200ms\ndead_after: 1500ms\n%s",
+            "heartbeat: 200ms\n%s",
             cwd, hf, layout, cwd, mode, cap, c->provider, c->job_extra ? c->job_extra : "");
     fclose(f);
     snprintf(c->dump, sizeof(c->dump), "%s/dump", wb_test_tmpdir());

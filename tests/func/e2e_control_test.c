@@ -262,15 +262,19 @@ static void test_kill_mid_transfer(void)
     free(wait_status(&c, "in flight: 1", 5000));
     out = wait_status(&c, "yes", 5000); /* rollouts show the update in flight */
     free(out);
+    uint64_t t_kill = wb_now_ns();
     kill(c.tr[1], SIGKILL);
-    CHECK_INT(e2e_wait(c.tr[1], 2000), 128 + SIGKILL);
     CHECK_INT(e2e_wait(client, 30000), 1);
-    /* the death ended it (heartbeats silent past dead_after), not the 30 s pace; how long the
-     * silence had lasted when it was noticed depends on the machine's load */
+    uint64_t t_fail = wb_now_ns();
+    CHECK_INT(e2e_wait(c.tr[1], 2000), 128 + SIGKILL);
+    /* a killed process closes its connections: dead at once, not after dead_after of silence
+     * (1 s here, 10 s by default) nor the 30 s pace. The time is printed, not asserted: on a
+     * loaded machine it is the scheduler's to decide (README: Running a job). */
     char *log = e2e_slurp("client.log");
-    /* a killed process closes its connections: dead at once */
     CHECK_CONTAINS(log, "wb-ctl: transfer 1 failed: trainer rank 1 died (its connection closed)");
     free(log);
+    printf("    kill -9 to the attempt failed (wb-ctl exited): %.0f ms\n",
+           (double)(t_fail - t_kill) / 1e6);
 
     /* the rollouts kept their last complete version (none) and are not in flight */
     out = wait_status(&c, "version 0, in flight: none", 3000);
@@ -291,6 +295,80 @@ static void test_kill_mid_transfer(void)
     free(out);
     out = wait_status(&c, "version 2, in flight: none", 3000);
     free(out);
+    shutdown_all(&c);
+}
+
+/* Silence first makes an agent suspect, not dead: a stopped trainer is shown "suspect", a
+ * transfer that needs it waits for it and completes once it runs again; the attempt's own
+ * timeout still bounds the wait, and says whom it waited for. */
+static void test_suspect_waited_for(void)
+{
+    struct cluster c = {0};
+    char *out, text[1024];
+    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(6));
+    snprintf(text, sizeof(text),
+             "name: ctltest\nlisten: %s\ntoken: tok-123\ntrainers: 2\nrollouts: 1\n"
+             "heartbeat: 100ms\nsuspect_after: 500ms\ndead_after: 60s\npoll_hold: 300ms\n",
+             c.url);
+    snprintf(c.job, sizeof(c.job), "%s", wb_test_write_file("job.yaml", text));
+    c.ntr = 2;
+    c.nro = 1;
+    start(&c);
+    free(wait_status(&c, "ready", 10000));
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 1", c.url), 0);
+    free(out);
+
+    kill(c.tr[1], SIGSTOP);
+    free(wait_status(&c, "trainer      1 suspect", 10000));
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s/wb-ctl", e2e_bin());
+    char *cargv[] = {cmd, "-c", c.url, "--token", "tok-123", "transfer", "--version", "2", NULL};
+    pid_t client = e2e_spawn("client.log", NULL, cargv);
+    out = wait_status(&c, "in flight: 2", 5000);
+    CHECK_CONTAINS(out, "trainer      1 suspect"); /* still stopped: the attempt waits */
+    free(out);
+    CHECK_INT(waitpid(client, NULL, WNOHANG), 0);
+    kill(c.tr[1], SIGCONT);
+    CHECK_INT(e2e_wait(client, 30000), 0);
+    char *log = e2e_slurp("client.log");
+    CHECK_CONTAINS(log, "transfer 2: complete in");
+    free(log);
+    free(wait_status(&c, "trainer      1 alive", 5000));
+
+    /* stopped past the attempt's timeout (wb-ctl --timeout 3s): the attempt fails, naming the
+     * suspect it waited for. The answer waits until the trainer drained (it may still write
+     * into the rollouts once it runs again) or is dead: here, until it is continued. */
+    kill(c.tr[1], SIGSTOP);
+    free(wait_status(&c, "trainer      1 suspect", 10000));
+    char *cargv3[] = {cmd,  "-c",       c.url,       "--token", "tok-123", "--timeout",
+                      "3s", "transfer", "--version", "3",       NULL};
+    client = e2e_spawn("client3.log", NULL, cargv3);
+    for (int i = 0; i < 300; i++) {
+        log = e2e_slurp("controller.log");
+        bool failed = strstr(log, "transfer 3 failed: timed out after ") != NULL;
+        free(log);
+        if (failed)
+            break;
+        e2e_sleep_ms(100);
+    }
+    CHECK_INT(waitpid(client, NULL, WNOHANG), 0); /* the trainer has not drained */
+    kill(c.tr[1], SIGCONT);
+    CHECK_INT(e2e_wait(client, 30000), 1);
+    log = e2e_slurp("client3.log");
+    CHECK_CONTAINS(log, "wb-ctl: transfer 3 failed: timed out after ");
+    CHECK_CONTAINS(log, " s waiting for trainer rank 1 (suspect)\n");
+    free(log);
+    free(wait_status(&c, "trainer      1 alive", 5000));
+    free(wait_status(&c, "in flight: none", 10000));
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 3", c.url), 0);
+    CHECK_CONTAINS(out, "transfer 3: complete in");
+    free(out);
+
+    log = e2e_slurp("controller.log");
+    CHECK_CONTAINS(log, "trainer rank 1 is suspect: silent for ");
+    CHECK_CONTAINS(log, "trainer rank 1 is heard again");
+    CHECK(strstr(log, " is dead") == NULL);
+    free(log);
     shutdown_all(&c);
 }
 
@@ -330,7 +408,8 @@ static void test_rank_checks(void)
     shutdown_all(&c);
 }
 
-/* The controller dies after version 2: a trainer gives up after its --give-up, a rollout (no
+/* The controller is stopped for a while after version 2, then dies: a trainer waits for a
+ * slow controller and gives up after its --give-up once it cannot reach it, a rollout (no
  * --give-up: never) keeps running and registers again with the controller that comes back,
  * which goes on from version 2 (an older version is refused). */
 static void test_controller_outage(void)
@@ -352,15 +431,34 @@ static void test_controller_outage(void)
         CHECK_INT(e2e_run(&out, "%s", cmd), 0);
         free(out);
     }
+    /* A controller that answers slowly (stopped for 3 s: past the trainer's --give-up 2s and
+     * the job's dead_after 1s) is waited for: its connections stay up. When it runs again it
+     * declares nobody dead (the time it did not listen is not the agents' silence). */
+    kill(c.ctl, SIGSTOP);
+    e2e_sleep_ms(3000);
+    kill(c.ctl, SIGCONT);
+    out = wait_status(&c, "version 2, in flight: none", 10000);
+    CHECK_CONTAINS(out, ": ready (gen 1)");
+    CHECK_CONTAINS(out, "trainer      0 alive");
+    CHECK_CONTAINS(out, "rollout      0 alive");
+    free(out);
+    CHECK_INT(waitpid(t, NULL, WNOHANG), 0);
+    char *log = e2e_slurp("controller.log");
+    CHECK(strstr(log, " is dead") == NULL);
+    free(log);
+    log = e2e_slurp("tr.log");
+    CHECK(strstr(log, "giving up") == NULL);
+    free(log);
+
     kill(c.ctl, SIGKILL);
     CHECK_INT(e2e_wait(c.ctl, 2000), 128 + SIGKILL);
     CHECK_INT(e2e_wait(t, 6000), 1);
-    char *log = e2e_slurp("tr.log");
+    log = e2e_slurp("tr.log");
     char want[256];
-    /* past --give-up 2s: by how much depends on the machine's load */
-    snprintf(want, sizeof(want), "wb-agent: trainer rank 0: controller %s silent for ", c.url);
+    /* past --give-up 2s without a connection: by how much depends on the machine's load */
+    snprintf(want, sizeof(want), "wb-agent: trainer rank 0: controller %s unreachable for ", c.url);
     CHECK_CONTAINS(log, want);
-    CHECK_CONTAINS(log, " s, giving up\n");
+    CHECK_CONTAINS(log, " s (no connection), giving up\n");
     free(log);
     CHECK_INT(waitpid(r, NULL, WNOHANG), 0); /* the rollout is still there */
     c.ctl =
@@ -1166,6 +1264,7 @@ const struct wb_test wb_tests[] = {
     {"wrong_token", test_wrong_token, 60},
     {"dead_agent_and_restart", test_dead_agent_and_restart, 60},
     {"kill_mid_transfer", test_kill_mid_transfer, 60},
+    {"suspect_waited_for", test_suspect_waited_for, 120},
     {"rank_checks", test_rank_checks, 60},
     {"forged_reports", test_forged_reports, 60},
     {"rank_takeover", test_rank_takeover, 60},

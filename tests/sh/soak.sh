@@ -33,8 +33,10 @@ Checked:
     and V is the controller's last complete version (0 only for a rollout restarted since);
     the controller's version is the last one a client saw complete, or, after a controller
     restart, the one whose attempt the client lost with it
-  - `wb-ctl status` never says ready while a killed agent is down, nor while a stopped one
-    is stopped past dead_after (+0.5 s)
+  - `wb-ctl status` never says ready while a killed agent is down; a stopped one (0.5-4 s,
+    below the demo job's dead_after of 10 s) is shown suspect once stopped past suspect_after
+    (1.5 s, +0.5 s) and never dead: a starved process is not killed mid-job; the attempt it
+    was in waits for it (it completes, or fails for a reason, e.g. the transport's timeout)
   - no agent or controller exits by itself; at the end a clean shutdown (exit 0) and, in a
     sanitizer build, no sanitizer report in any log
 Prints a summary with the counts; exits 1 on a wrong byte, a hang, a failed state check, a
@@ -115,7 +117,8 @@ done
 
 RANDOM=$seed
 NTR=4 NRO=2
-DEAD_AFTER_MS=1500 # the demo job's dead_after
+SUSPECT_AFTER_MS=1500 # the demo job's suspect_after (a stopped agent is shown suspect) ...
+DEAD_AFTER_MS=10000   # ... and dead_after: the stops (0.5-4 s) stay below it
 READY_BOUND=60     # seconds a recovery may take
 MAX_ATTEMPTS=8     # attempts of one version
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/wb-soak.XXXXXX")
@@ -180,7 +183,7 @@ reap() { # NAME: waits for a process killed with SIGKILL
 # ---------------------------------------------------------------- counters
 complete=0 verified=0 wrong=0 by_word=0 attempts=0 failed_attempts=0 refused=0 retries=0
 hangs=0 faults=0 mid=0 mid_failed=0 mid_ok=0 mid_refused=0 checks=0 checks_ok=0
-stale=0 stale_ms=0 claims_torn=0 claims_whole=0 claims_failed_whole=0 claims_empty=0 ready_down=0 unprovoked=0 status_polls=0
+stale=0 stale_ms=0 stop_wrong=0 stop_polls=0 stop_ok=0 stop_failed=0 claims_torn=0 claims_whole=0 claims_failed_whole=0 claims_empty=0 ready_down=0 unprovoked=0 status_polls=0
 declare -A kind_n=()
 KINDS=(trainer-kill rollout-kill trainer-stop rollout-stop controller-kill)
 deal=("${KINDS[@]}") # the kinds dealt
@@ -209,10 +212,13 @@ summary() {
         "faults" "$faults ($kinds)" \
         "mid-transfer faults" "$mid (the transfer then failed $mid_failed, succeeded $mid_ok, was refused $mid_refused)" \
         "state checks" "$checks done, $checks_ok passed (claims: torn $claims_torn; whole and verified $claims_whole, $claims_failed_whole of them at a version whose attempt failed after they committed; empty after a restart $claims_empty)" \
-        "status ready while an agent down" "$ready_down (of $status_polls polls while one was down; stale answers before the controller had noticed: $stale, the latest $stale_ms ms after its fault)"
+        "status ready while an agent down" "$ready_down (of $status_polls polls while one was down; stale answers before the controller had noticed: $stale, the latest $stale_ms ms after its fault)" \
+        "status wrong about a stopped agent" "$stop_wrong (of $stop_polls polls while one was stopped past suspect_after: suspect expected, never dead)" \
+        "mid-transfer stops" "the attempt waited and completed $stop_ok, failed $stop_failed"
     echo "soak-counts: complete=$complete verified=$verified wrong=$wrong hangs=$hangs faults=$faults" \
         "$(for k in "${KINDS[@]}"; do printf '%s=%s ' "${k/-/_}" "${kind_n[$k]:-0}"; done)mid=$mid" \
-        "checks=$checks checks_ok=$checks_ok ready_down=$ready_down failed=$failed"
+        "checks=$checks checks_ok=$checks_ok ready_down=$ready_down stop_wrong=$stop_wrong" \
+        "stop_ok=$stop_ok stop_failed=$stop_failed failed=$failed"
 }
 
 fatal() {
@@ -252,9 +258,8 @@ wait_ready() { # WHY: until ready with nothing in flight, at most READY_BOUND s
     done
 }
 
-# Polls the status for MS milliseconds while an agent is down (killed, or stopped past
-# dead_after). The controller learns of it asynchronously — a closed connection on nng's
-# thread, silence on its next turn — so answers of "ready" before its first other answer are
+# Polls the status for MS milliseconds while an agent is down (killed). The controller learns
+# of it asynchronously — a closed connection on nng's thread — so answers of "ready" before its first other answer are
 # stale, not wrong (counted, with how late they came); "ready" after it said otherwise, or
 # still "ready" LATE ms after the fault, is.
 watch_down() { # MS WHO LATE (T_FAULT: when the fault was sent)
@@ -273,6 +278,37 @@ watch_down() { # MS WHO LATE (T_FAULT: when the fault was sent)
             else
                 ready_down=$((ready_down + 1))
                 problem "wb-ctl status (asked $ms ms after the fault) says ready while $2 is down$([ $noticed = 1 ] && echo ", after it said otherwise"): ${STATUS%%$'\n'*}"
+                printf '%s\n' "$STATUS" >>"$logs/problems.log"
+            fi
+        fi
+        snooze 0.05
+        now
+    done
+}
+
+# Polls the status for MS milliseconds while WHO is stopped past suspect_after (and below
+# dead_after): its row must say "suspect". "alive" before the controller first said so, up to
+# LATE ms after the stop, is stale (counted with the others); "alive" after it, or "dead" ever,
+# is wrong.
+watch_suspect() { # MS WHO LATE (T_FAULT: when the stop was sent)
+    now
+    local until=$((NOW + $1 * 1000)) late=$((T_FAULT + $3 * 1000)) t noticed=0 ms st
+    local role=${2//[0-9]/} rank=${2//[a-z]/}
+    while [ "$NOW" -lt "$until" ] || { [ $noticed = 0 ] && [ "$NOW" -lt "$late" ]; }; do
+        t=$NOW
+        if status; then
+            stop_polls=$((stop_polls + 1))
+            ms=$(((t - T_FAULT) / 1000))
+            st=$(grep -m1 -oE "^$role +$rank +[a-z]+" <<<"$STATUS")
+            st=${st##* }
+            if [ "$st" = suspect ]; then
+                noticed=1
+            elif [ "$st" = alive ] && [ $noticed = 0 ] && [ "$t" -lt "$late" ]; then
+                stale=$((stale + 1))
+                [ $ms -gt "$stale_ms" ] && stale_ms=$ms
+            else
+                stop_wrong=$((stop_wrong + 1))
+                problem "wb-ctl status (asked $ms ms after the stop) says $role $rank is '${st:-absent}' while it is stopped (suspect expected$([ $noticed = 1 ] && echo ", it said so before"))"
                 printf '%s\n' "$STATUS" >>"$logs/problems.log"
             fi
         fi
@@ -416,10 +452,10 @@ attempt() { # V KIND
         *-stop)
             stop_ms=$((500 + RANDOM % 3500))
             FAULT_DESC+=" for $stop_ms ms"
-            local past=$((DEAD_AFTER_MS + 500))
+            local past=$((SUSPECT_AFTER_MS + 500))
             if [ "$stop_ms" -gt "$past" ]; then
                 snooze "$(printf '%d.%03d' $((past / 1000)) $((past % 1000)))"
-                watch_down $((stop_ms - past)) "$who (stopped for $stop_ms ms)" $((DEAD_AFTER_MS + 2000))
+                watch_suspect $((stop_ms - past)) "$who" $((SUSPECT_AFTER_MS + 2000))
             else
                 snooze "$(printf '%d.%03d' $((stop_ms / 1000)) $((stop_ms % 1000)))"
             fi
@@ -444,6 +480,7 @@ attempt() { # V KIND
             typical_ms=$(((typical_ms * 7 + wall) / 8))
         elif [ $A_MID = 1 ]; then
             mid_ok=$((mid_ok + 1))
+            [[ $kind == *-stop ]] && stop_ok=$((stop_ok + 1))
         fi
     else
         A_RC=1
@@ -451,6 +488,7 @@ attempt() { # V KIND
             failed_attempts=$((failed_attempts + 1))
             [ "$kind" = none ] && unprovoked=$((unprovoked + 1))
             [ $A_MID = 1 ] && mid_failed=$((mid_failed + 1))
+            [ $A_MID = 1 ] && [[ $kind == *-stop ]] && stop_failed=$((stop_failed + 1))
         else
             refused=$((refused + 1))
             [ $A_MID = 1 ] && mid_refused=$((mid_refused + 1))

@@ -3,7 +3,8 @@
 # 200 versions of the demo job with the programs under test (ASan+UBSan in make test), a fault
 # every ~12 versions mid-transfer (kill -9 of a trainer, of a rollout, SIGSTOP of either, kill
 # -9 of the controller; each kind dealt at least 3 times), every complete version verified byte
-# for byte, every rollout's claim checked against its bytes after each fault, within 4 minutes.
+# for byte, every rollout's claim checked against its bytes after each fault, a stopped agent
+# shown suspect and never dead (stops stay below dead_after), within 4 minutes.
 # `make soak` runs the long form. Prints the harness tally.
 build=$(cd "$(dirname "$0")/.." && pwd)
 root=$(pwd)
@@ -46,8 +47,8 @@ done
 check "$ok" "faults: $(get faults) ($(get mid) mid-transfer), every kind at least twice" \
     "$(grep -o 'trainer_kill.*controller_kill=[0-9]*' <<<"$line")"
 [ "$(get checks)" -ge 4 ] && [ "$(get checks_ok)" -eq "$(get checks)" ] &&
-    [ "$(get ready_down)" -eq 0 ] && ok=1 || ok=0
-check "$ok" "state checks: $(get checks_ok) of $(get checks) passed, status ready while an agent was down $(get ready_down) times"
+    [ "$(get ready_down)" -eq 0 ] && [ "$(get stop_wrong)" -eq 0 ] && ok=1 || ok=0
+check "$ok" "state checks: $(get checks_ok) of $(get checks) passed, status ready while an agent was down $(get ready_down) times, not suspect (or dead) while one was stopped $(get stop_wrong) times"
 [ "$rc" -eq 0 ] && ok=1 || ok=0
 check "$ok" "run: exit $rc (no crash, a clean shutdown, no sanitizer report)"
 echo "$passed passed, $failed failed, 0 skipped"

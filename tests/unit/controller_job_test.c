@@ -33,6 +33,44 @@ static void test_job_load(void)
     wb_errlist_free(&el);
 }
 
+/* Liveness: silent 1.5 s an agent is suspect, 10 s dead (defaults); each stage must be longer
+ * than a heartbeat's gap, and the error names the value's line and column. */
+static void test_job_liveness(void)
+{
+    const char *p = wb_test_write_file("live.yaml", "token: t\ntrainers: 1\nrollouts: 1\n");
+    struct wb_job j;
+    struct wb_errlist el;
+    char want[1200];
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), 0);
+    CHECK_U64(j.heartbeat_ns, 200000000ull);
+    CHECK_U64(j.suspect_ns, 1500000000ull);
+    CHECK_U64(j.dead_ns, 10000000000ull);
+    wb_job_free(&j);
+    wb_errlist_free(&el);
+
+    /* suspect_after at or past dead_after: no suspect stage, and no error */
+    p = wb_test_write_file("live.yaml", "token: t\ntrainers: 1\nrollouts: 1\nheartbeat: 100ms\n"
+                                        "suspect_after: 2s\ndead_after: 1s\n");
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), 0);
+    CHECK_U64(j.suspect_ns, 2000000000ull);
+    CHECK_U64(j.dead_ns, 1000000000ull);
+    wb_job_free(&j);
+    wb_errlist_free(&el);
+
+    p = wb_test_write_file("live.yaml", "token: t\ntrainers: 1\nrollouts: 1\nheartbeat: 500ms\n"
+                                        "suspect_after: 400ms\ndead_after: 500ms\n");
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), -WB_E_CONFIG);
+    CHECK_INT(el.n, 2);
+    snprintf(want, sizeof(want), "%s:6:13: dead_after: must be longer than heartbeat", p);
+    CHECK_STR(el.msgs[0], want);
+    snprintf(want, sizeof(want), "%s:5:16: suspect_after: must be longer than heartbeat", p);
+    CHECK_STR(el.msgs[1], want);
+    wb_errlist_free(&el);
+}
+
 /* model.vars reaches the rules and both generated inventories (controller/plan.c and the
  * reference load them the same way). */
 static void test_job_model_vars(void)
@@ -226,6 +264,7 @@ static void test_job_cap_below_largest_task(void)
 
 const struct wb_test wb_tests[] = {
     {"job_load", test_job_load, 0},
+    {"job_liveness", test_job_liveness, 0},
     {"job_model_vars", test_job_model_vars, 0},
     {"job_errors", test_job_errors, 0},
     {"job_bf16_warning", test_job_bf16_warning, 0},

@@ -214,7 +214,54 @@ static void test_failed_commit_phase(void)
     wb_job_free(&job);
 }
 
+/* Silence counts only while the controller listens: after 1.5 s in which it did not turn (a
+ * starved or stopped controller; dead_after 300 ms, 1.2 s in setup) both agents are alive, and the
+ * first to be heard does not see the other declared dead. Silence while it turns still kills: the
+ * rollout silent for 1.5 s of the trainer's heartbeats is dead (the job is in setup, which allows
+ * four times dead_after). */
+static void test_controller_stall(void)
+{
+    struct wb_job job;
+    struct wb_controller *c = ctl_open("job3.yaml",
+                                       "name: state\n"
+                                       "listen: tcp://127.0.0.1:0\n"
+                                       "token: state-token\n"
+                                       "trainers: 1\n"
+                                       "rollouts: 1\n"
+                                       "heartbeat: 50ms\n"
+                                       "dead_after: 300ms\n"
+                                       "poll_hold: 0s\n",
+                                       &job);
+    struct wb_session s[2];
+    const char *role[2] = {"trainer", "rollout"};
+    for (int i = 0; i < 2; i++) {
+        struct wb_body_register reg = {.device = -1, .host = "h", .pid = 1 + (uint64_t)i};
+        snprintf(reg.role, sizeof(reg.role), "%s", role[i]);
+        struct wb_body_registered ok;
+        CHECK_INT(feed(c, WB_MSG_REGISTER, &reg, &ok), WB_MSG_REGISTERED);
+        s[i] = (struct wb_session){.rank = 0, .session = ok.session};
+        snprintf(s[i].role, sizeof(s[i].role), "%s", role[i]);
+    }
+    struct wb_body_heartbeat tr = {.s = s[0]}, ro = {.s = s[1]};
+    nanosleep(&(struct timespec){1, 500000000}, NULL); /* the controller does not turn */
+    CHECK_INT(feed(c, WB_MSG_HEARTBEAT, &tr, NULL), WB_MSG_OK);
+    CHECK_INT(feed(c, WB_MSG_HEARTBEAT, &ro, NULL), WB_MSG_OK); /* not "unknown session" */
+    for (int t = 0; t < 30; t++) { /* 1.5 s of turns: dead after 4 x 300 ms (in setup) */
+        CHECK_INT(feed(c, WB_MSG_HEARTBEAT, &tr, NULL), WB_MSG_OK);
+        nanosleep(&(struct timespec){0, 50000000}, NULL);
+    }
+    struct wb_body_error e;
+    CHECK_INT(feed(c, WB_MSG_HEARTBEAT, &ro, &e), WB_MSG_ERROR);
+    char want[128];
+    snprintf(want, sizeof(want), "rollout rank 0: unknown session %llu: register again",
+             (unsigned long long)s[1].session);
+    CHECK_STR(e.msg, want);
+    wb_controller_destroy(c);
+    wb_job_free(&job);
+}
+
 const struct wb_test wb_tests[] = {
+    {"controller_stall", test_controller_stall, 30},
     {"stale_heartbeat", test_stale_heartbeat, 30},
     {"failed_commit_phase", test_failed_commit_phase, 30},
     {0},

@@ -50,6 +50,9 @@ void wb_test_cleanup(void (*fn)(void));
 /* Writes text to <tmpdir>/<name> and returns the path (valid until the test ends). */
 const char *wb_test_write_file(const char *name, const char *text);
 
+/* Runs the formatted shell command with its output discarded; true when it exited 0. */
+bool wb_test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Runs fn(arg) in a forked child with its stdout and stderr captured into out (NUL-terminated,
  * truncated to cap-1 bytes); returns the child's exit status (fn returning = 0), or 128+signal. */
 int wb_test_capture(void (*fn)(void *), void *arg, char *out, size_t cap);

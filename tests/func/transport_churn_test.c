@@ -447,25 +447,13 @@ static void member_main(int idx, int fd, const char *domain, uint64_t seed)
 
 /* ---------------------------------------------------------------- the hub (test process) */
 
-static bool sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static bool sh(const char *fmt, ...)
-{
-    char cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    strncat(cmd, " >/dev/null 2>&1", sizeof(cmd) - strlen(cmd) - 1);
-    return system(cmd) == 0;
-}
-
 static int netns_id;
 
 static void netns_cleanup(void)
 {
-    sh("ip netns del wbchub%d", netns_id);
+    wb_test_sh("ip netns del wbchub%d", netns_id);
     for (int k = 0; k < NMEMBERS; k++)
-        sh("ip netns del wbc%d-%d", netns_id, k);
+        wb_test_sh("ip netns del wbc%d-%d", netns_id, k);
 }
 
 /* Namespaces of runs that were killed (their pid in the name is gone). */
@@ -480,7 +468,7 @@ static void sweep_netns(void)
         if ((sscanf(line, "wbchub%d", &pid) == 1 || sscanf(line, "wbc%d-%d", &pid, &k) == 2) &&
             kill(pid, 0) != 0 && errno == ESRCH) {
             line[strcspn(line, " \n")] = 0;
-            sh("ip netns del %s", line);
+            wb_test_sh("ip netns del %s", line);
         }
     }
     pclose(f);
@@ -491,31 +479,33 @@ static void sweep_netns(void)
  * behind) where this machine cannot. */
 static bool lossy_links(int id)
 {
-    if (geteuid() != 0 || !sh("command -v ip") || !sh("command -v tc"))
+    if (geteuid() != 0 || !wb_test_sh("command -v ip") || !wb_test_sh("command -v tc"))
         return false;
     sweep_netns();
-    if (!sh("ip netns add wbchub%d", id))
+    if (!wb_test_sh("ip netns add wbchub%d", id))
         return false;
     netns_id = id;
     wb_test_cleanup(netns_cleanup);
-    bool ok = sh("ip -n wbchub%d link add wbbr type bridge", id) &&
-              sh("ip -n wbchub%d link set wbbr up", id);
+    bool ok = wb_test_sh("ip -n wbchub%d link add wbbr type bridge", id) &&
+              wb_test_sh("ip -n wbchub%d link set wbbr up", id);
     int net = id % 200 + 20;
     for (int k = 0; ok && k < NMEMBERS; k++) {
-        ok = sh("ip netns add wbc%d-%d", id, k) &&
-             sh("ip -n wbc%d-%d link add wb0 type veth peer name p%d netns wbchub%d", id, k, k,
-                id) &&
-             sh("ip -n wbchub%d link set p%d master wbbr", id, k) &&
-             sh("ip -n wbchub%d link set p%d up", id, k) &&
-             sh("ip -n wbc%d-%d addr add 10.214.%d.%d/24 dev wb0", id, k, net, k + 1) &&
-             sh("ip -n wbc%d-%d link set wb0 up", id, k) &&
-             sh("ip -n wbc%d-%d link set lo up", id, k) &&
-             sh("ip netns exec wbc%d-%d tc qdisc add dev wb0 root tbf rate 400mbit burst 32kb "
-                "limit 48kb",
-                id, k) &&
-             sh("ip netns exec wbchub%d tc qdisc add dev p%d root tbf rate 400mbit burst 32kb "
-                "limit 48kb",
-                id, k);
+        ok = wb_test_sh("ip netns add wbc%d-%d", id, k) &&
+             wb_test_sh("ip -n wbc%d-%d link add wb0 type veth peer name p%d netns wbchub%d", id, k,
+                        k, id) &&
+             wb_test_sh("ip -n wbchub%d link set p%d master wbbr", id, k) &&
+             wb_test_sh("ip -n wbchub%d link set p%d up", id, k) &&
+             wb_test_sh("ip -n wbc%d-%d addr add 10.214.%d.%d/24 dev wb0", id, k, net, k + 1) &&
+             wb_test_sh("ip -n wbc%d-%d link set wb0 up", id, k) &&
+             wb_test_sh("ip -n wbc%d-%d link set lo up", id, k) &&
+             wb_test_sh(
+                 "ip netns exec wbc%d-%d tc qdisc add dev wb0 root tbf rate 400mbit burst 32kb "
+                 "limit 48kb",
+                 id, k) &&
+             wb_test_sh(
+                 "ip netns exec wbchub%d tc qdisc add dev p%d root tbf rate 400mbit burst 32kb "
+                 "limit 48kb",
+                 id, k);
     }
     if (!ok)
         netns_cleanup();

@@ -7,18 +7,6 @@
 
 /* ---------------------------------------------------------------- network namespaces */
 
-static bool sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static bool sh(const char *fmt, ...)
-{
-    char cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    strncat(cmd, " >/dev/null 2>&1", sizeof(cmd) - strlen(cmd) - 1);
-    return system(cmd) == 0;
-}
-
 /* Removes namespaces left by earlier runs that were killed (their pid in the name is gone). */
 static void sweep_netns(void)
 {
@@ -30,7 +18,7 @@ static void sweep_netns(void)
         int pid;
         char side;
         if (sscanf(line, "wbtx%d%c", &pid, &side) == 2 && kill(pid, 0) != 0 && errno == ESRCH)
-            sh("ip netns del wbtx%d%c", pid, side);
+            wb_test_sh("ip netns del wbtx%d%c", pid, side);
     }
     pclose(f);
 }
@@ -46,20 +34,22 @@ static void netns_run(const struct bk *bk, enum case_id c)
         snprintf(ns[r], sizeof(ns[r]), "wbtx%d%c", id, "ab"[r]);
         snprintf(veth[r], sizeof(veth[r]), "wbv%d%c", id % 1000000, "ab"[r]);
     }
-    if (!sh("ip netns add %s", ns[0]))
+    if (!wb_test_sh("ip netns add %s", ns[0]))
         wb_test_skip("cannot create network namespaces here (ip netns add failed)");
-    bool ok = sh("ip netns add %s", ns[1]) &&
-              sh("ip link add %s type veth peer name %s", veth[0], veth[1]) &&
-              sh("ip link set %s netns %s", veth[0], ns[0]) &&
-              sh("ip link set %s netns %s", veth[1], ns[1]);
+    bool ok = wb_test_sh("ip netns add %s", ns[1]) &&
+              wb_test_sh("ip link add %s type veth peer name %s", veth[0], veth[1]) &&
+              wb_test_sh("ip link set %s netns %s", veth[0], ns[0]) &&
+              wb_test_sh("ip link set %s netns %s", veth[1], ns[1]);
     /* Private addresses, only inside the two private namespaces. */
     for (int r = 0; ok && r < 2; r++)
-        ok = sh("ip -n %s addr add 10.231.%d.%d/24 dev %s", ns[r], id % 200, r + 1, veth[r]) &&
-             sh("ip -n %s link set %s up", ns[r], veth[r]) && sh("ip -n %s link set lo up", ns[r]);
+        ok = wb_test_sh("ip -n %s addr add 10.231.%d.%d/24 dev %s", ns[r], id % 200, r + 1,
+                        veth[r]) &&
+             wb_test_sh("ip -n %s link set %s up", ns[r], veth[r]) &&
+             wb_test_sh("ip -n %s link set lo up", ns[r]);
     if (!ok) {
-        sh("ip netns del %s", ns[0]);
-        sh("ip netns del %s", ns[1]);
-        sh("ip link del %s", veth[0]);
+        wb_test_sh("ip netns del %s", ns[0]);
+        wb_test_sh("ip netns del %s", ns[1]);
+        wb_test_sh("ip link del %s", veth[0]);
         wb_test_skip("cannot wire two namespaces with a veth pair here");
     }
     /* The run happens in a child so that a failed check still reaches the cleanup below. */
@@ -74,8 +64,8 @@ static void netns_run(const struct bk *bk, enum case_id c)
     }
     int st = 0;
     waitpid(pid, &st, 0);
-    sh("ip netns del %s", ns[0]);
-    sh("ip netns del %s", ns[1]);
+    wb_test_sh("ip netns del %s", ns[0]);
+    wb_test_sh("ip netns del %s", ns[1]);
     if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
         wb_test_skip("skipped inside the namespaces");
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);

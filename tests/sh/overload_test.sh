@@ -8,11 +8,12 @@
 #   hog      two busy loops (sh -c 'while :; do :; done') for --hog-seconds while versions
 #            run back to back: every version completes, every rollout byte of each equals the
 #            reference (wb-ctl verify), no agent is declared dead or suspect-then-dead
-#   kill     with the busy loops still running, kill -9 of a trainer mid-transfer: the attempt
-#            fails because trainer 7 died: its connection closed, or a write to it failed (not
-#            silence); the times from the kill
-#            to the controller's failing it and to wb-ctl's answer are printed
-#            (--kill-limit-ms asserts a bound on the first: make overload)
+#   kill     with the busy loops still running, kill -9 of a trainer mid-transfer (stopped
+#            before the transfer, so the attempt waits for it; killed once it is in flight):
+#            it fails because trainer 7 died: its connection closed, or a write to it failed
+#            (not silence); the times from the kill to the controller's failing it and to
+#            wb-ctl's answer are printed (--kill-limit-ms asserts a bound on the first: make
+#            overload)
 #   recover  the trainer restarted, one more version completes and verifies
 # make test runs the short form (--hog-seconds 20); `make overload` the issue's held-out case
 # (--hog-seconds 60 --kill-limit-ms 1000, release build). Prints the harness tally.
@@ -209,8 +210,12 @@ done
 no_deaths "under the busy loops"
 echo "    busy loops: $n versions complete and verified in ${hog_s}+ s, no agent declared dead"
 
-# kill: a trainer killed mid-transfer (the busy loops still run)
+# kill: a trainer killed mid-transfer (the busy loops still run). It is stopped before the
+# transfer starts, so the attempt cannot finish without it whatever the machine's load (a kill
+# timed into a running transfer sometimes landed after the trainer's part was done: by design
+# that death fails nothing); the kill then comes while the transfer is in flight.
 v=$((v + 1))
+kill -STOP "${apid[trainer7]}"
 "$bin/wb-ctl" -c "$url" --timeout 300s transfer --version "$v" >"$tmp/kill.out" 2>&1 &
 client=$!
 inflight=0

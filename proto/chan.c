@@ -126,7 +126,6 @@ struct wb_chan_state {
     bool lost;        /* nothing is outstanding (a send after an own reply failed): the
                          caller's request times out as a lost one */
     unsigned rehello; /* HELLOs sent again for the request in flight */
-    uint64_t requests, hellos;
 };
 
 /* The channel's connections as nng's pipe callbacks see them. A pipe's removal is reported
@@ -212,20 +211,10 @@ void wb_chan_close(struct wb_chan *c)
         nng_close((nng_socket){.id = c->sock}); /* no pipe callback runs after it */
         c->sock = 0;
     }
-    if (c->st) {
-        free(c->st->token);
-        free(c->st->req);
-        free(c->st);
-        c->st = NULL;
-    }
+    chan_state_free(c->st);
+    c->st = NULL;
     free(c->pipes);
     c->pipes = NULL;
-}
-
-void wb_chan_counts(const struct wb_chan *c, uint64_t *requests, uint64_t *hellos)
-{
-    *requests = c->st ? c->st->requests : 0;
-    *hellos = c->st ? c->st->hellos : 0;
 }
 
 /* Sends [head, p]: at once or -EAGAIN (the caller's own sends), or waiting up to the socket's
@@ -257,10 +246,8 @@ static int send_hello(struct wb_chan *c, bool wait)
     wb_msg_encode(&w, WB_MSG_HELLO, c->st->token, NULL);
     int err = w.err ? w.err : send_raw(c, NULL, 0, w.buf, w.len, wait);
     wb_mpw_free(&w);
-    if (!err) {
+    if (!err)
         c->st->hello = true;
-        c->st->hellos++;
-    }
     return err;
 }
 
@@ -270,10 +257,8 @@ static int send_bound(struct wb_chan *c, bool wait)
     uint8_t head[WB_BIND_LEN];
     wb_bind_put(head, c->st->nonce, ++c->st->seq);
     int err = send_raw(c, head, sizeof(head), c->st->req, c->st->req_len, wait);
-    if (!err) {
+    if (!err)
         c->st->hello = false;
-        c->st->requests++;
-    }
     return err;
 }
 

@@ -533,8 +533,6 @@ int wb_chan_open(struct wb_chan *c, const char *url, const char *token);
 void wb_chan_close(struct wb_chan *c);
 /* Sends w's bytes as the request; a request still outstanding is abandoned. */
 int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w);
-/* Requests sent and HELLOs sent so far on this channel (tests). */
-void wb_chan_counts(const struct wb_chan *c, uint64_t *requests, uint64_t *hellos);
 /* The reply, if one has arrived: 1 with *buf (free with wb_chan_free) and *len, 0 when none
  * yet, negative on error. */
 int wb_chan_try_recv(struct wb_chan *c, void **buf, size_t *len);

@@ -20,6 +20,7 @@
  * IPC, where what a window or a key's range would refuse cannot be refused (a writer maps the
  * whole allocation itself: README, security model); those tests say so and skip. */
 #include "tests/func/e2e_cluster.h"
+#include "tests/txtest.h"
 #include "transport/transport.h"
 
 #include <netinet/in.h>
@@ -30,14 +31,6 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <sys/socket.h>
-
-/* LeakSanitizer: libfabric 1.17's tcp;ofi_rxm keeps about 190 bytes per accepted connection
- * after fi_close (see tests/func/transport_suite.h); only its own allocations are exempt. */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-    return "leak:libfabric.so\n";
-}
 
 /* ---------------------------------------------------------------- the machine's mode */
 
@@ -459,9 +452,6 @@ static int thief_open(struct thief *t, const struct loot *l, bool staged, bool d
 {
     struct wb_errlist el;
     wb_errlist_init(&el);
-    struct wb_yaml *y = NULL;
-    struct wb_tx_cfg cfg;
-    memset(&cfg, 0, sizeof(cfg));
     /* a short op_timeout: a write to an address nobody listens at any more fails soon */
     char yaml[256];
     if (attack_ipc())
@@ -470,15 +460,11 @@ static int thief_open(struct thief *t, const struct loot *l, bool staged, bool d
         snprintf(yaml, sizeof(yaml),
                  "backend: fabric\nprovider: tcp\ndomain: lo\nop_timeout: 3s\n%s",
                  staged ? "stage_host: true\n" : "");
-    int r = wb_yaml_load_string("thief.yaml", yaml, &el, &y);
-    r = r ? r : wb_cfg_parse(y, wb_yaml_root(y), wb_tx_cfg_fields, &cfg, &el);
     /* delivered: every write delivery-complete, so that its completion says whether it was
      * refused (a thief is a process of its own: the setting is its alone) */
     if (delivered)
         setenv("WB_TX_NOTES_DELIVERED", "1", 1);
-    r = r ? r : wb_tx_open(&cfg, &el, &t->tx);
-    wb_cfg_free(wb_tx_cfg_fields, &cfg);
-    wb_yaml_free(y);
+    int r = wb_test_tx_open(yaml, &el, &t->tx);
     wb_errlist_free(&el);
     if (r)
         return r;

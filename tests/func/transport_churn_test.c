@@ -21,6 +21,7 @@
  * the limits only end a hang.
  *
  * WB_CHURN_CYCLES (default 200) sets the number of cycles, for a longer run by hand. */
+#include "tests/txtest.h"
 #include "tests/wbtest.h"
 #include "transport/transport.h"
 
@@ -37,19 +38,6 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-/* See transport_suite.h: libfabric 1.17's tcp;ofi_rxm keeps a little memory per accepted
- * connection after fi_close. Only allocations inside libfabric are exempt. */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-    return "leak:libfabric.so\n";
-}
-const char *__lsan_default_options(void);
-const char *__lsan_default_options(void)
-{
-    return "print_suppressions=0";
-}
 
 enum {
     NMEMBERS = 4,
@@ -159,19 +147,10 @@ static void member_open(struct member *me, bool final)
              me->domain, final ? "120s" : "2s");
     struct wb_errlist el;
     wb_errlist_init(&el);
-    struct wb_yaml *y = NULL;
-    struct wb_tx_cfg cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    int r = wb_yaml_load_string("transport.yaml", yaml, &el, &y);
-    if (!r)
-        r = wb_cfg_parse(y, wb_yaml_root(y), wb_tx_cfg_fields, &cfg, &el);
-    if (!r)
-        r = wb_tx_open(&cfg, &el, &me->tx);
+    int r = wb_test_tx_open(yaml, &el, &me->tx);
     if (r)
         wb_errlist_print(&el, "    ", stderr);
     CHECK_INT(r, 0);
-    wb_cfg_free(wb_tx_cfg_fields, &cfg);
-    wb_yaml_free(y);
     wb_errlist_free(&el);
     CHECK_INT(wb_tx_mr_reg(me->tx, me->src, SLICE, WB_TX_ACCESS_SRC, &me->src_mr), 0);
     CHECK_INT(wb_tx_mr_reg(me->tx, me->dst, REGION, WB_TX_ACCESS_DST, &me->dst_mr), 0);

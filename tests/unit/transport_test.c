@@ -4,6 +4,7 @@
  * tcp transports in one process, zero-length writes, close with work still queued, and the
  * CUDA IPC mailbox (plain shared memory, so it runs without a GPU). The two-process behaviour
  * of every backend is in tests/func/transport_conf_test.c. */
+#include "tests/txtest.h"
 #include "tests/wbtest.h"
 #include "transport/cudaipc/cudaipc.h"
 #include "transport/transport.h"
@@ -20,43 +21,12 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-/* LeakSanitizer: libfabric 1.17's tcp;ofi_rxm keeps about 190 bytes per accepted connection
- * after fi_close (allocated inside fi_cq_read's progress; a raw libfabric program closing the
- * same objects in the same order does not show it, and it could not be narrowed further without
- * the library's symbols). Only allocations made inside libfabric are exempt; everything this
- * project allocates is still checked. */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-    return "leak:libfabric.so\n";
-}
-const char *__lsan_default_options(void);
-const char *__lsan_default_options(void)
-{
-    return "print_suppressions=0";
-}
-
-static int open_yaml(const char *yaml, struct wb_errlist *el, struct wb_tx **tx)
-{
-    struct wb_yaml *y = NULL;
-    struct wb_tx_cfg cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    int r = wb_yaml_load_string("t.yaml", yaml, el, &y);
-    if (!r)
-        r = wb_cfg_parse(y, wb_yaml_root(y), wb_tx_cfg_fields, &cfg, el);
-    if (!r)
-        r = wb_tx_open(&cfg, el, tx);
-    wb_cfg_free(wb_tx_cfg_fields, &cfg);
-    wb_yaml_free(y);
-    return r;
-}
-
 static struct wb_tx *open_ok(const char *yaml)
 {
     struct wb_errlist el;
     wb_errlist_init(&el);
     struct wb_tx *tx = NULL;
-    int r = open_yaml(yaml, &el, &tx);
+    int r = wb_test_tx_open(yaml, &el, &tx);
     if (r)
         wb_errlist_print(&el, "    ", stderr);
     CHECK_INT(r, 0);
@@ -70,7 +40,7 @@ static void open_fails(const char *yaml, int r, const char *msg)
     struct wb_errlist el;
     wb_errlist_init(&el);
     struct wb_tx *tx = NULL;
-    CHECK_INT(open_yaml(yaml, &el, &tx), r);
+    CHECK_INT(wb_test_tx_open(yaml, &el, &tx), r);
     CHECK(tx == NULL);
     CHECK_INT(el.n, 1);
     CHECK_STR(el.msgs[0], msg);
@@ -192,7 +162,7 @@ static void test_open_errors(void)
     struct wb_errlist el;
     wb_errlist_init(&el);
     struct wb_tx *tx = NULL;
-    CHECK_INT(open_yaml("provider: tcp\ndomain: nosuchif0\n", &el, &tx), -EINVAL);
+    CHECK_INT(wb_test_tx_open("provider: tcp\ndomain: nosuchif0\n", &el, &tx), -EINVAL);
     CHECK_INT(el.n, 1);
     const char *want = "transport.domain: provider 'tcp' has no domain 'nosuchif0' with remote CQ "
                        "data (it has: "; /* then this machine's interfaces */

@@ -126,8 +126,13 @@ static int encode_sums(struct ctl_plan *p, const struct wb_plan *plan)
         }
     }
     int err = 0;
+    struct wb_plan_tbuf tb = {0};
     for (uint32_t r = 0; !err && r < plan->ntrainers; r++) {
-        const struct wb_route_table *t = &plan->tables[r];
+        const struct wb_route_table *t = wb_plan_table(plan, r, &tb);
+        if (!t) {
+            err = -ENOMEM;
+            break;
+        }
         size_t nw = (size_t)wb_route_table_writes(t); /* as the agent's decoded table has them */
         uint8_t *b = malloc(nw * 4 + 1);
         if (!b) {
@@ -147,6 +152,7 @@ static int encode_sums(struct ctl_plan *p, const struct wb_plan *plan)
         }
         p->sums[r] = (struct ctl_blob){b, nw * 4};
     }
+    wb_plan_tbuf_free(&tb);
     free(next);
     return err;
 }
@@ -167,12 +173,16 @@ static int encode_scope(struct ctl_plan *p, const struct wb_plan *plan)
     p->writer_of = calloc((size_t)nr * nt + 1, 1);
     if (!p->wkeys || !p->nwkeys || !p->tpeer_of || !p->writer_of)
         return -ENOMEM;
-    for (uint32_t r = 0; r < nt; r++) {
-        const struct wb_route_table *t = &plan->tables[r];
-        size_t n = (size_t)wb_route_table_writes(t), k = 0;
-        uint64_t *keys = malloc((n ? n : 1) * sizeof(uint64_t));
-        if (!keys)
-            return -ENOMEM;
+    struct wb_plan_tbuf tb = {0};
+    int err = 0;
+    for (uint32_t r = 0; !err && r < nt; r++) {
+        const struct wb_route_table *t = wb_plan_table(plan, r, &tb);
+        size_t n = t ? (size_t)wb_route_table_writes(t) : 0, k = 0;
+        uint64_t *keys = t ? malloc((n ? n : 1) * sizeof(uint64_t)) : NULL;
+        if (!keys) {
+            err = -ENOMEM;
+            break;
+        }
         for (uint32_t i = 0; i < t->nwrites; i++) {
             const struct wb_rt_write *w = &t->writes[i];
             for (uint32_t c = 0; c < wb_rt_copies(w) && k < n; c++) {
@@ -205,7 +215,8 @@ static int encode_scope(struct ctl_plan *p, const struct wb_plan *plan)
                 }
         }
     }
-    return 0;
+    wb_plan_tbuf_free(&tb);
+    return err;
 }
 
 void ctl_model_src(const struct wb_job *job, struct wb_model_src *src)
@@ -234,10 +245,12 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
 {
     struct wb_model md = *mdp; /* read only here; the caller owns it */
     struct wb_plan *plan = NULL;
+    struct wb_plan_tbuf tb = {0}; /* a table as wb_plan_table() hands it out */
     struct wb_plan_input in = wb_model_input(&md);
-    struct wb_plan_opts opts = {(enum wb_plan_mode)job->mode, job->mem_cap};
+    struct wb_plan_opts opts = {
+        .mode = (enum wb_plan_mode)job->mode, .mem_cap = job->mem_cap, .fit_cap = fit_largest};
     int err = wb_plan_build(&in, &opts, &plan, el);
-    err = err ? err : wb_plan_fit_cap(plan, &in, fit_largest, el);
+    err = err ? err : wb_plan_check_cap(plan, &in, el);
     if (err)
         goto out;
     if ((job->trainers && job->trainers != plan->ntrainers) ||
@@ -259,11 +272,18 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
     }
     /* a cap below the largest task was refused above, or raised (fit_largest) */
     p->mem_cap = plan->mem_cap;
-    for (uint32_t r = 0; r < p->ntrainers; r++) {
-        p->send_bytes[r] = plan->tables[r].send_bytes;
-        if (plan->tables[r].max_tmp_bytes > p->largest_task)
-            p->largest_task = plan->tables[r].max_tmp_bytes;
+    for (uint32_t r = 0; !err && r < p->ntrainers; r++) {
+        const struct wb_route_table *t = wb_plan_table(plan, r, &tb);
+        if (!t) {
+            err = -ENOMEM;
+            break;
+        }
+        p->send_bytes[r] = t->send_bytes;
+        if (t->max_tmp_bytes > p->largest_task)
+            p->largest_task = t->max_tmp_bytes;
     }
+    if (err)
+        goto out;
     if (p->mem_cap > (job->mem_cap ? job->mem_cap : WB_MEM_CAP_DEFAULT))
         wb_log(WB_LOG_INFO, "controller",
                "memory cap raised from %llu to the largest task's %llu bytes",
@@ -277,9 +297,14 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
         goto out;
     }
     for (uint32_t r = 0; !err && r < p->ntrainers; r++) {
+        const struct wb_route_table *t = wb_plan_table(plan, r, &tb);
+        if (!t) {
+            err = -ENOMEM;
+            break;
+        }
         struct wb_mpw w;
         wb_mpw_init(&w);
-        wb_route_table_encode(&w, &plan->tables[r]);
+        wb_route_table_encode(&w, t);
         err = blob_from(&p->table[r], &w);
     }
     p->locals = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->locals));
@@ -329,6 +354,7 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
                    job->model.hf_config && *job->model.hf_config ? job->model.hf_config : "-");
     }
 out:
+    wb_plan_tbuf_free(&tb);
     wb_plan_free(plan);
     return err;
 }

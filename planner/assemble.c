@@ -27,17 +27,18 @@ static void *take(struct vec *v, uint32_t *n)
 
 int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
 {
+    struct pl_plan *pp = pl_plan_of(p);
     uint32_t tag_bits = bits_for(c->in->rollout->n + 1);
     uint32_t tb2 = bits_for((uint64_t)c->next_tag + 1);
     if (tb2 > tag_bits)
         tag_bits = tb2;
     if (c->opts->lazy) {
-        p->lazy = calloc(1, sizeof(*p->lazy));
-        if (!p->lazy || !(p->lazy->t = calloc(c->nt ? c->nt : 1, sizeof(*p->lazy->t))))
+        pp->lazy = calloc(1, sizeof(*pp->lazy));
+        if (!pp->lazy || !(pp->lazy->t = calloc(c->nt ? c->nt : 1, sizeof(*pp->lazy->t))))
             return -ENOMEM;
     }
     for (uint32_t r = 0; r < c->nt; r++) {
-        struct wb_route_table *t = &p->tables[r];
+        struct wb_route_table *t = &pp->tables[r];
         struct rank_out *ro = &c->ro[r];
         t->rank = r;
         t->ntrainers = c->nt;
@@ -58,8 +59,8 @@ int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
         t->shapes = take(&ro->shapes.v, &t->nshapes);
         t->writes = take(&ro->writes, &t->nwrites);
         t->amax = take(&ro->amax, &t->namax);
-        if (p->lazy) {
-            struct pl_lazy_table *lz = &p->lazy->t[r];
+        if (pp->lazy) {
+            struct pl_lazy_table *lz = &pp->lazy->t[r];
             uint32_t npool;
             lz->seg = take(&ro->segs, &lz->nseg);
             lz->pool = take(&ro->pool, &npool);
@@ -167,13 +168,14 @@ void wb_plan_free(struct wb_plan *p)
 {
     if (!p)
         return;
-    if (p->tables)
+    struct pl_plan *pp = pl_plan_of(p);
+    if (pp->tables)
         for (uint32_t r = 0; r < p->ntrainers; r++)
-            wb_route_table_free(&p->tables[r]);
+            wb_route_table_free(&pp->tables[r]);
     if (p->recv)
         for (uint32_t g = 0; g < p->nrollouts; g++)
             wb_recv_list_free(&p->recv[g]);
-    free(p->tables);
+    free(pp->tables);
     free(p->recv);
     if (p->meshes)
         for (uint32_t i = 0; i < p->nmeshes; i++)
@@ -182,6 +184,6 @@ void wb_plan_free(struct wb_plan *p)
     free(p->stats.send_bytes);
     free(p->stats.recv_bytes);
     free(p->stats.gather_in_bytes);
-    pl_lazy_free(p->lazy, p->ntrainers);
-    free(p);
+    pl_lazy_free(pp->lazy, p->ntrainers);
+    free(pp);
 }

@@ -239,7 +239,7 @@ static void apply(struct chooser *ch, const struct item *it, const struct ccost 
                  (x->colls + (m ? x->ngathers : 0)) * hw->gather_s;
     r[RES_GPU] = x->gpu_s;
     r[RES_H2D] = cc->h2d_bytes / hw->h2d_Bps;
-    uint64_t cap = c->opts->mem_cap ? c->opts->mem_cap : WB_MEM_CAP_DEFAULT;
+    uint64_t cap = c->opts->mem_cap; /* normalized at the entry (pl_plan_build) */
     double alone = x->tmp > cap ? r[RES_EG] + r[RES_IN] + r[RES_COLL] : 0;
     for (uint32_t k = 0; k < mesh->n; k++) {
         double *L = &ch->load[(size_t)mesh->ranks[k] * NRES];

@@ -163,9 +163,9 @@ void pl_seg_writes(const struct pl_seg *sg, const uint32_t *pool, const struct w
 void pl_task_rows(const struct wb_plan *p, uint32_t r, uint32_t k, struct pl_cursor *cu,
                   struct pl_rows *out)
 {
-    const struct wb_route_table *t = &p->tables[r];
+    const struct wb_route_table *t = &pl_tables(p)[r];
     const struct wb_rt_task *T = &t->tasks[k];
-    const struct pl_lazy_table *lz = p->lazy ? &p->lazy->t[r] : NULL;
+    const struct pl_lazy_table *lz = pl_lazy_of(p) ? &pl_lazy_of(p)->t[r] : NULL;
     while (lz && cu->seg < lz->nseg && lz->seg[cu->seg].at_task + lz->seg[cu->seg].ntask <= k) {
         const struct pl_seg *sg = &lz->seg[cu->seg++];
         cu->vops += sg->op1 - sg->op0;
@@ -174,7 +174,7 @@ void pl_task_rows(const struct wb_plan *p, uint32_t r, uint32_t k, struct pl_cur
     }
     const struct pl_seg *sg = lz && cu->seg < lz->nseg ? &lz->seg[cu->seg] : NULL;
     if (sg && sg->at_task <= k) {
-        const struct wb_route_table *src = &p->tables[sg->src];
+        const struct wb_route_table *src = &pl_tables(p)[sg->src];
         const struct wb_rt_task *X = &src->tasks[sg->task0 + (k - sg->at_task)];
         const struct wb_rt_task *X0 = &src->tasks[sg->task0];
         *out = (struct pl_rows){src, src->ops + sg->op0 + (X->op0 - X0->op0),
@@ -187,12 +187,12 @@ void pl_task_rows(const struct wb_plan *p, uint32_t r, uint32_t k, struct pl_cur
 
 uint32_t pl_table_nops(const struct wb_plan *p, uint32_t r)
 {
-    return p->lazy ? p->lazy->t[r].nops : p->tables[r].nops;
+    return pl_lazy_of(p) ? pl_lazy_of(p)->t[r].nops : pl_tables(p)[r].nops;
 }
 
 uint32_t pl_table_napeers(const struct wb_plan *p, uint32_t r)
 {
-    return p->lazy ? p->lazy->t[r].napeers : p->tables[r].namax_peers;
+    return pl_lazy_of(p) ? pl_lazy_of(p)->t[r].napeers : pl_tables(p)[r].namax_peers;
 }
 
 static int room(void **a, size_t *cap, size_t n, size_t elem)
@@ -210,10 +210,10 @@ static int room(void **a, size_t *cap, size_t n, size_t elem)
 const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
                                            struct wb_plan_tbuf *buf, bool ops)
 {
-    const struct wb_route_table *t = &p->tables[r];
-    if (!p->lazy)
+    const struct wb_route_table *t = &pl_tables(p)[r];
+    if (!pl_lazy_of(p))
         return t;
-    const struct pl_lazy_table *lz = &p->lazy->t[r];
+    const struct pl_lazy_table *lz = &pl_lazy_of(p)->t[r];
     if ((ops &&
          (room((void **)&buf->ops, &buf->cops, lz->nops + 1, sizeof(struct wb_rt_op)) ||
           room((void **)&buf->amax, &buf->camax, lz->namax + 1, sizeof(struct wb_rt_expect)) ||
@@ -232,7 +232,7 @@ const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
     uint32_t lo = 0, lw = 0, la = 0, lx = 0, no = 0, nw = 0, na = 0, nx = 0;
     for (uint32_t k = 0; k < lz->nseg; k++) {
         const struct pl_seg *sg = &lz->seg[k];
-        const struct wb_route_table *src = &p->tables[sg->src];
+        const struct wb_route_table *src = &pl_tables(p)[sg->src];
         if (ops) {
             OWN(buf->ops, no, t->ops, lo, sg->at_op);
             if (sg->op1 > sg->op0)

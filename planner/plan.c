@@ -159,8 +159,7 @@ static int build_items(struct plan_ctx *c, const uint8_t *gather_groups, size_t 
 {
     const struct wb_match *mt = c->in->match;
     const struct wb_inventory *ti = c->in->trainer;
-    uint64_t cap = c->opts->mem_cap ? c->opts->mem_cap : WB_MEM_CAP_DEFAULT;
-    uint64_t limit = cap / 4;
+    uint64_t limit = c->opts->mem_cap / 4; /* normalized at the entry (pl_plan_build) */
     bool all_gather = c->opts->mode == WB_MODE_GATHER;
     /* per mapping: open item per mesh */
     struct open {
@@ -404,41 +403,62 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     return pl_plan_build(in, opts, true, out, NULL, el);
 }
 
+/* The largest task's temporary bytes over every table: where they are, and how many tasks are
+ * over `cap`. */
+struct cap_need {
+    uint64_t need, over;
+    uint32_t rank, task;
+};
+
+static struct cap_need cap_need(const struct wb_plan *p, uint64_t cap)
+{
+    struct cap_need n = {0, 0, 0, 0};
+    const struct wb_route_table *tables = pl_tables(p);
+    for (uint32_t r = 0; r < p->ntrainers; r++)
+        for (uint32_t k = 0; k < tables[r].ntasks; k++) {
+            uint64_t b = tables[r].tasks[k].tmp_bytes;
+            n.over += b > cap;
+            if (b > n.need)
+                n.need = b, n.rank = r, n.task = k;
+        }
+    return n;
+}
+
+/* opts.fit_cap: the cap of the plan and of every table becomes the largest task's bytes where
+ * the cap is below them. Done on the plan that was chosen, after it was built and (auto)
+ * simulated at the cap asked for, so the plan is the one that cap gives, only its cap raised. */
+static void fit_cap(struct wb_plan *p)
+{
+    struct cap_need n = cap_need(p, p->mem_cap);
+    if (n.need <= p->mem_cap)
+        return;
+    p->mem_cap = n.need;
+    for (uint32_t r = 0; r < p->ntrainers; r++)
+        pl_tables(p)[r].mem_cap = n.need;
+}
+
 /* Items are cut at a quarter of the cap (build_items), but one component's share is not: a
  * tensor gathered whole (an embedding, stacked experts) can exceed the cap. The executor starts
  * a task only when its bytes fit, so such a task would never start. Running it alone was the
  * other choice, rejected: it would hold more than the cap, the one promise the cap makes. The
  * builder itself leaves the plan as it is (the estimate admits such a task alone), so that
- * plans can be compared at one cap; what is to be executed goes through here. */
-int wb_plan_fit_cap(struct wb_plan *p, const struct wb_plan_input *in, bool raise,
-                    struct wb_errlist *el)
+ * plans can be compared at one cap; what is to be executed is either built with opts.fit_cap
+ * or checked here. */
+int wb_plan_check_cap(const struct wb_plan *p, const struct wb_plan_input *in,
+                      struct wb_errlist *el)
 {
-    uint64_t need = 0, over = 0;
-    uint32_t rank = 0, task = 0;
-    for (uint32_t r = 0; r < p->ntrainers; r++)
-        for (uint32_t k = 0; k < p->tables[r].ntasks; k++) {
-            uint64_t b = p->tables[r].tasks[k].tmp_bytes;
-            over += b > p->mem_cap;
-            if (b > need)
-                need = b, rank = r, task = k;
-        }
-    if (need <= p->mem_cap)
+    struct cap_need n = cap_need(p, p->mem_cap);
+    if (n.need <= p->mem_cap)
         return 0;
-    if (raise) {
-        p->mem_cap = need;
-        for (uint32_t r = 0; r < p->ntrainers; r++)
-            p->tables[r].mem_cap = need;
-        return 0;
-    }
-    const struct wb_rt_task *t = &p->tables[rank].tasks[task];
+    const struct wb_rt_task *t = &pl_tables(p)[n.rank].tasks[n.task];
     uint32_t rt = t->mapping < in->match->n ? in->match->map[t->mapping].rollout : UINT32_MAX;
     char a[32], b[32];
     wb_errlist_add(el,
                    "mem_cap %s is below the %s the largest task needs (%s, %s on trainer rank "
                    "%u; %llu task(s) over the cap): set mem_cap to at least %llu bytes",
-                   wb_fmt_bytes(p->mem_cap, a, sizeof(a)), wb_fmt_bytes(need, b, sizeof(b)),
+                   wb_fmt_bytes(p->mem_cap, a, sizeof(a)), wb_fmt_bytes(n.need, b, sizeof(b)),
                    rt < in->rollout->n ? in->rollout->p[rt].name : "?", wb_plan_mode_name(t->mode),
-                   rank, (unsigned long long)over, (unsigned long long)need);
+                   n.rank, (unsigned long long)n.over, (unsigned long long)n.need);
     return -WB_E_PLAN;
 }
 
@@ -611,21 +631,22 @@ static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts 
         c.bal.lower_bound = lb;
     }
 
-    p = calloc(1, sizeof(*p));
-    if (!p) {
+    struct pl_plan *pp = calloc(1, sizeof(*pp));
+    if (!pp) {
         r = -ENOMEM;
         goto out;
     }
+    p = &pp->pub;
     p->mode = opts->mode;
-    p->mem_cap = opts->mem_cap ? opts->mem_cap : WB_MEM_CAP_DEFAULT;
+    p->mem_cap = opts->mem_cap;
     p->ntrainers = c.nt;
     p->nrollouts = c.nr;
-    p->tables = calloc(c.nt, sizeof(*p->tables));
+    pp->tables = calloc(c.nt, sizeof(*pp->tables));
     p->recv = calloc(c.nr ? c.nr : 1, sizeof(*p->recv));
     p->stats.send_bytes = calloc(c.nt, sizeof(uint64_t));
     p->stats.gather_in_bytes = calloc(c.nt, sizeof(uint64_t));
     p->stats.recv_bytes = calloc(c.nr ? c.nr : 1, sizeof(uint64_t));
-    if (!p->tables || !p->recv || !p->stats.send_bytes || !p->stats.gather_in_bytes ||
+    if (!pl_tables(p) || !p->recv || !p->stats.send_bytes || !p->stats.gather_in_bytes ||
         !p->stats.recv_bytes) {
         r = -ENOMEM;
         goto out;
@@ -677,8 +698,8 @@ out:
  * build them, so auto's simulated time is never above the better of them. */
 static const double CLEAR = 1.5;
 
-int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
-                  struct wb_plan **out, size_t *nstamped, struct wb_errlist *el)
+static int choose_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
+                        struct wb_plan **out, size_t *nstamped, struct wb_errlist *el)
 {
     struct auto_info ai;
     memset(&ai, 0, sizeof(ai));
@@ -752,4 +773,18 @@ int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     }
     *out = best;
     return 0;
+}
+
+/* The entry of every build: the options with their defaults applied, once (every file below
+ * reads opts->mem_cap as it is), then the build and, with opts.fit_cap, the cap fitted. */
+int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opts_in, bool stamp,
+                  struct wb_plan **out, size_t *nstamped, struct wb_errlist *el)
+{
+    struct wb_plan_opts o = *opts_in;
+    if (!o.mem_cap)
+        o.mem_cap = WB_MEM_CAP_DEFAULT;
+    int r = choose_build(in, &o, stamp, out, nstamped, el);
+    if (!r && o.fit_cap)
+        fit_cap(*out);
+    return r;
 }

@@ -5,6 +5,33 @@
 
 #include "planner/planner.h"
 
+/* ---------------------------------------------------------------- the plan's private side */
+
+/* What a plan holds beside its public summary: the routing tables ([ntrainers]; a lazy plan's
+ * hold only the tasks, gather peers and boxes of stamped items, wb_plan_table() expands the
+ * rest from `lazy`) and the lazy plan's segments (NULL unless built with opts.lazy). The
+ * public struct is the first member, so a struct wb_plan * of a built plan is one of these. */
+struct pl_plan {
+    struct wb_plan pub;
+    struct wb_route_table *tables;
+    struct pl_lazy *lazy;
+};
+
+static inline struct pl_plan *pl_plan_of(const struct wb_plan *p)
+{
+    return (struct pl_plan *)(uintptr_t)p;
+}
+/* The plan's own tables, as built (a lazy plan's unexpanded). Readers outside the builder and
+ * the lazy expansion take wb_plan_table(); white-box tests reach in here to break a plan. */
+static inline struct wb_route_table *pl_tables(const struct wb_plan *p)
+{
+    return pl_plan_of(p)->tables;
+}
+static inline struct pl_lazy *pl_lazy_of(const struct wb_plan *p)
+{
+    return pl_plan_of(p)->lazy;
+}
+
 /* ---------------------------------------------------------------- small vectors */
 
 /* A growable array of fixed-size elements. */

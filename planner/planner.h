@@ -235,7 +235,12 @@ struct wb_plan_opts {
                                same for any number. */
     bool lazy;              /* keep the ops and write records of items stamped from a template
                                (most of a large MoE plan's) unexpanded: a fraction of the time
-                               and memory; read such a plan's tables through wb_plan_table() */
+                               and memory; wb_plan_table() expands them for any reader */
+    bool fit_cap;           /* a plan to be executed whose largest task needs more than mem_cap:
+                               the plan's and every table's cap become that task's bytes (a
+                               checkpoint's tensors are the size they are). The plan itself is
+                               the one mem_cap gives. Without it the plan keeps mem_cap, and
+                               wb_plan_check_cap() tells whether it can be executed. */
 };
 
 /* A mesh: sorted member ranks. */
@@ -263,24 +268,26 @@ struct wb_plan_stats {
     uint64_t max_send;         /* this plan's busiest sender */
 };
 
+/* A built plan's summary. Its routing tables are not here: every reader, lazy plan or eager,
+ * takes trainer rank r's table through wb_plan_table(), so a plan has one shape for readers
+ * (the tables and what a lazy plan keeps unexpanded are the planner's, planner/plan_int.h). */
 struct wb_plan {
     enum wb_plan_mode mode; /* as requested */
-    uint64_t mem_cap;
+    uint64_t mem_cap;       /* the cap every table carries (opts.mem_cap or its default; with
+                               opts.fit_cap, raised to the largest task's bytes) */
     uint32_t ntrainers, nrollouts;
-    struct wb_route_table *tables; /* [ntrainers] */
-    struct wb_recv_list *recv;     /* [nrollouts] */
+    struct wb_recv_list *recv; /* [nrollouts] */
     uint32_t nmeshes;
     struct wb_plan_mesh *meshes;
     uint32_t nphases;
     struct wb_plan_stats stats;
-    struct pl_lazy *lazy; /* private; NULL unless built with opts.lazy */
 };
 
 /* Trainer rank r's routing table as an executor gets it, for any plan: a lazy plan's table is
  * expanded into buf (its tasks, gather peers and boxes are the plan's; its ops, writes, amax
- * peers and expectations buf's own),
- * any other plan's is p->tables[r] itself. The result stays valid until the next call with
- * buf. NULL: no memory. Free buf with wb_plan_tbuf_free() (a zeroed buf is empty). */
+ * peers and expectations buf's own); an eager plan's is the plan's own table, buf untouched.
+ * The result stays valid until the next call with buf (and the plan's life). NULL: no memory.
+ * Free buf with wb_plan_tbuf_free() (a zeroed buf is empty). */
 struct wb_plan_tbuf {
     struct wb_route_table t;
     struct wb_rt_op *ops;
@@ -301,11 +308,10 @@ int wb_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
 void wb_plan_free(struct wb_plan *p);
 /* A plan to be executed: every task's temporary bytes must fit under the plan's memory cap (the
  * executor never starts a larger task; a job would never become ready). Where one does not:
- * with `raise`, the cap of the plan and of every table becomes the largest task's bytes (a
- * checkpoint's tensors are the size they are); otherwise -WB_E_PLAN with one message naming
- * the cap, the bytes needed and the task's tensor. 0 when everything fits. */
-int wb_plan_fit_cap(struct wb_plan *p, const struct wb_plan_input *in, bool raise,
-                    struct wb_errlist *el);
+ * -WB_E_PLAN with one message naming the cap, the bytes needed and the task's tensor. 0 when
+ * everything fits (always, for a plan built with opts.fit_cap). */
+int wb_plan_check_cap(const struct wb_plan *p, const struct wb_plan_input *in,
+                      struct wb_errlist *el);
 
 /* One line per phase, task, op and write (names from `in`, which may be NULL). */
 void wb_route_table_print(const struct wb_route_table *t, const struct wb_plan_input *in, FILE *f);

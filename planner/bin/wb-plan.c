@@ -330,7 +330,7 @@ int main(int argc, char **argv)
     struct wb_plan_opts po = {a.mode, a.mem_cap, a.threads, true};
     uint64_t t0 = wb_now_ns();
     /* refused as a job refuses it: a task over the cap would never start */
-    if (wb_plan_build(&in, &po, &plan, &el) || wb_plan_fit_cap(plan, &in, false, &el)) {
+    if (wb_plan_build(&in, &po, &plan, &el) || wb_plan_check_cap(plan, &in, &el)) {
         fail(&el, "planning", a.max_problems);
         goto out;
     }

@@ -3,7 +3,7 @@
  * The model (also in the README):
  *  - each trainer GPU runs its tasks in table order through FIFO stages, as the executor does:
  *    admission under the memory cap (a task larger than the cap runs alone here; a plan to be
- *    executed has none: wb_plan_fit_cap) -> H2D copy engine
+ *    executed has none: wb_plan_check_cap, opts.fit_cap) -> H2D copy engine
  *    (h2d_Bps) -> collectives (GATHER: an all-gather among the shard peers, which starts when
  *    every peer reached it; over NVLink at nvlink_Bps when all peers share a node, else as
  *    ring flows through the NICs; AMAX: a rendezvous with the peer plus one collective launch)
@@ -610,8 +610,8 @@ static void *read_ranks(void *arg)
     for (uint32_t r = rd->r0; r < rd->r1 && !rd->err && !rd->stop; r++) {
         /* a lazy plan's stamped tasks are read in their representative's rows (same boxes),
          * their collectives and records renumbered */
-        const struct wb_route_table *t = &p->tables[r];
-        bool whole = p->lazy && !rd->two_pass; /* read in one pass: the table expanded */
+        const struct wb_route_table *t = &pl_tables(p)[r];
+        bool whole = pl_lazy_of(p) && !rd->two_pass; /* read in one pass: the table expanded */
         if (whole && !(t = wb_plan_table(p, r, &rd->tb))) {
             rd->err = -ENOMEM;
             break;
@@ -726,7 +726,7 @@ static int merge_second(struct sim *s, const struct wb_plan *p, const struct rea
     if (n1)
         memcpy(f + na + n0, rd[1].flow.p, n1 * sizeof(*f));
     for (uint32_t r = 0; r < p->ntrainers; r++) {
-        const struct pl_lazy_table *lz = &p->lazy->t[r];
+        const struct pl_lazy_table *lz = &pl_lazy_of(p)->t[r];
         uint32_t add = (uint32_t)(r < half ? na : na + n0);
         for (uint32_t g = 0; g < lz->nseg; g++)
             for (uint32_t k = 0; k < lz->seg[g].ntask; k++)
@@ -750,7 +750,7 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
     for (uint32_t r = 0; r < nt; r++) {
         tbase[r] = ntask;
         obase[r] = nops;
-        ntask += p->tables[r].ntasks;
+        ntask += pl_tables(p)[r].ntasks;
         /* collective refs: at most one per op, and one per AMAX peer */
         nops += pl_table_nops(p, r) + pl_table_napeers(p, r);
     }
@@ -770,7 +770,7 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
         goto out;
     /* amax rendezvous by tag, which is plan-wide (10^7 exchanges at 1024 -> 512): sized from
      * the tables' tag bits, which cover every tag, grown if a tag is past them anyway */
-    uint32_t bits = nt ? p->tables[0].tag_bits : 0;
+    uint32_t bits = nt ? pl_tables(p)[0].tag_bits : 0;
     if ((err = amx_room(s, bits >= 1 && bits <= 30 ? (1u << bits) - 1 : 1)))
         goto out;
     /* two readers, halves of the ranks, when there are two CPUs; alone when one stopped. A
@@ -780,7 +780,7 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
     rd[0].r1 = rd[1].r0 = half;
     rd[1].r1 = nt;
     size_t *cend = NULL;
-    if (two && p->lazy && !(cend = malloc(((size_t)nt + 1) * sizeof(size_t)))) {
+    if (two && pl_lazy_of(p) && !(cend = malloc(((size_t)nt + 1) * sizeof(size_t)))) {
         err = -ENOMEM;
         goto out;
     }
@@ -1423,7 +1423,7 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         s.egress[i] = s.ingress[i] = i < s.nt ? te : re;
     /* barriers: only phases that ask for one gate the next phase */
     for (uint32_t q = 0; q < s.nphases; q++) {
-        bool want = p->nphases && s.nt && p->tables[0].phases[q].barrier_after;
+        bool want = p->nphases && s.nt && pl_tables(p)[0].phases[q].barrier_after;
         s.barrier_done[q] = want ? INFINITY : 0;
         s.phase_left[q] = want ? s.nt : 0;
     }
@@ -1637,7 +1637,7 @@ loop_out:
             e.trainer_end_s[x->rank] = x->t_end;
     }
     for (uint32_t r = 0; r < s.nt; r++) {
-        const struct wb_route_table *tb = &p->tables[r];
+        const struct wb_route_table *tb = &pl_tables(p)[r];
         uint64_t per_phase_send[64] = {0}, per_phase_gather[64] = {0};
         for (uint32_t k = 0; k < tb->ntasks; k++) {
             uint32_t ph = tb->tasks[k].phase;
@@ -1662,8 +1662,8 @@ loop_out:
     {
         uint64_t peak = 0;
         for (uint32_t r = 0; r < s.nt; r++)
-            if (p->tables[r].max_tmp_bytes > peak)
-                peak = p->tables[r].max_tmp_bytes;
+            if (pl_tables(p)[r].max_tmp_bytes > peak)
+                peak = pl_tables(p)[r].max_tmp_bytes;
         e.peak_tmp_bytes = peak;
     }
 out:

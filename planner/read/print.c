@@ -269,7 +269,7 @@ void wb_plan_print_summary(const struct wb_plan *p, const struct wb_plan_input *
             lb > 0 ? (double)s->greedy_max / lb : 1.0);
     uint64_t tmax = 0;
     for (uint32_t r = 0; r < p->ntrainers; r++)
-        tmax = p->tables[r].max_tmp_bytes > tmax ? p->tables[r].max_tmp_bytes : tmax;
+        tmax = pl_tables(p)[r].max_tmp_bytes > tmax ? pl_tables(p)[r].max_tmp_bytes : tmax;
     fprintf(f, "  largest task: %s of temporary memory%s\n", wb_fmt_bytes(tmax, a, sizeof(a)),
             tmax > p->mem_cap ? " (over the cap: a job refuses this plan)" : "");
 }

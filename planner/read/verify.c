@@ -915,7 +915,7 @@ static bool congruent(struct vctx *v, const struct wb_route_table *t, const stru
     const struct wb_inventory *ti = v->in->trainer;
     if (sg->src >= v->p->ntrainers)
         return false;
-    const struct wb_route_table *src = &v->p->tables[sg->src];
+    const struct wb_route_table *src = &pl_tables(v->p)[sg->src];
     if (src->residence != t->residence || (sg->same && sg->src != t->rank))
         return false;
     const uint32_t *tm = pool + sg->map0, *bx = tm + 2 * sg->ntm, *sh = bx + 2 * sg->nbx;
@@ -1011,8 +1011,8 @@ static void *sources_thread(void *arg)
     struct wb_plan_tbuf tb = {0}; /* a table with stamped tasks to check op by op, expanded */
     int r = 0;
     for (uint32_t rk = v->rank0; rk < v->rank1 && !r; rk++) {
-        const struct wb_route_table *t = &p->tables[rk];
-        const uint32_t *pool = p->lazy ? p->lazy->t[rk].pool : NULL;
+        const struct wb_route_table *t = &pl_tables(p)[rk];
+        const uint32_t *pool = pl_lazy_of(p) ? pl_lazy_of(p)->t[rk].pool : NULL;
         if (v->ox)
             v->ox->g0[rk] = v->gref.n; /* this thread's; made plan-wide after the join */
         struct pl_cursor cu = {0};
@@ -1161,7 +1161,7 @@ static int check_order(struct vctx *v, struct order_idx *ox, const struct vec *x
         }
     }
     for (uint32_t r = 0; r < p->ntrainers; r++) {
-        const struct wb_route_table *t = &p->tables[r];
+        const struct wb_route_table *t = &pl_tables(p)[r];
         for (uint32_t k = 1; k < t->ntasks; k++)
             if (t->tasks[k].phase < t->tasks[k - 1].phase)
                 verr(v, "rank %u: task %u of phase %u after a task of phase %u", r, k,
@@ -1228,7 +1228,7 @@ int pl_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb
     ox.g0 = calloc((size_t)p->ntrainers + 1, sizeof(uint64_t));
     /* every tag is below 2^tag_bits (as the estimate sizes its rendezvous); a tag past that
      * goes the slow way (xtra) */
-    uint32_t bits = p->ntrainers ? p->tables[0].tag_bits : 0;
+    uint32_t bits = p->ntrainers ? pl_tables(p)[0].tag_bits : 0;
     ox.ntag = bits >= 1 && bits <= 30 ? 1u << bits : 1;
     ox.at = calloc(ox.ntag, sizeof(*ox.at));
     if (!ox.g0 || !ox.at) {

@@ -93,13 +93,13 @@ static struct outcome run(const char *config, const char *trainer_yaml, const ch
     fx_model(&f, &src, &md);
     struct wb_plan *p = sim_plan_check(&f, WB_MODE_AUTO);
     for (uint32_t r = 0; r < p->ntrainers; r++) /* single writes, as an agent decodes them */
-        CHECK_INT(wb_route_table_expand(&p->tables[r]), 0);
+        CHECK_INT(wb_route_table_expand(&pl_tables(p)[r]), 0);
     struct sim ref, got;
     sim_setup(&ref, &f, p);
     sim_setup(&got, &f, p);
     struct outcome out = {0};
     for (uint32_t r = 0; r < p->ntrainers; r++) {
-        const struct wb_route_table *t = &p->tables[r];
+        const struct wb_route_table *t = &pl_tables(p)[r];
         struct dst_arg a = {&got, skip_rank};
         struct ag_direct_plan dp;
         CHECK_INT(ag_direct_lower(t, got.rk[r].shard, (uint32_t)f.in.trainer->n, dst_of, &a, &dp),

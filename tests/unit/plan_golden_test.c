@@ -58,7 +58,7 @@ static void run(const struct scenario *sc, enum wb_plan_mode mode, uint64_t want
         wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
     uint64_t h = 0xcbf29ce484222325ull;
     for (uint32_t r = 0; r < p->ntrainers; r++) {
-        struct wb_mpw w = fx_encode_table(&p->tables[r]);
+        struct wb_mpw w = fx_encode_table(&pl_tables(p)[r]);
         h = digest_blob(h, &w);
     }
     for (uint32_t g = 0; g < p->nrollouts; g++) {

@@ -125,16 +125,16 @@ static void test_wire_roundtrip(void)
         for (uint32_t r = 0; r < p->ntrainers; r++) {
             struct wb_mpw w;
             wb_mpw_init(&w);
-            wb_route_table_encode(&w, &p->tables[r]);
+            wb_route_table_encode(&w, &pl_tables(p)[r]);
             CHECK_INT(wb_mpw_finish(&w), 0);
             struct wb_route_table t;
             CHECK_INT(wb_route_table_decode(w.buf, w.len, &t), 0);
             /* decoding expands the replica fan-out: the plan's table, expanded */
-            uint64_t nw = wb_route_table_writes(&p->tables[r]);
-            CHECK(mi != 0 || r != 0 || nw > p->tables[r].nwrites); /* 2 replicas fan out */
-            CHECK_INT(wb_route_table_expand(&p->tables[r]), 0);
-            CHECK_U64(p->tables[r].nwrites, nw);
-            CHECK(tables_equal(&t, &p->tables[r]));
+            uint64_t nw = wb_route_table_writes(&pl_tables(p)[r]);
+            CHECK(mi != 0 || r != 0 || nw > pl_tables(p)[r].nwrites); /* 2 replicas fan out */
+            CHECK_INT(wb_route_table_expand(&pl_tables(p)[r]), 0);
+            CHECK_U64(pl_tables(p)[r].nwrites, nw);
+            CHECK(tables_equal(&t, &pl_tables(p)[r]));
             /* every truncation is refused, never crashes */
             for (size_t cut = 0; cut < w.len; cut += (w.len > 400 ? 7 : 1)) {
                 struct wb_route_table u;
@@ -175,7 +175,7 @@ static void test_wire_bad_indices(void)
     struct fx f;
     mixed_case(&f, false);
     struct wb_plan *p = build(&f, WB_MODE_AUTO);
-    struct wb_route_table *t = &p->tables[0];
+    struct wb_route_table *t = &pl_tables(p)[0];
     CHECK(t->ntasks > 0 && t->nwrites > 0 && t->namax_peers > 0);
     struct wb_rt_op *am = NULL; /* the first AMAX op */
     for (uint32_t o = 0; o < t->nops && !am; o++)
@@ -357,35 +357,48 @@ static void experts_case(struct fx *f)
 
 /* A memory cap below the largest task: a plan to be executed is refused, naming the tensor,
  * the cap and the bytes needed (the builder leaves it as it is); at exactly those bytes it
- * fits; `raise` makes them the cap of the plan and of every table. */
+ * fits; opts.fit_cap makes them the cap of the plan and of every table, and changes nothing
+ * else. */
 static void test_cap_below_largest_task(void)
 {
     struct fx f;
     experts_case(&f);
-    struct wb_plan *p = NULL;
+    struct wb_plan *p = NULL, *fit = NULL;
     struct wb_plan_opts o = {WB_MODE_GATHER, 512 << 10};
     CHECK_INT(wb_plan_build(&f.in, &o, &p, &f.el), 0);
-    CHECK_U64(p->tables[0].max_tmp_bytes, 1 << 20);
-    CHECK_INT(wb_plan_fit_cap(p, &f.in, false, &f.el), -WB_E_PLAN);
+    CHECK_U64(pl_tables(p)[0].max_tmp_bytes, 1 << 20);
+    CHECK_INT(wb_plan_check_cap(p, &f.in, &f.el), -WB_E_PLAN);
     CHECK_U64(p->mem_cap, 512 << 10);
     CHECK_INT(f.el.n, 1);
     CHECK_STR(f.el.msgs[0], "mem_cap 512.00 KiB is below the 1.00 MiB the largest task needs "
                             "(model.layers.0.mlp.experts.w13, gather on trainer rank 0; 4 task(s) "
                             "over the cap): set mem_cap to at least 1048576 bytes");
-    CHECK_INT(wb_plan_fit_cap(p, &f.in, true, &f.el), 0);
+    o.fit_cap = true;
+    CHECK_INT(wb_plan_build(&f.in, &o, &fit, &f.el), 0);
     CHECK_INT(f.el.n, 1);
-    CHECK_U64(p->mem_cap, 1 << 20);
-    for (uint32_t r = 0; r < p->ntrainers; r++)
-        CHECK_U64(p->tables[r].mem_cap, 1 << 20);
-    CHECK_INT(wb_plan_fit_cap(p, &f.in, false, &f.el), 0);
-    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), 0);
+    CHECK_U64(fit->mem_cap, 1 << 20);
+    struct wb_plan_tbuf tb = {0};
+    for (uint32_t r = 0; r < fit->ntrainers; r++) {
+        const struct wb_route_table *t = wb_plan_table(fit, r, &tb);
+        CHECK_U64(t->mem_cap, 1 << 20);
+        /* the plan the unfitted cap gives, but for the cap */
+        struct wb_route_table same = *t;
+        same.mem_cap = pl_tables(p)[r].mem_cap;
+        struct wb_mpw ea = fx_encode_table(&same), eb = fx_encode_table(&pl_tables(p)[r]);
+        CHECK(fx_same_bytes(&ea, &eb));
+    }
+    wb_plan_tbuf_free(&tb);
+    CHECK_INT(wb_plan_check_cap(fit, &f.in, &f.el), 0);
+    CHECK_INT(wb_plan_verify(fit, &f.in, &f.el), 0);
+    wb_plan_free(fit);
     wb_plan_free(p);
     fx_free(&f);
 
     experts_case(&f);
     o.mem_cap = 1 << 20;
+    o.fit_cap = false;
     CHECK_INT(wb_plan_build(&f.in, &o, &p, &f.el), 0);
-    CHECK_INT(wb_plan_fit_cap(p, &f.in, false, &f.el), 0);
+    CHECK_INT(wb_plan_check_cap(p, &f.in, &f.el), 0);
     CHECK_U64(p->mem_cap, 1 << 20);
     CHECK_INT(f.el.n, 0);
     wb_plan_free(p);
@@ -404,10 +417,10 @@ static void test_verify_catches(void)
     struct wb_rt_write *w = NULL;
     uint32_t rank = 0;
     for (uint32_t r = 0; r < p->ntrainers && !w; r++)
-        for (uint32_t i = 0; i < p->tables[r].nwrites && !w; i++)
-            if (p->tables[r].writes[i].dst_off > 0 &&
-                p->tables[r].writes[i].dst_tensor == f.ri.n - 1) {
-                w = &p->tables[r].writes[i];
+        for (uint32_t i = 0; i < pl_tables(p)[r].nwrites && !w; i++)
+            if (pl_tables(p)[r].writes[i].dst_off > 0 &&
+                pl_tables(p)[r].writes[i].dst_tensor == f.ri.n - 1) {
+                w = &pl_tables(p)[r].writes[i];
                 rank = r;
             }
     CHECK(w != NULL);
@@ -424,15 +437,15 @@ static void test_verify_catches(void)
     wb_errlist_init(&f.el);
     /* a write reading past its shard */
     for (uint32_t r = 0; r < p->ntrainers; r++)
-        for (uint32_t i = 0; i < p->tables[r].nwrites; i++)
-            if (p->tables[r].writes[i].src_tensor != (uint32_t)WB_RT_TMP_SRC) {
-                p->tables[r].writes[i].src_off += 1u << 20;
+        for (uint32_t i = 0; i < pl_tables(p)[r].nwrites; i++)
+            if (pl_tables(p)[r].writes[i].src_tensor != (uint32_t)WB_RT_TMP_SRC) {
+                pl_tables(p)[r].writes[i].src_off += 1u << 20;
                 CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
                 snprintf(want, sizeof(want), "rank %u: write %u (to rank %u", r, i,
-                         p->tables[r].writes[i].dst_rank);
+                         pl_tables(p)[r].writes[i].dst_rank);
                 CHECK(strncmp(f.el.msgs[0], want, strlen(want)) == 0);
                 CHECK(strstr(f.el.msgs[0], "reads bytes it does not hold") != NULL);
-                p->tables[r].writes[i].src_off -= 1u << 20;
+                pl_tables(p)[r].writes[i].src_off -= 1u << 20;
                 r = p->ntrainers;
                 break;
             }
@@ -442,9 +455,9 @@ static void test_verify_catches(void)
     struct wb_rt_amax_peer *am = NULL;
     uint32_t ar = 0;
     for (uint32_t r = 0; r < p->ntrainers && !am; r++)
-        for (uint32_t o = 0; o < p->tables[r].nops && !am; o++)
-            if (p->tables[r].ops[o].kind == WB_OP_AMAX) {
-                am = &p->tables[r].amax_peers[p->tables[r].ops[o].amax.peer0];
+        for (uint32_t o = 0; o < pl_tables(p)[r].nops && !am; o++)
+            if (pl_tables(p)[r].ops[o].kind == WB_OP_AMAX) {
+                am = &pl_tables(p)[r].amax_peers[pl_tables(p)[r].ops[o].amax.peer0];
                 ar = r;
             }
     CHECK(am != NULL);
@@ -472,8 +485,8 @@ static void test_verify_catches(void)
     /* an exchange that takes another pair's tag, on the same side (lower rank) as that pair's */
     struct wb_rt_amax_peer *other = NULL;
     for (uint32_t r = 0; r < p->ntrainers && !other; r++)
-        for (uint32_t k = 0; k < p->tables[r].namax_peers && !other; k++) {
-            struct wb_rt_amax_peer *x = &p->tables[r].amax_peers[k];
+        for (uint32_t k = 0; k < pl_tables(p)[r].namax_peers && !other; k++) {
+            struct wb_rt_amax_peer *x = &pl_tables(p)[r].amax_peers[k];
             if (x->tag != tag && (r < x->rank) == (ar < am->rank))
                 other = x;
         }
@@ -491,21 +504,21 @@ static void test_verify_catches(void)
     /* an amax op whose peers run past the table's */
     struct wb_rt_op *ao = NULL;
     uint32_t aoi = 0;
-    for (uint32_t o = 0; o < p->tables[ar].nops && !ao; o++)
-        if (p->tables[ar].ops[o].kind == WB_OP_AMAX)
-            ao = &p->tables[ar].ops[aoi = o];
+    for (uint32_t o = 0; o < pl_tables(p)[ar].nops && !ao; o++)
+        if (pl_tables(p)[ar].ops[o].kind == WB_OP_AMAX)
+            ao = &pl_tables(p)[ar].ops[aoi = o];
     uint32_t np = ao->amax.npeers;
-    ao->amax.npeers = p->tables[ar].namax_peers + 1;
+    ao->amax.npeers = pl_tables(p)[ar].namax_peers + 1;
     CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
     snprintf(want, sizeof(want), "rank %u: op %u (amax) on %s lists peers [%u, +%u) of its %u", ar,
              aoi, f.in.trainer->p[ao->tensor].name, ao->amax.peer0, ao->amax.npeers,
-             p->tables[ar].namax_peers);
+             pl_tables(p)[ar].namax_peers);
     CHECK_STR(f.el.msgs[0], want);
     ao->amax.npeers = np;
     wb_errlist_free(&f.el);
     wb_errlist_init(&f.el);
     /* a record fanned out without a rank step, then one past the last rollout rank */
-    struct wb_rt_write *fw = &p->tables[0].writes[0], keep = *fw;
+    struct wb_rt_write *fw = &pl_tables(p)[0].writes[0], keep = *fw;
     fw->more = 3;
     fw->rank_step = 0;
     CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
@@ -531,8 +544,8 @@ static void test_verify_counts_all(void)
     struct wb_plan *p = build(&f, WB_MODE_AUTO);
     uint64_t n = 0;
     for (uint32_t r = 0; r < p->ntrainers; r++)
-        for (uint32_t i = 0; i < p->tables[r].nwrites; i++, n++)
-            p->tables[r].writes[i].src_off += 1ull << 40;
+        for (uint32_t i = 0; i < pl_tables(p)[r].nwrites; i++, n++)
+            pl_tables(p)[r].writes[i].src_off += 1ull << 40;
     CHECK(n > 20);
     CHECK_U64(n, p->stats.records);
     CHECK(p->stats.writes > p->stats.records); /* records fan out to the replicas */
@@ -540,7 +553,8 @@ static void test_verify_counts_all(void)
     CHECK_U64(wb_errlist_count(&f.el), n);
     CHECK_INT(f.el.n, 20);
     char want[256];
-    snprintf(want, sizeof(want), "rank 0: write 0 (to rank %u ", p->tables[0].writes[0].dst_rank);
+    snprintf(want, sizeof(want), "rank 0: write 0 (to rank %u ",
+             pl_tables(p)[0].writes[0].dst_rank);
     CHECK(strncmp(f.el.msgs[0], want, strlen(want)) == 0);
     wb_plan_free(p);
     fx_free(&f);
@@ -620,7 +634,7 @@ static void test_verify_estimate_together(void)
     wb_estimate_free(&both);
     wb_estimate_free(&alone);
     /* one write a byte short: verify's message, and the simulation stopped */
-    struct wb_rt_write *w = &p->tables[0].writes[0];
+    struct wb_rt_write *w = &pl_tables(p)[0].writes[0];
     w->len -= 1;
     CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
     CHECK_INT((int)f.el.n, 1);

@@ -93,11 +93,11 @@ static void test_rows_bf16_to_fp8(void)
     /* reader 0: w rows 0-99 and the scales of the blocks whose origin is in them (block row
      * 0: 2 blocks), gate; reader 1: rows 100-511 and block rows 1-3, up's first 3 rows;
      * reader 2: norm and up's last 3 rows */
-    CHECK_U64(p->tables[0].send_bytes, 2 * (100 * 256 + 2 * 4 + 48));
-    CHECK_U64(p->tables[1].send_bytes, 2 * (412 * 256 + 6 * 4 + 24));
-    CHECK_U64(p->tables[2].send_bytes, 4 * 20 + 2 * 24);
+    CHECK_U64(pl_tables(p)[0].send_bytes, 2 * (100 * 256 + 2 * 4 + 48));
+    CHECK_U64(pl_tables(p)[1].send_bytes, 2 * (412 * 256 + 6 * 4 + 24));
+    CHECK_U64(pl_tables(p)[2].send_bytes, 4 * 20 + 2 * 24);
     CHECK_U64(p->stats.amax_ops, 2); /* the straddled block row, one op on each side */
-    CHECK_INT(p->tables[0].residence, WB_RESIDE_HOST);
+    CHECK_INT(pl_tables(p)[0].residence, WB_RESIDE_HOST);
     wb_plan_free(p);
     fx_free(&f);
 }
@@ -202,8 +202,8 @@ static void test_fp8_checkpoint_copy(void)
     CHECK_INT(wb_plan_verify(p, &f.in, &f.el), 0);
     /* values 768x256 + scales 6x2x4 B per replica, the replicated norm's 512 B to all four */
     CHECK_U64(p->stats.total_bytes, 2 * (768 * 256 + 48) + 4 * 512);
-    CHECK_U64(p->tables[0].send_bytes, 2 * (256 * 256 + 2 * 2 * 4) + 4 * 512);
-    CHECK_U64(p->tables[1].send_bytes, 2 * (256 * 256 + 256 * 256 + 4 * 2 * 4));
+    CHECK_U64(pl_tables(p)[0].send_bytes, 2 * (256 * 256 + 2 * 2 * 4) + 4 * 512);
+    CHECK_U64(pl_tables(p)[1].send_bytes, 2 * (256 * 256 + 256 * 256 + 4 * 2 * 4));
     CHECK_U64(p->stats.amax_ops, 0);
     /* every rollout rank holds its TP half of values and scales: rank 1 of a replica holds q
      * rows 256-511 and k rows 128-255, scale rows 2-3 and 5 */

@@ -72,10 +72,10 @@ static void run(const struct scenario *sc, enum wb_plan_mode mode)
     o.lazy = true;
     if (wb_plan_build(&f.in, &o, &pz, &f.el))
         wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));
-    CHECK(pz->lazy != NULL);
+    CHECK(pl_lazy_of(pz) != NULL);
     uint64_t nseg = 0;
     for (uint32_t r = 0; r < pz->ntrainers; r++)
-        nseg += pz->lazy->t[r].nseg;
+        nseg += pl_lazy_of(pz)->t[r].nseg;
     CHECK(nseg > 0); /* experts are stamped */
     fx_check_same(pz, p1);
     if (wb_plan_verify(pz, &f.in, &f.el))

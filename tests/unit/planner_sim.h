@@ -283,7 +283,7 @@ static inline void sim_partial(const uint8_t *base, const struct wb_shape *vshap
 static inline const struct wb_rt_op *sim_mirror(const struct wb_plan *p, uint32_t peer,
                                                 uint32_t tag, const struct wb_rt_amax_peer **pe)
 {
-    const struct wb_route_table *t = &p->tables[peer];
+    const struct wb_route_table *t = &pl_tables(p)[peer];
     for (uint32_t i = 0; i < t->nops; i++)
         for (uint32_t k = 0; t->ops[i].kind == WB_OP_AMAX && k < t->ops[i].amax.npeers; k++)
             if (t->amax_peers[t->ops[i].amax.peer0 + k].tag == tag) {
@@ -298,10 +298,10 @@ static inline const struct wb_rt_op *sim_mirror(const struct wb_plan *p, uint32_
 static inline void sim_amax(struct sim *s, uint32_t r, const struct wb_rt_op *op,
                             const struct wb_rt_amax_peer *pe)
 {
-    const struct wb_route_table *tb = &s->p->tables[r];
+    const struct wb_route_table *tb = &pl_tables(s->p)[r];
     const struct wb_rt_amax_peer *back = NULL;
     const struct wb_rt_op *m = sim_mirror(s->p, pe->rank, pe->tag, &back);
-    const struct wb_route_table *pt = &s->p->tables[pe->rank];
+    const struct wb_route_table *pt = &pl_tables(s->p)[pe->rank];
     CHECK(m != NULL);
     CHECK(back->rank == r);
     CHECK(back->inbox_off == pe->peer_inbox_off && back->peer_inbox_off == pe->inbox_off);
@@ -347,7 +347,7 @@ static inline void sim_amax(struct sim *s, uint32_t r, const struct wb_rt_op *op
 
 static inline void sim_op(struct sim *s, uint32_t r, const struct wb_rt_op *op)
 {
-    const struct wb_route_table *tb = &s->p->tables[r];
+    const struct wb_route_table *tb = &pl_tables(s->p)[r];
     switch (op->kind) {
     case WB_OP_H2D:
         CHECK(s->rk[r].shard[op->tensor] != NULL);
@@ -428,7 +428,7 @@ static inline void sim_run(struct sim *s)
     const struct wb_plan *p = s->p;
     for (uint32_t ph = 0; ph < p->nphases; ph++)
         for (uint32_t r = 0; r < p->ntrainers; r++) {
-            const struct wb_route_table *t = &p->tables[r], *tb = t;
+            const struct wb_route_table *t = &pl_tables(p)[r], *tb = t;
             const struct wb_rt_phase *P = &t->phases[ph];
             for (uint32_t k = P->task0; k < P->task0 + P->ntasks; k++) {
                 const struct wb_rt_task *T = &t->tasks[k];

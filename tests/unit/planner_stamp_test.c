@@ -121,10 +121,10 @@ static size_t run(enum wb_plan_mode mode, const char *residence)
 static struct pl_seg *amax_segment(struct wb_plan *p, uint32_t *rank)
 {
     for (uint32_t r = 0; r < p->ntrainers; r++)
-        for (uint32_t g = 0; g < p->lazy->t[r].nseg; g++) {
-            struct pl_seg *sg = &p->lazy->t[r].seg[g];
+        for (uint32_t g = 0; g < pl_lazy_of(p)->t[r].nseg; g++) {
+            struct pl_seg *sg = &pl_lazy_of(p)->t[r].seg[g];
             for (uint32_t o = sg->op0; o < sg->op1; o++)
-                if (p->tables[sg->src].ops[o].kind == WB_OP_AMAX && sg->src != r) {
+                if (pl_tables(p)[sg->src].ops[o].kind == WB_OP_AMAX && sg->src != r) {
                     *rank = r;
                     return sg;
                 }
@@ -159,12 +159,12 @@ static void test_lazy_verify_catches(void)
             want = "do not mirror";
         } else if (c == 2) { /* its trainer tensor renumbered to another's (the embedding,
                                 which the rank holds too: its exchanges name it) */
-            uint32_t *tm = p->lazy->t[r].pool + sg->map0;
+            uint32_t *tm = pl_lazy_of(p)->t[r].pool + sg->map0;
             tm[1] = 0;
             want = "do not mirror";
         } else if (c == 3) { /* a renumbered box that is not the one it stands for */
             CHECK(sg->nbx > 1);
-            uint32_t *bx = p->lazy->t[r].pool + sg->map0 + 2 * sg->ntm;
+            uint32_t *bx = pl_lazy_of(p)->t[r].pool + sg->map0 + 2 * sg->ntm;
             uint32_t keep = bx[1];
             bx[1] = bx[3];
             bx[3] = keep;

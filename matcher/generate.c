@@ -1057,6 +1057,16 @@ static int run_block(struct gen *g, size_t bi, size_t level, struct wb_xvar *var
     return emit(g, bi, &env, fp8);
 }
 
+static int check_side(const char *side, struct wb_errlist *el)
+{
+    if (!side || (strcmp(side, "trainer") != 0 && strcmp(side, "rollout") != 0)) {
+        wb_errlist_add(el, "side must be \"trainer\" or \"rollout\", got \"%s\"",
+                       side ? side : "(null)");
+        return -EINVAL;
+    }
+    return 0;
+}
+
 int wb_inv_generate(const char *family_yaml, const char *config_json, const char *side,
                     struct wb_inventory *inv, struct wb_errlist *el)
 {
@@ -1079,29 +1089,41 @@ int wb_inv_generate_family(struct wb_family *f, const char *family_yaml, const c
                            struct wb_errlist *el)
 {
     struct wb_jcfg *cfg = NULL;
-    struct gen g = {.el = el};
     struct wb_xvar *sets = NULL;
     char *sets_buf = NULL;
     size_t nsets = 0, before = el->n;
     int r;
-    if (!side || (strcmp(side, "trainer") != 0 && strcmp(side, "rollout") != 0)) {
-        wb_errlist_add(el, "side must be \"trainer\" or \"rollout\", got \"%s\"",
-                       side ? side : "(null)");
-        return -EINVAL;
-    }
-    if ((r = wb_vars_parse(vars, f->dv, f->ndv, family_yaml, &sets, &nsets, &sets_buf, el)) ||
-        (r = wb_jcfg_load(config_json, &cfg, el)))
-        goto out;
+    if ((r = check_side(side, el)))
+        return r;
+    if (!(r = wb_vars_parse(vars, f->dv, f->ndv, family_yaml, &sets, &nsets, &sets_buf, el)) &&
+        !(r = wb_jcfg_load(config_json, &cfg, el)))
+        r = wb_inv_generate_parsed(f, family_yaml, cfg, sets, nsets, side, inv, el);
+    /* an allocation failure is an error with a message, never an empty success */
+    if (r == -ENOMEM && el->n == before)
+        wb_errlist_add(el, "%s: out of memory generating the %s inventory", family_yaml, side);
+    free(sets);
+    free(sets_buf);
+    wb_jcfg_free(cfg);
+    return r;
+}
+
+int wb_inv_generate_parsed(struct wb_family *f, const char *family_yaml, const struct wb_jcfg *cfg,
+                           const struct wb_xvar *sets, size_t nsets, const char *side,
+                           struct wb_inventory *inv, struct wb_errlist *el)
+{
+    struct gen g = {.el = el};
+    int r;
+    if ((r = check_side(side, el)))
+        return r;
     bool rollout = strcmp(side, "rollout") == 0;
     const struct wb_ynode *sec = rollout ? f->rollout : f->trainer;
     if (wb_ynode_kind(sec) != WB_YNODE_SEQ) {
         wb_errlist_add(el, "%s: no \"%s\" section (a list of tensor blocks)", family_yaml, side);
-        r = -WB_E_CONFIG;
-        goto out;
+        return -WB_E_CONFIG;
     }
     if ((r = wb_check_model_type(f->model_types, f->nmodel_types, f->model_type_at, cfg, el)) ||
         (r = run_checks(f, cfg, sets, nsets, el)))
-        goto out;
+        return r;
     g.f = f;
     g.cfg = cfg;
     g.sets = sets;
@@ -1140,12 +1162,6 @@ int wb_inv_generate_family(struct wb_family *f, const char *family_yaml, const c
         wb_inv_init(&g.inv);
     }
 out:
-    /* an allocation failure is an error with a message, never an empty success */
-    if (r == -ENOMEM && el->n == before)
-        wb_errlist_add(el, "%s: out of memory generating the %s inventory", family_yaml, side);
     gen_free(&g);
-    free(sets);
-    free(sets_buf);
-    wb_jcfg_free(cfg);
     return r;
 }

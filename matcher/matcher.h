@@ -84,6 +84,12 @@ int wb_match_rules_bind_config(struct wb_match_rules *r, const char *config_json
 /* Optional: the job's values of the family's vars, as for wb_inv_generate_vars() (the same
  * text must be given to both, so that both sides and the rules agree). */
 int wb_match_rules_set_vars(struct wb_match_rules *r, const char *vars, struct wb_errlist *el);
+/* wb_inv_generate_vars() from the family file the rules were loaded from and the rules' vars
+ * (wb_match_rules_set_vars), without reading the family file again; config.json is parsed on
+ * its first use by these rules (here or wb_match_rules_bind_config) and kept. The same
+ * inventory and the same messages as wb_inv_generate_vars(path, config_json, vars, side). */
+int wb_match_rules_generate(struct wb_match_rules *r, const char *config_json, const char *side,
+                            struct wb_inventory *inv, struct wb_errlist *el);
 
 /* What the trainer agent does to the components before writing. */
 enum wb_xform {

@@ -173,8 +173,14 @@ struct wb_match_rules {
     size_t nign_trainer, nign_rollout;
     struct wb_xderived *vars;
     size_t nvars;
-    struct wb_jcfg *cfg; /* bound config.json, or NULL */
-    char **model_types;  /* as struct wb_family's */
+    const struct wb_jcfg *cfg; /* bound config.json (one of cfgs), or NULL */
+    /* The family file, open for generating inventories from it (wb_match_rules_generate),
+     * and every config.json read for these rules, each parsed once (its path: cfgs[i]->path).
+     * vars and model_types are fam's. */
+    struct wb_family *fam;
+    struct wb_jcfg **cfgs;
+    size_t ncfgs;
+    char **model_types; /* as struct wb_family's */
     size_t nmodel_types;
     char model_type_at[300];
     struct wb_xvar *sets; /* the job's values of vars (wb_match_rules_set_vars) */
@@ -212,6 +218,11 @@ void wb_family_close(struct wb_family *f);
 int wb_inv_generate_family(struct wb_family *f, const char *family_yaml, const char *config_json,
                            const char *vars, const char *side, struct wb_inventory *inv,
                            struct wb_errlist *el);
+/* The generation itself, from a family and a config.json already read and the job's vars
+ * already parsed (no message for running out of memory: the callers add theirs). */
+int wb_inv_generate_parsed(struct wb_family *f, const char *family_yaml, const struct wb_jcfg *cfg,
+                           const struct wb_xvar *sets, size_t nsets, const char *side,
+                           struct wb_inventory *inv, struct wb_errlist *el);
 void wb_family_vars_free(struct wb_xderived *v, size_t n);
 void wb_family_free_types(char **types, size_t n);
 

@@ -110,11 +110,12 @@ void wb_match_rules_free(struct wb_match_rules *r)
     for (size_t i = 0; i < r->nign_rollout; i++)
         wb_pat_free(&r->ign_rollout[i]);
     free(r->ign_rollout);
-    wb_family_vars_free(r->vars, r->nvars);
-    wb_family_free_types(r->model_types, r->nmodel_types);
+    wb_family_close(r->fam); /* vars and model_types with it */
     free(r->sets);
     free(r->sets_buf);
-    wb_jcfg_free(r->cfg);
+    for (size_t i = 0; i < r->ncfgs; i++)
+        wb_jcfg_free(r->cfgs[i]);
+    free(r->cfgs);
     free(r->scale_suffix);
     free(r->family);
     free(r->path);
@@ -453,7 +454,12 @@ static int rules_load(const char *path, struct wb_match_rules **out, struct wb_e
     if (r)
         return r;
     struct wb_match_rules *rs = calloc(1, sizeof(*rs));
-    if (!rs || !(rs->path = strdup(path)) || !(rs->family = strdup(f->family)) ||
+    if (!rs) {
+        wb_family_close(f);
+        return -ENOMEM;
+    }
+    rs->fam = f; /* kept open: the inventories are generated from it (wb_match_rules_generate) */
+    if (!(rs->path = strdup(path)) || !(rs->family = strdup(f->family)) ||
         !(rs->scale_suffix = strdup(f->quant.scale_suffix))) {
         r = -ENOMEM;
         goto err;
@@ -462,12 +468,8 @@ static int rules_load(const char *path, struct wb_match_rules **out, struct wb_e
     rs->block = WB_FP8_BLOCK; /* the family file may only say 128 (wb_family_open) */
     rs->vars = f->dv;
     rs->nvars = f->ndv;
-    f->dv = NULL;
-    f->ndv = 0;
     rs->model_types = f->model_types;
     rs->nmodel_types = f->nmodel_types;
-    f->model_types = NULL;
-    f->nmodel_types = 0;
     snprintf(rs->model_type_at, sizeof(rs->model_type_at), "%s", f->model_type_at);
     if (f->quant.fp8) {
         char at[300];
@@ -513,29 +515,64 @@ static int rules_load(const char *path, struct wb_match_rules **out, struct wb_e
     }
     if (r)
         goto err;
-    wb_family_close(f);
     *out = rs;
     return 0;
 err:
-    wb_match_rules_free(rs);
-    wb_family_close(f);
+    wb_match_rules_free(rs); /* f with it */
     return r;
+}
+
+/* config.json at `path` as these rules read it: parsed on its first use, then kept, so that a
+ * model's load reads each file once (both inventories and the binding). A file that fails to
+ * parse is not kept; its problems go to el each time. */
+static int rules_config(struct wb_match_rules *r, const char *path, const struct wb_jcfg **out,
+                        struct wb_errlist *el)
+{
+    for (size_t i = 0; i < r->ncfgs; i++)
+        if (strcmp(r->cfgs[i]->path, path) == 0) {
+            *out = r->cfgs[i];
+            return 0;
+        }
+    struct wb_jcfg **grown = realloc(r->cfgs, (r->ncfgs + 1) * sizeof(*grown));
+    if (!grown)
+        return -ENOMEM;
+    r->cfgs = grown;
+    struct wb_jcfg *c = NULL;
+    int e = wb_jcfg_load(path, &c, el);
+    if (e)
+        return e;
+    r->cfgs[r->ncfgs++] = c;
+    *out = c;
+    return 0;
 }
 
 int wb_match_rules_bind_config(struct wb_match_rules *r, const char *config_json,
                                struct wb_errlist *el)
 {
-    struct wb_jcfg *c = NULL;
-    int e = wb_jcfg_load(config_json, &c, el);
+    const struct wb_jcfg *c = NULL;
+    int e = rules_config(r, config_json, &c, el);
     if (!e)
         e = wb_check_model_type(r->model_types, r->nmodel_types, r->model_type_at, c, el);
-    if (e) {
-        wb_jcfg_free(c);
+    if (e)
         return e;
-    }
-    wb_jcfg_free(r->cfg);
     r->cfg = c;
     return 0;
+}
+
+int wb_match_rules_generate(struct wb_match_rules *r, const char *config_json, const char *side,
+                            struct wb_inventory *inv, struct wb_errlist *el)
+{
+    size_t before = el->n;
+    const struct wb_jcfg *cfg = NULL;
+    int e = side && (strcmp(side, "trainer") == 0 || strcmp(side, "rollout") == 0)
+                ? rules_config(r, config_json, &cfg, el)
+                : 0; /* wb_inv_generate_parsed says what is wrong with side */
+    if (!e)
+        e = wb_inv_generate_parsed(r->fam, r->path, cfg, r->sets, r->nsets, side, inv, el);
+    /* an allocation failure is an error with a message, never an empty success */
+    if (e == -ENOMEM && el->n == before)
+        wb_errlist_add(el, "%s: out of memory generating the %s inventory", r->path, side);
+    return e;
 }
 
 int wb_match_rules_set_vars(struct wb_match_rules *r, const char *vars, struct wb_errlist *el)

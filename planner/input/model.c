@@ -17,8 +17,9 @@ static bool given(const char *s)
     return s && *s;
 }
 
-static int load_inventory(const struct wb_model_src *src, const char *side, const char *file,
-                          const char *config, struct wb_inventory *inv, struct wb_errlist *el)
+static int load_inventory(const struct wb_model_src *src, struct wb_match_rules *rules,
+                          const char *side, const char *file, const char *config,
+                          struct wb_inventory *inv, struct wb_errlist *el)
 {
     if (side[0] == 't' && src->trainer_mem) {
         const struct wb_inventory *m = src->trainer_mem;
@@ -35,7 +36,8 @@ static int load_inventory(const struct wb_model_src *src, const char *side, cons
         wb_errlist_add(el, "model: the %s inventory needs config.json or an inventory file", side);
         return -WB_E_CONFIG;
     }
-    return wb_inv_generate_vars(src->rules, config, src->vars, side, inv, el);
+    /* from the family file the rules were read from, config.json parsed once for the load */
+    return wb_match_rules_generate(rules, config, side, inv, el);
 }
 
 /* Both inventories usually come from the same config.json: a problem with the file itself (not
@@ -89,13 +91,13 @@ int wb_model_load(const struct wb_model_src *src, struct wb_model *out, struct w
         err = wb_match_rules_set_vars(m.rules, src->vars, el);
     if (!err) {
         size_t n0 = el->n;
-        int e1 = load_inventory(src, "trainer", src->trainer_inv, tconfig, &m.trainer, el);
+        int e1 = load_inventory(src, m.rules, "trainer", src->trainer_inv, tconfig, &m.trainer, el);
         size_t n1 = el->n;
         /* both sides generated from one config.json fail alike: say it once */
         bool same = !given(src->trainer_inv) && !src->trainer_mem && !given(src->rollout_inv) &&
                     tconfig && src->config && strcmp(tconfig, src->config) == 0;
         int e2 = e1 && same ? 0
-                            : load_inventory(src, "rollout", src->rollout_inv, src->config,
+                            : load_inventory(src, m.rules, "rollout", src->rollout_inv, src->config,
                                              &m.rollout, el);
         err = e1 ? e1 : e2;
         dedupe(el, n0, n1);

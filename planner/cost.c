@@ -309,6 +309,89 @@ static bool item_nvlink(const struct plan_ctx *c, const struct item *it)
     return true;
 }
 
+/* Decision units: an item joins the unit of its class's first item and of its (mapping,
+ * mesh) group's first item (union-find over uf). */
+static void join_units(const struct plan_ctx *c, const uint32_t *cls, uint32_t *uf,
+                       int32_t *class_first, int32_t *group_first)
+{
+    size_t nm = c->meshes.n;
+    for (size_t i = 0; i < c->items.n; i++) {
+        const struct item *it = VEC_AT(&c->items, struct item, i);
+        int32_t *cf = &class_first[cls[i]];
+        int32_t *gf = &group_first[(size_t)it->mapping * nm + it->mesh];
+        uint32_t a = uf_find(uf, (uint32_t)i);
+        if (*cf >= 0)
+            uf[uf_find(uf, (uint32_t)*cf)] = a;
+        else
+            *cf = (int32_t)i;
+        if (*gf >= 0)
+            uf[uf_find(uf, (uint32_t)*gf)] = uf_find(uf, a);
+        else
+            *gf = (int32_t)i;
+    }
+}
+
+/* The rollout floor: each rollout GPU receives its local tensors, whatever the mode; the
+ * busiest one's bytes at its NICs' rate. */
+static double rollout_floor(const struct plan_ctx *c, const struct wb_hw *rh)
+{
+    double re = rh->nic_gbps * 1e9 / 8 * (double)rh->nics_per_gpu * rh->nic_efficiency;
+    double mx = 0;
+    for (uint32_t l = 0; l < c->gpr; l++) {
+        double b = 0;
+        for (size_t m = 0; m < c->in->match->n; m++) {
+            const struct rlocal *lo = &c->rloc[m * c->gpr + l];
+            const struct wb_mapping *mp = pl_ctx_map(c, (uint32_t)m);
+            for (uint32_t p = 0; p < lo->np; p++) {
+                const struct wb_local_piece *pc =
+                    VEC_AT(&c->pieces, struct wb_local_piece, lo->p0 + p);
+                b += (double)wb_box_numel(&pc->global) * wb_dtype_size(mp->dst_dtype);
+            }
+        }
+        mx = b > mx ? b : mx;
+    }
+    return mx / re;
+}
+
+/* From the loads ch holds (mode[u] of every unit applied), units move to the other mode
+ * while that helps the objective, at most four passes; cur is the objective throughout. */
+static void move_units(struct chooser *ch, uint32_t *uf, uint8_t *mode, const struct ccost *C,
+                       const uint32_t *cls, const bool *nvl, double *cur)
+{
+    const struct plan_ctx *c = ch->c;
+    size_t ni = c->items.n;
+    for (int pass = 0; pass < 4; pass++) {
+        bool moved = false;
+        for (size_t u = 0; u < ni; u++) {
+            if (uf_find(uf, (uint32_t)u) != u)
+                continue;
+            uint8_t to = !mode[u];
+            for (size_t i = 0; i < ni; i++)
+                if (uf_find(uf, (uint32_t)i) == u) {
+                    const struct item *it = VEC_AT(&c->items, struct item, i);
+                    apply(ch, it, &C[cls[i]], mode[u], nvl[i], -1);
+                    apply(ch, it, &C[cls[i]], to, nvl[i], 1);
+                }
+            double now[3];
+            objective(ch, now, NULL);
+            if (better(now, cur)) {
+                mode[u] = to;
+                memcpy(cur, now, 3 * sizeof(double));
+                moved = true;
+                continue;
+            }
+            for (size_t i = 0; i < ni; i++) /* back */
+                if (uf_find(uf, (uint32_t)i) == u) {
+                    const struct item *it = VEC_AT(&c->items, struct item, i);
+                    apply(ch, it, &C[cls[i]], to, nvl[i], -1);
+                    apply(ch, it, &C[cls[i]], mode[u], nvl[i], 1);
+                }
+        }
+        if (!moved)
+            break;
+    }
+}
+
 int pl_auto_choose(struct plan_ctx *c, uint8_t *gather_groups, struct pl_auto_cost *cost)
 {
     size_t ni = c->items.n, nm = c->meshes.n;
@@ -364,20 +447,8 @@ int pl_auto_choose(struct plan_ctx *c, uint8_t *gather_groups, struct pl_auto_co
         r = -ENOMEM;
     for (size_t k = 0; !r && k < classes.v.n; k++)
         class_first[k] = -1;
-    for (size_t i = 0; !r && i < ni; i++) {
-        const struct item *it = VEC_AT(&c->items, struct item, i);
-        int32_t *cf = &class_first[cls[i]];
-        int32_t *gf = &group_first[(size_t)it->mapping * nm + it->mesh];
-        uint32_t a = uf_find(uf, (uint32_t)i);
-        if (*cf >= 0)
-            uf[uf_find(uf, (uint32_t)*cf)] = a;
-        else
-            *cf = (int32_t)i;
-        if (*gf >= 0)
-            uf[uf_find(uf, (uint32_t)*gf)] = uf_find(uf, a);
-        else
-            *gf = (int32_t)i;
-    }
+    if (!r)
+        join_units(c, cls, uf, class_first, group_first);
     if (!r && !model) {
         /* no hardware model: a unit goes gather when its first item's class explodes */
         const struct ccost *C0 = costs.p;
@@ -389,25 +460,8 @@ int pl_auto_choose(struct plan_ctx *c, uint8_t *gather_groups, struct pl_auto_co
         }
         goto done;
     }
-    /* the rollout floor: each rollout GPU receives its local tensors, whatever the mode */
-    if (!r) {
-        double re = rh->nic_gbps * 1e9 / 8 * (double)rh->nics_per_gpu * rh->nic_efficiency;
-        double mx = 0;
-        for (uint32_t l = 0; l < c->gpr; l++) {
-            double b = 0;
-            for (size_t m = 0; m < c->in->match->n; m++) {
-                const struct rlocal *lo = &c->rloc[m * c->gpr + l];
-                const struct wb_mapping *mp = pl_ctx_map(c, (uint32_t)m);
-                for (uint32_t p = 0; p < lo->np; p++) {
-                    const struct wb_local_piece *pc =
-                        VEC_AT(&c->pieces, struct wb_local_piece, lo->p0 + p);
-                    b += (double)wb_box_numel(&pc->global) * wb_dtype_size(mp->dst_dtype);
-                }
-            }
-            mx = b > mx ? b : mx;
-        }
-        ch.floor_s = mx / re;
-    }
+    if (!r)
+        ch.floor_s = rollout_floor(c, rh);
     if (r) /* out of memory above: ch.load may be NULL */
         goto done;
     /* all direct; then units move to gather while that helps */
@@ -418,36 +472,7 @@ int pl_auto_choose(struct plan_ctx *c, uint8_t *gather_groups, struct pl_auto_co
     double direct_lb, gather_lb;
     objective(&ch, all_direct, &direct_lb);
     memcpy(cur, all_direct, sizeof(cur));
-    for (int pass = 0; !r && pass < 4; pass++) {
-        bool moved = false;
-        for (size_t u = 0; u < ni; u++) {
-            if (uf_find(uf, (uint32_t)u) != u)
-                continue;
-            uint8_t to = !mode[u];
-            for (size_t i = 0; i < ni; i++)
-                if (uf_find(uf, (uint32_t)i) == u) {
-                    const struct item *it = VEC_AT(&c->items, struct item, i);
-                    apply(&ch, it, &C[cls[i]], mode[u], nvl[i], -1);
-                    apply(&ch, it, &C[cls[i]], to, nvl[i], 1);
-                }
-            double now[3];
-            objective(&ch, now, NULL);
-            if (better(now, cur)) {
-                mode[u] = to;
-                memcpy(cur, now, sizeof(cur));
-                moved = true;
-                continue;
-            }
-            for (size_t i = 0; i < ni; i++) /* back */
-                if (uf_find(uf, (uint32_t)i) == u) {
-                    const struct item *it = VEC_AT(&c->items, struct item, i);
-                    apply(&ch, it, &C[cls[i]], to, nvl[i], -1);
-                    apply(&ch, it, &C[cls[i]], mode[u], nvl[i], 1);
-                }
-        }
-        if (!moved)
-            break;
-    }
+    move_units(&ch, uf, mode, C, cls, nvl, cur);
     if (!r) {
         /* the plain modes for comparison */
         memset(ch.load, 0, (size_t)c->nt * NRES * sizeof(double));

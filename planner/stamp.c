@@ -587,6 +587,64 @@ static int renum_build(struct vec *m, struct intern *from, struct intern *to, co
     return 0;
 }
 
+/* The peers' inbox shifts of a segment: (rank, low, high) in the pool for each peer rank its
+ * amax peer rows X name. */
+static int seg_inbox_shifts(struct pl_seg *sg, struct vec *pool, const struct wb_rt_amax_peer *X,
+                            uint32_t nx, const struct stamp_rank *SR, const uint32_t *R, uint32_t n,
+                            const uint64_t *inbox_y)
+{
+    sg->dpos0 = (uint32_t)pool->n;
+    for (uint32_t k = 0; k < nx; k++) {
+        const uint32_t *dp = VEC_AT(pool, uint32_t, sg->dpos0);
+        bool seen = k && X[k].rank == X[k - 1].rank;
+        for (uint32_t i = 0; i < sg->ndpos && !seen; i++)
+            seen = dp[3 * i] == X[k].rank;
+        if (seen)
+            continue;
+        uint32_t pp = rank_pos(R, n, X[k].rank);
+        uint64_t d = inbox_y[pp] - SR[pp].inbox0;
+        uint32_t e[3] = {X[k].rank, (uint32_t)d, (uint32_t)(d >> 32)};
+        int err = pl_vec_reserve(pool, 3);
+        if (err)
+            return err;
+        memcpy(VEC_AT(pool, uint32_t, pool->n), e, sizeof(e));
+        pool->n += 3;
+        sg->ndpos++;
+    }
+    return 0;
+}
+
+/* Receive counts of a stamped segment, from its records as renumbered: WD, the records already
+ * written to the table, or (NULL: a lazy plan's) the representative's W renumbered a chunk at
+ * a time. */
+static void count_received(struct plan_ctx *c, const struct pl_seg *sg, const uint32_t *P,
+                           const struct wb_rt_write *W, uint32_t nw, const struct wb_rt_write *WD)
+{
+    size_t nrt = c->in->rollout->n;
+    uint32_t reps = c->gpr ? c->nr / c->gpr : 1;
+    struct wb_rt_write chunk[256];
+    for (uint32_t k0 = 0; k0 < nw; k0 += 256) {
+        uint32_t m = nw - k0 < 256 ? nw - k0 : 256;
+        const struct wb_rt_write *D = WD ? WD + k0 : chunk;
+        if (!WD)
+            pl_seg_writes(sg, P, W + k0, m, chunk);
+        for (uint32_t k = 0; k < m; k++) {
+            const struct wb_rt_write *w = &D[k];
+            if (pl_full_fanout(w, c->gpr, reps)) {
+                struct recv_count *rc = &c->rcls[(size_t)w->dst_rank * nrt + w->dst_tensor];
+                rc->bytes += w->len; /* every replica's alike: counted once (pl_emit_all) */
+                rc->writes++;
+                continue;
+            }
+            for (uint32_t j = 0; j < wb_rt_copies(w); j++) {
+                size_t ri = (size_t)wb_rt_copy_rank(w, j) * nrt + w->dst_tensor;
+                c->recv[ri].bytes += w->len;
+                c->recv[ri].writes++;
+            }
+        }
+    }
+}
+
 /* Stamps one mesh position: representative rank r -> rank r + dr. The ops and records are
  * renumbered by a segment (lazy.c), kept as it is in a lazy plan. tm: the representative's
  * trainer tensors -> item y's, (from, to) pairs sorted by from. */
@@ -660,25 +718,9 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         sg.nbx = sr->nbox;
         sg.nsh = sr->nshp;
     }
-    /* the peers' inbox shifts: (rank, low, high) for each peer rank the rows name */
     const struct wb_rt_amax_peer *X = VEC_AT(&src->apeers, struct wb_rt_amax_peer, sr->x0);
-    sg.dpos0 = (uint32_t)pool->n;
-    for (uint32_t k = 0; k < nx && !err; k++) {
-        const uint32_t *dp = VEC_AT(pool, uint32_t, sg.dpos0);
-        bool seen = k && X[k].rank == X[k - 1].rank;
-        for (uint32_t i = 0; i < sg.ndpos && !seen; i++)
-            seen = dp[3 * i] == X[k].rank;
-        if (seen)
-            continue;
-        uint32_t pp = rank_pos(R, n, X[k].rank);
-        uint64_t d = inbox_y[pp] - SR[pp].inbox0;
-        uint32_t e[3] = {X[k].rank, (uint32_t)d, (uint32_t)(d >> 32)};
-        if ((err = pl_vec_reserve(pool, 3)) == 0) {
-            memcpy(VEC_AT(pool, uint32_t, pool->n), e, sizeof(e));
-            pool->n += 3;
-            sg.ndpos++;
-        }
-    }
+    if (!err)
+        err = seg_inbox_shifts(&sg, pool, X, nx, SR, R, n, inbox_y);
     if (err)
         goto out;
     const uint32_t *P = VEC_AT(pool, uint32_t, 0);
@@ -726,34 +768,8 @@ static int stamp_rank(struct plan_ctx *c, const struct stamp_rep *rp, const stru
         pl_seg_amax(&sg, VEC_AT(&src->amax, struct wb_rt_expect, sr->a0), na,
                     VEC_AT(&dst->amax, struct wb_rt_expect, dst->amax.n));
     dst->amax.n += lazy ? 0 : na;
-    /* receive counts, from the records as renumbered (a lazy plan's a chunk at a time) */
-    size_t nrt = c->in->rollout->n;
-    uint32_t reps = c->gpr ? c->nr / c->gpr : 1;
-    struct wb_rt_write chunk[256];
-    for (uint32_t k0 = 0; k0 < nw; k0 += 256) {
-        uint32_t m = nw - k0 < 256 ? nw - k0 : 256;
-        const struct wb_rt_write *WD;
-        if (lazy) {
-            pl_seg_writes(&sg, P, W + k0, m, chunk);
-            WD = chunk;
-        } else {
-            WD = VEC_AT(&dst->writes, struct wb_rt_write, dst->writes.n + k0);
-        }
-        for (uint32_t k = 0; k < m; k++) {
-            const struct wb_rt_write *w = &WD[k];
-            if (pl_full_fanout(w, c->gpr, reps)) {
-                struct recv_count *rc = &c->rcls[(size_t)w->dst_rank * nrt + w->dst_tensor];
-                rc->bytes += w->len; /* every replica's alike: counted once (pl_emit_all) */
-                rc->writes++;
-                continue;
-            }
-            for (uint32_t j = 0; j < wb_rt_copies(w); j++) {
-                size_t ri = (size_t)wb_rt_copy_rank(w, j) * nrt + w->dst_tensor;
-                c->recv[ri].bytes += w->len;
-                c->recv[ri].writes++;
-            }
-        }
-    }
+    count_received(c, &sg, P, W, nw,
+                   lazy || !nw ? NULL : VEC_AT(&dst->writes, struct wb_rt_write, dst->writes.n));
     if (!lazy)
         dst->writes.n += nw;
     dst->nwrites += sr->nwrites;

@@ -549,15 +549,9 @@ static void jw_mappings(struct jw *w, const struct wb_match *mt)
 
 /* ---------------------------------------------------------------- the document */
 
-int wb_plan_write_json(const struct wb_plan *p, const struct wb_plan_input *in, bool tables,
-                       FILE *f)
+/* Format, mode, cap, the summary figures, per-rank totals and the meshes. */
+static void jw_summary(struct jw *w, const struct wb_plan *p)
 {
-    struct jw *w = malloc(sizeof(*w));
-    if (!w)
-        return -ENOMEM;
-    w->f = f;
-    w->n = 0;
-    w->err = 0;
     const struct wb_plan_stats *s = &p->stats;
     jw_raw(w, "{\"format\":");
     jw_u64(w, JSON_FORMAT);
@@ -630,43 +624,61 @@ int wb_plan_write_json(const struct wb_plan *p, const struct wb_plan_input *in, 
         jw_raw(w, "]}");
     }
     jw_raw(w, "]");
+}
+
+/* Both cluster layouts, the FP8 block edge and the layouts of the compact arrays below. */
+static void jw_layouts(struct jw *w, const struct wb_plan_input *in)
+{
+    const struct wb_trainer_layout *tl = in->tl;
+    const struct wb_rollout_layout *rl = in->rl;
+    jw_raw(w, ",\n\"trainer_layout\":{\"world_size\":");
+    jw_u64(w, tl->world);
+    jw_raw(w, ",\"gpus_per_node\":");
+    jw_u64(w, tl->gpus_per_node);
+    jw_raw(w,
+           tl->residence == WB_RESIDE_HOST ? ",\"residence\":\"host\"" : ",\"residence\":\"gpu\"");
+    jw_raw(w, ",\"mesh\":[");
+    for (uint32_t d = 0; d < tl->ndims; d++) {
+        jw_raw(w, d ? ",[" : "[");
+        jw_str(w, tl->dim[d].name);
+        jw_cu(w, tl->dim[d].size);
+        jw_ch(w, ']');
+    }
+    jw_raw(w, "]},\n\"rollout_layout\":{\"replicas\":");
+    jw_u64(w, rl->replicas);
+    jw_raw(w, ",\"gpus_per_replica\":");
+    jw_u64(w, rl->gpus_per_replica);
+    jw_raw(w, ",\"tp\":");
+    jw_u64(w, rl->tp);
+    jw_raw(w, ",\"ep\":");
+    jw_u64(w, rl->ep);
+    jw_raw(w, "},\n\"fp8_block\":");
+    jw_u64(w, WB_FP8_BLOCK);
+    jw_raw(w, ",\n\"layouts\":{");
+    for (size_t i = 0; i < WB_ARRAY_LEN(layouts); i++) {
+        if (i)
+            jw_raw(w, ",\n");
+        jw_str(w, layouts[i][0]);
+        jw_ch(w, ':');
+        jw_str(w, layouts[i][1]);
+    }
+    jw_raw(w, "}");
+}
+
+int wb_plan_write_json(const struct wb_plan *p, const struct wb_plan_input *in, bool tables,
+                       FILE *f)
+{
+    struct jw *w = malloc(sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    w->f = f;
+    w->n = 0;
+    w->err = 0;
+    jw_summary(w, p);
     int rc = 0;
     uint32_t *map_of = NULL;
     if (tables && in) {
-        const struct wb_trainer_layout *tl = in->tl;
-        const struct wb_rollout_layout *rl = in->rl;
-        jw_raw(w, ",\n\"trainer_layout\":{\"world_size\":");
-        jw_u64(w, tl->world);
-        jw_raw(w, ",\"gpus_per_node\":");
-        jw_u64(w, tl->gpus_per_node);
-        jw_raw(w, tl->residence == WB_RESIDE_HOST ? ",\"residence\":\"host\""
-                                                  : ",\"residence\":\"gpu\"");
-        jw_raw(w, ",\"mesh\":[");
-        for (uint32_t d = 0; d < tl->ndims; d++) {
-            jw_raw(w, d ? ",[" : "[");
-            jw_str(w, tl->dim[d].name);
-            jw_cu(w, tl->dim[d].size);
-            jw_ch(w, ']');
-        }
-        jw_raw(w, "]},\n\"rollout_layout\":{\"replicas\":");
-        jw_u64(w, rl->replicas);
-        jw_raw(w, ",\"gpus_per_replica\":");
-        jw_u64(w, rl->gpus_per_replica);
-        jw_raw(w, ",\"tp\":");
-        jw_u64(w, rl->tp);
-        jw_raw(w, ",\"ep\":");
-        jw_u64(w, rl->ep);
-        jw_raw(w, "},\n\"fp8_block\":");
-        jw_u64(w, WB_FP8_BLOCK);
-        jw_raw(w, ",\n\"layouts\":{");
-        for (size_t i = 0; i < WB_ARRAY_LEN(layouts); i++) {
-            if (i)
-                jw_raw(w, ",\n");
-            jw_str(w, layouts[i][0]);
-            jw_ch(w, ':');
-            jw_str(w, layouts[i][1]);
-        }
-        jw_raw(w, "}");
+        jw_layouts(w, in);
         jw_inventory(w, in->rollout, "rollout_tensors");
         jw_mappings(w, in->match);
         rc = jw_trainer(w, in);

@@ -712,6 +712,78 @@ static void resolve_classes(struct dctx *d)
         }
 }
 
+/* Classes of rollout ranks (a replica's buckets standing for every replica's) only where the
+ * receive lists follow replicas rank by rank: d->gpr and d->reps, else left as they are. */
+static void replica_classes(struct dctx *d, const struct wb_plan *p)
+{
+    uint32_t gpr = 0; /* the ranks of replica 0 */
+    while (gpr < p->nrollouts && p->recv[gpr].replica == 0)
+        gpr++;
+    bool regular = gpr && p->nrollouts % gpr == 0;
+    for (uint32_t g = 0; g < p->nrollouts && regular; g++)
+        regular = p->recv[g].replica == g / gpr;
+    if (regular) {
+        d->gpr = gpr;
+        d->reps = p->nrollouts / gpr;
+    }
+}
+
+/* Storage of each bucket's marks: a bitmap where it is no larger than the writes' pairs, else
+ * the pairs; *nbits words and *niv pairs in all. */
+static void place_buckets(struct bucket *B, uint64_t nb, uint64_t *nbits, uint64_t *niv)
+{
+    for (uint64_t i = 0; i < nb; i++) {
+        struct bucket *bk = &B[i];
+        if (bk->rep)
+            continue; /* its class's first bucket stands for it */
+        bk->shift = bk->acc ? (uint8_t)__builtin_ctzll(bk->acc) : 0;
+        uint64_t words = ((bk->want >> bk->shift) + 63) / 64;
+        bk->bitmap = !bk->bad && words <= 2 * (uint64_t)bk->count + 8;
+        if (bk->bitmap) {
+            bk->at = *nbits;
+            *nbits += words;
+        } else if (!bk->bad) {
+            bk->at = *niv;
+            *niv += bk->count;
+        }
+    }
+}
+
+/* Every bucket's whole prefix written, once: marks bk->bad where not. Returns the wrong
+ * buckets; *nbadw their writes. */
+static uint64_t judge_buckets(struct bucket *B, uint64_t nb, const uint64_t *bits, struct wref *iv,
+                              uint64_t *nbadw)
+{
+    uint64_t nbad = 0;
+    for (uint64_t i = 0; i < nb; i++) {
+        struct bucket *bk = &B[i];
+        if (bk->rep)
+            continue;
+        if (!bk->bad && bk->bitmap) {
+            uint64_t n = bk->want >> bk->shift;
+            const uint64_t *bm = bits + bk->at;
+            for (uint64_t w = 0; w < n / 64 && !bk->bad; w++)
+                bk->bad = bm[w] != ~0ull;
+            if (!bk->bad && n % 64)
+                bk->bad = bm[n / 64] != (1ull << (n % 64)) - 1;
+        } else if (!bk->bad) {
+            struct wref *W = iv + bk->at;
+            qsort(W, bk->fill, sizeof(*W), cmp_wref);
+            uint64_t at = 0;
+            for (uint32_t j = 0; j < bk->fill && !bk->bad; j++) {
+                bk->bad = W[j].off != at;
+                at = W[j].off + W[j].len;
+            }
+            bk->bad |= at != bk->want;
+        }
+        if (bk->bad) {
+            nbad++;
+            *nbadw += bk->count;
+        }
+    }
+    return nbad;
+}
+
 static int check_destinations(struct vctx *v)
 {
     const struct wb_plan *p = v->p;
@@ -759,18 +831,7 @@ static int check_destinations(struct vctx *v)
     if (!d.tg)
         goto out;
     tg = d.tg;
-    {
-        uint32_t gpr = 0; /* the ranks of replica 0; classes only where ranks follow replicas */
-        while (gpr < p->nrollouts && p->recv[gpr].replica == 0)
-            gpr++;
-        bool regular = gpr && p->nrollouts % gpr == 0;
-        for (uint32_t g = 0; g < p->nrollouts && regular; g++)
-            regular = p->recv[g].replica == g / gpr;
-        if (regular) {
-            d.gpr = gpr;
-            d.reps = p->nrollouts / gpr;
-        }
-    }
+    replica_classes(&d, p);
     for (uint32_t r = 0; r < p->ntrainers; r++) {
         const struct wb_route_table *t = pl_plan_table(p, r, &tb, false);
         if (!t)
@@ -778,23 +839,8 @@ static int check_destinations(struct vctx *v)
         count_table(&d, t, r);
     }
     resolve_classes(&d);
-    /* storage: a bitmap where it is no larger than the writes' pairs */
     uint64_t nbits = 0, niv = 0;
-    for (uint64_t i = 0; i < nb; i++) {
-        struct bucket *bk = &B[i];
-        if (bk->rep)
-            continue; /* its class's first bucket stands for it */
-        bk->shift = bk->acc ? (uint8_t)__builtin_ctzll(bk->acc) : 0;
-        uint64_t words = ((bk->want >> bk->shift) + 63) / 64;
-        bk->bitmap = !bk->bad && words <= 2 * (uint64_t)bk->count + 8;
-        if (bk->bitmap) {
-            bk->at = nbits;
-            nbits += words;
-        } else if (!bk->bad) {
-            bk->at = niv;
-            niv += bk->count;
-        }
-    }
+    place_buckets(B, nb, &nbits, &niv);
     bits = pl_zalloc(nbits + 1, sizeof(uint64_t));
     iv = malloc((niv + 1) * sizeof(*iv));
     if (!bits || !iv)
@@ -814,34 +860,7 @@ static int check_destinations(struct vctx *v)
                 mark_into(&B[d.tg[k]], bits, iv, x);
         }
     }
-    /* buckets: the whole prefix written, once */
-    uint64_t nbad = 0, nbadw = 0;
-    for (uint64_t i = 0; i < nb; i++) {
-        struct bucket *bk = &B[i];
-        if (bk->rep)
-            continue;
-        if (!bk->bad && bk->bitmap) {
-            uint64_t n = bk->want >> bk->shift;
-            const uint64_t *bm = bits + bk->at;
-            for (uint64_t w = 0; w < n / 64 && !bk->bad; w++)
-                bk->bad = bm[w] != ~0ull;
-            if (!bk->bad && n % 64)
-                bk->bad = bm[n / 64] != (1ull << (n % 64)) - 1;
-        } else if (!bk->bad) {
-            struct wref *W = iv + bk->at;
-            qsort(W, bk->fill, sizeof(*W), cmp_wref);
-            uint64_t at = 0;
-            for (uint32_t j = 0; j < bk->fill && !bk->bad; j++) {
-                bk->bad = W[j].off != at;
-                at = W[j].off + W[j].len;
-            }
-            bk->bad |= at != bk->want;
-        }
-        if (bk->bad) {
-            nbad++;
-            nbadw += bk->count;
-        }
-    }
+    uint64_t nbadw = 0, nbad = judge_buckets(B, nb, bits, iv, &nbadw);
     if (nbad) {
         /* the exact report: every wrong bucket's writes, gathered by one more pass (a class
          * is reported on its first rank) */

@@ -469,6 +469,110 @@ struct auto_info {
     struct pl_auto_cost cost;
 };
 
+/* Not planned yet, refused here instead of planned wrong: transposed components (gpt-oss
+ * experts: the boxes would be cut as if the dims corresponded in order). One line: the
+ * first mapping, and how many more. (FP8 checkpoint copies are planned: the matcher gives
+ * their scales a mapping of their own.) */
+static int refuse_transposed(const struct wb_plan_input *in, struct wb_errlist *el)
+{
+    int r = 0;
+    const struct wb_mapping *first = NULL;
+    const struct wb_component *fc = NULL;
+    size_t more = 0;
+    for (size_t m = 0; m < in->match->n; m++) {
+        const struct wb_mapping *mp = &in->match->map[m];
+        for (uint32_t k = 0; k < mp->ncomp; k++) {
+            const struct wb_component *cp = &mp->comp[k];
+            if (!cp->permuted)
+                continue;
+            if (first)
+                more++;
+            else {
+                first = mp;
+                fc = cp;
+            }
+            break;
+        }
+    }
+    if (first) {
+        char also[64] = "";
+        if (more)
+            snprintf(also, sizeof(also), "; %zu more mapping%s like it", more, more > 1 ? "s" : "");
+        wb_errlist_add(el,
+                       "%s: built from %s transposed (permute); the planner does not plan "
+                       "transposes yet (rule %s:%u)%s",
+                       in->rollout->p[first->rollout].name, in->trainer->p[fc->trainer].name,
+                       in->match->rules_path ? in->match->rules_path : "?", first->rule_line, also);
+        r = -WB_E_PLAN;
+    }
+    return r;
+}
+
+/* Auto's gather groups (*out, malloc'd: per (mapping, mesh)): force_groups when given, else
+ * pl_auto_choose's choice, also kept in ai. Where any group gathers, the items, phases and
+ * templates are cut again. */
+static int auto_groups(struct plan_ctx *c, bool stamp, const uint8_t *force_groups,
+                       struct auto_info *ai, uint8_t **out)
+{
+    size_t nm = c->meshes.n;
+    int r = 0;
+    uint8_t *gather_groups = *out = malloc(c->in->match->n * nm + 1);
+    if (!gather_groups)
+        return -ENOMEM;
+    if (force_groups) {
+        memcpy(gather_groups, force_groups, c->in->match->n * nm);
+    } else if ((r = pl_auto_choose(c, gather_groups, &ai->cost))) {
+        return r;
+    } else {
+        ai->groups = malloc(c->in->match->n * nm + 1);
+        if (!ai->groups)
+            return -ENOMEM;
+        memcpy(ai->groups, gather_groups, c->in->match->n * nm);
+        ai->nmeshes = nm;
+    }
+    bool any = false;
+    for (size_t g = 0; g < c->in->match->n * nm; g++)
+        any |= gather_groups[g];
+    if (any) {
+        /* the gather groups are cut into items as gather mode cuts them: the items, their
+         * order and the templates again */
+        pl_vec_free(&c->items);
+        pl_vec_free(&c->item_comps);
+        pl_vec_init(&c->items, sizeof(struct item));
+        pl_vec_init(&c->item_comps, sizeof(uint32_t));
+        pl_stamp_free(&c->st);
+        pl_stamp_init(&c->st);
+        if ((r = build_items(c, gather_groups, nm)) || (r = build_phases(c)) ||
+            (r = pl_stamp_prepare(c, stamp)))
+            return r;
+    }
+    return 0;
+}
+
+/* An empty plan of c's sizes, or NULL: no memory. */
+static struct wb_plan *plan_new(const struct plan_ctx *c)
+{
+    struct pl_plan *pp = calloc(1, sizeof(*pp));
+    if (!pp)
+        return NULL;
+    struct wb_plan *p = &pp->pub;
+    p->mode = c->opts->mode;
+    p->mem_cap = c->opts->mem_cap;
+    p->ntrainers = c->nt;
+    p->nrollouts = c->nr;
+    pp->tables = calloc(c->nt, sizeof(*pp->tables));
+    p->recv = calloc(c->nr ? c->nr : 1, sizeof(*p->recv));
+    p->stats.send_bytes = calloc(c->nt, sizeof(uint64_t));
+    p->stats.gather_in_bytes = calloc(c->nt, sizeof(uint64_t));
+    p->stats.recv_bytes = calloc(c->nr ? c->nr : 1, sizeof(uint64_t));
+    if (!pp->tables || !p->recv || !p->stats.send_bytes || !p->stats.gather_in_bytes ||
+        !p->stats.recv_bytes) {
+        wb_plan_free(p);
+        return NULL;
+    }
+    return p;
+}
+
 /* One build. force_groups (may be NULL): auto's gather groups to use instead of choosing
  * them (nmappings * ai->nmeshes); with auto and none forced, the choice goes to *ai. */
 static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts *opts, bool stamp,
@@ -500,40 +604,7 @@ static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts 
     c.nr = in->rl->replicas * c.gpr;
     c.words = (c.nt + 63) / 64;
 
-    /* Not planned yet, refused here instead of planned wrong: transposed components (gpt-oss
-     * experts: the boxes would be cut as if the dims corresponded in order). One line: the
-     * first mapping, and how many more. (FP8 checkpoint copies are planned: the matcher gives
-     * their scales a mapping of their own.) */
-    const struct wb_mapping *first = NULL;
-    const struct wb_component *fc = NULL;
-    size_t more = 0;
-    for (size_t m = 0; m < in->match->n; m++) {
-        const struct wb_mapping *mp = &in->match->map[m];
-        for (uint32_t k = 0; k < mp->ncomp; k++) {
-            const struct wb_component *cp = &mp->comp[k];
-            if (!cp->permuted)
-                continue;
-            if (first)
-                more++;
-            else {
-                first = mp;
-                fc = cp;
-            }
-            break;
-        }
-    }
-    if (first) {
-        char also[64] = "";
-        if (more)
-            snprintf(also, sizeof(also), "; %zu more mapping%s like it", more, more > 1 ? "s" : "");
-        wb_errlist_add(el,
-                       "%s: built from %s transposed (permute); the planner does not plan "
-                       "transposes yet (rule %s:%u)%s",
-                       in->rollout->p[first->rollout].name, in->trainer->p[fc->trainer].name,
-                       in->match->rules_path ? in->match->rules_path : "?", first->rule_line, also);
-        r = -WB_E_PLAN;
-    }
-    if (r)
+    if ((r = refuse_transposed(in, el)))
         goto out;
     bool *used = calloc(in->trainer->n + 1, sizeof(bool));
     if (!used) {
@@ -556,42 +627,9 @@ static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts 
         (r = pl_stamp_prepare(&c, stamp)))
         goto out;
     size_t nm = c.meshes.n;
-    if (opts->mode == WB_MODE_AUTO) {
-        gather_groups = malloc(in->match->n * nm + 1);
-        if (!gather_groups) {
-            r = -ENOMEM;
-            goto out;
-        }
-        if (force_groups) {
-            memcpy(gather_groups, force_groups, in->match->n * nm);
-        } else if ((r = pl_auto_choose(&c, gather_groups, &ai->cost))) {
-            goto out;
-        } else {
-            ai->groups = malloc(in->match->n * nm + 1);
-            if (!ai->groups) {
-                r = -ENOMEM;
-                goto out;
-            }
-            memcpy(ai->groups, gather_groups, in->match->n * nm);
-            ai->nmeshes = nm;
-        }
-        bool any = false;
-        for (size_t g = 0; g < in->match->n * nm; g++)
-            any |= gather_groups[g];
-        if (any) {
-            /* the gather groups are cut into items as gather mode cuts them: the items, their
-             * order and the templates again */
-            pl_vec_free(&c.items);
-            pl_vec_free(&c.item_comps);
-            pl_vec_init(&c.items, sizeof(struct item));
-            pl_vec_init(&c.item_comps, sizeof(uint32_t));
-            pl_stamp_free(&c.st);
-            pl_stamp_init(&c.st);
-            if ((r = build_items(&c, gather_groups, nm)) || (r = build_phases(&c)) ||
-                (r = pl_stamp_prepare(&c, stamp)))
-                goto out;
-        }
-    }
+    if (opts->mode == WB_MODE_AUTO &&
+        (r = auto_groups(&c, stamp, force_groups, ai, &gather_groups)))
+        goto out;
     uint64_t t_walk = wb_now_ns();
     r = choose_modes(&c, gather_groups, nm);
     if (!r)
@@ -631,23 +669,7 @@ static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts 
         c.bal.lower_bound = lb;
     }
 
-    struct pl_plan *pp = calloc(1, sizeof(*pp));
-    if (!pp) {
-        r = -ENOMEM;
-        goto out;
-    }
-    p = &pp->pub;
-    p->mode = opts->mode;
-    p->mem_cap = opts->mem_cap;
-    p->ntrainers = c.nt;
-    p->nrollouts = c.nr;
-    pp->tables = calloc(c.nt, sizeof(*pp->tables));
-    p->recv = calloc(c.nr ? c.nr : 1, sizeof(*p->recv));
-    p->stats.send_bytes = calloc(c.nt, sizeof(uint64_t));
-    p->stats.gather_in_bytes = calloc(c.nt, sizeof(uint64_t));
-    p->stats.recv_bytes = calloc(c.nr ? c.nr : 1, sizeof(uint64_t));
-    if (!pl_tables(p) || !p->recv || !p->stats.send_bytes || !p->stats.gather_in_bytes ||
-        !p->stats.recv_bytes) {
+    if (!(p = plan_new(&c))) {
         r = -ENOMEM;
         goto out;
     }

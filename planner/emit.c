@@ -572,38 +572,22 @@ static int clone_writes(struct tstate *ts, size_t w0, size_t w1, uint32_t g)
     return 0;
 }
 
-static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
-                          const struct assign *A, const struct sd *SD, size_t na,
-                          uint32_t gather_seq)
+/* The view a component's pieces are read from: with gather, the whole tensor all-gathered
+ * into temporary memory (a GATHER op); otherwise this rank's shard B, cut to the bounding box
+ * R of what its pieces (SD[0..na)) and its amax exchanges (XM[0..nx)) need. */
+static int component_source(struct tstate *ts, const struct item *it, uint32_t ci, uint32_t q,
+                            const struct wb_box *Bp, const struct assign *A, const struct sd *SD,
+                            size_t na, const uint32_t *XM, size_t nx, uint32_t gather_seq,
+                            struct sview *out)
 {
     struct plan_ctx *c = ts->c;
     const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
-    const struct wb_component *cp = pl_item_comp(c, it, ci);
-    uint32_t t = cp->trainer;
+    uint32_t t = pl_item_comp(c, it, ci)->trainer;
     const struct wb_param *p = &c->in->trainer->p[t];
     const struct wb_shape *sh = &p->shape;
     bool gather = it->mode == WB_MODE_GATHER, fp8 = mp->xform == WB_XFORM_FP8_BLOCK;
-    uint32_t k, q;
-    if (!pl_rank_shard(c, t, ts->rank, &k, &q))
-        return 0;
     const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, ci);
-    const struct wb_box B = *VEC_AT(&c->ibox, struct wb_box, ic->b0 + k);
-    /* exchanges this rank takes part in for this component (xc is sorted by component) */
-    size_t x0 = 0;
-    while (x0 < c->xc.n && VEC_AT(&c->xc, struct xchg, x0)->ci < ci)
-        x0++;
-    c->xmine.n = 0;
-    for (size_t i = x0; i < c->xc.n && VEC_AT(&c->xc, struct xchg, i)->ci == ci; i++) {
-        const struct xchg *x = VEC_AT(&c->xc, struct xchg, i);
-        uint32_t xi = (uint32_t)i;
-        if ((x->a == ts->rank || x->b == ts->rank) && !pl_vec_push(&c->xmine, &xi))
-            return -ENOMEM;
-    }
-    size_t nx = c->xmine.n;
-    const uint32_t *XM = c->xmine.p;
-    if (!gather && na == 0 && nx == 0)
-        return 0;
-
+    const struct wb_box B = *Bp;
     struct sview sv;
     int r;
     if (gather) {
@@ -663,39 +647,68 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
             return r;
     }
 
-    const struct wb_inventory *ri = c->in->rollout;
-    const struct wb_shape *lshape = NULL, *lscale = NULL;
-    if (!fp8) {
-        size_t pw0 = 0, pw1 = 0;
-        for (size_t i = 0; i < na; i++) {
-            if (i > 0 && same_piece(&A[i], &A[i - 1])) {
-                if ((r = clone_writes(ts, pw0, pw1, A[i].g)))
-                    return r;
-                continue;
-            }
-            pw0 = ts->ro->writes.n;
-            lshape = &c->rloc[it->mapping * c->gpr + A[i].g % c->gpr].shape;
-            struct sview src = sv;
-            if (p->dtype != mp->dst_dtype) { /* CAST into a packed buffer */
-                size_t de = wb_dtype_size(mp->dst_dtype);
-                src = sview_tmp(mp->dst_dtype, &SD[i].S);
-                src.off = tmp_alloc(ts, wb_box_numel(&SD[i].S) * de);
-                struct wb_box sb = box_rel(&SD[i].S, &sv.cover), db = wb_box_full(&src.shape);
-                struct wb_rt_op *op = push_op(ts, WB_OP_CAST, t);
-                if (!op)
-                    return -ENOMEM;
-                op->copy.src = rtv(ts, &sv);
-                op->copy.src_box = bx(ts, &sb);
-                op->copy.dst = rtv(ts, &src);
-                op->copy.dst_box = bx(ts, &db);
-            }
-            r = emit_writes(ts, &src, &SD[i].S, A[i].g, mp->rollout, lshape, &SD[i].D, t);
-            if (r)
+    *out = sv;
+    return 0;
+}
+
+/* A BF16 (or cast) component's writes: each distinct piece written from sv (through a CAST
+ * into a packed buffer where the dtypes differ), a piece repeated for another rollout rank
+ * cloned from the last one's writes. */
+static int component_writes(struct tstate *ts, const struct item *it, uint32_t t,
+                            const struct sview *svp, const struct assign *A, const struct sd *SD,
+                            size_t na)
+{
+    struct plan_ctx *c = ts->c;
+    const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
+    const struct wb_param *p = &c->in->trainer->p[t];
+    const struct wb_shape *lshape;
+    const struct sview sv = *svp;
+    int r;
+    size_t pw0 = 0, pw1 = 0;
+    for (size_t i = 0; i < na; i++) {
+        if (i > 0 && same_piece(&A[i], &A[i - 1])) {
+            if ((r = clone_writes(ts, pw0, pw1, A[i].g)))
                 return r;
-            pw1 = ts->ro->writes.n;
+            continue;
         }
-        return 0;
+        pw0 = ts->ro->writes.n;
+        lshape = &c->rloc[it->mapping * c->gpr + A[i].g % c->gpr].shape;
+        struct sview src = sv;
+        if (p->dtype != mp->dst_dtype) { /* CAST into a packed buffer */
+            size_t de = wb_dtype_size(mp->dst_dtype);
+            src = sview_tmp(mp->dst_dtype, &SD[i].S);
+            src.off = tmp_alloc(ts, wb_box_numel(&SD[i].S) * de);
+            struct wb_box sb = box_rel(&SD[i].S, &sv.cover), db = wb_box_full(&src.shape);
+            struct wb_rt_op *op = push_op(ts, WB_OP_CAST, t);
+            if (!op)
+                return -ENOMEM;
+            op->copy.src = rtv(ts, &sv);
+            op->copy.src_box = bx(ts, &sb);
+            op->copy.dst = rtv(ts, &src);
+            op->copy.dst_box = bx(ts, &db);
+        }
+        r = emit_writes(ts, &src, &SD[i].S, A[i].g, mp->rollout, lshape, &SD[i].D, t);
+        if (r)
+            return r;
+        pw1 = ts->ro->writes.n;
     }
+    return 0;
+}
+
+/* An FP8 component: the amax exchanges, the shared quantization, each piece's own where it
+ * needs none, and the writes of values and scales. */
+static int component_fp8(struct tstate *ts, const struct item *it, uint32_t t,
+                         const struct wb_box *Bp, const struct sview *svp, const struct assign *A,
+                         const struct sd *SD, size_t na, const uint32_t *XM, size_t nx)
+{
+    struct plan_ctx *c = ts->c;
+    const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
+    const struct wb_shape *sh = &c->in->trainer->p[t].shape;
+    const struct wb_inventory *ri = c->in->rollout;
+    const struct wb_shape *lshape, *lscale;
+    const struct wb_box B = *Bp;
+    const struct sview sv = *svp;
+    int r;
 
     /* FP8: after the amax exchanges, one quantization over the blocks of the pieces that
      * share it, and one of each distinct piece quantized on its own (own_quant). */
@@ -804,6 +817,45 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
         pw1 = ts->ro->writes.n;
     }
     return 0;
+}
+
+static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
+                          const struct assign *A, const struct sd *SD, size_t na,
+                          uint32_t gather_seq)
+{
+    struct plan_ctx *c = ts->c;
+    const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
+    const struct wb_component *cp = pl_item_comp(c, it, ci);
+    uint32_t t = cp->trainer;
+    bool gather = it->mode == WB_MODE_GATHER, fp8 = mp->xform == WB_XFORM_FP8_BLOCK;
+    uint32_t k, q;
+    if (!pl_rank_shard(c, t, ts->rank, &k, &q))
+        return 0;
+    const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, ci);
+    const struct wb_box B = *VEC_AT(&c->ibox, struct wb_box, ic->b0 + k);
+    /* exchanges this rank takes part in for this component (xc is sorted by component) */
+    size_t x0 = 0;
+    while (x0 < c->xc.n && VEC_AT(&c->xc, struct xchg, x0)->ci < ci)
+        x0++;
+    c->xmine.n = 0;
+    for (size_t i = x0; i < c->xc.n && VEC_AT(&c->xc, struct xchg, i)->ci == ci; i++) {
+        const struct xchg *x = VEC_AT(&c->xc, struct xchg, i);
+        uint32_t xi = (uint32_t)i;
+        if ((x->a == ts->rank || x->b == ts->rank) && !pl_vec_push(&c->xmine, &xi))
+            return -ENOMEM;
+    }
+    size_t nx = c->xmine.n;
+    const uint32_t *XM = c->xmine.p;
+    if (!gather && na == 0 && nx == 0)
+        return 0;
+
+    struct sview sv;
+    int r = component_source(ts, it, ci, q, &B, A, SD, na, XM, nx, gather_seq, &sv);
+    if (r)
+        return r;
+    if (!fp8)
+        return component_writes(ts, it, t, &sv, A, SD, na);
+    return component_fp8(ts, it, t, &B, &sv, A, SD, na, XM, nx);
 }
 
 int pl_emit_item(struct plan_ctx *c, uint32_t ii)

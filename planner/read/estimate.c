@@ -1353,6 +1353,323 @@ static void gate_wait(struct gate *g)
     pthread_mutex_unlock(&g->mu);
 }
 
+/* The simulation's per-NIC and per-phase arrays and the estimate's own. */
+static int sim_alloc(struct sim *s, struct wb_estimate *e)
+{
+    uint32_t nn = s->nt + s->nr;
+    s->egress = malloc(nn * sizeof(double));
+    s->ingress = malloc(nn * sizeof(double));
+    s->eleft = malloc(nn * sizeof(double));
+    s->ileft = malloc(nn * sizeof(double));
+    s->nout = malloc(nn * sizeof(uint32_t));
+    s->nin = malloc(nn * sizeof(uint32_t));
+    s->barrier_done = malloc(s->nphases * sizeof(double));
+    s->arrive = calloc(s->nphases, sizeof(double));
+    s->phase_left = calloc(s->nphases, sizeof(uint32_t));
+    e->nphases = s->p->nphases;
+    e->phase = calloc(s->nphases, sizeof(*e->phase));
+    e->trainer_end_s = calloc(s->nt, sizeof(double));
+    e->busy_h2d_s = calloc(s->nt, sizeof(double));
+    e->busy_gpu_s = calloc(s->nt, sizeof(double));
+    e->busy_gather_s = calloc(s->nt, sizeof(double));
+    e->busy_submit_s = calloc(s->nt, sizeof(double));
+    e->wait_s = calloc(s->nt, sizeof(double));
+    e->rollout_end_s = calloc(s->nr ? s->nr : 1, sizeof(double));
+    if (!s->egress || !s->ingress || !s->eleft || !s->ileft || !s->nout || !s->nin ||
+        !s->barrier_done || !s->arrive || !s->phase_left || !e->phase || !e->trainer_end_s ||
+        !e->busy_h2d_s || !e->busy_gpu_s || !e->busy_gather_s || !e->busy_submit_s || !e->wait_s ||
+        !e->rollout_end_s)
+        return -ENOMEM;
+    return 0;
+}
+
+/* The lower bound: the busiest NIC (writes plus gathers that leave the node), copy engine, GPU
+ * or CPU at full speed. */
+static int lower_bound(const struct sim *s, double te, double re, double *out)
+{
+    double lb = 0;
+    {
+        uint64_t *out_b = calloc(s->nt, sizeof(uint64_t)), *in_b = calloc(s->nt, sizeof(uint64_t));
+        if (!out_b || !in_b) {
+            free(out_b);
+            free(in_b);
+            return -ENOMEM;
+        }
+        for (size_t i = 0; i < s->nrflow; i++) {
+            out_b[s->rflow[i].src] += s->rflow[i].bytes;
+            in_b[s->rflow[i].dst] += s->rflow[i].bytes;
+        }
+        for (uint32_t r = 0; r < s->nt; r++) {
+            uint64_t eg = s->p->stats.send_bytes[r] + out_b[r];
+            double x = (double)(eg > in_b[r] ? eg : in_b[r]) / te;
+            lb = x > lb ? x : lb;
+        }
+        free(out_b);
+        free(in_b);
+    }
+    for (uint32_t g = 0; g < s->nr; g++) {
+        double x = (double)s->p->stats.recv_bytes[g] / re;
+        lb = x > lb ? x : lb;
+    }
+    for (uint32_t r = 0; r < s->nt; r++) {
+        double h = 0, q = 0, cpu = 0;
+        for (uint32_t k = 0; k < s->rs[r].nt; k++) {
+            h += s->task[s->rs[r].t0 + k].h2d_s;
+            q += s->task[s->rs[r].t0 + k].gpu_s;
+            cpu += s->task[s->rs[r].t0 + k].submit_s;
+        }
+        lb = h > lb ? h : lb;
+        lb = q > lb ? q : lb;
+        lb = cpu > lb ? cpu : lb;
+    }
+    *out = lb;
+    return 0;
+}
+
+/* The step: fine enough that per-step granularity stays small against the whole, and against
+ * the chain of collectives a rank passes one after another (each network gather ends on a
+ * step boundary). */
+static double step_size(const struct sim *s, double lb)
+{
+    uint32_t max_coll = 0;
+    for (uint32_t r = 0; r < s->nt; r++) {
+        /* gathers (network gathers end on a step boundary); amax rendezvous complete within
+         * the step they finish in */
+        uint32_t n = 0;
+        for (uint32_t k = 0; k < s->rs[r].nt; k++) {
+            const struct etask *x = &s->task[s->rs[r].t0 + k];
+            for (uint32_t c = 0; c < x->ncoll; c++)
+                n += !(s->coll[x->c0 + c] & AMX_REF);
+        }
+        max_coll = n > max_coll ? n : max_coll;
+    }
+    double dt = lb / 3000;
+    if (max_coll && lb / (8.0 * max_coll) < dt)
+        dt = lb / (8.0 * max_coll);
+    if (dt < 20e-6)
+        dt = 20e-6;
+    if (dt > 1e-3)
+        dt = 1e-3;
+    return dt;
+}
+
+/* The main loop: a step of dt at a time, admission, the stages, collectives and the network,
+ * until every task is done; egress, ingress and gather rates per step into eg, ig and gg, the
+ * simulated time into *t_out. Gives up with -ECANCELED once *stop is set (when not NULL). */
+static int simulate(struct sim *s, const struct wb_hw *th, double dt, const atomic_bool *stop,
+                    struct wb_errlist *el, struct vec *eg, struct vec *ig, struct vec *gg,
+                    double *t_out, uint64_t t_build)
+{
+    double t = 0;
+    size_t done_tasks = 0, last_done = 0, stall = 0;
+    uint64_t t_coll = 0, t_stage = 0, t_net = 0;
+    uint64_t cap = s->p->mem_cap;
+    int rc = 0;
+    uint32_t *before = calloc(s->nt + 1, sizeof(uint32_t));
+    if (!before)
+        return -ENOMEM;
+    for (uint32_t r = 0; r < s->nt; r++)
+        if (s->rs[r].nt) {
+            s->rs[r].wait_phase = s->task[s->rs[r].t0].phase;
+            s->rs[r].wait_tmp = s->task[s->rs[r].t0].tmp;
+        }
+    for (uint32_t r = 0; r < s->nt; r++) /* ranks without tasks in a phase arrive at once */
+        for (uint32_t q = 0; q < s->nphases; q++)
+            if (s->phase_left[q] && !s->last_coll[(size_t)r * s->nphases + q])
+                s->phase_left[q]--;
+    for (uint32_t q = 0; q < s->nphases; q++)
+        if (s->barrier_done[q] == INFINITY && s->phase_left[q] == 0)
+            s->barrier_done[q] = th->barrier_s;
+    for (size_t step = 0; done_tasks < s->ntask; step++) {
+        if (stop && atomic_load_explicit(stop, memory_order_relaxed)) {
+            rc = -ECANCELED;
+            break;
+        }
+        if (step >= MAX_STEPS) {
+            wb_errlist_add(el, "estimate: simulation did not finish in %.0f s of simulated time",
+                           t);
+            rc = -WB_E_PLAN;
+            break;
+        }
+        if (!pl_vec_push(&s->tstep, &t)) {
+            rc = -ENOMEM;
+            break;
+        }
+        for (uint32_t r = 0; r < s->nt; r++) {
+            struct rank_state *rs = &s->rs[r];
+            while (rs->admit < rs->nt) {
+                if (!gate_open(s, rs->wait_phase, t))
+                    break;
+                if (rs->running && rs->mem + rs->wait_tmp > cap)
+                    break;
+                struct etask *x = &s->task[rs->t0 + rs->admit];
+                rs->mem += x->tmp;
+                rs->running++;
+                x->started = true;
+                x->t_start = t;
+                if (++rs->admit < rs->nt) {
+                    rs->wait_phase = x[1].phase;
+                    rs->wait_tmp = x[1].tmp;
+                }
+            }
+            rs->busy_h2d += run_stage(s, rs, &rs->h2d, rs->admit, &rs->h2d_left, 0, t, dt, cap);
+            before[r] = rs->coll;
+        }
+        uint64_t ta = wb_now_ns();
+        for (int pass = 0, moved = 1; moved && pass < 1000; pass++) {
+            moved = 0;
+            for (uint32_t r = 0; r < s->nt; r++) {
+                int m = run_coll(s, r, t, dt, th);
+                if (m < 0) {
+                    rc = -ENOMEM;
+                    goto loop_out;
+                }
+                moved |= m;
+            }
+        }
+        uint64_t tb = wb_now_ns();
+        t_coll += tb - ta;
+        for (uint32_t r = 0; r < s->nt; r++) {
+            struct rank_state *rs = &s->rs[r];
+            coll_account(s, r, dt);
+            /* barrier arrivals: passing the last task of a phase */
+            for (uint32_t k = before[r]; k < rs->coll; k++) {
+                uint32_t ph = s->task[rs->t0 + k].phase;
+                if (s->last_coll[(size_t)r * s->nphases + ph] == k + 1 && s->phase_left[ph]) {
+                    s->arrive[ph] = t + dt > s->arrive[ph] ? t + dt : s->arrive[ph];
+                    if (--s->phase_left[ph] == 0)
+                        s->barrier_done[ph] = s->arrive[ph] + th->barrier_s;
+                }
+            }
+            rs->busy_gpu += run_stage(s, rs, &rs->gpu, rs->coll, &rs->gpu_left, 1, t, dt, cap);
+            double b = run_stage(s, rs, &rs->sub, rs->gpu, &rs->sub_left, 2, t, dt, cap);
+            if (b < 0) {
+                rc = -ENOMEM;
+                goto loop_out;
+            }
+            rs->busy_sub += b;
+        }
+        double sent = 0, gsent = 0;
+        uint64_t tc = wb_now_ns();
+        t_stage += tc - tb;
+        if ((rc = net_step(s, t, dt, &sent, &gsent)))
+            break;
+        t_net += wb_now_ns() - tc;
+        t += dt;
+        double v1 = sent / dt, v2 = sent / dt, v3 = gsent / dt;
+        if (!pl_vec_push(eg, &v1) || !pl_vec_push(ig, &v2) || !pl_vec_push(gg, &v3)) {
+            rc = -ENOMEM;
+            break;
+        }
+        done_tasks = s->ndone;
+        stall = done_tasks == last_done ? stall + 1 : 0;
+        last_done = done_tasks;
+        if (stall > 2000000) {
+            wb_errlist_add(el, "estimate: simulation stalled at %.3f s", t);
+            rc = -WB_E_PLAN;
+            break;
+        }
+    }
+loop_out:
+    wb_log(WB_LOG_DEBUG, "planner",
+           "estimate: tables read in %.3f s (%zu tasks, %zu gathers, %zu amax tags); %zu steps: "
+           "collectives %.3f s, stages %.3f s, network %.3f s (%zu pairs, %zu water-fills in "
+           "%.3f s)",
+           (double)t_build * 1e-9, s->ntask, s->ninst, s->namx, (size_t)eg->n,
+           (double)t_coll * 1e-9, (double)t_stage * 1e-9, (double)t_net * 1e-9, s->npair, s->nfill,
+           (double)s->t_fill * 1e-9);
+    free(before);
+    *t_out = t;
+    return rc;
+}
+
+/* The estimate's figures per phase and per rank, from the finished simulation. */
+static void sim_results(const struct sim *s, struct wb_estimate *e)
+{
+    for (uint32_t q = 0; q < e->nphases; q++) {
+        e->phase[q].start_s = INFINITY;
+        e->phase[q].end_s = 0;
+    }
+    for (size_t i = 0; i < s->ntask; i++) {
+        const struct etask *x = &s->task[i];
+        struct wb_est_phase *ph = &e->phase[x->phase];
+        if (x->t_start < ph->start_s)
+            ph->start_s = x->t_start;
+        if (x->t_end > ph->end_s)
+            ph->end_s = x->t_end;
+        ph->write_bytes += x->write_bytes;
+        ph->h2d_bytes += x->h2d_bytes;
+        ph->quant_bytes += x->quant_bytes;
+        if (x->t_end > e->trainer_end_s[x->rank])
+            e->trainer_end_s[x->rank] = x->t_end;
+    }
+    for (uint32_t r = 0; r < s->nt; r++) {
+        const struct wb_route_table *tb = &pl_tables(s->p)[r];
+        uint64_t per_phase_send[64] = {0}, per_phase_gather[64] = {0};
+        for (uint32_t k = 0; k < tb->ntasks; k++) {
+            uint32_t ph = tb->tasks[k].phase;
+            if (ph >= 64)
+                continue;
+            per_phase_send[ph] += tb->tasks[k].write_bytes;
+            per_phase_gather[ph] += s->task[s->rs[r].t0 + k].gather_bytes;
+        }
+        for (uint32_t q = 0; q < e->nphases && q < 64; q++) {
+            e->phase[q].gather_bytes += per_phase_gather[q];
+            if (per_phase_send[q] > e->phase[q].max_send_bytes)
+                e->phase[q].max_send_bytes = per_phase_send[q];
+            if (per_phase_gather[q] > e->phase[q].max_gather_bytes)
+                e->phase[q].max_gather_bytes = per_phase_gather[q];
+        }
+        e->busy_h2d_s[r] = s->rs[r].busy_h2d;
+        e->busy_gpu_s[r] = s->rs[r].busy_gpu;
+        e->busy_gather_s[r] = s->rs[r].busy_coll;
+        e->busy_submit_s[r] = s->rs[r].busy_sub;
+        e->wait_s[r] = s->rs[r].wait_coll;
+    }
+    {
+        uint64_t peak = 0;
+        for (uint32_t r = 0; r < s->nt; r++)
+            if (pl_tables(s->p)[r].max_tmp_bytes > peak)
+                peak = pl_tables(s->p)[r].max_tmp_bytes;
+        e->peak_tmp_bytes = peak;
+    }
+}
+
+static void sim_free(struct sim *s)
+{
+    for (size_t i = 0; i < s->npair; i++)
+        pl_vec_free(&s->pair[i].q);
+    free(s->pair);
+    free(s->phash);
+    free(s->cls);
+    pl_intern_free(&s->ckeys);
+    pl_intern_free(&s->gkeys);
+    free(s->task);
+    free(s->coll);
+    free(s->inst);
+    free(s->amx);
+    free(s->flow);
+    free(s->rflow);
+    free(s->rs);
+    free(s->last_coll);
+    free(s->egress);
+    free(s->ingress);
+    free(s->eleft);
+    free(s->ileft);
+    free(s->nout);
+    free(s->nin);
+    free(s->act);
+    free(s->want);
+    free(s->wf);
+    pl_vec_free(&s->heap);
+    pl_vec_free(&s->due);
+    pl_vec_free(&s->eagerl);
+    pl_vec_free(&s->tstep);
+    free(s->barrier_done);
+    free(s->arrive);
+    free(s->phase_left);
+}
+
 static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
                     struct wb_estimate *out, struct wb_errlist *el, const atomic_bool *stop,
                     struct gate *read)
@@ -1390,36 +1707,14 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         rc = -WB_E_PLAN;
     }
     pl_vec_free(&rflows);
-    uint32_t nn = s.nt + s.nr;
-    s.egress = malloc(nn * sizeof(double));
-    s.ingress = malloc(nn * sizeof(double));
-    s.eleft = malloc(nn * sizeof(double));
-    s.ileft = malloc(nn * sizeof(double));
-    s.nout = malloc(nn * sizeof(uint32_t));
-    s.nin = malloc(nn * sizeof(uint32_t));
-    s.barrier_done = malloc(s.nphases * sizeof(double));
-    s.arrive = calloc(s.nphases, sizeof(double));
-    s.phase_left = calloc(s.nphases, sizeof(uint32_t));
-    e.nphases = p->nphases;
-    e.phase = calloc(s.nphases, sizeof(*e.phase));
-    e.trainer_end_s = calloc(s.nt, sizeof(double));
-    e.busy_h2d_s = calloc(s.nt, sizeof(double));
-    e.busy_gpu_s = calloc(s.nt, sizeof(double));
-    e.busy_gather_s = calloc(s.nt, sizeof(double));
-    e.busy_submit_s = calloc(s.nt, sizeof(double));
-    e.wait_s = calloc(s.nt, sizeof(double));
-    e.rollout_end_s = calloc(s.nr ? s.nr : 1, sizeof(double));
-    if (!rc &&
-        (!s.egress || !s.ingress || !s.eleft || !s.ileft || !s.nout || !s.nin || !s.barrier_done ||
-         !s.arrive || !s.phase_left || !e.phase || !e.trainer_end_s || !e.busy_h2d_s ||
-         !e.busy_gpu_s || !e.busy_gather_s || !e.busy_submit_s || !e.wait_s || !e.rollout_end_s))
-        rc = -ENOMEM;
+    if (!rc)
+        rc = sim_alloc(&s, &e);
     if (rc)
         goto out;
     s.rollout_end = e.rollout_end_s;
     double te = th->nic_gbps * 1e9 / 8 * (double)th->nics_per_gpu * th->nic_efficiency;
     double re = rh->nic_gbps * 1e9 / 8 * (double)rh->nics_per_gpu * rh->nic_efficiency;
-    for (uint32_t i = 0; i < nn; i++)
+    for (uint32_t i = 0; i < s.nt + s.nr; i++)
         s.egress[i] = s.ingress[i] = i < s.nt ? te : re;
     /* barriers: only phases that ask for one gate the next phase */
     for (uint32_t q = 0; q < s.nphases; q++) {
@@ -1428,276 +1723,27 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         s.phase_left[q] = want ? s.nt : 0;
     }
 
-    /* the lower bound: the busiest NIC (writes plus gathers that leave the node), copy
-     * engine, GPU or CPU at full speed */
     double lb = 0;
-    {
-        uint64_t *out_b = calloc(s.nt, sizeof(uint64_t)), *in_b = calloc(s.nt, sizeof(uint64_t));
-        if (!out_b || !in_b) {
-            free(out_b);
-            free(in_b);
-            rc = -ENOMEM;
-            goto out;
-        }
-        for (size_t i = 0; i < s.nrflow; i++) {
-            out_b[s.rflow[i].src] += s.rflow[i].bytes;
-            in_b[s.rflow[i].dst] += s.rflow[i].bytes;
-        }
-        for (uint32_t r = 0; r < s.nt; r++) {
-            uint64_t eg = p->stats.send_bytes[r] + out_b[r];
-            double x = (double)(eg > in_b[r] ? eg : in_b[r]) / te;
-            lb = x > lb ? x : lb;
-        }
-        free(out_b);
-        free(in_b);
-    }
-    for (uint32_t g = 0; g < s.nr; g++) {
-        double x = (double)p->stats.recv_bytes[g] / re;
-        lb = x > lb ? x : lb;
-    }
-    for (uint32_t r = 0; r < s.nt; r++) {
-        double h = 0, q = 0, cpu = 0;
-        for (uint32_t k = 0; k < s.rs[r].nt; k++) {
-            h += s.task[s.rs[r].t0 + k].h2d_s;
-            q += s.task[s.rs[r].t0 + k].gpu_s;
-            cpu += s.task[s.rs[r].t0 + k].submit_s;
-        }
-        lb = h > lb ? h : lb;
-        lb = q > lb ? q : lb;
-        lb = cpu > lb ? cpu : lb;
-    }
+    if ((rc = lower_bound(&s, te, re, &lb)))
+        goto out;
     e.lower_bound_s = lb;
 
-    /* The step: fine enough that per-step granularity stays small against the whole, and
-     * against the chain of collectives a rank passes one after another (each network gather
-     * ends on a step boundary). */
-    uint32_t max_coll = 0;
-    for (uint32_t r = 0; r < s.nt; r++) {
-        /* gathers (network gathers end on a step boundary); amax rendezvous complete within
-         * the step they finish in */
-        uint32_t n = 0;
-        for (uint32_t k = 0; k < s.rs[r].nt; k++) {
-            const struct etask *x = &s.task[s.rs[r].t0 + k];
-            for (uint32_t c = 0; c < x->ncoll; c++)
-                n += !(s.coll[x->c0 + c] & AMX_REF);
-        }
-        max_coll = n > max_coll ? n : max_coll;
-    }
-    double dt = lb / 3000;
-    if (max_coll && lb / (8.0 * max_coll) < dt)
-        dt = lb / (8.0 * max_coll);
-    if (dt < 20e-6)
-        dt = 20e-6;
-    if (dt > 1e-3)
-        dt = 1e-3;
+    double dt = step_size(&s, lb);
     e.sample_dt = dt;
     struct vec eg, ig, gg;
     pl_vec_init(&eg, sizeof(double));
     pl_vec_init(&ig, sizeof(double));
     pl_vec_init(&gg, sizeof(double));
-    size_t done_tasks = 0, last_done = 0, stall = 0;
-    uint64_t t_coll = 0, t_stage = 0, t_net = 0;
     double t = 0;
-    uint64_t cap = p->mem_cap;
-    uint32_t *before = calloc(s.nt + 1, sizeof(uint32_t));
-    if (!before) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    for (uint32_t r = 0; r < s.nt; r++)
-        if (s.rs[r].nt) {
-            s.rs[r].wait_phase = s.task[s.rs[r].t0].phase;
-            s.rs[r].wait_tmp = s.task[s.rs[r].t0].tmp;
-        }
-    for (uint32_t r = 0; r < s.nt; r++) /* ranks without tasks in a phase arrive at once */
-        for (uint32_t q = 0; q < s.nphases; q++)
-            if (s.phase_left[q] && !s.last_coll[(size_t)r * s.nphases + q])
-                s.phase_left[q]--;
-    for (uint32_t q = 0; q < s.nphases; q++)
-        if (s.barrier_done[q] == INFINITY && s.phase_left[q] == 0)
-            s.barrier_done[q] = th->barrier_s;
-    for (size_t step = 0; done_tasks < s.ntask; step++) {
-        if (stop && atomic_load_explicit(stop, memory_order_relaxed)) {
-            rc = -ECANCELED;
-            break;
-        }
-        if (step >= MAX_STEPS) {
-            wb_errlist_add(el, "estimate: simulation did not finish in %.0f s of simulated time",
-                           t);
-            rc = -WB_E_PLAN;
-            break;
-        }
-        if (!pl_vec_push(&s.tstep, &t)) {
-            rc = -ENOMEM;
-            break;
-        }
-        for (uint32_t r = 0; r < s.nt; r++) {
-            struct rank_state *rs = &s.rs[r];
-            while (rs->admit < rs->nt) {
-                if (!gate_open(&s, rs->wait_phase, t))
-                    break;
-                if (rs->running && rs->mem + rs->wait_tmp > cap)
-                    break;
-                struct etask *x = &s.task[rs->t0 + rs->admit];
-                rs->mem += x->tmp;
-                rs->running++;
-                x->started = true;
-                x->t_start = t;
-                if (++rs->admit < rs->nt) {
-                    rs->wait_phase = x[1].phase;
-                    rs->wait_tmp = x[1].tmp;
-                }
-            }
-            rs->busy_h2d += run_stage(&s, rs, &rs->h2d, rs->admit, &rs->h2d_left, 0, t, dt, cap);
-            before[r] = rs->coll;
-        }
-        uint64_t ta = wb_now_ns();
-        for (int pass = 0, moved = 1; moved && pass < 1000; pass++) {
-            moved = 0;
-            for (uint32_t r = 0; r < s.nt; r++) {
-                int m = run_coll(&s, r, t, dt, th);
-                if (m < 0) {
-                    rc = -ENOMEM;
-                    goto loop_out;
-                }
-                moved |= m;
-            }
-        }
-        uint64_t tb = wb_now_ns();
-        t_coll += tb - ta;
-        for (uint32_t r = 0; r < s.nt; r++) {
-            struct rank_state *rs = &s.rs[r];
-            coll_account(&s, r, dt);
-            /* barrier arrivals: passing the last task of a phase */
-            for (uint32_t k = before[r]; k < rs->coll; k++) {
-                uint32_t ph = s.task[rs->t0 + k].phase;
-                if (s.last_coll[(size_t)r * s.nphases + ph] == k + 1 && s.phase_left[ph]) {
-                    s.arrive[ph] = t + dt > s.arrive[ph] ? t + dt : s.arrive[ph];
-                    if (--s.phase_left[ph] == 0)
-                        s.barrier_done[ph] = s.arrive[ph] + th->barrier_s;
-                }
-            }
-            rs->busy_gpu += run_stage(&s, rs, &rs->gpu, rs->coll, &rs->gpu_left, 1, t, dt, cap);
-            double b = run_stage(&s, rs, &rs->sub, rs->gpu, &rs->sub_left, 2, t, dt, cap);
-            if (b < 0) {
-                rc = -ENOMEM;
-                goto loop_out;
-            }
-            rs->busy_sub += b;
-        }
-        double sent = 0, gsent = 0;
-        uint64_t tc = wb_now_ns();
-        t_stage += tc - tb;
-        if ((rc = net_step(&s, t, dt, &sent, &gsent)))
-            break;
-        t_net += wb_now_ns() - tc;
-        t += dt;
-        double v1 = sent / dt, v2 = sent / dt, v3 = gsent / dt;
-        if (!pl_vec_push(&eg, &v1) || !pl_vec_push(&ig, &v2) || !pl_vec_push(&gg, &v3)) {
-            rc = -ENOMEM;
-            break;
-        }
-        done_tasks = s.ndone;
-        stall = done_tasks == last_done ? stall + 1 : 0;
-        last_done = done_tasks;
-        if (stall > 2000000) {
-            wb_errlist_add(el, "estimate: simulation stalled at %.3f s", t);
-            rc = -WB_E_PLAN;
-            break;
-        }
-    }
-loop_out:
-    wb_log(WB_LOG_DEBUG, "planner",
-           "estimate: tables read in %.3f s (%zu tasks, %zu gathers, %zu amax tags); %zu steps: "
-           "collectives %.3f s, stages %.3f s, network %.3f s (%zu pairs, %zu water-fills in "
-           "%.3f s)",
-           (double)t_build * 1e-9, s.ntask, s.ninst, s.namx, (size_t)eg.n, (double)t_coll * 1e-9,
-           (double)t_stage * 1e-9, (double)t_net * 1e-9, s.npair, s.nfill, (double)s.t_fill * 1e-9);
-    free(before);
+    rc = simulate(&s, th, dt, stop, el, &eg, &ig, &gg, &t, t_build);
     e.total_s = t;
     e.nsamples = (uint32_t)eg.n;
     e.egress_Bps = eg.p;
     e.ingress_Bps = ig.p;
     e.gather_Bps = gg.p;
-    for (uint32_t q = 0; q < e.nphases; q++) {
-        e.phase[q].start_s = INFINITY;
-        e.phase[q].end_s = 0;
-    }
-    for (size_t i = 0; i < s.ntask; i++) {
-        const struct etask *x = &s.task[i];
-        struct wb_est_phase *ph = &e.phase[x->phase];
-        if (x->t_start < ph->start_s)
-            ph->start_s = x->t_start;
-        if (x->t_end > ph->end_s)
-            ph->end_s = x->t_end;
-        ph->write_bytes += x->write_bytes;
-        ph->h2d_bytes += x->h2d_bytes;
-        ph->quant_bytes += x->quant_bytes;
-        if (x->t_end > e.trainer_end_s[x->rank])
-            e.trainer_end_s[x->rank] = x->t_end;
-    }
-    for (uint32_t r = 0; r < s.nt; r++) {
-        const struct wb_route_table *tb = &pl_tables(p)[r];
-        uint64_t per_phase_send[64] = {0}, per_phase_gather[64] = {0};
-        for (uint32_t k = 0; k < tb->ntasks; k++) {
-            uint32_t ph = tb->tasks[k].phase;
-            if (ph >= 64)
-                continue;
-            per_phase_send[ph] += tb->tasks[k].write_bytes;
-            per_phase_gather[ph] += s.task[s.rs[r].t0 + k].gather_bytes;
-        }
-        for (uint32_t q = 0; q < e.nphases && q < 64; q++) {
-            e.phase[q].gather_bytes += per_phase_gather[q];
-            if (per_phase_send[q] > e.phase[q].max_send_bytes)
-                e.phase[q].max_send_bytes = per_phase_send[q];
-            if (per_phase_gather[q] > e.phase[q].max_gather_bytes)
-                e.phase[q].max_gather_bytes = per_phase_gather[q];
-        }
-        e.busy_h2d_s[r] = s.rs[r].busy_h2d;
-        e.busy_gpu_s[r] = s.rs[r].busy_gpu;
-        e.busy_gather_s[r] = s.rs[r].busy_coll;
-        e.busy_submit_s[r] = s.rs[r].busy_sub;
-        e.wait_s[r] = s.rs[r].wait_coll;
-    }
-    {
-        uint64_t peak = 0;
-        for (uint32_t r = 0; r < s.nt; r++)
-            if (pl_tables(p)[r].max_tmp_bytes > peak)
-                peak = pl_tables(p)[r].max_tmp_bytes;
-        e.peak_tmp_bytes = peak;
-    }
+    sim_results(&s, &e);
 out:
-    for (size_t i = 0; i < s.npair; i++)
-        pl_vec_free(&s.pair[i].q);
-    free(s.pair);
-    free(s.phash);
-    free(s.cls);
-    pl_intern_free(&s.ckeys);
-    pl_intern_free(&s.gkeys);
-    free(s.task);
-    free(s.coll);
-    free(s.inst);
-    free(s.amx);
-    free(s.flow);
-    free(s.rflow);
-    free(s.rs);
-    free(s.last_coll);
-    free(s.egress);
-    free(s.ingress);
-    free(s.eleft);
-    free(s.ileft);
-    free(s.nout);
-    free(s.nin);
-    free(s.act);
-    free(s.want);
-    free(s.wf);
-    pl_vec_free(&s.heap);
-    pl_vec_free(&s.due);
-    pl_vec_free(&s.eagerl);
-    pl_vec_free(&s.tstep);
-    free(s.barrier_done);
-    free(s.arrive);
-    free(s.phase_left);
+    sim_free(&s);
     if (rc) {
         wb_estimate_free(&e);
         return rc;

@@ -235,7 +235,7 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
     struct wb_model md = *mdp; /* read only here; the caller owns it */
     struct wb_plan *plan = NULL;
     struct wb_plan_input in = wb_model_input(&md);
-    struct wb_plan_opts opts = {(enum wb_plan_mode)job->mode, job->mem_cap};
+    struct wb_plan_opts opts = {.mode = (enum wb_plan_mode)job->mode, .mem_cap = job->mem_cap};
     int err = wb_plan_build(&in, &opts, &plan, el);
     err = err ? err : wb_plan_fit_cap(plan, &in, fit_largest, el);
     if (err)

@@ -403,7 +403,8 @@ static int print_plan(const struct wb_job *job, const struct wb_ckpt *ck, const 
     err = err ? err : wb_layout_check(&m.tl, &m.rl, el);
     struct wb_plan *p = NULL;
     struct wb_plan_input in = wb_model_input(&m);
-    struct wb_plan_opts po = {(enum wb_plan_mode)job->mode, job->mem_cap, 0};
+    struct wb_plan_opts po = {
+        .mode = (enum wb_plan_mode)job->mode, .mem_cap = job->mem_cap, .threads = 0};
     err = err ? err : wb_plan_build(&in, &po, &p, el);
     err = err ? err : wb_plan_fit_cap(p, &in, true, el); /* as the coordinator: raised */
     if (!err) {

@@ -1770,6 +1770,14 @@ int wb_controller_create(const struct wb_job *job, struct wb_controller **out,
 int wb_controller_create_opts(const struct wb_job *job, const struct wb_controller_opts *o,
                               struct wb_controller **out, struct wb_errlist *el)
 {
+    if (!job->token || !*job->token) {
+        wb_errlist_add(el,
+                       "job %s: token: no cluster token (set token: in the job file or $WB_TOKEN)",
+                       job->name);
+        if (o && o->trainer_layout)
+            wb_trainer_layout_free(o->trainer_layout);
+        return -WB_E_CONFIG;
+    }
     struct wb_controller *c = calloc(1, sizeof(*c));
     if (!c) {
         if (o && o->trainer_layout)

@@ -24,7 +24,7 @@
 struct wb_job {
     char *name;
     char *listen; /* nng URL the controller listens on */
-    char *token;  /* cluster token ("" -> $WB_TOKEN; required either way) */
+    char *token;  /* cluster token ("" -> $WB_TOKEN; "" if neither: required to serve) */
     struct {
         char *rules;             /* model rules (configs/models/…) */
         char *hf_config;         /* config.json: generate both inventories from the rules */
@@ -63,7 +63,8 @@ static const uint64_t WB_JOB_MAX_NS = WB_JOB_MAX_DAYS * 86400ull * 1000000000ull
 extern const struct wb_cfg_field wb_job_fields[];
 
 /* Loads the job file; paths inside it are resolved relative to the file's directory. Problems
- * go to el with file:line:col; -WB_E_CONFIG then. The token falls back to $WB_TOKEN. */
+ * go to el with file:line:col; -WB_E_CONFIG then. The token falls back to $WB_TOKEN
+ * (wb_token_resolve) and may be absent: wb_controller_create() is what requires one. */
 int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el);
 void wb_job_free(struct wb_job *job);
 
@@ -73,7 +74,8 @@ struct wb_controller;
 
 /* Creates the controller: loads and checks the model and layouts, matches and plans (every
  * problem goes to el: a mismatched model is refused here, before anything is sent), and
- * listens. The job is borrowed for the controller's lifetime. */
+ * listens. A job without a token is -WB_E_CONFIG. The job is borrowed for the controller's
+ * lifetime. */
 int wb_controller_create(const struct wb_job *job, struct wb_controller **out,
                          struct wb_errlist *el);
 /* What a program embedding the controller gives beyond the job file: a checkpoint broadcast

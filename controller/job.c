@@ -160,17 +160,13 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
     free(dup);
     if (err)
         goto err_free;
-    if (!*j.token) {
-        const char *env = getenv("WB_TOKEN");
-        if (!env || !*env) {
-            wb_errlist_add(el, "%s: token: no cluster token (set token: in the file or $WB_TOKEN)",
-                           path);
-            err = -WB_E_CONFIG;
-            goto err_free;
-        }
+    /* The token falls back to $WB_TOKEN but is not demanded here: what reads a job without
+     * sending anything (wb-ctl verify, wb-broadcast --dry-run) needs none. What serves it
+     * does: wb_controller_create() refuses a job without one. */
+    const char *tok = wb_token_resolve(j.token);
+    if (tok && tok != j.token) {
         free(j.token);
-        j.token = strdup(env);
-        if (!j.token) {
+        if (!(j.token = strdup(tok))) {
             err = -ENOMEM;
             goto err_free;
         }

@@ -34,7 +34,7 @@ struct wb_job {
     } model;
     char *trainer_layout; /* cluster layout files */
     char *rollout_layout;
-    int mode;         /* enum wb_plan_mode order: auto|direct|amax|gather */
+    int mode;         /* enum wb_plan_mode: auto|direct|gather (route's wb_plan_mode_names) */
     uint64_t mem_cap; /* executor temporary-memory cap, bytes */
     uint64_t seed;    /* synthetic parameter source seed */
     char *provider;   /* transport: tcp|shm|cuda_ipc|… as transport/ names them */

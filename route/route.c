@@ -692,16 +692,20 @@ int wb_recv_list_decode(const void *buf, size_t len, struct wb_recv_list *out)
 
 /* ---------------------------------------------------------------- names and freeing */
 
+const char *const wb_plan_mode_names[] = {
+    [WB_MODE_AUTO] = "auto",     [WB_MODE_DIRECT] = "direct", [WB_MODE_AMAX] = "amax",
+    [WB_MODE_GATHER] = "gather", [WB_MODE_GATHER + 1] = NULL,
+};
+
 const char *wb_plan_mode_name(enum wb_plan_mode m)
 {
-    static const char *const names[] = {"auto", "direct", "amax", "gather"};
-    return (unsigned)m < 4 ? names[m] : "invalid";
+    return (unsigned)m <= WB_MODE_GATHER ? wb_plan_mode_names[m] : "invalid";
 }
 
 int wb_plan_mode_parse(const char *s, enum wb_plan_mode *out)
 {
-    for (int m = 0; m < 4; m++)
-        if (m != WB_MODE_AMAX && strcmp(s, wb_plan_mode_name((enum wb_plan_mode)m)) == 0) {
+    for (int m = 0; wb_plan_mode_names[m]; m++)
+        if (m != WB_MODE_AMAX && strcmp(s, wb_plan_mode_names[m]) == 0) {
             *out = (enum wb_plan_mode)m;
             return 0;
         }

@@ -28,9 +28,15 @@ enum wb_residence {
 
 /* ================================================================ routing tables */
 
-/* How a piece is produced. WB_MODE_AUTO is only a request: the plan records the chosen mode. */
+/* How a piece is produced. WB_MODE_AUTO is only a request: the plan records the chosen mode.
+ * WB_MODE_AMAX is only a choice: the planner makes it where FP8 blocks straddle owners of a
+ * direct piece; a plan cannot be asked for it. */
 enum wb_plan_mode { WB_MODE_AUTO = 0, WB_MODE_DIRECT, WB_MODE_AMAX, WB_MODE_GATHER };
+/* The one list of the modes' names, indexed by enum wb_plan_mode, NULL-terminated (a config
+ * loader's enum choices; the Python package reads the names through the two calls below). */
+extern const char *const wb_plan_mode_names[];
 const char *wb_plan_mode_name(enum wb_plan_mode m);
+/* The modes a plan can be asked for: auto, direct, gather (amax is -EINVAL). */
 int wb_plan_mode_parse(const char *s, enum wb_plan_mode *out);
 
 /* Where an op reads or writes. PARAM is this rank's registered local shard of trainer tensor

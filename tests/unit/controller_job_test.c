@@ -161,6 +161,18 @@ static void test_job_errors(void)
     wb_job_free(&j);
     wb_errlist_free(&el);
 
+    /* amax is a mode the planner chooses, not one a job asks for (route's one list of names) */
+    p = wb_test_write_file("amax.yaml", "token: t\ntrainers: 1\nrollouts: 1\nmode: amax\n");
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), -WB_E_CONFIG);
+    CHECK_INT(el.n, 1);
+    snprintf(want, sizeof(want),
+             "%s:4:7: mode: amax is what the planner chooses where FP8 blocks straddle owners, "
+             "not a request: ask for direct (it falls back to amax there)",
+             p);
+    CHECK_STR(el.msgs[0], want);
+    wb_errlist_free(&el);
+
     p = wb_test_write_file("nocount.yaml", "token: t\ntrainers: 2\n");
     wb_errlist_init(&el);
     CHECK_INT(wb_job_load(p, &j, &el), -WB_E_CONFIG);

@@ -33,6 +33,7 @@ enum rt_type {
     RT_SHAPE, /* struct wb_shape */
     RT_OP,    /* struct wb_rt_op: kind, tensor, then the kind's record */
     RT_ARRAY, /* body keys only: count (uint32_t at off) and array (pointer at ptr) of elem */
+    RT_CONST, /* body keys only: the constant lo, stored nowhere; a decoder refuses another */
 };
 
 struct rt_record;
@@ -235,8 +236,9 @@ static const struct rt_key table_keys[] = {
     KEY("send_bytes", U64(struct wb_route_table, send_bytes)),
     KEY("max_tmp_bytes", U64(struct wb_route_table, max_tmp_bytes)),
     {"mem_cap", U64(struct wb_route_table, mem_cap), 0, 0, RT_U32, true, true},
-    {"block", ENUM(struct wb_route_table, block, WB_FP8_BLOCK, WB_FP8_BLOCK), 0, 0, RT_U32, true,
-     false},
+    /* The FP8 block edge of QUANT and AMAX ops: on the wire since format 2, so that an
+     * executor built for another edge refuses the table; in no struct (WB_FP8_BLOCK). */
+    {"block", {RT_CONST, 0, WB_FP8_BLOCK, WB_FP8_BLOCK, NULL}, 0, 0, RT_U32, true, false},
     {"mode", ENUM(struct wb_route_table, mode, WB_MODE_AUTO, WB_MODE_GATHER), 0, 0, RT_U32, true,
      false},
 };
@@ -298,6 +300,9 @@ static void put_value(struct wb_mpw *w, const struct rt_field *f, const void *ba
         break;
     case RT_OP:
         put_op(w, (const struct wb_rt_op *)p);
+        break;
+    case RT_CONST:
+        wb_mpw_u64(w, f->lo);
         break;
     case RT_ARRAY:
         break; /* body keys only: put_body */
@@ -408,6 +413,8 @@ static int get_value(struct wb_mpr *r, const struct rt_field *f, void *base)
         return wb_wire_get_shape(r, (struct wb_shape *)p) ? -EBADMSG : 0;
     case RT_OP:
         return get_op(r, (struct wb_rt_op *)p);
+    case RT_CONST:
+        return wb_mpr_u32(r, &v32) || v32 != f->lo ? -EBADMSG : 0;
     case RT_ARRAY:
         break;
     }

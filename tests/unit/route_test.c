@@ -125,7 +125,6 @@ static struct wb_route_table table(void)
         .send_bytes = 64,
         .max_tmp_bytes = 4096,
         .mem_cap = 1 << 20,
-        .block = WB_FP8_BLOCK,
         .mode = WB_MODE_DIRECT,
     };
 }
@@ -168,7 +167,6 @@ static void test_every_field(void)
     CHECK_U64(d.send_bytes, 64);
     CHECK_U64(d.max_tmp_bytes, 4096);
     CHECK_U64(d.mem_cap, 1 << 20);
-    CHECK_INT(d.block, WB_FP8_BLOCK);
     CHECK_INT(d.mode, WB_MODE_DIRECT);
     /* the record of 2 copies is 2 writes, and the task's range follows */
     CHECK_INT(d.nwrites, 2);

@@ -506,9 +506,6 @@ int wb_tx_check_write(struct wb_tx *tx, const struct wb_tx_write *w)
 int wb_tx_peer_ptr(struct wb_tx *tx, uint32_t peer, const struct wb_tx_rdesc *dst, uint64_t off,
                    uint64_t len, void **out)
 {
-    if (!tx->ops->peer_ptr)
-        return txi_err(tx, -ENOTSUP, "the %s backend cannot address a peer's memory",
-                       wb_tx_backend_name(tx->core->backend));
     struct wb_tx_write w = {.peer = peer, .dst = dst, .dst_off = off, .len = 0};
     int r = wb_tx_check_write(tx, &w); /* peer, backend, owner */
     if (r)

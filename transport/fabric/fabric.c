@@ -434,6 +434,14 @@ static int fab_stats(struct wb_tx *tx, struct wb_tx_stats *st)
     return 0;
 }
 
+static int fab_peer_ptr(struct wb_tx *tx, uint32_t peer, const struct wb_tx_rdesc *dst, void **out)
+{
+    (void)peer;
+    (void)dst;
+    (void)out;
+    return txi_err(tx, -ENOTSUP, "the fabric backend cannot address a peer's memory");
+}
+
 static const struct wb_tx_ops fab_ops = {
     .name = "fabric",
     .query = fab_query,
@@ -443,6 +451,7 @@ static const struct wb_tx_ops fab_ops = {
     .mr_rdesc = fab_mr_rdesc,
     .mr_dereg = fab_mr_dereg,
     .mr_window = fab_mr_window,
+    .peer_ptr = fab_peer_ptr,
     .write = fab_write,
     .note = fab_note,
     .fence = fab_fence,

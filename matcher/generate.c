@@ -489,7 +489,6 @@ int mx_family_open(const char *path, struct wb_family **out, struct wb_errlist *
         goto err;
     r = wb_cfg_parse(f->y, t.quant, quant_table, &q, el);
     f->quant.scale_suffix = q.scale_suffix;
-    f->quant.block = q.block;
     f->quant.fp8 = q.fp8;
     if (r)
         goto err;

@@ -541,7 +541,7 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
         return;
     }
     /* FP8 block-quantized rollout tensor */
-    m->block = rs->block;
+    m->block = WB_FP8_BLOCK;
     if (!any_match(rs->fp8, rs->nfp8, R->name)) {
         merr(c,
              "%s: rollout dtype fp8_e4m3, but no quant.fp8 pattern of %s:%u allows FP8 for "
@@ -566,7 +566,7 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
     }
     struct wb_shape want = R->shape;
     for (uint32_t k = want.ndim - 2; k < want.ndim; k++)
-        want.dim[k] = (want.dim[k] + rs->block - 1) / rs->block;
+        want.dim[k] = (want.dim[k] + WB_FP8_BLOCK - 1) / WB_FP8_BLOCK;
     if (wb_shape_eq(&S->shape, &want) && S->dtype != WB_DTYPE_FP32) {
         bad_scale_dtype(c, 1, (uint32_t)scale, line);
         b->bad = true;
@@ -574,8 +574,8 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
         char r[128];
         merr(c, "%s: scale %s %s != expected fp32 %s for %s %s in %ux%u blocks (rule %s:%u)",
              S->name, wb_dtype_name(S->dtype), shp(&S->shape, a, sizeof(a)),
-             shp(&want, s, sizeof(s)), R->name, shp(&R->shape, r, sizeof(r)), rs->block, rs->block,
-             path, line);
+             shp(&want, s, sizeof(s)), R->name, shp(&R->shape, r, sizeof(r)), WB_FP8_BLOCK,
+             WB_FP8_BLOCK, path, line);
         b->bad = true;
     }
     /* fused components: each must start on a block edge and end on one, except the one that
@@ -585,14 +585,14 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
         const struct wb_box *dst = &b->comp[i].dst;
         for (uint32_t k = nd - 2; k < nd; k++) {
             uint64_t off = dst->off[k], end = off + dst->ext[k];
-            if (off % rs->block == 0 && (end % rs->block == 0 || end == R->shape.dim[k]))
+            if (off % WB_FP8_BLOCK == 0 && (end % WB_FP8_BLOCK == 0 || end == R->shape.dim[k]))
                 continue;
             char label[WB_NAME_MAX];
             mx_name_label(c->T->p[b->comp[i].trainer].name, label, sizeof(label));
             merr(c,
                  "%s: component %s [%llu, %llu) along dim %u is not aligned to %u-element "
                  "FP8 blocks; only the last component may end unaligned (rule %s:%u)",
-                 R->name, label, (unsigned long long)off, (unsigned long long)end, k, rs->block,
+                 R->name, label, (unsigned long long)off, (unsigned long long)end, k, WB_FP8_BLOCK,
                  path, line);
             b->bad = true;
             return;
@@ -630,11 +630,11 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
         }
         struct wb_box tfull = wb_box_full(&T->shape), tsb;
         struct wb_box sfull = wb_box_full(&c->T->p[ts].shape);
-        if (wb_scale_box(&cp->src, rs->block, &sb) || wb_scale_box(&tfull, rs->block, &tsb) ||
+        if (wb_scale_box(&cp->src, WB_FP8_BLOCK, &sb) || wb_scale_box(&tfull, WB_FP8_BLOCK, &tsb) ||
             !wb_box_eq(&sfull, &tsb)) {
             merr(c, "%s: trainer scale %s %s does not cover %s %s in %ux%u blocks (rule %s:%u)",
                  R->name, c->T->p[ts].name, shp(&c->T->p[ts].shape, a, sizeof(a)), T->name,
-                 shp(&T->shape, s, sizeof(s)), rs->block, rs->block, path, line);
+                 shp(&T->shape, s, sizeof(s)), WB_FP8_BLOCK, WB_FP8_BLOCK, path, line);
             b->bad = true;
             continue;
         }
@@ -713,7 +713,7 @@ static void account(struct mctx *c, size_t ri, const struct wb_component *cp, bo
     if (cp->trainer_scale >= 0) {
         uint32_t s = (uint32_t)cp->trainer_scale;
         struct wb_box sb;
-        if (wb_scale_box(&cp->src, c->rs->block, &sb) == 0)
+        if (wb_scale_box(&cp->src, WB_FP8_BLOCK, &sb) == 0)
             c->t_used[s] += wb_box_numel(&sb);
     }
 }

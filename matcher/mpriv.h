@@ -165,7 +165,6 @@ struct wb_match_rules {
     struct wb_rule *r;
     size_t n;
     char *scale_suffix; /* "_scale_inv" */
-    uint32_t block;     /* WB_FP8_BLOCK: the only block edge quant/ produces */
     struct wb_pat *fp8; /* rollout names that may be FP8 block-quantized */
     size_t nfp8;
     uint32_t fp8_line;
@@ -189,8 +188,7 @@ struct wb_family {
     char *family, *description;
     const struct wb_ynode *vars, *trainer, *rollout, *rules;
     struct {
-        char *scale_suffix;
-        uint64_t block;
+        char *scale_suffix; /* (quant.block is checked to be WB_FP8_BLOCK, and not kept) */
         const struct wb_ynode *fp8;
     } quant;
     struct {

@@ -459,7 +459,6 @@ static int rules_load(const char *path, struct wb_match_rules **out, struct wb_e
         goto err;
     }
     const struct wb_yaml *y = f->y;
-    rs->block = WB_FP8_BLOCK; /* the family file may only say 128 (mx_family_open) */
     rs->vars = f->dv;
     rs->nvars = f->ndv;
     f->dv = NULL;

@@ -43,7 +43,7 @@ static int child(enum wb_plan_mode mode, uint32_t threads, int fd)
     }
     uint64_t t1 = wb_now_ns();
     struct wb_plan_input in = wb_model_input(&md);
-    struct wb_plan_opts o = {mode, 0, threads};
+    struct wb_plan_opts o = {.mode = mode, .mem_cap = 0, .threads = threads};
     struct wb_plan *p;
     if (wb_plan_build(&in, &o, &p, &el)) {
         wb_errlist_print(&el, "plan_bench: ", stderr);

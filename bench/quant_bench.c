@@ -11,7 +11,7 @@
  * scripts/gpu/quant_bench.py, which reads the --tsv output and prints one table.
  */
 #include "quant/quant.h"
-#include "quant/quant_int.h" /* wb_quant_dev_pass: CTA-size variants */
+#include "quant/quant_int.h" /* qt_dev_pass: CTA-size variants */
 
 #include <errno.h>
 #include <stdio.h>
@@ -150,7 +150,7 @@ static int gpu_run(const struct gpu_case *c)
     };
     if (wb_quant_fp8_grid(&p.tile, 0, c->rows, &p.grid) != 0)
         return -EINVAL;
-    return wb_quant_dev_pass(&p, NULL, c->threads);
+    return qt_dev_pass(&p, NULL, c->threads);
 }
 
 /* Best time per run over reps batches, each batch sized to take about 50 ms. */

@@ -15,7 +15,7 @@
  * the number of mismatches of each pair. Lives under bench/ to be built by `make bench`.
  */
 #include "quant/quant.h"
-#include "quant/quant_int.h" /* wb_quant_nvref_e4m3 */
+#include "quant/quant_int.h" /* qt_nvref_e4m3 */
 
 #include <errno.h>
 #include <pthread.h>
@@ -355,7 +355,7 @@ static void *nv_worker(void *arg)
         uint32_t b = (uint32_t)u;
         uint8_t nv;
         memcpy(&x, &b, 4);
-        if (wb_quant_nvref_e4m3(x, &nv) != 0 || nv != wb_quant_fp8_encode(x)) {
+        if (qt_nvref_e4m3(x, &nv) != 0 || nv != wb_quant_fp8_encode(x)) {
             if (!j->mismatches++)
                 j->first = b;
         }
@@ -370,7 +370,7 @@ static int cmd_encode_all(const struct args *a)
     uint64_t threads = a->threads ? a->threads : 16;
     if (threads > 256)
         threads = 256;
-    if (wb_quant_nvref_e4m3(1.0f, &probe) == 0) {
+    if (qt_nvref_e4m3(1.0f, &probe) == 0) {
         struct nv_job jobs[256];
         pthread_t tid[256];
         uint64_t total = 1ull << 32, bad_n = 0;

@@ -353,7 +353,6 @@ void wb_yaml_free(struct wb_yaml *y);
 const struct wb_ynode *wb_yaml_root(const struct wb_yaml *y);
 /* "file:line:col" (1-based) of a node into buf; returns buf. */
 char *wb_yaml_where(const struct wb_yaml *y, const struct wb_ynode *n, char *buf, size_t cap);
-const char *wb_yaml_path(const struct wb_yaml *y);
 
 enum wb_ynode_kind { WB_YNODE_NONE = 0, WB_YNODE_SCALAR, WB_YNODE_SEQ, WB_YNODE_MAP };
 enum wb_ynode_kind wb_ynode_kind(const struct wb_ynode *n);

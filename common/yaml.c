@@ -157,11 +157,6 @@ const struct wb_ynode *wb_yaml_root(const struct wb_yaml *y)
     return WN(yaml_document_get_root_node((yaml_document_t *)&y->doc));
 }
 
-const char *wb_yaml_path(const struct wb_yaml *y)
-{
-    return y->path;
-}
-
 char *wb_yaml_where(const struct wb_yaml *y, const struct wb_ynode *n, char *buf, size_t cap)
 {
     if (n)

@@ -24,7 +24,7 @@
 struct wb_job {
     char *name;
     char *listen; /* nng URL the controller listens on */
-    char *token;  /* cluster token ("" -> $WB_TOKEN; required either way) */
+    char *token;  /* cluster token ("" -> $WB_TOKEN; "" if neither: required to serve) */
     struct {
         char *rules;             /* model rules (configs/models/…) */
         char *hf_config;         /* config.json: generate both inventories from the rules */
@@ -34,7 +34,7 @@ struct wb_job {
     } model;
     char *trainer_layout; /* cluster layout files */
     char *rollout_layout;
-    int mode;         /* enum wb_plan_mode order: auto|direct|amax|gather */
+    int mode;         /* enum wb_plan_mode: auto|direct|gather (route's wb_plan_mode_names) */
     uint64_t mem_cap; /* executor temporary-memory cap, bytes */
     uint64_t seed;    /* synthetic parameter source seed */
     char *provider;   /* transport: tcp|shm|cuda_ipc|… as transport/ names them */
@@ -63,7 +63,8 @@ static const uint64_t WB_JOB_MAX_NS = WB_JOB_MAX_DAYS * 86400ull * 1000000000ull
 extern const struct wb_cfg_field wb_job_fields[];
 
 /* Loads the job file; paths inside it are resolved relative to the file's directory. Problems
- * go to el with file:line:col; -WB_E_CONFIG then. The token falls back to $WB_TOKEN. */
+ * go to el with file:line:col; -WB_E_CONFIG then. The token falls back to $WB_TOKEN
+ * (wb_token_resolve) and may be absent: wb_controller_create() is what requires one. */
 int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el);
 void wb_job_free(struct wb_job *job);
 
@@ -73,7 +74,8 @@ struct wb_controller;
 
 /* Creates the controller: loads and checks the model and layouts, matches and plans (every
  * problem goes to el: a mismatched model is refused here, before anything is sent), and
- * listens. The job is borrowed for the controller's lifetime. */
+ * listens. A job without a token is -WB_E_CONFIG. The job is borrowed for the controller's
+ * lifetime. */
 int wb_controller_create(const struct wb_job *job, struct wb_controller **out,
                          struct wb_errlist *el);
 /* What a program embedding the controller gives beyond the job file: a checkpoint broadcast
@@ -111,8 +113,10 @@ void wb_controller_plan_info(const struct wb_controller *c, struct wb_controller
 /* Runs the event loop until a client asks for shutdown (returns 0) or a fatal error. */
 int wb_controller_run(struct wb_controller *c);
 /* One turn of that loop, for a program that runs its own (and the message-handler fuzz
- * target): waits up to wait_ms for messages, handles those that came, runs the timers.
- * 0: go on; 1: shut down; < 0: a fatal error. */
+ * target): waits for messages until the controller's next deadline (an agent's silence
+ * turning it suspect or dead, a transfer's time limit, ...) but at most wait_ms (< 0: no
+ * limit), handles those that came, runs the timers. 0: go on; 1: shut down; < 0: a fatal
+ * error. */
 int wb_controller_step(struct wb_controller *c, int wait_ms);
 /* One request handled as if it had arrived on the socket, then the timers run, without the
  * network (tests and the message-handler fuzz target): every reply the controller gives

@@ -2,13 +2,12 @@
  * which model and layouts to plan, how the control plane times out, and how agents execute.
  * `wb-controller --dump-config` prints the same rows, so the docs never drift from the code. */
 #include "controller/controller.h"
+#include "route/route.h"
 
 #include <errno.h>
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *const mode_choices[] = {"auto", "direct", "amax", "gather", NULL};
 
 static const struct wb_cfg_field model_fields[] = {
     {"rules", WB_CFG_STR, "", "model rules YAML (configs/models/...)",
@@ -52,7 +51,7 @@ const struct wb_cfg_field wb_job_fields[] = {
     {"rollout_layout", WB_CFG_STR, "", "rollout cluster layout YAML",
      offsetof(struct wb_job, rollout_layout)},
     {"mode", WB_CFG_ENUM, "auto", "how pieces are produced", offsetof(struct wb_job, mode),
-     mode_choices},
+     wb_plan_mode_names},
     {"mem_cap", WB_CFG_SIZE, "0", "temporary-memory cap of each trainer's executor (0: 1 GiB)",
      offsetof(struct wb_job, mem_cap)},
     {"seed", WB_CFG_U64, "1", "seed of the synthetic parameter source",
@@ -160,17 +159,13 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
     free(dup);
     if (err)
         goto err_free;
-    if (!*j.token) {
-        const char *env = getenv("WB_TOKEN");
-        if (!env || !*env) {
-            wb_errlist_add(el, "%s: token: no cluster token (set token: in the file or $WB_TOKEN)",
-                           path);
-            err = -WB_E_CONFIG;
-            goto err_free;
-        }
+    /* The token falls back to $WB_TOKEN but is not demanded here: what reads a job without
+     * sending anything (wb-ctl verify, wb-broadcast --dry-run) needs none. What serves it
+     * does: wb_controller_create() refuses a job without one. */
+    const char *tok = wb_token_resolve(j.token);
+    if (tok && tok != j.token) {
         free(j.token);
-        j.token = strdup(env);
-        if (!j.token) {
+        if (!(j.token = strdup(tok))) {
             err = -ENOMEM;
             goto err_free;
         }
@@ -229,6 +224,16 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
                            durs[i].key, (double)durs[i].ns / 1e9, WB_JOB_MAX_DAYS);
             err = -WB_E_CONFIG;
         }
+    enum wb_plan_mode asked;
+    if (wb_plan_mode_parse(wb_plan_mode_name((enum wb_plan_mode)j.mode), &asked)) {
+        char mat[1200];
+        wb_errlist_add(el,
+                       "%s: mode: %s is what the planner chooses where FP8 blocks straddle owners, "
+                       "not a request: ask for direct (it falls back to amax there)",
+                       key_at(y, "mode", mat, sizeof(mat)),
+                       wb_plan_mode_name((enum wb_plan_mode)j.mode));
+        err = -WB_E_CONFIG;
+    }
     if (j.handshake_ns == 0) {
         wb_errlist_add(el, "%s: handshake: must be longer than 0", path);
         err = -WB_E_CONFIG;

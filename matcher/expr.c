@@ -393,7 +393,7 @@ static int32_t parse_cond(struct parser *p)
     return n;
 }
 
-int wb_expr_compile(const char *text, struct wb_expr **out, char *err, size_t errcap)
+int mx_expr_compile(const char *text, struct wb_expr **out, char *err, size_t errcap)
 {
     struct wb_expr *e = calloc(1, sizeof(*e));
     if (!e || !(e->text = strdup(text))) {
@@ -412,14 +412,14 @@ int wb_expr_compile(const char *text, struct wb_expr **out, char *err, size_t er
             fail(&p, "unexpected");
     }
     if (p.failed) {
-        wb_expr_free(e);
+        mx_expr_free(e);
         return -EINVAL;
     }
     *out = e;
     return 0;
 }
 
-void wb_expr_free(struct wb_expr *e)
+void mx_expr_free(struct wb_expr *e)
 {
     if (!e)
         return;
@@ -428,7 +428,7 @@ void wb_expr_free(struct wb_expr *e)
     free(e);
 }
 
-const char *wb_expr_text(const struct wb_expr *e)
+const char *mx_expr_text(const struct wb_expr *e)
 {
     return e->text;
 }
@@ -476,7 +476,7 @@ static int lookup(struct ectx *x, const char *name, size_t len, struct xval *out
             out->v = env->sets[i].value;
             return 0;
         }
-    const struct wb_jval *v = env->cfg ? wb_jcfg_get(env->cfg, name, len) : NULL;
+    const struct wb_jval *v = env->cfg ? mx_jcfg_get(env->cfg, name, len) : NULL;
     if (v) {
         if (v->kind == WB_J_INT) {
             out->v = v->i;
@@ -523,7 +523,7 @@ static int eval(struct ectx *x, int32_t i, struct xval *out)
     case X_NAME:
         return lookup(x, name, n->name_len, out);
     case X_DEFINED: {
-        const struct wb_jval *v = x->env->cfg ? wb_jcfg_get(x->env->cfg, name, n->name_len) : NULL;
+        const struct wb_jval *v = x->env->cfg ? mx_jcfg_get(x->env->cfg, name, n->name_len) : NULL;
         if (v) {
             out->v = 1;
             return 0;
@@ -563,7 +563,7 @@ static int eval(struct ectx *x, int32_t i, struct xval *out)
         for (size_t k = 0; k < x->env->nsets; k++)
             job |= strlen(x->env->sets[k].name) == n->name_len &&
                    memcmp(x->env->sets[k].name, name, n->name_len) == 0;
-        const struct wb_jval *v = x->env->cfg ? wb_jcfg_get(x->env->cfg, name, n->name_len) : NULL;
+        const struct wb_jval *v = x->env->cfg ? mx_jcfg_get(x->env->cfg, name, n->name_len) : NULL;
         if (!job && v && !v->is_bool) {
             snprintf(x->err, x->errcap,
                      "field '%.*s' is %" PRId64 ", not a boolean (true or false)", (int)n->name_len,
@@ -579,7 +579,7 @@ static int eval(struct ectx *x, int32_t i, struct xval *out)
         return 0;
     }
     case X_CONTAINS: {
-        const struct wb_jval *v = x->env->cfg ? wb_jcfg_get(x->env->cfg, name, n->name_len) : NULL;
+        const struct wb_jval *v = x->env->cfg ? mx_jcfg_get(x->env->cfg, name, n->name_len) : NULL;
         if (!v) {
             snprintf(x->err, x->errcap, "missing field '%.*s'", (int)n->name_len, name);
             return -ENOENT;
@@ -700,7 +700,7 @@ overflow:
     return -ERANGE;
 }
 
-int wb_expr_eval(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
+int mx_expr_eval(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
                  size_t errcap)
 {
     struct ectx x = {.e = e, .env = env, .err = err, .errcap = errcap};
@@ -711,7 +711,7 @@ int wb_expr_eval(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, cha
     return r;
 }
 
-int wb_expr_eval_num(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
+int mx_expr_eval_num(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
                      size_t errcap)
 {
     struct ectx x = {.e = e, .env = env, .err = err, .errcap = errcap};
@@ -737,19 +737,19 @@ struct wb_tmpl {
     size_t n;
 };
 
-void wb_tmpl_free(struct wb_tmpl *t)
+void mx_tmpl_free(struct wb_tmpl *t)
 {
     if (!t)
         return;
     for (size_t i = 0; i < t->n; i++) {
         free(t->p[i].lit);
-        wb_expr_free(t->p[i].e);
+        mx_expr_free(t->p[i].e);
     }
     free(t->p);
     free(t);
 }
 
-int wb_tmpl_compile(const char *text, struct wb_tmpl **out, char *err, size_t errcap)
+int mx_tmpl_compile(const char *text, struct wb_tmpl **out, char *err, size_t errcap)
 {
     struct wb_tmpl *t = calloc(1, sizeof(*t));
     size_t len = strlen(text);
@@ -769,7 +769,7 @@ int wb_tmpl_compile(const char *text, struct wb_tmpl **out, char *err, size_t er
             }
             char inner[256], sub[200];
             snprintf(inner, sizeof(inner), "%.*s", (int)(end - s - 1), s + 1);
-            if (wb_expr_compile(inner, &pc->e, sub, sizeof(sub))) {
+            if (mx_expr_compile(inner, &pc->e, sub, sizeof(sub))) {
                 snprintf(err, errcap, "in '{%s}': %s", inner, sub);
                 goto err;
             }
@@ -793,11 +793,11 @@ int wb_tmpl_compile(const char *text, struct wb_tmpl **out, char *err, size_t er
     *out = t;
     return 0;
 err:
-    wb_tmpl_free(t);
+    mx_tmpl_free(t);
     return -EINVAL;
 }
 
-int wb_tmpl_render(const struct wb_tmpl *t, struct wb_xenv *env, char *buf, size_t cap, char *err,
+int mx_tmpl_render(const struct wb_tmpl *t, struct wb_xenv *env, char *buf, size_t cap, char *err,
                    size_t errcap)
 {
     size_t pos = 0;
@@ -808,7 +808,7 @@ int wb_tmpl_render(const struct wb_tmpl *t, struct wb_xenv *env, char *buf, size
         size_t n = pc->len;
         if (pc->e) {
             int64_t v;
-            int r = wb_expr_eval_num(pc->e, env, &v, err, errcap);
+            int r = mx_expr_eval_num(pc->e, env, &v, err, errcap);
             if (r)
                 return r;
             n = (size_t)snprintf(num, sizeof(num), "%lld", (long long)v);

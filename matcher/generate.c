@@ -85,11 +85,11 @@ static const struct wb_cfg_field ignore_table[] = {
     {0},
 };
 
-void wb_family_vars_free(struct wb_xderived *v, size_t n)
+void mx_family_vars_free(struct wb_xderived *v, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         free(v[i].name);
-        wb_expr_free(v[i].e);
+        mx_expr_free(v[i].e);
     }
     free(v);
 }
@@ -123,7 +123,7 @@ static int family_vars(const struct wb_yaml *y, const struct wb_ynode *node,
             r = -WB_E_CONFIG;
             continue;
         }
-        if (wb_expr_compile(text, &v[k].e, err, sizeof(err))) {
+        if (mx_expr_compile(text, &v[k].e, err, sizeof(err))) {
             wb_errlist_add(el, "%s: vars.%s: bad expression '%s': %s", at, name, text, err);
             r = -WB_E_CONFIG;
             continue;
@@ -137,7 +137,7 @@ static int family_vars(const struct wb_yaml *y, const struct wb_ynode *node,
         }
     }
     if (r) {
-        wb_family_vars_free(v, k);
+        mx_family_vars_free(v, k);
         return r;
     }
     *out = v;
@@ -145,7 +145,7 @@ static int family_vars(const struct wb_yaml *y, const struct wb_ynode *node,
     return 0;
 }
 
-void wb_family_free_types(char **types, size_t n)
+void mx_family_free_types(char **types, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         free(types[i]);
@@ -183,7 +183,7 @@ static int family_model_types(struct wb_family *f, const struct wb_ynode *node,
     return 0;
 }
 
-int wb_check_model_type(char *const *types, size_t n, const char *at, const struct wb_jcfg *cfg,
+int mx_check_model_type(char *const *types, size_t n, const char *at, const struct wb_jcfg *cfg,
                         struct wb_errlist *el)
 {
     if (!n)
@@ -193,7 +193,7 @@ int wb_check_model_type(char *const *types, size_t n, const char *at, const stru
     list[0] = 0;
     for (size_t i = 0; i < n && pos < sizeof(list); i++)
         pos += (size_t)snprintf(list + pos, sizeof(list) - pos, "%s%s", i ? ", " : "", types[i]);
-    const struct wb_jval *v = wb_jcfg_get(cfg, "model_type", strlen("model_type"));
+    const struct wb_jval *v = mx_jcfg_get(cfg, "model_type", strlen("model_type"));
     if (!v) {
         wb_errlist_add(el, "%s: model_type: missing; the family file covers %s (%s)", cfg->path,
                        list, at);
@@ -233,13 +233,13 @@ static const char *jval_str(const struct wb_jval *v, char *buf, size_t cap)
     return buf;
 }
 
-int wb_check_quant_config(const struct wb_jcfg *cfg, struct wb_errlist *el)
+int mx_check_quant_config(const struct wb_jcfg *cfg, struct wb_errlist *el)
 {
     static const char pre[] = "quantization_config";
     const size_t pl = sizeof(pre) - 1;
     const char *path = cfg->path;
     char buf[256];
-    const struct wb_jval *top = wb_jcfg_get(cfg, pre, pl);
+    const struct wb_jval *top = mx_jcfg_get(cfg, pre, pl);
     if (top) { /* a value, not an object (nulls are left out: no quantization) */
         wb_errlist_add(el, "%s: %s: %s: expected an object", path, pre,
                        jval_str(top, buf, sizeof(buf)));
@@ -251,7 +251,7 @@ int wb_check_quant_config(const struct wb_jcfg *cfg, struct wb_errlist *el)
             first = i;
     if (first == cfg->n)
         return 0; /* no quantization: every tensor stays in the family's dtype */
-    const struct wb_jval *m = wb_jcfg_get(cfg, "quantization_config.quant_method",
+    const struct wb_jval *m = mx_jcfg_get(cfg, "quantization_config.quant_method",
                                           strlen("quantization_config.quant_method"));
     if (!m || !m->str) {
         wb_errlist_add(el, "%s: quantization_config.quant_method: %s", path,
@@ -268,7 +268,7 @@ int wb_check_quant_config(const struct wb_jcfg *cfg, struct wb_errlist *el)
         return -WB_E_CONFIG;
     }
     int r = 0;
-    const struct wb_jval *bs = wb_jcfg_get(cfg, "quantization_config.weight_block_size",
+    const struct wb_jval *bs = mx_jcfg_get(cfg, "quantization_config.weight_block_size",
                                            strlen("quantization_config.weight_block_size"));
     if (!bs) {
         wb_errlist_add(el,
@@ -291,7 +291,7 @@ int wb_check_quant_config(const struct wb_jcfg *cfg, struct wb_errlist *el)
                 {"quantization_config.activation_scheme", "dynamic",
                  "only dynamic activation scales (no input_scale tensors are produced)"}};
     for (size_t k = 0; k < WB_ARRAY_LEN(keys); k++) {
-        const struct wb_jval *v = wb_jcfg_get(cfg, keys[k].key, strlen(keys[k].key));
+        const struct wb_jval *v = mx_jcfg_get(cfg, keys[k].key, strlen(keys[k].key));
         if (v && (!v->str || strcmp(v->str, keys[k].want) != 0)) {
             wb_errlist_add(el, "%s: %s: %s: %s", path, keys[k].key, jval_str(v, buf, sizeof(buf)),
                            keys[k].why);
@@ -352,7 +352,7 @@ static int family_checks(struct wb_family *f, const struct wb_ynode *node, struc
             r = -WB_E_CONFIG;
             continue;
         }
-        int e = wb_expr_compile(text, &c->e, err, sizeof(err));
+        int e = mx_expr_compile(text, &c->e, err, sizeof(err));
         if (e) {
             wb_errlist_add(el, "%s: checks: bad expression '%s': %s", at, text, err);
             r = e == -ENOMEM ? e : -WB_E_CONFIG;
@@ -366,7 +366,7 @@ static int family_checks(struct wb_family *f, const struct wb_ynode *node, struc
     return r;
 }
 
-int wb_vars_parse(const char *text, const struct wb_xderived *dv, size_t ndv, const char *path,
+int mx_vars_parse(const char *text, const struct wb_xderived *dv, size_t ndv, const char *path,
                   struct wb_xvar **out, size_t *nout, char **buf, struct wb_errlist *el)
 {
     *out = NULL;
@@ -442,7 +442,7 @@ static int run_checks(const struct wb_family *f, const struct wb_jcfg *cfg,
             .sets = sets, .nsets = nsets, .cfg = cfg, .derived = f->dv, .nderived = f->ndv};
         char err[256];
         int64_t v;
-        int e = wb_expr_eval(c->e, &env, &v, err, sizeof(err));
+        int e = mx_expr_eval(c->e, &env, &v, err, sizeof(err));
         if (e == -ENOENT) /* the tensors that need the field report it where they need it */
             continue;
         if (e)
@@ -455,21 +455,21 @@ static int run_checks(const struct wb_family *f, const struct wb_jcfg *cfg,
     return r;
 }
 
-void wb_family_close(struct wb_family *f)
+void mx_family_close(struct wb_family *f)
 {
     if (!f)
         return;
-    wb_family_vars_free(f->checks, f->nchecks);
-    wb_family_free_types(f->model_types, f->nmodel_types);
+    mx_family_vars_free(f->checks, f->nchecks);
+    mx_family_free_types(f->model_types, f->nmodel_types);
     free(f->family);
     free(f->description);
     free(f->quant.scale_suffix);
-    wb_family_vars_free(f->dv, f->ndv);
+    mx_family_vars_free(f->dv, f->ndv);
     wb_yaml_free(f->y);
     free(f);
 }
 
-int wb_family_open(const char *path, struct wb_family **out, struct wb_errlist *el)
+int mx_family_open(const char *path, struct wb_family **out, struct wb_errlist *el)
 {
     struct wb_family *f = calloc(1, sizeof(*f));
     if (!f)
@@ -489,7 +489,6 @@ int wb_family_open(const char *path, struct wb_family **out, struct wb_errlist *
         goto err;
     r = wb_cfg_parse(f->y, t.quant, quant_table, &q, el);
     f->quant.scale_suffix = q.scale_suffix;
-    f->quant.block = q.block;
     f->quant.fp8 = q.fp8;
     if (r)
         goto err;
@@ -527,7 +526,7 @@ int wb_family_open(const char *path, struct wb_family **out, struct wb_errlist *
     *out = f;
     return 0;
 err:
-    wb_family_close(f);
+    mx_family_close(f);
     return r;
 }
 
@@ -620,7 +619,7 @@ static struct wb_expr *compile_at(struct gen *g, const struct wb_ynode *n, const
         return NULL;
     }
     struct wb_expr *e;
-    int r = wb_expr_compile(text, &e, err, sizeof(err));
+    int r = mx_expr_compile(text, &e, err, sizeof(err));
     if (r) {
         wb_errlist_add(g->el, "%s: %s: bad expression '%s': %s", at, what, text, err);
         g->err = r == -ENOMEM ? r : -WB_E_CONFIG;
@@ -648,7 +647,7 @@ static void compile_tensor(struct gen *g, struct gblock *b, const struct wb_ynod
         g->err = -WB_E_CONFIG;
         return;
     }
-    if (wb_tmpl_compile(t->src, &t->name, err, sizeof(err))) {
+    if (mx_tmpl_compile(t->src, &t->name, err, sizeof(err))) {
         wb_errlist_add(g->el, "%s: bad name template '%s': %s", t->where, t->src, err);
         g->err = -WB_E_CONFIG;
         return;
@@ -777,16 +776,16 @@ static void gen_free(struct gen *g)
     for (size_t i = 0; i < g->nb; i++) {
         struct gblock *b = &g->b[i];
         for (size_t l = 0; l < b->nloop; l++) {
-            wb_expr_free(b->loop[l].from);
-            wb_expr_free(b->loop[l].to);
+            mx_expr_free(b->loop[l].from);
+            mx_expr_free(b->loop[l].to);
         }
-        wb_expr_free(b->when);
-        wb_expr_free(b->fp8);
+        mx_expr_free(b->when);
+        mx_expr_free(b->fp8);
         for (size_t t = 0; t < b->nt; t++) {
-            wb_tmpl_free(b->t[t].name);
-            wb_expr_free(b->t[t].when);
+            mx_tmpl_free(b->t[t].name);
+            mx_expr_free(b->t[t].when);
             for (uint32_t d = 0; d < b->t[t].ndim; d++)
-                wb_expr_free(b->t[t].dim[d]);
+                mx_expr_free(b->t[t].dim[d]);
         }
         free(b->t);
     }
@@ -862,29 +861,29 @@ static int emit(struct gen *g, size_t bi, struct wb_xenv *env, bool fp8)
         int64_t v;
         int r;
         if (t->when) {
-            if ((r = wb_expr_eval(t->when, env, &v, err, sizeof(err)))) {
-                eval_error(g, &t->reported, r, err, wb_expr_text(t->when), t->where, env);
+            if ((r = mx_expr_eval(t->when, env, &v, err, sizeof(err)))) {
+                eval_error(g, &t->reported, r, err, mx_expr_text(t->when), t->where, env);
                 continue;
             }
             if (!v)
                 continue;
         }
-        if ((r = wb_tmpl_render(t->name, env, name, sizeof(name), err, sizeof(err)))) {
+        if ((r = mx_tmpl_render(t->name, env, name, sizeof(name), err, sizeof(err)))) {
             eval_error(g, &t->reported, r, err, t->src, t->where, env);
             continue;
         }
         struct wb_shape s = {.ndim = t->ndim};
         bool ok = true;
         for (uint32_t d = 0; d < t->ndim && ok; d++) {
-            if ((r = wb_expr_eval_num(t->dim[d], env, &v, err, sizeof(err)))) {
-                eval_error(g, &t->reported, r, err, wb_expr_text(t->dim[d]), t->where, env);
+            if ((r = mx_expr_eval_num(t->dim[d], env, &v, err, sizeof(err)))) {
+                eval_error(g, &t->reported, r, err, mx_expr_text(t->dim[d]), t->where, env);
                 ok = false;
             } else if (v <= 0) {
                 /* a zero is a config.json field set to 0 (or missing from a product): an
                  * empty tensor no model has */
                 snprintf(err, sizeof(err), "dimension %u of %s is %s (%lld)", d, name,
                          v ? "negative" : "zero", (long long)v);
-                eval_error(g, &t->reported, -EINVAL, err, wb_expr_text(t->dim[d]), t->where, env);
+                eval_error(g, &t->reported, -EINVAL, err, mx_expr_text(t->dim[d]), t->where, env);
                 ok = false;
             } else {
                 s.dim[d] = (uint64_t)v;
@@ -926,7 +925,7 @@ static int fp8_config_ok(struct gen *g)
     if (!g->quant_checked) {
         g->quant_checked = true;
         size_t before = g->el->n;
-        g->quant_err = wb_check_quant_config(g->cfg, g->el);
+        g->quant_err = mx_check_quant_config(g->cfg, g->el);
         if (g->quant_err && g->el->n == before)
             wb_errlist_add(g->el, "%s: out of memory", g->cfg->path);
     }
@@ -955,8 +954,8 @@ static int loops_precheck(struct gen *g, struct gblock *b, struct wb_xvar *vars)
                               .derived = g->f->dv,
                               .nderived = g->f->ndv};
         int64_t from = 0, to;
-        if ((l->from && wb_expr_eval_num(l->from, &env, &from, err, sizeof(err))) ||
-            wb_expr_eval_num(l->to, &env, &to, err, sizeof(err)) || from < 0 || to < 0)
+        if ((l->from && mx_expr_eval_num(l->from, &env, &from, err, sizeof(err))) ||
+            mx_expr_eval_num(l->to, &env, &to, err, sizeof(err)) || from < 0 || to < 0)
             return 0;
         uint64_t count = to > from ? (uint64_t)(to - from) : 0;
         if (__builtin_mul_overflow(prod, count, &prod))
@@ -994,12 +993,12 @@ static int run_block(struct gen *g, size_t bi, size_t level, struct wb_xvar *var
     if (level < b->nloop) {
         struct gloop *l = &b->loop[level];
         int64_t from = 0, to;
-        if (l->from && (r = wb_expr_eval_num(l->from, &env, &from, err, sizeof(err)))) {
-            eval_error(g, &b->reported, r, err, wb_expr_text(l->from), l->where, &env);
+        if (l->from && (r = mx_expr_eval_num(l->from, &env, &from, err, sizeof(err)))) {
+            eval_error(g, &b->reported, r, err, mx_expr_text(l->from), l->where, &env);
             return 0;
         }
-        if ((r = wb_expr_eval_num(l->to, &env, &to, err, sizeof(err)))) {
-            eval_error(g, &b->reported, r, err, wb_expr_text(l->to), l->where, &env);
+        if ((r = mx_expr_eval_num(l->to, &env, &to, err, sizeof(err)))) {
+            eval_error(g, &b->reported, r, err, mx_expr_text(l->to), l->where, &env);
             return 0;
         }
         /* loop variables index tensors: both bounds are counts, never negative */
@@ -1007,14 +1006,14 @@ static int run_block(struct gen *g, size_t bi, size_t level, struct wb_xvar *var
             const struct wb_expr *e = from < 0 ? l->from : l->to;
             snprintf(err, sizeof(err), "loop %s %s at %lld, a negative index", l->var,
                      from < 0 ? "starts" : "ends", (long long)(from < 0 ? from : to));
-            eval_error(g, &b->reported, -EINVAL, err, wb_expr_text(e), l->where, &env);
+            eval_error(g, &b->reported, -EINVAL, err, mx_expr_text(e), l->where, &env);
             return 0;
         }
         uint64_t count = to > from ? (uint64_t)(to - from) : 0;
         if (count > WB_GEN_MAX_ITERS) {
             snprintf(err, sizeof(err), "loop %s of %llu iterations (at most %d)", l->var,
                      (unsigned long long)count, WB_GEN_MAX_ITERS);
-            eval_error(g, &b->reported, -EINVAL, err, wb_expr_text(l->to), l->where, &env);
+            eval_error(g, &b->reported, -EINVAL, err, mx_expr_text(l->to), l->where, &env);
             return 0;
         }
         /* nested loops multiply: every iteration of every level counts against one budget for
@@ -1037,8 +1036,8 @@ static int run_block(struct gen *g, size_t bi, size_t level, struct wb_xvar *var
         return 0;
     }
     if (b->when) {
-        if ((r = wb_expr_eval(b->when, &env, &v, err, sizeof(err)))) {
-            eval_error(g, &b->reported, r, err, wb_expr_text(b->when), b->where, &env);
+        if ((r = mx_expr_eval(b->when, &env, &v, err, sizeof(err)))) {
+            eval_error(g, &b->reported, r, err, mx_expr_text(b->when), b->where, &env);
             return 0;
         }
         if (!v)
@@ -1046,8 +1045,8 @@ static int run_block(struct gen *g, size_t bi, size_t level, struct wb_xvar *var
     }
     bool fp8 = false;
     if (b->fp8) {
-        if ((r = wb_expr_eval(b->fp8, &env, &v, err, sizeof(err)))) {
-            eval_error(g, &b->reported, r, err, wb_expr_text(b->fp8), b->where, &env);
+        if ((r = mx_expr_eval(b->fp8, &env, &v, err, sizeof(err)))) {
+            eval_error(g, &b->reported, r, err, mx_expr_text(b->fp8), b->where, &env);
             return 0;
         }
         fp8 = v != 0;
@@ -1077,14 +1076,14 @@ int wb_inv_generate_vars(const char *family_yaml, const char *config_json, const
                          const char *side, struct wb_inventory *inv, struct wb_errlist *el)
 {
     struct wb_family *f = NULL;
-    int r = wb_family_open(family_yaml, &f, el);
+    int r = mx_family_open(family_yaml, &f, el);
     if (r == 0)
-        r = wb_inv_generate_family(f, family_yaml, config_json, vars, side, inv, el);
-    wb_family_close(f);
+        r = mx_inv_generate_family(f, family_yaml, config_json, vars, side, inv, el);
+    mx_family_close(f);
     return r;
 }
 
-int wb_inv_generate_family(struct wb_family *f, const char *family_yaml, const char *config_json,
+int mx_inv_generate_family(struct wb_family *f, const char *family_yaml, const char *config_json,
                            const char *vars, const char *side, struct wb_inventory *inv,
                            struct wb_errlist *el)
 {
@@ -1095,19 +1094,19 @@ int wb_inv_generate_family(struct wb_family *f, const char *family_yaml, const c
     int r;
     if ((r = check_side(side, el)))
         return r;
-    if (!(r = wb_vars_parse(vars, f->dv, f->ndv, family_yaml, &sets, &nsets, &sets_buf, el)) &&
-        !(r = wb_jcfg_load(config_json, &cfg, el)))
-        r = wb_inv_generate_parsed(f, family_yaml, cfg, sets, nsets, side, inv, el);
+    if (!(r = mx_vars_parse(vars, f->dv, f->ndv, family_yaml, &sets, &nsets, &sets_buf, el)) &&
+        !(r = mx_jcfg_load(config_json, &cfg, el)))
+        r = mx_inv_generate_parsed(f, family_yaml, cfg, sets, nsets, side, inv, el);
     /* an allocation failure is an error with a message, never an empty success */
     if (r == -ENOMEM && el->n == before)
         wb_errlist_add(el, "%s: out of memory generating the %s inventory", family_yaml, side);
     free(sets);
     free(sets_buf);
-    wb_jcfg_free(cfg);
+    mx_jcfg_free(cfg);
     return r;
 }
 
-int wb_inv_generate_parsed(struct wb_family *f, const char *family_yaml, const struct wb_jcfg *cfg,
+int mx_inv_generate_parsed(struct wb_family *f, const char *family_yaml, const struct wb_jcfg *cfg,
                            const struct wb_xvar *sets, size_t nsets, const char *side,
                            struct wb_inventory *inv, struct wb_errlist *el)
 {
@@ -1121,7 +1120,7 @@ int wb_inv_generate_parsed(struct wb_family *f, const char *family_yaml, const s
         wb_errlist_add(el, "%s: no \"%s\" section (a list of tensor blocks)", family_yaml, side);
         return -WB_E_CONFIG;
     }
-    if ((r = wb_check_model_type(f->model_types, f->nmodel_types, f->model_type_at, cfg, el)) ||
+    if ((r = mx_check_model_type(f->model_types, f->nmodel_types, f->model_type_at, cfg, el)) ||
         (r = run_checks(f, cfg, sets, nsets, el)))
         return r;
     g.f = f;

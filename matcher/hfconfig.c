@@ -91,7 +91,7 @@ static int cmp_jval(const void *a, const void *b)
     return strcmp(((const struct wb_jval *)a)->name, ((const struct wb_jval *)b)->name);
 }
 
-void wb_jcfg_free(struct wb_jcfg *c)
+void mx_jcfg_free(struct wb_jcfg *c)
 {
     if (!c)
         return;
@@ -106,7 +106,7 @@ void wb_jcfg_free(struct wb_jcfg *c)
     free(c);
 }
 
-int wb_jcfg_load(const char *path, struct wb_jcfg **out, struct wb_errlist *el)
+int mx_jcfg_load(const char *path, struct wb_jcfg **out, struct wb_errlist *el)
 {
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
@@ -151,7 +151,7 @@ err:
     if (c) {
         c->v = f.v;
         c->n = f.n;
-        wb_jcfg_free(c);
+        mx_jcfg_free(c);
     } else {
         for (size_t i = 0; i < f.n; i++) {
             free(f.v[i].name);
@@ -166,7 +166,7 @@ err:
     return r;
 }
 
-const struct wb_jval *wb_jcfg_get(const struct wb_jcfg *c, const char *name, size_t len)
+const struct wb_jval *mx_jcfg_get(const struct wb_jcfg *c, const char *name, size_t len)
 {
     size_t lo = 0, hi = c->n;
     while (lo < hi) {

@@ -104,7 +104,7 @@ static bool any_match(const struct wb_pat *p, size_t n, const char *name)
 {
     struct wb_caps caps;
     for (size_t i = 0; i < n; i++)
-        if (wb_pat_match(&p[i], name, &caps))
+        if (mx_pat_match(&p[i], name, &caps))
             return true;
     return false;
 }
@@ -125,7 +125,7 @@ static void eval_head_dims(struct mctx *c)
                               .nderived = rs->nvars};
         char err[256];
         int64_t v;
-        int r = wb_expr_eval_num(rl->head_dim, &env, &v, err, sizeof(err));
+        int r = mx_expr_eval_num(rl->head_dim, &env, &v, err, sizeof(err));
         if (r == 0 && v <= 0) {
             snprintf(err, sizeof(err), "not positive (%lld)", (long long)v);
             r = -EINVAL;
@@ -193,7 +193,7 @@ static void report_missing(struct build *b)
 static ssize_t lookup(struct build *b, const struct wb_pat *t, const char *over, uint64_t val,
                       char *name)
 {
-    int r = wb_pat_subst(t, b->caps, over, val, name, WB_NAME_MAX);
+    int r = mx_pat_subst(t, b->caps, over, val, name, WB_NAME_MAX);
     if (r) {
         merr(b->c, "%s: cannot build a trainer name from '%s' (rule %s:%u)", b->R->name, t->src,
              b->c->rs->path, b->rl->line);
@@ -212,7 +212,7 @@ static void parts_str(struct build *b, size_t first, size_t count, uint32_t dim,
     for (size_t i = 0; i < count && pos < cap; i++) {
         const struct wb_param *t = &b->c->T->p[b->comp[first + i].trainer];
         char label[WB_NAME_MAX];
-        wb_name_label(t->name, label, sizeof(label));
+        mx_name_label(t->name, label, sizeof(label));
         uint64_t ext = dim < t->shape.ndim ? t->shape.dim[dim] : 0;
         pos += (size_t)snprintf(buf + pos, cap - pos, "%s%s %llu", i ? " + " : "", label,
                                 (unsigned long long)ext);
@@ -358,7 +358,7 @@ static bool check_fused(struct build *b, size_t first, size_t count, uint32_t d,
         for (size_t i = 0; i < count && pos < sizeof(parts); i++) {
             const struct wb_param *T = &c->T->p[b->comp[first + i].trainer];
             char label[WB_NAME_MAX];
-            wb_name_label(T->name, label, sizeof(label));
+            mx_name_label(T->name, label, sizeof(label));
             pos += (size_t)snprintf(parts + pos, sizeof(parts) - pos, "%s%s %s", i ? ", " : "",
                                     label, shp(&T->shape, s, sizeof(s)));
         }
@@ -541,7 +541,7 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
         return;
     }
     /* FP8 block-quantized rollout tensor */
-    m->block = rs->block;
+    m->block = WB_FP8_BLOCK;
     if (!any_match(rs->fp8, rs->nfp8, R->name)) {
         merr(c,
              "%s: rollout dtype fp8_e4m3, but no quant.fp8 pattern of %s:%u allows FP8 for "
@@ -566,7 +566,7 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
     }
     struct wb_shape want = R->shape;
     for (uint32_t k = want.ndim - 2; k < want.ndim; k++)
-        want.dim[k] = (want.dim[k] + rs->block - 1) / rs->block;
+        want.dim[k] = (want.dim[k] + WB_FP8_BLOCK - 1) / WB_FP8_BLOCK;
     if (wb_shape_eq(&S->shape, &want) && S->dtype != WB_DTYPE_FP32) {
         bad_scale_dtype(c, 1, (uint32_t)scale, line);
         b->bad = true;
@@ -574,8 +574,8 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
         char r[128];
         merr(c, "%s: scale %s %s != expected fp32 %s for %s %s in %ux%u blocks (rule %s:%u)",
              S->name, wb_dtype_name(S->dtype), shp(&S->shape, a, sizeof(a)),
-             shp(&want, s, sizeof(s)), R->name, shp(&R->shape, r, sizeof(r)), rs->block, rs->block,
-             path, line);
+             shp(&want, s, sizeof(s)), R->name, shp(&R->shape, r, sizeof(r)), WB_FP8_BLOCK,
+             WB_FP8_BLOCK, path, line);
         b->bad = true;
     }
     /* fused components: each must start on a block edge and end on one, except the one that
@@ -585,14 +585,14 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
         const struct wb_box *dst = &b->comp[i].dst;
         for (uint32_t k = nd - 2; k < nd; k++) {
             uint64_t off = dst->off[k], end = off + dst->ext[k];
-            if (off % rs->block == 0 && (end % rs->block == 0 || end == R->shape.dim[k]))
+            if (off % WB_FP8_BLOCK == 0 && (end % WB_FP8_BLOCK == 0 || end == R->shape.dim[k]))
                 continue;
             char label[WB_NAME_MAX];
-            wb_name_label(c->T->p[b->comp[i].trainer].name, label, sizeof(label));
+            mx_name_label(c->T->p[b->comp[i].trainer].name, label, sizeof(label));
             merr(c,
                  "%s: component %s [%llu, %llu) along dim %u is not aligned to %u-element "
                  "FP8 blocks; only the last component may end unaligned (rule %s:%u)",
-                 R->name, label, (unsigned long long)off, (unsigned long long)end, k, rs->block,
+                 R->name, label, (unsigned long long)off, (unsigned long long)end, k, WB_FP8_BLOCK,
                  path, line);
             b->bad = true;
             return;
@@ -630,11 +630,11 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
         }
         struct wb_box tfull = wb_box_full(&T->shape), tsb;
         struct wb_box sfull = wb_box_full(&c->T->p[ts].shape);
-        if (wb_scale_box(&cp->src, rs->block, &sb) || wb_scale_box(&tfull, rs->block, &tsb) ||
+        if (wb_scale_box(&cp->src, WB_FP8_BLOCK, &sb) || wb_scale_box(&tfull, WB_FP8_BLOCK, &tsb) ||
             !wb_box_eq(&sfull, &tsb)) {
             merr(c, "%s: trainer scale %s %s does not cover %s %s in %ux%u blocks (rule %s:%u)",
                  R->name, c->T->p[ts].name, shp(&c->T->p[ts].shape, a, sizeof(a)), T->name,
-                 shp(&T->shape, s, sizeof(s)), rs->block, rs->block, path, line);
+                 shp(&T->shape, s, sizeof(s)), WB_FP8_BLOCK, WB_FP8_BLOCK, path, line);
             b->bad = true;
             continue;
         }
@@ -661,10 +661,10 @@ static void set_heads(struct build *b, size_t rule_index, struct wb_mapping *m)
                               .cfg = c->rs->cfg,
                               .derived = c->rs->vars,
                               .nderived = c->rs->nvars};
-        if (wb_expr_eval_num(b->rl->head_dim, &env, &v, err, sizeof(err)) == 0)
+        if (mx_expr_eval_num(b->rl->head_dim, &env, &v, err, sizeof(err)) == 0)
             snprintf(err, sizeof(err), "not positive (%lld)", (long long)v);
         merr(c, "%s: shard head_dim '%s': %s (rule %s:%u)", b->R->name,
-             wb_expr_text(b->rl->head_dim), err, c->rs->path, b->rl->line);
+             mx_expr_text(b->rl->head_dim), err, c->rs->path, b->rl->line);
         b->bad = true;
         return;
     }
@@ -676,7 +676,7 @@ static void set_heads(struct build *b, size_t rule_index, struct wb_mapping *m)
         uint64_t ext = cp->dst.ext[d];
         if (ext % (uint64_t)hd) {
             char label[WB_NAME_MAX];
-            wb_name_label(c->T->p[cp->trainer].name, label, sizeof(label));
+            mx_name_label(c->T->p[cp->trainer].name, label, sizeof(label));
             merr(c,
                  "%s: component %s has %llu elements along dim %u, not a whole number of "
                  "%lld-element heads (rule %s:%u)",
@@ -713,7 +713,7 @@ static void account(struct mctx *c, size_t ri, const struct wb_component *cp, bo
     if (cp->trainer_scale >= 0) {
         uint32_t s = (uint32_t)cp->trainer_scale;
         struct wb_box sb;
-        if (wb_scale_box(&cp->src, c->rs->block, &sb) == 0)
+        if (wb_scale_box(&cp->src, WB_FP8_BLOCK, &sb) == 0)
             c->t_used[s] += wb_box_numel(&sb);
     }
 }
@@ -896,7 +896,7 @@ int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *
             const struct wb_rule *rl = &rules->r[k];
             if (rl->suffix_len && !ends_with(name, len, rl->suffix, rl->suffix_len))
                 continue;
-            if (wb_pat_match(&rl->rollout, name, &caps))
+            if (mx_pat_match(&rl->rollout, name, &caps))
                 break;
         }
         if (k == rules->n) {

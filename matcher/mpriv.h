@@ -34,9 +34,9 @@ struct wb_jcfg {
     size_t n;
 };
 
-int wb_jcfg_load(const char *path, struct wb_jcfg **out, struct wb_errlist *el);
-void wb_jcfg_free(struct wb_jcfg *c);
-const struct wb_jval *wb_jcfg_get(const struct wb_jcfg *c, const char *name, size_t len);
+int mx_jcfg_load(const char *path, struct wb_jcfg **out, struct wb_errlist *el);
+void mx_jcfg_free(struct wb_jcfg *c);
+const struct wb_jval *mx_jcfg_get(const struct wb_jcfg *c, const char *name, size_t len);
 
 /* ---------------------------------------------------------------- expressions */
 
@@ -71,30 +71,30 @@ struct wb_xenv {
 
 /* Compiles text. On a syntax error returns -EINVAL and writes "<problem> at column N" into
  * err. */
-int wb_expr_compile(const char *text, struct wb_expr **out, char *err, size_t errcap);
-void wb_expr_free(struct wb_expr *e);
-const char *wb_expr_text(const struct wb_expr *e);
+int mx_expr_compile(const char *text, struct wb_expr **out, char *err, size_t errcap);
+void mx_expr_free(struct wb_expr *e);
+const char *mx_expr_text(const struct wb_expr *e);
 
 /* Evaluates. Errors (message in err): -ENOENT an unknown name (err is "missing field 'x'"),
  * -EDOM division by zero, -ERANGE overflow, -EINVAL a non-integer value, a config boolean
  * used as a number (arithmetic, <, >) or a bad call. For conditions: a boolean result is
  * fine. */
-int wb_expr_eval(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
+int mx_expr_eval(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
                  size_t errcap);
 /* The same for numbers (shapes, loop bounds, names): a config boolean as the result is
  * -EINVAL "field 'x' is a boolean (true), not a number". */
-int wb_expr_eval_num(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
+int mx_expr_eval_num(const struct wb_expr *e, struct wb_xenv *env, int64_t *out, char *err,
                      size_t errcap);
 
 /* ---------------------------------------------------------------- name templates */
 
 /* "model.layers.{layer}.mlp" with expressions in braces, rendered by the generator. */
 struct wb_tmpl;
-int wb_tmpl_compile(const char *text, struct wb_tmpl **out, char *err, size_t errcap);
-void wb_tmpl_free(struct wb_tmpl *t);
+int mx_tmpl_compile(const char *text, struct wb_tmpl **out, char *err, size_t errcap);
+void mx_tmpl_free(struct wb_tmpl *t);
 /* Renders into buf (NUL-terminated); -ENAMETOOLONG when it does not fit; eval errors as
- * wb_expr_eval. */
-int wb_tmpl_render(const struct wb_tmpl *t, struct wb_xenv *env, char *buf, size_t cap, char *err,
+ * mx_expr_eval. */
+int mx_tmpl_render(const struct wb_tmpl *t, struct wb_xenv *env, char *buf, size_t cap, char *err,
                    size_t errcap);
 
 /* ---------------------------------------------------------------- name patterns */
@@ -124,17 +124,17 @@ struct wb_caps {
     size_t len[WB_PAT_MAX_CAPS];
 };
 
-int wb_pat_compile(const char *text, struct wb_pat *p, char *err, size_t errcap);
-void wb_pat_free(struct wb_pat *p);
+int mx_pat_compile(const char *text, struct wb_pat *p, char *err, size_t errcap);
+void mx_pat_free(struct wb_pat *p);
 /* Matches a whole name; captures filled on success. */
-bool wb_pat_match(const struct wb_pat *p, const char *name, struct wb_caps *caps);
+bool mx_pat_match(const struct wb_pat *p, const char *name, struct wb_caps *caps);
 /* Builds a name from a template, replacing {NAME} by the capture of that name (or by
  * override_value when NAME equals override_name) and the i-th * by the i-th * capture.
  * Returns 0, -ENOENT (a capture is missing) or -ENAMETOOLONG. */
-int wb_pat_subst(const struct wb_pat *t, const struct wb_caps *caps, const char *override_name,
+int mx_pat_subst(const struct wb_pat *t, const struct wb_caps *caps, const char *override_name,
                  uint64_t override_value, char *buf, size_t cap);
 /* True when the capture name occurs in the pattern. */
-bool wb_pat_has_cap(const struct wb_pat *p, const char *name);
+bool mx_pat_has_cap(const struct wb_pat *p, const char *name);
 
 /* ---------------------------------------------------------------- rules */
 
@@ -165,7 +165,6 @@ struct wb_match_rules {
     struct wb_rule *r;
     size_t n;
     char *scale_suffix; /* "_scale_inv" */
-    uint32_t block;     /* WB_FP8_BLOCK: the only block edge quant/ produces */
     struct wb_pat *fp8; /* rollout names that may be FP8 block-quantized */
     size_t nfp8;
     uint32_t fp8_line;
@@ -195,8 +194,7 @@ struct wb_family {
     char *family, *description;
     const struct wb_ynode *vars, *trainer, *rollout, *rules;
     struct {
-        char *scale_suffix;
-        uint64_t block;
+        char *scale_suffix; /* (quant.block is checked to be WB_FP8_BLOCK, and not kept) */
         const struct wb_ynode *fp8;
     } quant;
     struct {
@@ -211,37 +209,37 @@ struct wb_family {
     size_t nchecks;
 };
 
-int wb_family_open(const char *path, struct wb_family **out, struct wb_errlist *el);
-void wb_family_close(struct wb_family *f);
+int mx_family_open(const char *path, struct wb_family **out, struct wb_errlist *el);
+void mx_family_close(struct wb_family *f);
 /* wb_inv_generate_vars on a family file opened once (the fuzz target generates thousands of
  * inventories from one family; the family is only read). */
-int wb_inv_generate_family(struct wb_family *f, const char *family_yaml, const char *config_json,
+int mx_inv_generate_family(struct wb_family *f, const char *family_yaml, const char *config_json,
                            const char *vars, const char *side, struct wb_inventory *inv,
                            struct wb_errlist *el);
 /* The generation itself, from a family and a config.json already read and the job's vars
  * already parsed (no message for running out of memory: the callers add theirs). */
-int wb_inv_generate_parsed(struct wb_family *f, const char *family_yaml, const struct wb_jcfg *cfg,
+int mx_inv_generate_parsed(struct wb_family *f, const char *family_yaml, const struct wb_jcfg *cfg,
                            const struct wb_xvar *sets, size_t nsets, const char *side,
                            struct wb_inventory *inv, struct wb_errlist *el);
-void wb_family_vars_free(struct wb_xderived *v, size_t n);
-void wb_family_free_types(char **types, size_t n);
+void mx_family_vars_free(struct wb_xderived *v, size_t n);
+void mx_family_free_types(char **types, size_t n);
 
 /* config.json's model_type must be one of types (n == 0: anything); `at` is where the family
  * file lists them. Returns 0 or -WB_E_CONFIG with one message. */
-int wb_check_model_type(char *const *types, size_t n, const char *at, const struct wb_jcfg *cfg,
+int mx_check_model_type(char *const *types, size_t n, const char *at, const struct wb_jcfg *cfg,
                         struct wb_errlist *el);
 /* config.json's quantization_config, when present, must be what quant/ produces: quant_method
  * fp8, weight_block_size [128, 128], fmt e4m3 and activation_scheme dynamic when given, and no
  * other key. Returns 0 or -WB_E_CONFIG with a message per offending key. */
-int wb_check_quant_config(const struct wb_jcfg *cfg, struct wb_errlist *el);
+int mx_check_quant_config(const struct wb_jcfg *cfg, struct wb_errlist *el);
 
 /* Parses a job's values of a family's vars, "NAME=INTEGER[,NAME=INTEGER...]" (NULL or ""
  * sets nothing). Every NAME must be one of the family's vars (dv, from the file at `path`).
  * On success *out holds the values, their names pointing into *buf (free both). */
-int wb_vars_parse(const char *text, const struct wb_xderived *dv, size_t ndv, const char *path,
+int mx_vars_parse(const char *text, const struct wb_xderived *dv, size_t ndv, const char *path,
                   struct wb_xvar **out, size_t *nout, char **buf, struct wb_errlist *el);
 
 /* A short label for a tensor in messages: "q_proj" for "model.layers.0.self_attn.q_proj.weight". */
-void wb_name_label(const char *name, char *buf, size_t cap);
+void mx_name_label(const char *name, char *buf, size_t cap);
 
 #endif /* WB_MATCHER_MPRIV_H */

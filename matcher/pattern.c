@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void wb_pat_free(struct wb_pat *p)
+void mx_pat_free(struct wb_pat *p)
 {
     if (!p)
         return;
@@ -24,7 +24,7 @@ void wb_pat_free(struct wb_pat *p)
     memset(p, 0, sizeof(*p));
 }
 
-int wb_pat_compile(const char *text, struct wb_pat *p, char *err, size_t errcap)
+int mx_pat_compile(const char *text, struct wb_pat *p, char *err, size_t errcap)
 {
     memset(p, 0, sizeof(*p));
     size_t len = strlen(text);
@@ -92,11 +92,11 @@ int wb_pat_compile(const char *text, struct wb_pat *p, char *err, size_t errcap)
     }
     return 0;
 nomem:
-    wb_pat_free(p);
+    mx_pat_free(p);
     snprintf(err, errcap, "out of memory");
     return -ENOMEM;
 inval:
-    wb_pat_free(p);
+    mx_pat_free(p);
     return -EINVAL;
 }
 
@@ -131,13 +131,13 @@ static bool match_from(const struct wb_pat *p, size_t si, const char *s, struct 
     return false;
 }
 
-bool wb_pat_match(const struct wb_pat *p, const char *name, struct wb_caps *caps)
+bool mx_pat_match(const struct wb_pat *p, const char *name, struct wb_caps *caps)
 {
     caps->n = 0;
     return match_from(p, 0, name, caps);
 }
 
-bool wb_pat_has_cap(const struct wb_pat *p, const char *name)
+bool mx_pat_has_cap(const struct wb_pat *p, const char *name)
 {
     for (size_t i = 0; i < p->nseg; i++)
         if (p->seg[i].kind == WB_SEG_CAP && strcmp(p->seg[i].text, name) == 0)
@@ -145,7 +145,7 @@ bool wb_pat_has_cap(const struct wb_pat *p, const char *name)
     return false;
 }
 
-int wb_pat_subst(const struct wb_pat *t, const struct wb_caps *caps, const char *override_name,
+int mx_pat_subst(const struct wb_pat *t, const struct wb_caps *caps, const char *override_name,
                  uint64_t override_value, char *buf, size_t cap)
 {
     size_t pos = 0, star = 0;
@@ -181,7 +181,7 @@ int wb_pat_subst(const struct wb_pat *t, const struct wb_caps *caps, const char 
     return 0;
 }
 
-void wb_name_label(const char *name, char *buf, size_t cap)
+void mx_name_label(const char *name, char *buf, size_t cap)
 {
     /* the last dotted segment, or the one before it when the last is "weight", "bias", ... */
     const char *end = name + strlen(name);

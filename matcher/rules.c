@@ -84,14 +84,14 @@ static const struct wb_cfg_field shard_table[] = {
 
 static void rule_free(struct wb_rule *r)
 {
-    wb_pat_free(&r->rollout);
+    mx_pat_free(&r->rollout);
     for (size_t i = 0; i < r->nfrom; i++)
-        wb_pat_free(&r->from[i]);
+        mx_pat_free(&r->from[i]);
     free(r->from);
     free(r->stack_var);
     free(r->index_var);
-    wb_pat_free(&r->tied);
-    wb_expr_free(r->head_dim);
+    mx_pat_free(&r->tied);
+    mx_expr_free(r->head_dim);
 }
 
 void wb_match_rules_free(struct wb_match_rules *r)
@@ -102,19 +102,19 @@ void wb_match_rules_free(struct wb_match_rules *r)
         rule_free(&r->r[i]);
     free(r->r);
     for (size_t i = 0; i < r->nfp8; i++)
-        wb_pat_free(&r->fp8[i]);
+        mx_pat_free(&r->fp8[i]);
     free(r->fp8);
     for (size_t i = 0; i < r->nign_trainer; i++)
-        wb_pat_free(&r->ign_trainer[i]);
+        mx_pat_free(&r->ign_trainer[i]);
     free(r->ign_trainer);
     for (size_t i = 0; i < r->nign_rollout; i++)
-        wb_pat_free(&r->ign_rollout[i]);
+        mx_pat_free(&r->ign_rollout[i]);
     free(r->ign_rollout);
-    wb_family_close(r->fam); /* vars and model_types with it */
+    mx_family_close(r->fam); /* vars and model_types with it */
     free(r->sets);
     free(r->sets_buf);
     for (size_t i = 0; i < r->ncfgs; i++)
-        wb_jcfg_free(r->cfgs[i]);
+        mx_jcfg_free(r->cfgs[i]);
     free(r->cfgs);
     free(r->scale_suffix);
     free(r->family);
@@ -146,7 +146,7 @@ static int load_patterns(const struct wb_yaml *y, const struct wb_ynode *n, cons
             r = -WB_E_CONFIG;
             continue;
         }
-        if (wb_pat_compile(s, &p[k], err, sizeof(err))) {
+        if (mx_pat_compile(s, &p[k], err, sizeof(err))) {
             wb_errlist_add(el, "%s: %s: %s", at, what, err);
             r = -WB_E_CONFIG;
             continue;
@@ -155,7 +155,7 @@ static int load_patterns(const struct wb_yaml *y, const struct wb_ynode *n, cons
     }
     if (r) {
         for (size_t i = 0; i < k; i++)
-            wb_pat_free(&p[i]);
+            mx_pat_free(&p[i]);
         free(p);
         return r;
     }
@@ -180,7 +180,7 @@ static int check_template(const struct wb_rule *rl, const struct wb_pat *t, cons
                            "dim 0 and cannot appear in the trainer name",
                            at, t->src, g->text);
             r = -WB_E_CONFIG;
-        } else if (!wb_pat_has_cap(&rl->rollout, g->text) &&
+        } else if (!mx_pat_has_cap(&rl->rollout, g->text) &&
                    !(rl->stack_var && strcmp(g->text, rl->stack_var) == 0)) {
             wb_errlist_add(el,
                            "%s: from '%s': {%s} is neither captured by rollout '%s' nor the "
@@ -263,7 +263,7 @@ static int load_shard(const struct wb_yaml *y, const struct wb_ynode *n, struct 
         } else if (c.pad) {
             wb_errlist_add(el, "%s: shard: head_dim and pad do not go together", at);
             r = -WB_E_CONFIG;
-        } else if (wb_expr_compile(c.head_dim, &rl->head_dim, err, sizeof(err))) {
+        } else if (mx_expr_compile(c.head_dim, &rl->head_dim, err, sizeof(err))) {
             wb_errlist_add(el, "%s: shard.head_dim: bad expression '%s': %s", at, c.head_dim, err);
             r = -WB_E_CONFIG;
         }
@@ -326,7 +326,7 @@ static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct w
         rl->line = (uint32_t)strtoul(q, NULL, 10);
         rl->col = (uint32_t)strtoul(p + 1, NULL, 10);
     }
-    if (wb_pat_compile(c.rollout, &rl->rollout, err, sizeof(err))) {
+    if (mx_pat_compile(c.rollout, &rl->rollout, err, sizeof(err))) {
         wb_errlist_add(el, "%s: rollout: %s", at, err);
         r = -WB_E_CONFIG;
         goto out;
@@ -344,7 +344,7 @@ static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct w
         r = -WB_E_CONFIG;
         goto out;
     }
-    if (rl->stack_var && wb_pat_has_cap(&rl->rollout, rl->stack_var)) {
+    if (rl->stack_var && mx_pat_has_cap(&rl->rollout, rl->stack_var)) {
         wb_errlist_add(el,
                        "%s: stack: {%s} is captured by rollout '%s'; the stack variable runs "
                        "over rollout dim 0 and must not be in its name",
@@ -352,7 +352,7 @@ static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct w
         r = -WB_E_CONFIG;
         goto out;
     }
-    if (rl->index_var && !wb_pat_has_cap(&rl->rollout, rl->index_var)) {
+    if (rl->index_var && !mx_pat_has_cap(&rl->rollout, rl->index_var)) {
         wb_errlist_add(el, "%s: index: {%s} is not captured by rollout '%s'", at, rl->index_var,
                        c.rollout);
         r = -WB_E_CONFIG;
@@ -376,7 +376,7 @@ static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct w
         if (check_template(rl, &rl->from[i], at, el))
             r = -WB_E_CONFIG;
     if (*c.tied) {
-        if (wb_pat_compile(c.tied, &rl->tied, err, sizeof(err))) {
+        if (mx_pat_compile(c.tied, &rl->tied, err, sizeof(err))) {
             wb_errlist_add(el, "%s: tied: %s", at, err);
             r = -WB_E_CONFIG;
         } else if (check_template(rl, &rl->tied, at, el)) {
@@ -450,12 +450,12 @@ int wb_match_rules_load(const char *path, struct wb_match_rules **out, struct wb
 static int rules_load(const char *path, struct wb_match_rules **out, struct wb_errlist *el)
 {
     struct wb_family *f;
-    int r = wb_family_open(path, &f, el);
+    int r = mx_family_open(path, &f, el);
     if (r)
         return r;
     struct wb_match_rules *rs = calloc(1, sizeof(*rs));
     if (!rs) {
-        wb_family_close(f);
+        mx_family_close(f);
         return -ENOMEM;
     }
     rs->fam = f; /* kept open: the inventories are generated from it (wb_match_rules_generate) */
@@ -465,7 +465,6 @@ static int rules_load(const char *path, struct wb_match_rules **out, struct wb_e
         goto err;
     }
     const struct wb_yaml *y = f->y;
-    rs->block = WB_FP8_BLOCK; /* the family file may only say 128 (wb_family_open) */
     rs->vars = f->dv;
     rs->nvars = f->ndv;
     rs->model_types = f->model_types;
@@ -538,7 +537,7 @@ static int rules_config(struct wb_match_rules *r, const char *path, const struct
         return -ENOMEM;
     r->cfgs = grown;
     struct wb_jcfg *c = NULL;
-    int e = wb_jcfg_load(path, &c, el);
+    int e = mx_jcfg_load(path, &c, el);
     if (e)
         return e;
     r->cfgs[r->ncfgs++] = c;
@@ -552,7 +551,7 @@ int wb_match_rules_bind_config(struct wb_match_rules *r, const char *config_json
     const struct wb_jcfg *c = NULL;
     int e = rules_config(r, config_json, &c, el);
     if (!e)
-        e = wb_check_model_type(r->model_types, r->nmodel_types, r->model_type_at, c, el);
+        e = mx_check_model_type(r->model_types, r->nmodel_types, r->model_type_at, c, el);
     if (e)
         return e;
     r->cfg = c;
@@ -566,9 +565,9 @@ int wb_match_rules_generate(struct wb_match_rules *r, const char *config_json, c
     const struct wb_jcfg *cfg = NULL;
     int e = side && (strcmp(side, "trainer") == 0 || strcmp(side, "rollout") == 0)
                 ? rules_config(r, config_json, &cfg, el)
-                : 0; /* wb_inv_generate_parsed says what is wrong with side */
+                : 0; /* mx_inv_generate_parsed says what is wrong with side */
     if (!e)
-        e = wb_inv_generate_parsed(r->fam, r->path, cfg, r->sets, r->nsets, side, inv, el);
+        e = mx_inv_generate_parsed(r->fam, r->path, cfg, r->sets, r->nsets, side, inv, el);
     /* an allocation failure is an error with a message, never an empty success */
     if (e == -ENOMEM && el->n == before)
         wb_errlist_add(el, "%s: out of memory generating the %s inventory", r->path, side);
@@ -580,7 +579,7 @@ int wb_match_rules_set_vars(struct wb_match_rules *r, const char *vars, struct w
     struct wb_xvar *sets;
     size_t n;
     char *buf;
-    int e = wb_vars_parse(vars, r->vars, r->nvars, r->path, &sets, &n, &buf, el);
+    int e = mx_vars_parse(vars, r->vars, r->nvars, r->path, &sets, &n, &buf, el);
     if (e)
         return e;
     free(r->sets);

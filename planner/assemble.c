@@ -72,7 +72,6 @@ int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
         t->amax_inbox_bytes = c->inbox[r];
         t->send_bytes = ro->send;
         t->mem_cap = p->mem_cap;
-        t->block = WB_FP8_BLOCK;
         t->mode = p->mode;
         for (uint32_t ph = 0, k = 0; ph < c->nphases; ph++) {
             t->phases[ph].task0 = k;

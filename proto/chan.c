@@ -30,6 +30,8 @@ static int nng_err(int rv)
         return -EAGAIN;
     case NNG_ENOMEM:
         return -ENOMEM;
+    case NNG_EINVAL: /* a malformed argument: a URL without a scheme, say */
+        return -EINVAL;
     case NNG_ECONNSHUT: /* the peer closed it: refused at its connection limit, say */
     case NNG_ECONNRESET:
         return -ECONNRESET;

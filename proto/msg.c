@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const role_names[WB_ROLE_COUNT] = {"trainer", "rollout"};
@@ -27,6 +28,14 @@ int wb_role_parse(const char *s, enum wb_role *out)
             return 0;
         }
     return -EINVAL;
+}
+
+const char *wb_token_resolve(const char *given)
+{
+    if (given && *given)
+        return given;
+    const char *env = getenv("WB_TOKEN");
+    return env && *env ? env : NULL;
 }
 
 static const char *const stage_names[WB_STAGE_COUNT] = {"h2d",   "gather", "fuse",

@@ -42,6 +42,12 @@ enum wb_role { WB_ROLE_TRAINER = 0, WB_ROLE_ROLLOUT, WB_ROLE_COUNT };
 const char *wb_role_name(enum wb_role r);
 int wb_role_parse(const char *s, enum wb_role *out);
 
+/* The cluster token: `given` (a job file's token:, a --token option) when it is set and not
+ * empty, else $WB_TOKEN when set and not empty, else NULL. The one home of that fallback: a
+ * program that needs a token calls this and says which it lacks; one that sends nothing (a
+ * dry run, wb-ctl verify) never asks. */
+const char *wb_token_resolve(const char *given);
+
 /* The executor's stages, as transfer statistics and traces report them. */
 enum wb_stage {
     WB_STAGE_H2D = 0,

@@ -96,7 +96,7 @@ int wb_quant_batch_create(const struct wb_quant_exec *ex, const struct wb_quant_
     b->nc = nc;
     int rc = 0;
     if (device) {
-        rc = wb_quant_dev_batch_create(q, nq, c, nc, &b->dev);
+        rc = qt_dev_batch_create(q, nq, c, nc, &b->dev);
     } else {
         b->q = malloc((nq ? nq : 1) * sizeof(*q));
         b->c = malloc((nc ? nc : 1) * sizeof(*c));
@@ -147,7 +147,7 @@ static int host_quant(const struct wb_quant_item *it)
     p.src = src;
     p.q = qb;
     p.scale_inv = sc;
-    wb_quant_cpu_pass(&p);
+    qt_cpu_pass(&p);
     for (uint64_t r = 0; r < it->rows; r++)
         memcpy(it->q + r * it->q_ld, qb + r * it->cols, it->cols);
     for (uint64_t i = 0; i < p.grid.rows; i++)
@@ -163,7 +163,7 @@ int wb_quant_batch_run(struct wb_quant_batch *b, void *stream)
     if (!b)
         return -EINVAL;
     if (b->device)
-        return wb_quant_dev_batch_run(b->dev, stream);
+        return qt_dev_batch_run(b->dev, stream);
     for (size_t i = 0; i < b->nq; i++) {
         int rc = host_quant(&b->q[i]);
         if (rc)
@@ -182,7 +182,7 @@ void wb_quant_batch_free(struct wb_quant_batch *b)
 {
     if (!b)
         return;
-    wb_quant_dev_batch_free(b->dev);
+    qt_dev_batch_free(b->dev);
     free(b->q);
     free(b->c);
     free(b);

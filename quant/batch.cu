@@ -68,9 +68,9 @@ struct wb_quant_dev_batch {
     uint64_t units;
 };
 
-extern "C" int wb_quant_dev_batch_create(const struct wb_quant_item *q, size_t nq,
-                                         const struct wb_copy_item *c, size_t nc,
-                                         struct wb_quant_dev_batch **out)
+extern "C" int qt_dev_batch_create(const struct wb_quant_item *q, size_t nq,
+                                   const struct wb_copy_item *c, size_t nc,
+                                   struct wb_quant_dev_batch **out)
 {
     wb_quant_dev_batch *b = static_cast<wb_quant_dev_batch *>(calloc(1, sizeof(*b)));
     wb_quant_dev_qitem *hq = static_cast<wb_quant_dev_qitem *>(malloc((nq ? nq : 1) * sizeof(*hq)));
@@ -140,7 +140,7 @@ extern "C" int wb_quant_dev_batch_create(const struct wb_quant_item *q, size_t n
     free(hq);
     free(hc);
     if (rc) {
-        wb_quant_dev_batch_free(b);
+        qt_dev_batch_free(b);
         return rc;
     }
     b->citems = reinterpret_cast<const CItem *>(static_cast<char *>(b->mem) + coff);
@@ -149,13 +149,12 @@ extern "C" int wb_quant_dev_batch_create(const struct wb_quant_item *q, size_t n
     return 0;
 }
 
-extern "C" int wb_quant_dev_batch_run(struct wb_quant_dev_batch *b, void *stream)
+extern "C" int qt_dev_batch_run(struct wb_quant_dev_batch *b, void *stream)
 {
     const wb_quant_dev_qitem *items = static_cast<const wb_quant_dev_qitem *>(b->mem);
     for (int g = 0; g < b->ngroups; g++) {
         const Group &gr = b->groups[g];
-        int rc = wb_quant_dev_fp8_batch(items + gr.first_item, gr.n, gr.pieces, gr.dtype, gr.vec,
-                                        stream);
+        int rc = qt_dev_fp8_batch(items + gr.first_item, gr.n, gr.pieces, gr.dtype, gr.vec, stream);
         if (rc)
             return rc;
     }
@@ -166,7 +165,7 @@ extern "C" int wb_quant_dev_batch_run(struct wb_quant_dev_batch *b, void *stream
     return wb_quant_cuda_err(cudaGetLastError(), "batch copy kernel launch");
 }
 
-extern "C" void wb_quant_dev_batch_free(struct wb_quant_dev_batch *b)
+extern "C" void qt_dev_batch_free(struct wb_quant_dev_batch *b)
 {
     if (!b)
         return;

@@ -162,7 +162,7 @@ cudaError_t launch_cast_to(enum wb_dtype to, const void *src, void *dst, uint64_
 
 } // namespace
 
-extern "C" int wb_quant_dev_copy(const struct wb_quant_copy *c, void *stream)
+extern "C" int qt_dev_copy(const struct wb_quant_copy *c, void *stream)
 {
     const struct wb_ranges *r = &c->ranges;
     CopyGeom g = {};
@@ -199,8 +199,8 @@ extern "C" int wb_quant_dev_copy(const struct wb_quant_copy *c, void *stream)
     return wb_quant_cuda_err(e, "pack/unpack kernel launch");
 }
 
-extern "C" int wb_quant_dev_cast(enum wb_dtype from, const void *src, enum wb_dtype to, void *dst,
-                                 uint64_t n, void *stream)
+extern "C" int qt_dev_cast(enum wb_dtype from, const void *src, enum wb_dtype to, void *dst,
+                           uint64_t n, void *stream)
 {
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (from == to)

@@ -5,7 +5,7 @@
 
 #include "common/fpbits.h"
 
-void wb_quant_cpu_copy(const struct wb_quant_copy *c)
+void qt_cpu_copy(const struct wb_quant_copy *c)
 {
     struct wb_ranges r = c->ranges;
     uint64_t off, len, packed = 0;
@@ -32,7 +32,7 @@ static float load_f32(enum wb_dtype dt, const void *src, uint64_t i)
     }
 }
 
-void wb_quant_cpu_cast(enum wb_dtype from, const void *src, enum wb_dtype to, void *dst, uint64_t n)
+void qt_cpu_cast(enum wb_dtype from, const void *src, enum wb_dtype to, void *dst, uint64_t n)
 {
     if (from == to) {
         memcpy(dst, src, n * wb_dtype_size(from));

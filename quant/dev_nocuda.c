@@ -5,40 +5,39 @@
 
 #include <errno.h>
 
-int wb_quant_dev_pass(const struct wb_quant_pass *p, void *stream, unsigned threads)
+int qt_dev_pass(const struct wb_quant_pass *p, void *stream, unsigned threads)
 {
     (void)p, (void)stream, (void)threads;
     return -WB_E_NOGPU;
 }
 
-int wb_quant_dev_copy(const struct wb_quant_copy *c, void *stream)
+int qt_dev_copy(const struct wb_quant_copy *c, void *stream)
 {
     (void)c, (void)stream;
     return -WB_E_NOGPU;
 }
 
-int wb_quant_dev_cast(enum wb_dtype from, const void *src, enum wb_dtype to, void *dst, uint64_t n,
-                      void *stream)
+int qt_dev_cast(enum wb_dtype from, const void *src, enum wb_dtype to, void *dst, uint64_t n,
+                void *stream)
 {
     (void)from, (void)src, (void)to, (void)dst, (void)n, (void)stream;
     return -WB_E_NOGPU;
 }
 
-int wb_quant_dev_batch_create(const struct wb_quant_item *q, size_t nq,
-                              const struct wb_copy_item *c, size_t nc,
-                              struct wb_quant_dev_batch **out)
+int qt_dev_batch_create(const struct wb_quant_item *q, size_t nq, const struct wb_copy_item *c,
+                        size_t nc, struct wb_quant_dev_batch **out)
 {
     (void)q, (void)nq, (void)c, (void)nc, (void)out;
     return -WB_E_NOGPU;
 }
 
-int wb_quant_dev_batch_run(struct wb_quant_dev_batch *b, void *stream)
+int qt_dev_batch_run(struct wb_quant_dev_batch *b, void *stream)
 {
     (void)b, (void)stream;
     return -WB_E_NOGPU;
 }
 
-void wb_quant_dev_batch_free(struct wb_quant_dev_batch *b)
+void qt_dev_batch_free(struct wb_quant_dev_batch *b)
 {
     (void)b;
 }
@@ -66,7 +65,7 @@ int wb_quant_gpu_sync(void *stream)
     return -WB_E_NOGPU;
 }
 
-int wb_quant_nvref_e4m3(float x, uint8_t *out)
+int qt_nvref_e4m3(float x, uint8_t *out)
 {
     (void)x, (void)out;
     return -ENOTSUP;

@@ -338,8 +338,8 @@ cudaError_t batch_launch(const wb_quant_dev_qitem *items, uint32_t n, unsigned p
 
 } // namespace
 
-extern "C" int wb_quant_dev_fp8_batch(const struct wb_quant_dev_qitem *items, size_t n,
-                                      uint64_t pieces, enum wb_dtype dtype, bool vec, void *stream)
+extern "C" int qt_dev_fp8_batch(const struct wb_quant_dev_qitem *items, size_t n, uint64_t pieces,
+                                enum wb_dtype dtype, bool vec, void *stream)
 {
     if (!n || !pieces)
         return 0;
@@ -364,7 +364,7 @@ extern "C" int wb_quant_dev_fp8_batch(const struct wb_quant_dev_qitem *items, si
     return wb_quant_cuda_err(e, "batch quantization kernel launch");
 }
 
-extern "C" int wb_quant_dev_pass(const struct wb_quant_pass *p, void *stream, unsigned threads)
+extern "C" int qt_dev_pass(const struct wb_quant_pass *p, void *stream, unsigned threads)
 {
     const uint64_t pieces = p->grid.rows * p->grid.cols;
     if (pieces > 0x7fffffffu) {

@@ -204,7 +204,7 @@ static void block_span(uint64_t b, uint64_t origin, uint64_t from, uint64_t to, 
     *hi = l1 < to ? l1 : to;
 }
 
-void wb_quant_cpu_pass(const struct wb_quant_pass *p)
+void qt_cpu_pass(const struct wb_quant_pass *p)
 {
     const struct wb_quant_tile *t = &p->tile;
     const struct wb_quant_grid *g = &p->grid;

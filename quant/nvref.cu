@@ -6,7 +6,7 @@
 
 #include <cuda_fp8.h>
 
-extern "C" int wb_quant_nvref_e4m3(float x, uint8_t *out)
+extern "C" int qt_nvref_e4m3(float x, uint8_t *out)
 {
     *out = (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
     return 0;

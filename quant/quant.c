@@ -155,8 +155,8 @@ static int run_pass(const struct wb_quant_exec *ex, const char *fn, struct wb_qu
     if (p->grid.rows == 0 || p->grid.cols == 0)
         return 0;
     if (device)
-        return wb_quant_dev_pass(p, exec_stream(ex), 0);
-    wb_quant_cpu_pass(p);
+        return qt_dev_pass(p, exec_stream(ex), 0);
+    qt_cpu_pass(p);
     return 0;
 }
 
@@ -273,8 +273,8 @@ static int run_copy(const struct wb_quant_exec *ex, const char *fn, enum wb_dtyp
     if (wb_ranges_count(&c.ranges) == 0)
         return 0;
     if (device)
-        return wb_quant_dev_copy(&c, exec_stream(ex));
-    wb_quant_cpu_copy(&c);
+        return qt_dev_copy(&c, exec_stream(ex));
+    qt_cpu_copy(&c);
     return 0;
 }
 
@@ -350,7 +350,7 @@ int wb_quant_cast(const struct wb_quant_exec *ex, enum wb_dtype from, const void
     if (rc || n == 0)
         return rc;
     if (device)
-        return wb_quant_dev_cast(from, src, to, dst, n, exec_stream(ex));
-    wb_quant_cpu_cast(from, src, to, dst, n);
+        return qt_dev_cast(from, src, to, dst, n, exec_stream(ex));
+    qt_cpu_cast(from, src, to, dst, n);
     return 0;
 }

@@ -45,17 +45,16 @@ struct wb_quant_copy {
 };
 
 /* CPU reference. */
-void wb_quant_cpu_pass(const struct wb_quant_pass *p);
-void wb_quant_cpu_copy(const struct wb_quant_copy *c);
-void wb_quant_cpu_cast(enum wb_dtype from, const void *src, enum wb_dtype to, void *dst,
-                       uint64_t n);
+void qt_cpu_pass(const struct wb_quant_pass *p);
+void qt_cpu_copy(const struct wb_quant_copy *c);
+void qt_cpu_cast(enum wb_dtype from, const void *src, enum wb_dtype to, void *dst, uint64_t n);
 
 /* Device backend. `threads` selects the CTA size of the block-quantization kernel (0 = the
  * default; 128, 256, 512 or 1024 for tuning, see bench/quant_bench.c). */
-int wb_quant_dev_pass(const struct wb_quant_pass *p, void *stream, unsigned threads);
-int wb_quant_dev_copy(const struct wb_quant_copy *c, void *stream);
-int wb_quant_dev_cast(enum wb_dtype from, const void *src, enum wb_dtype to, void *dst, uint64_t n,
-                      void *stream);
+int qt_dev_pass(const struct wb_quant_pass *p, void *stream, unsigned threads);
+int qt_dev_copy(const struct wb_quant_copy *c, void *stream);
+int qt_dev_cast(enum wb_dtype from, const void *src, enum wb_dtype to, void *dst, uint64_t n,
+                void *stream);
 
 /* Batches on the device (batch.cu): the prepared descriptor arrays of one batch. A launch of
  * fp8.cu's batch kernel covers items of one source dtype and alignment class, one CTA per
@@ -69,18 +68,17 @@ struct wb_quant_dev_qitem {
     uint64_t first;
 };
 /* Enqueues the batch kernel over n device-resident items holding `pieces` block pieces. */
-int wb_quant_dev_fp8_batch(const struct wb_quant_dev_qitem *items, size_t n, uint64_t pieces,
-                           enum wb_dtype dtype, bool vec, void *stream);
+int qt_dev_fp8_batch(const struct wb_quant_dev_qitem *items, size_t n, uint64_t pieces,
+                     enum wb_dtype dtype, bool vec, void *stream);
 struct wb_quant_dev_batch;
-int wb_quant_dev_batch_create(const struct wb_quant_item *q, size_t nq,
-                              const struct wb_copy_item *c, size_t nc,
-                              struct wb_quant_dev_batch **out);
-int wb_quant_dev_batch_run(struct wb_quant_dev_batch *b, void *stream);
-void wb_quant_dev_batch_free(struct wb_quant_dev_batch *b);
+int qt_dev_batch_create(const struct wb_quant_item *q, size_t nq, const struct wb_copy_item *c,
+                        size_t nc, struct wb_quant_dev_batch **out);
+int qt_dev_batch_run(struct wb_quant_dev_batch *b, void *stream);
+void qt_dev_batch_free(struct wb_quant_dev_batch *b);
 
 /* NVIDIA's own host conversion __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) from
  * cuda_fp8.h, for tests (nvref.cu). Returns 0, or -ENOTSUP in a build without CUDA. */
-int wb_quant_nvref_e4m3(float x, uint8_t *out);
+int qt_nvref_e4m3(float x, uint8_t *out);
 
 #ifdef __cplusplus
 }

@@ -6,234 +6,364 @@
  * data without breaking older readers. Also the mode names and the free functions.
  *
  * Why compact arrays here and key/value tables in proto/: a Kimi-K2 plan has ten million
- * writes; naming every field of every record would triple the bytes handed out at setup. */
+ * writes; naming every field of every record would triple the bytes handed out at setup. The
+ * codec is table-driven all the same: each record's fields and each body's keys are rows
+ * below, walked by one encoder and one decoder (the bytes are those of the hand-written codec
+ * this replaced: plan_golden_test's digests did not change). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "route/route.h"
 
+/* ---------------------------------------------------------------- tables
+ *
+ * Like proto/'s codec, a field is declared once, in a table row, and the one encoder and the one
+ * decoder below walk the rows: neither can disagree with the other on a key, a field's place in
+ * a record or a record's length, and no count is written by hand. A row is a field of a record
+ * (a compact msgpack array: its place is its index) or a key of a body (a map). */
+
+enum rt_type {
+    RT_U32,   /* uint32_t */
+    RT_U64,   /* uint64_t */
+    RT_BOOL,  /* bool */
+    RT_ENUM,  /* an enum (4 bytes) in [lo, hi] */
+    RT_REC,   /* a nested record (sub) */
+    RT_BOX,   /* struct wb_box (common's wire form) */
+    RT_SHAPE, /* struct wb_shape */
+    RT_OP,    /* struct wb_rt_op: kind, tensor, then the kind's record */
+    RT_ARRAY, /* body keys only: count (uint32_t at off) and array (pointer at ptr) of elem */
+    RT_CONST, /* body keys only: the constant lo, stored nowhere; a decoder refuses another */
+};
+
+struct rt_record;
+
+struct rt_field {
+    enum rt_type type;
+    size_t off;
+    uint32_t lo, hi;             /* RT_ENUM's range */
+    const struct rt_record *sub; /* RT_REC, and RT_ARRAY's elements when they are records */
+};
+
+/* A record: its fields in wire order, and a check of the decoded whole (or NULL). */
+struct rt_record {
+    const struct rt_field *f;
+    uint32_t n;
+    bool (*ok)(const void *rec);
+};
+
+/* A key of a body map. */
+struct rt_key {
+    const char *key;
+    struct rt_field f;
+    size_t ptr, elem;   /* RT_ARRAY: where the array pointer lives, element size */
+    enum rt_type etype; /* RT_ARRAY: element type (RT_REC with f.sub, RT_BOX, RT_SHAPE, RT_OP) */
+    bool required;      /* a table without it is refused */
+    bool nonzero;       /* 0 is refused */
+};
+
+_Static_assert(sizeof(enum wb_plan_mode) == sizeof(uint32_t) &&
+                   sizeof(enum wb_rt_buf_kind) == sizeof(uint32_t) &&
+                   sizeof(enum wb_dtype) == sizeof(uint32_t) &&
+                   sizeof(enum wb_residence) == sizeof(uint32_t),
+               "RT_ENUM fields are stored as 4 bytes");
+
+#define N(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
+#define U32(T, m)                                                                                  \
+    {                                                                                              \
+        RT_U32, offsetof(T, m), 0, 0, NULL                                                         \
+    }
+#define U64(T, m)                                                                                  \
+    {                                                                                              \
+        RT_U64, offsetof(T, m), 0, 0, NULL                                                         \
+    }
+#define ENUM(T, m, lo, hi)                                                                         \
+    {                                                                                              \
+        RT_ENUM, offsetof(T, m), lo, hi, NULL                                                      \
+    }
+#define REC(T, m, sub)                                                                             \
+    {                                                                                              \
+        RT_REC, offsetof(T, m), 0, 0, sub                                                          \
+    }
+
+static const struct rt_field view_f[] = {
+    ENUM(struct wb_rt_view, kind, WB_BUF_PARAM, WB_BUF_TMP),
+    U32(struct wb_rt_view, tensor),
+    U64(struct wb_rt_view, off),
+    ENUM(struct wb_rt_view, dtype, WB_DTYPE_BF16, WB_DTYPE_COUNT - 1),
+    U32(struct wb_rt_view, shape),
+};
+static const struct rt_record view_r = {view_f, N(view_f), NULL};
+
+/* The op records, after the kind and tensor every op starts with (offsets in struct wb_rt_op). */
+static const struct rt_field h2d_f[] = {
+    U64(struct wb_rt_op, h2d.src_off),
+    U64(struct wb_rt_op, h2d.bytes),
+    U64(struct wb_rt_op, h2d.dst_off),
+};
+static const struct rt_field gather_f[] = {
+    REC(struct wb_rt_op, gather.src, &view_r), REC(struct wb_rt_op, gather.dst, &view_r),
+    U32(struct wb_rt_op, gather.peer0),        U32(struct wb_rt_op, gather.npeers),
+    U32(struct wb_rt_op, gather.mesh),         U32(struct wb_rt_op, gather.seq),
+    U64(struct wb_rt_op, gather.bytes_in),
+};
+static const struct rt_field amax_f[] = {
+    U32(struct wb_rt_op, amax.peer0),        U32(struct wb_rt_op, amax.npeers),
+    REC(struct wb_rt_op, amax.src, &view_r), U32(struct wb_rt_op, amax.src_box),
+    U32(struct wb_rt_op, amax.region),       U32(struct wb_rt_op, amax.blocks),
+    U32(struct wb_rt_op, amax.grid),         U64(struct wb_rt_op, amax.amax_off),
+};
+static const struct rt_field copy_f[] = {
+    REC(struct wb_rt_op, copy.src, &view_r),
+    REC(struct wb_rt_op, copy.dst, &view_r),
+    U32(struct wb_rt_op, copy.src_box),
+    U32(struct wb_rt_op, copy.dst_box),
+};
+static const struct rt_field quant_f[] = {
+    REC(struct wb_rt_op, quant.src, &view_r), REC(struct wb_rt_op, quant.dst, &view_r),
+    U32(struct wb_rt_op, quant.src_box),      U32(struct wb_rt_op, quant.region),
+    U32(struct wb_rt_op, quant.grid),         U64(struct wb_rt_op, quant.scale_off),
+    U64(struct wb_rt_op, quant.amax_off),
+};
+/* Indexed by enum wb_rt_op_kind (COPY and CAST share one record). */
+static const struct rt_record op_r[] = {
+    [WB_OP_H2D] = {h2d_f, N(h2d_f), NULL},    [WB_OP_GATHER] = {gather_f, N(gather_f), NULL},
+    [WB_OP_AMAX] = {amax_f, N(amax_f), NULL}, [WB_OP_COPY] = {copy_f, N(copy_f), NULL},
+    [WB_OP_CAST] = {copy_f, N(copy_f), NULL}, [WB_OP_QUANT] = {quant_f, N(quant_f), NULL},
+};
+
+static const struct rt_field phase_f[] = {
+    U32(struct wb_rt_phase, task0),
+    U32(struct wb_rt_phase, ntasks),
+    {RT_BOOL, offsetof(struct wb_rt_phase, barrier_after), 0, 0, NULL},
+};
+static const struct rt_record phase_r = {phase_f, N(phase_f), NULL};
+
+static const struct rt_field task_f[] = {
+    U32(struct wb_rt_task, mapping),
+    U32(struct wb_rt_task, item),
+    U32(struct wb_rt_task, phase),
+    U32(struct wb_rt_task, mesh),
+    ENUM(struct wb_rt_task, mode, WB_MODE_DIRECT, WB_MODE_GATHER),
+    U64(struct wb_rt_task, tmp_bytes),
+    U32(struct wb_rt_task, op0),
+    U32(struct wb_rt_task, nops),
+    U32(struct wb_rt_task, write0),
+    U32(struct wb_rt_task, nwrites),
+    U64(struct wb_rt_task, write_bytes),
+};
+static const struct rt_record task_r = {task_f, N(task_f), NULL};
+
+static const struct rt_field peer_f[] = {
+    U32(struct wb_rt_peer, rank),
+    U32(struct wb_rt_peer, box),
+};
+static const struct rt_record peer_r = {peer_f, N(peer_f), NULL};
+
+static const struct rt_field amax_peer_f[] = {
+    U32(struct wb_rt_amax_peer, rank),
+    U32(struct wb_rt_amax_peer, tag),
+    U64(struct wb_rt_amax_peer, peer_inbox_off),
+    U64(struct wb_rt_amax_peer, inbox_off),
+};
+static const struct rt_record amax_peer_r = {amax_peer_f, N(amax_peer_f), NULL};
+
+static bool write_ok(const void *rec)
+{
+    const struct wb_rt_write *x = rec;
+    return x->src_off + x->len >= x->src_off && x->dst_off + x->len >= x->dst_off;
+}
+
+static const struct rt_field write_f[] = {
+    U64(struct wb_rt_write, src_off),   U64(struct wb_rt_write, dst_off),
+    U64(struct wb_rt_write, len),       U32(struct wb_rt_write, src_tensor),
+    U32(struct wb_rt_write, dst_rank),  U32(struct wb_rt_write, dst_tensor),
+    U32(struct wb_rt_write, tag),       U32(struct wb_rt_write, more),
+    U32(struct wb_rt_write, rank_step),
+};
+static const struct rt_record write_r = {write_f, N(write_f), write_ok};
+
+static const struct rt_field expect_f[] = {
+    U32(struct wb_rt_expect, tag),
+    U32(struct wb_rt_expect, tensor),
+    U64(struct wb_rt_expect, bytes),
+    U64(struct wb_rt_expect, writes),
+};
+static const struct rt_record expect_r = {expect_f, N(expect_f), NULL};
+
+static bool local_ok(const void *rec)
+{
+    const struct wb_rt_local *l = rec;
+    return l->bytes == wb_shape_numel(&l->shape) * wb_dtype_size(l->dtype);
+}
+
+static const struct rt_field local_f[] = {
+    U32(struct wb_rt_local, tensor),
+    ENUM(struct wb_rt_local, dtype, WB_DTYPE_BF16, WB_DTYPE_COUNT - 1),
+    {RT_SHAPE, offsetof(struct wb_rt_local, shape), 0, 0, NULL},
+    U64(struct wb_rt_local, bytes),
+};
+static const struct rt_record local_r = {local_f, N(local_f), local_ok};
+
+/* A body key of a scalar field, an array of records or an array of boxes, shapes or ops. */
+#define KEY(k, field)                                                                              \
+    {                                                                                              \
+        k, field, 0, 0, RT_U32, false, false                                                       \
+    }
+#define KEY_ARRAY(T, k, n, arr, etype, sub)                                                        \
+    {                                                                                              \
+        k, {RT_ARRAY, offsetof(T, n), 0, 0, sub}, offsetof(T, arr), sizeof(*((T *)0)->arr), etype, \
+            false, false                                                                           \
+    }
+
+/* The "format" key comes first in every body and is handled by the walkers themselves. */
+static const struct rt_key table_keys[] = {
+    KEY("rank", U32(struct wb_route_table, rank)),
+    KEY("ntrainers", U32(struct wb_route_table, ntrainers)),
+    KEY("nrollouts", U32(struct wb_route_table, nrollouts)),
+    KEY("tag_bits", ENUM(struct wb_route_table, tag_bits, 1, 32)),
+    KEY("residence", ENUM(struct wb_route_table, residence, WB_RESIDE_GPU, WB_RESIDE_HOST)),
+    KEY_ARRAY(struct wb_route_table, "phases", nphases, phases, RT_REC, &phase_r),
+    KEY_ARRAY(struct wb_route_table, "tasks", ntasks, tasks, RT_REC, &task_r),
+    KEY_ARRAY(struct wb_route_table, "ops", nops, ops, RT_OP, NULL),
+    KEY_ARRAY(struct wb_route_table, "peers", npeers, peers, RT_REC, &peer_r),
+    KEY_ARRAY(struct wb_route_table, "amax_peers", namax_peers, amax_peers, RT_REC, &amax_peer_r),
+    KEY_ARRAY(struct wb_route_table, "boxes", nboxes, boxes, RT_BOX, NULL),
+    KEY_ARRAY(struct wb_route_table, "shapes", nshapes, shapes, RT_SHAPE, NULL),
+    KEY_ARRAY(struct wb_route_table, "writes", nwrites, writes, RT_REC, &write_r),
+    KEY("amax_inbox_bytes", U64(struct wb_route_table, amax_inbox_bytes)),
+    KEY_ARRAY(struct wb_route_table, "amax", namax, amax, RT_REC, &expect_r),
+    KEY("send_bytes", U64(struct wb_route_table, send_bytes)),
+    KEY("max_tmp_bytes", U64(struct wb_route_table, max_tmp_bytes)),
+    {"mem_cap", U64(struct wb_route_table, mem_cap), 0, 0, RT_U32, true, true},
+    /* The FP8 block edge of QUANT and AMAX ops: on the wire since format 2, so that an
+     * executor built for another edge refuses the table; in no struct (WB_FP8_BLOCK). */
+    {"block", {RT_CONST, 0, WB_FP8_BLOCK, WB_FP8_BLOCK, NULL}, 0, 0, RT_U32, true, false},
+    {"mode", ENUM(struct wb_route_table, mode, WB_MODE_AUTO, WB_MODE_GATHER), 0, 0, RT_U32, true,
+     false},
+};
+
+static const struct rt_key recv_keys[] = {
+    KEY("rank", U32(struct wb_recv_list, rank)),
+    KEY("replica", U32(struct wb_recv_list, replica)),
+    KEY("tp_rank", U32(struct wb_recv_list, tp_rank)),
+    KEY("ep_rank", U32(struct wb_recv_list, ep_rank)),
+    KEY("tag_bits", ENUM(struct wb_recv_list, tag_bits, 1, 32)),
+    KEY_ARRAY(struct wb_recv_list, "local", nlocal, local, RT_REC, &local_r),
+    KEY_ARRAY(struct wb_recv_list, "expect", nexpect, expect, RT_REC, &expect_r),
+    KEY("recv_bytes", U64(struct wb_recv_list, recv_bytes)),
+    KEY("recv_writes", U64(struct wb_recv_list, recv_writes)),
+};
+_Static_assert(N(table_keys) < 64 && N(recv_keys) < 64, "required keys are tracked in a mask");
+
 /* ---------------------------------------------------------------- encode */
 
-static void put_view(struct wb_mpw *w, const struct wb_rt_view *v)
+static uint32_t get32(const void *base, size_t off)
 {
-    wb_mpw_array(w, 5);
-    wb_mpw_u64(w, v->kind);
-    wb_mpw_u64(w, v->tensor);
-    wb_mpw_u64(w, v->off);
-    wb_mpw_u64(w, v->dtype);
-    wb_mpw_u64(w, v->shape);
+    uint32_t v;
+    memcpy(&v, (const char *)base + off, sizeof(v));
+    return v;
+}
+
+static uint64_t get64(const void *base, size_t off)
+{
+    uint64_t v;
+    memcpy(&v, (const char *)base + off, sizeof(v));
+    return v;
+}
+
+static void put_record(struct wb_mpw *w, const struct rt_record *rec, const void *base);
+static void put_op(struct wb_mpw *w, const struct wb_rt_op *o);
+
+static void put_value(struct wb_mpw *w, const struct rt_field *f, const void *base)
+{
+    const char *p = (const char *)base + f->off;
+    switch (f->type) {
+    case RT_U32:
+    case RT_ENUM:
+        wb_mpw_u64(w, get32(base, f->off));
+        break;
+    case RT_U64:
+        wb_mpw_u64(w, get64(base, f->off));
+        break;
+    case RT_BOOL:
+        wb_mpw_bool(w, *(const bool *)p);
+        break;
+    case RT_REC:
+        put_record(w, f->sub, p);
+        break;
+    case RT_BOX:
+        wb_wire_put_box(w, (const struct wb_box *)p);
+        break;
+    case RT_SHAPE:
+        wb_wire_put_shape(w, (const struct wb_shape *)p);
+        break;
+    case RT_OP:
+        put_op(w, (const struct wb_rt_op *)p);
+        break;
+    case RT_CONST:
+        wb_mpw_u64(w, f->lo);
+        break;
+    case RT_ARRAY:
+        break; /* body keys only: put_body */
+    }
+}
+
+static void put_record(struct wb_mpw *w, const struct rt_record *rec, const void *base)
+{
+    wb_mpw_array(w, rec->n);
+    for (uint32_t i = 0; i < rec->n; i++)
+        put_value(w, &rec->f[i], base);
+}
+
+static const struct rt_record *op_record(uint32_t kind)
+{
+    return kind >= WB_OP_H2D && kind <= WB_OP_QUANT ? &op_r[kind] : NULL;
 }
 
 static void put_op(struct wb_mpw *w, const struct wb_rt_op *o)
 {
-    switch (o->kind) {
-    case WB_OP_H2D:
-        wb_mpw_array(w, 5);
-        wb_mpw_u64(w, o->kind);
-        wb_mpw_u64(w, o->tensor);
-        wb_mpw_u64(w, o->h2d.src_off);
-        wb_mpw_u64(w, o->h2d.bytes);
-        wb_mpw_u64(w, o->h2d.dst_off);
-        break;
-    case WB_OP_GATHER:
-        wb_mpw_array(w, 9);
-        wb_mpw_u64(w, o->kind);
-        wb_mpw_u64(w, o->tensor);
-        put_view(w, &o->gather.src);
-        put_view(w, &o->gather.dst);
-        wb_mpw_u64(w, o->gather.peer0);
-        wb_mpw_u64(w, o->gather.npeers);
-        wb_mpw_u64(w, o->gather.mesh);
-        wb_mpw_u64(w, o->gather.seq);
-        wb_mpw_u64(w, o->gather.bytes_in);
-        break;
-    case WB_OP_AMAX:
-        wb_mpw_array(w, 10);
-        wb_mpw_u64(w, o->kind);
-        wb_mpw_u64(w, o->tensor);
-        wb_mpw_u64(w, o->amax.peer0);
-        wb_mpw_u64(w, o->amax.npeers);
-        put_view(w, &o->amax.src);
-        wb_mpw_u64(w, o->amax.src_box);
-        wb_mpw_u64(w, o->amax.region);
-        wb_mpw_u64(w, o->amax.blocks);
-        wb_mpw_u64(w, o->amax.grid);
-        wb_mpw_u64(w, o->amax.amax_off);
-        break;
-    case WB_OP_COPY:
-    case WB_OP_CAST:
-        wb_mpw_array(w, 6);
-        wb_mpw_u64(w, o->kind);
-        wb_mpw_u64(w, o->tensor);
-        put_view(w, &o->copy.src);
-        put_view(w, &o->copy.dst);
-        wb_mpw_u64(w, o->copy.src_box);
-        wb_mpw_u64(w, o->copy.dst_box);
-        break;
-    case WB_OP_QUANT:
-        wb_mpw_array(w, 9);
-        wb_mpw_u64(w, o->kind);
-        wb_mpw_u64(w, o->tensor);
-        put_view(w, &o->quant.src);
-        put_view(w, &o->quant.dst);
-        wb_mpw_u64(w, o->quant.src_box);
-        wb_mpw_u64(w, o->quant.region);
-        wb_mpw_u64(w, o->quant.grid);
-        wb_mpw_u64(w, o->quant.scale_off);
-        wb_mpw_u64(w, o->quant.amax_off);
-        break;
-    default:
-        wb_mpw_array(w, 2);
-        wb_mpw_u64(w, o->kind);
-        wb_mpw_u64(w, o->tensor);
-    }
+    const struct rt_record *rec = op_record(o->kind);
+    wb_mpw_array(w, 2 + (rec ? rec->n : 0));
+    wb_mpw_u64(w, o->kind);
+    wb_mpw_u64(w, o->tensor);
+    for (uint32_t i = 0; rec && i < rec->n; i++)
+        put_value(w, &rec->f[i], o);
 }
 
-static void put_expects(struct wb_mpw *w, const struct wb_rt_expect *e, uint32_t n)
+/* A body: "format" first, then every key of the table in order. */
+static void put_body(struct wb_mpw *w, const struct rt_key *keys, uint32_t nkeys, const void *base)
 {
-    wb_mpw_array(w, n);
-    for (uint32_t i = 0; i < n; i++) {
-        wb_mpw_array(w, 4);
-        wb_mpw_u64(w, e[i].tag);
-        wb_mpw_u64(w, e[i].tensor);
-        wb_mpw_u64(w, e[i].bytes);
-        wb_mpw_u64(w, e[i].writes);
+    wb_mpw_map(w, 1 + nkeys);
+    wb_mpw_str(w, "format");
+    wb_mpw_u64(w, WB_PLAN_FORMAT);
+    for (uint32_t i = 0; i < nkeys; i++) {
+        const struct rt_key *k = &keys[i];
+        wb_mpw_str(w, k->key);
+        if (k->f.type != RT_ARRAY) {
+            put_value(w, &k->f, base);
+            continue;
+        }
+        uint32_t n = get32(base, k->f.off);
+        const char *arr;
+        memcpy(&arr, (const char *)base + k->ptr, sizeof(arr));
+        struct rt_field e = {k->etype, 0, 0, 0, k->f.sub};
+        wb_mpw_array(w, n);
+        for (uint32_t j = 0; j < n; j++)
+            put_value(w, &e, arr + (size_t)j * k->elem);
     }
 }
 
 void wb_route_table_encode(struct wb_mpw *w, const struct wb_route_table *t)
 {
     wb_mpw_envelope(w, WB_MSG_ROUTE_TABLE);
-    wb_mpw_map(w, 21);
-    wb_mpw_str(w, "format");
-    wb_mpw_u64(w, WB_PLAN_FORMAT);
-    wb_mpw_str(w, "rank");
-    wb_mpw_u64(w, t->rank);
-    wb_mpw_str(w, "ntrainers");
-    wb_mpw_u64(w, t->ntrainers);
-    wb_mpw_str(w, "nrollouts");
-    wb_mpw_u64(w, t->nrollouts);
-    wb_mpw_str(w, "tag_bits");
-    wb_mpw_u64(w, t->tag_bits);
-    wb_mpw_str(w, "residence");
-    wb_mpw_u64(w, t->residence);
-    wb_mpw_str(w, "phases");
-    wb_mpw_array(w, t->nphases);
-    for (uint32_t i = 0; i < t->nphases; i++) {
-        wb_mpw_array(w, 3);
-        wb_mpw_u64(w, t->phases[i].task0);
-        wb_mpw_u64(w, t->phases[i].ntasks);
-        wb_mpw_bool(w, t->phases[i].barrier_after);
-    }
-    wb_mpw_str(w, "tasks");
-    wb_mpw_array(w, t->ntasks);
-    for (uint32_t i = 0; i < t->ntasks; i++) {
-        const struct wb_rt_task *k = &t->tasks[i];
-        wb_mpw_array(w, 11);
-        wb_mpw_u64(w, k->mapping);
-        wb_mpw_u64(w, k->item);
-        wb_mpw_u64(w, k->phase);
-        wb_mpw_u64(w, k->mesh);
-        wb_mpw_u64(w, k->mode);
-        wb_mpw_u64(w, k->tmp_bytes);
-        wb_mpw_u64(w, k->op0);
-        wb_mpw_u64(w, k->nops);
-        wb_mpw_u64(w, k->write0);
-        wb_mpw_u64(w, k->nwrites);
-        wb_mpw_u64(w, k->write_bytes);
-    }
-    wb_mpw_str(w, "ops");
-    wb_mpw_array(w, t->nops);
-    for (uint32_t i = 0; i < t->nops; i++)
-        put_op(w, &t->ops[i]);
-    wb_mpw_str(w, "peers");
-    wb_mpw_array(w, t->npeers);
-    for (uint32_t i = 0; i < t->npeers; i++) {
-        wb_mpw_array(w, 2);
-        wb_mpw_u64(w, t->peers[i].rank);
-        wb_mpw_u64(w, t->peers[i].box);
-    }
-    wb_mpw_str(w, "amax_peers");
-    wb_mpw_array(w, t->namax_peers);
-    for (uint32_t i = 0; i < t->namax_peers; i++) {
-        const struct wb_rt_amax_peer *x = &t->amax_peers[i];
-        wb_mpw_array(w, 4);
-        wb_mpw_u64(w, x->rank);
-        wb_mpw_u64(w, x->tag);
-        wb_mpw_u64(w, x->peer_inbox_off);
-        wb_mpw_u64(w, x->inbox_off);
-    }
-    wb_mpw_str(w, "boxes");
-    wb_mpw_array(w, t->nboxes);
-    for (uint32_t i = 0; i < t->nboxes; i++)
-        wb_wire_put_box(w, &t->boxes[i]);
-    wb_mpw_str(w, "shapes");
-    wb_mpw_array(w, t->nshapes);
-    for (uint32_t i = 0; i < t->nshapes; i++)
-        wb_wire_put_shape(w, &t->shapes[i]);
-    wb_mpw_str(w, "writes");
-    wb_mpw_array(w, t->nwrites);
-    for (uint32_t i = 0; i < t->nwrites; i++) {
-        const struct wb_rt_write *x = &t->writes[i];
-        wb_mpw_array(w, 9);
-        wb_mpw_u64(w, x->src_off);
-        wb_mpw_u64(w, x->dst_off);
-        wb_mpw_u64(w, x->len);
-        wb_mpw_u64(w, x->src_tensor);
-        wb_mpw_u64(w, x->dst_rank);
-        wb_mpw_u64(w, x->dst_tensor);
-        wb_mpw_u64(w, x->tag);
-        wb_mpw_u64(w, x->more);
-        wb_mpw_u64(w, x->rank_step);
-    }
-    wb_mpw_str(w, "amax_inbox_bytes");
-    wb_mpw_u64(w, t->amax_inbox_bytes);
-    wb_mpw_str(w, "amax");
-    put_expects(w, t->amax, t->namax);
-    wb_mpw_str(w, "send_bytes");
-    wb_mpw_u64(w, t->send_bytes);
-    wb_mpw_str(w, "max_tmp_bytes");
-    wb_mpw_u64(w, t->max_tmp_bytes);
-    wb_mpw_str(w, "mem_cap");
-    wb_mpw_u64(w, t->mem_cap);
-    wb_mpw_str(w, "block");
-    wb_mpw_u64(w, t->block);
-    wb_mpw_str(w, "mode");
-    wb_mpw_u64(w, t->mode);
+    put_body(w, table_keys, N(table_keys), t);
 }
 
 void wb_recv_list_encode(struct wb_mpw *w, const struct wb_recv_list *r)
 {
     wb_mpw_envelope(w, WB_MSG_RECV_LIST);
-    wb_mpw_map(w, 10);
-    wb_mpw_str(w, "format");
-    wb_mpw_u64(w, WB_PLAN_FORMAT);
-    wb_mpw_str(w, "rank");
-    wb_mpw_u64(w, r->rank);
-    wb_mpw_str(w, "replica");
-    wb_mpw_u64(w, r->replica);
-    wb_mpw_str(w, "tp_rank");
-    wb_mpw_u64(w, r->tp_rank);
-    wb_mpw_str(w, "ep_rank");
-    wb_mpw_u64(w, r->ep_rank);
-    wb_mpw_str(w, "tag_bits");
-    wb_mpw_u64(w, r->tag_bits);
-    wb_mpw_str(w, "local");
-    wb_mpw_array(w, r->nlocal);
-    for (uint32_t i = 0; i < r->nlocal; i++) {
-        wb_mpw_array(w, 4);
-        wb_mpw_u64(w, r->local[i].tensor);
-        wb_mpw_u64(w, r->local[i].dtype);
-        wb_wire_put_shape(w, &r->local[i].shape);
-        wb_mpw_u64(w, r->local[i].bytes);
-    }
-    wb_mpw_str(w, "expect");
-    put_expects(w, r->expect, r->nexpect);
-    wb_mpw_str(w, "recv_bytes");
-    wb_mpw_u64(w, r->recv_bytes);
-    wb_mpw_str(w, "recv_writes");
-    wb_mpw_u64(w, r->recv_writes);
+    put_body(w, recv_keys, N(recv_keys), r);
 }
 
 /* ---------------------------------------------------------------- decode */
@@ -256,237 +386,131 @@ static int skip_n(struct wb_mpr *r, uint32_t n)
     return 0;
 }
 
-static int get_u32(struct wb_mpr *r, uint32_t *v)
+static int get_record(struct wb_mpr *r, const struct rt_record *rec, void *base);
+static int get_op(struct wb_mpr *r, struct wb_rt_op *o);
+
+/* One value into base + f->off; -EBADMSG when it is missing, mistyped or out of range. */
+static int get_value(struct wb_mpr *r, const struct rt_field *f, void *base)
 {
-    return wb_mpr_u32(r, v);
+    char *p = (char *)base + f->off;
+    uint32_t v32;
+    switch (f->type) {
+    case RT_U32:
+    case RT_ENUM:
+        if (wb_mpr_u32(r, &v32) || (f->type == RT_ENUM && (v32 < f->lo || v32 > f->hi)))
+            return -EBADMSG;
+        memcpy(p, &v32, sizeof(v32));
+        return 0;
+    case RT_U64:
+        return wb_mpr_u64(r, (uint64_t *)p) ? -EBADMSG : 0;
+    case RT_BOOL:
+        return wb_mpr_bool(r, (bool *)p) ? -EBADMSG : 0;
+    case RT_REC:
+        return get_record(r, f->sub, p);
+    case RT_BOX:
+        return wb_wire_get_box(r, (struct wb_box *)p) ? -EBADMSG : 0;
+    case RT_SHAPE:
+        return wb_wire_get_shape(r, (struct wb_shape *)p) ? -EBADMSG : 0;
+    case RT_OP:
+        return get_op(r, (struct wb_rt_op *)p);
+    case RT_CONST:
+        return wb_mpr_u32(r, &v32) || v32 != f->lo ? -EBADMSG : 0;
+    case RT_ARRAY:
+        break;
+    }
+    return -EBADMSG;
 }
 
-static int get_enum(struct wb_mpr *r, uint32_t lo, uint32_t hi, uint32_t *v)
+/* A record of at least its fields (later formats may append some: skipped), then its check. */
+static int get_record(struct wb_mpr *r, const struct rt_record *rec, void *base)
 {
-    if (wb_mpr_u32(r, v) || *v < lo || *v > hi)
+    uint32_t extra;
+    if (open_struct(r, rec->n, &extra))
         return -EBADMSG;
-    return 0;
-}
-
-static int get_view(struct wb_mpr *r, struct wb_rt_view *v)
-{
-    uint32_t extra, kind, dt;
-    if (open_struct(r, 5, &extra) || get_enum(r, WB_BUF_PARAM, WB_BUF_TMP, &kind) ||
-        get_u32(r, &v->tensor) || wb_mpr_u64(r, &v->off) ||
-        get_enum(r, WB_DTYPE_BF16, WB_DTYPE_COUNT - 1, &dt) || get_u32(r, &v->shape) ||
-        skip_n(r, extra))
+    for (uint32_t i = 0; i < rec->n; i++)
+        if (get_value(r, &rec->f[i], base))
+            return -EBADMSG;
+    if (skip_n(r, extra) || (rec->ok && !rec->ok(base)))
         return -EBADMSG;
-    v->kind = (enum wb_rt_buf_kind)kind;
-    v->dtype = (enum wb_dtype)dt;
     return 0;
 }
 
 static int get_op(struct wb_mpr *r, struct wb_rt_op *o)
 {
-    uint32_t extra, kind, n;
-    if (wb_mpr_array(r, 64, &n) || n < 2 || get_enum(r, WB_OP_H2D, WB_OP_QUANT, &kind) ||
-        get_u32(r, &o->tensor))
+    uint32_t n, kind;
+    if (wb_mpr_array(r, 64, &n) || n < 2 || wb_mpr_u32(r, &kind) || !op_record(kind) ||
+        wb_mpr_u32(r, &o->tensor))
         return -EBADMSG;
     o->kind = (enum wb_rt_op_kind)kind;
-    static const uint32_t fields[] = {0, 5, 9, 10, 6, 6, 9};
-    if (n < fields[kind])
+    const struct rt_record *rec = op_record(kind);
+    if (n < 2 + rec->n)
         return -EBADMSG;
-    extra = n - fields[kind];
-    int e = 0;
-    switch (o->kind) {
-    case WB_OP_H2D:
-        e = wb_mpr_u64(r, &o->h2d.src_off) || wb_mpr_u64(r, &o->h2d.bytes) ||
-            wb_mpr_u64(r, &o->h2d.dst_off);
-        break;
-    case WB_OP_GATHER:
-        e = get_view(r, &o->gather.src) || get_view(r, &o->gather.dst) ||
-            get_u32(r, &o->gather.peer0) || get_u32(r, &o->gather.npeers) ||
-            get_u32(r, &o->gather.mesh) || get_u32(r, &o->gather.seq) ||
-            wb_mpr_u64(r, &o->gather.bytes_in);
-        break;
-    case WB_OP_AMAX:
-        e = get_u32(r, &o->amax.peer0) || get_u32(r, &o->amax.npeers) ||
-            get_view(r, &o->amax.src) || get_u32(r, &o->amax.src_box) ||
-            get_u32(r, &o->amax.region) || get_u32(r, &o->amax.blocks) ||
-            get_u32(r, &o->amax.grid) || wb_mpr_u64(r, &o->amax.amax_off);
-        break;
-    case WB_OP_COPY:
-    case WB_OP_CAST:
-        e = get_view(r, &o->copy.src) || get_view(r, &o->copy.dst) ||
-            get_u32(r, &o->copy.src_box) || get_u32(r, &o->copy.dst_box);
-        break;
-    case WB_OP_QUANT:
-        e = get_view(r, &o->quant.src) || get_view(r, &o->quant.dst) ||
-            get_u32(r, &o->quant.src_box) || get_u32(r, &o->quant.region) ||
-            get_u32(r, &o->quant.grid) || wb_mpr_u64(r, &o->quant.scale_off) ||
-            wb_mpr_u64(r, &o->quant.amax_off);
-        break;
-    }
-    return e || skip_n(r, extra) ? -EBADMSG : 0;
+    for (uint32_t i = 0; i < rec->n; i++)
+        if (get_value(r, &rec->f[i], o))
+            return -EBADMSG;
+    return skip_n(r, n - 2 - rec->n);
 }
 
-static int get_expects(struct wb_mpr *r, struct wb_rt_expect **out, uint32_t *n)
+/* An array key: bounded count, then the elements into a new array (n ? n : 1 elements, so a
+ * decoded empty array is still "seen"). */
+static int get_array(struct wb_mpr *r, const struct rt_key *k, void *base)
 {
-    if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, n))
+    uint32_t n;
+    if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &n))
         return -EBADMSG;
-    *out = calloc(*n ? *n : 1, sizeof(**out));
-    if (!*out)
+    char *arr = calloc(n ? n : 1, k->elem);
+    if (!arr)
         return -ENOMEM;
-    for (uint32_t i = 0; i < *n; i++) {
-        uint32_t extra;
-        struct wb_rt_expect *e = &(*out)[i];
-        if (open_struct(r, 4, &extra) || get_u32(r, &e->tag) || get_u32(r, &e->tensor) ||
-            wb_mpr_u64(r, &e->bytes) || wb_mpr_u64(r, &e->writes) || skip_n(r, extra))
+    memcpy((char *)base + k->f.off, &n, sizeof(n));
+    memcpy((char *)base + k->ptr, &arr, sizeof(arr));
+    struct rt_field e = {k->etype, 0, 0, 0, k->f.sub};
+    for (uint32_t j = 0; j < n; j++)
+        if (get_value(r, &e, arr + (size_t)j * k->elem))
             return -EBADMSG;
-    }
     return 0;
 }
 
-/* Allocates an array of n elements for a decode (n is already bounded). */
-static void *alloc_n(uint32_t n, size_t elem)
-{
-    return calloc(n ? n : 1, elem);
-}
-
-static int decode_table_body(struct wb_mpr *r, struct wb_route_table *t)
+/* A body map into base: "format" must be WB_PLAN_FORMAT (-WB_E_VERSION), every required key
+ * present, each array key read once (a repeat is skipped, as unknown keys are). */
+static int get_body(struct wb_mpr *r, const struct rt_key *keys, uint32_t nkeys, void *base)
 {
     uint32_t npairs;
     if (wb_mpr_map(r, 64, &npairs))
         return -EBADMSG;
     char key[32];
-    uint64_t format = 0;
-    bool cap = false, block = false, mode = false; /* required since format 2 */
-    for (uint32_t i = 0; i < npairs; i++) {
+    uint64_t format = 0, seen = 0, required = 0;
+    for (uint32_t i = 0; i < nkeys; i++)
+        required |= keys[i].required ? 1ull << i : 0;
+    for (uint32_t p = 0; p < npairs; p++) {
         if (wb_mpr_str(r, key, sizeof(key)))
             return -EBADMSG;
-        int e = 0;
         if (strcmp(key, "format") == 0) {
-            e = wb_mpr_u64(r, &format) || format != WB_PLAN_FORMAT ? -WB_E_VERSION : 0;
-            if (e)
-                return e;
-        } else if (strcmp(key, "rank") == 0) {
-            e = get_u32(r, &t->rank);
-        } else if (strcmp(key, "ntrainers") == 0) {
-            e = get_u32(r, &t->ntrainers);
-        } else if (strcmp(key, "nrollouts") == 0) {
-            e = get_u32(r, &t->nrollouts);
-        } else if (strcmp(key, "tag_bits") == 0) {
-            e = get_enum(r, 1, 32, &t->tag_bits);
-        } else if (strcmp(key, "residence") == 0) {
-            uint32_t v;
-            e = get_enum(r, WB_RESIDE_GPU, WB_RESIDE_HOST, &v);
-            t->residence = (enum wb_residence)v;
-        } else if (strcmp(key, "phases") == 0 && !t->phases) {
-            if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &t->nphases))
-                return -EBADMSG;
-            if (!(t->phases = alloc_n(t->nphases, sizeof(*t->phases))))
-                return -ENOMEM;
-            for (uint32_t k = 0; k < t->nphases && !e; k++) {
-                uint32_t extra;
-                e = open_struct(r, 3, &extra) || get_u32(r, &t->phases[k].task0) ||
-                    get_u32(r, &t->phases[k].ntasks) ||
-                    wb_mpr_bool(r, &t->phases[k].barrier_after) || skip_n(r, extra);
-            }
-        } else if (strcmp(key, "tasks") == 0 && !t->tasks) {
-            if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &t->ntasks))
-                return -EBADMSG;
-            if (!(t->tasks = alloc_n(t->ntasks, sizeof(*t->tasks))))
-                return -ENOMEM;
-            for (uint32_t k = 0; k < t->ntasks && !e; k++) {
-                struct wb_rt_task *x = &t->tasks[k];
-                uint32_t extra, mode = 0;
-                e = open_struct(r, 11, &extra) || get_u32(r, &x->mapping) || get_u32(r, &x->item) ||
-                    get_u32(r, &x->phase) || get_u32(r, &x->mesh) ||
-                    get_enum(r, WB_MODE_DIRECT, WB_MODE_GATHER, &mode) ||
-                    wb_mpr_u64(r, &x->tmp_bytes) || get_u32(r, &x->op0) || get_u32(r, &x->nops) ||
-                    get_u32(r, &x->write0) || get_u32(r, &x->nwrites) ||
-                    wb_mpr_u64(r, &x->write_bytes) || skip_n(r, extra);
-                x->mode = (enum wb_plan_mode)mode;
-            }
-        } else if (strcmp(key, "ops") == 0 && !t->ops) {
-            if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &t->nops))
-                return -EBADMSG;
-            if (!(t->ops = alloc_n(t->nops, sizeof(*t->ops))))
-                return -ENOMEM;
-            for (uint32_t k = 0; k < t->nops && !e; k++)
-                e = get_op(r, &t->ops[k]);
-        } else if (strcmp(key, "peers") == 0 && !t->peers) {
-            if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &t->npeers))
-                return -EBADMSG;
-            if (!(t->peers = alloc_n(t->npeers, sizeof(*t->peers))))
-                return -ENOMEM;
-            for (uint32_t k = 0; k < t->npeers && !e; k++) {
-                uint32_t extra;
-                e = open_struct(r, 2, &extra) || get_u32(r, &t->peers[k].rank) ||
-                    get_u32(r, &t->peers[k].box) || skip_n(r, extra);
-            }
-        } else if (strcmp(key, "amax_peers") == 0 && !t->amax_peers) {
-            if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &t->namax_peers))
-                return -EBADMSG;
-            if (!(t->amax_peers = alloc_n(t->namax_peers, sizeof(*t->amax_peers))))
-                return -ENOMEM;
-            for (uint32_t k = 0; k < t->namax_peers && !e; k++) {
-                struct wb_rt_amax_peer *x = &t->amax_peers[k];
-                uint32_t extra;
-                e = open_struct(r, 4, &extra) || get_u32(r, &x->rank) || get_u32(r, &x->tag) ||
-                    wb_mpr_u64(r, &x->peer_inbox_off) || wb_mpr_u64(r, &x->inbox_off) ||
-                    skip_n(r, extra);
-            }
-        } else if (strcmp(key, "boxes") == 0 && !t->boxes) {
-            if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &t->nboxes))
-                return -EBADMSG;
-            if (!(t->boxes = alloc_n(t->nboxes, sizeof(*t->boxes))))
-                return -ENOMEM;
-            for (uint32_t k = 0; k < t->nboxes && !e; k++)
-                e = wb_wire_get_box(r, &t->boxes[k]);
-        } else if (strcmp(key, "shapes") == 0 && !t->shapes) {
-            if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &t->nshapes))
-                return -EBADMSG;
-            if (!(t->shapes = alloc_n(t->nshapes, sizeof(*t->shapes))))
-                return -ENOMEM;
-            for (uint32_t k = 0; k < t->nshapes && !e; k++)
-                e = wb_wire_get_shape(r, &t->shapes[k]);
-        } else if (strcmp(key, "writes") == 0 && !t->writes) {
-            if (wb_mpr_array(r, WB_WIRE_MAX_ARRAY, &t->nwrites))
-                return -EBADMSG;
-            if (!(t->writes = alloc_n(t->nwrites, sizeof(*t->writes))))
-                return -ENOMEM;
-            for (uint32_t k = 0; k < t->nwrites && !e; k++) {
-                struct wb_rt_write *x = &t->writes[k];
-                uint32_t extra;
-                e = open_struct(r, 9, &extra) || wb_mpr_u64(r, &x->src_off) ||
-                    wb_mpr_u64(r, &x->dst_off) || wb_mpr_u64(r, &x->len) ||
-                    get_u32(r, &x->src_tensor) || get_u32(r, &x->dst_rank) ||
-                    get_u32(r, &x->dst_tensor) || get_u32(r, &x->tag) || get_u32(r, &x->more) ||
-                    get_u32(r, &x->rank_step) || skip_n(r, extra);
-                e = e || x->src_off + x->len < x->src_off || x->dst_off + x->len < x->dst_off;
-            }
-        } else if (strcmp(key, "amax_inbox_bytes") == 0) {
-            e = wb_mpr_u64(r, &t->amax_inbox_bytes);
-        } else if (strcmp(key, "amax") == 0 && !t->amax) {
-            e = get_expects(r, &t->amax, &t->namax);
-        } else if (strcmp(key, "send_bytes") == 0) {
-            e = wb_mpr_u64(r, &t->send_bytes);
-        } else if (strcmp(key, "max_tmp_bytes") == 0) {
-            e = wb_mpr_u64(r, &t->max_tmp_bytes);
-        } else if (strcmp(key, "mem_cap") == 0) {
-            e = wb_mpr_u64(r, &t->mem_cap) || t->mem_cap == 0;
-            cap = true;
-        } else if (strcmp(key, "block") == 0) {
-            e = get_enum(r, WB_FP8_BLOCK, WB_FP8_BLOCK, &t->block);
-            block = true;
-        } else if (strcmp(key, "mode") == 0) {
-            uint32_t v;
-            e = get_enum(r, WB_MODE_AUTO, WB_MODE_GATHER, &v);
-            t->mode = (enum wb_plan_mode)v;
-            mode = true;
+            if (wb_mpr_u64(r, &format) || format != WB_PLAN_FORMAT)
+                return -WB_E_VERSION;
+            continue;
+        }
+        const struct rt_key *k = NULL;
+        for (uint32_t i = 0; i < nkeys && !k; i++)
+            if (strcmp(key, keys[i].key) == 0)
+                k = &keys[i];
+        int e;
+        if (!k) {
+            e = wb_mpr_skip(r) ? -EBADMSG : 0;
+        } else if (k->f.type == RT_ARRAY) {
+            void *have;
+            memcpy(&have, (char *)base + k->ptr, sizeof(have));
+            e = have ? (wb_mpr_skip(r) ? -EBADMSG : 0) : get_array(r, k, base);
         } else {
-            e = wb_mpr_skip(r);
+            e = get_value(r, &k->f, base);
+            if (!e && k->nonzero && get64(base, k->f.off) == 0)
+                e = -EBADMSG;
         }
         if (e)
-            return e < 0 ? e : -EBADMSG;
+            return e;
+        if (k)
+            seen |= 1ull << (k - keys);
     }
-    return format == WB_PLAN_FORMAT && cap && block && mode ? 0 : -EBADMSG;
+    return format == WB_PLAN_FORMAT && (seen & required) == required ? 0 : -EBADMSG;
 }
 
 /* ---------------------------------------------------------------- consistency */
@@ -635,7 +659,7 @@ int wb_route_table_decode(const void *buf, size_t len, struct wb_route_table *ou
         return -EBADMSG;
     struct wb_route_table t;
     memset(&t, 0, sizeof(t));
-    e = decode_table_body(&r, &t);
+    e = get_body(&r, table_keys, N(table_keys), &t);
     if (!e)
         e = wb_mpr_end(&r);
     if (!e)
@@ -654,67 +678,15 @@ int wb_recv_list_decode(const void *buf, size_t len, struct wb_recv_list *out)
 {
     struct wb_mpr r;
     wb_mpr_init(&r, buf, len);
-    uint32_t type, npairs;
+    uint32_t type;
     int e = wb_mpr_envelope(&r, &type);
     if (e)
         return e;
-    if (type != WB_MSG_RECV_LIST || wb_mpr_map(&r, 64, &npairs))
+    if (type != WB_MSG_RECV_LIST)
         return -EBADMSG;
     struct wb_recv_list v;
     memset(&v, 0, sizeof(v));
-    uint64_t format = 0;
-    char key[32];
-    for (uint32_t i = 0; i < npairs && !e; i++) {
-        if (wb_mpr_str(&r, key, sizeof(key))) {
-            e = -EBADMSG;
-            break;
-        }
-        if (strcmp(key, "format") == 0) {
-            e = wb_mpr_u64(&r, &format) || format != WB_PLAN_FORMAT ? -WB_E_VERSION : 0;
-        } else if (strcmp(key, "rank") == 0) {
-            e = get_u32(&r, &v.rank);
-        } else if (strcmp(key, "replica") == 0) {
-            e = get_u32(&r, &v.replica);
-        } else if (strcmp(key, "tp_rank") == 0) {
-            e = get_u32(&r, &v.tp_rank);
-        } else if (strcmp(key, "ep_rank") == 0) {
-            e = get_u32(&r, &v.ep_rank);
-        } else if (strcmp(key, "tag_bits") == 0) {
-            e = get_enum(&r, 1, 32, &v.tag_bits);
-        } else if (strcmp(key, "local") == 0 && !v.local) {
-            if (wb_mpr_array(&r, WB_WIRE_MAX_ARRAY, &v.nlocal)) {
-                e = -EBADMSG;
-                break;
-            }
-            if (!(v.local = alloc_n(v.nlocal, sizeof(*v.local)))) {
-                e = -ENOMEM;
-                break;
-            }
-            for (uint32_t k = 0; k < v.nlocal && !e; k++) {
-                uint32_t extra, dt = 0;
-                struct wb_rt_local *l = &v.local[k];
-                e = open_struct(&r, 4, &extra) || get_u32(&r, &l->tensor) ||
-                    get_enum(&r, WB_DTYPE_BF16, WB_DTYPE_COUNT - 1, &dt) ||
-                    wb_wire_get_shape(&r, &l->shape) || wb_mpr_u64(&r, &l->bytes) ||
-                    skip_n(&r, extra);
-                l->dtype = (enum wb_dtype)dt;
-                e = e || l->bytes != wb_shape_numel(&l->shape) * wb_dtype_size(l->dtype);
-                e = e ? -EBADMSG : 0;
-            }
-        } else if (strcmp(key, "expect") == 0 && !v.expect) {
-            e = get_expects(&r, &v.expect, &v.nexpect);
-        } else if (strcmp(key, "recv_bytes") == 0) {
-            e = wb_mpr_u64(&r, &v.recv_bytes);
-        } else if (strcmp(key, "recv_writes") == 0) {
-            e = wb_mpr_u64(&r, &v.recv_writes);
-        } else {
-            e = wb_mpr_skip(&r);
-        }
-        if (e > 0)
-            e = -EBADMSG;
-    }
-    if (!e && format != WB_PLAN_FORMAT)
-        e = -EBADMSG;
+    e = get_body(&r, recv_keys, N(recv_keys), &v);
     if (!e)
         e = wb_mpr_end(&r);
     if (e) {
@@ -727,16 +699,20 @@ int wb_recv_list_decode(const void *buf, size_t len, struct wb_recv_list *out)
 
 /* ---------------------------------------------------------------- names and freeing */
 
+const char *const wb_plan_mode_names[] = {
+    [WB_MODE_AUTO] = "auto",     [WB_MODE_DIRECT] = "direct", [WB_MODE_AMAX] = "amax",
+    [WB_MODE_GATHER] = "gather", [WB_MODE_GATHER + 1] = NULL,
+};
+
 const char *wb_plan_mode_name(enum wb_plan_mode m)
 {
-    static const char *const names[] = {"auto", "direct", "amax", "gather"};
-    return (unsigned)m < 4 ? names[m] : "invalid";
+    return (unsigned)m <= WB_MODE_GATHER ? wb_plan_mode_names[m] : "invalid";
 }
 
 int wb_plan_mode_parse(const char *s, enum wb_plan_mode *out)
 {
-    for (int m = 0; m < 4; m++)
-        if (m != WB_MODE_AMAX && strcmp(s, wb_plan_mode_name((enum wb_plan_mode)m)) == 0) {
+    for (int m = 0; wb_plan_mode_names[m]; m++)
+        if (m != WB_MODE_AMAX && strcmp(s, wb_plan_mode_names[m]) == 0) {
             *out = (enum wb_plan_mode)m;
             return 0;
         }

@@ -6,7 +6,8 @@
  * trainer rank, which tasks run in which phase, the stage ops of each (H2D, gather, amax
  * exchange, copy/cast, FP8 quantization) over its registered shards and a temporary arena,
  * and the one-sided writes that deliver the bytes, with the tags a receiver counts. It also
- * carries how it must be run: the memory cap, the FP8 block edge and the mode.
+ * carries how it must be run: the memory cap and the mode. (The FP8 block edge is WB_FP8_BLOCK,
+ * common.h: the wire says it, and a decoder refuses any other, but no struct holds a copy.)
  *
  * Vocabulary: trainer tensor / rollout tensor are indices into the job's two inventories;
  * PARAM is a trainer rank's local shard of a trainer tensor; TMP is a task's temporary
@@ -28,9 +29,15 @@ enum wb_residence {
 
 /* ================================================================ routing tables */
 
-/* How a piece is produced. WB_MODE_AUTO is only a request: the plan records the chosen mode. */
+/* How a piece is produced. WB_MODE_AUTO is only a request: the plan records the chosen mode.
+ * WB_MODE_AMAX is only a choice: the planner makes it where FP8 blocks straddle owners of a
+ * direct piece; a plan cannot be asked for it. */
 enum wb_plan_mode { WB_MODE_AUTO = 0, WB_MODE_DIRECT, WB_MODE_AMAX, WB_MODE_GATHER };
+/* The one list of the modes' names, indexed by enum wb_plan_mode, NULL-terminated (a config
+ * loader's enum choices; the Python package reads the names through the two calls below). */
+extern const char *const wb_plan_mode_names[];
 const char *wb_plan_mode_name(enum wb_plan_mode m);
+/* The modes a plan can be asked for: auto, direct, gather (amax is -EINVAL). */
 int wb_plan_mode_parse(const char *s, enum wb_plan_mode *out);
 
 /* Where an op reads or writes. PARAM is this rank's registered local shard of trainer tensor
@@ -249,7 +256,6 @@ struct wb_route_table {
     /* How the executor runs the table. The plan decides these once for every rank, so the
      * table is all an agent needs: no second source for any of them. */
     uint64_t mem_cap;       /* temporary-memory cap the tasks were sized for (>= max_tmp_bytes) */
-    uint32_t block;         /* FP8 block edge of QUANT and AMAX ops (WB_FP8_BLOCK) */
     enum wb_plan_mode mode; /* the mode the plan was asked for (tasks record the chosen one) */
 };
 

@@ -120,7 +120,7 @@ struct wb_txn_state {
 
 /* ---------------------------------------------------------------- lifetime */
 
-int wb_txi_notes_init(struct wb_txn_state **out)
+int txi_notes_init(struct wb_txn_state **out)
 {
     struct wb_txn_state *s = calloc(1, sizeof(*s));
     if (!s)
@@ -133,7 +133,7 @@ int wb_txi_notes_init(struct wb_txn_state **out)
     return 0;
 }
 
-void wb_txi_notes_fini(struct wb_txn_state *s)
+void txi_notes_fini(struct wb_txn_state *s)
 {
     if (!s)
         return;
@@ -213,9 +213,9 @@ static void imm_fire(struct wb_txn_state *c, struct imm_slot *s)
     s->armed = false;
 }
 
-void wb_txi_imm_arrived(struct wb_tx *tx, uint32_t tag, uint32_t n)
+void txi_imm_arrived(struct wb_tx *tx, uint32_t tag, uint32_t n)
 {
-    struct wb_txn_state *c = wb_txi_notes(tx);
+    struct wb_txn_state *c = txi_notes(tx);
     struct imm_slot *s = imm_slot(c, tag, true);
     if (!s) {
         c->st.full++;
@@ -228,13 +228,13 @@ void wb_txi_imm_arrived(struct wb_tx *tx, uint32_t tag, uint32_t n)
 
 int wb_tx_expect(struct wb_tx *tx, uint32_t tag, uint64_t n, wb_tx_imm_cb cb, void *arg)
 {
-    struct wb_txn_state *c = wb_txi_notes(tx);
+    struct wb_txn_state *c = txi_notes(tx);
     struct imm_slot *s = imm_slot(c, tag, true);
     if (!s)
         return c->used + 1 > c->max_tags
-                   ? wb_txi_err(tx, -ENOSPC,
-                                "expect: tag %u: the attempt's %" PRIu64 " counters are in use",
-                                tag, c->max_tags)
+                   ? txi_err(tx, -ENOSPC,
+                             "expect: tag %u: the attempt's %" PRIu64 " counters are in use", tag,
+                             c->max_tags)
                    : -ENOMEM;
     if (!s->armed && c->nready + c->narmed + 1 > c->ready_cap) {
         size_t cap = 2 * (c->nready + c->narmed + 1);
@@ -245,9 +245,9 @@ int wb_tx_expect(struct wb_tx *tx, uint32_t tag, uint64_t n, wb_tx_imm_cb cb, vo
         c->ready_cap = cap;
     }
     if (s->armed)
-        return wb_txi_err(tx, -EBUSY,
-                          "expect: tag %u is already armed (%" PRIu64 " of %" PRIu64 " arrived)",
-                          tag, s->count, s->target);
+        return txi_err(tx, -EBUSY,
+                       "expect: tag %u is already armed (%" PRIu64 " of %" PRIu64 " arrived)", tag,
+                       s->count, s->target);
     s->armed = true;
     c->narmed++;
     s->target = n;
@@ -260,13 +260,13 @@ int wb_tx_expect(struct wb_tx *tx, uint32_t tag, uint64_t n, wb_tx_imm_cb cb, vo
 
 uint64_t wb_tx_imm_count(const struct wb_tx *tx, uint32_t tag)
 {
-    struct imm_slot *s = imm_slot(wb_txi_notes((struct wb_tx *)tx), tag, false);
+    struct imm_slot *s = imm_slot(txi_notes((struct wb_tx *)tx), tag, false);
     return s ? s->count : 0;
 }
 
-size_t wb_txi_imm_drain(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
+size_t txi_imm_drain(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
 {
-    struct wb_txn_state *c = wb_txi_notes(tx);
+    struct wb_txn_state *c = txi_notes(tx);
     size_t n = 0, i = 0, snapshot = c->nready;
     uint64_t epoch = c->epoch;
     for (; i < snapshot; i++) {
@@ -330,12 +330,11 @@ static void reset_counts(struct wb_txn_state *s)
 
 int wb_tx_attempt_begin(struct wb_tx *tx, const struct wb_tx_attempt *a)
 {
-    struct wb_txn_state *s = wb_txi_notes(tx);
+    struct wb_txn_state *s = txi_notes(tx);
     if (!a->epoch)
-        return wb_txi_err(tx, -EINVAL, "attempt: epoch 0 is not an attempt's");
+        return txi_err(tx, -EINVAL, "attempt: epoch 0 is not an attempt's");
     if (s->active && !s->open_mode && s->epoch == a->epoch)
-        return wb_txi_err(tx, -EALREADY, "attempt: epoch %016" PRIx64 " has begun already",
-                          a->epoch);
+        return txi_err(tx, -EALREADY, "attempt: epoch %016" PRIx64 " has begun already", a->epoch);
     if (s->active && !s->open_mode)
         past_add(s, s->epoch);
     reset_counts(s);
@@ -352,7 +351,7 @@ int wb_tx_attempt_begin(struct wb_tx *tx, const struct wb_tx_attempt *a)
 
 void wb_tx_attempt_end(struct wb_tx *tx)
 {
-    struct wb_txn_state *s = wb_txi_notes(tx);
+    struct wb_txn_state *s = txi_notes(tx);
     if (s->active && !s->open_mode)
         past_add(s, s->epoch);
     reset_counts(s);
@@ -365,7 +364,7 @@ void wb_tx_attempt_end(struct wb_tx *tx)
 
 uint64_t wb_tx_attempt_epoch(const struct wb_tx *tx)
 {
-    const struct wb_txn_state *s = wb_txi_notes((struct wb_tx *)tx);
+    const struct wb_txn_state *s = txi_notes((struct wb_tx *)tx);
     return s->active ? s->epoch : 0;
 }
 
@@ -420,25 +419,25 @@ static uint32_t seq_next(struct wb_txn_state *s, uint32_t peer, uint32_t tag)
     return s->seq[j].next++;
 }
 
-int wb_txi_note_make(struct wb_tx *tx, uint32_t peer, uint16_t flags, uint32_t tag, uint32_t n,
-                     uint64_t region, uint64_t off, uint64_t len, uint8_t out[WB_TXN_WIRE])
+int txi_note_make(struct wb_tx *tx, uint32_t peer, uint16_t flags, uint32_t tag, uint32_t n,
+                  uint64_t region, uint64_t off, uint64_t len, uint8_t out[WB_TXN_WIRE])
 {
-    struct wb_txn_state *s = wb_txi_notes(tx);
+    struct wb_txn_state *s = txi_notes(tx);
     struct note_wire w = {.magic = NOTE_MAGIC,
                           .version = NOTE_VERSION,
                           .flags = (uint8_t)flags,
                           .tag = tag,
                           .count = flags & WB_TXN_COUNT ? n : 0,
-                          .src = wb_txi_uid(tx),
-                          .dst = wb_txi_peer_uid(tx, peer),
+                          .src = txi_uid(tx),
+                          .dst = txi_peer_uid(tx, peer),
                           .region = region,
                           .off = off,
                           .len = len};
     if (!(flags & WB_TXN_WARMUP)) {
         if (!s->active)
-            return wb_txi_err(tx, -EPROTO,
-                              "write: no transfer attempt has begun here, so its notes would "
-                              "be counted by none");
+            return txi_err(tx, -EPROTO,
+                           "write: no transfer attempt has begun here, so its notes would "
+                           "be counted by none");
         w.epoch = s->epoch;
         w.xversion = s->version;
         if (flags & WB_TXN_COUNT) {
@@ -460,7 +459,7 @@ static const char *const why_names[] = {"from strangers", "stale", "forged or ma
 /* One refusal counted; the log says what was refused, at most once a second. */
 static int refuse(struct wb_tx *tx, uint64_t *counter)
 {
-    struct wb_txn_state *s = wb_txi_notes(tx);
+    struct wb_txn_state *s = txi_notes(tx);
     (*counter)++;
     uint64_t now = wb_now_ns();
     if (s->log_t0 && now - s->log_t0 < LOG_EVERY_NS)
@@ -526,7 +525,7 @@ static int seen_add(struct wb_txn_state *s, uint64_t src, uint32_t tag, uint32_t
  * takes as a short note again). */
 static void early_keep(struct wb_tx *tx, const void *buf, size_t len, uint32_t src)
 {
-    struct wb_txn_state *s = wb_txi_notes(tx);
+    struct wb_txn_state *s = txi_notes(tx);
     if (!s->early && !(s->early = calloc(EARLY_CAP, sizeof(*s->early)))) {
         refuse(tx, &s->st.full);
         return;
@@ -546,9 +545,9 @@ static void early_keep(struct wb_tx *tx, const void *buf, size_t len, uint32_t s
     s->st.early++;
 }
 
-int wb_txi_note_early(struct wb_tx *tx, uint8_t wire[WB_TXN_WIRE], uint32_t *src)
+int txi_note_early(struct wb_tx *tx, uint8_t wire[WB_TXN_WIRE], uint32_t *src)
 {
-    struct wb_txn_state *s = wb_txi_notes(tx);
+    struct wb_txn_state *s = txi_notes(tx);
     while (s->replay_left) {
         struct early *e = &s->early[s->early_head];
         s->early_head = (s->early_head + 1) % EARLY_CAP;
@@ -573,11 +572,10 @@ int wb_txi_note_early(struct wb_tx *tx, uint8_t wire[WB_TXN_WIRE], uint32_t *src
     return 0;
 }
 
-int wb_txi_note_accept(struct wb_tx *tx, const void *buf, size_t len, uint32_t src,
-                       struct wb_txn *out)
+int txi_note_accept(struct wb_tx *tx, const void *buf, size_t len, uint32_t src, struct wb_txn *out)
 {
-    struct wb_txn_state *s = wb_txi_notes(tx);
-    if (src == WB_TXN_NOBODY || src >= wb_txi_npeers(tx))
+    struct wb_txn_state *s = txi_notes(tx);
+    if (src == WB_TXN_NOBODY || src >= txi_npeers(tx))
         return refuse(tx, &s->st.stranger);
     struct note_wire w;
     if (len < WB_TXN_SHORT)
@@ -592,7 +590,7 @@ int wb_txi_note_accept(struct wb_tx *tx, const void *buf, size_t len, uint32_t s
         (w.flags & ~(unsigned)(WB_TXN_COUNT | WB_TXN_COMMIT | WB_TXN_WARMUP)) ||
         ((w.flags & WB_TXN_COUNT) && (w.count == 0 || w.count > WB_TXN_MAX_COUNT)))
         return refuse(tx, &s->st.forged);
-    if (w.src != wb_txi_peer_uid(tx, src) || w.dst != wb_txi_uid(tx))
+    if (w.src != txi_peer_uid(tx, src) || w.dst != txi_uid(tx))
         return refuse(tx, &s->st.forged);
     if (w.flags & WB_TXN_WARMUP)
         return 0; /* a connection being made: nothing to count */
@@ -623,7 +621,7 @@ int wb_txi_note_accept(struct wb_tx *tx, const void *buf, size_t len, uint32_t s
     return 1;
 }
 
-size_t wb_txi_note_size(const void *buf, size_t len)
+size_t txi_note_size(const void *buf, size_t len)
 {
     struct note_wire w;
     if (len < WB_TXN_SHORT)
@@ -633,14 +631,14 @@ size_t wb_txi_note_size(const void *buf, size_t len)
     return n <= len ? n : 0;
 }
 
-void wb_txi_note_refuse(struct wb_tx *tx, enum wb_txn_refusal why)
+void txi_note_refuse(struct wb_tx *tx, enum wb_txn_refusal why)
 {
-    struct wb_txn_state *s = wb_txi_notes(tx);
+    struct wb_txn_state *s = txi_notes(tx);
     uint64_t *c[] = {&s->st.stranger, &s->st.stale, &s->st.forged, &s->st.replayed, &s->st.full};
     refuse(tx, c[why]);
 }
 
 void wb_tx_note_stats(const struct wb_tx *tx, struct wb_tx_note_stats *out)
 {
-    *out = wb_txi_notes((struct wb_tx *)tx)->st;
+    *out = txi_notes((struct wb_tx *)tx)->st;
 }

@@ -80,8 +80,8 @@ struct tx_backend {
 /* Copy streams are cheap and two keep a copy engine busy while the other is issued, so CUDA
  * IPC uses two by default; a libfabric endpoint per rail only pays off with a NIC per rail. */
 static const struct tx_backend registry[WB_TX_BACKEND_COUNT] = {
-    [WB_TX_FABRIC] = {"fabric", wb_txi_fabric_open, 1},
-    [WB_TX_CUDAIPC] = {"cudaipc", wb_txi_cudaipc_open, 2},
+    [WB_TX_FABRIC] = {"fabric", txi_fabric_open, 1},
+    [WB_TX_CUDAIPC] = {"cudaipc", txi_cudaipc_open, 2},
     [WB_TX_VERBS] = {"verbs", verbs_open, 1},
 };
 
@@ -163,7 +163,7 @@ struct wb_tx_core {
     char err[320];
 };
 
-int wb_txi_proc_stat(int64_t pid, uint64_t *start, bool *zombie)
+int txi_proc_stat(int64_t pid, uint64_t *start, bool *zombie)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof(path), "/proc/%" PRId64 "/stat", pid);
@@ -205,12 +205,12 @@ static void host_id(char *out, size_t cap)
     snprintf(out, cap, "%s/%s", boot, ns);
 }
 
-int wb_txi_core_init(struct wb_tx *tx, const struct wb_tx_ops *ops, enum wb_tx_backend b)
+int txi_core_init(struct wb_tx *tx, const struct wb_tx_ops *ops, enum wb_tx_backend b)
 {
     struct wb_tx_core *c = calloc(1, sizeof(*c));
     if (!c)
         return -ENOMEM;
-    if (wb_txi_notes_init(&c->notes) != 0) {
+    if (txi_notes_init(&c->notes) != 0) {
         free(c);
         return -ENOMEM;
     }
@@ -221,7 +221,7 @@ int wb_txi_core_init(struct wb_tx *tx, const struct wb_tx_ops *ops, enum wb_tx_b
     host_id(c->host, sizeof(c->host));
     c->pid = getpid();
     bool z;
-    if (wb_txi_proc_stat(c->pid, &c->start, &z) != 0)
+    if (txi_proc_stat(c->pid, &c->start, &z) != 0)
         c->start = 0;
     c->next_mr_id = 1;
     tx->ops = ops;
@@ -229,17 +229,17 @@ int wb_txi_core_init(struct wb_tx *tx, const struct wb_tx_ops *ops, enum wb_tx_b
     return 0;
 }
 
-void wb_txi_core_fini(struct wb_tx *tx)
+void txi_core_fini(struct wb_tx *tx)
 {
     if (!tx || !tx->core)
         return;
     free(tx->core->peers);
-    wb_txi_notes_fini(tx->core->notes);
+    txi_notes_fini(tx->core->notes);
     free(tx->core);
     tx->core = NULL;
 }
 
-int wb_txi_err(struct wb_tx *tx, int err, const char *fmt, ...)
+int txi_err(struct wb_tx *tx, int err, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -254,40 +254,40 @@ const char *wb_tx_errmsg(const struct wb_tx *tx)
     return tx && tx->core ? tx->core->err : "";
 }
 
-uint64_t wb_txi_uid(const struct wb_tx *tx)
+uint64_t txi_uid(const struct wb_tx *tx)
 {
     return tx->core->uid;
 }
-uint64_t wb_txi_next_mr_id(struct wb_tx *tx)
+uint64_t txi_next_mr_id(struct wb_tx *tx)
 {
     return tx->core->next_mr_id++;
 }
-uint32_t wb_txi_npeers(const struct wb_tx *tx)
+uint32_t txi_npeers(const struct wb_tx *tx)
 {
     return tx->core->npeers;
 }
 
-struct wb_txn_state *wb_txi_notes(struct wb_tx *tx)
+struct wb_txn_state *txi_notes(struct wb_tx *tx)
 {
     return tx->core->notes;
 }
 
-uint64_t wb_txi_peer_uid(const struct wb_tx *tx, uint32_t peer)
+uint64_t txi_peer_uid(const struct wb_tx *tx, uint32_t peer)
 {
     return peer < tx->core->npeers ? tx->core->peers[peer].uid : 0;
 }
 
-int wb_txi_peer_local(const struct wb_tx *tx, uint32_t peer)
+int txi_peer_local(const struct wb_tx *tx, uint32_t peer)
 {
     return peer < tx->core->npeers && tx->core->peers[peer].local;
 }
 
-int64_t wb_txi_peer_pid(const struct wb_tx *tx, uint32_t peer)
+int64_t txi_peer_pid(const struct wb_tx *tx, uint32_t peer)
 {
     return peer < tx->core->npeers ? tx->core->peers[peer].pid : -1;
 }
 
-int wb_txi_peer_alive(const struct wb_tx *tx, uint32_t peer)
+int txi_peer_alive(const struct wb_tx *tx, uint32_t peer)
 {
     if (peer >= tx->core->npeers)
         return 0;
@@ -296,7 +296,7 @@ int wb_txi_peer_alive(const struct wb_tx *tx, uint32_t peer)
         return 1;
     uint64_t start;
     bool zombie;
-    if (wb_txi_proc_stat(p->pid, &start, &zombie) != 0)
+    if (txi_proc_stat(p->pid, &start, &zombie) != 0)
         return 0;
     return !zombie && (p->start == 0 || start == p->start);
 }
@@ -329,34 +329,34 @@ int wb_tx_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t *peer)
     wb_mpr_array(r, 16, &n);
     wb_mpr_u64(r, &ver);
     if (r->err || n != 7)
-        return wb_txi_err(tx, -EBADMSG, "peer address: not a transport address blob");
+        return txi_err(tx, -EBADMSG, "peer address: not a transport address blob");
     if (ver != ADDR_VERSION)
-        return wb_txi_err(tx, -WB_E_VERSION,
-                          "peer address: version %" PRIu64 ", this build reads version %d", ver,
-                          ADDR_VERSION);
+        return txi_err(tx, -WB_E_VERSION,
+                       "peer address: version %" PRIu64 ", this build reads version %d", ver,
+                       ADDR_VERSION);
     wb_mpr_u64(r, &backend);
     wb_mpr_u64(r, &p.uid);
     wb_mpr_str(r, host, sizeof(host));
     wb_mpr_i64(r, &p.pid);
     wb_mpr_u64(r, &p.start);
     if (r->err)
-        return wb_txi_err(tx, -EBADMSG, "peer address: malformed header");
+        return txi_err(tx, -EBADMSG, "peer address: malformed header");
     if (backend != c->backend)
-        return wb_txi_err(tx, -EPROTO, "peer address: peer uses backend %s, this one is %s",
-                          wb_tx_backend_name((enum wb_tx_backend)backend),
-                          wb_tx_backend_name(c->backend));
+        return txi_err(tx, -EPROTO, "peer address: peer uses backend %s, this one is %s",
+                       wb_tx_backend_name((enum wb_tx_backend)backend),
+                       wb_tx_backend_name(c->backend));
     if (p.uid == c->uid)
-        return wb_txi_err(tx, -EEXIST, "peer address: the blob is this transport's own");
+        return txi_err(tx, -EEXIST, "peer address: the blob is this transport's own");
     p.local = strcmp(host, c->host) == 0;
     if (c->npeers == c->peer_cap) {
         uint32_t cap = c->peer_cap ? 2 * c->peer_cap : 8;
         struct tx_peer *np = realloc(c->peers, cap * sizeof(*np));
         if (!np)
-            return wb_txi_err(tx, -ENOMEM, "peer address: the table of peers: out of memory");
+            return txi_err(tx, -ENOMEM, "peer address: the table of peers: out of memory");
         c->peers = np;
         c->peer_cap = cap;
     }
-    /* The backend sees the peer already in the table (it may ask wb_txi_peer_local). */
+    /* The backend sees the peer already in the table (it may ask txi_peer_local). */
     c->peers[c->npeers] = p;
     c->npeers++;
     int e = tx->ops->peer_add(tx, r, c->npeers - 1);
@@ -454,8 +454,8 @@ int wb_tx_rdesc_get(struct wb_mpr *r, struct wb_tx_rdesc *out)
 int wb_tx_check_peer(struct wb_tx *tx, uint32_t peer)
 {
     if (peer >= tx->core->npeers)
-        return wb_txi_err(tx, -EINVAL, "write: unknown peer %u (%u peers added)", peer,
-                          tx->core->npeers);
+        return txi_err(tx, -EINVAL, "write: unknown peer %u (%u peers added)", peer,
+                       tx->core->npeers);
     return 0;
 }
 
@@ -473,52 +473,48 @@ int wb_tx_check_write(struct wb_tx *tx, const struct wb_tx_write *w)
         return r;
     const struct wb_tx_rdesc *d = w->dst;
     if (!d)
-        return wb_txi_err(tx, -EINVAL, "write: no destination descriptor");
+        return txi_err(tx, -EINVAL, "write: no destination descriptor");
     if (d->backend != (uint32_t)c->backend)
-        return wb_txi_err(tx, -EINVAL, "write: descriptor is for backend %s, this transport is %s",
-                          wb_tx_backend_name((enum wb_tx_backend)d->backend),
-                          wb_tx_backend_name(c->backend));
+        return txi_err(tx, -EINVAL, "write: descriptor is for backend %s, this transport is %s",
+                       wb_tx_backend_name((enum wb_tx_backend)d->backend),
+                       wb_tx_backend_name(c->backend));
     if (d->owner != c->peers[w->peer].uid)
-        return wb_txi_err(tx, -EINVAL,
-                          "write: descriptor of region %" PRIu64 " does not belong to peer %u",
-                          d->id, w->peer);
+        return txi_err(tx, -EINVAL,
+                       "write: descriptor of region %" PRIu64 " does not belong to peer %u", d->id,
+                       w->peer);
     if (!range_inside(w->dst_off, w->len, d->size))
-        return wb_txi_err(tx, -WB_E_BOUNDS,
-                          "write: destination [%" PRIu64 ", +%" PRIu64 ") outside region %" PRIu64
-                          " of %" PRIu64 " bytes",
-                          w->dst_off, w->len, d->id, d->size);
+        return txi_err(tx, -WB_E_BOUNDS,
+                       "write: destination [%" PRIu64 ", +%" PRIu64 ") outside region %" PRIu64
+                       " of %" PRIu64 " bytes",
+                       w->dst_off, w->len, d->id, d->size);
     if (w->len == 0 && !w->src)
         return 0;
     if (!w->src)
-        return wb_txi_err(tx, -EINVAL, "write: no source registration for %" PRIu64 " bytes",
-                          w->len);
+        return txi_err(tx, -EINVAL, "write: no source registration for %" PRIu64 " bytes", w->len);
     if (!(w->src->access & WB_TX_ACCESS_SRC))
-        return wb_txi_err(tx, -EINVAL,
-                          "write: source region %" PRIu64 " is not registered as a write source",
-                          w->src->id);
+        return txi_err(tx, -EINVAL,
+                       "write: source region %" PRIu64 " is not registered as a write source",
+                       w->src->id);
     if (!range_inside(w->src_off, w->len, w->src->size))
-        return wb_txi_err(tx, -WB_E_BOUNDS,
-                          "write: source [%" PRIu64 ", +%" PRIu64 ") outside region %" PRIu64
-                          " of %" PRIu64 " bytes",
-                          w->src_off, w->len, w->src->id, w->src->size);
+        return txi_err(tx, -WB_E_BOUNDS,
+                       "write: source [%" PRIu64 ", +%" PRIu64 ") outside region %" PRIu64
+                       " of %" PRIu64 " bytes",
+                       w->src_off, w->len, w->src->id, w->src->size);
     return 0;
 }
 
 int wb_tx_peer_ptr(struct wb_tx *tx, uint32_t peer, const struct wb_tx_rdesc *dst, uint64_t off,
                    uint64_t len, void **out)
 {
-    if (!tx->ops->peer_ptr)
-        return wb_txi_err(tx, -ENOTSUP, "the %s backend cannot address a peer's memory",
-                          wb_tx_backend_name(tx->core->backend));
     struct wb_tx_write w = {.peer = peer, .dst = dst, .dst_off = off, .len = 0};
     int r = wb_tx_check_write(tx, &w); /* peer, backend, owner */
     if (r)
         return r;
     if (!range_inside(off, len, dst->size))
-        return wb_txi_err(tx, -WB_E_BOUNDS,
-                          "peer memory: [%" PRIu64 ", +%" PRIu64 ") outside region %" PRIu64
-                          " of %" PRIu64 " bytes",
-                          off, len, dst->id, dst->size);
+        return txi_err(tx, -WB_E_BOUNDS,
+                       "peer memory: [%" PRIu64 ", +%" PRIu64 ") outside region %" PRIu64
+                       " of %" PRIu64 " bytes",
+                       off, len, dst->id, dst->size);
     void *base = NULL;
     if ((r = tx->ops->peer_ptr(tx, peer, dst, &base)) != 0)
         return r;
@@ -544,7 +540,7 @@ int wb_tx_write_imms(struct wb_tx *tx, uint32_t peer, uint32_t tag, uint32_t n, 
 {
     int r = wb_tx_check_peer(tx, peer);
     if (!r && (n == 0 || n > WB_TXN_MAX_COUNT))
-        r = wb_txi_err(tx, -EINVAL, "write: %u immediates in one note (1..%u)", n,
-                       (unsigned)WB_TXN_MAX_COUNT);
+        r = txi_err(tx, -EINVAL, "write: %u immediates in one note (1..%u)", n,
+                    (unsigned)WB_TXN_MAX_COUNT);
     return r ? r : tx->ops->note(tx, peer, tag, n, ctx);
 }

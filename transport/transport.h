@@ -283,8 +283,9 @@ struct wb_tx_ops {
      * CUDA IPC, whose writers map the memory itself): the caller then relies on keys alone. */
     int (*mr_window)(struct wb_tx *tx, struct wb_tx_mr *mr, bool open);
 
-    /* Optional (NULL: -ENOTSUP): the address at which this process reaches byte 0 of the
-     * destination region `dst` of `peer` (already checked by wb_tx_peer_ptr()). */
+    /* The address at which this process reaches byte 0 of the destination region `dst` of
+     * `peer` (already checked by wb_tx_peer_ptr()). -ENOTSUP where the backend cannot (fabric:
+     * a peer's memory is reached through the NIC only). */
     int (*peer_ptr)(struct wb_tx *tx, uint32_t peer, const struct wb_tx_rdesc *dst, void **out);
 
     /* Advances everything: posts queued work (batched, up to the window), reads completions

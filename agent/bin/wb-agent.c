@@ -171,9 +171,7 @@ int main(int argc, char **argv)
     if (device == -2)
         device = wb_gpu_count() > 0 ? (env.local_rank >= 0 ? env.local_rank : 0) : -1;
     o.device = (int32_t)device;
-    if (!o.token)
-        o.token = getenv("WB_TOKEN");
-    if (!o.token || !*o.token) {
+    if (!(o.token = wb_token_resolve(o.token))) {
         fprintf(stderr, "wb-agent: no cluster token: give --token or set $WB_TOKEN\n");
         return 2;
     }

@@ -67,8 +67,8 @@ static const char usage[] =
     "  --tx-extra YAML    more transport settings (keys: transport/transport.h)\n"
     "  --trace FILE       a Chrome trace JSON of every attempt's stages\n"
     "  --pace DURATION    testing: wait this long before each task starts\n"
-    "Every process takes the cluster token from --token or $WB_TOKEN (the job's token: key\n"
-    "for the coordinator).\n"
+    "Every process takes the cluster token from --token, else $WB_TOKEN (the coordinator:\n"
+    "--token, else the job's token: key, else $WB_TOKEN; --dry-run needs none).\n"
     "Exit status: 0 ok, 1 a problem with the checkpoint, the model or the plan (all are\n"
     "listed; nothing was sent) or a failed broadcast (the reason names the tensor and rank),\n"
     "2 usage.\n";
@@ -428,9 +428,7 @@ static int dry_run(const struct args *a)
     char *ckcfg = NULL;
     int rc = 0;
     if (a->job) {
-        /* a dry run sends nothing, so the job's cluster token is not needed */
-        if (!getenv("WB_TOKEN"))
-            setenv("WB_TOKEN", "dry-run", 0);
+        /* a dry run sends nothing: the job's cluster token is not needed (nor asked for) */
         if (wb_job_load(a->job, &job, &el)) {
             rc = problems(&el, a->job);
             goto out;
@@ -515,13 +513,25 @@ static int run(const struct args *a)
     struct wb_errlist el;
     struct wb_job job;
     wb_errlist_init(&el);
-    if (a->token)
-        setenv("WB_TOKEN", a->token, 1);
     int err = wb_job_load(a->job, &job, &el);
     if (err) {
         int rc = problems(&el, a->job);
         wb_errlist_free(&el);
         return rc;
+    }
+    /* --token, else the job's token:, else $WB_TOKEN (which wb_job_load fell back to) */
+    if (a->token) {
+        free(job.token);
+        job.token = strdup(a->token);
+    }
+    if (!job.token || !*job.token) {
+        fprintf(stderr,
+                "wb-broadcast: %s: token: no cluster token (give --token, set token: in "
+                "the job file or $WB_TOKEN)\n",
+                a->job);
+        wb_job_free(&job);
+        wb_errlist_free(&el);
+        return 1;
     }
     if (a->listen) {
         free(job.listen);
@@ -587,8 +597,8 @@ static int reader(struct args *a)
                 (long long)a->rank, a->readers, a->readers - 1);
         return 2;
     }
-    const char *token = a->token ? a->token : getenv("WB_TOKEN");
-    if (!token || !*token) {
+    const char *token = wb_token_resolve(a->token);
+    if (!token) {
         fprintf(stderr, "wb-broadcast: no cluster token: give --token or set $WB_TOKEN\n");
         return 2;
     }

@@ -68,6 +68,12 @@ int main(int argc, char **argv)
     int err = wb_job_load(config, &job, &el);
     if (err)
         goto fail;
+    if (!*job.token) {
+        wb_errlist_add(&el, "%s: token: no cluster token (set token: in the file or $WB_TOKEN)",
+                       config);
+        err = -WB_E_CONFIG;
+        goto fail_job;
+    }
     step = "starting the controller";
     if (listen) {
         char *l = strdup(listen);

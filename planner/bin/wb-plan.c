@@ -327,7 +327,8 @@ int main(int argc, char **argv)
     }
     struct wb_plan_input in = wb_model_input(&md);
     /* lazy: every reader here takes the tables through wb_plan_table() */
-    struct wb_plan_opts po = {a.mode, a.mem_cap, a.threads, true};
+    struct wb_plan_opts po = {
+        .mode = a.mode, .mem_cap = a.mem_cap, .threads = a.threads, .lazy = true};
     uint64_t t0 = wb_now_ns();
     /* refused as a job refuses it: a task over the cap would never start */
     if (wb_plan_build(&in, &po, &plan, &el) || wb_plan_check_cap(plan, &in, &el)) {

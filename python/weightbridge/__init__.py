@@ -443,14 +443,20 @@ class _ModelSrc(ctypes.Structure):
 
 class _PlanOpts(ctypes.Structure):
     # struct wb_plan_opts (planner/planner.h)
-    _fields_ = [("mode", ctypes.c_int), ("mem_cap", ctypes.c_uint64), ("threads", ctypes.c_uint32)]
+    _fields_ = [
+        ("mode", ctypes.c_int),
+        ("mem_cap", ctypes.c_uint64),
+        ("threads", ctypes.c_uint32),
+        ("lazy", ctypes.c_bool),
+        ("fit_cap", ctypes.c_bool),
+    ]
 
 
 _plan_json = _lib._decl(
     "wb_plan_json", ctypes.c_int, ctypes.POINTER(_ModelSrc), ctypes.POINTER(_PlanOpts),
     ctypes.c_bool, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
 )
-_MODES = {"auto": 0, "direct": 1, "gather": 3}
+_MODES = _lib.plan_modes()
 
 
 def plan(
@@ -476,7 +482,7 @@ def plan(
         rules=_s(model), config=_s(config), vars=_s(vars), trainer_layout=_s(trainer),
         rollout_layout=_s(rollout),
     )
-    opts = _PlanOpts(mode=_MODES[mode], mem_cap=int(mem_cap), threads=0)
+    opts = _PlanOpts(mode=_MODES[mode], mem_cap=int(mem_cap), threads=0, lazy=False)
     out, err = ctypes.c_void_p(), ctypes.c_void_p()
     rc = _plan_json(ctypes.byref(src), ctypes.byref(opts), tables, ctypes.byref(out), ctypes.byref(err))
     try:

@@ -13,7 +13,8 @@ import errno
 import os
 from pathlib import Path
 
-# Project error codes (common/common.h); libc errno values are the usual ones.
+# Project error codes (common/common.h); libc errno values are the usual ones. These copies and
+# the structs of __init__.py are compared with C's by tests/unit/abi_test.c (make test).
 WB_E_CONFIG = 256
 WB_E_MATCH = 257
 WB_E_PLAN = 258
@@ -24,6 +25,8 @@ WB_E_CUDA = 262
 WB_E_FABRIC = 263
 WB_E_NOGPU = 264
 WB_E_BOUNDS = 265
+WB_E_ENDED = 266
+WB_E_HELLO = 267
 
 WB_PUSH_SOURCES = 1
 WB_PUSH_DONE = 2
@@ -110,6 +113,22 @@ synth_fill = _decl(
     c_u64p, c_u64p, ctypes.c_void_p,
 )
 gpu_count = _decl("wb_gpu_count", ctypes.c_int)
+_mode_name = _decl("wb_plan_mode_name", ctypes.c_char_p, ctypes.c_int)
+_mode_parse = _decl("wb_plan_mode_parse", ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int))
+
+
+def plan_modes():
+    """The modes a plan can be asked for, name -> enum wb_plan_mode, from the library's one list
+    (route/): the names wb_plan_mode_parse() accepts."""
+    out, m = {}, 0
+    while True:
+        name = _mode_name(m)
+        if name == b"invalid":
+            return out
+        v = ctypes.c_int()
+        if _mode_parse(name, ctypes.byref(v)) == 0:
+            out[name.decode()] = v.value
+        m += 1
 _dtype_parse = _decl("wb_dtype_parse", ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int))
 _dtype_size = _decl("wb_dtype_size", ctypes.c_size_t, ctypes.c_int)
 

@@ -493,6 +493,30 @@ static void test_bad_inputs(void)
     free(out);
 }
 
+/* A dry run sends nothing and needs no cluster token (the job file has none, $WB_TOKEN is
+ * unset); a real run without one is refused before anything starts, naming the job file. */
+static void test_token(void)
+{
+    struct bc b;
+    setup(&b, "token", 23, DEMO_RULES, DEMO_CONFIG, 2, 2, NULL);
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    char *out, want[1200];
+    CHECK_INT(e2e_run(&out, "env -u WB_TOKEN wb-broadcast --checkpoint %s --dry-run --job %s",
+                      b.ckpt, b.job),
+              0);
+    CHECK_CONTAINS(out, "every tensor matches the");
+    free(out);
+    CHECK_INT(e2e_run(&out, "env -u WB_TOKEN wb-broadcast --checkpoint %s --job %s --wait 1s",
+                      b.ckpt, b.job),
+              1);
+    snprintf(want, sizeof(want),
+             "wb-broadcast: %s: token: no cluster token (give --token, set token: in the job file "
+             "or $WB_TOKEN)\n",
+             b.job);
+    CHECK_STR(out, want);
+    free(out);
+}
+
 static bool matches(const char *text, const char *re);
 
 /* A reader that opened other files is refused at registration, naming both checkpoints; the
@@ -720,6 +744,7 @@ const struct wb_test wb_tests[] = {
     {"one_gb", test_one_gb, 1200}, /* 42 s on a quiet 2-core machine; near 400 s under load */
     {"bad_files", test_bad_files, 120},
     {"bad_inputs", test_bad_inputs, 120},
+    {"token", test_token, 60},
     {"wrong_reader", test_wrong_reader, 60},
     {"kill_reader_resume", test_kill_reader_resume, 180},
     {"checksum_mismatch", test_checksum_mismatch, 120},

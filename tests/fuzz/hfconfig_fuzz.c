@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!open[fi]) {
         struct wb_errlist el;
         wb_errlist_init(&el);
-        if (wb_family_open(fam, &open[fi], &el))
+        if (mx_family_open(fam, &open[fi], &el))
             abort(); /* a shipped family file that does not load */
         wb_errlist_free(&el);
     }
@@ -34,7 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct wb_errlist el;
         wb_inv_init(&inv);
         wb_errlist_init(&el);
-        wb_inv_generate_family(open[fi], fam, path, NULL, side ? "rollout" : "trainer", &inv, &el);
+        mx_inv_generate_family(open[fi], fam, path, NULL, side ? "rollout" : "trainer", &inv, &el);
         wb_inv_free(&inv);
         wb_errlist_free(&el);
     }

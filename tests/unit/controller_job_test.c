@@ -143,16 +143,34 @@ static void test_job_errors(void)
     p = wb_test_write_file("notoken.yaml", "trainers: 1\nrollouts: 1\n");
     unsetenv("WB_TOKEN");
     wb_errlist_init(&el);
-    CHECK_INT(wb_job_load(p, &j, &el), -WB_E_CONFIG);
-    snprintf(want, sizeof(want),
-             "%s: token: no cluster token (set token: in the file or $WB_TOKEN)", p);
-    CHECK_STR(el.msgs[0], want);
+    /* loading needs no token (wb-ctl verify, a dry run send nothing); serving does */
+    CHECK_INT(wb_job_load(p, &j, &el), 0);
+    CHECK_STR(j.token, "");
+    struct wb_controller *c = NULL;
+    CHECK_INT(wb_controller_create(&j, &c, &el), -WB_E_CONFIG);
+    CHECK(c == NULL);
+    CHECK_INT(el.n, 1);
+    CHECK_STR(el.msgs[0],
+              "job job: token: no cluster token (set token: in the job file or $WB_TOKEN)");
+    wb_job_free(&j);
     wb_errlist_free(&el);
     setenv("WB_TOKEN", "from-env", 1);
     wb_errlist_init(&el);
     CHECK_INT(wb_job_load(p, &j, &el), 0);
     CHECK_STR(j.token, "from-env");
     wb_job_free(&j);
+    wb_errlist_free(&el);
+
+    /* amax is a mode the planner chooses, not one a job asks for (route's one list of names) */
+    p = wb_test_write_file("amax.yaml", "token: t\ntrainers: 1\nrollouts: 1\nmode: amax\n");
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), -WB_E_CONFIG);
+    CHECK_INT(el.n, 1);
+    snprintf(want, sizeof(want),
+             "%s:4:7: mode: amax is what the planner chooses where FP8 blocks straddle owners, "
+             "not a request: ask for direct (it falls back to amax there)",
+             p);
+    CHECK_STR(el.msgs[0], want);
     wb_errlist_free(&el);
 
     p = wb_test_write_file("nocount.yaml", "token: t\ntrainers: 2\n");

@@ -18,7 +18,7 @@ static struct wb_jcfg *cfg(void)
     struct wb_errlist el;
     wb_errlist_init(&el);
     struct wb_jcfg *c = NULL;
-    CHECK_INT(wb_jcfg_load(p, &c, &el), 0);
+    CHECK_INT(mx_jcfg_load(p, &c, &el), 0);
     wb_errlist_free(&el);
     return c;
 }
@@ -27,12 +27,12 @@ static int64_t ev(const char *text, struct wb_xenv *env)
 {
     struct wb_expr *e;
     char err[256];
-    int r = wb_expr_compile(text, &e, err, sizeof(err));
+    int r = mx_expr_compile(text, &e, err, sizeof(err));
     if (r)
         wb_test_fail(__FILE__, __LINE__, "'%s': %s", text, err);
     int64_t v = -999;
-    r = wb_expr_eval(e, env, &v, err, sizeof(err));
-    wb_expr_free(e);
+    r = mx_expr_eval(e, env, &v, err, sizeof(err));
+    mx_expr_free(e);
     if (r)
         wb_test_fail(__FILE__, __LINE__, "'%s': %s", text, err);
     return v;
@@ -42,11 +42,11 @@ static void ev_err(const char *text, struct wb_xenv *env, int want, const char *
 {
     struct wb_expr *e;
     char err[256];
-    int r = wb_expr_compile(text, &e, err, sizeof(err));
+    int r = mx_expr_compile(text, &e, err, sizeof(err));
     if (r == 0) {
         int64_t v;
-        r = wb_expr_eval(e, env, &v, err, sizeof(err));
-        wb_expr_free(e);
+        r = mx_expr_eval(e, env, &v, err, sizeof(err));
+        mx_expr_free(e);
     }
     CHECK_INT(r, want);
     CHECK_STR(err, msg);
@@ -73,7 +73,7 @@ static void test_arithmetic(void)
     CHECK_INT(
         ev("defined(quant) + defined(quant.method) + defined(nothing) + defined(layer)", &env), 3);
     CHECK_INT(ev("  layer*2+e  ", &env), 13);
-    wb_jcfg_free(c);
+    mx_jcfg_free(c);
 }
 
 static void test_derived_values(void)
@@ -81,15 +81,15 @@ static void test_derived_values(void)
     struct wb_jcfg *c = cfg();
     struct wb_xderived d[2] = {{.name = "head_dim"}, {.name = "loop"}};
     char err[256];
-    CHECK_INT(wb_expr_compile("hidden_size / heads", &d[0].e, err, sizeof(err)), 0);
-    CHECK_INT(wb_expr_compile("loop + 1", &d[1].e, err, sizeof(err)), 0);
+    CHECK_INT(mx_expr_compile("hidden_size / heads", &d[0].e, err, sizeof(err)), 0);
+    CHECK_INT(mx_expr_compile("loop + 1", &d[1].e, err, sizeof(err)), 0);
     snprintf(d[1].where, sizeof(d[1].where), "f.yaml:3:9");
     struct wb_xenv env = {.cfg = c, .derived = d, .nderived = 2};
     CHECK_INT(ev("2 * head_dim", &env), 256);
     ev_err("loop", &env, -EINVAL, "'loop' is defined in terms of itself (f.yaml:3:9)");
-    wb_expr_free(d[0].e);
-    wb_expr_free(d[1].e);
-    wb_jcfg_free(c);
+    mx_expr_free(d[0].e);
+    mx_expr_free(d[1].e);
+    mx_jcfg_free(c);
 }
 
 static void test_expression_errors(void)
@@ -113,7 +113,7 @@ static void test_expression_errors(void)
     ev_err("heads % (heads - 32)", &env, -EDOM, "division by zero");
     ev_err("9223372036854775807 * 2", &env, -ERANGE, "integer overflow");
     ev_err("contains(heads, 1)", &env, -EINVAL, "field 'heads' is not a list of integers");
-    wb_jcfg_free(c);
+    mx_jcfg_free(c);
 }
 
 /* boolean(name): config.json's true/false, or a job value 0/1; "tie_word_embeddings: 2" (or 1)
@@ -125,7 +125,7 @@ static void test_boolean(void)
     struct wb_errlist el;
     wb_errlist_init(&el);
     struct wb_jcfg *c = NULL;
-    CHECK_INT(wb_jcfg_load(p, &c, &el), 0);
+    CHECK_INT(mx_jcfg_load(p, &c, &el), 0);
     struct wb_xvar sets[] = {{"flag", 1}, {"two", 0}, {"bad", 3}};
     struct wb_xenv env = {.cfg = c, .sets = sets, .nsets = 3};
     CHECK_INT(ev("boolean(tie)", &env), 1);
@@ -139,7 +139,7 @@ static void test_boolean(void)
     struct wb_xenv cfg_only = {.cfg = c};
     ev_err("boolean(two) == 0", &cfg_only, -EINVAL,
            "field 'two' is 2, not a boolean (true or false)");
-    wb_jcfg_free(c);
+    mx_jcfg_free(c);
     wb_errlist_free(&el);
 }
 
@@ -202,18 +202,18 @@ static void test_templates(void)
     struct wb_tmpl *t;
     char err[256], buf[WB_NAME_MAX];
     CHECK_INT(
-        wb_tmpl_compile("model.layers.{layer}.mlp.experts.{expert + 1}.w", &t, err, sizeof(err)),
+        mx_tmpl_compile("model.layers.{layer}.mlp.experts.{expert + 1}.w", &t, err, sizeof(err)),
         0);
-    CHECK_INT(wb_tmpl_render(t, &env, buf, sizeof(buf), err, sizeof(err)), 0);
+    CHECK_INT(mx_tmpl_render(t, &env, buf, sizeof(buf), err, sizeof(err)), 0);
     CHECK_STR(buf, "model.layers.12.mlp.experts.1.w");
-    CHECK_INT(wb_tmpl_render(t, &env, buf, 10, err, sizeof(err)), -ENAMETOOLONG);
+    CHECK_INT(mx_tmpl_render(t, &env, buf, 10, err, sizeof(err)), -ENAMETOOLONG);
     CHECK_STR(err, "name longer than 9 bytes");
-    wb_tmpl_free(t);
-    CHECK_INT(wb_tmpl_compile("a.{layer", &t, err, sizeof(err)), -EINVAL);
+    mx_tmpl_free(t);
+    CHECK_INT(mx_tmpl_compile("a.{layer", &t, err, sizeof(err)), -EINVAL);
     CHECK_STR(err, "'{' without '}' at column 3");
-    CHECK_INT(wb_tmpl_compile("a.}b", &t, err, sizeof(err)), -EINVAL);
+    CHECK_INT(mx_tmpl_compile("a.}b", &t, err, sizeof(err)), -EINVAL);
     CHECK_STR(err, "'}' without '{' at column 3");
-    CHECK_INT(wb_tmpl_compile("a.{layer+}", &t, err, sizeof(err)), -EINVAL);
+    CHECK_INT(mx_tmpl_compile("a.{layer+}", &t, err, sizeof(err)), -EINVAL);
     CHECK_STR(err, "in '{layer+}': unexpected end of expression at column 7");
 }
 
@@ -222,35 +222,35 @@ static void test_patterns(void)
     struct wb_pat p, t;
     struct wb_caps caps;
     char err[256], buf[WB_NAME_MAX];
-    CHECK_INT(wb_pat_compile("model.layers.{L}.mlp.*down_proj.weight", &p, err, sizeof(err)), 0);
-    CHECK(wb_pat_match(&p, "model.layers.17.mlp.shared_experts.down_proj.weight", &caps));
+    CHECK_INT(mx_pat_compile("model.layers.{L}.mlp.*down_proj.weight", &p, err, sizeof(err)), 0);
+    CHECK(mx_pat_match(&p, "model.layers.17.mlp.shared_experts.down_proj.weight", &caps));
     CHECK_INT(caps.n, 2);
     CHECK_STR(caps.name[0], "L");
     CHECK_INT(caps.len[0], 2);
-    CHECK(wb_pat_match(&p, "model.layers.3.mlp.down_proj.weight", &caps));
+    CHECK(mx_pat_match(&p, "model.layers.3.mlp.down_proj.weight", &caps));
     CHECK_INT(caps.len[1], 0);
-    CHECK(!wb_pat_match(&p, "model.layers.x.mlp.down_proj.weight", &caps));
-    CHECK(!wb_pat_match(&p, "model.layers.3.mlp.down_proj.weight2", &caps));
-    CHECK(wb_pat_match(&p, "model.layers.17.mlp.shared_experts.down_proj.weight", &caps));
-    CHECK_INT(wb_pat_compile("blocks.{L}.ffn.*w2.{E}", &t, err, sizeof(err)), 0);
-    CHECK_INT(wb_pat_subst(&t, &caps, "E", 42, buf, sizeof(buf)), 0);
+    CHECK(!mx_pat_match(&p, "model.layers.x.mlp.down_proj.weight", &caps));
+    CHECK(!mx_pat_match(&p, "model.layers.3.mlp.down_proj.weight2", &caps));
+    CHECK(mx_pat_match(&p, "model.layers.17.mlp.shared_experts.down_proj.weight", &caps));
+    CHECK_INT(mx_pat_compile("blocks.{L}.ffn.*w2.{E}", &t, err, sizeof(err)), 0);
+    CHECK_INT(mx_pat_subst(&t, &caps, "E", 42, buf, sizeof(buf)), 0);
     CHECK_STR(buf, "blocks.17.ffn.shared_experts.w2.42");
-    CHECK_INT(wb_pat_subst(&t, &caps, NULL, 0, buf, sizeof(buf)), -ENOENT);
-    CHECK_INT(wb_pat_subst(&t, &caps, "E", 42, buf, 8), -ENAMETOOLONG);
-    CHECK(wb_pat_has_cap(&t, "E"));
-    CHECK(!wb_pat_has_cap(&t, "X"));
-    wb_pat_free(&p);
-    wb_pat_free(&t);
-    CHECK_INT(wb_pat_compile("a.{1x}.b", &p, err, sizeof(err)), -EINVAL);
+    CHECK_INT(mx_pat_subst(&t, &caps, NULL, 0, buf, sizeof(buf)), -ENOENT);
+    CHECK_INT(mx_pat_subst(&t, &caps, "E", 42, buf, 8), -ENAMETOOLONG);
+    CHECK(mx_pat_has_cap(&t, "E"));
+    CHECK(!mx_pat_has_cap(&t, "X"));
+    mx_pat_free(&p);
+    mx_pat_free(&t);
+    CHECK_INT(mx_pat_compile("a.{1x}.b", &p, err, sizeof(err)), -EINVAL);
     CHECK_STR(err, "bad capture at column 3 of 'a.{1x}.b' (want {NAME})");
-    CHECK_INT(wb_pat_compile("a.{L}*", &p, err, sizeof(err)), -EINVAL);
+    CHECK_INT(mx_pat_compile("a.{L}*", &p, err, sizeof(err)), -EINVAL);
     CHECK_STR(err, "two captures in a row at column 6 of 'a.{L}*'");
     char label[64];
-    wb_name_label("model.layers.0.self_attn.q_proj.weight", label, sizeof(label));
+    mx_name_label("model.layers.0.self_attn.q_proj.weight", label, sizeof(label));
     CHECK_STR(label, "q_proj");
-    wb_name_label("model.layers.0.mlp.experts.w13_weight", label, sizeof(label));
+    mx_name_label("model.layers.0.mlp.experts.w13_weight", label, sizeof(label));
     CHECK_STR(label, "w13_weight");
-    wb_name_label("lm_head", label, sizeof(label));
+    mx_name_label("lm_head", label, sizeof(label));
     CHECK_STR(label, "lm_head");
 }
 

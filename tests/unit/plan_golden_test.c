@@ -52,7 +52,7 @@ static void run(const struct scenario *sc, enum wb_plan_mode mode, uint64_t want
                                .rollout_layout = sc->rollout};
     fx_init(&f);
     fx_model(&f, &src, &md);
-    struct wb_plan_opts o = {mode, sc->mem_cap};
+    struct wb_plan_opts o = {.mode = mode, .mem_cap = sc->mem_cap};
     struct wb_plan *p;
     if (wb_plan_build(&f.in, &o, &p, &f.el))
         wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));

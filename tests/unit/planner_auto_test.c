@@ -59,7 +59,7 @@ static const struct model QWEN = {"Qwen3-235B", "configs/models/qwen3_moe.yaml",
 
 static double estimate(struct fx *f, enum wb_plan_mode mode, char *kind, size_t cap)
 {
-    struct wb_plan_opts o = {mode, 0, 0};
+    struct wb_plan_opts o = {.mode = mode, .mem_cap = 0, .threads = 0};
     struct wb_plan *p;
     if (wb_plan_build(&f->in, &o, &p, &f->el))
         wb_test_fail(__FILE__, __LINE__, "plan: %s", fx_errors(&f->el));

@@ -225,7 +225,7 @@ static void test_bad_tp_heads(void)
     struct wb_mapping *m = fx_map(&f, r, -1, WB_XFORM_COPY, WB_SHARD_TP, 0);
     fx_comp_full(&f, m, q, fx_box(2, 0, 8, 0, 4));
     f.comps[0].heads = 4;
-    struct wb_plan_opts o = {WB_MODE_AUTO, 0};
+    struct wb_plan_opts o = {.mode = WB_MODE_AUTO, .mem_cap = 0};
     struct wb_plan *p;
     CHECK_INT(wb_plan_build(&f.in, &o, &p, &f.el), -WB_E_PLAN);
     expect_one(&f, "q_proj: tp 3 does not divide the 4 heads of component [0, 8) along dim 0 "
@@ -644,7 +644,7 @@ static void test_bad_fp8_tp_blocks(void)
     uint32_t s = fx_r(&f, "w_scale", WB_DTYPE_FP32, fx_shape(2, 2, 1));
     struct wb_mapping *m = fx_map(&f, r, (int32_t)s, WB_XFORM_FP8_BLOCK, WB_SHARD_TP, 0);
     fx_comp_full(&f, m, t, fx_box(2, 0, 256, 0, 128));
-    struct wb_plan_opts o = {WB_MODE_AUTO, 0};
+    struct wb_plan_opts o = {.mode = WB_MODE_AUTO, .mem_cap = 0};
     struct wb_plan *p;
     CHECK_INT(wb_plan_build(&f.in, &o, &p, &f.el), -WB_E_PLAN);
     expect_one(&f, "w: tp 4 cuts component [0, 256) along dim 0 into 64-element pieces, not "

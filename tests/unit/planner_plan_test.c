@@ -40,7 +40,7 @@ static void mixed_case(struct fx *f, bool host)
 
 static struct wb_plan *build(struct fx *f, enum wb_plan_mode mode)
 {
-    struct wb_plan_opts o = {mode, 0};
+    struct wb_plan_opts o = {.mode = mode, .mem_cap = 0};
     struct wb_plan *p;
     if (wb_plan_build(&f->in, &o, &p, &f->el))
         wb_test_fail(__FILE__, __LINE__, "plan: %s", fx_errors(&f->el));
@@ -308,7 +308,7 @@ static int plan_family(struct fx *f, const char *family, const char *config)
         wb_match_run(rules, &f->ti, &f->ri, &mt, &f->el))
         wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f->el));
     f->in.match = mt;
-    struct wb_plan_opts o = {WB_MODE_AUTO, 0};
+    struct wb_plan_opts o = {.mode = WB_MODE_AUTO, .mem_cap = 0};
     struct wb_plan *p = NULL;
     int r = wb_plan_build(&f->in, &o, &p, &f->el);
     CHECK(p == NULL || r == 0);
@@ -364,7 +364,7 @@ static void test_cap_below_largest_task(void)
     struct fx f;
     experts_case(&f);
     struct wb_plan *p = NULL, *fit = NULL;
-    struct wb_plan_opts o = {WB_MODE_GATHER, 512 << 10};
+    struct wb_plan_opts o = {.mode = WB_MODE_GATHER, .mem_cap = 512 << 10};
     CHECK_INT(wb_plan_build(&f.in, &o, &p, &f.el), 0);
     CHECK_U64(pl_tables(p)[0].max_tmp_bytes, 1 << 20);
     CHECK_INT(wb_plan_check_cap(p, &f.in, &f.el), -WB_E_PLAN);

@@ -34,7 +34,7 @@ static void run(const struct scenario *sc, enum wb_plan_mode mode)
                                .rollout_layout = sc->rollout};
     fx_init(&f);
     fx_model(&f, &src, &md);
-    struct wb_plan_opts o = {mode, 1ull << 30};
+    struct wb_plan_opts o = {.mode = mode, .mem_cap = 1ull << 30};
     struct wb_plan *p;
     if (wb_plan_build(&f.in, &o, &p, &f.el))
         wb_test_fail(__FILE__, __LINE__, "%s", fx_errors(&f.el));

@@ -82,7 +82,7 @@ static size_t run(enum wb_plan_mode mode, const char *residence)
     struct kase k;
     case_load(&k, residence);
     struct fx *f = &k.f;
-    struct wb_plan_opts o = {mode, 1ull << 30, 1};
+    struct wb_plan_opts o = {.mode = mode, .mem_cap = 1ull << 30, .threads = 1};
     struct wb_plan *ps, *pw;
     size_t stamped = 0, none = 1;
     if (pl_plan_build(&f->in, &o, false, &pw, &none, &f->el))
@@ -139,7 +139,8 @@ static void test_lazy_verify_catches(void)
     struct kase k;
     case_load(&k, "host");
     struct fx *f = &k.f;
-    struct wb_plan_opts o = {WB_MODE_DIRECT, 1ull << 30, 1, true};
+    struct wb_plan_opts o = {
+        .mode = WB_MODE_DIRECT, .mem_cap = 1ull << 30, .threads = 1, .lazy = true};
     for (int c = 0; c < 5; c++) {
         struct wb_plan *p;
         if (wb_plan_build(&f->in, &o, &p, &f->el))

@@ -10,7 +10,7 @@ static const char *const FSDP2 = "world_size: 2\n"
 
 static char *plan_dump(struct fx *f, enum wb_plan_mode mode)
 {
-    struct wb_plan_opts o = {mode, 0};
+    struct wb_plan_opts o = {.mode = mode, .mem_cap = 0};
     struct wb_plan *p;
     if (wb_plan_build(&f->in, &o, &p, &f->el))
         wb_test_fail(__FILE__, __LINE__, "plan: %s", fx_errors(&f->el));

@@ -5,7 +5,7 @@
  * NaN/inf blocks, partial amax + apply == one-shot on every row split, and the argument errors.
  */
 #include "quant/quant.h"
-#include "quant/quant_int.h" /* wb_quant_nvref_e4m3 */
+#include "quant/quant_int.h" /* qt_nvref_e4m3 */
 #include "tests/wbtest.h"
 
 #include <errno.h>
@@ -43,13 +43,13 @@ static uint64_t rng_next(uint64_t *s)
 static bool have_nvref(void)
 {
     uint8_t q;
-    return wb_quant_nvref_e4m3(1.0f, &q) == 0;
+    return qt_nvref_e4m3(1.0f, &q) == 0;
 }
 
 static uint8_t nvref(float x)
 {
     uint8_t q = 0;
-    if (wb_quant_nvref_e4m3(x, &q) != 0)
+    if (qt_nvref_e4m3(x, &q) != 0)
         wb_test_fail(__FILE__, __LINE__, "NVIDIA reference conversion unavailable");
     return q;
 }
@@ -59,7 +59,7 @@ static uint8_t nvref(float x)
 static uint8_t ref_encode(float x)
 {
     uint8_t q;
-    return wb_quant_nvref_e4m3(x, &q) == 0 ? q : wb_quant_fp8_encode(x);
+    return qt_nvref_e4m3(x, &q) == 0 ? q : wb_quant_fp8_encode(x);
 }
 
 /* Element i of a bf16/fp16/fp32 buffer as float, decoded here independently of quant/. */

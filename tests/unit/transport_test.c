@@ -533,19 +533,19 @@ static void test_notes_checked(void)
     CHECK_U64(wb_tx_attempt_epoch(p.b), 0x1111);
     uint8_t n[WB_TXN_WIRE], m[WB_TXN_WIRE];
     struct wb_txn got;
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 5, 1, 0, 0, 0, n), WB_TXN_SHORT);
-    CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), 0, &got), 1);
+    CHECK_INT(txi_note_make(p.a, p.peer, WB_TXN_COUNT, 5, 1, 0, 0, 0, n), WB_TXN_SHORT);
+    CHECK_INT(txi_note_accept(p.b, n, sizeof(n), 0, &got), 1);
     CHECK_INT(got.tag, 5);
     CHECK_INT(got.seq, 0);
-    CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), 0, &got), 0); /* replayed */
-    CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), WB_TXN_NOBODY, &got), 0);
+    CHECK_INT(txi_note_accept(p.b, n, sizeof(n), 0, &got), 0); /* replayed */
+    CHECK_INT(txi_note_accept(p.b, n, sizeof(n), WB_TXN_NOBODY, &got), 0);
     memcpy(m, n, sizeof(m));
     m[4] ^= 1; /* a bit of the tag: the MAC no longer matches */
-    CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
-    CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n) - 1, 0, &got), 0);
+    CHECK_INT(txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
+    CHECK_INT(txi_note_accept(p.b, n, sizeof(n) - 1, 0, &got), 0);
     /* the next note of (peer, tag) has the next sequence number: it counts */
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 5, 1, 0, 0, 0, m), WB_TXN_SHORT);
-    CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 1);
+    CHECK_INT(txi_note_make(p.a, p.peer, WB_TXN_COUNT, 5, 1, 0, 0, 0, m), WB_TXN_SHORT);
+    CHECK_INT(txi_note_accept(p.b, m, sizeof(m), 0, &got), 1);
     CHECK_INT(got.seq, 1);
     struct wb_tx_note_stats st = note_stats(p.b);
     CHECK_U64(st.accepted, 2);
@@ -557,45 +557,45 @@ static void test_notes_checked(void)
     other.key[0] ^= 1;
     CHECK_INT(wb_tx_attempt_begin(p.a, &(struct wb_tx_attempt){.epoch = 0x2222}), 0);
     CHECK_INT(wb_tx_attempt_begin(p.a, &other), 0);
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 6, 1, 0, 0, 0, m), WB_TXN_SHORT);
-    CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
+    CHECK_INT(txi_note_make(p.a, p.peer, WB_TXN_COUNT, 6, 1, 0, 0, 0, m), WB_TXN_SHORT);
+    CHECK_INT(txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
     other = at;
     other.version = 4;
     CHECK_INT(wb_tx_attempt_begin(p.a, &(struct wb_tx_attempt){.epoch = 0x3333}), 0);
     CHECK_INT(wb_tx_attempt_begin(p.a, &other), 0);
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 6, 1, 0, 0, 0, m), WB_TXN_SHORT);
-    CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
+    CHECK_INT(txi_note_make(p.a, p.peer, WB_TXN_COUNT, 6, 1, 0, 0, 0, m), WB_TXN_SHORT);
+    CHECK_INT(txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
     CHECK_U64(note_stats(p.b).forged, 4);
     /* B moves on to attempt 0x4444: the first attempt's notes are stale now */
     struct wb_tx_attempt next = at;
     next.epoch = 0x4444;
     CHECK_INT(wb_tx_attempt_begin(p.b, &next), 0);
-    CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), 0, &got), 0);
+    CHECK_INT(txi_note_accept(p.b, n, sizeof(n), 0, &got), 0);
     CHECK_U64(note_stats(p.b).stale, 1);
     /* A begins attempt 0x5555 before B: its note is kept, and counts once B begins it */
     struct wb_tx_attempt later = at;
     later.epoch = 0x5555;
     CHECK_INT(wb_tx_attempt_begin(p.a, &later), 0);
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 9, 1, 0, 0, 0, m), WB_TXN_SHORT);
+    CHECK_INT(txi_note_make(p.a, p.peer, WB_TXN_COUNT, 9, 1, 0, 0, 0, m), WB_TXN_SHORT);
     uint8_t *exact = malloc(WB_TXN_SHORT); /* as the last note of a message: nothing after it */
     CHECK(exact != NULL);
     memcpy(exact, m, WB_TXN_SHORT);
-    CHECK_INT(wb_txi_note_accept(p.b, exact, WB_TXN_SHORT, 0, &got), 0);
+    CHECK_INT(txi_note_accept(p.b, exact, WB_TXN_SHORT, 0, &got), 0);
     free(exact);
     CHECK_U64(note_stats(p.b).early, 1);
     uint8_t back[WB_TXN_WIRE];
     uint32_t from = 99;
-    CHECK_INT(wb_txi_note_early(p.b, back, &from), 0); /* not B's attempt yet */
+    CHECK_INT(txi_note_early(p.b, back, &from), 0); /* not B's attempt yet */
     CHECK_INT(wb_tx_attempt_begin(p.b, &later), 0);
-    CHECK_INT(wb_txi_note_early(p.b, back, &from), 1);
+    CHECK_INT(txi_note_early(p.b, back, &from), 1);
     CHECK_INT(from, 0);
-    CHECK_INT(wb_txi_note_accept(p.b, back, sizeof(back), from, &got), 1);
+    CHECK_INT(txi_note_accept(p.b, back, sizeof(back), from, &got), 1);
     CHECK_INT(got.tag, 9);
     /* without an attempt nothing counts and nothing is sent */
     wb_tx_attempt_end(p.b);
     CHECK_U64(wb_tx_attempt_epoch(p.b), 0);
-    CHECK_INT(wb_txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
-    CHECK_INT(wb_txi_note_make(p.b, 0, WB_TXN_COUNT, 1, 1, 0, 0, 0, m), -EPROTO);
+    CHECK_INT(txi_note_accept(p.b, m, sizeof(m), 0, &got), 0);
+    CHECK_INT(txi_note_make(p.b, 0, WB_TXN_COUNT, 1, 1, 0, 0, 0, m), -EPROTO);
     CHECK_INT(wb_tx_attempt_begin(p.b, &(struct wb_tx_attempt){.epoch = 0}), -EINVAL);
     pair_close(&p);
 }
@@ -615,15 +615,15 @@ static void test_notes_bounded(void)
     CHECK_STR(wb_tx_errmsg(p.b), "expect: tag 3: the attempt's 2 counters are in use");
     uint8_t n[WB_TXN_WIRE];
     struct wb_txn got;
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 3, 1, 0, 0, 0, n), WB_TXN_SHORT);
-    CHECK_INT(wb_txi_note_accept(p.b, n, sizeof(n), 0, &got), 1);
-    wb_txi_imm_arrived(p.b, 3, 1); /* no counter can be made for it */
+    CHECK_INT(txi_note_make(p.a, p.peer, WB_TXN_COUNT, 3, 1, 0, 0, 0, n), WB_TXN_SHORT);
+    CHECK_INT(txi_note_accept(p.b, n, sizeof(n), 0, &got), 1);
+    txi_imm_arrived(p.b, 3, 1); /* no counter can be made for it */
     CHECK_U64(note_stats(p.b).full, 1);
     CHECK_U64(wb_tx_imm_count(p.b, 3), 0);
     /* the replay set holds max_notes: the fourth distinct note finds no room */
     for (int i = 0; i < 3; i++) {
-        CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 1, 1, 0, 0, 0, n), WB_TXN_SHORT);
-        (void)wb_txi_note_accept(p.b, n, sizeof(n), 0, &got);
+        CHECK_INT(txi_note_make(p.a, p.peer, WB_TXN_COUNT, 1, 1, 0, 0, 0, n), WB_TXN_SHORT);
+        (void)txi_note_accept(p.b, n, sizeof(n), 0, &got);
     }
     CHECK_U64(note_stats(p.b).full, 2);
     pair_close(&p);
@@ -654,16 +654,16 @@ static void test_notes_batched(void)
     CHECK_U64(note_stats(p.b).accepted, 500);
 
     uint8_t buf[3 * WB_TXN_WIRE];
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT, 1, 1, 0, 0, 0, buf), WB_TXN_SHORT);
-    CHECK_INT(wb_txi_note_make(p.a, p.peer, WB_TXN_COUNT | WB_TXN_COMMIT, 1, 1, 7, 0, 64,
-                               buf + WB_TXN_SHORT),
+    CHECK_INT(txi_note_make(p.a, p.peer, WB_TXN_COUNT, 1, 1, 0, 0, 0, buf), WB_TXN_SHORT);
+    CHECK_INT(txi_note_make(p.a, p.peer, WB_TXN_COUNT | WB_TXN_COMMIT, 1, 1, 7, 0, 64,
+                            buf + WB_TXN_SHORT),
               WB_TXN_WIRE);
-    CHECK_U64(wb_txi_note_size(buf, sizeof(buf)), WB_TXN_SHORT);
-    CHECK_U64(wb_txi_note_size(buf, WB_TXN_SHORT), WB_TXN_SHORT);
-    CHECK_U64(wb_txi_note_size(buf, WB_TXN_SHORT - 1), 0);
-    CHECK_U64(wb_txi_note_size(buf, 0), 0);
-    CHECK_U64(wb_txi_note_size(buf + WB_TXN_SHORT, WB_TXN_WIRE), WB_TXN_WIRE);
-    CHECK_U64(wb_txi_note_size(buf + WB_TXN_SHORT, WB_TXN_WIRE - 1), 0); /* a commit cut short */
+    CHECK_U64(txi_note_size(buf, sizeof(buf)), WB_TXN_SHORT);
+    CHECK_U64(txi_note_size(buf, WB_TXN_SHORT), WB_TXN_SHORT);
+    CHECK_U64(txi_note_size(buf, WB_TXN_SHORT - 1), 0);
+    CHECK_U64(txi_note_size(buf, 0), 0);
+    CHECK_U64(txi_note_size(buf + WB_TXN_SHORT, WB_TXN_WIRE), WB_TXN_WIRE);
+    CHECK_U64(txi_note_size(buf + WB_TXN_SHORT, WB_TXN_WIRE - 1), 0); /* a commit cut short */
     pair_close(&p);
 }
 
@@ -788,65 +788,65 @@ static int push_num(struct wb_mbox *m, uint32_t v)
 {
     uint8_t note[WB_MBOX_NOTE] = {0};
     memcpy(note, &v, sizeof(v));
-    return wb_mbox_push(m, note);
+    return mbox_push(m, note);
 }
 
 static void test_mbox(void)
 {
     struct wb_mbox own, w1, w2;
-    CHECK_INT(wb_mbox_create(&own, 0xabc), 0);
-    CHECK_INT(wb_mbox_open(&w1, "/wb-tx-no-such-mailbox", 1), -ENOENT);
-    CHECK_INT(wb_mbox_open(&w1, own.name, 1), 0);
-    CHECK_INT(wb_mbox_open(&w2, own.name, 2), 0);
+    CHECK_INT(mbox_create(&own, 0xabc), 0);
+    CHECK_INT(mbox_open(&w1, "/wb-tx-no-such-mailbox", 1), -ENOENT);
+    CHECK_INT(mbox_open(&w1, own.name, 1), 0);
+    CHECK_INT(mbox_open(&w2, own.name, 2), 0);
     CHECK(w1.ring != w2.ring);
     for (uint32_t i = 0; i < WB_MBOX_DEPTH; i++)
         CHECK_INT(push_num(&w1, i), 0);
     CHECK_INT(push_num(&w1, 7), -EAGAIN); /* full */
     CHECK_INT(push_num(&w2, 100000), 0);
     ndrained = 0;
-    CHECK_INT(wb_mbox_drain(&own, take, NULL), WB_MBOX_DEPTH + 1);
+    CHECK_INT(mbox_drain(&own, take, NULL), WB_MBOX_DEPTH + 1);
     for (uint32_t i = 0; i < WB_MBOX_DEPTH; i++) { /* each ring in order, with its writer */
         size_t at = (size_t)(w1.ring < w2.ring ? i : i + 1);
         CHECK_INT(drained[at], i);
-        CHECK_U64(drained_owner[at], wb_mbox_writer_id(1));
+        CHECK_U64(drained_owner[at], mbox_writer_id(1));
     }
-    CHECK_U64(drained_owner[w1.ring < w2.ring ? WB_MBOX_DEPTH : 0], wb_mbox_writer_id(2));
+    CHECK_U64(drained_owner[w1.ring < w2.ring ? WB_MBOX_DEPTH : 0], mbox_writer_id(2));
     CHECK_INT(push_num(&w1, 7), 0); /* room again */
     /* Every ring taken: a 65th writer is refused, unless a writer is dead. */
     struct wb_mbox more[WB_MBOX_RINGS];
     int nmore = 0;
-    while (nmore < WB_MBOX_RINGS && wb_mbox_open(&more[nmore], own.name, 10 + nmore) == 0)
+    while (nmore < WB_MBOX_RINGS && mbox_open(&more[nmore], own.name, 10 + nmore) == 0)
         nmore++;
     CHECK_INT(nmore, WB_MBOX_RINGS - 2);
     struct wb_mbox extra;
-    CHECK_INT(wb_mbox_open(&extra, own.name, 999), -EBUSY);
+    CHECK_INT(mbox_open(&extra, own.name, 999), -EBUSY);
     /* A ring released with tags still queued is drained before it is handed out again. */
-    wb_mbox_close(&w1);
-    CHECK_INT(wb_mbox_open(&extra, own.name, 999), -EBUSY);
+    mbox_close(&w1);
+    CHECK_INT(mbox_open(&extra, own.name, 999), -EBUSY);
     ndrained = 0;
-    CHECK_INT(wb_mbox_drain(&own, take, NULL), 1);
+    CHECK_INT(mbox_drain(&own, take, NULL), 1);
     CHECK_INT(drained[0], 7);
-    CHECK_INT(wb_mbox_open(&extra, own.name, 999), 0);
-    wb_mbox_close(&extra);
+    CHECK_INT(mbox_open(&extra, own.name, 999), 0);
+    mbox_close(&extra);
     /* A writer process that died holding a ring: its ring is reclaimed. */
-    wb_mbox_close(&more[0]);
+    mbox_close(&more[0]);
     pid_t pid = fork();
     if (pid == 0) {
         struct wb_mbox m;
-        _exit(wb_mbox_open(&m, own.name, 4242) == 0 ? 0 : 1); /* never closed */
+        _exit(mbox_open(&m, own.name, 4242) == 0 ? 0 : 1); /* never closed */
     }
     int st;
     waitpid(pid, &st, 0);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    CHECK_INT(wb_mbox_open(&extra, own.name, 5000), 0);
-    wb_mbox_close(&extra);
+    CHECK_INT(mbox_open(&extra, own.name, 5000), 0);
+    mbox_close(&extra);
     for (int i = 1; i < nmore; i++)
-        wb_mbox_close(&more[i]);
-    wb_mbox_close(&w2);
+        mbox_close(&more[i]);
+    mbox_close(&w2);
     char name[WB_MBOX_NAME_MAX];
     snprintf(name, sizeof(name), "%s", own.name);
-    wb_mbox_close(&own);
-    CHECK_INT(wb_mbox_open(&w1, name, 1), -ENOENT); /* unlinked */
+    mbox_close(&own);
+    CHECK_INT(mbox_open(&w1, name, 1), -ENOENT); /* unlinked */
 }
 
 static void test_mbox_stale_sweep(void)
@@ -856,7 +856,7 @@ static void test_mbox_stale_sweep(void)
     pid_t pid = fork();
     if (pid == 0) { /* an owner killed without closing */
         struct wb_mbox m;
-        if (wb_mbox_create(&m, 77) != 0)
+        if (mbox_create(&m, 77) != 0)
             _exit(1);
         CHECK_INT(write(fds[1], m.name, sizeof(m.name)), (int)sizeof(m.name));
         _exit(0);
@@ -866,12 +866,12 @@ static void test_mbox_stale_sweep(void)
     int st;
     waitpid(pid, &st, 0);
     struct wb_mbox w;
-    CHECK_INT(wb_mbox_open(&w, name, 1), 0); /* still there */
-    wb_mbox_close(&w);
+    CHECK_INT(mbox_open(&w, name, 1), 0); /* still there */
+    mbox_close(&w);
     struct wb_mbox own;
-    CHECK_INT(wb_mbox_create(&own, 78), 0); /* sweeps the dead owner's segment */
-    CHECK_INT(wb_mbox_open(&w, name, 1), -ENOENT);
-    wb_mbox_close(&own);
+    CHECK_INT(mbox_create(&own, 78), 0); /* sweeps the dead owner's segment */
+    CHECK_INT(mbox_open(&w, name, 1), -ENOENT);
+    mbox_close(&own);
     close(fds[0]);
     close(fds[1]);
 }

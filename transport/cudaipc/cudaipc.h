@@ -73,21 +73,21 @@ struct wb_mbox {
 
 /* Creates the mailbox of transport `uid` (name "/wb-tx-<pid>-<uid>"), first removing the
  * segments of dead processes. 0, or a negative errno. */
-int wb_mbox_create(struct wb_mbox *mb, uint64_t uid);
+int mbox_create(struct wb_mbox *mb, uint64_t uid);
 /* Opens a peer's mailbox and claims a ring for writer `uid` of this process (reclaiming a
  * drained ring of a dead process when all are taken). -ENOENT (no such mailbox), -EBUSY (no
  * ring free), -EBADMSG. */
-int wb_mbox_open(struct wb_mbox *mb, const char *name, uint64_t uid);
+int mbox_open(struct wb_mbox *mb, const char *name, uint64_t uid);
 /* Writer: queues one note (WB_MBOX_NOTE bytes). -EAGAIN when the ring is full. */
-int wb_mbox_push(struct wb_mbox *mb, const void *note);
+int mbox_push(struct wb_mbox *mb, const void *note);
 /* Owner: hands every queued note of every ring to fn with the ring's owner word (the writer's
  * pid << 32 | the low half of its uid); returns how many. */
-size_t wb_mbox_drain(struct wb_mbox *mb, void (*fn)(void *arg, uint64_t owner, const void *note),
-                     void *arg);
+size_t mbox_drain(struct wb_mbox *mb, void (*fn)(void *arg, uint64_t owner, const void *note),
+                  void *arg);
 /* The owner word a writer of transport `uid` in this process claims rings with. */
-uint64_t wb_mbox_writer_id(uint64_t uid);
+uint64_t mbox_writer_id(uint64_t uid);
 /* Writer: releases its ring (tags already pushed are still drained). Owner: unlinks the
  * segment. Both unmap. NULL-safe on a zeroed struct. */
-void wb_mbox_close(struct wb_mbox *mb);
+void mbox_close(struct wb_mbox *mb);
 
 #endif /* WB_TX_CUDAIPC_H */

@@ -106,7 +106,7 @@ static void wlist_push(struct ipc_wlist *l, struct ipc_write *w)
 static int cuda_err(struct wb_tx *tx, cudaError_t r, const char *what)
 {
     (void)cudaGetLastError();
-    return wb_txi_err(tx, -WB_E_CUDA, "cudaipc: %s: %s", what, cudaGetErrorString(r));
+    return txi_err(tx, -WB_E_CUDA, "cudaipc: %s: %s", what, cudaGetErrorString(r));
 }
 
 /* ---------------------------------------------------------------- events */
@@ -161,38 +161,38 @@ static int ipc_mr_reg(struct wb_tx *tx, void *ptr, uint64_t len, unsigned access
 {
     struct ipc_tx *ix = ipc_of(tx);
     if (!ptr || len == 0 || !(access & (WB_TX_ACCESS_SRC | WB_TX_ACCESS_DST)))
-        return wb_txi_err(tx, -EINVAL, "register: need a pointer, a length and SRC/DST access");
+        return txi_err(tx, -EINVAL, "register: need a pointer, a length and SRC/DST access");
     struct cudaPointerAttributes a;
     cudaError_t r = cudaPointerGetAttributes(&a, ptr);
     if (r != cudaSuccess || a.type != cudaMemoryTypeDevice) {
         (void)cudaGetLastError();
-        return wb_txi_err(tx, -ENOTSUP, "register: cudaipc registers CUDA device memory only");
+        return txi_err(tx, -ENOTSUP, "register: cudaipc registers CUDA device memory only");
     }
     if (a.device != ix->device)
-        return wb_txi_err(tx, -EINVAL, "register: memory of GPU %d, this transport serves GPU %d",
-                          a.device, ix->device);
+        return txi_err(tx, -EINVAL, "register: memory of GPU %d, this transport serves GPU %d",
+                       a.device, ix->device);
     if (ix->nmrs == ix->mrs_cap && wb_grow(&ix->mrs, &ix->mrs_cap, 16, sizeof(*ix->mrs)) != 0)
-        return wb_txi_err(tx, -ENOMEM, "register: the table of registrations: out of memory");
+        return txi_err(tx, -ENOMEM, "register: the table of registrations: out of memory");
     struct ipc_mr *m = calloc(1, sizeof(*m));
     if (!m)
-        return wb_txi_err(tx, -ENOMEM, "register: out of memory");
+        return txi_err(tx, -ENOMEM, "register: out of memory");
     if (access & WB_TX_ACCESS_DST) {
         uint64_t asize = 0;
         int e = alloc_base(ptr, &m->alloc_off, &asize);
         if (e) {
             free(m);
-            return wb_txi_err(tx, e, "register: cuMemGetAddressRange failed");
+            return txi_err(tx, e, "register: cuMemGetAddressRange failed");
         }
         /* A peer maps the allocation the handle names and nothing after it: a region running
          * past it would be written past the peer's mapping (issue #35). */
         uint64_t off = m->alloc_off;
         if (len > asize - off) {
             free(m);
-            return wb_txi_err(tx, -WB_E_BOUNDS,
-                              "register: %" PRIu64 " bytes at %p run past their allocation "
-                              "(%" PRIu64 " bytes, %p at offset %" PRIu64
-                              "): a peer maps one allocation per IPC handle",
-                              len, ptr, asize, ptr, off);
+            return txi_err(tx, -WB_E_BOUNDS,
+                           "register: %" PRIu64 " bytes at %p run past their allocation "
+                           "(%" PRIu64 " bytes, %p at offset %" PRIu64
+                           "): a peer maps one allocation per IPC handle",
+                           len, ptr, asize, ptr, off);
         }
         void *base = (uint8_t *)ptr - m->alloc_off;
         m->alloc = (uintptr_t)base;
@@ -209,7 +209,7 @@ static int ipc_mr_reg(struct wb_tx *tx, void *ptr, uint64_t len, unsigned access
                                 .mem = WB_TX_MEM_CUDA,
                                 .device = ix->device,
                                 .access = access,
-                                .id = wb_txi_next_mr_id(tx)};
+                                .id = txi_next_mr_id(tx)};
     ix->mrs[ix->nmrs++] = m;
     *out = &m->base;
     return 0;
@@ -219,14 +219,14 @@ static int ipc_mr_rdesc(struct wb_tx *tx, const struct wb_tx_mr *mr, struct wb_t
 {
     const struct ipc_mr *m = WB_CONTAINER_OF(mr, struct ipc_mr, base);
     if (!(mr->access & WB_TX_ACCESS_DST))
-        return wb_txi_err(tx, -EINVAL,
-                          "describe: region %" PRIu64 " is not registered as a "
-                          "write destination",
-                          mr->id);
+        return txi_err(tx, -EINVAL,
+                       "describe: region %" PRIu64 " is not registered as a "
+                       "write destination",
+                       mr->id);
     struct wb_tx_rdesc d;
     memset(&d, 0, sizeof(d));
     d.backend = WB_TX_CUDAIPC;
-    d.owner = wb_txi_uid(tx);
+    d.owner = txi_uid(tx);
     d.id = mr->id;
     d.size = mr->size;
     d.nrails = 1;
@@ -243,9 +243,9 @@ static int ipc_mr_dereg(struct wb_tx *tx, struct wb_tx_mr *mr)
     struct ipc_tx *ix = ipc_of(tx);
     struct ipc_mr *m = WB_CONTAINER_OF(mr, struct ipc_mr, base);
     if (m->busy)
-        return wb_txi_err(tx, -EBUSY,
-                          "deregister: region %" PRIu64 " has %" PRIu64 " copies in flight", mr->id,
-                          m->busy);
+        return txi_err(tx, -EBUSY,
+                       "deregister: region %" PRIu64 " has %" PRIu64 " copies in flight", mr->id,
+                       m->busy);
     for (size_t i = 0; i < ix->nmrs; i++) {
         if (ix->mrs[i] != m)
             continue;
@@ -253,7 +253,7 @@ static int ipc_mr_dereg(struct wb_tx *tx, struct wb_tx_mr *mr)
         free(m);
         return 0;
     }
-    return wb_txi_err(tx, -EINVAL, "deregister: unknown region");
+    return txi_err(tx, -EINVAL, "deregister: unknown region");
 }
 
 /* ---------------------------------------------------------------- peers */
@@ -278,11 +278,11 @@ static int ipc_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t index)
     wb_mpr_str(r, name, sizeof(name));
     wb_mpr_i64(r, &p.device);
     if (r->err || two != 2)
-        return wb_txi_err(tx, -EBADMSG, "peer address: malformed cudaipc body");
-    if (!wb_txi_peer_local(tx, index))
-        return wb_txi_err(tx, -EHOSTUNREACH,
-                          "peer address: cudaipc peer (pid %" PRId64 ") is on another host",
-                          wb_txi_peer_pid(tx, index));
+        return txi_err(tx, -EBADMSG, "peer address: malformed cudaipc body");
+    if (!txi_peer_local(tx, index))
+        return txi_err(tx, -EHOSTUNREACH,
+                       "peer address: cudaipc peer (pid %" PRId64 ") is on another host",
+                       txi_peer_pid(tx, index));
     if (ix->npeers == ix->peer_cap) {
         uint32_t cap = ix->peer_cap ? 2 * ix->peer_cap : 8;
         struct ipc_peer *np = realloc(ix->peers, cap * sizeof(*np));
@@ -291,10 +291,10 @@ static int ipc_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t index)
         ix->peers = np;
         ix->peer_cap = cap;
     }
-    int e = wb_mbox_open(&p.mb, name, wb_txi_uid(tx));
+    int e = mbox_open(&p.mb, name, txi_uid(tx));
     if (e)
-        return wb_txi_err(tx, e == -ENOENT ? -EHOSTUNREACH : e, "peer address: mailbox %s: %s",
-                          name, wb_strerror(e));
+        return txi_err(tx, e == -ENOENT ? -EHOSTUNREACH : e, "peer address: mailbox %s: %s", name,
+                       wb_strerror(e));
     int can = 0;
     if (p.device != ix->device &&
         (cudaDeviceCanAccessPeer(&can, ix->device, (int)p.device) != cudaSuccess || !can)) {
@@ -331,7 +331,7 @@ static void notify(struct ipc_tx *ix, struct ipc_write *w)
         wlist_push(&ix->immq, w);
         return;
     }
-    if (wb_mbox_push(&p->mb, w->note) != 0) {
+    if (mbox_push(&p->mb, w->note) != 0) {
         ix->st.eagain++; /* the destination's ring is full */
         wlist_push(&ix->immq, w);
         return;
@@ -344,13 +344,13 @@ static int ipc_note(struct wb_tx *tx, uint32_t peer, uint32_t tag, uint32_t n, v
     struct ipc_tx *ix = ipc_of(tx);
     struct ipc_peer *p = &ix->peers[peer];
     if (p->failed)
-        return wb_txi_err(tx, -WB_E_PEER, "write: peer %u (pid %" PRId64 ") has failed", peer,
-                          wb_txi_peer_pid(tx, peer));
+        return txi_err(tx, -WB_E_PEER, "write: peer %u (pid %" PRId64 ") has failed", peer,
+                       txi_peer_pid(tx, peer));
     struct ipc_write *w = calloc(1, sizeof(*w));
     if (!w)
         return -ENOMEM;
     *w = (struct ipc_write){.ctx = ctx, .peer = peer, .has_imm = true};
-    int e = wb_txi_note_make(tx, peer, n ? WB_TXN_COUNT : WB_TXN_WARMUP, tag, n, 0, 0, 0, w->note);
+    int e = txi_note_make(tx, peer, n ? WB_TXN_COUNT : WB_TXN_WARMUP, tag, n, 0, 0, 0, w->note);
     if (e < 0) {
         free(w);
         return e;
@@ -400,13 +400,13 @@ static void *peer_region(struct ipc_tx *ix, uint32_t peer, const struct wb_tx_rd
 {
     struct ipc_peer *p = &ix->peers[peer];
     if (d->opaque_len != sizeof(cudaIpcMemHandle_t)) {
-        *err = wb_txi_err(&ix->base, -EINVAL, "write: descriptor %" PRIu64 " has no IPC handle",
-                          d->id);
+        *err =
+            txi_err(&ix->base, -EINVAL, "write: descriptor %" PRIu64 " has no IPC handle", d->id);
         return NULL;
     }
     /* A peer in this very process (a trainer and a rollout colocated in one process): its
      * memory is ours to address, and CUDA refuses to open a process's own IPC handle. */
-    if (wb_txi_peer_pid(&ix->base, peer) == (int64_t)getpid())
+    if (txi_peer_pid(&ix->base, peer) == (int64_t)getpid())
         return (void *)(uintptr_t)d->rail[0].key;
     cudaIpcMemHandle_t h;
     memcpy(&h, d->opaque, sizeof(h));
@@ -431,8 +431,8 @@ static int ipc_peer_ptr(struct wb_tx *tx, uint32_t peer, const struct wb_tx_rdes
 {
     struct ipc_tx *ix = ipc_of(tx);
     if (ix->peers[peer].failed)
-        return wb_txi_err(tx, -WB_E_PEER, "peer memory: peer %u (pid %" PRId64 ") has failed", peer,
-                          wb_txi_peer_pid(tx, peer));
+        return txi_err(tx, -WB_E_PEER, "peer memory: peer %u (pid %" PRId64 ") has failed", peer,
+                       txi_peer_pid(tx, peer));
     cudaError_t dr = cudaSetDevice(ix->device);
     if (dr != cudaSuccess)
         return cuda_err(tx, dr, "cudaSetDevice");
@@ -449,8 +449,8 @@ static int ipc_write(struct wb_tx *tx, const struct wb_tx_write *uw)
     struct ipc_tx *ix = ipc_of(tx);
     struct ipc_peer *p = &ix->peers[uw->peer];
     if (p->failed)
-        return wb_txi_err(tx, -WB_E_PEER, "write: peer %u (pid %" PRId64 ") has failed", uw->peer,
-                          wb_txi_peer_pid(tx, uw->peer));
+        return txi_err(tx, -WB_E_PEER, "write: peer %u (pid %" PRId64 ") has failed", uw->peer,
+                       txi_peer_pid(tx, uw->peer));
     if (uw->len == 0) {
         if (uw->has_imm)
             return ipc_note(tx, uw->peer, uw->imm, 1, uw->ctx);
@@ -478,7 +478,7 @@ static int ipc_write(struct wb_tx *tx, const struct wb_tx_write *uw)
     struct ipc_mr *m = WB_CONTAINER_OF(uw->src, struct ipc_mr, base);
     *w = (struct ipc_write){.ctx = uw->ctx, .peer = uw->peer, .has_imm = uw->has_imm, .src = m};
     if (uw->has_imm) {
-        int e = wb_txi_note_make(tx, uw->peer, WB_TXN_COUNT, uw->imm, 1, 0, 0, 0, w->note);
+        int e = txi_note_make(tx, uw->peer, WB_TXN_COUNT, uw->imm, 1, 0, 0, 0, w->note);
         if (e < 0) {
             free(w);
             return e;
@@ -537,13 +537,13 @@ static int ipc_write(struct wb_tx *tx, const struct wb_tx_write *uw)
 
 /* ---------------------------------------------------------------- poll */
 
-/* The peer whose writer ring `owner` is (wb_mbox_writer_id of its uid, in its process), or
+/* The peer whose writer ring `owner` is (mbox_writer_id of its uid, in its process), or
  * WB_TXN_NOBODY. */
 static uint32_t ring_peer(struct ipc_tx *ix, uint64_t owner)
 {
     for (uint32_t k = 0; k < ix->npeers; k++)
-        if ((uint64_t)wb_txi_peer_pid(&ix->base, k) == owner >> 32 &&
-            (wb_txi_peer_uid(&ix->base, k) & 0xffffffffu) == (owner & 0xffffffffu))
+        if ((uint64_t)txi_peer_pid(&ix->base, k) == owner >> 32 &&
+            (txi_peer_uid(&ix->base, k) & 0xffffffffu) == (owner & 0xffffffffu))
             return k;
     return WB_TXN_NOBODY;
 }
@@ -551,10 +551,9 @@ static uint32_t ring_peer(struct ipc_tx *ix, uint64_t owner)
 static void take_note(struct ipc_tx *ix, const void *note, uint32_t src)
 {
     struct wb_txn n;
-    if (wb_txi_note_accept(&ix->base, note, WB_TXN_WIRE, src, &n) == 1 &&
-        (n.flags & WB_TXN_COUNT)) {
+    if (txi_note_accept(&ix->base, note, WB_TXN_WIRE, src, &n) == 1 && (n.flags & WB_TXN_COUNT)) {
         ix->st.imm_recv += n.count;
-        wb_txi_imm_arrived(&ix->base, n.tag, n.count);
+        txi_imm_arrived(&ix->base, n.tag, n.count);
     }
 }
 
@@ -597,11 +596,11 @@ static ssize_t ipc_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
         ix->last_check = now;
         for (uint32_t k = 0; k < ix->npeers; k++) {
             struct ipc_peer *p = &ix->peers[k];
-            if (!p->failed && p->inflight && !wb_txi_peer_alive(tx, k)) {
+            if (!p->failed && p->inflight && !txi_peer_alive(tx, k)) {
                 p->failed = true;
                 p->fail_err = -WB_E_PEER;
                 wb_log(WB_LOG_WARN, "transport", "cudaipc: peer %u (pid %" PRId64 ") is gone", k,
-                       wb_txi_peer_pid(tx, k));
+                       txi_peer_pid(tx, k));
             }
         }
     }
@@ -615,7 +614,7 @@ static ssize_t ipc_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
         if (p->failed) {
             w->err = -WB_E_PEER;
             finish(ix, w);
-        } else if (ix->immq.first || wb_mbox_push(&p->mb, w->note) != 0) {
+        } else if (ix->immq.first || mbox_push(&p->mb, w->note) != 0) {
             wlist_push(&ix->immq, w);
         } else {
             finish(ix, w);
@@ -624,9 +623,9 @@ static ssize_t ipc_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
     fences_reap(ix);
     uint8_t early[WB_TXN_WIRE];
     uint32_t from;
-    while (wb_txi_note_early(tx, early, &from))
+    while (txi_note_early(tx, early, &from))
         take_note(ix, early, from);
-    wb_mbox_drain(&ix->own, count_imm, ix);
+    mbox_drain(&ix->own, count_imm, ix);
     size_t n = 0;
     while (ix->done.first && n < max) {
         struct ipc_write *w = ix->done.first;
@@ -639,16 +638,16 @@ static ssize_t ipc_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
             ix->st.errors++;
         free(w);
     }
-    return (ssize_t)(n + wb_txi_imm_drain(tx, ev + n, max - n));
+    return (ssize_t)(n + txi_imm_drain(tx, ev + n, max - n));
 }
 
 /* A writer maps the allocation and stores into it itself: nothing here can refuse a write. */
 static int ipc_mr_window(struct wb_tx *tx, struct wb_tx_mr *mr, bool open)
 {
     (void)open;
-    return wb_txi_err(tx, -ENOTSUP,
-                      "window: CUDA IPC writers map region %" PRIu64 " themselves; it stays open",
-                      mr->id);
+    return txi_err(tx, -ENOTSUP,
+                   "window: CUDA IPC writers map region %" PRIu64 " themselves; it stays open",
+                   mr->id);
 }
 
 /* ---------------------------------------------------------------- query, close, open */
@@ -708,15 +707,15 @@ static void ipc_close(struct wb_tx *tx)
         for (size_t i = 0; i < p->nmaps; i++)
             cudaIpcCloseMemHandle(p->maps[i].base);
         free(p->maps);
-        wb_mbox_close(&p->mb);
+        mbox_close(&p->mb);
     }
     free(ix->peers);
     for (size_t i = 0; i < ix->nmrs; i++)
         free(ix->mrs[i]);
     free(ix->mrs);
-    wb_mbox_close(&ix->own);
+    mbox_close(&ix->own);
     (void)cudaGetLastError();
-    wb_txi_core_fini(tx);
+    txi_core_fini(tx);
     free(ix);
 }
 
@@ -738,7 +737,7 @@ static const struct wb_tx_ops ipc_ops = {
     .close = ipc_close,
 };
 
-int wb_txi_cudaipc_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct wb_tx **out)
+int txi_cudaipc_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct wb_tx **out)
 {
     int n = wb_gpu_count();
     if (n == 0) {
@@ -753,7 +752,7 @@ int wb_txi_cudaipc_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, stru
     struct ipc_tx *ix = calloc(1, sizeof(*ix));
     if (!ix)
         return -ENOMEM;
-    int e = wb_txi_core_init(&ix->base, &ipc_ops, WB_TX_CUDAIPC);
+    int e = txi_core_init(&ix->base, &ipc_ops, WB_TX_CUDAIPC);
     if (e) {
         free(ix);
         return e;
@@ -771,7 +770,7 @@ int wb_txi_cudaipc_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, stru
         ipc_close(&ix->base);
         return -WB_E_CUDA;
     }
-    e = wb_mbox_create(&ix->own, wb_txi_uid(&ix->base));
+    e = mbox_create(&ix->own, txi_uid(&ix->base));
     if (e) {
         wb_errlist_add(el, "cudaipc: mailbox in /dev/shm: %s", wb_strerror(e));
         ipc_close(&ix->base);

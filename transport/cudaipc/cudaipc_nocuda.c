@@ -4,7 +4,7 @@
 
 #include <errno.h>
 
-int wb_txi_cudaipc_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct wb_tx **out)
+int txi_cudaipc_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct wb_tx **out)
 {
     (void)cfg;
     (void)out;

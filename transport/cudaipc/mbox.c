@@ -24,7 +24,7 @@ static int pid_alive(int64_t pid)
 {
     uint64_t st;
     bool zombie;
-    return wb_txi_proc_stat(pid, &st, &zombie) == 0 && !zombie;
+    return txi_proc_stat(pid, &st, &zombie) == 0 && !zombie;
 }
 
 /* Removes /dev/shm/wb-tx-<pid>-* segments whose pid is gone (owners killed before close). */
@@ -73,7 +73,7 @@ static int map(const char *name, int flags, struct wb_mbox_shm **out)
     return r;
 }
 
-int wb_mbox_create(struct wb_mbox *mb, uint64_t uid)
+int mbox_create(struct wb_mbox *mb, uint64_t uid)
 {
     memset(mb, 0, sizeof(*mb));
     sweep_stale();
@@ -102,7 +102,7 @@ static bool claim(struct wb_mbox_ring *rg, uint64_t expect, uint64_t me)
     return atomic_compare_exchange_strong(&rg->owner, &expect, me);
 }
 
-int wb_mbox_open(struct wb_mbox *mb, const char *name, uint64_t uid)
+int mbox_open(struct wb_mbox *mb, const char *name, uint64_t uid)
 {
     memset(mb, 0, sizeof(*mb));
     mb->ring = -1;
@@ -116,7 +116,7 @@ int wb_mbox_open(struct wb_mbox *mb, const char *name, uint64_t uid)
         munmap(s, sizeof(*s));
         return -EBADMSG;
     }
-    uint64_t me = wb_mbox_writer_id(uid);
+    uint64_t me = mbox_writer_id(uid);
     int got = -1;
     for (int i = 0; i < WB_MBOX_RINGS && got < 0; i++)
         if (claim(&s->ring[i], 0, me))
@@ -136,12 +136,12 @@ int wb_mbox_open(struct wb_mbox *mb, const char *name, uint64_t uid)
     return 0;
 }
 
-uint64_t wb_mbox_writer_id(uint64_t uid)
+uint64_t mbox_writer_id(uint64_t uid)
 {
     return ((uint64_t)getpid() << 32) | (uid & 0xffffffffu);
 }
 
-int wb_mbox_push(struct wb_mbox *mb, const void *note)
+int mbox_push(struct wb_mbox *mb, const void *note)
 {
     struct wb_mbox_ring *rg = &mb->shm->ring[mb->ring];
     uint64_t t = atomic_load_explicit(&rg->tail, memory_order_relaxed);
@@ -153,8 +153,8 @@ int wb_mbox_push(struct wb_mbox *mb, const void *note)
     return 0;
 }
 
-size_t wb_mbox_drain(struct wb_mbox *mb, void (*fn)(void *arg, uint64_t owner, const void *note),
-                     void *arg)
+size_t mbox_drain(struct wb_mbox *mb, void (*fn)(void *arg, uint64_t owner, const void *note),
+                  void *arg)
 {
     size_t n = 0;
     for (int i = 0; i < WB_MBOX_RINGS; i++) {
@@ -176,7 +176,7 @@ size_t wb_mbox_drain(struct wb_mbox *mb, void (*fn)(void *arg, uint64_t owner, c
     return n;
 }
 
-void wb_mbox_close(struct wb_mbox *mb)
+void mbox_close(struct wb_mbox *mb)
 {
     if (!mb->shm)
         return;

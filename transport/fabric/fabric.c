@@ -48,14 +48,14 @@ static int reg_rail_key(struct fab_tx *fx, uint32_t i, void *p, uint64_t len, ui
             break;
     }
     if (e)
-        return wb_txi_err(&fx->base, -WB_E_FABRIC,
-                          "fabric: rail %u: fi_mr_regattr(%" PRIu64 " bytes): %s", i, len,
-                          fi_strerror(-e));
+        return txi_err(&fx->base, -WB_E_FABRIC,
+                       "fabric: rail %u: fi_mr_regattr(%" PRIu64 " bytes): %s", i, len,
+                       fi_strerror(-e));
     if (r->mr_mode & FI_MR_ENDPOINT) {
         if ((e = fi_mr_bind(mr, &r->ep->fid, 0)) != 0 || (e = fi_mr_enable(mr)) != 0) {
             fi_close(&mr->fid);
-            return wb_txi_err(&fx->base, -WB_E_FABRIC, "fabric: rail %u: fi_mr_bind: %s", i,
-                              fi_strerror(-e));
+            return txi_err(&fx->base, -WB_E_FABRIC, "fabric: rail %u: fi_mr_bind: %s", i,
+                           fi_strerror(-e));
         }
     }
     *mr_out = mr;
@@ -85,12 +85,12 @@ int fab_pool_init(struct fab_tx *fx)
     void *pool = NULL;
     int e = fab_gpu_host_alloc(n * sz, pinned, &pool);
     if (e)
-        return wb_txi_err(&fx->base, e, "fabric: bounce pool of %zu x %zu bytes: %s", n, sz,
-                          wb_strerror(e));
+        return txi_err(&fx->base, e, "fabric: bounce pool of %zu x %zu bytes: %s", n, sz,
+                       wb_strerror(e));
     struct fab_chunk *ch = calloc(n, sizeof(*ch));
     if (!ch) {
         fab_gpu_host_free(pool, pinned);
-        return wb_txi_err(&fx->base, -ENOMEM, "fabric: bounce chunks: out of memory");
+        return txi_err(&fx->base, -ENOMEM, "fabric: bounce chunks: out of memory");
     }
     uint32_t i = 0;
     for (; i < fx->nrails; i++) {
@@ -151,35 +151,33 @@ static int fab_mr_reg(struct wb_tx *tx, void *ptr, uint64_t len, unsigned access
     struct fab_tx *fx = fab_of(tx);
     if (!ptr || len == 0 || !(access & (WB_TX_ACCESS_SRC | WB_TX_ACCESS_DST)) ||
         (access & ~(unsigned)(WB_TX_ACCESS_SRC | WB_TX_ACCESS_DST)))
-        return wb_txi_err(tx, -EINVAL, "register: need a pointer, a length and SRC/DST access");
+        return txi_err(tx, -EINVAL, "register: need a pointer, a length and SRC/DST access");
     int dev = wb_gpu_ptr_device(ptr);
     if (dev == WB_GPU_UNKNOWN)
-        return wb_txi_err(tx, -WB_E_CUDA,
-                          "register: the CUDA runtime cannot say whether %p is device memory", ptr);
+        return txi_err(tx, -WB_E_CUDA,
+                       "register: the CUDA runtime cannot say whether %p is device memory", ptr);
     if (dev >= 0) {
         if (fx->gpu_device >= 0 && dev != fx->gpu_device)
-            return wb_txi_err(tx, -EINVAL,
-                              "register: memory of GPU %d, this transport serves GPU %d", dev,
-                              fx->gpu_device);
+            return txi_err(tx, -EINVAL, "register: memory of GPU %d, this transport serves GPU %d",
+                           dev, fx->gpu_device);
         if (!fx->gpu) {
             int e = fab_gpu_open(dev, &fx->gpu);
             if (e)
-                return wb_txi_err(tx, e, "register: CUDA streams on GPU %d: %s", dev,
-                                  wb_strerror(e));
+                return txi_err(tx, e, "register: CUDA streams on GPU %d: %s", dev, wb_strerror(e));
         }
         fx->gpu_device = dev;
     }
     if (fx->nmrs == fx->mrs_cap && wb_grow(&fx->mrs, &fx->mrs_cap, 16, sizeof(*fx->mrs)) != 0)
-        return wb_txi_err(tx, -ENOMEM, "register: the table of registrations: out of memory");
+        return txi_err(tx, -ENOMEM, "register: the table of registrations: out of memory");
     struct fab_mr *m = calloc(1, sizeof(*m));
     if (!m)
-        return wb_txi_err(tx, -ENOMEM, "register: out of memory");
+        return txi_err(tx, -ENOMEM, "register: out of memory");
     m->base = (struct wb_tx_mr){.ptr = ptr,
                                 .size = len,
                                 .mem = dev >= 0 ? WB_TX_MEM_CUDA : WB_TX_MEM_HOST,
                                 .device = dev,
                                 .access = access,
-                                .id = wb_txi_next_mr_id(tx)};
+                                .id = txi_next_mr_id(tx)};
     /* Staged: the provider cannot touch this memory in place (device memory without FI_HMEM,
      * or host memory with stage_host). Sources go through bounce chunks, destinations through
      * a host mirror of the same size. */
@@ -192,8 +190,8 @@ static int fab_mr_reg(struct wb_tx *tx, void *ptr, uint64_t len, unsigned access
             m->pinned = dev >= 0;
             e = fab_gpu_host_alloc(len, m->pinned, &m->mirror);
             if (e) {
-                wb_txi_err(tx, e, "register: host mirror of %" PRIu64 " bytes: %s", len,
-                           wb_strerror(e));
+                txi_err(tx, e, "register: host mirror of %" PRIu64 " bytes: %s", len,
+                        wb_strerror(e));
                 goto err_free;
             }
             target = m->mirror;
@@ -228,15 +226,15 @@ static int fab_mr_rdesc(struct wb_tx *tx, const struct wb_tx_mr *mr, struct wb_t
     struct fab_tx *fx = fab_of(tx);
     const struct fab_mr *m = WB_CONTAINER_OF(mr, struct fab_mr, base);
     if (!(mr->access & WB_TX_ACCESS_DST))
-        return wb_txi_err(tx, -EINVAL,
-                          "describe: region %" PRIu64 " is not registered as a "
-                          "write destination",
-                          mr->id);
+        return txi_err(tx, -EINVAL,
+                       "describe: region %" PRIu64 " is not registered as a "
+                       "write destination",
+                       mr->id);
     struct wb_tx_rdesc d;
     memset(&d, 0, sizeof(d));
     d.backend = WB_TX_FABRIC;
     d.flags = m->mirror ? WB_TX_RDESC_STAGED : 0;
-    d.owner = wb_txi_uid(tx);
+    d.owner = txi_uid(tx);
     d.id = mr->id;
     d.size = mr->size;
     d.nrails = fx->nrails;
@@ -253,14 +251,14 @@ static int fab_mr_dereg(struct wb_tx *tx, struct wb_tx_mr *mr)
     struct fab_tx *fx = fab_of(tx);
     struct fab_mr *m = WB_CONTAINER_OF(mr, struct fab_mr, base);
     if (m->busy)
-        return wb_txi_err(tx, -EBUSY,
-                          "deregister: region %" PRIu64 " has %" PRIu64 " operations in flight",
-                          mr->id, m->busy);
+        return txi_err(tx, -EBUSY,
+                       "deregister: region %" PRIu64 " has %" PRIu64 " operations in flight",
+                       mr->id, m->busy);
     size_t i = 0;
     while (i < fx->nmrs && fx->mrs[i] != m)
         i++;
     if (i == fx->nmrs)
-        return wb_txi_err(tx, -EINVAL, "deregister: unknown region");
+        return txi_err(tx, -EINVAL, "deregister: unknown region");
     memmove(&fx->mrs[i], &fx->mrs[i + 1], (fx->nmrs - i - 1) * sizeof(*fx->mrs));
     fx->nmrs--;
     mr_release(fx, m);
@@ -276,14 +274,14 @@ static int fab_mr_window(struct wb_tx *tx, struct wb_tx_mr *mr, bool open)
     struct fab_tx *fx = fab_of(tx);
     struct fab_mr *m = WB_CONTAINER_OF(mr, struct fab_mr, base);
     if (mr->access != WB_TX_ACCESS_DST)
-        return wb_txi_err(tx, -EINVAL, "window: region %" PRIu64 " is not a write destination only",
-                          mr->id);
+        return txi_err(tx, -EINVAL, "window: region %" PRIu64 " is not a write destination only",
+                       mr->id);
     for (uint32_t i = 0; i < fx->nrails; i++)
         if (fx->rail[i].mr_mode & FI_MR_PROV_KEY)
-            return wb_txi_err(tx, -ENOTSUP,
-                              "window: provider '%s' chooses its own keys; region %" PRIu64
-                              " stays open",
-                              fx->prov, mr->id);
+            return txi_err(tx, -ENOTSUP,
+                           "window: provider '%s' chooses its own keys; region %" PRIu64
+                           " stays open",
+                           fx->prov, mr->id);
     if (m->closed == !open)
         return 0;
     if (!open) {
@@ -302,7 +300,7 @@ static int fab_mr_window(struct wb_tx *tx, struct wb_tx_mr *mr, bool open)
                              &m->desc[i], &key);
         if (e || key != m->key[i]) {
             if (!e)
-                e = wb_txi_err(tx, -WB_E_FABRIC, "window: rail %u: the provider changed key", i);
+                e = txi_err(tx, -WB_E_FABRIC, "window: rail %u: the provider changed key", i);
             while (i-- > 0) {
                 fi_close(&m->mr[i]->fid);
                 m->mr[i] = NULL;
@@ -342,10 +340,10 @@ static int fab_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t index)
     wb_mpr_str(r, prov, sizeof(prov));
     wb_mpr_array(r, WB_TX_MAX_RAILS, &nrem);
     if (r->err || three != 3 || nrem == 0)
-        return wb_txi_err(tx, -EBADMSG, "peer address: malformed fabric body");
+        return txi_err(tx, -EBADMSG, "peer address: malformed fabric body");
     if (strcmp(prov, fx->prov) != 0)
-        return wb_txi_err(tx, -EPROTO, "peer address: peer uses provider '%s', this one '%s'", prov,
-                          fx->prov);
+        return txi_err(tx, -EPROTO, "peer address: peer uses provider '%s', this one '%s'", prov,
+                       fx->prov);
     struct fab_peer p;
     memset(&p, 0, sizeof(p));
     p.nrem = nrem;
@@ -354,21 +352,21 @@ static int fab_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t index)
         size_t len = 0;
         wb_mpr_bin(r, &names[j], &len, FAB_NAME_MAX);
         if (r->err || len == 0)
-            return wb_txi_err(tx, -EBADMSG, "peer address: malformed rail %u", j);
+            return txi_err(tx, -EBADMSG, "peer address: malformed rail %u", j);
     }
     uint64_t pads[2 * WB_TX_MAX_RAILS];
     wb_mpr_array(r, 2 * WB_TX_MAX_RAILS, &npad);
     for (uint32_t k = 0; k < npad && !r->err; k++)
         wb_mpr_u64(r, &pads[k]);
     if (r->err || npad != 2 * nrem)
-        return wb_txi_err(tx, -EBADMSG, "peer address: malformed fence pads");
+        return txi_err(tx, -EBADMSG, "peer address: malformed fence pads");
     if (index != fx->npeers)
-        return wb_txi_err(tx, -EINVAL, "peer address: index %u out of order", index);
+        return txi_err(tx, -EINVAL, "peer address: index %u out of order", index);
     if (fx->npeers == fx->peer_cap) {
         uint32_t cap = fx->peer_cap ? 2 * fx->peer_cap : 8;
         struct fab_peer *np = realloc(fx->peers, cap * sizeof(*np));
         if (!np)
-            return wb_txi_err(tx, -ENOMEM, "peer address: the table of peers: out of memory");
+            return txi_err(tx, -ENOMEM, "peer address: the table of peers: out of memory");
         fx->peers = np;
         fx->peer_cap = cap;
     }
@@ -379,18 +377,18 @@ static int fab_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t index)
         p.pad_key[i] = pads[2 * j + 1];
         int n = fi_av_insert(ra->av, names[j], 1, &p.fa[i], 0, NULL);
         if (n != 1)
-            return wb_txi_err(tx, -WB_E_FABRIC, "peer address: rail %u: fi_av_insert: %s", i,
-                              n < 0 ? fi_strerror(-n) : "address refused");
+            return txi_err(tx, -WB_E_FABRIC, "peer address: rail %u: fi_av_insert: %s", i,
+                           n < 0 ? fi_strerror(-n) : "address refused");
         /* FI_AV_TABLE: addresses are the indices 0, 1, 2... of the vector */
         if (p.fa[i] >= (1u << 24))
-            return wb_txi_err(tx, -WB_E_FABRIC,
-                              "peer address: rail %u: address %" PRIu64 " is no table index", i,
-                              (uint64_t)p.fa[i]);
+            return txi_err(tx, -WB_E_FABRIC,
+                           "peer address: rail %u: address %" PRIu64 " is no table index", i,
+                           (uint64_t)p.fa[i]);
         if (p.fa[i] >= ra->nfa) {
             size_t nn = p.fa[i] + 16;
             uint32_t *m = realloc(ra->fa_peer, nn * sizeof(*m));
             if (!m)
-                return wb_txi_err(tx, -ENOMEM, "peer address: out of memory");
+                return txi_err(tx, -ENOMEM, "peer address: out of memory");
             memset(m + ra->nfa, 0, (nn - ra->nfa) * sizeof(*m));
             ra->fa_peer = m;
             ra->nfa = nn;
@@ -436,6 +434,14 @@ static int fab_stats(struct wb_tx *tx, struct wb_tx_stats *st)
     return 0;
 }
 
+static int fab_peer_ptr(struct wb_tx *tx, uint32_t peer, const struct wb_tx_rdesc *dst, void **out)
+{
+    (void)peer;
+    (void)dst;
+    (void)out;
+    return txi_err(tx, -ENOTSUP, "the fabric backend cannot address a peer's memory");
+}
+
 static const struct wb_tx_ops fab_ops = {
     .name = "fabric",
     .query = fab_query,
@@ -445,6 +451,7 @@ static const struct wb_tx_ops fab_ops = {
     .mr_rdesc = fab_mr_rdesc,
     .mr_dereg = fab_mr_dereg,
     .mr_window = fab_mr_window,
+    .peer_ptr = fab_peer_ptr,
     .write = fab_write,
     .note = fab_note,
     .fence = fab_fence,
@@ -633,12 +640,12 @@ static int open_rail(struct fab_tx *fx, uint32_t i, struct wb_errlist *el)
     return 0;
 }
 
-int wb_txi_fabric_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct wb_tx **out)
+int txi_fabric_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct wb_tx **out)
 {
     struct fab_tx *fx = calloc(1, sizeof(*fx));
     if (!fx)
         return -ENOMEM;
-    int e = wb_txi_core_init(&fx->base, &fab_ops, WB_TX_FABRIC);
+    int e = txi_core_init(&fx->base, &fab_ops, WB_TX_FABRIC);
     if (e) {
         free(fx);
         return e;
@@ -737,6 +744,6 @@ static void fab_close(struct wb_tx *tx)
     free(fx->peers);
     free(fx->ctrl);
     free(fx->pad);
-    wb_txi_core_fini(&fx->base);
+    txi_core_fini(&fx->base);
     free(fx);
 }

@@ -210,7 +210,7 @@ static void peer_fail(struct fab_tx *fx, uint32_t peer, int err, int native, boo
         p->fail_err = err;
         p->fail_native = native;
         wb_log(WB_LOG_WARN, "transport", "fabric: peer %u (pid %" PRId64 ") failed: %s", peer,
-               wb_txi_peer_pid(&fx->base, peer), wb_strerror(err));
+               txi_peer_pid(&fx->base, peer), wb_strerror(err));
     }
     int code = err == -ETIMEDOUT ? -ETIMEDOUT : -WB_E_PEER;
     struct fab_list *queues[WB_TX_MAX_RAILS + 1];
@@ -275,9 +275,8 @@ static void make_note(struct fab_op *op, uint32_t rail, uint32_t peer, int len)
 
 static int refuse_failed(struct fab_tx *fx, uint32_t peer)
 {
-    return wb_txi_err(&fx->base, -WB_E_PEER, "write: peer %u (pid %" PRId64 ") has failed: %s",
-                      peer, wb_txi_peer_pid(&fx->base, peer),
-                      wb_strerror(fx->peers[peer].fail_err));
+    return txi_err(&fx->base, -WB_E_PEER, "write: peer %u (pid %" PRId64 ") has failed: %s", peer,
+                   txi_peer_pid(&fx->base, peer), wb_strerror(fx->peers[peer].fail_err));
 }
 
 int fab_note(struct wb_tx *tx, uint32_t peer, uint32_t tag, uint32_t n, void *ctx)
@@ -291,7 +290,7 @@ int fab_note(struct wb_tx *tx, uint32_t peer, uint32_t tag, uint32_t n, void *ct
     if (!w)
         return -ENOMEM;
     struct fab_op *op = op_get(fx);
-    int e = wb_txi_note_make(tx, peer, n ? WB_TXN_COUNT : WB_TXN_WARMUP, tag, n, 0, 0, 0, op->note);
+    int e = txi_note_make(tx, peer, n ? WB_TXN_COUNT : WB_TXN_WARMUP, tag, n, 0, 0, 0, op->note);
     if (e < 0) {
         op_put(fx, op);
         w->next = fx->free_writes;
@@ -366,8 +365,8 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
     if (p->failed)
         return refuse_failed(fx, uw->peer);
     if (uw->dst->nrails != p->nrem)
-        return wb_txi_err(tx, -EINVAL, "write: descriptor has %u rails, peer %u has %u",
-                          uw->dst->nrails, uw->peer, p->nrem);
+        return txi_err(tx, -EINVAL, "write: descriptor has %u rails, peer %u has %u",
+                       uw->dst->nrails, uw->peer, p->nrem);
     if (uw->len == 0) {
         if (uw->has_imm)
             return fab_note(tx, uw->peer, uw->imm, 1, uw->ctx);
@@ -409,9 +408,9 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
         struct fab_op *fin = op_get(fx);
         uint16_t nf =
             (uint16_t)((uw->has_imm ? WB_TXN_COUNT : 0) | (staged_dst ? WB_TXN_COMMIT : 0));
-        int e = wb_txi_note_make(tx, uw->peer, nf, uw->imm, 1, staged_dst ? uw->dst->id : 0,
-                                 staged_dst ? uw->dst->base + uw->dst_off : 0, staged_dst ? len : 0,
-                                 fin->note);
+        int e = txi_note_make(tx, uw->peer, nf, uw->imm, 1, staged_dst ? uw->dst->id : 0,
+                              staged_dst ? uw->dst->base + uw->dst_off : 0, staged_dst ? len : 0,
+                              fin->note);
         if (e < 0) {
             op_put(fx, fin);
             w->next = fx->free_writes;
@@ -624,18 +623,18 @@ static uint32_t src_peer(const struct fab_tx *fx, uint32_t rail, fi_addr_t src)
 static void handle_note(struct fab_tx *fx, const void *buf, size_t len, uint32_t src)
 {
     struct wb_txn n;
-    if (wb_txi_note_accept(&fx->base, buf, len, src, &n) != 1)
+    if (txi_note_accept(&fx->base, buf, len, src, &n) != 1)
         return;
     if (!(n.flags & WB_TXN_COMMIT)) {
         if (n.flags & WB_TXN_COUNT) {
             fx->st.imm_recv += n.count;
-            wb_txi_imm_arrived(&fx->base, n.tag, n.count);
+            txi_imm_arrived(&fx->base, n.tag, n.count);
         }
         return;
     }
     struct fab_mr *m = fab_mr_find(fx, n.region);
     if (!m || !m->mirror || m->closed || n.off > m->base.size || n.len > m->base.size - n.off) {
-        wb_txi_note_refuse(&fx->base, WB_TXN_STALE);
+        txi_note_refuse(&fx->base, WB_TXN_STALE);
         return;
     }
     void *ev = NULL;
@@ -654,7 +653,7 @@ static void handle_note(struct fab_tx *fx, const void *buf, size_t len, uint32_t
     if (!ev) {
         if (count) {
             fx->st.imm_recv++;
-            wb_txi_imm_arrived(&fx->base, n.tag, 1);
+            txi_imm_arrived(&fx->base, n.tag, 1);
         }
         return;
     }
@@ -665,7 +664,7 @@ static void handle_note(struct fab_tx *fx, const void *buf, size_t len, uint32_t
         }
         if (d == 1 && count) {
             fx->st.imm_recv++;
-            wb_txi_imm_arrived(&fx->base, n.tag, 1);
+            txi_imm_arrived(&fx->base, n.tag, 1);
         }
         return;
     }
@@ -689,7 +688,7 @@ static void stage_check(struct fab_tx *fx)
             wb_log(WB_LOG_ERROR, "transport", "fabric: staged copy failed (cuda error %d)", native);
         else if (s->has_imm) {
             fx->st.imm_recv++;
-            wb_txi_imm_arrived(&fx->base, s->tag, 1);
+            txi_imm_arrived(&fx->base, s->tag, 1);
         }
         s->mr->busy--;
         fx->stage_first = s->next;
@@ -704,7 +703,7 @@ static void handle_cqe(struct fab_tx *fx, uint32_t rail, const struct fi_cq_data
 {
     if (e->flags & FI_REMOTE_WRITE) { /* remote CQ data: nobody of ours sends any */
         if (e->flags & FI_REMOTE_CQ_DATA)
-            wb_txi_note_refuse(&fx->base, WB_TXN_STRANGER);
+            txi_note_refuse(&fx->base, WB_TXN_STRANGER);
         return;
     }
     if (!e->op_context)
@@ -715,9 +714,8 @@ static void handle_cqe(struct fab_tx *fx, uint32_t rail, const struct fi_cq_data
         const uint8_t *b = op->lbuf;
         size_t left = e->len, n;
         do {
-            if (!(n = wb_txi_note_size(b, left))) {
-                wb_txi_note_refuse(&fx->base,
-                                   from == WB_TXN_NOBODY ? WB_TXN_STRANGER : WB_TXN_FORGED);
+            if (!(n = txi_note_size(b, left))) {
+                txi_note_refuse(&fx->base, from == WB_TXN_NOBODY ? WB_TXN_STRANGER : WB_TXN_FORGED);
                 break;
             }
             handle_note(fx, b, n, from);
@@ -767,8 +765,8 @@ static int drain_cq(struct fab_tx *fx, uint32_t rail)
             continue;
         }
         if (n < 0)
-            return wb_txi_err(&fx->base, -WB_E_FABRIC, "fabric: rail %u: fi_cq_read: %s", rail,
-                              fi_strerror((int)-n));
+            return txi_err(&fx->base, -WB_E_FABRIC, "fabric: rail %u: fi_cq_read: %s", rail,
+                           fi_strerror((int)-n));
         for (ssize_t k = 0; k < n; k++)
             handle_cqe(fx, rail, &ents[k], src[k]);
         if ((size_t)n < batch)
@@ -837,7 +835,7 @@ static void copy_stage(struct fab_tx *fx)
 static void check_peers(struct fab_tx *fx, uint64_t now)
 {
     for (uint32_t k = 0; k < fx->npeers; k++)
-        if (!fx->peers[k].failed && fx->peers[k].inflight && !wb_txi_peer_alive(&fx->base, k))
+        if (!fx->peers[k].failed && fx->peers[k].inflight && !txi_peer_alive(&fx->base, k))
             peer_fail(fx, k, -WB_E_PEER, 0, true);
     if (!fx->cfg.op_timeout)
         return;
@@ -893,7 +891,7 @@ ssize_t fab_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
     /* notes that arrived before the attempt they belong to began here */
     uint8_t early[WB_TXN_WIRE];
     uint32_t from;
-    while (wb_txi_note_early(tx, early, &from))
+    while (txi_note_early(tx, early, &from))
         handle_note(fx, early, sizeof(early), from);
     for (uint32_t i = 0; i < fx->nrails; i++) {
         int e = drain_cq(fx, i);
@@ -920,5 +918,5 @@ ssize_t fab_poll(struct wb_tx *tx, struct wb_tx_event *ev, size_t max)
         w->next = fx->free_writes;
         fx->free_writes = w;
     }
-    return (ssize_t)(n + wb_txi_imm_drain(tx, ev + n, max - n));
+    return (ssize_t)(n + txi_imm_drain(tx, ev + n, max - n));
 }

@@ -666,11 +666,11 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
 }
 
 int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body_setup *b,
-                  const void **addr, size_t *addr_len, const void **regions, size_t *regions_len,
-                  char *err, size_t errcap)
+                  uint64_t next_version, struct data_setup_out *out, char *err, size_t errcap)
 {
     const struct wb_endpoint_opts *o = &ep->o;
     const void *plan = b->plan.p, *shards = b->shards.p;
+    *out = (struct data_setup_out){0};
     size_t plan_len = b->plan.n, shards_len = b->shards.n;
     /* The old setup goes first: its transport holds the registrations of the endpoint's
      * allocations, which the new one registers again (and its memory is freed before more is
@@ -767,8 +767,8 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
     }
     free(landed_tags);
     if (resetup && nkept && (rc || taken < nkept || taken < d->recv.nlocal))
-        ag_version_lost(ep, rc ? "its re-setup failed, releasing its tensors"
-                               : "a re-setup replaced its tensors");
+        out->lost =
+            rc ? "its re-setup failed, releasing its tensors" : "a re-setup replaced its tensors";
     else if (!rc && nkept)
         wb_log(WB_LOG_INFO, M, "rollout rank %u: re-setup kept its %u tensors and their weights",
                o->rank, taken);
@@ -796,12 +796,12 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
                "rollout rank %u: %u local tensors (%" PRIu64 " bytes), %s on %s, set up in %.0f ms",
                d->rank, d->recv.nlocal, d->local_bytes, d->caps.name,
                d->gpu ? "GPU" : "host memory", (double)(wb_now_ns() - t0) / 1e6);
-    prefill(d, d->ep->xfer_version + 1); /* the first transfer's values, while peers connect */
+    prefill(d, next_version); /* the first transfer's values, while peers connect */
     *dp = d;
-    *addr = d->addr_blob.len ? d->addr_blob.buf : NULL;
-    *addr_len = d->addr_blob.len;
-    *regions = d->region_blob.len ? d->region_blob.buf : NULL;
-    *regions_len = d->region_blob.len;
+    out->addr = d->addr_blob.len ? d->addr_blob.buf : NULL;
+    out->addr_len = d->addr_blob.len;
+    out->regions = d->region_blob.len ? d->region_blob.buf : NULL;
+    out->regions_len = d->region_blob.len;
     return 0;
 }
 
@@ -1318,10 +1318,6 @@ static void attempt_bounds(const struct data *d, uint64_t *tags, uint64_t *notes
     *notes = n;
 }
 
-/* Default for an attempt whose TRANSFER names no timeout: a rollout's windows close this long
- * after it opened them, whatever the controller says meanwhile. */
-static const uint64_t DEFAULT_TIMEOUT_NS = 60ull * 1000000000;
-
 int ag_data_start(struct data *d, const struct wb_body_version_epoch *b, char *err, size_t errcap)
 {
     uint64_t version = b->version, epoch = b->epoch;
@@ -1337,7 +1333,7 @@ int ag_data_start(struct data *d, const struct wb_body_version_epoch *b, char *e
         memcpy(d->key, b->key.p, WB_MAC_KEY_BYTES);
     d->start_ns = wb_now_ns();
     /* twice the attempt's time: the controller ends it first when it is there to */
-    d->deadline_ns = d->start_ns + 2 * (b->timeout_ns ? b->timeout_ns : DEFAULT_TIMEOUT_NS);
+    d->deadline_ns = d->start_ns + 2 * (b->timeout_ns ? b->timeout_ns : AG_DEFAULTS.transfer_ns);
     d->fail[0] = 0;
     d->active = true;
     d->pending_start = false;

@@ -3,9 +3,15 @@
  * the trainer's executor and the rollout's counters).
  *
  * Threads: the control loop runs on the endpoint's thread (or the caller's, wb_endpoint_run).
- * Everything the public calls read or request — readiness, pushes asked for and their
- * outcomes, the rollout's complete version, failures — sits under `mu` and is signalled on
- * `cv`; the rest is the loop's alone. */
+ * Everything the public calls read or wait for — readiness, pushes asked for and their
+ * outcomes, the versions held, failures — is state.c's, under its own lock; the endpoint's
+ * `mu` guards the rest the public calls touch (the thread, a close asked for, the hook, the
+ * registrations before the start); everything else is the loop's alone.
+ *
+ * Calls run downward only: endpoint.c (public calls) → agent.c (the loop) → data.c (setup,
+ * peers, progress) → exec.c, direct.c, ops.c, regs.c, io.c; state.c sits below the public calls
+ * and the loop and calls none of them. The data side reports outcomes (return values, struct
+ * data_done, struct data_setup_out), which the loop turns into state changes and reports. */
 #ifndef WB_AGENT_PRIV_H
 #define WB_AGENT_PRIV_H
 
@@ -15,6 +21,22 @@
 #include "agent/agent.h"
 
 struct data; /* data.c's state (plan, buffers, transport, executor) */
+
+/* The agent's time defaults, every one in this one place. The first three hold until REGISTERED
+ * brings the controller's (its heartbeat period, when it takes a silent agent for dead, how
+ * long it parks a poll); give_up_trainer_ns is a trainer's opts.give_up_ns when that is 0 (a
+ * rollout holds the weights and never gives up); transfer_ns an attempt's when its TRANSFER
+ * names no timeout (a rollout's windows close twice that long after they opened, whatever the
+ * controller says meanwhile). */
+static const struct ag_defaults {
+    uint64_t heartbeat_ns, dead_ns, poll_hold_ns, give_up_trainer_ns, transfer_ns;
+} AG_DEFAULTS = {
+    .heartbeat_ns = 200 * 1000000ull,
+    .dead_ns = 10ull * 1000000000,
+    .poll_hold_ns = 500 * 1000000ull,
+    .give_up_trainer_ns = 30ull * 1000000000,
+    .transfer_ns = 60ull * 1000000000,
+};
 
 /* What the control loop learns from SETUP. */
 struct agent_job {
@@ -54,17 +76,15 @@ struct seg {
     struct wb_tx_mr *mr;
 };
 
-/* A pushed version as the trainer's process sees it. */
-struct push {
-    uint64_t version;
-    bool sent;    /* PUSH went to the controller */
-    bool sources; /* this rank's executor no longer reads its tensors */
-    bool done;    /* COMPLETE or ABORT arrived */
-    bool failed;
-    char reason[WB_ERRMSG_MAX];
+/* The loop's versions, one field per meaning (what it publishes — the version held, the push
+ * done, the version failed — is state.c's). */
+struct loop_versions {
+    uint64_t attempt;    /* the version of the last TRANSFER that started here (0: none yet) */
+    uint64_t draining;   /* trainers: an aborted attempt whose REPORT_DRAINED is due (0: none) */
+    uint64_t committing; /* rollouts: a complete version whose dump runs before COMMITTED */
 };
 
-enum { MAX_QUEUED = 64, MAX_PUSHES = 16 };
+enum { MAX_QUEUED = 64 };
 
 struct wb_endpoint {
     struct wb_endpoint_opts o;
@@ -115,8 +135,7 @@ struct wb_endpoint {
     bool settled;
     uint64_t idle_dropped; /* loop_wait_ms: notes dropped as of its last turn ... */
     uint64_t drain_until;  /* ... and until when the transport is drained after a change */
-    uint64_t xfer_version;
-    uint64_t drain_version; /* trainers: an aborted attempt whose REPORT_DRAINED is due */
+    struct loop_versions v;
     bool in_flight;
     uint64_t commits; /* rollouts: versions committed (heartbeats and COMMITTED carry it) */
     uint64_t pace_until;
@@ -124,8 +143,7 @@ struct wb_endpoint {
     /* rollouts: a version's dump, written by its own thread (a large model takes seconds, and
      * the loop keeps heartbeating); COMMITTED is reported when it ends */
     pthread_t dump_thread;
-    bool dumping;
-    uint64_t dump_version;
+    bool dumping;           /* for v.committing */
     _Atomic int dump_state; /* 0 running, 1 done, negative: failed (dump_err) */
     _Atomic int state_req;  /* testing (wb-agent SIGUSR1): dump the tensors as they are now */
     char dump_err[WB_ERRMSG_MAX];
@@ -150,21 +168,11 @@ struct wb_endpoint {
     int wake_fd;
     /* shared with the public calls, under mu */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     pthread_t thread;
     bool thread_started, stop;
     uint64_t stop_at; /* loop only: when a close stops waiting for queued reports */
-    bool ready;       /* the controller said READY */
-    int fatal;        /* the loop stopped with this code (0: running) */
-    char err[4096];   /* the last failure's message */
-    uint64_t version; /* rollouts: last complete version; trainers: last done push */
-    uint64_t failed_version;
-    char failed_reason[WB_ERRMSG_MAX];
-    bool torn; /* rollouts: a transfer reached this rank and did not complete, so its tensors
-                  may hold parts of it; until a version completes */
-    struct push pushes[MAX_PUSHES];
-    uint32_t npushes;
-    char err_copy[4096]; /* wb_endpoint_error()'s snapshot */
+    /* what the loop publishes and the public calls wait on (state.c) */
+    struct ag_state *st;
 };
 
 /* agent.c: the control loop. Returns as wb_endpoint_run() does. */
@@ -174,21 +182,37 @@ void ag_wake(struct wb_endpoint *ep);
 /* Waits for a rollout's dump thread, if one runs (before its memory goes). */
 void ag_dump_wait(struct wb_endpoint *ep);
 
-/* endpoint.c: state changes the loop publishes (each takes mu and signals cv). */
-void ag_set_fatal(struct wb_endpoint *ep, int code, const char *fmt, ...)
+/* state.c: what the loop publishes and the public calls wait on, under a lock of its own. */
+struct ag_state;
+int ag_state_new(enum wb_role role, uint32_t rank, struct ag_state **out);
+void ag_state_free(struct ag_state *st);
+/* The last error message (the public calls' and the loop's): says it, and a snapshot of it. */
+void ag_state_say(struct ag_state *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *ag_state_error(struct ag_state *st);
+/* What this rank holds: a trainer its newest push done, a rollout its complete version. */
+uint64_t ag_state_version(struct ag_state *st);
+bool ag_state_torn(struct ag_state *st);
+/* The public calls' waits (each says what went wrong with ag_state_say's message). */
+int ag_state_wait_ready(struct ag_state *st, uint64_t timeout_ns);
+int ag_state_push(struct ag_state *st, uint64_t version);
+int ag_state_wait_push(struct ag_state *st, uint64_t version, enum wb_push_event ev,
+                       uint64_t timeout_ns);
+int ag_state_wait_version(struct ag_state *st, uint64_t version, uint64_t timeout_ns);
+/* The loop's news: a failure that stops it (the first is told), READY or not. */
+void ag_set_fatal(struct ag_state *st, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void ag_set_ready(struct wb_endpoint *ep, bool ready);
+void ag_set_ready(struct ag_state *st, bool ready);
 /* Trainers: the next push the loop should send (0: none), and what happened to one. */
-uint64_t ag_push_next(struct wb_endpoint *ep);
-void ag_push_event(struct wb_endpoint *ep, uint64_t version, enum wb_push_event ev, bool failed,
+uint64_t ag_push_next(struct ag_state *st);
+void ag_push_event(struct ag_state *st, uint64_t version, enum wb_push_event ev, bool failed,
                    const char *reason);
 /* Rollouts: a version completed or failed. */
-void ag_version_done(struct wb_endpoint *ep, uint64_t version, bool failed, const char *reason);
+void ag_version_done(struct ag_state *st, uint64_t version, bool failed, const char *reason);
 /* A rollout opened its windows to an attempt: torn until a version completes on it. */
-void ag_version_torn(struct wb_endpoint *ep);
+void ag_version_torn(struct ag_state *st);
 /* Rollouts: the tensors no longer hold the version they held (why: what replaced them); the
  * rank holds none from now on. */
-void ag_version_lost(struct wb_endpoint *ep, const char *why);
+void ag_version_lost(struct ag_state *st, const char *why);
 
 /* regs.c: registrations. */
 int ag_regs_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t, char *err, size_t errcap);
@@ -210,13 +234,22 @@ int ag_segs_group(const struct reg *regs, uint32_t nregs, ag_alloc_range_fn rang
 int ag_seg_of(const struct wb_endpoint *ep, const void *p, uint64_t n);
 void ag_regs_free(struct wb_endpoint *ep);
 
+/* What a setup gives back to the loop. */
+struct data_setup_out {
+    /* msgpack blobs owned by the data side (valid until the next setup), on success */
+    const void *addr, *regions;
+    size_t addr_len, regions_len;
+    /* rollouts, success or not: why the tensors no longer hold the version they held (a
+     * re-setup replaced or released them), NULL when they still do */
+    const char *lost;
+};
+
 /* data.c: setup decodes the plan bytes (and, for trainers, the shard list; for rollouts of a
  * registering endpoint, the names of its locals), binds or allocates and registers memory, and
- * opens the transport. On success *addr and *regions are msgpack blobs owned by the data side
- * (valid until the next setup). */
+ * opens the transport; a synthetic trainer starts filling its shards with next_version's
+ * values. */
 int ag_data_setup(struct data **d, struct wb_endpoint *ep, const struct wb_body_setup *b,
-                  const void **addr, size_t *addr_len, const void **regions, size_t *regions_len,
-                  char *err, size_t errcap);
+                  uint64_t next_version, struct data_setup_out *out, char *err, size_t errcap);
 /* Trainer: the PEERS list (a msgpack array of [role, rank, addr, regions]). */
 int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size_t errcap);
 /* Starts the attempt TRANSFER describes (its version, epoch, key and timeout; skip: the tags

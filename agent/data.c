@@ -50,12 +50,12 @@ static void peer_clear(struct peer *p)
     memset(p, 0, sizeof(*p));
 }
 
-static void fill_stop(struct data *d);
 static void prefill(struct data *d, uint64_t version);
 
 static void data_release(struct data *d)
 {
-    fill_stop(d);       /* before the memory it writes goes */
+    ag_fill_free(d->fill); /* waits for a fill under way, before the memory it writes goes */
+    d->fill = NULL;
     ag_io_close(d->io); /* reads in flight write into TMP: they end first */
     d->io = NULL;
     wb_tx_close(d->tx); /* releases every registration */
@@ -742,6 +742,11 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
         wb_tx_attempt_end(d->tx);
     if (!rc && !d->empty && o->role == WB_ROLE_TRAINER)
         rc = setup_trainer(d, plan, plan_len, shards, shards_len, b, err, errcap);
+    if (!rc && !d->empty && o->role == WB_ROLE_TRAINER && d->synthetic) {
+        struct ag_fill_src fs = {d->shards,         d->nshards, d->job.seed,
+                                 d->param_host_buf, d->stream,  d->device};
+        rc = ag_fill_new(&fs, &d->fill);
+    }
     if (!rc && !d->empty && o->role == WB_ROLE_ROLLOUT) {
         bool same_kind = mem_kind(d) == kept_kind && d->device == kept_device;
         d->kept = same_kind ? kept : NULL;
@@ -977,142 +982,13 @@ int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size
 
 /* ---------------------------------------------------------------- transfers */
 
-/* The synthetic "optimizer step": this version's weights, from the synthetic source. It runs
- * between transfers, never inside one: after a version is sent the next one (version + 1) is
- * filled at once, so a transfer of it starts from ready shards; a transfer of another version
- * waits for its fill. Shards in GPU memory are filled by the synthetic source's kernel on the
- * executor's stream (an event tells when); shards in host memory by a thread, so heartbeats
- * and commands keep flowing while gigabytes are generated. */
-struct fill_job {
-    struct data *d;
-    _Atomic uint32_t next;
-    _Atomic int rc;
-};
-
-/* Shards in turn, until none is left or one failed (its name in d->fill_err). */
-static void *fill_worker(void *arg)
-{
-    struct fill_job *j = arg;
-    struct data *d = j->d;
-    for (;;) {
-        uint32_t i = atomic_fetch_add(&j->next, 1);
-        if (i >= d->nshards || atomic_load(&j->rc))
-            return NULL;
-        struct shard *s = &d->shards[i];
-        int rc = wb_synth_fill(s->meta.name, d->job.seed, d->fill_want, s->meta.dtype,
-                               &s->meta.shape, &s->meta.box, d->param_host_buf + s->off);
-        int none = 0;
-        if (rc && atomic_compare_exchange_strong(&j->rc, &none, rc))
-            snprintf(d->fill_err, sizeof(d->fill_err), "%.200s: cannot generate %s values",
-                     s->meta.name, wb_dtype_name(s->meta.dtype));
-    }
-}
-
-/* The fill thread: the shards on up to 16 threads (half the CPUs, so the agents' loops and the
- * trainer's own work keep theirs). */
-static void *fill_main(void *arg)
-{
-    struct data *d = arg;
-    struct fill_job j = {.d = d};
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN) / 2;
-    uint32_t n = cpus < 1 ? 1 : cpus > 16 ? 16 : (uint32_t)cpus, started = 0;
-    pthread_t th[16];
-    for (; started + 1 < n; started++)
-        if (pthread_create(&th[started], NULL, fill_worker, &j))
-            break;
-    fill_worker(&j);
-    for (uint32_t i = 0; i < started; i++)
-        pthread_join(th[i], NULL);
-    int rc = atomic_load(&j.rc);
-    atomic_store(&d->fill_state, rc ? rc : 1);
-    return NULL;
-}
-
-static int fill_begin(struct data *d, uint64_t version, char *err, size_t errcap)
-{
-    d->fill_t0 = wb_now_ns();
-    d->fill_want = version;
-    d->fill_have = 0;
-    if (d->param_host_buf) {
-        d->fill_err[0] = 0;
-        atomic_store(&d->fill_state, 0);
-        int rc = pthread_create(&d->fill_thread, NULL, fill_main, d);
-        if (rc) {
-            snprintf(err, errcap, "cannot start the synthetic source's thread: %s", strerror(rc));
-            d->fill_want = 0;
-            return -rc;
-        }
-        d->fill_thread_on = true;
-        return 0;
-    }
-    for (uint32_t i = 0; i < d->nshards; i++) {
-        struct shard *s = &d->shards[i];
-        int rc = wb_synth_fill_async(s->meta.name, d->job.seed, version, s->meta.dtype,
-                                     &s->meta.shape, &s->meta.box, s->ptr, d->stream);
-        if (rc) {
-            snprintf(err, errcap, "%.200s: cannot generate %s values on GPU %d: %s", s->meta.name,
-                     wb_dtype_name(s->meta.dtype), d->device, wb_strerror(rc));
-            d->fill_want = 0;
-            return rc;
-        }
-    }
-    int rc = ag_event_record(d->stream, &d->fill_ev);
-    if (rc) {
-        snprintf(err, errcap, "synthetic source: %s", wb_strerror(rc));
-        d->fill_want = 0;
-    }
-    return rc;
-}
-
-/* 1 when no fill is under way (the one that was has ended), 0 while one runs, negative when
- * it failed (err says why). */
-static int fill_poll(struct data *d, char *err, size_t errcap)
-{
-    if (!d->fill_want)
-        return 1;
-    int rc;
-    if (d->fill_thread_on) {
-        rc = atomic_load(&d->fill_state);
-        if (rc == 0)
-            return 0;
-        pthread_join(d->fill_thread, NULL);
-        d->fill_thread_on = false;
-        if (rc < 0)
-            snprintf(err, errcap, "%s", d->fill_err);
-    } else {
-        rc = ag_event_done(d->fill_ev);
-        if (rc == 0)
-            return 0;
-        ag_event_destroy(d->fill_ev);
-        d->fill_ev = NULL;
-        if (rc < 0)
-            snprintf(err, errcap, "synthetic source on GPU %d: %s", d->device, wb_strerror(rc));
-    }
-    d->fill_have = rc < 0 ? 0 : d->fill_want;
-    d->fill_want = 0;
-    return rc < 0 ? rc : 1;
-}
-
-/* Waits for a fill under way (close, re-setup). */
-static void fill_stop(struct data *d)
-{
-    if (d->fill_thread_on) {
-        pthread_join(d->fill_thread, NULL);
-        d->fill_thread_on = false;
-    }
-    ag_event_destroy(d->fill_ev);
-    d->fill_ev = NULL;
-    d->fill_want = 0;
-}
-
 /* Starts the next version's fill once nothing else runs (synthetic trainers). */
 static void prefill(struct data *d, uint64_t version)
 {
     char err[256] = "";
-    if (!d->synthetic || d->role != WB_ROLE_TRAINER || d->empty || !d->nshards || d->fill_want ||
-        d->fill_have == version)
+    if (!d->fill || !d->nshards || ag_fill_want(d->fill) || ag_fill_have(d->fill) == version)
         return;
-    if (fill_begin(d, version, err, sizeof(err)))
+    if (ag_fill_begin(d->fill, version, err, sizeof(err)))
         wb_log(WB_LOG_WARN, M, "trainer rank %u: version %" PRIu64 ": %s", d->rank, version, err);
 }
 
@@ -1131,22 +1007,23 @@ static int trainer_try_begin(struct data *d)
 {
     if (d->outstanding || (d->io && ag_io_busy(d->io)))
         return 0; /* writes or reads of an aborted attempt still in flight: drain first */
-    if (d->synthetic) {
+    if (d->fill) {
         char err[256] = "";
-        int rc = fill_poll(d, err, sizeof(err));
+        int rc = ag_fill_poll(d->fill, err, sizeof(err));
         if (rc < 0) {
             snprintf(d->fail, sizeof(d->fail), "%s", err);
             return rc;
         }
         if (rc == 0)
             return 0; /* a fill is under way (this version's or a guess that missed) */
-        if (d->fill_have != d->version) {
-            if (d->fill_have)
+        uint64_t have = ag_fill_have(d->fill);
+        if (have != d->version) {
+            if (have)
                 wb_log(WB_LOG_INFO, M,
                        "trainer rank %u: version %" PRIu64 " asked, %" PRIu64
                        " prepared: generating it",
-                       d->rank, d->version, d->fill_have);
-            if ((rc = fill_begin(d, d->version, err, sizeof(err))) != 0) {
+                       d->rank, d->version, have);
+            if ((rc = ag_fill_begin(d->fill, d->version, err, sizeof(err))) != 0) {
                 snprintf(d->fail, sizeof(d->fail), "%s", err);
                 return rc;
             }
@@ -1610,11 +1487,12 @@ int ag_data_progress(struct data *d, struct data_done *out)
     if (d->tx)
         ag_data_poll(d);
     if (!d->active && d->windows_open && wb_now_ns() >= d->deadline_ns)
-        rollout_close(d);             /* a failed attempt no ABORT ended */
-    if (!d->active && d->fill_want) { /* between transfers: say when the next one is ready */
+        rollout_close(d); /* a failed attempt no ABORT ended */
+    /* between transfers: say when the next version's values are ready */
+    if (!d->active && d->fill && ag_fill_want(d->fill)) {
         char err[256] = "";
-        uint64_t v = d->fill_want, t0 = d->fill_t0;
-        int rc = fill_poll(d, err, sizeof(err));
+        uint64_t v = ag_fill_want(d->fill), t0 = ag_fill_t0(d->fill);
+        int rc = ag_fill_poll(d->fill, err, sizeof(err));
         if (rc < 0)
             wb_log(WB_LOG_WARN, M, "trainer rank %u: version %" PRIu64 ": %s", d->rank, v, err);
         else if (rc == 1)
@@ -1683,7 +1561,7 @@ bool ag_data_busy(const struct data *d)
 bool ag_data_idle(const struct data *d)
 {
     return !d->active && !d->pending_start && !d->windows_open && !d->outstanding &&
-           !d->fill_want && !(d->io && ag_io_busy(d->io));
+           !(d->fill && ag_fill_want(d->fill)) && !(d->io && ag_io_busy(d->io));
 }
 
 void ag_data_abort(struct data *d)

@@ -194,14 +194,7 @@ struct data {
     uint64_t deadline_ns;          /* rollouts: windows close and the attempt fails here */
     uint8_t attempt;               /* counts attempts: a write's ctx names its own */
     bool draining;                 /* trainers: an attempt ended; its writes still complete */
-    /* synthetic trainers: the version the shards hold (0: none), and a fill under way (GPU: an
-     * event after its kernels; host memory: a thread) for fill_want, 0 when none */
-    uint64_t fill_have, fill_want, fill_t0;
-    void *fill_ev;
-    pthread_t fill_thread;
-    bool fill_thread_on;
-    _Atomic int fill_state; /* thread: 0 running, 1 done, negative errno */
-    char fill_err[256];
+    struct ag_fill *fill; /* synthetic trainers: the source's values in the shards (fill.c) */
     char fail[512];
     /* transport */
     struct wb_tx *tx;
@@ -329,6 +322,29 @@ struct data {
     uint64_t *area;    /* [nexpect]: the entry's first slot */
     bool corrupted;    /* testing: the byte was flipped (opts.corrupt) */
 };
+
+/* fill.c: the synthetic source's values in a synthetic trainer's shards, one fill at a time. */
+struct ag_fill;
+struct ag_fill_src {
+    const struct shard *shards;
+    uint32_t nshards;
+    uint64_t seed;
+    uint8_t *host; /* the host arena the shards' offsets are in, NULL: shards on the GPU */
+    void *stream;  /* GPU: where the kernels run */
+    int device;
+};
+int ag_fill_new(const struct ag_fill_src *src, struct ag_fill **out);
+/* Starts version's fill (none may be under way); 0 or negative (err says why). */
+int ag_fill_begin(struct ag_fill *f, uint64_t version, char *err, size_t errcap);
+/* 1 when no fill is under way (the one that was has ended), 0 while one runs, negative when
+ * it failed (err says why). */
+int ag_fill_poll(struct ag_fill *f, char *err, size_t errcap);
+/* The version the shards hold (0: none), the one under way (0: none), and when it began. */
+uint64_t ag_fill_have(const struct ag_fill *f);
+uint64_t ag_fill_want(const struct ag_fill *f);
+uint64_t ag_fill_t0(const struct ag_fill *f);
+/* Waits for a fill under way (close, re-setup). NULL is a no-op. */
+void ag_fill_free(struct ag_fill *f);
 
 /* exec.c */
 int ag_exec_setup(struct data *d, char *err, size_t errcap);

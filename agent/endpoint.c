@@ -1,6 +1,6 @@
 /* endpoint.c — the endpoint's public calls: open, add tensors, start the thread and wait for the
  * job to be ready, push and wait for pushed versions (trainers), wait for versions (rollouts),
- * close. They talk to the control loop (agent.c) only through what state.c holds: a call
+ * close. They talk to the control loop (loop.c) only through what state.c holds: a call
  * records a request or waits for what the loop publishes, so a slow caller never holds up
  * heartbeats and a busy loop never blocks a caller beyond its time limit. */
 #include "agent/priv.h"

@@ -445,19 +445,12 @@ static bool writes_ready(const struct data *d, uint32_t ti)
  * rollout said it is ready: its kernels store into the rollouts' memory. */
 static int direct_launch(struct data *d)
 {
-    if (!d->dbatch || d->dstate != 0 || d->rready_left)
+    if (d->rready_left)
         return 0;
-    d->dt0 = wb_now_ns();
-    wb_log(WB_LOG_DEBUG, M, "trainer rank %u: every rollout ready %.3f ms after the start", d->rank,
-           (double)(d->dt0 - d->start_ns) / 1e6);
-    int rc = wb_quant_batch_run(d->dbatch, d->stream);
-    rc = rc ? rc : ag_event_record(d->stream, &d->dev_ev);
-    if (rc) {
+    int rc = ag_direct_launch(d);
+    if (rc)
         fail(d, "direct path: launching its kernels: %s", wb_strerror(rc));
-        return rc;
-    }
-    d->dstate = 1;
-    return 0;
+    return rc;
 }
 
 int ag_exec_start(struct data *d)
@@ -497,9 +490,7 @@ int ag_exec_start(struct data *d)
         fail(d, "direct path: %s", wb_strerror(rc));
         return rc;
     }
-    ag_event_destroy(d->dev_ev);
-    d->dev_ev = NULL;
-    d->dstate = 0;
+    ag_direct_reset(d);
     return direct_launch(d);
 }
 
@@ -951,7 +942,7 @@ static int step_task(struct data *d, uint32_t ti)
     const struct wb_rt_task *rt = &d->table.tasks[ti];
     struct opctx c = {d, tk, (uint8_t *)d->tmp + tk->tmp_off};
     if (tk->st == T_DIRECT) {
-        if (d->dstate != 2)
+        if (!ag_direct_done(d))
             return 0;
         int r = announce_direct(d, tk, ti);
         if (r)
@@ -1129,7 +1120,7 @@ int ag_exec_step(struct data *d)
             d->next_task++;
             continue;
         }
-        if (d->dbatch && d->dplan.is_direct[d->next_task]) {
+        if (ag_direct_has(d, d->next_task)) {
             tk->st = T_DIRECT;
             tk->span_stage = -1;
             d->next_task++;
@@ -1173,18 +1164,16 @@ int ag_exec_step(struct data *d)
         if (d->o->pace_ns)
             break;
     }
-    if (d->dstate == 0 && d->dbatch && direct_launch(d))
+    if (direct_launch(d))
         return 1;
-    if (d->dstate == 1) {
-        int r = ag_event_done(d->dev_ev);
-        if (r < 0)
-            fail(d, "direct path: its kernels failed: %s", wb_strerror(r));
-        if (r > 0) {
-            d->dstate = 2;
-            span_add(d, WB_STAGE_QUANT, UINT32_MAX, d->dt0, wb_now_ns());
-            wb_log(WB_LOG_DEBUG, M, "trainer rank %u: direct batch done %.3f ms after the start",
-                   d->rank, (double)(wb_now_ns() - d->start_ns) / 1e6);
-        }
+    uint64_t dt0 = 0;
+    int r = ag_direct_poll(d, &dt0);
+    if (r < 0)
+        fail(d, "direct path: its kernels failed: %s", wb_strerror(r));
+    if (r > 0) {
+        span_add(d, WB_STAGE_QUANT, UINT32_MAX, dt0, wb_now_ns());
+        wb_log(WB_LOG_DEBUG, M, "trainer rank %u: direct batch done %.3f ms after the start",
+               d->rank, (double)(wb_now_ns() - d->start_ns) / 1e6);
     }
     for (uint32_t i = 0; i < d->next_task && !d->fail[0]; i++) {
         if (d->tasks[i].st == T_DONE)
@@ -1210,9 +1199,7 @@ int ag_exec_step(struct data *d)
 
 void ag_exec_abort(struct data *d)
 {
-    ag_event_destroy(d->dev_ev);
-    d->dev_ev = NULL;
-    d->dstate = 0;
+    ag_direct_reset(d);
     if (d->io) /* reads not started are dropped; TMP waits for the running ones */
         ag_io_cancel(d->io);
     for (uint32_t i = 0; d->tasks && i < d->table.ntasks; i++) {

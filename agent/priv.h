@@ -1,5 +1,5 @@
 /* priv.h — private to agent/: the endpoint object shared by its public calls (endpoint.c), its
- * control loop (agent.c), its registrations (regs.c) and its data side (data.c: setup, peers,
+ * control loop (loop.c), its registrations (regs.c) and its data side (data.c: setup, peers,
  * the trainer's executor and the rollout's counters).
  *
  * Threads: the control loop runs on the endpoint's thread (or the caller's, wb_endpoint_run).
@@ -8,7 +8,7 @@
  * `mu` guards the rest the public calls touch (the thread, a close asked for, the hook, the
  * registrations before the start); everything else is the loop's alone.
  *
- * Calls run downward only: endpoint.c (public calls) → agent.c (the loop) → data.c (setup,
+ * Calls run downward only: endpoint.c (public calls) → loop.c (the loop) → data.c (setup,
  * peers, progress) → exec.c, direct.c, ops.c, regs.c, io.c; state.c sits below the public calls
  * and the loop and calls none of them. The data side reports outcomes (return values, struct
  * data_done, struct data_setup_out), which the loop turns into state changes and reports. */
@@ -73,7 +73,6 @@ struct seg {
     uintptr_t base;
     uint64_t len;
     bool device;
-    struct wb_tx_mr *mr;
 };
 
 /* The loop's versions, one field per meaning (what it publishes — the version held, the push
@@ -175,7 +174,7 @@ struct wb_endpoint {
     struct ag_state *st;
 };
 
-/* agent.c: the control loop. Returns as wb_endpoint_run() does. */
+/* loop.c: the control loop. Returns as wb_endpoint_run() does. */
 int ag_loop(struct wb_endpoint *ep);
 /* Wakes the loop if it sleeps (any thread, and signal handlers). */
 void ag_wake(struct wb_endpoint *ep);
@@ -232,6 +231,12 @@ int ag_segs_group(const struct reg *regs, uint32_t nregs, ag_alloc_range_fn rang
                   struct seg **out, uint32_t *nout, char *err, size_t errcap);
 /* The segment holding [p, p + n): its index, or -1. */
 int ag_seg_of(const struct wb_endpoint *ep, const void *p, uint64_t n);
+uint32_t ag_segs_count(const struct wb_endpoint *ep);
+const struct seg *ag_seg_get(const struct wb_endpoint *ep, uint32_t k);
+/* Registration r's index (what a source's reads name). */
+uint32_t ag_regs_index_of(const struct wb_endpoint *ep, const struct reg *r);
+/* A sourced trainer's source (wb_endpoint_set_source), NULL for any other endpoint. */
+const struct wb_endpoint_source *ag_regs_source(const struct wb_endpoint *ep);
 void ag_regs_free(struct wb_endpoint *ep);
 
 /* What a setup gives back to the loop. */

@@ -1,7 +1,7 @@
 /* state.c — what the control loop publishes and the public calls wait on: readiness, the
  * failure that stopped the loop, the last error message, the versions this rank holds and the
  * pushes its process asked for. One mutex and one condition guard all of it; the loop
- * (agent.c) writes through the ag_set_*, ag_push_* and ag_version_* calls, the public calls
+ * (loop.c) writes through the ag_set_*, ag_push_* and ag_version_* calls, the public calls
  * (endpoint.c) read and wait through the ag_state_* ones. Nothing here calls back: the state
  * knows neither the loop nor the data side.
  *

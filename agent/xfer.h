@@ -1,6 +1,10 @@
-/* xfer.h — private to agent/: the data side's state, shared by data.c (setup, registration,
- * peers, the rollout's counters), exec.c (the trainer's pipelined executor), ops.c (the
- * routing-table ops on host or GPU memory) and gpu.cu / gpu_nocuda.c (streams and events).
+/* xfer.h — private to agent/: the data side. struct data is the attempt (version, epoch, key,
+ * transport) and the trainer's side (table, shards, arenas, inboxes, barriers, checksums,
+ * executor), shared by data.c (setup, registration, peers, the attempt's lifecycle), exec.c
+ * (the trainer's pipelined executor) and ops.c (the routing-table ops on host or GPU memory).
+ * The pieces with one owner hang off it by an opaque pointer and are reached through their
+ * file's calls: rollout.c (a rollout's receive side), fill.c (the synthetic fill), direct.c
+ * (the direct path). gpu.cu / gpu_nocuda.c: streams and events; mem.c: registered buffers.
  *
  * Memory a trainer registers with the transport (one registration each, so the hot path never
  * registers): the PARAM arena (every shard it holds, SRC), the TMP arena (the executor's
@@ -113,6 +117,9 @@ struct peer {
     struct wb_tx_rdesc sums;
 };
 
+/* The ctx of notes no task has (warm-up, fences, READY): their completions count for nothing. */
+static const uint64_t WARMUP_CTX = UINT64_MAX;
+
 /* The rollout-region entry that describes a rollout's checksum inbox instead of a tensor. */
 enum { SUM_INBOX_ENTRY = 0xffffffffu };
 
@@ -176,9 +183,6 @@ struct ag_direct_plan {
 };
 
 struct data {
-    struct kept *kept; /* setup only: the previous setup's tensors, to take over */
-    uint32_t nkept;
-    uint32_t nkept_taken;
     enum wb_role role;
     uint32_t rank;
     int device; /* CUDA device, -1 = host memory */
@@ -209,6 +213,10 @@ struct data {
     struct shard *shards;
     uint32_t nshards;
     uint32_t *shard_of; /* trainer tensor -> shard index + 1 (0: not held) */
+    /* a registering trainer: the registration of each of the endpoint's allocations (its
+     * segments, regs.c) that a shard is written from, NULL until one is */
+    struct wb_tx_mr **seg_mr;
+    const struct wb_endpoint_source *source; /* a sourced trainer's (NULL: none) */
     uint32_t ntensors;
     void *param;
     uint64_t param_bytes;
@@ -251,13 +259,8 @@ struct data {
     uint64_t tmp_used, peak_tmp, cap;
     uint64_t outstanding; /* writes posted and not completed, all epochs */
     uint64_t next_start_ns;
-    /* the direct path (direct.c): built at the first transfer after PEERS */
-    bool direct_built;
-    struct ag_direct_plan dplan;
-    struct wb_quant_batch *dbatch;
-    void *dev_ev; /* after the batch's kernels */
-    int dstate;   /* 0 none, 1 launched, 2 done: its tasks announce their writes */
-    uint64_t dt0; /* launch time (its span) */
+    struct ag_direct *direct; /* the direct path (direct.c): built at the first transfer after
+                                 PEERS (NULL: not yet) */
     struct wb_xfer_stats stats;
     struct span *spans;
     uint32_t nspans;
@@ -283,45 +286,68 @@ struct data {
     struct wb_sum_record *srec;  /* GPU: [table.nwrites], pinned: records on their way to sum_out */
     struct wb_sum_gpu **sum_free; /* GPU batches not in use (a task holds one in flight) */
     size_t nsum_free, cap_sum_free;
-    struct wb_sum_gpu *rsum;     /* rollouts: the batch of a tensor's records */
-    struct wb_sum_piece *rpiece; /* [rcap] */
-    uint64_t *rhash;             /* [rcap] */
-    uint64_t rcap;
     /* a resumed attempt: table writes not sent again (their rollout tensor landed earlier),
      * tasks skipped whole, bytes per task; progress */
     uint8_t *wskip;
     uint8_t *tskip;
     uint64_t *task_bytes;
     uint64_t done_bytes, total_bytes;
-    /* rollout */
-    struct wb_recv_list recv;
-    bool have_recv;
-    struct local *locals;
-    uint32_t *local_left;      /* [nlocal]: expect entries not yet in (its window closes at 0) */
-    bool windows_open;         /* the attempt's windows are open */
-    struct wb_tx_mr *empty_mr; /* what zero-byte tensors are described by */
-    void *empty_buf;
-    uint32_t *writers; /* the trainer peers (transport indices) PEERS named */
-    uint32_t nwriters;
-    char (*lname)[WB_NAME_MAX]; /* [nlocal]: names for messages ("" when not sent) */
-    uint64_t local_bytes;
-    uint32_t max_data_tag;
-    int32_t *expect_of;     /* data tag -> expect index, -1 */
-    uint32_t *expect_local; /* [nexpect]: its local tensor */
-    uint8_t *reached;       /* [nexpect]: every write counted */
-    uint8_t *sum_reached;   /* [nexpect]: every checksum record counted */
-    uint8_t *landed;        /* [nexpect]: landed (and verified) in an attempt of landed_version */
-    uint64_t landed_version;
-    uint32_t *ready; /* expect indices with data and records in, waiting to be checked */
-    uint32_t nready;
-    uint32_t nlanded, nwant;
-    void *sum_in; /* the checksum inbox: records grouped by expect entry */
-    struct wb_tx_mr *sum_in_mr;
-    uint64_t sum_in_bytes;
-    void *sum_in_host; /* GPU: its pinned host mirror, where records are read */
-    uint64_t *area;    /* [nexpect]: the entry's first slot */
-    bool corrupted;    /* testing: the byte was flipped (opts.corrupt) */
+    /* rollout: its receive side (rollout.c) */
+    struct rollout *rx;
 };
+
+/* The memory kind of this agent's buffers (its device's, or host memory). */
+static inline enum wb_tx_mem ag_mem_kind(const struct data *d)
+{
+    return d->gpu ? WB_TX_MEM_CUDA : WB_TX_MEM_HOST;
+}
+
+/* mem.c: allocates n bytes of ag_mem_kind(d) (zeroed in host memory) and, unless mr is NULL,
+ * registers them with access; err names `what`. On failure nothing is left allocated. */
+int ag_reg_alloc(struct data *d, uint64_t n, unsigned access, void **buf, struct wb_tx_mr **mr,
+                 const char *what, char *err, size_t errcap);
+
+/* rollout.c: a rollout's receive side (struct rollout, d->rx). */
+/* What a re-setup carries from the old setup to the new: a synthetic rollout's tensors (the
+ * new setup takes those it holds again, same tensor and size, so the weights stay) and the
+ * tags that landed of a failed version (a resumed attempt is not sent them again). */
+struct rollout_carry {
+    struct kept *kept;
+    uint32_t nkept, taken;
+    enum wb_tx_mem kind;
+    int device;
+    uint64_t *tags;
+    uint32_t ntags;
+    uint64_t landed_version;
+};
+/* Takes what old (any role, or NULL) has to carry; its tensors are then the carry's. */
+void ag_rollout_carry_out(struct data *old, struct rollout_carry *c);
+/* Decodes the receive list, takes the carried tensors it can, allocates or binds the rest
+ * (names: the engine's tensor names, a registering endpoint) and writes the regions blob. */
+int ag_rollout_setup(struct data *d, const void *plan, size_t plan_len,
+                     const struct wb_bytes *names, struct rollout_carry *c, char *err,
+                     size_t errcap);
+/* After a setup (rc its outcome; d NULL when none was made): frees what was carried and not
+ * taken, restores what landed where the memory stayed the same, and says in *lost why a
+ * re-setup left the rank without the version it held (NULL: it did not). */
+void ag_rollout_carry_end(struct data *d, int rc, bool resetup, struct rollout_carry *c,
+                          const char **lost);
+void ag_rollout_free(struct data *d);
+int ag_rollout_peers(struct data *d, struct wb_mpr *r, uint32_t n, char *err, size_t errcap);
+/* Arms the attempt's counters (skip: this rank's tags not sent again, sorted), opens the
+ * windows and tells every writer "ready". */
+int ag_rollout_start(struct data *d, uint64_t version, const uint64_t *skip, uint32_t nskip,
+                     char *err, size_t errcap);
+/* The attempt is over: nothing more may land, nothing more counts. */
+void ag_rollout_close(struct data *d);
+/* Checks and marks landed what is in (d->fail says what failed). */
+void ag_rollout_step(struct data *d);
+bool ag_rollout_complete(const struct data *d);
+bool ag_rollout_windows_open(const struct data *d);
+uint64_t ag_rollout_rx_bytes(const struct data *d);
+void ag_rollout_size(const struct data *d, uint32_t *nlocal, uint64_t *bytes);
+/* Adds what the attempt may count (its counters, their notes) to *tags and *notes. */
+void ag_rollout_bounds(const struct data *d, uint64_t *tags, uint64_t *notes);
 
 /* fill.c: the synthetic source's values in a synthetic trainer's shards, one fill at a time. */
 struct ag_fill;
@@ -371,6 +397,18 @@ void ag_direct_plan_free(struct ag_direct_plan *p);
  * environment turns the path off, for comparisons) and prepares the batch. */
 int ag_direct_prepare(struct data *d);
 void ag_direct_release(struct data *d);
+/* Task ti runs on the direct path (its batch exists and holds it). */
+bool ag_direct_has(const struct data *d, uint32_t ti);
+/* Launches the batch once per attempt (nothing when there is none or it was launched): 0 or
+ * negative. */
+int ag_direct_launch(struct data *d);
+/* 1 when the launched batch finished just now (*t0: when it was launched), 0 when nothing
+ * changed, negative when its kernels failed. */
+int ag_direct_poll(struct data *d, uint64_t *t0);
+/* The batch finished in this attempt: its tasks announce their writes. */
+bool ag_direct_done(const struct data *d);
+/* Forgets the attempt's launch (a new attempt, an abort). */
+void ag_direct_reset(struct data *d);
 
 /* ops.c: one routing-table op, or part of one; see exec.c for the stepping. */
 struct opctx {

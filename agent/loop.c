@@ -1,4 +1,4 @@
-/* agent.c — the endpoint's control loop: register with the controller, heartbeat, long-poll for
+/* loop.c — the endpoint's control loop: register with the controller, heartbeat, long-poll for
  * commands, run them on the data side (data.c) and report back; send the pushes the trainer's
  * process asked for and publish what happened to them (state.c).
  *

@@ -55,20 +55,20 @@ static void data_release(struct data *d)
     enum wb_tx_mem k = ag_mem_kind(d);
     ag_rollout_free(d);
     ag_host_free(d->stage);
-    wb_tx_mem_free(k, d->sum_out);
-    free(d->slot);
-    free(d->whash);
-    free(d->wskip);
-    free(d->tskip);
-    free(d->task_bytes);
+    wb_tx_mem_free(k, d->sums.sum_out);
+    free(d->sums.slot);
+    free(d->sums.whash);
+    free(d->resume.wskip);
+    free(d->resume.tskip);
+    free(d->resume.task_bytes);
     free(d->rready);
     if (d->param != d->param_host_buf)
         wb_tx_mem_free(k, d->param);
     ag_host_free(d->param_host_buf);
     wb_tx_mem_free(k, d->tmp);
-    wb_tx_mem_free(k, d->inbox);
-    wb_tx_mem_free(k, d->amax_in);
-    wb_tx_mem_free(k, d->amax_out);
+    wb_tx_mem_free(k, d->mx.inbox);
+    wb_tx_mem_free(k, d->mx.amax_in);
+    wb_tx_mem_free(k, d->mx.amax_out);
     wb_tx_mem_free(k, d->scratch[0]);
     wb_tx_mem_free(k, d->scratch[1]);
     free(d->hscratch);
@@ -247,16 +247,16 @@ static int sums_trainer(struct data *d, const struct wb_bytes *sums, char *err, 
         snprintf(err, errcap, "setup: %zu bytes of checksum slots for %u writes", sums->n, nw);
         return -EBADMSG;
     }
-    d->slot = malloc((nw ? nw : 1) * sizeof(uint32_t));
-    d->whash = calloc(nw ? nw : 1, sizeof(uint64_t));
-    if (!d->slot || !d->whash)
+    d->sums.slot = malloc((nw ? nw : 1) * sizeof(uint32_t));
+    d->sums.whash = calloc(nw ? nw : 1, sizeof(uint64_t));
+    if (!d->sums.slot || !d->sums.whash)
         return -ENOMEM;
     const uint8_t *p = sums->p;
     for (uint32_t i = 0; i < nw; i++)
-        d->slot[i] = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 |
-                     (uint32_t)p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
-    return ag_reg_alloc(d, (uint64_t)(nw ? nw : 1) * WB_SUM_RECORD, WB_TX_ACCESS_SRC, &d->sum_out,
-                        &d->sum_out_mr, "checksum outbox", err, errcap);
+        d->sums.slot[i] = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 |
+                          (uint32_t)p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
+    return ag_reg_alloc(d, (uint64_t)(nw ? nw : 1) * WB_SUM_RECORD, WB_TX_ACCESS_SRC,
+                        &d->sums.sum_out, &d->sums.sum_out_mr, "checksum outbox", err, errcap);
 }
 
 static int setup_trainer(struct data *d, const void *plan, size_t plan_len, const void *shards,
@@ -323,23 +323,23 @@ static int setup_trainer(struct data *d, const void *plan, size_t plan_len, cons
         return rc;
     rc = ag_reg_alloc(d, d->tmp_size ? d->tmp_size : 256, WB_TX_ACCESS_SRC, &d->tmp, &d->tmp_mr,
                       "temporary memory", err, errcap);
-    if (!rc && d->inbox_bytes)
-        rc = ag_reg_alloc(d, d->inbox_bytes, WB_TX_ACCESS_DST, &d->inbox, &d->inbox_mr,
+    if (!rc && d->mx.inbox_bytes)
+        rc = ag_reg_alloc(d, d->mx.inbox_bytes, WB_TX_ACCESS_DST, &d->mx.inbox, &d->mx.inbox_mr,
                           "gather inbox", err, errcap);
-    if (!rc && d->amax_in_bytes)
-        rc = ag_reg_alloc(d, d->amax_in_bytes, WB_TX_ACCESS_DST, &d->amax_in, &d->amax_in_mr,
-                          "amax inbox", err, errcap);
-    if (!rc && d->amax_out_bytes)
-        rc = ag_reg_alloc(d, d->amax_out_bytes, WB_TX_ACCESS_SRC, &d->amax_out, &d->amax_out_mr,
-                          "amax outbox", err, errcap);
+    if (!rc && d->mx.amax_in_bytes)
+        rc = ag_reg_alloc(d, d->mx.amax_in_bytes, WB_TX_ACCESS_DST, &d->mx.amax_in,
+                          &d->mx.amax_in_mr, "amax inbox", err, errcap);
+    if (!rc && d->mx.amax_out_bytes)
+        rc = ag_reg_alloc(d, d->mx.amax_out_bytes, WB_TX_ACCESS_SRC, &d->mx.amax_out,
+                          &d->mx.amax_out_mr, "amax outbox", err, errcap);
     for (int k = 0; !rc && k < 2; k++)
         rc = ag_reg_alloc(d, d->scratch_bytes, 0, &d->scratch[k], NULL, "scratch", err, errcap);
     if (!rc && d->verify)
         rc = sums_trainer(d, &b->sums, err, errcap);
-    d->task_bytes = calloc(t->ntasks ? t->ntasks : 1, sizeof(uint64_t));
-    d->tskip = calloc(t->ntasks ? t->ntasks : 1, 1);
-    d->wskip = calloc(t->nwrites ? t->nwrites : 1, 1);
-    if (!rc && (!d->task_bytes || !d->tskip || !d->wskip))
+    d->resume.task_bytes = calloc(t->ntasks ? t->ntasks : 1, sizeof(uint64_t));
+    d->resume.tskip = calloc(t->ntasks ? t->ntasks : 1, 1);
+    d->resume.wskip = calloc(t->nwrites ? t->nwrites : 1, 1);
+    if (!rc && (!d->resume.task_bytes || !d->resume.tskip || !d->resume.wskip))
         rc = -ENOMEM;
     /* a sourced GPU endpoint reads into pinned host memory, then copies to the GPU */
     if (!rc && d->gpu && d->source &&
@@ -357,14 +357,14 @@ static int setup_trainer(struct data *d, const void *plan, size_t plan_len, cons
     /* regions: [gather inbox, amax inbox, [[mesh, off, tag], ...]] */
     struct wb_mpw *w = &d->region_blob;
     wb_mpw_array(w, 3);
-    put_rdesc(d, w, d->inbox_mr);
-    put_rdesc(d, w, d->amax_in_mr);
-    wb_mpw_array(w, d->nsec);
-    for (uint32_t i = 0; i < d->nsec; i++) {
+    put_rdesc(d, w, d->mx.inbox_mr);
+    put_rdesc(d, w, d->mx.amax_in_mr);
+    wb_mpw_array(w, d->mx.nsec);
+    for (uint32_t i = 0; i < d->mx.nsec; i++) {
         wb_mpw_array(w, 3);
-        wb_mpw_u64(w, d->sec[i].mesh);
-        wb_mpw_u64(w, d->sec[i].off);
-        wb_mpw_u64(w, d->sec[i].tag);
+        wb_mpw_u64(w, d->mx.sec[i].mesh);
+        wb_mpw_u64(w, d->mx.sec[i].off);
+        wb_mpw_u64(w, d->mx.sec[i].tag);
     }
     return wb_mpw_finish(w);
 }
@@ -447,7 +447,7 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
                " bytes), memory cap %" PRIu64 ", gather inbox %" PRIu64
                ", %s on %s, set up in %.0f ms",
                d->rank, d->table.ntasks, d->table.nwrites, d->nshards, d->param_bytes, d->cap,
-               d->inbox_bytes, d->caps.name, d->gpu ? "GPU" : "host memory",
+               d->mx.inbox_bytes, d->caps.name, d->gpu ? "GPU" : "host memory",
                (double)(wb_now_ns() - t0) / 1e6);
     else if (!d->empty) {
         uint32_t nlocal;
@@ -718,7 +718,7 @@ static int trainer_skip(struct data *d, const struct skipset *ss)
 {
     const struct wb_route_table *t = &d->table;
     for (uint32_t k = 0; k < t->nwrites; k++)
-        d->wskip[k] = skip_has(ss, t->writes[k].dst_rank, t->writes[k].tag);
+        d->resume.wskip[k] = skip_has(ss, t->writes[k].dst_rank, t->writes[k].tag);
     return 0;
 }
 
@@ -835,8 +835,8 @@ bool ag_data_drained(const struct data *d)
 
 void ag_data_progress_get(const struct data *d, struct data_progress *out)
 {
-    out->done = d->role == WB_ROLE_TRAINER ? d->done_bytes : 0;
-    out->total = d->role == WB_ROLE_TRAINER ? d->total_bytes : 0;
+    out->done = d->role == WB_ROLE_TRAINER ? d->resume.done_bytes : 0;
+    out->total = d->role == WB_ROLE_TRAINER ? d->resume.total_bytes : 0;
     out->epoch = d->epoch;
 }
 
@@ -926,11 +926,6 @@ void ag_data_after(struct data *d)
     ag_exec_trace_write(d);
     if (d->last_ok)
         prefill(d, d->version + 1);
-}
-
-bool ag_data_empty(const struct data *d)
-{
-    return d->empty;
 }
 
 bool ag_data_busy(const struct data *d)

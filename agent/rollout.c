@@ -67,8 +67,6 @@ static bool skipped(const uint64_t *skip, uint32_t nskip, uint64_t tag)
     return nskip && bsearch(&tag, skip, nskip, sizeof(uint64_t), cmp_u64) != NULL;
 }
 
-/* A tag's count was reached: its writes (or, with the sum bit, its checksum records) are all
- * in. An entry whose both are in waits in d->rx->ready to be checked by ag_data_progress(). */
 /* A rollout tensor's window: opened for an attempt, closed once its writes are all in (or the
  * attempt ends). A backend that cannot close windows (CUDA IPC) leaves them open: keys and
  * the writers' own bounds checks are what it has. */
@@ -99,6 +97,8 @@ void ag_rollout_close(struct data *d)
     wb_tx_attempt_end(d->tx);
 }
 
+/* A tag's count was reached: its writes (or, with the sum bit, its checksum records) are all
+ * in. An entry whose both are in waits in ready[] to be checked by ag_rollout_step(). */
 static void on_data_imm(void *arg, uint32_t imm)
 {
     struct data *d = arg;

@@ -182,6 +182,58 @@ struct ag_direct_plan {
     size_t nc;
 };
 
+/* A trainer's exchanges with its mesh peers, laid out by data.c's setup and stepped by exec.c:
+ * the gather inbox and its sections, the amax inbox and outbox, and the phases' barriers. */
+struct mesh_exchange {
+    void *inbox;
+    uint64_t inbox_bytes;
+    struct wb_tx_mr *inbox_mr;
+    uint32_t nsec;
+    struct gsec *sec;
+    struct gref *gref; /* [table.nops], only GATHER entries used */
+    uint64_t *moff;    /* members' offsets within their slots (struct gref) */
+    void *amax_in, *amax_out;
+    uint64_t amax_in_bytes, amax_out_bytes;
+    uint64_t *amax_out_off; /* [table.nops] */
+    struct wb_tx_mr *amax_in_mr, *amax_out_mr;
+    uint32_t max_amax_tag;
+    uint8_t *amax_arrived; /* [max_amax_tag + 1] */
+    uint8_t *gather_ready; /* [table.nops]: the slot's peers all arrived */
+    uint8_t *barrier_done; /* [nphases]: 1 all arrived, 2 its span recorded */
+    uint64_t *barrier_t0;  /* [nphases]: when this rank issued it */
+    uint32_t *gx_total;    /* [nphases]: GATHER/AMAX ops of the phase */
+    uint32_t *gx_done;     /* [nphases] */
+    bool *barrier_issued;  /* [nphases] */
+};
+
+/* A trainer's checksums (SETUP.verify), laid out by data.c's setup and written by exec.c: every
+ * write to a rollout is recorded (sum_out, one WB_SUM_RECORD slot per table write) into the
+ * rollout's sum inbox at slot[write]. */
+struct trainer_sums {
+    uint32_t *slot;
+    void *sum_out;
+    struct wb_tx_mr *sum_out_mr;
+    uint64_t *whash; /* [table.nwrites]: the wb_sum64 of each write posted */
+    /* [table.nwrites]: the write whose sum a write takes (itself, or an earlier replica of the
+     * same source in its task), and a write hashed on the GPU: its piece in its task's batch
+     * (UINT32_MAX: hashed on the host) */
+    uint32_t *wsame, *wpiece;
+    struct wb_sum_piece *spiece;  /* [max_task_writes]: a task's batch being launched */
+    struct wb_sum_record *srec;   /* GPU: [table.nwrites], pinned: records on their way out */
+    struct wb_sum_gpu **sum_free; /* GPU batches not in use (a task holds one in flight) */
+    size_t nsum_free, cap_sum_free;
+};
+
+/* A trainer's resumed attempt (TRANSFER.skip, set by data.c, used by exec.c): table writes not
+ * sent again (their rollout tensor landed earlier), tasks skipped whole, bytes per task, and
+ * the attempt's progress (heartbeats carry it). */
+struct resume {
+    uint8_t *wskip;
+    uint8_t *tskip;
+    uint64_t *task_bytes;
+    uint64_t done_bytes, total_bytes;
+};
+
 struct data {
     enum wb_role role;
     uint32_t rank;
@@ -193,6 +245,8 @@ struct data {
     struct agent_job job;
     bool empty; /* no plan: nothing to move */
     bool active, pending_start, last_ok;
+    /* the attempt: TRANSFER's version and epoch (the loop's loop_versions.attempt once it
+     * started), when it started */
     uint64_t version, epoch, start_ns, end_ns;
     uint8_t key[WB_MAC_KEY_BYTES]; /* the attempt's (TRANSFER.key) */
     uint64_t deadline_ns;          /* rollouts: windows close and the attempt fails here */
@@ -226,25 +280,7 @@ struct data {
     void *tmp;
     uint64_t tmp_size;
     struct wb_tx_mr *tmp_mr;
-    void *inbox;
-    uint64_t inbox_bytes;
-    struct wb_tx_mr *inbox_mr;
-    uint32_t nsec;
-    struct gsec *sec;
-    struct gref *gref; /* [table.nops], only GATHER entries used */
-    uint64_t *moff;    /* members' offsets within their slots (struct gref) */
-    void *amax_in, *amax_out;
-    uint64_t amax_in_bytes, amax_out_bytes;
-    uint64_t *amax_out_off; /* [table.nops] */
-    struct wb_tx_mr *amax_in_mr, *amax_out_mr;
-    uint32_t max_amax_tag;
-    uint8_t *amax_arrived;       /* [max_amax_tag + 1] */
-    uint8_t *gather_ready;       /* [table.nops]: the slot's peers all arrived */
-    uint8_t *barrier_done;       /* [nphases]: 1 all arrived, 2 its span recorded */
-    uint64_t *barrier_t0;        /* [nphases]: when this rank issued it */
-    uint32_t *gx_total;          /* [nphases]: GATHER/AMAX ops of the phase */
-    uint32_t *gx_done;           /* [nphases] */
-    bool *barrier_issued;        /* [nphases] */
+    struct mesh_exchange mx;
     void *scratch[2], *hscratch; /* ops' pack/cast space (device or host), host space */
     uint64_t scratch_bytes;
     struct peer *tpeer; /* [ntrainers] */
@@ -269,29 +305,11 @@ struct data {
      * copied back to be hashed) */
     struct ag_io *io;
     uint8_t *stage;
-    /* checksums (SETUP.verify): trainers record every write to a rollout (sum_out, one
-     * WB_SUM_RECORD slot per table write) into the rollout's sum inbox at slot[write] */
-    bool verify;
-    uint32_t *slot;
-    void *sum_out;
-    struct wb_tx_mr *sum_out_mr;
-    uint64_t *whash; /* [table.nwrites]: the wb_sum64 of each write posted */
-    /* [table.nwrites]: the write whose sum a write takes (itself, or an earlier replica of the
-     * same source in its task), and a write hashed on the GPU: its piece in its task's batch
-     * (UINT32_MAX: hashed on the host) */
-    uint32_t *wsame, *wpiece;
+    bool verify; /* checksums (SETUP.verify): every write to a rollout is checked there */
+    struct trainer_sums sums;
     uint32_t max_task_writes;
     uint64_t *akeys; /* [max_task_writes]: a direct task's (rollout, tag) pairs, to batch notes */
-    struct wb_sum_piece *spiece; /* [max_task_writes]: a task's batch being launched */
-    struct wb_sum_record *srec;  /* GPU: [table.nwrites], pinned: records on their way to sum_out */
-    struct wb_sum_gpu **sum_free; /* GPU batches not in use (a task holds one in flight) */
-    size_t nsum_free, cap_sum_free;
-    /* a resumed attempt: table writes not sent again (their rollout tensor landed earlier),
-     * tasks skipped whole, bytes per task; progress */
-    uint8_t *wskip;
-    uint8_t *tskip;
-    uint64_t *task_bytes;
-    uint64_t done_bytes, total_bytes;
+    struct resume resume;
     /* rollout: its receive side (rollout.c) */
     struct rollout *rx;
 };

@@ -131,132 +131,6 @@ static void pump_calls(struct wb_endpoint *ep)
 
 /* ---------------------------------------------------------------- heartbeats */
 
-static bool hb_quitting(struct wb_endpoint *ep)
-{
-    pthread_mutex_lock(&ep->hb_mu);
-    bool q = ep->hb_quit;
-    pthread_mutex_unlock(&ep->hb_mu);
-    return q;
-}
-
-/* One heartbeat and its reply (0), in at most `wait` ns; given up at once when the loop ends. */
-static int hb_call(struct wb_endpoint *ep, const struct wb_mpw *w, uint64_t wait, void **buf,
-                   size_t *len)
-{
-    uint64_t deadline = wb_now_ns() + wait;
-    int rc = wb_chan_send(&ep->hbc, w); /* EAGAIN: no connection (yet); the next beat tries */
-    while (rc == 0 && (rc = wb_chan_try_recv(&ep->hbc, buf, len)) == 0) {
-        if (wb_now_ns() >= deadline || hb_quitting(ep))
-            return -ETIMEDOUT;
-        struct pollfd p = {.fd = ep->hbc.fd, .events = POLLIN};
-        poll(&p, 1, 20);
-    }
-    return rc < 0 ? rc : 0;
-}
-
-/* Two beats say the same (the session and every figure). */
-static bool same_beat(const struct wb_body_heartbeat *a, const struct wb_body_heartbeat *b)
-{
-    return a->s.session == b->s.session && a->version == b->version &&
-           a->in_flight == b->in_flight && a->done == b->done && a->total == b->total &&
-           a->epoch == b->epoch && a->torn == b->torn && a->dropped == b->dropped &&
-           a->commits == b->commits;
-}
-
-static void *hb_main(void *arg)
-{
-    struct wb_endpoint *ep = arg;
-    struct wb_body_heartbeat sent = {0}; /* the last beat sent */
-    pthread_mutex_lock(&ep->hb_mu);
-    while (!ep->hb_quit) {
-        struct timespec dl;
-        clock_gettime(CLOCK_MONOTONIC, &dl);
-        uint64_t ns = (uint64_t)dl.tv_nsec + ep->hb_period;
-        dl.tv_sec += (time_t)(ns / 1000000000ull);
-        dl.tv_nsec = (long)(ns % 1000000000ull);
-        while (!ep->hb_quit && pthread_cond_timedwait(&ep->hb_cv, &ep->hb_mu, &dl) != ETIMEDOUT)
-            ;
-        if (ep->hb_quit || !ep->beat.s.session)
-            continue;
-        struct wb_body_heartbeat b = ep->beat;
-        uint64_t wait = ep->hb_wait;
-        /* The controller hears an agent on any request (an idle loop's poll goes out every
-         * poll_hold). A beat that would say nothing new while the loop's requests flow is
-         * skipped: an idle agent costs its polls only. Once the loop stops sending (blocked,
-         * starved, stuck), the beats come again within three periods. */
-        if (same_beat(&b, &sent) && wb_now_ns() - ep->loop_sent_ns < 3 * ep->hb_period)
-            continue;
-        pthread_mutex_unlock(&ep->hb_mu);
-        struct wb_mpw w;
-        void *buf = NULL;
-        size_t len = 0;
-        uint64_t heard = 0, lost = 0;
-        bool ended = false;
-        wb_mpw_init(&w);
-        wb_msg_encode(&w, WB_MSG_HEARTBEAT, ep->o.token, &b);
-        sent = b;
-        if (hb_call(ep, &w, wait, &buf, &len) == 0) {
-            struct wb_msg m;
-            struct wb_body_error e;
-            const char *why;
-            char whybuf[64];
-            if (wb_msg_open(buf, len, ep->o.token, &m, &why) == 0) {
-                heard = wb_now_ns();
-                if (m.type == WB_MSG_ERROR && wb_msg_decode(&m, &e, whybuf, sizeof(whybuf)) == 0) {
-                    if (e.code == -WB_E_PEER)
-                        lost = b.s.session;
-                    else if (e.code == -WB_E_ENDED)
-                        ended = true;
-                }
-            }
-            wb_chan_free(buf);
-        }
-        wb_mpw_free(&w);
-        pthread_mutex_lock(&ep->hb_mu);
-        if (heard)
-            ep->hb_heard = heard;
-        if (lost)
-            ep->hb_lost = lost;
-        if (ended)
-            ep->hb_ended = true;
-        if (lost || ended) /* the loop acts on it now, not when it next wakes */
-            ag_wake(ep);
-    }
-    pthread_mutex_unlock(&ep->hb_mu);
-    return NULL;
-}
-
-static int hb_start(struct wb_endpoint *ep)
-{
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_mutex_init(&ep->hb_mu, NULL);
-    pthread_cond_init(&ep->hb_cv, &ca);
-    pthread_condattr_destroy(&ca);
-    ep->hb_period = ep->hb_wait = ep->hb_ns;
-    int rc = wb_chan_open(&ep->hbc, ep->o.controller, ep->o.token);
-    if (rc == 0 && (rc = -pthread_create(&ep->hb_thread, NULL, hb_main, ep)) != 0)
-        wb_chan_close(&ep->hbc);
-    ep->hb_started = rc == 0;
-    return rc;
-}
-
-static void hb_stop(struct wb_endpoint *ep)
-{
-    if (!ep->hb_started)
-        return;
-    pthread_mutex_lock(&ep->hb_mu);
-    ep->hb_quit = true;
-    pthread_cond_broadcast(&ep->hb_cv);
-    pthread_mutex_unlock(&ep->hb_mu);
-    pthread_join(ep->hb_thread, NULL); /* a call in flight gives up within 20 ms */
-    wb_chan_close(&ep->hbc);
-    pthread_cond_destroy(&ep->hb_cv);
-    pthread_mutex_destroy(&ep->hb_mu);
-    ep->hb_started = false;
-}
-
 /* What the next heartbeat says, from the loop's state; what the heartbeats heard, to it. */
 static void hb_update(struct wb_endpoint *ep)
 {
@@ -273,21 +147,13 @@ static void hb_update(struct wb_endpoint *ep)
     b.dropped = ep->d ? ag_data_dropped(ep->d) : 0;
     uint64_t loop_sent =
         ep->pollc.sent_ns > ep->call.sent_ns ? ep->pollc.sent_ns : ep->call.sent_ns;
-    pthread_mutex_lock(&ep->hb_mu);
-    ep->beat = b;
-    ep->loop_sent_ns = loop_sent;
-    /* A beat waits for its answer at most until the next is due: the beats keep their pace
-     * whatever the controller's, so a slow answer never makes this agent look silent. */
-    ep->hb_period = ep->hb_wait = ep->hb_ns;
-    uint64_t heard = ep->hb_heard, lost = ep->hb_lost;
-    bool ended = ep->hb_ended;
-    ep->hb_lost = 0;
-    pthread_mutex_unlock(&ep->hb_mu);
-    if (ended)
+    struct ag_hb_news news;
+    ag_hb_update(ep->hb, &b, loop_sent, ep->hb_ns, &news);
+    if (news.ended)
         ep->exiting = true; /* the controller said so on the heartbeat connection */
-    if (heard > ep->last_heard)
-        ep->last_heard = heard;
-    if (lost && lost == ep->session)
+    if (news.heard > ep->last_heard)
+        ep->last_heard = news.heard;
+    if (news.lost && news.lost == ep->session)
         lose_session(ep, "the controller no longer knows this session");
 }
 
@@ -826,8 +692,7 @@ static bool may_stop(struct wb_endpoint *ep, uint64_t now)
  * count is read atomically). */
 static bool reachable(const struct wb_endpoint *ep)
 {
-    return wb_chan_connected(&ep->call) || wb_chan_connected(&ep->pollc) ||
-           wb_chan_connected(&ep->hbc);
+    return wb_chan_connected(&ep->call) || wb_chan_connected(&ep->pollc) || ag_hb_connected(ep->hb);
 }
 
 /* How long the loop may sleep in poll() before its next turn. Not at all while a transfer runs;
@@ -969,13 +834,14 @@ static int loop(struct wb_endpoint *ep)
 
 int ag_loop(struct wb_endpoint *ep)
 {
-    int rc = hb_start(ep);
+    int rc = ag_hb_start(ep->o.controller, ep->o.token, ep->hb_ns, ep->wake_fd, &ep->hb);
     if (rc) {
         ag_set_fatal(ep->st, rc, "%s rank %u: controller %s: cannot start the heartbeats: %s",
                      ep->role, ep->o.rank, ep->o.controller, wb_strerror(rc));
         return rc;
     }
     rc = loop(ep);
-    hb_stop(ep);
+    ag_hb_stop(ep->hb);
+    ep->hb = NULL;
     return rc;
 }

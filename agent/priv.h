@@ -146,22 +146,9 @@ struct wb_endpoint {
     _Atomic int dump_state; /* 0 running, 1 done, negative: failed (dump_err) */
     _Atomic int state_req;  /* testing (wb-agent SIGUSR1): dump the tensors as they are now */
     char dump_err[WB_ERRMSG_MAX];
-    /* Heartbeats go out from a thread of their own on a channel of their own, so that no work
-     * of the loop (a setup registering gigabytes, a step slowed by CPU pressure) delays them
-     * and gets a live process declared dead. The loop keeps `beat` current (hb_update). */
-    pthread_t hb_thread;
-    bool hb_started;
-    struct wb_chan hbc;
-    pthread_mutex_t hb_mu;
-    pthread_cond_t hb_cv;
-    struct wb_body_heartbeat beat; /* under hb_mu: the next heartbeat (session 0: none yet) */
-    uint64_t hb_period, hb_wait;   /* under hb_mu: heartbeat period, time to wait for a reply */
-    uint64_t loop_sent_ns; /* under hb_mu: when the loop last sent the controller a request */
-    uint64_t hb_heard;     /* under hb_mu: when the last heartbeat was answered */
-    uint64_t hb_lost;      /* under hb_mu: a session the controller said it lost */
-    bool hb_ended;         /* under hb_mu: the controller said the job is shutting down */
-    bool hb_quit;          /* under hb_mu */
-    uint64_t hb_next;      /* loop only: when hb_update runs next */
+    /* heartbeats, from their own thread (hb.c; NULL while the loop does not run) */
+    struct ag_hb *hb;
+    uint64_t hb_next; /* loop only: when hb_update runs next */
     /* Wakes the loop from its sleep (an eventfd): a push or a close asked for, the heartbeat
      * thread's news, a dump that ended, a state dump asked for (async-signal-safe). */
     int wake_fd;
@@ -212,6 +199,26 @@ void ag_version_torn(struct ag_state *st);
 /* Rollouts: the tensors no longer hold the version they held (why: what replaced them); the
  * rank holds none from now on. */
 void ag_version_lost(struct ag_state *st, const char *why);
+
+/* hb.c: the heartbeats' thread and channel. */
+struct ag_hb;
+/* What the beats heard since the last update: when one was last answered, a session the
+ * controller said it lost (0: none), whether it said the job is ending. */
+struct ag_hb_news {
+    uint64_t heard, lost;
+    bool ended;
+};
+/* Starts beating every period_ns (nothing goes out before the first update with a session);
+ * wake_fd: the loop's eventfd, written when news must be acted on at once. */
+int ag_hb_start(const char *controller, const char *token, uint64_t period_ns, int wake_fd,
+                struct ag_hb **out);
+/* Stops the thread (a call in flight gives up within 20 ms) and frees. NULL is a no-op. */
+void ag_hb_stop(struct ag_hb *hb);
+/* The next beat is b; the loop last sent a request at loop_sent_ns; the period is period_ns. */
+void ag_hb_update(struct ag_hb *hb, const struct wb_body_heartbeat *b, uint64_t loop_sent_ns,
+                  uint64_t period_ns, struct ag_hb_news *news);
+/* The heartbeats' connection to the controller is up (read atomically). */
+bool ag_hb_connected(const struct ag_hb *hb);
 
 /* regs.c: registrations. */
 int ag_regs_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t, char *err, size_t errcap);
@@ -291,8 +298,6 @@ bool ag_data_busy(const struct data *d);
 /* Nothing is in flight on the data side: no attempt, no open window, no write or read
  * outstanding, no fill under way. Its transport needs no polling until the next command. */
 bool ag_data_idle(const struct data *d);
-/* Nothing of the plan is assigned to this rank. */
-bool ag_data_empty(const struct data *d);
 /* Rollouts: writes every local tensor to DIR/rollout<rank>.v<version>.bin (for checks). Runs
  * on any thread (the loop's keeps heartbeating meanwhile). */
 int ag_data_dump(struct data *d, const char *dir, uint64_t version, char *err, size_t errcap);

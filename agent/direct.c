@@ -22,6 +22,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A trainer's direct path: its plan, the batch built from it, and the batch's run in the
+ * attempt. */
+struct ag_direct {
+    struct ag_direct_plan plan;
+    struct wb_quant_batch *batch;
+    void *ev;    /* after the batch's kernels */
+    int state;   /* 0 none, 1 launched, 2 done: its tasks announce their writes */
+    uint64_t t0; /* launch time (its span) */
+};
+
+static void direct_clear(struct ag_direct *dr)
+{
+    ag_event_destroy(dr->ev);
+    dr->ev = NULL;
+    wb_quant_batch_free(dr->batch);
+    dr->batch = NULL;
+    ag_direct_plan_free(&dr->plan);
+    dr->state = 0;
+}
+
 /* growable arrays of items */
 struct items {
     struct wb_quant_item *q;
@@ -365,51 +385,98 @@ static uint8_t *tx_dst(void *arg, const struct wb_rt_write *w)
 
 int ag_direct_prepare(struct data *d)
 {
-    if (d->direct_built)
+    if (d->direct)
         return 0;
-    d->direct_built = true;
+    struct ag_direct *dr = d->direct = calloc(1, sizeof(*d->direct));
+    if (!dr)
+        return -ENOMEM;
     const char *env = getenv("WB_DIRECT");
     /* Not for a sourced trainer (its values arrive through reads, the pipeline's H2D) nor where
      * the rollouts check each write's checksum (the pipeline computes them as it sends). */
-    if (!d->gpu || d->param_host || d->ep->sourced || d->verify || (env && strcmp(env, "0") == 0))
+    if (!d->gpu || d->param_host || d->source || d->verify || (env && strcmp(env, "0") == 0))
         return 0;
     uint8_t **shard_ptr = calloc(d->ntensors ? d->ntensors : 1, sizeof(*shard_ptr));
     if (!shard_ptr)
         return -ENOMEM;
     for (uint32_t i = 0; i < d->nshards; i++)
         shard_ptr[d->shards[i].tensor] = d->shards[i].ptr;
-    int rc = ag_direct_lower(&d->table, shard_ptr, d->ntensors, tx_dst, d, &d->dplan);
+    int rc = ag_direct_lower(&d->table, shard_ptr, d->ntensors, tx_dst, d, &dr->plan);
     free(shard_ptr);
     if (rc)
         return rc;
-    if (d->dplan.ntasks) {
+    if (dr->plan.ntasks) {
         struct wb_quant_exec ex = {WB_QUANT_DEVICE, d->stream};
-        rc = wb_quant_batch_create(&ex, d->dplan.q, d->dplan.nq, d->dplan.c, d->dplan.nc,
-                                   &d->dbatch);
+        rc = wb_quant_batch_create(&ex, dr->plan.q, dr->plan.nq, dr->plan.c, dr->plan.nc,
+                                   &dr->batch);
         if (rc) {
-            ag_direct_release(d);
-            d->direct_built = true; /* not again: the tasks take the pipeline */
+            direct_clear(dr); /* not again: the tasks take the pipeline */
             return rc;
         }
     }
     wb_log(WB_LOG_INFO, "agent",
            "trainer rank %u: direct path: %u of %u tasks (%" PRIu64
            " bytes) store into the rollouts' memory: %zu quantization tiles, %zu copies",
-           d->rank, d->dplan.ntasks, d->table.ntasks, d->dplan.bytes, d->dplan.nq, d->dplan.nc);
-    free(d->dplan.q); /* the batch holds its own copy */
-    free(d->dplan.c);
-    d->dplan.q = NULL;
-    d->dplan.c = NULL;
+           d->rank, dr->plan.ntasks, d->table.ntasks, dr->plan.bytes, dr->plan.nq, dr->plan.nc);
+    free(dr->plan.q); /* the batch holds its own copy */
+    free(dr->plan.c);
+    dr->plan.q = NULL;
+    dr->plan.c = NULL;
     return 0;
 }
 
 void ag_direct_release(struct data *d)
 {
-    ag_event_destroy(d->dev_ev);
-    d->dev_ev = NULL;
-    wb_quant_batch_free(d->dbatch);
-    d->dbatch = NULL;
-    ag_direct_plan_free(&d->dplan);
-    d->direct_built = false;
-    d->dstate = 0;
+    if (!d->direct)
+        return;
+    direct_clear(d->direct);
+    free(d->direct);
+    d->direct = NULL;
+}
+
+bool ag_direct_has(const struct data *d, uint32_t ti)
+{
+    return d->direct && d->direct->batch && d->direct->plan.is_direct[ti];
+}
+
+int ag_direct_launch(struct data *d)
+{
+    struct ag_direct *dr = d->direct;
+    if (!dr || !dr->batch || dr->state != 0)
+        return 0;
+    dr->t0 = wb_now_ns();
+    wb_log(WB_LOG_DEBUG, "agent", "trainer rank %u: every rollout ready %.3f ms after the start",
+           d->rank, (double)(dr->t0 - d->start_ns) / 1e6);
+    int rc = wb_quant_batch_run(dr->batch, d->stream);
+    rc = rc ? rc : ag_event_record(d->stream, &dr->ev);
+    if (rc)
+        return rc;
+    dr->state = 1;
+    return 0;
+}
+
+int ag_direct_poll(struct data *d, uint64_t *t0)
+{
+    struct ag_direct *dr = d->direct;
+    if (!dr || dr->state != 1)
+        return 0;
+    int r = ag_event_done(dr->ev);
+    if (r > 0) {
+        dr->state = 2;
+        *t0 = dr->t0;
+    }
+    return r;
+}
+
+bool ag_direct_done(const struct data *d)
+{
+    return d->direct && d->direct->state == 2;
+}
+
+void ag_direct_reset(struct data *d)
+{
+    if (!d->direct)
+        return;
+    ag_event_destroy(d->direct->ev);
+    d->direct->ev = NULL;
+    d->direct->state = 0;
 }

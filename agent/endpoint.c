@@ -1,8 +1,8 @@
 /* endpoint.c — the endpoint's public calls: open, add tensors, start the thread and wait for the
  * job to be ready, push and wait for pushed versions (trainers), wait for versions (rollouts),
- * close. They talk to the control loop (agent.c) only through the state under ep->mu: a call
- * records a request or waits on ep->cv for what the loop publishes, so a slow caller never
- * holds up heartbeats and a busy loop never blocks a caller beyond its time limit. */
+ * close. They talk to the control loop (loop.c) only through what state.c holds: a call
+ * records a request or waits for what the loop publishes, so a slow caller never holds up
+ * heartbeats and a busy loop never blocks a caller beyond its time limit. */
 #include "agent/priv.h"
 
 #include <errno.h>
@@ -40,20 +40,17 @@ int wb_endpoint_open(const struct wb_endpoint_opts *opts, struct wb_endpoint **o
     ep->o.tx_extra = ep->s_extra = dup_opt(opts->tx_extra, &err);
     ep->o.corrupt = ep->s_corrupt = dup_opt(opts->corrupt, &err);
     if (!ep->o.give_up_ns) /* a rollout holds the weights: it outlives any controller outage */
-        ep->o.give_up_ns = opts->role == WB_ROLE_ROLLOUT ? UINT64_MAX : 30ull * 1000000000;
+        ep->o.give_up_ns =
+            opts->role == WB_ROLE_ROLLOUT ? UINT64_MAX : AG_DEFAULTS.give_up_trainer_ns;
     ep->role = wb_role_name(opts->role);
-    ep->hb_ns = 200 * 1000000ull;
-    ep->dead_ns = 10000 * 1000000ull;
-    ep->hold_ns = 500 * 1000000ull;
+    ep->hb_ns = AG_DEFAULTS.heartbeat_ns;
+    ep->dead_ns = AG_DEFAULTS.dead_ns;
+    ep->hold_ns = AG_DEFAULTS.poll_hold_ns;
     ep->wake_fd = -1;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_mutex_init(&ep->mu, NULL);
-    pthread_cond_init(&ep->cv, &ca);
-    pthread_condattr_destroy(&ca);
     if (!err && (!opts->controller || !opts->token || (unsigned)opts->role >= WB_ROLE_COUNT))
         err = -EINVAL;
+    err = err ? err : ag_state_new(opts->role, opts->rank, &ep->st);
     if (!err && (ep->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
         err = -errno;
     err = err ? err : wb_chan_open(&ep->call, opts->controller, opts->token);
@@ -70,7 +67,7 @@ err_call:
 err_free:
     if (ep->wake_fd >= 0)
         close(ep->wake_fd);
-    pthread_cond_destroy(&ep->cv);
+    ag_state_free(ep->st);
     pthread_mutex_destroy(&ep->mu);
     free(ep->s_controller);
     free(ep->s_token);
@@ -83,25 +80,16 @@ err_free:
     return err;
 }
 
-static void set_err(struct wb_endpoint *ep, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void set_err(struct wb_endpoint *ep, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ep->err, sizeof(ep->err), fmt, ap);
-    va_end(ap);
-}
-
 int wb_endpoint_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t)
 {
     char err[512];
     pthread_mutex_lock(&ep->mu);
     int rc = ep->thread_started || ep->session ? -EBUSY : 0;
     if (rc)
-        set_err(ep, "%s: tensors are added before the endpoint starts", t->name ? t->name : "?");
+        ag_state_say(ep->st, "%s: tensors are added before the endpoint starts",
+                     t->name ? t->name : "?");
     else if ((rc = ag_regs_add(ep, t, err, sizeof(err))) != 0)
-        set_err(ep, "%s", err);
+        ag_state_say(ep->st, "%s", err);
     pthread_mutex_unlock(&ep->mu);
     return rc;
 }
@@ -111,13 +99,14 @@ int wb_endpoint_set_source(struct wb_endpoint *ep, const struct wb_endpoint_sour
     int rc = 0;
     pthread_mutex_lock(&ep->mu);
     if (ep->o.role != WB_ROLE_TRAINER || ep->o.synthetic) {
-        set_err(ep, "source: only a trainer endpoint reads its tensors from a source");
+        ag_state_say(ep->st, "source: only a trainer endpoint reads its tensors from a source");
         rc = -EINVAL;
     } else if (!src || !src->read || (src->id && strlen(src->id) >= WB_SOURCE_MAX)) {
-        set_err(ep, "source: a read function and an id of at most %d bytes", WB_SOURCE_MAX - 1);
+        ag_state_say(ep->st, "source: a read function and an id of at most %d bytes",
+                     WB_SOURCE_MAX - 1);
         rc = -EINVAL;
     } else if (ep->nregs || ep->thread_started) {
-        set_err(ep, "source: set before any tensor is added");
+        ag_state_say(ep->st, "source: set before any tensor is added");
         rc = -EBUSY;
     } else {
         ep->src = *src;
@@ -145,11 +134,12 @@ int wb_endpoint_set_mesh(struct wb_endpoint *ep, uint32_t ndims, const char *con
     }
     pthread_mutex_lock(&ep->mu);
     if (rc) {
-        set_err(ep, "mesh: 1 to %d dims, each named (at most %d bytes) with a size of at least 1",
-                WB_REG_MESH_DIMS, WB_REG_MESH_NAME - 1);
+        ag_state_say(ep->st,
+                     "mesh: 1 to %d dims, each named (at most %d bytes) with a size of at least 1",
+                     WB_REG_MESH_DIMS, WB_REG_MESH_NAME - 1);
     } else if (ep->nregs || ep->thread_started) {
         rc = -EBUSY;
-        set_err(ep, "mesh: set before any tensor is added");
+        ag_state_say(ep->st, "mesh: set before any tensor is added");
     } else {
         ep->mesh = m;
     }
@@ -165,128 +155,7 @@ void wb_endpoint_set_hook(struct wb_endpoint *ep, wb_endpoint_hook fn, void *arg
     pthread_mutex_unlock(&ep->mu);
 }
 
-/* ---------------------------------------------------------------- state the loop publishes */
-
-void ag_set_fatal(struct wb_endpoint *ep, int code, const char *fmt, ...)
-{
-    va_list ap;
-    pthread_mutex_lock(&ep->mu);
-    if (ep->fatal) { /* the first reason is the one to tell */
-        pthread_mutex_unlock(&ep->mu);
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(ep->err, sizeof(ep->err), fmt, ap);
-    va_end(ap);
-    ep->fatal = code;
-    for (uint32_t i = 0; i < ep->npushes; i++) /* nothing pending will happen now */
-        if (!ep->pushes[i].done) {
-            ep->pushes[i].done = ep->pushes[i].sources = ep->pushes[i].failed = true;
-            snprintf(ep->pushes[i].reason, sizeof(ep->pushes[i].reason), "%.400s", ep->err);
-        }
-    pthread_cond_broadcast(&ep->cv);
-    pthread_mutex_unlock(&ep->mu);
-}
-
-void ag_set_ready(struct wb_endpoint *ep, bool ready)
-{
-    pthread_mutex_lock(&ep->mu);
-    ep->ready = ready;
-    pthread_cond_broadcast(&ep->cv);
-    pthread_mutex_unlock(&ep->mu);
-}
-
-static struct push *push_find(struct wb_endpoint *ep, uint64_t version)
-{
-    for (uint32_t i = ep->npushes; i-- > 0;)
-        if (ep->pushes[i].version == version)
-            return &ep->pushes[i];
-    return NULL;
-}
-
-uint64_t ag_push_next(struct wb_endpoint *ep)
-{
-    uint64_t v = 0;
-    pthread_mutex_lock(&ep->mu);
-    for (uint32_t i = 0; i < ep->npushes && !v; i++)
-        if (!ep->pushes[i].sent && !ep->pushes[i].done) {
-            ep->pushes[i].sent = true;
-            v = ep->pushes[i].version;
-        }
-    pthread_mutex_unlock(&ep->mu);
-    return v;
-}
-
-void ag_push_event(struct wb_endpoint *ep, uint64_t version, enum wb_push_event ev, bool failed,
-                   const char *reason)
-{
-    pthread_mutex_lock(&ep->mu);
-    struct push *p = push_find(ep, version);
-    if (p && !p->done) {
-        p->sources = true; /* done implies the sources are free too */
-        if (ev == WB_PUSH_DONE || failed) {
-            p->done = true;
-            p->failed = failed;
-            snprintf(p->reason, sizeof(p->reason), "%s", reason ? reason : "");
-            if (!failed && version > ep->version)
-                ep->version = version;
-        }
-    }
-    pthread_cond_broadcast(&ep->cv);
-    pthread_mutex_unlock(&ep->mu);
-}
-
-void ag_version_torn(struct wb_endpoint *ep)
-{
-    pthread_mutex_lock(&ep->mu);
-    ep->torn = true;
-    pthread_mutex_unlock(&ep->mu);
-}
-
-void ag_version_done(struct wb_endpoint *ep, uint64_t version, bool failed, const char *reason)
-{
-    pthread_mutex_lock(&ep->mu);
-    if (failed) { /* torn already says whether its windows opened (ag_version_torn) */
-        ep->failed_version = version;
-        snprintf(ep->failed_reason, sizeof(ep->failed_reason), "%s", reason ? reason : "");
-    } else if (version > ep->version) {
-        ep->version = version;
-        ep->torn = false;
-    }
-    pthread_cond_broadcast(&ep->cv);
-    pthread_mutex_unlock(&ep->mu);
-}
-
-void ag_version_lost(struct wb_endpoint *ep, const char *why)
-{
-    pthread_mutex_lock(&ep->mu);
-    if (ep->version)
-        wb_log(WB_LOG_WARN, "agent", "rollout rank %u: %s: it no longer holds version %" PRIu64,
-               ep->o.rank, why, ep->version);
-    ep->version = 0;
-    ep->torn = false;
-    pthread_cond_broadcast(&ep->cv);
-    pthread_mutex_unlock(&ep->mu);
-}
-
-/* ---------------------------------------------------------------- waiting */
-
-static struct timespec deadline_of(uint64_t timeout_ns)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + timeout_ns % 1000000000ull;
-    ts.tv_sec += (time_t)(timeout_ns / 1000000000ull + ns / 1000000000ull);
-    ts.tv_nsec = (long)(ns % 1000000000ull);
-    return ts;
-}
-
-/* Waits on cv until the deadline; -ETIMEDOUT when it passed. Called with mu held. */
-static int wait_until(struct wb_endpoint *ep, const struct timespec *dl)
-{
-    int r = pthread_cond_timedwait(&ep->cv, &ep->mu, dl);
-    return r == ETIMEDOUT ? -ETIMEDOUT : 0;
-}
+/* ---------------------------------------------------------------- the thread and the waits */
 
 static void *thread_main(void *arg)
 {
@@ -303,7 +172,7 @@ int wb_endpoint_start(struct wb_endpoint *ep, uint64_t timeout_ns)
         return -EBUSY;
     }
     if (pthread_create(&ep->thread, NULL, thread_main, ep)) {
-        set_err(ep, "cannot start the endpoint's thread");
+        ag_state_say(ep->st, "cannot start the endpoint's thread");
         pthread_mutex_unlock(&ep->mu);
         return -ENOMEM;
     }
@@ -314,51 +183,12 @@ int wb_endpoint_start(struct wb_endpoint *ep, uint64_t timeout_ns)
 
 int wb_endpoint_wait_ready(struct wb_endpoint *ep, uint64_t timeout_ns)
 {
-    struct timespec dl = deadline_of(timeout_ns);
-    int rc = 0;
-    pthread_mutex_lock(&ep->mu);
-    while (!ep->ready && !ep->fatal && !rc)
-        rc = wait_until(ep, &dl);
-    if (ep->fatal)
-        rc = ep->fatal;
-    else if (rc)
-        set_err(ep, "%s rank %u: the job was not ready within %.1f s (every agent must register)",
-                ep->role, ep->o.rank, (double)timeout_ns / 1e9);
-    pthread_mutex_unlock(&ep->mu);
-    return rc;
+    return ag_state_wait_ready(ep->st, timeout_ns);
 }
 
 int wb_endpoint_push(struct wb_endpoint *ep, uint64_t version)
 {
-    pthread_mutex_lock(&ep->mu);
-    int rc = 0;
-    if (ep->o.role != WB_ROLE_TRAINER) {
-        set_err(ep, "push: rollouts do not push versions");
-        rc = -EINVAL;
-    } else if (ep->fatal) {
-        rc = ep->fatal;
-    } else if (version == 0 || version <= ep->version || push_find(ep, version)) {
-        set_err(ep, "push: version %" PRIu64 " is not newer than the versions pushed before",
-                version);
-        rc = -EINVAL;
-    } else {
-        if (ep->npushes == MAX_PUSHES) { /* forget the oldest finished one */
-            uint32_t k = 0;
-            while (k < ep->npushes && !ep->pushes[k].done)
-                k++;
-            if (k == ep->npushes) {
-                set_err(ep, "push: %d versions are still in flight", MAX_PUSHES);
-                rc = -EBUSY;
-            } else {
-                memmove(&ep->pushes[k], &ep->pushes[k + 1],
-                        (ep->npushes - k - 1) * sizeof(ep->pushes[0]));
-                ep->npushes--;
-            }
-        }
-        if (!rc)
-            ep->pushes[ep->npushes++] = (struct push){.version = version};
-    }
-    pthread_mutex_unlock(&ep->mu);
+    int rc = ag_state_push(ep->st, version);
     if (!rc)
         ag_wake(ep); /* the loop sleeps between transfers */
     return rc;
@@ -367,85 +197,27 @@ int wb_endpoint_push(struct wb_endpoint *ep, uint64_t version)
 int wb_endpoint_wait_push(struct wb_endpoint *ep, uint64_t version, enum wb_push_event ev,
                           uint64_t timeout_ns)
 {
-    struct timespec dl = deadline_of(timeout_ns);
-    int rc = 0;
-    pthread_mutex_lock(&ep->mu);
-    struct push *p = push_find(ep, version);
-    if (!p) {
-        set_err(ep, "version %" PRIu64 " was not pushed", version);
-        rc = -EINVAL;
-    }
-    while (!rc && !(ev == WB_PUSH_SOURCES ? p->sources : p->done) && !p->failed) {
-        rc = wait_until(ep, &dl);
-        p = push_find(ep, version); /* the table may have moved */
-        if (!p)
-            rc = -EINVAL;
-    }
-    if (!rc && p->failed) {
-        set_err(ep, "version %" PRIu64 " failed: %s", version, p->reason);
-        rc = -WB_E_PEER;
-    } else if (rc == -ETIMEDOUT) {
-        set_err(ep, "version %" PRIu64 ": no %s within %.1f s", version,
-                ev == WB_PUSH_SOURCES ? "release of the sources" : "outcome",
-                (double)timeout_ns / 1e9);
-    }
-    pthread_mutex_unlock(&ep->mu);
-    return rc;
+    return ag_state_wait_push(ep->st, version, ev, timeout_ns);
 }
 
 int wb_endpoint_wait(struct wb_endpoint *ep, uint64_t version, uint64_t timeout_ns)
 {
-    struct timespec dl = deadline_of(timeout_ns);
-    int rc = 0;
-    pthread_mutex_lock(&ep->mu);
-    while (!rc && ep->version < version && ep->failed_version != version && !ep->fatal)
-        rc = wait_until(ep, &dl);
-    if (ep->version >= version) {
-        rc = 0;
-    } else if (ep->failed_version == version) {
-        if (ep->torn)
-            set_err(ep,
-                    "version %" PRIu64 " failed: %s (this rank's tensors are torn: parts of it may "
-                    "have landed over version %" PRIu64 ")",
-                    version, ep->failed_reason, ep->version);
-        else
-            set_err(ep,
-                    "version %" PRIu64 " failed: %s (this rank still holds version %" PRIu64 ")",
-                    version, ep->failed_reason, ep->version);
-        rc = -WB_E_PEER;
-    } else if (ep->fatal) {
-        rc = -WB_E_PEER;
-    } else {
-        set_err(ep,
-                "version %" PRIu64 " did not complete within %.1f s (this rank holds %" PRIu64 ")",
-                version, (double)timeout_ns / 1e9, ep->version);
-    }
-    pthread_mutex_unlock(&ep->mu);
-    return rc;
+    return ag_state_wait_version(ep->st, version, timeout_ns);
 }
 
 uint64_t wb_endpoint_version(struct wb_endpoint *ep)
 {
-    pthread_mutex_lock(&ep->mu);
-    uint64_t v = ep->version;
-    pthread_mutex_unlock(&ep->mu);
-    return v;
+    return ag_state_version(ep->st);
 }
 
 bool wb_endpoint_torn(struct wb_endpoint *ep)
 {
-    pthread_mutex_lock(&ep->mu);
-    bool t = ep->torn;
-    pthread_mutex_unlock(&ep->mu);
-    return t;
+    return ag_state_torn(ep->st);
 }
 
 const char *wb_endpoint_error(struct wb_endpoint *ep)
 {
-    pthread_mutex_lock(&ep->mu);
-    memcpy(ep->err_copy, ep->err, sizeof(ep->err_copy));
-    pthread_mutex_unlock(&ep->mu);
-    return ep->err_copy;
+    return ag_state_error(ep->st);
 }
 
 int wb_endpoint_run(struct wb_endpoint *ep)
@@ -472,7 +244,7 @@ void wb_endpoint_close(struct wb_endpoint *ep)
     wb_chan_close(&ep->pollc);
     wb_chan_close(&ep->call);
     close(ep->wake_fd);
-    pthread_cond_destroy(&ep->cv);
+    ag_state_free(ep->st);
     pthread_mutex_destroy(&ep->mu);
     free(ep->s_controller);
     free(ep->s_token);
@@ -523,16 +295,12 @@ int wb_endpoint_add_args(struct wb_endpoint *ep, const char *name, const char *d
 {
     struct wb_tensor_reg t = {.name = name, .strides = strides, .ptr = ptr, .placement = placement};
     if (!dtype || wb_dtype_parse(dtype, &t.dtype)) {
-        pthread_mutex_lock(&ep->mu);
-        set_err(ep, "%s: unknown dtype '%s'", name ? name : "?", dtype ? dtype : "");
-        pthread_mutex_unlock(&ep->mu);
+        ag_state_say(ep->st, "%s: unknown dtype '%s'", name ? name : "?", dtype ? dtype : "");
         return -EINVAL;
     }
     if (ndim == 0 || ndim > WB_MAX_DIMS) {
-        pthread_mutex_lock(&ep->mu);
-        set_err(ep, "%s: %u dimensions (1 to %d are supported)", name ? name : "?", ndim,
-                WB_MAX_DIMS);
-        pthread_mutex_unlock(&ep->mu);
+        ag_state_say(ep->st, "%s: %u dimensions (1 to %d are supported)", name ? name : "?", ndim,
+                     WB_MAX_DIMS);
         return -EINVAL;
     }
     t.shape.ndim = t.box.ndim = ndim;

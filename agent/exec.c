@@ -147,13 +147,13 @@ static bool tmp_alloc(struct data *d, uint64_t len, uint64_t *off)
 static int layout_gathers(struct data *d)
 {
     struct wb_route_table *t = &d->table;
-    d->gref = calloc(t->nops ? t->nops : 1, sizeof(*d->gref));
+    d->mx.gref = calloc(t->nops ? t->nops : 1, sizeof(*d->mx.gref));
     uint64_t members = 0, cursor = 0;
     for (uint32_t i = 0; i < t->nops; i++)
         if (t->ops[i].kind == WB_OP_GATHER)
             members += t->ops[i].gather.npeers;
-    d->moff = calloc(members ? members : 1, sizeof(uint64_t));
-    if (!d->gref || !d->moff)
+    d->mx.moff = calloc(members ? members : 1, sizeof(uint64_t));
+    if (!d->mx.gref || !d->mx.moff)
         return -ENOMEM;
     for (uint32_t ti = 0; ti < t->ntasks; ti++) {
         const struct wb_rt_task *tk = &t->tasks[ti];
@@ -163,18 +163,18 @@ static int layout_gathers(struct data *d)
                 continue;
             const struct wb_rt_gather *g = &op->gather;
             struct gsec *s = NULL;
-            for (uint32_t i = 0; i < d->nsec; i++)
-                if (d->sec[i].mesh == g->mesh)
-                    s = &d->sec[i];
+            for (uint32_t i = 0; i < d->mx.nsec; i++)
+                if (d->mx.sec[i].mesh == g->mesh)
+                    s = &d->mx.sec[i];
             if (!s) {
-                struct gsec *ns = realloc(d->sec, (d->nsec + 1) * sizeof(*ns));
+                struct gsec *ns = realloc(d->mx.sec, (d->mx.nsec + 1) * sizeof(*ns));
                 if (!ns)
                     return -ENOMEM;
-                d->sec = ns;
-                s = &d->sec[d->nsec++];
+                d->mx.sec = ns;
+                s = &d->mx.sec[d->mx.nsec++];
                 *s = (struct gsec){.mesh = g->mesh, .phase = tk->phase};
             }
-            struct gref *r = &d->gref[tk->op0 + k];
+            struct gref *r = &d->mx.gref[tk->op0 + k];
             const struct wb_shape *full = wb_rt_shape(t, g->dst.shape);
             r->full_bytes = wb_shape_numel(full) * wb_dtype_size(g->dst.dtype);
             r->slot = s->tag; /* count of slots so far (section tags are assigned below) */
@@ -192,7 +192,7 @@ static int layout_gathers(struct data *d)
                     if (p->rank < t->peers[g->peer0 + j].rank)
                         off += wb_box_numel(wb_rt_box(t, p->box)) * wb_dtype_size(g->dst.dtype);
                 }
-                d->moff[r->moff0 + j] = off;
+                d->mx.moff[r->moff0 + j] = off;
             }
         }
     }
@@ -202,23 +202,23 @@ static int layout_gathers(struct data *d)
      * come in phase order. Tags: one per slot, never reused. */
     uint64_t off = 0, max = 0;
     uint32_t tag = 0, group = 0;
-    for (uint32_t i = 0; i < d->nsec; i++) {
-        uint64_t size = d->sec[i].off;
-        uint32_t nslots = d->sec[i].tag, g = 0;
-        for (uint32_t p = 0; p < d->sec[i].phase && p < t->nphases; p++)
+    for (uint32_t i = 0; i < d->mx.nsec; i++) {
+        uint64_t size = d->mx.sec[i].off;
+        uint32_t nslots = d->mx.sec[i].tag, g = 0;
+        for (uint32_t p = 0; p < d->mx.sec[i].phase && p < t->nphases; p++)
             g += t->phases[p].barrier_after;
         if (g != group) {
             group = g;
             off = 0;
         }
-        d->sec[i].off = off;
-        d->sec[i].tag = tag;
+        d->mx.sec[i].off = off;
+        d->mx.sec[i].tag = tag;
         off += size;
         tag += nslots;
         if (off > max)
             max = off;
     }
-    d->inbox_bytes = max;
+    d->mx.inbox_bytes = max;
     return tag >= (1u << IMM_TAG_BITS) ? -E2BIG : 0;
 }
 
@@ -235,16 +235,17 @@ int ag_exec_setup(struct data *d, char *err, size_t errcap)
     struct wb_route_table *t = &d->table;
     uint32_t np = t->nphases ? t->nphases : 1;
     d->tasks = calloc(t->ntasks ? t->ntasks : 1, sizeof(*d->tasks));
-    d->amax_out_off = calloc(t->nops ? t->nops : 1, sizeof(uint64_t));
-    d->gather_ready = calloc(t->nops ? t->nops : 1, 1);
-    d->barrier_done = calloc(np, 1);
-    d->barrier_issued = calloc(np, sizeof(bool));
-    d->barrier_t0 = calloc(np, sizeof(uint64_t));
-    d->gx_total = calloc(np, sizeof(uint32_t));
-    d->gx_done = calloc(np, sizeof(uint32_t));
+    d->mx.amax_out_off = calloc(t->nops ? t->nops : 1, sizeof(uint64_t));
+    d->mx.gather_ready = calloc(t->nops ? t->nops : 1, 1);
+    d->mx.barrier_done = calloc(np, 1);
+    d->mx.barrier_issued = calloc(np, sizeof(bool));
+    d->mx.barrier_t0 = calloc(np, sizeof(uint64_t));
+    d->mx.gx_total = calloc(np, sizeof(uint32_t));
+    d->mx.gx_done = calloc(np, sizeof(uint32_t));
     d->spans = calloc(SPAN_MAX, sizeof(*d->spans));
-    if (!d->tasks || !d->amax_out_off || !d->gather_ready || !d->barrier_done ||
-        !d->barrier_issued || !d->barrier_t0 || !d->gx_total || !d->gx_done || !d->spans)
+    if (!d->tasks || !d->mx.amax_out_off || !d->mx.gather_ready || !d->mx.barrier_done ||
+        !d->mx.barrier_issued || !d->mx.barrier_t0 || !d->mx.gx_total || !d->mx.gx_done ||
+        !d->spans)
         return -ENOMEM;
     int rc = layout_gathers(d);
     if (rc) {
@@ -252,21 +253,21 @@ int ag_exec_setup(struct data *d, char *err, size_t errcap)
         return rc;
     }
     for (uint32_t i = 0; i < t->namax; i++)
-        if (t->amax[i].tag > d->max_amax_tag)
-            d->max_amax_tag = t->amax[i].tag;
-    d->amax_arrived = calloc(d->max_amax_tag + 1, 1);
-    if (!d->amax_arrived)
+        if (t->amax[i].tag > d->mx.max_amax_tag)
+            d->mx.max_amax_tag = t->amax[i].tag;
+    d->mx.amax_arrived = calloc(d->mx.max_amax_tag + 1, 1);
+    if (!d->mx.amax_arrived)
         return -ENOMEM;
     for (uint32_t ti = 0; ti < t->ntasks; ti++) {
         const struct wb_rt_task *tk = &t->tasks[ti];
         for (uint32_t k = 0; k < tk->nops; k++) {
             const struct wb_rt_op *op = &t->ops[tk->op0 + k];
             if (op->kind == WB_OP_AMAX) {
-                d->amax_out_off[tk->op0 + k] = d->amax_out_bytes;
-                d->amax_out_bytes += (ag_ops_amax_bytes(t, op) + 63) / 64 * 64;
+                d->mx.amax_out_off[tk->op0 + k] = d->mx.amax_out_bytes;
+                d->mx.amax_out_bytes += (ag_ops_amax_bytes(t, op) + 63) / 64 * 64;
             }
             if ((op->kind == WB_OP_AMAX || op->kind == WB_OP_GATHER) && tk->phase < np)
-                d->gx_total[tk->phase]++;
+                d->mx.gx_total[tk->phase]++;
         }
     }
     for (uint32_t i = 0; i < t->ntasks; i++)
@@ -277,18 +278,19 @@ int ag_exec_setup(struct data *d, char *err, size_t errcap)
         return -ENOMEM;
     if (d->verify) {
         uint32_t nw = t->nwrites ? t->nwrites : 1, mw = d->max_task_writes ? d->max_task_writes : 1;
-        d->wsame = calloc(nw, sizeof(uint32_t));
-        d->wpiece = calloc(nw, sizeof(uint32_t));
-        d->spiece = calloc(mw, sizeof(*d->spiece));
-        if (!d->wsame || !d->wpiece || !d->spiece)
+        d->sums.wsame = calloc(nw, sizeof(uint32_t));
+        d->sums.wpiece = calloc(nw, sizeof(uint32_t));
+        d->sums.spiece = calloc(mw, sizeof(*d->sums.spiece));
+        if (!d->sums.wsame || !d->sums.wpiece || !d->sums.spiece)
             return -ENOMEM;
-        int rc = d->gpu ? ag_host_alloc((size_t)nw * sizeof(*d->srec), (void **)&d->srec) : 0;
+        int rc =
+            d->gpu ? ag_host_alloc((size_t)nw * sizeof(*d->sums.srec), (void **)&d->sums.srec) : 0;
         if (rc) {
             snprintf(err, errcap, "checksum records' staging: %s", wb_strerror(rc));
             return rc;
         }
     }
-    d->amax_in_bytes = t->amax_inbox_bytes;
+    d->mx.amax_in_bytes = t->amax_inbox_bytes;
     d->cap = t->mem_cap;
     if (t->max_tmp_bytes > d->cap) {
         snprintf(err, errcap,
@@ -309,9 +311,9 @@ int ag_exec_setup(struct data *d, char *err, size_t errcap)
 static void sum_release(struct data *d, struct task *tk)
 {
     if (tk->sg) {
-        if (d->nsum_free < d->cap_sum_free ||
-            !wb_grow(&d->sum_free, &d->cap_sum_free, 8, sizeof(*d->sum_free)))
-            d->sum_free[d->nsum_free++] = tk->sg;
+        if (d->sums.nsum_free < d->sums.cap_sum_free ||
+            !wb_grow(&d->sums.sum_free, &d->sums.cap_sum_free, 8, sizeof(*d->sums.sum_free)))
+            d->sums.sum_free[d->sums.nsum_free++] = tk->sg;
         else
             wb_sum_gpu_free(tk->sg);
         tk->sg = NULL;
@@ -331,27 +333,27 @@ void ag_exec_free(struct data *d)
     ag_direct_release(d);
     for (uint32_t i = 0; d->tasks && i < d->table.ntasks; i++)
         task_release(d, &d->tasks[i]);
-    for (size_t i = 0; i < d->nsum_free; i++)
-        wb_sum_gpu_free(d->sum_free[i]);
-    free(d->sum_free);
-    free(d->wsame);
+    for (size_t i = 0; i < d->sums.nsum_free; i++)
+        wb_sum_gpu_free(d->sums.sum_free[i]);
+    free(d->sums.sum_free);
+    free(d->sums.wsame);
     free(d->akeys);
-    free(d->wpiece);
-    free(d->spiece);
-    ag_host_free(d->srec);
+    free(d->sums.wpiece);
+    free(d->sums.spiece);
+    ag_host_free(d->sums.srec);
     free(d->tasks);
-    free(d->amax_out_off);
-    free(d->gather_ready);
-    free(d->barrier_done);
-    free(d->barrier_issued);
-    free(d->barrier_t0);
-    free(d->gx_total);
-    free(d->gx_done);
+    free(d->mx.amax_out_off);
+    free(d->mx.gather_ready);
+    free(d->mx.barrier_done);
+    free(d->mx.barrier_issued);
+    free(d->mx.barrier_t0);
+    free(d->mx.gx_total);
+    free(d->mx.gx_done);
     free(d->spans);
-    free(d->gref);
-    free(d->moff);
-    free(d->sec);
-    free(d->amax_arrived);
+    free(d->mx.gref);
+    free(d->mx.moff);
+    free(d->mx.sec);
+    free(d->mx.amax_arrived);
 }
 
 /* ---------------------------------------------------------------- immediates */
@@ -365,18 +367,18 @@ void ag_exec_imm(struct data *d, uint32_t imm)
             d->rready[tag] = 1;
             d->rready_left--;
         }
-    } else if (kind == IMM_AMAX && tag <= d->max_amax_tag) {
-        d->amax_arrived[tag] = 1;
+    } else if (kind == IMM_AMAX && tag <= d->mx.max_amax_tag) {
+        d->mx.amax_arrived[tag] = 1;
     } else if (kind == IMM_BARRIER && tag < d->table.nphases) {
-        d->barrier_done[tag] = 1;
+        d->mx.barrier_done[tag] = 1;
     } else if (kind == IMM_GATHER) {
         for (uint32_t i = 0; i < d->table.nops; i++) {
             const struct wb_rt_op *op = &d->table.ops[i];
             if (op->kind != WB_OP_GATHER)
                 continue;
-            const struct gsec *s = sec_of(d->sec, d->nsec, op->gather.mesh);
-            if (s && s->tag + d->gref[i].slot == tag)
-                d->gather_ready[i] = 1;
+            const struct gsec *s = sec_of(d->mx.sec, d->mx.nsec, op->gather.mesh);
+            if (s && s->tag + d->mx.gref[i].slot == tag)
+                d->mx.gather_ready[i] = 1;
         }
     }
 }
@@ -395,11 +397,11 @@ int ag_exec_arm(struct data *d)
 {
     struct wb_route_table *t = &d->table;
     uint32_t np = t->nphases;
-    memset(d->amax_arrived, 0, d->max_amax_tag + 1);
-    memset(d->gather_ready, 0, t->nops ? t->nops : 1);
-    memset(d->barrier_done, 0, np ? np : 1);
-    memset(d->barrier_issued, 0, (np ? np : 1) * sizeof(bool));
-    memset(d->gx_done, 0, (np ? np : 1) * sizeof(uint32_t));
+    memset(d->mx.amax_arrived, 0, d->mx.max_amax_tag + 1);
+    memset(d->mx.gather_ready, 0, t->nops ? t->nops : 1);
+    memset(d->mx.barrier_done, 0, np ? np : 1);
+    memset(d->mx.barrier_issued, 0, (np ? np : 1) * sizeof(bool));
+    memset(d->mx.gx_done, 0, (np ? np : 1) * sizeof(uint32_t));
     d->rready_left = 0;
     for (uint32_t g = 0; g < t->nrollouts; g++)
         if (d->rready[g] != 2) {
@@ -416,8 +418,8 @@ int ag_exec_arm(struct data *d)
         const struct wb_rt_op *op = &t->ops[i];
         if (op->kind != WB_OP_GATHER)
             continue;
-        const struct gsec *s = sec_of(d->sec, d->nsec, op->gather.mesh);
-        rc = expect(d, imm_make(IMM_GATHER, s->tag + d->gref[i].slot), op->gather.npeers - 1);
+        const struct gsec *s = sec_of(d->mx.sec, d->mx.nsec, op->gather.mesh);
+        rc = expect(d, imm_make(IMM_GATHER, s->tag + d->mx.gref[i].slot), op->gather.npeers - 1);
     }
     for (uint32_t p = 0; !rc && p < np; p++)
         if (t->phases[p].barrier_after)
@@ -434,7 +436,7 @@ static bool writes_ready(const struct data *d, uint32_t ti)
     if (!d->rready_left)
         return true;
     for (uint32_t k = rt->write0; k < rt->write0 + rt->nwrites; k++)
-        if (!d->wskip[k] && d->rready[d->table.writes[k].dst_rank] != 1)
+        if (!d->resume.wskip[k] && d->rready[d->table.writes[k].dst_rank] != 1)
             return false;
     return true;
 }
@@ -445,19 +447,12 @@ static bool writes_ready(const struct data *d, uint32_t ti)
  * rollout said it is ready: its kernels store into the rollouts' memory. */
 static int direct_launch(struct data *d)
 {
-    if (!d->dbatch || d->dstate != 0 || d->rready_left)
+    if (d->rready_left)
         return 0;
-    d->dt0 = wb_now_ns();
-    wb_log(WB_LOG_DEBUG, M, "trainer rank %u: every rollout ready %.3f ms after the start", d->rank,
-           (double)(d->dt0 - d->start_ns) / 1e6);
-    int rc = wb_quant_batch_run(d->dbatch, d->stream);
-    rc = rc ? rc : ag_event_record(d->stream, &d->dev_ev);
-    if (rc) {
+    int rc = ag_direct_launch(d);
+    if (rc)
         fail(d, "direct path: launching its kernels: %s", wb_strerror(rc));
-        return rc;
-    }
-    d->dstate = 1;
-    return 0;
+    return rc;
 }
 
 int ag_exec_start(struct data *d)
@@ -472,13 +467,13 @@ int ag_exec_start(struct data *d)
     d->tmp_used = d->peak_tmp = 0;
     /* what this attempt sends: a task whose writes all landed earlier is skipped whole, unless
      * it exchanges with mesh peers (they run it too: an exchange needs both sides) */
-    d->done_bytes = d->total_bytes = 0;
+    d->resume.done_bytes = d->resume.total_bytes = 0;
     for (uint32_t i = 0; i < t->ntasks; i++) {
         const struct wb_rt_task *rt = &t->tasks[i];
         uint64_t bytes = 0;
         bool all = rt->nwrites > 0, coll = false;
         for (uint32_t k = 0; k < rt->nwrites; k++) {
-            if (d->wskip[rt->write0 + k])
+            if (d->resume.wskip[rt->write0 + k])
                 continue;
             all = false;
             bytes += t->writes[rt->write0 + k].len;
@@ -486,9 +481,9 @@ int ag_exec_start(struct data *d)
         for (uint32_t k = 0; k < rt->nops; k++)
             coll |=
                 t->ops[rt->op0 + k].kind == WB_OP_AMAX || t->ops[rt->op0 + k].kind == WB_OP_GATHER;
-        d->tskip[i] = all && !coll;
-        d->task_bytes[i] = bytes;
-        d->total_bytes += bytes;
+        d->resume.tskip[i] = all && !coll;
+        d->resume.task_bytes[i] = bytes;
+        d->resume.total_bytes += bytes;
     }
     d->next_start_ns = 0;
     d->stats = (struct wb_xfer_stats){.rank = d->rank, .cap = d->cap};
@@ -497,9 +492,7 @@ int ag_exec_start(struct data *d)
         fail(d, "direct path: %s", wb_strerror(rc));
         return rc;
     }
-    ag_event_destroy(d->dev_ev);
-    d->dev_ev = NULL;
-    d->dstate = 0;
+    ag_direct_reset(d);
     return direct_launch(d);
 }
 
@@ -542,18 +535,18 @@ static int sums_start(struct data *d, struct task *tk, uint32_t ti)
     uint32_t np = 0;
     for (uint32_t k = rt->write0; k < rt->write0 + rt->nwrites; k++) {
         const struct wb_rt_write *wr = &t->writes[k];
-        if (d->wskip[k]) /* landed in an earlier attempt of this version */
+        if (d->resume.wskip[k]) /* landed in an earlier attempt of this version */
             continue;
-        d->wsame[k] = k;
+        d->sums.wsame[k] = k;
         for (uint32_t j = k, n = 0; j-- > rt->write0 && n < 64; n++) {
             const struct wb_rt_write *o = &t->writes[j];
-            if (!d->wskip[j] && o->src_tensor == wr->src_tensor && o->src_off == wr->src_off &&
-                o->len == wr->len) {
-                d->wsame[k] = d->wsame[j];
+            if (!d->resume.wskip[j] && o->src_tensor == wr->src_tensor &&
+                o->src_off == wr->src_off && o->len == wr->len) {
+                d->sums.wsame[k] = d->sums.wsame[j];
                 break;
             }
         }
-        if (d->wsame[k] != k)
+        if (d->sums.wsame[k] != k)
             continue;
         const uint8_t *src = write_src(d, tk, wr);
         if (!src) {
@@ -561,20 +554,20 @@ static int sums_start(struct data *d, struct task *tk, uint32_t ti)
             return -EINVAL;
         }
         bool dev = d->gpu && (wr->src_tensor == (uint32_t)WB_RT_TMP_SRC || !d->param_host);
-        d->wpiece[k] = dev ? np : UINT32_MAX;
+        d->sums.wpiece[k] = dev ? np : UINT32_MAX;
         if (dev)
-            d->spiece[np++] = (struct wb_sum_piece){src, wr->len};
+            d->sums.spiece[np++] = (struct wb_sum_piece){src, wr->len};
         else
-            d->whash[k] = wb_sum64(src, wr->len);
+            d->sums.whash[k] = wb_sum64(src, wr->len);
     }
     if (!np)
         return 0;
     int rc = 0;
-    if (d->nsum_free)
-        tk->sg = d->sum_free[--d->nsum_free];
+    if (d->sums.nsum_free)
+        tk->sg = d->sums.sum_free[--d->sums.nsum_free];
     else
         rc = wb_sum_gpu_new(&tk->sg);
-    rc = rc ? rc : wb_sum_gpu_launch(tk->sg, d->spiece, np, d->stream);
+    rc = rc ? rc : wb_sum_gpu_launch(tk->sg, d->sums.spiece, np, d->stream);
     if (rc)
         fail(d, "task %u: checksums of its writes on the GPU: %s", ti, wb_strerror(rc));
     return rc;
@@ -589,20 +582,21 @@ static int sums_finish(struct data *d, struct task *tk, uint32_t ti)
     const struct wb_route_table *t = &d->table;
     const struct wb_rt_task *rt = &t->tasks[ti];
     struct wb_sum_record *rec =
-        d->gpu ? d->srec : (struct wb_sum_record *)d->sum_out; /* both [table.nwrites] */
+        d->gpu ? d->sums.srec : (struct wb_sum_record *)d->sums.sum_out; /* both [table.nwrites] */
     for (uint32_t k = rt->write0; k < rt->write0 + rt->nwrites; k++) {
         const struct wb_rt_write *wr = &t->writes[k];
-        if (d->wskip[k]) {
+        if (d->resume.wskip[k]) {
             rec[k] = (struct wb_sum_record){0};
             continue;
         }
-        if (d->wsame[k] != k)
-            d->whash[k] = d->whash[d->wsame[k]]; /* earlier in the task: already final */
-        else if (d->wpiece[k] != UINT32_MAX)
-            d->whash[k] = wb_sum_gpu_result(tk->sg, d->wpiece[k]);
+        if (d->sums.wsame[k] != k)
+            d->sums.whash[k] =
+                d->sums.whash[d->sums.wsame[k]]; /* earlier in the task: already final */
+        else if (d->sums.wpiece[k] != UINT32_MAX)
+            d->sums.whash[k] = wb_sum_gpu_result(tk->sg, d->sums.wpiece[k]);
         rec[k] = (struct wb_sum_record){.dst_off = wr->dst_off,
                                         .len = wr->len,
-                                        .sum = d->whash[k],
+                                        .sum = d->sums.whash[k],
                                         .trainer = d->rank,
                                         .tensor = wr->dst_tensor,
                                         .epoch = d->epoch,
@@ -613,7 +607,7 @@ static int sums_finish(struct data *d, struct task *tk, uint32_t ti)
     if (!d->gpu)
         return 0;
     uint64_t at = (uint64_t)rt->write0 * WB_SUM_RECORD;
-    int rc = ag_copy_async((uint8_t *)d->sum_out + at, (uint8_t *)d->srec + at,
+    int rc = ag_copy_async((uint8_t *)d->sums.sum_out + at, (uint8_t *)d->sums.srec + at,
                            (size_t)rt->nwrites * WB_SUM_RECORD, d->sum_stream);
     rc = rc ? rc : ag_event_record(d->sum_stream, &tk->ev);
     if (rc)
@@ -630,11 +624,11 @@ static int post_record(struct data *d, struct task *tk, uint32_t ti, uint32_t k,
         fail(d, "rollout rank %u published no checksum inbox", wr->dst_rank);
         return -EINVAL;
     }
-    struct wb_tx_write w = {.src = d->sum_out_mr,
+    struct wb_tx_write w = {.src = d->sums.sum_out_mr,
                             .src_off = (uint64_t)k * WB_SUM_RECORD,
                             .peer = p->idx,
                             .dst = &p->sums,
-                            .dst_off = (uint64_t)d->slot[k] * WB_SUM_RECORD,
+                            .dst_off = (uint64_t)d->sums.slot[k] * WB_SUM_RECORD,
                             .len = WB_SUM_RECORD,
                             .has_imm = true,
                             .imm = imm_make(IMM_DATA, wr->tag | IMM_SUM_BIT)};
@@ -652,7 +646,7 @@ static int post_writes(struct data *d, struct task *tk, uint32_t ti)
             return rc;
     }
     for (uint32_t k = 0; k < rt->nwrites; k++) {
-        if (d->wskip[rt->write0 + k]) /* landed in an earlier attempt of this version */
+        if (d->resume.wskip[rt->write0 + k]) /* landed in an earlier attempt of this version */
             continue;
         const struct wb_rt_write *wr = &t->writes[rt->write0 + k];
         struct peer *p = wr->dst_rank < t->nrollouts ? &d->rpeer[wr->dst_rank] : NULL;
@@ -699,7 +693,7 @@ static int gather_send(struct data *d, struct task *tk, uint32_t ti, uint32_t op
 {
     const struct wb_route_table *t = &d->table;
     const struct wb_rt_gather *g = &t->ops[opi].gather;
-    const struct gref *r = &d->gref[opi];
+    const struct gref *r = &d->mx.gref[opi];
     uint32_t me = UINT32_MAX;
     for (uint32_t j = 0; j < g->npeers; j++)
         if (t->peers[g->peer0 + j].rank == d->rank)
@@ -729,7 +723,7 @@ static int gather_send(struct data *d, struct task *tk, uint32_t ti, uint32_t op
         }
         w.peer = p->idx;
         w.dst = &p->inbox;
-        w.dst_off = s->off + r->slot_off + d->moff[r->moff0 + me];
+        w.dst_off = s->off + r->slot_off + d->mx.moff[r->moff0 + me];
         w.imm = imm_make(IMM_GATHER, s->tag + r->slot);
         int rc = post(d, tk, ti, &w, WB_ROLE_TRAINER, rank);
         if (rc)
@@ -744,14 +738,14 @@ static int gather_unpack(struct data *d, const struct opctx *c, uint32_t opi)
     const struct wb_route_table *t = &d->table;
     const struct wb_rt_op *op = &t->ops[opi];
     const struct wb_rt_gather *g = &op->gather;
-    const struct gsec *s = sec_of(d->sec, d->nsec, g->mesh);
+    const struct gsec *s = sec_of(d->mx.sec, d->mx.nsec, g->mesh);
     for (uint32_t j = 0; j < g->npeers; j++) {
         const void *src;
         if (t->peers[g->peer0 + j].rank == d->rank)
             src = ag_ops_view_ptr(c, &g->src);
         else
-            src = (uint8_t *)d->inbox + s->off + d->gref[opi].slot_off +
-                  d->moff[d->gref[opi].moff0 + j];
+            src = (uint8_t *)d->mx.inbox + s->off + d->mx.gref[opi].slot_off +
+                  d->mx.moff[d->mx.gref[opi].moff0 + j];
         int rc = ag_ops_unpack_member(c, op, j, src);
         if (rc)
             return rc;
@@ -762,7 +756,7 @@ static int gather_unpack(struct data *d, const struct opctx *c, uint32_t opi)
 static bool barriers_ok(const struct data *d, uint32_t phase)
 {
     for (uint32_t p = 0; p < phase && p < d->table.nphases; p++)
-        if (d->table.phases[p].barrier_after && !d->barrier_done[p])
+        if (d->table.phases[p].barrier_after && !d->mx.barrier_done[p])
             return false;
     return true;
 }
@@ -792,7 +786,7 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
         if (!barriers_ok(d, t->tasks[ti].phase))
             return STEP_WAIT;
         span_open(d, tk, ti, WB_STAGE_GATHER);
-        float *out = (float *)((uint8_t *)d->amax_out + d->amax_out_off[opi]);
+        float *out = (float *)((uint8_t *)d->mx.amax_out + d->mx.amax_out_off[opi]);
         if (d->gpu) { /* all on the device: one event, before the writes read the outbox */
             if ((rc = ag_ops_amax_partial(c, op, d->scratch[1], NULL)) != 0 ||
                 (rc = ag_ops_amax_blocks(c, op, d->scratch[1], out)) != 0)
@@ -816,8 +810,8 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
                 fail(d, "trainer rank %u published no amax inbox", pe->rank);
                 return -EINVAL;
             }
-            struct wb_tx_write w = {.src = d->amax_out_mr,
-                                    .src_off = d->amax_out_off[opi],
+            struct wb_tx_write w = {.src = d->mx.amax_out_mr,
+                                    .src_off = d->mx.amax_out_off[opi],
                                     .peer = p->idx,
                                     .dst = &p->amaxbox,
                                     .dst_off = pe->peer_inbox_off,
@@ -834,17 +828,17 @@ static int step_amax(struct data *d, struct task *tk, uint32_t ti, const struct 
                * reading the device inbox, ahead of the QUANT op on the same stream) */
         const struct wb_rt_amax_peer *P = &t->amax_peers[a->peer0];
         for (uint32_t k = 0; k < a->npeers; k++)
-            if (P[k].tag > d->max_amax_tag || !d->amax_arrived[P[k].tag])
+            if (P[k].tag > d->mx.max_amax_tag || !d->mx.amax_arrived[P[k].tag])
                 return STEP_WAIT;
         float *grid = (float *)(c->tmp + a->amax_off);
         for (uint32_t k = 0; k < a->npeers; k++)
             if ((rc = ag_ops_amax_into_grid(
-                     c, op, (const float *)((uint8_t *)d->amax_in + P[k].inbox_off), grid)) != 0)
+                     c, op, (const float *)((uint8_t *)d->mx.amax_in + P[k].inbox_off), grid)) != 0)
                 return rc;
         break;
     }
     }
-    d->gx_done[t->tasks[ti].phase]++;
+    d->mx.gx_done[t->tasks[ti].phase]++;
     return STEP_NEXT;
 }
 
@@ -867,12 +861,12 @@ static int step_gather(struct data *d, struct task *tk, uint32_t ti, const struc
         tk->sub = 2;
     /* fall through */
     case 2:
-        if (!d->gather_ready[opi])
+        if (!d->mx.gather_ready[opi])
             return STEP_WAIT;
         if ((rc = gather_unpack(d, c, opi)) != 0)
             return rc;
     }
-    d->gx_done[d->table.tasks[ti].phase]++;
+    d->mx.gx_done[d->table.tasks[ti].phase]++;
     return STEP_NEXT;
 }
 
@@ -951,7 +945,7 @@ static int step_task(struct data *d, uint32_t ti)
     const struct wb_rt_task *rt = &d->table.tasks[ti];
     struct opctx c = {d, tk, (uint8_t *)d->tmp + tk->tmp_off};
     if (tk->st == T_DIRECT) {
-        if (d->dstate != 2)
+        if (!ag_direct_done(d))
             return 0;
         int r = announce_direct(d, tk, ti);
         if (r)
@@ -1056,7 +1050,7 @@ static int step_task(struct data *d, uint32_t ti)
         tk->st = T_DONE;
         d->tmp_used -= tk->tmp_len;
         d->tasks_done++;
-        d->done_bytes += d->task_bytes[ti];
+        d->resume.done_bytes += d->resume.task_bytes[ti];
     }
     return 0;
 }
@@ -1086,10 +1080,11 @@ static void issue_barriers(struct data *d)
 {
     const struct wb_route_table *t = &d->table;
     for (uint32_t p = 0; p < t->nphases; p++) {
-        if (!t->phases[p].barrier_after || d->barrier_issued[p] || d->gx_done[p] < d->gx_total[p])
+        if (!t->phases[p].barrier_after || d->mx.barrier_issued[p] ||
+            d->mx.gx_done[p] < d->mx.gx_total[p])
             continue;
-        d->barrier_issued[p] = true;
-        d->barrier_t0[p] = wb_now_ns();
+        d->mx.barrier_issued[p] = true;
+        d->mx.barrier_t0[p] = wb_now_ns();
         for (uint32_t r = 0; r < t->ntrainers; r++) {
             if (r == d->rank)
                 continue;
@@ -1107,9 +1102,9 @@ static void issue_barriers(struct data *d)
     }
     /* a barrier's span: from issue to the last peer's arrival */
     for (uint32_t p = 0; p < t->nphases; p++)
-        if (d->barrier_issued[p] && d->barrier_done[p] == 1) {
-            d->barrier_done[p] = 2;
-            span_add(d, WB_STAGE_BARRIER, UINT32_MAX, d->barrier_t0[p], wb_now_ns());
+        if (d->mx.barrier_issued[p] && d->mx.barrier_done[p] == 1) {
+            d->mx.barrier_done[p] = 2;
+            span_add(d, WB_STAGE_BARRIER, UINT32_MAX, d->mx.barrier_t0[p], wb_now_ns());
         }
 }
 
@@ -1123,13 +1118,14 @@ int ag_exec_step(struct data *d)
     while (d->next_task < t->ntasks) {
         struct task *tk = &d->tasks[d->next_task];
         uint64_t need = t->tasks[d->next_task].tmp_bytes, off = 0;
-        if (d->tskip[d->next_task]) { /* every write landed earlier: nothing to read or send */
+        if (d->resume
+                .tskip[d->next_task]) { /* every write landed earlier: nothing to read or send */
             tk->st = T_DONE;
             d->tasks_done++;
             d->next_task++;
             continue;
         }
-        if (d->dbatch && d->dplan.is_direct[d->next_task]) {
+        if (ag_direct_has(d, d->next_task)) {
             tk->st = T_DIRECT;
             tk->span_stage = -1;
             d->next_task++;
@@ -1173,18 +1169,16 @@ int ag_exec_step(struct data *d)
         if (d->o->pace_ns)
             break;
     }
-    if (d->dstate == 0 && d->dbatch && direct_launch(d))
+    if (direct_launch(d))
         return 1;
-    if (d->dstate == 1) {
-        int r = ag_event_done(d->dev_ev);
-        if (r < 0)
-            fail(d, "direct path: its kernels failed: %s", wb_strerror(r));
-        if (r > 0) {
-            d->dstate = 2;
-            span_add(d, WB_STAGE_QUANT, UINT32_MAX, d->dt0, wb_now_ns());
-            wb_log(WB_LOG_DEBUG, M, "trainer rank %u: direct batch done %.3f ms after the start",
-                   d->rank, (double)(wb_now_ns() - d->start_ns) / 1e6);
-        }
+    uint64_t dt0 = 0;
+    int r = ag_direct_poll(d, &dt0);
+    if (r < 0)
+        fail(d, "direct path: its kernels failed: %s", wb_strerror(r));
+    if (r > 0) {
+        span_add(d, WB_STAGE_QUANT, UINT32_MAX, dt0, wb_now_ns());
+        wb_log(WB_LOG_DEBUG, M, "trainer rank %u: direct batch done %.3f ms after the start",
+               d->rank, (double)(wb_now_ns() - d->start_ns) / 1e6);
     }
     for (uint32_t i = 0; i < d->next_task && !d->fail[0]; i++) {
         if (d->tasks[i].st == T_DONE)
@@ -1198,7 +1192,7 @@ int ag_exec_step(struct data *d)
     if (d->tasks_done < t->ntasks)
         return 0;
     for (uint32_t p = 0; p < t->nphases; p++)
-        if (t->phases[p].barrier_after && !d->barrier_done[p])
+        if (t->phases[p].barrier_after && !d->mx.barrier_done[p])
             return 0;
     wb_log(WB_LOG_DEBUG, M, "trainer rank %u: every write complete %.3f ms after the start",
            d->rank, (double)(wb_now_ns() - d->start_ns) / 1e6);
@@ -1210,9 +1204,7 @@ int ag_exec_step(struct data *d)
 
 void ag_exec_abort(struct data *d)
 {
-    ag_event_destroy(d->dev_ev);
-    d->dev_ev = NULL;
-    d->dstate = 0;
+    ag_direct_reset(d);
     if (d->io) /* reads not started are dropped; TMP waits for the running ones */
         ag_io_cancel(d->io);
     for (uint32_t i = 0; d->tasks && i < d->table.ntasks; i++) {

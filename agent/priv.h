@@ -1,11 +1,17 @@
 /* priv.h — private to agent/: the endpoint object shared by its public calls (endpoint.c), its
- * control loop (agent.c), its registrations (regs.c) and its data side (data.c: setup, peers,
+ * control loop (loop.c), its registrations (regs.c) and its data side (data.c: setup, peers,
  * the trainer's executor and the rollout's counters).
  *
  * Threads: the control loop runs on the endpoint's thread (or the caller's, wb_endpoint_run).
- * Everything the public calls read or request — readiness, pushes asked for and their
- * outcomes, the rollout's complete version, failures — sits under `mu` and is signalled on
- * `cv`; the rest is the loop's alone. */
+ * Everything the public calls read or wait for — readiness, pushes asked for and their
+ * outcomes, the versions held, failures — is state.c's, under its own lock; the endpoint's
+ * `mu` guards the rest the public calls touch (the thread, a close asked for, the hook, the
+ * registrations before the start); everything else is the loop's alone.
+ *
+ * Calls run downward only: endpoint.c (public calls) → loop.c (the loop) → data.c (setup,
+ * peers, progress) → exec.c, direct.c, ops.c, regs.c, io.c; state.c sits below the public calls
+ * and the loop and calls none of them. The data side reports outcomes (return values, struct
+ * data_done, struct data_setup_out), which the loop turns into state changes and reports. */
 #ifndef WB_AGENT_PRIV_H
 #define WB_AGENT_PRIV_H
 
@@ -15,6 +21,22 @@
 #include "agent/agent.h"
 
 struct data; /* data.c's state (plan, buffers, transport, executor) */
+
+/* The agent's time defaults, every one in this one place. The first three hold until REGISTERED
+ * brings the controller's (its heartbeat period, when it takes a silent agent for dead, how
+ * long it parks a poll); give_up_trainer_ns is a trainer's opts.give_up_ns when that is 0 (a
+ * rollout holds the weights and never gives up); transfer_ns an attempt's when its TRANSFER
+ * names no timeout (a rollout's windows close twice that long after they opened, whatever the
+ * controller says meanwhile). */
+static const struct ag_defaults {
+    uint64_t heartbeat_ns, dead_ns, poll_hold_ns, give_up_trainer_ns, transfer_ns;
+} AG_DEFAULTS = {
+    .heartbeat_ns = 200 * 1000000ull,
+    .dead_ns = 10ull * 1000000000,
+    .poll_hold_ns = 500 * 1000000ull,
+    .give_up_trainer_ns = 30ull * 1000000000,
+    .transfer_ns = 60ull * 1000000000,
+};
 
 /* What the control loop learns from SETUP. */
 struct agent_job {
@@ -51,20 +73,17 @@ struct seg {
     uintptr_t base;
     uint64_t len;
     bool device;
-    struct wb_tx_mr *mr;
 };
 
-/* A pushed version as the trainer's process sees it. */
-struct push {
-    uint64_t version;
-    bool sent;    /* PUSH went to the controller */
-    bool sources; /* this rank's executor no longer reads its tensors */
-    bool done;    /* COMPLETE or ABORT arrived */
-    bool failed;
-    char reason[WB_ERRMSG_MAX];
+/* The loop's versions, one field per meaning (what it publishes — the version held, the push
+ * done, the version failed — is state.c's). */
+struct loop_versions {
+    uint64_t attempt;    /* the version of the last TRANSFER that started here (0: none yet) */
+    uint64_t draining;   /* trainers: an aborted attempt whose REPORT_DRAINED is due (0: none) */
+    uint64_t committing; /* rollouts: a complete version whose dump runs before COMMITTED */
 };
 
-enum { MAX_QUEUED = 64, MAX_PUSHES = 16 };
+enum { MAX_QUEUED = 64 };
 
 struct wb_endpoint {
     struct wb_endpoint_opts o;
@@ -115,8 +134,7 @@ struct wb_endpoint {
     bool settled;
     uint64_t idle_dropped; /* loop_wait_ms: notes dropped as of its last turn ... */
     uint64_t drain_until;  /* ... and until when the transport is drained after a change */
-    uint64_t xfer_version;
-    uint64_t drain_version; /* trainers: an aborted attempt whose REPORT_DRAINED is due */
+    struct loop_versions v;
     bool in_flight;
     uint64_t commits; /* rollouts: versions committed (heartbeats and COMMITTED carry it) */
     uint64_t pace_until;
@@ -124,71 +142,83 @@ struct wb_endpoint {
     /* rollouts: a version's dump, written by its own thread (a large model takes seconds, and
      * the loop keeps heartbeating); COMMITTED is reported when it ends */
     pthread_t dump_thread;
-    bool dumping;
-    uint64_t dump_version;
+    bool dumping;           /* for v.committing */
     _Atomic int dump_state; /* 0 running, 1 done, negative: failed (dump_err) */
     _Atomic int state_req;  /* testing (wb-agent SIGUSR1): dump the tensors as they are now */
     char dump_err[WB_ERRMSG_MAX];
-    /* Heartbeats go out from a thread of their own on a channel of their own, so that no work
-     * of the loop (a setup registering gigabytes, a step slowed by CPU pressure) delays them
-     * and gets a live process declared dead. The loop keeps `beat` current (hb_update). */
-    pthread_t hb_thread;
-    bool hb_started;
-    struct wb_chan hbc;
-    pthread_mutex_t hb_mu;
-    pthread_cond_t hb_cv;
-    struct wb_body_heartbeat beat; /* under hb_mu: the next heartbeat (session 0: none yet) */
-    uint64_t hb_period, hb_wait;   /* under hb_mu: heartbeat period, time to wait for a reply */
-    uint64_t loop_sent_ns; /* under hb_mu: when the loop last sent the controller a request */
-    uint64_t hb_heard;     /* under hb_mu: when the last heartbeat was answered */
-    uint64_t hb_lost;      /* under hb_mu: a session the controller said it lost */
-    bool hb_ended;         /* under hb_mu: the controller said the job is shutting down */
-    bool hb_quit;          /* under hb_mu */
-    uint64_t hb_next;      /* loop only: when hb_update runs next */
+    /* heartbeats, from their own thread (hb.c; NULL while the loop does not run) */
+    struct ag_hb *hb;
+    uint64_t hb_next; /* loop only: when hb_update runs next */
     /* Wakes the loop from its sleep (an eventfd): a push or a close asked for, the heartbeat
      * thread's news, a dump that ended, a state dump asked for (async-signal-safe). */
     int wake_fd;
     /* shared with the public calls, under mu */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     pthread_t thread;
     bool thread_started, stop;
     uint64_t stop_at; /* loop only: when a close stops waiting for queued reports */
-    bool ready;       /* the controller said READY */
-    int fatal;        /* the loop stopped with this code (0: running) */
-    char err[4096];   /* the last failure's message */
-    uint64_t version; /* rollouts: last complete version; trainers: last done push */
-    uint64_t failed_version;
-    char failed_reason[WB_ERRMSG_MAX];
-    bool torn; /* rollouts: a transfer reached this rank and did not complete, so its tensors
-                  may hold parts of it; until a version completes */
-    struct push pushes[MAX_PUSHES];
-    uint32_t npushes;
-    char err_copy[4096]; /* wb_endpoint_error()'s snapshot */
+    /* what the loop publishes and the public calls wait on (state.c) */
+    struct ag_state *st;
 };
 
-/* agent.c: the control loop. Returns as wb_endpoint_run() does. */
+/* loop.c: the control loop. Returns as wb_endpoint_run() does. */
 int ag_loop(struct wb_endpoint *ep);
 /* Wakes the loop if it sleeps (any thread, and signal handlers). */
 void ag_wake(struct wb_endpoint *ep);
 /* Waits for a rollout's dump thread, if one runs (before its memory goes). */
 void ag_dump_wait(struct wb_endpoint *ep);
 
-/* endpoint.c: state changes the loop publishes (each takes mu and signals cv). */
-void ag_set_fatal(struct wb_endpoint *ep, int code, const char *fmt, ...)
+/* state.c: what the loop publishes and the public calls wait on, under a lock of its own. */
+struct ag_state;
+int ag_state_new(enum wb_role role, uint32_t rank, struct ag_state **out);
+void ag_state_free(struct ag_state *st);
+/* The last error message (the public calls' and the loop's): says it, and a snapshot of it. */
+void ag_state_say(struct ag_state *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *ag_state_error(struct ag_state *st);
+/* What this rank holds: a trainer its newest push done, a rollout its complete version. */
+uint64_t ag_state_version(struct ag_state *st);
+bool ag_state_torn(struct ag_state *st);
+/* The public calls' waits (each says what went wrong with ag_state_say's message). */
+int ag_state_wait_ready(struct ag_state *st, uint64_t timeout_ns);
+int ag_state_push(struct ag_state *st, uint64_t version);
+int ag_state_wait_push(struct ag_state *st, uint64_t version, enum wb_push_event ev,
+                       uint64_t timeout_ns);
+int ag_state_wait_version(struct ag_state *st, uint64_t version, uint64_t timeout_ns);
+/* The loop's news: a failure that stops it (the first is told), READY or not. */
+void ag_set_fatal(struct ag_state *st, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void ag_set_ready(struct wb_endpoint *ep, bool ready);
+void ag_set_ready(struct ag_state *st, bool ready);
 /* Trainers: the next push the loop should send (0: none), and what happened to one. */
-uint64_t ag_push_next(struct wb_endpoint *ep);
-void ag_push_event(struct wb_endpoint *ep, uint64_t version, enum wb_push_event ev, bool failed,
+uint64_t ag_push_next(struct ag_state *st);
+void ag_push_event(struct ag_state *st, uint64_t version, enum wb_push_event ev, bool failed,
                    const char *reason);
 /* Rollouts: a version completed or failed. */
-void ag_version_done(struct wb_endpoint *ep, uint64_t version, bool failed, const char *reason);
+void ag_version_done(struct ag_state *st, uint64_t version, bool failed, const char *reason);
 /* A rollout opened its windows to an attempt: torn until a version completes on it. */
-void ag_version_torn(struct wb_endpoint *ep);
+void ag_version_torn(struct ag_state *st);
 /* Rollouts: the tensors no longer hold the version they held (why: what replaced them); the
  * rank holds none from now on. */
-void ag_version_lost(struct wb_endpoint *ep, const char *why);
+void ag_version_lost(struct ag_state *st, const char *why);
+
+/* hb.c: the heartbeats' thread and channel. */
+struct ag_hb;
+/* What the beats heard since the last update: when one was last answered, a session the
+ * controller said it lost (0: none), whether it said the job is ending. */
+struct ag_hb_news {
+    uint64_t heard, lost;
+    bool ended;
+};
+/* Starts beating every period_ns (nothing goes out before the first update with a session);
+ * wake_fd: the loop's eventfd, written when news must be acted on at once. */
+int ag_hb_start(const char *controller, const char *token, uint64_t period_ns, int wake_fd,
+                struct ag_hb **out);
+/* Stops the thread (a call in flight gives up within 20 ms) and frees. NULL is a no-op. */
+void ag_hb_stop(struct ag_hb *hb);
+/* The next beat is b; the loop last sent a request at loop_sent_ns; the period is period_ns. */
+void ag_hb_update(struct ag_hb *hb, const struct wb_body_heartbeat *b, uint64_t loop_sent_ns,
+                  uint64_t period_ns, struct ag_hb_news *news);
+/* The heartbeats' connection to the controller is up (read atomically). */
+bool ag_hb_connected(const struct ag_hb *hb);
 
 /* regs.c: registrations. */
 int ag_regs_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t, char *err, size_t errcap);
@@ -208,15 +238,30 @@ int ag_segs_group(const struct reg *regs, uint32_t nregs, ag_alloc_range_fn rang
                   struct seg **out, uint32_t *nout, char *err, size_t errcap);
 /* The segment holding [p, p + n): its index, or -1. */
 int ag_seg_of(const struct wb_endpoint *ep, const void *p, uint64_t n);
+uint32_t ag_segs_count(const struct wb_endpoint *ep);
+const struct seg *ag_seg_get(const struct wb_endpoint *ep, uint32_t k);
+/* Registration r's index (what a source's reads name). */
+uint32_t ag_regs_index_of(const struct wb_endpoint *ep, const struct reg *r);
+/* A sourced trainer's source (wb_endpoint_set_source), NULL for any other endpoint. */
+const struct wb_endpoint_source *ag_regs_source(const struct wb_endpoint *ep);
 void ag_regs_free(struct wb_endpoint *ep);
+
+/* What a setup gives back to the loop. */
+struct data_setup_out {
+    /* msgpack blobs owned by the data side (valid until the next setup), on success */
+    const void *addr, *regions;
+    size_t addr_len, regions_len;
+    /* rollouts, success or not: why the tensors no longer hold the version they held (a
+     * re-setup replaced or released them), NULL when they still do */
+    const char *lost;
+};
 
 /* data.c: setup decodes the plan bytes (and, for trainers, the shard list; for rollouts of a
  * registering endpoint, the names of its locals), binds or allocates and registers memory, and
- * opens the transport. On success *addr and *regions are msgpack blobs owned by the data side
- * (valid until the next setup). */
+ * opens the transport; a synthetic trainer starts filling its shards with next_version's
+ * values. */
 int ag_data_setup(struct data **d, struct wb_endpoint *ep, const struct wb_body_setup *b,
-                  const void **addr, size_t *addr_len, const void **regions, size_t *regions_len,
-                  char *err, size_t errcap);
+                  uint64_t next_version, struct data_setup_out *out, char *err, size_t errcap);
 /* Trainer: the PEERS list (a msgpack array of [role, rank, addr, regions]). */
 int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size_t errcap);
 /* Starts the attempt TRANSFER describes (its version, epoch, key and timeout; skip: the tags
@@ -253,8 +298,6 @@ bool ag_data_busy(const struct data *d);
 /* Nothing is in flight on the data side: no attempt, no open window, no write or read
  * outstanding, no fill under way. Its transport needs no polling until the next command. */
 bool ag_data_idle(const struct data *d);
-/* Nothing of the plan is assigned to this rank. */
-bool ag_data_empty(const struct data *d);
 /* Rollouts: writes every local tensor to DIR/rollout<rank>.v<version>.bin (for checks). Runs
  * on any thread (the loop's keeps heartbeating meanwhile). */
 int ag_data_dump(struct data *d, const char *dir, uint64_t version, char *err, size_t errcap);

@@ -294,3 +294,23 @@ void ag_regs_free(struct wb_endpoint *ep)
     ep->nregs = ep->nsegs = 0;
     ep->capregs = 0;
 }
+
+uint32_t ag_segs_count(const struct wb_endpoint *ep)
+{
+    return ep->nsegs;
+}
+
+const struct seg *ag_seg_get(const struct wb_endpoint *ep, uint32_t k)
+{
+    return &ep->segs[k];
+}
+
+uint32_t ag_regs_index_of(const struct wb_endpoint *ep, const struct reg *r)
+{
+    return (uint32_t)(r - ep->regs);
+}
+
+const struct wb_endpoint_source *ag_regs_source(const struct wb_endpoint *ep)
+{
+    return ep->sourced ? &ep->src : NULL;
+}

@@ -1,6 +1,10 @@
-/* xfer.h — private to agent/: the data side's state, shared by data.c (setup, registration,
- * peers, the rollout's counters), exec.c (the trainer's pipelined executor), ops.c (the
- * routing-table ops on host or GPU memory) and gpu.cu / gpu_nocuda.c (streams and events).
+/* xfer.h — private to agent/: the data side. struct data is the attempt (version, epoch, key,
+ * transport) and the trainer's side (table, shards, arenas, inboxes, barriers, checksums,
+ * executor), shared by data.c (setup, registration, peers, the attempt's lifecycle), exec.c
+ * (the trainer's pipelined executor) and ops.c (the routing-table ops on host or GPU memory).
+ * The pieces with one owner hang off it by an opaque pointer and are reached through their
+ * file's calls: rollout.c (a rollout's receive side), fill.c (the synthetic fill), direct.c
+ * (the direct path). gpu.cu / gpu_nocuda.c: streams and events; mem.c: registered buffers.
  *
  * Memory a trainer registers with the transport (one registration each, so the hot path never
  * registers): the PARAM arena (every shard it holds, SRC), the TMP arena (the executor's
@@ -113,6 +117,9 @@ struct peer {
     struct wb_tx_rdesc sums;
 };
 
+/* The ctx of notes no task has (warm-up, fences, READY): their completions count for nothing. */
+static const uint64_t WARMUP_CTX = UINT64_MAX;
+
 /* The rollout-region entry that describes a rollout's checksum inbox instead of a tensor. */
 enum { SUM_INBOX_ENTRY = 0xffffffffu };
 
@@ -175,10 +182,59 @@ struct ag_direct_plan {
     size_t nc;
 };
 
+/* A trainer's exchanges with its mesh peers, laid out by data.c's setup and stepped by exec.c:
+ * the gather inbox and its sections, the amax inbox and outbox, and the phases' barriers. */
+struct mesh_exchange {
+    void *inbox;
+    uint64_t inbox_bytes;
+    struct wb_tx_mr *inbox_mr;
+    uint32_t nsec;
+    struct gsec *sec;
+    struct gref *gref; /* [table.nops], only GATHER entries used */
+    uint64_t *moff;    /* members' offsets within their slots (struct gref) */
+    void *amax_in, *amax_out;
+    uint64_t amax_in_bytes, amax_out_bytes;
+    uint64_t *amax_out_off; /* [table.nops] */
+    struct wb_tx_mr *amax_in_mr, *amax_out_mr;
+    uint32_t max_amax_tag;
+    uint8_t *amax_arrived; /* [max_amax_tag + 1] */
+    uint8_t *gather_ready; /* [table.nops]: the slot's peers all arrived */
+    uint8_t *barrier_done; /* [nphases]: 1 all arrived, 2 its span recorded */
+    uint64_t *barrier_t0;  /* [nphases]: when this rank issued it */
+    uint32_t *gx_total;    /* [nphases]: GATHER/AMAX ops of the phase */
+    uint32_t *gx_done;     /* [nphases] */
+    bool *barrier_issued;  /* [nphases] */
+};
+
+/* A trainer's checksums (SETUP.verify), laid out by data.c's setup and written by exec.c: every
+ * write to a rollout is recorded (sum_out, one WB_SUM_RECORD slot per table write) into the
+ * rollout's sum inbox at slot[write]. */
+struct trainer_sums {
+    uint32_t *slot;
+    void *sum_out;
+    struct wb_tx_mr *sum_out_mr;
+    uint64_t *whash; /* [table.nwrites]: the wb_sum64 of each write posted */
+    /* [table.nwrites]: the write whose sum a write takes (itself, or an earlier replica of the
+     * same source in its task), and a write hashed on the GPU: its piece in its task's batch
+     * (UINT32_MAX: hashed on the host) */
+    uint32_t *wsame, *wpiece;
+    struct wb_sum_piece *spiece;  /* [max_task_writes]: a task's batch being launched */
+    struct wb_sum_record *srec;   /* GPU: [table.nwrites], pinned: records on their way out */
+    struct wb_sum_gpu **sum_free; /* GPU batches not in use (a task holds one in flight) */
+    size_t nsum_free, cap_sum_free;
+};
+
+/* A trainer's resumed attempt (TRANSFER.skip, set by data.c, used by exec.c): table writes not
+ * sent again (their rollout tensor landed earlier), tasks skipped whole, bytes per task, and
+ * the attempt's progress (heartbeats carry it). */
+struct resume {
+    uint8_t *wskip;
+    uint8_t *tskip;
+    uint64_t *task_bytes;
+    uint64_t done_bytes, total_bytes;
+};
+
 struct data {
-    struct kept *kept; /* setup only: the previous setup's tensors, to take over */
-    uint32_t nkept;
-    uint32_t nkept_taken;
     enum wb_role role;
     uint32_t rank;
     int device; /* CUDA device, -1 = host memory */
@@ -189,19 +245,14 @@ struct data {
     struct agent_job job;
     bool empty; /* no plan: nothing to move */
     bool active, pending_start, last_ok;
+    /* the attempt: TRANSFER's version and epoch (the loop's loop_versions.attempt once it
+     * started), when it started */
     uint64_t version, epoch, start_ns, end_ns;
     uint8_t key[WB_MAC_KEY_BYTES]; /* the attempt's (TRANSFER.key) */
     uint64_t deadline_ns;          /* rollouts: windows close and the attempt fails here */
     uint8_t attempt;               /* counts attempts: a write's ctx names its own */
     bool draining;                 /* trainers: an attempt ended; its writes still complete */
-    /* synthetic trainers: the version the shards hold (0: none), and a fill under way (GPU: an
-     * event after its kernels; host memory: a thread) for fill_want, 0 when none */
-    uint64_t fill_have, fill_want, fill_t0;
-    void *fill_ev;
-    pthread_t fill_thread;
-    bool fill_thread_on;
-    _Atomic int fill_state; /* thread: 0 running, 1 done, negative errno */
-    char fill_err[256];
+    struct ag_fill *fill; /* synthetic trainers: the source's values in the shards (fill.c) */
     char fail[512];
     /* transport */
     struct wb_tx *tx;
@@ -216,6 +267,10 @@ struct data {
     struct shard *shards;
     uint32_t nshards;
     uint32_t *shard_of; /* trainer tensor -> shard index + 1 (0: not held) */
+    /* a registering trainer: the registration of each of the endpoint's allocations (its
+     * segments, regs.c) that a shard is written from, NULL until one is */
+    struct wb_tx_mr **seg_mr;
+    const struct wb_endpoint_source *source; /* a sourced trainer's (NULL: none) */
     uint32_t ntensors;
     void *param;
     uint64_t param_bytes;
@@ -225,25 +280,7 @@ struct data {
     void *tmp;
     uint64_t tmp_size;
     struct wb_tx_mr *tmp_mr;
-    void *inbox;
-    uint64_t inbox_bytes;
-    struct wb_tx_mr *inbox_mr;
-    uint32_t nsec;
-    struct gsec *sec;
-    struct gref *gref; /* [table.nops], only GATHER entries used */
-    uint64_t *moff;    /* members' offsets within their slots (struct gref) */
-    void *amax_in, *amax_out;
-    uint64_t amax_in_bytes, amax_out_bytes;
-    uint64_t *amax_out_off; /* [table.nops] */
-    struct wb_tx_mr *amax_in_mr, *amax_out_mr;
-    uint32_t max_amax_tag;
-    uint8_t *amax_arrived;       /* [max_amax_tag + 1] */
-    uint8_t *gather_ready;       /* [table.nops]: the slot's peers all arrived */
-    uint8_t *barrier_done;       /* [nphases]: 1 all arrived, 2 its span recorded */
-    uint64_t *barrier_t0;        /* [nphases]: when this rank issued it */
-    uint32_t *gx_total;          /* [nphases]: GATHER/AMAX ops of the phase */
-    uint32_t *gx_done;           /* [nphases] */
-    bool *barrier_issued;        /* [nphases] */
+    struct mesh_exchange mx;
     void *scratch[2], *hscratch; /* ops' pack/cast space (device or host), host space */
     uint64_t scratch_bytes;
     struct peer *tpeer; /* [ntrainers] */
@@ -258,13 +295,8 @@ struct data {
     uint64_t tmp_used, peak_tmp, cap;
     uint64_t outstanding; /* writes posted and not completed, all epochs */
     uint64_t next_start_ns;
-    /* the direct path (direct.c): built at the first transfer after PEERS */
-    bool direct_built;
-    struct ag_direct_plan dplan;
-    struct wb_quant_batch *dbatch;
-    void *dev_ev; /* after the batch's kernels */
-    int dstate;   /* 0 none, 1 launched, 2 done: its tasks announce their writes */
-    uint64_t dt0; /* launch time (its span) */
+    struct ag_direct *direct; /* the direct path (direct.c): built at the first transfer after
+                                 PEERS (NULL: not yet) */
     struct wb_xfer_stats stats;
     struct span *spans;
     uint32_t nspans;
@@ -273,62 +305,90 @@ struct data {
      * copied back to be hashed) */
     struct ag_io *io;
     uint8_t *stage;
-    /* checksums (SETUP.verify): trainers record every write to a rollout (sum_out, one
-     * WB_SUM_RECORD slot per table write) into the rollout's sum inbox at slot[write] */
-    bool verify;
-    uint32_t *slot;
-    void *sum_out;
-    struct wb_tx_mr *sum_out_mr;
-    uint64_t *whash; /* [table.nwrites]: the wb_sum64 of each write posted */
-    /* [table.nwrites]: the write whose sum a write takes (itself, or an earlier replica of the
-     * same source in its task), and a write hashed on the GPU: its piece in its task's batch
-     * (UINT32_MAX: hashed on the host) */
-    uint32_t *wsame, *wpiece;
+    bool verify; /* checksums (SETUP.verify): every write to a rollout is checked there */
+    struct trainer_sums sums;
     uint32_t max_task_writes;
     uint64_t *akeys; /* [max_task_writes]: a direct task's (rollout, tag) pairs, to batch notes */
-    struct wb_sum_piece *spiece; /* [max_task_writes]: a task's batch being launched */
-    struct wb_sum_record *srec;  /* GPU: [table.nwrites], pinned: records on their way to sum_out */
-    struct wb_sum_gpu **sum_free; /* GPU batches not in use (a task holds one in flight) */
-    size_t nsum_free, cap_sum_free;
-    struct wb_sum_gpu *rsum;     /* rollouts: the batch of a tensor's records */
-    struct wb_sum_piece *rpiece; /* [rcap] */
-    uint64_t *rhash;             /* [rcap] */
-    uint64_t rcap;
-    /* a resumed attempt: table writes not sent again (their rollout tensor landed earlier),
-     * tasks skipped whole, bytes per task; progress */
-    uint8_t *wskip;
-    uint8_t *tskip;
-    uint64_t *task_bytes;
-    uint64_t done_bytes, total_bytes;
-    /* rollout */
-    struct wb_recv_list recv;
-    bool have_recv;
-    struct local *locals;
-    uint32_t *local_left;      /* [nlocal]: expect entries not yet in (its window closes at 0) */
-    bool windows_open;         /* the attempt's windows are open */
-    struct wb_tx_mr *empty_mr; /* what zero-byte tensors are described by */
-    void *empty_buf;
-    uint32_t *writers; /* the trainer peers (transport indices) PEERS named */
-    uint32_t nwriters;
-    char (*lname)[WB_NAME_MAX]; /* [nlocal]: names for messages ("" when not sent) */
-    uint64_t local_bytes;
-    uint32_t max_data_tag;
-    int32_t *expect_of;     /* data tag -> expect index, -1 */
-    uint32_t *expect_local; /* [nexpect]: its local tensor */
-    uint8_t *reached;       /* [nexpect]: every write counted */
-    uint8_t *sum_reached;   /* [nexpect]: every checksum record counted */
-    uint8_t *landed;        /* [nexpect]: landed (and verified) in an attempt of landed_version */
-    uint64_t landed_version;
-    uint32_t *ready; /* expect indices with data and records in, waiting to be checked */
-    uint32_t nready;
-    uint32_t nlanded, nwant;
-    void *sum_in; /* the checksum inbox: records grouped by expect entry */
-    struct wb_tx_mr *sum_in_mr;
-    uint64_t sum_in_bytes;
-    void *sum_in_host; /* GPU: its pinned host mirror, where records are read */
-    uint64_t *area;    /* [nexpect]: the entry's first slot */
-    bool corrupted;    /* testing: the byte was flipped (opts.corrupt) */
+    struct resume resume;
+    /* rollout: its receive side (rollout.c) */
+    struct rollout *rx;
 };
+
+/* The memory kind of this agent's buffers (its device's, or host memory). */
+static inline enum wb_tx_mem ag_mem_kind(const struct data *d)
+{
+    return d->gpu ? WB_TX_MEM_CUDA : WB_TX_MEM_HOST;
+}
+
+/* mem.c: allocates n bytes of ag_mem_kind(d) (zeroed in host memory) and, unless mr is NULL,
+ * registers them with access; err names `what`. On failure nothing is left allocated. */
+int ag_reg_alloc(struct data *d, uint64_t n, unsigned access, void **buf, struct wb_tx_mr **mr,
+                 const char *what, char *err, size_t errcap);
+
+/* rollout.c: a rollout's receive side (struct rollout, d->rx). */
+/* What a re-setup carries from the old setup to the new: a synthetic rollout's tensors (the
+ * new setup takes those it holds again, same tensor and size, so the weights stay) and the
+ * tags that landed of a failed version (a resumed attempt is not sent them again). */
+struct rollout_carry {
+    struct kept *kept;
+    uint32_t nkept, taken;
+    enum wb_tx_mem kind;
+    int device;
+    uint64_t *tags;
+    uint32_t ntags;
+    uint64_t landed_version;
+};
+/* Takes what old (any role, or NULL) has to carry; its tensors are then the carry's. */
+void ag_rollout_carry_out(struct data *old, struct rollout_carry *c);
+/* Decodes the receive list, takes the carried tensors it can, allocates or binds the rest
+ * (names: the engine's tensor names, a registering endpoint) and writes the regions blob. */
+int ag_rollout_setup(struct data *d, const void *plan, size_t plan_len,
+                     const struct wb_bytes *names, struct rollout_carry *c, char *err,
+                     size_t errcap);
+/* After a setup (rc its outcome; d NULL when none was made): frees what was carried and not
+ * taken, restores what landed where the memory stayed the same, and says in *lost why a
+ * re-setup left the rank without the version it held (NULL: it did not). */
+void ag_rollout_carry_end(struct data *d, int rc, bool resetup, struct rollout_carry *c,
+                          const char **lost);
+void ag_rollout_free(struct data *d);
+int ag_rollout_peers(struct data *d, struct wb_mpr *r, uint32_t n, char *err, size_t errcap);
+/* Arms the attempt's counters (skip: this rank's tags not sent again, sorted), opens the
+ * windows and tells every writer "ready". */
+int ag_rollout_start(struct data *d, uint64_t version, const uint64_t *skip, uint32_t nskip,
+                     char *err, size_t errcap);
+/* The attempt is over: nothing more may land, nothing more counts. */
+void ag_rollout_close(struct data *d);
+/* Checks and marks landed what is in (d->fail says what failed). */
+void ag_rollout_step(struct data *d);
+bool ag_rollout_complete(const struct data *d);
+bool ag_rollout_windows_open(const struct data *d);
+uint64_t ag_rollout_rx_bytes(const struct data *d);
+void ag_rollout_size(const struct data *d, uint32_t *nlocal, uint64_t *bytes);
+/* Adds what the attempt may count (its counters, their notes) to *tags and *notes. */
+void ag_rollout_bounds(const struct data *d, uint64_t *tags, uint64_t *notes);
+
+/* fill.c: the synthetic source's values in a synthetic trainer's shards, one fill at a time. */
+struct ag_fill;
+struct ag_fill_src {
+    const struct shard *shards;
+    uint32_t nshards;
+    uint64_t seed;
+    uint8_t *host; /* the host arena the shards' offsets are in, NULL: shards on the GPU */
+    void *stream;  /* GPU: where the kernels run */
+    int device;
+};
+int ag_fill_new(const struct ag_fill_src *src, struct ag_fill **out);
+/* Starts version's fill (none may be under way); 0 or negative (err says why). */
+int ag_fill_begin(struct ag_fill *f, uint64_t version, char *err, size_t errcap);
+/* 1 when no fill is under way (the one that was has ended), 0 while one runs, negative when
+ * it failed (err says why). */
+int ag_fill_poll(struct ag_fill *f, char *err, size_t errcap);
+/* The version the shards hold (0: none), the one under way (0: none), and when it began. */
+uint64_t ag_fill_have(const struct ag_fill *f);
+uint64_t ag_fill_want(const struct ag_fill *f);
+uint64_t ag_fill_t0(const struct ag_fill *f);
+/* Waits for a fill under way (close, re-setup). NULL is a no-op. */
+void ag_fill_free(struct ag_fill *f);
 
 /* exec.c */
 int ag_exec_setup(struct data *d, char *err, size_t errcap);
@@ -355,6 +415,18 @@ void ag_direct_plan_free(struct ag_direct_plan *p);
  * environment turns the path off, for comparisons) and prepares the batch. */
 int ag_direct_prepare(struct data *d);
 void ag_direct_release(struct data *d);
+/* Task ti runs on the direct path (its batch exists and holds it). */
+bool ag_direct_has(const struct data *d, uint32_t ti);
+/* Launches the batch once per attempt (nothing when there is none or it was launched): 0 or
+ * negative. */
+int ag_direct_launch(struct data *d);
+/* 1 when the launched batch finished just now (*t0: when it was launched), 0 when nothing
+ * changed, negative when its kernels failed. */
+int ag_direct_poll(struct data *d, uint64_t *t0);
+/* The batch finished in this attempt: its tasks announce their writes. */
+bool ag_direct_done(const struct data *d);
+/* Forgets the attempt's launch (a new attempt, an abort). */
+void ag_direct_reset(struct data *d);
 
 /* ops.c: one routing-table op, or part of one; see exec.c for the stepping. */
 struct opctx {

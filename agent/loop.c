@@ -1,6 +1,6 @@
-/* agent.c — the endpoint's control loop: register with the controller, heartbeat, long-poll for
+/* loop.c — the endpoint's control loop: register with the controller, heartbeat, long-poll for
  * commands, run them on the data side (data.c) and report back; send the pushes the trainer's
- * process asked for and publish what happened to them (endpoint.c's state).
+ * process asked for and publish what happened to them (state.c).
  *
  * One thread, never blocking: the loop polls the two channel fds and calls ag_data_progress()
  * between polls, so the executor advances while control messages flow. It polls without
@@ -42,8 +42,8 @@ static void send_register(struct wb_endpoint *ep)
     gethostname(b.host, sizeof(b.host) - 1);
     b.pid = (uint64_t)getpid();
     snprintf(b.source, sizeof(b.source), "%s", ep->src_id);
-    b.version = wb_endpoint_version(ep);
-    b.torn = ep->o.role == WB_ROLE_ROLLOUT && wb_endpoint_torn(ep);
+    b.version = ag_state_version(ep->st);
+    b.torn = ep->o.role == WB_ROLE_ROLLOUT && ag_state_torn(ep->st);
     b.session = ep->lost_session;
     struct wb_mpw mesh;
     wb_mpw_init(&inv);
@@ -107,7 +107,7 @@ static void queue_call(struct wb_endpoint *ep, uint32_t type, void *body, uint64
                  wb_strerror(w->err));
         wb_mpw_free(w);
         if (push)
-            ag_push_event(ep, push, WB_PUSH_DONE, true, why);
+            ag_push_event(ep->st, push, WB_PUSH_DONE, true, why);
         lose_session(ep, why);
         return;
     }
@@ -131,136 +131,10 @@ static void pump_calls(struct wb_endpoint *ep)
 
 /* ---------------------------------------------------------------- heartbeats */
 
-static bool hb_quitting(struct wb_endpoint *ep)
-{
-    pthread_mutex_lock(&ep->hb_mu);
-    bool q = ep->hb_quit;
-    pthread_mutex_unlock(&ep->hb_mu);
-    return q;
-}
-
-/* One heartbeat and its reply (0), in at most `wait` ns; given up at once when the loop ends. */
-static int hb_call(struct wb_endpoint *ep, const struct wb_mpw *w, uint64_t wait, void **buf,
-                   size_t *len)
-{
-    uint64_t deadline = wb_now_ns() + wait;
-    int rc = wb_chan_send(&ep->hbc, w); /* EAGAIN: no connection (yet); the next beat tries */
-    while (rc == 0 && (rc = wb_chan_try_recv(&ep->hbc, buf, len)) == 0) {
-        if (wb_now_ns() >= deadline || hb_quitting(ep))
-            return -ETIMEDOUT;
-        struct pollfd p = {.fd = ep->hbc.fd, .events = POLLIN};
-        poll(&p, 1, 20);
-    }
-    return rc < 0 ? rc : 0;
-}
-
-/* Two beats say the same (the session and every figure). */
-static bool same_beat(const struct wb_body_heartbeat *a, const struct wb_body_heartbeat *b)
-{
-    return a->s.session == b->s.session && a->version == b->version &&
-           a->in_flight == b->in_flight && a->done == b->done && a->total == b->total &&
-           a->epoch == b->epoch && a->torn == b->torn && a->dropped == b->dropped &&
-           a->commits == b->commits;
-}
-
-static void *hb_main(void *arg)
-{
-    struct wb_endpoint *ep = arg;
-    struct wb_body_heartbeat sent = {0}; /* the last beat sent */
-    pthread_mutex_lock(&ep->hb_mu);
-    while (!ep->hb_quit) {
-        struct timespec dl;
-        clock_gettime(CLOCK_MONOTONIC, &dl);
-        uint64_t ns = (uint64_t)dl.tv_nsec + ep->hb_period;
-        dl.tv_sec += (time_t)(ns / 1000000000ull);
-        dl.tv_nsec = (long)(ns % 1000000000ull);
-        while (!ep->hb_quit && pthread_cond_timedwait(&ep->hb_cv, &ep->hb_mu, &dl) != ETIMEDOUT)
-            ;
-        if (ep->hb_quit || !ep->beat.s.session)
-            continue;
-        struct wb_body_heartbeat b = ep->beat;
-        uint64_t wait = ep->hb_wait;
-        /* The controller hears an agent on any request (an idle loop's poll goes out every
-         * poll_hold). A beat that would say nothing new while the loop's requests flow is
-         * skipped: an idle agent costs its polls only. Once the loop stops sending (blocked,
-         * starved, stuck), the beats come again within three periods. */
-        if (same_beat(&b, &sent) && wb_now_ns() - ep->loop_sent_ns < 3 * ep->hb_period)
-            continue;
-        pthread_mutex_unlock(&ep->hb_mu);
-        struct wb_mpw w;
-        void *buf = NULL;
-        size_t len = 0;
-        uint64_t heard = 0, lost = 0;
-        bool ended = false;
-        wb_mpw_init(&w);
-        wb_msg_encode(&w, WB_MSG_HEARTBEAT, ep->o.token, &b);
-        sent = b;
-        if (hb_call(ep, &w, wait, &buf, &len) == 0) {
-            struct wb_msg m;
-            struct wb_body_error e;
-            const char *why;
-            char whybuf[64];
-            if (wb_msg_open(buf, len, ep->o.token, &m, &why) == 0) {
-                heard = wb_now_ns();
-                if (m.type == WB_MSG_ERROR && wb_msg_decode(&m, &e, whybuf, sizeof(whybuf)) == 0) {
-                    if (e.code == -WB_E_PEER)
-                        lost = b.s.session;
-                    else if (e.code == -WB_E_ENDED)
-                        ended = true;
-                }
-            }
-            wb_chan_free(buf);
-        }
-        wb_mpw_free(&w);
-        pthread_mutex_lock(&ep->hb_mu);
-        if (heard)
-            ep->hb_heard = heard;
-        if (lost)
-            ep->hb_lost = lost;
-        if (ended)
-            ep->hb_ended = true;
-        if (lost || ended) /* the loop acts on it now, not when it next wakes */
-            ag_wake(ep);
-    }
-    pthread_mutex_unlock(&ep->hb_mu);
-    return NULL;
-}
-
-static int hb_start(struct wb_endpoint *ep)
-{
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_mutex_init(&ep->hb_mu, NULL);
-    pthread_cond_init(&ep->hb_cv, &ca);
-    pthread_condattr_destroy(&ca);
-    ep->hb_period = ep->hb_wait = ep->hb_ns;
-    int rc = wb_chan_open(&ep->hbc, ep->o.controller, ep->o.token);
-    if (rc == 0 && (rc = -pthread_create(&ep->hb_thread, NULL, hb_main, ep)) != 0)
-        wb_chan_close(&ep->hbc);
-    ep->hb_started = rc == 0;
-    return rc;
-}
-
-static void hb_stop(struct wb_endpoint *ep)
-{
-    if (!ep->hb_started)
-        return;
-    pthread_mutex_lock(&ep->hb_mu);
-    ep->hb_quit = true;
-    pthread_cond_broadcast(&ep->hb_cv);
-    pthread_mutex_unlock(&ep->hb_mu);
-    pthread_join(ep->hb_thread, NULL); /* a call in flight gives up within 20 ms */
-    wb_chan_close(&ep->hbc);
-    pthread_cond_destroy(&ep->hb_cv);
-    pthread_mutex_destroy(&ep->hb_mu);
-    ep->hb_started = false;
-}
-
 /* What the next heartbeat says, from the loop's state; what the heartbeats heard, to it. */
 static void hb_update(struct wb_endpoint *ep)
 {
-    struct wb_body_heartbeat b = {session_of(ep), wb_endpoint_version(ep), ep->in_flight};
+    struct wb_body_heartbeat b = {session_of(ep), ag_state_version(ep->st), ep->in_flight};
     if (ep->d && ep->o.role == WB_ROLE_TRAINER) { /* also once done: the last figures */
         struct data_progress pg;
         ag_data_progress_get(ep->d, &pg);
@@ -268,26 +142,18 @@ static void hb_update(struct wb_endpoint *ep)
         b.total = pg.total;
         b.epoch = pg.epoch;
     }
-    b.torn = ep->o.role == WB_ROLE_ROLLOUT && wb_endpoint_torn(ep);
+    b.torn = ep->o.role == WB_ROLE_ROLLOUT && ag_state_torn(ep->st);
     b.commits = ep->commits;
     b.dropped = ep->d ? ag_data_dropped(ep->d) : 0;
     uint64_t loop_sent =
         ep->pollc.sent_ns > ep->call.sent_ns ? ep->pollc.sent_ns : ep->call.sent_ns;
-    pthread_mutex_lock(&ep->hb_mu);
-    ep->beat = b;
-    ep->loop_sent_ns = loop_sent;
-    /* A beat waits for its answer at most until the next is due: the beats keep their pace
-     * whatever the controller's, so a slow answer never makes this agent look silent. */
-    ep->hb_period = ep->hb_wait = ep->hb_ns;
-    uint64_t heard = ep->hb_heard, lost = ep->hb_lost;
-    bool ended = ep->hb_ended;
-    ep->hb_lost = 0;
-    pthread_mutex_unlock(&ep->hb_mu);
-    if (ended)
+    struct ag_hb_news news;
+    ag_hb_update(ep->hb, &b, loop_sent, ep->hb_ns, &news);
+    if (news.ended)
         ep->exiting = true; /* the controller said so on the heartbeat connection */
-    if (heard > ep->last_heard)
-        ep->last_heard = heard;
-    if (lost && lost == ep->session)
+    if (news.heard > ep->last_heard)
+        ep->last_heard = news.heard;
+    if (news.lost && news.lost == ep->session)
         lose_session(ep, "the controller no longer knows this session");
 }
 
@@ -297,7 +163,7 @@ static void pump_pushes(struct wb_endpoint *ep)
     if (ep->o.role != WB_ROLE_TRAINER || !ep->session)
         return;
     uint64_t v;
-    while (ep->session && (v = ag_push_next(ep)) != 0) { /* a push that failed ends it */
+    while (ep->session && (v = ag_push_next(ep->st)) != 0) { /* a push that failed ends it */
         struct wb_body_push b = {.version = v};
         queue_call(ep, WB_MSG_PUSH, &b, v);
     }
@@ -314,7 +180,7 @@ static void lose_session(struct wb_endpoint *ep, const char *why)
     ep->last_seq = 0;
     for (size_t i = 0; i < ep->nq; i++) {
         if (ep->queue_push[i]) /* a push not delivered: the controller starts from nothing */
-            ag_push_event(ep, ep->queue_push[i], WB_PUSH_DONE, true,
+            ag_push_event(ep->st, ep->queue_push[i], WB_PUSH_DONE, true,
                           "the controller lost this trainer's session before the push arrived");
         wb_mpw_free(&ep->queue[i]);
     }
@@ -322,14 +188,14 @@ static void lose_session(struct wb_endpoint *ep, const char *why)
     if (ep->xfer_active && ep->d) {
         ag_data_abort(ep->d);
         if (ep->o.role == WB_ROLE_TRAINER)
-            ag_push_event(ep, ep->xfer_version, WB_PUSH_DONE, true, why);
+            ag_push_event(ep->st, ep->v.attempt, WB_PUSH_DONE, true, why);
     }
     ep->xfer_active = false;
     ep->attempt_open = false;
     ep->settled = false;
     ep->in_flight = false;
     ep->pollc.busy = false;
-    ag_set_ready(ep, false);
+    ag_set_ready(ep->st, false);
 }
 
 /* Handles an ERROR reply; returns a negative code when the endpoint must stop. */
@@ -342,7 +208,7 @@ static int on_error_reply(struct wb_endpoint *ep, const struct wb_msg *m)
         return 0;
     }
     if (e.code == -WB_E_TOKEN) {
-        ag_set_fatal(ep, -WB_E_TOKEN, "%s rank %u: controller %s: %s", ep->role, ep->o.rank,
+        ag_set_fatal(ep->st, -WB_E_TOKEN, "%s rank %u: controller %s: %s", ep->role, ep->o.rank,
                      ep->o.controller, e.msg);
         return -WB_E_TOKEN;
     }
@@ -361,13 +227,13 @@ static int on_error_reply(struct wb_endpoint *ep, const struct wb_msg *m)
         return 0;
     }
     if (ep->registering) { /* refused: a wrong registration, a rank outside the job */
-        ag_set_fatal(ep, e.code == -WB_E_CONFIG ? -WB_E_CONFIG : -EINVAL,
+        ag_set_fatal(ep->st, e.code == -WB_E_CONFIG ? -WB_E_CONFIG : -EINVAL,
                      "%s rank %u: controller %s: %s%s%.*s", ep->role, ep->o.rank, ep->o.controller,
                      e.msg, e.detail.n ? ":\n" : "", (int)e.detail.n, (const char *)e.detail.p);
         return e.code == -WB_E_CONFIG ? -WB_E_CONFIG : -EINVAL;
     }
     if (ep->call_push) { /* the controller refused a push */
-        ag_push_event(ep, ep->call_push, WB_PUSH_DONE, true, e.msg);
+        ag_push_event(ep->st, ep->call_push, WB_PUSH_DONE, true, e.msg);
         return 0;
     }
     wb_log(WB_LOG_ERROR, M, "%s rank %u: controller %s: %s", ep->role, ep->o.rank, ep->o.controller,
@@ -421,7 +287,7 @@ static int on_call_reply(struct wb_endpoint *ep, void *buf, size_t len)
         char why[WB_ERRMSG_MAX];
         ep->registering = false;
         if (wb_msg_decode(&m, &r, why, sizeof(why))) {
-            ag_set_fatal(ep, -EBADMSG, "reply from controller: %s", why);
+            ag_set_fatal(ep->st, -EBADMSG, "reply from controller: %s", why);
             return -EBADMSG;
         }
         ep->session = r.session;
@@ -446,8 +312,7 @@ static int on_call_reply(struct wb_endpoint *ep, void *buf, size_t len)
 static void cmd_setup(struct wb_endpoint *ep, const struct wb_body_setup *b)
 {
     struct agent_job j = {.gen = b->gen, .seed = b->seed};
-    const void *addr = NULL, *regions = NULL;
-    size_t addr_len = 0, regions_len = 0;
+    struct data_setup_out out = {0};
     char err[WB_ERRMSG_MAX] = "";
     snprintf(j.provider, sizeof(j.provider), "%s", b->provider);
     snprintf(j.trace, sizeof(j.trace), "%s", b->trace);
@@ -459,15 +324,19 @@ static void cmd_setup(struct wb_endpoint *ep, const struct wb_body_setup *b)
     ep->attempt_open = false;
     ep->settled = false; /* until READY: connections are being made */
     ag_dump_wait(ep);    /* the dump reads the memory the new setup replaces */
-    ag_set_ready(ep, false);
-    int rc =
-        ag_data_setup(&ep->d, ep, b, &addr, &addr_len, &regions, &regions_len, err, sizeof(err));
+    ag_set_ready(ep->st, false);
+    /* the first transfer's values are made while peers connect: the next version's */
+    int rc = ag_data_setup(&ep->d, ep, b, ep->v.attempt + 1, &out, err, sizeof(err));
+    if (out.lost)
+        ag_version_lost(ep->st, out.lost);
     if (rc && !*err) /* a failure without its own message still says what it was */
         snprintf(err, sizeof(err), "%s", wb_strerror(rc));
     if (rc)
         wb_log(WB_LOG_ERROR, M, "%s rank %u: setup failed: %s", ep->role, ep->o.rank, err);
-    struct wb_body_rep_setup r = {
-        .gen = j.gen, .ok = rc == 0, .addr = {addr, addr_len}, .regions = {regions, regions_len}};
+    struct wb_body_rep_setup r = {.gen = j.gen,
+                                  .ok = rc == 0,
+                                  .addr = {out.addr, out.addr_len},
+                                  .regions = {out.regions, out.regions_len}};
     snprintf(r.err, sizeof(r.err), "%s", err);
     report(ep, WB_MSG_REP_SETUP, &r);
 }
@@ -526,7 +395,7 @@ static void cmd_transfer(struct wb_endpoint *ep, const struct wb_body_version_ep
 {
     uint64_t version = b->version;
     char err[WB_ERRMSG_MAX] = "";
-    ep->drain_version = 0;
+    ep->v.draining = 0;
     ep->attempt_open = true; /* until its outcome arrives, failed start or not */
     int rc = ep->d ? ag_data_start(ep->d, b, err, sizeof(err)) : -EINVAL;
     if (rc) {
@@ -537,9 +406,9 @@ static void cmd_transfer(struct wb_endpoint *ep, const struct wb_body_version_ep
     }
     /* Its windows are open: until a version completes here, the tensors may hold a mix. */
     if (ag_data_receiving(ep->d))
-        ag_version_torn(ep);
+        ag_version_torn(ep->st);
     ep->xfer_active = true;
-    ep->xfer_version = version;
+    ep->v.attempt = version;
     ep->in_flight = ep->o.role == WB_ROLE_ROLLOUT;
     ep->pace_until = wb_now_ns() + ep->o.pace_ns;
 }
@@ -547,7 +416,7 @@ static void cmd_transfer(struct wb_endpoint *ep, const struct wb_body_version_ep
 static void commit(struct wb_endpoint *ep, uint64_t version)
 {
     ep->in_flight = false;
-    ag_version_done(ep, version, false, NULL);
+    ag_version_done(ep->st, version, false, NULL);
     ep->commits++;
     hb_update(ep); /* the next heartbeat says so, not what the last snapshot held */
     struct wb_body_rep_committed r = {.version = version, .commits = ep->commits};
@@ -558,7 +427,7 @@ static void commit(struct wb_endpoint *ep, uint64_t version)
 static void *dump_main(void *arg)
 {
     struct wb_endpoint *ep = arg;
-    int rc = ag_data_dump(ep->d, ep->o.dump, ep->dump_version, ep->dump_err, sizeof(ep->dump_err));
+    int rc = ag_data_dump(ep->d, ep->o.dump, ep->v.committing, ep->dump_err, sizeof(ep->dump_err));
     atomic_store(&ep->dump_state, rc ? rc : 1);
     ag_wake(ep); /* the loop commits the version now */
     return NULL;
@@ -582,21 +451,21 @@ static void dump_step(struct wb_endpoint *ep)
     ep->dumping = false;
     if (atomic_load(&ep->dump_state) < 0)
         wb_log(WB_LOG_ERROR, M, "rollout rank %u: %s", ep->o.rank, ep->dump_err);
-    commit(ep, ep->dump_version);
+    commit(ep, ep->v.committing);
 }
 
 static void cmd_complete(struct wb_endpoint *ep, uint64_t version)
 {
-    if (version == ep->xfer_version)
+    if (version == ep->v.attempt)
         ep->attempt_open = false;
     if (ep->o.role == WB_ROLE_TRAINER) {
-        ag_push_event(ep, version, WB_PUSH_DONE, false, NULL);
+        ag_push_event(ep->st, version, WB_PUSH_DONE, false, NULL);
         return;
     }
     if (ep->dumping) /* the controller repeats COMPLETE until COMMITTED: still dumping */
         return;
     if (ep->o.dump && ep->d && version >= ep->o.dump_from) {
-        ep->dump_version = version;
+        ep->v.committing = version;
         ep->dump_err[0] = 0;
         atomic_store(&ep->dump_state, 0);
         if (pthread_create(&ep->dump_thread, NULL, dump_main, ep) == 0) {
@@ -612,19 +481,19 @@ static void cmd_abort(struct wb_endpoint *ep, const struct wb_body_abort *b)
 {
     wb_log(WB_LOG_WARN, M, "%s rank %u: transfer %" PRIu64 " aborted: %s", ep->role, ep->o.rank,
            b->version, b->reason);
-    if (ep->xfer_active && ep->xfer_version == b->version && ep->d)
+    if (ep->xfer_active && ep->v.attempt == b->version && ep->d)
         ag_data_abort(ep->d);
-    if (ep->xfer_version == b->version) {
+    if (ep->v.attempt == b->version) {
         ep->xfer_active = false;
         ep->attempt_open = false; /* a trainer still drains (drain_version) */
         ep->in_flight = false;
     }
     if (ep->o.role == WB_ROLE_TRAINER) {
-        ag_push_event(ep, b->version, WB_PUSH_DONE, true, b->reason);
-        ep->drain_version = b->version; /* REPORT_DRAINED once its writes all completed */
+        ag_push_event(ep->st, b->version, WB_PUSH_DONE, true, b->reason);
+        ep->v.draining = b->version; /* REPORT_DRAINED once its writes all completed */
         return;
     }
-    ag_version_done(ep, b->version, true, b->reason);
+    ag_version_done(ep->st, b->version, true, b->reason);
     /* what landed of the version, so that the next attempt resends only the rest */
     struct wb_mpw w;
     wb_mpw_init(&w);
@@ -689,10 +558,10 @@ static int on_commands(struct wb_endpoint *ep, void *buf, size_t len)
             break;
         case WB_CMD_READY:
             ep->settled = true;
-            ag_set_ready(ep, true);
+            ag_set_ready(ep->st, true);
             break;
         case WB_CMD_REFUSED:
-            ag_set_fatal(ep, b.refused.code ? (int)b.refused.code : -WB_E_CONFIG,
+            ag_set_fatal(ep->st, b.refused.code ? (int)b.refused.code : -WB_E_CONFIG,
                          "%s rank %u: controller %s: %s%s%.*s", ep->role, ep->o.rank,
                          ep->o.controller, b.refused.msg, b.refused.detail.n ? ":\n" : "",
                          (int)b.refused.detail.n, (const char *)b.refused.detail.p);
@@ -724,7 +593,7 @@ static void run_hook(struct wb_endpoint *ep, struct data_done *done)
     if (!fn || !done->ok)
         return;
     char err[400] = "";
-    if (fn(arg, ep->xfer_version, err, sizeof(err))) {
+    if (fn(arg, ep->v.attempt, err, sizeof(err))) {
         done->ok = false;
         snprintf(done->err, sizeof(done->err), "post-update hook: %s", *err ? err : "failed");
     }
@@ -734,10 +603,10 @@ static void run_hook(struct wb_endpoint *ep, struct data_done *done)
  * rollouts' windows without a write of ours still on its way. */
 static void drain_step(struct wb_endpoint *ep)
 {
-    if (!ep->drain_version || !ep->session || (ep->d && !ag_data_drained(ep->d)))
+    if (!ep->v.draining || !ep->session || (ep->d && !ag_data_drained(ep->d)))
         return;
-    struct wb_body_rep_drained r = {.version = ep->drain_version};
-    ep->drain_version = 0;
+    struct wb_body_rep_drained r = {.version = ep->v.draining};
+    ep->v.draining = 0;
     report(ep, WB_MSG_REP_DRAINED, &r);
 }
 
@@ -758,12 +627,12 @@ static void data_step(struct wb_endpoint *ep)
     if (ep->o.role == WB_ROLE_ROLLOUT)
         run_hook(ep, &done);
     else /* the executor read its last source byte */
-        ag_push_event(ep, ep->xfer_version, WB_PUSH_SOURCES, false, NULL);
-    report_done(ep, ep->xfer_version, done.ok, done.err, &done.stats, done.rx_bytes);
+        ag_push_event(ep->st, ep->v.attempt, WB_PUSH_SOURCES, false, NULL);
+    report_done(ep, ep->v.attempt, done.ok, done.err, &done.stats, done.rx_bytes);
     ep->after_pending = true;
     if (!done.ok)
         wb_log(WB_LOG_ERROR, M, "%s rank %u: transfer %" PRIu64 " failed: %s", ep->role, ep->o.rank,
-               ep->xfer_version, done.err);
+               ep->v.attempt, done.err);
 }
 
 void ag_state_request(struct wb_endpoint *ep)
@@ -784,8 +653,8 @@ static void state_step(struct wb_endpoint *ep)
     char dir[1100], path[1200], tmp[1300], err[512] = "";
     snprintf(dir, sizeof(dir), "%s/state", ep->o.dump);
     mkdir(dir, 0755);
-    uint64_t v = wb_endpoint_version(ep);
-    bool torn = wb_endpoint_torn(ep);
+    uint64_t v = ag_state_version(ep->st);
+    bool torn = ag_state_torn(ep->st);
     int rc = ag_data_dump(ep->d, dir, v, err, sizeof(err));
     snprintf(path, sizeof(path), "%s/rollout%u.txt", dir, ep->o.rank);
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
@@ -823,8 +692,7 @@ static bool may_stop(struct wb_endpoint *ep, uint64_t now)
  * count is read atomically). */
 static bool reachable(const struct wb_endpoint *ep)
 {
-    return wb_chan_connected(&ep->call) || wb_chan_connected(&ep->pollc) ||
-           wb_chan_connected(&ep->hbc);
+    return wb_chan_connected(&ep->call) || wb_chan_connected(&ep->pollc) || ag_hb_connected(ep->hb);
 }
 
 /* How long the loop may sleep in poll() before its next turn. Not at all while a transfer runs;
@@ -839,7 +707,7 @@ static int loop_wait_ms(struct wb_endpoint *ep, uint64_t now)
     if (ep->xfer_active)
         return 0;
     if (ep->d && ag_data_busy(ep->d) &&
-        (!ep->settled || ep->attempt_open || ep->drain_version || !ag_data_idle(ep->d)))
+        (!ep->settled || ep->attempt_open || ep->v.draining || !ag_data_idle(ep->d)))
         return 1;
     /* Traffic on an idle transport (notes from a stranger, a late peer): it was dropped, and
      * the transport is drained every millisecond for a second after the last such note, so
@@ -861,7 +729,7 @@ static int loop(struct wb_endpoint *ep)
     int rc = 0;
     char err[512];
     if (!ep->o.synthetic && (rc = ag_segs_build(ep, err, sizeof(err))) != 0) {
-        ag_set_fatal(ep, rc, "%s rank %u: %s", ep->role, ep->o.rank, err);
+        ag_set_fatal(ep->st, rc, "%s rank %u: %s", ep->role, ep->o.rank, err);
         return rc;
     }
     ep->last_heard = ep->last_reach = wb_now_ns();
@@ -877,7 +745,7 @@ static int loop(struct wb_endpoint *ep)
         if (reachable(ep) || ep->last_heard > ep->last_reach)
             ep->last_reach = reachable(ep) ? now : ep->last_heard;
         if (now - ep->last_reach > ep->o.give_up_ns) {
-            ag_set_fatal(ep, -WB_E_PEER,
+            ag_set_fatal(ep->st, -WB_E_PEER,
                          "%s rank %u: controller %s unreachable for %.1f s (no connection), giving "
                          "up",
                          ep->role, ep->o.rank, ep->o.controller,
@@ -952,7 +820,7 @@ static int loop(struct wb_endpoint *ep)
         data_step(ep);
     }
     if (ep->exiting)
-        ag_set_fatal(ep, -WB_E_PEER, "%s rank %u: the controller ended the job", ep->role,
+        ag_set_fatal(ep->st, -WB_E_PEER, "%s rank %u: the controller ended the job", ep->role,
                      ep->o.rank);
     /* Acknowledge EXIT so the controller knows we heard it, then give the message a moment
      * to leave before the socket closes. */
@@ -966,13 +834,14 @@ static int loop(struct wb_endpoint *ep)
 
 int ag_loop(struct wb_endpoint *ep)
 {
-    int rc = hb_start(ep);
+    int rc = ag_hb_start(ep->o.controller, ep->o.token, ep->hb_ns, ep->wake_fd, &ep->hb);
     if (rc) {
-        ag_set_fatal(ep, rc, "%s rank %u: controller %s: cannot start the heartbeats: %s", ep->role,
-                     ep->o.rank, ep->o.controller, wb_strerror(rc));
+        ag_set_fatal(ep->st, rc, "%s rank %u: controller %s: cannot start the heartbeats: %s",
+                     ep->role, ep->o.rank, ep->o.controller, wb_strerror(rc));
         return rc;
     }
     rc = loop(ep);
-    hb_stop(ep);
+    ag_hb_stop(ep->hb);
+    ep->hb = NULL;
     return rc;
 }

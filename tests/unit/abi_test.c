@@ -56,6 +56,7 @@ static const struct field plan_opts[] = {
     FIELD(struct wb_plan_opts, mem_cap),
     FIELD(struct wb_plan_opts, threads),
     FIELD(struct wb_plan_opts, lazy),
+    FIELD(struct wb_plan_opts, fit_cap),
 };
 
 static const struct field model_src[] = {

@@ -481,7 +481,11 @@ static void cmd_abort(struct wb_endpoint *ep, const struct wb_body_abort *b)
 {
     wb_log(WB_LOG_WARN, M, "%s rank %u: transfer %" PRIu64 " aborted: %s", ep->role, ep->o.rank,
            b->version, b->reason);
-    if (ep->xfer_active && ep->v.attempt == b->version && ep->d)
+    /* A trainer that finished its part fences too: its last writes completed once they were
+     * in the connection's stream (tcp), not once placed, and the rollouts close their windows
+     * as soon as every trainer says it drained — a write landing on a closed window makes the
+     * provider drop the connection, and whatever is sent on it next is lost. */
+    if (ep->d && ep->v.attempt == b->version && (ep->xfer_active || ep->o.role == WB_ROLE_TRAINER))
         ag_data_abort(ep->d);
     if (ep->v.attempt == b->version) {
         ep->xfer_active = false;

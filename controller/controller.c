@@ -17,7 +17,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <limits.h>
 #include <nng/nng.h>
 #include <nng/supplemental/tls/tls.h>
 #include <poll.h>
@@ -125,7 +124,6 @@ struct wb_controller {
     uint64_t exit_deadline, exit_linger;
     uint64_t conn_said;  /* connections and messages refused that the log has counted */
     uint64_t checked_ns; /* check_dead's last turn (0: none yet) */
-    uint64_t wake_ns;    /* when the loop, going to sleep, meant to turn next (0: no plan) */
 };
 
 static const char *M = "controller";
@@ -642,27 +640,13 @@ static void agent_reset(struct agent *a)
  * suspect — shown in the status, logged, waited for by a transfer that needs it (the attempt's
  * own timeout still bounds that) — and dead only after dead_after, when the transfer that
  * needs it fails. A suspect agent that is heard again is simply alive. */
-/* How long an agent may be silent before it is dead. An agent handling SETUP is busy for a
- * while (transport open, allocation and registration block its loop): it gets four times the
- * silence, so a slow setup does not start a new round. */
-static uint64_t dead_limit(const struct wb_controller *c, const struct agent *a)
-{
-    uint64_t limit = c->job->dead_ns;
-    if (c->state == ST_SETUP && a->setup_session != a->session)
-        limit *= 4;
-    return limit;
-}
-
 static void check_dead(struct wb_controller *c, uint64_t now)
 {
     /* Silence counts only while the controller listens. It turns several times a heartbeat;
      * a turn later than that (this process starved or stopped, a long plan) credits every
      * agent the time it could not hear them, so that a starved controller does not declare
      * its agents dead the moment it runs again, their messages still queued. */
-    /* The loop sleeps until its next deadline (wb_controller_step), so the turn counts as late
-     * only past the time it meant to wake. */
-    uint64_t from = c->wake_ns > c->checked_ns ? c->wake_ns : c->checked_ns;
-    uint64_t gap = c->checked_ns && now > from ? now - from : 0;
+    uint64_t gap = c->checked_ns && now > c->checked_ns ? now - c->checked_ns : 0;
     c->checked_ns = now;
     if (gap > c->job->heartbeat_ns)
         for (uint32_t i = 0; i < c->nagents; i++) {
@@ -672,7 +656,12 @@ static void check_dead(struct wb_controller *c, uint64_t now)
         }
     for (uint32_t i = 0; i < c->nagents; i++) {
         struct agent *a = &c->agents[i];
-        uint64_t limit = dead_limit(c, a);
+        /* An agent handling SETUP is busy for a while (transport open, allocation and
+         * registration block its loop): it gets four times the silence before it counts as
+         * dead, so a slow setup does not start a new round. */
+        uint64_t limit = c->job->dead_ns;
+        if (c->state == ST_SETUP && a->setup_session != a->session)
+            limit *= 4;
         uint64_t silent = a->alive ? now - a->last_ns : 0;
         if (a->alive && !a->suspect && silent > c->job->suspect_ns && silent <= limit) {
             a->suspect = true;
@@ -1673,52 +1662,12 @@ void wb_controller_plan_info(const struct wb_controller *c, struct wb_controller
         send[r] = c->plan.send_bytes ? c->plan.send_bytes[r] : 0;
 }
 
-static uint64_t sooner(uint64_t t, uint64_t x)
-{
-    return x < t ? x : t;
-}
-
-/* The earliest time on_tick() has something to do: an agent turning suspect or dead, a held
- * poll to answer, a transfer's or a teardown's deadline, the shutdown's, a connection's
- * handshake time. Messages and closed connections wake the loop themselves (c->fd). */
-static uint64_t next_deadline(struct wb_controller *c)
-{
-    uint64_t t = c->srv ? ctl_serve_next_deadline(c->srv) : UINT64_MAX;
-    for (uint32_t i = 0; i < c->nagents; i++) {
-        const struct agent *a = &c->agents[i];
-        if (a->alive) {
-            if (!a->suspect)
-                t = sooner(t, a->last_ns + c->job->suspect_ns + 1);
-            t = sooner(t, a->last_ns + dead_limit(c, a) + 1);
-        }
-        if (a->held)
-            t = sooner(t, a->held_until);
-    }
-    if (c->x.active)
-        t = sooner(t, c->x.aborting ? c->x.abort_deadline : c->x.deadline);
-    if (c->shutting_down) {
-        t = sooner(t, c->exit_linger);
-        t = sooner(t, c->exit_deadline);
-    }
-    return t;
-}
-
 int wb_controller_step(struct wb_controller *c, int wait_ms)
 {
-    uint64_t now = wb_now_ns();
-    if (c->shutting_down && shutdown_done(c, now))
+    if (c->shutting_down && shutdown_done(c, wb_now_ns()))
         return 1;
-    /* Sleep until the next deadline (or a message, or a closed connection), not on a fixed
-     * period: an idle controller does not wake. wait_ms < 0: no limit of the caller's own. */
-    uint64_t due = next_deadline(c), wait_ns = due > now ? due - now : 0;
-    uint64_t ms = (wait_ns + 999999) / 1000000;
-    if (wait_ms >= 0 && ms > (uint64_t)wait_ms)
-        ms = (uint64_t)wait_ms;
-    if (ms > INT_MAX)
-        ms = INT_MAX;
-    c->wake_ns = now + ms * 1000000;
     struct pollfd p = {.fd = c->fd, .events = POLLIN};
-    poll(&p, 1, (int)ms);
+    poll(&p, 1, wait_ms);
     for (int k = 0; k < 64; k++) {
         nng_msg *req = ctl_serve_recv(c->srv);
         if (!req)
@@ -1744,7 +1693,7 @@ int wb_controller_feed(struct wb_controller *c, const void *buf, size_t len, str
 int wb_controller_run(struct wb_controller *c)
 {
     int rc;
-    while ((rc = wb_controller_step(c, -1)) == 0)
+    while ((rc = wb_controller_step(c, 20)) == 0)
         ;
     return rc < 0 ? rc : 0;
 }

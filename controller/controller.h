@@ -113,10 +113,8 @@ void wb_controller_plan_info(const struct wb_controller *c, struct wb_controller
 /* Runs the event loop until a client asks for shutdown (returns 0) or a fatal error. */
 int wb_controller_run(struct wb_controller *c);
 /* One turn of that loop, for a program that runs its own (and the message-handler fuzz
- * target): waits for messages until the controller's next deadline (an agent's silence
- * turning it suspect or dead, a transfer's time limit, ...) but at most wait_ms (< 0: no
- * limit), handles those that came, runs the timers. 0: go on; 1: shut down; < 0: a fatal
- * error. */
+ * target): waits up to wait_ms for messages, handles those that came, runs the timers.
+ * 0: go on; 1: shut down; < 0: a fatal error. */
 int wb_controller_step(struct wb_controller *c, int wait_ms);
 /* One request handled as if it had arrived on the socket, then the timers run, without the
  * network (tests and the message-handler fuzz target): every reply the controller gives

@@ -99,10 +99,6 @@ nng_msg *ctl_serve_recv(struct ctl_serve *s);
 int ctl_serve_send(struct ctl_serve *s, nng_msg *m);
 /* Closes connections past their handshake time; frees closed ones. */
 void ctl_serve_tick(struct ctl_serve *s, uint64_t now);
-/* When ctl_serve_tick() has something to do next (a pending connection's handshake time), or
- * UINT64_MAX. A connection closing (an introduced one's closing is an agent's death) or ready
- * to be freed wakes ctl_serve_fd() itself. */
-uint64_t ctl_serve_next_deadline(struct ctl_serve *s);
 /* The ids of introduced connections closed since the last call (at most cap). */
 uint32_t ctl_serve_closed(struct ctl_serve *s, uint32_t *ids, uint32_t cap);
 void ctl_serve_stats(struct ctl_serve *s, struct wb_conn_stats *out);

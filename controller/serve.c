@@ -136,8 +136,6 @@ static bool pending(const struct conn *c)
     return c->state == CS_NEGO || c->state == CS_PENDING;
 }
 
-static void wake(struct ctl_serve *s);
-
 /* Closes c's stream (its operations end with an error; the last one moves c to s->dead). */
 static void conn_close(struct conn *c)
 {
@@ -150,21 +148,9 @@ static void conn_close(struct conn *c)
         s->stats.held--;
         if (s->nclosed < WB_ARRAY_LEN(s->closed))
             s->closed[s->nclosed++] = c->id;
-        wake(s); /* an agent's connection closing is its death: the loop learns it now */
     }
     c->state = CS_CLOSED;
     nng_stream_close(c->st);
-}
-
-/* Wakes the controller's loop (ctl_serve_fd() becomes readable until ctl_serve_recv() found the
- * queue empty). Called with s->mu held. */
-static void wake(struct ctl_serve *s)
-{
-    if (!s->signalled) {
-        s->signalled = true;
-        ssize_t k = write(s->pfd[1], "r", 1);
-        (void)k; /* the pipe is empty when not signalled */
-    }
 }
 
 static void conn_maybe_dead(struct conn *c)
@@ -177,7 +163,6 @@ static void conn_maybe_dead(struct conn *c)
             *p = c->next;
             c->next = s->dead;
             s->dead = c;
-            wake(s); /* its stream and memory are freed by the loop's next tick (reap) */
             return;
         }
 }
@@ -265,7 +250,11 @@ static void enqueue(struct ctl_serve *s, nng_msg *m)
         s->qhead = 0;
     }
     s->q[(s->qhead + s->qn++) % s->qcap] = m;
-    wake(s);
+    if (!s->signalled) {
+        s->signalled = true;
+        ssize_t k = write(s->pfd[1], "r", 1);
+        (void)k; /* the pipe is empty when not signalled */
+    }
 }
 
 /* A whole frame arrived in c->body (c->want bytes). */
@@ -637,17 +626,6 @@ void ctl_serve_tick(struct ctl_serve *s, uint64_t now)
     }
     pthread_mutex_unlock(&s->mu);
     reap(s);
-}
-
-uint64_t ctl_serve_next_deadline(struct ctl_serve *s)
-{
-    uint64_t t = UINT64_MAX;
-    pthread_mutex_lock(&s->mu);
-    for (const struct conn *c = s->conns; c; c = c->next)
-        if (pending(c) && c->deadline < t)
-            t = c->deadline;
-    pthread_mutex_unlock(&s->mu);
-    return t;
 }
 
 uint32_t ctl_serve_closed(struct ctl_serve *s, uint32_t *ids, uint32_t cap)

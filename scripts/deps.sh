@@ -11,7 +11,7 @@ pkgs=(
     build-essential pkg-config
     libfabric-dev libibverbs-dev libnng-dev libmsgpack-dev libyaml-dev libjansson-dev libxxhash-dev
     iproute2 python3 python3-numpy python3-setuptools python3-pip clang "libclang-rt-${clang_major:-14}-dev"
-    bsdutils openssl
+    bsdutils openssl gdb
 )
 if [ "${1:-}" = "--list" ]; then
     printf '%s\n' "${pkgs[@]}"
@@ -41,8 +41,10 @@ fuzz_ok() {
         clang -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null
 }
 # script(1) (bsdutils, essential on Debian) runs wb-broadcast under a terminal in its test;
-# openssl makes the certificates of the TLS test.
-if probe && py_ok && fuzz_ok && command -v script >/dev/null && command -v openssl >/dev/null; then
+# openssl makes the certificates of the TLS test; gdb gives a hung process's stacks in the
+# fault-injection test's report.
+if probe && py_ok && fuzz_ok && command -v script >/dev/null && command -v openssl >/dev/null &&
+    command -v gdb >/dev/null; then
     command -v ip >/dev/null || echo "deps: no iproute2 here; network-namespace tests will skip"
     exit 0
 fi

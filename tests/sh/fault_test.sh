@@ -27,7 +27,7 @@ root=$(pwd)
 fbin=${WB_FAULT_BIN:-$root/build/fault/bin}
 all=${WB_FAULT_ALL:-0}
 [ "${1:-}" = "--all" ] && all=1
-export ASAN_OPTIONS=${ASAN_OPTIONS:-protect_shadow_gap=0:detect_leaks=1:abort_on_error=0}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-protect_shadow_gap=0:detect_leaks=1:abort_on_error=0:handle_abort=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 
 if [ ! -x "$fbin/wb-controller" ] || [ ! -x "$fbin/wb-agent" ] || [ ! -x "$fbin/wb-ctl" ]; then
@@ -279,9 +279,14 @@ EOF
         done
         if alive "$p"; then
             why=${why:-"$p did not exit within ${T_EXIT}s of the shutdown (hung)"}
-            # where it hangs, kept with the logs (WB_FAULT_SAVE)
-            command -v gdb >/dev/null &&
+            # where it hangs, kept with the logs and printed below: every thread's stack (gdb),
+            # or without gdb the stack of the thread the abort lands on (ASan's handle_abort)
+            if command -v gdb >/dev/null; then
                 timeout 30 gdb -p "${pid[$p]}" -batch -ex "thread apply all bt" >"$d/$p.stacks" 2>&1
+            else
+                kill -ABRT "${pid[$p]}" 2>/dev/null
+                sleep 3
+            fi
             kill -9 "${pid[$p]}" 2>/dev/null
         fi
         wait "${pid[$p]}" 2>/dev/null
@@ -403,6 +408,12 @@ if [ $failed -gt 0 ] && [ -z "${WB_KEEP:-}" ]; then
     for f in "$tmp"/failed.*; do # the first failure's logs, for the record
         echo "    logs of $(basename "$f"):"
         tail -n 5 "$f"/*.log | sed 's/^/    | /'
+        for st in "$f"/*.stacks; do # a hang's stacks (gdb), the frames that say where
+            [ -f "$st" ] || continue
+            echo "    stacks of $(basename "$st" .stacks):"
+            grep -E '^(Thread|#)' "$st" | head -n 80 | sed 's/^/    | /'
+        done
+        grep -h -A 25 'ABRT' "$f"/*.log 2>/dev/null | head -n 60 | sed 's/^/    | /'
         break
     done
 fi

@@ -55,14 +55,20 @@ static int encode_shards(const struct wb_job *job, struct ctl_plan *p,
     for (size_t m = 0; !err && m < mt->n; m++)
         for (uint32_t c = 0; c < mt->map[m].ncomp; c++)
             used[mt->map[m].comp[c].trainer] = true;
+    /* one placement map for every tensor (building it per tensor was quadratic: minutes for a
+     * 1,024-rank trainer of Kimi-K2's 60,000 tensors) */
+    struct wb_placement_map *pm = NULL;
+    err = err ? err : wb_placement_map_build(tl, ti, used, &pm, el);
     for (size_t t = 0; !err && t < ti->n; t++) {
         if (!used[t])
             continue;
-        err = wb_trainer_owners(tl, ti, (uint32_t)t, &own[t], &nown[t], el);
+        err = wb_placement_owners(pm, (uint32_t)t, &own[t], &nown[t]);
         for (uint32_t k = 0; !err && k < nown[t]; k++)
             if (own[t][k].rank < p->ntrainers)
                 count[own[t][k].rank]++;
     }
+    if (pm)
+        wb_placement_map_free(pm);
     for (uint32_t r = 0; !err && r < p->ntrainers; r++) {
         wb_mpw_init(&w[r]);
         wb_mpw_array(&w[r], count[r]);
@@ -99,62 +105,56 @@ static int encode_shards(const struct wb_job *job, struct ctl_plan *p,
 /* Verify: every write's slot in its rollout's checksum inbox. A rollout's inbox holds one
  * record per write it counts, grouped by its receive list's expect entries in order; within an
  * entry, writes come trainer by trainer in table order — so each trainer finds its slots
- * without knowing the others' tables, and the rollout its records without any list. */
-static int encode_sums(struct ctl_plan *p, const struct wb_plan *plan)
+ * without knowing the others' tables, and the rollout its records without any list. The
+ * trainers' tables are read in rank order (sums_rank for r = 0, 1, ...), each once. */
+struct sums {
+    uint32_t *next; /* [nrollouts * stride]: the next free slot per (rollout, tag) */
+    size_t stride;
+};
+
+static int sums_init(struct sums *s, struct ctl_plan *p, const struct wb_plan *plan)
 {
     uint32_t maxtag = 0;
     for (uint32_t g = 0; g < plan->nrollouts; g++)
         for (uint32_t i = 0; i < plan->recv[g].nexpect; i++)
             if (plan->recv[g].expect[i].tag > maxtag)
                 maxtag = plan->recv[g].expect[i].tag;
-    size_t stride = (size_t)maxtag + 1;
-    uint32_t *next = malloc((plan->nrollouts ? plan->nrollouts : 1) * stride * sizeof(uint32_t));
+    s->stride = (size_t)maxtag + 1;
+    s->next = malloc((plan->nrollouts ? plan->nrollouts : 1) * s->stride * sizeof(uint32_t));
     p->sums = calloc(plan->ntrainers ? plan->ntrainers : 1, sizeof(*p->sums));
-    if (!next || !p->sums) {
-        free(next);
+    if (!s->next || !p->sums)
         return -ENOMEM;
-    }
     for (uint32_t g = 0; g < plan->nrollouts; g++) {
         uint64_t slot = 0;
         for (uint32_t i = 0; i < plan->recv[g].nexpect; i++) {
-            next[g * stride + plan->recv[g].expect[i].tag] = (uint32_t)slot;
+            s->next[g * s->stride + plan->recv[g].expect[i].tag] = (uint32_t)slot;
             slot += plan->recv[g].expect[i].writes;
         }
-        if (slot > UINT32_MAX) {
-            free(next);
+        if (slot > UINT32_MAX)
             return -E2BIG;
+    }
+    return 0;
+}
+
+static int sums_rank(struct sums *s, struct ctl_plan *p, const struct wb_route_table *t, uint32_t r)
+{
+    size_t nw = (size_t)wb_route_table_writes(t); /* as the agent's decoded table has them */
+    uint8_t *b = malloc(nw * 4 + 1);
+    if (!b)
+        return -ENOMEM;
+    size_t k = 0;
+    for (uint32_t i = 0; i < t->nwrites; i++) {
+        const struct wb_rt_write *w = &t->writes[i];
+        for (uint32_t c = 0; c < wb_rt_copies(w); c++, k++) {
+            uint32_t slot = s->next[(size_t)wb_rt_copy_rank(w, c) * s->stride + w->tag]++;
+            b[4 * k] = (uint8_t)slot;
+            b[4 * k + 1] = (uint8_t)(slot >> 8);
+            b[4 * k + 2] = (uint8_t)(slot >> 16);
+            b[4 * k + 3] = (uint8_t)(slot >> 24);
         }
     }
-    int err = 0;
-    struct wb_plan_tbuf tb = {0};
-    for (uint32_t r = 0; !err && r < plan->ntrainers; r++) {
-        const struct wb_route_table *t = wb_plan_table(plan, r, &tb);
-        if (!t) {
-            err = -ENOMEM;
-            break;
-        }
-        size_t nw = (size_t)wb_route_table_writes(t); /* as the agent's decoded table has them */
-        uint8_t *b = malloc(nw * 4 + 1);
-        if (!b) {
-            err = -ENOMEM;
-            break;
-        }
-        size_t k = 0;
-        for (uint32_t i = 0; i < t->nwrites; i++) {
-            const struct wb_rt_write *w = &t->writes[i];
-            for (uint32_t c = 0; c < wb_rt_copies(w); c++, k++) {
-                uint32_t s = next[(size_t)wb_rt_copy_rank(w, c) * stride + w->tag]++;
-                b[4 * k] = (uint8_t)s;
-                b[4 * k + 1] = (uint8_t)(s >> 8);
-                b[4 * k + 2] = (uint8_t)(s >> 16);
-                b[4 * k + 3] = (uint8_t)(s >> 24);
-            }
-        }
-        p->sums[r] = (struct ctl_blob){b, nw * 4};
-    }
-    wb_plan_tbuf_free(&tb);
-    free(next);
-    return err;
+    p->sums[r] = (struct ctl_blob){b, nw * 4};
+    return 0;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -164,59 +164,71 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 /* Who writes what, from the tables (ctl.h): what PEERS may hand each agent. */
-static int encode_scope(struct ctl_plan *p, const struct wb_plan *plan)
+static int scope_init(struct ctl_plan *p)
 {
-    uint32_t nt = plan->ntrainers, nr = plan->nrollouts;
+    uint32_t nt = p->ntrainers, nr = p->nrollouts;
     p->wkeys = calloc(nt ? nt : 1, sizeof(*p->wkeys));
     p->nwkeys = calloc(nt ? nt : 1, sizeof(*p->nwkeys));
     p->tpeer_of = calloc((size_t)nt * nt + 1, 1);
     p->writer_of = calloc((size_t)nr * nt + 1, 1);
-    if (!p->wkeys || !p->nwkeys || !p->tpeer_of || !p->writer_of)
+    return !p->wkeys || !p->nwkeys || !p->tpeer_of || !p->writer_of ? -ENOMEM : 0;
+}
+
+static int scope_rank(struct ctl_plan *p, const struct wb_route_table *t, uint32_t r)
+{
+    uint32_t nt = p->ntrainers, nr = p->nrollouts;
+    size_t n = (size_t)wb_route_table_writes(t), k = 0;
+    uint64_t *keys = malloc((n ? n : 1) * sizeof(uint64_t));
+    if (!keys)
         return -ENOMEM;
-    struct wb_plan_tbuf tb = {0};
-    int err = 0;
-    for (uint32_t r = 0; !err && r < nt; r++) {
-        const struct wb_route_table *t = wb_plan_table(plan, r, &tb);
-        size_t n = t ? (size_t)wb_route_table_writes(t) : 0, k = 0;
-        uint64_t *keys = t ? malloc((n ? n : 1) * sizeof(uint64_t)) : NULL;
-        if (!keys) {
-            err = -ENOMEM;
-            break;
-        }
-        for (uint32_t i = 0; i < t->nwrites; i++) {
-            const struct wb_rt_write *w = &t->writes[i];
-            for (uint32_t c = 0; c < wb_rt_copies(w) && k < n; c++) {
-                uint32_t g = wb_rt_copy_rank(w, c);
-                keys[k++] = (uint64_t)g << 32 | w->dst_tensor;
-                if (g < nr)
-                    p->writer_of[(size_t)g * nt + r] = 1;
-            }
-        }
-        qsort(keys, k, sizeof(*keys), cmp_u64);
-        size_t u = 0;
-        for (size_t i = 0; i < k; i++)
-            if (!u || keys[i] != keys[u - 1])
-                keys[u++] = keys[i];
-        p->wkeys[r] = keys;
-        p->nwkeys[r] = u;
-        for (uint32_t i = 0; i < t->nops; i++) {
-            const struct wb_rt_op *op = &t->ops[i];
-            if (op->kind == WB_OP_GATHER)
-                for (uint32_t j = 0; j < op->gather.npeers; j++) {
-                    uint32_t q = t->peers[op->gather.peer0 + j].rank;
-                    if (q < nt && q != r)
-                        p->tpeer_of[(size_t)r * nt + q] = 1;
-                }
-            if (op->kind == WB_OP_AMAX)
-                for (uint32_t j = 0; j < op->amax.npeers; j++) {
-                    uint32_t q = t->amax_peers[op->amax.peer0 + j].rank;
-                    if (q < nt && q != r)
-                        p->tpeer_of[(size_t)r * nt + q] = 1;
-                }
+    for (uint32_t i = 0; i < t->nwrites; i++) {
+        const struct wb_rt_write *w = &t->writes[i];
+        for (uint32_t c = 0; c < wb_rt_copies(w) && k < n; c++) {
+            uint32_t g = wb_rt_copy_rank(w, c);
+            keys[k++] = (uint64_t)g << 32 | w->dst_tensor;
+            if (g < nr)
+                p->writer_of[(size_t)g * nt + r] = 1;
         }
     }
-    wb_plan_tbuf_free(&tb);
-    return err;
+    qsort(keys, k, sizeof(*keys), cmp_u64);
+    size_t u = 0;
+    for (size_t i = 0; i < k; i++)
+        if (!u || keys[i] != keys[u - 1])
+            keys[u++] = keys[i];
+    p->wkeys[r] = keys;
+    p->nwkeys[r] = u;
+    for (uint32_t i = 0; i < t->nops; i++) {
+        const struct wb_rt_op *op = &t->ops[i];
+        if (op->kind == WB_OP_GATHER)
+            for (uint32_t j = 0; j < op->gather.npeers; j++) {
+                uint32_t q = t->peers[op->gather.peer0 + j].rank;
+                if (q < nt && q != r)
+                    p->tpeer_of[(size_t)r * nt + q] = 1;
+            }
+        if (op->kind == WB_OP_AMAX)
+            for (uint32_t j = 0; j < op->amax.npeers; j++) {
+                uint32_t q = t->amax_peers[op->amax.peer0 + j].rank;
+                if (q < nt && q != r)
+                    p->tpeer_of[(size_t)r * nt + q] = 1;
+            }
+    }
+    return 0;
+}
+
+/* Trainer rank r's table, once: its bytes, its envelope for the agent, who it writes and its
+ * checksum slots (s NULL: no verify). */
+static int table_rank(struct ctl_plan *p, struct sums *s, const struct wb_route_table *t,
+                      uint32_t r)
+{
+    p->send_bytes[r] = t->send_bytes;
+    if (t->max_tmp_bytes > p->largest_task)
+        p->largest_task = t->max_tmp_bytes;
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    wb_route_table_encode(&w, t);
+    int err = blob_from(&p->table[r], &w);
+    err = err ? err : scope_rank(p, t, r);
+    return err || !s ? err : sums_rank(s, p, t, r);
 }
 
 void ctl_model_src(const struct wb_job *job, struct wb_model_src *src)
@@ -247,8 +259,13 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
     struct wb_plan *plan = NULL;
     struct wb_plan_tbuf tb = {0}; /* a table as wb_plan_table() hands it out */
     struct wb_plan_input in = wb_model_input(&md);
-    struct wb_plan_opts opts = {
-        .mode = (enum wb_plan_mode)job->mode, .mem_cap = job->mem_cap, .fit_cap = fit_largest};
+    /* lazy: stamped items stay segments until a reader expands one trainer's table, so the
+     * controller never holds every table expanded at once (about 2 GB at 1,024 trainers of
+     * Kimi-K2); each table is expanded, encoded for its agent and released in turn */
+    struct wb_plan_opts opts = {.mode = (enum wb_plan_mode)job->mode,
+                                .mem_cap = job->mem_cap,
+                                .fit_cap = fit_largest,
+                                .lazy = true};
     int err = wb_plan_build(&in, &opts, &plan, el);
     err = err ? err : wb_plan_check_cap(plan, &in, el);
     if (err)
@@ -265,48 +282,29 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
     p->ntrainers = plan->ntrainers;
     p->nrollouts = plan->nrollouts;
     p->total_bytes = plan->stats.total_bytes;
-    p->send_bytes = malloc((p->ntrainers ? p->ntrainers : 1) * sizeof(uint64_t));
-    if (!p->send_bytes) {
-        err = -ENOMEM;
-        goto out;
-    }
     /* a cap below the largest task was refused above, or raised (fit_largest) */
     p->mem_cap = plan->mem_cap;
-    for (uint32_t r = 0; !err && r < p->ntrainers; r++) {
-        const struct wb_route_table *t = wb_plan_table(plan, r, &tb);
-        if (!t) {
-            err = -ENOMEM;
-            break;
-        }
-        p->send_bytes[r] = t->send_bytes;
-        if (t->max_tmp_bytes > p->largest_task)
-            p->largest_task = t->max_tmp_bytes;
-    }
-    if (err)
-        goto out;
     if (p->mem_cap > (job->mem_cap ? job->mem_cap : WB_MEM_CAP_DEFAULT))
         wb_log(WB_LOG_INFO, "controller",
                "memory cap raised from %llu to the largest task's %llu bytes",
                (unsigned long long)(job->mem_cap ? job->mem_cap : WB_MEM_CAP_DEFAULT),
                (unsigned long long)p->mem_cap);
+    p->send_bytes = malloc((p->ntrainers ? p->ntrainers : 1) * sizeof(uint64_t));
     p->table = calloc(p->ntrainers, sizeof(*p->table));
     p->shards = calloc(p->ntrainers, sizeof(*p->shards));
     p->recv = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->recv));
-    if (!p->table || !p->shards || !p->recv) {
+    if (!p->send_bytes || !p->table || !p->shards || !p->recv) {
         err = -ENOMEM;
         goto out;
     }
+    struct sums sums = {0};
+    err = scope_init(p);
+    err = err || !job->verify ? err : sums_init(&sums, p, plan);
     for (uint32_t r = 0; !err && r < p->ntrainers; r++) {
         const struct wb_route_table *t = wb_plan_table(plan, r, &tb);
-        if (!t) {
-            err = -ENOMEM;
-            break;
-        }
-        struct wb_mpw w;
-        wb_mpw_init(&w);
-        wb_route_table_encode(&w, t);
-        err = blob_from(&p->table[r], &w);
+        err = t ? table_rank(p, job->verify ? &sums : NULL, t, r) : -ENOMEM;
     }
+    free(sums.next);
     p->locals = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->locals));
     if (!err && !p->locals) /* a table that failed to encode stays an error */
         err = -ENOMEM;
@@ -323,9 +321,6 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
         err = err ? err : e2;
     }
     err = err ? err : encode_shards(job, p, &md.trainer, md.match, &md.tl, el);
-    err = err ? err : encode_scope(p, plan);
-    if (!err && job->verify)
-        err = encode_sums(p, plan);
     if (!err) {
         p->rollout_names = calloc(md.rollout.n + 1, sizeof(char *));
         err = p->rollout_names ? 0 : -ENOMEM;

@@ -857,6 +857,8 @@ void ag_data_poll(struct data *d)
         for (ssize_t i = 0; i < n; i++)
             if (d->role == WB_ROLE_TRAINER)
                 ag_exec_event(d, &ev[i]);
+            else
+                ag_rollout_event(d, &ev[i]);
         if (n < 64)
             return;
     }

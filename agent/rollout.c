@@ -23,7 +23,8 @@ struct rollout {
     bool windows_open;         /* the attempt's windows are open */
     struct wb_tx_mr *empty_mr; /* what zero-byte tensors are described by */
     void *empty_buf;
-    uint32_t *writers; /* the trainer peers (transport indices) PEERS named */
+    uint32_t *writers;     /* the trainer peers (transport indices) PEERS named */
+    uint32_t *writer_rank; /* [nwriters]: their trainer ranks, for messages */
     uint32_t nwriters;
     char (*lname)[WB_NAME_MAX]; /* [nlocal]: names for messages ("" when not sent) */
     uint64_t local_bytes;
@@ -315,9 +316,11 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
 int ag_rollout_peers(struct data *d, struct wb_mpr *r, uint32_t n, char *err, size_t errcap)
 {
     free(d->rx->writers);
+    free(d->rx->writer_rank);
     d->rx->nwriters = 0;
     d->rx->writers = calloc(n ? n : 1, sizeof(uint32_t));
-    if (!d->rx->writers)
+    d->rx->writer_rank = calloc(n ? n : 1, sizeof(uint32_t));
+    if (!d->rx->writers || !d->rx->writer_rank)
         return -ENOMEM;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t four;
@@ -341,6 +344,7 @@ int ag_rollout_peers(struct data *d, struct wb_mpr *r, uint32_t n, char *err, si
                      wb_tx_errmsg(d->tx));
             return rc;
         }
+        d->rx->writer_rank[d->rx->nwriters] = (uint32_t)rank;
         d->rx->writers[d->rx->nwriters++] = idx;
         if (wb_tx_connect(d->tx, idx, (void *)(uintptr_t)WARMUP_CTX) != 0)
             wb_log(WB_LOG_DEBUG, M, "rollout rank %u: warm-up to trainer rank %" PRIu64 ": %s",
@@ -406,7 +410,7 @@ static int rollout_open(struct data *d, char *err, size_t errcap)
     d->rx->windows_open = true;
     for (uint32_t i = 0; i < d->rx->nwriters; i++) {
         int rc = wb_tx_write_imm(d->tx, d->rx->writers[i], imm_make(IMM_READY, d->rank),
-                                 (void *)(uintptr_t)WARMUP_CTX);
+                                 (void *)(uintptr_t)(READY_CTX | i));
         if (rc) {
             snprintf(err, errcap, "rollout rank %u: telling a trainer it is ready: %s", d->rank,
                      wb_tx_errmsg(d->tx));
@@ -414,6 +418,18 @@ static int rollout_open(struct data *d, char *err, size_t errcap)
         }
     }
     return 0;
+}
+
+void ag_rollout_event(struct data *d, const struct wb_tx_event *ev)
+{
+    uint64_t v = (uint64_t)(uintptr_t)ev->ctx;
+    if (ev->kind != WB_TX_EV_WRITE || !ev->err || (v & ~0xffffffffull) != READY_CTX || !d->active ||
+        d->fail[0] || !d->rx || (uint32_t)v >= d->rx->nwriters)
+        return;
+    snprintf(d->fail, sizeof(d->fail),
+             "telling trainer rank %u it is ready failed (%s); it will not write",
+             d->rx->writer_rank[(uint32_t)v],
+             ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));
 }
 
 bool ag_data_receiving(const struct data *d)
@@ -773,6 +789,7 @@ void ag_rollout_free(struct data *d)
     free(r->expect_local);
     free(r->local_left);
     free(r->writers);
+    free(r->writer_rank);
     free(r->sum_reached);
     free(r->landed);
     free(r->ready);

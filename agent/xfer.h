@@ -117,8 +117,11 @@ struct peer {
     struct wb_tx_rdesc sums;
 };
 
-/* The ctx of notes no task has (warm-up, fences, READY): their completions count for nothing. */
+/* The ctx of notes no task has (warm-up, fences): their completions count for nothing. */
 static const uint64_t WARMUP_CTX = UINT64_MAX;
+/* A rollout's READY to its writer i has ctx READY_CTX | i: a READY that could not be sent
+ * fails the attempt at once (that trainer will never write), instead of at its deadline. */
+static const uint64_t READY_CTX = 0xfffffffe00000000ull;
 
 /* The rollout-region entry that describes a rollout's checksum inbox instead of a tensor. */
 enum { SUM_INBOX_ENTRY = 0xffffffffu };
@@ -358,6 +361,8 @@ int ag_rollout_start(struct data *d, uint64_t version, const uint64_t *skip, uin
                      char *err, size_t errcap);
 /* The attempt is over: nothing more may land, nothing more counts. */
 void ag_rollout_close(struct data *d);
+/* A completion of the rollout's own notes: a READY that failed fails the attempt. */
+void ag_rollout_event(struct data *d, const struct wb_tx_event *ev);
 /* Checks and marks landed what is in (d->fail says what failed). */
 void ag_rollout_step(struct data *d);
 bool ag_rollout_complete(const struct data *d);

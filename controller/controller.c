@@ -37,7 +37,12 @@ struct agent {
     enum wb_role role;
     uint32_t rank;
     bool alive;
-    bool suspect;     /* alive, but silent for suspect_after: maybe starved, maybe gone */
+    bool suspect; /* alive, but silent for suspect_after: maybe starved, maybe gone */
+    /* Declared dead by silence alone (its connections still open): the process may live on,
+     * starved. A shutdown waits for it to hear that the job ends (told_end), within its
+     * deadline: a rollout never told waits for the controller for ever. */
+    bool unheard;
+    bool told_end;    /* the shutdown reached it: EXIT acknowledged or a request answered ENDED */
     uint64_t session; /* 0: never registered */
     uint64_t last_ns;
     char host[64];
@@ -673,12 +678,19 @@ static void check_dead(struct wb_controller *c, uint64_t now)
         }
         if (a->alive && silent > limit) {
             a->alive = false;
+            /* with a connection we know of still open (one that closes says it is gone) */
+            a->unheard = false;
+            for (size_t j = 0; j < WB_ARRAY_LEN(a->pipes); j++)
+                a->unheard |= a->pipes[j] != 0;
             wb_log(WB_LOG_WARN, M, "%s rank %u is dead: silent for %.2f s", wb_role_name(a->role),
                    a->rank, (double)(now - a->last_ns) / 1e9);
             if (c->x.active && !part_done(c, a))
                 xfer_fail(c, "%s rank %u died (silent for %.2f s)", wb_role_name(a->role), a->rank,
                           (double)(now - a->last_ns) / 1e9);
+            uint32_t pipes[WB_ARRAY_LEN(a->pipes)]; /* kept: their closing says it is gone */
+            memcpy(pipes, a->pipes, sizeof(pipes));
             agent_reset(a);
+            memcpy(a->pipes, pipes, sizeof(pipes));
         }
     }
     teardown_check(c, now);
@@ -1089,6 +1101,20 @@ static uint64_t session_new(const struct wb_controller *c)
     }
 }
 
+/* The connection req came on is one of a's (check_closed: its closing says a's process is
+ * gone). */
+static void note_pipe(struct wb_controller *c, struct agent *a, nng_msg *req)
+{
+    uint32_t pid = c->capture ? 0 : (uint32_t)nng_pipe_id(nng_msg_get_pipe(req));
+    bool known = false;
+    for (size_t i = 0; i < WB_ARRAY_LEN(a->pipes); i++)
+        known |= a->pipes[i] == pid;
+    if (pid && !known) { /* the oldest forgotten: a reconnected channel replaces its pipe */
+        memmove(a->pipes + 1, a->pipes, sizeof(a->pipes) - sizeof(a->pipes[0]));
+        a->pipes[0] = pid;
+    }
+}
+
 static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_body_register *b)
 {
     char msg[256];
@@ -1149,6 +1175,7 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
     c->sessions++;
     a->session = session_new(c);
     a->alive = true;
+    a->unheard = a->told_end = false;
     a->last_ns = wb_now_ns();
     snprintf(a->host, sizeof(a->host), "%s", b->host);
     a->pid = b->pid;
@@ -1181,6 +1208,8 @@ static struct agent *session_agent(struct wb_controller *c, nng_msg *req,
         a = agent_at(c, role, (uint32_t)s->rank);
     if (c->shutting_down && (!a || !a->alive || a->session != s->session)) {
         /* an agent the controller lost (or a restarted one never knew) exits, too */
+        if (a)
+            a->told_end = true;
         reply_error(c, req, -WB_E_ENDED, "the job is shutting down");
         return NULL;
     }
@@ -1192,14 +1221,7 @@ static struct agent *session_agent(struct wb_controller *c, nng_msg *req,
         return NULL;
     }
     a->last_ns = wb_now_ns();
-    uint32_t pid = c->capture ? 0 : (uint32_t)nng_pipe_id(nng_msg_get_pipe(req));
-    bool known = false;
-    for (size_t i = 0; i < WB_ARRAY_LEN(a->pipes); i++)
-        known |= a->pipes[i] == pid;
-    if (pid && !known) { /* the oldest forgotten: a reconnected channel replaces its pipe */
-        memmove(a->pipes + 1, a->pipes, sizeof(a->pipes) - sizeof(a->pipes[0]));
-        a->pipes[0] = pid;
-    }
+    note_pipe(c, a, req);
     return a;
 }
 
@@ -1213,6 +1235,8 @@ static void check_closed(struct wb_controller *c)
         for (uint32_t k = 0; k < n && !gone; k++)
             for (size_t j = 0; j < WB_ARRAY_LEN(a->pipes) && !gone; j++)
                 gone = a->pipes[j] && a->pipes[j] == closed[k];
+        if (gone)
+            a->unheard = false; /* the process is gone: nobody to tell */
         if (!gone || !a->alive)
             continue;
         a->alive = false;
@@ -1364,6 +1388,7 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
     case WB_MSG_HEARTBEAT:
         if (c->shutting_down) { /* the EXIT again, on the agent's other connection: a poll
                                  * answer that did not arrive leaves no agent waiting */
+            a->told_end = true;
             reply_error(c, req, -WB_E_ENDED, "the job is shutting down");
             return;
         }
@@ -1634,8 +1659,9 @@ static void on_tick(struct wb_controller *c, uint64_t now)
     advance(c);
 }
 
-/* Shutdown is done when every live agent acknowledged its EXIT (check_dead still runs: one
- * silent for dead_after stops counting), or at the deadline. */
+/* Shutdown is done when every live agent acknowledged its EXIT and every agent declared dead by
+ * silence alone heard that the job ends on its next request (check_dead still runs: a live one
+ * silent for dead_after joins those), or at the deadline. */
 static bool shutdown_done(struct wb_controller *c, uint64_t now)
 {
     if (now >= c->exit_deadline)
@@ -1644,9 +1670,11 @@ static bool shutdown_done(struct wb_controller *c, uint64_t now)
      * before the socket closes. */
     if (now < c->exit_linger)
         return false;
-    for (uint32_t i = 0; i < c->nagents; i++)
-        if (c->agents[i].alive && c->agents[i].ncmds)
+    for (uint32_t i = 0; i < c->nagents; i++) {
+        const struct agent *a = &c->agents[i];
+        if ((a->alive && a->ncmds) || (!a->alive && a->unheard && !a->told_end))
             return false;
+    }
     return true;
 }
 

@@ -615,20 +615,18 @@ static void test_tls(void)
     unsetenv("WB_TLS_SERVER_NAME");
 }
 
-/* One call to the controller with the job's token: the reply's type, the ERROR text in msg. */
-static uint32_t call(struct cluster *c, uint32_t type, const void *body, void *reply, char *msg,
-                     size_t cap)
+/* One call on an open channel with the job's token: the reply's type, the ERROR text in msg. */
+static uint32_t call_on(struct wb_chan *ch, uint32_t type, const void *body, void *reply, char *msg,
+                        size_t cap)
 {
-    struct wb_chan ch;
     struct wb_mpw w;
     struct wb_msg m;
     void *buf;
     size_t len;
     const char *why;
-    CHECK_INT(wb_chan_open(&ch, c->url, "tok-123"), 0);
     wb_mpw_init(&w);
     wb_msg_encode(&w, type, "tok-123", body);
-    CHECK_INT(wb_chan_call(&ch, &w, 5000000000ull, &buf, &len), 0);
+    CHECK_INT(wb_chan_call(ch, &w, 5000000000ull, &buf, &len), 0);
     CHECK_INT(wb_msg_open(buf, len, "tok-123", &m, &why), 0);
     *msg = 0;
     if (m.type == WB_MSG_ERROR) {
@@ -644,6 +642,16 @@ static uint32_t call(struct cluster *c, uint32_t type, const void *body, void *r
     uint32_t t = m.type;
     wb_chan_free(buf);
     wb_mpw_free(&w);
+    return t;
+}
+
+/* One call on a connection of its own (closed after it, as a process that exits). */
+static uint32_t call(struct cluster *c, uint32_t type, const void *body, void *reply, char *msg,
+                     size_t cap)
+{
+    struct wb_chan ch;
+    CHECK_INT(wb_chan_open(&ch, c->url, "tok-123"), 0);
+    uint32_t t = call_on(&ch, type, body, reply, msg, cap);
     wb_chan_close(&ch);
     return t;
 }
@@ -935,6 +943,47 @@ static void test_shutdown_by_heartbeat(void)
     /* this agent now falls silent: dead after 1 s, and the controller goes */
     CHECK_INT(e2e_wait(c.ctl, 8000), 0);
     CHECK_INT(e2e_wait(c.tr[0], 5000), 0);
+}
+
+/* An agent declared dead by silence alone may be a starved process that runs again: a rollout
+ * that never hears the job ended waits for its controller for ever. So a shutdown waits (within
+ * its deadline, 4 × (dead_after + poll_hold) = 5.2 s here) until such an agent's next request
+ * is answered "shutting down" — here a second after the shutdown was asked, long after the
+ * 200 ms every shutdown lingers — and then the controller goes at once. */
+static void test_shutdown_tells_the_unheard(void)
+{
+    struct cluster c = {0};
+    write_job(&c, 1, 1, NULL);
+    c.nro = 0; /* rollout rank 0 is this test */
+    start(&c);
+    free(wait_status(&c, "trainer      0 alive", 10000));
+    struct wb_body_register reg = {.rank = 0, .device = -1, .pid = 1, .synthetic = true};
+    snprintf(reg.role, sizeof(reg.role), "rollout");
+    memcpy(reg.host, "starved", 8);
+    struct wb_body_registered ok;
+    char msg[256];
+    struct wb_chan ch; /* open throughout, as a starved process keeps its connections */
+    CHECK_INT(wb_chan_open(&ch, c.url, "tok-123"), 0);
+    CHECK_INT(call_on(&ch, WB_MSG_REGISTER, &reg, &ok, msg, sizeof(msg)), WB_MSG_REGISTERED);
+    struct wb_body_heartbeat hb = {.s = {.rank = 0, .session = ok.session}};
+    snprintf(hb.s.role, sizeof(hb.s.role), "rollout");
+    CHECK_INT(call_on(&ch, WB_MSG_HEARTBEAT, &hb, NULL, msg, sizeof(msg)), WB_MSG_OK);
+    free(wait_status(&c, "rollout      0 dead", 10000)); /* silent: its connection stays open */
+    char *out;
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s shutdown", c.url), 0);
+    free(out);
+    CHECK_INT(e2e_wait(c.tr[0], 5000), 0); /* the live trainer acknowledged its EXIT and left */
+    e2e_sleep_ms(1000);
+    int st;
+    if (waitpid(c.ctl, &st, WNOHANG) != 0) { /* still waiting for the starved rollout */
+        char *log = e2e_slurp("controller.log");
+        wb_test_fail(__FILE__, __LINE__, "the controller did not wait for rollout rank 0:\n%s",
+                     log);
+    }
+    CHECK_INT(call_on(&ch, WB_MSG_HEARTBEAT, &hb, NULL, msg, sizeof(msg)), WB_MSG_ERROR);
+    CHECK_STR(msg, "the job is shutting down");
+    CHECK_INT(e2e_wait(c.ctl, 3000), 0); /* told: nothing left to wait for */
+    wb_chan_close(&ch);
 }
 
 /* A certificate for NAME signed by the CA dir/ca.{pem,key} (made on the first call), in
@@ -1276,5 +1325,6 @@ const struct wb_test wb_tests[] = {
     {"strangers", test_strangers, 120},
     {"replay", test_replay, 60},
     {"shutdown_by_heartbeat", test_shutdown_by_heartbeat, 60},
+    {"shutdown_tells_the_unheard", test_shutdown_tells_the_unheard, 60},
     {0},
 };

@@ -4,7 +4,9 @@
 # every ~12 versions mid-transfer (kill -9 of a trainer, of a rollout, SIGSTOP of either, kill
 # -9 of the controller; each kind dealt at least 3 times), every complete version verified byte
 # for byte, every rollout's claim checked against its bytes after each fault, a stopped agent
-# shown suspect and never dead (stops stay below dead_after), within 4 minutes.
+# shown suspect and never dead (stops stay below dead_after). The count decides, never the time:
+# the 12-minute bound only ends a hang (a healthy run takes 2-3 minutes here; a slow machine
+# must not turn fewer versions in a fixed time into a failure).
 # `make soak` runs the long form. Prints the harness tally.
 build=$(cd "$(dirname "$0")/.." && pwd)
 root=$(pwd)
@@ -28,7 +30,7 @@ fi
 out=$(mktemp /tmp/wb-soak-test.XXXXXX)
 trap 'rm -f "$out"' EXIT
 echo "soak 200 versions, faults mid-transfer ..."
-"$soak" --versions 200 --fault-every 12 --minutes 4 2>&1 | tee "$out" | sed 's/^/    /'
+"$soak" --versions 200 --fault-every 12 --minutes 12 2>&1 | tee "$out" | sed 's/^/    /'
 rc=${PIPESTATUS[0]}
 declare -A n=()
 line=$(grep '^soak-counts: ' "$out" | tail -n 1)

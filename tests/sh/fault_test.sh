@@ -52,7 +52,12 @@ trap cleanup EXIT
 # LeakSanitizer: libfabric 1.17's tcp provider keeps ~190 bytes per connection after fi_close
 # (see tests/func/transport_suite.h); only allocations made inside libfabric are exempt.
 # WB_FAULT_LSAN adds lines (space separated), e.g. the CUDA driver's on a GPU machine.
-echo "leak:libfabric.so" >"$tmp/lsan.supp"
+# libnng 1.5's too: a socket closed while its dial is still under way (an agent that fails at
+# once, before its channels connected) has its dialer's objects freed on nng's own threads after
+# nng_close returns, and a process exiting at that moment shows them (nng_fini does not wait for
+# them). Only here: the other ASan tests of make test check nng messages and sockets for leaks
+# without this line.
+printf '%s\n' "leak:libfabric.so" "leak:libnng.so" >"$tmp/lsan.supp"
 for l in ${WB_FAULT_LSAN:-}; do echo "$l" >>"$tmp/lsan.supp"; done
 export LSAN_OPTIONS=suppressions=$tmp/lsan.supp:print_suppressions=0
 export WB_TOKEN=fault-$RANDOM$RANDOM

@@ -105,7 +105,7 @@ static void region_tile(const struct wb_box *r, enum wb_dtype dt, struct wb_quan
  * copy in scratch 0 (ag_ops_scratch_need counts both). A trainer holding FP32 masters thus
  * sends exactly what it would send holding their BF16 cast — what a BF16 trainer's rollout
  * receives, what an engine loading the BF16 model quantizes — not a quantization of the FP32
- * values, which differs from it in about 1% of the bytes (double rounding). BF16 and FP16
+ * values, which differs from it in about 2-3% of the bytes (double rounding). BF16 and FP16
  * sources are quantized as they are. */
 static int quant_src(const struct opctx *c, const struct wb_rt_view *v, uint32_t src_box,
                      const void **out, enum wb_dtype *dt)

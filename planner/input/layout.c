@@ -526,10 +526,11 @@ static void trainer_parse_dtypes(const struct wb_yaml *y, const struct trainer_r
         const char *colon = strchr(where, ':');
         d->line = colon ? (uint32_t)strtoul(colon + 1, NULL, 10) : 0;
         if (!*d->pattern) {
+            const struct wb_ynode *mn = wb_ynode_get(y, it, "match");
             wb_errlist_add(el,
                            "%s: dtypes[%zu].match: the empty pattern matches no tensor (\"*\" "
                            "matches every one)",
-                           where, i);
+                           wb_yaml_where(y, mn ? mn : it, where, sizeof(where)), i);
             *err = -WB_E_CONFIG;
         }
     }
@@ -871,6 +872,8 @@ void wb_layout_dump_docs(FILE *f)
     wb_cfg_dump(dim_table, f);
     fprintf(f, "# one item of placements:\n");
     wb_cfg_dump(rule_table, f);
+    fprintf(f, "# one item of dtypes:\n");
+    wb_cfg_dump(dtype_table, f);
     fprintf(f, "\n# rollout layout (--rollout)\n");
     wb_cfg_dump(rollout_table, f);
     fprintf(f, "\n# hardware model (hardware: in either layout)\n");

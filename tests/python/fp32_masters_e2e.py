@@ -72,7 +72,33 @@ CASES = {
                          "  - {match: \"model.layers.{layer}.mlp.*\", dtype: fp32}\n",
                          lambda n: "fp32" if "norm" in n or ".mlp." in n else "bf16"),
 }
+# Refused: name -> (layout dtypes (None: derived), held dtype of (name, rank), lines every
+# trainer's error must hold ({r}: its rank)). Nothing is planned, every process exits with the reason.
+REFUSED = {
+    "refused_ranks_disagree": (
+        None, lambda n, r: "fp16" if r == 1 and n == "model.norm.weight" else "fp32",
+        ["model.norm.weight: trainer rank 0 holds it in fp32, trainer rank 1 in fp16"]),
+    "refused_layout_says_bf16": (
+        "", lambda n, r: "fp32",
+        ["trainer rank {r}: model.layers.0.mlp.up_proj.weight: dtype fp32, expected bf16",
+         "trainer rank {r}: trainers holding fp32 parameters say so in the trainer layout (`dtype: "
+         "fp32`, or `dtypes:` per tensor), or leave trainer_layout out to plan for the dtypes they "
+         "register; the rollouts get them cast"]),
+}
 NP_OF = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}
+
+
+def held_of(case, name, rank):
+    if case in REFUSED:
+        return REFUSED[case][1](name, rank)
+    return CASES[case][4](name)
+
+
+def case_of(case):
+    """(FP8 rollout, mode, replicas, layout dtypes) of a case or a refused one."""
+    if case in REFUSED:
+        return (False, "auto", 1, REFUSED[case][0])
+    return CASES[case][:4]
 
 
 def log(*a):
@@ -278,7 +304,11 @@ NP = {"bf16": np.uint16, "fp8_e4m3": np.uint8, "fp32": np.float32}
 
 
 def run_trainer(case, rank, url, tmp):
-    fp8, _, _, layout, held = CASES[case]
+    fp8 = case_of(case)[0]
+
+    def held(n):
+        return held_of(case, n, rank)
+
     arrays, tensors = {}, {}
     for name, shape in named_parameters(CONFIG):  # named_parameters() order, as DTensors do
         off, n = chunk(shape[0], TRAINERS, rank)
@@ -328,7 +358,7 @@ def run_rollout(case, rank, url, tmp):
 
 
 def write_case(case, tmp):
-    fp8, mode, replicas, layout, _ = CASES[case]
+    fp8, mode, replicas, layout = case_of(case)
     cfg = dict(CONFIG)
     if fp8:
         cfg["quantization_config"] = FP8_QC
@@ -365,7 +395,7 @@ def ctl(url, *args):
 
 
 def run_case(case, tmp):
-    replicas = CASES[case][2]
+    replicas = case_of(case)[2]
     d = os.path.join(tmp, case)
     os.makedirs(d)
     paths = write_case(case, d)
@@ -420,6 +450,48 @@ def run_case(case, tmp):
         clog.close()
 
 
+def run_refused(case, tmp):
+    """Every trainer is refused with the reason, and nothing is transferred."""
+    want = REFUSED[case][2]
+    d = os.path.join(tmp, case)
+    os.makedirs(d)
+    paths = write_case(case, d)
+    plan = wb.plan(os.path.join(ROOT, "configs/models/qwen3.yaml"), paths["config.json"],
+                   paths["trainer.yaml"], paths["rollout.yaml"], tables=True)
+    with open(os.path.join(d, "locals.json"), "w") as f:
+        json.dump(plan["receive"][0]["local"], f)
+    url = f"tcp://127.0.0.1:{20000 + random.randrange(12000)}"
+    clog = open(os.path.join(d, "controller.log"), "w")
+    cp = subprocess.Popen([os.path.join(BIN, "wb-controller"), "--config", paths["job.yaml"], "--listen", url],
+                          env=dict(os.environ, WB_TOKEN=TOKEN), stdout=clog, stderr=subprocess.STDOUT)
+    procs = [("rollout", 0, spawn("rollout", case, 0, url, d))]
+    procs += [("trainer", r, spawn("trainer", case, r, url, d)) for r in range(TRAINERS)]
+    try:
+        for role, r, p in procs[1 if REFUSED[case][0] is not None else 0:]:
+            out, _ = p.communicate(timeout=120)
+            text = out.decode()
+            lines = [w.format(r=r) for w in want]
+            if role == "trainer" and (p.returncode != 3 or any(w not in text for w in lines)):
+                raise AssertionError(f"trainer {r} exited {p.returncode}, expected 3 and\n  " +
+                                     "\n  ".join(lines) + f"\nin:\n{text}")
+        log(f"    case {case}: refused: {want[0].format(r=0)}")
+        st = ctl(url, "status").stdout
+        if "version 0, in flight: none" not in st:
+            raise AssertionError("status: " + st)
+    finally:
+        for _, _, p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        ctl(url, "shutdown")
+        try:
+            cp.wait(20)
+        except subprocess.TimeoutExpired:
+            cp.kill()
+            cp.wait()
+        clog.close()
+
+
 def self_check():
     """The numpy reference against the values worked out by hand above, so a wrong reference
     cannot pass by agreeing with a wrong library; and the FP8 rule told apart from quantizing
@@ -451,14 +523,15 @@ def self_check():
 
 def main():
     only = sys.argv[1:]
-    unknown = [c for c in only if c not in CASES and c != "self_check"]
+    unknown = [c for c in only if c not in CASES and c not in REFUSED and c != "self_check"]
     if unknown:
-        print(f"unknown case(s) {unknown}; cases: self_check {' '.join(CASES)}")
+        print(f"unknown case(s) {unknown}; cases: self_check {' '.join(CASES)} {' '.join(REFUSED)}")
         return 2
     passed = failed = 0
     with tempfile.TemporaryDirectory(prefix="wb-py-fp32.") as tmp:
         for name, fn in [("self_check", lambda _t: self_check())] + [
-                (c, lambda t, c=c: run_case(c, t)) for c in CASES]:
+                (c, lambda t, c=c: run_case(c, t)) for c in CASES] + [
+                (c, lambda t, c=c: run_refused(c, t)) for c in REFUSED]:
             if only and name not in only:
                 continue
             print(f"python_fp32 {name} ...", flush=True)

@@ -100,6 +100,13 @@ static void region_tile(const struct wb_box *r, enum wb_dtype dt, struct wb_quan
     *lead = l;
 }
 
+/* Where the BF16 cast of an FP32 quantization source of n elements sits in scratch 0: after
+ * its packed FP32 copy, 256-byte aligned (the kernels' vector path wants 16). */
+static uint64_t fp32_cast_off(uint64_t n)
+{
+    return (n * 4 + 255) & ~(uint64_t)255;
+}
+
 /* The source of a quantization as the quant calls read it: an FP32 source is first rounded to
  * BF16 (round to nearest even, torch's tensor.to(torch.bfloat16)), behind the packed FP32
  * copy in scratch 0 (ag_ops_scratch_need counts both). A trainer holding FP32 masters thus
@@ -118,7 +125,7 @@ static int quant_src(const struct opctx *c, const struct wb_rt_view *v, uint32_t
     if (v->dtype == WB_DTYPE_FP32) {
         struct wb_quant_exec ex = ex_of(c->d);
         uint64_t n = wb_box_numel(wb_rt_box(&c->d->table, src_box));
-        uint8_t *bf = (uint8_t *)c->d->scratch[0] + n * 4;
+        uint8_t *bf = (uint8_t *)c->d->scratch[0] + fp32_cast_off(n);
         rc = wb_quant_cast(&ex, WB_DTYPE_FP32, src, WB_DTYPE_BF16, bf, n);
         src = bf;
         *dt = WB_DTYPE_BF16;
@@ -351,6 +358,13 @@ int ag_ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint3
                            packed, dst);
 }
 
+/* Scratch 0 for a quantization source of n elements: packed (FP32 at most), and an FP32
+ * source's BF16 cast behind it. */
+static uint64_t quant_scratch(uint64_t n, enum wb_dtype dt)
+{
+    return dt == WB_DTYPE_FP32 ? fp32_cast_off(n) + n * 2 : n * 4;
+}
+
 uint64_t ag_ops_scratch_need(const struct wb_route_table *t)
 {
     uint64_t need = 4096;
@@ -359,12 +373,10 @@ uint64_t ag_ops_scratch_need(const struct wb_route_table *t)
         uint64_t n = 0;
         if (op->kind == WB_OP_COPY || op->kind == WB_OP_CAST)
             n = wb_box_numel(wb_rt_box(t, op->copy.src_box)) * 4;
-        else if (op->kind == WB_OP_QUANT) /* an FP32 source: packed, then its BF16 cast */
-            n = wb_box_numel(wb_rt_box(t, op->quant.src_box)) *
-                (op->quant.src.dtype == WB_DTYPE_FP32 ? 6 : 4);
+        else if (op->kind == WB_OP_QUANT)
+            n = quant_scratch(wb_box_numel(wb_rt_box(t, op->quant.src_box)), op->quant.src.dtype);
         else if (op->kind == WB_OP_AMAX)
-            n = wb_box_numel(wb_rt_box(t, op->amax.src_box)) *
-                (op->amax.src.dtype == WB_DTYPE_FP32 ? 6 : 4);
+            n = quant_scratch(wb_box_numel(wb_rt_box(t, op->amax.src_box)), op->amax.src.dtype);
         if (n > need)
             need = n;
     }

@@ -8,9 +8,9 @@
  * the write's immediate, so a rollout counts exactly what it would count for posted writes.
  *
  * The lowering is exact or nothing, task by task: a task qualifies when its ops are QUANT ops
- * reading a PARAM shard with no amax exchange, every write's destination is addressable, and
- * the writes tile each quantization's output in whole rows (bytes) and whole block rows
- * (scales), with every cut at a 128-row block boundary, so each piece is a tile of its own
+ * reading a BF16 or FP16 PARAM shard with no amax exchange, every write's destination is
+ * addressable, and the writes tile each quantization's output in whole rows (bytes) and whole block
+ * rows (scales), with every cut at a 128-row block boundary, so each piece is a tile of its own
  * with the same blocks, amax and bytes as the one-tile quantization. Anything else (gathers,
  * amax exchanges, repacking copies, host-resident shards, unaligned cuts) runs on the general
  * pipeline, in the same transfer. */
@@ -286,7 +286,9 @@ static int lower_task(const struct wb_route_table *t, uint32_t ti, uint8_t *cons
         primary_bytes += prim[k] ? t->writes[tk->write0 + k].len : 0;
     for (uint32_t k = 0; k < tk->nops; k++) {
         const struct wb_rt_op *op = &t->ops[tk->op0 + k];
-        if (op->kind != WB_OP_QUANT)
+        /* an FP32 source is rounded to BF16 before it is quantized (ops.c); the batch kernel
+         * reads its sources as they are, so such a task runs on the general pipeline */
+        if (op->kind != WB_OP_QUANT || op->quant.src.dtype == WB_DTYPE_FP32)
             goto no;
         uint32_t tn = op->quant.src.tensor;
         bool qok;

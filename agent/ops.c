@@ -100,22 +100,58 @@ static void region_tile(const struct wb_box *r, enum wb_dtype dt, struct wb_quan
     *lead = l;
 }
 
-/* Raw partial amax of every block the region touches: lead x grid, into amax (device or host
- * memory, as the executor's buffers). */
-static int region_amax(const struct opctx *c, const struct wb_rt_view *v, uint32_t src_box,
-                       const struct wb_box *region, float *amax, const void **packed_out,
-                       struct wb_quant_grid *g, uint64_t *lead)
+/* Where the BF16 cast of an FP32 quantization source of n elements sits in scratch 0: after
+ * its packed FP32 copy, 256-byte aligned (the kernels' vector path wants 16). */
+static uint64_t fp32_cast_off(uint64_t n)
 {
-    struct wb_quant_exec ex = ex_of(c->d);
+    return (n * 4 + 255) & ~(uint64_t)255;
+}
+
+/* The source of a quantization as the quant calls read it: an FP32 source is first rounded to
+ * BF16 (round to nearest even, torch's tensor.to(torch.bfloat16)), behind the packed FP32
+ * copy in scratch 0 (ag_ops_scratch_need counts both). A trainer holding FP32 masters thus
+ * sends exactly what it would send holding their BF16 cast — what a BF16 trainer's rollout
+ * receives, what an engine loading the BF16 model quantizes — not a quantization of the FP32
+ * values, which differs from it in about 2-3% of the bytes (double rounding). BF16 and FP16
+ * sources are quantized as they are. */
+static int quant_src(const struct opctx *c, const struct wb_rt_view *v, uint32_t src_box,
+                     const void **out, enum wb_dtype *dt)
+{
     const void *src;
     int rc = packed_src(c, v, src_box, c->d->scratch[0], &src);
     if (rc)
         return rc;
+    *dt = v->dtype;
+    if (v->dtype == WB_DTYPE_FP32) {
+        struct wb_quant_exec ex = ex_of(c->d);
+        uint64_t n = wb_box_numel(wb_rt_box(&c->d->table, src_box));
+        uint8_t *bf = (uint8_t *)c->d->scratch[0] + fp32_cast_off(n);
+        rc = wb_quant_cast(&ex, WB_DTYPE_FP32, src, WB_DTYPE_BF16, bf, n);
+        src = bf;
+        *dt = WB_DTYPE_BF16;
+    }
+    if (!rc)
+        *out = src;
+    return rc;
+}
+
+/* Raw partial amax of every block the region touches: lead x grid, into amax (device or host
+ * memory, as the executor's buffers). */
+static int region_amax(const struct opctx *c, const struct wb_rt_view *v, uint32_t src_box,
+                       const struct wb_box *region, float *amax, const void **packed_out,
+                       enum wb_dtype *dt_out, struct wb_quant_grid *g, uint64_t *lead)
+{
+    struct wb_quant_exec ex = ex_of(c->d);
+    const void *src;
+    enum wb_dtype dt;
+    int rc = quant_src(c, v, src_box, &src, &dt);
+    if (rc)
+        return rc;
     struct wb_quant_tile tile;
-    region_tile(region, v->dtype, &tile, lead);
+    region_tile(region, dt, &tile, lead);
     if ((rc = wb_quant_fp8_grid(&tile, 0, tile.rows, g)) != 0)
         return rc;
-    uint64_t esz = wb_dtype_size(v->dtype), gsz = g->rows * g->cols;
+    uint64_t esz = wb_dtype_size(dt), gsz = g->rows * g->cols;
     for (uint64_t l = 0; l < *lead; l++) {
         rc = wb_quant_fp8_amax(&ex, &tile, (const uint8_t *)src + l * tile.rows * tile.cols * esz,
                                0, tile.rows, amax + l * gsz);
@@ -124,6 +160,8 @@ static int region_amax(const struct opctx *c, const struct wb_rt_view *v, uint32
     }
     if (packed_out)
         *packed_out = src;
+    if (dt_out)
+        *dt_out = dt;
     return 0;
 }
 
@@ -142,19 +180,21 @@ int ag_ops_quant(const struct opctx *c, const struct wb_rt_op *op)
     if (q->amax_off == (uint64_t)WB_RT_NONE && tile.row0 % WB_FP8_BLOCK == 0 &&
         tile.col0 % WB_FP8_BLOCK == 0) { /* nothing to merge, blocks from the tile's origin:
                                           * one fused pass (the same bytes, one read) */
-        int rc = packed_src(c, &q->src, q->src_box, c->d->scratch[0], &src);
+        enum wb_dtype dt;
+        int rc = quant_src(c, &q->src, q->src_box, &src, &dt);
         uint8_t *dst = ag_ops_view_ptr(c, &q->dst);
         float *scale = (float *)(c->tmp + q->scale_off);
-        uint64_t esz = wb_dtype_size(q->src.dtype), per = tile.rows * tile.cols;
+        uint64_t esz = wb_dtype_size(dt), per = tile.rows * tile.cols;
         uint64_t gsz = wb_quant_blocks(tile.rows) * wb_quant_blocks(tile.cols);
         if (!rc && wb_box_numel(wb_rt_box(t, q->grid)) != lead * gsz)
             rc = -EINVAL;
         for (uint64_t l = 0; !rc && l < lead; l++)
-            rc = wb_quant_fp8_block(&ex, q->src.dtype, (const uint8_t *)src + l * per * esz,
-                                    tile.rows, tile.cols, dst + l * per, scale + l * gsz);
+            rc = wb_quant_fp8_block(&ex, dt, (const uint8_t *)src + l * per * esz, tile.rows,
+                                    tile.cols, dst + l * per, scale + l * gsz);
         return rc;
     }
-    int rc = region_amax(c, &q->src, q->src_box, region, amax, &src, &g, &lead);
+    enum wb_dtype dt;
+    int rc = region_amax(c, &q->src, q->src_box, region, amax, &src, &dt, &g, &lead);
     if (rc)
         return rc;
     uint64_t gsz = g.rows * g.cols;
@@ -171,7 +211,8 @@ int ag_ops_quant(const struct opctx *c, const struct wb_rt_op *op)
     }
     uint8_t *dst = ag_ops_view_ptr(c, &q->dst);
     float *scale = (float *)(c->tmp + q->scale_off);
-    uint64_t esz = wb_dtype_size(q->src.dtype), per = tile.rows * tile.cols;
+    tile.dtype = dt;
+    uint64_t esz = wb_dtype_size(dt), per = tile.rows * tile.cols;
     for (uint64_t l = 0; !rc && l < lead; l++)
         rc = wb_quant_fp8_apply(&ex, &tile, (const uint8_t *)src + l * per * esz, 0, tile.rows,
                                 amax + l * gsz, dst + l * per, scale + l * gsz);
@@ -207,8 +248,8 @@ int ag_ops_amax_partial(const struct opctx *c, const struct wb_rt_op *op, float 
     struct wb_quant_grid g;
     uint64_t lead;
     const struct wb_box *region = wb_rt_box(t, a->region);
-    int rc = region_amax(c, &a->src, a->src_box, region, c->d->gpu ? dev_part : host_part, NULL, &g,
-                         &lead);
+    int rc = region_amax(c, &a->src, a->src_box, region, c->d->gpu ? dev_part : host_part, NULL,
+                         NULL, &g, &lead);
     if (!rc && c->d->gpu && host_part)
         rc = ag_copy_async(host_part, dev_part, lead * g.rows * g.cols * sizeof(float),
                            c->d->stream);
@@ -317,6 +358,13 @@ int ag_ops_unpack_member(const struct opctx *c, const struct wb_rt_op *op, uint3
                            packed, dst);
 }
 
+/* Scratch 0 for a quantization source of n elements: packed (FP32 at most), and an FP32
+ * source's BF16 cast behind it. */
+static uint64_t quant_scratch(uint64_t n, enum wb_dtype dt)
+{
+    return dt == WB_DTYPE_FP32 ? fp32_cast_off(n) + n * 2 : n * 4;
+}
+
 uint64_t ag_ops_scratch_need(const struct wb_route_table *t)
 {
     uint64_t need = 4096;
@@ -326,9 +374,9 @@ uint64_t ag_ops_scratch_need(const struct wb_route_table *t)
         if (op->kind == WB_OP_COPY || op->kind == WB_OP_CAST)
             n = wb_box_numel(wb_rt_box(t, op->copy.src_box)) * 4;
         else if (op->kind == WB_OP_QUANT)
-            n = wb_box_numel(wb_rt_box(t, op->quant.src_box)) * 4;
+            n = quant_scratch(wb_box_numel(wb_rt_box(t, op->quant.src_box)), op->quant.src.dtype);
         else if (op->kind == WB_OP_AMAX)
-            n = wb_box_numel(wb_rt_box(t, op->amax.src_box)) * 4;
+            n = quant_scratch(wb_box_numel(wb_rt_box(t, op->amax.src_box)), op->amax.src.dtype);
         if (n > need)
             need = n;
     }

@@ -5,6 +5,9 @@
  * layout like any other registration (register.c), so a process whose shards disagree with its
  * own placements is refused with the tensor named.
  *
+ * The dtype each tensor is registered in becomes the trainer side's (the same on every rank):
+ * a trainer keeping FP32 (or FP16) masters is planned to cast or quantize from them.
+ *
  * Why placements and not boxes alone: boxes say which rank holds what, but not which ranks hold
  * copies of one shard and which hold different shards — the mesh and its placements say both,
  * and they are what FSDP2/DTensor already knows. */
@@ -20,11 +23,17 @@ struct placed {
     char name[WB_NAME_MAX];
     struct wb_placement place[WB_MESH_MAX_DIMS];
     uint32_t first_rank;
+    enum wb_dtype dtype; /* as registered */
 };
 
 static int cmp_placed(const void *a, const void *b)
 {
     return strcmp(((const struct placed *)a)->name, ((const struct placed *)b)->name);
+}
+
+static bool float_dtype(enum wb_dtype d)
+{
+    return d == WB_DTYPE_BF16 || d == WB_DTYPE_FP16 || d == WB_DTYPE_FP32;
 }
 
 static bool same_mesh(const struct wb_reg_mesh *a, const struct wb_reg_mesh *b)
@@ -38,8 +47,8 @@ static bool same_mesh(const struct wb_reg_mesh *a, const struct wb_reg_mesh *b)
 }
 
 static int derive_layout(uint32_t ntrainers, const struct wb_bytes *inv,
-                         const struct wb_bytes *mesh, struct wb_trainer_layout *out,
-                         struct wb_errlist *el)
+                         const struct wb_bytes *mesh, struct wb_inventory *trainer,
+                         struct wb_trainer_layout *out, struct wb_errlist *el)
 {
     struct wb_reg_mesh m0 = {0};
     struct placed *all = NULL;
@@ -93,6 +102,7 @@ static int derive_layout(uint32_t ntrainers, const struct wb_bytes *inv,
             memset(p, 0, sizeof(*p));
             snprintf(p->name, sizeof(p->name), "%s", t.meta.name);
             p->first_rank = r;
+            p->dtype = t.meta.dtype;
             for (uint32_t d = 0; d < m.ndims; d++)
                 p->place[d] = t.place[d] == WB_REG_REPLICATE
                                   ? (struct wb_placement){WB_PLACE_REPLICATE, 0}
@@ -120,6 +130,13 @@ static int derive_layout(uint32_t ntrainers, const struct wb_bytes *inv,
                                    all[i].name, all[u - 1].first_rank, all[i].first_rank);
                     err = -WB_E_CONFIG;
                 }
+                if (all[i].dtype != all[u - 1].dtype) {
+                    wb_errlist_add(el, "%s: trainer rank %u holds it in %s, trainer rank %u in %s",
+                                   all[i].name, all[u - 1].first_rank,
+                                   wb_dtype_name(all[u - 1].dtype), all[i].first_rank,
+                                   wb_dtype_name(all[i].dtype));
+                    err = -WB_E_CONFIG;
+                }
                 continue;
             }
             all[u++] = all[i];
@@ -142,6 +159,14 @@ static int derive_layout(uint32_t ntrainers, const struct wb_bytes *inv,
         err = wb_trainer_layout_from_placements(m0.ndims, dims, 0, WB_RESIDE_GPU, u, names, place,
                                                 NULL, "the trainers' registrations", out, el);
     }
+    /* The dtypes they hold: a floating-point tensor registered in another floating-point dtype
+     * than the model's (FP32 masters) is sent cast to the rollout's; anything else stays the
+     * model's, and registration names the difference. */
+    for (size_t i = 0; !err && i < u; i++) {
+        ssize_t t = wb_inv_find(trainer, all[i].name);
+        if (t >= 0 && float_dtype(trainer->p[t].dtype) && float_dtype(all[i].dtype))
+            trainer->p[t].dtype = all[i].dtype;
+    }
     free(names);
     free(place);
     free(all);
@@ -153,7 +178,15 @@ int ctl_plan_derive(const struct wb_job *job, struct ctl_plan *p, const struct w
 {
     struct wb_trainer_layout tl;
     memset(&tl, 0, sizeof(tl));
-    int err = derive_layout(p->ntrainers, inv, mesh, &tl, el);
+    struct wb_model *md = p->md;
+    int err = derive_layout(p->ntrainers, inv, mesh, &md->trainer, &tl, el);
+    /* matched again: the registered dtypes decide between copies, casts and quantizations */
+    struct wb_match *mt = NULL;
+    err = err ? err : wb_match_run(md->rules, &md->trainer, &md->rollout, &mt, el);
+    if (!err) {
+        wb_match_free(md->match);
+        md->match = mt;
+    }
     err = err ? err : ctl_plan_finish(job, p, &tl, el);
     wb_trainer_layout_free(&tl);
     return err;

@@ -119,15 +119,24 @@ static void describe(const struct wb_tensor_meta *m, enum wb_role role, char *bu
         snprintf(buf, cap, "%s %s", wb_dtype_name(m->dtype), shape_s(&m->shape, a, 160));
 }
 
-/* Compares one matched pair; appends a line per difference. */
+static bool float_dtype(enum wb_dtype d)
+{
+    return d == WB_DTYPE_BF16 || d == WB_DTYPE_FP16 || d == WB_DTYPE_FP32;
+}
+
+/* Compares one matched pair; appends a line per difference. A trainer tensor registered in
+ * another floating-point dtype than planned sets *held to it. */
 static void compare(FILE *f, const char *who, enum wb_role role, const struct wb_reg_tensor *want,
-                    const struct wb_reg_tensor *got, uint32_t *n)
+                    const struct wb_reg_tensor *got, uint32_t *n, enum wb_dtype *held)
 {
     char a[320], b[320];
     const char *name = got->meta.name;
     if (got->meta.dtype != want->meta.dtype) {
-        fprintf(f, "%s: %s: dtype %s, expected %s\n", who, name, wb_dtype_name(got->meta.dtype),
-                wb_dtype_name(want->meta.dtype));
+        enum wb_dtype g = got->meta.dtype, w = want->meta.dtype;
+        if (role == WB_ROLE_TRAINER && float_dtype(g) && float_dtype(w))
+            *held = g; /* FP32/FP16 masters: one hint line says how to plan for them */
+        fprintf(f, "%s: %s: dtype %s, expected %s\n", who, name, wb_dtype_name(g),
+                wb_dtype_name(w));
         (*n)++;
     }
     if (!wb_shape_eq(&got->meta.shape, &want->meta.shape)) {
@@ -157,6 +166,7 @@ int ctl_check_registration(const struct ctl_plan *p, enum wb_role role, uint32_t
 {
     struct entry *got = NULL, *want = NULL;
     uint32_t ng = 0, nw = 0, n = 0;
+    enum wb_dtype held = WB_DTYPE_INVALID;
     char who[64], d[700];
     int err = read_registered(inv, &got, &ng);
     if (err)
@@ -197,7 +207,7 @@ int ctl_check_registration(const struct ctl_plan *p, enum wb_role role, uint32_t
             n++;
             j++;
         } else {
-            compare(f, who, role, &want[j].t, &got[i].t, &n);
+            compare(f, who, role, &want[j].t, &got[i].t, &n, &held);
             got[i].matched = true;
             /* the same name again is a duplicate, reported when the walk moves past it */
             if (i + 1 < ng && strcmp(got[i].t.meta.name, got[i + 1].t.meta.name) == 0) {
@@ -210,6 +220,12 @@ int ctl_check_registration(const struct ctl_plan *p, enum wb_role role, uint32_t
             j++;
         }
     }
+    if (held != WB_DTYPE_INVALID) /* a hint, not a problem of its own */
+        fprintf(f,
+                "%s: trainers holding %s parameters say so in the trainer layout (`dtype: %s`, or "
+                "`dtypes:` per tensor), or leave trainer_layout out to plan for the dtypes they "
+                "register; the rollouts get them cast\n",
+                who, wb_dtype_name(held), wb_dtype_name(held));
     free(got);
     free(want);
     if (fclose(f)) {

@@ -133,8 +133,19 @@ static int global_values(const struct wb_ref *f, const struct wb_mapping *m, uin
         v = malloc(n ? n : 1);
         s = malloc(((lead && gs) ? lead * gs : 1) * sizeof(float));
         rc = v && s ? 0 : -ENOMEM;
+        enum wb_dtype qt = m->src_dtype;
+        if (!rc && qt == WB_DTYPE_FP32) {      /* quantized from its BF16 cast, as the agent does */
+            for (uint64_t i = 0; i < n; i++) { /* in place: element i lands on bytes read already */
+                float x;
+                memcpy(&x, g + i * 4, 4);
+                uint16_t h = wb_f32_to_bf16(x);
+                memcpy(g + i * 2, &h, 2);
+            }
+            qt = WB_DTYPE_BF16;
+            es = 2;
+        }
         for (uint64_t l = 0; !rc && l < lead; l++)
-            rc = wb_quant_fp8_block(&host, m->src_dtype, g + l * rows * cols * es, rows, cols,
+            rc = wb_quant_fp8_block(&host, qt, g + l * rows * cols * es, rows, cols,
                                     v + l * rows * cols, s + l * gs);
     } else if (!rc && m->xform == WB_XFORM_CAST) {
         v = malloc((n ? n : 1) * wb_dtype_size(m->dst_dtype));

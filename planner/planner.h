@@ -93,6 +93,14 @@ struct wb_hw {
     double gather_s;       /* fixed cost of one collective (all-gather) call */
 };
 
+/* "name pattern -> the dtype the trainers hold it in" (a layout's `dtypes:`; `dtype: X` is a
+ * last rule "*" -> X). Patterns as in placement rules; first match wins. */
+struct wb_dtype_rule {
+    char *pattern;
+    enum wb_dtype dtype; /* bf16, fp16 or fp32 */
+    uint32_t line;       /* line in the layout file, for messages */
+};
+
 struct wb_trainer_layout {
     uint32_t world, gpus_per_node;
     uint32_t ndims;
@@ -106,6 +114,9 @@ struct wb_trainer_layout {
     size_t nnamed;
     char **named;
     uint32_t *named_rule;
+    /* The dtypes the trainers hold (wb_trainer_layout_dtypes); none: the model rules'. */
+    size_t ndtypes;
+    struct wb_dtype_rule *dtypes;
     struct wb_hw hw;
     char *path; /* file it came from, for messages */
 };
@@ -138,6 +149,12 @@ int wb_trainer_layout_from_placements(uint32_t ndims, const struct wb_mesh_dim *
                                       const char *const *names, const struct wb_placement *place,
                                       const uint64_t *const *rows, const char *origin,
                                       struct wb_trainer_layout *out, struct wb_errlist *el);
+/* Gives the trainer inventory's floating-point tensors (bf16, fp16, fp32) the dtype the trainers
+ * hold them in: the first of the layout's dtype rules matching the name; tensors no rule
+ * matches, and FP8 or integer tensors, keep the model's dtype. (A trainer keeping FP32 masters
+ * sends each value cast to the rollout's dtype: the matcher then casts or quantizes from it.)
+ * Run before matching. Returns 0; the layout's rules were checked when it was loaded. */
+int wb_trainer_layout_dtypes(const struct wb_trainer_layout *tl, struct wb_inventory *trainer);
 /* Documented defaults of each file, as YAML (for --dump-config). */
 void wb_layout_dump_docs(FILE *f);
 

@@ -82,8 +82,9 @@ static inline v4f fp16x4(v4i h)
     v4i e = o & 0x0f800000;
     v4i special = e == 0x0f800000, sub = e == 0;
     o += 0x38000000 + (special & 0x38000000); /* rebias 15 -> 127; inf/NaN to 255 */
-    /* subnormal: 2^-14 * (1 + m/1024) - 2^-14 = m * 2^-24, exactly */
-    v4i d = (v4i)((v4f)(o + 0x00800000) - 6.103515625e-05f);
+    /* subnormal: 2^-14 * (1 + m/1024) - 2^-14 = m * 2^-24, exactly (computed from the
+     * subnormal lanes only: an inf/NaN lane's o + 2^23 would overflow the signed lane) */
+    v4i d = (v4i)((v4f)((o & sub) + 0x00800000) - 6.103515625e-05f);
     return (v4f)(sel(sub, d, o) | sign);
 }
 

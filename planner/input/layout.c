@@ -181,11 +181,15 @@ static int load_hw_ref(const struct wb_yaml *y, const struct wb_ynode *n, const 
 
 struct trainer_raw {
     uint64_t world, gpn, pp_layers;
-    int residence;
-    const struct wb_ynode *mesh, *placements, *hardware;
+    int residence, dtype;
+    const struct wb_ynode *mesh, *placements, *hardware, *dtypes;
 };
 
 static const char *const residence_names[] = {"gpu", "host", NULL};
+/* The dtypes a trainer may hold its floating-point tensors in, indexed like enum wb_dtype's
+ * first values: a rule's dtype is the choice's index (layout `dtype:` has "model", index 0,
+ * for "as the model rules declare"). */
+static const char *const held_dtype_names[] = {"model", "bf16", "fp16", "fp32", NULL};
 
 static const struct wb_cfg_field trainer_table[] = {
     {"world_size", WB_CFG_U64, NULL, "number of trainer GPUs", offsetof(struct trainer_raw, world)},
@@ -205,6 +209,26 @@ static const struct wb_cfg_field trainer_table[] = {
      offsetof(struct trainer_raw, placements)},
     {"hardware", WB_CFG_NODE, "", "hardware file (relative to this file) or inline mapping",
      offsetof(struct trainer_raw, hardware)},
+    {"dtype", WB_CFG_ENUM, "model",
+     "dtype the trainers hold their floating-point tensors in (FP32 masters: fp32); the "
+     "rollout gets each cast to its own dtype",
+     offsetof(struct trainer_raw, dtype), held_dtype_names},
+    {"dtypes", WB_CFG_NODE, "",
+     "per-tensor dtypes, first match wins, before `dtype`: - {match: \"*norm*\", dtype: fp32}",
+     offsetof(struct trainer_raw, dtypes)},
+    {0},
+};
+
+struct dtype_raw {
+    char *match;
+    int dtype;
+};
+
+static const struct wb_cfg_field dtype_table[] = {
+    {"match", WB_CFG_STR, NULL, "name pattern: * and the captures {layer} {expert}",
+     offsetof(struct dtype_raw, match)},
+    {"dtype", WB_CFG_ENUM, NULL, "bf16, fp16 or fp32", offsetof(struct dtype_raw, dtype),
+     held_dtype_names + 1},
     {0},
 };
 
@@ -463,6 +487,68 @@ static void trainer_parse_lists(const struct wb_yaml *y, const struct trainer_ra
     }
 }
 
+/* `dtypes:` rules in order, then `dtype:` (other than "model") as a last rule matching every
+ * name. */
+static void trainer_parse_dtypes(const struct wb_yaml *y, const struct trainer_raw *raw,
+                                 struct wb_trainer_layout *t, struct wb_errlist *el, int *err)
+{
+    char where[512];
+    const struct wb_ynode *p = raw->dtypes;
+    size_t n = 0;
+    if (p && !(wb_ynode_kind(p) == WB_YNODE_SCALAR && !*wb_ynode_scalar(p))) {
+        if (wb_ynode_kind(p) != WB_YNODE_SEQ) {
+            wb_errlist_add(el, "%s: dtypes: expected a list of {match: PATTERN, dtype: fp32}",
+                           wb_yaml_where(y, p, where, sizeof(where)));
+            *err = -WB_E_CONFIG;
+            return;
+        }
+        n = wb_ynode_len(p);
+    }
+    t->dtypes = calloc(n + 1, sizeof(*t->dtypes));
+    if (!t->dtypes) {
+        *err = -ENOMEM;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct wb_ynode *it = wb_ynode_item(y, p, i);
+        struct dtype_raw dr;
+        memset(&dr, 0, sizeof(dr));
+        int r = wb_cfg_parse(y, it, dtype_table, &dr, el);
+        if (r) {
+            *err = r;
+            wb_cfg_free(dtype_table, &dr);
+            continue;
+        }
+        struct wb_dtype_rule *d = &t->dtypes[t->ndtypes++];
+        d->pattern = dr.match;
+        d->dtype = (enum wb_dtype)(dr.dtype + 1); /* bf16, fp16, fp32 */
+        wb_yaml_where(y, it, where, sizeof(where));
+        const char *colon = strchr(where, ':');
+        d->line = colon ? (uint32_t)strtoul(colon + 1, NULL, 10) : 0;
+        if (!*d->pattern) {
+            const struct wb_ynode *mn = wb_ynode_get(y, it, "match");
+            wb_errlist_add(el,
+                           "%s: dtypes[%zu].match: the empty pattern matches no tensor (\"*\" "
+                           "matches every one)",
+                           wb_yaml_where(y, mn ? mn : it, where, sizeof(where)), i);
+            *err = -WB_E_CONFIG;
+        }
+    }
+    if (raw->dtype != 0) {
+        struct wb_dtype_rule *d = &t->dtypes[t->ndtypes];
+        if (!(d->pattern = strdup("*"))) {
+            *err = -ENOMEM;
+            return;
+        }
+        t->ndtypes++;
+        d->dtype = (enum wb_dtype)raw->dtype;
+        const struct wb_ynode *dn = wb_ynode_get(y, wb_yaml_root(y), "dtype");
+        wb_yaml_where(y, dn ? dn : wb_yaml_root(y), where, sizeof(where));
+        const char *colon = strchr(where, ':');
+        d->line = colon ? (uint32_t)strtoul(colon + 1, NULL, 10) : 0;
+    }
+}
+
 /* A rollout layout given as the trainer's (or the other way round) would be reported as a
  * list of unknown and missing keys; one line says what happened. */
 static bool other_kind(const struct wb_yaml *y, const char *path, bool trainer,
@@ -523,6 +609,7 @@ int wb_trainer_layout_load(const char *path, struct wb_trainer_layout *out, stru
         t.pp_layers = (uint32_t)raw.pp_layers;
         t.residence = raw.residence == 1 ? WB_RESIDE_HOST : WB_RESIDE_GPU;
         trainer_parse_lists(y, &raw, &t, el, &err);
+        trainer_parse_dtypes(y, &raw, &t, el, &err);
     }
     if (!err)
         err = load_hw_ref(y, raw.hardware, path, &t.hw, el);
@@ -549,6 +636,9 @@ void wb_trainer_layout_free(struct wb_trainer_layout *t)
         free(t->named[i]);
     free(t->named);
     free(t->named_rule);
+    for (size_t i = 0; i < t->ndtypes; i++)
+        free(t->dtypes[i].pattern);
+    free(t->dtypes);
     wb_hw_free(&t->hw);
     free(t->path);
     memset(t, 0, sizeof(*t));
@@ -782,6 +872,8 @@ void wb_layout_dump_docs(FILE *f)
     wb_cfg_dump(dim_table, f);
     fprintf(f, "# one item of placements:\n");
     wb_cfg_dump(rule_table, f);
+    fprintf(f, "# one item of dtypes:\n");
+    wb_cfg_dump(dtype_table, f);
     fprintf(f, "\n# rollout layout (--rollout)\n");
     wb_cfg_dump(rollout_table, f);
     fprintf(f, "\n# hardware model (hardware: in either layout)\n");

@@ -102,6 +102,10 @@ int wb_model_load(const struct wb_model_src *src, struct wb_model *out, struct w
         err = e1 ? e1 : e2;
         dedupe(el, n0, n1);
     }
+    /* the dtypes the trainers hold, where the layout says (FP32 masters): before matching,
+     * which decides per tensor between a copy, a cast and a quantization from them */
+    if (!err && m.have_layouts)
+        err = wb_trainer_layout_dtypes(&m.tl, &m.trainer);
     if (!err && given(src->config))
         err = wb_match_rules_bind_config(m.rules, src->config, el);
     err = err ? err : wb_match_run(m.rules, &m.trainer, &m.rollout, &m.match, el);

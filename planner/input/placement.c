@@ -240,6 +240,28 @@ static bool pattern_match(const char *p, const char *s, int64_t caps[2])
     return *s == 0;
 }
 
+static bool float_dtype(enum wb_dtype d)
+{
+    return d == WB_DTYPE_BF16 || d == WB_DTYPE_FP16 || d == WB_DTYPE_FP32;
+}
+
+int wb_trainer_layout_dtypes(const struct wb_trainer_layout *tl, struct wb_inventory *trainer)
+{
+    for (size_t i = 0; tl->ndtypes && i < trainer->n; i++) {
+        struct wb_param *prm = &trainer->p[i];
+        if (!float_dtype(prm->dtype))
+            continue;
+        for (size_t r = 0; r < tl->ndtypes; r++) {
+            int64_t caps[2] = {-1, -1};
+            if (pattern_match(tl->dtypes[r].pattern, prm->name, caps)) {
+                prm->dtype = tl->dtypes[r].dtype;
+                break;
+            }
+        }
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- problems */
 
 bool pl_place_splits(enum wb_place_kind k)

@@ -287,7 +287,10 @@ class Trainer(_Endpoint):
     parameters register their local shard with its global shape, box and placements, so a job
     file may leave the trainer layout out: the controller derives it). ``tensors``: name -> numpy array, torch tensor or :class:`Shard`,
     instead of or besides a model. ``dtypes``: name -> dtype for numpy arrays that hold bfloat16
-    or float8 bits. ``rank`` defaults to torchrun's ``$RANK``, ``token`` to ``$WB_TOKEN``.
+    or float8 bits. Parameters may be float32 or float16 (FP32 masters, FSDP2 mixed precision):
+    the rollouts get them cast to their own dtype as ``tensor.to(torch.bfloat16)`` does (FP8
+    rollouts: that BF16 cast, quantized); a job with a trainer layout file says so there
+    (``dtype: fp32``), a job without one takes the dtypes registered. ``rank`` defaults to torchrun's ``$RANK``, ``token`` to ``$WB_TOKEN``.
     Construction registers and waits (``timeout`` seconds) until the whole job is ready;
     ``timeout=0`` returns at once (then call :meth:`wait_ready`)."""
 

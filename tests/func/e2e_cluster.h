@@ -25,12 +25,13 @@ struct cluster {
     const char *netns_fmt; /* "wbx%d-%d": per-process namespace names, or NULL */
     int id;
     uint64_t cap;
-    const char *hf_config; /* config.json of the model, or NULL: the demo's */
-    const char *job_extra; /* more lines for the job file, or NULL */
-    const char *corrupt;   /* rollout 1 flips a byte of this tensor once it lands, or NULL */
-    uint64_t recv[NRO];    /* bytes each rollout receives per transfer; 0: the demo's */
-    const char *peers_dir; /* agents write the peer lists they get here ($WB_TEST_PEERS_OUT) */
-    const char *device;    /* the agents' GPU (--device), or NULL: host memory */
+    const char *hf_config;    /* config.json of the model, or NULL: the demo's */
+    const char *job_extra;    /* more lines for the job file, or NULL */
+    const char *corrupt;      /* rollout 1 flips a byte of this tensor once it lands, or NULL */
+    uint64_t recv[NRO];       /* bytes each rollout receives per transfer; 0: the demo's */
+    const char *peers_dir;    /* agents write the peer lists they get here ($WB_TEST_PEERS_OUT) */
+    const char *device;       /* the agents' GPU (--device), or NULL: host memory */
+    const char *layout_extra; /* more lines for the demo's trainer layout (dtype: fp32), or NULL */
 };
 
 /* The demo plan's bytes per rollout. */
@@ -50,11 +51,12 @@ static void write_job(struct cluster *c, const char *mode, const char *cap, bool
     char cwd[512], layout[700];
     CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
     snprintf(layout, sizeof(layout), "%s/configs/jobs/demo/trainer.yaml", cwd);
-    if (host_resident) {
+    if (host_resident || c->layout_extra) {
+        const char *extra = c->layout_extra ? c->layout_extra : "";
         char *text = NULL, *dup;
         CHECK_INT(e2e_run(&text, "cat %s", layout), 0);
-        CHECK((dup = malloc(strlen(text) + 32)) != NULL);
-        sprintf(dup, "%sresidence: host\n", text);
+        CHECK((dup = malloc(strlen(text) + strlen(extra) + 32)) != NULL);
+        sprintf(dup, "%s%s%s", text, host_resident ? "residence: host\n" : "", extra);
         snprintf(layout, sizeof(layout), "%s", wb_test_write_file("trainer.yaml", dup));
         free(dup);
         free(text);

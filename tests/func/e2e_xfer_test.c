@@ -130,6 +130,40 @@ static void test_host_resident(void)
     run_case("tcp", "lo", "auto", "4MiB", false, true);
 }
 
+/* Trainers holding FP32 masters (the layout says `dtype: fp32`; the synthetic source fills FP32
+ * shards), FP16 ones with FP32 norms, and FP32 in host memory: the rollouts get every tensor cast
+ * to BF16 or quantized from its BF16 cast, each byte checked by wb-ctl verify's reference. */
+static void run_masters(const char *mode, bool host, const char *layout_extra)
+{
+    struct cluster c = {.provider = "tcp", .domain = "lo", .layout_extra = layout_extra};
+    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(11));
+    write_job(&c, mode, "4MiB", host);
+    start(&c, NULL);
+    uint64_t queued = 0;
+    for (uint64_t v = 1; v <= 2; v++)
+        transfer_ok(&c, v, &queued);
+    char *out = NULL;
+    CHECK_INT(ctl(&c, &out, "plan"), 0);
+    CHECK_CONTAINS(out, host ? "11.01 MiB host-to-device" : "45 trainer tensors (");
+    free(out);
+    stop(&c);
+}
+
+static void test_fp32_masters(void)
+{
+    run_masters("auto", false, "dtype: fp32\n");
+}
+
+static void test_fp16_masters_fp32_norms_gather(void)
+{
+    run_masters("gather", false, "dtype: fp16\ndtypes: [{match: \"*norm*\", dtype: fp32}]\n");
+}
+
+static void test_fp32_masters_host(void)
+{
+    run_masters("auto", true, "dtype: fp32\n");
+}
+
 /* How many rollout rows of a wb-ctl status show `version` in their version column. */
 /* kill -9 a trainer while transfer 2 runs: the failure names it within the timeout, the
  * rollouts keep version 1, and after a restart transfer 2 succeeds with correct bytes. */
@@ -526,6 +560,9 @@ const struct wb_test wb_tests[] = {
     {"mem_cap", test_mem_cap, 120},
     {"shm_verify", test_shm_verify, 120},
     {"tcp_verify_gather", test_tcp_verify_gather, 120},
+    {"fp32_masters", test_fp32_masters, 120},
+    {"fp16_masters_fp32_norms_gather", test_fp16_masters_fp32_norms_gather, 120},
+    {"fp32_masters_host", test_fp32_masters_host, 120},
     {"host_resident", test_host_resident, 120},
     {"tcp_two_rails", test_tcp_two_rails, 120},
     {"kill_trainer", test_kill_trainer, 120},

@@ -219,6 +219,77 @@ static void test_fsdp2_to_tp1(void)
     CHECK(o.direct > 0);
 }
 
+/* Which tasks the lowering takes, without running them (planner_sim.h's reference moves BF16
+ * sources only): every shard and destination a distinct dummy address. */
+static uint8_t dummy[64];
+
+static uint8_t *dst_dummy(void *arg, const struct wb_rt_write *w)
+{
+    (void)arg;
+    (void)w;
+    return dummy;
+}
+
+static struct outcome lowered(const char *trainer_yaml, const char *rollout_yaml)
+{
+    struct fx f;
+    struct wb_model md;
+    fx_init(&f);
+    char tp[512], rp[512];
+    snprintf(tp, sizeof(tp), "%s", wb_test_write_file("trainer.yaml", trainer_yaml));
+    snprintf(rp, sizeof(rp), "%s", wb_test_write_file("rollout.yaml", rollout_yaml));
+    struct wb_model_src src = {.rules = "configs/models/qwen3_moe.yaml",
+                               .config = "configs/jobs/demo/config.json",
+                               .trainer_layout = tp,
+                               .rollout_layout = rp};
+    fx_model(&f, &src, &md);
+    struct wb_plan_opts o = {WB_MODE_AUTO, 0};
+    struct wb_plan *p;
+    if (wb_plan_build(&f.in, &o, &p, &f.el))
+        wb_test_fail(__FILE__, __LINE__, "plan: %s", fx_errors(&f.el));
+    uint32_t nt = (uint32_t)f.in.trainer->n;
+    uint8_t **shard = calloc(nt, sizeof(*shard));
+    for (uint32_t i = 0; i < nt; i++)
+        shard[i] = dummy;
+    struct outcome out = {0};
+    for (uint32_t r = 0; r < p->ntrainers; r++) {
+        const struct wb_route_table *t = &pl_tables(p)[r];
+        CHECK_INT(wb_route_table_expand(&pl_tables(p)[r]), 0);
+        struct ag_direct_plan dp;
+        CHECK_INT(ag_direct_lower(t, shard, nt, dst_dummy, NULL, &dp), 0);
+        for (uint32_t ti = 0; ti < t->ntasks; ti++) {
+            out.tasks++;
+            out.direct += dp.is_direct[ti];
+        }
+        ag_direct_plan_free(&dp);
+    }
+    free(shard);
+    wb_plan_free(p);
+    wb_model_free(&md);
+    fx_free(&f);
+    return out;
+}
+
+/* FP32 masters (issue #31): an FP32 value is rounded to BF16 before it is quantized, which the
+ * batch kernel does not do, and a BF16 rollout tensor needs a CAST: no FP32 task goes direct.
+ * With FP32 norms only, the FP8 weights still do; with none, all (as tp1_all_direct). */
+static void test_fp32_masters_not_direct(void)
+{
+    static const char tp1[] = "replicas: 1\ngpus_per_replica: 1\ntp: 1\n";
+    char layout[512];
+    struct outcome o = lowered(ONE_GPU, tp1);
+    CHECK(o.tasks > 20);
+    CHECK_INT(o.direct, o.tasks);
+    snprintf(layout, sizeof(layout), "%sdtype: fp32\n", ONE_GPU);
+    o = lowered(layout, tp1);
+    CHECK(o.tasks > 20);
+    CHECK_INT(o.direct, 0);
+    snprintf(layout, sizeof(layout), "%sdtypes: [{match: \"*norm*\", dtype: fp32}]\n", ONE_GPU);
+    o = lowered(layout, tp1);
+    CHECK(o.direct > 0);
+    CHECK(o.direct < o.tasks);
+}
+
 const struct wb_test wb_tests[] = {
     {"tp1_all_direct", test_tp1_all_direct, 0},
     {"two_replicas", test_two_replicas, 0},
@@ -226,5 +297,6 @@ const struct wb_test wb_tests[] = {
     {"tp2_all_direct", test_tp2_all_direct, 0},
     {"demo_layout", test_demo_layout, 0},
     {"fsdp2_to_tp1", test_fsdp2_to_tp1, 0},
+    {"fp32_masters_not_direct", test_fp32_masters_not_direct, 0},
     {0},
 };

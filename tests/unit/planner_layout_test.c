@@ -652,6 +652,101 @@ static void test_bad_fp8_tp_blocks(void)
     fx_free(&f);
 }
 
+/* dtype / dtypes: the dtypes the trainers hold (FP32 masters, mixed): first matching rule, then
+ * `dtype` for every other floating-point tensor; FP8 and integer tensors keep theirs. */
+static void test_dtypes(void)
+{
+    struct fx f;
+    fx_init(&f);
+    trainer_file(&f,
+                 "world_size: 2\n"
+                 "mesh: [{name: fsdp, size: 2}]\n"
+                 "placements: [{match: \"*\", place: {fsdp: shard(0)}}]\n"
+                 "dtype: fp16\n"
+                 "dtypes:\n"
+                 "  - {match: \"*norm*\", dtype: fp32}\n"
+                 "  - {match: \"layers.{layer}.attn.*\", dtype: bf16}\n",
+                 0);
+    CHECK_U64(f.tl.ndtypes, 3);
+    CHECK_STR(f.tl.dtypes[0].pattern, "*norm*");
+    CHECK_INT(f.tl.dtypes[0].line, 6);
+    CHECK_INT(f.tl.dtypes[1].dtype, WB_DTYPE_BF16);
+    CHECK_STR(f.tl.dtypes[2].pattern, "*");
+    CHECK_INT(f.tl.dtypes[2].dtype, WB_DTYPE_FP16);
+    CHECK_INT(f.tl.dtypes[2].line, 4);
+    uint32_t norm = fx_t(&f, "layers.0.input_norm.weight", WB_DTYPE_BF16, fx_shape(1, 8));
+    uint32_t attn = fx_t(&f, "layers.3.attn.q.weight", WB_DTYPE_FP32, fx_shape(2, 4, 8));
+    uint32_t mlp = fx_t(&f, "layers.3.mlp.up.weight", WB_DTYPE_BF16, fx_shape(2, 4, 8));
+    uint32_t bias = fx_t(&f, "layers.3.mlp.bias", WB_DTYPE_FP32, fx_shape(1, 4));
+    uint32_t q8 = fx_t(&f, "layers.3.mlp.down.weight", WB_DTYPE_FP8_E4M3, fx_shape(2, 4, 8));
+    uint32_t idx = fx_t(&f, "layers.3.mlp.index", WB_DTYPE_I32, fx_shape(1, 4));
+    CHECK_INT(wb_trainer_layout_dtypes(&f.tl, &f.ti), 0);
+    CHECK_INT(f.ti.p[norm].dtype, WB_DTYPE_FP32);
+    CHECK_INT(f.ti.p[attn].dtype, WB_DTYPE_BF16);
+    CHECK_INT(f.ti.p[mlp].dtype, WB_DTYPE_FP16);
+    CHECK_INT(f.ti.p[bias].dtype, WB_DTYPE_FP16);
+    CHECK_INT(f.ti.p[q8].dtype, WB_DTYPE_FP8_E4M3);
+    CHECK_INT(f.ti.p[idx].dtype, WB_DTYPE_I32);
+    fx_free(&f);
+
+    /* without either key, the model's dtypes stay */
+    fx_init(&f);
+    trainer_file(&f,
+                 "world_size: 2\n"
+                 "mesh: [{name: fsdp, size: 2}]\n"
+                 "placements: [{match: \"*\", place: {fsdp: shard(0)}}]\n",
+                 0);
+    CHECK_U64(f.tl.ndtypes, 0);
+    norm = fx_t(&f, "n", WB_DTYPE_BF16, fx_shape(1, 8));
+    CHECK_INT(wb_trainer_layout_dtypes(&f.tl, &f.ti), 0);
+    CHECK_INT(f.ti.p[norm].dtype, WB_DTYPE_BF16);
+    fx_free(&f);
+}
+
+static void test_bad_dtypes(void)
+{
+    static const char head[] = "world_size: 2\n"
+                               "mesh: [{name: fsdp, size: 2}]\n"
+                               "placements: [{match: \"*\", place: {fsdp: shard(0)}}]\n";
+    char yaml[512], want[3][512];
+    struct fx f;
+    fx_init(&f);
+    snprintf(yaml, sizeof(yaml), "%sdtype: fp8_e4m3\n", head);
+    const char *p = trainer_file(&f, yaml, -WB_E_CONFIG);
+    snprintf(want[0], sizeof(want[0]),
+             "%s:4:8: dtype: expected one of model|bf16|fp16|fp32, got 'fp8_e4m3'", p);
+    expect_one(&f, want[0]);
+    fx_free(&f);
+
+    fx_init(&f);
+    snprintf(yaml, sizeof(yaml),
+             "%sdtypes:\n"
+             "  - {match: \"\", dtype: fp32}\n"
+             "  - {match: \"*norm*\", dtype: float32}\n"
+             "  - {match: \"*bias\"}\n",
+             head);
+    p = trainer_file(&f, yaml, -WB_E_CONFIG);
+    snprintf(want[0], sizeof(want[0]),
+             "%s:5:13: dtypes[0].match: the empty pattern matches no tensor (\"*\" matches every "
+             "one)",
+             p);
+    snprintf(want[1], sizeof(want[1]),
+             "%s:6:30: dtype: expected one of bf16|fp16|fp32, got 'float32'", p);
+    snprintf(want[2], sizeof(want[2]), "%s:7:5: dtype: required key missing", p);
+    CHECK_U64(f.el.n, 3);
+    for (size_t i = 0; i < 3 && i < f.el.n; i++)
+        CHECK_STR(f.el.msgs[i], want[i]);
+    fx_free(&f);
+
+    fx_init(&f);
+    snprintf(yaml, sizeof(yaml), "%sdtypes: fp32\n", head);
+    p = trainer_file(&f, yaml, -WB_E_CONFIG);
+    snprintf(want[0], sizeof(want[0]),
+             "%s:4:9: dtypes: expected a list of {match: PATTERN, dtype: fp32}", p);
+    expect_one(&f, want[0]);
+    fx_free(&f);
+}
+
 const struct wb_test wb_tests[] = {
     {"fsdp_chunks", test_fsdp_chunks, 0},
     {"nested_and_replicated", test_nested_and_replicated, 0},
@@ -682,5 +777,7 @@ const struct wb_test wb_tests[] = {
     {"bad_layout_directory", test_bad_layout_directory, 0},
     {"placement_problems_counted", test_placement_problems_counted, 0},
     {"bad_fp8_tp_blocks", test_bad_fp8_tp_blocks, 0},
+    {"dtypes", test_dtypes, 0},
+    {"bad_dtypes", test_bad_dtypes, 0},
     {0},
 };

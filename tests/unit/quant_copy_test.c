@@ -434,6 +434,76 @@ static void test_cast_same_and_errors(void)
     }
 }
 
+/* What a trainer holding FP32 or FP16 masters sends a BF16 rollout (issue #31): the values a cast
+ * gets wrong most easily, each worked out by hand — NaN of every kind to the canonical quiet
+ * NaN (a signalling NaN truncated would be inf), overflow past BF16's largest to inf, ties at
+ * BF16's largest, subnormal ties, -0, FP16 subnormals and extremes. */
+static void test_cast_masters_specials(void)
+{
+    static const struct {
+        uint32_t f;
+        uint16_t h;
+    } f32[] = {
+        {0x7fc00000, 0x7fc0}, {0xffc12345, 0x7fc0}, {0x7f800001, 0x7fc0}, /* NaN */
+        {0x7f800000, 0x7f80}, {0xff800000, 0xff80},                       /* inf */
+        {0x7f7fffff, 0x7f80}, {0xff7f8000, 0xff80}, {0x7f7f7fff, 0x7f7f}, /* BF16's edge */
+        {0x00000001, 0x0000}, {0x00008000, 0x0000}, {0x00018000, 0x0002}, /* subnormals */
+        {0x807fffff, 0x8080}, {0x80000000, 0x8000},                       /* -0 */
+        {0x3f808000, 0x3f80}, {0x3f818000, 0x3f82}, {0x3f80ffff, 0x3f81}, /* ties */
+        {0xbf808001, 0xbf81},
+    };
+    static const struct {
+        uint16_t f, h;
+    } f16[] = {
+        {0x7e00, 0x7fc0}, {0xfd01, 0x7fc0}, {0x7c00, 0x7f80},
+        {0xfc00, 0xff80}, {0x7bff, 0x4780}, /* 65504 rounds up to 65536 */
+        {0x0001, 0x3380},                   /* 2^-24 */
+        {0x03ff, 0x3880},                   /* the largest subnormal rounds up to 2^-14 */
+        {0x8000, 0x8000}, {0x3c01, 0x3f80}, {0x3c03, 0x3f80},
+        {0x3c04, 0x3f80}, /* 1 + 2^-8: a tie, even */
+        {0x3c0c, 0x3f82}, /* 1 + 3 * 2^-8: a tie, odd */
+    };
+    float x[WB_ARRAY_LEN(f32)];
+    uint16_t h[WB_ARRAY_LEN(f16)], r[WB_ARRAY_LEN(f32)];
+    for (size_t i = 0; i < WB_ARRAY_LEN(f32); i++)
+        x[i] = fbits(f32[i].f);
+    CHECK_INT(wb_quant_cast(&HOST, WB_DTYPE_FP32, x, WB_DTYPE_BF16, r, WB_ARRAY_LEN(f32)), 0);
+    for (size_t i = 0; i < WB_ARRAY_LEN(f32); i++)
+        if (r[i] != f32[i].h)
+            wb_test_fail(__FILE__, __LINE__, "bf16(fp32 0x%08x) == 0x%04x, expected 0x%04x",
+                         f32[i].f, r[i], f32[i].h);
+    for (size_t i = 0; i < WB_ARRAY_LEN(f16); i++)
+        h[i] = f16[i].f;
+    CHECK_INT(wb_quant_cast(&HOST, WB_DTYPE_FP16, h, WB_DTYPE_BF16, r, WB_ARRAY_LEN(f16)), 0);
+    for (size_t i = 0; i < WB_ARRAY_LEN(f16); i++)
+        if (r[i] != f16[i].h)
+            wb_test_fail(__FILE__, __LINE__, "bf16(fp16 0x%04x) == 0x%04x, expected 0x%04x",
+                         f16[i].f, r[i], f16[i].h);
+}
+
+/* FP16 masters with inf or NaN quantized to FP8 (the CPU's vector path: rows of 16): an inf
+ * block has scale_inv inf, its finite values become (signed) 0 and the inf 0x7f; a NaN block is
+ * all 0x7f with CUDA's NaN 0x7fffffff as its scale. (The vector widening once overflowed a
+ * signed lane on inf/NaN: UBSan stopped the trainer.) */
+static void test_fp8_fp16_inf_nan(void)
+{
+    uint16_t a[2 * 16], b[2 * 16];
+    uint8_t q[2 * 16];
+    float s;
+    for (int i = 0; i < 32; i++)
+        a[i] = b[i] = i < 16 ? 0x3c00 : 0xc000; /* 1.0, then -2.0 */
+    a[5] = 0x7c00;                              /* +inf */
+    b[17] = 0xfe01;                             /* a NaN */
+    CHECK_INT(wb_quant_fp8_block(&HOST, WB_DTYPE_FP16, a, 2, 16, q, &s), 0);
+    CHECK_U64(bits(s), 0x7f800000);
+    for (int i = 0; i < 32; i++)
+        CHECK_INT(q[i], i == 5 ? 0x7f : i < 16 ? 0x00 : 0x80);
+    CHECK_INT(wb_quant_fp8_block(&HOST, WB_DTYPE_FP16, b, 2, 16, q, &s), 0);
+    CHECK_U64(bits(s), 0x7fffffff);
+    for (int i = 0; i < 32; i++)
+        CHECK_INT(q[i], 0x7f);
+}
+
 const struct wb_test wb_tests[] = {
     {"pack_unpack_random", test_pack_unpack_random, 0},
     {"pack_examples", test_pack_examples, 0},
@@ -443,5 +513,7 @@ const struct wb_test wb_tests[] = {
     {"cast_bf16_fp32", test_cast_bf16_fp32, 0},
     {"cast_fp16", test_cast_fp16, 0},
     {"cast_same_and_errors", test_cast_same_and_errors, 0},
+    {"cast_masters_specials", test_cast_masters_specials, 0},
+    {"fp8_fp16_inf_nan", test_fp8_fp16_inf_nan, 0},
     {0},
 };

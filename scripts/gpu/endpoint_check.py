@@ -78,6 +78,20 @@ def large():
     return "WB_CHECK_CONFIG" in os.environ
 
 
+def fp32_masters():
+    """WB_CHECK_MASTERS=fp32: the trainer holds FP32 parameters (FSDP2 computing in BF16 by its
+    mixed-precision policy); the rollout must get what a BF16 trainer would have sent: PyTorch's
+    cast of each master to BF16, then quantized."""
+    return os.environ.get("WB_CHECK_MASTERS", "bf16") == "fp32"
+
+
+def as_sent(sd):
+    """A trainer state dict as the rollout receives it: FP32 masters cast to BF16 by PyTorch."""
+    import torch
+
+    return {k: v.to(torch.bfloat16) if v.dtype == torch.float32 else v for k, v in sd.items()}
+
+
 def new_model(device):
     import torch
     from transformers import Qwen3MoeForCausalLM
@@ -272,7 +286,7 @@ def check_rollout(params, tmp, ref=None, ref_logits=None):
     if ref is None:
         ref = torch.load(os.path.join(tmp, "trainer_sd.pt"), map_location=dev)
         ref_logits = torch.load(os.path.join(tmp, "trainer_logits.pt"), map_location=dev)
-    want = fused_reference(ref, cfg)
+    want = fused_reference(as_sent(ref), cfg)
     del ref
     bad = [k for k in params if k not in want]
     check(not bad, f"rollout tensors without a reference: {bad[:5]}")
@@ -423,9 +437,15 @@ def fsdp_model(rank, world):
 
     mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("fsdp",))
     model = new_model("cuda")
+    kw = {}
+    if fp32_masters():
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        model = model.float()
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **kw)
+    fully_shard(model, mesh=mesh, **kw)
     return model
 
 
@@ -469,7 +489,7 @@ def run_one_process(url, tmp):
     model = fsdp_model(0, 1)
     params = make_rollout_params(rollout_tensors(tmp), "cuda:0")
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    log(f"  trainer model: {nbytes / 1e9:.2f} GB of BF16 in {sum(1 for _ in model.parameters())} parameters; "
+    log(f"  trainer model: {nbytes / 1e9:.2f} GB of {'FP32' if fp32_masters() else 'BF16'} in {sum(1 for _ in model.parameters())} parameters; "
         f"rollout: {sum(p.numel() * p.element_size() for p in params.values()) / 1e9:.2f} GB")
     seen = []
     t = wb.Trainer(url, model=_NoFusedExperts(model), tensors=expert_tensors(model), rank=0, timeout=0)
@@ -480,7 +500,7 @@ def run_one_process(url, tmp):
     r.wait(VERSIONS[-1], 60)
     check(seen == list(VERSIONS), f"hook ran for {seen}")
     check_rollout(params, tmp, sd, logits)
-    baseline(sd, params)  # after the check: it overwrites the rollout's tensors
+    baseline(as_sent(sd), params)  # after the check: it overwrites the rollout's tensors
     t.close()
     r.close()
     dist.destroy_process_group()

@@ -4,7 +4,8 @@
 # trainer pushing into a vLLM-layout FP8 rollout, bytes against PyTorch's reference and logits
 # of the dequantized model; in two processes and colocated in one). On one GPU every process
 # shares it; with two, the trainers are FSDP2 over both.
-# Usage: . scripts/gpu/env.sh; scripts/gpu/endpoint_check.sh [--case two|one|all]
+# Usage: . scripts/gpu/env.sh; [WB_CHECK_MASTERS=fp32] scripts/gpu/endpoint_check.sh [--case two|one|all|large]
+# (WB_CHECK_MASTERS=fp32: FP32 trainer parameters, FSDP2 computing in BF16)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 jobs=$(nproc 2>/dev/null || echo 8)

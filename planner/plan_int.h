@@ -155,10 +155,9 @@ static inline uint64_t ceil_div(uint64_t a, uint64_t b)
 
 /* FP8 block grid: dims ndim-2 and ndim-1 have blocks of 128 (a 1-d tensor: its only dim);
  * leading dims have blocks of 1. The edge is quant/'s, the only one anything produces. */
-enum { WB_QBLOCK = WB_FP8_BLOCK };
 static inline uint64_t qblock(uint32_t ndim, uint32_t d)
 {
-    return (d + 2 >= ndim) ? WB_QBLOCK : 1;
+    return (d + 2 >= ndim) ? WB_FP8_BLOCK : 1;
 }
 /* The blocks a box touches (block coordinates). */
 struct wb_box pl_box_blocks(const struct wb_box *b);

@@ -14,7 +14,8 @@
  * the trainers push 2..20 in a tight loop behind it; 2..19 are skipped on both ranks, each in
  * favour of the next, version 20 carries the list, and the rollout ends with version 20's
  * bytes — with rank 1 pushing only after rank 0 pushed past every version, and with both ranks
- * at once; "queue" — every version is transferred in order, each checked byte for byte.
+ * at once; "queue" — every version is transferred in order, each checked byte for byte;
+ * ranks pushing with different policies — the second push is refused, naming both ranks.
  */
 #include "agent/agent.h"
 #include "tests/func/e2e_proc.h"
@@ -479,6 +480,68 @@ static void test_refused(void)
     e2e_wait(ctl, 30000);
 }
 
+/* Trainer rank r of mixed_policies: rank 0 pushes with policy queue, rank 1 with latest. The
+ * rank whose push reaches the controller second is refused, naming both; the other's push
+ * stands (it waits for its peer), until both close. */
+static int trainer_mixed(const char *url, uint32_t rank)
+{
+    struct wb_endpoint *ep = open_ep(url, WB_ROLE_TRAINER, rank);
+    static uint16_t buf[2][ROWS * COLS];
+    for (unsigned t = 0; t < 2; t++) {
+        struct wb_tensor_reg reg = {.name = NAMES[t], .dtype = WB_DTYPE_BF16, .ptr = buf[t]};
+        set_shape(t, &reg.shape);
+        trainer_box(t, rank, &reg.box);
+        CHECK_INT(wb_endpoint_add(ep, &reg), 0);
+    }
+    CHECK_INT(wb_endpoint_set_push_policy(ep, (enum wb_push_policy)7), -EINVAL);
+    CHECK_INT(wb_endpoint_set_push_policy(ep, rank == 0 ? WB_PUSH_QUEUE : WB_PUSH_LATEST), 0);
+    CHECK_INT(wb_endpoint_start(ep, 0), 0); /* no rollout: the job never becomes ready */
+    CHECK_INT(wb_endpoint_push(ep, 1), 0);
+    uint32_t other = 1 - rank;
+    char want[300];
+    snprintf(want, sizeof(want),
+             "version 1 failed: push: trainer rank %u pushes with policy %s, trainer rank %u "
+             "with %s; every trainer uses the same push policy",
+             rank, rank == 0 ? "queue" : "latest", other, other == 0 ? "queue" : "latest");
+    char path[700];
+    mark_path(path, sizeof(path), "refused", other);
+    for (int i = 0; i < 30000; i++) { /* the limit only ends a hang */
+        int rc = wb_endpoint_wait_push(ep, 1, WB_PUSH_DONE, 10000000);
+        if (rc == -WB_E_PEER) {
+            CHECK_STR(wb_endpoint_error(ep), want);
+            mark("refused", rank);
+            wb_endpoint_close(ep);
+            return 0;
+        }
+        CHECK_INT(rc, -ETIMEDOUT);
+        if (access(path, F_OK) == 0) { /* the other was refused: this one still stands */
+            CHECK_INT(wb_endpoint_wait_push(ep, 1, WB_PUSH_DONE, 0), -ETIMEDOUT);
+            wb_endpoint_close(ep);
+            return 0;
+        }
+    }
+    fprintf(stderr, "trainer %u: neither push was refused in 300 s\n", rank);
+    return 1;
+}
+
+static void test_mixed_policies(void)
+{
+    char url[96];
+    write_job(url, sizeof(url), 16);
+    pid_t ctl = start_controller();
+    pid_t tr[NTRAINERS];
+    for (uint32_t r = 0; r < NTRAINERS; r++)
+        tr[r] = fork_role(trainer_mixed, url, r);
+    for (uint32_t r = 0; r < NTRAINERS; r++)
+        CHECK_INT(e2e_wait(tr[r], 120000), 0);
+    char p0[700], p1[700];
+    mark_path(p0, sizeof(p0), "refused", 0);
+    mark_path(p1, sizeof(p1), "refused", 1);
+    CHECK((access(p0, F_OK) == 0) + (access(p1, F_OK) == 0) == 1); /* exactly one refused */
+    kill(ctl, SIGTERM);
+    e2e_wait(ctl, 30000);
+}
+
 /* What wb_endpoint_add() and wb_endpoint_open() check themselves, with no controller. */
 static void test_local_checks(void)
 {
@@ -518,5 +581,6 @@ const struct wb_test wb_tests[] = {
     {"latest_ordered", test_latest_ordered, 180},
     {"latest_any", test_latest_any, 180},
     {"queue", test_queue, 180},
+    {"mixed_policies", test_mixed_policies, 180},
     {0},
 };

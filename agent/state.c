@@ -242,8 +242,8 @@ void ag_push_started(struct ag_state *st, uint64_t version)
         uint64_t n = st->nsince < WB_PUSH_SKIPPED_MAX ? st->nsince : WB_PUSH_SKIPPED_MAX;
         memcpy(p->stats.skipped, st->since, n * sizeof(st->since[0]));
         p->stats.nskipped = st->nsince;
-        st->nsince = 0;
     }
+    st->nsince = 0; /* a transfer not pushed here (wb-ctl transfer) went in their place */
     pthread_mutex_unlock(&st->mu);
 }
 

@@ -940,16 +940,20 @@ static void on_ctl_transfer(struct wb_controller *c, nng_msg *req,
     xfer_start(c, v, timeout, req);
 }
 
-/* Tells every trainer that `version` will never be transferred: a push of `by` replaced it.
+/* Tells the trainers that `version` will never be transferred: a push of `by` replaced it.
  * Each rank's endpoint releases the version's tensors and reports it skipped, whether it
- * pushed it already or pushes it later. */
-static void push_skip(struct wb_controller *c, uint64_t version, uint64_t by)
+ * pushed it already or pushes it later. `only`: tell that trainer alone (one that pushed a
+ * version skipped before: the others were told then), NULL: every trainer. */
+static void push_skip(struct wb_controller *c, uint64_t version, uint64_t by, struct agent *only)
 {
-    wb_log(WB_LOG_INFO, M, "version %" PRIu64 " skipped: version %" PRIu64 " was pushed", version,
-           by);
+    if (!only)
+        wb_log(WB_LOG_INFO, M, "version %" PRIu64 " skipped: version %" PRIu64 " was pushed",
+               version, by);
     struct wb_body_skipped b = {.version = version, .by = by};
     for (uint32_t t = 0; t < c->plan.ntrainers; t++) {
         struct agent *a = &c->agents[t];
+        if (only && a != only)
+            continue;
         if (a->pushed == version)
             a->pushed = 0;
         if (a->session)
@@ -1014,14 +1018,14 @@ static void on_push(struct wb_controller *c, nng_msg *req, struct agent *a, uint
                 newest = c->agents[t].pushed;
         if (v < newest) { /* another rank pushed past it: it can never start */
             reply_ok(c, req);
-            push_skip(c, v, newest);
+            push_skip(c, v, newest, a);
             return;
         }
         /* every version pushed and not started below v: v replaces it */
         for (uint32_t t = 0; t < c->plan.ntrainers; t++) {
             uint64_t old = c->agents[t].pushed;
             if (old && old < v)
-                push_skip(c, old, v);
+                push_skip(c, old, v, NULL);
         }
     }
     a->pushed = v;

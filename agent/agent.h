@@ -148,18 +148,66 @@ int wb_endpoint_start(struct wb_endpoint *ep, uint64_t timeout_ns);
 int wb_endpoint_wait_ready(struct wb_endpoint *ep, uint64_t timeout_ns);
 
 /* Trainers: asks for transfer `version` (every trainer rank pushes the same versions in the
- * same order; the transfer starts when all did). Returns at once. */
+ * same order; the transfer starts when all did). Returns at once.
+ *
+ * A push while another version is in flight waits for it. What happens to it then is the
+ * endpoint's push policy (wb_endpoint_set_push_policy):
+ *   WB_PUSH_LATEST (the default, for asynchronous RL): the latest wins. A push replaces the
+ *     version queued before it (pushed, not started): that one is never transferred — it is
+ *     skipped, on every trainer rank alike (the controller decides, as it sees every rank's
+ *     pushes: a version any rank has pushed past before it started is skipped for all). The
+ *     version in flight always completes.
+ *   WB_PUSH_QUEUE: every version is transferred, in order; the endpoint sends the next push
+ *     once the previous one ended.
+ * The tensors are read in place: a queued version reads them when its transfer starts, so
+ * they must not change until wait_push(WB_PUSH_SOURCES) returned — at once for a skipped
+ * version (it will never read them), else once this rank's transfer of it read its last byte. */
 int wb_endpoint_push(struct wb_endpoint *ep, uint64_t version);
+
+enum wb_push_policy {
+    WB_PUSH_LATEST = 0, /* a push replaces a queued one (the default) */
+    WB_PUSH_QUEUE,      /* every pushed version is transferred, in order */
+};
+/* Trainers: sets the push policy, before the first push; -EINVAL for another role or an
+ * unknown policy, -EBUSY once a version was pushed. Every trainer rank of a job uses the same
+ * policy: the controller refuses a push whose policy differs from another rank's. */
+int wb_endpoint_set_push_policy(struct wb_endpoint *ep, enum wb_push_policy policy);
 
 enum wb_push_event {
     WB_PUSH_SOURCES = 1, /* this rank finished reading its tensors: they may change again */
-    WB_PUSH_DONE,        /* every rollout holds the version (or it failed) */
+    WB_PUSH_DONE,        /* every rollout holds the version (or it failed, or was skipped) */
 };
+enum { WB_PUSH_SKIPPED = 1 }; /* wait_push: a newer push replaced the version (not an error) */
 /* Trainers: waits for an event of a pushed version. 0 when it happened and the version has
- * not failed; -WB_E_PEER when the version failed (wb_endpoint_error(): the controller's
- * reason); -ETIMEDOUT; -EINVAL for a version never pushed. */
+ * not failed; WB_PUSH_SKIPPED (both events) when a newer push replaced it before it started
+ * (wb_endpoint_push_stats() says by which); -WB_E_PEER when the version failed
+ * (wb_endpoint_error(): the controller's reason); -ETIMEDOUT; -EINVAL for a version never
+ * pushed. */
 int wb_endpoint_wait_push(struct wb_endpoint *ep, uint64_t version, enum wb_push_event ev,
                           uint64_t timeout_ns);
+
+enum { WB_PUSH_SKIPPED_MAX = 32 };
+/* What became of one pushed version on this trainer rank. */
+struct wb_push_stats {
+    uint64_t version;
+    uint64_t skipped_by; /* skipped: the newer version that replaced it (0: not skipped) */
+    uint64_t nskipped;   /* versions skipped in favour of this one, since the last one that went */
+    uint64_t skipped[WB_PUSH_SKIPPED_MAX]; /* the newest of them (at most WB_PUSH_SKIPPED_MAX),
+                                              in ascending order */
+    uint64_t failed;                       /* 1: the version failed (wb_endpoint_error) */
+    uint64_t bytes;                        /* this rank's figures of its transfer: bytes written */
+    uint64_t writes;
+    uint64_t stage_ns[WB_STAGE_COUNT]; /* busy time per stage (enum wb_stage: h2d, gather, fuse,
+                                          quant, write, barrier), summed over tasks */
+    uint64_t xfer_ns;                  /* TRANSFER received -> its last write completed */
+    uint64_t wait_ns;                  /* push -> its transfer started (or it was skipped) */
+    uint64_t total_ns;                 /* push -> every rollout held it (or it failed, or
+                                          was skipped) */
+};
+/* Trainers: the figures of a pushed version, once its outcome is known (WB_PUSH_DONE); 0,
+ * -EAGAIN before, -EINVAL for a version never pushed or too old to be remembered (the
+ * endpoint keeps the last 64 pushes). */
+int wb_endpoint_push_stats(struct wb_endpoint *ep, uint64_t version, struct wb_push_stats *out);
 
 /* Rollouts: waits until this rank holds `version` or a newer one complete. -WB_E_PEER when that
  * version failed (wb_endpoint_error() has the reason, and says whether the rank's tensors are

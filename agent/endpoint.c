@@ -200,6 +200,16 @@ int wb_endpoint_wait_push(struct wb_endpoint *ep, uint64_t version, enum wb_push
     return ag_state_wait_push(ep->st, version, ev, timeout_ns);
 }
 
+int wb_endpoint_set_push_policy(struct wb_endpoint *ep, enum wb_push_policy policy)
+{
+    return ag_state_set_policy(ep->st, policy);
+}
+
+int wb_endpoint_push_stats(struct wb_endpoint *ep, uint64_t version, struct wb_push_stats *out)
+{
+    return ag_state_push_stats(ep->st, version, out);
+}
+
 int wb_endpoint_wait(struct wb_endpoint *ep, uint64_t version, uint64_t timeout_ns)
 {
     return ag_state_wait_version(ep->st, version, timeout_ns);

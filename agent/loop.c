@@ -163,8 +163,9 @@ static void pump_pushes(struct wb_endpoint *ep)
     if (ep->o.role != WB_ROLE_TRAINER || !ep->session)
         return;
     uint64_t v;
-    while (ep->session && (v = ag_push_next(ep->st)) != 0) { /* a push that failed ends it */
-        struct wb_body_push b = {.version = v};
+    bool queue;
+    while (ep->session && (v = ag_push_next(ep->st, &queue)) != 0) { /* a failed one ends it */
+        struct wb_body_push b = {.version = v, .queue = queue};
         queue_call(ep, WB_MSG_PUSH, &b, v);
     }
 }
@@ -397,6 +398,9 @@ static void cmd_transfer(struct wb_endpoint *ep, const struct wb_body_version_ep
     char err[WB_ERRMSG_MAX] = "";
     ep->v.draining = 0;
     ep->attempt_open = true; /* until its outcome arrives, failed start or not */
+    /* trainers: the versions skipped since the last one that started are this one's */
+    if (ep->o.role == WB_ROLE_TRAINER)
+        ag_push_started(ep->st, version);
     int rc = ep->d ? ag_data_start(ep->d, b, err, sizeof(err)) : -EINVAL;
     if (rc) {
         if (!*err)
@@ -518,6 +522,7 @@ union cmd_body {
     struct wb_body_abort abort;
     struct wb_body_ready ready;
     struct wb_body_error refused;
+    struct wb_body_skipped skipped;
 };
 
 static int on_commands(struct wb_endpoint *ep, void *buf, size_t len)
@@ -575,6 +580,10 @@ static int on_commands(struct wb_endpoint *ep, void *buf, size_t len)
         case WB_CMD_EXIT:
             ep->exiting = true;
             break;
+        case WB_CMD_SKIPPED:
+            if (ep->o.role == WB_ROLE_TRAINER)
+                ag_push_skipped(ep->st, b.skipped.version, b.skipped.by);
+            break;
         default:
             wb_log(WB_LOG_ERROR, M, "%s rank %u: unknown command %#x", ep->role, ep->o.rank, type);
             break;
@@ -630,7 +639,9 @@ static void data_step(struct wb_endpoint *ep)
     ep->xfer_active = false;
     if (ep->o.role == WB_ROLE_ROLLOUT)
         run_hook(ep, &done);
-    else /* the executor read its last source byte */
+    else if (done.ok) /* the executor read its last source byte */
+        ag_push_figures(ep->st, ep->v.attempt, &done.stats);
+    if (ep->o.role == WB_ROLE_TRAINER)
         ag_push_event(ep->st, ep->v.attempt, WB_PUSH_SOURCES, false, NULL);
     report_done(ep, ep->v.attempt, done.ok, done.err, &done.stats, done.rx_bytes);
     ep->after_pending = true;

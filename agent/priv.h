@@ -181,17 +181,26 @@ bool ag_state_torn(struct ag_state *st);
 /* The public calls' waits (each says what went wrong with ag_state_say's message). */
 int ag_state_wait_ready(struct ag_state *st, uint64_t timeout_ns);
 int ag_state_push(struct ag_state *st, uint64_t version);
+int ag_state_set_policy(struct ag_state *st, enum wb_push_policy policy);
 int ag_state_wait_push(struct ag_state *st, uint64_t version, enum wb_push_event ev,
                        uint64_t timeout_ns);
+int ag_state_push_stats(struct ag_state *st, uint64_t version, struct wb_push_stats *out);
 int ag_state_wait_version(struct ag_state *st, uint64_t version, uint64_t timeout_ns);
 /* The loop's news: a failure that stops it (the first is told), READY or not. */
 void ag_set_fatal(struct ag_state *st, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void ag_set_ready(struct ag_state *st, bool ready);
-/* Trainers: the next push the loop should send (0: none), and what happened to one. */
-uint64_t ag_push_next(struct ag_state *st);
+/* Trainers: the next push the loop should send (0: none; *queue: the policy it carries), and
+ * what happened to one. */
+uint64_t ag_push_next(struct ag_state *st, bool *queue);
 void ag_push_event(struct ag_state *st, uint64_t version, enum wb_push_event ev, bool failed,
                    const char *reason);
+/* Trainers: the controller skipped `version` in favour of `by` (a version not pushed here yet
+ * is remembered: its push is skipped at once); transfer `version` started (the versions
+ * skipped since the last one are its); this rank's figures of its transfer. */
+void ag_push_skipped(struct ag_state *st, uint64_t version, uint64_t by);
+void ag_push_started(struct ag_state *st, uint64_t version);
+void ag_push_figures(struct ag_state *st, uint64_t version, const struct wb_xfer_stats *stats);
 /* Rollouts: a version completed or failed. */
 void ag_version_done(struct ag_state *st, uint64_t version, bool failed, const char *reason);
 /* A rollout opened its windows to an attempt: torn until a version completes on it. */

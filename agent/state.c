@@ -27,12 +27,16 @@ struct push {
     uint64_t version;
     bool sent;    /* PUSH went to the controller */
     bool sources; /* this rank's executor no longer reads its tensors */
-    bool done;    /* COMPLETE or ABORT arrived */
+    bool done;    /* COMPLETE, ABORT or SKIPPED arrived */
     bool failed;
+    uint64_t pushed_ns, started_ns, done_ns;
+    struct wb_push_stats stats; /* skipped_by, the skipped list and the figures */
     char reason[WB_ERRMSG_MAX];
 };
 
-enum { MAX_PUSHES = 16 };
+/* Pushes remembered (the unfinished ones and the newest finished); skips heard of versions
+ * this rank has not pushed yet (another rank pushed past them first). */
+enum { MAX_PUSHES = 64, MAX_HEARD = 64 };
 
 struct ag_state {
     pthread_mutex_t mu;
@@ -47,6 +51,14 @@ struct ag_state {
     bool torn;
     struct push pushes[MAX_PUSHES];
     uint32_t npushes;
+    bool queue; /* push policy WB_PUSH_QUEUE */
+    struct {
+        uint64_t version, by;
+    } heard[MAX_HEARD]; /* a ring */
+    uint32_t nheard;
+    /* skipped since the last transfer started: the next one's list */
+    uint64_t since[WB_PUSH_SKIPPED_MAX];
+    uint64_t nsince;
     char err_copy[4096]; /* ag_state_error()'s snapshot */
 };
 
@@ -117,6 +129,16 @@ bool ag_state_torn(struct ag_state *st)
 
 /* ---------------------------------------------------------------- what the loop publishes */
 
+static struct push *push_find(struct ag_state *st, uint64_t version)
+{
+    for (uint32_t i = st->npushes; i-- > 0;)
+        if (st->pushes[i].version == version)
+            return &st->pushes[i];
+    return NULL;
+}
+
+static void push_finish(struct ag_state *st, struct push *p, bool failed, const char *reason);
+
 void ag_set_fatal(struct ag_state *st, int code, const char *fmt, ...)
 {
     va_list ap;
@@ -131,8 +153,9 @@ void ag_set_fatal(struct ag_state *st, int code, const char *fmt, ...)
     st->fatal = code;
     for (uint32_t i = 0; i < st->npushes; i++) /* nothing pending will happen now */
         if (!st->pushes[i].done) {
-            st->pushes[i].done = st->pushes[i].sources = st->pushes[i].failed = true;
-            snprintf(st->pushes[i].reason, sizeof(st->pushes[i].reason), "%.400s", st->err);
+            char why[WB_ERRMSG_MAX];
+            snprintf(why, sizeof(why), "%.400s", st->err);
+            push_finish(st, &st->pushes[i], true, why);
         }
     pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->mu);
@@ -146,25 +169,95 @@ void ag_set_ready(struct ag_state *st, bool ready)
     pthread_mutex_unlock(&st->mu);
 }
 
-static struct push *push_find(struct ag_state *st, uint64_t version)
+/* A push's outcome is known: its waiters wake. Called with mu held. */
+static void push_finish(struct ag_state *st, struct push *p, bool failed, const char *reason)
 {
-    for (uint32_t i = st->npushes; i-- > 0;)
-        if (st->pushes[i].version == version)
-            return &st->pushes[i];
-    return NULL;
+    p->done = p->sources = true;
+    p->failed = failed;
+    p->stats.failed = failed;
+    p->done_ns = wb_now_ns();
+    if (!p->started_ns)
+        p->started_ns = p->done_ns;
+    snprintf(p->reason, sizeof(p->reason), "%s", reason ? reason : "");
+    if (!failed && !p->stats.skipped_by && p->version > st->pushed)
+        st->pushed = p->version;
+    pthread_cond_broadcast(&st->cv);
 }
 
-uint64_t ag_push_next(struct ag_state *st)
+uint64_t ag_push_next(struct ag_state *st, bool *queue)
 {
     uint64_t v = 0;
     pthread_mutex_lock(&st->mu);
-    for (uint32_t i = 0; i < st->npushes && !v; i++)
-        if (!st->pushes[i].sent && !st->pushes[i].done) {
-            st->pushes[i].sent = true;
-            v = st->pushes[i].version;
+    *queue = st->queue;
+    for (uint32_t i = 0; i < st->npushes && !v; i++) {
+        struct push *p = &st->pushes[i];
+        if (p->done)
+            continue;
+        if (p->sent && st->queue) /* the next leaves once this one ended */
+            break;
+        if (!p->sent) {
+            p->sent = true;
+            v = p->version;
         }
+    }
     pthread_mutex_unlock(&st->mu);
     return v;
+}
+
+void ag_push_skipped(struct ag_state *st, uint64_t version, uint64_t by)
+{
+    pthread_mutex_lock(&st->mu);
+    struct push *p = push_find(st, version);
+    bool known = p ? p->stats.skipped_by != 0 : false;
+    for (uint32_t i = 0; !p && i < st->nheard && i < MAX_HEARD; i++)
+        known |= st->heard[i].version == version;
+    if (!known) { /* the first word on it is the one every rank heard first, too */
+        if (p && !p->done) {
+            p->stats.skipped_by = by;
+            push_finish(st, p, false, NULL);
+        } else if (!p) {
+            st->heard[st->nheard % MAX_HEARD].version = version;
+            st->heard[st->nheard % MAX_HEARD].by = by;
+            st->nheard++;
+        }
+        if (!p || p->stats.skipped_by == by) {
+            if (st->nsince < WB_PUSH_SKIPPED_MAX)
+                st->since[st->nsince] = version;
+            else { /* keep the newest */
+                memmove(&st->since[0], &st->since[1], sizeof(st->since) - sizeof(st->since[0]));
+                st->since[WB_PUSH_SKIPPED_MAX - 1] = version;
+            }
+            st->nsince++;
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+}
+
+void ag_push_started(struct ag_state *st, uint64_t version)
+{
+    pthread_mutex_lock(&st->mu);
+    struct push *p = push_find(st, version);
+    if (p && !p->done) {
+        p->started_ns = wb_now_ns();
+        uint64_t n = st->nsince < WB_PUSH_SKIPPED_MAX ? st->nsince : WB_PUSH_SKIPPED_MAX;
+        memcpy(p->stats.skipped, st->since, n * sizeof(st->since[0]));
+        p->stats.nskipped = st->nsince;
+    }
+    st->nsince = 0; /* a transfer not pushed here (wb-ctl transfer) went in their place */
+    pthread_mutex_unlock(&st->mu);
+}
+
+void ag_push_figures(struct ag_state *st, uint64_t version, const struct wb_xfer_stats *stats)
+{
+    pthread_mutex_lock(&st->mu);
+    struct push *p = push_find(st, version);
+    if (p) {
+        p->stats.bytes = stats->bytes;
+        p->stats.writes = stats->writes;
+        memcpy(p->stats.stage_ns, stats->stage_ns, sizeof(p->stats.stage_ns));
+        p->stats.xfer_ns = stats->total_ns;
+    }
+    pthread_mutex_unlock(&st->mu);
 }
 
 void ag_push_event(struct ag_state *st, uint64_t version, enum wb_push_event ev, bool failed,
@@ -174,13 +267,8 @@ void ag_push_event(struct ag_state *st, uint64_t version, enum wb_push_event ev,
     struct push *p = push_find(st, version);
     if (p && !p->done) {
         p->sources = true; /* done implies the sources are free too */
-        if (ev == WB_PUSH_DONE || failed) {
-            p->done = true;
-            p->failed = failed;
-            snprintf(p->reason, sizeof(p->reason), "%s", reason ? reason : "");
-            if (!failed && version > st->pushed)
-                st->pushed = version;
-        }
+        if (ev == WB_PUSH_DONE || failed)
+            push_finish(st, p, failed, reason);
     }
     pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->mu);
@@ -264,7 +352,8 @@ int ag_state_push(struct ag_state *st, uint64_t version)
         rc = -EINVAL;
     } else if (st->fatal) {
         rc = st->fatal;
-    } else if (version == 0 || version <= st->pushed || push_find(st, version)) {
+    } else if (version == 0 || version <= st->pushed ||
+               (st->npushes && version <= st->pushes[st->npushes - 1].version)) {
         snprintf(st->err, sizeof(st->err),
                  "push: version %" PRIu64 " is not newer than the versions pushed before", version);
         rc = -EINVAL;
@@ -283,8 +372,18 @@ int ag_state_push(struct ag_state *st, uint64_t version)
                 st->npushes--;
             }
         }
-        if (!rc)
-            st->pushes[st->npushes++] = (struct push){.version = version};
+        if (!rc) {
+            struct push *p = &st->pushes[st->npushes++];
+            *p = (struct push){.version = version, .pushed_ns = wb_now_ns()};
+            p->stats.version = version;
+            /* another rank pushed past it first: the controller skipped it already */
+            for (uint32_t i = 0; i < st->nheard && i < MAX_HEARD; i++)
+                if (st->heard[i].version == version) {
+                    p->sent = true;
+                    p->stats.skipped_by = st->heard[i].by;
+                    push_finish(st, p, false, NULL);
+                }
+        }
     }
     pthread_mutex_unlock(&st->mu);
     return rc;
@@ -310,6 +409,8 @@ int ag_state_wait_push(struct ag_state *st, uint64_t version, enum wb_push_event
     if (!rc && p->failed) {
         snprintf(st->err, sizeof(st->err), "version %" PRIu64 " failed: %s", version, p->reason);
         rc = -WB_E_PEER;
+    } else if (!rc && p->stats.skipped_by) {
+        rc = WB_PUSH_SKIPPED;
     } else if (rc == -ETIMEDOUT) {
         snprintf(st->err, sizeof(st->err), "version %" PRIu64 ": no %s within %.1f s", version,
                  ev == WB_PUSH_SOURCES ? "release of the sources" : "outcome",
@@ -347,6 +448,46 @@ int ag_state_wait_version(struct ag_state *st, uint64_t version, uint64_t timeou
         snprintf(st->err, sizeof(st->err),
                  "version %" PRIu64 " did not complete within %.1f s (this rank holds %" PRIu64 ")",
                  version, (double)timeout_ns / 1e9, *have);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int ag_state_set_policy(struct ag_state *st, enum wb_push_policy policy)
+{
+    int rc = 0;
+    pthread_mutex_lock(&st->mu);
+    if (st->role != WB_ROLE_TRAINER || (policy != WB_PUSH_LATEST && policy != WB_PUSH_QUEUE)) {
+        snprintf(st->err, sizeof(st->err),
+                 "push policy: a trainer's, WB_PUSH_LATEST (0) or WB_PUSH_QUEUE (1)");
+        rc = -EINVAL;
+    } else if (st->npushes) {
+        snprintf(st->err, sizeof(st->err), "push policy: set before the first push");
+        rc = -EBUSY;
+    } else {
+        st->queue = policy == WB_PUSH_QUEUE;
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int ag_state_push_stats(struct ag_state *st, uint64_t version, struct wb_push_stats *out)
+{
+    int rc = 0;
+    pthread_mutex_lock(&st->mu);
+    struct push *p = push_find(st, version);
+    if (!p) {
+        snprintf(st->err, sizeof(st->err),
+                 "version %" PRIu64 " was not pushed (or is older than the last %d pushes)",
+                 version, MAX_PUSHES);
+        rc = -EINVAL;
+    } else if (!p->done) {
+        snprintf(st->err, sizeof(st->err), "version %" PRIu64 ": no outcome yet", version);
+        rc = -EAGAIN;
+    } else {
+        *out = p->stats;
+        out->wait_ns = p->started_ns - p->pushed_ns;
+        out->total_ns = p->done_ns - p->pushed_ns;
     }
     pthread_mutex_unlock(&st->mu);
     return rc;

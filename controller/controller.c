@@ -51,7 +51,9 @@ struct agent {
     bool synthetic;            /* holds no tensors of its own (wb-agent): nothing to check */
     bool sourced;              /* reads its tensors from a source (a checkpoint) */
     struct ctl_blob inv, mesh; /* a deferred plan's registrations, checked once it is made */
-    uint64_t pushed; /* trainers: the version this agent's process asked for (PUSH), 0: none */
+    uint64_t pushed; /* trainers: the version this agent's process asked for (PUSH) that has
+                        not started, 0: none */
+    bool push_queue; /* its push policy: every version in order (false: the latest wins) */
     /* setup */
     uint64_t setup_session;        /* session whose SETUP report arrived */
     char setup_err[WB_ERRMSG_MAX]; /* its last SETUP failed, and why ("" when it did not) */
@@ -811,6 +813,7 @@ static void xfer_check(struct wb_controller *c)
         for (uint32_t t = 0; t < c->plan.ntrainers; t++)
             cmd_queue(c, &c->agents[t], WB_CMD_COMPLETE, &b);
         xfer_result(c);
+        push_check(c); /* a version pushed meanwhile goes next */
     }
 }
 
@@ -949,10 +952,39 @@ static void on_ctl_transfer(struct wb_controller *c, nng_msg *req,
     xfer_start(c, v, timeout, req);
 }
 
+/* Tells the trainers that `version` will never be transferred: a push of `by` replaced it.
+ * Each rank's endpoint releases the version's tensors and reports it skipped, whether it
+ * pushed it already or pushes it later. `only`: tell that trainer alone (one that pushed a
+ * version skipped before: the others were told then), NULL: every trainer. */
+static void push_skip(struct wb_controller *c, uint64_t version, uint64_t by, struct agent *only)
+{
+    if (!only)
+        wb_log(WB_LOG_INFO, M, "version %" PRIu64 " skipped: version %" PRIu64 " was pushed",
+               version, by);
+    struct wb_body_skipped b = {.version = version, .by = by};
+    for (uint32_t t = 0; t < c->plan.ntrainers; t++) {
+        struct agent *a = &c->agents[t];
+        if (only && a != only)
+            continue;
+        if (a->pushed == version)
+            a->pushed = 0;
+        if (a->session)
+            cmd_queue(c, a, WB_CMD_SKIPPED, &b);
+    }
+}
+
 /* A trainer's process asks for transfer `version` (its endpoint's push). The transfer starts
  * once every trainer asked for the same version and the job is ready; until then the request
- * stands (an agent that re-registers asks again). */
-static void on_push(struct wb_controller *c, nng_msg *req, struct agent *a, uint64_t v)
+ * stands (an agent that re-registers asks again).
+ *
+ * Policy "latest" (the default): a push while a transfer is in flight waits; a newer one
+ * replaces it. The controller is the one place that sees every rank's pushes, so it decides
+ * for all: a version that any rank pushed past before it started can never start (that rank
+ * pushes versions in order and will not push it again), and is skipped on every rank — told
+ * to each (SKIPPED) — whichever rank pushes it first or last. Policy "queue": the endpoint
+ * sends a push only once its previous one ended, so every version is transferred. The ranks'
+ * policies must agree. */
+static void on_push(struct wb_controller *c, nng_msg *req, struct agent *a, uint64_t v, bool queue)
 {
     char msg[256] = "";
     if (a->role != WB_ROLE_TRAINER) {
@@ -971,19 +1003,45 @@ static void on_push(struct wb_controller *c, nng_msg *req, struct agent *a, uint
                  v, c->last_version);
     else if (version_far(c, "push: ", v, msg, sizeof(msg)))
         ;
-    else if (c->x.active && !c->x.aborting)
+    else if (queue && c->x.active && !c->x.aborting)
         snprintf(msg, sizeof(msg), "push: transfer %" PRIu64 " is in flight", c->x.version);
-    for (uint32_t t = 0; !*msg && t < c->plan.ntrainers; t++)
-        if (c->agents[t].pushed && c->agents[t].pushed != v)
+    for (uint32_t t = 0; !*msg && t < c->plan.ntrainers; t++) {
+        const struct agent *o = &c->agents[t];
+        if (o->pushed && o != a && o->push_queue != queue)
+            snprintf(msg, sizeof(msg),
+                     "push: trainer rank %u pushes with policy %s, trainer rank %u with %s; every "
+                     "trainer uses the same push policy",
+                     a->rank, queue ? "queue" : "latest", t, o->push_queue ? "queue" : "latest");
+        else if (queue && o->pushed && o->pushed != v)
             snprintf(msg, sizeof(msg),
                      "push: trainer rank %u asked for version %" PRIu64 ", trainer rank %u for "
                      "%" PRIu64 "; every trainer pushes the same versions in the same order",
-                     a->rank, v, t, c->agents[t].pushed);
+                     a->rank, v, t, o->pushed);
+    }
     if (*msg) {
         reply_error(c, req, -EINVAL, msg);
         return;
     }
+    if (!queue) {
+        /* the newest version asked for: in flight, or pushed and not started */
+        uint64_t newest = c->x.active && !c->x.aborting ? c->x.version : 0;
+        for (uint32_t t = 0; t < c->plan.ntrainers; t++)
+            if (c->agents[t].pushed > newest)
+                newest = c->agents[t].pushed;
+        if (v < newest) { /* another rank pushed past it: it can never start */
+            reply_ok(c, req);
+            push_skip(c, v, newest, a);
+            return;
+        }
+        /* every version pushed and not started below v: v replaces it */
+        for (uint32_t t = 0; t < c->plan.ntrainers; t++) {
+            uint64_t old = c->agents[t].pushed;
+            if (old && old < v)
+                push_skip(c, old, v, NULL);
+        }
+    }
     a->pushed = v;
+    a->push_queue = queue;
     reply_ok(c, req);
     push_check(c);
 }
@@ -1441,7 +1499,7 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
         on_rep_committed(c, a, &b->commit);
         break;
     case WB_MSG_PUSH:
-        on_push(c, req, a, b->push.version);
+        on_push(c, req, a, b->push.version, b->push.queue);
         return;
     case WB_MSG_REP_DRAINED:
         if (c->x.active && c->x.aborting && b->drained.version == c->x.version) {

@@ -178,6 +178,11 @@ static const struct wb_field f_rep_drained[] = {
 static const struct wb_field f_push[] = {
     SESSION(struct wb_body_push),
     F(struct wb_body_push, "version", WB_FIELD_U64, true, version),
+    F(struct wb_body_push, "queue", WB_FIELD_BOOL, false, queue),
+};
+static const struct wb_field f_skipped[] = {
+    F(struct wb_body_skipped, "version", WB_FIELD_U64, true, version),
+    F(struct wb_body_skipped, "by", WB_FIELD_U64, true, by),
 };
 static const struct wb_field f_ready[] = {
     F(struct wb_body_ready, "gen", WB_FIELD_U64, true, gen),
@@ -293,6 +298,7 @@ static const struct spec specs[] = {
     S0(WB_CMD_EXIT, "EXIT"),
     S(WB_CMD_READY, "READY", f_ready),
     S(WB_CMD_REFUSED, "REFUSED", f_error),
+    S(WB_CMD_SKIPPED, "SKIPPED", f_skipped),
     S(WB_BODY_STATS, "STATS", f_stats),
     S(WB_BODY_AGENT_STATUS, "AGENT_STATUS", f_agent_status),
     S(WB_BODY_CONN_STATS, "CONN_STATS", f_conn_stats),

@@ -103,6 +103,8 @@ enum wb_msg_type {
     WB_CMD_READY,          /* struct wb_body_ready: every agent is set up; transfers may run */
     WB_CMD_REFUSED,        /* struct wb_body_error: the registration cannot be planned (every
                               problem in detail); the agent stops */
+    WB_CMD_SKIPPED,        /* struct wb_body_skipped (trainers): a pushed version that will
+                              never be transferred, a newer push replaced it */
     /* nested maps */
     WB_BODY_STATS = 0x0740, /* struct wb_xfer_stats */
     WB_BODY_AGENT_STATUS,   /* struct wb_body_agent_status (one entry of STATUS.agents) */
@@ -277,6 +279,12 @@ struct wb_body_rep_committed {
 struct wb_body_push {
     struct wb_session s;
     uint64_t version;
+    bool queue; /* the trainer's push policy: every version in order (false: the latest wins) */
+};
+
+struct wb_body_skipped {
+    uint64_t version; /* never transferred */
+    uint64_t by;      /* the newer push that replaced it */
 };
 
 struct wb_body_ready {

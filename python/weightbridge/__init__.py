@@ -41,6 +41,7 @@ __all__ = [
     "Trainer",
     "Rollout",
     "Push",
+    "PushResult",
     "plan",
     "synth_fill",
     "library_path",
@@ -250,28 +251,85 @@ class _Endpoint:
             pass
 
 
+class PushResult:
+    """What became of a pushed version on this trainer rank (:meth:`Push.result`).
+
+    ``skipped`` is True when a newer push replaced the version before its transfer started
+    (push policy "latest"): it was never transferred and ``skipped_by`` is that newer version.
+    This is not an error: the rollouts get the newer version instead. Otherwise every rollout
+    holds the version, and ``skipped_versions`` lists the versions skipped in its favour since
+    the last one that went (``nskipped`` counts them all; the list keeps the newest 32).
+
+    The figures are this rank's part of the transfer (0 for a skipped version): ``bytes`` and
+    ``writes`` it made; ``stages``, seconds per stage (h2d, gather, fuse, quant, write,
+    barrier), summed over its tasks; ``transfer_s`` from the transfer's start to its last
+    write; ``wait_s`` from the push to the transfer's start (queued behind the one in flight);
+    ``total_s`` from the push to every rollout holding the version (or to the skip)."""
+
+    __slots__ = ("version", "skipped", "skipped_by", "nskipped", "skipped_versions", "bytes",
+                 "writes", "stages", "transfer_s", "wait_s", "total_s")
+
+    def __init__(self, st: "_lib.PushStats"):
+        self.version = int(st.version)
+        self.skipped = st.skipped_by != 0
+        self.skipped_by = int(st.skipped_by) if st.skipped_by else None
+        self.nskipped = int(st.nskipped)
+        self.skipped_versions = [int(v) for v in st.skipped[: min(st.nskipped, _lib.WB_PUSH_SKIPPED_MAX)]]
+        self.bytes = int(st.bytes)
+        self.writes = int(st.writes)
+        self.stages = {n: st.stage_ns[i] / 1e9 for i, n in enumerate(_lib.WB_STAGE_NAMES)}
+        self.transfer_s = st.xfer_ns / 1e9
+        self.wait_s = st.wait_ns / 1e9
+        self.total_s = st.total_ns / 1e9
+
+    def __repr__(self) -> str:
+        if self.skipped:
+            return f"PushResult(version={self.version}, skipped_by={self.skipped_by})"
+        stages = ", ".join(f"{n}={t:.4f}" for n, t in self.stages.items())
+        return (f"PushResult(version={self.version}, skipped_versions={self.skipped_versions}, "
+                f"bytes={self.bytes}, transfer_s={self.transfer_s:.4f}, wait_s={self.wait_s:.4f}, "
+                f"total_s={self.total_s:.4f}, stages: {stages})")
+
+
 class Push:
     """A pushed version: :meth:`sources` returns once this rank's tensors may change again,
-    :meth:`result` once every rollout holds the version; both raise :class:`WeightbridgeError`
-    with the controller's reason when the version failed."""
+    :meth:`result` once the version's outcome is known; both raise :class:`WeightbridgeError`
+    with the controller's reason when the version failed. A version a newer push replaced
+    (policy "latest") is not a failure: both return at once and ``result()`` says
+    ``skipped=True`` and by which version."""
 
     def __init__(self, trainer: "Trainer", version: int):
         self._t = trainer
         self.version = version
+        self._result: Optional[PushResult] = None
 
-    def _wait(self, ev: int, timeout: float):
+    def _wait(self, ev: int, timeout: float) -> int:
         if not self._t._ep:
             self._t._closed()
         rc = _lib.endpoint_wait_push(self._t._ep, self.version, ev, _ns(timeout))
-        if rc:
+        if rc < 0:
             self._t._fail(rc)
+        return rc
 
     def sources(self, timeout: float = 600.0) -> None:
-        self._wait(_lib.WB_PUSH_SOURCES, timeout)
+        """Returns once this rank's tensors may change again: its transfer of the version read
+        them, or a newer push replaced it (it will never read them). A version queued behind
+        one in flight reads them when its transfer starts, so this waits for that."""
+        if self._result is None:
+            self._wait(_lib.WB_PUSH_SOURCES, timeout)
 
-    def result(self, timeout: float = 600.0) -> int:
-        self._wait(_lib.WB_PUSH_DONE, timeout)
-        return self.version
+    def result(self, timeout: float = 600.0) -> PushResult:
+        """Waits for the version's outcome: every rollout holds it, or it was skipped (a
+        :class:`PushResult` either way), or it failed (:class:`WeightbridgeError`). The
+        endpoint remembers the last 64 pushes: ask before pushing 64 more."""
+        if self._result is None:
+            self._wait(_lib.WB_PUSH_DONE, timeout)
+            st = _lib.PushStats()
+            rc = _lib.endpoint_push_stats(self._t._ep, self.version, ctypes.byref(st))
+            if rc:
+                self._t._fail(rc)
+            self._result = PushResult(st)
+        return self._result
 
     def done(self) -> bool:
         if not self._t._ep:
@@ -310,9 +368,16 @@ class Trainer(_Endpoint):
         trace: Optional[str] = None,
         give_up: float = 30.0,
         mesh: Optional[Any] = None,
+        push_policy: str = "latest",
     ):
         """``mesh``: [(name, size), ...] of the device mesh :class:`Shard` placements refer to
-        (DTensors bring their own)."""
+        (DTensors bring their own). ``push_policy``: what a push made while another version
+        is in flight does — "latest" (the default): it waits, and a newer push replaces it
+        (skipped on every rank alike; the version in flight completes); "queue": every version
+        is transferred, in order. Every trainer rank uses the same policy."""
+        policies = {"latest": _lib.WB_PUSH_LATEST, "queue": _lib.WB_PUSH_QUEUE}
+        if push_policy not in policies:
+            raise ValueError(f"push_policy: expected 'latest' or 'queue', not {push_policy!r}")
         all_tensors: Dict[str, Any] = {}
         params: Dict[str, Any] = {}  # checked before each push: `p.data = x` moves p, not p.data
         if model is not None:
@@ -328,11 +393,17 @@ class Trainer(_Endpoint):
             "trainer", controller, rank, token, device, all_tensors, dtypes, tx_domain, tx_extra,
             None, trace, give_up, mesh, params,
         )
+        rc = _lib.endpoint_set_push_policy(self._ep, policies[push_policy])
+        if rc:
+            self.close()
+            _raise(rc, f"trainer rank {self.rank}: push_policy {push_policy}: {_lib.errname(rc)}")
         self._start(timeout)
 
     def push(self, version: int) -> Push:
         """Asks for transfer ``version`` (every trainer rank pushes the same versions in order;
-        it starts when all did) and returns at once. GPU work PyTorch queued on the tensors
+        it starts when all did) and returns at once. A push while another version is in flight
+        waits for it (see ``push_policy``); the tensors must not change until the returned
+        :meth:`Push.sources` returned. GPU work PyTorch queued on the tensors
         (the optimizer step) is waited for first: the transfer reads them on its own streams."""
         if not self._ep:
             self._closed()

@@ -30,6 +30,11 @@ WB_E_HELLO = 267
 
 WB_PUSH_SOURCES = 1
 WB_PUSH_DONE = 2
+WB_PUSH_SKIPPED = 1  # wb_endpoint_wait_push: a newer push replaced the version
+WB_PUSH_LATEST = 0
+WB_PUSH_QUEUE = 1
+WB_PUSH_SKIPPED_MAX = 32
+WB_STAGE_NAMES = ("h2d", "gather", "fuse", "quant", "write", "barrier")  # enum wb_stage's order
 
 
 def _candidates():
@@ -101,6 +106,29 @@ endpoint_push = _decl("wb_endpoint_push", ctypes.c_int, ctypes.c_void_p, ctypes.
 endpoint_wait_push = _decl(
     "wb_endpoint_wait_push", ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int,
     ctypes.c_uint64,
+)
+
+
+class PushStats(ctypes.Structure):
+    # struct wb_push_stats (agent/agent.h)
+    _fields_ = [
+        ("version", ctypes.c_uint64),
+        ("skipped_by", ctypes.c_uint64),
+        ("nskipped", ctypes.c_uint64),
+        ("skipped", ctypes.c_uint64 * WB_PUSH_SKIPPED_MAX),
+        ("failed", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("writes", ctypes.c_uint64),
+        ("stage_ns", ctypes.c_uint64 * len(WB_STAGE_NAMES)),
+        ("xfer_ns", ctypes.c_uint64),
+        ("wait_ns", ctypes.c_uint64),
+        ("total_ns", ctypes.c_uint64),
+    ]
+
+
+endpoint_set_push_policy = _decl("wb_endpoint_set_push_policy", ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+endpoint_push_stats = _decl(
+    "wb_endpoint_push_stats", ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(PushStats),
 )
 endpoint_wait = _decl("wb_endpoint_wait", ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)
 endpoint_version = _decl("wb_endpoint_version", ctypes.c_uint64, ctypes.c_void_p)

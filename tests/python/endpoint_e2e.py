@@ -179,7 +179,7 @@ def run_trainer(rank, url, mode=""):
                 assert str(e) == want, str(e)
             continue
         p.sources(60)
-        assert p.result(60) == v
+        assert p.result(60).version == v
     assert t.version == (1 if mode == "moved" else VERSIONS[-1])
     t.close()
 

@@ -216,7 +216,7 @@ def run_trainer(case, rank, url, tmp):
             arrays[name][...] = full_tensor(name, shape, v)[off:off + n]
         p = t.push(v)
         p.sources(60)
-        assert p.result(60) == v
+        assert p.result(60).version == v
     t.close()
 
 

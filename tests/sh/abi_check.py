@@ -25,7 +25,8 @@ import weightbridge  # noqa: E402
 from weightbridge import _adapter, _lib  # noqa: E402
 
 # C struct name -> the ctypes class that mirrors it
-STRUCTS = {"wb_plan_opts": weightbridge._PlanOpts, "wb_model_src": weightbridge._ModelSrc}
+STRUCTS = {"wb_plan_opts": weightbridge._PlanOpts, "wb_model_src": weightbridge._ModelSrc,
+           "wb_push_stats": _lib.PushStats}
 
 
 def header_fields(header, name):
@@ -74,7 +75,9 @@ def main():
     for name in sorted(set(pyerr) - set(facts["errors"])):
         bad.append(f"{name}: in _lib.py, not a C error code")
     copies = {"WB_PUSH_SOURCES": _lib.WB_PUSH_SOURCES, "WB_PUSH_DONE": _lib.WB_PUSH_DONE,
-              "WB_FP8_BLOCK": _adapter.BLOCK[0]}
+              "WB_PUSH_SKIPPED": _lib.WB_PUSH_SKIPPED, "WB_PUSH_LATEST": _lib.WB_PUSH_LATEST,
+              "WB_PUSH_QUEUE": _lib.WB_PUSH_QUEUE, "WB_PUSH_SKIPPED_MAX": _lib.WB_PUSH_SKIPPED_MAX,
+              "WB_STAGE_COUNT": len(_lib.WB_STAGE_NAMES), "WB_FP8_BLOCK": _adapter.BLOCK[0]}
     for name, value in facts["consts"].items():
         if copies.get(name) != value:
             bad.append(f"{name}: {value} in C, {copies.get(name, 'not compared')} in Python")

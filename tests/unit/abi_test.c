@@ -36,9 +36,10 @@ _Static_assert(sizeof(errcodes) / sizeof(errcodes[0]) == WB_E_LAST - WB_E_FIRST,
 
 /* Constants the Python package copies (python/weightbridge/_lib.py, _adapter.py). */
 static const struct named consts[] = {
-    {"WB_PUSH_SOURCES", WB_PUSH_SOURCES},
-    {"WB_PUSH_DONE", WB_PUSH_DONE},
-    {"WB_FP8_BLOCK", WB_FP8_BLOCK},
+    {"WB_PUSH_SOURCES", WB_PUSH_SOURCES}, {"WB_PUSH_DONE", WB_PUSH_DONE},
+    {"WB_PUSH_SKIPPED", WB_PUSH_SKIPPED}, {"WB_PUSH_LATEST", WB_PUSH_LATEST},
+    {"WB_PUSH_QUEUE", WB_PUSH_QUEUE},     {"WB_PUSH_SKIPPED_MAX", WB_PUSH_SKIPPED_MAX},
+    {"WB_STAGE_COUNT", WB_STAGE_COUNT},   {"WB_FP8_BLOCK", WB_FP8_BLOCK},
 };
 
 struct field {
@@ -63,6 +64,15 @@ static const struct field model_src[] = {
     FIELD(struct wb_model_src, trainer_inv),    FIELD(struct wb_model_src, rollout_inv),
     FIELD(struct wb_model_src, trainer_layout), FIELD(struct wb_model_src, rollout_layout),
     FIELD(struct wb_model_src, trainer_mem),
+};
+
+static const struct field push_stats[] = {
+    FIELD(struct wb_push_stats, version),  FIELD(struct wb_push_stats, skipped_by),
+    FIELD(struct wb_push_stats, nskipped), FIELD(struct wb_push_stats, skipped),
+    FIELD(struct wb_push_stats, failed),   FIELD(struct wb_push_stats, bytes),
+    FIELD(struct wb_push_stats, writes),   FIELD(struct wb_push_stats, stage_ns),
+    FIELD(struct wb_push_stats, xfer_ns),  FIELD(struct wb_push_stats, wait_ns),
+    FIELD(struct wb_push_stats, total_ns),
 };
 
 static void put_named(FILE *f, const char *key, const struct named *v, size_t n)
@@ -102,7 +112,9 @@ static const char *write_facts(void)
     put_struct(f, "wb_plan_opts", "planner/planner.h", sizeof(struct wb_plan_opts), plan_opts,
                sizeof(plan_opts) / sizeof(plan_opts[0]), false);
     put_struct(f, "wb_model_src", "planner/planner.h", sizeof(struct wb_model_src), model_src,
-               sizeof(model_src) / sizeof(model_src[0]), true);
+               sizeof(model_src) / sizeof(model_src[0]), false);
+    put_struct(f, "wb_push_stats", "agent/agent.h", sizeof(struct wb_push_stats), push_stats,
+               sizeof(push_stats) / sizeof(push_stats[0]), true);
     fprintf(f, "  }\n}\n");
     CHECK(fclose(f) == 0);
     return path;

@@ -138,6 +138,10 @@ int wb_hw_load(const char *path, struct wb_hw *out, struct wb_errlist *el);
 void wb_trainer_layout_free(struct wb_trainer_layout *t);
 void wb_rollout_layout_free(struct wb_rollout_layout *r);
 void wb_hw_free(struct wb_hw *hw);
+/* One key of a hardware model set from text, as a layout's `hardware:` would give it
+ * ("nic_gbps", "200"; durations as "2us"): a what-if over a loaded model. 0, or -WB_E_CONFIG
+ * with why in err (an unknown key names the known ones; a bad value the range). */
+int wb_hw_set(struct wb_hw *hw, const char *key, const char *value, char *err, size_t cap);
 /* A layout from placements known per tensor instead of a file (what trainers register from
  * their DTensors, or a checkpoint's shares): world = product of the dims, one rule per distinct
  * placement, each tensor placed by name. names[i] takes place[i * ndims .. + ndims) and, when
@@ -362,6 +366,10 @@ bool wb_plan_dtype_warning(const struct wb_plan_input *in, char *buf, size_t cap
  * by hand through a buffer; returns 0 or -errno. */
 int wb_plan_write_json(const struct wb_plan *p, const struct wb_plan_input *in, bool tables,
                        FILE *f);
+/* The same with the estimate (NULL: none) under "estimate", after the summary. */
+struct wb_estimate;
+int wb_plan_write_json_est(const struct wb_plan *p, const struct wb_plan_input *in, bool tables,
+                           const struct wb_estimate *est, FILE *f);
 
 /* For language bindings: loads the model (wb_model_load), builds the plan and returns it as the
  * JSON wb_plan_write_json writes (*json, malloc'd). On failure *errors (malloc'd) holds every
@@ -382,6 +390,9 @@ struct wb_est_phase {
 struct wb_estimate {
     double total_s;
     double lower_bound_s; /* max over NICs of bytes / effective bandwidth, and H2D/PCIe */
+    /* The resource that sets the lower bound, in words: "rollout rank 17's NIC ingress
+     * (replica 4, tp rank 1): 54.91 GiB at 50.0 GB/s" */
+    char bound[192];
     uint32_t nphases;
     struct wb_est_phase *phase;
     /* per trainer: when its last write completed, and where its time went */

@@ -17,7 +17,7 @@ static const char usage[] =
     "usage: wb-plan --model FAMILY.yaml [--config config.json] --trainer T.yaml --rollout R.yaml\n"
     "               [--mode auto|direct|gather] [--mem-cap 1GiB] [--threads N] [--estimate]\n"
     "               [--json plan.json [--tables]] [--svg plan.svg] [--dump RANK] [--verify]\n"
-    "               [--max-problems N]\n"
+    "               [--hw [trainer.|rollout.]KEY=VALUE] [--max-problems N]\n"
     "       wb-plan --model FAMILY.yaml --trainer-inv T.json --rollout-inv R.json --trainer ...\n"
     "       wb-plan --dump-config\n"
     "\n"
@@ -25,6 +25,10 @@ static const char usage[] =
     "  --model FILE        model family file (configs/models/): name templates and match rules\n"
     "  --config FILE       Hugging Face config.json giving the model's sizes (configs/hf/)\n"
     "  --var NAME=VALUE    a value for one of the model file's vars (repeatable), e.g. mtp=1\n"
+    "  --hw [trainer.|rollout.]KEY=VALUE\n"
+    "                      a what-if over the layouts' hardware models (repeatable; both\n"
+    "                      sides unless one is named), e.g. --hw nic_gbps=200: the keys of\n"
+    "                      --dump-config's hardware section, applied before planning\n"
     "  --trainer-inv FILE  trainer inventory (YAML/JSON name -> {dtype, shape}) instead of\n"
     "  --rollout-inv FILE  rollout inventory      generating them from --model and --config\n"
     "  --trainer FILE      trainer layout: mesh, placement rules, residence, hardware\n"
@@ -52,6 +56,8 @@ static const char usage[] =
 struct args {
     const char *model, *config, *tinv, *rinv, *trainer, *rollout, *json, *svg;
     char vars[1024];
+    const char *hw[32]; /* --hw [trainer.|rollout.]KEY=VALUE, in order */
+    size_t nhw;
     enum wb_plan_mode mode;
     uint64_t mem_cap;
     uint32_t threads;
@@ -60,12 +66,44 @@ struct args {
     size_t max_problems;
 };
 
+/* --hw: what-if values over the layouts' hardware models (both sides unless a side is named),
+ * before planning: auto mode chooses by them too. */
+static int apply_hw(const struct args *a, struct wb_model *md)
+{
+    for (size_t i = 0; i < a->nhw; i++) {
+        char key[64], err[512];
+        const char *eq = strchr(a->hw[i], '='), *k = a->hw[i];
+        bool tr = true, ro = true;
+        if (strncmp(k, "trainer.", 8) == 0)
+            k += 8, ro = false;
+        else if (strncmp(k, "rollout.", 8) == 0)
+            k += 8, tr = false;
+        snprintf(key, sizeof(key), "%.*s", (int)(eq - k), k);
+        struct wb_hw *side[2] = {tr ? &md->tl.hw : NULL, ro ? &md->rl.hw : NULL};
+        for (int s = 0; s < 2; s++) {
+            if (!side[s])
+                continue;
+            if (side[s]->nic_gbps <= 0) {
+                fprintf(stderr, "wb-plan: --hw %s: the %s layout has no hardware model to change\n",
+                        a->hw[i], s ? "rollout" : "trainer");
+                return -WB_E_CONFIG;
+            }
+            if (wb_hw_set(side[s], key, eq + 1, err, sizeof(err))) {
+                fprintf(stderr, "wb-plan: --hw %s: %s\n", a->hw[i], err);
+                return -WB_E_CONFIG;
+            }
+        }
+    }
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, struct args *a)
 {
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"config", required_argument, 0, 'c'},
         {"var", required_argument, 0, 'a'},
+        {"hw", required_argument, 0, 'H'},
         {"trainer-inv", required_argument, 0, 'T'},
         {"rollout-inv", required_argument, 0, 'R'},
         {"trainer", required_argument, 0, 't'},
@@ -107,6 +145,18 @@ static int parse_args(int argc, char **argv, struct args *a)
             }
             break;
         }
+        case 'H':
+            if (a->nhw == WB_ARRAY_LEN(a->hw)) {
+                fprintf(stderr, "wb-plan: --hw: at most %zu\n", WB_ARRAY_LEN(a->hw));
+                return 2;
+            }
+            if (!strchr(optarg, '=')) {
+                fprintf(stderr, "wb-plan: --hw: expected [trainer.|rollout.]KEY=VALUE, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            a->hw[a->nhw++] = optarg;
+            break;
         case 'T':
             a->tinv = optarg;
             break;
@@ -318,6 +368,11 @@ int main(int argc, char **argv)
         wb_errlist_free(&el);
         return 1;
     }
+    if (apply_hw(&a, &md)) {
+        wb_model_free(&md);
+        wb_errlist_free(&el);
+        return 1;
+    }
     if (a.dump >= 0 && (uint64_t)a.dump >= md.tl.world) {
         fprintf(stderr, "wb-plan: --dump %ld: the trainer has %u ranks (0 to %u)\n", a.dump,
                 md.tl.world, md.tl.world - 1);
@@ -385,7 +440,7 @@ int main(int argc, char **argv)
     }
     if (a.json) {
         FILE *f = fopen(a.json, "w");
-        int e = f ? wb_plan_write_json(plan, &in, a.tables, f) : -errno;
+        int e = f ? wb_plan_write_json_est(plan, &in, a.tables, have_est ? &est : NULL, f) : -errno;
         if (f && fclose(f) && !e)
             e = -errno;
         if (e) {

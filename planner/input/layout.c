@@ -113,6 +113,69 @@ static int hw_from_node(const struct wb_yaml *y, const struct wb_ynode *n, struc
     return 0;
 }
 
+int wb_hw_set(struct wb_hw *hw, const char *key, const char *value, char *err, size_t cap)
+{
+    static const struct {
+        const char *key;
+        char kind; /* r: rate in GB/s, f: a number > 0, e: in (0, 1], n: 1..64, t: a duration */
+        size_t off;
+    } keys[] = {
+        {"nic_gbps", 'f', offsetof(struct wb_hw, nic_gbps)},
+        {"nics_per_gpu", 'n', offsetof(struct wb_hw, nics_per_gpu)},
+        {"nic_efficiency", 'e', offsetof(struct wb_hw, nic_efficiency)},
+        {"nvlink_GBps", 'r', offsetof(struct wb_hw, nvlink_Bps)},
+        {"h2d_GBps", 'r', offsetof(struct wb_hw, h2d_Bps)},
+        {"copy_GBps", 'r', offsetof(struct wb_hw, copy_Bps)},
+        {"quant_GBps", 'r', offsetof(struct wb_hw, quant_Bps)},
+        {"kernel_launch", 't', offsetof(struct wb_hw, kernel_s)},
+        {"write_submit", 't', offsetof(struct wb_hw, write_submit_s)},
+        {"barrier", 't', offsetof(struct wb_hw, barrier_s)},
+        {"collective_launch", 't', offsetof(struct wb_hw, gather_s)},
+    };
+    size_t i = 0;
+    while (i < WB_ARRAY_LEN(keys) && strcmp(keys[i].key, key) != 0)
+        i++;
+    if (i == WB_ARRAY_LEN(keys)) {
+        size_t n = (size_t)snprintf(err, cap, "unknown hardware key \"%s\" (one of", key);
+        for (size_t k = 0; k < WB_ARRAY_LEN(keys) && n < cap; k++)
+            n += (size_t)snprintf(err + n, cap - n, " %s", keys[k].key);
+        if (n < cap)
+            snprintf(err + n, cap - n, ")");
+        return -WB_E_CONFIG;
+    }
+    uint8_t *at = (uint8_t *)hw + keys[i].off;
+    char *end = NULL;
+    if (keys[i].kind == 't') {
+        uint64_t ns;
+        if (wb_parse_duration(value, &ns)) {
+            snprintf(err, cap, "%s: expected a duration (2us, 1ms), got \"%s\"", key, value);
+            return -WB_E_CONFIG;
+        }
+        *(double *)at = (double)ns * 1e-9;
+        return 0;
+    }
+    errno = 0;
+    double v = strtod(value, &end);
+    bool ok = *value && end && !*end && !errno && isfinite(v) && v > 0;
+    if (keys[i].kind == 'e')
+        ok = ok && v <= 1;
+    if (keys[i].kind == 'n')
+        ok = ok && v <= 64 && v == (double)(uint64_t)v;
+    if (!ok) {
+        snprintf(err, cap, "%s: %s, got \"%s\"", key,
+                 keys[i].kind == 'e'   ? "must be in (0, 1]"
+                 : keys[i].kind == 'n' ? "must be a whole number from 1 to 64"
+                                       : "must be a number > 0",
+                 value);
+        return -WB_E_CONFIG;
+    }
+    if (keys[i].kind == 'n')
+        *(uint64_t *)at = (uint64_t)v;
+    else
+        *(double *)at = keys[i].kind == 'r' ? v * 1e9 : v;
+    return 0;
+}
+
 int wb_hw_load(const char *path, struct wb_hw *out, struct wb_errlist *el)
 {
     struct wb_yaml *y;

@@ -1383,11 +1383,24 @@ static int sim_alloc(struct sim *s, struct wb_estimate *e)
     return 0;
 }
 
+/* A resource's time at full speed: the bound when it is the largest so far (then named). */
+#define BOUND(x, ...)                                                                              \
+    do {                                                                                           \
+        double x_ = (x);                                                                           \
+        if (x_ > lb) {                                                                             \
+            lb = x_;                                                                               \
+            snprintf(bound, cap, __VA_ARGS__);                                                     \
+        }                                                                                          \
+    } while (0)
+
 /* The lower bound: the busiest NIC (writes plus gathers that leave the node), copy engine, GPU
- * or CPU at full speed. */
-static int lower_bound(const struct sim *s, double te, double re, double *out)
+ * or CPU at full speed; `bound` names it. */
+static int lower_bound(const struct sim *s, double te, double re, double *out, char *bound,
+                       size_t cap)
 {
     double lb = 0;
+    char b1[32];
+    snprintf(bound, cap, "nothing to move");
     {
         uint64_t *out_b = calloc(s->nt, sizeof(uint64_t)), *in_b = calloc(s->nt, sizeof(uint64_t));
         if (!out_b || !in_b) {
@@ -1401,15 +1414,19 @@ static int lower_bound(const struct sim *s, double te, double re, double *out)
         }
         for (uint32_t r = 0; r < s->nt; r++) {
             uint64_t eg = s->p->stats.send_bytes[r] + out_b[r];
-            double x = (double)(eg > in_b[r] ? eg : in_b[r]) / te;
-            lb = x > lb ? x : lb;
+            bool in = in_b[r] > eg;
+            BOUND((double)(in ? in_b[r] : eg) / te, "trainer rank %u's NIC %s: %s at %.1f GB/s", r,
+                  in ? "ingress (gathers)" : "egress", wb_fmt_bytes(in ? in_b[r] : eg, b1, 32),
+                  te / 1e9);
         }
         free(out_b);
         free(in_b);
     }
     for (uint32_t g = 0; g < s->nr; g++) {
-        double x = (double)s->p->stats.recv_bytes[g] / re;
-        lb = x > lb ? x : lb;
+        const struct wb_recv_list *rl = &s->p->recv[g];
+        BOUND((double)s->p->stats.recv_bytes[g] / re,
+              "rollout rank %u's NIC ingress (replica %u, tp rank %u): %s at %.1f GB/s", g,
+              rl->replica, rl->tp_rank, wb_fmt_bytes(s->p->stats.recv_bytes[g], b1, 32), re / 1e9);
     }
     for (uint32_t r = 0; r < s->nt; r++) {
         double h = 0, q = 0, cpu = 0;
@@ -1418,13 +1435,14 @@ static int lower_bound(const struct sim *s, double te, double re, double *out)
             q += s->task[s->rs[r].t0 + k].gpu_s;
             cpu += s->task[s->rs[r].t0 + k].submit_s;
         }
-        lb = h > lb ? h : lb;
-        lb = q > lb ? q : lb;
-        lb = cpu > lb ? cpu : lb;
+        BOUND(h, "trainer rank %u's host-to-device copies", r);
+        BOUND(q, "trainer rank %u's GPU ops (fuse, cast, quantize)", r);
+        BOUND(cpu, "trainer rank %u's CPU (launching ops, posting writes)", r);
     }
     *out = lb;
     return 0;
 }
+#undef BOUND
 
 /* The step: fine enough that per-step granularity stays small against the whole, and against
  * the chain of collectives a rank passes one after another (each network gather ends on a
@@ -1724,7 +1742,7 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     }
 
     double lb = 0;
-    if ((rc = lower_bound(&s, te, re, &lb)))
+    if ((rc = lower_bound(&s, te, re, &lb, e.bound, sizeof(e.bound))))
         goto out;
     e.lower_bound_s = lb;
 
@@ -1845,10 +1863,8 @@ static double max_of(const double *v, uint32_t n)
 void wb_estimate_print(const struct wb_estimate *e, const struct wb_plan *p, FILE *f)
 {
     char a[32], b[32], c[32], d[32], h[32];
-    fprintf(f,
-            "estimate: %.3f s (lower bound %.3f s: the busiest NIC, copy engine, GPU or CPU "
-            "at full speed)\n",
-            e->total_s, e->lower_bound_s);
+    fprintf(f, "estimate: %.3f s (lower bound %.3f s, the busiest resource at full speed: %s)\n",
+            e->total_s, e->lower_bound_s, e->bound);
     for (uint32_t q = 0; q < e->nphases; q++) {
         const struct wb_est_phase *ph = &e->phase[q];
         fprintf(f,

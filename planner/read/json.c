@@ -12,6 +12,7 @@
  * writes and 2.9M ops; building jansson objects for them took 38 s and 1.07 GB of text. */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -665,8 +666,82 @@ static void jw_layouts(struct jw *w, const struct wb_plan_input *in)
     jw_raw(w, "}");
 }
 
+static void jw_f(struct jw *w, double v)
+{
+    char b[40];
+    snprintf(b, sizeof(b), "%.6g", isfinite(v) ? v : 0.0);
+    jw_raw(w, b);
+}
+
+static void jw_fs(struct jw *w, const char *key, const double *v, uint32_t n)
+{
+    jw_raw(w, ",\"");
+    jw_raw(w, key);
+    jw_raw(w, "\":[");
+    for (uint32_t i = 0; i < n; i++) {
+        if (i)
+            jw_ch(w, ',');
+        jw_f(w, v[i]);
+    }
+    jw_ch(w, ']');
+}
+
+/* The estimate (wb-plan --estimate): the time, its lower bound and the resource that sets it,
+ * the phases, and where each trainer's time went (seconds; per rank, in rank order). */
+static void jw_estimate(struct jw *w, const struct wb_estimate *e, const struct wb_plan *p)
+{
+    jw_raw(w, ",\n\"estimate\":{\"total_s\":");
+    jw_f(w, e->total_s);
+    jw_raw(w, ",\"lower_bound_s\":");
+    jw_f(w, e->lower_bound_s);
+    jw_raw(w, ",\"bound\":");
+    jw_str(w, e->bound);
+    jw_raw(w, ",\"peak_tmp_bytes\":");
+    jw_u64(w, e->peak_tmp_bytes);
+    jw_raw(w, ",\"phases\":[");
+    for (uint32_t q = 0; q < e->nphases; q++) {
+        const struct wb_est_phase *ph = &e->phase[q];
+        jw_raw(w, q ? ",{\"start_s\":" : "{\"start_s\":");
+        jw_f(w, ph->start_s == INFINITY ? 0.0 : ph->start_s);
+        jw_raw(w, ",\"end_s\":");
+        jw_f(w, ph->end_s);
+        const struct {
+            const char *k;
+            uint64_t v;
+        } b[] = {
+            {"write_bytes", ph->write_bytes},       {"gather_bytes", ph->gather_bytes},
+            {"h2d_bytes", ph->h2d_bytes},           {"quant_bytes", ph->quant_bytes},
+            {"max_send_bytes", ph->max_send_bytes}, {"max_gather_bytes", ph->max_gather_bytes}};
+        for (size_t i = 0; i < WB_ARRAY_LEN(b); i++) {
+            jw_raw(w, ",\"");
+            jw_raw(w, b[i].k);
+            jw_raw(w, "\":");
+            jw_u64(w, b[i].v);
+        }
+        jw_ch(w, '}');
+    }
+    jw_raw(w, "],\"trainer\":{\"ranks\":");
+    jw_u64(w, p->ntrainers);
+    jw_fs(w, "end_s", e->trainer_end_s, p->ntrainers);
+    jw_fs(w, "h2d_s", e->busy_h2d_s, p->ntrainers);
+    jw_fs(w, "gpu_s", e->busy_gpu_s, p->ntrainers);
+    jw_fs(w, "gather_s", e->busy_gather_s, p->ntrainers);
+    jw_fs(w, "cpu_s", e->busy_submit_s, p->ntrainers);
+    jw_fs(w, "wait_s", e->wait_s, p->ntrainers);
+    jw_raw(w, "},\"rollout\":{\"ranks\":");
+    jw_u64(w, p->nrollouts);
+    jw_fs(w, "end_s", e->rollout_end_s, p->nrollouts);
+    jw_raw(w, "}}");
+}
+
 int wb_plan_write_json(const struct wb_plan *p, const struct wb_plan_input *in, bool tables,
                        FILE *f)
+{
+    return wb_plan_write_json_est(p, in, tables, NULL, f);
+}
+
+int wb_plan_write_json_est(const struct wb_plan *p, const struct wb_plan_input *in, bool tables,
+                           const struct wb_estimate *est, FILE *f)
 {
     struct jw *w = malloc(sizeof(*w));
     if (!w)
@@ -675,6 +750,8 @@ int wb_plan_write_json(const struct wb_plan *p, const struct wb_plan_input *in, 
     w->n = 0;
     w->err = 0;
     jw_summary(w, p);
+    if (est)
+        jw_estimate(w, est, p);
     int rc = 0;
     uint32_t *map_of = NULL;
     if (tables && in) {

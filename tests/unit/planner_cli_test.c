@@ -270,6 +270,59 @@ static void test_cap_below_largest_task(void)
     CHECK(strstr(o, "\n  largest task: 512.00 KiB of temporary memory\n") != NULL);
 }
 
+/* The estimate names the resource that bounds it, and --hw asks what-ifs of the hardware
+ * model without editing the layouts (Qwen3-235B, 128 trainer GPUs -> 32 rollout GPUs, BF16:
+ * each rollout GPU receives 54.91 GiB over 4 x 100 Gb/s NICs at 97 % of line rate). */
+static void test_estimate_bound_and_hw(void)
+{
+#define BIG                                                                                        \
+    "--config", "configs/hf/Qwen3-235B-A22B.json", "--trainer",                                    \
+        "configs/clusters/qwen3-235b-trainer-128.yaml", "--rollout",                               \
+        "configs/clusters/qwen3-235b-rollout-32.yaml", "--estimate"
+    const char *o = DEMO(0, BIG);
+    CHECK(strstr(o, "(lower bound 1.214 s, the busiest resource at full speed: rollout rank 0's "
+                    "NIC ingress (replica 0, tp rank 0): 54.91 GiB at 48.5 GB/s)\n") != NULL);
+    /* 200 Gb/s NICs on both sides: the same NIC, at twice the rate */
+    o = DEMO(0, BIG, "--hw", "nic_gbps=200");
+    CHECK(strstr(o, "(lower bound 0.607 s, the busiest resource at full speed: rollout rank 0's "
+                    "NIC ingress (replica 0, tp rank 0): 54.91 GiB at 97.1 GB/s)\n") != NULL);
+    /* faster rollout NICs only: the trainers' egress is the bound now */
+    o = DEMO(0, BIG, "--hw", "rollout.nic_gbps=800");
+    CHECK(strstr(o, "the busiest resource at full speed: trainer rank 8's NIC egress: 13.73 GiB "
+                    "at 48.5 GB/s)\n") != NULL);
+    o = DEMO(0, BIG, "--hw", "nic_gbps=800", "--hw", "trainer.h2d_GBps=10");
+    CHECK(strstr(o, "the busiest resource at full speed: trainer rank 72's host-to-device "
+                    "copies)\n") != NULL);
+    /* in the JSON too */
+    char json[600];
+    snprintf(json, sizeof(json), "%s/est.json", wb_test_tmpdir());
+    DEMO(0, BIG, "--hw", "nic_gbps=200", "--json", json);
+    static char j[1 << 20]; /* the summary and the estimate come first */
+    FILE *jf = fopen(json, "r");
+    CHECK(jf != NULL);
+    size_t jn = fread(j, 1, sizeof(j) - 1, jf);
+    j[jn] = 0;
+    fclose(jf);
+    CHECK(strstr(j, ",\n\"estimate\":{\"total_s\":0.609") != NULL);
+    CHECK(strstr(j, "\"lower_bound_s\":0.607205,\"bound\":\"rollout rank 0's NIC ingress (replica "
+                    "0, tp rank 0): 54.91 GiB at 97.1 GB/s\"") != NULL);
+    CHECK(strstr(j, "\"trainer\":{\"ranks\":128,\"end_s\":[") != NULL);
+    /* bad what-ifs: named, nothing planned */
+    o = DEMO(1, BIG, "--hw", "nic_gbs=200");
+    CHECK_STR(o, "wb-plan: --hw nic_gbs=200: unknown hardware key \"nic_gbs\" (one of nic_gbps "
+                 "nics_per_gpu nic_efficiency nvlink_GBps h2d_GBps copy_GBps quant_GBps "
+                 "kernel_launch write_submit barrier collective_launch)\n");
+    o = DEMO(1, BIG, "--hw", "rollout.nic_efficiency=2");
+    CHECK_STR(o, "wb-plan: --hw rollout.nic_efficiency=2: nic_efficiency: must be in (0, 1], got "
+                 "\"2\"\n");
+    o = DEMO(1, BIG, "--hw", "barrier=soon");
+    CHECK_STR(o, "wb-plan: --hw barrier=soon: barrier: expected a duration (2us, 1ms), got "
+                 "\"soon\"\n");
+    o = DEMO(2, BIG, "--hw", "nic_gbps");
+    CHECK_STR(o, "wb-plan: --hw: expected [trainer.|rollout.]KEY=VALUE, got 'nic_gbps'\n");
+#undef BIG
+}
+
 const struct wb_test wb_tests[] = {
     {"outputs_checked_first", test_outputs_checked_first, 0},
     {"output_same_as_output", test_output_same_as_output, 0},
@@ -285,5 +338,6 @@ const struct wb_test wb_tests[] = {
     {"problem_count", test_problem_count, 120},
     {"bf16_rollout_warning", test_bf16_rollout_warning, 0},
     {"cap_below_largest_task", test_cap_below_largest_task, 0},
+    {"estimate_bound_and_hw", test_estimate_bound_and_hw, 60},
     {0},
 };

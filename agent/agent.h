@@ -34,6 +34,10 @@
 #include "common/common.h"
 #include "proto/proto.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ================================================================ launcher environment */
 
 struct wb_launch_env {
@@ -201,5 +205,9 @@ int wb_endpoint_open_args(const char *controller, const char *role, uint32_t ran
 int wb_endpoint_add_args(struct wb_endpoint *ep, const char *name, const char *dtype, uint32_t ndim,
                          const uint64_t *shape, const uint64_t *box_off, const uint64_t *box_ext,
                          const int64_t *strides, void *ptr, const int32_t *placement);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WB_AGENT_H */

@@ -36,6 +36,10 @@
 
 #include "common/common.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ================================================================ roles and stages */
 
 enum wb_role { WB_ROLE_TRAINER = 0, WB_ROLE_ROLLOUT, WB_ROLE_COUNT };
@@ -550,5 +554,9 @@ bool wb_chan_lost(const struct wb_chan *c);
 int wb_chan_call(struct wb_chan *c, const struct wb_mpw *w, uint64_t timeout_ns, void **buf,
                  size_t *len);
 void wb_chan_free(void *buf);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WB_PROTO_H */

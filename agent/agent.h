@@ -161,13 +161,16 @@ enum wb_push_event {
 };
 /* Trainers: waits for an event of a pushed version. 0 when it happened and the version has
  * not failed; -WB_E_PEER when the version failed (wb_endpoint_error(): the controller's
- * reason); -ETIMEDOUT; -EINVAL for a version never pushed. */
+ * reason); the code that stopped the endpoint when it stopped first (-WB_E_ENDED: the
+ * controller ended the job; -WB_E_PEER: the controller unreachable); -ETIMEDOUT; -EINVAL for a
+ * version never pushed. */
 int wb_endpoint_wait_push(struct wb_endpoint *ep, uint64_t version, enum wb_push_event ev,
                           uint64_t timeout_ns);
 
 /* Rollouts: waits until this rank holds `version` or a newer one complete. -WB_E_PEER when that
  * version failed (wb_endpoint_error() has the reason, and says whether the rank's tensors are
- * torn: see wb_endpoint_torn()), -ETIMEDOUT, -WB_E_PEER when the endpoint stopped. */
+ * torn: see wb_endpoint_torn()), -ETIMEDOUT, or the code that stopped the endpoint
+ * (-WB_E_ENDED: the controller ended the job; -WB_E_PEER: the controller unreachable). */
 int wb_endpoint_wait(struct wb_endpoint *ep, uint64_t version, uint64_t timeout_ns);
 
 /* The last complete version this rank holds (rollouts) or pushed successfully (trainers). */

@@ -824,7 +824,7 @@ static int loop(struct wb_endpoint *ep)
         data_step(ep);
     }
     if (ep->exiting)
-        ag_set_fatal(ep->st, -WB_E_PEER, "%s rank %u: the controller ended the job", ep->role,
+        ag_set_fatal(ep->st, -WB_E_ENDED, "%s rank %u: the controller ended the job", ep->role,
                      ep->o.rank);
     /* Acknowledge EXIT so the controller knows we heard it, then give the message a moment
      * to leave before the socket closes. */

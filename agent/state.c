@@ -29,6 +29,7 @@ struct push {
     bool sources; /* this rank's executor no longer reads its tensors */
     bool done;    /* COMPLETE or ABORT arrived */
     bool failed;
+    int code; /* why it failed: the endpoint's fatal code (job ended...), 0: the version failed */
     char reason[WB_ERRMSG_MAX];
 };
 
@@ -132,6 +133,7 @@ void ag_set_fatal(struct ag_state *st, int code, const char *fmt, ...)
     for (uint32_t i = 0; i < st->npushes; i++) /* nothing pending will happen now */
         if (!st->pushes[i].done) {
             st->pushes[i].done = st->pushes[i].sources = st->pushes[i].failed = true;
+            st->pushes[i].code = code;
             snprintf(st->pushes[i].reason, sizeof(st->pushes[i].reason), "%.400s", st->err);
         }
     pthread_cond_broadcast(&st->cv);
@@ -309,7 +311,7 @@ int ag_state_wait_push(struct ag_state *st, uint64_t version, enum wb_push_event
     }
     if (!rc && p->failed) {
         snprintf(st->err, sizeof(st->err), "version %" PRIu64 " failed: %s", version, p->reason);
-        rc = -WB_E_PEER;
+        rc = p->code ? p->code : -WB_E_PEER;
     } else if (rc == -ETIMEDOUT) {
         snprintf(st->err, sizeof(st->err), "version %" PRIu64 ": no %s within %.1f s", version,
                  ev == WB_PUSH_SOURCES ? "release of the sources" : "outcome",
@@ -342,7 +344,7 @@ int ag_state_wait_version(struct ag_state *st, uint64_t version, uint64_t timeou
                      version, st->failed_reason, *have);
         rc = -WB_E_PEER;
     } else if (st->fatal) {
-        rc = -WB_E_PEER;
+        rc = st->fatal; /* what ended the endpoint (-WB_E_ENDED: the job was shut down) */
     } else {
         snprintf(st->err, sizeof(st->err),
                  "version %" PRIu64 " did not complete within %.1f s (this rank holds %" PRIu64 ")",

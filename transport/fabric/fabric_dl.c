@@ -12,11 +12,13 @@
  *   - IPATH_NO_BACKTRACE=1, libinfinipath's switch for that handler (set only where the
  *     environment has no value: it is read in the constructor, so it must be set before the
  *     load; libpsm2's handlers are opt-in, HFI_BACKTRACE, and left as they are);
- *   - saving every signal's disposition, restored after the load and after each fi_getinfo,
- *     fi_fabric and fi_domain (the calls that may load or initialise a provider — a
- *     provider in a plugin library, or one built elsewhere whose switch is not set), for any
- *     signal whose disposition changed. Handlers nobody changed are not touched, so a handler
- *     the application installs on another thread meanwhile is not undone.
+ *   - saving every signal's disposition, put back after the load for any signal whose
+ *     disposition changed (a libinfinipath whose switch is set elsewhere, a provider in a
+ *     plugin library). Handlers nobody changed are not touched, so a handler the application
+ *     installs on another thread meanwhile is not undone.
+ * txi_fabric_open (fabric.c) does the same around everything else an open calls — fi_getinfo,
+ * fi_fabric, fi_domain, endpoints —, since providers also install handlers when they open
+ * (libfabric 1.17's shm: SIGINT, SIGBUS, SIGSEGV and SIGTERM, to unlink its shared memory).
  * The functions libfabric exports that this backend calls are these five; everything else
  * (fi_domain, fi_endpoint, fi_write…) is an inline call through the objects' ops tables.
  * The handle is process-wide by nature (a library is loaded once per process) and is never

@@ -87,7 +87,7 @@ def ctl(c, *args):
 
 
 def status_line(c):
-    lines = [l for l in ctl(c, "status").stdout.splitlines() if l.startswith("not ready:")]
+    lines = [l for l in ctl(c, "status").stdout.splitlines() if l.startswith("waiting for ")]
     return lines[0] if lines else ""
 
 
@@ -108,7 +108,7 @@ def test_missing_ranks(tmp):
             procs.append(subprocess.Popen([os.path.join(BIN, "wb-agent"), "--role", "trainer", "--rank", str(r),
                                            "--controller", c.url, "--tx-domain", "lo"], env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_status(c, "not ready: waiting for trainer ranks 1-2 (not registered); rollout ranks 0-1 "
+        wait_status(c, "waiting for trainer ranks 1-2 (not registered); rollout ranks 0-1 "
                     "(not registered)", "2 trainers of 6 agents")
         res = ctl(c, "transfer", "--version", "1")
         check(res.returncode == 1 and res.stderr.strip() == "wb-ctl: not ready: waiting for trainer ranks 1-2 "
@@ -125,11 +125,11 @@ def test_missing_ranks(tmp):
                     "(not registered); rollout rank 1 (not registered)")
             check(str(e) == want, f"Timeout text\n  {e}\nexpected\n  {want}")
         r.close()
-        wait_status(c, "not ready: waiting for trainer ranks 1-2 (not registered); rollout rank 0 (left); "
+        wait_status(c, "waiting for trainer ranks 1-2 (not registered); rollout rank 0 (left); "
                     "rollout rank 1 (not registered)", "after the rollout closed")
         procs[1].send_signal(signal.SIGKILL)
         procs[1].wait()
-        wait_status(c, "not ready: waiting for trainer ranks 1-2 (not registered); trainer rank 3 (dead); "
+        wait_status(c, "waiting for trainer ranks 1-2 (not registered); trainer rank 3 (dead); "
                     "rollout rank 0 (left); rollout rank 1 (not registered)", "after trainer 3 was killed")
     finally:
         for p in procs:

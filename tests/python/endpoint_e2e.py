@@ -502,8 +502,8 @@ def test_bad_registrations(tmp):
         st = c.ctl("status").stdout
         check("trainer      0 absent" in st, st)
         r = c.ctl("transfer", "--version", "1")
-        check(r.returncode == 1 and "not ready: waiting for trainer rank 0 (not registered)" in r.stderr,
-              r.stderr)
+        check(r.returncode == 1 and r.stderr == "wb-ctl: not ready: waiting for trainer ranks 0-3 (not "
+              "registered); rollout ranks 0-1 (not registered)\n", r.stderr)
     finally:
         c.stop()
 

@@ -48,8 +48,8 @@ def child(rank, url):
         maps = f.read()
     libs = [lib for lib in ("libfabric.so", "libpsm_infinipath.so", "libinfinipath.so") if lib in maps]
     print("loaded: " + " ".join(libs), flush=True)
-    print("ready", flush=True)
-    try:
+    try:  # before "ready": the signal may come as soon as the line is out
+        print("ready", flush=True)
         for _ in range(6000):  # a minute at most; the test signals within seconds
             time.sleep(0.01)
         print("no signal came", flush=True)

@@ -33,7 +33,11 @@ CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Werror -Wstrict-prototypes -Wno-missing-field-initializers
 OPT     ?= -O2 -g
 CFLAGS_ALL := $(CSTD) $(WARN) $(OPT) -MMD -MP -I. -fPIC $(CFLAGS)
-LIBS    := -lfabric -libverbs -lnng -lmsgpackc -lyaml -ljansson -lxxhash -lpthread -lm
+# libfabric is not linked: transport/fabric/fabric_dl.c loads it at the first fabric open (its
+# Debian build's PSM libraries install signal handlers when loaded). Tests and benchmarks that
+# call libfabric themselves link it (FABRIC_LIB, kept only where used by --as-needed).
+LIBS    := -libverbs -lnng -lmsgpackc -lyaml -ljansson -lxxhash -lpthread -lm -ldl
+FABRIC_LIB := -lfabric
 
 ifeq ($(SAN),1)
 CFLAGS_ALL += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -164,9 +168,9 @@ $(LIB_INT): $(LIB_O)
 	ar rcs $@ $^
 
 # Programs: <part>/bin/<prog>.c. A program links the objects it uses from the internal
-# archive, and only the shared libraries those need (--as-needed): wb-plan and wb-match load no
-# libfabric, whose Debian build pulls in PSM libraries that calibrate a clock for 0.2 s in a
-# constructor at every start.
+# archive, and only the shared libraries those need (--as-needed). None links libfabric (see
+# LIBS): wb-plan and wb-match never load it, whose Debian build pulls in PSM libraries that
+# calibrate a clock for 0.2 s in a constructor at every start.
 ASNEEDED := -Wl,--as-needed
 define prog_rule
 $(BUILD)/bin/$(basename $(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB_INT)
@@ -178,7 +182,7 @@ $(foreach f,$(PROG_C),$(eval $(call prog_rule,$(f))))
 define test_rule
 $(BUILD)/tests/$(patsubst %_test.c,%,$(notdir $(1))): $(OBJ)/$(1:.c=.o) $(OBJ)/tests/wbtest.o $(LIB_INT)
 	@mkdir -p $$(dir $$@)
-	$(CC) $(LDSAN) -o $$@ $$^ $(ASNEEDED) $(LIBS)
+	$(CC) $(LDSAN) -o $$@ $$^ $(ASNEEDED) $(LIBS) $(FABRIC_LIB)
 endef
 $(foreach f,$(TEST_C),$(eval $(call test_rule,$(f))))
 
@@ -207,7 +211,7 @@ fault:
 define bench_rule
 $(BUILD)/bench/$(basename $(notdir $(1))): $(OBJ)/$(1:.c=.o) $(LIB_INT)
 	@mkdir -p $$(dir $$@)
-	$(CC) $(LDSAN) -o $$@ $$^ $(ASNEEDED) $(LIBS)
+	$(CC) $(LDSAN) -o $$@ $$^ $(ASNEEDED) $(LIBS) $(FABRIC_LIB)
 endef
 $(foreach f,$(BENCH_C),$(eval $(call bench_rule,$(f))))
 

@@ -34,6 +34,10 @@
 #include "common/common.h"
 #include "proto/proto.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ================================================================ launcher environment */
 
 struct wb_launch_env {
@@ -181,8 +185,9 @@ enum { WB_PUSH_SKIPPED = 1 }; /* wait_push: a newer push replaced the version (n
 /* Trainers: waits for an event of a pushed version. 0 when it happened and the version has
  * not failed; WB_PUSH_SKIPPED (both events) when a newer push replaced it before it started
  * (wb_endpoint_push_stats() says by which); -WB_E_PEER when the version failed
- * (wb_endpoint_error(): the controller's reason); -ETIMEDOUT; -EINVAL for a version never
- * pushed. */
+ * (wb_endpoint_error(): the controller's reason); the code that stopped the endpoint when it
+ * stopped first (-WB_E_ENDED: the controller ended the job; -WB_E_PEER: the controller
+ * unreachable); -ETIMEDOUT; -EINVAL for a version never pushed. */
 int wb_endpoint_wait_push(struct wb_endpoint *ep, uint64_t version, enum wb_push_event ev,
                           uint64_t timeout_ns);
 
@@ -211,7 +216,8 @@ int wb_endpoint_push_stats(struct wb_endpoint *ep, uint64_t version, struct wb_p
 
 /* Rollouts: waits until this rank holds `version` or a newer one complete. -WB_E_PEER when that
  * version failed (wb_endpoint_error() has the reason, and says whether the rank's tensors are
- * torn: see wb_endpoint_torn()), -ETIMEDOUT, -WB_E_PEER when the endpoint stopped. */
+ * torn: see wb_endpoint_torn()), -ETIMEDOUT, or the code that stopped the endpoint
+ * (-WB_E_ENDED: the controller ended the job; -WB_E_PEER: the controller unreachable). */
 int wb_endpoint_wait(struct wb_endpoint *ep, uint64_t version, uint64_t timeout_ns);
 
 /* The last complete version this rank holds (rollouts) or pushed successfully (trainers). */
@@ -249,5 +255,9 @@ int wb_endpoint_open_args(const char *controller, const char *role, uint32_t ran
 int wb_endpoint_add_args(struct wb_endpoint *ep, const char *name, const char *dtype, uint32_t ndim,
                          const uint64_t *shape, const uint64_t *box_off, const uint64_t *box_ext,
                          const int64_t *strides, void *ptr, const int32_t *placement);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WB_AGENT_H */

@@ -181,9 +181,45 @@ int wb_endpoint_start(struct wb_endpoint *ep, uint64_t timeout_ns)
     return timeout_ns ? wb_endpoint_wait_ready(ep, timeout_ns) : 0;
 }
 
+/* Which agents the job waits for, asked of the controller (a STATUS request on a connection of
+ * its own, 2 s at most): "" when it cannot say. */
+static void missing_ranks(struct wb_endpoint *ep, char *out, size_t cap)
+{
+    struct wb_chan ch;
+    struct wb_mpw w;
+    void *buf = NULL;
+    size_t len = 0;
+    out[0] = 0;
+    if (wb_chan_open(&ch, ep->o.controller, ep->o.token))
+        return;
+    wb_mpw_init(&w);
+    wb_msg_encode(&w, WB_MSG_CTL_STATUS, ep->o.token, NULL);
+    if (!w.err && wb_chan_call(&ch, &w, 2000000000ull, &buf, &len) == 0) {
+        struct wb_msg m;
+        struct wb_body_status st;
+        const char *why;
+        char whybuf[64];
+        if (wb_msg_open(buf, len, ep->o.token, &m, &why) == 0 && m.type == WB_MSG_STATUS &&
+            wb_msg_decode(&m, &st, whybuf, sizeof(whybuf)) == 0 &&
+            wb_status_missing(&st, out, cap) <= 0)
+            out[0] = 0;
+        wb_chan_free(buf);
+    }
+    wb_mpw_free(&w);
+    wb_chan_close(&ch);
+}
+
 int wb_endpoint_wait_ready(struct wb_endpoint *ep, uint64_t timeout_ns)
 {
-    return ag_state_wait_ready(ep->st, timeout_ns);
+    int rc = ag_state_wait_ready(ep->st, timeout_ns);
+    if (rc == -ETIMEDOUT) { /* name the agents it waits for, every one */
+        char missing[2048];
+        missing_ranks(ep, missing, sizeof(missing));
+        if (missing[0])
+            ag_state_say(ep->st, "%s rank %u: the job was not ready within %.1f s: waiting for %s",
+                         ep->role, ep->o.rank, (double)timeout_ns / 1e9, missing);
+    }
+    return rc;
 }
 
 int wb_endpoint_push(struct wb_endpoint *ep, uint64_t version)

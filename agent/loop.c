@@ -684,6 +684,24 @@ static void state_step(struct wb_endpoint *ep)
                *err ? err : "cannot write its claim");
 }
 
+/* The endpoint is being closed (wb_endpoint_close): the controller is told, so that it reports a
+ * rank that left (at INFO, "left" in the status) and not one that died, which is what a closed
+ * connection alone would say. Waited for a second at most: a controller that is gone or slow
+ * does not hold up the close, and then takes the closed connection for a death as before. */
+static void say_leave(struct wb_endpoint *ep)
+{
+    struct wb_body_leave b = {session_of(ep)};
+    struct wb_mpw w;
+    void *buf = NULL;
+    size_t len = 0;
+    wb_mpw_init(&w);
+    wb_msg_encode(&w, WB_MSG_LEAVE, ep->o.token, &b);
+    if (!w.err && wb_chan_call(&ep->call, &w, 1000000000ull, &buf, &len) == 0)
+        wb_chan_free(buf);
+    wb_mpw_free(&w);
+    wb_log(WB_LOG_DEBUG, M, "%s rank %u: left the job", ep->role, ep->o.rank);
+}
+
 static bool stop_asked(struct wb_endpoint *ep)
 {
     pthread_mutex_lock(&ep->mu);
@@ -835,7 +853,7 @@ static int loop(struct wb_endpoint *ep)
         data_step(ep);
     }
     if (ep->exiting)
-        ag_set_fatal(ep->st, -WB_E_PEER, "%s rank %u: the controller ended the job", ep->role,
+        ag_set_fatal(ep->st, -WB_E_ENDED, "%s rank %u: the controller ended the job", ep->role,
                      ep->o.rank);
     /* Acknowledge EXIT so the controller knows we heard it, then give the message a moment
      * to leave before the socket closes. */
@@ -843,6 +861,8 @@ static int loop(struct wb_endpoint *ep)
         send_poll(ep);
         struct timespec ts = {0, 50 * 1000000};
         nanosleep(&ts, NULL);
+    } else if (ep->session && stop_asked(ep)) {
+        say_leave(ep);
     }
     return ep->exit_code;
 }

@@ -31,6 +31,7 @@ struct push {
     bool failed;
     uint64_t pushed_ns, started_ns, done_ns;
     struct wb_push_stats stats; /* skipped_by, the skipped list and the figures */
+    int code; /* why it failed: the endpoint's fatal code (job ended...), 0: the version failed */
     char reason[WB_ERRMSG_MAX];
 };
 
@@ -156,6 +157,7 @@ void ag_set_fatal(struct ag_state *st, int code, const char *fmt, ...)
             char why[WB_ERRMSG_MAX];
             snprintf(why, sizeof(why), "%.400s", st->err);
             push_finish(st, &st->pushes[i], true, why);
+            st->pushes[i].code = code;
         }
     pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->mu);
@@ -408,7 +410,7 @@ int ag_state_wait_push(struct ag_state *st, uint64_t version, enum wb_push_event
     }
     if (!rc && p->failed) {
         snprintf(st->err, sizeof(st->err), "version %" PRIu64 " failed: %s", version, p->reason);
-        rc = -WB_E_PEER;
+        rc = p->code ? p->code : -WB_E_PEER;
     } else if (!rc && p->stats.skipped_by) {
         rc = WB_PUSH_SKIPPED;
     } else if (rc == -ETIMEDOUT) {
@@ -443,7 +445,7 @@ int ag_state_wait_version(struct ag_state *st, uint64_t version, uint64_t timeou
                      version, st->failed_reason, *have);
         rc = -WB_E_PEER;
     } else if (st->fatal) {
-        rc = -WB_E_PEER;
+        rc = st->fatal; /* what ended the endpoint (-WB_E_ENDED: the job was shut down) */
     } else {
         snprintf(st->err, sizeof(st->err),
                  "version %" PRIu64 " did not complete within %.1f s (this rank holds %" PRIu64 ")",

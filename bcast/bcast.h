@@ -23,6 +23,10 @@
 #include "ckpt/ckpt.h"
 #include "controller/controller.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ================================================================ readers */
 
 struct wb_bcast_reader_opts {
@@ -112,5 +116,9 @@ struct wb_bcast_progress_state {
 /* The progress line (no newline): "1.07 GB / 2.14 GB  50.0%  0.89 GB/s  ETA 0:01  slowest
  * reader 1 47.5%". */
 void wb_bcast_progress_line(const struct wb_bcast_progress_state *s, char *buf, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WB_BCAST_H */

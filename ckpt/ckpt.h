@@ -25,6 +25,10 @@
 #include "matcher/matcher.h"
 #include "planner/planner.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---------------------------------------------------------------- limits */
 
 /* What a file may claim, checked before anything is allocated for it. The header limit is the
@@ -219,5 +223,9 @@ struct wb_ckpt_write_opts {
  * quantization's scales; I32/I64 tensors are zeros. Errors name the file. */
 int wb_ckpt_write(const char *dir, const struct wb_inventory *inv,
                   const struct wb_ckpt_write_opts *o, struct wb_errlist *el);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WB_CKPT_H */

@@ -18,6 +18,10 @@
 
 #include "common/fpbits.h" /* the float converters: one set for C and CUDA */
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---------------------------------------------------------------- errors */
 
 /* Project error codes start at 256 so they never collide with errno values. Functions return
@@ -473,5 +477,9 @@ struct wb_esc_buf wb_esc(const char *s);
 
 #define WB_ARRAY_LEN(a)                    (sizeof(a) / sizeof((a)[0]))
 #define WB_CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WB_COMMON_H */

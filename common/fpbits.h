@@ -15,6 +15,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #ifdef __CUDACC__
 #define WB_FP_FN static __host__ __device__ __forceinline__
 #else
@@ -104,7 +108,7 @@ WB_FP_FN float wb_amax_scale_inv(float amax)
 WB_FP_FN float wb_bf16_to_f32(uint16_t h)
 {
     uint32_t u = (uint32_t)h << 16;
-    return wb_f32_from_bits((u & WB_F32_ABS) > WB_F32_INF ? WB_F32_QNAN : u);
+    return wb_f32_from_bits((u & WB_F32_ABS) > WB_F32_INF ? (uint32_t)WB_F32_QNAN : u);
 }
 
 WB_FP_FN uint16_t wb_f32_to_bf16(float f)
@@ -120,7 +124,7 @@ WB_FP_FN float wb_fp16_to_f32(uint16_t h)
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff;
     if (e == 0x1f)
-        return wb_f32_from_bits(m ? WB_F32_QNAN : (sign | WB_F32_INF));
+        return wb_f32_from_bits(m ? (uint32_t)WB_F32_QNAN : (sign | WB_F32_INF));
     if (e == 0) /* subnormal or zero: m * 2^-24, exact in FP32 */
         return wb_f32_from_bits(wb_f32_bits((float)m * 5.9604644775390625e-8f) | sign);
     return wb_f32_from_bits(sign | ((e + 127 - 15) << 23) | (m << 13));
@@ -166,5 +170,9 @@ WB_FP_FN float wb_synth_at(uint64_t key, float scale, uint64_t index)
     uint32_t run = (uint32_t)(((key ^ (index >> 14)) * 0x9e3779b97f4a7c15ull) >> 62);
     return x * scale * (1.0f / (float)(1u << run));
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WB_COMMON_FPBITS_H */

@@ -37,6 +37,7 @@ struct agent {
     enum wb_role role;
     uint32_t rank;
     bool alive;
+    bool left;    /* not alive because it said LEAVE (closed its endpoint), not because it died */
     bool suspect; /* alive, but silent for suspect_after: maybe starved, maybe gone */
     /* Declared dead by silence alone (its connections still open): the process may live on,
      * starved. A shutdown waits for it to hear that the job ends (told_end), within its
@@ -278,17 +279,34 @@ static void queue_abort(struct wb_controller *c, struct agent *a, uint64_t versi
 
 /* ---------------------------------------------------------------- membership */
 
+/* False with every agent the job waits for named in why ("waiting for trainer ranks 1-3 (not
+ * registered); rollout rank 0 (dead)"), when one is not alive. */
 static bool agents_all_alive(struct wb_controller *c, char *why, size_t cap)
 {
-    for (uint32_t i = 0; i < c->nagents; i++) {
-        struct agent *a = &c->agents[i];
-        if (!a->alive) {
-            snprintf(why, cap, "waiting for %s rank %u (%s)", wb_role_name(a->role), a->rank,
-                     a->session ? "dead" : "not registered");
-            return false;
-        }
+    size_t n = 0;
+    for (uint32_t i = 0; i < c->nagents; i++)
+        n += !c->agents[i].alive;
+    if (!n)
+        return true;
+    struct wb_rank_state *v = calloc(n, sizeof(*v));
+    if (!v) {
+        snprintf(why, cap, "waiting for %zu agents", n);
+        return false;
     }
-    return true;
+    n = 0;
+    for (uint32_t i = 0; i < c->nagents; i++) {
+        const struct agent *a = &c->agents[i];
+        if (!a->alive)
+            v[n++] = (struct wb_rank_state){wb_role_name(a->role), a->rank,
+                                            a->left      ? "left"
+                                            : a->session ? "dead"
+                                                         : "not registered"};
+    }
+    int at = snprintf(why, cap, "waiting for ");
+    if (at > 0 && (size_t)at < cap)
+        wb_ranks_text(v, n, why + at, cap - (size_t)at);
+    free(v);
+    return false;
 }
 
 static void xfer_fail(struct wb_controller *c, const char *fmt, ...)
@@ -562,7 +580,7 @@ static bool part_done(const struct wb_controller *c, const struct agent *a)
 /* Moves the setup state machine forward after any event. */
 static void advance(struct wb_controller *c)
 {
-    char why[128];
+    char why[400];
     if (!agents_all_alive(c, why, sizeof(why))) {
         if (c->state != ST_WAITING) {
             bool needed = false; /* a dead agent the transfer in flight still waits for */
@@ -906,7 +924,7 @@ static void on_ctl_transfer(struct wb_controller *c, nng_msg *req,
                             const struct wb_body_ctl_transfer *b)
 {
     uint64_t v = b->version, timeout = b->timeout_ns ? b->timeout_ns : c->job->transfer_ns;
-    char why[160], msg[256];
+    char why[400], msg[480];
     if (v == 0) {
         reply_error(c, req, -EINVAL, "transfer: version must be a positive integer");
         return;
@@ -1234,6 +1252,7 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
     a->session = session_new(c);
     a->alive = true;
     a->unheard = a->told_end = false;
+    a->left = false;
     a->last_ns = wb_now_ns();
     snprintf(a->host, sizeof(a->host), "%s", b->host);
     a->pid = b->pid;
@@ -1419,6 +1438,7 @@ union body {
     struct wb_body_rep_committed commit;
     struct wb_body_push push;
     struct wb_body_rep_drained drained;
+    struct wb_body_leave leave;
     struct wb_body_ctl_transfer xfer;
     struct wb_session s; /* the first member of every agent call after REGISTER */
 };
@@ -1462,6 +1482,17 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
             a->done_bytes = b->hb.done;
             a->total_bytes = b->hb.total;
         }
+        reply_ok(c, req);
+        return;
+    case WB_MSG_LEAVE: /* a clean close: said at INFO, and no death (the status says "left") */
+        a->alive = false;
+        a->left = true;
+        wb_log(WB_LOG_INFO, M, "%s rank %u left (it closed its endpoint)", wb_role_name(a->role),
+               a->rank);
+        if (c->x.active && !part_done(c, a))
+            xfer_fail(c, "%s rank %u left (it closed its endpoint)", wb_role_name(a->role),
+                      a->rank);
+        agent_reset(a);
         reply_ok(c, req);
         return;
     case WB_MSG_POLL:
@@ -1539,6 +1570,7 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
                  a->alive && a->setup_err[0] ? "failed"
                  : a->alive && a->suspect    ? "suspect"
                  : a->alive                  ? "alive"
+                 : a->left                   ? "left"
                  : a->session                ? "dead"
                                              : "absent");
         snprintf(as.err, sizeof(as.err), "%s", a->setup_err);
@@ -1636,6 +1668,7 @@ static void on_message(struct wb_controller *c, nng_msg *req)
     case WB_MSG_REP_COMMITTED:
     case WB_MSG_PUSH:
     case WB_MSG_REP_DRAINED:
+    case WB_MSG_LEAVE:
     case WB_MSG_CTL_TRANSFER:
     case WB_MSG_CTL_STATUS:
     case WB_MSG_CTL_PLAN:

@@ -18,6 +18,10 @@
 #include "common/common.h"
 #include "proto/proto.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ================================================================ job configuration */
 
 /* The job file (configs/jobs/NAME.yaml), loaded by the table in job.c; --dump-config prints it. */
@@ -141,5 +145,9 @@ uint32_t wb_ref_nrollouts(const struct wb_ref *f);
  * differing byte. */
 int wb_ref_check_dump(const struct wb_ref *f, uint32_t rank, uint64_t version, const char *path,
                       char *msg, size_t cap, uint64_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WB_CONTROLLER_H */

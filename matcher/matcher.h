@@ -15,6 +15,10 @@
 
 #include "common/common.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---------------------------------------------------------------- inventories */
 
 struct wb_param {
@@ -221,5 +225,9 @@ int wb_mapping_local(const struct wb_match *mt, const struct wb_inventory *rollo
  * over its last two dims in block x block tiles; leading dims are copied). Returns -EINVAL when
  * the box starts inside a block (its end may be the tensor's unaligned end). */
 int wb_scale_box(const struct wb_box *value, uint32_t block, struct wb_box *scale);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WB_MATCHER_H */

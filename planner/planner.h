@@ -32,6 +32,10 @@
 #include "matcher/matcher.h"
 #include "route/route.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ================================================================ cluster layouts */
 
 enum { WB_MESH_MAX_DIMS = 6, WB_MESH_NAME_MAX = 16 };
@@ -427,5 +431,9 @@ void wb_estimate_print(const struct wb_estimate *e, const struct wb_plan *p, FIL
 
 /* Bar charts of bytes per trainer GPU and per rollout GPU, and the simulated timeline. */
 int wb_plan_write_svg(const struct wb_plan *p, const struct wb_estimate *e, FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WB_PLANNER_H */

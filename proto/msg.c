@@ -175,6 +175,9 @@ static const struct wb_field f_rep_drained[] = {
     SESSION(struct wb_body_rep_drained),
     F(struct wb_body_rep_drained, "version", WB_FIELD_U64, true, version),
 };
+static const struct wb_field f_leave[] = {
+    SESSION(struct wb_body_leave),
+};
 static const struct wb_field f_push[] = {
     SESSION(struct wb_body_push),
     F(struct wb_body_push, "version", WB_FIELD_U64, true, version),
@@ -285,6 +288,7 @@ static const struct spec specs[] = {
     S(WB_MSG_REP_COMMITTED, "REPORT_COMMITTED", f_rep_committed),
     S(WB_MSG_PUSH, "PUSH", f_push),
     S(WB_MSG_REP_DRAINED, "REPORT_DRAINED", f_rep_drained),
+    S(WB_MSG_LEAVE, "LEAVE", f_leave),
     S(WB_MSG_CTL_TRANSFER, "TRANSFER", f_ctl_transfer),
     S0(WB_MSG_CTL_STATUS, "STATUS_REQUEST"),
     S0(WB_MSG_CTL_PLAN, "PLAN_REQUEST"),

@@ -36,6 +36,10 @@
 
 #include "common/common.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ================================================================ roles and stages */
 
 enum wb_role { WB_ROLE_TRAINER = 0, WB_ROLE_ROLLOUT, WB_ROLE_COUNT };
@@ -86,6 +90,7 @@ enum wb_msg_type {
     WB_MSG_PUSH,              /* struct wb_body_push: a trainer asks for a transfer -> OK/ERROR */
     WB_MSG_REP_DRAINED,       /* struct wb_body_rep_drained: a trainer's writes of an ended
                                  attempt all completed (nothing of it can land any more) */
+    WB_MSG_LEAVE,             /* struct wb_body_leave: the endpoint is closing -> OK */
     /* client calls (wb-ctl) */
     WB_MSG_CTL_TRANSFER = 0x0720, /* struct wb_body_ctl_transfer -> RESULT or ERROR */
     WB_MSG_CTL_STATUS,            /* no fields -> STATUS */
@@ -222,6 +227,11 @@ struct wb_body_heartbeat {
 struct wb_body_rep_drained {
     struct wb_session s;
     uint64_t version;
+};
+
+/* LEAVE: the process closed its endpoint (wb_endpoint_close): it left, and did not die. */
+struct wb_body_leave {
+    struct wb_session s;
 };
 
 struct wb_body_poll {
@@ -493,6 +503,20 @@ struct wb_cmd_reader {
     uint32_t left;
 };
 int wb_cmd_reader_init(struct wb_cmd_reader *cr, const struct wb_bytes *cmds);
+/* Agents a job waits for, named in one line (ranks.c): consecutive entries of one role and
+ * state are one group, their ranks as ranges — "trainer ranks 1-3, 7 (not registered); rollout
+ * rank 0 (dead)". Writes at most cap bytes (a line that does not fit ends in "..."); returns
+ * the length of the whole line. */
+struct wb_rank_state {
+    const char *role;
+    uint32_t rank;
+    const char *state; /* "not registered", "dead", "left" */
+};
+size_t wb_ranks_text(const struct wb_rank_state *v, size_t n, char *out, size_t cap);
+/* The same line for the agents of a STATUS body that are not there (states absent — said "not
+ * registered" —, dead, left); returns how many, "" when none, or -EBADMSG. */
+int wb_status_missing(const struct wb_body_status *st, char *out, size_t cap);
+
 /* 1 with *seq, *type and the body map in *body (a reader for wb_body_get), 0 when none is left,
  * -EBADMSG for a malformed entry. */
 int wb_cmd_next(struct wb_cmd_reader *cr, uint64_t *seq, uint32_t *type, struct wb_mpr *body);
@@ -558,5 +582,9 @@ bool wb_chan_lost(const struct wb_chan *c);
 int wb_chan_call(struct wb_chan *c, const struct wb_mpw *w, uint64_t timeout_ns, void **buf,
                  size_t *len);
 void wb_chan_free(void *buf);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WB_PROTO_H */

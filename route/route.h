@@ -18,6 +18,10 @@
 
 #include "common/common.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* The executor's temporary-memory cap when a job does not set one (1 GiB). */
 enum { WB_MEM_CAP_DEFAULT = 1 << 30 };
 
@@ -318,5 +322,9 @@ int wb_route_table_expand(struct wb_route_table *t);
 void wb_recv_list_encode(struct wb_mpw *w, const struct wb_recv_list *r);
 int wb_recv_list_decode(const void *buf, size_t len, struct wb_recv_list *out);
 void wb_recv_list_free(struct wb_recv_list *r);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WB_ROUTE_H */

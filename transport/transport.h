@@ -61,6 +61,10 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---------------------------------------------------------------- configuration */
 
 enum wb_tx_backend { WB_TX_FABRIC = 0, WB_TX_CUDAIPC, WB_TX_VERBS, WB_TX_BACKEND_COUNT };
@@ -481,5 +485,9 @@ int wb_tx_mem_copy(void *dst, const void *src, size_t len);
  * on one stream, then one synchronize; between two GPUs, cudaMemcpyPeerAsync with peer access
  * enabled. */
 int wb_tx_mem_copy_reps(void *dst, const void *src, size_t len, size_t reps);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WB_TRANSPORT_H */

@@ -110,6 +110,10 @@ static int print_status(const struct wb_msg *m, char *why, size_t cap)
         printf("%" PRIu64 "\n", st.in_flight);
     else
         printf("none\n");
+    char missing[4096];
+    /* every agent the job waits for (no "ready" in the line: scripts look for that word) */
+    if (wb_status_missing(&st, missing, sizeof(missing)) > 0)
+        printf("waiting for %s\n", missing);
     wb_mpr_init(&r, st.agents.p, st.agents.n);
     if (wb_mpr_array(&r, 2 * WB_RANKS_MAX, &n)) {
         snprintf(why, cap, "STATUS: agents: not an array");

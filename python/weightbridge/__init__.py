@@ -21,7 +21,9 @@ fused, FP8 tensors with their scales) and waits::
 
 The controller (``wb-controller --config job.yaml``) checks every registration against the
 model rules and the layout and refuses a wrong one with every problem listed; errors surface
-here as :class:`WeightbridgeError` carrying the C library's message.
+here as :class:`WeightbridgeError` carrying the C library's message and code, raised as the
+code's subclass (:class:`JobEnded`, :class:`PeerError` for a failed version, :class:`Timeout`,
+:class:`ConfigError`...; weightbridge._errors lists them).
 """
 
 from __future__ import annotations
@@ -32,11 +34,32 @@ import json
 import os
 from typing import Any, Callable, Dict, Mapping, Optional
 
-from . import _lib
+from . import _errors, _lib
+from ._errors import (  # noqa: F401 - exported
+    Busy,
+    Closed,
+    ConfigError,
+    CudaError,
+    FabricError,
+    HelloError,
+    InvalidArgument,
+    JobEnded,
+    MatchError,
+    MemoryChanged,
+    NoGpuError,
+    PeerError,
+    PlanError,
+    BoundsError,
+    Timeout,
+    TokenError,
+    WeightbridgeError,
+    WireVersionError,
+)
 from ._tensors import Shard, TensorInfo, changes, info, state
 
 __all__ = [
     "WeightbridgeError",
+    *_errors.NAMES,
     "Shard",
     "Trainer",
     "Rollout",
@@ -50,18 +73,8 @@ __all__ = [
 library_path: str = _lib.path
 
 
-class WeightbridgeError(RuntimeError):
-    """A failure of the C library: ``code`` is its (negative) error code, the message its text."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
-
-
 def _raise(code: int, message: str):
-    if code == -errno.ETIMEDOUT:
-        raise TimeoutError(message)
-    raise WeightbridgeError(code, message)
+    raise _errors.error(code, message)
 
 
 def _s(x: Optional[str]) -> Optional[bytes]:
@@ -202,7 +215,7 @@ class _Endpoint:
             self._fail(rc)
 
     def _closed(self) -> None:
-        raise WeightbridgeError(-errno.EBADF, f"{self.role} rank {self.rank}: closed")
+        _raise(-errno.EBADF, f"{self.role} rank {self.rank}: closed")
 
     def wait_ready(self, timeout: float = 600.0) -> None:
         """Waits until the whole job is ready (for endpoints made with ``timeout=0``, e.g. a
@@ -409,7 +422,7 @@ class Trainer(_Endpoint):
             self._closed()
         why = _moved(self._regs, "reads")
         if why:
-            raise WeightbridgeError(-errno.EFAULT, f"trainer rank {self.rank}: version {int(version)} "
+            _raise(-errno.EFAULT, f"trainer rank {self.rank}: version {int(version)} "
                                                    f"not pushed: {why}")
         if self._cuda:
             import torch
@@ -489,8 +502,8 @@ class Rollout(_Endpoint):
         why = _moved(self._regs, "writes")
         if why:
             self.close()
-            raise WeightbridgeError(-errno.EFAULT, f"rollout rank {self.rank}: {why}: this Rollout "
-                                                   "is closed (register again)")
+            _raise(-errno.EFAULT, f"rollout rank {self.rank}: {why}: this Rollout is closed "
+                                  "(register again)")
         rc = _lib.endpoint_wait(self._ep, int(version), _ns(timeout))
         if rc:
             self._fail(rc)
@@ -562,7 +575,7 @@ def plan(
     try:
         if rc:
             text = ctypes.string_at(err.value).decode() if err.value else _lib.errname(rc)
-            raise WeightbridgeError(rc, text.strip())
+            _raise(rc, text.strip())
         return _expand(json.loads(ctypes.string_at(out.value).decode()))
     finally:
         _lib.free(out.value)
@@ -601,4 +614,4 @@ def synth_fill(out: Any, name: str, seed: int, version: int, shape, offset, dtyp
         _lib.u64s(shape), _lib.u64s(offset), _lib.u64s(ti.local_shape), ctypes.c_void_p(ti.ptr),
     )
     if rc:
-        raise WeightbridgeError(rc, f"synth_fill {name}: {_lib.errname(rc)}")
+        _raise(rc, f"synth_fill {name}: {_lib.errname(rc)}")

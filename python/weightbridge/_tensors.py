@@ -95,6 +95,13 @@ def _dtensor_local(t):
     return local, tuple(int(d) for d in t.shape), tuple(int(o) for o in offset), tuple(place), dims
 
 
+def _torch_raw(torch) -> Tuple[Any, ...]:
+    """The torch integer dtypes that may hold another format's bits (torch.uint16 where the
+    installed torch has it)."""
+    names = ("uint8", "int8", "uint16", "int16")
+    return tuple(getattr(torch, n) for n in names if getattr(torch, n, None) is not None)
+
+
 def _torch_info(t, shape=None, offset=None) -> TensorInfo:
     import torch
 
@@ -114,6 +121,10 @@ def _torch_info(t, shape=None, offset=None) -> TensorInfo:
         dt = "i32"
     elif t.dtype == torch.int64:
         dt = "i64"
+    elif t.dtype in _torch_raw(torch):
+        # raw bits, as numpy's uint8/uint16 are: bfloat16 or float8 an engine keeps as bytes
+        # (vLLM's FP8 buffers on a torch without float8 dtypes); dtype= says which
+        dt = ""
     else:
         raise ValueError(f"dtype {t.dtype} is not one weightbridge moves")
     local_shape = tuple(int(x) for x in t.shape)
@@ -169,8 +180,8 @@ def _numpy_info(a, shape=None, offset=None) -> TensorInfo:
 
 def info(x, dtype: Optional[str] = None) -> TensorInfo:
     """Describes x: a numpy array, a torch tensor or DTensor, or a Shard of one. ``dtype``
-    names the element type where the array's own cannot (numpy uint16 holding bfloat16, uint8
-    holding float8_e4m3fn)."""
+    names the element type where the array's own cannot (numpy or torch uint16 holding
+    bfloat16, uint8 holding float8_e4m3fn; torch.float8_e4m3fn needs none)."""
     shape = offset = placement = None
     if isinstance(x, Shard):
         if x.placement is not None:

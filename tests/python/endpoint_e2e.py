@@ -165,7 +165,7 @@ def run_trainer(rank, url, mode=""):
                 p.sources(60)
                 p.result(60)
                 raise AssertionError("version 2 completed though a rollout tensor changed under it")
-            except wb.WeightbridgeError as e:
+            except wb.PeerError as e:
                 assert str(e) == "version 2 failed: rollout rank 1: post-update hook: " + MOVED, str(e)
             continue
         if mode == "hookfail" and v == 2:
@@ -173,7 +173,7 @@ def run_trainer(rank, url, mode=""):
                 p.sources(60)  # says the version failed if that is known by then
                 p.result(60)
                 raise AssertionError("version 2 completed though a rollout's hook failed")
-            except wb.WeightbridgeError as e:
+            except wb.PeerError as e:
                 want = ("version 2 failed: rollout rank 1: post-update hook: ValueError: "
                         "engine refused version 2")
                 assert str(e) == want, str(e)
@@ -223,7 +223,7 @@ def run_rollout(rank, url, dump, mode=""):
             try:
                 r.wait(v, 60)
                 raise AssertionError("wait(2) returned though version 2 failed")
-            except wb.WeightbridgeError as e:
+            except wb.PeerError as e:  # a failed version (not JobEnded, not Timeout)
                 want = ("version 2 failed: rollout rank 1: post-update hook: ValueError: engine refused "
                         "version 2 (this rank's tensors are torn: parts of it may have landed over "
                         "version 1)")
@@ -278,12 +278,15 @@ def run_bad(case, url):
             del ctypes
         else:
             wb.Trainer(url, tensors=tensors, rank=0, token=TOKEN, dtypes=dtypes, tx_domain="lo", timeout=5)
-    except wb.WeightbridgeError as e:
-        print(e, flush=True)
-        sys.exit(3)
-    except TimeoutError as e:  # a right registration waits for the rest of the job
+    except wb.Timeout as e:  # a right registration waits for the rest of the job
         print("TIMEOUT", e, flush=True)
         sys.exit(4)
+    except wb.ConfigError as e:  # refused: every problem listed
+        print(e, flush=True)
+        sys.exit(3)
+    except wb.WeightbridgeError as e:  # the endpoint's own refusals (a duplicate name)
+        print(e, flush=True)
+        sys.exit(3)
     sys.exit(0)
 
 
@@ -499,8 +502,8 @@ def test_bad_registrations(tmp):
         st = c.ctl("status").stdout
         check("trainer      0 absent" in st, st)
         r = c.ctl("transfer", "--version", "1")
-        check(r.returncode == 1 and "not ready: waiting for trainer rank 0 (not registered)" in r.stderr,
-              r.stderr)
+        check(r.returncode == 1 and r.stderr == "wb-ctl: not ready: waiting for trainer ranks 0-3 (not "
+              "registered); rollout ranks 0-1 (not registered)\n", r.stderr)
     finally:
         c.stop()
 

@@ -13,6 +13,9 @@ byte outside the buffer is touched.
                   push() raises naming it, and nothing is pushed
   changed_wait    the same at a rollout: wait() raises naming it and closes the Rollout (which
                   then answers version/torn as they were, and raises "closed" for the rest)
+  torch_raw       torch uint8/int8/uint16 tensors holding float8/bfloat16 bits: accepted with
+                  dtype= (as numpy's are), refused without; torch.float8_e4m3fn accepted as is
+                  (skipped where torch is not importable)
 
 No controller is needed: endpoints are made with timeout=0 against a port nothing listens on
 (a registration that was refused never opened one). The in-flight case — a rollout's tensor
@@ -138,10 +141,44 @@ def test_changed_wait():
     a.resize(128, refcheck=False)  # closed: nothing holds it any more
 
 
+class Skip(Exception):
+    pass
+
+
+def test_torch_raw():
+    """torch uint8/int8/uint16 buffers hold float8/bfloat16 bits as numpy's do: accepted with
+    dtype=, refused without (the same message as numpy's); torch.float8_e4m3fn needs no dtype=;
+    a float8 format weightbridge does not move is refused by name."""
+    try:
+        import torch
+    except ImportError:
+        raise Skip("torch is not importable") from None
+    w8 = torch.zeros(256, dtype=torch.uint8)
+    s = torch.zeros(2, dtype=torch.float32)
+    r = rollout({"w": w8, "s": s}, {"w": "fp8_e4m3"})
+    r.close()
+    t = trainer({"w": torch.zeros(8, dtype=torch.int8)}, {"w": "fp8_e4m3"})
+    t.close()
+    if getattr(torch, "uint16", None) is not None:
+        r = rollout({"w": torch.zeros(8, dtype=torch.uint16)}, {"w": "bf16"})
+        r.close()
+    raises(ValueError, "rollout rank 0: w: this array's dtype does not say which floating-point format it "
+           "holds: pass dtype= ('bf16', 'fp8_e4m3', ...)", rollout, {"w": w8})
+    raises(ValueError, "rollout rank 0: w: dtype bf16 has 2-byte elements, but the buffer's itemsize is 1 "
+           "(torch.uint8)", rollout, {"w": w8}, {"w": "bf16"})
+    if getattr(torch, "float8_e4m3fn", None) is not None:
+        r = rollout({"w": torch.zeros(8, dtype=torch.float8_e4m3fn)})
+        r.close()
+    if getattr(torch, "float8_e5m2", None) is not None:
+        raises(ValueError, "rollout rank 0: w: dtype torch.float8_e5m2 is not one weightbridge moves", rollout,
+               {"w": torch.zeros(8, dtype=torch.float8_e5m2)})
+
+
 def main():
     tests = [("itemsize", test_itemsize), ("read_only", test_read_only), ("resize_pinned", test_resize_pinned),
-             ("changed_push", test_changed_push), ("changed_wait", test_changed_wait)]
-    passed = failed = 0
+             ("changed_push", test_changed_push), ("changed_wait", test_changed_wait),
+             ("torch_raw", test_torch_raw)]
+    passed = failed = skipped = 0
     only = sys.argv[1:]
     for name, fn in tests:
         if only and name not in only:
@@ -152,11 +189,14 @@ def main():
             fn()
             print(f"ok python_inputs {name} ({(time.time() - t0) * 1000:.0f} ms)", flush=True)
             passed += 1
+        except Skip as e:
+            print(f"SKIP python_inputs {name}: skipped: {e}", flush=True)
+            skipped += 1
         except Exception:  # noqa: BLE001 - a test's failure is reported and counted
             print("    " + traceback.format_exc().replace("\n", "\n    "))
             print(f"FAIL python_inputs {name} ({(time.time() - t0) * 1000:.0f} ms)", flush=True)
             failed += 1
-    print(f"{passed} passed, {failed} failed, 0 skipped")
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 
 

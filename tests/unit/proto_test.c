@@ -54,7 +54,7 @@ static void test_every_table(void)
         WB_MSG_POLL,         WB_MSG_REP_SETUP,     WB_MSG_REP_CONNECTED, WB_MSG_REP_SENT,
         WB_MSG_REP_RECEIVED, WB_MSG_REP_COMMITTED, WB_MSG_CTL_TRANSFER,  WB_MSG_REP_DRAINED,
         WB_CMD_SETUP,        WB_CMD_PEERS,         WB_CMD_TRANSFER,      WB_CMD_COMPLETE,
-        WB_CMD_ABORT,        WB_BODY_STATS,        WB_BODY_AGENT_STATUS};
+        WB_CMD_ABORT,        WB_BODY_STATS,        WB_BODY_AGENT_STATUS, WB_MSG_LEAVE};
     static const uint8_t obj[] = {0x92, 0x01, 0xa1, 'x'}; /* msgpack [1, "x"] */
     for (size_t t = 0; t < WB_ARRAY_LEN(types); t++) {
         size_t n;
@@ -331,7 +331,52 @@ static void test_stats(void)
     CHECK_INT(wb_role_parse("learner", &role), -EINVAL);
 }
 
+/* The line naming the agents a job waits for: groups of one role and state, ranks as ranges,
+ * a line too long for the buffer cut with "...", and the same from a STATUS body. */
+static void test_ranks_text(void)
+{
+    const struct wb_rank_state v[] = {
+        {"trainer", 0, "not registered"}, {"trainer", 1, "not registered"},
+        {"trainer", 2, "not registered"}, {"trainer", 5, "not registered"},
+        {"trainer", 6, "dead"},           {"trainer", 7, "not registered"},
+        {"rollout", 1, "left"},
+    };
+    char out[200];
+    CHECK_INT(wb_ranks_text(v, 7, out, sizeof(out)), strlen(out));
+    CHECK_STR(out, "trainer ranks 0-2, 5 (not registered); trainer rank 6 (dead); trainer rank 7 "
+                   "(not registered); rollout rank 1 (left)");
+    CHECK_INT(wb_ranks_text(v + 6, 1, out, sizeof(out)), 21);
+    CHECK_STR(out, "rollout rank 1 (left)");
+    CHECK_INT(wb_ranks_text(v, 0, out, sizeof(out)), 0);
+    CHECK_STR(out, "");
+    char small[16];
+    CHECK_INT(wb_ranks_text(v, 4, small, sizeof(small)), 37);
+    CHECK_STR(small, "trainer rank...");
+
+    /* a STATUS body: alive, suspect and failed agents are there; absent, dead and left not */
+    static const char *const states[] = {"alive", "absent", "absent", "suspect",
+                                         "dead",  "failed", "left"};
+    struct wb_mpw agents;
+    wb_mpw_init(&agents);
+    wb_mpw_array(&agents, 7);
+    for (uint32_t i = 0; i < 7; i++) {
+        struct wb_body_agent_status as = {.rank = i < 5 ? i : i - 5};
+        snprintf(as.role, sizeof(as.role), "%s", i < 5 ? "trainer" : "rollout");
+        snprintf(as.state, sizeof(as.state), "%s", states[i]);
+        wb_body_put(&agents, WB_BODY_AGENT_STATUS, &as);
+    }
+    CHECK_INT(agents.err, 0);
+    struct wb_body_status st = {.agents = {agents.buf, agents.len}};
+    CHECK_INT(wb_status_missing(&st, out, sizeof(out)), 4);
+    CHECK_STR(out, "trainer ranks 1-2 (not registered); trainer rank 4 (dead); rollout rank 1 "
+                   "(left)");
+    wb_mpw_free(&agents);
+    st.agents = (struct wb_bytes){"\x01", 1}; /* not an array */
+    CHECK_INT(wb_status_missing(&st, out, sizeof(out)), -EBADMSG);
+}
+
 const struct wb_test wb_tests[] = {
+    {"ranks_text", test_ranks_text, 0},
     {"roundtrip", test_roundtrip, 0},
     {"every_table", test_every_table, 0},
     {"field_errors", test_field_errors, 0},

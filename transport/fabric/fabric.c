@@ -50,12 +50,12 @@ static int reg_rail_key(struct fab_tx *fx, uint32_t i, void *p, uint64_t len, ui
     if (e)
         return txi_err(&fx->base, -WB_E_FABRIC,
                        "fabric: rail %u: fi_mr_regattr(%" PRIu64 " bytes): %s", i, len,
-                       fi_strerror(-e));
+                       fab_strerror(-e));
     if (r->mr_mode & FI_MR_ENDPOINT) {
         if ((e = fi_mr_bind(mr, &r->ep->fid, 0)) != 0 || (e = fi_mr_enable(mr)) != 0) {
             fi_close(&mr->fid);
             return txi_err(&fx->base, -WB_E_FABRIC, "fabric: rail %u: fi_mr_bind: %s", i,
-                           fi_strerror(-e));
+                           fab_strerror(-e));
         }
     }
     *mr_out = mr;
@@ -378,7 +378,7 @@ static int fab_peer_add(struct wb_tx *tx, struct wb_mpr *r, uint32_t index)
         int n = fi_av_insert(ra->av, names[j], 1, &p.fa[i], 0, NULL);
         if (n != 1)
             return txi_err(tx, -WB_E_FABRIC, "peer address: rail %u: fi_av_insert: %s", i,
-                           n < 0 ? fi_strerror(-n) : "address refused");
+                           n < 0 ? fab_strerror(-n) : "address refused");
         /* FI_AV_TABLE: addresses are the indices 0, 1, 2... of the vector */
         if (p.fa[i] >= (1u << 24))
             return txi_err(tx, -WB_E_FABRIC,
@@ -493,8 +493,7 @@ static void rxm_buffers(void)
 
 static struct fi_info *get_info(const struct wb_tx_cfg *cfg, bool hmem, int *err)
 {
-    rxm_buffers();
-    struct fi_info *hints = fi_allocinfo(), *info = NULL;
+    struct fi_info *hints = fab_dupinfo(NULL), *info = NULL;
     if (!hints) {
         *err = -FI_ENOMEM;
         return NULL;
@@ -514,13 +513,12 @@ static struct fi_info *get_info(const struct wb_tx_cfg *cfg, bool hmem, int *err
      * that holds a receive buffer's worth (tcp;ofi_rxm says 64 bytes unless asked, and gives up
      * to its buffer size); a provider that cannot is asked again for its own. */
     hints->tx_attr->inject_size = FAB_MSG_SIZE;
-    *err = hints->fabric_attr->prov_name ? fi_getinfo(FAB_API, NULL, NULL, 0, hints, &info)
-                                         : -FI_ENOMEM;
+    *err = hints->fabric_attr->prov_name ? fab_getinfo(FAB_API, hints, &info) : -FI_ENOMEM;
     if (*err == -FI_ENODATA) {
         hints->tx_attr->inject_size = 0;
-        *err = fi_getinfo(FAB_API, NULL, NULL, 0, hints, &info);
+        *err = fab_getinfo(FAB_API, hints, &info);
     }
-    fi_freeinfo(hints);
+    fab_freeinfo(hints);
     return *err ? NULL : info;
 }
 
@@ -565,7 +563,7 @@ static int pick_rails(struct fab_tx *fx, const struct wb_tx_cfg *cfg, struct fi_
                            cfg->provider);
             return -EINVAL;
         }
-        fx->rail[i].info = fi_dupinfo(pick);
+        fx->rail[i].info = fab_dupinfo(pick);
         if (!fx->rail[i].info)
             return -ENOMEM;
     }
@@ -583,7 +581,7 @@ static int open_rail(struct fab_tx *fx, uint32_t i, struct wb_errlist *el)
     const char *what;
     int e;
     /* Each step names itself for the message; whatever was opened is closed by fab_close. */
-    if ((e = fi_fabric(in->fabric_attr, &r->fabric, NULL))) {
+    if ((e = fab_fabric_open(in->fabric_attr, &r->fabric))) {
         what = "fi_fabric";
     } else if ((e = fi_domain(r->fabric, in, &r->domain, NULL))) {
         what = "fi_domain";
@@ -606,7 +604,8 @@ static int open_rail(struct fab_tx *fx, uint32_t i, struct wb_errlist *el)
     }
     if (e) {
         wb_errlist_add(el, "fabric: provider '%s' domain '%s' rail %u: %s: %s",
-                       in->fabric_attr->prov_name, in->domain_attr->name, i, what, fi_strerror(-e));
+                       in->fabric_attr->prov_name, in->domain_attr->name, i, what,
+                       fab_strerror(-e));
         return -WB_E_FABRIC;
     }
     r->mr_mode = in->domain_attr->mr_mode;
@@ -640,7 +639,7 @@ static int open_rail(struct fab_tx *fx, uint32_t i, struct wb_errlist *el)
     return 0;
 }
 
-int txi_fabric_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct wb_tx **out)
+static int fab_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct wb_tx **out)
 {
     struct fab_tx *fx = calloc(1, sizeof(*fx));
     if (!fx)
@@ -678,12 +677,12 @@ int txi_fabric_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct w
         wb_errlist_add(el,
                        "transport.provider: '%s' offers no FI_EP_RDM endpoint with RMA writes "
                        "and messages: fi_getinfo: %s",
-                       cfg->provider, fi_strerror(-fe));
+                       cfg->provider, fab_strerror(-fe));
         e = -WB_E_FABRIC;
         goto err_close;
     }
     e = pick_rails(fx, cfg, list, el);
-    fi_freeinfo(list);
+    fab_freeinfo(list);
     if (e)
         goto err_close;
     snprintf(fx->prov, sizeof(fx->prov), "%s", fx->rail[0].info->fabric_attr->prov_name);
@@ -701,6 +700,28 @@ int txi_fabric_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct w
 
 err_close:
     fab_close(&fx->base);
+    return e;
+}
+
+/* Providers install signal handlers of their own while they open (libfabric 1.17's shm: SIGINT,
+ * SIGBUS, SIGSEGV and SIGTERM, to unlink its shared memory and then re-raise; psm's on load):
+ * every disposition is saved before libfabric is loaded or anything is opened, and whatever a
+ * provider changed is put back (fabric_dl.c says why). */
+int txi_fabric_open(const struct wb_tx_cfg *cfg, struct wb_errlist *el, struct wb_tx **out)
+{
+    rxm_buffers();
+    const char *why = fab_dl_open();
+    if (why) {
+        wb_errlist_add(el, "transport.backend: fabric: %s", why);
+        return -WB_E_FABRIC;
+    }
+    struct fab_sigs *s = malloc(sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    fab_sig_save(s);
+    int e = fab_open(cfg, el, out);
+    fab_sig_keep(s, "opening the transport");
+    free(s);
     return e;
 }
 
@@ -734,7 +755,7 @@ static void fab_close(struct wb_tx *tx)
         close_fid(r->domain ? &r->domain->fid : NULL);
         close_fid(r->fabric ? &r->fabric->fid : NULL);
         if (r->info)
-            fi_freeinfo(r->info);
+            fab_freeinfo(r->info);
         free(r->fa_peer);
     }
     if (fx->pool)

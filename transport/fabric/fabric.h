@@ -45,6 +45,8 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <signal.h>
+#include <stdbool.h>
 
 enum {
     FAB_NAME_MAX = 64, /* endpoint address bytes */
@@ -249,5 +251,29 @@ int fab_gpu_copy(struct fab_gpu *g, int stream, void *dst, const void *src, size
                  int *native);
 /* 1 when the copy behind ev finished (ev is released), 0 while running, -WB_E_CUDA (released). */
 int fab_gpu_done(struct fab_gpu *g, void *ev, int *native);
+
+/* fabric_dl.c: libfabric loaded at the first open, signal handlers kept (see there). */
+enum { FAB_NSIG = NSIG }; /* signals 1..NSIG-1: standard and real-time */
+struct fab_sigs {
+    struct sigaction act[FAB_NSIG];
+    bool have[FAB_NSIG]; /* sigaction could query it (not for 32/33, glibc's own) */
+};
+/* Saves the disposition of every signal that can be queried. */
+void fab_sig_save(struct fab_sigs *s);
+/* Puts back every saved disposition that differs now (handler, flags or mask); leaves the
+ * others alone. Returns how many it put back. */
+int fab_sig_restore(const struct fab_sigs *s);
+/* fab_sig_restore, saying at debug level what it put back after what. */
+void fab_sig_keep(const struct fab_sigs *s, const char *after);
+/* Loads libfabric once per process (environment and handlers as fabric_dl.c says); NULL, or
+ * why it could not. Every function below needs it to have succeeded, except fab_strerror. */
+const char *fab_dl_open(void);
+/* fi_getinfo(version, NULL, NULL, 0, hints, info), fi_fabric, fi_dupinfo, fi_freeinfo (NULL is
+ * fine), fi_strerror: the functions libfabric exports that this backend calls. */
+int fab_getinfo(uint32_t version, const struct fi_info *hints, struct fi_info **info);
+int fab_fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **fabric);
+struct fi_info *fab_dupinfo(const struct fi_info *info);
+void fab_freeinfo(struct fi_info *info);
+const char *fab_strerror(int e);
 
 #endif /* WB_TX_FABRIC_H */

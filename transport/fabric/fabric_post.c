@@ -508,7 +508,7 @@ static void repost_recv(struct fab_tx *fx, uint32_t i, uint32_t k)
     if (e == -FI_EAGAIN)
         r->recv_repost[k / 64] |= 1ull << (k % 64);
     else if (e)
-        wb_log(WB_LOG_ERROR, "transport", "fabric: rail %u: fi_recv: %s", i, fi_strerror(-e));
+        wb_log(WB_LOG_ERROR, "transport", "fabric: rail %u: fi_recv: %s", i, fab_strerror(-e));
 }
 
 int fab_post_recvs(struct fab_tx *fx, uint32_t i)
@@ -566,7 +566,7 @@ static void post_rail(struct fab_tx *fx, uint32_t i, uint64_t now)
         if (e > 0 || (e < 0 && e != -FI_EAGAIN)) { /* that many notes left as one, or failed */
             if (e < 0)
                 wb_log(WB_LOG_WARN, "transport", "fabric: rail %u: notes to peer %u: %s", i,
-                       op->peer, fi_strerror((int)-e));
+                       op->peer, fab_strerror((int)-e));
             else
                 fx->st.ops_posted++;
             r->refused_since = 0;
@@ -589,7 +589,7 @@ static void post_rail(struct fab_tx *fx, uint32_t i, uint64_t now)
         n++;
         if (e < 0) {
             wb_log(WB_LOG_WARN, "transport", "fabric: rail %u: posting to peer %u: %s", i, op->peer,
-                   fi_strerror((int)-e));
+                   fab_strerror((int)-e));
             op_finish(fx, op, (int)e, (int)-e);
             continue;
         }
@@ -766,7 +766,7 @@ static int drain_cq(struct fab_tx *fx, uint32_t rail)
         }
         if (n < 0)
             return txi_err(&fx->base, -WB_E_FABRIC, "fabric: rail %u: fi_cq_read: %s", rail,
-                           fi_strerror((int)-n));
+                           fab_strerror((int)-n));
         for (ssize_t k = 0; k < n; k++)
             handle_cqe(fx, rail, &ents[k], src[k]);
         if ((size_t)n < batch)

@@ -39,6 +39,9 @@ import numpy as np  # noqa: E402
 
 import weightbridge as wb  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _procs  # noqa: E402  (waiting for a job's processes)
+
 TOKEN = os.environ.setdefault("WB_E2E_TOKEN", "e2e-fsdp2-%d" % random.randrange(1 << 30))
 VERSIONS = (1, 2, 3)
 TRAINERS = 2
@@ -309,27 +312,7 @@ def run_case(case, tmp):
     try:
         procs = [("rollout", r, spawn("rollout", case, r, url, d)) for r in range(replicas)]
         procs += [("trainer", r, spawn("trainer", case, r, url, d)) for r in range(TRAINERS)]
-        deadline = time.time() + 120
-        failed = None
-        for role, r, p in procs:
-            try:
-                out, _ = p.communicate(timeout=max(1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, _ = p.communicate()
-                failed = failed or f"{role} {r} did not finish in 120 s:\n{out.decode()}"
-                continue
-            text = out.decode()
-            for line in text.splitlines():
-                if line.startswith("case "):
-                    log("    " + line)
-            if p.returncode != 0:
-                failed = failed or f"{role} {r} exited {p.returncode}:\n{text}"
-                for _, _, q in procs:  # the others would only wait for it
-                    if q.poll() is None:
-                        q.kill()
-        if failed:
-            raise AssertionError(failed)
+        _procs.wait_all(procs, 120, log)
         summary = ctl(url, "plan").stdout
         if f"pieces (item x rollout GPU): {pieces}" not in summary:
             raise AssertionError(f"expected pieces {pieces} in the plan:\n{summary}")

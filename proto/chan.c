@@ -128,6 +128,8 @@ struct wb_chan_state {
     bool lost;        /* nothing is outstanding (a send after an own reply failed): the
                          caller's request times out as a lost one */
     unsigned rehello; /* HELLOs sent again for the request in flight */
+    bool hello_due;   /* a HELLO to send again could not go yet (no connection: the controller
+                         restarting): sent by the next wb_chan_try_recv that can */
 };
 
 /* The channel's connections as nng's pipe callbacks see them. A pipe's removal is reported
@@ -292,6 +294,7 @@ int wb_chan_send(struct wb_chan *c, const struct wb_mpw *w)
     st->req_len = w->len;
     st->rehello = 0;
     st->lost = false;
+    st->hello_due = false;
     if (st->nonce && closed != st->nonce_closed)
         st->nonce = 0; /* the connection it bound is gone: introduce the next one */
     int err = st->nonce ? send_bound(c, false) : send_hello(c, false);
@@ -336,7 +339,7 @@ static bool chan_own_reply(struct wb_chan *c, const void *buf, size_t len)
             return false;
         st->nonce = 0;
         st->rehello++;
-        st->lost = send_hello(c, true) != 0;
+        st->hello_due = send_hello(c, false) != 0;
         return true;
     }
     return false;
@@ -349,6 +352,11 @@ int wb_chan_try_recv(struct wb_chan *c, void **buf, size_t *len)
         size_t n;
         if (c->st->lost)
             return 0;
+        /* A HELLO that found no connection: the socket dials again by itself, and the request
+         * goes out behind the HELLO once one exists (the caller's deadline bounds the wait). */
+        if (c->st->hello_due && send_hello(c, false) != 0)
+            return 0;
+        c->st->hello_due = false;
         int rv = nng_recv((nng_socket){.id = c->sock}, &p, &n, NNG_FLAG_ALLOC | NNG_FLAG_NONBLOCK);
         if (rv == NNG_EAGAIN)
             return 0;
@@ -357,7 +365,7 @@ int wb_chan_try_recv(struct wb_chan *c, void **buf, size_t *len)
          * so introduce the next connection (the socket dials again) a few times. */
         if ((rv == NNG_ECONNSHUT || rv == NNG_ECONNRESET) && c->st->hello && c->st->rehello < 8) {
             c->st->rehello++;
-            c->st->lost = send_hello(c, true) != 0;
+            c->st->hello_due = true; /* sent at the top of the loop, or on a later call */
             continue;
         }
         if (rv)

@@ -5,8 +5,13 @@
 #include "tests/wbtest.h"
 
 #include <errno.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
 
 static void test_roundtrip(void)
 {
@@ -375,6 +380,102 @@ static void test_ranks_text(void)
     CHECK_INT(wb_status_missing(&st, out, sizeof(out)), -EBADMSG);
 }
 
+/* ---------------------------------------------------------------- a channel across a restart */
+
+/* The controller's side of a handshake, on a real nng REP socket: receives one message of
+ * `type` (checked), then answers it with `reply` (0: no answer, the socket is closed). */
+struct srv {
+    char url[64];
+    int ok;
+};
+
+static int srv_recv(nng_socket s, uint32_t type, uint8_t **body, size_t *len)
+{
+    void *p;
+    size_t n;
+    if (nng_recv(s, &p, &n, NNG_FLAG_ALLOC))
+        return -1;
+    struct wb_msg m;
+    const char *why;
+    size_t skip = type == WB_MSG_HELLO ? 0 : WB_BIND_LEN; /* later messages carry the binding */
+    int rc = n >= skip && wb_msg_open((uint8_t *)p + skip, n - skip, "tok-1", &m, &why) == 0 &&
+                     m.type == type
+                 ? 0
+                 : -1;
+    if (body) {
+        *body = p;
+        *len = n;
+    } else {
+        nng_free(p, n);
+    }
+    return rc;
+}
+
+static int srv_send(nng_socket s, uint32_t type, const void *body)
+{
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    wb_msg_encode(&w, type, "tok-1", body);
+    int rc = w.err ? -1 : nng_send(s, w.buf, w.len, 0) ? -1 : 0;
+    wb_mpw_free(&w);
+    return rc;
+}
+
+static void *srv_main(void *arg)
+{
+    struct srv *sv = arg;
+    nng_socket s;
+    /* the first controller: takes the HELLO and goes away without answering */
+    if (nng_rep0_open(&s) || nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 10000) ||
+        nng_listen(s, sv->url, NULL, 0) || srv_recv(s, WB_MSG_HELLO, NULL, NULL))
+        return NULL;
+    nng_close(s);
+    struct timespec ts = {0, 700 * 1000000}; /* past the 200 ms a blocking send waits */
+    nanosleep(&ts, NULL);
+    /* the next one on the same address: WELCOME, then the request behind its binding */
+    struct wb_body_welcome wel = {.nonce = 7};
+    if (nng_rep0_open(&s) || nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 10000) ||
+        nng_listen(s, sv->url, NULL, 0))
+        return NULL;
+    if (srv_recv(s, WB_MSG_HELLO, NULL, NULL) == 0 && srv_send(s, WB_MSG_WELCOME, &wel) == 0 &&
+        srv_recv(s, WB_MSG_OK, NULL, NULL) == 0 && srv_send(s, WB_MSG_OK, NULL) == 0)
+        sv->ok = 1;
+    ts.tv_nsec = 100 * 1000000; /* the reply leaves before the socket closes */
+    nanosleep(&ts, NULL);
+    nng_close(s);
+    return NULL;
+}
+
+/* A controller that goes away while a request's HELLO is unanswered, and another that comes
+ * up on its address later than a send waits (200 ms): the HELLO goes again once it is up and
+ * the request is answered. (The soak test saw wb-ctl wait out its whole timeout instead: the
+ * HELLO that found no connection was given up, and every new connection stayed silent.) */
+static void test_chan_hello_after_restart(void)
+{
+    struct srv sv = {0};
+    snprintf(sv.url, sizeof(sv.url), "tcp://127.0.0.1:%d", 20000 + (int)(getpid() % 12000));
+    pthread_t th;
+    CHECK_INT(pthread_create(&th, NULL, srv_main, &sv), 0);
+    struct wb_chan ch;
+    CHECK_INT(wb_chan_open(&ch, sv.url, "tok-1"), 0);
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    wb_msg_encode(&w, WB_MSG_OK, "tok-1", NULL);
+    void *buf = NULL;
+    size_t len = 0;
+    int rc = wb_chan_call(&ch, &w, 8000000000ull, &buf, &len);
+    pthread_join(th, NULL);
+    CHECK_INT(rc, 0);
+    CHECK_INT(sv.ok, 1);
+    struct wb_msg m;
+    const char *why;
+    CHECK_INT(wb_msg_open(buf, len, "tok-1", &m, &why), 0);
+    CHECK_INT(m.type, WB_MSG_OK);
+    wb_chan_free(buf);
+    wb_mpw_free(&w);
+    wb_chan_close(&ch);
+}
+
 const struct wb_test wb_tests[] = {
     {"ranks_text", test_ranks_text, 0},
     {"roundtrip", test_roundtrip, 0},
@@ -385,5 +486,6 @@ const struct wb_test wb_tests[] = {
     {"bad_envelopes", test_bad_envelopes, 0},
     {"commands", test_commands, 0},
     {"stats", test_stats, 0},
+    {"chan_hello_after_restart", test_chan_hello_after_restart, 30},
     {0},
 };

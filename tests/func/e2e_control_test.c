@@ -1199,7 +1199,7 @@ static uint32_t frame_reply(int fd, char *msg, size_t cap, uint64_t *nonce)
     if (m.type == WB_MSG_ERROR) {
         struct wb_body_error e;
         CHECK_INT(wb_msg_decode(&m, &e, msg, cap), 0);
-        snprintf(msg, cap, "%s", e.msg);
+        snprintf(msg, cap, "%.*s", (int)strnlen(e.msg, cap - 1), e.msg);
     } else if (m.type == WB_MSG_WELCOME) {
         struct wb_body_welcome w;
         CHECK_INT(wb_msg_decode(&m, &w, msg, cap), 0);

@@ -246,10 +246,13 @@ static void *progress_run(void *arg)
         wb_msg_encode(&w, WB_MSG_CTL_STATUS, p->token, NULL);
         int err = wb_chan_call(&ch, &w, 1000000000ull, &buf, &len);
         wb_mpw_free(&w);
-        if (!err && !wb_msg_open(buf, len, p->token, &m, &refused) &&
-            progress_read(&m, p->version, &done, &total, &flying) && !atomic_load(&p->stop))
-            progress_draw(p, flying, done, total);
+        bool ok = !err && !wb_msg_open(buf, len, p->token, &m, &refused) &&
+                  progress_read(&m, p->version, &done, &total, &flying);
         wb_chan_free(buf);
+        if (!ok) /* refused (max_connections, say) or gone: no line rather than retries */
+            break;
+        if (!atomic_load(&p->stop))
+            progress_draw(p, flying, done, total);
         for (int t = 0; t < PROGRESS_EVERY_MS && !atomic_load(&p->stop); t += 10)
             nanosleep(&(struct timespec){0, 10000000}, NULL);
     }

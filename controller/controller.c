@@ -91,6 +91,12 @@ struct agent {
     uint64_t rx_bytes;
 };
 
+/* Why a transfer attempt failed, as the metrics count it. */
+enum fail_cause { FAIL_AGENT_LOST, FAIL_AGENT_ERROR, FAIL_TIMEOUT, FAIL_SHUTDOWN, FAIL_COUNT };
+static const char *const fail_names[] = {"agent_lost", "agent_error", "timeout", "shutdown"};
+/* The transfer-duration histogram's upper bounds, seconds (+Inf implied). */
+static const double dur_buckets[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+
 struct xfer {
     bool active;
     uint64_t version;
@@ -130,8 +136,14 @@ struct wb_controller {
     struct xfer x;
     bool shutting_down;
     uint64_t exit_deadline, exit_linger;
-    uint64_t conn_said;  /* connections and messages refused that the log has counted */
-    uint64_t checked_ns; /* check_dead's last turn (0: none yet) */
+    uint64_t conn_said;          /* connections and messages refused that the log has counted */
+    uint64_t checked_ns;         /* check_dead's last turn (0: none yet) */
+    struct ctl_metrics *metrics; /* the job's metrics: endpoint (NULL: off) */
+    struct {
+        uint64_t complete, failed, causes[FAIL_COUNT];
+        uint64_t last_ns, last_bytes, bytes_total;
+        uint64_t sum_ns, buckets[WB_ARRAY_LEN(dur_buckets)]; /* cumulative counts */
+    } met;
 };
 
 static const char *M = "controller";
@@ -309,8 +321,9 @@ static bool agents_all_alive(struct wb_controller *c, char *why, size_t cap)
     return false;
 }
 
-static void xfer_fail(struct wb_controller *c, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+static void xfer_fail(struct wb_controller *c, enum fail_cause cause, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void metrics_publish(struct wb_controller *c);
 static void push_check(struct wb_controller *c);
 static void log_refusal(struct wb_controller *c, const char *what);
 static void teardown_check(struct wb_controller *c, uint64_t now);
@@ -587,7 +600,7 @@ static void advance(struct wb_controller *c)
             for (uint32_t i = 0; i < c->nagents; i++)
                 needed |= !c->agents[i].alive && !part_done(c, &c->agents[i]);
             if (c->x.active && needed)
-                xfer_fail(c, "%s", why);
+                xfer_fail(c, FAIL_AGENT_LOST, "%s", why);
             set_state(c, ST_WAITING);
         }
         return;
@@ -705,8 +718,8 @@ static void check_dead(struct wb_controller *c, uint64_t now)
             wb_log(WB_LOG_WARN, M, "%s rank %u is dead: silent for %.2f s", wb_role_name(a->role),
                    a->rank, (double)(now - a->last_ns) / 1e9);
             if (c->x.active && !part_done(c, a))
-                xfer_fail(c, "%s rank %u died (silent for %.2f s)", wb_role_name(a->role), a->rank,
-                          (double)(now - a->last_ns) / 1e9);
+                xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u died (silent for %.2f s)",
+                          wb_role_name(a->role), a->rank, (double)(now - a->last_ns) / 1e9);
             uint32_t pipes[WB_ARRAY_LEN(a->pipes)]; /* kept: their closing says it is gone */
             memcpy(pipes, a->pipes, sizeof(pipes));
             agent_reset(a);
@@ -751,6 +764,7 @@ static void teardown_check(struct wb_controller *c, uint64_t now)
     }
     char msg[600];
     snprintf(msg, sizeof(msg), "transfer %" PRIu64 " failed: %s", c->x.version, c->x.why);
+    metrics_publish(c); /* a client told of the failure reads it counted */
     if (c->x.client)
         reply_error(c, c->x.client, -WB_E_PEER, msg);
     c->x.client = NULL;
@@ -759,10 +773,12 @@ static void teardown_check(struct wb_controller *c, uint64_t now)
     push_check(c); /* pushes that came meanwhile */
 }
 
-static void xfer_fail(struct wb_controller *c, const char *fmt, ...)
+static void xfer_fail(struct wb_controller *c, enum fail_cause cause, const char *fmt, ...)
 {
     if (c->x.aborting) /* the first reason is the one that counts */
         return;
+    c->met.failed++;
+    c->met.causes[cause]++;
     char why[512];
     va_list ap;
     va_start(ap, fmt);
@@ -803,13 +819,25 @@ static void xfer_result(struct wb_controller *c)
                                .rollout_bytes = mpw_bytes(&rb)};
     wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " complete in %.3f s", c->x.version,
            (double)(now - c->x.start_ns) / 1e9);
-    if (c->x.client)
-        reply_msg(c, c->x.client, WB_MSG_RESULT, &b);
-    wb_mpw_free(&tr);
-    wb_mpw_free(&rb);
+    nng_msg *client = c->x.client;
     c->last_version = c->x.version;
     c->failed_version = 0;
+    uint64_t bytes = 0;
+    for (uint32_t t = 0; t < c->plan.ntrainers; t++)
+        bytes += c->agents[t].stats.bytes;
+    c->met.complete++;
+    c->met.last_ns = now - c->x.start_ns;
+    c->met.last_bytes = bytes;
+    c->met.bytes_total += bytes;
+    c->met.sum_ns += c->met.last_ns;
+    for (size_t i = 0; i < WB_ARRAY_LEN(dur_buckets); i++)
+        c->met.buckets[i] += (double)c->met.last_ns / 1e9 <= dur_buckets[i];
     xfer_end(c);
+    metrics_publish(c); /* a client told of the result reads it counted */
+    if (client)
+        reply_msg(c, client, WB_MSG_RESULT, &b);
+    wb_mpw_free(&tr);
+    wb_mpw_free(&rb);
 }
 
 /* After each report: all trainers sent and all rollouts counted -> publish; all committed ->
@@ -1091,8 +1119,8 @@ static void xfer_timeout(struct wb_controller *c, uint64_t now)
                 (size_t)snprintf(list + pos, sizeof(list) - pos, "%s%s rank %u%s", pos ? ", " : "",
                                  wb_role_name(a->role), a->rank, a->suspect ? " (suspect)" : "");
     }
-    xfer_fail(c, "timed out after %.1f s waiting for %s", (double)(now - c->x.start_ns) / 1e9,
-              list);
+    xfer_fail(c, FAIL_TIMEOUT, "timed out after %.1f s waiting for %s",
+              (double)(now - c->x.start_ns) / 1e9, list);
 }
 
 /* ---------------------------------------------------------------- agent messages */
@@ -1245,7 +1273,7 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
         wb_log(WB_LOG_INFO, M, "%s rank %u re-registers (session %" PRIu64 " replaced)", b->role,
                a->rank, a->session);
         if (c->x.active)
-            xfer_fail(c, "%s rank %u restarted", b->role, a->rank);
+            xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u restarted", b->role, a->rank);
     }
     agent_reset(a);
     c->sessions++;
@@ -1324,7 +1352,8 @@ static void check_closed(struct wb_controller *c)
             wb_log(WB_LOG_WARN, M, "%s rank %u is dead: its connection closed",
                    wb_role_name(a->role), a->rank);
         if (c->x.active && !part_done(c, a))
-            xfer_fail(c, "%s rank %u died (its connection closed)", wb_role_name(a->role), a->rank);
+            xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u died (its connection closed)",
+                      wb_role_name(a->role), a->rank);
         agent_reset(a);
     }
 }
@@ -1369,7 +1398,7 @@ static void on_rep_done(struct wb_controller *c, struct agent *a, uint64_t versi
     if (!c->x.active || c->x.aborting || version != c->x.version || a->done)
         return;
     if (!ok) {
-        xfer_fail(c, "%s rank %u: %s", wb_role_name(a->role), a->rank, err);
+        xfer_fail(c, FAIL_AGENT_ERROR, "%s rank %u: %s", wb_role_name(a->role), a->rank, err);
         return;
     }
     a->done = true;
@@ -1490,8 +1519,8 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
         wb_log(WB_LOG_INFO, M, "%s rank %u left (it closed its endpoint)", wb_role_name(a->role),
                a->rank);
         if (c->x.active && !part_done(c, a))
-            xfer_fail(c, "%s rank %u left (it closed its endpoint)", wb_role_name(a->role),
-                      a->rank);
+            xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u left (it closed its endpoint)",
+                      wb_role_name(a->role), a->rank);
         agent_reset(a);
         reply_ok(c, req);
         return;
@@ -1547,6 +1576,92 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
 
 /* ---------------------------------------------------------------- client messages */
 
+static const char *const agent_states[] = {"alive", "suspect", "failed", "dead", "left", "absent"};
+
+static const char *agent_state(const struct agent *a)
+{
+    return a->alive && a->setup_err[0] ? "failed"
+           : a->alive && a->suspect    ? "suspect"
+           : a->alive                  ? "alive"
+           : a->left                   ? "left"
+           : a->session                ? "dead"
+                                       : "absent";
+}
+
+/* not "ready" while a failed attempt is torn down: a transfer would be refused */
+static const char *job_state(const struct wb_controller *c)
+{
+    return c->x.active && c->x.aborting ? "aborting" : state_names[c->state];
+}
+
+/* One metric's HELP and TYPE lines. */
+static void met_head(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP weightbridge_%s %s\n# TYPE weightbridge_%s %s\n", name, help, name, type);
+}
+
+/* The Prometheus text exposition (format 0.0.4) of the controller's state, handed to the
+ * metrics thread. Rendered by the loop (it owns the state), so the thread never reads it. */
+static void metrics_publish(struct wb_controller *c)
+{
+    if (!c->metrics)
+        return;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return; /* the last text stays served */
+    met_head(f, "versions_complete_total", "counter",
+             "Transfers that completed (every rollout committed).");
+    fprintf(f, "weightbridge_versions_complete_total %" PRIu64 "\n", c->met.complete);
+    met_head(f, "versions_failed_total", "counter", "Transfer attempts that failed.");
+    fprintf(f, "weightbridge_versions_failed_total %" PRIu64 "\n", c->met.failed);
+    met_head(f, "failures_total", "counter", "Failed transfer attempts by cause.");
+    for (int i = 0; i < FAIL_COUNT; i++)
+        fprintf(f, "weightbridge_failures_total{cause=\"%s\"} %" PRIu64 "\n", fail_names[i],
+                c->met.causes[i]);
+    met_head(f, "last_complete_version", "gauge",
+             "The last version every rollout holds (0: none yet).");
+    fprintf(f, "weightbridge_last_complete_version %" PRIu64 "\n", c->last_version);
+    met_head(f, "version_in_flight", "gauge", "The version being transferred (0: none).");
+    fprintf(f, "weightbridge_version_in_flight %" PRIu64 "\n", c->x.active ? c->x.version : 0);
+    met_head(f, "last_transfer_seconds", "gauge", "Duration of the last complete transfer.");
+    fprintf(f, "weightbridge_last_transfer_seconds %.9f\n", (double)c->met.last_ns / 1e9);
+    met_head(f, "last_transfer_bytes", "gauge",
+             "Bytes the trainers wrote for the last complete version.");
+    fprintf(f, "weightbridge_last_transfer_bytes %" PRIu64 "\n", c->met.last_bytes);
+    met_head(f, "transferred_bytes_total", "counter",
+             "Bytes the trainers wrote for complete versions.");
+    fprintf(f, "weightbridge_transferred_bytes_total %" PRIu64 "\n", c->met.bytes_total);
+    met_head(f, "transfer_seconds", "histogram", "Durations of complete transfers.");
+    for (size_t i = 0; i < WB_ARRAY_LEN(dur_buckets); i++)
+        fprintf(f, "weightbridge_transfer_seconds_bucket{le=\"%g\"} %" PRIu64 "\n", dur_buckets[i],
+                c->met.buckets[i]);
+    fprintf(f,
+            "weightbridge_transfer_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n"
+            "weightbridge_transfer_seconds_sum %.9f\n"
+            "weightbridge_transfer_seconds_count %" PRIu64 "\n",
+            c->met.complete, (double)c->met.sum_ns / 1e9, c->met.complete);
+    met_head(f, "agents", "gauge", "Agents by role and state.");
+    for (int role = 0; role < 2; role++) {
+        enum wb_role r = role ? WB_ROLE_ROLLOUT : WB_ROLE_TRAINER;
+        for (size_t s = 0; s < WB_ARRAY_LEN(agent_states); s++) {
+            uint64_t n = 0;
+            for (uint32_t i = 0; i < c->nagents; i++)
+                n += c->agents[i].role == r && !strcmp(agent_state(&c->agents[i]), agent_states[s]);
+            fprintf(f, "weightbridge_agents{role=\"%s\",state=\"%s\"} %" PRIu64 "\n",
+                    wb_role_name(r), agent_states[s], n);
+        }
+    }
+    met_head(f, "ready", "gauge", "1 while a transfer may start (every agent set up), else 0.");
+    fprintf(f, "weightbridge_ready %d\n", !strcmp(job_state(c), "ready"));
+    if (fclose(f) != 0 || !text) {
+        free(text);
+        return;
+    }
+    ctl_metrics_publish(c->metrics, text, len);
+}
+
 static void on_ctl_status(struct wb_controller *c, nng_msg *req)
 {
     uint64_t now = wb_now_ns();
@@ -1566,13 +1681,7 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
                                           .total = a->total_bytes,
                                           .dropped = a->dropped};
         snprintf(as.role, sizeof(as.role), "%s", wb_role_name(a->role));
-        snprintf(as.state, sizeof(as.state), "%s",
-                 a->alive && a->setup_err[0] ? "failed"
-                 : a->alive && a->suspect    ? "suspect"
-                 : a->alive                  ? "alive"
-                 : a->left                   ? "left"
-                 : a->session                ? "dead"
-                                             : "absent");
+        snprintf(as.state, sizeof(as.state), "%s", agent_state(a));
         snprintf(as.err, sizeof(as.err), "%s", a->setup_err);
         snprintf(as.host, sizeof(as.host), "%s", a->host);
         wb_body_put(&agents, WB_BODY_AGENT_STATUS, &as);
@@ -1589,9 +1698,7 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
                                .agents = mpw_bytes(&agents),
                                .conns = mpw_bytes(&conns)};
     snprintf(b.job, sizeof(b.job), "%s", c->job->name);
-    /* not "ready" while a failed attempt is torn down: a transfer would be refused */
-    snprintf(b.state, sizeof(b.state), "%s",
-             c->x.active && c->x.aborting ? "aborting" : state_names[c->state]);
+    snprintf(b.state, sizeof(b.state), "%s", job_state(c));
     reply_msg(c, req, WB_MSG_STATUS, &b);
     wb_mpw_free(&agents);
     wb_mpw_free(&conns);
@@ -1606,7 +1713,7 @@ static void on_ctl_plan(struct wb_controller *c, nng_msg *req)
 static void on_ctl_shutdown(struct wb_controller *c, nng_msg *req)
 {
     if (c->x.active)
-        xfer_fail(c, "controller shutting down");
+        xfer_fail(c, FAIL_SHUTDOWN, "controller shutting down");
     for (uint32_t i = 0; i < c->nagents; i++) /* an agent without its EXIT would outlive us */
         if (c->agents[i].alive && cmd_queue(c, &c->agents[i], WB_CMD_EXIT, NULL)) {
             reply_error(c, req, -ENOMEM, "shutdown: out of memory telling the agents; ask again");
@@ -1748,6 +1855,7 @@ static void on_tick(struct wb_controller *c, uint64_t now)
     xfer_timeout(c, now);
     teardown_check(c, now);
     advance(c);
+    metrics_publish(c);
 }
 
 /* Shutdown is done when every live agent acknowledged its EXIT and every agent declared dead by
@@ -1934,11 +2042,23 @@ int wb_controller_create_opts(const struct wb_job *job, const struct wb_controll
     if ((err = listen_on(c, job, el)) != 0)
         goto err_agents;
     c->fd = ctl_serve_fd(c->srv);
+    if (job->metrics && *job->metrics) {
+        char why[400];
+        if ((err = ctl_metrics_open(&c->metrics, job->metrics, why, sizeof(why))) != 0) {
+            wb_errlist_add(el, "job %s: %s", job->name, why);
+            goto err_serve;
+        }
+        wb_log(WB_LOG_INFO, M, "metrics: GET /metrics on %s (port %u)", job->metrics,
+               ctl_metrics_port(c->metrics));
+        metrics_publish(c);
+    }
     wb_log(WB_LOG_INFO, M, "job %s listening on %s: %u trainers, %u rollouts", job->name,
            job->listen, c->plan.ntrainers, c->plan.nrollouts);
     *out = c;
     return 0;
 
+err_serve:
+    ctl_serve_close(c->srv);
 err_agents:
     free(c->agents);
 err_plan:
@@ -1961,6 +2081,7 @@ void wb_controller_destroy(struct wb_controller *c)
         agent_reset(&c->agents[i]);
         free(c->agents[i].cmds);
     }
+    ctl_metrics_close(c->metrics);
     ctl_serve_close(c->srv); /* no callback of nng's runs after it */
     free(c->agents);
     ctl_plan_free(&c->plan);

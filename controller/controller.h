@@ -53,6 +53,7 @@ struct wb_job {
     uint64_t handshake_ns; /* a connection not introduced (HELLO with the token) by then closes */
     uint64_t max_pending;  /* connections not introduced yet (0: 3 per agent + 64) */
     uint64_t max_pending_per_peer; /* ... of one peer address (0: 3 per agent + 16) */
+    char *metrics; /* "" or HOST:PORT: Prometheus text at GET /metrics (metrics.c) */
     struct {
         char *cert; /* PEM certificate (chain) the controller shows on a tls+tcp:// listen URL */
         char *key;  /* PEM private key of cert */

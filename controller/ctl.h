@@ -105,4 +105,22 @@ void ctl_serve_stats(struct ctl_serve *s, struct wb_conn_stats *out);
 /* Closes every connection and the listener (waits for nng's callbacks to end). */
 void ctl_serve_close(struct ctl_serve *s);
 
+/* ---------------------------------------------------------------- metrics.c */
+
+/* The opt-in Prometheus endpoint (job key metrics:): a thread of its own answers GET /metrics
+ * with the last text published; the controller's loop never waits for it. */
+struct ctl_metrics;
+struct sockaddr_storage;
+/* Parses HOST:PORT (an IPv4 address or [IPv6], a port 0-65535); -EINVAL with why. */
+int ctl_metrics_addr(const char *s, struct sockaddr_storage *ss, unsigned *sslen, char *why,
+                     size_t cap);
+/* Listens on addr and starts the thread; on failure why says what went wrong. */
+int ctl_metrics_open(struct ctl_metrics **out, const char *addr, char *why, size_t cap);
+/* The port it listens on (a job asking for port 0 gets one of the kernel's). */
+unsigned ctl_metrics_port(const struct ctl_metrics *m);
+/* Replaces the exposition served; takes text over (malloc'd, len bytes). */
+void ctl_metrics_publish(struct ctl_metrics *m, char *text, size_t len);
+/* Stops the thread, closes every connection and the listener. NULL: nothing. */
+void ctl_metrics_close(struct ctl_metrics *m);
+
 #endif /* WB_CTL_H */

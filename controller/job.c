@@ -1,13 +1,14 @@
 /* job.c — the job file: one table of documented rows (common's table-driven loader) saying
  * which model and layouts to plan, how the control plane times out, and how agents execute.
  * `wb-controller --dump-config` prints the same rows, so the docs never drift from the code. */
-#include "controller/controller.h"
+#include "controller/ctl.h"
 #include "route/route.h"
 
 #include <errno.h>
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 static const struct wb_cfg_field model_fields[] = {
     {"rules", WB_CFG_STR, "", "model rules YAML (configs/models/...)",
@@ -102,6 +103,12 @@ const struct wb_cfg_field wb_job_fields[] = {
      "default), so that no member can push the versions to the end of their range and block "
      "every later one",
      offsetof(struct wb_job, version_step)},
+    {"metrics", WB_CFG_STR, "",
+     "HOST:PORT (127.0.0.1:9420; [::1]:9420; port 0: any free one, logged) where the controller "
+     "serves Prometheus text at GET /metrics: versions complete and failed, failures by cause, "
+     "transfer durations and bytes, agents per role and state, ready (empty: off, nothing "
+     "listens)",
+     offsetof(struct wb_job, metrics)},
     {"tls", WB_CFG_SECTION, "", "the control plane over TLS (listen: tls+tcp://HOST:PORT)",
      offsetof(struct wb_job, tls), NULL, tls_fields},
     {0},
@@ -233,6 +240,15 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
                        key_at(y, "mode", mat, sizeof(mat)),
                        wb_plan_mode_name((enum wb_plan_mode)j.mode));
         err = -WB_E_CONFIG;
+    }
+    if (*j.metrics) {
+        struct sockaddr_storage ss;
+        unsigned sslen;
+        char why[300], mat[1200];
+        if (ctl_metrics_addr(j.metrics, &ss, &sslen, why, sizeof(why))) {
+            wb_errlist_add(el, "%s: metrics: %s", key_at(y, "metrics", mat, sizeof(mat)), why);
+            err = -WB_E_CONFIG;
+        }
     }
     if (j.handshake_ns == 0) {
         wb_errlist_add(el, "%s: handshake: must be longer than 0", path);

@@ -5,9 +5,13 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
@@ -15,7 +19,9 @@ static void usage(FILE *f)
                "       wb-ctl verify --config JOB --dump DIR --version N [--rank R]\n"
                "\n"
                "  transfer --version N   run transfer N; prints per-GPU bytes, per-stage and\n"
-               "                         total times; exit 1 with the reason when it fails\n"
+               "                         total times; exit 1 with the reason when it fails;\n"
+               "                         on a terminal, a progress line meanwhile (bytes\n"
+               "                         written of the bytes to write, rate)\n"
                "  status                 controller state and every agent (rollouts: complete\n"
                "                         version and whether an update is in flight)\n"
                "  plan                   the plan summary\n"
@@ -153,17 +159,146 @@ static int print_status(const struct wb_msg *m, char *why, size_t cap)
     return 0;
 }
 
-static int call(const char *url, const char *token, uint64_t timeout, struct wb_mpw *req)
+/* ---------------------------------------------------------------- progress on a terminal
+ *
+ * While `transfer` waits for its answer on a terminal, a thread of its own asks the controller
+ * for its status on a connection of its own a few times a second and rewrites one line: the
+ * bytes the trainers wrote of the bytes to write (their heartbeats carry both), and the rate
+ * since the request. The line is erased before the answer is printed, so what stays on the
+ * screen is what a pipe gets. */
+
+enum { PROGRESS_EVERY_MS = 250 };
+
+struct progress {
+    const char *url, *token;
+    uint64_t version, t0;
+    pthread_t th;
+    atomic_bool stop;
+    bool drawn;
+};
+
+/* From the status in m: whether the job's transfer in flight is version (*flying) and the
+ * trainers' bytes written and to write (both 0 until every trainer's heartbeat said them);
+ * false when m is no status. */
+static bool progress_read(const struct wb_msg *m, uint64_t version, uint64_t *done, uint64_t *total,
+                          bool *flying)
+{
+    struct wb_body_status st;
+    struct wb_mpr r;
+    uint32_t n = 0, silent = 0;
+    char why[WB_ERRMSG_MAX];
+    if (m->type != WB_MSG_STATUS || wb_msg_decode(m, &st, why, sizeof(why)))
+        return false;
+    *flying = st.in_flight == version;
+    *done = *total = 0;
+    wb_mpr_init(&r, st.agents.p, st.agents.n);
+    if (wb_mpr_array(&r, 2 * WB_RANKS_MAX, &n))
+        return false;
+    for (uint32_t i = 0; i < n; i++) {
+        struct wb_body_agent_status a;
+        if (wb_body_get(&r, WB_BODY_AGENT_STATUS, &a, why, sizeof(why)))
+            return false;
+        if (strcmp(a.role, "trainer") == 0) {
+            *done += a.done;
+            *total += a.total;
+            silent += a.total == 0;
+        }
+    }
+    if (silent) /* a sum without a trainer's bytes would understate the whole */
+        *done = *total = 0;
+    return true;
+}
+
+static void progress_draw(struct progress *p, bool flying, uint64_t done, uint64_t total)
+{
+    char line[200], a[32], b[32], r[32];
+    double s = (double)(wb_now_ns() - p->t0) / 1e9;
+    if (!flying)
+        snprintf(line, sizeof(line), "transfer %" PRIu64 ": waiting to start", p->version);
+    else if (!total)
+        snprintf(line, sizeof(line),
+                 "transfer %" PRIu64 ": started, waiting for the trainers' counts", p->version);
+    else
+        snprintf(line, sizeof(line), "transfer %" PRIu64 ": %s / %s  %5.1f%%  %s/s", p->version,
+                 wb_fmt_bytes(done, a, sizeof(a)), wb_fmt_bytes(total, b, sizeof(b)),
+                 100.0 * (double)done / (double)total,
+                 wb_fmt_bytes(s > 0 ? (uint64_t)((double)done / s) : 0, r, sizeof(r)));
+    printf("\r%s\033[K", line);
+    fflush(stdout);
+    p->drawn = true;
+}
+
+static void *progress_run(void *arg)
+{
+    struct progress *p = arg;
+    struct wb_chan ch;
+    if (wb_chan_open(&ch, p->url, p->token))
+        return NULL; /* no line: the answer says what went wrong */
+    while (!atomic_load(&p->stop)) {
+        struct wb_mpw w;
+        void *buf = NULL;
+        size_t len = 0;
+        struct wb_msg m;
+        const char *refused;
+        uint64_t done, total;
+        bool flying;
+        wb_mpw_init(&w);
+        wb_msg_encode(&w, WB_MSG_CTL_STATUS, p->token, NULL);
+        int err = wb_chan_call(&ch, &w, 1000000000ull, &buf, &len);
+        wb_mpw_free(&w);
+        bool ok = !err && !wb_msg_open(buf, len, p->token, &m, &refused) &&
+                  progress_read(&m, p->version, &done, &total, &flying);
+        wb_chan_free(buf);
+        if (!ok) /* refused (max_connections, say) or gone: no line rather than retries */
+            break;
+        if (!atomic_load(&p->stop))
+            progress_draw(p, flying, done, total);
+        for (int t = 0; t < PROGRESS_EVERY_MS && !atomic_load(&p->stop); t += 10)
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    wb_chan_close(&ch);
+    return NULL;
+}
+
+/* Starts the line when stdout is a terminal (false: nothing started). */
+static bool progress_start(struct progress *p, const char *url, const char *token, uint64_t version)
+{
+    if (!isatty(STDOUT_FILENO))
+        return false;
+    *p = (struct progress){.url = url, .token = token, .version = version, .t0 = wb_now_ns()};
+    atomic_init(&p->stop, false);
+    return pthread_create(&p->th, NULL, progress_run, p) == 0;
+}
+
+/* Stops it and erases the line. */
+static void progress_stop(struct progress *p)
+{
+    atomic_store(&p->stop, true);
+    pthread_join(p->th, NULL);
+    if (p->drawn) {
+        printf("\r\033[K");
+        fflush(stdout);
+    }
+}
+
+/* Sends req and prints the answer; prog (may be NULL): the progress line, stopped and erased
+ * once the answer is in, before anything is printed. */
+static int call_then(const char *url, const char *token, uint64_t timeout, struct wb_mpw *req,
+                     struct progress *prog)
 {
     struct wb_chan ch;
     void *buf = NULL;
     size_t len = 0;
     int err = wb_chan_open(&ch, url, token);
     if (err) {
+        if (prog)
+            progress_stop(prog);
         fprintf(stderr, "wb-ctl: %s: %s\n", url, wb_strerror(err));
         return 1;
     }
     err = wb_chan_call(&ch, req, timeout, &buf, &len);
+    if (prog)
+        progress_stop(prog);
     if (err) {
         fprintf(stderr, "wb-ctl: controller %s: %s\n", url,
                 err == -ETIMEDOUT ? "no answer (timed out)"
@@ -368,7 +503,9 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    int rc = call(url, token, timeout, &w);
+    struct progress prog;
+    bool line = strcmp(cmd, "transfer") == 0 && progress_start(&prog, url, token, version);
+    int rc = call_then(url, token, timeout, &w, line ? &prog : NULL);
     wb_mpw_free(&w);
     return rc;
 }

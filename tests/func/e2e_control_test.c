@@ -6,6 +6,7 @@
 #include "tests/func/e2e_proc.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -913,6 +914,249 @@ static void test_strangers(void)
     shutdown_all(&c);
 }
 
+/* ---------------------------------------------------------------- metrics */
+
+/* Sends req on a new connection to 127.0.0.1:port and reads the reply until the peer closes
+ * (malloc'd; the limit only ends a hang). */
+static char *http_raw(unsigned port, const char *req, size_t len)
+{
+    int fd = raw_connect(port);
+    if (fd < 0)
+        wb_test_fail(__FILE__, __LINE__, "metrics port %u: connect: %s", port, strerror(errno));
+    for (size_t off = 0; off < len;) {
+        ssize_t n = send(fd, req + off, len - off, MSG_NOSIGNAL);
+        if (n <= 0)
+            break; /* the server answered early (an oversized head) and closed */
+        off += (size_t)n;
+    }
+    size_t cap = 1 << 16, got = 0;
+    char *buf = malloc(cap + 1);
+    for (unsigned waited = 0; waited <= 10000;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 50) <= 0) {
+            waited += 50;
+            continue;
+        }
+        ssize_t n = read(fd, buf + got, cap - got);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+        if (got == cap)
+            break;
+    }
+    buf[got] = 0;
+    close(fd);
+    return buf;
+}
+
+static char *scrape(unsigned port)
+{
+    static const char req[] = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    char *r = http_raw(port, req, sizeof(req) - 1);
+    CHECK(strncmp(r, "HTTP/1.0 200 OK\r\n", 17) == 0);
+    CHECK_CONTAINS(r, "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n");
+    return r;
+}
+
+/* Scrapes until the exposition holds every line of want ("a\nb\n"), at most ms. */
+static char *scrape_until(unsigned port, const char *want, unsigned ms)
+{
+    char *r = NULL;
+    for (unsigned t = 0; t <= ms; t += 100) {
+        free(r);
+        r = scrape(port);
+        bool all = true;
+        for (const char *p = want; *p && all;) {
+            const char *nl = strchr(p, '\n');
+            char line[200];
+            snprintf(line, sizeof(line), "\n%.*s\n", (int)(nl - p), p);
+            all = strstr(r, line) != NULL;
+            p = nl + 1;
+        }
+        if (all)
+            return r;
+        e2e_sleep_ms(100);
+    }
+    wb_test_fail(__FILE__, __LINE__, "the metrics never showed\n%s\nlast scrape:\n%s", want, r);
+}
+
+/* TCP sockets listening that process pid holds (its fds matched to /proc/net/tcp{,6}). */
+static int listening_sockets(pid_t pid)
+{
+    char path[64], link[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    CHECK(d != NULL);
+    unsigned long inodes[256];
+    int n = 0, count = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 256) {
+        char fp[320];
+        snprintf(fp, sizeof(fp), "%s/%s", path, e->d_name);
+        ssize_t k = readlink(fp, link, sizeof(link) - 1);
+        if (k > 0) {
+            link[k] = 0;
+            if (sscanf(link, "socket:[%lu]", &inodes[n]) == 1)
+                n++;
+        }
+    }
+    closedir(d);
+    const char *tabs[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+    for (int t = 0; t < 2; t++) {
+        FILE *f = fopen(tabs[t], "r");
+        char line[512];
+        while (f && fgets(line, sizeof(line), f)) {
+            char st[8];
+            unsigned long ino;
+            if (sscanf(line, "%*s %*s %*s %7s %*s %*s %*s %*s %*s %lu", st, &ino) != 2 ||
+                strcmp(st, "0A") != 0)
+                continue;
+            for (int i = 0; i < n; i++)
+                count += inodes[i] == ino;
+        }
+        if (f)
+            fclose(f);
+    }
+    return count;
+}
+
+static void test_metrics(void)
+{
+    struct cluster c = {0};
+    char *out, extra[64];
+    unsigned port = e2e_port(7);
+    snprintf(extra, sizeof(extra), "metrics: 127.0.0.1:%u\n", port);
+    write_job(&c, 1, 2, extra);
+    start(&c);
+    free(wait_status(&c, "ready", 10000));
+    /* before any transfer */
+    out = scrape_until(port,
+                       "weightbridge_ready 1\n"
+                       "weightbridge_agents{role=\"trainer\",state=\"alive\"} 1\n"
+                       "weightbridge_agents{role=\"rollout\",state=\"alive\"} 2\n",
+                       5000);
+    CHECK_CONTAINS(out, "\n# TYPE weightbridge_versions_complete_total counter\n"
+                        "weightbridge_versions_complete_total 0\n");
+    CHECK_CONTAINS(out, "\nweightbridge_last_complete_version 0\n");
+    CHECK_CONTAINS(out, "\nweightbridge_transfer_seconds_count 0\n");
+    CHECK_CONTAINS(out, "\nweightbridge_agents{role=\"rollout\",state=\"dead\"} 0\n");
+    free(out);
+    /* the controller's own listener and the metrics one */
+    CHECK_INT(listening_sockets(c.ctl), 2);
+
+    for (int v = 1; v <= 2; v++) {
+        CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version %d", c.url, v),
+                  0);
+        free(out);
+    }
+    /* counted before wb-ctl heard the result: no wait */
+    out = scrape(port);
+    CHECK_CONTAINS(out, "\nweightbridge_versions_complete_total 2\n");
+    CHECK_CONTAINS(out, "\nweightbridge_versions_failed_total 0\n");
+    CHECK_CONTAINS(out, "\nweightbridge_last_complete_version 2\n");
+    CHECK_CONTAINS(out, "\nweightbridge_version_in_flight 0\n");
+    CHECK_CONTAINS(out, "\nweightbridge_transfer_seconds_bucket{le=\"+Inf\"} 2\n");
+    CHECK_CONTAINS(out, "\nweightbridge_transfer_seconds_count 2\n");
+    CHECK_CONTAINS(out, "\nweightbridge_last_transfer_bytes 0\n"); /* no model: nothing moves */
+    CHECK_CONTAINS(out, "\n# TYPE weightbridge_transfer_seconds histogram\n");
+    free(out);
+
+    /* malformed, oversized, other methods and paths: answered, the controller unaffected */
+    const struct {
+        const char *req, *want;
+    } bad[] = {
+        {"garbage\r\n\r\n", "HTTP/1.0 400 Bad Request\r\n"},
+        {"GET /metrics\r\n\r\n", "HTTP/1.0 400 Bad Request\r\n"},
+        {"GET /metrics HTTP/2.0\r\n\r\n", "HTTP/1.0 400 Bad Request\r\n"},
+        {"GET /metrics HTTP/1.0 x\r\n\r\n", "HTTP/1.0 400 Bad Request\r\n"},
+        {"POST /metrics HTTP/1.0\r\n\r\n", "HTTP/1.0 405 Method Not Allowed\r\n"},
+        {"GET /other HTTP/1.0\r\n\r\n", "HTTP/1.0 404 Not Found\r\n"},
+    };
+    for (size_t i = 0; i < WB_ARRAY_LEN(bad); i++) {
+        out = http_raw(port, bad[i].req, strlen(bad[i].req));
+        CHECK(strncmp(out, bad[i].want, strlen(bad[i].want)) == 0);
+        free(out);
+    }
+    char nul[] = "GET /metrics\0 HTTP/1.0\r\n\r\n";
+    out = http_raw(port, nul, sizeof(nul) - 1);
+    CHECK_CONTAINS(out, "HTTP/1.0 400 Bad Request\r\n");
+    free(out);
+    size_t big = 8192;
+    char *huge = malloc(big);
+    memset(huge, 'A', big);
+    out = http_raw(port, huge, big);
+    CHECK_CONTAINS(out, "HTTP/1.0 431 Request Header Fields Too Large\r\n");
+    free(out);
+    free(huge);
+    CHECK_INT(e2e_run(&out, "WB_TOKEN=tok-123 wb-ctl -c %s transfer --version 3", c.url), 0);
+    CHECK_CONTAINS(out, "transfer 3: complete in");
+    free(out);
+    out = scrape(port);
+    CHECK_CONTAINS(out, "\nweightbridge_versions_complete_total 3\n");
+    free(out);
+
+    /* a failure: a trainer killed mid-transfer */
+    kill(c.tr[0], SIGKILL);
+    CHECK_INT(e2e_wait(c.tr[0], 5000), 128 + SIGKILL);
+    free(scrape_until(port,
+                      "weightbridge_ready 0\n"
+                      "weightbridge_agents{role=\"trainer\",state=\"dead\"} 1\n"
+                      "weightbridge_agents{role=\"trainer\",state=\"alive\"} 0\n",
+                      5000));
+    c.tr[0] = start_agent(&c, "trainer", 0, "30s"); /* its transfer cannot finish by itself */
+    free(wait_status(&c, "ready", 10000));
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s/wb-ctl", e2e_bin());
+    char *cargv[] = {cmd, "-c", c.url, "--token", "tok-123", "transfer", "--version", "4", NULL};
+    pid_t client = e2e_spawn("client.log", NULL, cargv);
+    free(scrape_until(port, "weightbridge_version_in_flight 4\n", 5000));
+    kill(c.tr[0], SIGKILL);
+    CHECK_INT(e2e_wait(client, 30000), 1);
+    CHECK_INT(e2e_wait(c.tr[0], 5000), 128 + SIGKILL);
+    out = scrape(port);
+    CHECK_CONTAINS(out, "\nweightbridge_versions_failed_total 1\n");
+    CHECK_CONTAINS(out, "\nweightbridge_failures_total{cause=\"agent_lost\"} 1\n");
+    CHECK_CONTAINS(out, "\nweightbridge_failures_total{cause=\"timeout\"} 0\n");
+    CHECK_CONTAINS(out, "\nweightbridge_versions_complete_total 3\n");
+    CHECK_CONTAINS(out, "\nweightbridge_last_complete_version 3\n");
+    free(out);
+    c.tr[0] = start_agent(&c, "trainer", 0, NULL);
+    free(wait_status(&c, "ready", 10000));
+    shutdown_all(&c);
+}
+
+/* No metrics: key, nothing listens but the controller; a bad value is refused naming the
+ * file:line, before anything listens. */
+static void test_metrics_config(void)
+{
+    struct cluster c = {0};
+    write_job(&c, 1, 1, NULL);
+    start(&c);
+    free(wait_status(&c, "ready", 10000));
+    CHECK_INT(listening_sockets(c.ctl), 1);
+    shutdown_all(&c);
+
+    const struct {
+        const char *value, *want;
+    } bad[] = {
+        {"localhost:9420", "metrics: 'localhost:9420': host 'localhost' is not an IP address "
+                           "(127.0.0.1, [::1], 0.0.0.0)"},
+        {"127.0.0.1:70000", "metrics: '127.0.0.1:70000': port '70000' is not a number from 0 to "
+                            "65535"},
+        {"9420", "metrics: '9420' is not HOST:PORT (an IP address and a port, 127.0.0.1:9420)"},
+    };
+    for (size_t i = 0; i < WB_ARRAY_LEN(bad); i++) {
+        char extra[128], want[1600], *out;
+        snprintf(extra, sizeof(extra), "metrics: \"%s\"\n", bad[i].value);
+        write_job(&c, 1, 1, extra);
+        CHECK_INT(e2e_run(&out, "wb-controller --config %s", c.job), 1);
+        /* its value: line 9 (write_job writes eight before it), column 10 */
+        snprintf(want, sizeof(want), "%s:9:10: %s", c.job, bad[i].want);
+        CHECK_CONTAINS(out, want);
+        free(out);
+    }
+}
+
 /* Shutdown reaches an agent whose poll answer never arrives: its heartbeats are answered "the
  * job is shutting down" (the agent exits on that as on EXIT), a registration during the
  * shutdown is refused, and the controller exits once the agent acknowledged or fell silent. */
@@ -1326,5 +1570,7 @@ const struct wb_test wb_tests[] = {
     {"replay", test_replay, 60},
     {"shutdown_by_heartbeat", test_shutdown_by_heartbeat, 60},
     {"shutdown_tells_the_unheard", test_shutdown_tells_the_unheard, 60},
+    {"metrics", test_metrics, 120},
+    {"metrics_config", test_metrics_config, 60},
     {0},
 };

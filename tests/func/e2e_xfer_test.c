@@ -8,7 +8,9 @@
  * rollouts keep their version, the retry after a restart succeeds), a rollout's state dump
  * (SIGUSR1) checked rank by rank, and the same job with every process in its own network
  * namespace. Timing never decides a result. */
+#include <fcntl.h>
 #include <jansson.h>
+#include <regex.h>
 
 #include "tests/func/e2e_cluster.h"
 
@@ -549,6 +551,82 @@ static void test_state_dump(void)
     stop(&c);
 }
 
+/* Whether a pseudo-terminal can be made here, as script(1) makes one; why not in why (as
+ * bcast_test.c's). */
+static bool pty_possible(char *why, size_t cap)
+{
+    int m = posix_openpt(O_RDWR | O_NOCTTY);
+    if (m < 0) {
+        snprintf(why, cap, "posix_openpt: %s", strerror(errno));
+        return false;
+    }
+    const char *name = grantpt(m) == 0 && unlockpt(m) == 0 ? ptsname(m) : NULL;
+    int sl = name ? open(name, O_RDWR | O_NOCTTY) : -1;
+    if (sl < 0)
+        snprintf(why, cap, "%s: %s", name ? name : "grantpt/unlockpt", strerror(errno));
+    else
+        close(sl);
+    close(m);
+    return sl >= 0;
+}
+
+static bool matches(const char *text, const char *re)
+{
+    regex_t rx;
+    if (regcomp(&rx, re, REG_EXTENDED))
+        wb_test_fail(__FILE__, __LINE__, "bad regex %s", re);
+    bool m = regexec(&rx, text, 0, NULL, 0) == 0;
+    regfree(&rx);
+    return m;
+}
+
+/* wb-ctl transfer under script(1), so its stdout is a terminal: a progress line rewritten in
+ * place (bytes written of the plan's 3.27 MiB, rate) while the paced transfer runs, erased
+ * before the result, which is then what a pipe gets; through a pipe, no progress at all. */
+static void test_transfer_progress_terminal(void)
+{
+    if (system("script --version >/dev/null 2>&1") != 0)
+        wb_test_skip("no script(1) (util-linux / bsdutils): scripts/deps.sh installs it");
+    char why[300];
+    if (!pty_possible(why, sizeof(why)))
+        wb_test_skip("no pseudo-terminal can be made here (%s): script(1) needs one", why);
+    struct cluster c = {.provider = "tcp", .domain = "lo"};
+    snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(17));
+    write_job(&c, "auto", "4MiB", false);
+    start(&c, "60ms"); /* paced: 21 tasks hold a transfer open for over a second */
+    char cmd[1000];
+    snprintf(cmd, sizeof(cmd), "%s/wb-ctl -c %s --timeout 60s transfer --version 1", e2e_bin(),
+             c.url);
+    char *argv[] = {"/usr/bin/env", "script", "-qfec", cmd, "/dev/null", NULL};
+    static char tok[] = "WB_TOKEN=xfer-tok";
+    char *env[] = {tok, NULL};
+    CHECK_INT(e2e_wait(e2e_spawn("tty.log", env, argv), 60000), 0);
+    char *out = e2e_slurp("tty.log");
+    /* 3423808 bytes to write: the demo plan's two rollouts' DEMO_RECV */
+    if (!matches(out, "\rtransfer 1: [0-9.]+ (B|KiB|MiB) / 3\\.27 MiB +[0-9]+\\.[0-9]%  "
+                      "[0-9.]+ (B|KiB|MiB|GiB)/s\033\\[K"))
+        wb_test_fail(__FILE__, __LINE__, "no progress line:\n%s", out);
+    /* every line with numbers says the whole plan (none before every trainer reported) */
+    int all = 0, whole = 0;
+    for (const char *p = out; (p = strstr(p, " / ")); p++)
+        all++;
+    for (const char *p = out; (p = strstr(p, " / 3.27 MiB ")); p++)
+        whole++;
+    CHECK_INT(all, whole);
+    /* erased, then the result as a pipe gets it (the terminal writes \r\n for \n) */
+    CHECK_CONTAINS(out, "\033[K\r\033[Ktransfer 1: complete in ");
+    CHECK_CONTAINS(out, "\r\nrollout 1: 1711904 bytes received\r\n");
+    free(out);
+    verify(&c, 1);
+
+    CHECK_INT(ctl(&c, &out, "--timeout 60s transfer --version 2"), 0);
+    CHECK(strncmp(out, "transfer 2: complete in ", 24) == 0);
+    CHECK(!strchr(out, '\r') && !strchr(out, '\033'));
+    CHECK_CONTAINS(out, "\nrollout 1: 1711904 bytes received\n");
+    free(out);
+    stop(&c);
+}
+
 const struct wb_test wb_tests[] = {
     {"padded_vocab", test_padded_vocab, 120},
     {"amax_three_peers", test_amax_three_peers, 120},
@@ -566,6 +644,7 @@ const struct wb_test wb_tests[] = {
     {"host_resident", test_host_resident, 120},
     {"tcp_two_rails", test_tcp_two_rails, 120},
     {"kill_trainer", test_kill_trainer, 120},
+    {"transfer_progress_terminal", test_transfer_progress_terminal, 120},
     {"stray_write_detected", test_stray_write_detected, 120},
     {"state_dump", test_state_dump, 120},
     {"netns_tcp", test_netns_tcp, 120},

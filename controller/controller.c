@@ -1205,6 +1205,17 @@ static uint64_t session_new(const struct wb_controller *c)
     }
 }
 
+/* The shutdown reached agent a (its request is answered "the job is shutting down"): the
+ * controller lingers 200 ms more, so that the answer is written before its socket closes (an
+ * agent whose answer is lost sees only a closed connection, and a rollout then waits). */
+static void told_end(struct wb_controller *c, struct agent *a)
+{
+    a->told_end = true;
+    uint64_t linger = wb_now_ns() + 200 * 1000000ull;
+    if (linger > c->exit_linger)
+        c->exit_linger = linger;
+}
+
 /* The connection req came on is one of a's (check_closed: its closing says a's process is
  * gone). */
 static void note_pipe(struct wb_controller *c, struct agent *a, nng_msg *req)
@@ -1314,7 +1325,7 @@ static struct agent *session_agent(struct wb_controller *c, nng_msg *req,
     if (c->shutting_down && (!a || !a->alive || a->session != s->session)) {
         /* an agent the controller lost (or a restarted one never knew) exits, too */
         if (a)
-            a->told_end = true;
+            told_end(c, a);
         reply_error(c, req, -WB_E_ENDED, "the job is shutting down");
         return NULL;
     }
@@ -1495,7 +1506,7 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
     case WB_MSG_HEARTBEAT:
         if (c->shutting_down) { /* the EXIT again, on the agent's other connection: a poll
                                  * answer that did not arrive leaves no agent waiting */
-            a->told_end = true;
+            told_end(c, a);
             reply_error(c, req, -WB_E_ENDED, "the job is shutting down");
             return;
         }

@@ -93,6 +93,32 @@ int wb_bcast_reader_run(const struct wb_bcast_reader_opts *o, struct wb_errlist 
             wb_errlist_add(el, "%s: reader context: %s", wb_esc(o->checkpoint).s, wb_strerror(rc));
             goto out;
         }
+    /* What this reader's share holds, byte for byte: registered with the fingerprint, so the
+     * coordinator, which hashed the same share of its own checkpoint, refuses a reader whose
+     * files are another checkpoint of the same model before anything is sent. */
+    {
+        struct wb_hash128 h;
+        char hex[33];
+        uint64_t t0 = wb_now_ns();
+        if ((rc = wb_ckpt_share_hash(ck, src.share, src.rd[0], &h, NULL)) != 0) {
+            wb_errlist_add(el, "%s: hashing its share: %s", wb_esc(o->checkpoint).s,
+                           rc == -EIO ? "a file is shorter than when it was opened"
+                                      : wb_strerror(rc));
+            goto out;
+        }
+        char t[2 * WB_SOURCE_MAX];
+        snprintf(t, sizeof(t), "%s share %u/%u content %s", id, o->rank, o->readers,
+                 wb_hash128_hex(&h, hex));
+        if (strlen(t) >= sizeof(id)) {
+            rc = -ENAMETOOLONG;
+            wb_errlist_add(el, "%s: its identity is too long", wb_esc(o->checkpoint).s);
+            goto out;
+        }
+        memcpy(id, t, strlen(t) + 1);
+        wb_log(WB_LOG_INFO, "bcast",
+               "reader %u: share content %s (%" PRIu64 " bytes hashed in %.3f s)", o->rank, hex,
+               src.share->bytes, (double)(wb_now_ns() - t0) / 1e9);
+    }
     struct wb_endpoint_opts eo = {.role = WB_ROLE_TRAINER,
                                   .rank = o->rank,
                                   .device = o->device,

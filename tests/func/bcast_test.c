@@ -741,6 +741,63 @@ static void test_kill_reader_resume(void)
     CHECK_U64(verify(&b), DEMO_WRITE_BYTES);
 }
 
+/* A reader's file written to after its content was checked (the transfer under way): the next
+ * read from it fails the transfer naming the file, nothing is retried, nothing published. */
+static void test_changed_after_check(void)
+{
+    struct bc b;
+    setup(&b, "changed", 32, DEMO_RULES, DEMO_CONFIG, 2, 2, "mem_cap: 4MiB\n");
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    /* the file holding the last piece of reader 1's share, and where that piece is */
+    struct wb_errlist el;
+    struct wb_ckpt *ck = NULL;
+    struct wb_ckpt_shares sh = {0};
+    wb_errlist_init(&el);
+    CHECK_INT(wb_ckpt_open(b.ckpt, &ck, &el), 0);
+    CHECK_INT(wb_ckpt_shares_make(ck, 2, &sh), 0);
+    const struct wb_ckpt_piece *p = &sh.share[1].piece[sh.share[1].n - 1];
+    const struct wb_ckpt_loc *l = &ck->loc[p->tensor];
+    char path[900], name[200];
+    snprintf(path, sizeof(path), "%s", ck->files[l->file].path);
+    snprintf(name, sizeof(name), "%s", ck->files[l->file].name);
+    off_t at = (off_t)(l->offset + p->offset);
+    wb_ckpt_shares_free(&sh);
+    wb_ckpt_close(ck);
+    wb_errlist_free(&el);
+
+    start_coordinator(&b, "coord.log", "100ms");
+    start_rollouts(&b, NULL);
+    start_reader(&b, 0, "150ms"); /* paced: about 3.5 s for their 23 tasks each */
+    start_reader(&b, 1, "150ms");
+    free(await_log("coord.log", "] ", 30000)); /* the transfer runs: a progress line */
+    int fd = open(path, O_RDWR);
+    CHECK(fd >= 0);
+    uint8_t byte = 0;
+    CHECK_INT((int)pread(fd, &byte, 1, at), 1);
+    byte ^= 0x80;
+    CHECK_INT((int)pwrite(fd, &byte, 1, at), 1);
+    CHECK_INT(close(fd), 0);
+    CHECK_INT(e2e_wait(b.coord, 60000), 1);
+    char *out = e2e_slurp("coord.log");
+    char want[600];
+    snprintf(want, sizeof(want),
+             ": %s: the file changed after its content was checked (written to since): its "
+             "bytes are not the ones proven equal to the coordinator's checkpoint\n",
+             name);
+    CHECK_CONTAINS(out, "wb-broadcast: the broadcast failed\n  transfer 1 failed: ");
+    CHECK_CONTAINS(out, want);
+    CHECK(!strstr(out, "attempt 2"));
+    CHECK(!strstr(out, "verified"));
+    free(out);
+    for (int r = 0; r < b.rollouts; r++) {
+        CHECK_INT(e2e_wait(b.ro[r], 20000), 0);
+        snprintf(path, sizeof(path), "%s/rollout%d.v1.bin", b.dump, r);
+        CHECK(access(path, F_OK) != 0);
+    }
+    for (int r = 0; r < b.readers; r++)
+        CHECK_INT(e2e_wait(b.rd[r], 20000), 0);
+}
+
 /* A byte flipped at rollout 2 after it landed: its checksum names the tensor, the bytes and
  * both ranks, the version fails, and no rollout publishes it. */
 static void test_checksum_mismatch(void)
@@ -856,6 +913,7 @@ const struct wb_test wb_tests[] = {
     {"token", test_token, 60},
     {"wrong_reader", test_wrong_reader, 60},
     {"other_checkpoint", test_other_checkpoint, 120},
+    {"changed_after_check", test_changed_after_check, 120},
     {"kill_reader_resume", test_kill_reader_resume, 180},
     {"checksum_mismatch", test_checksum_mismatch, 120},
     {"progress_terminal", test_progress_terminal, 120},

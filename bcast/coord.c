@@ -388,7 +388,10 @@ static void summary(struct coord *c, const struct wb_bcast_result *res)
             bc_fmt_dec(x->peak_tmp, b, sizeof(b)), bc_fmt_dec(x->cap, d, sizeof(d)));
     }
     if (c->o->verify)
-        say(c, "verified: every write's checksum matched at its rollout");
+        /* content hashes (before the transfer): every reader's share == the checkpoint's;
+         * checksums (at every write): every rollout's bytes == what its reader sent */
+        say(c, "verified: every reader's share hashed equal to the checkpoint and every write's "
+               "checksum matched at its rollout");
 }
 
 int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, struct wb_errlist *el)

@@ -205,6 +205,8 @@ static void expect_line(const char *out, const char *fmt, ...)
 
 /* ---------------------------------------------------------------- the demo model */
 
+static bool matches(const char *text, const char *re);
+
 static void broadcast_demo(enum wb_ckpt_form form, uint32_t files, unsigned salt)
 {
     struct bc b;
@@ -235,7 +237,16 @@ static void broadcast_demo(enum wb_ckpt_form form, uint32_t files, unsigned salt
         CHECK_CONTAINS(out, "wb-broadcast: reader 0: read 2.89 MB, wrote 3959232 bytes");
         CHECK_CONTAINS(out, "wb-broadcast: reader 1: read 2.89 MB, wrote 2888384 bytes");
     }
-    CHECK_CONTAINS(out, "wb-broadcast: verified: every write's checksum matched at its rollout\n");
+    CHECK_CONTAINS(out, "wb-broadcast: verified: every reader's share hashed equal to the "
+                        "checkpoint and every write's checksum matched at its rollout\n");
+    /* the coordinator hashed its own checkpoint: the ground truth the readers are held to */
+    if (!matches(out,
+                 "\nwb-broadcast: content: 5\\.77 MB hashed in [0-9]+\\.[0-9]{3} s \\(XXH3-128 "
+                 "of each reader's share\\)\n") &&
+        !matches(out,
+                 "\nwb-broadcast: content: 3\\.42 MB hashed in [0-9]+\\.[0-9]{3} s \\(XXH3-128 "
+                 "of each reader's share\\)\n"))
+        wb_test_fail(__FILE__, __LINE__, "no content line:\n%s", out);
     free(out);
     CHECK_U64(verify(&b), DEMO_WRITE_BYTES);
 }
@@ -516,8 +527,6 @@ static void test_token(void)
     CHECK_STR(out, want);
     free(out);
 }
-
-static bool matches(const char *text, const char *re);
 
 /* A reader that opened other files is refused at registration, naming both checkpoints; the
  * coordinator fails at once naming the reader and why. */

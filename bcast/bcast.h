@@ -8,11 +8,13 @@
  * transports as a training update, and memory bounded whatever the checkpoint's size.
  *
  * The coordinator checks the checkpoint against the job's model (every problem listed before
- * anything listens), lays the readers out (wb_ckpt_layout), runs the job's controller in its
- * own process, waits for every reader and rollout, runs the transfer while showing progress,
- * and has every rollout check each write against the checksum its reader computed. A failed
- * attempt whose reader or rollout died is resumed once the agent is back: only the rollout
- * tensors that had not landed (and been verified) are sent again.
+ * anything listens), hashes each reader's share of it (XXH3-128, wb_ckpt_share_hash: the ground
+ * truth every reader's own hash of its share must equal to register, so a reader holding other
+ * bytes is refused before any transfer), lays the readers out (wb_ckpt_layout), runs the job's
+ * controller in its own process, waits for every reader and rollout, runs the transfer while
+ * showing progress, and has every rollout check each write against the checksum its reader
+ * computed. A failed attempt whose reader or rollout died is resumed once the agent is back: only
+ * the rollout tensors that had not landed (and been verified) are sent again.
  *
  * Errors: 0 or a negative code; problems appended to the error list. */
 #ifndef WB_BCAST_H
@@ -42,8 +44,9 @@ struct wb_bcast_reader_opts {
     uint64_t pace_ns;    /* testing: extra delay before each task starts */
 };
 
-/* Opens the checkpoint, registers this reader's share and serves the coordinator's transfers
- * until it ends the job (0). A bad checkpoint or a registration the coordinator refuses is
+/* Opens the checkpoint, hashes its share, registers it (the fingerprint and the share's hash)
+ * and serves the coordinator's transfers until it ends the job (0), refusing a read from a
+ * file written to since the hash. A bad checkpoint or a registration the coordinator refuses is
  * -EBADMSG / -WB_E_CONFIG with every problem in el; a controller gone silent -WB_E_PEER. */
 int wb_bcast_reader_run(const struct wb_bcast_reader_opts *o, struct wb_errlist *el);
 

@@ -163,7 +163,8 @@ static int wait_ready(struct coord *c, uint64_t wait_ns, struct wb_errlist *el)
         if (strcmp(c->state, "ready") == 0)
             return 0;
         for (uint32_t i = 0; i < c->nav; i++)
-            if (strcmp(c->av[i].state, "failed") == 0) { /* its setup will not mend itself */
+            if (strcmp(c->av[i].state, "failed") == 0 ||  /* its setup will not mend itself */
+                strcmp(c->av[i].state, "refused") == 0) { /* nor will its files */
                 wb_errlist_add(el, "%s %u: %s", c->av[i].trainer ? "reader" : "rollout",
                                c->av[i].rank, c->av[i].err);
                 return -WB_E_PEER;
@@ -387,7 +388,10 @@ static void summary(struct coord *c, const struct wb_bcast_result *res)
             bc_fmt_dec(x->peak_tmp, b, sizeof(b)), bc_fmt_dec(x->cap, d, sizeof(d)));
     }
     if (c->o->verify)
-        say(c, "verified: every write's checksum matched at its rollout");
+        /* content hashes (before the transfer): every reader's share == the checkpoint's;
+         * checksums (at every write): every rollout's bytes == what its reader sent */
+        say(c, "verified: every reader's share hashed equal to the checkpoint and every write's "
+               "checksum matched at its rollout");
 }
 
 int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, struct wb_errlist *el)
@@ -398,6 +402,8 @@ int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, str
     struct wb_ckpt_shares sh = {0};
     struct wb_trainer_layout tl;
     char id[WB_SOURCE_MAX], a[32], why[WB_ERRMSG_MAX] = "";
+    char(*ids)[WB_SOURCE_MAX] = NULL;
+    const char **idp = NULL;
     memset(res, 0, sizeof(*res));
     memset(&tl, 0, sizeof(tl));
     c.mode = o->progress;
@@ -418,12 +424,53 @@ int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, str
     }
     if ((err = wb_ckpt_layout(ck, &sh, &tl, el)) != 0)
         goto out;
+    /* Ground truth: the coordinator hashes every share of the checkpoint it was pointed at;
+     * reader k must register the same fingerprint and the same content hash of share k. */
+    if (!(ids = calloc(o->readers ? o->readers : 1, sizeof(*ids))) ||
+        !(idp = calloc(o->readers ? o->readers : 1, sizeof(*idp)))) {
+        err = -ENOMEM;
+        goto out;
+    }
+    {
+        struct wb_ckpt_reader *rd = NULL;
+        struct wb_ckpt_io_opts io = {0};
+        uint64_t t0 = wb_now_ns();
+        err = wb_ckpt_reader_open(ck, &io, &rd);
+        for (uint32_t k = 0; !err && k < sh.n; k++) {
+            struct wb_hash128 h;
+            char hex[33];
+            if ((err = wb_ckpt_share_hash(ck, &sh.share[k], rd, &h, NULL)) != 0)
+                break;
+            /* what the reader registers (reader.c): well under WB_SOURCE_MAX */
+            char t[2 * WB_SOURCE_MAX];
+            snprintf(t, sizeof(t), "%s share %u/%u content %s", id, k, sh.n,
+                     wb_hash128_hex(&h, hex));
+            if (strlen(t) >= sizeof(ids[k])) {
+                err = -ENAMETOOLONG;
+                break;
+            }
+            memcpy(ids[k], t, strlen(t) + 1);
+            idp[k] = ids[k];
+        }
+        wb_ckpt_reader_close(rd);
+        if (err) {
+            wb_errlist_add(el, "%s: hashing its contents: %s", wb_esc(o->checkpoint).s,
+                           err == -EIO ? "a file is shorter than when it was opened"
+                                       : wb_strerror(err));
+            goto out;
+        }
+        say(&c, "content: %s hashed in %.3f s (XXH3-128 of each reader's share)",
+            bc_fmt_dec(ck->bytes, a, sizeof(a)), (double)(wb_now_ns() - t0) / 1e9);
+    }
     /* the controller: the checkpoint's tensors are the trainer inventory, its readers the
      * trainers; planned now, so that a refused plan stops everything before it listens */
     o->job->trainers = o->readers;
     o->job->verify = o->verify;
-    struct wb_controller_opts co = {
-        .trainer_layout = &tl, .trainer_inv = &ck->inv, .source = id, .fit_largest_task = true};
+    struct wb_controller_opts co = {.trainer_layout = &tl,
+                                    .trainer_inv = &ck->inv,
+                                    .sources = (const char *const *)idp,
+                                    .nsources = sh.n,
+                                    .fit_largest_task = true};
     if ((err = wb_controller_create_opts(o->job, &co, &c.ctl, el)) != 0)
         goto out;
     struct wb_controller_plan_info pi;
@@ -538,5 +585,7 @@ out:
     wb_ckpt_shares_free(&sh);
     wb_ckpt_close(ck);
     free(c.av);
+    free(ids);
+    free(idp);
     return err;
 }

@@ -128,6 +128,7 @@ struct job {
     char *dst;
     struct wb_ckpt_io_opts io;
     bool sum;
+    bool hash; /* wb_ckpt_share_hash of the share instead of reading it into dst */
     uint64_t acc;
     bool direct;
     int err;
@@ -140,6 +141,13 @@ static void *run_job(void *arg)
     if ((j->err = wb_ckpt_reader_open(j->ck, &j->io, &r)))
         return NULL;
     j->direct = wb_ckpt_reader_direct(r);
+    if (j->hash) {
+        struct wb_hash128 h;
+        j->err = wb_ckpt_share_hash(j->ck, j->sh, r, &h, NULL);
+        j->acc ^= h.b[0];
+        wb_ckpt_reader_close(r);
+        return NULL;
+    }
     for (size_t i = 0; i < j->sh->n && !j->err; i++) {
         const struct wb_ckpt_piece *p = &j->sh->piece[i];
         uint64_t x = 0;
@@ -152,12 +160,14 @@ static void *run_job(void *arg)
 }
 
 static int ours(const struct wb_ckpt *ck, const struct wb_ckpt_shares *s, const uint64_t *tstart,
-                char *dst, enum wb_ckpt_io_mode mode, uint64_t chunk, bool sum, bool *direct)
+                char *dst, enum wb_ckpt_io_mode mode, uint64_t chunk, bool sum, bool hash,
+                bool *direct)
 {
     struct job jobs[256];
     pthread_t th[256];
     for (uint32_t k = 0; k < s->n; k++) {
-        jobs[k] = (struct job){ck, &s->share[k], tstart, dst, {mode, chunk}, sum, 0, false, 0};
+        jobs[k] =
+            (struct job){ck, &s->share[k], tstart, dst, {mode, chunk}, sum, hash, 0, false, 0};
         if (s->n == 1)
             run_job(&jobs[k]);
         else if (pthread_create(&th[k], NULL, run_job, &jobs[k]) != 0)
@@ -234,12 +244,13 @@ int main(int argc, char **argv)
         uint32_t n; /* 0: the plain read */
         enum wb_ckpt_io_mode mode;
         bool sum;
+        bool hash; /* the broadcast's content hash (wb_ckpt_share_hash): a second pass */
         struct wb_ckpt_shares sh;
         double gbs[2][100]; /* cold, warm; per repetition */
     };
     static const enum wb_ckpt_io_mode modes[] = {WB_CKPT_IO_PREAD, WB_CKPT_IO_DIRECT};
     static const char *const mname[] = {"pread", "direct"};
-    struct kase *cs = calloc(1 + 6 * o.nreaders, sizeof(*cs));
+    struct kase *cs = calloc(1 + 7 * o.nreaders, sizeof(*cs));
     size_t nc = 0;
     snprintf(cs[nc++].what, sizeof(cs[0].what), "plain read(2), %llu MiB calls",
              (unsigned long long)((o.chunk ? o.chunk : 8 << 20) >> 20));
@@ -257,6 +268,19 @@ int main(int argc, char **argv)
                     return 1;
                 }
             }
+    /* per readers count: the content hash a broadcast's readers and coordinator compute */
+    for (size_t ri = 0; ri < o.nreaders; ri++) {
+        struct kase *k = &cs[nc++];
+        k->n = o.readers[ri];
+        k->mode = WB_CKPT_IO_PREAD;
+        k->hash = true;
+        snprintf(k->what, sizeof(k->what), "content hash XXH3-128 %3u reader%s", k->n,
+                 k->n == 1 ? " " : "s");
+        if (wb_ckpt_shares_make(ck, k->n, &k->sh)) {
+            fprintf(stderr, "ckpt_bench: shares failed\n");
+            return 1;
+        }
+    }
     /* Round-robin: every repetition runs every case once, so that drift in what else the
      * machine does spreads over all cases alike, forwards and backwards in turn; the median
      * per case is printed. */
@@ -280,8 +304,9 @@ int main(int argc, char **argv)
                 }
                 uint64_t t0 = wb_now_ns();
                 bool direct = false;
-                int err = k->n ? ours(ck, &k->sh, tstart, dst, k->mode, o.chunk, k->sum, &direct)
-                               : bench_plain_read(ck, plain, o.chunk);
+                int err =
+                    k->n ? ours(ck, &k->sh, tstart, dst, k->mode, o.chunk, k->sum, k->hash, &direct)
+                         : bench_plain_read(ck, plain, o.chunk);
                 double sec = (double)(wb_now_ns() - t0) / 1e9;
                 if (err) {
                     fprintf(stderr, "ckpt_bench: read failed: %s\n", wb_strerror(err));
@@ -290,7 +315,7 @@ int main(int argc, char **argv)
                 direct_used |= direct;
                 k->gbs[cache][rep] = (double)(k->n ? ck->bytes : fbytes) / 1e9 / sec;
                 /* once: what our reader placed equals the file bytes the plain read got */
-                if (k->n && !verified) {
+                if (k->n && !k->hash && !verified) {
                     bench_plain_read(ck, plain, o.chunk);
                     if (verify(ck, tstart, dst, plain))
                         return 1;
@@ -319,6 +344,20 @@ int main(int argc, char **argv)
         }
         putchar('\n');
         wb_ckpt_shares_free(&cs[c].sh);
+    }
+    /* what the broadcast's content check costs: its pass over the share against reading the
+     * share (pread, checksums off, the same readers count), as time over time */
+    for (size_t c = 0; c < nc; c++) {
+        if (!cs[c].hash)
+            continue;
+        for (size_t d = 0; d < nc; d++)
+            if (cs[d].n == cs[c].n && !cs[d].hash && !cs[d].sum && cs[d].mode == WB_CKPT_IO_PREAD) {
+                printf("content hash / read time, %u reader%s:", cs[c].n, cs[c].n == 1 ? "" : "s");
+                for (int cache = 0; cache < 2; cache++)
+                    if (med[cache][c] > 0)
+                        printf(" %s %.2f", cache ? "warm" : "cold", med[cache][d] / med[cache][c]);
+                putchar('\n');
+            }
     }
     free(cs);
     if (o.cold)

@@ -206,6 +206,21 @@ int wb_ckpt_layout(const struct wb_ckpt *ck, const struct wb_ckpt_shares *s,
  * reader that opened other files. */
 int wb_ckpt_fingerprint(const struct wb_ckpt *ck, char *buf, size_t cap);
 
+/* What a share's bytes are: XXH3-128 of each piece's bytes as read from the files (piece[i],
+ * when piece is not NULL: s->n of them), and XXH3-128 over every piece's tensor index, offset,
+ * length and hash in reading order (*share). The fingerprint says which files and headers a
+ * reader opened; this says what their tensor bytes are, so two checkpoints of one model that
+ * differ only in values get different hashes. Reads the share once more (in 8 MiB chunks
+ * through r). -EIO when a file is shorter than when it was opened. */
+struct wb_hash128 {
+    uint8_t b[16]; /* canonical (big-endian) XXH128 */
+};
+int wb_ckpt_share_hash(const struct wb_ckpt *ck, const struct wb_ckpt_share *s,
+                       struct wb_ckpt_reader *r, struct wb_hash128 *share,
+                       struct wb_hash128 *piece);
+/* 32 lowercase hex digits and a NUL into buf[33]. */
+char *wb_hash128_hex(const struct wb_hash128 *h, char buf[33]);
+
 /* ---------------------------------------------------------------- writing (tests, benches) */
 
 struct wb_ckpt_write_opts {

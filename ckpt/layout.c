@@ -99,3 +99,50 @@ int wb_ckpt_fingerprint(const struct wb_ckpt *ck, char *buf, size_t cap)
     XXH3_freeState(st);
     return err;
 }
+
+char *wb_hash128_hex(const struct wb_hash128 *h, char buf[33])
+{
+    for (int i = 0; i < 16; i++)
+        snprintf(buf + 2 * i, 3, "%02x", h->b[i]);
+    return buf;
+}
+
+int wb_ckpt_share_hash(const struct wb_ckpt *ck, const struct wb_ckpt_share *s,
+                       struct wb_ckpt_reader *r, struct wb_hash128 *share, struct wb_hash128 *piece)
+{
+    enum { CHUNK = 8 << 20 };
+    (void)ck;
+    uint8_t *buf = malloc(CHUNK);
+    XXH3_state_t *st = XXH3_createState(), *all = XXH3_createState();
+    int err = buf && st && all ? 0 : -ENOMEM;
+    if (!err)
+        XXH3_128bits_reset(all);
+    for (size_t i = 0; !err && i < s->n; i++) {
+        const struct wb_ckpt_piece *p = &s->piece[i];
+        XXH3_128bits_reset(st);
+        for (uint64_t off = 0; !err && off < p->bytes; off += CHUNK) {
+            uint64_t len = p->bytes - off < CHUNK ? p->bytes - off : CHUNK;
+            err = wb_ckpt_read(r, p->tensor, p->offset + off, len, buf, NULL);
+            if (!err)
+                XXH3_128bits_update(st, buf, (size_t)len);
+        }
+        if (err)
+            break;
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, XXH3_128bits_digest(st));
+        if (piece)
+            memcpy(piece[i].b, c.digest, 16);
+        uint64_t key[3] = {p->tensor, p->offset, p->bytes};
+        XXH3_128bits_update(all, key, sizeof(key));
+        XXH3_128bits_update(all, c.digest, sizeof(c.digest));
+    }
+    if (!err) {
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, XXH3_128bits_digest(all));
+        memcpy(share->b, c.digest, 16);
+    }
+    XXH3_freeState(st);
+    XXH3_freeState(all);
+    free(buf);
+    return err;
+}

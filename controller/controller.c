@@ -58,6 +58,7 @@ struct agent {
     /* setup */
     uint64_t setup_session;        /* session whose SETUP report arrived */
     char setup_err[WB_ERRMSG_MAX]; /* its last SETUP failed, and why ("" when it did not) */
+    char refused[WB_ERRMSG_MAX];   /* its last registration read another source, and how */
     uint64_t connected_gen;        /* gen of the last CONNECTED report */
     struct ctl_blob addr;          /* transport address (REPORT setup) */
     struct ctl_blob regions;       /* memory descriptors (REPORT setup) */
@@ -129,7 +130,8 @@ struct wb_controller {
     uint64_t failed_version;   /* the version whose last attempt failed (0: none) */
     uint64_t attempted;        /* the highest version this process started an attempt of */
     uint64_t epochs;           /* the epoch of the last transfer attempt started */
-    char *source;              /* the source every trainer must read (NULL: any) */
+    char **sources;            /* the source each trainer rank must read (NULL: any) */
+    uint32_t nsources;         /* 1: one for every rank; else one per trainer rank */
     uint64_t refuse_t0;        /* refusals logged in the second from refuse_t0 ... */
     uint32_t refuse_logged;
     uint64_t refuse_quiet; /* ... and not logged */
@@ -1272,9 +1274,16 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
         reply_error(c, req, -EADDRINUSE, msg);
         return;
     }
-    if (role == WB_ROLE_TRAINER && c->source && strcmp(b->source, c->source) != 0) {
+    const char *want = role != WB_ROLE_TRAINER || !c->nsources ? NULL
+                       : c->nsources == 1                      ? c->sources[0]
+                       : a->rank < c->nsources                 ? c->sources[a->rank]
+                                                               : NULL;
+    if (want && strcmp(b->source, want) != 0) {
         snprintf(msg, sizeof(msg), "register: trainer rank %u reads %s, the job moves %s", a->rank,
-                 *b->source ? b->source : "its own memory", c->source);
+                 *b->source ? b->source : "its own memory", want);
+        /* kept for status until it registers again: a coordinator waiting for it learns at
+         * once that this process will not do, instead of waiting for it in vain */
+        snprintf(a->refused, sizeof(a->refused), "%s", msg);
         reply_error(c, req, -WB_E_CONFIG, msg);
         return;
     }
@@ -1287,6 +1296,7 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
             xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u restarted", b->role, a->rank);
     }
     agent_reset(a);
+    a->refused[0] = 0;
     c->sessions++;
     a->session = session_new(c);
     a->alive = true;
@@ -1587,7 +1597,8 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
 
 /* ---------------------------------------------------------------- client messages */
 
-static const char *const agent_states[] = {"alive", "suspect", "failed", "dead", "left", "absent"};
+static const char *const agent_states[] = {"alive", "suspect", "failed", "dead",
+                                           "left",  "refused", "absent"};
 
 static const char *agent_state(const struct agent *a)
 {
@@ -1595,6 +1606,7 @@ static const char *agent_state(const struct agent *a)
            : a->alive && a->suspect    ? "suspect"
            : a->alive                  ? "alive"
            : a->left                   ? "left"
+           : a->refused[0]             ? "refused"
            : a->session                ? "dead"
                                        : "absent";
 }
@@ -1693,7 +1705,8 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
                                           .dropped = a->dropped};
         snprintf(as.role, sizeof(as.role), "%s", wb_role_name(a->role));
         snprintf(as.state, sizeof(as.state), "%s", agent_state(a));
-        snprintf(as.err, sizeof(as.err), "%s", a->setup_err);
+        snprintf(as.err, sizeof(as.err), "%s",
+                 !a->alive && a->refused[0] ? a->refused : a->setup_err);
         snprintf(as.host, sizeof(as.host), "%s", a->host);
         wb_body_put(&agents, WB_BODY_AGENT_STATUS, &as);
     }
@@ -2024,8 +2037,14 @@ int wb_controller_create_opts(const struct wb_job *job, const struct wb_controll
     }
     c->job = job;
     int err = 0;
-    if (o && o->source && !(c->source = strdup(o->source)))
-        err = -ENOMEM;
+    if (o && (o->source || o->sources)) {
+        c->nsources = o->sources ? o->nsources : 1;
+        if (!(c->sources = calloc(c->nsources ? c->nsources : 1, sizeof(char *))))
+            err = -ENOMEM;
+        for (uint32_t i = 0; !err && i < c->nsources; i++)
+            if (!(c->sources[i] = strdup(o->sources ? o->sources[i] : o->source)))
+                err = -ENOMEM;
+    }
     err = err ? err : ctl_plan_build(job, o, &c->plan, el);
     if (err)
         goto err_free;
@@ -2077,7 +2096,9 @@ err_plan:
 err_free:
     if (o && o->trainer_layout) /* zeroed when the plan took it over */
         wb_trainer_layout_free(o->trainer_layout);
-    free(c->source);
+    for (uint32_t i = 0; c->sources && i < c->nsources; i++)
+        free(c->sources[i]);
+    free(c->sources);
     free(c);
     return err;
 }
@@ -2096,6 +2117,8 @@ void wb_controller_destroy(struct wb_controller *c)
     ctl_serve_close(c->srv); /* no callback of nng's runs after it */
     free(c->agents);
     ctl_plan_free(&c->plan);
-    free(c->source);
+    for (uint32_t i = 0; c->sources && i < c->nsources; i++)
+        free(c->sources[i]);
+    free(c->sources);
     free(c);
 }

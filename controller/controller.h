@@ -95,6 +95,10 @@ struct wb_controller_opts {
     /* Every trainer must register with this source (REGISTER.source, a checkpoint's
      * fingerprint); NULL: any. */
     const char *source;
+    /* Or one per trainer rank (nsources of them, a broadcast's readers: the checkpoint's
+     * fingerprint and the content hash of that reader's share); overrides source. */
+    const char *const *sources;
+    uint32_t nsources;
     /* Raise the executors' memory cap to the largest task where that is over the job's cap
      * (a checkpoint's tensors are the size they are) instead of failing at setup. */
     bool fit_largest_task;

@@ -205,6 +205,8 @@ static void expect_line(const char *out, const char *fmt, ...)
 
 /* ---------------------------------------------------------------- the demo model */
 
+static bool matches(const char *text, const char *re);
+
 static void broadcast_demo(enum wb_ckpt_form form, uint32_t files, unsigned salt)
 {
     struct bc b;
@@ -235,7 +237,16 @@ static void broadcast_demo(enum wb_ckpt_form form, uint32_t files, unsigned salt
         CHECK_CONTAINS(out, "wb-broadcast: reader 0: read 2.89 MB, wrote 3959232 bytes");
         CHECK_CONTAINS(out, "wb-broadcast: reader 1: read 2.89 MB, wrote 2888384 bytes");
     }
-    CHECK_CONTAINS(out, "wb-broadcast: verified: every write's checksum matched at its rollout\n");
+    CHECK_CONTAINS(out, "wb-broadcast: verified: every reader's share hashed equal to the "
+                        "checkpoint and every write's checksum matched at its rollout\n");
+    /* the coordinator hashed its own checkpoint: the ground truth the readers are held to */
+    if (!matches(out,
+                 "\nwb-broadcast: content: 5\\.77 MB hashed in [0-9]+\\.[0-9]{3} s \\(XXH3-128 "
+                 "of each reader's share\\)\n") &&
+        !matches(out,
+                 "\nwb-broadcast: content: 3\\.42 MB hashed in [0-9]+\\.[0-9]{3} s \\(XXH3-128 "
+                 "of each reader's share\\)\n"))
+        wb_test_fail(__FILE__, __LINE__, "no content line:\n%s", out);
     free(out);
     CHECK_U64(verify(&b), DEMO_WRITE_BYTES);
 }
@@ -517,10 +528,8 @@ static void test_token(void)
     free(out);
 }
 
-static bool matches(const char *text, const char *re);
-
 /* A reader that opened other files is refused at registration, naming both checkpoints; the
- * coordinator, whose readers never all came, gives up after --wait naming who is missing. */
+ * coordinator fails at once naming the reader and why. */
 static void test_wrong_reader(void)
 {
     struct bc b;
@@ -547,17 +556,126 @@ static void test_wrong_reader(void)
     char *out = e2e_slurp("reader0.log");
     if (!matches(out, "^wb-broadcast: reader 0: 1 problem\n  trainer rank 0: controller "
                       "tcp://127\\.0\\.0\\.1:[0-9]+: register: trainer rank 0 reads "
-                      "safetensors [0-9a-f]{16} \\(2 files, 5774848 bytes\\), the job moves "
-                      "safetensors [0-9a-f]{16} \\(3 files, 5774848 bytes\\)\n$"))
+                      "safetensors [0-9a-f]{16} \\(2 files, 5774848 bytes\\) share 0/2 content "
+                      "[0-9a-f]{32}, the job moves safetensors [0-9a-f]{16} \\(3 files, 5774848 "
+                      "bytes\\) share 0/2 content [0-9a-f]{32}\n$"))
         wb_test_fail(__FILE__, __LINE__, "the reader was not refused as expected:\n%s", out);
     free(out);
     CHECK_INT(e2e_wait(b.coord, 30000), 1);
     out = e2e_slurp("coord.log");
-    CHECK_CONTAINS(out, "wb-broadcast: the broadcast failed\n  the job was not ready within "
-                        "0:03: reader 0 (not started), reader 1 (not started), rollout 0 (not "
-                        "started), rollout 1 (not started), rollout 2 (not started), rollout 3 "
-                        "(not started)\n");
+    /* the refusal ends the run at once (no wait for a reader that will not do) */
+    if (!matches(out, "wb-broadcast: the broadcast failed\n  reader 0: register: trainer rank 0 "
+                      "reads safetensors [0-9a-f]{16} \\(2 files, 5774848 bytes\\) share 0/2 "
+                      "content [0-9a-f]{32}, the job moves safetensors [0-9a-f]{16} \\(3 files, "
+                      "5774848 bytes\\) share 0/2 content [0-9a-f]{32}\n"))
+        wb_test_fail(__FILE__, __LINE__, "the coordinator did not name the refused reader:\n%s",
+                     out);
     free(out);
+}
+
+/* The hash of reader k's share of the checkpoint in dir as wb-broadcast registers it, computed
+ * here through the library's reader; with flip, first changes one byte of the first and of the
+ * last piece of share k (the names of their tensors into t0 and t1): another checkpoint of the
+ * same model, same names, shapes and headers, different values. */
+static void share_hash(const char *dir, uint32_t k, bool flip, char hex[33], char *t0, char *t1,
+                       size_t cap)
+{
+    struct wb_errlist el;
+    struct wb_ckpt *ck = NULL;
+    struct wb_ckpt_shares sh = {0};
+    struct wb_ckpt_reader *rd = NULL;
+    struct wb_ckpt_io_opts io = {0};
+    struct wb_hash128 h;
+    wb_errlist_init(&el);
+    CHECK_INT(wb_ckpt_open(dir, &ck, &el), 0);
+    CHECK_INT(wb_ckpt_shares_make(ck, 2, &sh), 0);
+    const struct wb_ckpt_share *s = &sh.share[k];
+    CHECK(s->n >= 2);
+    if (flip) {
+        const struct wb_ckpt_piece *p[2] = {&s->piece[0], &s->piece[s->n - 1]};
+        CHECK(p[0]->tensor != p[1]->tensor);
+        for (int i = 0; i < 2; i++) {
+            const struct wb_ckpt_loc *l = &ck->loc[p[i]->tensor];
+            int fd = open(ck->files[l->file].path, O_RDWR);
+            CHECK(fd >= 0);
+            uint8_t b = 0;
+            off_t at = (off_t)(l->offset + p[i]->offset + p[i]->bytes / 2);
+            CHECK_INT((int)pread(fd, &b, 1, at), 1);
+            b ^= 0x01; /* one bit: as small a difference as there is */
+            CHECK_INT((int)pwrite(fd, &b, 1, at), 1);
+            CHECK_INT(close(fd), 0);
+            snprintf(i ? t1 : t0, cap, "%s", ck->inv.p[p[i]->tensor].name);
+        }
+    }
+    CHECK_INT(wb_ckpt_reader_open(ck, &io, &rd), 0);
+    CHECK_INT(wb_ckpt_share_hash(ck, s, rd, &h, NULL), 0);
+    wb_hash128_hex(&h, hex);
+    wb_ckpt_reader_close(rd);
+    wb_ckpt_shares_free(&sh);
+    wb_ckpt_close(ck);
+    wb_errlist_free(&el);
+}
+
+/* A reader holding another checkpoint of the same model (same files, names, shapes and
+ * headers: the fingerprint alike; two tensors of its share one bit different) is refused at
+ * registration with both content hashes; the coordinator fails at once naming it, and no
+ * rollout was sent anything. */
+static void test_other_checkpoint(void)
+{
+    struct bc b;
+    setup(&b, "otherck", 31, DEMO_RULES, DEMO_CONFIG, 2, 2, NULL);
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    struct bc o = b;
+    snprintf(o.ckpt, sizeof(o.ckpt), "%s/otherck-other", wb_test_tmpdir());
+    write_ckpt(o.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    char want[33], have[33], t0[200] = "", t1[200] = "", fa[200], fb[200];
+    share_hash(b.ckpt, 1, false, want, t0, t1, sizeof(t0));
+    share_hash(o.ckpt, 1, true, have, t0, t1, sizeof(t0));
+    CHECK(strcmp(want, have) != 0);
+    /* the fingerprint (files, names, sizes, headers) cannot tell the two apart */
+    {
+        struct wb_errlist el;
+        struct wb_ckpt *c1 = NULL, *c2 = NULL;
+        wb_errlist_init(&el);
+        CHECK_INT(wb_ckpt_open(b.ckpt, &c1, &el), 0);
+        CHECK_INT(wb_ckpt_open(o.ckpt, &c2, &el), 0);
+        CHECK_INT(wb_ckpt_fingerprint(c1, fa, sizeof(fa)), 0);
+        CHECK_INT(wb_ckpt_fingerprint(c2, fb, sizeof(fb)), 0);
+        CHECK_STR(fa, fb);
+        wb_ckpt_close(c1);
+        wb_ckpt_close(c2);
+        wb_errlist_free(&el);
+    }
+    start_coordinator(&b, "coord.log", NULL);
+    start_rollouts(&b, NULL);
+    start_reader(&b, 0, NULL);
+    b.rd[1] = start_reader(&o, 1, NULL);
+    CHECK_INT(e2e_wait(b.rd[1], 30000), 1);
+    char line[1024];
+    snprintf(line, sizeof(line),
+             "register: trainer rank 1 reads %s share 1/2 content %s, the job moves %s share "
+             "1/2 content %s\n",
+             fa, have, fa, want);
+    char *out = e2e_slurp("reader1.log");
+    CHECK_CONTAINS(out, line);
+    free(out);
+    CHECK_INT(e2e_wait(b.coord, 30000), 1);
+    out = e2e_slurp("coord.log");
+    char full[1200];
+    snprintf(full, sizeof(full), "wb-broadcast: the broadcast failed\n  reader 1: %s", line);
+    CHECK_CONTAINS(out, full);
+    CHECK(strstr(out, "verified") == NULL);
+    CHECK(strstr(out, "complete on") == NULL);
+    free(out);
+    /* the job ended: every agent was told to exit, and none had received a byte */
+    CHECK_INT(e2e_wait(b.rd[0], 30000), 0);
+    for (int r = 0; r < b.rollouts; r++) {
+        CHECK_INT(e2e_wait(b.ro[r], 30000), 0);
+        char path[800];
+        struct stat st;
+        snprintf(path, sizeof(path), "%s/rollout%d.v1.bin", b.dump, r);
+        CHECK(stat(path, &st) != 0);
+    }
 }
 
 /* ---------------------------------------------------------------- resume, checksums */
@@ -630,6 +748,63 @@ static void test_kill_reader_resume(void)
                      plan);
     free(out);
     CHECK_U64(verify(&b), DEMO_WRITE_BYTES);
+}
+
+/* A reader's file written to after its content was checked (the transfer under way): the next
+ * read from it fails the transfer naming the file, nothing is retried, nothing published. */
+static void test_changed_after_check(void)
+{
+    struct bc b;
+    setup(&b, "changed", 32, DEMO_RULES, DEMO_CONFIG, 2, 2, "mem_cap: 4MiB\n");
+    write_ckpt(b.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
+    /* the file holding the last piece of reader 1's share, and where that piece is */
+    struct wb_errlist el;
+    struct wb_ckpt *ck = NULL;
+    struct wb_ckpt_shares sh = {0};
+    wb_errlist_init(&el);
+    CHECK_INT(wb_ckpt_open(b.ckpt, &ck, &el), 0);
+    CHECK_INT(wb_ckpt_shares_make(ck, 2, &sh), 0);
+    const struct wb_ckpt_piece *p = &sh.share[1].piece[sh.share[1].n - 1];
+    const struct wb_ckpt_loc *l = &ck->loc[p->tensor];
+    char path[900], name[200];
+    snprintf(path, sizeof(path), "%s", ck->files[l->file].path);
+    snprintf(name, sizeof(name), "%s", ck->files[l->file].name);
+    off_t at = (off_t)(l->offset + p->offset);
+    wb_ckpt_shares_free(&sh);
+    wb_ckpt_close(ck);
+    wb_errlist_free(&el);
+
+    start_coordinator(&b, "coord.log", "100ms");
+    start_rollouts(&b, NULL);
+    start_reader(&b, 0, "150ms"); /* paced: about 3.5 s for their 23 tasks each */
+    start_reader(&b, 1, "150ms");
+    free(await_log("coord.log", "] ", 30000)); /* the transfer runs: a progress line */
+    int fd = open(path, O_RDWR);
+    CHECK(fd >= 0);
+    uint8_t byte = 0;
+    CHECK_INT((int)pread(fd, &byte, 1, at), 1);
+    byte ^= 0x80;
+    CHECK_INT((int)pwrite(fd, &byte, 1, at), 1);
+    CHECK_INT(close(fd), 0);
+    CHECK_INT(e2e_wait(b.coord, 60000), 1);
+    char *out = e2e_slurp("coord.log");
+    char want[600];
+    snprintf(want, sizeof(want),
+             ": %s: the file changed after its content was checked (written to since): its "
+             "bytes are not the ones proven equal to the coordinator's checkpoint\n",
+             name);
+    CHECK_CONTAINS(out, "wb-broadcast: the broadcast failed\n  transfer 1 failed: ");
+    CHECK_CONTAINS(out, want);
+    CHECK(!strstr(out, "attempt 2"));
+    CHECK(!strstr(out, "verified"));
+    free(out);
+    for (int r = 0; r < b.rollouts; r++) {
+        CHECK_INT(e2e_wait(b.ro[r], 20000), 0);
+        snprintf(path, sizeof(path), "%s/rollout%d.v1.bin", b.dump, r);
+        CHECK(access(path, F_OK) != 0);
+    }
+    for (int r = 0; r < b.readers; r++)
+        CHECK_INT(e2e_wait(b.rd[r], 20000), 0);
 }
 
 /* A byte flipped at rollout 2 after it landed: its checksum names the tensor, the bytes and
@@ -746,6 +921,8 @@ const struct wb_test wb_tests[] = {
     {"bad_inputs", test_bad_inputs, 120},
     {"token", test_token, 60},
     {"wrong_reader", test_wrong_reader, 60},
+    {"other_checkpoint", test_other_checkpoint, 120},
+    {"changed_after_check", test_changed_after_check, 120},
     {"kill_reader_resume", test_kill_reader_resume, 180},
     {"checksum_mismatch", test_checksum_mismatch, 120},
     {"progress_terminal", test_progress_terminal, 120},

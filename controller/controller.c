@@ -145,6 +145,7 @@ struct wb_controller {
         uint64_t complete, failed, causes[FAIL_COUNT];
         uint64_t last_ns, last_bytes, bytes_total;
         uint64_t sum_ns, buckets[WB_ARRAY_LEN(dur_buckets)]; /* cumulative counts */
+        uint64_t published_ns;                               /* when the text was last rendered */
     } met;
 };
 
@@ -1629,6 +1630,7 @@ static void metrics_publish(struct wb_controller *c)
 {
     if (!c->metrics)
         return;
+    c->met.published_ns = wb_now_ns();
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
@@ -1666,16 +1668,19 @@ static void metrics_publish(struct wb_controller *c)
             "weightbridge_transfer_seconds_count %" PRIu64 "\n",
             c->met.complete, (double)c->met.sum_ns / 1e9, c->met.complete);
     met_head(f, "agents", "gauge", "Agents by role and state.");
-    for (int role = 0; role < 2; role++) {
-        enum wb_role r = role ? WB_ROLE_ROLLOUT : WB_ROLE_TRAINER;
-        for (size_t s = 0; s < WB_ARRAY_LEN(agent_states); s++) {
-            uint64_t n = 0;
-            for (uint32_t i = 0; i < c->nagents; i++)
-                n += c->agents[i].role == r && !strcmp(agent_state(&c->agents[i]), agent_states[s]);
-            fprintf(f, "weightbridge_agents{role=\"%s\",state=\"%s\"} %" PRIu64 "\n",
-                    wb_role_name(r), agent_states[s], n);
-        }
+    uint64_t n[2][WB_ARRAY_LEN(agent_states)] = {{0}};
+    for (uint32_t i = 0; i < c->nagents; i++) { /* one pass over the agents */
+        const char *st = agent_state(&c->agents[i]);
+        size_t k = 0;
+        while (k + 1 < WB_ARRAY_LEN(agent_states) && strcmp(st, agent_states[k]))
+            k++;
+        n[c->agents[i].role == WB_ROLE_ROLLOUT][k]++;
     }
+    for (int role = 0; role < 2; role++)
+        for (size_t k = 0; k < WB_ARRAY_LEN(agent_states); k++)
+            fprintf(f, "weightbridge_agents{role=\"%s\",state=\"%s\"} %" PRIu64 "\n",
+                    wb_role_name(role ? WB_ROLE_ROLLOUT : WB_ROLE_TRAINER), agent_states[k],
+                    n[role][k]);
     met_head(f, "ready", "gauge", "1 while a transfer may start (every agent set up), else 0.");
     fprintf(f, "weightbridge_ready %d\n", !strcmp(job_state(c), "ready"));
     if (fclose(f) != 0 || !text) {
@@ -1879,7 +1884,10 @@ static void on_tick(struct wb_controller *c, uint64_t now)
     xfer_timeout(c, now);
     teardown_check(c, now);
     advance(c);
-    metrics_publish(c);
+    /* at most every 100 ms from here (the loop turns on every message); a transfer's outcome
+     * is published at once where it is decided, before its client is answered */
+    if (now - c->met.published_ns >= 100 * 1000000ull)
+        metrics_publish(c);
 }
 
 /* Shutdown is done when every live agent acknowledged its EXIT and every agent declared dead by

@@ -604,7 +604,8 @@ static void share_hash(const char *dir, uint32_t k, bool flip, char hex[33], cha
             b ^= 0x01; /* one bit: as small a difference as there is */
             CHECK_INT((int)pwrite(fd, &b, 1, at), 1);
             CHECK_INT(close(fd), 0);
-            snprintf(i ? t1 : t0, cap, "%s", ck->inv.p[p[i]->tensor].name);
+            const char *nm = ck->inv.p[p[i]->tensor].name;
+            snprintf(i ? t1 : t0, cap, "%.*s", (int)strnlen(nm, cap - 1), nm);
         }
     }
     CHECK_INT(wb_ckpt_reader_open(ck, &io, &rd), 0);
@@ -839,25 +840,6 @@ static void test_checksum_mismatch(void)
 
 /* ---------------------------------------------------------------- a real terminal */
 
-/* Whether a pseudo-terminal can be made here, as script(1) makes one; why not in why. A root
- * without a devpts instance at /dev/pts (a container's, say) has /dev/ptmx but no terminals. */
-static bool pty_possible(char *why, size_t cap)
-{
-    int m = posix_openpt(O_RDWR | O_NOCTTY);
-    if (m < 0) {
-        snprintf(why, cap, "posix_openpt: %s", strerror(errno));
-        return false;
-    }
-    const char *name = grantpt(m) == 0 && unlockpt(m) == 0 ? ptsname(m) : NULL;
-    int sl = name ? open(name, O_RDWR | O_NOCTTY) : -1;
-    if (sl < 0)
-        snprintf(why, cap, "%s: %s", name ? name : "grantpt/unlockpt", strerror(errno));
-    else
-        close(sl);
-    close(m);
-    return sl >= 0;
-}
-
 /* The coordinator under script(1), so its output is a pseudo-terminal: one progress line
  * rewritten in place (carriage return, erase to the end of the line). */
 static void test_progress_terminal(void)
@@ -865,7 +847,7 @@ static void test_progress_terminal(void)
     if (system("script --version >/dev/null 2>&1") != 0)
         wb_test_skip("no script(1) (util-linux / bsdutils): scripts/deps.sh installs it");
     char why[300];
-    if (!pty_possible(why, sizeof(why)))
+    if (!e2e_pty_possible(why, sizeof(why)))
         wb_test_skip("no pseudo-terminal can be made here (%s): script(1) needs one", why);
     struct bc b;
     setup(&b, "tty", 7, DEMO_RULES, DEMO_CONFIG, 2, 2, "mem_cap: 4MiB\n");

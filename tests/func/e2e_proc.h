@@ -8,8 +8,10 @@
 #include "tests/wbtest.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,3 +172,22 @@ static unsigned e2e_port(unsigned salt)
     } while (0)
 
 #endif /* WB_E2E_PROC_H */
+
+/* Whether a pseudo-terminal can be made here, as script(1) makes one; why not in why. A root
+ * without a devpts instance at /dev/pts (a container's, say) has /dev/ptmx but no terminals. */
+static inline bool e2e_pty_possible(char *why, size_t cap)
+{
+    int m = posix_openpt(O_RDWR | O_NOCTTY);
+    if (m < 0) {
+        snprintf(why, cap, "posix_openpt: %s", strerror(errno));
+        return false;
+    }
+    const char *name = grantpt(m) == 0 && unlockpt(m) == 0 ? ptsname(m) : NULL;
+    int sl = name ? open(name, O_RDWR | O_NOCTTY) : -1;
+    if (sl < 0)
+        snprintf(why, cap, "%s: %s", name ? name : "grantpt/unlockpt", strerror(errno));
+    else
+        close(sl);
+    close(m);
+    return sl >= 0;
+}

@@ -551,25 +551,6 @@ static void test_state_dump(void)
     stop(&c);
 }
 
-/* Whether a pseudo-terminal can be made here, as script(1) makes one; why not in why (as
- * bcast_test.c's). */
-static bool pty_possible(char *why, size_t cap)
-{
-    int m = posix_openpt(O_RDWR | O_NOCTTY);
-    if (m < 0) {
-        snprintf(why, cap, "posix_openpt: %s", strerror(errno));
-        return false;
-    }
-    const char *name = grantpt(m) == 0 && unlockpt(m) == 0 ? ptsname(m) : NULL;
-    int sl = name ? open(name, O_RDWR | O_NOCTTY) : -1;
-    if (sl < 0)
-        snprintf(why, cap, "%s: %s", name ? name : "grantpt/unlockpt", strerror(errno));
-    else
-        close(sl);
-    close(m);
-    return sl >= 0;
-}
-
 static bool matches(const char *text, const char *re)
 {
     regex_t rx;
@@ -588,7 +569,7 @@ static void test_transfer_progress_terminal(void)
     if (system("script --version >/dev/null 2>&1") != 0)
         wb_test_skip("no script(1) (util-linux / bsdutils): scripts/deps.sh installs it");
     char why[300];
-    if (!pty_possible(why, sizeof(why)))
+    if (!e2e_pty_possible(why, sizeof(why)))
         wb_test_skip("no pseudo-terminal can be made here (%s): script(1) needs one", why);
     struct cluster c = {.provider = "tcp", .domain = "lo"};
     snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(17));

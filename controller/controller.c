@@ -644,7 +644,9 @@ static void advance(struct wb_controller *c)
 }
 
 /* A new session for (role, rank): a restart, or a re-registration after the controller lost
- * the agent. Everything learnt from the old session is forgotten. */
+ * the agent. Everything learnt from the old session is forgotten but the connections it was
+ * heard on (a->pipes): while they are open a dead agent may still be told the job ends, and
+ * their closing says its process is gone; on_register forgets them with the session. */
 static void agent_reset(struct agent *a)
 {
     if (a->held) {
@@ -658,7 +660,6 @@ static void agent_reset(struct agent *a)
     free(a->mesh.buf);
     free(a->landed.buf);
     a->inv = a->mesh = a->landed = (struct ctl_blob){0};
-    memset(a->pipes, 0, sizeof(a->pipes));
     a->landed_version = 0;
     a->done_bytes = a->total_bytes = 0;
     a->pushed = 0;
@@ -723,10 +724,7 @@ static void check_dead(struct wb_controller *c, uint64_t now)
             if (c->x.active && !part_done(c, a))
                 xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u died (silent for %.2f s)",
                           wb_role_name(a->role), a->rank, (double)(now - a->last_ns) / 1e9);
-            uint32_t pipes[WB_ARRAY_LEN(a->pipes)]; /* kept: their closing says it is gone */
-            memcpy(pipes, a->pipes, sizeof(pipes));
-            agent_reset(a);
-            memcpy(a->pipes, pipes, sizeof(pipes));
+            agent_reset(a); /* its pipes stay: their closing says the process is gone */
         }
     }
     teardown_check(c, now);
@@ -1297,6 +1295,7 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
             xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u restarted", b->role, a->rank);
     }
     agent_reset(a);
+    memset(a->pipes, 0, sizeof(a->pipes)); /* the new session's connections, recorded anew */
     a->refused[0] = 0;
     c->sessions++;
     a->session = session_new(c);

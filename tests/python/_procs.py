@@ -30,3 +30,41 @@ def wait_all(procs, seconds, log):
                     q.kill()
     if failed:
         raise AssertionError(failed)
+
+
+def chunk(n, parts, i):
+    """torch.chunk's (and FSDP2's Shard(0)) piece i of n rows in `parts` pieces: (offset, length)."""
+    size = -(-n // parts)
+    off = min(i * size, n)
+    return off, max(0, min(size, n - off))
+
+
+def run_tests(prefix, tests, only, tmp_prefix):
+    """Runs the (name, fn(tmpdir)) pairs named in `only` (all when empty) in one temporary
+    directory, printing the harness lines ("<prefix> <name> ...", "ok ...", "FAIL ..." with the
+    traceback) and the tally; returns the exit status (2 for a name no test has)."""
+    import tempfile
+    import traceback
+
+    names = [n for n, _ in tests]
+    unknown = [c for c in only if c not in names]
+    if unknown:
+        print(f"unknown case(s) {unknown}; cases: {' '.join(names)}")
+        return 2
+    passed = failed = 0
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix) as tmp:
+        for name, fn in tests:
+            if only and name not in only:
+                continue
+            print(f"{prefix} {name} ...", flush=True)
+            t0 = time.time()
+            try:
+                fn(tmp)
+                print(f"ok {prefix} {name} ({(time.time() - t0) * 1000:.0f} ms)", flush=True)
+                passed += 1
+            except Exception:  # noqa: BLE001 - a test's failure is reported and counted
+                print("    " + traceback.format_exc().replace("\n", "\n    "))
+                print(f"FAIL {prefix} {name} ({(time.time() - t0) * 1000:.0f} ms)", flush=True)
+                failed += 1
+    print(f"{passed} passed, {failed} failed, 0 skipped")
+    return 1 if failed else 0

@@ -36,9 +36,7 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
 import zlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -211,11 +209,7 @@ def bf16_of(held, t):
     return bf16_of_f32(t.astype(np.float32))  # FP16 -> FP32 is exact (numpy keeps NaN a NaN)
 
 
-def chunk(n, parts, i):
-    """torch.chunk's (and FSDP2's Shard(0)) piece i of n rows in `parts` pieces: (offset, length)."""
-    size = -(-n // parts)
-    off = min(i * size, n)
-    return off, max(0, min(size, n - off))
+chunk = _procs.chunk
 
 
 # e4m3fn's finite non-negative values, by code 0x00..0x7e (ascending)
@@ -505,30 +499,10 @@ def self_check():
 
 
 def main():
-    only = sys.argv[1:]
-    unknown = [c for c in only if c not in CASES and c not in REFUSED and c != "self_check"]
-    if unknown:
-        print(f"unknown case(s) {unknown}; cases: self_check {' '.join(CASES)} {' '.join(REFUSED)}")
-        return 2
-    passed = failed = 0
-    with tempfile.TemporaryDirectory(prefix="wb-py-fp32.") as tmp:
-        for name, fn in [("self_check", lambda _t: self_check())] + [
-                (c, lambda t, c=c: run_case(c, t)) for c in CASES] + [
-                (c, lambda t, c=c: run_refused(c, t)) for c in REFUSED]:
-            if only and name not in only:
-                continue
-            print(f"python_fp32 {name} ...", flush=True)
-            t0 = time.time()
-            try:
-                fn(tmp)
-                print(f"ok python_fp32 {name} ({(time.time() - t0) * 1000:.0f} ms)", flush=True)
-                passed += 1
-            except Exception:  # noqa: BLE001 - a test's failure is reported and counted
-                print("    " + traceback.format_exc().replace("\n", "\n    "))
-                print(f"FAIL python_fp32 {name} ({(time.time() - t0) * 1000:.0f} ms)", flush=True)
-                failed += 1
-    print(f"{passed} passed, {failed} failed, 0 skipped")
-    return 1 if failed else 0
+    tests = [("self_check", lambda _t: self_check())]
+    tests += [(c, lambda t, c=c: run_case(c, t)) for c in CASES]
+    tests += [(c, lambda t, c=c: run_refused(c, t)) for c in REFUSED]
+    return _procs.run_tests("python_fp32", tests, sys.argv[1:], "wb-py-fp32.")
 
 
 BIN = os.environ.get("WB_BIN", os.path.join(ROOT, "build/bin"))

@@ -27,9 +27,7 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
 import zlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -119,11 +117,7 @@ def full_tensor(name, shape, version):
     return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
 
 
-def chunk(n, parts, i):
-    """torch.chunk's (and FSDP2's Shard(0)) piece i of n rows in `parts` pieces: (offset, length)."""
-    size = -(-n // parts)
-    off = min(i * size, n)
-    return off, max(0, min(size, n - off))
+chunk = _procs.chunk
 
 
 # e4m3fn's finite non-negative values, by code 0x00..0x7e (ascending)
@@ -352,29 +346,9 @@ def self_check():
 
 
 def main():
-    only = sys.argv[1:]
-    unknown = [c for c in only if c not in CASES and c != "self_check"]
-    if unknown:
-        print(f"unknown case(s) {unknown}; cases: self_check {' '.join(CASES)}")
-        return 2
-    passed = failed = 0
-    with tempfile.TemporaryDirectory(prefix="wb-py-fsdp2.") as tmp:
-        for name, fn in [("self_check", lambda _t: self_check())] + [
-                (c, lambda t, c=c: run_case(c, t)) for c in CASES]:
-            if only and name not in only:
-                continue
-            print(f"python_fsdp2 {name} ...", flush=True)
-            t0 = time.time()
-            try:
-                fn(tmp)
-                print(f"ok python_fsdp2 {name} ({(time.time() - t0) * 1000:.0f} ms)", flush=True)
-                passed += 1
-            except Exception:  # noqa: BLE001 - a test's failure is reported and counted
-                print("    " + traceback.format_exc().replace("\n", "\n    "))
-                print(f"FAIL python_fsdp2 {name} ({(time.time() - t0) * 1000:.0f} ms)", flush=True)
-                failed += 1
-    print(f"{passed} passed, {failed} failed, 0 skipped")
-    return 1 if failed else 0
+    tests = [("self_check", lambda _t: self_check())]
+    tests += [(c, lambda t, c=c: run_case(c, t)) for c in CASES]
+    return _procs.run_tests("python_fsdp2", tests, sys.argv[1:], "wb-py-fsdp2.")
 
 
 BIN = os.environ.get("WB_BIN", os.path.join(ROOT, "build/bin"))

@@ -554,6 +554,29 @@ heartbeat: 500ms
     return path
 
 
+def wait_first_failure(procs, seconds):
+    """Waits for every process; the first that fails (exit status not 0) or a deadline passed
+    ends the others at once, so that a child's failure ends the run with its message instead
+    of the others waiting for it until their own timeouts. Returns 0 or the first failure's
+    status (1 for the deadline)."""
+    deadline = time.time() + seconds
+    while True:
+        codes = [p.poll() for p in procs]
+        bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        if bad or time.time() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            if bad:
+                log(f"  child {bad[0][0]} ({' '.join(procs[bad[0][0]].args[2:4])}) exited {bad[0][1]}: the others were ended")
+                return bad[0][1] if bad[0][1] > 0 else 1
+            log(f"  not done in {seconds} s: the children were ended")
+            return 1
+        if all(c == 0 for c in codes):
+            return 0
+        time.sleep(0.2)
+
+
 def main_case(case):
     import torch
 
@@ -580,10 +603,7 @@ def main_case(case):
             for r in range(trainers):
                 procs.append(subprocess.Popen([sys.executable, __file__, "--role", "trainer", url, tmp,
                                                str(r), str(trainers)], env=env))
-        rc = 0
-        for p in procs:
-            p.wait(timeout=900)
-            rc |= p.returncode
+        rc = wait_first_failure(procs, 900)
         subprocess.run([os.path.join(BIN, "wb-ctl"), "-c", url, "plan"], timeout=30)
         return rc
     finally:

@@ -15,6 +15,7 @@ installs its own SIGINT/SIGTERM/SIGSEGV handlers (Ctrl-C: exit 1, no KeyboardInt
 Prints harness lines and the tally "N passed, N failed, N skipped".
 """
 
+import faulthandler
 import os
 import random
 import signal
@@ -39,6 +40,7 @@ TOKEN = ee.TOKEN
 
 def child(rank, url):
     """A trainer rank that waits for a signal once its job is ready."""
+    faulthandler.register(signal.SIGUSR1)  # the test asks where it stands before a kill
     shards = ee.trainer_shards(rank)
     arrays = {name: np.zeros(local, dtype=np.uint16) for name, (_, _, local) in shards.items()}
     tensors = {name: wb.Shard(arrays[name], shape, off) for name, (shape, off, _) in shards.items()}
@@ -50,7 +52,7 @@ def child(rank, url):
     print("loaded: " + " ".join(libs), flush=True)
     try:  # before "ready": the signal may come as soon as the line is out
         print("ready", flush=True)
-        for _ in range(6000):  # a minute at most; the test signals within seconds
+        for _ in range(12000):  # two minutes at most (longer than the test waits for the exit)
             time.sleep(0.01)
         print("no signal came", flush=True)
         sys.exit(2)
@@ -76,6 +78,20 @@ def read_until(p, want, limit):
     raise AssertionError(f"no '{want}' line; output so far:\n" + "\n".join(lines))
 
 
+def finish(p, what):
+    """p's output after the signal; a process still running 60 s later is killed and its output
+    (where it stood: no KeyboardInterrupt, or stuck in `finally:`) is the failure."""
+    try:
+        out, _ = p.communicate(timeout=60)
+        return out
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGUSR1)  # its threads' Python stacks, then the kill
+        time.sleep(1)
+        p.kill()
+        out, _ = p.communicate()
+        raise AssertionError(f"{what}: still running 60 s later; output after ready: {out.decode()!r}")
+
+
 def test_sigint_sigterm(tmp):
     c = ee.Controller(tmp)
     env = dict(os.environ, WB_TOKEN=TOKEN)
@@ -99,12 +115,12 @@ def test_sigint_sigterm(tmp):
             if not loaded or "libfabric.so" not in loaded[0]:
                 raise AssertionError("the transport did not load libfabric:\n" + "\n".join(lines))
         kids[0].send_signal(signal.SIGINT)
-        out0, _ = kids[0].communicate(timeout=60)
+        out0 = finish(kids[0], "SIGINT")
         rest0 = out0.decode().splitlines()
         if kids[0].returncode != 7 or rest0[:2] != ["KeyboardInterrupt", "finally"]:
             raise AssertionError(f"SIGINT: exit {kids[0].returncode}, output after ready: {rest0}")
         kids[1].send_signal(signal.SIGTERM)
-        out1, _ = kids[1].communicate(timeout=60)
+        out1 = finish(kids[1], "SIGTERM")
         if kids[1].returncode != -signal.SIGTERM or out1.decode().strip():
             raise AssertionError(f"SIGTERM: exit {kids[1].returncode}, output after ready: {out1.decode()!r}")
     finally:

@@ -249,7 +249,7 @@ class _Endpoint:
             _lib.endpoint_close(self._ep)
             self._ep = ctypes.c_void_p()
             self._keep = []
-            self._regs = []
+            self._regs.clear()  # in place: a Rollout's hook holds this very list
 
     def __enter__(self):
         return self

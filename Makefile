@@ -5,6 +5,8 @@
 #   make demo       installs missing deps, builds, runs the main job on a small built-in example
 #   make bench      builds the benchmarks (build/bench/)
 #   make install PREFIX=/usr/local
+#   make python     the Python package with libweightbridge.so inside, into build/python
+#   make fresh-check the README's commands in a fresh Debian 12 root (debootstrap; root, a mirror)
 #   make overload   builds, runs the overload case (64 agents, two busy loops for 60 s, kill -9)
 #   make soak       builds, runs the soak test (thousands of versions, faults injected, <= 10 min)
 #
@@ -116,7 +118,8 @@ BENCHES := $(foreach f,$(BENCH_C),$(BUILD)/bench/$(basename $(notdir $(f))))
 FUZZERS := $(foreach f,$(FUZZ_C),$(BUILD)/fuzzers/$(patsubst %_fuzz.c,%,$(notdir $(f))))
 HEADERS := $(foreach p,$(PARTS),$(wildcard $(p)/$(p).h)) common/fpbits.h
 
-.PHONY: all lib progs test tests bench fuzz fuzzers fault demo soak overload deps install clean format check-format
+.PHONY: all lib progs test tests bench fuzz fuzzers fault demo soak overload deps install python \
+        fresh-check clean format check-format
 .DEFAULT_GOAL := all
 
 all: lib progs
@@ -258,6 +261,22 @@ install: all
 	cp -R configs $(DESTDIR)$(PREFIX)/share/weightbridge/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LIBS)|' scripts/weightbridge.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/weightbridge.pc
+
+# The Python package carrying this build's library (python/setup.py tags a wheel of it for the
+# platform): `pip install build/python` into a venv needs no $WB_LIBRARY, rpath or `make install`
+# (the README's install). The copy is remade whole, so no stale file of an earlier one is kept.
+python: $(SOLIB)
+	rm -rf $(BUILD)/python
+	mkdir -p $(BUILD)/python
+	cp -R python/pyproject.toml python/setup.py python/README.md python/weightbridge $(BUILD)/python/
+	rm -rf $(BUILD)/python/weightbridge/__pycache__
+	cp $(SOLIB) $(BUILD)/python/weightbridge/libweightbridge.so
+
+# The README's commands as written (make, make demo, the Python install, the first job) in a
+# Debian 12 root debootstrap makes (scripts/fresh_debian_check.sh --help); about 90 s and 230 MB
+# of downloads, so opt-in: make test runs it only with WB_FRESH_CHECK=1.
+fresh-check:
+	@scripts/fresh_debian_check.sh
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')

@@ -10,8 +10,8 @@ clang_major=$(clang -dumpversion 2>/dev/null | cut -d. -f1 || true)
 pkgs=(
     build-essential pkg-config
     libfabric-dev libibverbs-dev libnng-dev libmsgpack-dev libyaml-dev libjansson-dev libxxhash-dev
-    iproute2 python3 python3-numpy python3-setuptools python3-pip clang "libclang-rt-${clang_major:-14}-dev"
-    bsdutils openssl gdb
+    iproute2 python3 python3-numpy python3-setuptools python3-pip python3-venv
+    clang "libclang-rt-${clang_major:-14}-dev" bsdutils openssl gdb
 )
 if [ "${1:-}" = "--list" ]; then
     printf '%s\n' "${pkgs[@]}"
@@ -27,10 +27,12 @@ probe() {
 }
 # iproute2 only serves the network-namespace tests, which skip without it.
 # The Python package's tests need numpy in some python3 (Debian's python3-numpy lives in
-# /usr/bin/python3's path even where another python3 comes first).
+# /usr/bin/python3's path even where another python3 comes first); the README's install makes a
+# venv, which on Debian needs python3-venv (ensurepip).
 py_ok() {
     for p in /usr/bin/python3 python3; do
-        command -v "$p" >/dev/null && "$p" -c 'import numpy, setuptools, pip' 2>/dev/null && return 0
+        command -v "$p" >/dev/null && "$p" -c 'import numpy, setuptools, pip, ensurepip' 2>/dev/null &&
+            return 0
     done
     return 1
 }

@@ -99,7 +99,10 @@ def _moved(regs, verb: str) -> Optional[str]:
     """Why a registered tensor's memory is no longer what was registered (it moved, was
     resized, or now holds another dtype), naming the first such tensor; None when none is."""
     for name, src, was in regs:
-        now = state(src)
+        try:
+            now = state(src)
+        except ValueError as e:  # a DLPack export that no longer succeeds
+            return f"{name}: cannot be read again ({e}); weightbridge {verb} registered memory in place"
         if now != was:
             return (f"{name}: its memory changed since it was registered ({changes(was, now)}); "
                     f"weightbridge {verb} registered memory in place")
@@ -144,9 +147,11 @@ class _Endpoint:
             except (TypeError, ValueError) as e:
                 raise type(e)(f"{role} rank {self.rank}: {name}: {e}") from None
             if role == "rollout" and not ti.writeable:
+                flag = "its export is flagged READ_ONLY" if ti.buffer.startswith("DLPack") else \
+                    "flags.writeable is False"
                 raise ValueError(
                     f"{role} rank {self.rank}: {name}: the buffer is read-only ({ti.buffer}, "
-                    "flags.writeable is False); a rollout's tensors are written in place"
+                    f"{flag}); a rollout's tensors are written in place"
                 )
             if watch and name in watch:
                 ti.src = watch[name]
@@ -249,7 +254,7 @@ class _Endpoint:
             _lib.endpoint_close(self._ep)
             self._ep = ctypes.c_void_p()
             self._keep = []
-            self._regs = []
+            self._regs.clear()  # in place: a Rollout's hook holds this very list
 
     def __enter__(self):
         return self
@@ -356,9 +361,10 @@ class Trainer(_Endpoint):
 
     ``model``: a torch module whose ``named_parameters()`` are registered (FSDP2/DTensor
     parameters register their local shard with its global shape, box and placements, so a job
-    file may leave the trainer layout out: the controller derives it). ``tensors``: name -> numpy array, torch tensor or :class:`Shard`,
-    instead of or besides a model. ``dtypes``: name -> dtype for numpy arrays that hold bfloat16
-    or float8 bits. Parameters may be float32 or float16 (FP32 masters, FSDP2 mixed precision):
+    file may leave the trainer layout out: the controller derives it). ``tensors``: name -> numpy
+    array, torch tensor, any object with ``__dlpack__`` (CuPy, JAX, ...) or :class:`Shard` of
+    one, instead of or besides a model. ``dtypes``: name -> dtype for integer arrays that hold
+    bfloat16 or float8 bits. Parameters may be float32 or float16 (FP32 masters, FSDP2 mixed precision):
     the rollouts get them cast to their own dtype as ``tensor.to(torch.bfloat16)`` does (FP8
     rollouts: that BF16 cast, quantized); a job with a trainer layout file says so there
     (``dtype: fp32``), a job without one takes the dtypes registered. ``rank`` defaults to torchrun's ``$RANK``, ``token`` to ``$WB_TOKEN``.
@@ -435,8 +441,8 @@ class Trainer(_Endpoint):
 
 
 class Rollout(_Endpoint):
-    """One rollout rank. ``params``: name -> the engine's parameter (torch tensor or numpy
-    array), named and shaped as the engine holds it (for vLLM, ``dict(model.named_parameters())``
+    """One rollout rank. ``params``: name -> the engine's parameter (torch tensor, numpy
+    array, or any object with ``__dlpack__``), named and shaped as the engine holds it (for vLLM, ``dict(model.named_parameters())``
     after loading: fused projections, FP8 weights and ``weight_scale_inv``). ``hook(version)``
     runs after the bytes of a version landed and before the rollout reports it received; an
     exception in it fails the version with its message. ``dump``: a directory where every

@@ -1,8 +1,8 @@
 """Loading libweightbridge.so and declaring the C calls the package uses (ctypes).
 
-The library is found, in order, at ``$WB_LIBRARY``, beside this package (an installed copy),
-in the checkout's ``build/lib`` (running from a source tree), then by the system's loader
-(``make install`` puts ``libweightbridge.so.0`` in ``$PREFIX/lib``).
+The library is found, in order, at ``$WB_LIBRARY``, beside this package (the package ``make
+python`` builds carries it), in the checkout's ``build/lib`` (running from a source tree), then
+by the system's loader (``make install`` puts ``libweightbridge.so.0`` in ``$PREFIX/lib``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 """What weightbridge needs to know of a tensor, from numpy arrays and torch tensors (CPU or CUDA,
-plain or DTensor): its memory, dtype, local shape and strides, and — for a trainer's sharded
+plain or DTensor) by their own attributes, and from any other object with ``__dlpack__`` (CuPy,
+JAX, ...: _dlpack.py): its memory, dtype, local shape and strides, and — for a trainer's sharded
 parameter — the global shape and the box of it this rank holds."""
 
 from __future__ import annotations
 
+import sys
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Tuple
 
-from . import _lib
+from . import _dlpack, _lib
 
 
 @dataclass
@@ -52,6 +54,11 @@ _NUMPY_DTYPES = {"float16": "fp16", "float32": "fp32", "int32": "i32", "int64": 
 
 def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
+
+
+def _is_numpy(x) -> bool:
+    np = sys.modules.get("numpy")  # never imported: x is no numpy array
+    return np is not None and isinstance(x, np.ndarray)
 
 
 def _dtensor_local(t):
@@ -150,10 +157,6 @@ def _torch_info(t, shape=None, offset=None) -> TensorInfo:
 
 
 def _numpy_info(a, shape=None, offset=None) -> TensorInfo:
-    import numpy as np
-
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"expected a numpy array or a torch tensor, got {type(a).__name__}")
     name = a.dtype.name
     # numpy has no bfloat16 or float8: such tensors come as raw 16/8-bit arrays with the dtype
     # given by the caller (see info(..., dtype=...)).
@@ -178,10 +181,31 @@ def _numpy_info(a, shape=None, offset=None) -> TensorInfo:
     )
 
 
+def _dlpack_info(x, shape=None, offset=None) -> TensorInfo:
+    """Any other tensor, read through its DLPack export (the capsule is held while registered)."""
+    e = _dlpack.export(x)
+    kind = type(x)
+    return TensorInfo(
+        ptr=e.ptr,
+        dtype=e.dtype,
+        local_shape=e.shape,
+        strides=e.strides,
+        device=e.device,
+        shape=tuple(shape) if shape is not None else e.shape,
+        offset=tuple(offset) if offset is not None else (0,) * len(e.shape),
+        keep=x,
+        itemsize=e.itemsize,
+        buffer=f"DLPack {e.type_name} from {kind.__module__}.{kind.__qualname__}",
+        writeable=e.writeable,
+        hold=[e.capsule],
+    )
+
+
 def info(x, dtype: Optional[str] = None) -> TensorInfo:
-    """Describes x: a numpy array, a torch tensor or DTensor, or a Shard of one. ``dtype``
-    names the element type where the array's own cannot (numpy or torch uint16 holding
-    bfloat16, uint8 holding float8_e4m3fn; torch.float8_e4m3fn needs none)."""
+    """Describes x: a numpy array, a torch tensor or DTensor, any other object with
+    ``__dlpack__`` (CuPy, JAX, ...), or a Shard of one. ``dtype`` names the element type where
+    the array's own cannot (numpy, torch or DLPack uint16 holding bfloat16, uint8 holding
+    float8_e4m3fn; torch.float8_e4m3fn and DLPack's bfloat16 and float8_e4m3fn need none)."""
     shape = offset = placement = None
     if isinstance(x, Shard):
         if x.placement is not None:
@@ -189,7 +213,17 @@ def info(x, dtype: Optional[str] = None) -> TensorInfo:
         if dtype is None:
             dtype = x.dtype
         x, shape, offset = x.local, tuple(int(d) for d in x.shape), tuple(int(o) for o in x.offset)
-    ti = _torch_info(x, shape, offset) if _is_torch(x) else _numpy_info(x, shape, offset)
+    if _is_torch(x):
+        ti = _torch_info(x, shape, offset)
+    elif _is_numpy(x):
+        ti = _numpy_info(x, shape, offset)
+    elif _dlpack.has_dlpack(x):
+        ti = _dlpack_info(x, shape, offset)
+    else:
+        raise TypeError(
+            f"expected a numpy array, a torch tensor or an object with __dlpack__ (DLPack: CuPy, "
+            f"JAX, ...), got {type(x).__module__}.{type(x).__qualname__}"
+        )
     ti.src = x
     if placement is not None:
         ti.placement = placement
@@ -213,7 +247,7 @@ def info(x, dtype: Optional[str] = None) -> TensorInfo:
             f"shape {ti.shape} and offset {ti.offset} must have the local tensor's "
             f"{len(ti.local_shape)} dimensions"
         )
-    ti.hold = _hold(x)
+    ti.hold = _hold(x) + ti.hold
     return ti
 
 
@@ -246,7 +280,9 @@ def state(x) -> Tuple[int, int, str]:
     if _is_torch(x):
         t = x.to_local() if hasattr(x, "to_local") else x
         return int(t.data_ptr()), int(t.numel()) * int(t.element_size()), str(t.dtype)
-    return int(x.ctypes.data), int(x.nbytes), str(x.dtype)
+    if _is_numpy(x):
+        return int(x.ctypes.data), int(x.nbytes), str(x.dtype)
+    return _dlpack.state(x)
 
 
 def changes(was: Tuple[int, int, str], now: Tuple[int, int, str]) -> str:

@@ -39,10 +39,11 @@ def chunk(n, parts, i):
     return off, max(0, min(size, n - off))
 
 
-def run_tests(prefix, tests, only, tmp_prefix):
+def run_tests(prefix, tests, only, tmp_prefix, skip=None):
     """Runs the (name, fn(tmpdir)) pairs named in `only` (all when empty) in one temporary
     directory, printing the harness lines ("<prefix> <name> ...", "ok ...", "FAIL ..." with the
-    traceback) and the tally; returns the exit status (2 for a name no test has)."""
+    traceback, "SKIP <prefix> <name>: skipped: <reason>" for a test that raised `skip`, an
+    exception class) and the tally; returns the exit status (2 for a name no test has)."""
     import tempfile
     import traceback
 
@@ -51,7 +52,7 @@ def run_tests(prefix, tests, only, tmp_prefix):
     if unknown:
         print(f"unknown case(s) {unknown}; cases: {' '.join(names)}")
         return 2
-    passed = failed = 0
+    passed = failed = skipped = 0
     with tempfile.TemporaryDirectory(prefix=tmp_prefix) as tmp:
         for name, fn in tests:
             if only and name not in only:
@@ -62,9 +63,13 @@ def run_tests(prefix, tests, only, tmp_prefix):
                 fn(tmp)
                 print(f"ok {prefix} {name} ({(time.time() - t0) * 1000:.0f} ms)", flush=True)
                 passed += 1
-            except Exception:  # noqa: BLE001 - a test's failure is reported and counted
+            except Exception as e:  # noqa: BLE001 - a skip, or a test's failure, reported and counted
+                if skip is not None and isinstance(e, skip):
+                    print(f"SKIP {prefix} {name}: skipped: {e}", flush=True)
+                    skipped += 1
+                    continue
                 print("    " + traceback.format_exc().replace("\n", "\n    "))
                 print(f"FAIL {prefix} {name} ({(time.time() - t0) * 1000:.0f} ms)", flush=True)
                 failed += 1
-    print(f"{passed} passed, {failed} failed, 0 skipped")
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0

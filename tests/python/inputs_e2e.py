@@ -13,6 +13,8 @@ byte outside the buffer is touched.
                   push() raises naming it, and nothing is pushed
   changed_wait    the same at a rollout: wait() raises naming it and closes the Rollout (which
                   then answers version/torn as they were, and raises "closed" for the rest)
+  released        after close() nothing of the package refers to a registered array any more
+                  (a Rollout's hook held them until the Rollout itself was collected)
   torch_raw       torch uint8/int8/uint16 tensors holding float8/bfloat16 bits: accepted with
                   dtype= (as numpy's are), refused without; torch.float8_e4m3fn accepted as is
                   (skipped where torch is not importable)
@@ -141,6 +143,22 @@ def test_changed_wait():
     a.resize(128, refcheck=False)  # closed: nothing holds it any more
 
 
+def test_released():
+    import gc
+    import weakref
+
+    for make, dtypes in ((rollout, {"w": "bf16"}), (trainer, {"w": "bf16"})):
+        a = np.zeros(64, np.uint16)
+        alive = weakref.ref(a)
+        ep = make({"w": a}, dtypes)
+        del a
+        gc.collect()
+        assert alive() is not None, "a registered array was freed while registered"
+        ep.close()
+        gc.collect()
+        assert alive() is None, f"{type(ep).__name__}.close() left the registered array referenced"
+
+
 class Skip(Exception):
     pass
 
@@ -177,7 +195,7 @@ def test_torch_raw():
 def main():
     tests = [("itemsize", test_itemsize), ("read_only", test_read_only), ("resize_pinned", test_resize_pinned),
              ("changed_push", test_changed_push), ("changed_wait", test_changed_wait),
-             ("torch_raw", test_torch_raw)]
+             ("released", test_released), ("torch_raw", test_torch_raw)]
     passed = failed = skipped = 0
     only = sys.argv[1:]
     for name, fn in tests:

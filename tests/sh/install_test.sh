@@ -4,7 +4,10 @@
 # shipped configs; `pkg-config --cflags --libs weightbridge` then builds a tiny C program that
 # links and runs against the installed shared library, and the Python package installs offline
 # (Debian's setuptools, no index), loads that library, imports every engine and framework adapter
-# without the engines present, and declares vLLM's plugin entry point. Run from the repository root with the
+# without the engines present, and declares vLLM's plugin entry point. The README's install —
+# `make python`, a venv seeing Debian's packages, pip install build/python — gives a package that
+# loads the library it carries, from anywhere, with no $WB_LIBRARY, LD_LIBRARY_PATH or `make
+# install`, and plans with it. Run from the repository root with the
 # build directory this script sits in (its configuration is read from BUILD/config).
 build=$(cd "$(dirname "$0")/.." && pwd)
 root=$(pwd)
@@ -101,6 +104,37 @@ weightbridge.vllm:register" ]; then
         ok python_package
     else
         bad python_package "pip: $(tail -3 <<<"$out"); import: $run"
+    fi
+fi
+t python_venv
+py=""
+for p in /usr/bin/python3 python3; do
+    command -v "$p" >/dev/null && "$p" -c 'import ensurepip, numpy' 2>/dev/null && py=$p && break
+done
+if [ -z "$py" ]; then
+    echo "SKIP install python_venv: skipped: no python3 with ensurepip (python3-venv) and numpy"
+    skip=$((skip + 1))
+else
+    asan=$(ldd "$build/lib/libweightbridge.so" | awk '/libasan/ {print $3}')
+    venv=$tmp/venv
+    want="$venv/lib/$("$py" -c 'import sys; print(f"python{sys.version_info[0]}.{sys.version_info[1]}")')/site-packages/weightbridge/libweightbridge.so"
+    # a plan of the shipped demo layouts, its totals as wb-plan prints them
+    probe='import weightbridge as wb, sys
+r = sys.argv[1] + "/configs/"
+p = wb.plan(r + "models/qwen3_moe.yaml", r + "jobs/demo/config.json", r + "jobs/demo/trainer.yaml",
+            r + "jobs/demo/rollout.yaml")
+print(wb.library_path)
+print(p["stats"]["total_bytes"], p["ntrainers"], p["nrollouts"])'
+    if out=$(make -s -C "$root" python BUILD="$build" SAN="$san" OPT="$opt" CUDA="$cuda" 2>&1) &&
+        out=$("$py" -m venv --system-site-packages "$venv" 2>&1) &&
+        out=$("$venv/bin/pip" install -q --no-index --no-build-isolation "$build/python" 2>&1) &&
+        run=$(cd "$tmp" && env -u WB_LIBRARY -u LD_LIBRARY_PATH -u PYTHONPATH ${asan:+LD_PRELOAD=$asan} \
+            ASAN_OPTIONS=detect_leaks=0 "$venv/bin/python" -c "$probe" "$root" 2>&1) &&
+        [ "$run" = "$want
+3423808 4 2" ]; then
+        ok python_venv
+    else
+        bad python_venv "$(tail -3 <<<"$out"); ran: $run (expected $want)"
     fi
 fi
 echo "$pass passed, $fail failed, $skip skipped"

@@ -162,6 +162,8 @@ enum wb_map_kind {
     WB_MAP_STACK,      /* per-expert trainer tensors stacked along a new dim 0 (+ fused) */
     WB_MAP_UNSTACK,    /* one slice (and chunk) of a stacked trainer tensor */
     WB_MAP_TIE,        /* tied weights: built from another trainer tensor (lm_head) */
+    WB_MAP_SPLIT,      /* one trainer tensor fused already, cut into its components (Phi-3's
+                          qkv_proj): each a box of it at the same place in the rollout tensor */
 };
 
 struct wb_mapping {

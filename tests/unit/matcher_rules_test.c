@@ -1,8 +1,9 @@
 /* matcher_rules_test.c — the rules themselves: split rules for trainer tensors fused already
  * (syntax, sizes, what each TP rank gets, what shapes cannot see), rules that build nothing
  * (a typo falls through to the catch-all) unless optional, rules an earlier rule or
- * ignore.rollout shadows whole, the pattern inclusion behind that, and every shipped family
- * with every shipped config.json matching clean. Exact messages throughout. */
+ * ignore.rollout shadows whole, the pattern inclusion behind that, the shipped phi3 family
+ * against the Hugging Face checkpoint and vLLM's layout, and every shipped family with every
+ * shipped config.json matching clean. Exact messages throughout. */
 #include "matcher/matcher.h"
 #include "matcher/mpriv.h"
 #include "tests/wbtest.h"
@@ -605,18 +606,16 @@ static void test_pattern_covers(void)
 static void test_shipped_families_clean(void)
 {
     static const char *const families[] = {
-        "configs/models/qwen3.yaml",
-        "configs/models/qwen3_moe.yaml",
-        "configs/models/deepseek_v3.yaml",
-        "configs/models/llama3.yaml",
-        "configs/models/gpt_oss.yaml",
-        "tests/fixtures/matcher/mixtral.yaml",
-        "tests/fixtures/matcher/stacked_to_per_expert.yaml",
+        "configs/models/qwen3.yaml",           "configs/models/qwen3_moe.yaml",
+        "configs/models/deepseek_v3.yaml",     "configs/models/llama3.yaml",
+        "configs/models/gpt_oss.yaml",         "configs/models/phi3.yaml",
+        "tests/fixtures/matcher/mixtral.yaml", "tests/fixtures/matcher/stacked_to_per_expert.yaml",
     };
     static const char *const configs[] = {
         "configs/hf/DeepSeek-V3.json",
         "configs/hf/Kimi-K2-Instruct.json",
         "configs/hf/Llama-3.1-8B.json",
+        "configs/hf/Phi-3-mini-4k-instruct.json",
         "configs/hf/Qwen3-235B-A22B-FP8.json",
         "configs/hf/Qwen3-235B-A22B.json",
         "configs/hf/Qwen3-30B-A3B.json",
@@ -692,9 +691,84 @@ static void test_shipped_families_clean(void)
                 wb_match_rules_free(r);
                 wb_errlist_free(&el);
             }
-    /* qwen3 x 3, qwen3_moe x 4, deepseek_v3 x 3 x 2, llama3, gpt_oss, mixtral, and the
+    /* qwen3 x 3, qwen3_moe x 4, deepseek_v3 x 3 x 2, llama3, gpt_oss, phi3, mixtral, and the
      * unstacking fixture (no model_type: any config; tiny_moe.json is its own) */
-    CHECK_INT(matched, 3 + 4 + 6 + 1 + 1 + 1 + 1);
+    CHECK_INT(matched, 3 + 4 + 6 + 1 + 1 + 1 + 1 + 1);
+}
+
+/* ---------------------------------------------------------------- phi3 */
+
+/* The phi3 family: the trainer inventory is the Hugging Face checkpoint's (Phi-3-mini-4k:
+ * 195 tensors, qkv_proj and gate_up_proj fused, no biases), the rollout vLLM's
+ * Phi3ForCausalLM (the same names, fused, per-rank shares of each component). */
+static void test_phi3_mini(void)
+{
+    const char *fam = "configs/models/phi3.yaml", *cfg = "configs/hf/Phi-3-mini-4k-instruct.json";
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_match_rules *r = NULL;
+    struct wb_inventory t, ro;
+    wb_inv_init(&t);
+    wb_inv_init(&ro);
+    CHECK_INT(wb_match_rules_load(fam, &r, &el), 0);
+    CHECK_INT(wb_match_rules_bind_config(r, cfg, &el), 0);
+    CHECK_INT(wb_match_rules_generate(r, cfg, "trainer", &t, &el), 0);
+    CHECK_INT(wb_match_rules_generate(r, cfg, "rollout", &ro, &el), 0);
+    /* the checkpoint's names and shapes, written out here */
+    CHECK_INT(t.n, 3 + 32 * 6);
+    static const struct {
+        const char *name;
+        uint64_t d0, d1;
+    } want[] = {
+        {"model.embed_tokens.weight", 32064, 3072},
+        {"lm_head.weight", 32064, 3072},
+        {"model.norm.weight", 3072, 0},
+        {"model.layers.%u.input_layernorm.weight", 3072, 0},
+        {"model.layers.%u.post_attention_layernorm.weight", 3072, 0},
+        {"model.layers.%u.self_attn.qkv_proj.weight", 9216, 3072},
+        {"model.layers.%u.self_attn.o_proj.weight", 3072, 3072},
+        {"model.layers.%u.mlp.gate_up_proj.weight", 16384, 3072},
+        {"model.layers.%u.mlp.down_proj.weight", 3072, 8192},
+    };
+    for (int side = 0; side < 2; side++) {
+        const struct wb_inventory *inv = side ? &ro : &t;
+        CHECK_INT(inv->n, 195);
+        size_t seen = 0;
+        for (size_t w = 0; w < WB_ARRAY_LEN(want); w++)
+            for (unsigned l = 0; l < (strchr(want[w].name, '%') ? 32u : 1u); l++) {
+                char name[WB_NAME_MAX];
+                snprintf(name, sizeof(name), want[w].name, l);
+                ssize_t i = wb_inv_find(inv, name);
+                if (i < 0)
+                    wb_test_fail(__FILE__, __LINE__, "%s: no %s", side ? "rollout" : "trainer",
+                                 name);
+                struct wb_shape s = {want[w].d1 ? 2 : 1, {want[w].d0, want[w].d1}};
+                CHECK(wb_shape_eq(&inv->p[i].shape, &s));
+                CHECK_INT(inv->p[i].dtype, WB_DTYPE_BF16);
+                seen++;
+            }
+        CHECK_INT(seen, 195);
+    }
+    struct wb_match *m = NULL;
+    CHECK_INT(wb_match_run(r, &t, &ro, &m, &el), 0);
+    size_t kinds[6] = {0};
+    for (size_t i = 0; i < m->n; i++)
+        kinds[m->map[i].kind]++;
+    CHECK_INT(kinds[WB_MAP_SPLIT], 64);
+    CHECK_INT(kinds[WB_MAP_RENAME], 131);
+    /* vLLM's QKVParallelLinear / MergedColumnParallelLinear shares, rank 1 of 4: q heads 8-15,
+     * k heads 8-15, v heads 8-15 (96 rows each); gate and up rows 2048-4095 of each */
+    const struct wb_mapping *qkv = mapping_of(m, &ro, "model.layers.7.self_attn.qkv_proj.weight");
+    CHECK_STR(pieces_str(m, &ro, qkv, 1, 4),
+              "[2304, 3072]: [768:1536, 0:3072] [3840:4608, 0:3072] [6912:7680, 0:3072]");
+    const struct wb_mapping *gu = mapping_of(m, &ro, "model.layers.7.mlp.gate_up_proj.weight");
+    CHECK_STR(pieces_str(m, &ro, gu, 1, 4),
+              "[4096, 3072]: [2048:4096, 0:3072] [10240:12288, 0:3072]");
+    wb_match_free(m);
+    wb_match_rules_free(r);
+    wb_inv_free(&t);
+    wb_inv_free(&ro);
+    wb_errlist_free(&el);
 }
 
 const struct wb_test wb_tests[] = {
@@ -707,5 +781,6 @@ const struct wb_test wb_tests[] = {
     {"shadowed_rules", test_shadowed_rules, 0},
     {"pattern_covers", test_pattern_covers, 0},
     {"shipped_families_clean", test_shipped_families_clean, 120},
+    {"phi3_mini", test_phi3_mini, 0},
     {0},
 };

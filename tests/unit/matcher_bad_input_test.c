@@ -162,6 +162,47 @@ static void test_tie_word_embeddings_2(void)
     wb_errlist_free(&el);
 }
 
+/* every truth value a shipped family reads from config.json goes through boolean():
+ * gpt-oss's attention_bias: 2 used to turn the biases on */
+static void test_attention_bias_2(void)
+{
+    const char *cfg = derived("configs/hf/gpt-oss-20b.json", "bias2.json",
+                              "\"attention_bias\": true", "\"attention_bias\": 2");
+    struct wb_errlist el;
+    gen_fails("configs/models/gpt_oss.yaml", cfg, "trainer", &el);
+    EXPECT(&el, "configs/models/gpt_oss.yaml:51:5: 'boolean(attention_bias)': field "
+                "'attention_bias' is 2, not a boolean (true or false) (with layer=0)");
+    wb_errlist_free(&el);
+}
+
+/* 100,000 nested '[' (or '{') in config.json: jansson stops at its depth bound (2048), an
+ * exact error, not a deep recursion in the reader or the flattening of nested objects. */
+static void test_config_json_nesting(void)
+{
+    enum { DEPTH = 100000 };
+    for (int obj = 0; obj < 2; obj++) {
+        char *deep = malloc(6 * DEPTH + 64), *p = deep;
+        CHECK(deep != NULL);
+        p += sprintf(p, "{\"model_type\": \"qwen3\", \"x\": ");
+        for (int i = 0; i < DEPTH; i++)
+            p += sprintf(p, obj ? "{\"a\":" : "[");
+        p += sprintf(p, obj ? "1" : "");
+        for (int i = 0; i < DEPTH; i++)
+            *p++ = obj ? '}' : ']';
+        strcpy(p, "}");
+        const char *cfg = put(obj ? "deep_obj.json" : "deep.json", deep);
+        free(deep);
+        struct wb_errlist el;
+        gen_fails(QWEN3, cfg, "trainer", &el);
+        CHECK_INT(el.n, 1);
+        char want[700];
+        snprintf(want, sizeof(want), "%s:1:%d: maximum parsing depth reached near '%c'", cfg,
+                 obj ? 10265 : 2077, obj ? '{' : '[');
+        CHECK_STR(el.msgs[0], want);
+        wb_errlist_free(&el);
+    }
+}
+
 static void test_dimension_2_62(void)
 {
     /* 2^62 x 4096 elements overflow any byte count: refused at 2^48 bytes */
@@ -757,6 +798,8 @@ const struct wb_test wb_tests[] = {
     {"big_integer_and_dotted_keys", test_big_integer_and_dotted_keys, 0},
     {"negation_overflow", test_negation_overflow, 0},
     {"tie_word_embeddings_2", test_tie_word_embeddings_2, 0},
+    {"attention_bias_2", test_attention_bias_2, 0},
+    {"config_json_nesting", test_config_json_nesting, 0},
     {"mtp_hint", test_mtp_hint, 0},
     {"job_vars", test_job_vars, 0},
     {"nested_loops_product", test_nested_loops_product, 10},

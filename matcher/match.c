@@ -975,7 +975,9 @@ static void unused_layers(struct mctx *c, size_t first, size_t nunused, long lo,
 
 /* Rules that built nothing, unless `optional`: a typo in a rule's pattern lets its tensors fall
  * through to a later rule (the catch-all), which then fails far from the cause — or succeeds
- * with the wrong layout. Each is said first, at the rule's file:line:col. */
+ * with the wrong layout. Each is said first, at the rule's file:line:col. With a rollout
+ * inventory that may hold part of the model (wb_match_rules_partial_rollout) only rules whose
+ * names earlier rules took are said. */
 static void report_unbuilt(struct mctx *c, size_t first)
 {
     const struct wb_match_rules *rs = c->rs;
@@ -999,6 +1001,8 @@ static void report_unbuilt(struct mctx *c, size_t first)
                 for (by = 0; by < k && !mx_pat_match(&rs->r[by].rollout, name, &caps); by++)
                     ;
         }
+        if (!nmatch && rs->partial_rollout)
+            continue;
         char taker[64];
         if (by == rs->n)
             snprintf(taker, sizeof(taker), "it is in ignore.rollout");

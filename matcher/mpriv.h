@@ -200,6 +200,7 @@ struct wb_match_rules {
     char **model_types; /* as struct wb_family's */
     size_t nmodel_types;
     char model_type_at[300];
+    bool partial_rollout; /* wb_match_rules_partial_rollout */
     struct wb_xvar *sets; /* the job's values of vars (wb_match_rules_set_vars) */
     size_t nsets;
     char *sets_buf;

@@ -700,6 +700,11 @@ int wb_match_rules_generate(struct wb_match_rules *r, const char *config_json, c
     return e;
 }
 
+void wb_match_rules_partial_rollout(struct wb_match_rules *r, bool partial)
+{
+    r->partial_rollout = partial;
+}
+
 int wb_match_rules_set_vars(struct wb_match_rules *r, const char *vars, struct wb_errlist *el)
 {
     struct wb_xvar *sets;

@@ -21,7 +21,9 @@ static void usage(FILE *f, const char *prog)
             "  --config FILE          Hugging Face config.json for both sides\n"
             "  --trainer-config FILE  config.json for the trainer side only (default --config)\n"
             "  --trainer FILE         trainer inventory file (YAML/JSON) instead of generating\n"
-            "  --rollout FILE         rollout inventory file instead of generating\n"
+            "  --rollout FILE         rollout inventory file instead of generating (it may\n"
+            "                         hold part of the model: a rule matching none of it is\n"
+            "                         no error)\n"
             "  --save-trainer FILE    write the trainer inventory (JSON) and continue\n"
             "  --save-rollout FILE    write the rollout inventory (JSON) and continue\n"
             "  --var NAME=VALUE       a value for one of the family file's vars (repeatable),\n"
@@ -201,8 +203,10 @@ int main(int argc, char **argv)
         wb_errlist_add(&el, "%s: cannot write the inventory: %s", save, wb_strerror(err));
         goto out;
     }
-    if ((err = wb_match_rules_load(family, &rules, &el)) ||
-        (err = wb_match_rules_set_vars(rules, vars, &el)) ||
+    if ((err = wb_match_rules_load(family, &rules, &el)))
+        goto out;
+    wb_match_rules_partial_rollout(rules, rfile != NULL); /* a file may hold part of the model */
+    if ((err = wb_match_rules_set_vars(rules, vars, &el)) ||
         (config && (err = wb_match_rules_bind_config(rules, config, &el))) ||
         (err = wb_match_run(rules, &t, &r, &m, &el)))
         goto out;

@@ -482,6 +482,40 @@ static void test_unbuilt_rule_taken(void)
     wb_inv_free(&ro);
 }
 
+/* A rollout inventory that may hold part of the model (a file: wb_match_rules_partial_rollout):
+ * a rule matching none of its names is no error there, one whose names earlier rules took
+ * still is. */
+static void test_unbuilt_partial_rollout(void)
+{
+    const char *path = tiny_family("  - rollout: m.{L}.mtp.weight\n"
+                                   "    from: m.{L}.mtp.weight\n"
+                                   "  - rollout: m.{L}.*\n"
+                                   "    from: m.{L}.*\n"
+                                   "  - rollout: \"*.qkv.weight\"\n"
+                                   "    from: \"*.qkv.weight\"\n");
+    const char *cfg = put("tiny.json", TINY_CONFIG);
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_match_rules *r = NULL;
+    struct wb_inventory t, ro;
+    wb_inv_init(&t);
+    wb_inv_init(&ro);
+    CHECK_INT(wb_match_rules_load(path, &r, &el), 0);
+    CHECK_INT(wb_match_rules_generate(r, cfg, "trainer", &t, &el), 0);
+    CHECK_INT(wb_match_rules_generate(r, cfg, "rollout", &ro, &el), 0);
+    wb_match_rules_partial_rollout(r, true);
+    struct wb_match *m = NULL;
+    CHECK_INT(wb_match_run(r, &t, &ro, &m, &el), -WB_E_MATCH);
+    EXPECT(&el, fmt("%s:18:5: the rule for rollout '*.qkv.weight' built no rollout tensor: the 2 "
+                    "rollout tensors it matches are taken before it (first: m.0.qkv.weight, by "
+                    "the rule at line 16)",
+                    path));
+    wb_errlist_free(&el);
+    wb_match_rules_free(r);
+    wb_inv_free(&t);
+    wb_inv_free(&ro);
+}
+
 /* ---------------------------------------------------------------- rules that never match */
 
 static void test_shadowed_rules(void)
@@ -778,6 +812,7 @@ const struct wb_test wb_tests[] = {
     {"split_syntax", test_split_syntax, 0},
     {"unbuilt_rule_typo", test_unbuilt_rule_typo, 0},
     {"unbuilt_rule_taken", test_unbuilt_rule_taken, 0},
+    {"unbuilt_partial_rollout", test_unbuilt_partial_rollout, 0},
     {"shadowed_rules", test_shadowed_rules, 0},
     {"pattern_covers", test_pattern_covers, 0},
     {"shipped_families_clean", test_shipped_families_clean, 120},

@@ -32,6 +32,10 @@ struct mctx {
     uint8_t *t_over;   /* over-use already reported */
     uint8_t *t_failed; /* named by a mapping that failed: not reported as unused */
     int64_t *head_dim; /* per rule; 0 = none, -1 = could not be evaluated */
+    /* per rule, WB_SPLIT_MAX each: a split rule's component sizes; -1 = could not be
+     * evaluated (said when a tensor uses the rule, as head_dim) */
+    int64_t *split_size;
+    uint32_t *rule_built; /* per rule: rollout tensors it built (or tried to) */
     struct wb_mapping *map;
     size_t n, cap;
     size_t nerr;
@@ -109,33 +113,52 @@ static bool any_match(const struct wb_pat *p, size_t n, const char *name)
     return false;
 }
 
+/* A rule-level expression (a shard's head_dim, a split's sizes) over the bound config and the
+ * job's vars: 0 and *out, or an error in err. Values must be positive. */
+static int eval_rule_expr(const struct mctx *c, const struct wb_expr *e, int64_t *out, char *err,
+                          size_t errcap)
+{
+    const struct wb_match_rules *rs = c->rs;
+    struct wb_xenv env = {.sets = rs->sets,
+                          .nsets = rs->nsets,
+                          .cfg = rs->cfg,
+                          .derived = rs->vars,
+                          .nderived = rs->nvars};
+    int64_t v;
+    int r = mx_expr_eval_num(e, &env, &v, err, errcap);
+    if (r == 0 && v <= 0) {
+        snprintf(err, errcap, "not positive (%lld)", (long long)v);
+        r = -EINVAL;
+    }
+    if (r == 0)
+        *out = v;
+    return r;
+}
+
+static void eval_split_sizes(struct mctx *c)
+{
+    for (size_t i = 0; i < c->rs->n; i++) {
+        const struct wb_rule *rl = &c->rs->r[i];
+        for (size_t k = 0; k < rl->nsplit; k++) {
+            char err[256];
+            int64_t v;
+            c->split_size[i * WB_SPLIT_MAX + k] =
+                eval_rule_expr(c, rl->split[k].size, &v, err, sizeof(err)) ? -1 : v;
+        }
+    }
+}
+
 /* The per-rule head size, evaluated once per match over the bound config and the vars. */
 static void eval_head_dims(struct mctx *c)
 {
-    const struct wb_match_rules *rs = c->rs;
-    for (size_t i = 0; i < rs->n; i++) {
-        const struct wb_rule *rl = &rs->r[i];
-        c->head_dim[i] = 0;
-        if (!rl->head_dim)
-            continue;
-        struct wb_xenv env = {.sets = rs->sets,
-                              .nsets = rs->nsets,
-                              .cfg = rs->cfg,
-                              .derived = rs->vars,
-                              .nderived = rs->nvars};
+    for (size_t i = 0; i < c->rs->n; i++) {
+        const struct wb_rule *rl = &c->rs->r[i];
         char err[256];
         int64_t v;
-        int r = mx_expr_eval_num(rl->head_dim, &env, &v, err, sizeof(err));
-        if (r == 0 && v <= 0) {
-            snprintf(err, sizeof(err), "not positive (%lld)", (long long)v);
-            r = -EINVAL;
-        }
-        if (r) {
-            /* reported when a tensor uses the rule, with the tensor's name */
-            c->head_dim[i] = -1;
-            continue;
-        }
-        c->head_dim[i] = v;
+        /* -1: reported when a tensor uses the rule, with the tensor's name */
+        c->head_dim[i] = !rl->head_dim                                           ? 0
+                         : eval_rule_expr(c, rl->head_dim, &v, err, sizeof(err)) ? -1
+                                                                                 : v;
     }
 }
 
@@ -164,6 +187,16 @@ static int push_comp(struct build *b, uint32_t t, const struct wb_box *src,
     b->comp[b->ncomp++] =
         (struct wb_component){.trainer = t, .src = *src, .dst = *dst, .trainer_scale = -1};
     return 0;
+}
+
+/* Component i's name in messages: a split rule's name for it ("k"), else its trainer tensor's
+ * label ("k_proj"). */
+static void comp_label(const struct build *b, size_t i, char *buf, size_t cap)
+{
+    if (b->rl->nsplit && b->ncomp == b->rl->nsplit)
+        snprintf(buf, cap, "%s", b->rl->split[i].name);
+    else
+        mx_name_label(b->c->T->p[b->comp[i].trainer].name, buf, cap);
 }
 
 static void note_missing(struct build *b, const char *name)
@@ -253,6 +286,69 @@ static void build_permuted(struct build *b, uint32_t t)
     b->bad = true;
 }
 
+/* A split rename: trainer tensor t, fused already (Phi-3's qkv_proj), cut along the rule's dim
+ * into its named components, each at the same place in the rollout tensor, so that a TP split
+ * takes each one's share (rank r: [q_r; k_r; v_r]) as it does for a fuse rule's components.
+ * The sizes must add up to the tensor's size along the dim. Replaces the whole-tensor
+ * component build_from pushed. */
+static void build_split(struct build *b, uint32_t t)
+{
+    struct mctx *c = b->c;
+    const struct wb_rule *rl = b->rl;
+    const struct wb_param *T = &c->T->p[t];
+    const char *path = c->rs->path;
+    char s[128];
+    uint32_t d = rl->dim;
+    if (d >= T->shape.ndim) {
+        merr(c, "%s: split along dim %u, but trainer tensor %s %s has %u dims (rule %s:%u)",
+             b->R->name, d, T->name, shp(&T->shape, s, sizeof(s)), T->shape.ndim, path, rl->line);
+        b->bad = true;
+        return;
+    }
+    const int64_t *size = &c->split_size[(size_t)(rl - c->rs->r) * WB_SPLIT_MAX];
+    uint64_t sum = 0;
+    for (size_t k = 0; k < rl->nsplit; k++) {
+        if (size[k] < 0) {
+            char err[256];
+            int64_t v;
+            eval_rule_expr(c, rl->split[k].size, &v, err, sizeof(err));
+            merr(c, "%s: split %s: '%s': %s (rule %s:%u)", b->R->name, rl->split[k].name,
+                 mx_expr_text(rl->split[k].size), err, path, rl->line);
+            b->bad = true;
+            return;
+        }
+        /* saturating: 16 sizes below 2^63 may pass 2^64; a size above the dim is wrong, and
+         * sizes up to it (2^48) add up without overflow */
+        sum = sum == UINT64_MAX || (uint64_t)size[k] > T->shape.dim[d] ? UINT64_MAX
+                                                                       : sum + (uint64_t)size[k];
+    }
+    if (sum != T->shape.dim[d]) {
+        char parts[512];
+        size_t pos = 0;
+        for (size_t k = 0; k < rl->nsplit && pos < sizeof(parts); k++)
+            pos += (size_t)snprintf(parts + pos, sizeof(parts) - pos, "%s%s %lld", k ? " + " : "",
+                                    rl->split[k].name, (long long)size[k]);
+        char total[32] = "more";
+        if (sum != UINT64_MAX)
+            snprintf(total, sizeof(total), "%llu", (unsigned long long)sum);
+        merr(c, "%s: split %s = %s, but trainer tensor %s %s has %llu along dim %u (rule %s:%u)",
+             b->R->name, parts, total, T->name, shp(&T->shape, s, sizeof(s)),
+             (unsigned long long)T->shape.dim[d], d, path, rl->line);
+        b->bad = true;
+        return;
+    }
+    b->ncomp = 0;
+    uint64_t off = 0;
+    for (size_t k = 0; k < rl->nsplit; k++) {
+        struct wb_box box = wb_box_full(&T->shape);
+        box.off[d] = off;
+        box.ext[d] = (uint64_t)size[k];
+        off += (uint64_t)size[k];
+        if (push_comp(b, t, &box, &box))
+            return;
+    }
+}
+
 static void build_from(struct build *b, enum wb_map_kind *kind)
 {
     struct mctx *c = b->c;
@@ -288,7 +384,10 @@ static void build_from(struct build *b, enum wb_map_kind *kind)
              shp(&b->R->shape, a, sizeof(a)), shp(&T->shape, s, sizeof(s)), T->name, c->rs->path,
              b->rl->line);
         b->bad = true;
+        return;
     }
+    if (b->rl->nsplit && !c->fatal)
+        build_split(b, (uint32_t)t);
 }
 
 /* Concatenates the rule's `from` tensors along item dim d into the rollout box at leading
@@ -588,7 +687,7 @@ static void check_dtypes(struct build *b, struct wb_mapping *m)
             if (off % WB_FP8_BLOCK == 0 && (end % WB_FP8_BLOCK == 0 || end == R->shape.dim[k]))
                 continue;
             char label[WB_NAME_MAX];
-            mx_name_label(c->T->p[b->comp[i].trainer].name, label, sizeof(label));
+            comp_label(b, i, label, sizeof(label));
             merr(c,
                  "%s: component %s [%llu, %llu) along dim %u is not aligned to %u-element "
                  "FP8 blocks; only the last component may end unaligned (rule %s:%u)",
@@ -656,13 +755,7 @@ static void set_heads(struct build *b, size_t rule_index, struct wb_mapping *m)
     if (hd < 0) {
         char err[256];
         int64_t v;
-        struct wb_xenv env = {.sets = c->rs->sets,
-                              .nsets = c->rs->nsets,
-                              .cfg = c->rs->cfg,
-                              .derived = c->rs->vars,
-                              .nderived = c->rs->nvars};
-        if (mx_expr_eval_num(b->rl->head_dim, &env, &v, err, sizeof(err)) == 0)
-            snprintf(err, sizeof(err), "not positive (%lld)", (long long)v);
+        eval_rule_expr(c, b->rl->head_dim, &v, err, sizeof(err));
         merr(c, "%s: shard head_dim '%s': %s (rule %s:%u)", b->R->name,
              mx_expr_text(b->rl->head_dim), err, c->rs->path, b->rl->line);
         b->bad = true;
@@ -676,7 +769,7 @@ static void set_heads(struct build *b, size_t rule_index, struct wb_mapping *m)
         uint64_t ext = cp->dst.ext[d];
         if (ext % (uint64_t)hd) {
             char label[WB_NAME_MAX];
-            mx_name_label(c->T->p[cp->trainer].name, label, sizeof(label));
+            comp_label(b, i, label, sizeof(label));
             merr(c,
                  "%s: component %s has %llu elements along dim %u, not a whole number of "
                  "%lld-element heads (rule %s:%u)",
@@ -768,6 +861,8 @@ static void build_one(struct mctx *c, size_t ri, size_t rule_index, const struct
     case WB_RULE_FROM:
         build_from(&b, &m.kind);
         report_missing(&b);
+        if (rl->nsplit)
+            m.kind = WB_MAP_SPLIT;
         break;
     case WB_RULE_FUSE:
         m.kind = WB_MAP_FUSE;
@@ -821,32 +916,113 @@ static long layer_of(const char *name)
     return *end == '.' ? v : -1;
 }
 
+enum unused_kind { USED = 0, UNUSED, PART_USED };
+
+/* Whether trainer tensor t is used up: USED (or ignorable, counted in *nignored, or failed in
+ * a mapping already reported, or a scale whose value is reported), UNUSED or PART_USED. */
+static enum unused_kind trainer_unused(const struct mctx *c, size_t t, size_t *nignored)
+{
+    const struct wb_inventory *T = c->T;
+    const struct wb_param *P = &T->p[t];
+    if (c->t_used[t] >= wb_shape_numel(&P->shape) || c->t_failed[t])
+        return USED;
+    if (c->t_used[t])
+        return PART_USED;
+    const char *value_name = P->name;
+    char base[WB_NAME_MAX];
+    if (c->t_is_scale[t]) { /* a scale goes with its value */
+        size_t sl = strlen(c->rs->scale_suffix), len = strlen(P->name);
+        snprintf(base, sizeof(base), "%.*s", (int)(len - sl), P->name);
+        value_name = base;
+    }
+    if (any_match(c->rs->ign_trainer, c->rs->nign_trainer, value_name)) {
+        (*nignored)++;
+        return USED;
+    }
+    ssize_t v = c->t_is_scale[t] ? wb_inv_find(T, value_name) : -1;
+    if (v >= 0 && c->t_used[v] == 0)
+        return USED; /* its value is reported */
+    return UNUSED;
+}
+
+/* Moves the last message of el to index `at` (a cause said before what it explains). */
+static void el_move_last(struct wb_errlist *el, size_t at)
+{
+    char *h = el->msgs[el->n - 1];
+    memmove(&el->msgs[at + 1], &el->msgs[at], (el->n - 1 - at) * sizeof(*el->msgs));
+    el->msgs[at] = h;
+}
+
 /* When every unused trainer tensor lies in layers past the last one the rollout uses, the
  * checkpoint most likely carries a multi-token-prediction draft layer (DeepSeek-V3's layer 61)
- * that this run left out: said first, before the hundreds of lines it explains. */
-static void mtp_hint(struct mctx *c, size_t first, size_t nunused, long lo, long hi, long used)
+ * that this run left out: one line for all of them (787 for DeepSeek-V3), naming the way out. */
+static void unused_layers(struct mctx *c, size_t first, size_t nunused, long lo, long hi, long used)
 {
-    if (nunused == 0 || lo < 0 || lo <= used || used < 0)
-        return;
-    char layers[64];
+    const struct wb_param *T = &c->T->p[first];
+    char layers[64], a[128];
     if (lo == hi)
         snprintf(layers, sizeof(layers), "layer %ld", lo);
     else
         snprintf(layers, sizeof(layers), "layers %ld-%ld", lo, hi);
-    if (wb_errlist_add(
-            c->el,
-            "hint: the %zu unused trainer tensor%s all lie in %s, past the last layer "
-            "the rollout uses (%ld): a multi-token-prediction (MTP) draft layer? A "
-            "family with an `mtp` var moves it with --var mtp=1 (a job file: model.vars: "
-            "\"mtp=1\"); otherwise list it in the family's ignore.trainer",
-            nunused, nunused == 1 ? "" : "s", layers, used)) {
-        c->fatal = -ENOMEM;
-        return;
+    merr(c,
+         "%zu trainer tensor%s in %s, past the last layer the rollout uses (%ld), %s used by no "
+         "rollout tensor (first: %s %s %s): a multi-token-prediction (MTP) draft layer? A family "
+         "with an `mtp` var moves it with --var mtp=1 (a job file: model.vars: \"mtp=1\"); "
+         "otherwise list it in the family's ignore.trainer (%s)",
+         nunused, nunused == 1 ? "" : "s", layers, used, nunused == 1 ? "is" : "are", T->name,
+         wb_dtype_name(T->dtype), shp(&T->shape, a, sizeof(a)), c->rs->path);
+}
+
+/* Rules that built nothing, unless `optional`: a typo in a rule's pattern lets its tensors fall
+ * through to a later rule (the catch-all), which then fails far from the cause — or succeeds
+ * with the wrong layout. Each is said first, at the rule's file:line:col. With a rollout
+ * inventory that may hold part of the model (wb_match_rules_partial_rollout) only rules whose
+ * names earlier rules took are said. */
+static void report_unbuilt(struct mctx *c, size_t first)
+{
+    const struct wb_match_rules *rs = c->rs;
+    size_t at = first;
+    for (size_t k = 0; k < rs->n && !c->fatal; k++) {
+        const struct wb_rule *rl = &rs->r[k];
+        if (c->rule_built[k] || rl->optional)
+            continue;
+        /* names it matches, taken first by an earlier rule or by ignore.rollout */
+        size_t nmatch = 0, by = 0, ex = 0;
+        for (size_t i = 0; i < c->R->n; i++) {
+            struct wb_caps caps;
+            const char *name = c->R->p[i].name;
+            if (c->r_is_scale[i] || !mx_pat_match(&rl->rollout, name, &caps))
+                continue;
+            if (nmatch++)
+                continue;
+            ex = i;
+            by = rs->n; /* ignore.rollout, unless an earlier rule took it */
+            if (!any_match(rs->ign_rollout, rs->nign_rollout, name))
+                for (by = 0; by < k && !mx_pat_match(&rs->r[by].rollout, name, &caps); by++)
+                    ;
+        }
+        if (!nmatch && rs->partial_rollout)
+            continue;
+        char taker[64];
+        if (by == rs->n)
+            snprintf(taker, sizeof(taker), "it is in ignore.rollout");
+        else
+            snprintf(taker, sizeof(taker), "by the rule at line %u", nmatch ? rs->r[by].line : 0);
+        if (!nmatch)
+            merr(c,
+                 "%s:%u:%u: the rule for rollout '%s' built no rollout tensor: no rollout tensor's "
+                 "name matches it (a typo? a rule that applies to some configs only says "
+                 "optional: true)",
+                 rs->path, rl->line, rl->col, rl->rollout.src);
+        else
+            merr(c,
+                 "%s:%u:%u: the rule for rollout '%s' built no rollout tensor: the %zu rollout "
+                 "tensor%s it matches %s taken before it (first: %s, %s)",
+                 rs->path, rl->line, rl->col, rl->rollout.src, nmatch, nmatch == 1 ? "" : "s",
+                 nmatch == 1 ? "is" : "are", c->R->p[ex].name, taker);
+        if (!c->fatal)
+            el_move_last(c->el, at++);
     }
-    struct wb_errlist *el = c->el; /* the hint goes before the problems it explains */
-    char *h = el->msgs[el->n - 1];
-    memmove(&el->msgs[first + 1], &el->msgs[first], (el->n - 1 - first) * sizeof(*el->msgs));
-    el->msgs[first] = h;
 }
 
 void wb_match_free(struct wb_match *m)
@@ -875,14 +1051,17 @@ int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *
     c.t_over = calloc(nt + 1, 1);
     c.t_failed = calloc(nt + 1, 1);
     c.head_dim = calloc(rules->n + 1, sizeof(*c.head_dim));
+    c.split_size = calloc(rules->n * WB_SPLIT_MAX + 1, sizeof(*c.split_size));
+    c.rule_built = calloc(rules->n + 1, sizeof(*c.rule_built));
     if (!c.r_scale || !c.r_is_scale || !c.t_scale || !c.t_is_scale || !c.t_used || !c.t_user ||
-        !c.t_over || !c.t_failed || !c.head_dim)
+        !c.t_over || !c.t_failed || !c.head_dim || !c.split_size || !c.rule_built)
         goto out;
     for (size_t i = 0; i < nt; i++)
         c.t_user[i] = -1;
     group_scales(&c, rollout, c.r_scale, c.r_is_scale, "rollout");
     group_scales(&c, trainer, c.t_scale, c.t_is_scale, "trainer");
     eval_head_dims(&c);
+    eval_split_sizes(&c);
 
     struct wb_caps caps;
     for (size_t i = 0; i < nr && !c.fatal; i++) {
@@ -905,52 +1084,46 @@ int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *
                  shp(&rollout->p[i].shape, a, sizeof(a)), rules->path);
             continue;
         }
+        c.rule_built[k]++;
         build_one(&c, i, k, &caps);
     }
 
     size_t nignored = 0, nunused = 0;
     /* the last layer used; the unused tensors' layers (lo -1: one of them is in none) */
     long used_layer = -1, lo = LONG_MAX, hi = -1;
+    ssize_t first_unused = -1;
     for (size_t t = 0; t < nt; t++)
         if (c.t_used[t] && layer_of(trainer->p[t].name) > used_layer)
             used_layer = layer_of(trainer->p[t].name);
+    for (size_t t = 0; t < nt; t++) {
+        if (trainer_unused(&c, t, &nignored) != UNUSED)
+            continue;
+        long layer = layer_of(trainer->p[t].name);
+        first_unused = first_unused < 0 ? (ssize_t)t : first_unused;
+        nunused++;
+        lo = layer < 0 ? -1 : lo < 0 ? lo : layer < lo ? layer : lo;
+        hi = layer > hi ? layer : hi;
+    }
+    /* every unused tensor past the last layer the rollout uses: one line for all of them */
+    bool draft = nunused && lo >= 0 && lo > used_layer && used_layer >= 0;
+    if (draft)
+        unused_layers(&c, (size_t)first_unused, nunused, lo, hi, used_layer);
     for (size_t t = 0; t < nt && !c.fatal; t++) {
         const struct wb_param *T = &trainer->p[t];
-        uint64_t numel = wb_shape_numel(&T->shape);
-        if (c.t_used[t] >= numel || c.t_failed[t])
-            continue;
+        size_t ign = 0;
+        enum unused_kind kind = trainer_unused(&c, t, &ign);
         char a[128];
-        if (c.t_used[t] == 0) {
-            const char *value_name = T->name;
-            char base[WB_NAME_MAX];
-            if (c.t_is_scale[t]) { /* a scale goes with its value */
-                size_t sl = strlen(rules->scale_suffix), len = strlen(T->name);
-                snprintf(base, sizeof(base), "%.*s", (int)(len - sl), T->name);
-                value_name = base;
-            }
-            if (any_match(rules->ign_trainer, rules->nign_trainer, value_name)) {
-                nignored++;
-                continue;
-            }
-            ssize_t v = c.t_is_scale[t] ? wb_inv_find(trainer, value_name) : -1;
-            if (v >= 0 && c.t_used[v] == 0)
-                continue; /* its value is reported already */
-            long layer = layer_of(T->name);
-            nunused++;
-            lo = layer < 0 ? -1 : lo < 0 ? lo : layer < lo ? layer : lo;
-            hi = layer > hi ? layer : hi;
+        if (kind == UNUSED && !draft)
             merr(&c,
                  "%s %s %s: trainer tensor not used by any rollout tensor and not declared "
                  "ignorable (%s)",
                  T->name, wb_dtype_name(T->dtype), shp(&T->shape, a, sizeof(a)), rules->path);
-            continue;
-        }
-        merr(&c, "%s %s: only %llu of %llu elements used by rollout tensors (first: %s)", T->name,
-             shp(&T->shape, a, sizeof(a)), (unsigned long long)c.t_used[t],
-             (unsigned long long)numel, rollout->p[c.t_user[t]].name);
+        else if (kind == PART_USED)
+            merr(&c, "%s %s: only %llu of %llu elements used by rollout tensors (first: %s)",
+                 T->name, shp(&T->shape, a, sizeof(a)), (unsigned long long)c.t_used[t],
+                 (unsigned long long)wb_shape_numel(&T->shape), rollout->p[c.t_user[t]].name);
     }
-
-    mtp_hint(&c, first, nunused, lo, hi, used_layer);
+    report_unbuilt(&c, first);
     for (int side = 0; side < 2; side++) {
         if (!c.bad_scale[side].n)
             continue;
@@ -994,5 +1167,7 @@ out:
     free(c.t_over);
     free(c.t_failed);
     free(c.head_dim);
+    free(c.split_size);
+    free(c.rule_built);
     return r;
 }

@@ -88,6 +88,12 @@ int wb_match_rules_bind_config(struct wb_match_rules *r, const char *config_json
 /* Optional: the job's values of the family's vars, as for wb_inv_generate_vars() (the same
  * text must be given to both, so that both sides and the rules agree). */
 int wb_match_rules_set_vars(struct wb_match_rules *r, const char *vars, struct wb_errlist *el);
+/* Optional: the rollout inventory matched with these rules is not generated from the family
+ * file (an inventory file, a test's few tensors) and may hold part of the model. A rule that
+ * matches none of its names is then not an error (it may describe tensors this inventory leaves
+ * out); by default it is (a typo in its pattern: the tensors it was meant for fall through to a
+ * later rule). A rule whose names earlier rules took is an error either way. */
+void wb_match_rules_partial_rollout(struct wb_match_rules *r, bool partial);
 /* wb_inv_generate_vars() from the family file the rules were loaded from and the rules' vars
  * (wb_match_rules_set_vars), without reading the family file again; config.json is parsed on
  * its first use by these rules (here or wb_match_rules_bind_config) and kept. The same
@@ -162,6 +168,8 @@ enum wb_map_kind {
     WB_MAP_STACK,      /* per-expert trainer tensors stacked along a new dim 0 (+ fused) */
     WB_MAP_UNSTACK,    /* one slice (and chunk) of a stacked trainer tensor */
     WB_MAP_TIE,        /* tied weights: built from another trainer tensor (lm_head) */
+    WB_MAP_SPLIT,      /* one trainer tensor fused already, cut into its components (Phi-3's
+                          qkv_proj): each a box of it at the same place in the rollout tensor */
 };
 
 struct wb_mapping {

@@ -133,12 +133,24 @@ bool mx_pat_match(const struct wb_pat *p, const char *name, struct wb_caps *caps
  * Returns 0, -ENOENT (a capture is missing) or -ENAMETOOLONG. */
 int mx_pat_subst(const struct wb_pat *t, const struct wb_caps *caps, const char *override_name,
                  uint64_t override_value, char *buf, size_t cap);
+/* Whether every name `inner` matches is matched by `outer` too (a later rule that an earlier
+ * one shadows whole): 1 or 0; -E2BIG when it was not decided: the patterns too long, the search
+ * too wide (1,024 pairs of state sets) or *budget (steps, decremented; shared by a caller's
+ * calls so that their work is bounded) spent; -ENOMEM. */
+int mx_pat_covers(const struct wb_pat *outer, const struct wb_pat *inner, uint64_t *budget);
 /* True when the capture name occurs in the pattern. */
 bool mx_pat_has_cap(const struct wb_pat *p, const char *name);
 
 /* ---------------------------------------------------------------- rules */
 
 enum wb_rule_kind { WB_RULE_FROM, WB_RULE_FUSE, WB_RULE_STACK, WB_RULE_UNSTACK };
+
+/* One named component of a split rule: `size` elements along the rule's dim. */
+struct wb_split {
+    char *name;
+    struct wb_expr *size;
+};
+enum { WB_SPLIT_MAX = 16 }; /* as many as a rollout rank's pieces (WB_MAX_PIECES) */
 
 struct wb_rule {
     uint32_t line, col;
@@ -155,7 +167,13 @@ struct wb_rule {
     uint8_t perm[WB_MAX_DIMS];
     struct wb_shard shard;
     struct wb_expr *head_dim; /* NULL when the rule gives no heads */
-    size_t suffix_len;        /* literal tail of the rollout pattern, for a quick reject */
+    /* FROM only: the one trainer tensor is already fused (Phi-3's qkv_proj = [q; k; v]); it is
+     * cut along `dim` into these components, in order, so that a TP split takes each one's
+     * share as it takes a fused rule's. nsplit 0: not split. */
+    struct wb_split *split;
+    size_t nsplit;
+    bool optional;     /* may build no rollout tensor (MTP layers, configs without biases) */
+    size_t suffix_len; /* literal tail of the rollout pattern, for a quick reject */
     const char *suffix;
 };
 
@@ -182,6 +200,7 @@ struct wb_match_rules {
     char **model_types; /* as struct wb_family's */
     size_t nmodel_types;
     char model_type_at[300];
+    bool partial_rollout; /* wb_match_rules_partial_rollout */
     struct wb_xvar *sets; /* the job's values of vars (wb_match_rules_set_vars) */
     size_t nsets;
     char *sets_buf;

@@ -181,6 +181,220 @@ int mx_pat_subst(const struct wb_pat *t, const struct wb_caps *caps, const char 
     return 0;
 }
 
+/* ---------------------------------------------------------------- inclusion */
+
+/* A pattern as a list of atoms over bytes: a literal byte, one digit, or a loop (any bytes, or
+ * digits) that may also be skipped. {NAME} is a digit then a digit loop; * is an any-loop.
+ * State k is "before atom k"; state n accepts. */
+enum { ATOM_BYTE, ATOM_DIGIT, ATOM_LOOP_ANY, ATOM_LOOP_DIGIT };
+struct atoms {
+    uint8_t kind[2 * WB_NAME_MAX];
+    uint8_t byte[2 * WB_NAME_MAX];
+    size_t n;
+};
+
+static bool to_atoms(const struct wb_pat *p, struct atoms *a)
+{
+    a->n = 0;
+    for (size_t i = 0; i < p->nseg; i++) {
+        const struct wb_pat_seg *g = &p->seg[i];
+        size_t need = g->kind == WB_SEG_LIT ? g->len : g->kind == WB_SEG_CAP ? 2 : 1;
+        if (a->n + need > sizeof(a->kind))
+            return false;
+        if (g->kind == WB_SEG_LIT) {
+            for (size_t k = 0; k < g->len; k++) {
+                a->kind[a->n] = ATOM_BYTE;
+                a->byte[a->n++] = (uint8_t)g->text[k];
+            }
+        } else if (g->kind == WB_SEG_CAP) {
+            a->kind[a->n++] = ATOM_DIGIT;
+            a->kind[a->n++] = ATOM_LOOP_DIGIT;
+        } else {
+            a->kind[a->n++] = ATOM_LOOP_ANY;
+        }
+    }
+    return true;
+}
+
+enum { SET_WORDS = (2 * WB_NAME_MAX + 1 + 63) / 64 };
+struct sset {
+    uint64_t w[SET_WORDS];
+};
+
+static void set_add(struct sset *s, size_t k)
+{
+    s->w[k / 64] |= 1ull << (k % 64);
+}
+static bool set_has(const struct sset *s, size_t k)
+{
+    return s->w[k / 64] >> (k % 64) & 1;
+}
+
+/* Adds the states a loop lets one skip to. */
+static void closure(const struct atoms *a, struct sset *s)
+{
+    for (size_t k = 0; k < a->n; k++)
+        if (set_has(s, k) && a->kind[k] >= ATOM_LOOP_ANY)
+            set_add(s, k + 1);
+}
+
+static struct sset step(const struct atoms *a, const struct sset *s, uint8_t c)
+{
+    struct sset o = {{0}};
+    bool digit = c >= '0' && c <= '9';
+    for (size_t k = 0; k < a->n; k++) {
+        if (!set_has(s, k))
+            continue;
+        switch (a->kind[k]) {
+        case ATOM_BYTE:
+            if (a->byte[k] == c)
+                set_add(&o, k + 1);
+            break;
+        case ATOM_DIGIT:
+            if (digit)
+                set_add(&o, k + 1);
+            break;
+        case ATOM_LOOP_ANY:
+            set_add(&o, k);
+            break;
+        case ATOM_LOOP_DIGIT:
+            if (digit)
+                set_add(&o, k);
+            break;
+        }
+    }
+    closure(a, &o);
+    return o;
+}
+
+struct spair {
+    struct sset in, out;
+};
+
+/* The literal text a pattern's names all start (end) with: its first (last) segment when
+ * literal. */
+static const struct wb_pat_seg *lit_end(const struct wb_pat *p, bool last)
+{
+    const struct wb_pat_seg *g = &p->seg[last ? p->nseg - 1 : 0];
+    return p->nseg && g->kind == WB_SEG_LIT ? g : NULL;
+}
+
+/* A quick necessary condition: outer's literal head (tail) is a head (tail) of inner's, since a
+ * capture of inner may begin (end) with at least two different bytes, or none. */
+static bool ends_agree(const struct wb_pat *outer, const struct wb_pat *inner)
+{
+    for (int last = 0; last < 2; last++) {
+        const struct wb_pat_seg *o = lit_end(outer, last), *i = lit_end(inner, last);
+        if (!o)
+            continue;
+        if (!i || i->len < o->len)
+            return false;
+        const char *at = last ? i->text + i->len - o->len : i->text;
+        if (memcmp(at, o->text, o->len) != 0)
+            return false;
+    }
+    return true;
+}
+
+static uint64_t pair_hash(const struct spair *p)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (size_t w = 0; w < SET_WORDS; w++) {
+        h = (h ^ p->in.w[w]) * 0x100000001b3ull;
+        h = (h ^ p->out.w[w]) * 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+int mx_pat_covers(const struct wb_pat *outer, const struct wb_pat *inner, uint64_t *budget)
+{
+    if (*budget == 0)
+        return -E2BIG;
+    --*budget;
+    if (!ends_agree(outer, inner))
+        return 0;
+    /* Both patterns are regular; a byte that occurs in neither behaves as every other such
+     * byte (digits apart, which captures see), so the bytes of both patterns' literals, one
+     * other digit and one other non-digit make an alphabet on which the languages compare as
+     * on all bytes. The search walks pairs of state sets (inner, outer) from the start (each
+     * pair once: a hash set) and fails where inner accepts and outer does not. */
+    enum { MAX_PAIRS = 1024, SLOTS = 2 * MAX_PAIRS };
+    struct atoms *ai = malloc(sizeof(*ai)), *ao = malloc(sizeof(*ao));
+    struct spair *seen = malloc(MAX_PAIRS * sizeof(*seen));
+    uint16_t *slot = calloc(SLOTS, sizeof(*slot)); /* index + 1; 0: empty */
+    int r = -ENOMEM;
+    if (!ai || !ao || !seen || !slot)
+        goto out;
+    r = -E2BIG;
+    if (!to_atoms(inner, ai) || !to_atoms(outer, ao))
+        goto out;
+    bool used[256] = {false};
+    for (size_t k = 0; k < ai->n; k++)
+        if (ai->kind[k] == ATOM_BYTE)
+            used[ai->byte[k]] = true;
+    for (size_t k = 0; k < ao->n; k++)
+        if (ao->kind[k] == ATOM_BYTE)
+            used[ao->byte[k]] = true;
+    uint8_t alpha[256];
+    size_t na = 0;
+    bool other_digit = false, other = false;
+    for (int c = 1; c < 256; c++) { /* names never hold NUL */
+        bool digit = c >= '0' && c <= '9';
+        if (used[c] || (digit && !other_digit) || (!digit && !other)) {
+            alpha[na++] = (uint8_t)c;
+            other_digit |= digit && !used[c];
+            other |= !digit && !used[c];
+        }
+    }
+    size_t nseen = 0, head = 0;
+    seen[0] = (struct spair){{{0}}, {{0}}};
+    set_add(&seen[0].in, 0);
+    set_add(&seen[0].out, 0);
+    closure(ai, &seen[0].in);
+    closure(ao, &seen[0].out);
+    slot[pair_hash(&seen[0]) % SLOTS] = 1;
+    nseen = 1;
+    r = 1;
+    while (head < nseen && r == 1) {
+        struct spair p = seen[head++];
+        if (set_has(&p.in, ai->n) && !set_has(&p.out, ao->n)) {
+            r = 0; /* a name inner matches and outer does not */
+            break;
+        }
+        if (*budget < na) {
+            r = -E2BIG; /* undecided: the caller's work is bounded */
+            break;
+        }
+        *budget -= na;
+        for (size_t x = 0; x < na && r == 1; x++) {
+            struct spair q = {step(ai, &p.in, alpha[x]), step(ao, &p.out, alpha[x])};
+            bool dead = true;
+            for (size_t w = 0; w < SET_WORDS; w++)
+                dead &= q.in.w[w] == 0;
+            if (dead) /* no name of inner continues this way */
+                continue;
+            size_t h = pair_hash(&q) % SLOTS;
+            while (slot[h] && memcmp(&seen[slot[h] - 1], &q, sizeof(q)) != 0)
+                h = (h + 1) % SLOTS;
+            if (slot[h])
+                continue;
+            if (nseen == MAX_PAIRS) {
+                r = -E2BIG; /* undecided */
+                break;
+            }
+            seen[nseen] = q;
+            slot[h] = (uint16_t)++nseen;
+        }
+    }
+out:
+    free(ai);
+    free(ao);
+    free(seen);
+    free(slot);
+    return r;
+}
+
 void mx_name_label(const char *name, char *buf, size_t cap)
 {
     /* the last dotted segment, or the one before it when the last is "weight", "bias", ... */

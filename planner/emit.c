@@ -34,6 +34,11 @@ struct tstate {
     uint64_t tmp;
     uint64_t write_bytes;
     bool coll;
+    /* the trainer tensors this task gathered, and where: a split rule's components are boxes
+     * of one tensor, gathered once for all of them (every mesh member skips the same ones) */
+    uint32_t ngathered;
+    uint32_t gathered_t[WB_MAX_PIECES];
+    struct sview gathered[WB_MAX_PIECES];
 };
 
 /* Interns a box or shape in the rank's table (each distinct value stored once). */
@@ -591,6 +596,11 @@ static int component_source(struct tstate *ts, const struct item *it, uint32_t c
     struct sview sv;
     int r;
     if (gather) {
+        for (uint32_t k = 0; k < ts->ngathered; k++)
+            if (ts->gathered_t[k] == t) {
+                *out = ts->gathered[k];
+                return 0;
+            }
         struct sview own;
         if (!wb_box_empty(&B) || B.ndim == 0) {
             r = source_view(ts, t, &B, &B, &own);
@@ -624,6 +634,10 @@ static int component_source(struct tstate *ts, const struct item *it, uint32_t c
         ts->ro->peers.n += nk;
         c->gathers++;
         ts->coll = true;
+        if (ts->ngathered < WB_MAX_PIECES) {
+            ts->gathered_t[ts->ngathered] = t;
+            ts->gathered[ts->ngathered++] = sv;
+        }
     } else {
         struct wb_box R = {.ndim = B.ndim};
         for (size_t i = 0; i < na; i++) {

@@ -683,9 +683,20 @@ static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts 
            (double)(wb_now_ns() - t_finish) * 1e-9);
     if (r)
         goto out;
+    /* distinct trainer tensors read: a split rule's components are boxes of one tensor */
     p->stats.tensors = 0;
+    uint8_t *seen = calloc(in->trainer->n + 1, 1);
+    if (!seen) {
+        r = -ENOMEM;
+        goto out;
+    }
     for (size_t m = 0; m < in->match->n; m++)
-        p->stats.tensors += in->match->map[m].ncomp;
+        for (uint32_t k = 0; k < in->match->map[m].ncomp; k++) {
+            uint32_t t = in->match->map[m].comp[k].trainer;
+            p->stats.tensors += !seen[t];
+            seen[t] = 1;
+        }
+    free(seen);
     p->stats.mappings = in->match->n;
     p->stats.items = c.items.n;
     p->stats.amax_ops = c.amax_ops;

@@ -277,7 +277,8 @@ struct wb_plan_mesh {
 
 /* Summary figures; sender/receiver arrays are indexed by rank. */
 struct wb_plan_stats {
-    uint64_t tensors, mappings, items, tasks, ops, gathers;
+    uint64_t tensors; /* distinct trainer tensors the mappings read */
+    uint64_t mappings, items, tasks, ops, gathers;
     uint64_t amax_ops, amax_peers; /* AMAX ops, and their peers (one exchange each) */
     uint64_t writes;               /* single writes */
     uint64_t records;      /* write records (a record fans out to replicas: struct wb_rt_write) */

@@ -29,11 +29,13 @@ seed() { # target files...
 }
 seed job configs/jobs/*.yaml tests/fixtures/*/*.yaml
 seed layout configs/clusters/*.yaml configs/jobs/demo/*.yaml
+seed family configs/models/*.yaml tests/fixtures/matcher/*.yaml
 # Hugging Face configs with their layer and expert counts cut to a few (an execution then takes
 # microseconds, not the milliseconds of generating 90,000 tensors; the code paths are the same,
 # only loop trip counts differ), each behind a first byte that picks the model family.
 mkdir -p "$dir/hfconfig.seed"
-python3 - "$dir/hfconfig.seed" configs/hf/*.json configs/jobs/demo/config.json <<'PY'
+python3 - "$dir/hfconfig.seed" configs/hf/*.json configs/jobs/demo/config.json \
+    tests/fixtures/matcher/phi3-tiny-fp8.json <<'PY'
 import json, os, sys
 cut = {"num_hidden_layers": 3, "max_window_layers": 3, "num_experts": 8, "n_routed_experts": 8,
        "num_local_experts": 8, "first_k_dense_replace": 1}
@@ -43,7 +45,7 @@ for i, f in enumerate(sys.argv[2:]):
         if isinstance(d.get(k), int):
             d[k] = min(d[k], v)
     out = os.path.join(sys.argv[1], "%s.%d" % (os.path.basename(f), i))
-    open(out, "wb").write(bytes([i % 4]) + json.dumps(d, indent=1).encode())
+    open(out, "wb").write(bytes([i % 5]) + json.dumps(d, indent=1).encode())
 PY
 mkdir -p "$dir/safetensors.seed" "$dir/msg.seed"
 python3 - "$dir/safetensors.seed/one.safetensors" <<'PY'

@@ -21,7 +21,9 @@ static void usage(FILE *f, const char *prog)
             "  --config FILE          Hugging Face config.json for both sides\n"
             "  --trainer-config FILE  config.json for the trainer side only (default --config)\n"
             "  --trainer FILE         trainer inventory file (YAML/JSON) instead of generating\n"
-            "  --rollout FILE         rollout inventory file instead of generating\n"
+            "  --rollout FILE         rollout inventory file instead of generating (it may\n"
+            "                         hold part of the model: a rule matching none of it is\n"
+            "                         no error)\n"
             "  --save-trainer FILE    write the trainer inventory (JSON) and continue\n"
             "  --save-rollout FILE    write the rollout inventory (JSON) and continue\n"
             "  --var NAME=VALUE       a value for one of the family file's vars (repeatable),\n"
@@ -33,7 +35,7 @@ static void usage(FILE *f, const char *prog)
             prog);
 }
 
-static const char *const kind_names[] = {"rename", "fuse", "stack", "unstack", "tie"};
+static const char *const kind_names[] = {"rename", "fuse", "stack", "unstack", "tie", "split"};
 static const char *const xform_names[] = {"copy", "cast", "fp8-block"};
 
 static void print_mapping(const struct wb_match *mt, const struct wb_inventory *t,
@@ -48,7 +50,7 @@ static void print_mapping(const struct wb_match *mt, const struct wb_inventory *
             const struct wb_param *T = &t->p[m->comp[i].trainer];
             struct wb_box full = wb_box_full(&T->shape);
             char box[256] = "";
-            if (!wb_box_eq(&full, &m->comp[i].src)) /* a slice of a stacked tensor */
+            if (!wb_box_eq(&full, &m->comp[i].src)) /* a slice (unstacked, split) */
                 wb_box_str(&m->comp[i].src, box, sizeof(box));
             printf("%s%s%s", i ? " + " : " ", T->name, box);
             for (uint32_t k = 0; m->comp[i].permuted && k < m->comp[i].dst.ndim; k++)
@@ -201,12 +203,14 @@ int main(int argc, char **argv)
         wb_errlist_add(&el, "%s: cannot write the inventory: %s", save, wb_strerror(err));
         goto out;
     }
-    if ((err = wb_match_rules_load(family, &rules, &el)) ||
-        (err = wb_match_rules_set_vars(rules, vars, &el)) ||
+    if ((err = wb_match_rules_load(family, &rules, &el)))
+        goto out;
+    wb_match_rules_partial_rollout(rules, rfile != NULL); /* a file may hold part of the model */
+    if ((err = wb_match_rules_set_vars(rules, vars, &el)) ||
         (config && (err = wb_match_rules_bind_config(rules, config, &el))) ||
         (err = wb_match_run(rules, &t, &r, &m, &el)))
         goto out;
-    size_t kinds[5] = {0}, xf[3] = {0}, transposed = 0;
+    size_t kinds[6] = {0}, xf[3] = {0}, transposed = 0;
     for (size_t i = 0; i < m->n; i++) {
         kinds[m->map[i].kind]++;
         xf[m->map[i].xform]++;
@@ -215,10 +219,11 @@ int main(int argc, char **argv)
     printf("matched %zu rollout tensors (%zu in inventory) from %zu trainer tensors (%zu "
            "ignored)\n",
            m->n, r.n, t.n, m->nignored);
-    printf("  rename %zu, fuse %zu, stack %zu, unstack %zu, tie %zu; copy %zu, cast %zu, "
-           "fp8-block %zu%s",
-           kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], xf[0], xf[1], xf[2],
-           transposed ? "" : "\n");
+    printf("  rename %zu, fuse %zu, stack %zu, unstack %zu, tie %zu", kinds[0], kinds[1], kinds[2],
+           kinds[3], kinds[4]);
+    if (kinds[WB_MAP_SPLIT])
+        printf(", split %zu", kinds[WB_MAP_SPLIT]);
+    printf("; copy %zu, cast %zu, fp8-block %zu%s", xf[0], xf[1], xf[2], transposed ? "" : "\n");
     if (transposed)
         printf("; %zu transposed (not planned yet)\n", transposed);
     for (size_t i = 0; list && i < m->n; i++)

@@ -195,13 +195,16 @@ void wb_plan_print_summary(const struct wb_plan *p, const struct wb_plan_input *
     fprintf(f, "plan: mode %s, %u trainer GPUs -> %u rollout GPUs, memory cap %s\n",
             wb_plan_mode_name(p->mode), p->ntrainers, p->nrollouts,
             wb_fmt_bytes(p->mem_cap, a, sizeof(a)));
-    uint64_t tbytes = 0;
-    if (in)
-        for (size_t m = 0; m < in->match->n; m++)
-            for (uint32_t k = 0; k < in->match->map[m].ncomp; k++) {
-                const struct wb_param *tp = &in->trainer->p[in->match->map[m].comp[k].trainer];
-                tbytes += wb_shape_numel(&tp->shape) * wb_dtype_size(tp->dtype);
-            }
+    uint64_t tbytes = 0; /* of the trainer tensors read, each once (stats.tensors) */
+    uint8_t *seen = in ? calloc(in->trainer->n + 1, 1) : NULL;
+    for (size_t m = 0; seen && m < in->match->n; m++)
+        for (uint32_t k = 0; k < in->match->map[m].ncomp; k++) {
+            uint32_t t = in->match->map[m].comp[k].trainer;
+            const struct wb_param *tp = &in->trainer->p[t];
+            tbytes += seen[t] ? 0 : wb_shape_numel(&tp->shape) * wb_dtype_size(tp->dtype);
+            seen[t] = 1;
+        }
+    free(seen);
     fprintf(f,
             "  tensors: %" PRIu64 " trainer tensors (%s) in %" PRIu64 " mappings, %" PRIu64
             " items\n",

@@ -26,6 +26,7 @@ struct cluster {
     int id;
     uint64_t cap;
     const char *hf_config;    /* config.json of the model, or NULL: the demo's */
+    const char *rules;        /* the model-family file, or NULL: qwen3_moe.yaml (the demo's) */
     const char *job_extra;    /* more lines for the job file, or NULL */
     const char *corrupt;      /* rollout 1 flips a byte of this tensor once it lands, or NULL */
     uint64_t recv[NRO];       /* bytes each rollout receives per transfer; 0: the demo's */
@@ -64,21 +65,23 @@ static void write_job(struct cluster *c, const char *mode, const char *cap, bool
     snprintf(c->job, sizeof(c->job), "%s/job.yaml", wb_test_tmpdir());
     FILE *f = fopen(c->job, "w");
     CHECK(f != NULL);
-    char hf[700];
+    char hf[700], rules[700];
     if (c->hf_config)
         snprintf(hf, sizeof(hf), "%s", c->hf_config);
     else
         snprintf(hf, sizeof(hf), "%s/configs/jobs/demo/config.json", cwd);
+    snprintf(rules, sizeof(rules), "%s/%s", cwd,
+             c->rules ? c->rules : "configs/models/qwen3_moe.yaml");
     fprintf(f,
             "name: xfer\n"
             "model:\n"
-            "  rules: %s/configs/models/qwen3_moe.yaml\n"
+            "  rules: %s\n"
             "  hf_config: %s\n"
             "trainer_layout: %s\n"
             "rollout_layout: %s/configs/jobs/demo/rollout.yaml\n"
             "mode: %s\nmem_cap: %s\nseed: 7\nprovider: %s\n"
             "heartbeat: 200ms\n%s",
-            cwd, hf, layout, cwd, mode, cap, c->provider, c->job_extra ? c->job_extra : "");
+            rules, hf, layout, cwd, mode, cap, c->provider, c->job_extra ? c->job_extra : "");
     fclose(f);
     snprintf(c->dump, sizeof(c->dump), "%s/dump", wb_test_tmpdir());
     mkdir(c->dump, 0755);

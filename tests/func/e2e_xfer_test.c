@@ -459,6 +459,32 @@ static void test_amax_three_peers(void)
     run_variant(hf, 856464, 856464, 16);
 }
 
+/* Phi-3's fused trainer tensors (qkv_proj = [q; k; v], gate_up_proj = [gate; up]) cut by the
+ * phi3 family's split rules into each TP 2 rollout's share of every component, FP8, from the
+ * demo's FSDP 2 x EP 2 shards (amax exchanges where a shard edge cuts a block), by real
+ * processes over tcp, auto and gather (each fused tensor gathered once for its components):
+ * every rollout byte checked against the reference. */
+static void test_phi3_split(void)
+{
+    static const char *const modes[] = {"auto", "gather"};
+    char cwd[512], hf[700];
+    CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
+    snprintf(hf, sizeof(hf), "%s/tests/fixtures/matcher/phi3-tiny-fp8.json", cwd);
+    for (size_t m = 0; m < 2; m++) {
+        struct cluster c = {.provider = "tcp",
+                            .domain = "lo",
+                            .rules = "configs/models/phi3.yaml",
+                            .hf_config = hf};
+        c.recv[0] = c.recv[1] = 1313472; /* wb-plan's recv_bytes for this model and layout */
+        snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(19 + (unsigned)m));
+        write_job(&c, modes[m], "4MiB", false);
+        start(&c, NULL);
+        for (uint64_t v = 1; v <= 2; v++)
+            transfer_ok(&c, v, NULL);
+        stop(&c);
+    }
+}
+
 /* A write that does land where it should not (here: rollout 1 flips the first byte of a tensor
  * once its writes are in, as a stray write would) fails the version with the rollout, the
  * tensor and the bytes named; the rollout says it is torn, not version 1; the retry is whole. */
@@ -611,6 +637,7 @@ static void test_transfer_progress_terminal(void)
 const struct wb_test wb_tests[] = {
     {"padded_vocab", test_padded_vocab, 120},
     {"amax_three_peers", test_amax_three_peers, 120},
+    {"phi3_split", test_phi3_split, 180},
     {"controller_restart", test_controller_restart, 120},
     {"tcp_auto", test_tcp_auto, 120},
     {"tcp_gather", test_tcp_gather, 120},

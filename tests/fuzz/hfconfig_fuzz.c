@@ -7,10 +7,9 @@
 #include "tests/fuzz/fuzz.h"
 
 static const char *const FAMILIES[] = {
-    "configs/models/qwen3_moe.yaml",
-    "configs/models/deepseek_v3.yaml",
-    "configs/models/llama3.yaml",
-    "configs/models/gpt_oss.yaml",
+    "configs/models/qwen3_moe.yaml", "configs/models/deepseek_v3.yaml",
+    "configs/models/llama3.yaml",    "configs/models/gpt_oss.yaml",
+    "configs/models/phi3.yaml",
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # fuzz_test.sh — a short run of every fuzz target (scripts/fuzz.sh: the message decoder, the
 # controller's message handlers, job and layout files, Hugging Face configs through the model
-# rules, safetensors headers; clang's libFuzzer with ASan and UBSan), 5 s each; a crash or
-# sanitizer report fails it. Skipped where clang cannot build libFuzzer targets. The long run:
+# rules, model-family files, safetensors headers; clang's libFuzzer with ASan and UBSan), 5 s
+# each; a crash or sanitizer report fails it. Skipped where clang cannot build libFuzzer targets. The long run:
 # WB_FUZZ_JOBS=16 scripts/fuzz.sh 300.
 root=$(pwd)
 if ! command -v clang >/dev/null ||

@@ -171,6 +171,32 @@ static void test_invalid_json(void)
     free(d);
 }
 
+/* 40,000 nested '[' in a header or an index: jansson stops at its depth bound (2048), an
+ * exact error, not a deep recursion. */
+static void test_deep_json(void)
+{
+    enum { DEPTH = 40000 };
+    char *deep = malloc(2 * DEPTH + 64);
+    CHECK(deep != NULL);
+    int n = sprintf(deep, "{\"a\": ");
+    memset(deep + n, '[', DEPTH);
+    memset(deep + n + DEPTH, ']', DEPTH);
+    strcpy(deep + n + 2 * DEPTH, "}");
+    char *d = case_dir("deep");
+    st(d, "a.safetensors", deep, 0);
+    EXPECT(d, -EBADMSG,
+           "a.safetensors: header is not valid JSON: maximum parsing depth reached near '[' "
+           "(line 1, column 2054)");
+    free(d);
+    d = case_dir("deepix");
+    put(d, WB_CKPT_INDEX, deep, strlen(deep));
+    EXPECT(d, -EBADMSG,
+           "model.safetensors.index.json: not valid JSON: maximum parsing depth reached near '[' "
+           "(line 1, column 2054)");
+    free(d);
+    free(deep);
+}
+
 static void test_offsets(void)
 {
     char *d = case_dir("offsets");
@@ -474,6 +500,7 @@ const struct wb_test wb_tests[] = {
     {"header_past_end", test_header_past_end, 0},
     {"header_over_limit", test_header_over_limit, 0},
     {"invalid_json", test_invalid_json, 0},
+    {"deep_json", test_deep_json, 0},
     {"offsets", test_offsets, 0},
     {"overlap", test_overlap, 0},
     {"length_and_dtype", test_length_and_dtype, 0},

@@ -216,7 +216,7 @@ static void test_extra_rollout_tensor(void)
     CHECK_INT(wb_match_run(p.rules, &p.t, &p.r, &m, &el), -WB_E_MATCH);
     EXPECT(&el, "model.layers.0.self_attn.extra.weight: trainer tensor "
                 "model.layers.0.self_attn.extra.weight not found (rule "
-                "configs/models/qwen3.yaml:97)");
+                "configs/models/qwen3.yaml:98)");
     wb_errlist_free(&el);
     pair_free(&p);
 }
@@ -300,7 +300,7 @@ static void test_unsupported_conversion(void)
     struct wb_errlist el;
     qwen3_edited(&(struct edit){.name = "model.norm.weight", .dtype = WB_DTYPE_I32}, NULL, &el);
     EXPECT(&el, "model.norm.weight: dtype conversion i32 -> bf16 not supported (trainer "
-                "model.norm.weight) (rule configs/models/qwen3.yaml:97)");
+                "model.norm.weight) (rule configs/models/qwen3.yaml:98)");
     wb_errlist_free(&el);
 }
 

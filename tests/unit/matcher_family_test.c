@@ -13,7 +13,7 @@
 
 struct counts {
     size_t trainer, rollout, maps, ignored;
-    size_t kind[5];  /* enum wb_map_kind */
+    size_t kind[6];  /* enum wb_map_kind */
     size_t xform[3]; /* enum wb_xform */
     size_t scaled;   /* mappings with a rollout scale */
 };

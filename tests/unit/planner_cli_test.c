@@ -206,9 +206,9 @@ static void test_problem_count(void)
         want, sizeof(want),
         "wb-plan: planning: 190 problems\n"
         "  model.embed_tokens.weight: tp 3 does not divide the 151936 rows along dim 0 padded to "
-        "a multiple of 64 (151936 real) %s127)\n"
+        "a multiple of 64 (151936 real) %s129)\n"
         "  lm_head.weight: tp 3 does not divide the 151936 rows along dim 0 padded to a multiple "
-        "of 64 (151936 real) %s130)\n",
+        "of 64 (151936 real) %s132)\n",
         rule, rule);
     for (int l = 0; l < 9; l++)
         n += (size_t)snprintf(want + n, sizeof(want) - n,

@@ -339,7 +339,7 @@ static void test_refused_not_planned(void)
     CHECK_STR(f.el.msgs[0], "model.layers.0.mlp.experts.w13_weight: built from "
                             "model.layers.0.mlp.experts.gate_up_proj transposed (permute); the "
                             "planner does not plan transposes yet (rule "
-                            "configs/models/gpt_oss.yaml:109); 47 more mappings like it");
+                            "configs/models/gpt_oss.yaml:111); 47 more mappings like it");
     fx_free(&f);
 }
 

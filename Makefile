@@ -259,6 +259,8 @@ install: all
 	ln -sf libweightbridge.so.0 $(DESTDIR)$(PREFIX)/lib/libweightbridge.so
 	for h in $(HEADERS); do install -D -m 644 $$h $(DESTDIR)$(PREFIX)/include/weightbridge/$$h; done
 	cp -R configs $(DESTDIR)$(PREFIX)/share/weightbridge/
+	install -d $(DESTDIR)$(PREFIX)/share/weightbridge/semantic
+	install -m 644 $(wildcard matcher/semantic/*.py) $(DESTDIR)$(PREFIX)/share/weightbridge/semantic/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LIBS)|' scripts/weightbridge.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/weightbridge.pc
 

@@ -38,6 +38,10 @@ struct ctl_plan {
     uint8_t *writer_of;
     char **rollout_names; /* [rollout inventory size] names, for registration checks */
     uint32_t nrollout_names;
+    /* Trainer tensors of the model that no mapping uses (the family's `ignore:`), sorted: a
+     * trainer may register them (a checkpoint reader's share holds them) and nothing is sent */
+    char **ignored_names;
+    uint32_t nignored_names;
     char *summary;        /* human-readable plan summary (wb-ctl plan) */
     uint64_t total_bytes; /* every write of a transfer */
     uint64_t *send_bytes; /* [ntrainers] */

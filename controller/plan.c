@@ -40,6 +40,39 @@ static int blob_from(struct ctl_blob *b, struct wb_mpw *w)
     return 0; /* the writer's buffer now belongs to the blob */
 }
 
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The trainer tensors no mapping uses, sorted by name (ctl_check_registration accepts them). */
+static int ignored_names(struct ctl_plan *p, const struct wb_inventory *ti,
+                         const struct wb_match *mt)
+{
+    bool *used = calloc(ti->n ? ti->n : 1, sizeof(bool));
+    p->ignored_names = calloc(ti->n ? ti->n : 1, sizeof(char *));
+    if (!used || !p->ignored_names) {
+        free(used);
+        return -ENOMEM;
+    }
+    for (size_t m = 0; m < mt->n; m++)
+        for (uint32_t c = 0; c < mt->map[m].ncomp; c++)
+            used[mt->map[m].comp[c].trainer] = true;
+    int err = 0;
+    for (size_t t = 0; !err && t < ti->n; t++) {
+        if (used[t])
+            continue;
+        char *s = strdup(ti->p[t].name);
+        if (s)
+            p->ignored_names[p->nignored_names++] = s;
+        else
+            err = -ENOMEM;
+    }
+    qsort(p->ignored_names, p->nignored_names, sizeof(char *), cmp_str);
+    free(used);
+    return err;
+}
+
 /* Per trainer rank: the shards it holds of every trainer tensor the match uses, as an array
  * of wb_tensor_meta (the synthetic source materializes exactly these). */
 static int encode_shards(const struct wb_job *job, struct ctl_plan *p,
@@ -321,6 +354,8 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
         err = err ? err : e2;
     }
     err = err ? err : encode_shards(job, p, &md.trainer, md.match, &md.tl, el);
+    if (!err)
+        err = ignored_names(p, &md.trainer, md.match);
     if (!err) {
         p->rollout_names = calloc(md.rollout.n + 1, sizeof(char *));
         err = p->rollout_names ? 0 : -ENOMEM;
@@ -500,6 +535,9 @@ void ctl_plan_free(struct ctl_plan *p)
     for (uint32_t i = 0; i < p->nrollout_names; i++)
         free(p->rollout_names[i]);
     free(p->rollout_names);
+    for (uint32_t i = 0; i < p->nignored_names; i++)
+        free(p->ignored_names[i]);
+    free(p->ignored_names);
     free(p->table);
     free(p->shards);
     free(p->recv);

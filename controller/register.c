@@ -26,6 +26,11 @@ static int cmp_entry(const void *a, const void *b)
     return strcmp(((const struct entry *)a)->t.meta.name, ((const struct entry *)b)->t.meta.name);
 }
 
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 /* Decodes the registered tensors. */
 static int read_registered(const struct wb_bytes *inv, struct entry **out, uint32_t *n)
 {
@@ -161,6 +166,12 @@ static void compare(FILE *f, const char *who, enum wb_role role, const struct wb
     }
 }
 
+static bool ignored(const struct ctl_plan *p, const char *name)
+{
+    return p->nignored_names &&
+           bsearch(&name, p->ignored_names, p->nignored_names, sizeof(char *), cmp_name) != NULL;
+}
+
 int ctl_check_registration(const struct ctl_plan *p, enum wb_role role, uint32_t rank,
                            const struct wb_bytes *inv, char **detail, uint32_t *nproblems)
 {
@@ -194,8 +205,11 @@ int ctl_check_registration(const struct ctl_plan *p, enum wb_role role, uint32_t
                 n++;
                 while (i + 1 < ng && strcmp(got[i].t.meta.name, got[i + 1].t.meta.name) == 0)
                     i++;
-            } else if (!got[i].matched && wb_box_numel(&got[i].t.meta.box) > 0) {
-                /* (an empty shard — a DTensor's last chunk, say — is no tensor at all) */
+            } else if (!got[i].matched && wb_box_numel(&got[i].t.meta.box) > 0 &&
+                       !(role == WB_ROLE_TRAINER && ignored(p, got[i].t.meta.name))) {
+                /* (an empty shard — a DTensor's last chunk, say — is no tensor at all; a tensor
+                 * the model ignores, a DeepSeek MTP layer's copy of the embedding in a
+                 * checkpoint reader's share, is one nothing reads) */
                 fprintf(f, "%s: %s: registered, but the plan gives this rank no such tensor\n", who,
                         got[i].t.meta.name);
                 n++;

@@ -1,38 +1,184 @@
 /* wb-match — the matcher from the command line: generate or load the trainer and rollout
  * inventories, match them by a model-family file's rules, and print the result (counts, every
  * mapping with --list, a rollout rank's local pieces with --tp/--ep) or every problem found.
- * Exit status: 0 matched, 1 problems found, 2 bad usage. */
+ * With --check-semantics it runs the semantic check instead (matcher/semantic/semcheck.py:
+ * a tiny model of the family moved by the job's own programs, then one forward over the
+ * trainer's tensors as Hugging Face reads them and over the rollout's as vLLM reads them).
+ * Exit status: 0 matched (the check passed), 1 problems found, 2 bad usage. */
 #include "matcher/matcher.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
 
 static void usage(FILE *f, const char *prog)
 {
-    fprintf(f,
-            "usage: %s --family FILE [--config CONFIG.json] [options]\n"
-            "Matches trainer parameters (Hugging Face names) to rollout parameters (vLLM names)\n"
-            "by the rules of a model-family file (configs/models/*.yaml).\n"
-            "\n"
-            "  --family FILE          model-family YAML: generators and rules\n"
-            "  --config FILE          Hugging Face config.json for both sides\n"
-            "  --trainer-config FILE  config.json for the trainer side only (default --config)\n"
-            "  --trainer FILE         trainer inventory file (YAML/JSON) instead of generating\n"
-            "  --rollout FILE         rollout inventory file instead of generating (it may\n"
-            "                         hold part of the model: a rule matching none of it is\n"
-            "                         no error)\n"
-            "  --save-trainer FILE    write the trainer inventory (JSON) and continue\n"
-            "  --save-rollout FILE    write the rollout inventory (JSON) and continue\n"
-            "  --var NAME=VALUE       a value for one of the family file's vars (repeatable),\n"
-            "                         e.g. --var mtp=1 (DeepSeek-V3's draft layer)\n"
-            "  --list                 print every mapping\n"
-            "  --tp N --ep N          print what rollout rank --rank holds of each mapping\n"
-            "  --rank R               tp rank (and ep rank) for --tp/--ep (default 0)\n"
-            "  --help                 this text\n",
-            prog);
+    fprintf(
+        f,
+        "usage: %s --family FILE [--config CONFIG.json] [options]\n"
+        "Matches trainer parameters (Hugging Face names) to rollout parameters (vLLM names)\n"
+        "by the rules of a model-family file (configs/models/*.yaml).\n"
+        "\n"
+        "  --family FILE          model-family YAML: generators and rules\n"
+        "  --config FILE          Hugging Face config.json for both sides\n"
+        "  --trainer-config FILE  config.json for the trainer side only (default --config)\n"
+        "  --trainer FILE         trainer inventory file (YAML/JSON) instead of generating\n"
+        "  --rollout FILE         rollout inventory file instead of generating (it may\n"
+        "                         hold part of the model: a rule matching none of it is\n"
+        "                         no error)\n"
+        "  --save-trainer FILE    write the trainer inventory (JSON) and continue\n"
+        "  --save-rollout FILE    write the rollout inventory (JSON) and continue\n"
+        "  --var NAME=VALUE       a value for one of the family file's vars (repeatable),\n"
+        "                         e.g. --var mtp=1 (DeepSeek-V3's draft layer)\n"
+        "  --list                 print every mapping\n"
+        "  --tp N --ep N          print what rollout rank --rank holds of each mapping\n"
+        "  --rank R               tp rank (and ep rank) for --tp/--ep (default 0)\n"
+        "  --help                 this text\n"
+        "\n"
+        "Semantic check (shapes cannot tell k from v, gate from up, or a square matrix from\n"
+        "its transpose; this runs the model):\n"
+        "  --check-semantics      make a tiny model of --config's structure, give the family's\n"
+        "                         trainer tensors random values, move them with wb-broadcast\n"
+        "                         and wb-agent (matcher, planner, executor, libfabric) into a\n"
+        "                         rollout of --tp ranks (default 2; --ep N: expert parallel),\n"
+        "                         and compare one forward over the trainer's tensors read as\n"
+        "                         Hugging Face reads them with the same forward over each\n"
+        "                         rollout rank's tensors read as vLLM reads them: the first\n"
+        "                         layer and tensor that differ are named, exit status 1\n"
+        "  --dtype bf16|fp8|both  the rollout's weights (default both; fp8 where the family\n"
+        "                         has FP8 rules)\n"
+        "  --seed N               the random values' seed (default 1)\n"
+        "  --keep DIR             keep the tiny model, job, logs and dumps in DIR\n"
+        "  The forward code is semcheck.py and its modules: $WB_SEMANTIC_DIR, else\n"
+        "  PREFIX/share/weightbridge/semantic beside an installed bin/wb-match (make install\n"
+        "  puts them there), else matcher/semantic of the checkout wb-match was built in. It\n"
+        "  runs with $WB_PYTHON, else the first of python3 and /usr/bin/python3 that has\n"
+        "  numpy, and the wb-broadcast and wb-agent beside wb-match.\n",
+        prog);
+}
+
+/* ---------------------------------------------------------------- the semantic check */
+
+/* Does `python -c "import numpy"` succeed (output discarded)? */
+static int has_numpy(const char *python)
+{
+    posix_spawn_file_actions_t fa;
+    if (posix_spawn_file_actions_init(&fa))
+        return 0;
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    char *argv[] = {(char *)python, "-c", "import numpy", NULL};
+    pid_t pid;
+    int st = -1;
+    int rc = posix_spawnp(&pid, python, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc || waitpid(pid, &st, 0) != pid)
+        return 0;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+static int is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+struct sem_opts {
+    const char *family, *config, *dtype, *seed, *keep;
+    const char *vars[64];
+    int nvars;
+    long tp, ep;
+};
+
+/* Finds the forward code and a python3 with numpy, and becomes the check (exec): its exit
+ * status is wb-match's. Returns only on failure (1). */
+static int check_semantics(const struct sem_opts *o)
+{
+    char exe[PATH_MAX], bindir[PATH_MAX], script[PATH_MAX + 64], tried[4 * PATH_MAX] = "";
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0) {
+        fprintf(stderr, "wb-match: --check-semantics: cannot find my own program: %s\n",
+                strerror(errno));
+        return 1;
+    }
+    exe[n] = 0;
+    snprintf(bindir, sizeof(bindir), "%s", dirname(exe));
+    const char *env = getenv("WB_SEMANTIC_DIR");
+    /* an installed bin/ has share/ beside it; a build's bin/ is build/bin or build/<x>/bin */
+    const char *dirs[] = {env, "../share/weightbridge/semantic", "../../matcher/semantic",
+                          "../../../matcher/semantic"};
+    script[0] = 0;
+    for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]) && !script[0]; i++) {
+        if (!dirs[i] || !*dirs[i])
+            continue;
+        char c[PATH_MAX + 64];
+        bool rel = i > 0; /* $WB_SEMANTIC_DIR as given; the others beside my program */
+        snprintf(c, sizeof(c), "%s%s%s/semcheck.py", rel ? bindir : "", rel ? "/" : "", dirs[i]);
+        size_t len = strlen(tried);
+        snprintf(tried + len, sizeof(tried) - len, "%s%s", len ? ", " : "", c);
+        if (is_file(c))
+            snprintf(script, sizeof(script), "%s", c);
+        if (i == 0) /* $WB_SEMANTIC_DIR, when set, is the only place */
+            break;
+    }
+    if (!script[0]) {
+        fprintf(stderr,
+                "wb-match: --check-semantics: the forward code (semcheck.py) is not in %s; "
+                "make install puts it in PREFIX/share/weightbridge/semantic, or set "
+                "WB_SEMANTIC_DIR\n",
+                tried);
+        return 1;
+    }
+    const char *pys[] = {getenv("WB_PYTHON"), "python3", "/usr/bin/python3"};
+    const char *python = NULL;
+    for (size_t i = 0; i < 3 && !python; i++) {
+        if (pys[i] && *pys[i] && has_numpy(pys[i]))
+            python = pys[i];
+        if (i == 0 && pys[0] && *pys[0] && !python) {
+            fprintf(stderr, "wb-match: --check-semantics: WB_PYTHON=%s cannot import numpy\n",
+                    pys[0]);
+            return 1;
+        }
+    }
+    if (!python) {
+        fprintf(stderr, "wb-match: --check-semantics: no python3 with numpy (tried python3 and "
+                        "/usr/bin/python3; on Debian: apt-get install python3-numpy)\n");
+        return 1;
+    }
+    char tp[24], ep[24];
+    snprintf(tp, sizeof(tp), "%ld", o->tp);
+    snprintf(ep, sizeof(ep), "%ld", o->ep);
+    const char *argv[32 + 2 * 64];
+    int k = 0;
+    const char *fixed[] = {python,     script,    "--bin",   bindir,   "--family", o->family,
+                           "--config", o->config, "--dtype", o->dtype, "--tp",     tp,
+                           "--ep",     ep,        "--seed",  o->seed};
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+        argv[k++] = fixed[i];
+    for (int i = 0; i < o->nvars; i++) {
+        argv[k++] = "--var";
+        argv[k++] = o->vars[i];
+    }
+    if (o->keep) {
+        argv[k++] = "--keep";
+        argv[k++] = o->keep;
+    }
+    argv[k] = NULL;
+    fflush(stdout);
+    execvp(python, (char *const *)argv);
+    fprintf(stderr, "wb-match: --check-semantics: cannot run %s: %s\n", python, strerror(errno));
+    return 1;
 }
 
 static const char *const kind_names[] = {"rename", "fuse", "stack", "unstack", "tie", "split"};
@@ -78,8 +224,9 @@ int main(int argc, char **argv)
     const char *family = NULL, *config = NULL, *tconfig = NULL, *tfile = NULL, *rfile = NULL;
     const char *save_t = NULL, *save_r = NULL;
     char vars[1024] = "";
-    int list = 0, have_rank = 0;
+    int list = 0, have_rank = 0, check = 0;
     long tp = 0, ep = 0, rank = 0;
+    struct sem_opts so = {.dtype = "both", .seed = "1"};
     static const struct option opts[] = {{"family", required_argument, 0, 'f'},
                                          {"config", required_argument, 0, 'c'},
                                          {"trainer-config", required_argument, 0, 'C'},
@@ -92,6 +239,10 @@ int main(int argc, char **argv)
                                          {"ep", required_argument, 0, 'e'},
                                          {"rank", required_argument, 0, 'k'},
                                          {"var", required_argument, 0, 'v'},
+                                         {"check-semantics", no_argument, 0, 'S'},
+                                         {"dtype", required_argument, 0, 'D'},
+                                         {"seed", required_argument, 0, 's'},
+                                         {"keep", required_argument, 0, 'K'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int o;
@@ -121,7 +272,32 @@ int main(int argc, char **argv)
         case 'l':
             list = 1;
             break;
+        case 'S':
+            check = 1;
+            break;
+        case 'D':
+            if (strcmp(optarg, "bf16") && strcmp(optarg, "fp8") && strcmp(optarg, "both")) {
+                fprintf(stderr, "wb-match: --dtype '%s': expected bf16, fp8 or both\n", optarg);
+                return 2;
+            }
+            so.dtype = optarg;
+            break;
+        case 's': {
+            int64_t v;
+            if (wb_parse_i64(optarg, &v) || v < 0 || v > 0x7fffffff) {
+                fprintf(stderr, "wb-match: --seed '%s': expected an integer 0..2147483647\n",
+                        optarg);
+                return 2;
+            }
+            so.seed = optarg;
+            break;
+        }
+        case 'K':
+            so.keep = optarg;
+            break;
         case 'v': {
+            if (so.nvars < (int)(sizeof(so.vars) / sizeof(so.vars[0])))
+                so.vars[so.nvars++] = optarg;
             size_t len = strlen(vars);
             if ((size_t)snprintf(vars + len, sizeof(vars) - len, "%s%s", len ? "," : "", optarg) >=
                 sizeof(vars) - len) {
@@ -153,6 +329,37 @@ int main(int argc, char **argv)
             usage(stderr, argv[0]);
             return 2;
         }
+    }
+    if (!check && (strcmp(so.dtype, "both") || strcmp(so.seed, "1") || so.keep)) {
+        fprintf(stderr, "wb-match: --dtype, --seed and --keep go with --check-semantics\n");
+        return 2;
+    }
+    if (check) {
+        const char *na = tfile            ? "--trainer"
+                         : rfile          ? "--rollout"
+                         : tconfig        ? "--trainer-config"
+                         : save_t         ? "--save-trainer"
+                         : save_r         ? "--save-rollout"
+                         : list           ? "--list"
+                         : have_rank      ? "--rank"
+                         : optind != argc ? argv[optind]
+                                          : NULL;
+        if (na) {
+            fprintf(stderr,
+                    "wb-match: --check-semantics: %s does not go with it (the check generates "
+                    "both inventories from --family and a tiny model of --config)\n",
+                    na);
+            return 2;
+        }
+        if (!family || !config) {
+            fprintf(stderr, "wb-match: --check-semantics needs --family and --config\n");
+            return 2;
+        }
+        so.family = family;
+        so.config = config;
+        so.tp = tp ? tp : 2;
+        so.ep = ep ? ep : 1;
+        return check_semantics(&so);
     }
     if (!tconfig)
         tconfig = config;

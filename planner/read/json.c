@@ -18,9 +18,11 @@
 
 #include "planner/plan_int.h"
 
-/* 5: an amax op lists its peers; 4: write records with their replica fan-out; 3:
- * self-contained, compact arrays; 2: jansson objects */
-enum { JSON_FORMAT = 5 };
+/* 6: the component map of every mapping and the global boxes of every rollout rank's local
+ * tensors (what a reader needs to check what each write means, not only where it lands); 5:
+ * an amax op lists its peers; 4: write records with their replica fan-out; 3: self-contained,
+ * compact arrays; 2: jansson objects */
+enum { JSON_FORMAT = 6 };
 
 struct jw {
     FILE *f;
@@ -178,6 +180,19 @@ static const char *const layouts[][2] = {
     {"receive.local", "[tensor, dtype, local shape, bytes, written]: written = the bytes the "
                       "plan writes, a prefix (less than bytes only for vocab padding rows)"},
     {"receive.expect", "[tag, tensor, bytes, writes]"},
+    {"components", "per mapping (in the order of mappings): [[trainer tensor, src box, dst box, "
+                   "perm], ...]: the trainer tensor's src box (trainer coordinates) is the "
+                   "rollout tensor's dst box (rollout coordinates; a stacked component has one "
+                   "more leading dim of extent 1, an unstacked one one less); perm [] unless "
+                   "transposed (rollout dim k is trainer dim perm[k]); a mapping of FP8 scales "
+                   "counts in 128x128 blocks"},
+    {"rollout_boxes",
+     "per (tp rank, ep rank): {tp_rank, ep_rank, ranks (the rollout ranks "
+     "holding these local tensors, one per replica), local: [[tensor, local shape, "
+     "[[global box, local box], ...]], ...]}: the box of the global rollout tensor each "
+     "piece holds and where it lies in the local tensor (a scale tensor's in "
+     "blocks); elements no piece covers are never written (vocab padding, a "
+     "tensor only tp rank 0 holds)"},
 };
 
 /* ---------------------------------------------------------------- tables */
@@ -364,6 +379,40 @@ static void jw_table(struct jw *w, const struct wb_route_table *t)
     jw_raw(w, "]}");
 }
 
+/* [[global box, local box], ...] of one local tensor: the matcher's split of its mapping at
+ * this rank (wb_mapping_local), in blocks for a scale tensor. [] when no mapping builds it. */
+static void jw_pieces(struct jw *w, const struct wb_recv_list *r, const struct wb_plan_input *in,
+                      const uint32_t *map_of, const struct wb_rt_local *lo)
+{
+    uint32_t mi = map_of[lo->tensor];
+    struct wb_local_piece pc[WB_MAX_PIECES];
+    uint32_t np = 0;
+    struct wb_shape ls;
+    if (mi != UINT32_MAX) {
+        const struct wb_mapping *m = &in->match->map[mi];
+        struct wb_errlist el;
+        wb_errlist_init(&el);
+        if (wb_mapping_local(in->match, in->rollout, m, r->tp_rank, in->rl->tp, r->ep_rank,
+                             in->rl->ep, &ls, pc, &np, &el))
+            np = 0; /* a plan was built, so this does not fail */
+        wb_errlist_free(&el);
+        if (lo->tensor != m->rollout) /* the scale tensor: the blocks of each value piece */
+            for (uint32_t k = 0; k < np; k++)
+                if (wb_scale_box(&pc[k].global, m->block, &pc[k].global) ||
+                    wb_scale_box(&pc[k].local, m->block, &pc[k].local))
+                    np = 0;
+    }
+    jw_ch(w, '[');
+    for (uint32_t k = 0; k < np; k++) {
+        jw_raw(w, k ? ",[" : "[");
+        jw_box(w, &pc[k].global);
+        jw_ch(w, ',');
+        jw_box(w, &pc[k].local);
+        jw_ch(w, ']');
+    }
+    jw_ch(w, ']');
+}
+
 static void jw_recv(struct jw *w, const struct wb_recv_list *r, const struct wb_plan_input *in,
                     const uint32_t *map_of)
 {
@@ -405,6 +454,48 @@ static void jw_recv(struct jw *w, const struct wb_recv_list *r, const struct wb_
         jw_ch(w, ']');
     }
     jw_raw(w, "]}");
+}
+
+/* The rollout side's global boxes, once per (tp rank, ep rank): replicas hold the same local
+ * tensors. Written before the tables, so that a reader streaming the file knows, when it
+ * reads a write, which elements of which global rollout tensor its bytes land on. */
+static void jw_rollout_boxes(struct jw *w, const struct wb_plan *p, const struct wb_plan_input *in,
+                             const uint32_t *map_of)
+{
+    jw_raw(w, ",\n\"rollout_boxes\":[");
+    bool first = true;
+    for (uint32_t g = 0; g < p->nrollouts; g++) {
+        const struct wb_recv_list *r = &p->recv[g];
+        bool seen = false;
+        for (uint32_t h = 0; h < g && !seen; h++)
+            seen = p->recv[h].tp_rank == r->tp_rank && p->recv[h].ep_rank == r->ep_rank;
+        if (seen)
+            continue;
+        jw_raw(w, first ? "\n{\"tp_rank\":" : ",\n{\"tp_rank\":");
+        first = false;
+        jw_u64(w, r->tp_rank);
+        jw_raw(w, ",\"ep_rank\":");
+        jw_u64(w, r->ep_rank);
+        jw_raw(w, ",\"ranks\":[");
+        for (uint32_t h = g, n = 0; h < p->nrollouts; h++)
+            if (p->recv[h].tp_rank == r->tp_rank && p->recv[h].ep_rank == r->ep_rank) {
+                if (n++)
+                    jw_ch(w, ',');
+                jw_u64(w, h);
+            }
+        jw_raw(w, "],\"local\":[");
+        for (uint32_t i = 0; i < r->nlocal; i++) {
+            jw_raw(w, i ? ",[" : "[");
+            jw_u64(w, r->local[i].tensor);
+            jw_ch(w, ',');
+            jw_shape(w, &r->local[i].shape);
+            jw_ch(w, ',');
+            jw_pieces(w, r, in, map_of, &r->local[i]);
+            jw_ch(w, ']');
+        }
+        jw_raw(w, "]}");
+    }
+    jw_raw(w, "]");
 }
 
 /* ---------------------------------------------------------------- inputs */
@@ -544,6 +635,35 @@ static void jw_mappings(struct jw *w, const struct wb_match *mt)
             jw_u64(w, mp->comp[k].trainer);
         }
         jw_raw(w, "]]");
+    }
+    jw_raw(w, "]");
+}
+
+/* Per mapping, its components: which trainer tensor's box lands at which box of the rollout
+ * tensor (the matcher's wb_component), so that a reader can check what each write holds. */
+static void jw_components(struct jw *w, const struct wb_match *mt)
+{
+    jw_raw(w, ",\n\"components\":[");
+    for (size_t m = 0; m < mt->n; m++) {
+        const struct wb_mapping *mp = &mt->map[m];
+        jw_raw(w, m ? ",\n[" : "\n[");
+        for (uint32_t k = 0; k < mp->ncomp; k++) {
+            const struct wb_component *c = &mp->comp[k];
+            jw_raw(w, k ? ",[" : "[");
+            jw_u64(w, c->trainer);
+            jw_ch(w, ',');
+            jw_box(w, &c->src);
+            jw_ch(w, ',');
+            jw_box(w, &c->dst);
+            jw_raw(w, ",[");
+            for (uint32_t d = 0; c->permuted && d < c->dst.ndim; d++) {
+                if (d)
+                    jw_ch(w, ',');
+                jw_u64(w, c->perm[d]);
+            }
+            jw_raw(w, "]]");
+        }
+        jw_ch(w, ']');
     }
     jw_raw(w, "]");
 }
@@ -762,6 +882,10 @@ int wb_plan_write_json_est(const struct wb_plan *p, const struct wb_plan_input *
         map_of = pl_rollout_mapping_of(in);
         if (!rc && !map_of)
             rc = -ENOMEM;
+        if (!rc) {
+            jw_components(w, in->match);
+            jw_rollout_boxes(w, p, in, map_of);
+        }
     }
     if (tables && !rc) {
         jw_raw(w, ",\n\"tables\":[");

@@ -263,6 +263,78 @@ static void test_demo_fp8(void)
     broadcast_demo(WB_CKPT_FORM_FP8, 2, 2);
 }
 
+/* ---------------------------------------------------------------- tensors the model ignores */
+
+/* A DeepSeek-V3 checkpoint with its MTP layer (mtp=1): the layer's copy of the embedding
+ * (model.layers.2.embed_tokens.weight) is in the trainer inventory but ignored by the family
+ * (vLLM's draft shares the target's). The reader whose share holds it registers it; before,
+ * the controller refused that reader ("registered, but the plan gives this rank no such
+ * tensor") and no DeepSeek checkpoint with MTP could be broadcast. */
+static void test_mtp_ignored(void)
+{
+    struct bc b;
+    CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
+    memset(&b, 0, sizeof(b));
+    b.readers = 2;
+    b.rollouts = 2;
+    snprintf(b.url, sizeof(b.url), "tcp://127.0.0.1:%u", e2e_port(14));
+    char cfg[700], rl[700];
+    snprintf(
+        cfg, sizeof(cfg), "%s",
+        wb_test_write_file(
+            "dsv3-mtp.json",
+            "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\", "
+            "\"first_k_dense_replace\": 1, \"hidden_size\": 256, \"intermediate_size\": 512, "
+            "\"kv_lora_rank\": 128, \"moe_intermediate_size\": 256, \"moe_layer_freq\": 1, "
+            "\"n_group\": 1, \"n_routed_experts\": 4, \"n_shared_experts\": 1, "
+            "\"num_attention_heads\": 4, \"num_experts_per_tok\": 2, \"num_hidden_layers\": 2, "
+            "\"num_key_value_heads\": 4, \"num_nextn_predict_layers\": 1, \"q_lora_rank\": 256, "
+            "\"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, "
+            "\"vocab_size\": 1024, \"tie_word_embeddings\": false}\n"));
+    snprintf(rl, sizeof(rl), "%s",
+             wb_test_write_file("mtp-rollout.yaml", "replicas: 1\ngpus_per_replica: 2\ntp: 2\n"));
+    char text[3072];
+    snprintf(text, sizeof(text),
+             "name: mtp\nlisten: %s\nmodel:\n  rules: %s/configs/models/deepseek_v3.yaml\n"
+             "  hf_config: %s\n  vars: \"mtp=1\"\ntrainers: 2\nrollout_layout: %s\nseed: 42\n"
+             "provider: tcp\n",
+             b.url, cwd, cfg, rl);
+    snprintf(b.job, sizeof(b.job), "%s", wb_test_write_file("mtp-job.yaml", text));
+    snprintf(b.ckpt, sizeof(b.ckpt), "%s/mtp-ckpt", wb_test_tmpdir());
+    snprintf(b.dump, sizeof(b.dump), "%s/mtp-dump", wb_test_tmpdir());
+    mkdir(b.dump, 0755);
+    struct wb_errlist el;
+    struct wb_model md;
+    struct wb_inventory inv;
+    wb_errlist_init(&el);
+    wb_inv_init(&inv);
+    char rules[700];
+    snprintf(rules, sizeof(rules), "%s/configs/models/deepseek_v3.yaml", cwd);
+    struct wb_model_src src = {.rules = rules, .config = cfg, .vars = "mtp=1"};
+    struct wb_ckpt_write_opts wo = {.seed = 42, .version = 1, .files = 1};
+    if (wb_model_load(&src, &md, &el) || wb_ckpt_expected(&md, WB_CKPT_FORM_MODEL, &inv, &el)) {
+        wb_errlist_print(&el, "    ", stderr);
+        wb_test_fail(__FILE__, __LINE__, "cannot load the model");
+    }
+    CHECK(wb_inv_find(&inv, "model.layers.2.embed_tokens.weight") >= 0);
+    CHECK_INT(wb_ckpt_write(b.ckpt, &inv, &wo, &el), 0);
+    wb_model_free(&md);
+    wb_inv_free(&inv);
+    wb_errlist_free(&el);
+    start_coordinator(&b, "coord.log", NULL);
+    start_rollouts(&b, NULL);
+    start_reader(&b, 0, NULL);
+    start_reader(&b, 1, NULL);
+    char *out = finish_ok(&b, 60000, NULL);
+    CHECK_CONTAINS(out, ": 1 file, 73 tensors, 10.5 MB; every tensor matches the model\n");
+    CHECK_CONTAINS(out, "wb-broadcast: version 1 complete on 2 rollouts in ");
+    free(out);
+    char *log = e2e_slurp("reader1.log");
+    CHECK(!strstr(log, "no such tensor"));
+    free(log);
+    CHECK(verify(&b) > 0);
+}
+
 /* ---------------------------------------------------------------- >= 1 GB */
 
 static void test_one_gb(void)
@@ -909,5 +981,6 @@ const struct wb_test wb_tests[] = {
     {"checksum_mismatch", test_checksum_mismatch, 120},
     {"progress_terminal", test_progress_terminal, 120},
     {"progress_terminal_no_pty", test_progress_terminal_no_pty, 60},
+    {"mtp_ignored", test_mtp_ignored, 120},
     {0},
 };

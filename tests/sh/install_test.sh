@@ -4,7 +4,8 @@
 # shipped configs; `pkg-config --cflags --libs weightbridge` then builds a tiny C program that
 # links and runs against the installed shared library, and the Python package installs offline
 # (Debian's setuptools, no index), loads that library, imports every engine and framework adapter
-# without the engines present, and declares vLLM's plugin entry point. The README's install —
+# without the engines present, and declares vLLM's plugin entry point; the installed wb-match runs
+# the semantic check with the forward code make install put beside it. The README's install —
 # `make python`, a venv seeing Debian's packages, pip install build/python — gives a package that
 # loads the library it carries, from anywhere, with no $WB_LIBRARY, LD_LIBRARY_PATH or `make
 # install`, and plans with it. Run from the repository root with the
@@ -79,6 +80,26 @@ elif ! norpath=$(env -u LD_LIBRARY_PATH ASAN_OPTIONS=detect_leaks=0 "$tmp/hello"
     ok pkg_config_prefix_needs
 else
     bad pkg_config_prefix_needs "without LD_LIBRARY_PATH: $norpath; with an rpath: $run"
+fi
+
+# The installed wb-match finds the semantic check's forward code in share/weightbridge/semantic
+# (not the checkout's: it runs from a copy of the prefix moved elsewhere) and runs the check
+# with the installed wb-broadcast and wb-agent on the installed configs.
+t semantic_check
+semp=""
+for p in "${WB_PYTHON:-}" python3 /usr/bin/python3; do
+    [ -n "$p" ] && command -v "$p" >/dev/null && "$p" -c 'import numpy' 2>/dev/null && semp=$p && break
+done
+if [ -z "$semp" ]; then
+    echo "SKIP install semantic_check: skipped: no python3 with numpy"
+    skip=$((skip + 1))
+elif cp -R "$prefix" "$tmp/moved" && sh=$tmp/moved/share/weightbridge &&
+    out=$(cd "$tmp" && env -u WB_SEMANTIC_DIR WB_PYTHON="$semp" "$tmp/moved/bin/wb-match" --check-semantics \
+        --family "$sh/configs/models/qwen3.yaml" --config "$sh/configs/hf/Qwen3-8B.json" --dtype bf16 2>&1) &&
+    [ "$(tail -n 1 <<<"$out")" = "semantic check passed" ] && [ -f "$sh/semantic/semcheck.py" ]; then
+    ok semantic_check
+else
+    bad semantic_check "$(tail -5 <<<"$out")"
 fi
 
 t python_package

@@ -15,6 +15,15 @@ It reads only the JSON (Python 3 standard library; none of the planner's code) a
            list's expected bytes and writes per tag are what the tables send it
   coverage every byte a rollout rank must receive is written exactly once: the writes to
            each local tensor tile [0, written) without gap or overlap
+  meaning  every write carries what the match puts where it lands: following each byte back
+           through the task's ops (h2d, gather, copy, cast, quant) to the trainer tensor and
+           elements it came from, and forward through the rollout rank's global boxes
+           ("rollout_boxes") and the component map ("components") to the trainer tensor and
+           elements the match says belong there -- the same tensor, the same elements in the
+           same order, FP8 values and scales where the rollout tensor is FP8, unconverted bytes
+           where it is not; every quantization reads the region it names, and one whose region
+           covers only part of an FP8 block (the rest held by other owners) uses the amax the
+           owners exchanged
 Prints "ok <check>" or "FAIL <check>" (with the first problems) per check, then the tally
 "N passed, N failed, N skipped"; exits 1 when a check failed.
 
@@ -213,7 +222,7 @@ class Ranges:
 
 def main(path):
     au = Audit()
-    checks = ["shards", "sources", "amax", "sizes", "coverage"]
+    checks = ["shards", "sources", "amax", "sizes", "coverage", "meaning"]
     head = {}
     classes = None
     trainer = []  # [name, dtype, shape, owners {rank: shard box}]
@@ -222,6 +231,7 @@ def main(path):
     total_sent = 0
     # per rollout rank: (tensor, offset, length) triples, and per (rank, tag) bytes and writes
     recv = None
+    components = rboxes = meaning = None
     residence = "gpu"
     with open(path, "r", encoding="utf-8") as f:
         st = Stream(f)
@@ -236,12 +246,20 @@ def main(path):
                 check_shards(au, trainer, classes)
             elif key == "rollout_tensors":
                 rollout = list(st.elements())
+            elif key == "components":
+                components = list(st.elements())
+            elif key == "rollout_boxes":
+                rboxes = list(st.elements())
             elif key == "tables":
                 nr = head["nrollouts"]
                 recv = [(array.array("q"), array.array("q"), array.array("q")) for _ in range(nr)]
                 residence = head.get("trainer_layout", {}).get("residence", "gpu")
+                if "format" in head and head["format"] >= 6:
+                    meaning = Meaning(au, trainer, rollout, classes, head["mappings"], components, rboxes)
                 for t in st.elements():
                     total_sent += audit_table(au, head, classes, trainer, rollout, t, recv)
+                    if meaning:
+                        meaning.table(t)
                     ntables += 1
             elif key == "receive":
                 ng = 0
@@ -252,8 +270,8 @@ def main(path):
                     au.bad("sizes", "%d receive lists for %d rollout GPUs" % (ng, head["nrollouts"]))
             else:
                 head[key] = st.value()
-    if "format" not in head or head["format"] < 5 or classes is None or recv is None:
-        print("FAIL %s: not a plan written with --json --tables (format 5)" % path)
+    if "format" not in head or head["format"] < 6 or classes is None or recv is None or not meaning:
+        print("FAIL %s: not a plan written with --json --tables (format 6)" % path)
         print("0 passed, 1 failed, 0 skipped")
         return False
     check_amax(au)
@@ -552,6 +570,401 @@ def audit_receive(au, head, rollout, rv, recv):
     if tb != rv["recv_bytes"] or tw != rv["recv_writes"] or tb != head["recv_bytes"][g] or tb != total:
         au.bad("sizes", "rollout rank %d: expects %d bytes in %d writes, recv_bytes says %d in %d (summary %d), "
                "the tables send %d" % (g, tb, tw, rv["recv_bytes"], rv["recv_writes"], head["recv_bytes"][g], total))
+
+
+# ---------------------------------------------------------------- meaning
+
+
+def ravel(c, S):
+    i = 0
+    for x, s in zip(c, S):
+        i = i * s + x
+    return i
+
+
+def unravel(i, S):
+    c = [0] * len(S)
+    for d in range(len(S) - 1, -1, -1):
+        i, c[d] = divmod(i, S[d])
+    return c
+
+
+def run_in_box(c, off, end, S):
+    """How many elements, from coordinates c inside box [off, end) of a row-major array of shape
+    S, follow on in memory without leaving the box."""
+    k = len(S) - 1
+    while k > 0 and off[k] == 0 and end[k] == S[k]:
+        k -= 1
+    inner = 0
+    span = 1
+    for d in range(k + 1, len(S)):
+        inner = inner * S[d] + c[d]
+        span *= S[d]
+    return (end[k] - c[k]) * span - inner
+
+
+def inside(c, off, end):
+    for x, a, z in zip(c, off, end):
+        if x < a or x >= z:
+            return False
+    return True
+
+
+def align(src, ref):
+    """src's coordinates in a space of len(ref) dims, dims aligned from the right: leading dims
+    src lacks are ref's (the stack dim of a stacked component, fixed in one box), leading dims
+    src has beyond ref dropped (unit dims)."""
+    n, m = len(ref), len(src)
+    return list(src[m - n:]) if m >= n else list(ref[:n - m]) + list(src)
+
+
+def blocks(off, end, B=128):
+    """A value box's block box (128x128 over the last two dims)."""
+    n = len(off)
+    bo, be = list(off), list(end)
+    for d in range(max(0, n - 2), n):
+        bo[d], be[d] = off[d] // B, -(-end[d] // B)
+    return bo, be
+
+
+class Entry:
+    """Bytes of a task's TMP (or a rank's PARAM shard) and what they hold: the view (byte offset
+    voff of a row-major array of shape `shape`, es-byte elements) within box [boff, bend) holds
+    trainer tensor T, element boff being T's element torig; kind: raw (as the trainer holds
+    it), cast, fp8 (quantized values) or scale (FP32 block scales, coordinates in blocks)."""
+    __slots__ = ("voff", "shape", "boff", "bend", "es", "kind", "T", "torig", "lo", "hi", "geo")
+
+    def __init__(self, voff, shape, boff, bend, es, kind, T, torig):
+        self.voff, self.shape, self.boff, self.bend = voff, shape, boff, bend
+        self.es, self.kind, self.T, self.torig = es, kind, T, torig
+        last = [z - 1 for z in bend]
+        self.lo = voff + ravel(boff, shape) * es
+        self.hi = voff + (ravel(last, shape) + 1) * es if all(z > a for a, z in zip(boff, bend)) else self.lo
+        # what a write's meaning depends on, but the tensor (cache key, Meaning.write)
+        self.geo = (kind, es, tuple(shape), tuple(boff), tuple(bend), tuple(torig))
+
+    def tcoords(self, v):
+        """Trainer coordinates of view coordinates v (inside the box)."""
+        rel = [x - a for x, a in zip(v, self.boff)]
+        rel = align(rel, [0] * len(self.torig))
+        return [t + x for t, x in zip(self.torig, rel)]
+
+    def tbox(self):
+        ext = align([z - a for a, z in zip(self.boff, self.bend)], [1] * len(self.torig))
+        return self.torig, [t + e for t, e in zip(self.torig, ext)]
+
+
+class Comps:
+    """A mapping's components (T, src off, dst off, dst end, perm), found by a destination
+    element: the components sorted by their destination box's first element, the one holding
+    an element is found by bisection (the last that starts at or before it, or one just
+    before that: fused components along one dim, stacked experts of fused halves)."""
+
+    def __init__(self, comps):
+        self.c = sorted(comps, key=lambda x: x[2])
+        self.offs = [x[2] for x in self.c]
+
+        self.geo = tuple((tuple(x[1]), tuple(x[2]), tuple(x[3])) for x in self.c)
+
+    def find(self, gc):
+        """The index of the component holding element gc, or -1."""
+        c = self.c
+        i = bisect_right(self.offs, gc) - 1
+        for j in range(i, max(i - 4, -1), -1):
+            if inside(gc, c[j][2], c[j][3]):
+                return j
+        for j, x in enumerate(c):
+            if inside(gc, x[2], x[3]):
+                return j
+        return -1
+
+
+class Meaning:
+    """The meaning check, table by table (see the module's doc)."""
+
+    def __init__(self, au, trainer, rollout, classes, mappings, components, rboxes):
+        self.au, self.trainer, self.rollout, self.classes = au, trainer, rollout, classes
+        self.role = {}
+        self.comp = []  # per mapping, per role (values, scales): [(T, src off, dst off, dst end)]
+        self.want = []  # per mapping, per role: the kind of bytes that must land
+        for m, (rt, sc, xf, _ts) in enumerate(mappings):
+            self.role[rt] = (m, 0)
+            if sc >= 0:
+                self.role[sc] = (m, 1)
+            vals, scales = [], []
+            # (perm is kept for messages only: the planner refuses transposed components, so a
+            # plan holds none)
+            for T, src, dst, perm in components[m]:
+                so, do_, de = [a for a, _ in src], [a for a, _ in dst], [z for _, z in dst]
+                vals.append((T, so, do_, de, perm))
+                if sc >= 0:
+                    b_so = blocks(so, [z for _, z in src])[0]
+                    b_do, b_de = blocks(do_, de)
+                    scales.append((T, b_so, b_do, b_de, perm))
+            self.comp.append((Comps(vals), Comps(scales)))
+            tdt = trainer[components[m][0][0]][1] if components[m] else None
+            self.want.append(("fp8", "scale") if xf == "fp8_block" else
+                             ("raw" if tdt == rollout[rt][1] else "cast", None))
+        # Writes of the same geometry (source view and box, offsets, destination local shape,
+        # pieces and component boxes) step through the same components: the walk's outcome is
+        # kept by geometry, and a later write of that geometry only compares tensors. Kimi-K2's
+        # 3M write records have a few thousand geometries (layers and experts repeat).
+        self.cache = {}
+        self.dgeo = {}  # (rollout tensor, rank's locals) -> its destination geometry's number
+        self.geos = {}  # geometries, numbered
+        self.local = {}  # rollout rank -> {tensor: (local shape, [(goff, gend, loff, lend)])}
+        for c in rboxes:
+            loc = {}
+            for tensor, shape, pieces in c["local"]:
+                loc[tensor] = (shape, [([a for a, _ in g], [z for _, z in g], [a for a, _ in lb],
+                                        [z for _, z in lb]) for g, lb in pieces])
+            for g in c["ranks"]:
+                self.local[g] = loc
+
+    def bad(self, msg):
+        self.au.bad("meaning", msg)
+
+    def tname(self, T):
+        return self.trainer[T][0] if 0 <= T < len(self.trainer) else "trainer tensor %d" % T
+
+    def param(self, r, T):
+        """Rank r's PARAM shard of trainer tensor T as an entry, or None."""
+        if not 0 <= T < len(self.trainer):
+            return None
+        b = owner_box(self.classes, self.trainer[T], r)
+        if b is None:
+            return None
+        off, ext = [a for a, _ in b], [z - a for a, z in b]
+        return Entry(0, ext, [0] * len(ext), ext, DTYPE_SIZE[self.trainer[T][1]], "raw", T, off)
+
+    def resolve(self, r, entries, view, box):
+        """The entry whose bytes a view's box reads, and the trainer coordinates of the box's
+        first and last elements; None when no op produced them."""
+        buf, tensor, off, dt, sh = view
+        shape = self.shapes[sh]
+        es = DTYPE_SIZE.get(dt, 1)
+        first = [a for a, _ in box]
+        last = [z - 1 for _, z in box]
+        if buf == 0:
+            e = self.param(r, tensor)
+            if e is None:
+                return None
+            return e, e.tcoords(first), e.tcoords(last)
+        b0 = off + ravel(first, shape) * es
+        b1 = off + ravel(last, shape) * es
+        for e in reversed(entries):
+            if e.lo <= b0 < e.hi and e.lo <= b1 < e.hi and (b0 - e.voff) % e.es == 0:
+                c0 = unravel((b0 - e.voff) // e.es, e.shape)
+                c1 = unravel((b1 - e.voff) // e.es, e.shape)
+                if inside(c0, e.boff, e.bend) and inside(c1, e.boff, e.bend):
+                    return e, e.tcoords(c0), e.tcoords(c1)
+        return None
+
+    def table(self, t):
+        r = t["rank"]
+        self.boxes, self.shapes = t["boxes"], t["shapes"]
+        ops, R = t["ops"], t["writes"]
+        nwr = 0  # single writes before the current record
+        for task in t["tasks"]:
+            op0, nops, w0, nws = task[7], task[8], task[9], task[10]
+            entries = []
+            amax = {}  # amax_off -> [block boxes the owners exchanged]
+            for oi in range(op0, op0 + nops):
+                self.op(r, oi, ops[oi], entries, amax)
+            for i in range(w0, w0 + nws):
+                rec = R[9 * i:9 * i + 9]
+                done = set()
+                for k in range(rec[7] + 1):
+                    g = rec[2] + k * rec[8]
+                    loc = self.local.get(g)
+                    if id(loc) not in done:
+                        done.add(id(loc))
+                        self.write(r, nwr + k, rec, g, loc, entries)
+                nwr += rec[7] + 1
+
+    def op(self, r, oi, op, entries, amax):
+        kind, T = op[0], op[1]
+        B = self.boxes
+        if kind == "h2d":
+            _, T, so, n, do_ = op
+            e = self.param(r, T)
+            if e is not None:
+                e = Entry(do_ - so, e.shape, e.boff, e.bend, e.es, "raw", T, e.torig)
+                e.lo, e.hi = max(e.lo, do_), min(e.hi, do_ + n)
+                entries.append(e)
+        elif kind == "gather":
+            dst = op[3]
+            shape = self.shapes[dst[4]]
+            entries.append(Entry(dst[2], shape, [0] * len(shape), shape, DTYPE_SIZE[dst[3]], "raw", T,
+                                 [0] * len(self.trainer[T][2])))
+        elif kind in ("copy", "cast"):
+            _, T, src, sbox, dst, dbox = op
+            got = self.resolve(r, entries, src, B[sbox])
+            if got is None:
+                return  # the sources check reports it
+            e, c0, _ = got
+            db = B[dbox]
+            entries.append(Entry(dst[2], self.shapes[dst[4]], [a for a, _ in db], [z for _, z in db],
+                                 DTYPE_SIZE[dst[3]], "cast" if kind == "cast" else e.kind, e.T, c0))
+        elif kind == "amax":
+            amax.setdefault(op[7], []).append(B[op[5]])
+        elif kind == "quant":
+            _, T, src, sbox, dst, region, grid, scale_off, amax_off = op
+            reg, gr = B[region], B[grid]
+            got = self.resolve(r, entries, src, B[sbox])
+            ro = [a for a, _ in reg]
+            if got is not None and (got[0].T != T or got[1] != ro):
+                self.bad("rank %d op %d (quant of %s %s): reads %s %s" % (
+                    r, oi, self.tname(T), ro, self.tname(got[0].T), got[1]))
+            self.check_amax(r, oi, T, reg, amax.get(amax_off, []) if amax_off >= 0 else [], amax_off)
+            shape = self.shapes[dst[4]]
+            entries.append(Entry(dst[2], shape, [0] * len(shape), shape, 1, "fp8", T, ro))
+            gext = [z - a for a, z in gr]
+            entries.append(Entry(scale_off, gext, [0] * len(gext), gext, 4, "scale", T, [a for a, _ in gr]))
+
+    def check_amax(self, r, oi, T, reg, shared, amax_off):
+        """Blocks the region covers only in part must be quantized with the owners' amax."""
+        shape = self.trainer[T][2]
+        n = len(shape)
+        bo, be = blocks([a for a, _ in reg], [z for _, z in reg])
+        part = []
+        for d in range(n):
+            lo, hi = bo[d], be[d]
+            if d < n - 2:
+                continue
+            # a block is whole when the region spans it (to the tensor's end)
+            first_part = reg[d][0] % 128 != 0
+            last_part = reg[d][1] % 128 != 0 and reg[d][1] != shape[d]
+            if first_part:
+                part.append((d, lo))
+            if last_part and (hi - 1 != lo or not first_part):
+                part.append((d, hi - 1))
+        for d, b in part:
+            covered = any(bx[d][0] <= b < bx[d][1] for bx in shared)
+            if not covered:
+                self.bad("rank %d op %d (quant of %s %s): covers part of FP8 block row %d of dim %d "
+                         "and quantizes it with %s" % (
+                             r, oi, self.tname(T), [list(x) for x in reg], b, d,
+                             "no shared amax (amax_off -1)" if amax_off < 0 else
+                             "an amax no exchange of its task fills"))
+                return
+
+    def write(self, r, wi, rec, g, loc, entries):
+        src, so, _, d, doff, ln = rec[:6]
+        role = self.role.get(d)
+        info = loc.get(d) if loc else None
+        if role is None or info is None:
+            self.bad("%s: no mapping or global box says what lands there" % self.where(r, wi, g, d, doff))
+            return
+        m, sc = role
+        comps = self.comp[m][sc]
+        want = self.want[m][sc]
+        esd = DTYPE_SIZE[self.rollout[d][1]]
+        if src >= 0:
+            e = self.param(r, src)
+            if e is None:
+                return  # the sources check reports it
+        else:
+            e = None
+            for x in reversed(entries):
+                if x.lo <= so < x.hi:
+                    e = x
+                    break
+            if e is None:
+                return  # the sources check reports it
+        if e.es != esd or doff % esd or ln % esd or (so - e.voff) % e.es:
+            self.bad("%s: %d-byte elements written into a tensor of %d-byte elements"
+                     % (self.where(r, wi, g, d, doff), e.es, esd))
+            return
+        if e.kind != want:
+            self.bad("%s: %s bytes of %s, where %s bytes belong"
+                     % (self.where(r, wi, g, d, doff), e.kind, self.tname(e.T), want))
+            return
+        dk = self.dgeo.get((d, id(loc)))
+        if dk is None:
+            lshape, pieces = info
+            geo = (tuple(lshape), tuple(tuple(map(tuple, p)) for p in pieces), comps.geo)
+            dk = self.dgeo[(d, id(loc))] = self.geos.setdefault(geo, len(self.geos))
+        if type(e.geo) is tuple:
+            e.geo = self.geos.setdefault(e.geo, len(self.geos))
+        key = (e.geo, so - e.voff, ln, doff, dk)
+        steps = self.cache.get(key)
+        if steps is not None:
+            c = comps.c
+            for j in steps:
+                if c[j][0] != e.T:
+                    break
+            else:
+                return
+        steps = self.walk(r, wi, g, d, doff, ln, e, info, comps, esd, so)
+        if steps is not None:
+            self.cache[key] = steps
+
+    def where(self, r, wi, g, d, doff):
+        name = self.rollout[d][0] if 0 <= d < len(self.rollout) else str(d)
+        return "rank %d write %d (to rank %d %s +%d)" % (r, wi, g, name, doff)
+
+    def walk(self, r, wi, g, d, doff, ln, e, info, comps, esd, so):
+        """Follows a write element run by element run (each inside one piece, one component
+        and the source's box); the components it stepped through, or None after reporting."""
+        lshape, pieces = info
+        n = ln // esd
+        e0 = doff // esd
+        s0 = (so - e.voff) // e.es
+        pos = 0
+        steps = []
+        while pos < n:
+            lc = unravel(e0 + pos, lshape)
+            pc = None
+            for p in pieces:
+                if inside(lc, p[2], p[3]):
+                    pc = p
+                    break
+            if pc is None:
+                self.bad("%s: lands on local element %s, which holds no element of the global tensor"
+                         % (self.where(r, wi, g, d, doff), lc))
+                return None
+            goff, gend, loff, lend = pc
+            gc = [a + x - b for a, x, b in zip(goff, lc, loff)]
+            j = comps.find(gc)
+            if j < 0:
+                self.bad("%s: lands on global element %s, which no component builds"
+                         % (self.where(r, wi, g, d, doff), gc))
+                return None
+            T, cso, cdo, cde = comps.c[j][:4]
+            io = [max(a, b) for a, b in zip(goff, cdo)]
+            ie = [min(a, b) for a, b in zip(gend, cde)]
+            ld = min(run_in_box(lc, loff, lend, lshape),
+                     run_in_box([x - a for x, a in zip(gc, goff)], [x - a for x, a in zip(io, goff)],
+                                [x - a for x, a in zip(ie, goff)], [z - a for a, z in zip(goff, gend)]))
+            vc = unravel(s0 + pos, e.shape)
+            if not inside(vc, e.boff, e.bend):
+                self.bad("%s: reads bytes no op of its task produced" % self.where(r, wi, g, d, doff))
+                return None
+            L = min(ld, run_in_box(vc, e.boff, e.bend, e.shape), n - pos)
+            ta = e.tcoords(vc)
+            ref = [0] * len(cso)
+            te = [s + x for s, x in zip(cso, align([x - a for x, a in zip(gc, cdo)], ref))]
+            ok = e.T == T and ta == te
+            if ok and L > 1:
+                # the same elements in the same order: the same last element, and boxes that
+                # agree on every dim inside the outermost one the run steps through
+                sb0, sb1 = e.tbox()
+                db0 = [s + x for s, x in zip(cso, align([x - a for x, a in zip(io, cdo)], ref))]
+                db1 = [s + x for s, x in zip(cso, align([x - a for x, a in zip(ie, cdo)], [1] * len(cso)))]
+                sx = [z - a for a, z in zip(sb0, sb1)]
+                dx = [z - a for a, z in zip(db0, db1)]
+                se = [a + x for a, x in zip(sb0, unravel(ravel([x - a for x, a in zip(ta, sb0)], sx) + L - 1, sx))]
+                de = [a + x for a, x in zip(db0, unravel(ravel([x - a for x, a in zip(te, db0)], dx) + L - 1, dx))]
+                k0 = next((k for k in range(len(ta)) if ta[k] != se[k]), len(ta))
+                ok = se == de and all(sb0[k] == db0[k] and sb1[k] == db1[k] for k in range(k0 + 1, len(ta)))
+            if not ok:
+                self.bad("%s: holds %s %s, the mapping puts %s %s there" % (
+                    self.where(r, wi, g, d, doff), self.tname(e.T), ta, self.tname(T), te))
+                return None
+            steps.append(j)
+            pos += L
+        return steps
 
 
 if __name__ == "__main__":

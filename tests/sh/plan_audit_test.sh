@@ -2,8 +2,13 @@
 # plan_audit_test.sh — the plan's JSON (wb-plan --json --tables) audited on its own by
 # tests/sh/plan_audit.py (Python 3 standard library, none of the planner's code): every rollout
 # byte written exactly once, every write's and op's source held by its rank, the sizes
-# consistent, every amax exchange mirrored. On the demo in both modes, on broken copies of the
-# demo's JSON (each must fail the check it breaks, naming the problem), and on Kimi-K2
+# consistent, every amax exchange mirrored, and every write carrying what the match puts where
+# it lands (the component map and the rollout side's global boxes in the JSON). On the demo in
+# both modes, on broken copies of the demo's JSON -- 11 kinds of planted error, each of which
+# must fail the check it breaks, naming the problem: 7 that break where bytes go or come from,
+# and 4 that keep every byte counted once and mean the wrong thing (two writes' destinations
+# swapped, layer 1's q_proj written into layer 0's qkv_proj, a quantization ignoring the amax
+# its owners exchanged, TP rank 0's slab written to rank 1 and back) -- and on Kimi-K2
 # 256 -> 128 (10.5M writes).
 # Run from the repository root (make test does); wb-plan from $WB_BIN (default build/bin).
 # Prints the harness tally.
@@ -34,7 +39,7 @@ audits_clean() { # name, wb-plan arguments...
         return
     fi
     if python3 "$audit" "$tmp/$name.json" >"$tmp/$name.audit" 2>&1 &&
-        [ "$(tail -n 1 "$tmp/$name.audit")" = "5 passed, 0 failed, 0 skipped" ]; then
+        [ "$(tail -n 1 "$tmp/$name.audit")" = "6 passed, 0 failed, 0 skipped" ]; then
         ok "$name"
     else
         sed 's/^/    /' "$tmp/$name.audit"
@@ -98,9 +103,31 @@ op[8][1] = 1 << 20'
     catches shards_overlap "FAIL shards (2 problems)" "shard class 0: shards 0 and 1 overlap" '
 c = d["shard_classes"][0]
 c[1][0][0] -= 1'
+    # what shapes and counts cannot see. Rank 0's task for layer 0's qkv_proj writes q, k
+    # and v (FP8) at +0, +65536 and +98304: k's and v's destinations swapped
+    catches swapped_destinations "FAIL meaning (2 problems)" \
+        "rank 0 write 22 (to rank 0 model.layers.0.self_attn.qkv_proj.weight +98304): holds model.layers.0.self_attn.k_proj.weight [0, 0], the mapping puts model.layers.0.self_attn.v_proj.weight [0, 0] there" '
+W = d["tables"][0]["writes"]
+W[9 * 22 + 4], W[9 * 24 + 4] = W[9 * 24 + 4], W[9 * 22 + 4]'
+    # that task quantizes layer 1's q_proj (rank 0 holds the same shard of it) into layer 0's
+    catches wrong_layer "FAIL meaning (2 problems)" \
+        "rank 0 write 20 (to rank 0 model.layers.0.self_attn.qkv_proj.weight +0): holds model.layers.1.self_attn.q_proj.weight [0, 0], the mapping puts model.layers.0.self_attn.q_proj.weight [0, 0] there" '
+names = [x[0] for x in d["trainer_tensors"]]
+op = d["tables"][0]["ops"][0]
+op[1] = op[2][1] = names.index("model.layers.1.self_attn.q_proj.weight")'
+    # k_proj's 128-row block is cut by the FSDP shards: its quantization drops the shared amax
+    catches amax_ignored "FAIL meaning (1 problem)" \
+        "rank 0 op 2 (quant of model.layers.0.self_attn.k_proj.weight [[0, 64], [0, 256]]): covers part of FP8 block row 0 of dim 0 and quantizes it with no shared amax (amax_off -1)" '
+d["tables"][0]["ops"][2][8] = -1'
+    # o_proj's column slabs of TP ranks 0 and 1 (same local offset and length) go to the
+    # other rank
+    catches wrong_rank "FAIL meaning (2 problems)" \
+        "rank 0 write 26 (to rank 1 model.layers.0.self_attn.o_proj.weight +0): holds model.layers.0.self_attn.o_proj.weight [0, 0], the mapping puts model.layers.0.self_attn.o_proj.weight [0, 256] there" '
+W = d["tables"][0]["writes"]
+W[9 * 26 + 2], W[9 * 28 + 2] = 1, 0'
 else
     for n in write_overlaps write_source param_not_owned task_bytes amax_inbox amax_no_mirror \
-        shards_overlap; do bad $n; done
+        shards_overlap swapped_destinations wrong_layer amax_ignored wrong_rank; do bad $n; done
 fi
 # the shipped Kimi-K2 scenario, the default mode
 audits_clean kimi_k2_256_128 --model configs/models/deepseek_v3.yaml \

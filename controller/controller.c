@@ -354,6 +354,7 @@ static void send_setup(struct wb_controller *c, struct agent *a)
         b.sums = (struct wb_bytes){c->plan.sums[a->rank].buf, c->plan.sums[a->rank].len};
     snprintf(b.provider, sizeof(b.provider), "%s", j->provider);
     snprintf(b.trace, sizeof(b.trace), "%s", j->trace);
+    b.trace_keep = j->trace_keep;
     snprintf(b.job, sizeof(b.job), "%s", j->name);
     if (cmd_queue(c, a, WB_CMD_SETUP, &b)) /* the job waits for it: the status says why */
         snprintf(a->setup_err, sizeof(a->setup_err), "its setup could not be sent: %s",

@@ -46,7 +46,8 @@ struct wb_job {
      * (shown, waited for); for dead_ns, dead. A closed connection is a death at once. */
     uint64_t heartbeat_ns, suspect_ns, dead_ns, transfer_ns, poll_hold_ns;
     uint64_t trainers, rollouts; /* expected agents; 0 = from the layouts */
-    char *trace;                 /* "" or a directory: agents write <dir>/<role><rank>.json */
+    char *trace;                 /* "" or a directory: agents write <role><rank>.v<N>.json */
+    uint64_t trace_keep;         /* versions of traces each agent keeps there (1 .. 1000000) */
     bool verify; /* rollouts check every write against its checksum computed at the writer */
     uint64_t max_connections; /* introduced connections held at once (0: 4 per agent + 64) */
     uint64_t version_step;    /* a version may be at most this far past the last complete one */

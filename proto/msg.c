@@ -199,6 +199,7 @@ static const struct wb_field f_setup[] = {
     F(struct wb_body_setup, "seed", WB_FIELD_U64, true, seed),
     F(struct wb_body_setup, "provider", WB_FIELD_STR, true, provider),
     F(struct wb_body_setup, "trace", WB_FIELD_STR, true, trace),
+    F(struct wb_body_setup, "trace_keep", WB_FIELD_U64, false, trace_keep),
     F(struct wb_body_setup, "job", WB_FIELD_STR, true, job),
     F(struct wb_body_setup, "plan", WB_FIELD_BYTES, true, plan),
     F(struct wb_body_setup, "shards", WB_FIELD_BYTES, false, shards),

@@ -365,6 +365,7 @@ struct wb_body_setup {
     uint64_t seed;           /* synthetic source seed */
     char provider[64];       /* transport provider (wb_tx_cfg_provider) */
     char trace[WB_PATH_STR]; /* "" or a directory for Chrome traces */
+    uint64_t trace_keep;     /* versions of traces each agent keeps there (0: its default) */
     char job[WB_JOBNAME_MAX];
     struct wb_bytes plan;   /* routing table (trainers) or receive list (rollouts) envelope */
     struct wb_bytes shards; /* trainers: msgpack array of [trainer tensor, wb_tensor_meta] */

@@ -125,10 +125,17 @@ struct wb_endpoint_source {
     /* What the bytes are (a checkpoint's fingerprint), sent in REGISTER: a controller that was
      * told which source its job moves refuses a trainer reading another. Copied. */
     const char *id;
+    /* Optional, what each tensor holds: 16 bytes per tensor added (a checkpoint piece's
+     * XXH3-128), in wb_endpoint_add order, ndigests of them — as many as are added before the
+     * start (else the start is -EINVAL). Sent in REGISTER: a controller that knows the same
+     * digests names the first tensor whose bytes differ when it refuses the id. Copied. */
+    const uint8_t *digests;
+    uint32_t ndigests;
 };
 
 /* Makes the endpoint a sourced trainer (before any tensor is added). -EINVAL for a rollout, a
- * source without read or an id over WB_SOURCE_MAX - 1 bytes; -EBUSY after wb_endpoint_add. */
+ * source without read or an id over WB_SOURCE_MAX - 1 bytes; -EBUSY after wb_endpoint_add;
+ * -ENOMEM. */
 int wb_endpoint_set_source(struct wb_endpoint *ep, const struct wb_endpoint_source *src);
 
 /* Trainers: the device mesh the tensors' placements refer to (ranks row-major over the dims,

@@ -42,6 +42,7 @@ static void send_register(struct wb_endpoint *ep)
     gethostname(b.host, sizeof(b.host) - 1);
     b.pid = (uint64_t)getpid();
     snprintf(b.source, sizeof(b.source), "%s", ep->src_id);
+    b.digests = (struct wb_bytes){ep->src_digests, (size_t)ep->src_ndigests * 16};
     b.version = ag_state_version(ep->st);
     b.torn = ep->o.role == WB_ROLE_ROLLOUT && ag_state_torn(ep->st);
     b.session = ep->lost_session;

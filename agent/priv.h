@@ -118,6 +118,8 @@ struct wb_endpoint {
     bool sourced;
     struct wb_endpoint_source src;
     char src_id[WB_SOURCE_MAX];
+    uint8_t *src_digests; /* 16 bytes per tensor (wb_endpoint_source.digests), NULL: none */
+    uint32_t src_ndigests;
     struct seg *segs;
     uint32_t nsegs;
     struct wb_reg_mesh mesh; /* trainers: ndims 0 when no placements are given */

@@ -88,6 +88,13 @@ int wb_controller_create(const struct wb_job *job, struct wb_controller **out,
  * (ckpt/bin/wb-broadcast) plans for readers it laid out itself. */
 struct wb_trainer_layout;
 struct wb_inventory;
+/* What one trainer rank's source holds, part by part in its registration order (a broadcast
+ * reader's share pieces): the digest of each part's bytes, and how a refusal names it. */
+struct wb_source_parts {
+    uint32_t n;
+    const uint8_t *digests;  /* 16 bytes each (XXH3-128) */
+    const char *const *what; /* "model.norm.weight", "lm_head.weight (rows 0-511)" */
+};
 struct wb_controller_opts {
     /* The trainer layout (taken over: *trainer_layout is left zeroed, also on failure) and the
      * trainer inventory (copied) instead of the job's; the job then names no trainer layout. */
@@ -100,6 +107,11 @@ struct wb_controller_opts {
      * fingerprint and the content hash of that reader's share); overrides source. */
     const char *const *sources;
     uint32_t nsources;
+    /* With sources: what each of those ranks' source holds (nsources of them, or NULL). A
+     * trainer refused for another source whose fingerprint is the job's (the same files, the
+     * same share) and that registered its own digests (wb_endpoint_source.digests) is told
+     * which of its tensors differ, the first by name. Copied. */
+    const struct wb_source_parts *parts;
     /* Raise the executors' memory cap to the largest task where that is over the job's cap
      * (a checkpoint's tensors are the size they are) instead of failing at setup. */
     bool fit_largest_task;

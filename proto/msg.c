@@ -118,6 +118,7 @@ static const struct wb_field f_register[] = {
     F(struct wb_body_register, "inv", WB_FIELD_OBJ, false, inv),
     F(struct wb_body_register, "mesh", WB_FIELD_OBJ, false, mesh),
     F(struct wb_body_register, "source", WB_FIELD_STR, false, source),
+    F(struct wb_body_register, "digests", WB_FIELD_BYTES, false, digests),
     F(struct wb_body_register, "version", WB_FIELD_U64, false, version),
     F(struct wb_body_register, "session", WB_FIELD_U64, false, session),
     F(struct wb_body_register, "torn", WB_FIELD_BOOL, false, torn),

@@ -164,6 +164,10 @@ struct wb_body_register {
     /* Trainers whose tensors are read from a source (a checkpoint) instead of memory: what
      * the bytes are (the checkpoint's fingerprint), "" otherwise. */
     char source[WB_SOURCE_MAX];
+    /* A sourced trainer's digests of its tensors, 16 bytes each in registration order (a
+     * checkpoint reader's XXH3-128 per piece), or nothing: a refusal of its source names the
+     * first tensor whose digest is not the job's. */
+    struct wb_bytes digests;
     /* The last version this agent knows complete (rollouts: the one they hold; trainers: their
      * last done push): a restarted controller's versions go on from the highest. */
     uint64_t version;

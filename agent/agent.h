@@ -61,7 +61,9 @@ struct wb_endpoint_opts {
     const char *controller; /* nng URL */
     const char *token;
     bool synthetic;        /* wb-agent: hold what the plan assigns, synthetic values */
-    const char *trace;     /* Chrome trace JSON path, or NULL */
+    const char *trace;     /* a directory for this agent's Chrome traces, one file per version
+                              (<role><rank>.v<version>.json), instead of the job's trace:
+                              directory; NULL: the job's */
     uint64_t give_up_ns;   /* stop when the controller cannot be reached (no connection, no
                               answer) this long (0: trainers 30 s, rollouts never: they keep
                               the weights and wait); one that answers slowly is waited for */
@@ -79,6 +81,12 @@ struct wb_endpoint;
 /* Creates an endpoint (nothing is sent yet). Strings in opts are copied. -EINVAL for a bad
  * controller URL, -ENOMEM. */
 int wb_endpoint_open(const struct wb_endpoint_opts *opts, struct wb_endpoint **out);
+
+/* Whether dir is a directory this process can write traces into: 0, or a negative errno
+ * (-ENOENT, -ENOTDIR, -EACCES, ...). Programs check their --trace with it before they start;
+ * an endpoint whose trace directory (its own or the job's) fails it logs a warning naming the
+ * directory and writes no traces — a trace never fails a transfer. */
+int wb_endpoint_trace_check(const char *dir);
 
 /* One tensor this process owns. Trainers: `shape` is the global (unsharded) shape and `box` the
  * part this rank holds (global coordinates). Rollouts: `shape` is the local tensor as the
@@ -117,10 +125,17 @@ struct wb_endpoint_source {
     /* What the bytes are (a checkpoint's fingerprint), sent in REGISTER: a controller that was
      * told which source its job moves refuses a trainer reading another. Copied. */
     const char *id;
+    /* Optional, what each tensor holds: 16 bytes per tensor added (a checkpoint piece's
+     * XXH3-128), in wb_endpoint_add order, ndigests of them — as many as are added before the
+     * start (else the start is -EINVAL). Sent in REGISTER: a controller that knows the same
+     * digests names the first tensor whose bytes differ when it refuses the id. Copied. */
+    const uint8_t *digests;
+    uint32_t ndigests;
 };
 
 /* Makes the endpoint a sourced trainer (before any tensor is added). -EINVAL for a rollout, a
- * source without read or an id over WB_SOURCE_MAX - 1 bytes; -EBUSY after wb_endpoint_add. */
+ * source without read or an id over WB_SOURCE_MAX - 1 bytes; -EBUSY after wb_endpoint_add;
+ * -ENOMEM. */
 int wb_endpoint_set_source(struct wb_endpoint *ep, const struct wb_endpoint_source *src);
 
 /* Trainers: the device mesh the tensors' placements refer to (ranks row-major over the dims,

@@ -46,6 +46,8 @@ static void prefill(struct data *d, uint64_t version);
 
 static void data_release(struct data *d)
 {
+    ag_trace_free(d->trace); /* a file being written reads the labels freed below */
+    d->trace = NULL;
     ag_fill_free(d->fill); /* waits for a fill under way, before the memory it writes goes */
     d->fill = NULL;
     ag_io_close(d->io); /* reads in flight write into TMP: they end first */
@@ -403,10 +405,14 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
     d->empty = plan_len == 0;
     d->verify = b->verify;
     uint64_t t0 = wb_now_ns();
+    /* traces: the endpoint's own directory, else the job's (no memory for one: none) */
+    if (!d->empty)
+        ag_trace_new(o->trace && *o->trace ? o->trace : d->job.trace, d->job.trace_keep,
+                     d->job.name, d->role, d->rank, &d->trace);
+    int rc = 0;
     wb_mpw_init(&d->addr_blob);
     wb_mpw_init(&d->region_blob);
-    int rc = 0;
-    if (!d->empty && o->device >= 0) {
+    if (!rc && !d->empty && o->device >= 0) {
         rc = ag_gpu_use(o->device);
         rc = rc ? rc : ag_stream_create(&d->stream);
         rc = rc ? rc : ag_stream_create(&d->h2d_stream);
@@ -422,6 +428,8 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
         wb_tx_attempt_end(d->tx);
     if (!rc && !d->empty && o->role == WB_ROLE_TRAINER)
         rc = setup_trainer(d, plan, plan_len, shards, shards_len, b, err, errcap);
+    if (!rc && !d->empty && o->role == WB_ROLE_TRAINER)
+        ag_trace_trainer_setup(d);
     if (!rc && !d->empty && o->role == WB_ROLE_TRAINER && d->synthetic) {
         struct ag_fill_src fs = {d->shards,         d->nshards, d->job.seed,
                                  d->param_host_buf, d->stream,  d->device};
@@ -615,7 +623,6 @@ static void prefill(struct data *d, uint64_t version)
 static int trainer_begin(struct data *d)
 {
     d->start_ns = wb_now_ns();
-    d->nspans = d->nspans < SPAN_MAX ? d->nspans : 0;
     return ag_exec_start(d);
 }
 
@@ -763,6 +770,8 @@ int ag_data_start(struct data *d, const struct wb_body_version_epoch *b, char *e
     d->active = true;
     d->pending_start = false;
     d->draining = false;
+    d->nspans = 0; /* a trace holds its own attempt */
+    d->hook_t0 = d->hook_t1 = 0;
     if (d->empty)
         return 0;
     struct skipset ss;
@@ -775,7 +784,8 @@ int ag_data_start(struct data *d, const struct wb_body_version_epoch *b, char *e
         return rc;
     }
     /* Everything counted before is forgotten; this attempt's notes alone count from now on. */
-    struct wb_tx_attempt at = {.epoch = epoch, .version = version};
+    struct wb_tx_attempt at = {
+        .epoch = epoch, .version = version, .peer_times = d->trace && d->role == WB_ROLE_ROLLOUT};
     memcpy(at.key, d->key, sizeof(at.key));
     attempt_bounds(d, &at.max_tags, &at.max_notes);
     rc = wb_tx_attempt_begin(d->tx, &at);
@@ -902,6 +912,9 @@ int ag_data_progress(struct data *d, struct data_done *out)
             return 0;
     }
     d->active = false;
+    d->end_ns = wb_now_ns();
+    if (d->role == WB_ROLE_ROLLOUT && !d->empty)
+        ag_rollout_trace_snap(d); /* what each writer's notes brought, before the attempt ends */
     /* Done: every planned write is in, nothing more may land or count. Failed here: trainers
      * may still have writes on their way, and a write into a closed window breaks the
      * trainer's connection, so the windows stay open until the controller's ABORT (sent once
@@ -923,11 +936,25 @@ int ag_data_progress(struct data *d, struct data_done *out)
 
 void ag_data_after(struct data *d)
 {
-    if (d->role != WB_ROLE_TRAINER || d->empty)
+    if (d->empty)
         return;
-    ag_exec_trace_write(d);
+    if (d->role == WB_ROLE_ROLLOUT) {
+        ag_rollout_trace(d);
+        return;
+    }
+    ag_trace_trainer(d);
     if (d->last_ok)
         prefill(d, d->version + 1);
+}
+
+void ag_data_hook_ran(struct data *d, uint64_t t0, uint64_t t1, const char *failed)
+{
+    d->hook_t0 = t0;
+    d->hook_t1 = t1;
+    if (failed) { /* the version failed here after all */
+        d->last_ok = false;
+        snprintf(d->fail, sizeof(d->fail), "%s", failed);
+    }
 }
 
 bool ag_data_busy(const struct data *d)

@@ -108,9 +108,20 @@ int wb_endpoint_set_source(struct wb_endpoint *ep, const struct wb_endpoint_sour
     } else if (ep->nregs || ep->thread_started) {
         ag_state_say(ep->st, "source: set before any tensor is added");
         rc = -EBUSY;
+    } else if (src->ndigests && !src->digests) {
+        ag_state_say(ep->st, "source: digests for %u tensors, and no memory holding them",
+                     src->ndigests);
+        rc = -EINVAL;
+    } else if (src->ndigests && !(ep->src_digests = malloc((size_t)src->ndigests * 16))) {
+        ag_state_say(ep->st, "source: no memory for its %u digests", src->ndigests);
+        rc = -ENOMEM;
     } else {
         ep->src = *src;
         ep->src.id = NULL;
+        ep->src.digests = NULL;
+        if (src->ndigests)
+            memcpy(ep->src_digests, src->digests, (size_t)src->ndigests * 16);
+        ep->src_ndigests = src->ndigests;
         if (!ep->src.threads)
             ep->src.threads = 2;
         snprintf(ep->src_id, sizeof(ep->src_id), "%s", src->id ? src->id : "");
@@ -170,6 +181,12 @@ int wb_endpoint_start(struct wb_endpoint *ep, uint64_t timeout_ns)
     if (ep->thread_started) {
         pthread_mutex_unlock(&ep->mu);
         return -EBUSY;
+    }
+    if (ep->src_ndigests && ep->src_ndigests != ep->nregs) {
+        ag_state_say(ep->st, "source: digests for %u tensors, %u added", ep->src_ndigests,
+                     ep->nregs);
+        pthread_mutex_unlock(&ep->mu);
+        return -EINVAL;
     }
     if (pthread_create(&ep->thread, NULL, thread_main, ep)) {
         ag_state_say(ep->st, "cannot start the endpoint's thread");
@@ -299,6 +316,7 @@ void wb_endpoint_close(struct wb_endpoint *ep)
     free(ep->s_dump);
     free(ep->s_extra);
     free(ep->s_corrupt);
+    free(ep->src_digests);
     free(ep);
 }
 

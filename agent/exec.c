@@ -25,7 +25,6 @@
 #include "agent/xfer.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -350,6 +349,7 @@ void ag_exec_free(struct data *d)
     free(d->mx.gx_total);
     free(d->mx.gx_done);
     free(d->spans);
+    free(d->task_label);
     free(d->mx.gref);
     free(d->mx.moff);
     free(d->mx.sec);
@@ -1104,7 +1104,8 @@ static void issue_barriers(struct data *d)
     for (uint32_t p = 0; p < t->nphases; p++)
         if (d->mx.barrier_issued[p] && d->mx.barrier_done[p] == 1) {
             d->mx.barrier_done[p] = 2;
-            span_add(d, WB_STAGE_BARRIER, UINT32_MAX, d->mx.barrier_t0[p], wb_now_ns());
+            /* a barrier's span holds its phase where a task's holds the task */
+            span_add(d, WB_STAGE_BARRIER, p, d->mx.barrier_t0[p], wb_now_ns());
         }
 }
 
@@ -1211,47 +1212,4 @@ void ag_exec_abort(struct data *d)
         ag_event_destroy(d->tasks[i].ev);
         d->tasks[i].ev = NULL;
     }
-}
-
-/* ---------------------------------------------------------------- trace */
-
-void ag_exec_trace_write(struct data *d)
-{
-    char path[1100];
-    if (d->o->trace && *d->o->trace)
-        snprintf(path, sizeof(path), "%s", d->o->trace);
-    else if (d->job.trace[0])
-        snprintf(path, sizeof(path), "%s/trainer%u.json", d->job.trace, d->rank);
-    else
-        return;
-    /* the directory comes from the job: the file is not opened through a link planted there */
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-    FILE *f = fd < 0 ? NULL : fdopen(fd, "w");
-    if (!f) {
-        if (fd >= 0)
-            close(fd);
-        wb_log(WB_LOG_WARN, M, "trace %s: cannot write", path);
-        return;
-    }
-    fprintf(f, "{\"traceEvents\":[\n");
-    fprintf(f,
-            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"args\":{\"name\":\"trainer "
-            "%u\"}}",
-            d->rank, d->rank);
-    for (int s = 0; s < WB_STAGE_COUNT; s++)
-        fprintf(f,
-                ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%d,\"args\":{"
-                "\"name\":\"%s\"}}",
-                d->rank, s, wb_stage_name((enum wb_stage)s));
-    for (uint32_t i = 0; i < d->nspans; i++) {
-        const struct span *sp = &d->spans[i];
-        fprintf(f,
-                ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
-                "\"pid\":%u,\"tid\":%u,\"args\":{\"task\":%d}}",
-                wb_stage_name((enum wb_stage)sp->stage), wb_stage_name((enum wb_stage)sp->stage),
-                (double)sp->t0 / 1e3, (double)(sp->t1 - sp->t0) / 1e3, d->rank, sp->stage,
-                sp->task == UINT32_MAX ? -1 : (int)sp->task);
-    }
-    fprintf(f, "\n],\"displayTimeUnit\":\"ms\"}\n");
-    fclose(f);
 }

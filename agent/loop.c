@@ -42,6 +42,7 @@ static void send_register(struct wb_endpoint *ep)
     gethostname(b.host, sizeof(b.host) - 1);
     b.pid = (uint64_t)getpid();
     snprintf(b.source, sizeof(b.source), "%s", ep->src_id);
+    b.digests = (struct wb_bytes){ep->src_digests, (size_t)ep->src_ndigests * 16};
     b.version = ag_state_version(ep->st);
     b.torn = ep->o.role == WB_ROLE_ROLLOUT && ag_state_torn(ep->st);
     b.session = ep->lost_session;
@@ -317,6 +318,7 @@ static void cmd_setup(struct wb_endpoint *ep, const struct wb_body_setup *b)
     char err[WB_ERRMSG_MAX] = "";
     snprintf(j.provider, sizeof(j.provider), "%s", b->provider);
     snprintf(j.trace, sizeof(j.trace), "%s", b->trace);
+    j.trace_keep = b->trace_keep > UINT32_MAX ? UINT32_MAX : (uint32_t)b->trace_keep;
     snprintf(j.name, sizeof(j.name), "%s", b->job);
     ep->job = j;
     if (ep->xfer_active && ep->d)
@@ -606,10 +608,13 @@ static void run_hook(struct wb_endpoint *ep, struct data_done *done)
     if (!fn || !done->ok)
         return;
     char err[400] = "";
+    uint64_t t0 = wb_now_ns();
     if (fn(arg, ep->v.attempt, err, sizeof(err))) {
         done->ok = false;
         snprintf(done->err, sizeof(done->err), "post-update hook: %s", *err ? err : "failed");
     }
+    if (ep->d)
+        ag_data_hook_ran(ep->d, t0, wb_now_ns(), done->ok ? NULL : done->err);
 }
 
 /* Trainers: an aborted attempt's writes all completed: the controller may close the

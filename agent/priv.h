@@ -43,6 +43,7 @@ struct agent_job {
     uint64_t gen, seed;
     char provider[64];
     char trace[1024];
+    uint32_t trace_keep; /* versions of traces kept (0: the default) */
     char name[128];
 };
 
@@ -117,6 +118,8 @@ struct wb_endpoint {
     bool sourced;
     struct wb_endpoint_source src;
     char src_id[WB_SOURCE_MAX];
+    uint8_t *src_digests; /* 16 bytes per tensor (wb_endpoint_source.digests), NULL: none */
+    uint32_t src_ndigests;
     struct seg *segs;
     uint32_t nsegs;
     struct wb_reg_mesh mesh; /* trainers: ndims 0 when no placements are given */
@@ -296,8 +299,12 @@ int ag_data_landed(const struct data *d, uint64_t version, struct wb_mpw *w);
 /* Makes progress without blocking; 1 when the transfer finished (*out filled), 0 when not. */
 int ag_data_progress(struct data *d, struct data_done *out);
 /* What follows a finished transfer once its report has left (so none of it delays the
- * report): the trainer's trace file, and the synthetic source's fill of the next version. */
+ * report): the version's trace (written on a thread of its own), and the synthetic source's
+ * fill of the next version. */
 void ag_data_after(struct data *d);
+/* Rollouts: the engine's post-update hook ran from t0 to t1, and failed the version when
+ * `failed` (its message) is not NULL: for the trace. */
+void ag_data_hook_ran(struct data *d, uint64_t t0, uint64_t t1, const char *failed);
 /* Drops the transfer in flight (ABORT). */
 void ag_data_abort(struct data *d);
 /* Polls the transport only (completions, immediates), without advancing a transfer. */

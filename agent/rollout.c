@@ -49,12 +49,40 @@ struct rollout {
     struct wb_sum_piece *rpiece; /* [rcap] */
     uint64_t *rhash;             /* [rcap] */
     uint64_t rcap;
-    bool corrupted; /* testing: the byte was flipped (opts.corrupt) */
+    bool corrupted;    /* testing: the byte was flipped (opts.corrupt) */
+    struct rtrace *tr; /* what the trace shows (d->trace set), NULL: not traced */
     /* setup only: the previous setup's tensors, to take over */
     struct kept *kept;
     uint32_t nkept;
     uint32_t nkept_taken;
 };
+
+/* A batch of checksum checks, for the trace: when, how many entries and bytes, the first
+ * entries it held. */
+struct rcheck {
+    uint64_t t0, t1, bytes;
+    uint32_t n;
+    uint32_t ent[AG_TRACE_NAMES];
+};
+
+/* What a traced rollout records of an attempt (times are wb_now_ns(), 0: not this attempt):
+ * when its windows opened and its writers were told, when each expect entry's writes (and
+ * records) were all in, the checksum batches, and per writer its notes and the last batch
+ * that checked one of its writes. Written as events once the attempt's report left. */
+struct rtrace {
+    uint64_t open_ns;
+    uint64_t *in_ns;    /* [nexpect] */
+    struct rcheck *chk; /* [nexpect]: a batch checks one entry at least */
+    uint32_t nchk;
+    uint32_t *local_label; /* [nlocal] */
+    int32_t *widx;         /* trainer rank -> writer index (nwidx of them), -1 */
+    uint32_t nwidx;
+    uint32_t *w_chk;             /* [nwriters]: 1 + the last batch holding one of its records, 0 */
+    struct wb_tx_peer_notes *wn; /* [nwriters], taken when the attempt finished here */
+    bool have_wn;
+};
+
+static void trace_setup(struct data *d);
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -116,6 +144,8 @@ static void on_data_imm(void *arg, uint32_t imm)
     *flag = 1;
     if (d->rx->reached[i] && (d->rx->sum_reached[i] || !d->verify)) {
         d->rx->ready[d->rx->nready++] = i;
+        if (d->rx->tr)
+            d->rx->tr->in_ns[i] = wb_now_ns();
         /* every planned write of the entry is in: once the tensor's last entry is, its window
          * closes — before it is checked, so the check covers bytes nothing can change */
         uint32_t k = d->rx->expect_local[i];
@@ -308,7 +338,182 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
         wb_tx_rdesc_put(w, &rd);
     }
     rollout_windows(d, false); /* read-only to the network until an attempt opens them */
+    trace_setup(d);
     return wb_mpw_finish(w);
+}
+
+/* ---------------------------------------------------------------- traces */
+
+enum { TRACK_VERSION = 0, TRACK_LANDED, TRACK_CHECK, TRACK_WRITER0 = 100 };
+
+static void rtrace_free(struct rtrace *tr)
+{
+    if (!tr)
+        return;
+    free(tr->in_ns);
+    free(tr->chk);
+    free(tr->local_label);
+    free(tr->widx);
+    free(tr->w_chk);
+    free(tr->wn);
+    free(tr);
+}
+
+/* The trace's tracks and a label per local tensor (its name and bytes), once per setup. No
+ * memory for them: no trace, the transfer is unaffected. */
+static void trace_setup(struct data *d)
+{
+    uint32_t nl = d->rx->recv.nlocal, ne = d->rx->recv.nexpect;
+    if (!d->trace)
+        return;
+    struct rtrace *tr = calloc(1, sizeof(*tr));
+    if (!tr || !(tr->in_ns = calloc(ne ? ne : 1, sizeof(uint64_t))) ||
+        !(tr->chk = calloc(ne ? ne : 1, sizeof(*tr->chk))) ||
+        !(tr->local_label = calloc(nl ? nl : 1, sizeof(uint32_t)))) {
+        rtrace_free(tr);
+        return;
+    }
+    ag_trace_track(d->trace, TRACK_VERSION, "version", "version");
+    ag_trace_track(d->trace, TRACK_LANDED, "tensors landed", "landed");
+    if (d->verify)
+        ag_trace_track(d->trace, TRACK_CHECK, "checksums", "check");
+    for (uint32_t k = 0; k < nl; k++) {
+        char args[48];
+        const char *name = d->rx->lname[k];
+        snprintf(args, sizeof(args), "\"bytes\":%" PRIu64, d->rx->locals[k].desc.bytes);
+        tr->local_label[k] = ag_trace_label(
+            d->trace, false,
+            &(struct ag_trace_label_in){.tensors = &name, .n = 1, .total = 1, .args = args});
+    }
+    d->rx->tr = tr;
+}
+
+/* Writers, once PEERS named them: a track each, and where their records are counted. */
+static int trace_writers(struct data *d)
+{
+    struct rtrace *tr = d->rx->tr;
+    if (!tr)
+        return 0;
+    uint32_t nw = d->rx->nwriters, nidx = 0;
+    for (uint32_t i = 0; i < nw; i++)
+        nidx = d->rx->writer_rank[i] >= nidx ? d->rx->writer_rank[i] + 1 : nidx;
+    free(tr->widx);
+    free(tr->w_chk);
+    free(tr->wn);
+    tr->nwidx = 0;
+    tr->widx = malloc((nidx ? nidx : 1) * sizeof(int32_t));
+    tr->w_chk = calloc(nw ? nw : 1, sizeof(uint32_t));
+    tr->wn = calloc(nw ? nw : 1, sizeof(*tr->wn));
+    if (!tr->widx || !tr->w_chk || !tr->wn) {
+        d->rx->tr = NULL;
+        rtrace_free(tr);
+        return 0;
+    }
+    tr->nwidx = nidx;
+    for (uint32_t r = 0; r < nidx; r++)
+        tr->widx[r] = -1;
+    for (uint32_t i = 0; i < nw; i++) {
+        char name[48];
+        tr->widx[d->rx->writer_rank[i]] = (int32_t)i;
+        snprintf(name, sizeof(name), "trainer %u writes", d->rx->writer_rank[i]);
+        ag_trace_track(d->trace, TRACK_WRITER0 + d->rx->writer_rank[i], name, "writes");
+    }
+    return 0;
+}
+
+void ag_rollout_trace_snap(struct data *d)
+{
+    struct rtrace *tr = d->rx ? d->rx->tr : NULL;
+    if (!tr || !tr->wn)
+        return;
+    tr->have_wn = true;
+    for (uint32_t i = 0; i < d->rx->nwriters && tr->have_wn; i++)
+        tr->have_wn = wb_tx_peer_notes(d->tx, d->rx->writers[i], &tr->wn[i]) == 0;
+}
+
+/* The attempt that finished here, as events: the version (its start to the last tensor in and
+ * checked, the hook after it), each tensor as it landed, each checksum batch, and per writer
+ * its notes' first and last arrival and when the last of its writes was checked. */
+void ag_rollout_trace(struct data *d)
+{
+    struct rtrace *tr = d->rx ? d->rx->tr : NULL;
+    struct ag_trace *t = d->trace;
+    if (!tr)
+        return;
+    char name[64], args[256];
+    ag_trace_begin(t, d->version, d->epoch);
+    snprintf(name, sizeof(name), "version %" PRIu64, d->version);
+    snprintf(args, sizeof(args),
+             "\"bytes\":%" PRIu64 ",\"tensors_landed\":%u,\"tensors_wanted\":%u,"
+             "\"verify\":%s,\"outcome\":\"%s\"",
+             d->rx->recv.recv_bytes, d->rx->nlanded, d->rx->nwant, d->verify ? "true" : "false",
+             d->last_ok ? "complete" : "failed");
+    struct ag_tev e = {.tid = TRACK_VERSION, .task = -1};
+    e.label = ag_trace_label(t, true, &(struct ag_trace_label_in){.name = name, .args = args});
+    e.t0 = d->start_ns;
+    e.t1 = d->hook_t1 ? d->hook_t1 : d->end_ns;
+    ag_trace_add(t, &e);
+    if (tr->open_ns) {
+        e.label = ag_trace_label(t, true,
+                                 &(struct ag_trace_label_in){.name = "windows open, writers told"});
+        e.t1 = tr->open_ns;
+        ag_trace_add(t, &e);
+    }
+    if (d->hook_t1) {
+        e.label = ag_trace_label(t, true, &(struct ag_trace_label_in){.name = "post-update hook"});
+        e.t0 = d->hook_t0;
+        e.t1 = d->hook_t1;
+        ag_trace_add(t, &e);
+    }
+    for (uint32_t i = 0; i < d->rx->recv.nexpect; i++) {
+        uint32_t k = d->rx->expect_local[i];
+        if (!tr->in_ns[i] || k == UINT32_MAX)
+            continue;
+        ag_trace_add(t, &(struct ag_tev){.t0 = tr->in_ns[i],
+                                         .t1 = tr->in_ns[i],
+                                         .tid = TRACK_LANDED,
+                                         .label = tr->local_label[k],
+                                         .task = -1,
+                                         .instant = true});
+    }
+    for (uint32_t b = 0; b < tr->nchk; b++) {
+        const struct rcheck *c = &tr->chk[b];
+        const char *names[AG_TRACE_NAMES];
+        uint32_t n = c->n < AG_TRACE_NAMES ? c->n : AG_TRACE_NAMES;
+        for (uint32_t j = 0; j < n; j++)
+            names[j] = d->rx->lname[d->rx->expect_local[c->ent[j]]];
+        snprintf(args, sizeof(args), "\"bytes\":%" PRIu64, c->bytes);
+        e = (struct ag_tev){.t0 = c->t0, .t1 = c->t1, .tid = TRACK_CHECK, .task = -1};
+        e.label = ag_trace_label(
+            t, true,
+            &(struct ag_trace_label_in){.tensors = names, .n = n, .total = c->n, .args = args});
+        ag_trace_add(t, &e);
+    }
+    for (uint32_t i = 0; tr->have_wn && i < d->rx->nwriters; i++) {
+        const struct wb_tx_peer_notes *w = &tr->wn[i];
+        uint32_t rank = d->rx->writer_rank[i];
+        e = (struct ag_tev){.tid = TRACK_WRITER0 + rank, .task = -1};
+        if (w->imms) {
+            snprintf(name, sizeof(name), "trainer %u", rank);
+            snprintf(args, sizeof(args), "\"trainer\":%u,\"notes\":%" PRIu64, rank, w->imms);
+            e.label =
+                ag_trace_label(t, true, &(struct ag_trace_label_in){.name = name, .args = args});
+            e.t0 = w->first_ns;
+            e.t1 = w->last_ns;
+            ag_trace_add(t, &e);
+        }
+        if (tr->w_chk[i] && tr->w_chk[i] <= tr->nchk) {
+            snprintf(name, sizeof(name), "trainer %u checked", rank);
+            snprintf(args, sizeof(args), "\"trainer\":%u", rank);
+            e.label =
+                ag_trace_label(t, true, &(struct ag_trace_label_in){.name = name, .args = args});
+            e.t0 = e.t1 = tr->chk[tr->w_chk[i] - 1].t1;
+            e.instant = true;
+            ag_trace_add(t, &e);
+            e.instant = false;
+        }
+    }
+    ag_trace_end(t, d->last_ok, d->fail);
 }
 
 /* A rollout's PEERS: the trainers that write to it — the only senders whose notes it counts,
@@ -350,7 +555,7 @@ int ag_rollout_peers(struct data *d, struct wb_mpr *r, uint32_t n, char *err, si
             wb_log(WB_LOG_DEBUG, M, "rollout rank %u: warm-up to trainer rank %" PRIu64 ": %s",
                    d->rank, rank, wb_tx_errmsg(d->tx));
     }
-    return 0;
+    return trace_writers(d);
 }
 
 static int rollout_arm(struct data *d, uint64_t version, const uint64_t *skip, uint32_t nskip,
@@ -365,6 +570,15 @@ static int rollout_arm(struct data *d, uint64_t version, const uint64_t *skip, u
     memset(d->rx->reached, 0, ne ? ne : 1);
     memset(d->rx->sum_reached, 0, ne ? ne : 1);
     d->rx->nready = d->rx->nlanded = d->rx->nwant = 0;
+    if (d->rx->tr) { /* the trace holds this attempt only */
+        struct rtrace *tr = d->rx->tr;
+        memset(tr->in_ns, 0, (ne ? ne : 1) * sizeof(uint64_t));
+        if (tr->w_chk)
+            memset(tr->w_chk, 0, (d->rx->nwriters ? d->rx->nwriters : 1) * sizeof(uint32_t));
+        tr->nchk = 0;
+        tr->open_ns = 0;
+        tr->have_wn = false;
+    }
     for (uint32_t i = 0; i < ne; i++) {
         const struct wb_rt_expect *e = &d->rx->recv.expect[i];
         if (!e->writes) {
@@ -417,6 +631,8 @@ static int rollout_open(struct data *d, char *err, size_t errcap)
             return rc;
         }
     }
+    if (d->rx->tr)
+        d->rx->tr->open_ns = wb_now_ns();
     return 0;
 }
 
@@ -529,6 +745,8 @@ static int check_landed(struct data *d, const uint32_t *ent, uint32_t ne)
         for (uint64_t k = 0; k < d->rx->recv.expect[i].writes; k++, at++) {
             const struct wb_sum_record *x = &rec[k];
             uint64_t h = d->gpu ? d->rx->rhash[at] : wb_sum64(d->rx->rpiece[at].p, x->len);
+            if (d->rx->tr && x->trainer < d->rx->tr->nwidx && d->rx->tr->widx[x->trainer] >= 0)
+                d->rx->tr->w_chk[d->rx->tr->widx[x->trainer]] = d->rx->tr->nchk + 1;
             if (h != x->sum) {
                 snprintf(
                     d->fail, sizeof(d->fail),
@@ -577,11 +795,18 @@ void ag_rollout_step(struct data *d)
     const uint32_t *ent = &d->rx->ready[d->rx->nready];
     for (uint32_t j = 0; j < n; j++)
         corrupt(d, ent[j]);
+    uint64_t t0 = d->verify && d->rx->tr ? wb_now_ns() : 0;
     if (d->verify && check_landed(d, ent, n)) {
         if (!d->fail[0])
             snprintf(d->fail, sizeof(d->fail), "%s: cannot check it",
                      d->rx->lname[d->rx->expect_local[ent[0]]]);
         return;
+    }
+    if (t0 && d->rx->tr->nchk < d->rx->recv.nexpect) {
+        struct rcheck *c = &d->rx->tr->chk[d->rx->tr->nchk++];
+        *c = (struct rcheck){.t0 = t0, .t1 = wb_now_ns(), .bytes = bytes, .n = n};
+        for (uint32_t j = 0; j < n && j < AG_TRACE_NAMES; j++)
+            c->ent[j] = ent[j];
     }
     for (uint32_t j = 0; j < n; j++) {
         d->rx->landed[ent[j]] = 1;
@@ -780,6 +1005,7 @@ void ag_rollout_free(struct data *d)
     if (!r)
         return;
     enum wb_tx_mem k = ag_mem_kind(d);
+    rtrace_free(r->tr);
     wb_sum_gpu_free(r->rsum);
     ag_host_free(r->sum_in_host);
     free(r->rpiece);

@@ -303,6 +303,11 @@ struct data {
     struct wb_xfer_stats stats;
     struct span *spans;
     uint32_t nspans;
+    /* traces (trace.c; NULL: off): the trace, and each task's label */
+    struct ag_trace *trace;
+    uint32_t *task_label; /* [table.ntasks] */
+    uint32_t label_barrier, label_direct;
+    uint64_t hook_t0, hook_t1; /* rollouts: the engine's post-update hook ran (0: it did not) */
     /* a sourced trainer (wb_endpoint_set_source): its reads, and for a GPU endpoint the pinned
      * host mirror of TMP they land in before the copy to the GPU (also where written bytes are
      * copied back to be hashed) */
@@ -371,6 +376,11 @@ uint64_t ag_rollout_rx_bytes(const struct data *d);
 void ag_rollout_size(const struct data *d, uint32_t *nlocal, uint64_t *bytes);
 /* Adds what the attempt may count (its counters, their notes) to *tags and *notes. */
 void ag_rollout_bounds(const struct data *d, uint64_t *tags, uint64_t *notes);
+/* Traces (d->trace set): the attempt just finished here, what each writer's notes brought is
+ * taken from the transport before it ends; then, once the report left, its events go to the
+ * trace. */
+void ag_rollout_trace_snap(struct data *d);
+void ag_rollout_trace(struct data *d);
 
 /* fill.c: the synthetic source's values in a synthetic trainer's shards, one fill at a time. */
 struct ag_fill;
@@ -407,7 +417,52 @@ void ag_exec_imm(struct data *d, uint32_t imm);
  * what the last one counted. 0 or negative (d->fail says). */
 int ag_exec_arm(struct data *d);
 void ag_exec_abort(struct data *d);
-void ag_exec_trace_write(struct data *d);
+
+/* trace.c: the agent's Chrome traces, a file per version (<role><rank>.v<version>.json) in its
+ * trace directory, the newest `keep` kept; formatted and written by a thread of their own. */
+enum {
+    AG_TRACE_NAMES = 4,            /* tensor names one event lists at most */
+    AG_TRACE_KEEP_DEFAULT = 8,     /* versions kept when the job does not say */
+    AG_TRACE_ROLLOUT_PID = 100000, /* a rollout's trace process id: this + rank (trainers: rank) */
+};
+static const uint32_t AG_TRACE_NONE = UINT32_MAX; /* no label (out of memory) */
+struct ag_trace;
+/* What an event says besides its time: the name on the slice (NULL: the first tensor's name,
+ * with " +N" for the N more it moves), the tensors it moves (n <= AG_TRACE_NAMES names given,
+ * total in all) and more JSON members for its args ("\"bytes\":4096"), or NULL. */
+struct ag_trace_label_in {
+    const char *name;
+    const char *const *tensors;
+    uint32_t n, total;
+    const char *args;
+};
+struct ag_tev {
+    uint64_t t0, t1; /* wb_now_ns(); an instant's t1 is unused */
+    uint32_t tid;    /* its track (ag_trace_track) */
+    uint32_t label;
+    int32_t task; /* the routing table's task, -1: none */
+    bool instant;
+};
+/* *out NULL (traces off, nothing to free) when dir is NULL or empty, or — said in a warning
+ * naming it — not a directory this process can write into. keep: versions kept (0: the
+ * default). -ENOMEM. */
+int ag_trace_new(const char *dir, uint32_t keep, const char *job, enum wb_role role, uint32_t rank,
+                 struct ag_trace **out);
+/* Waits for a file being written, frees. NULL is a no-op. */
+void ag_trace_free(struct ag_trace *t);
+/* The setup's tracks and labels (each call waits for a file being written; NULL t: nothing). */
+void ag_trace_track(struct ag_trace *t, uint32_t tid, const char *name, const char *cat);
+/* A label of the setup, or (per_version) of the version begun; AG_TRACE_NONE without memory. */
+uint32_t ag_trace_label(struct ag_trace *t, bool per_version, const struct ag_trace_label_in *in);
+/* A version's events, once it ended here: begin, labels and events, end (the file is written
+ * and the directory pruned on the writer thread). NULL t: nothing. */
+void ag_trace_begin(struct ag_trace *t, uint64_t version, uint64_t epoch);
+void ag_trace_add(struct ag_trace *t, const struct ag_tev *e);
+void ag_trace_end(struct ag_trace *t, bool ok, const char *why);
+/* A trainer's tracks and task labels (once per setup, d->trace set), and its attempt that
+ * finished, from the executor's spans. */
+void ag_trace_trainer_setup(struct data *d);
+void ag_trace_trainer(struct data *d);
 
 /* direct.c */
 /* Lowers every task that qualifies (direct.c says which) into quantization tiles and copies.

@@ -394,6 +394,67 @@ static void summary(struct coord *c, const struct wb_bcast_result *res)
                "checksum matched at its rollout");
 }
 
+/* What each reader's share holds piece by piece, for the controller (wb_source_parts): the
+ * pieces' digests (filled by the share's content hash) and how a refusal names each — the
+ * tensor, and its rows when the piece holds part of it. */
+struct share_parts {
+    uint32_t n;
+    struct wb_source_parts *parts; /* [n] */
+    struct wb_hash128 **hash;      /* [n][pieces] */
+    char ***what;                  /* [n][pieces] */
+};
+
+_Static_assert(sizeof(struct wb_hash128) == 16, "a digest is 16 bytes, packed");
+
+static void parts_free(struct share_parts *sp)
+{
+    for (uint32_t k = 0; k < sp->n; k++) {
+        for (uint32_t i = 0; sp->what[k] && i < sp->parts[k].n; i++)
+            free(sp->what[k][i]);
+        free(sp->what[k]);
+        free(sp->hash[k]);
+    }
+    free(sp->parts);
+    free(sp->hash);
+    free(sp->what);
+    memset(sp, 0, sizeof(*sp));
+}
+
+static int parts_new(const struct wb_ckpt *ck, const struct wb_ckpt_shares *sh,
+                     struct share_parts *sp)
+{
+    sp->parts = calloc(sh->n ? sh->n : 1, sizeof(*sp->parts));
+    sp->hash = calloc(sh->n ? sh->n : 1, sizeof(*sp->hash));
+    sp->what = calloc(sh->n ? sh->n : 1, sizeof(*sp->what));
+    if (!sp->parts || !sp->hash || !sp->what)
+        return -ENOMEM;
+    sp->n = sh->n;
+    for (uint32_t k = 0; k < sh->n; k++) {
+        const struct wb_ckpt_share *s = &sh->share[k];
+        sp->hash[k] = calloc(s->n ? s->n : 1, sizeof(struct wb_hash128));
+        sp->what[k] = calloc(s->n ? s->n : 1, sizeof(char *));
+        if (!sp->hash[k] || !sp->what[k])
+            return -ENOMEM;
+        sp->parts[k] = (struct wb_source_parts){.n = (uint32_t)s->n,
+                                                .digests = sp->hash[k]->b,
+                                                .what = (const char *const *)sp->what[k]};
+        for (size_t i = 0; i < s->n; i++) {
+            const struct wb_ckpt_piece *p = &s->piece[i];
+            const struct wb_param *t = &ck->inv.p[p->tensor];
+            bool whole = t->shape.ndim == 0 || p->rows == t->shape.dim[0];
+            char w[WB_ESC_MAX + 64];
+            if (whole)
+                snprintf(w, sizeof(w), "%s", wb_esc(t->name).s);
+            else
+                snprintf(w, sizeof(w), "%s (rows %" PRIu64 "-%" PRIu64 ")", wb_esc(t->name).s,
+                         p->row0, p->row0 + p->rows - 1);
+            if (!(sp->what[k][i] = strdup(w)))
+                return -ENOMEM;
+        }
+    }
+    return 0;
+}
+
 int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, struct wb_errlist *el)
 {
     struct coord c = {.o = o, .out = o->out ? o->out : stdout, .token = o->job->token};
@@ -404,6 +465,7 @@ int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, str
     char id[WB_SOURCE_MAX], a[32], why[WB_ERRMSG_MAX] = "";
     char(*ids)[WB_SOURCE_MAX] = NULL;
     const char **idp = NULL;
+    struct share_parts sp = {0};
     memset(res, 0, sizeof(*res));
     memset(&tl, 0, sizeof(tl));
     c.mode = o->progress;
@@ -427,8 +489,9 @@ int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, str
     /* Ground truth: the coordinator hashes every share of the checkpoint it was pointed at;
      * reader k must register the same fingerprint and the same content hash of share k. */
     if (!(ids = calloc(o->readers ? o->readers : 1, sizeof(*ids))) ||
-        !(idp = calloc(o->readers ? o->readers : 1, sizeof(*idp)))) {
-        err = -ENOMEM;
+        !(idp = calloc(o->readers ? o->readers : 1, sizeof(*idp))) ||
+        (err = parts_new(ck, &sh, &sp)) != 0) {
+        err = err ? err : -ENOMEM;
         goto out;
     }
     {
@@ -439,7 +502,7 @@ int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, str
         for (uint32_t k = 0; !err && k < sh.n; k++) {
             struct wb_hash128 h;
             char hex[33];
-            if ((err = wb_ckpt_share_hash(ck, &sh.share[k], rd, &h, NULL)) != 0)
+            if ((err = wb_ckpt_share_hash(ck, &sh.share[k], rd, &h, sp.hash[k])) != 0)
                 break;
             /* what the reader registers (reader.c): well under WB_SOURCE_MAX */
             char t[2 * WB_SOURCE_MAX];
@@ -470,6 +533,7 @@ int wb_bcast_run(const struct wb_bcast_opts *o, struct wb_bcast_result *res, str
                                     .trainer_inv = &ck->inv,
                                     .sources = (const char *const *)idp,
                                     .nsources = sh.n,
+                                    .parts = sp.parts,
                                     .fit_largest_task = true};
     if ((err = wb_controller_create_opts(o->job, &co, &c.ctl, el)) != 0)
         goto out;
@@ -587,5 +651,6 @@ out:
     free(c.av);
     free(ids);
     free(idp);
+    parts_free(&sp);
     return err;
 }

@@ -8,11 +8,12 @@
  * one wb_ckpt_reader per I/O thread (a reader context is one thread's).
  *
  * Before registering, a reader hashes its whole share (XXH3-128 per piece, then over the
- * pieces: wb_ckpt_share_hash) and registers the hash with the fingerprint; the coordinator
- * hashed the same share of its own checkpoint, so a reader whose bytes differ is refused
- * before anything is sent. The transfer reads the files again (tasks read pieces in the
- * planner's order, not the hash's), so each read also checks that its file was not written to
- * since the hash (ctime and size): a changed file fails the transfer naming it. */
+ * pieces: wb_ckpt_share_hash) and registers the hash with the fingerprint, and each piece's
+ * hash with the piece; the coordinator hashed the same share of its own checkpoint, so a
+ * reader whose bytes differ is refused before anything is sent, told which pieces differ. The
+ * transfer reads the files again (tasks read pieces in the planner's order, not the hash's), so
+ * each read also checks that its file was not written to since the hash (ctime and size): a changed
+ * file fails the transfer naming it. */
 #include "bcast/bcast.h"
 
 #include "agent/agent.h"
@@ -102,6 +103,7 @@ int wb_bcast_reader_run(const struct wb_bcast_reader_opts *o, struct wb_errlist 
     struct wb_endpoint *ep = NULL;
     struct source src = {0};
     char id[WB_SOURCE_MAX];
+    struct wb_hash128 *digests = NULL; /* each piece's, registered with it */
     int rc = wb_ckpt_open(o->checkpoint, &ck, el);
     if (rc)
         return rc;
@@ -141,7 +143,11 @@ int wb_bcast_reader_run(const struct wb_bcast_reader_opts *o, struct wb_errlist 
             wb_errlist_add(el, "%s: %s", wb_esc(o->checkpoint).s, wb_strerror(rc));
             goto out;
         }
-        if ((rc = wb_ckpt_share_hash(ck, src.share, src.rd[0], &h, NULL)) != 0) {
+        if (!(digests = calloc(src.share->n ? src.share->n : 1, sizeof(*digests)))) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        if ((rc = wb_ckpt_share_hash(ck, src.share, src.rd[0], &h, digests)) != 0) {
             wb_errlist_add(el, "%s: hashing its share: %s", wb_esc(o->checkpoint).s,
                            rc == -EIO ? "a file is shorter than when it was opened"
                                       : wb_strerror(rc));
@@ -175,8 +181,12 @@ int wb_bcast_reader_run(const struct wb_bcast_reader_opts *o, struct wb_errlist 
                        rc == -EINVAL ? "not a usable nng URL" : wb_strerror(rc));
         goto out;
     }
-    struct wb_endpoint_source es = {
-        .read = read_piece, .arg = &src, .threads = src.nthreads, .id = id};
+    struct wb_endpoint_source es = {.read = read_piece,
+                                    .arg = &src,
+                                    .threads = src.nthreads,
+                                    .id = id,
+                                    .digests = digests->b,
+                                    .ndigests = (uint32_t)src.share->n};
     if ((rc = wb_endpoint_set_source(ep, &es)) != 0) {
         endpoint_problems(ep, el);
         goto out;
@@ -202,6 +212,7 @@ out:
         wb_ckpt_reader_close(src.rd[i]);
     free(src.rd);
     free(src.st);
+    free(digests);
     wb_ckpt_shares_free(&sh);
     wb_ckpt_close(ck);
     return rc;

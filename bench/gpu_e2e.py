@@ -308,11 +308,13 @@ class Job:
             f = open(os.path.join(self.dir, log_name), "w")
             self.procs.append(subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=self.env))
         dom = ["--tx-domain", "lo"] if self.provider == "tcp" else []
+        traces = os.path.join(self.dir, "traces")  # trainer<rank>.v<version>.json
+        os.makedirs(traces, exist_ok=True)
         spawn([os.path.join(BIN, "wb-controller"), "--config", self.job, "--listen", self.url], "controller.log")
         for r, dev in enumerate(self.trainers):  # trainer 0 logs to trainer.log
             sfx = "" if r == 0 else str(r)
             spawn([os.path.join(BIN, "wb-agent"), "--role", "trainer", "--rank", str(r), "--device", str(dev),
-                   "--controller", self.url, "--trace", os.path.join(self.dir, f"trainer{sfx}.trace.json")] + dom,
+                   "--controller", self.url, "--trace", traces] + dom,
                   f"trainer{sfx}.log")
         for r, dev in enumerate(self.rollouts):
             sfx = "" if r == 0 else str(r)

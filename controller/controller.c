@@ -130,8 +130,7 @@ struct wb_controller {
     uint64_t failed_version;   /* the version whose last attempt failed (0: none) */
     uint64_t attempted;        /* the highest version this process started an attempt of */
     uint64_t epochs;           /* the epoch of the last transfer attempt started */
-    char **sources;            /* the source each trainer rank must read (NULL: any) */
-    uint32_t nsources;         /* 1: one for every rank; else one per trainer rank */
+    struct ctl_sources src;    /* the source each trainer rank must read (register.c) */
     uint64_t refuse_t0;        /* refusals logged in the second from refuse_t0 ... */
     uint32_t refuse_logged;
     uint64_t refuse_quiet; /* ... and not logged */
@@ -354,6 +353,7 @@ static void send_setup(struct wb_controller *c, struct agent *a)
         b.sums = (struct wb_bytes){c->plan.sums[a->rank].buf, c->plan.sums[a->rank].len};
     snprintf(b.provider, sizeof(b.provider), "%s", j->provider);
     snprintf(b.trace, sizeof(b.trace), "%s", j->trace);
+    b.trace_keep = j->trace_keep;
     snprintf(b.job, sizeof(b.job), "%s", j->name);
     if (cmd_queue(c, a, WB_CMD_SETUP, &b)) /* the job waits for it: the status says why */
         snprintf(a->setup_err, sizeof(a->setup_err), "its setup could not be sent: %s",
@@ -1233,7 +1233,7 @@ static void note_pipe(struct wb_controller *c, struct agent *a, nng_msg *req)
 
 static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_body_register *b)
 {
-    char msg[256];
+    char msg[WB_ERRMSG_MAX];
     enum wb_role role;
     if (c->shutting_down) {
         reply_error(c, req, -WB_E_ENDED, "register: the job is shutting down");
@@ -1273,13 +1273,8 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
         reply_error(c, req, -EADDRINUSE, msg);
         return;
     }
-    const char *want = role != WB_ROLE_TRAINER || !c->nsources ? NULL
-                       : c->nsources == 1                      ? c->sources[0]
-                       : a->rank < c->nsources                 ? c->sources[a->rank]
-                                                               : NULL;
-    if (want && strcmp(b->source, want) != 0) {
-        snprintf(msg, sizeof(msg), "register: trainer rank %u reads %s, the job moves %s", a->rank,
-                 *b->source ? b->source : "its own memory", want);
+    if (role == WB_ROLE_TRAINER &&
+        ctl_sources_check(&c->src, a->rank, b->source, &b->digests, msg, sizeof(msg))) {
         /* kept for status until it registers again: a coordinator waiting for it learns at
          * once that this process will not do, instead of waiting for it in vain */
         snprintf(a->refused, sizeof(a->refused), "%s", msg);
@@ -2043,15 +2038,7 @@ int wb_controller_create_opts(const struct wb_job *job, const struct wb_controll
         return -ENOMEM;
     }
     c->job = job;
-    int err = 0;
-    if (o && (o->source || o->sources)) {
-        c->nsources = o->sources ? o->nsources : 1;
-        if (!(c->sources = calloc(c->nsources ? c->nsources : 1, sizeof(char *))))
-            err = -ENOMEM;
-        for (uint32_t i = 0; !err && i < c->nsources; i++)
-            if (!(c->sources[i] = strdup(o->sources ? o->sources[i] : o->source)))
-                err = -ENOMEM;
-    }
+    int err = ctl_sources_init(&c->src, o);
     err = err ? err : ctl_plan_build(job, o, &c->plan, el);
     if (err)
         goto err_free;
@@ -2103,9 +2090,7 @@ err_plan:
 err_free:
     if (o && o->trainer_layout) /* zeroed when the plan took it over */
         wb_trainer_layout_free(o->trainer_layout);
-    for (uint32_t i = 0; c->sources && i < c->nsources; i++)
-        free(c->sources[i]);
-    free(c->sources);
+    ctl_sources_free(&c->src);
     free(c);
     return err;
 }
@@ -2124,8 +2109,6 @@ void wb_controller_destroy(struct wb_controller *c)
     ctl_serve_close(c->srv); /* no callback of nng's runs after it */
     free(c->agents);
     ctl_plan_free(&c->plan);
-    for (uint32_t i = 0; c->sources && i < c->nsources; i++)
-        free(c->sources[i]);
-    free(c->sources);
+    ctl_sources_free(&c->src);
     free(c);
 }

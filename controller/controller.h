@@ -46,7 +46,8 @@ struct wb_job {
      * (shown, waited for); for dead_ns, dead. A closed connection is a death at once. */
     uint64_t heartbeat_ns, suspect_ns, dead_ns, transfer_ns, poll_hold_ns;
     uint64_t trainers, rollouts; /* expected agents; 0 = from the layouts */
-    char *trace;                 /* "" or a directory: agents write <dir>/<role><rank>.json */
+    char *trace;                 /* "" or a directory: agents write <role><rank>.v<N>.json */
+    uint64_t trace_keep;         /* versions of traces each agent keeps there (1 .. 1000000) */
     bool verify; /* rollouts check every write against its checksum computed at the writer */
     uint64_t max_connections; /* introduced connections held at once (0: 4 per agent + 64) */
     uint64_t version_step;    /* a version may be at most this far past the last complete one */
@@ -87,6 +88,13 @@ int wb_controller_create(const struct wb_job *job, struct wb_controller **out,
  * (ckpt/bin/wb-broadcast) plans for readers it laid out itself. */
 struct wb_trainer_layout;
 struct wb_inventory;
+/* What one trainer rank's source holds, part by part in its registration order (a broadcast
+ * reader's share pieces): the digest of each part's bytes, and how a refusal names it. */
+struct wb_source_parts {
+    uint32_t n;
+    const uint8_t *digests;  /* 16 bytes each (XXH3-128) */
+    const char *const *what; /* "model.norm.weight", "lm_head.weight (rows 0-511)" */
+};
 struct wb_controller_opts {
     /* The trainer layout (taken over: *trainer_layout is left zeroed, also on failure) and the
      * trainer inventory (copied) instead of the job's; the job then names no trainer layout. */
@@ -99,6 +107,11 @@ struct wb_controller_opts {
      * fingerprint and the content hash of that reader's share); overrides source. */
     const char *const *sources;
     uint32_t nsources;
+    /* With sources: what each of those ranks' source holds (nsources of them, or NULL). A
+     * trainer refused for another source whose fingerprint is the job's (the same files, the
+     * same share) and that registered its own digests (wb_endpoint_source.digests) is told
+     * which of its tensors differ, the first by name. Copied. */
+    const struct wb_source_parts *parts;
     /* Raise the executors' memory cap to the largest task where that is over the job's cap
      * (a checkpoint's tensors are the size they are) instead of failing at setup. */
     bool fit_largest_task;

@@ -76,6 +76,26 @@ int ctl_plan_derive(const struct wb_job *job, struct ctl_plan *p, const struct w
 int ctl_check_registration(const struct ctl_plan *p, enum wb_role role, uint32_t rank,
                            const struct wb_bytes *inv, char **detail, uint32_t *nproblems);
 
+/* register.c: the sources the trainers must read (wb_controller_opts.source, sources, parts),
+ * copied. */
+struct ctl_parts {
+    uint32_t n;
+    uint8_t *digests; /* 16 bytes each */
+    char **what;
+};
+struct ctl_sources {
+    char **id;               /* [n]: the source each trainer rank must read (n 0: any) */
+    uint32_t n;              /* 1: one for every rank; else one per trainer rank */
+    struct ctl_parts *parts; /* [n] or NULL */
+};
+int ctl_sources_init(struct ctl_sources *s, const struct wb_controller_opts *o);
+/* 0 when trainer `rank` may register as reading source `have` (REGISTER.source, and its
+ * REGISTER.digests); else -WB_E_CONFIG with the reason in msg: both sources and, where only
+ * the content differs and the digests tell, how many parts differ and which comes first. */
+int ctl_sources_check(const struct ctl_sources *s, uint32_t rank, const char *have,
+                      const struct wb_bytes *digests, char *msg, size_t cap);
+void ctl_sources_free(struct ctl_sources *s);
+
 /* ---------------------------------------------------------------- serve.c */
 
 /* The control connections (serve.c says why the controller speaks nng's REQ/REP wire protocol

@@ -5,6 +5,7 @@
 #include "route/route.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,8 +78,14 @@ const struct wb_cfg_field wb_job_fields[] = {
      offsetof(struct wb_job, trainers)},
     {"rollouts", WB_CFG_U64, "0", "rollout agents expected (0: from rollout_layout)",
      offsetof(struct wb_job, rollouts)},
-    {"trace", WB_CFG_STR, "", "directory for Chrome trace JSON per agent (empty: none)",
+    {"trace", WB_CFG_STR, "",
+     "directory where every agent writes a Chrome trace (Perfetto) of each version it took "
+     "part in, <role><rank>.v<version>.json, named by tensor (empty: none; an agent that "
+     "cannot write there says so and goes on without)",
      offsetof(struct wb_job, trace)},
+    {"trace_keep", WB_CFG_U64, "8",
+     "versions of traces each agent keeps in the trace directory; older ones are removed",
+     offsetof(struct wb_job, trace_keep)},
     {"verify", WB_CFG_BOOL, "false",
      "rollouts check every write against its checksum computed at the writer (costs a hash of "
      "every byte on both sides; on the GPU for GPU memory)",
@@ -252,6 +259,12 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
     }
     if (j.handshake_ns == 0) {
         wb_errlist_add(el, "%s: handshake: must be longer than 0", path);
+        err = -WB_E_CONFIG;
+    }
+    if (j.trace_keep == 0 || j.trace_keep > 1000000) {
+        char mat[1200];
+        wb_errlist_add(el, "%s: trace_keep: %" PRIu64 " versions (1 to 1000000)",
+                       key_at(y, "trace_keep", mat, sizeof(mat)), j.trace_keep);
         err = -WB_E_CONFIG;
     }
     if (j.version_step == 0) {

@@ -250,3 +250,93 @@ int ctl_check_registration(const struct ctl_plan *p, enum wb_role role, uint32_t
     *detail = text;
     return 0;
 }
+
+/* ---------------------------------------------------------------- sources */
+
+int ctl_sources_init(struct ctl_sources *s, const struct wb_controller_opts *o)
+{
+    memset(s, 0, sizeof(*s));
+    if (!o || !(o->source || o->sources))
+        return 0;
+    uint32_t n = o->sources ? o->nsources : 1;
+    if (!(s->id = calloc(n ? n : 1, sizeof(char *))))
+        return -ENOMEM;
+    s->n = n;
+    for (uint32_t i = 0; i < n; i++)
+        if (!(s->id[i] = strdup(o->sources ? o->sources[i] : o->source)))
+            return -ENOMEM;
+    if (!o->sources || !o->parts)
+        return 0;
+    if (!(s->parts = calloc(n ? n : 1, sizeof(*s->parts))))
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct wb_source_parts *from = &o->parts[i];
+        struct ctl_parts *to = &s->parts[i];
+        if (!from->n)
+            continue;
+        to->digests = malloc((size_t)from->n * 16);
+        to->what = calloc(from->n, sizeof(char *));
+        if (!to->digests || !to->what)
+            return -ENOMEM;
+        to->n = from->n;
+        memcpy(to->digests, from->digests, (size_t)from->n * 16);
+        for (uint32_t k = 0; k < from->n; k++)
+            if (!(to->what[k] = strdup(from->what[k])))
+                return -ENOMEM;
+    }
+    return 0;
+}
+
+void ctl_sources_free(struct ctl_sources *s)
+{
+    for (uint32_t i = 0; s->id && i < s->n; i++)
+        free(s->id[i]);
+    for (uint32_t i = 0; s->parts && i < s->n; i++) {
+        for (uint32_t k = 0; s->parts[i].what && k < s->parts[i].n; k++)
+            free(s->parts[i].what[k]);
+        free(s->parts[i].what);
+        free(s->parts[i].digests);
+    }
+    free(s->id);
+    free(s->parts);
+    memset(s, 0, sizeof(*s));
+}
+
+/* The length of a source's identity before its content hash (" content " and what follows):
+ * two sources alike up to there read the same files, headers and share. */
+static size_t before_content(const char *id)
+{
+    const char *c = strstr(id, " content ");
+    return c ? (size_t)(c - id) : strlen(id);
+}
+
+int ctl_sources_check(const struct ctl_sources *s, uint32_t rank, const char *have,
+                      const struct wb_bytes *digests, char *msg, size_t cap)
+{
+    if (!s->n || (s->n > 1 && rank >= s->n))
+        return 0;
+    uint32_t k = s->n == 1 ? 0 : rank;
+    const char *want = s->id[k];
+    if (!strcmp(have, want))
+        return 0;
+    int len = snprintf(msg, cap, "register: trainer rank %u reads %s, the job moves %s", rank,
+                       *have ? have : "its own memory", want);
+    /* Only the content differs: the parts are the same pieces of the same tensors on both
+     * sides, so their digests say which hold other bytes. */
+    const struct ctl_parts *p = s->parts ? &s->parts[k] : NULL;
+    size_t pre = before_content(want);
+    if (!p || !p->n || digests->n != (size_t)p->n * 16 || pre != before_content(have) ||
+        strncmp(have, want, pre) || len < 0 || (size_t)len >= cap)
+        return -WB_E_CONFIG;
+    const uint8_t *d = digests->p;
+    uint32_t first = UINT32_MAX, ndiff = 0;
+    for (uint32_t i = 0; i < p->n; i++)
+        if (memcmp(d + (size_t)i * 16, p->digests + (size_t)i * 16, 16)) {
+            first = ndiff++ ? first : i;
+        }
+    if (ndiff)
+        snprintf(msg + len, cap - (size_t)len,
+                 "; %u of the share's %u tensors differ, the first: %s", ndiff, p->n,
+                 p->what[first]);
+    return -WB_E_CONFIG;
+}

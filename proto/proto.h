@@ -164,6 +164,10 @@ struct wb_body_register {
     /* Trainers whose tensors are read from a source (a checkpoint) instead of memory: what
      * the bytes are (the checkpoint's fingerprint), "" otherwise. */
     char source[WB_SOURCE_MAX];
+    /* A sourced trainer's digests of its tensors, 16 bytes each in registration order (a
+     * checkpoint reader's XXH3-128 per piece), or nothing: a refusal of its source names the
+     * first tensor whose digest is not the job's. */
+    struct wb_bytes digests;
     /* The last version this agent knows complete (rollouts: the one they hold; trainers: their
      * last done push): a restarted controller's versions go on from the highest. */
     uint64_t version;
@@ -365,6 +369,7 @@ struct wb_body_setup {
     uint64_t seed;           /* synthetic source seed */
     char provider[64];       /* transport provider (wb_tx_cfg_provider) */
     char trace[WB_PATH_STR]; /* "" or a directory for Chrome traces */
+    uint64_t trace_keep;     /* versions of traces each agent keeps there (0: its default) */
     char job[WB_JOBNAME_MAX];
     struct wb_bytes plan;   /* routing table (trainers) or receive list (rollouts) envelope */
     struct wb_bytes shards; /* trainers: msgpack array of [trainer tensor, wb_tensor_meta] */

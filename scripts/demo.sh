@@ -4,7 +4,8 @@
 # Qwen3-MoE-shaped model on loopback (libfabric tcp provider); the plan, three transfers with
 # per-GPU bytes and per-stage times, every rollout byte checked against the independent
 # reference after each transfer (wb-ctl verify), the rollouts' versions, then a clean shutdown.
-# Chrome traces of the trainers' stages are left in the log directory (open in Perfetto).
+# Chrome traces of every agent's versions (trainers' stages and rollouts' arrivals, named by
+# tensor) are left in the log's traces/ directory (open in Perfetto).
 # Usage: scripts/demo.sh [BUILD_DIR]   (make demo runs it after building)
 set -u
 build=${1:-build}
@@ -14,7 +15,7 @@ port=$((17420 + RANDOM % 2000))
 url=tcp://127.0.0.1:$port
 export WB_TOKEN=${WB_TOKEN:-demo-$RANDOM$RANDOM}
 logs=$(mktemp -d "${TMPDIR:-/tmp}/wb-demo.XXXXXX")
-mkdir -p "$logs/dump"
+mkdir -p "$logs/dump" "$logs/traces"
 pids=()
 
 cleanup() {
@@ -29,12 +30,12 @@ echo "== weightbridge demo: $url, logs in $logs"
 pids+=($!)
 for r in 0 1 2 3; do
     "$bin/wb-agent" --role trainer --rank $r --controller "$url" --tx-domain lo \
-        --trace "$logs/trainer$r.trace.json" >"$logs/trainer$r.log" 2>&1 &
+        --trace "$logs/traces" >"$logs/trainer$r.log" 2>&1 &
     pids+=($!)
 done
 for r in 0 1; do
     "$bin/wb-agent" --role rollout --rank $r --controller "$url" --tx-domain lo \
-        --dump "$logs/dump" >"$logs/rollout$r.log" 2>&1 &
+        --dump "$logs/dump" --trace "$logs/traces" >"$logs/rollout$r.log" 2>&1 &
     pids+=($!)
 done
 
@@ -74,7 +75,7 @@ if [ $rc -eq 0 ]; then
     printf "%-8s %9s %9s %9s %9s %9s %9s %10s %10s\n" version h2d gather fuse quant write \
         barrier total_ms peak_tmp
     printf "%s\n" "${summary[@]}"
-    echo "traces: $logs/trainer*.trace.json (Chrome trace format, open in ui.perfetto.dev)"
+    echo "traces: $logs/traces/{trainer,rollout}<rank>.v<version>.json (Chrome trace format, open in ui.perfetto.dev)"
     echo
 fi
 "$bin/wb-ctl" -c "$url" status

@@ -112,6 +112,9 @@ struct wb_txn_state {
     struct early *early;
     size_t early_head, early_n;
     size_t replay_left; /* entries of the ring still to check against the current attempt */
+    /* per peer, when its counted notes came (wb_tx_attempt.peer_times; NULL: not recorded) */
+    struct wb_tx_peer_notes *pn;
+    uint32_t npn;
     /* refusals, and their log */
     struct wb_tx_note_stats st;
     uint64_t log_t0;
@@ -142,6 +145,7 @@ void txi_notes_fini(struct wb_txn_state *s)
     free(s->seen);
     free(s->seq);
     free(s->early);
+    free(s->pn);
     free(s);
 }
 
@@ -346,6 +350,13 @@ int wb_tx_attempt_begin(struct wb_tx *tx, const struct wb_tx_attempt *a)
     s->max_tags = a->max_tags ? a->max_tags : DEFAULT_MAX_TAGS;
     s->max_notes = a->max_notes ? a->max_notes : DEFAULT_MAX_NOTES;
     s->replay_left = s->early_n; /* checked against this attempt by the next polls */
+    /* Arrival times per peer, for a side that traces: no memory for them costs the record,
+     * never the attempt. */
+    free(s->pn);
+    s->npn = a->peer_times ? txi_npeers(tx) : 0;
+    s->pn = s->npn ? calloc(s->npn, sizeof(*s->pn)) : NULL;
+    if (!s->pn)
+        s->npn = 0;
     return 0;
 }
 
@@ -611,6 +622,14 @@ int txi_note_accept(struct wb_tx *tx, const void *buf, size_t len, uint32_t src,
             return refuse(tx, &s->st.replayed);
     }
     s->st.accepted++;
+    if ((w.flags & WB_TXN_COUNT) && src < s->npn) {
+        struct wb_tx_peer_notes *p = &s->pn[src];
+        uint64_t now = wb_now_ns();
+        if (!p->imms)
+            p->first_ns = now;
+        p->last_ns = now;
+        p->imms += w.count;
+    }
     *out = (struct wb_txn){.flags = w.flags,
                            .tag = w.tag,
                            .seq = w.seq,
@@ -641,4 +660,15 @@ void txi_note_refuse(struct wb_tx *tx, enum wb_txn_refusal why)
 void wb_tx_note_stats(const struct wb_tx *tx, struct wb_tx_note_stats *out)
 {
     *out = txi_notes((struct wb_tx *)tx)->st;
+}
+
+int wb_tx_peer_notes(const struct wb_tx *tx, uint32_t peer, struct wb_tx_peer_notes *out)
+{
+    const struct wb_txn_state *s = txi_notes((struct wb_tx *)tx);
+    if (!s->pn)
+        return -ENODATA;
+    if (peer >= s->npn)
+        return -EINVAL;
+    *out = s->pn[peer];
+    return 0;
 }

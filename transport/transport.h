@@ -368,6 +368,9 @@ struct wb_tx_attempt {
     uint64_t epoch, version;
     uint8_t key[WB_MAC_KEY_BYTES];
     uint64_t max_tags, max_notes;
+    /* Record, per peer, when its counted notes arrived (wb_tx_peer_notes): a clock read per
+     * accepted note, so only for a side that traces its attempts. */
+    bool peer_times;
 };
 
 /* Begins an attempt: every counter, pending notification and replay entry of the previous one
@@ -382,6 +385,16 @@ void wb_tx_attempt_end(struct wb_tx *tx);
 uint64_t wb_tx_attempt_epoch(const struct wb_tx *tx);
 /* Counters of arrived notes since open. */
 void wb_tx_note_stats(const struct wb_tx *tx, struct wb_tx_note_stats *out);
+
+/* What one peer's counted notes brought in the last attempt begun with peer_times: the
+ * immediates they stood for, and when (wb_now_ns) the first and the last of them was accepted
+ * (0 when none came). Kept after the attempt ends, until the next one begins. */
+struct wb_tx_peer_notes {
+    uint64_t imms, first_ns, last_ns;
+};
+/* 0; -ENODATA when the last attempt begun recorded no times (peer_times off, or no memory for
+ * them: the attempt goes on without), -EINVAL for a peer added after it began. */
+int wb_tx_peer_notes(const struct wb_tx *tx, uint32_t peer, struct wb_tx_peer_notes *out);
 
 /* Arms the counter of `tag` in the current attempt: when n immediates with that tag have
  * arrived in it (counting those that arrived before this call, in any order), the expectation

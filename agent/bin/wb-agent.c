@@ -27,7 +27,9 @@ static void usage(FILE *f)
         "  -d, --device D          GPU index (default: $LOCAL_RANK / $SLURM_LOCALID when\n"
         "                          a GPU exists, else host memory)\n"
         "  -t, --token TOKEN       cluster token (default $WB_TOKEN)\n"
-        "      --trace FILE        write a Chrome trace JSON of every transfer's stages\n"
+        "      --trace DIR         write a Chrome trace (Perfetto) of each version into DIR\n"
+        "                          (<role><rank>.v<N>.json, the job's trace_keep newest kept;\n"
+        "                          instead of the job's trace: directory)\n"
         "      --give-up DURATION  exit when the controller cannot be reached (no connection)\n"
         "                          this long (trainers: 30s; rollouts: never, they keep the\n"
         "                          weights and wait); a slow controller is waited for\n"
@@ -101,9 +103,16 @@ int main(int argc, char **argv)
         case 't':
             o.token = optarg;
             break;
-        case 'T':
+        case 'T': {
+            int e = wb_endpoint_trace_check(optarg);
+            if (e) {
+                fprintf(stderr, "wb-agent: --trace %s: %s (a directory to write traces into)\n",
+                        optarg, wb_strerror(e));
+                return 2;
+            }
             o.trace = optarg;
             break;
+        }
         case 'G':
         case 'P': {
             uint64_t ns;

@@ -65,7 +65,8 @@ static const char usage[] =
     "  --io-threads N     reading threads (default 2)\n"
     "  --tx-domain NAME   transport domain: NIC or interface\n"
     "  --tx-extra YAML    more transport settings (keys: transport/transport.h)\n"
-    "  --trace FILE       a Chrome trace JSON of every attempt's stages\n"
+    "  --trace DIR        a Chrome trace (Perfetto) of the transfer's stages, named by\n"
+    "                     tensor, into DIR/trainer<R>.v<version>.json\n"
     "  --pace DURATION    testing: wait this long before each task starts\n"
     "Every process takes the cluster token from --token, else $WB_TOKEN (the coordinator:\n"
     "--token, else the job's token: key, else $WB_TOKEN; --dry-run needs none).\n"
@@ -283,9 +284,16 @@ static int parse_args(int argc, char **argv, struct args *a)
         case 'X':
             a->tx_extra = optarg;
             break;
-        case 'e':
+        case 'e': {
+            int e = wb_endpoint_trace_check(optarg);
+            if (e) {
+                fprintf(stderr, "wb-broadcast: --trace %s: %s (a directory to write traces into)\n",
+                        optarg, wb_strerror(e));
+                return 2;
+            }
             a->trace = optarg;
             break;
+        }
         case 't':
             a->token = optarg;
             break;

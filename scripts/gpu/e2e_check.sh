@@ -95,7 +95,7 @@ run() {
     local config=${4:-$root/configs/jobs/demo/config.json} cap=${5:-4MiB} last=${6:-0}
     local residence=${7:-gpu} trainer=$root/configs/jobs/demo/trainer.yaml
     [ -z "$only" ] || [[ $only == *",$name,"* ]] || return 0
-    mkdir -p "$dir/dump"
+    mkdir -p "$dir/dump" "$dir/traces"
     if [ "$residence" = host ]; then
         { cat "$trainer" && echo "residence: host"; } >"$dir/trainer.yaml"
         trainer=$dir/trainer.yaml
@@ -125,7 +125,7 @@ EOF
     [ "$provider" = tcp ] && dom=(--tx-domain lo --tx-extra "hmem: off") # the bounce path
     for r in 0 1 2 3; do
         "$bin/wb-agent" --role trainer --rank $r --device 0 --controller "$url" "${dom[@]}" \
-            --trace "$dir/trainer$r.trace.json" >"$dir/trainer$r.log" 2>&1 &
+            --trace "$dir/traces" >"$dir/trainer$r.log" 2>&1 &
         pids+=($!)
     done
     for r in 0 1; do

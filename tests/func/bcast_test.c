@@ -647,10 +647,11 @@ static void test_wrong_reader(void)
 
 /* The hash of reader k's share of the checkpoint in dir as wb-broadcast registers it, computed
  * here through the library's reader; with flip, first changes one byte of the first and of the
- * last piece of share k (the names of their tensors into t0 and t1): another checkpoint of the
- * same model, same names, shapes and headers, different values. */
+ * last piece of share k (what each is into t0 and t1: its tensor's name, and its rows where it
+ * holds part of the tensor): another checkpoint of the same model, same names, shapes and
+ * headers, different values. *npieces: how many pieces the share has. */
 static void share_hash(const char *dir, uint32_t k, bool flip, char hex[33], char *t0, char *t1,
-                       size_t cap)
+                       size_t cap, size_t *npieces)
 {
     struct wb_errlist el;
     struct wb_ckpt *ck = NULL;
@@ -676,10 +677,16 @@ static void share_hash(const char *dir, uint32_t k, bool flip, char hex[33], cha
             b ^= 0x01; /* one bit: as small a difference as there is */
             CHECK_INT((int)pwrite(fd, &b, 1, at), 1);
             CHECK_INT(close(fd), 0);
-            const char *nm = ck->inv.p[p[i]->tensor].name;
-            snprintf(i ? t1 : t0, cap, "%.*s", (int)strnlen(nm, cap - 1), nm);
+            const struct wb_param *t = &ck->inv.p[p[i]->tensor];
+            int n = (int)strnlen(t->name, cap / 2);
+            if (t->shape.ndim == 0 || p[i]->rows == t->shape.dim[0])
+                snprintf(i ? t1 : t0, cap, "%.*s", n, t->name);
+            else
+                snprintf(i ? t1 : t0, cap, "%.*s (rows %" PRIu64 "-%" PRIu64 ")", n, t->name,
+                         p[i]->row0, p[i]->row0 + p[i]->rows - 1);
         }
     }
+    *npieces = s->n;
     CHECK_INT(wb_ckpt_reader_open(ck, &io, &rd), 0);
     CHECK_INT(wb_ckpt_share_hash(ck, s, rd, &h, NULL), 0);
     wb_hash128_hex(&h, hex);
@@ -702,8 +709,9 @@ static void test_other_checkpoint(void)
     snprintf(o.ckpt, sizeof(o.ckpt), "%s/otherck-other", wb_test_tmpdir());
     write_ckpt(o.ckpt, DEMO_RULES, DEMO_CONFIG, 3, WB_CKPT_FORM_MODEL);
     char want[33], have[33], t0[200] = "", t1[200] = "", fa[200], fb[200];
-    share_hash(b.ckpt, 1, false, want, t0, t1, sizeof(t0));
-    share_hash(o.ckpt, 1, true, have, t0, t1, sizeof(t0));
+    size_t npieces = 0;
+    share_hash(b.ckpt, 1, false, want, t0, t1, sizeof(t0), &npieces);
+    share_hash(o.ckpt, 1, true, have, t0, t1, sizeof(t0), &npieces);
     CHECK(strcmp(want, have) != 0);
     /* the fingerprint (files, names, sizes, headers) cannot tell the two apart */
     {
@@ -724,11 +732,12 @@ static void test_other_checkpoint(void)
     start_reader(&b, 0, NULL);
     b.rd[1] = start_reader(&o, 1, NULL);
     CHECK_INT(e2e_wait(b.rd[1], 30000), 1);
+    /* both hashes, and which tensors differ: the first of the two by name, in the share's order */
     char line[1024];
     snprintf(line, sizeof(line),
              "register: trainer rank 1 reads %s share 1/2 content %s, the job moves %s share "
-             "1/2 content %s\n",
-             fa, have, fa, want);
+             "1/2 content %s; 2 of the share's %zu tensors differ, the first: %s\n",
+             fa, have, fa, want, npieces, t0);
     char *out = e2e_slurp("reader1.log");
     CHECK_CONTAINS(out, line);
     free(out);

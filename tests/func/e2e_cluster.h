@@ -33,6 +33,7 @@ struct cluster {
     const char *peers_dir;    /* agents write the peer lists they get here ($WB_TEST_PEERS_OUT) */
     const char *device;       /* the agents' GPU (--device), or NULL: host memory */
     const char *layout_extra; /* more lines for the demo's trainer layout (dtype: fp32), or NULL */
+    bool job_trace; /* agents get no --trace: the job file's trace: key decides (job_extra) */
 };
 
 /* The demo plan's bytes per rollout. */
@@ -147,8 +148,9 @@ static pid_t spawn_agent(struct cluster *c, int i, const char *extra)
         argv[n++] = (char *)c->corrupt;
     }
     char trace[700];
-    if (i < NTR) {
-        snprintf(trace, sizeof(trace), "%s/trainer%d.trace.json", wb_test_tmpdir(), i);
+    if (i < NTR && !c->job_trace) { /* trainers' traces: <tmp>/traces/trainer<R>.v<N>.json */
+        snprintf(trace, sizeof(trace), "%s/traces", wb_test_tmpdir());
+        mkdir(trace, 0755);
         argv[n++] = "--trace";
         argv[n++] = trace;
     }
@@ -324,7 +326,8 @@ static void transfer_ok(struct cluster *c, uint64_t v, uint64_t *queued)
     free(out);
 }
 
-static int rollouts_at(const char *status, const char *version)
+/* How many rollout rows of a status show `version` (not every test asks). */
+__attribute__((unused)) static int rollouts_at(const char *status, const char *version)
 {
     int n = 0;
     for (const char *p = status; (p = strstr(p, "\nrollout ")); p++) {

@@ -14,12 +14,12 @@
 
 #include "tests/func/e2e_cluster.h"
 
-/* The trainer's Chrome trace: complete events ("X") of the stages, each span well-formed;
- * returns a bit per stage seen. */
+/* The trainer's Chrome trace of version 3 (its --trace directory): complete events ("X") of
+ * the stages, each span well-formed; returns a bit per stage seen. */
 static unsigned check_trace(int trainer)
 {
     char path[700];
-    snprintf(path, sizeof(path), "%s/trainer%d.trace.json", wb_test_tmpdir(), trainer);
+    snprintf(path, sizeof(path), "%s/traces/trainer%d.v3.json", wb_test_tmpdir(), trainer);
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     if (!root)
@@ -30,14 +30,16 @@ static unsigned check_trace(int trainer)
     for (size_t i = 0; i < json_array_size(ev); i++) {
         json_t *e = json_array_get(ev, i);
         const char *ph = json_string_value(json_object_get(e, "ph"));
-        const char *name = json_string_value(json_object_get(e, "name"));
-        CHECK(ph && name);
+        const char *cat = json_string_value(json_object_get(e, "cat"));
+        CHECK(ph && json_string_value(json_object_get(e, "name")));
         if (strcmp(ph, "X"))
             continue;
+        CHECK(cat != NULL);
         CHECK(json_number_value(json_object_get(e, "dur")) >= 0);
         CHECK(json_integer_value(json_object_get(e, "pid")) == trainer);
+        CHECK(json_integer_value(json_object_get(json_object_get(e, "args"), "version")) == 3);
         for (int s = 0; s < WB_STAGE_COUNT; s++)
-            if (!strcmp(name, wb_stage_name((enum wb_stage)s)))
+            if (!strcmp(cat, wb_stage_name((enum wb_stage)s)))
                 seen |= 1u << s;
     }
     json_decref(root);
@@ -58,6 +60,7 @@ static void run_case_job(const char *provider, const char *domain, const char *m
         transfer_ok(&c, v, &queued);
     if (expect_queueing && queued == 0)
         wb_test_fail(__FILE__, __LINE__, "cap %s forced no task to wait for memory", cap);
+    stop(&c); /* a trace is written after its version's report: every one is in once they exit */
     unsigned seen = check_trace(0);
     CHECK(seen & (1u << WB_STAGE_WRITE));
     CHECK(seen & (1u << WB_STAGE_QUANT));
@@ -65,7 +68,6 @@ static void run_case_job(const char *provider, const char *domain, const char *m
         CHECK((seen & (1u << WB_STAGE_GATHER)) && (seen & (1u << WB_STAGE_BARRIER)));
     if (host_resident)
         CHECK(seen & (1u << WB_STAGE_H2D));
-    stop(&c);
 }
 
 static void run_case_x(const char *provider, const char *domain, const char *mode, const char *cap,

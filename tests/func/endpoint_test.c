@@ -574,8 +574,37 @@ static void test_local_checks(void)
     wb_endpoint_close(ep);
 }
 
+static int no_read(void *arg, uint32_t thread, uint32_t index, uint64_t off, uint64_t len,
+                   void *dst, char *msg, size_t msgcap)
+{
+    (void)arg, (void)thread, (void)index, (void)off, (void)len, (void)dst;
+    snprintf(msg, msgcap, "not read in this test");
+    return -EIO;
+}
+
+/* A sourced trainer's digests (one per tensor, wb_endpoint_source.digests): a count without
+ * memory is refused at once, and a count that is not the tensors' at the start. */
+static void test_source_digests(void)
+{
+    uint8_t dig[2][16] = {{1}, {2}};
+    struct wb_endpoint *ep = open_ep("tcp://127.0.0.1:1", WB_ROLE_TRAINER, 0);
+    struct wb_endpoint_source src = {.read = no_read, .id = "ckpt", .ndigests = 2};
+    CHECK_INT(wb_endpoint_set_source(ep, &src), -EINVAL);
+    CHECK_STR(wb_endpoint_error(ep), "source: digests for 2 tensors, and no memory holding them");
+    src.digests = dig[0];
+    CHECK_INT(wb_endpoint_set_source(ep, &src), 0);
+    struct wb_tensor_reg reg = {.name = NAMES[0], .dtype = WB_DTYPE_BF16};
+    set_shape(0, &reg.shape);
+    trainer_box(0, 0, &reg.box);
+    CHECK_INT(wb_endpoint_add(ep, &reg), 0);
+    CHECK_INT(wb_endpoint_start(ep, 0), -EINVAL);
+    CHECK_STR(wb_endpoint_error(ep), "source: digests for 2 tensors, 1 added");
+    wb_endpoint_close(ep);
+}
+
 const struct wb_test wb_tests[] = {
     {"local_checks", test_local_checks, 0},
+    {"source_digests", test_source_digests, 0},
     {"refused", test_refused, 90},
     {"versions", test_versions, 180},
     {"latest_ordered", test_latest_ordered, 180},

@@ -173,6 +173,24 @@ static void test_job_errors(void)
     CHECK_STR(el.msgs[0], want);
     wb_errlist_free(&el);
 
+    /* traces kept per agent: at least one version; the default is 8 */
+    p = wb_test_write_file("keep.yaml", "token: t\ntrainers: 1\nrollouts: 1\ntrace: /tmp\n"
+                                        "trace_keep: 0\n");
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), -WB_E_CONFIG);
+    CHECK_INT(el.n, 1);
+    snprintf(want, sizeof(want), "%s:5:13: trace_keep: 0 versions (1 to 1000000)", p);
+    CHECK_STR(el.msgs[0], want);
+    wb_errlist_free(&el);
+    p = wb_test_write_file("keep8.yaml", "token: t\ntrainers: 1\nrollouts: 1\ntrace: t\n");
+    wb_errlist_init(&el);
+    CHECK_INT(wb_job_load(p, &j, &el), 0);
+    CHECK_U64(j.trace_keep, 8);
+    snprintf(want, sizeof(want), "%s/t", wb_test_tmpdir()); /* relative to the job file */
+    CHECK_STR(j.trace, want);
+    wb_job_free(&j);
+    wb_errlist_free(&el);
+
     p = wb_test_write_file("nocount.yaml", "token: t\ntrainers: 2\n");
     wb_errlist_init(&el);
     CHECK_INT(wb_job_load(p, &j, &el), -WB_E_CONFIG);

@@ -600,6 +600,42 @@ static void test_notes_checked(void)
     pair_close(&p);
 }
 
+/* An attempt begun with peer_times records, per peer, the immediates its counted notes stood for
+ * and when the first and the last came; refused notes do not count, the record outlives the
+ * attempt's end and goes with the next attempt that does not ask for one. */
+static void test_notes_peer_times(void)
+{
+    struct pair p;
+    pair_open(&p, TCP);
+    struct wb_tx_attempt at = {.epoch = 0x77, .version = 2, .peer_times = true};
+    struct wb_tx_peer_notes pn;
+    CHECK_INT(wb_tx_peer_notes(p.b, 0, &pn), -ENODATA); /* no attempt asked for it yet */
+    CHECK_INT(wb_tx_attempt_begin(p.a, &at), 0);
+    CHECK_INT(wb_tx_attempt_begin(p.b, &at), 0);
+    CHECK_INT(wb_tx_peer_notes(p.b, 0, &pn), 0);
+    CHECK_U64(pn.imms, 0);
+    CHECK_U64(pn.first_ns, 0);
+    CHECK_INT(wb_tx_peer_notes(p.b, 1, &pn), -EINVAL); /* B has one peer */
+    uint8_t n[WB_TXN_WIRE], m[WB_TXN_WIRE];
+    struct wb_txn got;
+    uint64_t t0 = wb_now_ns();
+    CHECK_INT(txi_note_make(p.a, p.peer, WB_TXN_COUNT, 5, 1, 0, 0, 0, n), WB_TXN_SHORT);
+    CHECK_INT(txi_note_accept(p.b, n, sizeof(n), 0, &got), 1);
+    CHECK_INT(txi_note_accept(p.b, n, sizeof(n), 0, &got), 0); /* replayed: not counted */
+    CHECK_INT(txi_note_make(p.a, p.peer, WB_TXN_COUNT, 6, 5, 0, 0, 0, m), WB_TXN_SHORT);
+    CHECK_INT(txi_note_accept(p.b, m, sizeof(m), 0, &got), 1); /* a batch of 5 */
+    uint64_t t1 = wb_now_ns();
+    CHECK_INT(wb_tx_peer_notes(p.b, 0, &pn), 0);
+    CHECK_U64(pn.imms, 6);
+    CHECK(t0 <= pn.first_ns && pn.first_ns <= pn.last_ns && pn.last_ns <= t1);
+    wb_tx_attempt_end(p.b);
+    CHECK_INT(wb_tx_peer_notes(p.b, 0, &pn), 0);
+    CHECK_U64(pn.imms, 6);
+    CHECK_INT(wb_tx_attempt_begin(p.b, &(struct wb_tx_attempt){.epoch = 0x78}), 0);
+    CHECK_INT(wb_tx_peer_notes(p.b, 0, &pn), -ENODATA);
+    pair_close(&p);
+}
+
 /* An attempt's tables are bounded by what it declared: a counter past max_tags is refused
  * (-ENOSPC) and an arrival that would need one is dropped and counted, never allocated. */
 static void test_notes_bounded(void)
@@ -890,6 +926,7 @@ const struct wb_test wb_tests[] = {
     {"close_with_work", test_close_with_work, 120},
     {"notes_checked", test_notes_checked, 0},
     {"notes_bounded", test_notes_bounded, 0},
+    {"notes_peer_times", test_notes_peer_times, 0},
     {"notes_batched", test_notes_batched, 0},
     {"notes_wire", test_notes_wire, 0},
     {"mbox", test_mbox, 0},

@@ -4,6 +4,7 @@
  * (duplicate name), template arithmetic and config.json fields. Several problems in one run
  * are all reported. */
 #include "matcher/matcher.h"
+#include "tests/unit/matcher_expect.h"
 #include "tests/wbtest.h"
 
 #include <errno.h>
@@ -14,49 +15,6 @@
 
 static const char *const QWEN3 = "configs/models/qwen3.yaml";
 static const char *const QWEN3_MOE = "configs/models/qwen3_moe.yaml";
-
-/* Checks the error list is exactly `want` (n messages, in order); prints both otherwise. */
-static void expect(const struct wb_errlist *el, size_t n, const char *const *want, int line)
-{
-    bool ok = el->n == n;
-    for (size_t i = 0; ok && i < n; i++)
-        ok = strcmp(el->msgs[i], want[i]) == 0;
-    if (ok)
-        return;
-    for (size_t i = 0; i < el->n; i++)
-        fprintf(stderr, "  got:  %s\n", el->msgs[i]);
-    for (size_t i = 0; i < n; i++)
-        fprintf(stderr, "  want: %s\n", want[i]);
-    wb_test_fail(__FILE__, line, "error list differs (%zu messages, %zu expected)", el->n, n);
-}
-#define EXPECT(el, ...)                                                                            \
-    do {                                                                                           \
-        const char *const want_[] = {__VA_ARGS__};                                                 \
-        expect((el), WB_ARRAY_LEN(want_), want_, __LINE__);                                        \
-    } while (0)
-
-static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static char *fmt(const char *f, ...)
-{
-    static char bufs[8][1024];
-    static int k;
-    char *b = bufs[k++ % 8];
-    va_list ap;
-    va_start(ap, f);
-    vsnprintf(b, sizeof(bufs[0]), f, ap);
-    va_end(ap);
-    return b;
-}
-
-/* put() reuses one buffer for the path; keep a few apart */
-static const char *put(const char *name, const char *text)
-{
-    static char paths[8][512];
-    static int k;
-    char *p = paths[k++ % 8];
-    snprintf(p, sizeof(paths[0]), "%s", wb_test_write_file(name, text));
-    return p;
-}
 
 struct edit {
     const char *skip;      /* leave this tensor out */

@@ -6,6 +6,7 @@
  * shipped config.json matching clean. Exact messages throughout. */
 #include "matcher/matcher.h"
 #include "matcher/mpriv.h"
+#include "tests/unit/matcher_expect.h"
 #include "tests/wbtest.h"
 
 #include <errno.h>
@@ -13,49 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Checks the error list is exactly `want` (n messages, in order); prints both otherwise. */
-static void expect(const struct wb_errlist *el, size_t n, const char *const *want, int line)
-{
-    bool ok = el->n == n;
-    for (size_t i = 0; ok && i < n; i++)
-        ok = strcmp(el->msgs[i], want[i]) == 0;
-    if (ok)
-        return;
-    for (size_t i = 0; i < el->n; i++)
-        fprintf(stderr, "  got:  %s\n", el->msgs[i]);
-    for (size_t i = 0; i < n; i++)
-        fprintf(stderr, "  want: %s\n", want[i]);
-    wb_test_fail(__FILE__, line, "error list differs (%zu messages, %zu expected)", el->n, n);
-}
-#define EXPECT(el, ...)                                                                            \
-    do {                                                                                           \
-        const char *const want_[] = {__VA_ARGS__};                                                 \
-        expect((el), WB_ARRAY_LEN(want_), want_, __LINE__);                                        \
-    } while (0)
-
-static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static char *fmt(const char *f, ...)
-{
-    static char bufs[8][1024];
-    static int k;
-    char *b = bufs[k++ % 8];
-    va_list ap;
-    va_start(ap, f);
-    vsnprintf(b, sizeof(bufs[0]), f, ap);
-    va_end(ap);
-    return b;
-}
-
-/* wb_test_write_file reuses one buffer for the path; keep a few apart */
-static const char *put(const char *name, const char *text)
-{
-    static char paths[8][512];
-    static int k;
-    char *p = paths[k++ % 8];
-    snprintf(p, sizeof(paths[0]), "%s", wb_test_write_file(name, text));
-    return p;
-}
 
 /* A tiny family with Phi-3's shape of problem: qkv fused on both sides, heads of 4 elements,
  * 4 query heads and 2 key/value heads; RULES is the rules section. */

@@ -79,6 +79,11 @@ f=tests/fixtures/semantic
 passes phi3_unsplit_tp1 --family $f/phi3_unsplit.yaml --config $f/Phi-3-mini-4k-instruct.json --tp 1
 check phi3_unsplit_tp2 "semantic check failed: bf16 rollout: layer 0 q: rollout model.layers.0.self_attn.qkv_proj.weight (rank 1, rows 0:384, as vLLM reads q) differs from trainer model.layers.0.self_attn.qkv_proj.weight (rows 384:768)" \
     --family $f/phi3_unsplit.yaml --config $f/Phi-3-mini-4k-instruct.json --tp 2 --dtype bf16
+# split rules with q and k of different sizes (8 kv heads): the shipped family passes; one whose
+# split gives q k's size and k q's (they add up, every shape stays vLLM's) fails at layer 0's q
+passes phi3_gqa --family $c/models/phi3.yaml --config $f/phi3-gqa.json
+check phi3_split_wrong "semantic check failed: bf16 rollout: layer 0 q: rollout model.layers.0.self_attn.qkv_proj.weight (rank 0, rows 0:768, as vLLM reads q) differs from trainer model.layers.0.self_attn.qkv_proj.weight (rows 0:768)" \
+    --family $f/phi3_split_wrong.yaml --config $f/phi3-gqa.json --dtype bf16
 
 # wrong families: the shipped file with one change, accepted by wb-match, every shape as vLLM's
 "$py" - "$tmp" <<'EOF'

@@ -1,4 +1,5 @@
-"""What the Python end-to-end tests share: waiting for the processes of a job."""
+"""What the Python end-to-end tests share: waiting for the processes of a job, the harness, an
+exact-error check."""
 
 import subprocess
 import time
@@ -73,3 +74,14 @@ def run_tests(prefix, tests, only, tmp_prefix, skip=None):
                 failed += 1
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
+
+
+def raises(exc, want, fn, *args, **kw):
+    """fn(*args, **kw) raises exc with exactly the text want."""
+    try:
+        fn(*args, **kw)
+    except exc as e:
+        if str(e) != want:
+            raise AssertionError(f"{exc.__name__} text\n  {e}\nexpected\n  {want}") from None
+        return
+    raise AssertionError(f"no {exc.__name__}: expected\n  {want}")

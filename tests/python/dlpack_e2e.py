@@ -185,14 +185,7 @@ class Made:
         return _new_capsule(addr, NAMES[versioned], _destructor)
 
 
-def raises(exc, want, fn, *args, **kw):
-    try:
-        fn(*args, **kw)
-    except exc as e:
-        if str(e) != want:
-            raise AssertionError(f"{exc.__name__} text\n  {e}\nexpected\n  {want}") from None
-        return
-    raise AssertionError(f"no {exc.__name__}: expected\n  {want}")
+raises = _procs.raises
 
 
 def rollout0(tensors, dtypes=None):

@@ -34,24 +34,19 @@ import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
 import weightbridge as wb  # noqa: E402
 
+import _procs  # noqa: E402
+
 URL = "tcp://127.0.0.1:9"  # the discard port: nothing of ours listens there
 TOKEN = "inputs-test"
 
 
-def raises(exc, want, fn, *args, **kw):
-    """fn(*args, **kw) raises exc with exactly the text want."""
-    try:
-        fn(*args, **kw)
-    except exc as e:
-        if str(e) != want:
-            raise AssertionError(f"{exc.__name__} text\n  {e}\nexpected\n  {want}") from None
-        return
-    raise AssertionError(f"no {exc.__name__}: expected\n  {want}")
+raises = _procs.raises
 
 
 def rollout(tensors, dtypes=None):

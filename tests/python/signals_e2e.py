@@ -28,6 +28,13 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+# A process started in the background by a shell without job control (`make test &`, some CI
+# runners) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler: the
+# child would sleep through the test's SIGINT. Give it the handler an interactive python has,
+# before weightbridge is imported — what the test checks is that the library leaves it there.
+if sys.argv[1:2] == ["child"] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 import endpoint_e2e as ee  # noqa: E402  (the demo model's shards, the controller)
 
 import numpy as np  # noqa: E402

@@ -23,12 +23,18 @@ with the trainer's full parameters of that version — qkv_proj = cat(q, k, v), 
 cat(gate, up) — and, for the FP8 case (the config with a quantization_config of 128x128 fp8
 blocks), with torch's per_block_cast_to_fp8 (DeepGEMM's reference) of the fused tensors.
 
+--mesh RxS (HSDP, issue #29's 2-D meshes): R*S trainer processes on a device mesh ("replicate" R,
+"shard" S), fully_shard on it, so every parameter is a DTensor placed (Replicate(), Shard(0)); the
+controller derives the layout from those placements and may take each byte from any replica. The
+case passes only if every trainer rank wrote bytes (sources in every replica) as well as every
+rollout byte being right. On fewer GPUs than processes they share them over gloo as above.
+
 Cases: bf16 (the report's), fp8. Each prints "case X: 0 of N bytes differ" (N: every rollout byte
 of every version) and the trainers' own memory check; the run exits non-zero on any difference
 or failure. Every child's failure ends the case with its output; every wait has a time limit and
 the children (torchrun's workers included) are found by a marker in their environment and killed.
 
-Usage: fsdp2_check.py [--case bf16|fp8|all] [--layers N] [--versions N] [--timeout S]
+Usage: fsdp2_check.py [--case bf16|fp8|all] [--layers N] [--versions N] [--timeout S] [--mesh 2|RxS]
        (build first and set WB_LIBRARY, WB_BIN: scripts/gpu/fsdp2_check.sh does)
 """
 
@@ -66,6 +72,15 @@ SIZES = {
            "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 32768},
 }
 SIZE = os.environ.get("WB_FSDP2_SIZE", "small")  # the children learn it from the parent
+# The trainers' device mesh: "2" (FSDP2 over 2 ranks, the report's) or "RxS" (HSDP: R replicas,
+# each sharded over S ranks: fully_shard on a 2-D mesh ("replicate", "shard"), placements
+# (Replicate(), Shard(0))). The children learn it from the parent.
+MESH = os.environ.get("WB_FSDP2_MESH", "2")
+
+
+def mesh_shape():
+    dims = tuple(int(x) for x in MESH.split("x"))
+    return dims if len(dims) == 2 else (1, dims[0])
 
 
 def config(layers, fp8):
@@ -114,9 +129,15 @@ def run_trainer(url, tmp, case, layers, versions, timeout):
     torch.manual_seed(1234)
     with torch.device("cuda"):
         model = Qwen3ForCausalLM(Qwen3Config(**c)).to(torch.bfloat16)
+    nrep, nshard = mesh_shape()
+    kw = {}
+    if nrep > 1:  # HSDP: replicate x shard
+        from torch.distributed.device_mesh import init_device_mesh
+
+        kw["mesh"] = init_device_mesh("cuda", (nrep, nshard), mesh_dim_names=("replicate", "shard"))
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)  # the default mesh: every rank
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)  # the default mesh (every rank), or the 2-D one
     names = [n for n, _ in model.named_parameters()]
     log(f"trainer rank {rank}: {backend} on GPU {torch.cuda.current_device()}, {len(names)} parameters "
         f"(named_parameters() order: {', '.join(names[:3])}, ...)")
@@ -127,16 +148,17 @@ def run_trainer(url, tmp, case, layers, versions, timeout):
     def full_tensor(q):
         if not shared:
             return q.full_tensor()
-        # FSDP2's chunks: ceil(rows / world) rows each, the last ones shorter or empty; padded to
-        # that size and gathered as bytes (gloo's all-gather of CPU tensors)
+        # FSDP2's chunks: ceil(rows / shards) rows each, the last ones shorter or empty; padded
+        # to that size and gathered as bytes (gloo's all-gather of CPU tensors) from every rank;
+        # ranks are numbered row-major over (replicate, shard): replica 0's shards come first
         rows = q.shape[0]
-        step = -(-rows // world)
+        step = -(-rows // nshard)
         loc = q.to_local().detach().cpu().contiguous()
         pad = torch.zeros((step, *q.shape[1:]), dtype=q.dtype)
         pad[: loc.shape[0]] = loc
         parts = [torch.empty_like(pad).view(torch.uint8) for _ in range(world)]
         dist.all_gather(parts, pad.view(torch.uint8))
-        return torch.cat([x.view(q.dtype) for x in parts], 0)[:rows].cuda()
+        return torch.cat([x.view(q.dtype) for x in parts[:nshard]], 0)[:rows].cuda()
 
     # the report's variant: memory allocated after registration (the rollout's IPC handles are
     # open by now), kept and checked at the end
@@ -145,6 +167,7 @@ def run_trainer(url, tmp, case, layers, versions, timeout):
     torch.cuda.synchronize()
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(7)
+    sent = 0  # bytes this rank wrote, every version (HSDP: both replicas must be sources)
     deadline = time.time() + timeout
     for v in range(1, versions + 1):
         x = torch.randint(0, c["vocab_size"], (2, 64), generator=g).cuda()
@@ -166,8 +189,10 @@ def run_trainer(url, tmp, case, layers, versions, timeout):
         t0 = time.time()
         p = t.push(v)
         p.sources(timeout)
-        p.result(timeout)
-        log(f"trainer rank {rank}: version {v} complete in {(time.time() - t0) * 1000:.1f} ms ({'shards perturbed in place' if shared else f'loss {loss.item():.3f}'})")
+        res = p.result(timeout)
+        sent += res.bytes
+        log(f"trainer rank {rank}: version {v} complete in {(time.time() - t0) * 1000:.1f} ms, {res.bytes} bytes "
+            f"written by this rank ({'shards perturbed in place' if shared else f'loss {loss.item():.3f}'})")
         full = {n: full_tensor(q) for n, q in model.named_parameters()}  # a collective: every rank
         if rank == 0:
             atomic_save({n: w.cpu() for n, w in full.items()}, os.path.join(tmp, f"ref.v{v}.pt"))
@@ -177,7 +202,7 @@ def run_trainer(url, tmp, case, layers, versions, timeout):
     changed = sum(int((early[n].cpu().view(torch.uint8) != early_host[n].view(torch.uint8)).sum()) for n in early)
     total = sum(v.numel() * v.element_size() for v in early_host.values())
     with open(os.path.join(tmp, f"trainer{rank}.json"), "w") as f:
-        json.dump({"changed": changed, "total": total}, f)
+        json.dump({"changed": changed, "total": total, "sent": sent}, f)
     log(f"trainer rank {rank}: {changed} of {total} bytes of the full tensors taken after registration changed")
     t.close()
     dist.destroy_process_group()  # a difference is the parent's verdict, with the rollout's
@@ -342,15 +367,17 @@ def run_case(case, a):
         json.dump(config(a.layers, case == "fp8"), f)
     with open(os.path.join(tmp, "rollout.yaml"), "w") as f:
         f.write("replicas: 1\ntp: 1\ngpus_per_replica: 1\n")
+    nrep, nshard = mesh_shape()
+    world = nrep * nshard
     with open(os.path.join(tmp, "trainer.yaml"), "w") as f:  # what the controller derives; wb.plan only
-        f.write("world_size: 2\nmesh:\n  - {name: d0, size: 2}\n"
+        f.write(f"world_size: {world}\nmesh:\n  - {{name: r, size: {nrep}}}\n  - {{name: d0, size: {nshard}}}\n"
                 "placements:\n  - match: \"*\"\n    place: {d0: shard(0)}\n")
     with open(os.path.join(tmp, "job.yaml"), "w") as f:
         f.write(f"""name: fsdp2-check-{case}
 model:
   rules: {RULES}
   hf_config: {os.path.join(tmp, "config.json")}
-trainers: 2
+trainers: {world}
 rollout_layout: {os.path.join(tmp, "rollout.yaml")}
 provider: cudaipc
 mem_cap: 1GiB
@@ -358,15 +385,16 @@ dead_after: 10s
 """)
     url = f"tcp://127.0.0.1:{21000 + random.randrange(20000)}"
     rdev = 1 if ngpu >= 2 else 0  # the report's: GPU 1, beside trainer rank 1
-    log(f"== case {case}: 2 FSDP2 trainer processes on GPU(s) {[0, 1] if ngpu >= 2 else [0, 0]} "
-        f"({'NCCL' if ngpu >= 2 else 'gloo, sharing GPU 0'}), the rollout on GPU {rdev}, cudaipc, "
+    log(f"== case {case}: {world} FSDP2 trainer processes "
+        f"({'HSDP mesh (replicate %d, shard %d)' % (nrep, nshard) if nrep > 1 else 'one shard dim'}) on GPU(s) "
+        f"{[r % ngpu for r in range(world)]} ({'NCCL' if ngpu >= world else 'gloo, sharing GPUs'}), the rollout on GPU {rdev}, cudaipc, "
         f"{a.layers} layers, {a.versions} versions, {'FP8' if case == 'fp8' else 'BF16'} rollout (logs: {tmp})")
     env = dict(os.environ, WB_TOKEN=TOKEN)
     common = [url, tmp, case, str(a.layers), str(a.versions), str(a.timeout)]
     children = {
         "controller": [os.path.join(BIN, "wb-controller"), "--config", os.path.join(tmp, "job.yaml"), "--listen", url],
         "rollout": [sys.executable, __file__, "--role", "rollout", *common, str(rdev)],
-        "trainers": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "trainers": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world),
                      __file__, "--role", "trainer", *common],
     }
     procs, logs, files = {}, {}, []
@@ -412,7 +440,7 @@ dead_after: 10s
         with open(os.path.join(tmp, "rollout.json")) as f:
             res = json.load(f)
         tr = []
-        for r in range(2):
+        for r in range(world):
             with open(os.path.join(tmp, f"trainer{r}.json")) as f:
                 tr.append(json.load(f))
     except (OSError, ValueError) as e:
@@ -423,7 +451,11 @@ dead_after: 10s
         f"{sum(t['total'] for t in tr)} bytes changed")
     for b in res["bad"][:40]:
         log("    " + b)
-    return 1 if res["differ"] or any(t["changed"] for t in tr) else 0
+    idle = [r for r, t in enumerate(tr) if t["sent"] == 0]
+    log(f"case {case}: bytes written per trainer rank over the versions: {[t['sent'] for t in tr]}"
+        + (f"; ranks {idle} wrote nothing" if idle and nrep > 1 else ""))
+    # HSDP: each replica holds every byte, so the balancer should take sources from every replica
+    return 1 if res["differ"] or any(t["changed"] for t in tr) or (nrep > 1 and idle) else 0
 
 
 def main():
@@ -432,6 +464,7 @@ def main():
     ap.add_argument("--layers", type=int, default=None, help="default 4 (--size 9g: 24)")
     ap.add_argument("--size", default="small", choices=sorted(SIZES))
     ap.add_argument("--versions", type=int, default=5)
+    ap.add_argument("--mesh", default="2", help='trainer mesh: "2" (FSDP2 over 2 ranks) or "RxS" (HSDP)')
     ap.add_argument("--timeout", type=int, default=600, help="seconds for each wait, and a case's limit")
     ap.add_argument("--role", default=None)
     ap.add_argument("rest", nargs="*")
@@ -440,6 +473,8 @@ def main():
     if a.role is None:
         SIZE = a.size
         os.environ["WB_FSDP2_SIZE"] = a.size
+        global MESH
+        MESH = os.environ["WB_FSDP2_MESH"] = a.mesh
         if a.layers is None:
             a.layers = 24 if a.size == "9g" else 4
     if a.role in ("trainer", "rollout"):

@@ -8,7 +8,10 @@
 # instead of a training step: fsdp2_check.py says why). Prints "case X: 0 of N bytes differ" per case and
 # exits non-zero on any difference or failure.
 # Usage: . scripts/gpu/env.sh; scripts/gpu/fsdp2_check.sh [--build DIR] [--case bf16|fp8|all]
-#        [--layers N] [--versions N] [--timeout S]
+#        [--layers N] [--versions N] [--timeout S] [--mesh 2|RxS]
+#   --mesh RxS: HSDP, R replicas each FSDP2-sharded over S ranks (R*S trainer processes; more
+#   processes than GPUs share them over gloo); every trainer rank must write some bytes (the
+#   balancer takes sources from every replica).
 #   --build DIR: run another build's library and programs (DIR/lib, DIR/bin; e.g. a checkout of
 #   the code before the fix, built with make CUDA=1) instead of building this checkout.
 set -uo pipefail

@@ -55,12 +55,13 @@ from ._errors import (  # noqa: F401 - exported
     WeightbridgeError,
     WireVersionError,
 )
-from ._tensors import Shard, TensorInfo, changes, info, state
+from ._tensors import At, Shard, TensorInfo, changes, info, state
 
 __all__ = [
     "WeightbridgeError",
     *_errors.NAMES,
     "Shard",
+    "At",
     "Trainer",
     "Rollout",
     "Push",

@@ -85,12 +85,40 @@ def place_fsdp_ep(family, c, name):
     return [wb.At(e // per) if e is not None else None, 0]
 
 
-def case(family, fp8, mesh, meshes, pieces, place=None, mcore=None, config=None):
+def place_fused(dim):
+    """transformers >= 5's fused experts split along `dim` over 2 trainers (0: the experts, 1:
+    gate_up's rows / down's rows), everything else Shard(0)."""
+    return lambda family, c, name: [dim if name.endswith(("gate_up_proj", "down_proj")) else 0]
+
+
+def fused_parameters(family, c, version=None):
+    """(name, global shape[, full tensor]) as transformers >= 5 holds a MoE model: a layer's
+    experts as gate_up_proj [E, 2I, H] (per expert [gate; up]) and down_proj [E, H, I]."""
+    out, E = [], c["num_experts"]
+    for name, shape in _hf.named_parameters(family, c):
+        m = re.match(r"(model\.layers\.\d+\.mlp\.experts\.)(\d+)\.(\w+)\.weight$", name)
+        if not m:
+            out.append((name, shape, (lambda n=name, s=shape: _hf.full_tensor(n, s, version))))
+            continue
+        if m.group(2) != "0" or m.group(3) == "up_proj":
+            continue
+        p = m.group(1)
+        if m.group(3) == "gate_proj":
+            out.append((p + "gate_up_proj", (E, 2 * shape[0], shape[1]), (lambda p=p, s=shape: np.stack([
+                np.concatenate([_hf.full_tensor(f"{p}{e}.{q}.weight", s, version) for q in ("gate_proj", "up_proj")])
+                for e in range(E)]))))
+        else:
+            out.append((p + "down_proj", (E,) + tuple(shape), (lambda p=p, s=shape: np.stack([
+                _hf.full_tensor(f"{p}{e}.down_proj.weight", s, version) for e in range(E)]))))
+    return out
+
+
+def case(family, fp8, mesh, meshes, pieces, place=None, mcore=None, config=None, fused=False):
     """A case: the family and its config.json, FP8 rollout or not, the trainers' mesh, the plan's
     "meshes" and "pieces" lines, and either a placement per HF name (`place`) or a Megatron
     setup (`mcore`: naming, tp, pp, ep, vpp chunks per stage)."""
     return dict(family=family, fp8=fp8, mesh=mesh, meshes=meshes, pieces=pieces, place=place,
-                mcore=mcore, config=config or _hf.CONFIGS[family])
+                mcore=mcore, config=config or _hf.CONFIGS[family], fused=fused)
 
 
 # Megatron cases: head_dim 128 and 256-row gate/up pieces (FP8 rollouts need the grouped
@@ -113,6 +141,12 @@ CASES = {
     "fsdp_ep_qwen3_moe_fp8": case("qwen3_moe", True, [("ep", 2), ("fsdp", 2)],
                                   "3 in 2 mesh groups (phases): 1 meshes of <= 4 ranks; 2 meshes of <= 2 ranks",
                                   "35 direct, 12 amax, 0 gather", place=place_fsdp_ep),
+    "fused_dim0_qwen3_moe_fp8": case("qwen3_moe", True, [("fsdp", 2)], None, None, place=place_fused(0),
+                                     fused=True),
+    "fused_dim1_qwen3_moe_fp8": case("qwen3_moe", True, [("fsdp", 2)], None, None, place=place_fused(1),
+                                     fused=True),
+    "fused_dim0_qwen3_moe_bf16": case("qwen3_moe", False, [("fsdp", 2)], None, None, place=place_fused(0),
+                                      fused=True),
     "mcore_qwen3_tp2_bf16": case("qwen3", False, None, None, None, config=MCORE,
                                  mcore=dict(naming="megatron", tp=2, pp=1, ep=1, vpp=1)),
     "mcore_qwen3_tp2_fp8_local": case("qwen3", True, None, None, None, config=MCORE,
@@ -285,11 +319,16 @@ def build(case, rank, version):
                                   layer_offset=offsets, num_experts=c.get("num_experts"),
                                   tied_embeddings=c["tie_word_embeddings"], dtype="bf16")
     out = {}
-    for name, shape in _hf.named_parameters(k["family"], c):
+    if k["fused"]:
+        params = fused_parameters(k["family"], c, version)
+    else:
+        params = [(n, s, (lambda n=n, s=s: _hf.full_tensor(n, s, version)))
+                  for n, s in _hf.named_parameters(k["family"], c)]
+    for name, shape, full in params:
         p = k["place"](k["family"], c, name)
         b = box(k["mesh"], rank, shape, p)
         if b is not None:
-            local = np.ascontiguousarray(cut(_hf.full_tensor(name, shape, version), *b))
+            local = np.ascontiguousarray(cut(full(), *b))
             out[name] = wb.Shard(local, shape, b[0], p, "bf16")
     return k["mesh"], out
 
@@ -385,7 +424,7 @@ def ctl(url, *args):
 
 def run_case(case, tmp):
     family, meshes, pieces = CASES[case]["family"], CASES[case]["meshes"], CASES[case]["pieces"]
-    m = CASES[case]["mcore"]
+    m = CASES[case]["mcore"] or ({"naming": "fused"} if CASES[case]["fused"] else None)
     if m:
         with open(os.path.join(ROOT, "configs/models", family + ".yaml")) as f:
             nm = re.search(r"^namings:\s*\[([^\]]*)\]", f.read(), re.M)

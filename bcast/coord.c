@@ -339,6 +339,7 @@ static int check_inputs(const struct wb_bcast_opts *o, struct wb_ckpt **ckp, str
     src.rules = j->model.rules;
     src.config = j->model.hf_config;
     src.vars = j->model.vars;
+    src.naming = j->model.naming;
     src.rollout_inv = j->model.rollout_inventory;
     /* the checkpoint and the model both, so that one run lists every problem of either */
     int e1 = wb_ckpt_open(o->checkpoint, ckp, el);

@@ -33,6 +33,7 @@ struct wb_job {
         char *rules;             /* model rules (configs/models/…) */
         char *hf_config;         /* config.json: generate both inventories from the rules */
         char *vars;              /* the job's values of the family file's vars ("mtp=1") */
+        char *naming;            /* the trainer naming ("megatron"); "": derived or the first */
         char *trainer_inventory; /* inventory files (YAML/JSON) */
         char *rollout_inventory;
     } model;

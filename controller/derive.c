@@ -10,6 +10,13 @@
  * The dtype each tensor is registered in becomes the trainer side's (the same on every rank):
  * a trainer keeping FP32 (or FP16) masters is planned to cast or quantize from them.
  *
+ * The trainer naming and the trainer-mesh vars come from the registrations too, when the job
+ * does not give them: a family var mesh_<dim> is set to the size of the mesh dim of that name
+ * (mesh_tp from "tp": Megatron's linear_fc1 groups and vocab padding), and of a family file's
+ * namings the one whose trainer inventory holds every registered name is used (Megatron's
+ * decoder.layers... names select `megatron`). The trainer inventory is generated again with
+ * them before the layout is derived from it.
+ *
  * Why placements and not boxes alone: boxes say which rank holds what, but not which ranks hold
  * copies of one shard and which hold different shards — the mesh and its placements say both,
  * and they are what FSDP2/DTensor already knows.
@@ -53,10 +60,139 @@ static bool same_mesh(const struct wb_reg_mesh *a, const struct wb_reg_mesh *b)
     return true;
 }
 
-static int derive_layout(uint32_t ntrainers, const struct wb_bytes *inv,
-                         const struct wb_bytes *mesh, struct wb_inventory *trainer,
+/* Whether the job's vars text ("a=1,mesh_tp=2") sets var `name`. */
+static bool job_sets(const char *vars, const char *name)
+{
+    size_t len = strlen(name);
+    for (const char *p = vars; p && *p;) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        if (strncmp(p, name, len) == 0 && (p[len] == '=' || p[len] == ' '))
+            return true;
+        p = strchr(p, ',');
+    }
+    return false;
+}
+
+/* The registered names (sorted, unique) that inventory `inv` lacks: how many, the first three
+ * in `buf`. */
+static size_t lacking(const struct wb_inventory *inv, const struct placed *all, size_t u, char *buf,
+                      size_t cap)
+{
+    size_t n = 0, pos = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < u; i++) {
+        if (wb_inv_find(inv, all[i].name) >= 0)
+            continue;
+        if (n++ < 3 && pos < cap)
+            pos += (size_t)snprintf(buf + pos, cap - pos, "%s%s", n > 1 ? ", " : "", all[i].name);
+    }
+    if (n > 3 && pos < cap)
+        snprintf(buf + pos, cap - pos, ", ...");
+    return n;
+}
+
+/* Sets the family's mesh_<dim> vars from the registered mesh (unless the job's model.vars sets
+ * them), chooses the naming (unless the job's model.naming does: the one whose trainer
+ * inventory holds every registered name) and generates the trainer inventory again with both.
+ * Only for a trainer inventory generated from config.json; with one naming and no mesh var it
+ * changes nothing, and a registered name the inventory lacks is register.c's to report. */
+static int naming_and_mesh(const struct wb_job *job, struct wb_model *md,
+                           const struct wb_reg_mesh *m, const struct placed *all, size_t u,
+                           struct wb_errlist *el)
+{
+    const char *cfg = job->model.hf_config;
+    if (!cfg || !*cfg || (job->model.trainer_inventory && *job->model.trainer_inventory))
+        return 0;
+    struct wb_match_rules *rules = md->rules;
+    const char *jv = job->model.vars ? job->model.vars : "";
+    char vars[2048];
+    int pos = snprintf(vars, sizeof(vars), "%s", jv);
+    bool changed = false;
+    for (uint32_t d = 0; d < m->ndims; d++) {
+        char var[WB_REG_MESH_NAME + 8];
+        snprintf(var, sizeof(var), "mesh_%s", m->name[d]);
+        if (!wb_match_rules_has_var(rules, var) || job_sets(jv, var))
+            continue;
+        if (pos >= 0 && (size_t)pos < sizeof(vars))
+            pos += snprintf(vars + pos, sizeof(vars) - (size_t)pos, "%s%s=%u", pos ? "," : "", var,
+                            m->size[d]);
+        changed = true;
+    }
+    if (pos < 0 || (size_t)pos >= sizeof(vars)) {
+        wb_errlist_add(el, "the job's model.vars and the trainers' mesh vars are too long");
+        return -WB_E_CONFIG;
+    }
+    int err = changed ? wb_match_rules_set_vars(rules, vars, el) : 0;
+    if (err)
+        return err;
+    const char *const *names;
+    size_t nn = wb_match_rules_namings(rules, &names);
+    bool choose = !(job->model.naming && *job->model.naming) && nn > 1;
+    if (choose) {
+        char why[2048], miss[3 * WB_NAME_MAX + 8];
+        size_t wpos = 0, fits = 0, fit = 0;
+        why[0] = 0;
+        char fitting[256] = "";
+        for (size_t i = 0; i < nn && !err; i++) {
+            struct wb_inventory t;
+            wb_inv_init(&t);
+            err = wb_match_rules_set_naming(rules, names[i], el);
+            err = err ? err : wb_match_rules_generate(rules, cfg, "trainer", &t, el);
+            if (!err) {
+                size_t k = lacking(&t, all, u, miss, sizeof(miss));
+                if (!k) {
+                    size_t fl = strlen(fitting);
+                    snprintf(fitting + fl, sizeof(fitting) - fl, "%s%s", fits ? ", " : "",
+                             names[i]);
+                    fit = i;
+                    fits++;
+                } else if (wpos < sizeof(why)) {
+                    wpos += (size_t)snprintf(why + wpos, sizeof(why) - wpos, "%s%s lacks %zu (%s)",
+                                             wpos ? "; " : "", names[i], k, miss);
+                }
+            }
+            wb_inv_free(&t);
+        }
+        if (err)
+            return err;
+        if (fits != 1) {
+            if (!fits)
+                wb_errlist_add(el,
+                               "the trainers registered names that no naming of %s has "
+                               "(%zu names): %s",
+                               job->model.rules, u, why);
+            else
+                wb_errlist_add(el,
+                               "the trainers' registered names fit %zu namings of %s (%s): give "
+                               "the job's model.naming",
+                               fits, job->model.rules, fitting);
+            return -WB_E_CONFIG;
+        }
+        if ((err = wb_match_rules_set_naming(rules, names[fit], el)))
+            return err;
+        wb_log(WB_LOG_INFO, "controller", "trainer naming %s (the registered names are its own)",
+               names[fit]);
+        changed = changed || fit != 0 || strcmp(names[fit], names[0]) != 0;
+    }
+    if (!changed && !choose)
+        return 0;
+    struct wb_inventory t;
+    wb_inv_init(&t);
+    if ((err = wb_match_rules_generate(rules, cfg, "trainer", &t, el))) {
+        wb_inv_free(&t);
+        return err;
+    }
+    wb_inv_free(&md->trainer);
+    md->trainer = t;
+    return 0;
+}
+
+static int derive_layout(const struct wb_job *job, uint32_t ntrainers, const struct wb_bytes *inv,
+                         const struct wb_bytes *mesh, struct wb_model *md,
                          struct wb_trainer_layout *out, struct wb_errlist *el)
 {
+    struct wb_inventory *trainer = &md->trainer;
     struct wb_reg_mesh m0 = {0};
     struct placed *all = NULL;
     size_t n = 0, cap = 0;
@@ -175,6 +311,8 @@ static int derive_layout(uint32_t ntrainers, const struct wb_bytes *inv,
             all[u++] = all[i];
         }
     }
+    if (!err)
+        err = naming_and_mesh(job, md, &m0, all, u, el);
     const char **names = calloc(u ? u : 1, sizeof(char *));
     struct wb_placement *place = calloc((u ? u : 1) * (m0.ndims ? m0.ndims : 1), sizeof(*place));
     if (!err && (!names || !place))
@@ -212,7 +350,7 @@ int ctl_plan_derive(const struct wb_job *job, struct ctl_plan *p, const struct w
     struct wb_trainer_layout tl;
     memset(&tl, 0, sizeof(tl));
     struct wb_model *md = p->md;
-    int err = derive_layout(p->ntrainers, inv, mesh, &md->trainer, &tl, el);
+    int err = derive_layout(job, p->ntrainers, inv, mesh, md, &tl, el);
     /* matched again: the registered dtypes decide between copies, casts and quantizations */
     struct wb_match *mt = NULL;
     err = err ? err : wb_match_run(md->rules, &md->trainer, &md->rollout, &mt, el);

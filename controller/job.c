@@ -20,6 +20,10 @@ static const struct wb_cfg_field model_fields[] = {
     {"vars", WB_CFG_STR, "",
      "values of the rules file's vars for this job, NAME=VALUE[,...] (mtp=1: DeepSeek MTP layer)",
      offsetof(struct wb_job, model.vars) - offsetof(struct wb_job, model)},
+    {"naming", WB_CFG_STR, "",
+     "the trainer naming, one of the rules file's namings (megatron, fused, ...); empty: the "
+     "one whose names the trainers register, else the file's first",
+     offsetof(struct wb_job, model.naming) - offsetof(struct wb_job, model)},
     {"trainer_inventory", WB_CFG_STR, "", "trainer parameters: YAML/JSON name -> dtype, shape",
      offsetof(struct wb_job, model.trainer_inventory) - offsetof(struct wb_job, model)},
     {"rollout_inventory", WB_CFG_STR, "", "rollout parameters: YAML/JSON name -> dtype, shape",

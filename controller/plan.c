@@ -269,6 +269,7 @@ void ctl_model_src(const struct wb_job *job, struct wb_model_src *src)
     *src = (struct wb_model_src){.rules = job->model.rules,
                                  .config = job->model.hf_config,
                                  .vars = job->model.vars,
+                                 .naming = job->model.naming,
                                  .trainer_inv = job->model.trainer_inventory,
                                  .rollout_inv = job->model.rollout_inventory,
                                  .trainer_layout = job->trainer_layout,

@@ -27,7 +27,8 @@
 
 struct top {
     char *family, *description;
-    const struct wb_ynode *model_type, *checks, *vars, *quant, *ignore, *trainer, *rollout, *rules;
+    const struct wb_ynode *model_type, *checks, *vars, *quant, *ignore, *trainer, *rollout, *rules,
+        *namings;
 };
 
 static const struct wb_cfg_field top_table[] = {
@@ -37,6 +38,9 @@ static const struct wb_cfg_field top_table[] = {
     {"model_type", WB_CFG_NODE, "",
      "config.json model_type values the file covers (a name or a list); others are refused",
      offsetof(struct top, model_type), NULL, NULL},
+    {"namings", WB_CFG_NODE, "",
+     "trainer namings the file describes (a list; the first is the default): hf when absent",
+     offsetof(struct top, namings), NULL, NULL},
     {"checks", WB_CFG_NODE, "",
      "conditions over config.json fields that must hold (a list of expressions)",
      offsetof(struct top, checks), NULL, NULL},
@@ -143,6 +147,122 @@ static int family_vars(const struct wb_yaml *y, const struct wb_ynode *node,
     *out = v;
     *nout = k;
     return 0;
+}
+
+static bool is_name(const char *s)
+{
+    if (!(isalpha((unsigned char)*s) || *s == '_'))
+        return false;
+    for (s++; *s; s++)
+        if (!(isalnum((unsigned char)*s) || *s == '_'))
+            return false;
+    return true;
+}
+
+/* "hf, megatron, megatron_local" */
+static void namings_str(const struct wb_family *f, char *buf, size_t cap)
+{
+    size_t pos = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < f->nnamings && pos < cap; i++)
+        pos += (size_t)snprintf(buf + pos, cap - pos, "%s%s", i ? ", " : "", f->namings[i]);
+}
+
+/* namings: [hf, fused, ...] — absent: [hf]. */
+static int family_namings(struct wb_family *f, const struct wb_ynode *node, struct wb_errlist *el)
+{
+    char at[300];
+    if (!node) {
+        if (!(f->namings[0] = strdup("hf")))
+            return -ENOMEM;
+        f->nnamings = 1;
+        return 0;
+    }
+    wb_yaml_where(f->y, node, at, sizeof(at));
+    size_t n = wb_ynode_kind(node) == WB_YNODE_SEQ ? wb_ynode_len(node) : 0;
+    if (n == 0 || n > WB_NAMING_MAX) {
+        wb_errlist_add(el,
+                       "%s: namings: expected a list of 1 to %d naming names, such as [hf, "
+                       "megatron]",
+                       at, WB_NAMING_MAX);
+        return -WB_E_CONFIG;
+    }
+    int r = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct wb_ynode *it = wb_ynode_item(f->y, node, i);
+        const char *name = wb_ynode_scalar(it);
+        wb_yaml_where(f->y, it, at, sizeof(at));
+        if (!name || !is_name(name)) {
+            wb_errlist_add(el, "%s: namings[%zu]: expected a name of letters, digits and _", at, i);
+            r = -WB_E_CONFIG;
+            continue;
+        }
+        for (size_t k = 0; k < f->nnamings; k++)
+            if (strcmp(f->namings[k], name) == 0) {
+                wb_errlist_add(el, "%s: namings: '%s' listed twice", at, name);
+                r = -WB_E_CONFIG;
+            }
+        if (!(f->namings[f->nnamings] = strdup(name)))
+            return -ENOMEM;
+        f->nnamings++;
+    }
+    return r;
+}
+
+int mx_naming_mask(const struct wb_family *f, const struct wb_ynode *node, uint32_t *mask,
+                   struct wb_errlist *el)
+{
+    uint32_t all = f->nnamings >= 32 ? UINT32_MAX : (1u << f->nnamings) - 1, m = 0;
+    if (!node) {
+        *mask = all;
+        return 0;
+    }
+    bool list = wb_ynode_kind(node) == WB_YNODE_SEQ;
+    size_t n = list ? wb_ynode_len(node) : 1;
+    char at[300], names[WB_NAMING_MAX * 40];
+    int r = 0;
+    if (n == 0) {
+        wb_errlist_add(el, "%s: naming: an empty list selects no naming",
+                       wb_yaml_where(f->y, node, at, sizeof(at)));
+        return -WB_E_CONFIG;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct wb_ynode *it = list ? wb_ynode_item(f->y, node, i) : node;
+        const char *name = wb_ynode_scalar(it);
+        wb_yaml_where(f->y, it, at, sizeof(at));
+        size_t k = 0;
+        while (name && k < f->nnamings && strcmp(f->namings[k], name) != 0)
+            k++;
+        if (!name || k == f->nnamings) {
+            namings_str(f, names, sizeof(names));
+            wb_errlist_add(el, "%s: naming: '%s' is not one of the file's namings (%s)", at,
+                           name ? name : "(a collection)", names);
+            r = -WB_E_CONFIG;
+            continue;
+        }
+        m |= 1u << k;
+    }
+    if (!r)
+        *mask = m;
+    return r;
+}
+
+int mx_naming_index(const struct wb_family *f, const char *path, const char *name, uint32_t *idx,
+                    struct wb_errlist *el)
+{
+    if (!name || !*name) {
+        *idx = 0;
+        return 0;
+    }
+    for (size_t k = 0; k < f->nnamings; k++)
+        if (strcmp(f->namings[k], name) == 0) {
+            *idx = (uint32_t)k;
+            return 0;
+        }
+    char names[WB_NAMING_MAX * 40];
+    namings_str(f, names, sizeof(names));
+    wb_errlist_add(el, "naming '%s': not one of %s's namings (%s)", name, path, names);
+    return -WB_E_CONFIG;
 }
 
 void mx_family_free_types(char **types, size_t n)
@@ -465,6 +585,8 @@ void mx_family_close(struct wb_family *f)
     free(f->description);
     free(f->quant.scale_suffix);
     mx_family_vars_free(f->dv, f->ndv);
+    for (size_t i = 0; i < f->nnamings; i++)
+        free(f->namings[i]);
     wb_yaml_free(f->y);
     free(f);
 }
@@ -510,6 +632,8 @@ int mx_family_open(const char *path, struct wb_family **out, struct wb_errlist *
         goto err;
     }
     if ((r = family_model_types(f, t.model_type, el)))
+        goto err;
+    if ((r = family_namings(f, t.namings, el)))
         goto err;
     if ((r = wb_cfg_parse(f->y, t.ignore, ignore_table, &ig, el)))
         goto err;
@@ -559,6 +683,7 @@ struct gblock {
     size_t nt;
     char where[300];
     bool reported;
+    uint32_t naming; /* the namings the block belongs to (a bit mask) */
 };
 
 struct gen {
@@ -580,7 +705,7 @@ struct gen {
 };
 
 struct block_cfg {
-    const struct wb_ynode *loops, *tensors;
+    const struct wb_ynode *loops, *tensors, *naming;
     char *when, *dtype, *fp8;
 };
 
@@ -594,18 +719,10 @@ static const struct wb_cfg_field block_table[] = {
      NULL, NULL},
     {"tensors", WB_CFG_NODE, NULL, "name template: shape", offsetof(struct block_cfg, tensors),
      NULL, NULL},
+    {"naming", WB_CFG_NODE, "", "trainer blocks: the naming(s) the block belongs to",
+     offsetof(struct block_cfg, naming), NULL, NULL},
     {0},
 };
-
-static bool is_name(const char *s)
-{
-    if (!(isalpha((unsigned char)*s) || *s == '_'))
-        return false;
-    for (s++; *s; s++)
-        if (!(isalnum((unsigned char)*s) || *s == '_'))
-            return false;
-    return true;
-}
 
 /* Compiles one expression scalar, reporting "file:l:c: <what> 'text': problem". */
 static struct wb_expr *compile_at(struct gen *g, const struct wb_ynode *n, const char *what)
@@ -694,7 +811,7 @@ static void compile_tensor(struct gen *g, struct gblock *b, const struct wb_ynod
     }
 }
 
-static void compile_block(struct gen *g, const struct wb_ynode *node)
+static void compile_block(struct gen *g, const struct wb_ynode *node, bool rollout)
 {
     const struct wb_yaml *y = g->f->y;
     struct gblock *b = &g->b[g->nb++];
@@ -708,6 +825,16 @@ static void compile_block(struct gen *g, const struct wb_ynode *node)
     if (wb_dtype_parse(c.dtype, &b->dt)) {
         wb_errlist_add(g->el, "%s: unknown dtype '%s'", b->where, c.dtype);
         g->err = -WB_E_CONFIG;
+    }
+    if (rollout && c.naming) {
+        char at[300];
+        wb_errlist_add(g->el,
+                       "%s: naming: only trainer blocks have a naming (the rollout side is the "
+                       "same for every naming)",
+                       wb_yaml_where(y, c.naming, at, sizeof(at)));
+        g->err = -WB_E_CONFIG;
+    } else if ((r = mx_naming_mask(g->f, c.naming, &b->naming, g->el))) {
+        g->err = r;
     }
     if (*c.when)
         b->when = compile_key(g, node, "when");
@@ -1075,28 +1202,36 @@ int wb_inv_generate(const char *family_yaml, const char *config_json, const char
 int wb_inv_generate_vars(const char *family_yaml, const char *config_json, const char *vars,
                          const char *side, struct wb_inventory *inv, struct wb_errlist *el)
 {
+    return wb_inv_generate_named(family_yaml, config_json, vars, NULL, side, inv, el);
+}
+
+int wb_inv_generate_named(const char *family_yaml, const char *config_json, const char *vars,
+                          const char *naming, const char *side, struct wb_inventory *inv,
+                          struct wb_errlist *el)
+{
     struct wb_family *f = NULL;
     int r = mx_family_open(family_yaml, &f, el);
     if (r == 0)
-        r = mx_inv_generate_family(f, family_yaml, config_json, vars, side, inv, el);
+        r = mx_inv_generate_family(f, family_yaml, config_json, vars, naming, side, inv, el);
     mx_family_close(f);
     return r;
 }
 
 int mx_inv_generate_family(struct wb_family *f, const char *family_yaml, const char *config_json,
-                           const char *vars, const char *side, struct wb_inventory *inv,
-                           struct wb_errlist *el)
+                           const char *vars, const char *naming, const char *side,
+                           struct wb_inventory *inv, struct wb_errlist *el)
 {
     struct wb_jcfg *cfg = NULL;
     struct wb_xvar *sets = NULL;
     char *sets_buf = NULL;
     size_t nsets = 0, before = el->n;
     int r;
-    if ((r = check_side(side, el)))
+    uint32_t ni = 0;
+    if ((r = check_side(side, el)) || (r = mx_naming_index(f, family_yaml, naming, &ni, el)))
         return r;
     if (!(r = mx_vars_parse(vars, f->dv, f->ndv, family_yaml, &sets, &nsets, &sets_buf, el)) &&
         !(r = mx_jcfg_load(config_json, &cfg, el)))
-        r = mx_inv_generate_parsed(f, family_yaml, cfg, sets, nsets, side, inv, el);
+        r = mx_inv_generate_parsed(f, family_yaml, cfg, sets, nsets, ni, side, inv, el);
     /* an allocation failure is an error with a message, never an empty success */
     if (r == -ENOMEM && el->n == before)
         wb_errlist_add(el, "%s: out of memory generating the %s inventory", family_yaml, side);
@@ -1107,8 +1242,8 @@ int mx_inv_generate_family(struct wb_family *f, const char *family_yaml, const c
 }
 
 int mx_inv_generate_parsed(struct wb_family *f, const char *family_yaml, const struct wb_jcfg *cfg,
-                           const struct wb_xvar *sets, size_t nsets, const char *side,
-                           struct wb_inventory *inv, struct wb_errlist *el)
+                           const struct wb_xvar *sets, size_t nsets, uint32_t naming,
+                           const char *side, struct wb_inventory *inv, struct wb_errlist *el)
 {
     struct gen g = {.el = el};
     int r;
@@ -1143,12 +1278,14 @@ int mx_inv_generate_parsed(struct wb_family *f, const char *family_yaml, const s
     if (rollout && (r = fp8_config_ok(&g)))
         goto out;
     for (size_t i = 0; i < nb; i++)
-        compile_block(&g, wb_ynode_item(f->y, sec, i));
+        compile_block(&g, wb_ynode_item(f->y, sec, i), rollout);
     /* every block runs even after an evaluation error, so all of them are reported; a
      * compile error stops before anything runs */
     if (!g.err)
         for (size_t i = 0; i < g.nb; i++) {
             struct wb_xvar vars[4];
+            if (!(g.b[i].naming & (1u << naming))) /* another naming's block */
+                continue;
             if ((r = run_block(&g, i, 0, vars))) {
                 g.err = r;
                 break;

@@ -3,6 +3,8 @@
  *  - TP along dim d: the tensor's parts along d (one per fused component, e.g. q/k/v or
  *    gate/up — taken from the components' dst boxes, so a stacked w13 has two parts spanning
  *    all experts) are each split over the tp ranks and concatenated in the rank's local tensor.
+ *    A grouped split's pieces (Megatron's linear_qkv: q of each query group) join the part of
+ *    the previous piece, so that q, k and v are one part each as vLLM splits them.
  *    A part with a head count (GQA k/v) is split by whole heads; with fewer heads than ranks
  *    it is replicated, rank r holding head r * heads / tp (vLLM's QKVParallelLinear);
  *  - TP with vocab padding (shard.pad, vLLM's VocabParallelEmbedding and ParallelLMHead):
@@ -51,6 +53,20 @@ static int parts_along(const struct wb_mapping *m, uint32_t d, uint64_t size, st
         const struct wb_box *b = &m->comp[i].dst;
         if (d >= b->ndim)
             continue;
+        if (m->comp[i].joins_prev) { /* a grouped split's piece: part of the previous one's */
+            size_t in = 0, at = 0;
+            while (in < n && !(p[in].off <= b->off[d] && b->off[d] < p[in].off + p[in].ext))
+                in++;
+            if (in < n) /* covered already (another expert's copy of the same piece) */
+                continue;
+            while (at < n && p[at].off + p[at].ext != b->off[d])
+                at++;
+            if (at < n) {
+                p[at].ext += b->ext[d];
+                p[at].heads += m->comp[i].heads;
+                continue;
+            }
+        }
         size_t k = 0;
         while (k < n && p[k].off != b->off[d])
             k++;

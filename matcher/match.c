@@ -35,6 +35,7 @@ struct mctx {
     /* per rule, WB_SPLIT_MAX each: a split rule's component sizes; -1 = could not be
      * evaluated (said when a tensor uses the rule, as head_dim) */
     int64_t *split_size;
+    int64_t *groups;      /* per rule: a split's groups (1 without `groups`), -1 = error */
     uint32_t *rule_built; /* per rule: rollout tensors it built (or tried to) */
     struct wb_mapping *map;
     size_t n, cap;
@@ -135,16 +136,47 @@ static int eval_rule_expr(const struct mctx *c, const struct wb_expr *e, int64_t
     return r;
 }
 
+/* A dropped split component's size may be 0 (Megatron's vocab padding when the vocab divides
+ * already); eval_rule_expr's "not positive (0)" is then no error. */
+static int eval_split_expr(const struct mctx *c, const struct wb_split *sp, int64_t *out, char *err,
+                           size_t errcap)
+{
+    int r = eval_rule_expr(c, sp->size, out, err, errcap);
+    if (r == -EINVAL && sp->drop && strcmp(err, "not positive (0)") == 0) {
+        *out = 0;
+        return 0;
+    }
+    return r;
+}
+
+/* Groups of a grouped split: at most this many (each group is a component per name). */
+enum { WB_SPLIT_MAX_GROUPS = 4096 };
+
+static int eval_groups(const struct mctx *c, const struct wb_rule *rl, int64_t *out, char *err,
+                       size_t errcap)
+{
+    if (!rl->groups) {
+        *out = 1;
+        return 0;
+    }
+    int r = eval_rule_expr(c, rl->groups, out, err, errcap);
+    if (r == 0 && *out > WB_SPLIT_MAX_GROUPS) {
+        snprintf(err, errcap, "%lld groups, more than %d", (long long)*out, WB_SPLIT_MAX_GROUPS);
+        r = -E2BIG;
+    }
+    return r;
+}
+
 static void eval_split_sizes(struct mctx *c)
 {
     for (size_t i = 0; i < c->rs->n; i++) {
         const struct wb_rule *rl = &c->rs->r[i];
-        for (size_t k = 0; k < rl->nsplit; k++) {
-            char err[256];
-            int64_t v;
+        char err[256];
+        int64_t v;
+        for (size_t k = 0; k < rl->nsplit; k++)
             c->split_size[i * WB_SPLIT_MAX + k] =
-                eval_rule_expr(c, rl->split[k].size, &v, err, sizeof(err)) ? -1 : v;
-        }
+                eval_split_expr(c, &rl->split[k], &v, err, sizeof(err)) ? -1 : v;
+        c->groups[i] = eval_groups(c, rl, &v, err, sizeof(err)) ? -1 : v;
     }
 }
 
@@ -175,6 +207,7 @@ struct build {
     size_t nmissing;
     char missing[3][WB_NAME_MAX];
     bool bad;
+    uint64_t dropped; /* split: elements of each trainer tensor cut off (`_` components) */
 };
 
 static int push_comp(struct build *b, uint32_t t, const struct wb_box *src,
@@ -189,14 +222,35 @@ static int push_comp(struct build *b, uint32_t t, const struct wb_box *src,
     return 0;
 }
 
-/* Component i's name in messages: a split rule's name for it ("k"), else its trainer tensor's
- * label ("k_proj"). */
+/* Component i's name in messages: a split rule's name for it ("k", "q of group 1": found by
+ * its place in the rollout tensor), else its trainer tensor's label ("k_proj"). */
 static void comp_label(const struct build *b, size_t i, char *buf, size_t cap)
 {
-    if (b->rl->nsplit && b->ncomp == b->rl->nsplit)
-        snprintf(buf, cap, "%s", b->rl->split[i].name);
-    else
-        mx_name_label(b->c->T->p[b->comp[i].trainer].name, buf, cap);
+    const struct wb_rule *rl = b->rl;
+    const struct mctx *c = b->c;
+    if (rl->nsplit) {
+        size_t ri = (size_t)(rl - c->rs->r);
+        const int64_t *size = &c->split_size[ri * WB_SPLIT_MAX];
+        int64_t g = c->groups[ri] > 0 ? c->groups[ri] : 1;
+        const struct wb_box *dst = &b->comp[i].dst;
+        uint32_t d = rl->dim;
+        uint64_t at = d < dst->ndim ? dst->off[d] : 0, off = 0;
+        for (size_t k = 0; k < rl->nsplit; k++) {
+            if (rl->split[k].drop || size[k] <= 0)
+                continue;
+            uint64_t ext = (uint64_t)size[k] * (uint64_t)g;
+            if (at >= off && at < off + ext) {
+                if (g == 1)
+                    snprintf(buf, cap, "%s", rl->split[k].name);
+                else
+                    snprintf(buf, cap, "%s of group %llu", rl->split[k].name,
+                             (unsigned long long)((at - off) / (uint64_t)size[k]));
+                return;
+            }
+            off += ext;
+        }
+    }
+    mx_name_label(c->T->p[b->comp[i].trainer].name, buf, cap);
 }
 
 static void note_missing(struct build *b, const char *name)
@@ -286,32 +340,45 @@ static void build_permuted(struct build *b, uint32_t t)
     b->bad = true;
 }
 
-/* A split rename: trainer tensor t, fused already (Phi-3's qkv_proj), cut along the rule's dim
- * into its named components, each at the same place in the rollout tensor, so that a TP split
- * takes each one's share (rank r: [q_r; k_r; v_r]) as it does for a fuse rule's components.
- * The sizes must add up to the tensor's size along the dim. Replaces the whole-tensor
- * component build_from pushed. */
-static void build_split(struct build *b, uint32_t t)
+/* A split: trainer tensor t, fused already (Phi-3's qkv_proj), cut along the rule's dim into
+ * its named components, each at its place in the rollout tensor, so that a TP split takes each
+ * one's share (rank r: [q_r; k_r; v_r]) as it does for a fuse rule's components. With `groups`
+ * the tensor is G repetitions of the components (Megatron's linear_qkv: per query group [q; k;
+ * v]); component c of group g goes to c's place, group g's slot, and continues the rollout part
+ * of group g-1's piece (joins_prev), so that the rollout's TP split sees one q, one k, one v.
+ * Components named `_` are cut off. Stacked (e = expert): the pieces go to rollout [e, ...].
+ * The trainer tensor must be G x the sizes along the dim; the rollout (item) shape must be the
+ * trainer's less the dropped parts. */
+static void build_split(struct build *b, uint32_t t, bool stacked, uint64_t e)
 {
     struct mctx *c = b->c;
     const struct wb_rule *rl = b->rl;
     const struct wb_param *T = &c->T->p[t];
     const char *path = c->rs->path;
-    char s[128];
-    uint32_t d = rl->dim;
+    char s[128], a[128];
+    size_t ri = (size_t)(rl - c->rs->r);
+    uint32_t dd = rl->dim, d = stacked ? dd - 1 : dd; /* rollout dim, trainer dim */
     if (d >= T->shape.ndim) {
         merr(c, "%s: split along dim %u, but trainer tensor %s %s has %u dims (rule %s:%u)",
              b->R->name, d, T->name, shp(&T->shape, s, sizeof(s)), T->shape.ndim, path, rl->line);
         b->bad = true;
         return;
     }
-    const int64_t *size = &c->split_size[(size_t)(rl - c->rs->r) * WB_SPLIT_MAX];
-    uint64_t sum = 0;
+    char err[256];
+    int64_t v;
+    if (c->groups[ri] < 0) {
+        eval_groups(c, rl, &v, err, sizeof(err));
+        merr(c, "%s: split groups '%s': %s (rule %s:%u)", b->R->name, mx_expr_text(rl->groups), err,
+             path, rl->line);
+        b->bad = true;
+        return;
+    }
+    uint64_t g = (uint64_t)c->groups[ri];
+    const int64_t *size = &c->split_size[ri * WB_SPLIT_MAX];
+    uint64_t sum = 0, kept = 0;
     for (size_t k = 0; k < rl->nsplit; k++) {
         if (size[k] < 0) {
-            char err[256];
-            int64_t v;
-            eval_rule_expr(c, rl->split[k].size, &v, err, sizeof(err));
+            eval_split_expr(c, &rl->split[k], &v, err, sizeof(err));
             merr(c, "%s: split %s: '%s': %s (rule %s:%u)", b->R->name, rl->split[k].name,
                  mx_expr_text(rl->split[k].size), err, path, rl->line);
             b->bad = true;
@@ -321,31 +388,83 @@ static void build_split(struct build *b, uint32_t t)
          * sizes up to it (2^48) add up without overflow */
         sum = sum == UINT64_MAX || (uint64_t)size[k] > T->shape.dim[d] ? UINT64_MAX
                                                                        : sum + (uint64_t)size[k];
+        if (!rl->split[k].drop)
+            kept += (uint64_t)size[k] <= T->shape.dim[d] ? (uint64_t)size[k] : 0;
     }
-    if (sum != T->shape.dim[d]) {
-        char parts[512];
+    /* g <= 4096 and sum <= 2^48 unless saturated: no overflow */
+    uint64_t total = sum == UINT64_MAX ? UINT64_MAX : sum * g;
+    if (total != T->shape.dim[d]) {
+        char parts[512], tot[64] = "more";
         size_t pos = 0;
         for (size_t k = 0; k < rl->nsplit && pos < sizeof(parts); k++)
             pos += (size_t)snprintf(parts + pos, sizeof(parts) - pos, "%s%s %lld", k ? " + " : "",
                                     rl->split[k].name, (long long)size[k]);
-        char total[32] = "more";
-        if (sum != UINT64_MAX)
-            snprintf(total, sizeof(total), "%llu", (unsigned long long)sum);
+        if (total != UINT64_MAX && g > 1)
+            snprintf(tot, sizeof(tot), "%llu, x %llu groups = %llu", (unsigned long long)sum,
+                     (unsigned long long)g, (unsigned long long)total);
+        else if (total != UINT64_MAX)
+            snprintf(tot, sizeof(tot), "%llu", (unsigned long long)total);
         merr(c, "%s: split %s = %s, but trainer tensor %s %s has %llu along dim %u (rule %s:%u)",
-             b->R->name, parts, total, T->name, shp(&T->shape, s, sizeof(s)),
+             b->R->name, parts, tot, T->name, shp(&T->shape, s, sizeof(s)),
              (unsigned long long)T->shape.dim[d], d, path, rl->line);
         b->bad = true;
         return;
     }
-    b->ncomp = 0;
-    uint64_t off = 0;
+    /* the rollout (item) shape: the trainer's less what is dropped */
+    struct wb_shape want = T->shape, got = b->R->shape;
+    want.dim[d] = kept * g;
+    if (stacked) {
+        got.ndim = b->R->shape.ndim ? b->R->shape.ndim - 1 : 0;
+        for (uint32_t k = 0; k < got.ndim; k++)
+            got.dim[k] = b->R->shape.dim[k + 1];
+    }
+    if (!wb_shape_eq(&want, &got)) {
+        if (kept * g == T->shape.dim[d])
+            merr(c, "%s: rollout shape %s != trainer shape %s (%s) (rule %s:%u)", b->R->name,
+                 shp(&b->R->shape, a, sizeof(a)), shp(&T->shape, s, sizeof(s)), T->name, path,
+                 rl->line);
+        else {
+            char w[128];
+            merr(c,
+                 "%s: rollout shape %s != trainer shape %s less the dropped `_` components = %s "
+                 "(%s) (rule %s:%u)",
+                 b->R->name, shp(&b->R->shape, a, sizeof(a)), shp(&T->shape, s, sizeof(s)),
+                 shp(&want, w, sizeof(w)), T->name, path, rl->line);
+        }
+        b->bad = true;
+        return;
+    }
+    uint64_t outer = 1; /* elements per unit along d: the dims other than d */
+    for (uint32_t k = 0; k < T->shape.ndim; k++)
+        outer *= k == d ? 1 : T->shape.dim[k];
+    b->dropped = (T->shape.dim[d] - kept * g) * outer;
+    uint64_t coff = 0; /* component c's place in the rollout along d */
     for (size_t k = 0; k < rl->nsplit; k++) {
-        struct wb_box box = wb_box_full(&T->shape);
-        box.off[d] = off;
-        box.ext[d] = (uint64_t)size[k];
-        off += (uint64_t)size[k];
-        if (push_comp(b, t, &box, &box))
-            return;
+        if (rl->split[k].drop)
+            continue;
+        uint64_t in = 0; /* component k's offset within a group of the trainer tensor */
+        for (size_t j = 0; j < k; j++)
+            in += (uint64_t)size[j];
+        for (uint64_t gi = 0; gi < g; gi++) {
+            struct wb_box src = wb_box_full(&T->shape), dst;
+            src.off[d] = gi * sum + in;
+            src.ext[d] = (uint64_t)size[k];
+            dst = src;
+            dst.off[d] = coff + gi * (uint64_t)size[k];
+            if (stacked) {
+                dst.ndim = src.ndim + 1;
+                for (uint32_t q = src.ndim; q > 0; q--) {
+                    dst.off[q] = dst.off[q - 1];
+                    dst.ext[q] = dst.ext[q - 1];
+                }
+                dst.off[0] = e;
+                dst.ext[0] = 1;
+            }
+            if (push_comp(b, t, &src, &dst))
+                return;
+            b->comp[b->ncomp - 1].joins_prev = gi > 0;
+        }
+        coff += (uint64_t)size[k] * g;
     }
 }
 
@@ -377,6 +496,10 @@ static void build_from(struct build *b, enum wb_map_kind *kind)
         build_permuted(b, (uint32_t)t);
         return;
     }
+    if (b->rl->nsplit) {
+        build_split(b, (uint32_t)t, false, 0);
+        return;
+    }
     push_comp(b, (uint32_t)t, &full, &full);
     if (!wb_shape_eq(&T->shape, &b->R->shape)) {
         char a[128], s[128];
@@ -386,8 +509,6 @@ static void build_from(struct build *b, enum wb_map_kind *kind)
         b->bad = true;
         return;
     }
-    if (b->rl->nsplit && !c->fatal)
-        build_split(b, (uint32_t)t);
 }
 
 /* Concatenates the rule's `from` tensors along item dim d into the rollout box at leading
@@ -513,6 +634,26 @@ static void build_stack(struct build *b)
         item.dim[k - 1] = rs->dim[k];
     uint32_t d = b->rl->nfrom > 1 ? b->rl->dim - 1 : 0;
     bool ok = true, shape_reported = false;
+    if (b->rl->nsplit) { /* per-expert tensors fused already, each split */
+        char name[WB_NAME_MAX];
+        for (uint64_t e = 0; e < rs->dim[0] && !c->fatal; e++) {
+            ssize_t t = lookup(b, &b->rl->from[0], b->rl->stack_var, e, name);
+            if (t < 0) {
+                if (!b->bad || b->nmissing)
+                    note_missing(b, name);
+                ok = false;
+                continue;
+            }
+            if (!shape_reported) {
+                bool was = b->bad;
+                build_split(b, (uint32_t)t, true, e);
+                shape_reported = b->bad && !was;
+            }
+        }
+        if (!ok)
+            report_missing(b);
+        return;
+    }
     for (uint64_t e = 0; e < rs->dim[0]; e++) {
         size_t first = b->ncomp;
         if (!gather_fused(b, true, e, d)) {
@@ -841,8 +982,10 @@ static void split_fp8_copy(struct mctx *c, size_t vi)
                            .fp8_scales = true};
     for (uint32_t i = 0; i < v->ncomp; i++) {
         const struct wb_component *vc = &v->comp[i];
-        comp[i] = (struct wb_component){
-            .trainer = (uint32_t)vc->trainer_scale, .heads = vc->heads, .trainer_scale = -1};
+        comp[i] = (struct wb_component){.trainer = (uint32_t)vc->trainer_scale,
+                                        .heads = vc->heads,
+                                        .trainer_scale = -1,
+                                        .joins_prev = vc->joins_prev};
         /* both boxes start on block edges (checked when the values were matched) */
         wb_scale_box(&vc->src, v->block, &comp[i].src);
         wb_scale_box(&vc->dst, v->block, &comp[i].dst);
@@ -861,7 +1004,7 @@ static void build_one(struct mctx *c, size_t ri, size_t rule_index, const struct
     case WB_RULE_FROM:
         build_from(&b, &m.kind);
         report_missing(&b);
-        if (rl->nsplit)
+        if (rl->nsplit && m.kind != WB_MAP_TIE)
             m.kind = WB_MAP_SPLIT;
         break;
     case WB_RULE_FUSE:
@@ -886,6 +1029,10 @@ static void build_one(struct mctx *c, size_t ri, size_t rule_index, const struct
             c->t_failed[b.comp[i].trainer] = 1;
         else
             account(c, ri, &b.comp[i], m.kind == WB_MAP_TIE);
+        /* a split's dropped elements, once per trainer tensor (its pieces are consecutive) */
+        if (!b.bad && m.kind != WB_MAP_TIE && b.dropped &&
+            (i == 0 || b.comp[i - 1].trainer != b.comp[i].trainer))
+            c->t_used[b.comp[i].trainer] += b.dropped;
     }
     if (b.bad || c->fatal || !b.ncomp) {
         free(b.comp);
@@ -984,7 +1131,7 @@ static void report_unbuilt(struct mctx *c, size_t first)
     size_t at = first;
     for (size_t k = 0; k < rs->n && !c->fatal; k++) {
         const struct wb_rule *rl = &rs->r[k];
-        if (c->rule_built[k] || rl->optional)
+        if (c->rule_built[k] || rl->optional || !(rl->naming & (1u << rs->naming)))
             continue;
         /* names it matches, taken first by an earlier rule or by ignore.rollout */
         size_t nmatch = 0, by = 0, ex = 0;
@@ -998,7 +1145,9 @@ static void report_unbuilt(struct mctx *c, size_t first)
             ex = i;
             by = rs->n; /* ignore.rollout, unless an earlier rule took it */
             if (!any_match(rs->ign_rollout, rs->nign_rollout, name))
-                for (by = 0; by < k && !mx_pat_match(&rs->r[by].rollout, name, &caps); by++)
+                for (by = 0; by < k && (!(rs->r[by].naming & (1u << rs->naming)) ||
+                                        !mx_pat_match(&rs->r[by].rollout, name, &caps));
+                     by++)
                     ;
         }
         if (!nmatch && rs->partial_rollout)
@@ -1053,8 +1202,9 @@ int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *
     c.head_dim = calloc(rules->n + 1, sizeof(*c.head_dim));
     c.split_size = calloc(rules->n * WB_SPLIT_MAX + 1, sizeof(*c.split_size));
     c.rule_built = calloc(rules->n + 1, sizeof(*c.rule_built));
+    c.groups = calloc(rules->n + 1, sizeof(*c.groups));
     if (!c.r_scale || !c.r_is_scale || !c.t_scale || !c.t_is_scale || !c.t_used || !c.t_user ||
-        !c.t_over || !c.t_failed || !c.head_dim || !c.split_size || !c.rule_built)
+        !c.t_over || !c.t_failed || !c.head_dim || !c.split_size || !c.rule_built || !c.groups)
         goto out;
     for (size_t i = 0; i < nt; i++)
         c.t_user[i] = -1;
@@ -1073,6 +1223,8 @@ int wb_match_run(const struct wb_match_rules *rules, const struct wb_inventory *
         size_t len = strlen(name), k = 0;
         for (; k < rules->n; k++) {
             const struct wb_rule *rl = &rules->r[k];
+            if (!(rl->naming & (1u << rules->naming))) /* another naming's rule */
+                continue;
             if (rl->suffix_len && !ends_with(name, len, rl->suffix, rl->suffix_len))
                 continue;
             if (mx_pat_match(&rl->rollout, name, &caps))
@@ -1169,5 +1321,6 @@ out:
     free(c.head_dim);
     free(c.split_size);
     free(c.rule_built);
+    free(c.groups);
     return r;
 }

@@ -68,6 +68,12 @@ int wb_inv_generate(const char *family_yaml, const char *config_json, const char
  * multi-token-prediction layers (configs/models/README.md). */
 int wb_inv_generate_vars(const char *family_yaml, const char *config_json, const char *vars,
                          const char *side, struct wb_inventory *inv, struct wb_errlist *el);
+/* The same for one of the family file's trainer namings (`namings:`, e.g. "megatron"; NULL or
+ * "": the file's first). The naming selects the trainer blocks; the rollout side is the same
+ * for every naming. A name the file does not list is -WB_E_CONFIG naming the file's namings. */
+int wb_inv_generate_named(const char *family_yaml, const char *config_json, const char *vars,
+                          const char *naming, const char *side, struct wb_inventory *inv,
+                          struct wb_errlist *el);
 /* Bounds of one generation, so that a config.json value never makes it run for long or grow
  * without end: loop iterations of a section, all levels and blocks counted together, and
  * generated tensors. Past either the generator stops with an error. */
@@ -88,6 +94,16 @@ int wb_match_rules_bind_config(struct wb_match_rules *r, const char *config_json
 /* Optional: the job's values of the family's vars, as for wb_inv_generate_vars() (the same
  * text must be given to both, so that both sides and the rules agree). */
 int wb_match_rules_set_vars(struct wb_match_rules *r, const char *vars, struct wb_errlist *el);
+/* Optional: the trainer naming the match and wb_match_rules_generate() use (NULL or "": the
+ * file's first). Only the rules of that naming apply. -WB_E_CONFIG for a name the file does
+ * not list. Give wb_inv_generate_named() the same naming. */
+int wb_match_rules_set_naming(struct wb_match_rules *r, const char *naming, struct wb_errlist *el);
+/* The file's namings, in order (the first the default), and the one selected now. */
+size_t wb_match_rules_namings(const struct wb_match_rules *r, const char *const **names);
+const char *wb_match_rules_naming(const struct wb_match_rules *r);
+/* Whether the family file has a var of this name (`vars:`): the controller sets mesh_<dim>
+ * vars from the trainers' registered device mesh. */
+bool wb_match_rules_has_var(const struct wb_match_rules *r, const char *name);
 /* Optional: the rollout inventory matched with these rules is not generated from the family
  * file (an inventory file, a test's few tensors) and may hold part of the model. A rule that
  * matches none of its names is then not an error (it may describe tensors this inventory leaves
@@ -157,6 +173,10 @@ struct wb_component {
      * in order, up to stacking. The planner refuses permuted components for now. */
     bool permuted;
     uint8_t perm[WB_MAX_DIMS];
+    /* A grouped split's piece (Megatron's linear_qkv: q of query group g > 0): it continues the
+     * rollout part of the previous piece of the same named component, so that the rollout's TP
+     * split sees one part per name (one q, one k, one v, heads summed), as vLLM shards it. */
+    bool joins_prev;
 };
 /* An unstacking component (trainer stacked, rollout per expert) has src.ndim == dst.ndim + 1
  * with src.ext[0] == 1: the leading 1 changes no element order. */

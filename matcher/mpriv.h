@@ -149,6 +149,7 @@ enum wb_rule_kind { WB_RULE_FROM, WB_RULE_FUSE, WB_RULE_STACK, WB_RULE_UNSTACK }
 struct wb_split {
     char *name;
     struct wb_expr *size;
+    bool drop; /* named `_`: cut off, not moved (Megatron's padded vocab rows) */
 };
 enum { WB_SPLIT_MAX = 16 }; /* as many as a rollout rank's pieces (WB_MAX_PIECES) */
 
@@ -172,6 +173,10 @@ struct wb_rule {
      * share as it takes a fused rule's. nsplit 0: not split. */
     struct wb_split *split;
     size_t nsplit;
+    /* with split: the trainer tensor is this many repetitions of the components along dim
+     * (Megatron's linear_qkv per query group); NULL: one */
+    struct wb_expr *groups;
+    uint32_t naming;   /* the namings the rule belongs to (a bit mask over the file's namings) */
     bool optional;     /* may build no rollout tensor (MTP layers, configs without biases) */
     size_t suffix_len; /* literal tail of the rollout pattern, for a quick reject */
     const char *suffix;
@@ -201,10 +206,14 @@ struct wb_match_rules {
     size_t nmodel_types;
     char model_type_at[300];
     bool partial_rollout; /* wb_match_rules_partial_rollout */
+    uint32_t naming;      /* the selected naming (index into fam->namings) */
     struct wb_xvar *sets; /* the job's values of vars (wb_match_rules_set_vars) */
     size_t nsets;
     char *sets_buf;
 };
+
+/* Trainer namings a family file may list (`namings:`), so that a naming set is a uint32_t. */
+enum { WB_NAMING_MAX = 16 };
 
 /* A model-family file opened and checked at the top level (generate.c); shared by the
  * generator and the rules loader, which read different sections of the same file. */
@@ -226,20 +235,32 @@ struct wb_family {
     char model_type_at[300];
     struct wb_xderived *checks; /* conditions that must hold (name: the expression text) */
     size_t nchecks;
+    /* `namings:` — the trainer namings the file describes, the first the default; a file
+     * without the key has one, "hf". A block or rule's naming set is a bit mask over them. */
+    char *namings[WB_NAMING_MAX];
+    size_t nnamings;
 };
 
 int mx_family_open(const char *path, struct wb_family **out, struct wb_errlist *el);
+/* A `naming:` key (a name or a list of the file's namings) as a bit mask; node NULL: every
+ * naming. An unknown name is an error at its place. */
+int mx_naming_mask(const struct wb_family *f, const struct wb_ynode *node, uint32_t *mask,
+                   struct wb_errlist *el);
+/* The index of naming `name` in the file's namings (NULL or "": the first, the default); an
+ * unknown name is an error naming the file's namings. */
+int mx_naming_index(const struct wb_family *f, const char *path, const char *name, uint32_t *idx,
+                    struct wb_errlist *el);
 void mx_family_close(struct wb_family *f);
 /* wb_inv_generate_vars on a family file opened once (the fuzz target generates thousands of
  * inventories from one family; the family is only read). */
 int mx_inv_generate_family(struct wb_family *f, const char *family_yaml, const char *config_json,
-                           const char *vars, const char *side, struct wb_inventory *inv,
-                           struct wb_errlist *el);
+                           const char *vars, const char *naming, const char *side,
+                           struct wb_inventory *inv, struct wb_errlist *el);
 /* The generation itself, from a family and a config.json already read and the job's vars
  * already parsed (no message for running out of memory: the callers add theirs). */
 int mx_inv_generate_parsed(struct wb_family *f, const char *family_yaml, const struct wb_jcfg *cfg,
-                           const struct wb_xvar *sets, size_t nsets, const char *side,
-                           struct wb_inventory *inv, struct wb_errlist *el);
+                           const struct wb_xvar *sets, size_t nsets, uint32_t naming,
+                           const char *side, struct wb_inventory *inv, struct wb_errlist *el);
 void mx_family_vars_free(struct wb_xderived *v, size_t n);
 void mx_family_free_types(char **types, size_t n);
 

@@ -37,8 +37,8 @@
 #include <string.h>
 
 struct rule_cfg {
-    char *rollout, *stack, *index, *tied;
-    const struct wb_ynode *from, *chunk, *shard, *permute, *split;
+    char *rollout, *stack, *index, *tied, *groups;
+    const struct wb_ynode *from, *chunk, *shard, *permute, *split, *naming;
     uint64_t dim;
     bool optional;
 };
@@ -65,6 +65,11 @@ static const struct wb_cfg_field rule_table[] = {
     {"split", WB_CFG_NODE, "",
      "[name: size, ...]: the one `from` tensor is fused already; its components along dim",
      offsetof(struct rule_cfg, split), NULL, NULL},
+    {"groups", WB_CFG_STR, "",
+     "with split: the trainer tensor repeats the components this many times along dim",
+     offsetof(struct rule_cfg, groups), NULL, NULL},
+    {"naming", WB_CFG_NODE, "", "the trainer naming(s) the rule belongs to (default: every one)",
+     offsetof(struct rule_cfg, naming), NULL, NULL},
     {"optional", WB_CFG_BOOL, "false",
      "the rule may build no rollout tensor (else that is an error: a typo falls through)",
      offsetof(struct rule_cfg, optional), NULL, NULL},
@@ -105,6 +110,7 @@ static void rule_free(struct wb_rule *r)
         mx_expr_free(r->split[i].size);
     }
     free(r->split);
+    mx_expr_free(r->groups);
 }
 
 void wb_match_rules_free(struct wb_match_rules *r)
@@ -354,12 +360,14 @@ static int load_split(const struct wb_yaml *y, const struct wb_ynode *n, struct 
             r = -WB_E_CONFIG;
             continue;
         }
-        for (size_t j = 0; j < rl->nsplit; j++)
+        bool drop = strcmp(name, "_") == 0;
+        for (size_t j = 0; j < rl->nsplit && !drop; j++)
             if (strcmp(rl->split[j].name, name) == 0) {
                 wb_errlist_add(el, "%s: split[%zu]: component '%s' named twice", at, i, name);
                 r = -WB_E_CONFIG;
             }
         struct wb_split *sp = &rl->split[rl->nsplit];
+        sp->drop = drop;
         if (!(sp->name = strdup(name)))
             return -ENOMEM;
         rl->nsplit++; /* freed with the rule from here on */
@@ -375,19 +383,34 @@ static int load_split(const struct wb_yaml *y, const struct wb_ynode *n, struct 
     if (r)
         return r;
     wb_yaml_where(y, n, at, sizeof(at));
-    if (rl->kind != WB_RULE_FROM || rl->tied.src || rl->nperm) {
+    size_t kept = 0;
+    for (size_t i = 0; i < rl->nsplit; i++)
+        kept += !rl->split[i].drop;
+    if (!kept) {
+        wb_errlist_add(el, "%s: split: every component is dropped (`_`); keep at least one", at);
+        return -WB_E_CONFIG;
+    }
+    if ((rl->kind != WB_RULE_FROM && rl->kind != WB_RULE_STACK) || rl->nfrom != 1 || rl->nperm) {
         wb_errlist_add(el,
-                       "%s: split: only for a rule with a single `from` (no fuse, stack, index, "
-                       "tied or permute)",
+                       "%s: split: only for a rule with a single `from` (no fuse, index or "
+                       "permute)",
+                       at);
+        return -WB_E_CONFIG;
+    }
+    if (rl->kind == WB_RULE_STACK && rl->dim == 0) {
+        wb_errlist_add(el,
+                       "%s: split: with stack, dim is the rollout dim of the components, >= 1 "
+                       "(dim 0 holds the stack)",
                        at);
         return -WB_E_CONFIG;
     }
     return 0;
 }
 
-static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct wb_rule *rl,
+static int load_rule(const struct wb_family *f, const struct wb_ynode *n, struct wb_rule *rl,
                      struct wb_errlist *el)
 {
+    const struct wb_yaml *y = f->y;
     char at[300], err[256];
     struct rule_cfg c = {0};
     wb_yaml_where(y, n, at, sizeof(at));
@@ -506,6 +529,24 @@ static int load_rule(const struct wb_yaml *y, const struct wb_ynode *n, struct w
     r = e ? e : r; /* -WB_E_CONFIG (said) or -ENOMEM */
     e = c.split ? load_split(y, c.split, rl, el) : 0;
     r = e ? e : r;
+    if (*c.groups) {
+        const struct wb_ynode *gn = wb_ynode_get(y, n, "groups");
+        char gat[300];
+        wb_yaml_where(y, gn ? gn : n, gat, sizeof(gat));
+        if (!c.split) {
+            wb_errlist_add(el, "%s: groups: only with split (the components of one group)", gat);
+            r = r ? r : -WB_E_CONFIG;
+        } else if ((e = mx_expr_compile(c.groups, &rl->groups, err, sizeof(err)))) {
+            if (e == -ENOMEM)
+                r = e;
+            else {
+                wb_errlist_add(el, "%s: groups: bad expression '%s': %s", gat, c.groups, err);
+                r = r ? r : -WB_E_CONFIG;
+            }
+        }
+    }
+    e = mx_naming_mask(f, c.naming, &rl->naming, el);
+    r = e ? e : r;
     e = load_shard(y, c.shard, rl, el);
     r = e ? e : r;
     rl->optional = c.optional;
@@ -586,7 +627,7 @@ static int rules_load(const char *path, struct wb_match_rules **out, struct wb_e
     for (size_t i = 0; i < n; i++) {
         struct wb_rule *rl = &rs->r[rs->n];
         const struct wb_ynode *node = wb_ynode_item(y, f->rules, i);
-        int e = load_rule(y, node, rl, el);
+        int e = load_rule(f, node, rl, el);
         rs->n++; /* freed with the rest, even when half loaded */
         if (e) {
             r = r ? r : e;
@@ -596,7 +637,8 @@ static int rules_load(const char *path, struct wb_match_rules **out, struct wb_e
         wb_yaml_where(y, node, at, sizeof(at));
         bool said = false;
         for (size_t k = 0; k + 1 < rs->n && !said; k++) {
-            if (!rs->r[k].rollout.src)
+            /* rules of different namings never meet */
+            if (!rs->r[k].rollout.src || !(rs->r[k].naming & rl->naming))
                 continue;
             if (strcmp(rs->r[k].rollout.src, rl->rollout.src) == 0) {
                 wb_errlist_add(el, "%s: rollout '%s' duplicates the rule at line %u", at,
@@ -693,7 +735,8 @@ int wb_match_rules_generate(struct wb_match_rules *r, const char *config_json, c
                 ? rules_config(r, config_json, &cfg, el)
                 : 0; /* mx_inv_generate_parsed says what is wrong with side */
     if (!e)
-        e = mx_inv_generate_parsed(r->fam, r->path, cfg, r->sets, r->nsets, side, inv, el);
+        e = mx_inv_generate_parsed(r->fam, r->path, cfg, r->sets, r->nsets, r->naming, side, inv,
+                                   el);
     /* an allocation failure is an error with a message, never an empty success */
     if (e == -ENOMEM && el->n == before)
         wb_errlist_add(el, "%s: out of memory generating the %s inventory", r->path, side);
@@ -719,4 +762,32 @@ int wb_match_rules_set_vars(struct wb_match_rules *r, const char *vars, struct w
     r->nsets = n;
     r->sets_buf = buf;
     return 0;
+}
+
+int wb_match_rules_set_naming(struct wb_match_rules *r, const char *naming, struct wb_errlist *el)
+{
+    uint32_t idx;
+    int e = mx_naming_index(r->fam, r->path, naming, &idx, el);
+    if (!e)
+        r->naming = idx;
+    return e;
+}
+
+size_t wb_match_rules_namings(const struct wb_match_rules *r, const char *const **names)
+{
+    *names = (const char *const *)r->fam->namings;
+    return r->fam->nnamings;
+}
+
+const char *wb_match_rules_naming(const struct wb_match_rules *r)
+{
+    return r->fam->namings[r->naming];
+}
+
+bool wb_match_rules_has_var(const struct wb_match_rules *r, const char *name)
+{
+    for (size_t i = 0; i < r->nvars; i++)
+        if (strcmp(r->vars[i].name, name) == 0)
+            return true;
+    return false;
 }

@@ -214,6 +214,9 @@ struct wb_model_src {
     /* the trainer inventory in memory instead (copied): a checkpoint's tensors as they are.
      * Last, so that bindings written before it (Python's _ModelSrc) keep their layout. */
     const struct wb_inventory *trainer_mem;
+    /* the trainer naming (one of the family file's `namings:`, e.g. "megatron"); NULL or "":
+     * the file's first. After trainer_mem for the same reason. */
+    const char *naming;
 };
 
 /* Everything matching and planning start from: rules, both inventories, the match and (when

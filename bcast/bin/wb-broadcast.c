@@ -445,6 +445,7 @@ static int dry_run(const struct args *a)
         src = (struct wb_model_src){.rules = job.model.rules,
                                     .config = job.model.hf_config,
                                     .vars = job.model.vars,
+                                    .naming = job.model.naming,
                                     .rollout_inv = job.model.rollout_inventory};
     } else if (!a->config) {
         /* config.json of the checkpoint itself */

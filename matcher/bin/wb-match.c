@@ -40,7 +40,10 @@ static void usage(FILE *f, const char *prog)
         "  --save-trainer FILE    write the trainer inventory (JSON) and continue\n"
         "  --save-rollout FILE    write the rollout inventory (JSON) and continue\n"
         "  --var NAME=VALUE       a value for one of the family file's vars (repeatable),\n"
-        "                         e.g. --var mtp=1 (DeepSeek-V3's draft layer)\n"
+        "                         e.g. --var mtp=1 (DeepSeek-V3's draft layer), --var\n"
+        "                         mesh_tp=2 (a Megatron trainer's TP size)\n"
+        "  --naming NAME          the trainer naming (one of the family file's namings:, e.g.\n"
+        "                         megatron); default the file's first\n"
         "  --list                 print every mapping\n"
         "  --tp N --ep N          print what rollout rank --rank holds of each mapping\n"
         "  --rank R               tp rank (and ep rank) for --tp/--ep (default 0)\n"
@@ -95,7 +98,7 @@ static int is_file(const char *path)
 }
 
 struct sem_opts {
-    const char *family, *config, *dtype, *seed, *keep;
+    const char *family, *config, *dtype, *seed, *keep, *naming;
     const char *vars[64];
     int nvars;
     long tp, ep;
@@ -174,6 +177,10 @@ static int check_semantics(const struct sem_opts *o)
         argv[k++] = "--keep";
         argv[k++] = o->keep;
     }
+    if (o->naming) {
+        argv[k++] = "--naming";
+        argv[k++] = o->naming;
+    }
     argv[k] = NULL;
     fflush(stdout);
     execvp(python, (char *const *)argv);
@@ -222,7 +229,7 @@ static void print_mapping(const struct wb_match *mt, const struct wb_inventory *
 int main(int argc, char **argv)
 {
     const char *family = NULL, *config = NULL, *tconfig = NULL, *tfile = NULL, *rfile = NULL;
-    const char *save_t = NULL, *save_r = NULL;
+    const char *save_t = NULL, *save_r = NULL, *naming = NULL;
     char vars[1024] = "";
     int list = 0, have_rank = 0, check = 0;
     long tp = 0, ep = 0, rank = 0;
@@ -239,6 +246,7 @@ int main(int argc, char **argv)
                                          {"ep", required_argument, 0, 'e'},
                                          {"rank", required_argument, 0, 'k'},
                                          {"var", required_argument, 0, 'v'},
+                                         {"naming", required_argument, 0, 'n'},
                                          {"check-semantics", no_argument, 0, 'S'},
                                          {"dtype", required_argument, 0, 'D'},
                                          {"seed", required_argument, 0, 's'},
@@ -250,6 +258,9 @@ int main(int argc, char **argv)
         switch (o) {
         case 'f':
             family = optarg;
+            break;
+        case 'n':
+            naming = so.naming = optarg;
             break;
         case 'c':
             config = optarg;
@@ -400,9 +411,9 @@ int main(int argc, char **argv)
     struct wb_match *m = NULL;
     int rc = 1, err = 0;
     if ((err = tfile ? wb_inv_load_file(tfile, &t, &el)
-                     : wb_inv_generate_vars(family, tconfig, vars, "trainer", &t, &el)) ||
+                     : wb_inv_generate_named(family, tconfig, vars, naming, "trainer", &t, &el)) ||
         (err = rfile ? wb_inv_load_file(rfile, &r, &el)
-                     : wb_inv_generate_vars(family, config, vars, "rollout", &r, &el)))
+                     : wb_inv_generate_named(family, config, vars, naming, "rollout", &r, &el)))
         goto out;
     const char *save = NULL;
     if ((save_t && (err = wb_inv_save_file(save = save_t, &t))) ||
@@ -414,6 +425,7 @@ int main(int argc, char **argv)
         goto out;
     wb_match_rules_partial_rollout(rules, rfile != NULL); /* a file may hold part of the model */
     if ((err = wb_match_rules_set_vars(rules, vars, &el)) ||
+        (err = wb_match_rules_set_naming(rules, naming, &el)) ||
         (config && (err = wb_match_rules_bind_config(rules, config, &el))) ||
         (err = wb_match_run(rules, &t, &r, &m, &el)))
         goto out;

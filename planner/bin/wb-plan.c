@@ -25,6 +25,8 @@ static const char usage[] =
     "  --model FILE        model family file (configs/models/): name templates and match rules\n"
     "  --config FILE       Hugging Face config.json giving the model's sizes (configs/hf/)\n"
     "  --var NAME=VALUE    a value for one of the model file's vars (repeatable), e.g. mtp=1\n"
+    "  --naming NAME       the trainer naming (one of the model file's namings, e.g.\n"
+    "                      megatron); default the file's first\n"
     "  --hw [trainer.|rollout.]KEY=VALUE\n"
     "                      a what-if over the layouts' hardware models (repeatable; both\n"
     "                      sides unless one is named), e.g. --hw nic_gbps=200: the keys of\n"
@@ -54,7 +56,7 @@ static const char usage[] =
     "Exit status: 0 ok, 1 a problem in the inputs (all problems are counted), 2 usage.\n";
 
 struct args {
-    const char *model, *config, *tinv, *rinv, *trainer, *rollout, *json, *svg;
+    const char *model, *config, *tinv, *rinv, *trainer, *rollout, *json, *svg, *naming;
     char vars[1024];
     const char *hw[32]; /* --hw [trainer.|rollout.]KEY=VALUE, in order */
     size_t nhw;
@@ -103,6 +105,7 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"model", required_argument, 0, 'm'},
         {"config", required_argument, 0, 'c'},
         {"var", required_argument, 0, 'a'},
+        {"naming", required_argument, 0, 'N'},
         {"hw", required_argument, 0, 'H'},
         {"trainer-inv", required_argument, 0, 'T'},
         {"rollout-inv", required_argument, 0, 'R'},
@@ -135,6 +138,9 @@ static int parse_args(int argc, char **argv, struct args *a)
             break;
         case 'c':
             a->config = optarg;
+            break;
+        case 'N':
+            a->naming = optarg;
             break;
         case 'a': {
             size_t len = strlen(a->vars);
@@ -359,6 +365,7 @@ int main(int argc, char **argv)
     struct wb_model_src src = {.rules = a.model,
                                .config = a.config,
                                .vars = a.vars,
+                               .naming = a.naming,
                                .trainer_inv = a.tinv,
                                .rollout_inv = a.rinv,
                                .trainer_layout = a.trainer,

@@ -89,6 +89,8 @@ int wb_model_load(const struct wb_model_src *src, struct wb_model *out, struct w
     err = err ? err : wb_match_rules_load(src->rules, &m.rules, el);
     if (!err && given(src->vars))
         err = wb_match_rules_set_vars(m.rules, src->vars, el);
+    if (!err && given(src->naming))
+        err = wb_match_rules_set_naming(m.rules, src->naming, el);
     /* a rollout inventory file may hold part of the model: rules for the rest are no typo */
     if (!err && given(src->rollout_inv))
         wb_match_rules_partial_rollout(m.rules, true);

@@ -545,6 +545,7 @@ class _ModelSrc(ctypes.Structure):
         ("trainer_layout", ctypes.c_char_p),
         ("rollout_layout", ctypes.c_char_p),
         ("trainer_mem", ctypes.c_void_p),
+        ("naming", ctypes.c_char_p),
     ]
 
 

@@ -33,7 +33,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct wb_errlist el;
         wb_inv_init(&inv);
         wb_errlist_init(&el);
-        mx_inv_generate_family(open[fi], fam, path, NULL, side ? "rollout" : "trainer", &inv, &el);
+        mx_inv_generate_family(open[fi], fam, path, NULL, NULL, side ? "rollout" : "trainer", &inv,
+                               &el);
         wb_inv_free(&inv);
         wb_errlist_free(&el);
     }

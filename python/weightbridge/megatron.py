@@ -223,44 +223,42 @@ def _layer_numbers(chunk) -> Dict[int, int]:
     return out
 
 
-def _check_order(ps, tp, ep, edp, pp):
-    """Megatron's default rank order (tp-cp-ep-dp-pp): this rank's number and its pipeline
-    group say so, or the mesh would name other ranks than the ones holding the tensors."""
-    import torch.distributed as dist
-
-    rank = dist.get_rank()
+def check_parallel(rank: int, tp, ep, edp, pp, pp_group: Sequence[int], cp: int = 1, etp: Optional[int] = None):
+    """What the mesh (pp, edp, ep, tp) assumes of Megatron's parallel state, given as this rank's
+    global number, (rank, size) in tp/ep/edp/pp, its pipeline group's global ranks, the context
+    and expert tensor parallel sizes: ValueError saying what differs. Megatron's default rank
+    order (tp-cp-ep-dp-pp) numbers this rank tp + TP * (ep + EP * (edp + EDP * pp)), and its
+    pipeline group steps by TP * EP * EDP; another order would make the mesh name other ranks
+    than the ones holding the tensors."""
+    if cp > 1:
+        raise ValueError(f"context parallelism {cp}: not described (the mesh has no cp dim); train with "
+                         "context_parallel_size 1")
+    if etp is not None and etp != tp[1]:
+        raise ValueError(f"expert tensor parallelism {etp} differs from tensor parallelism {tp[1]}: not described")
     want = tp[0] + tp[1] * (ep[0] + ep[1] * (edp[0] + edp[1] * pp[0]))
     stride = tp[1] * ep[1] * edp[1]
-    pp_ranks = list(dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()))
-    if rank != want or pp_ranks != [rank - pp[0] * stride + s * stride for s in range(pp[1])]:
+    if rank != want or list(pp_group) != [want - pp[0] * stride + s * stride for s in range(pp[1])]:
         raise ValueError(
             f"rank {rank}: Megatron's rank order is not its default tp-cp-ep-dp-pp (this rank is "
             f"tp {tp[0]}/{tp[1]}, ep {ep[0]}/{ep[1]}, expert data-parallel {edp[0]}/{edp[1]}, pp "
-            f"{pp[0]}/{pp[1]}, which that order numbers {want}); weightbridge's mesh (pp, edp, ep, "
-            "tp) follows that order"
+            f"{pp[0]}/{pp[1]}, which that order numbers {want}, pipeline group {list(pp_group)}); "
+            "weightbridge's mesh (pp, edp, ep, tp) follows that order"
         )
 
 
 def from_model(chunks) -> Tuple[List[Tuple[str, int]], Dict[str, Shard], Dict[str, Any]]:
     """(mesh, {global name: Shard}, {global name: Parameter}) of this rank's model chunks, read
     from megatron.core.parallel_state (initialized)."""
+    import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    if ps.get_context_parallel_world_size() > 1:
-        raise ValueError(
-            f"context parallelism {ps.get_context_parallel_world_size()}: not described (the mesh "
-            "has no cp dim); train with context_parallel_size 1"
-        )
     tp = (ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size())
     pp = (ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size())
     ep = (ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size())
     edp = (ps.get_expert_data_parallel_rank(), ps.get_expert_data_parallel_world_size())
-    etp = ps.get_expert_tensor_parallel_world_size()
-    if etp != tp[1]:
-        raise ValueError(
-            f"expert tensor parallelism {etp} differs from tensor parallelism {tp[1]}: not described"
-        )
-    _check_order(ps, tp, ep, edp, pp)
+    check_parallel(dist.get_rank(), tp, ep, edp, pp,
+                   dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()),
+                   ps.get_context_parallel_world_size(), ps.get_expert_tensor_parallel_world_size())
     chunks = [_unwrap(c) for c in chunks]
     cfg = getattr(chunks[0], "config", None)
     num_experts = getattr(cfg, "num_moe_experts", None)
@@ -294,4 +292,4 @@ def is_model_chunks(model) -> bool:
     return isinstance(model, (list, tuple))
 
 
-__all__ = ["MESH_DIMS", "mesh", "shards", "from_model"]
+__all__ = ["MESH_DIMS", "mesh", "shards", "from_model", "check_parallel"]

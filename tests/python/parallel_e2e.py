@@ -544,6 +544,17 @@ def megatron_shards():
                   wb.megatron.shards, [], ep=(0, 2), num_experts=3)
     _procs.raises(ValueError, "tp: rank 2 of size 2: expected 0 <= rank < size", wb.megatron.shards, [], tp=(2, 2))
     _procs.raises(ValueError, "2 model chunks and 1 layer offsets", wb.megatron.shards, [[], []], layer_offset=[0])
+    # what the mesh assumes of Megatron's parallel state (from_model reads it from megatron)
+    cp = wb.megatron.check_parallel
+    cp(13, (1, 2), (0, 2), (1, 2), (1, 2), [5, 13])  # tp-cp-ep-dp-pp: 1 + 2 * (0 + 2 * (1 + 2 * 1))
+    _procs.raises(ValueError, "rank 5: Megatron's rank order is not its default tp-cp-ep-dp-pp (this rank "
+                  "is tp 1/2, ep 0/2, expert data-parallel 0/1, pp 1/2, which that order numbers 5, pipeline "
+                  "group [1, 3]); weightbridge's mesh (pp, edp, ep, tp) follows that order",
+                  cp, 5, (1, 2), (0, 2), (0, 1), (1, 2), [1, 3])  # tp-pp-dp: pp steps by 2
+    _procs.raises(ValueError, "context parallelism 2: not described (the mesh has no cp dim); train with "
+                  "context_parallel_size 1", cp, 0, (0, 1), (0, 1), (0, 1), (0, 1), [0], cp=2)
+    _procs.raises(ValueError, "expert tensor parallelism 1 differs from tensor parallelism 2: not described",
+                  cp, 0, (0, 2), (0, 1), (0, 1), (0, 1), [0], etp=1)
     # the test's Megatron model, cut per rank and registered, is its global tensors again
     for name, k in CASES.items():
         if not k["mcore"]:

@@ -100,9 +100,14 @@ struct wb_tensor_reg {
     struct wb_box box;
     const int64_t *strides;
     void *ptr;
-    /* Trainers that know how a tensor is placed (DTensor placements): per dim of the mesh given
-     * to wb_endpoint_set_mesh(), WB_REG_REPLICATE or the tensor dim it is sharded along; NULL
-     * when not known. A job whose file names no trainer layout derives it from these. */
+    /* Trainers that know how a tensor is placed (DTensor placements, a Megatron model's
+     * parallel state): per dim of the mesh given to wb_endpoint_set_mesh(), WB_REG_REPLICATE,
+     * the tensor dim it is sharded along (torch.chunk rule), or wb_reg_at(i): only the ranks at
+     * coordinate i of that dim hold it (a pipeline stage's layers: wb_reg_at(stage) on the pp
+     * dim; an expert-parallel rank's experts: wb_reg_at(ep_rank) on the ep dim); the ranks at
+     * other coordinates do not register it. NULL when not known. A job whose file names no
+     * trainer layout derives it from these; the controller refuses a rank that registers a
+     * tensor "at" a coordinate it is not at, naming the rank and the tensor. */
     const int32_t *placement;
 };
 

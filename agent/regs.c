@@ -84,10 +84,19 @@ int ag_regs_add(struct wb_endpoint *ep, const struct wb_tensor_reg *t, char *err
         r->t.nplace = ep->mesh.ndims;
         for (uint32_t d = 0; d < ep->mesh.ndims; d++) {
             int32_t p = t->placement[d];
-            if (p < WB_REG_REPLICATE || p >= (int32_t)t->shape.ndim) {
+            int64_t at = wb_reg_at_index(p);
+            if (at >= (int64_t)ep->mesh.size[d]) {
                 snprintf(err, errcap,
-                         "%s: placement on mesh dim %s: %d is neither replicate (-1) nor a dim of "
-                         "the tensor",
+                         "%s: placement on mesh dim %s: at coordinate %lld, but the dim has "
+                         "%u (0..%u)",
+                         name, ep->mesh.name[d], (long long)at, ep->mesh.size[d],
+                         ep->mesh.size[d] - 1);
+                return -EINVAL;
+            }
+            if (p >= (int32_t)t->shape.ndim) {
+                snprintf(err, errcap,
+                         "%s: placement on mesh dim %s: %d is neither replicate (-1), at a "
+                         "coordinate (-2 - i) nor a dim of the tensor",
                          name, ep->mesh.name[d], p);
                 return -EINVAL;
             }

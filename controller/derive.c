@@ -1,6 +1,8 @@
 /* derive.c — the trainer layout of a job whose file names none, derived from what the trainers
  * registered: the device mesh their DTensors live on and each tensor's placement on it
- * (Replicate, or Shard(d) by torch.chunk's rule). Every rank must describe the same mesh and
+ * (Replicate, Shard(d) by torch.chunk's rule, or "at coordinate i": only the ranks at
+ * coordinate i of that mesh dim hold it — a pipeline stage's layers, an expert rank's experts;
+ * WB_PLACE_INDEX for the planner). Every rank must describe the same mesh and
  * place each tensor alike; the boxes each rank registered are then checked against the derived
  * layout like any other registration (register.c), so a process whose shards disagree with its
  * own placements is refused with the tensor named.
@@ -17,7 +19,12 @@
  *
  * Why placements and not boxes alone: boxes say which rank holds what, but not which ranks hold
  * copies of one shard and which hold different shards — the mesh and its placements say both,
- * and they are what FSDP2/DTensor already knows. */
+ * and they are what FSDP2/DTensor already knows.
+ *
+ * A rank registering a tensor "at" a coordinate it is not at is refused here, naming the rank,
+ * the tensor and both coordinates: the planner would take it for the ranks at that coordinate
+ * and never read this rank's copy. A rank at the coordinate that leaves it out is reported by
+ * the registration check (register.c) as not registered. */
 #include "controller/ctl.h"
 #include "planner/planner.h"
 
@@ -190,6 +197,7 @@ static int derive_layout(const struct wb_job *job, uint32_t ntrainers, const str
     struct placed *all = NULL;
     size_t n = 0, cap = 0;
     int err = 0;
+    bool misplaced = false; /* reported for every rank before giving up */
     for (uint32_t r = 0; r < ntrainers && !err; r++) {
         struct wb_reg_mesh m;
         struct wb_mpr rd;
@@ -208,6 +216,11 @@ static int derive_layout(const struct wb_job *job, uint32_t ntrainers, const str
             wb_errlist_add(el, "trainer rank %u's device mesh differs from trainer rank 0's", r);
             err = -WB_E_CONFIG;
             continue;
+        }
+        uint32_t coord[WB_REG_MESH_DIMS]; /* rank r's place on the mesh (row-major) */
+        for (uint32_t d = m.ndims, rest = r; d-- > 0;) {
+            coord[d] = rest % m.size[d];
+            rest /= m.size[d];
         }
         struct wb_mpr ri;
         uint32_t k = 0;
@@ -239,12 +252,32 @@ static int derive_layout(const struct wb_job *job, uint32_t ntrainers, const str
             snprintf(p->name, sizeof(p->name), "%s", t.meta.name);
             p->first_rank = r;
             p->dtype = t.meta.dtype;
-            for (uint32_t d = 0; d < m.ndims; d++)
-                p->place[d] = t.place[d] == WB_REG_REPLICATE
+            for (uint32_t d = 0; d < m.ndims; d++) {
+                int64_t at = wb_reg_at_index(t.place[d]);
+                if (at >= (int64_t)m.size[d]) {
+                    wb_errlist_add(el,
+                                   "trainer rank %u: %s: placed at coordinate %lld of mesh dim "
+                                   "%s, which has %u",
+                                   r, t.meta.name, (long long)at, m.name[d], m.size[d]);
+                    misplaced = true;
+                } else if (at >= 0 && at != coord[d]) {
+                    wb_errlist_add(el,
+                                   "trainer rank %u: %s: placed at coordinate %lld of mesh dim "
+                                   "%s, but the rank is at coordinate %u there; only the ranks at "
+                                   "%lld register it",
+                                   r, t.meta.name, (long long)at, m.name[d], coord[d],
+                                   (long long)at);
+                    misplaced = true;
+                }
+                p->place[d] = at >= 0 ? (struct wb_placement){WB_PLACE_INDEX, (uint32_t)at}
+                              : t.place[d] == WB_REG_REPLICATE
                                   ? (struct wb_placement){WB_PLACE_REPLICATE, 0}
                                   : (struct wb_placement){WB_PLACE_SHARD, (uint32_t)t.place[d]};
+            }
         }
     }
+    if (!err && misplaced)
+        err = -WB_E_CONFIG;
     if (!err) {
         uint64_t world = 1;
         for (uint32_t d = 0; d < m0.ndims; d++)

@@ -714,7 +714,8 @@ int wb_reg_get(struct wb_mpr *r, struct wb_reg_tensor *t)
             return -EBADMSG;
         for (uint32_t d = 0; d < x.nplace; d++) {
             int64_t v;
-            if (wb_mpr_i64(r, &v) || v < WB_REG_REPLICATE || v >= (int64_t)x.meta.shape.ndim)
+            if (wb_mpr_i64(r, &v) || wb_reg_at_index(v) >= WB_REG_AT_MAX ||
+                v >= (int64_t)x.meta.shape.ndim)
                 return -EBADMSG;
             x.place[d] = (int32_t)v;
         }

@@ -183,9 +183,27 @@ struct wb_body_register {
 /* One tensor an endpoint registers: its metadata (name, dtype, global shape, the box this rank
  * holds; a rollout's shape is its local tensor's and the box all of it), when it is not laid
  * out contiguously row-major its strides in elements, and — for a trainer whose process knows
- * it (a DTensor) — how it is placed on the trainers' device mesh: per mesh dim,
- * WB_REG_REPLICATE or the tensor dim it is sharded along (torch.chunk rule). */
-enum { WB_REG_MESH_DIMS = 6, WB_REG_REPLICATE = -1 };
+ * it (a DTensor, a Megatron model) — how it is placed on the trainers' device mesh: per mesh
+ * dim, WB_REG_REPLICATE, the tensor dim it is sharded along (torch.chunk rule, 0 and up), or
+ * "only the ranks at coordinate i of this dim hold it" (a pipeline stage's layers, an expert
+ * rank's experts), wb_reg_at(i) = -2 - i: the values below -1 were free, so older agents'
+ * placements keep their meaning. */
+enum { WB_REG_MESH_DIMS = 6, WB_REG_REPLICATE = -1, WB_REG_AT_MAX = 1 << 20 };
+
+/* The placement value "at coordinate i", and back: the coordinate a value names, or -1 when
+ * it is no "at" (replicate, or a shard dim). */
+static inline int32_t wb_reg_at(uint32_t i)
+{
+    return -2 - (int32_t)i;
+}
+
+static inline int64_t wb_reg_at_index(int64_t v)
+{
+    if (v > -2)
+        return -1;
+    return v < -2 - (int64_t)WB_REG_AT_MAX ? WB_REG_AT_MAX : -2 - v; /* no overflow */
+}
+
 struct wb_reg_tensor {
     struct wb_tensor_meta meta;
     bool has_strides;

@@ -55,12 +55,13 @@ from ._errors import (  # noqa: F401 - exported
     WeightbridgeError,
     WireVersionError,
 )
-from ._tensors import Shard, TensorInfo, changes, info, state
+from ._tensors import At, Shard, TensorInfo, changes, info, state
 
 __all__ = [
     "WeightbridgeError",
     *_errors.NAMES,
     "Shard",
+    "At",
     "Trainer",
     "Rollout",
     "Push",
@@ -361,7 +362,10 @@ class Trainer(_Endpoint):
 
     ``model``: a torch module whose ``named_parameters()`` are registered (FSDP2/DTensor
     parameters register their local shard with its global shape, box and placements, so a job
-    file may leave the trainer layout out: the controller derives it). ``tensors``: name -> numpy
+    file may leave the trainer layout out: the controller derives it), or a list of
+    Megatron-core model chunks (this rank's, as ``get_model()`` returns them; virtual pipeline
+    stages: several), registered under global layer and expert numbers with placements on the
+    mesh (pp, edp, ep, tp) read from megatron's parallel state (:mod:`weightbridge.megatron`). ``tensors``: name -> numpy
     array, torch tensor, any object with ``__dlpack__`` (CuPy, JAX, ...) or :class:`Shard` of
     one, instead of or besides a model. ``dtypes``: name -> dtype for integer arrays that hold
     bfloat16 or float8 bits. Parameters may be float32 or float16 (FP32 masters, FSDP2 mixed precision):
@@ -399,7 +403,17 @@ class Trainer(_Endpoint):
             raise ValueError(f"push_policy: expected 'latest' or 'queue', not {push_policy!r}")
         all_tensors: Dict[str, Any] = {}
         params: Dict[str, Any] = {}  # checked before each push: `p.data = x` moves p, not p.data
-        if model is not None:
+        if isinstance(model, (list, tuple)):  # Megatron-core model chunks (weightbridge.megatron)
+            from . import megatron
+
+            try:
+                mmesh, mtensors, params = megatron.from_model(model)
+            except ValueError as e:
+                raise ValueError(f"trainer rank {_rank_from_env(rank)}: {e}") from None
+            all_tensors.update(mtensors)
+            if mesh is None:
+                mesh = mmesh
+        elif model is not None:
             for name, p in model.named_parameters():
                 all_tensors[name] = p.data if hasattr(p, "data") else p
                 params[name] = p

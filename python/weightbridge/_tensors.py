@@ -13,20 +13,46 @@ from typing import Any, List, Optional, Sequence, Tuple
 from . import _dlpack, _lib
 
 
+@dataclass(frozen=True)
+class At:
+    """A placement for one mesh dim of a :class:`Shard`: only the ranks at coordinate ``index``
+    of that dim hold the tensor (a pipeline stage's layers, an expert-parallel rank's experts);
+    the ranks at other coordinates do not register it."""
+
+    index: int
+
+    def __post_init__(self):
+        if not isinstance(self.index, int) or isinstance(self.index, bool) or self.index < 0:
+            raise ValueError(f"At({self.index!r}): a mesh coordinate is an int >= 0")
+
+
+def _place_value(p) -> int:
+    """A Shard's placement entry as the wire carries it: -1 replicate, d >= 0 Shard(d),
+    -2 - i At(i)."""
+    if p is None:
+        return -1
+    if isinstance(p, At):
+        return -2 - p.index
+    if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+        raise ValueError(f"placement entry {p!r}: None (replicated), a tensor dim >= 0 or At(i)")
+    return p
+
+
 @dataclass
 class Shard:
     """A trainer's piece of a global tensor, for tensors that are not DTensors: ``local`` holds
     rows/columns ``offset[d] .. offset[d] + local.shape[d]`` of the global tensor of shape
     ``shape`` (a numpy array or a torch tensor). ``placement``, when given, says how the tensor
     lies on the trainers' device mesh (``Trainer(mesh=...)``): per mesh dim ``None`` for
-    replicated or the tensor dim it is sharded along (torch.chunk rule) — what a DTensor's
-    placements say, so that the job needs no trainer layout file. ``dtype`` names the element
+    replicated, the tensor dim it is sharded along (torch.chunk rule) — what a DTensor's
+    placements say — or ``At(i)``: only the ranks at coordinate i of that dim hold it (pipeline
+    stages, expert parallelism), so that the job needs no trainer layout file. ``dtype`` names the element
     type where ``local``'s own cannot (a numpy uint16 array holding bfloat16: "bf16")."""
 
     local: Any
     shape: Sequence[int]
     offset: Sequence[int]
-    placement: Optional[Sequence[Optional[int]]] = None
+    placement: Optional[Sequence[Any]] = None
     dtype: Optional[str] = None
 
 
@@ -40,7 +66,7 @@ class TensorInfo:
     shape: Tuple[int, ...]  # global shape
     offset: Tuple[int, ...]  # where the local box starts in the global tensor
     keep: Any  # the object that owns the memory (kept alive by the endpoint)
-    placement: Optional[Tuple[int, ...]] = None  # per mesh dim: -1 replicate, d: Shard(d)
+    placement: Optional[Tuple[int, ...]] = None  # per mesh dim: -1 replicate, d: Shard(d), -2-i: At(i)
     mesh: Optional[Tuple[Tuple[str, int], ...]] = None  # a DTensor's device mesh
     itemsize: int = 0  # bytes per element of the buffer itself (numpy itemsize, torch element_size)
     buffer: str = ""  # what the buffer holds, for messages: "numpy uint8", "torch.bfloat16"
@@ -209,7 +235,7 @@ def info(x, dtype: Optional[str] = None) -> TensorInfo:
     shape = offset = placement = None
     if isinstance(x, Shard):
         if x.placement is not None:
-            placement = tuple(-1 if p is None else int(p) for p in x.placement)
+            placement = tuple(_place_value(p) for p in x.placement)
         if dtype is None:
             dtype = x.dtype
         x, shape, offset = x.local, tuple(int(d) for d in x.shape), tuple(int(o) for o in x.offset)

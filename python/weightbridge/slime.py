@@ -13,12 +13,12 @@ generation on every engine, pushes the next version from every trainer rank, has
 wait for it (SGLang's post-processing re-run, weight_version set, cache flushed), and continues
 generation.
 
-The trainer tensors: Megatron holds its parameters fused, interleaved and split in ways the
-model rules do not name (``linear_qkv`` per query group, ``linear_fc1`` gate/up, vocabulary
-padding), so they cannot be registered as they are. WB_TRAINER_TENSORS names a function
-``module:function(args, model)`` returning what this rank registers — a mapping from Hugging Face
-names to tensors / ``weightbridge.Shard``s it keeps up to date (e.g. views, or buffers it copies
-into before each update), or a ready ``weightbridge.Trainer``.
+The trainer tensors: by default the model chunks' own parameters, as they are
+(``weightbridge.megatron``: global layer and expert numbers under the family files' megatron
+namings, placements from Megatron's parallel state). WB_TRAINER_TENSORS may name a function
+``module:function(args, model)`` returning what this rank registers instead — a mapping from
+names to tensors / ``weightbridge.Shard``s it keeps up to date, or a ready
+``weightbridge.Trainer``.
 """
 
 from __future__ import annotations
@@ -80,16 +80,22 @@ class WeightbridgeUpdater:
     def _trainer(self) -> A.TrainerSync:
         if self.sync is None:
             src = self._tensors
-            if src is None:
-                spec = os.environ.get("WB_TRAINER_TENSORS")
-                if not spec:
-                    raise A.AdapterError(
-                        "weightbridge with Megatron: set WB_TRAINER_TENSORS=module:function(args, model) returning "
-                        "the Hugging Face-named tensors this rank registers (Megatron's own parameters are fused "
-                        "and split in layouts the model rules do not name)"
-                    )
+            spec = os.environ.get("WB_TRAINER_TENSORS")
+            if src is None and spec:
                 src = _load(spec)(self.args, self.model)
-            if isinstance(src, Trainer):
+            if src is None:
+                # Megatron's own parameters, as they are (weightbridge.megatron: global layer and
+                # expert numbers, the megatron namings, placements from the parallel state)
+                if not isinstance(self.model, (list, tuple)):
+                    raise A.AdapterError(
+                        f"weightbridge with Megatron: the model is a {type(self.model).__name__}, not the list of "
+                        "model chunks Megatron's get_model() returns; set WB_TRAINER_TENSORS=module:function(args, "
+                        "model) returning what this rank registers"
+                    )
+                s = A.settings({})
+                self.sync = A.TrainerSync(Trainer(s.controller, model=list(self.model), token=s.token,
+                                                  tx_domain=s.tx_domain, tx_extra=s.tx_extra, timeout=s.timeout))
+            elif isinstance(src, Trainer):
                 self.sync = A.TrainerSync(src)
             else:
                 tensors = A.discover(src.items(), what="Megatron trainer")

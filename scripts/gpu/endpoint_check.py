@@ -111,8 +111,9 @@ def inputs(device):
 
 
 # Newer transformers hold a MoE layer's experts fused (mlp.experts.gate_up_proj [E, 2I, H] or
-# [E, H, 2I], mlp.experts.down_proj); checkpoints and the model rules name them per expert. These
-# two turn one naming into the other.
+# [E, H, 2I], mlp.experts.down_proj); checkpoints name them per expert. The trainer registers
+# them fused (the family's fused naming); these turn one naming into the other for the checks'
+# references (the saved state dict and the model loaded from the rollout's weights).
 def fused_experts(model):
     return any(n.endswith("mlp.experts.gate_up_proj") for n, _ in model.named_parameters())
 
@@ -332,40 +333,21 @@ def trainer_loop(url, model, rank, tmp):
     state dict and logits of the last version (rank 0)."""
     import weightbridge as wb
 
-    t = wb.Trainer(url, model=_NoFusedExperts(model), tensors=expert_tensors(model), rank=rank,
-                   timeout=300)
+    check_fused_layout(model)
+    t = wb.Trainer(url, model=model, rank=rank, timeout=300)
     return trainer_versions(t, model, rank, tmp)
 
 
-def expert_tensors(model):
-    """With fused experts, the per-expert tensors the rules name, as views of the model's own
-    parameters (one trainer: each expert whole on rank 0, placed Replicate on the 1-rank mesh).
-    Returns {} for a model holding experts per module."""
-    import weightbridge as wb
-
-    if not fused_experts(model):
-        return {}
-    out = {}
+def check_fused_layout(model):
+    """Fused experts register as they are (DTensor shards of gate_up_proj [E, 2I, H] and
+    down_proj [E, H, I]: FSDP2's Shard(0) splits the experts over the trainers), under the
+    family's `fused` naming, which the controller picks from the registered names. The
+    transposed form ([E, H, 2I]) needs the planner's transposes: refused here."""
+    cfg = hf_config()
     for n, p in model.named_parameters():
-        if n.endswith("mlp.experts.gate_up_proj") or n.endswith("mlp.experts.down_proj"):
-            loc = p.to_local() if hasattr(p, "to_local") else p
-            if tuple(loc.shape) != tuple(p.shape):
-                raise SystemExit("endpoint_check: fused experts sharded over several trainers are not "
-                                 "described per expert here; run with one trainer")
-            for k, v in expert_views(n, loc, hf_config()).items():
-                out[k] = wb.Shard(v, tuple(v.shape), (0,) * v.dim(), placement=(None,))
-    return out
-
-
-class _NoFusedExperts:
-    """A model view whose named_parameters() leaves out fused experts (registered per expert)."""
-
-    def __init__(self, model):
-        self.m = model
-
-    def named_parameters(self):
-        return ((n, p) for n, p in self.m.named_parameters()
-                if not (n.endswith("mlp.experts.gate_up_proj") or n.endswith("mlp.experts.down_proj")))
+        if n.endswith("mlp.experts.gate_up_proj") and p.shape[1] != 2 * cfg.moe_intermediate_size:
+            raise SystemExit(f"endpoint_check: {n} {tuple(p.shape)} is the transposed fused form "
+                             "[E, H, 2I]; the fused naming describes [E, 2I, H] only")
 
 
 def train(model, opt, steps):
@@ -492,7 +474,8 @@ def run_one_process(url, tmp):
     log(f"  trainer model: {nbytes / 1e9:.2f} GB of {'FP32' if fp32_masters() else 'BF16'} in {sum(1 for _ in model.parameters())} parameters; "
         f"rollout: {sum(p.numel() * p.element_size() for p in params.values()) / 1e9:.2f} GB")
     seen = []
-    t = wb.Trainer(url, model=_NoFusedExperts(model), tensors=expert_tensors(model), rank=0, timeout=0)
+    check_fused_layout(model)
+    t = wb.Trainer(url, model=model, rank=0, timeout=0)
     r = wb.Rollout(url, params, rank=0, hook=lambda v: seen.append(v), timeout=0)
     t.wait_ready(300)
     r.wait_ready(300)
@@ -645,7 +628,7 @@ def main():
     log("model parameters (first 12): " + ", ".join(
         f"{n} {tuple(p.shape)}" for n, p in list(probe.named_parameters())[:12]))
     if fused_experts(probe):
-        log("this transformers holds experts fused: registered per expert as views (one trainer)")
+        log("this transformers holds experts fused: registered as they are (the fused naming)")
     del probe
     rc = 0
     for case in (["two", "one"] if a.case == "all" else [a.case]):

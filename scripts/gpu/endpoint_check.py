@@ -16,9 +16,12 @@ The post-update hook runs once per version before the rollout reports it.
 
 Cases: "two": trainer and rollout processes (2 trainers over 2 GPUs when there are two, the
 rollout on the last GPU; on one GPU all share it: colocated in two processes, CUDA IPC);
-"one": a trainer and a rollout endpoint in one process on one GPU (colocated, no IPC).
+"one": a trainer and a rollout endpoint in one process on one GPU (colocated, no IPC);
+"large" / "large2": the 9.08 GB Qwen3-MoE shape (LARGE below, random, untrained: logits reported,
+not judged) as "one" / as "two", with PyTorch's baseline in the same run (large2: each trainer's
+full_tensor() all-gather, then fuse + per_block_cast_to_fp8 + copy_ in the rollout process).
 
-Usage: endpoint_check.py [--case two|one|all]   (build first; scripts/gpu/endpoint_check.sh)
+Usage: endpoint_check.py [--case two|one|all|large|large2]   (build first; scripts/gpu/endpoint_check.sh)
 Exits non-zero when a check fails.
 """
 
@@ -388,10 +391,17 @@ def trainer_versions(t, model, rank, tmp, keep=False):
         f.sources(300)
         f.result(300)
         log(f"  trainer rank {rank}: version {v} complete in {(time.time() - t0) * 1000:.1f} ms (push to result)")
-    # the reference of the last version: full tensors and the model's logits
+    # the reference of the last version: full tensors and the model's logits (the all-gather is
+    # also what a trainer without weightbridge does first: timed, for the baseline)
+    torch.cuda.synchronize()
+    t0 = time.time()
     sd = {}
     for k, p in model.state_dict().items():
         sd[k] = p.full_tensor() if hasattr(p, "full_tensor") else p
+    torch.cuda.synchronize()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        log(f"  trainer rank {rank}: baseline part 1: full_tensor() of every parameter (NCCL all-gather over "
+            f"{dist.get_world_size()} ranks) {(time.time() - t0) * 1000:.1f} ms")
     sd = checkpoint_names(sd, hf_config())
     with torch.no_grad():
         logits = model(inputs("cuda")).logits
@@ -458,6 +468,10 @@ def run_rollout(url, device, tmp):
             break
         time.sleep(0.1)
     check_rollout(params, tmp)
+    if large():  # baseline part 2, the rest of what a trainer without weightbridge does
+        ref = torch.load(os.path.join(tmp, "trainer_sd.pt"), map_location=f"cuda:{device}")
+        baseline(as_sent(ref), params)
+        del ref
     r.close()
 
 
@@ -603,7 +617,7 @@ def main_case(case):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--case", default="all", choices=["two", "one", "all", "large"])
+    ap.add_argument("--case", default="all", choices=["two", "one", "all", "large", "large2"])
     ap.add_argument("--role", default=None)
     ap.add_argument("rest", nargs="*")
     a = ap.parse_args()
@@ -632,12 +646,12 @@ def main():
     del probe
     rc = 0
     for case in (["two", "one"] if a.case == "all" else [a.case]):
-        if case == "large":  # the realistic size, colocated in one process
+        if case in ("large", "large2"):  # the realistic size: colocated in one process, or FSDP2
             cfg_path = os.path.join(tempfile.mkdtemp(prefix="endpoint_check_cfg."), "config.json")
-            with open(cfg_path, "w") as f:
+            with open(cfg_path, "w") as f:  # over two trainer processes (GPUs 0, 1), rollout on the last
                 json.dump(LARGE, f)
             os.environ["WB_CHECK_CONFIG"] = cfg_path
-            r = main_case("one")
+            r = main_case("one" if case == "large" else "two")
             del os.environ["WB_CHECK_CONFIG"]
         else:
             r = main_case(case)

@@ -172,7 +172,9 @@ def run_trainer(url, tmp, case, layers, versions, timeout):
     for v in range(1, versions + 1):
         x = torch.randint(0, c["vocab_size"], (2, 64), generator=g).cuda()
         if shared:
-            gn = torch.Generator().manual_seed(1000 * v + rank)
+            # seeded by the shard coordinate: the replicas of a shard (HSDP) stay equal, as
+            # their all-reduced gradients keep them
+            gn = torch.Generator().manual_seed(1000 * v + rank % nshard)
             with torch.no_grad():
                 for q in model.parameters():
                     loc = q.to_local()

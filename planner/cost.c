@@ -94,7 +94,7 @@ static struct ckey class_key(const struct plan_ctx *c, const struct item *it)
     for (uint32_t ci = 0; ci < it->nc; ci++) {
         const struct wb_component *cp = pl_item_comp(c, it, ci);
         const struct wb_param *tp = &c->in->trainer->p[cp->trainer];
-        uint64_t w[4 + 4 * WB_MAX_DIMS];
+        uint64_t w[5 + 4 * WB_MAX_DIMS];
         size_t n = 0;
         w[n++] = tp->dtype;
         w[n++] = (uint64_t)(int64_t)c->pm->place[cp->trainer].rule;
@@ -106,6 +106,8 @@ static struct ckey class_key(const struct plan_ctx *c, const struct item *it)
             w[n++] = cp->src.off[d] << 20 ^ cp->src.ext[d];
         for (uint32_t d = 0; d < cp->dst.ndim && d < WB_MAX_DIMS; d++)
             w[n++] = cp->dst.ext[d]; /* not where: an expert's place in the stack differs */
+        if (cp->permuted)            /* only then: the other classes' keys stay as they were */
+            w[n++] = pl_perm_pack(cp->perm, tp->shape.ndim) + 1;
         for (size_t i = 0; i < n; i++) {
             h1 = hmix(h1, w[i]);
             h2 = hmix(h2 + 3, w[i]);

@@ -134,6 +134,17 @@ static double posts_of(uint64_t runs, uint64_t bytes, uint64_t nics)
     return (double)runs * (bytes / runs >= (64u << 10) ? (double)nics : 1.0);
 }
 
+/* A transposed component's PERMUTE op over `bytes` of the trainer tensor, done by one of the
+ * members: a copy's time (as the estimate costs it), and its temporary memory where `own`
+ * (direct: each part's owner; gather: a member's share of the subpieces, bytes / members). */
+static void transposed(struct mcost *x, uint64_t bytes, const struct wb_hw *hw, double members,
+                       bool own)
+{
+    x->tmp += own ? bytes : (uint64_t)((double)bytes / members);
+    x->gpu_s += (double)bytes / hw->copy_Bps / members;
+    x->ops += 1.0 / members;
+}
+
 /* Measures the first item of a class in both modes (c->sub and c->icomp must be its). */
 static void measure(const struct plan_ctx *c, const struct item *it, struct ccost *cc)
 {
@@ -207,7 +218,11 @@ static void measure(const struct plan_ctx *c, const struct item *it, struct ccos
             D->ops += 1.0 / members;
             D->gpu_s += (double)(wb_box_numel(&X) * wb_dtype_size(tp->dtype)) / rate / members;
             D->tmp += xv;
+            if (ic->permuted) /* the transposed copy of the part (a PERMUTE op) */
+                transposed(D, wb_box_numel(&X) * wb_dtype_size(tp->dtype), hw, members, true);
         }
+        if (ic->permuted) /* gather: the subpiece transposed out of the gathered tensor */
+            transposed(G, wb_box_numel(&sp->S) * wb_dtype_size(tp->dtype), hw, members, false);
     }
     for (int m = 0; m < 2; m++)
         cc->m[m].gpu_s += cc->m[m].ops * hw->kernel_s;

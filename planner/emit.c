@@ -604,6 +604,57 @@ static int clone_writes(struct tstate *ts, size_t w0, size_t w1, uint32_t g)
     return 0;
 }
 
+/* The GATHER of trainer tensor t (this rank's shard Bt, the trainer's dim order) into a TMP
+ * view of the whole tensor, *out. */
+static int gather_view(struct tstate *ts, const struct item *it, const struct icomp *ic, uint32_t q,
+                       const struct wb_box *Bt, uint32_t gather_seq, struct sview *out)
+{
+    struct plan_ctx *c = ts->c;
+    uint32_t t = ic->t;
+    const struct wb_param *p = &c->in->trainer->p[t];
+    struct sview sv;
+    int r;
+    struct sview own;
+    if (!wb_box_empty(Bt) || Bt->ndim == 0) {
+        r = source_view(ts, t, Bt, Bt, &own);
+    } else {
+        own = (struct sview){WB_BUF_PARAM, t, 0, p->dtype, wb_box_shape(Bt), *Bt};
+        r = 0;
+    }
+    if (r)
+        return r;
+    size_t elem = wb_dtype_size(p->dtype);
+    struct wb_box full = wb_box_full(&p->shape);
+    sv = sview_tmp(p->dtype, &full);
+    sv.off = tmp_alloc(ts, wb_shape_numel(&p->shape) * elem);
+    struct wb_rt_op *op = push_op(ts, WB_OP_GATHER, t);
+    if (!op)
+        return -ENOMEM;
+    const struct tplace *tp = &c->pm->place[t];
+    uint32_t nk = pl_place_nshards(c->pm, tp);
+    op->gather.src = rtv(ts, &own);
+    op->gather.dst = rtv(ts, &sv);
+    op->gather.peer0 = (uint32_t)ts->ro->peers.n;
+    op->gather.npeers = nk;
+    op->gather.mesh = it->mesh;
+    op->gather.seq = gather_seq;
+    op->gather.bytes_in = (wb_shape_numel(&p->shape) - wb_box_numel(Bt)) * elem;
+    ts->ro->gather_in += op->gather.bytes_in;
+    const struct wb_rt_peer *pe = peers_of(ts, ic, q);
+    if (!pe || pl_vec_reserve(&ts->ro->peers, nk))
+        return -ENOMEM;
+    memcpy(VEC_AT(&ts->ro->peers, struct wb_rt_peer, ts->ro->peers.n), pe, nk * sizeof(*pe));
+    ts->ro->peers.n += nk;
+    c->gathers++;
+    ts->coll = true;
+    if (ts->ngathered < WB_MAX_PIECES) {
+        ts->gathered_t[ts->ngathered] = t;
+        ts->gathered[ts->ngathered++] = sv;
+    }
+    *out = sv;
+    return 0;
+}
+
 /* The view a component's pieces are read from: with gather, the whole tensor all-gathered
  * into temporary memory (a GATHER op); otherwise this rank's shard B, cut to the bounding box
  * R of what its pieces (SD[0..na)) and its amax exchanges (XM[0..nx)) need. */
@@ -615,7 +666,6 @@ static int component_source(struct tstate *ts, const struct item *it, uint32_t c
     struct plan_ctx *c = ts->c;
     const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
     uint32_t t = pl_item_comp(c, it, ci)->trainer;
-    const struct wb_param *p = &c->in->trainer->p[t];
     const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, ci);
     const struct wb_shape *sh = ic->sh; /* permuted for a transposed component */
     bool gather = it->mode == WB_MODE_GATHER, fp8 = mp->xform == WB_XFORM_FP8_BLOCK;
@@ -625,53 +675,31 @@ static int component_source(struct tstate *ts, const struct item *it, uint32_t c
     struct sview sv;
     int r;
     if (gather) {
-        for (uint32_t k = 0; k < ts->ngathered; k++)
+        bool have = false;
+        for (uint32_t k = 0; k < ts->ngathered && !have; k++)
             if (ts->gathered_t[k] == t) {
-                *out = ts->gathered[k];
-                return 0;
+                sv = ts->gathered[k];
+                have = true;
             }
-        struct sview own;
-        if (!wb_box_empty(&Bt) || Bt.ndim == 0) {
-            r = source_view(ts, t, &Bt, &Bt, &own);
-        } else {
-            own = (struct sview){WB_BUF_PARAM, t, 0, p->dtype, wb_box_shape(&Bt), Bt};
-            r = 0;
-        }
-        if (r)
+        if (!have && (r = gather_view(ts, it, ic, q, &Bt, gather_seq, &sv)))
             return r;
-        size_t elem = wb_dtype_size(p->dtype);
-        struct wb_box full = wb_box_full(&p->shape);
-        sv = sview_tmp(p->dtype, &full);
-        sv.off = tmp_alloc(ts, wb_shape_numel(&p->shape) * elem);
-        struct wb_rt_op *op = push_op(ts, WB_OP_GATHER, t);
-        if (!op)
-            return -ENOMEM;
-        const struct tplace *tp = &c->pm->place[t];
-        uint32_t nk = pl_place_nshards(c->pm, tp);
-        op->gather.src = rtv(ts, &own);
-        op->gather.dst = rtv(ts, &sv);
-        op->gather.peer0 = (uint32_t)ts->ro->peers.n;
-        op->gather.npeers = nk;
-        op->gather.mesh = it->mesh;
-        op->gather.seq = gather_seq;
-        op->gather.bytes_in = (wb_shape_numel(&p->shape) - wb_box_numel(&B)) * elem;
-        ts->ro->gather_in += op->gather.bytes_in;
-        const struct wb_rt_peer *pe = peers_of(ts, ic, q);
-        if (!pe || pl_vec_reserve(&ts->ro->peers, nk))
-            return -ENOMEM;
-        memcpy(VEC_AT(&ts->ro->peers, struct wb_rt_peer, ts->ro->peers.n), pe, nk * sizeof(*pe));
-        ts->ro->peers.n += nk;
-        c->gathers++;
-        ts->coll = true;
-        if (ic->permuted) { /* the whole tensor transposed, once */
-            struct wb_box pfull = wb_box_full(sh);
+        if (ic->permuted && na > 0) {
+            /* the box its pieces need (whole FP8 blocks), transposed from the gathered
+             * tensor: not all of it, which would double the task's memory */
+            struct wb_box R = {.ndim = sh->ndim}, full = wb_box_full(sh);
+            for (size_t i = 0; i < na; i++) {
+                if (i > 0 && same_piece(&A[i], &A[i - 1]))
+                    continue;
+                struct wb_box need = SD[i].S;
+                if (fp8) {
+                    struct wb_box bl = pl_box_blocks(&SD[i].S), e = pl_blocks_elems(&bl, sh);
+                    wb_box_intersect(&e, &full, &need);
+                }
+                R = box_bbox(&R, &need);
+            }
             struct sview raw = sv;
-            if ((r = permuted_view(ts, ic, t, &raw, &pfull, &sv)))
+            if ((r = permuted_view(ts, ic, t, &raw, &R, &sv)))
                 return r;
-        }
-        if (ts->ngathered < WB_MAX_PIECES) {
-            ts->gathered_t[ts->ngathered] = t;
-            ts->gathered[ts->ngathered++] = sv;
         }
     } else {
         struct wb_box R = {.ndim = B.ndim};

@@ -994,6 +994,11 @@ static int step_task(struct data *d, uint32_t ti)
             r = ag_ops_copy(&c, op);
             r = r ? r : STEP_NEXT;
             break;
+        case WB_OP_PERMUTE: /* a layout change, like a fuse or pack */
+            span_open(d, tk, ti, WB_STAGE_FUSE);
+            r = ag_ops_permute(&c, op);
+            r = r ? r : STEP_NEXT;
+            break;
         case WB_OP_QUANT:
             span_open(d, tk, ti, WB_STAGE_QUANT);
             r = ag_ops_quant(&c, op);
@@ -1008,10 +1013,11 @@ static int step_task(struct data *d, uint32_t ti)
         }
         if (r < 0) {
             fail(d, "task %u op %u (%s): %s", ti, tk->op,
-                 op->kind == WB_OP_QUANT    ? "quantize"
-                 : op->kind == WB_OP_GATHER ? "gather"
-                 : op->kind == WB_OP_AMAX   ? "amax"
-                                            : "copy",
+                 op->kind == WB_OP_QUANT     ? "quantize"
+                 : op->kind == WB_OP_GATHER  ? "gather"
+                 : op->kind == WB_OP_AMAX    ? "amax"
+                 : op->kind == WB_OP_PERMUTE ? "permute"
+                                             : "copy",
                  wb_strerror(r));
             return r;
         }

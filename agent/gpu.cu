@@ -183,6 +183,72 @@ extern "C" int ag_box_move_async(float *b_arr, const struct wb_box *b, const flo
     return cu(cudaGetLastError());
 }
 
+/* The transpose's geometry by value: per dst dim its extent, its stride in dst and the stride
+ * in src of the src dim it is. */
+struct perm_geo {
+    uint32_t ndim;
+    uint64_t ext[WB_MAX_DIMS], sstride[WB_MAX_DIMS];
+};
+
+/* One thread per dst element, dst written in order (coalesced), src read at the permuted
+ * strides: what wb_permute() computes on the host, element for element. */
+template <typename T>
+static __global__ void permute_kernel(T *dst, const T *src, struct perm_geo g, uint64_t n)
+{
+    uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    uint64_t rest = i, si = 0;
+    for (int k = (int)g.ndim - 1; k >= 0; k--) { /* i's coordinates in dst, last dim first */
+        si += rest % g.ext[k] * g.sstride[k];
+        rest /= g.ext[k];
+    }
+    dst[i] = src[si];
+}
+
+extern "C" int ag_permute_async(void *dst, const void *src, size_t elem, uint32_t ndim,
+                                const uint64_t *ext, uint32_t perm, void *stream)
+{
+    if (ndim > WB_MAX_DIMS)
+        return -EINVAL;
+    uint64_t sstr[WB_MAX_DIMS], n = 1;
+    for (uint32_t d = ndim; d-- > 0;) {
+        sstr[d] = n;
+        n *= ext[d];
+    }
+    struct perm_geo g = {ndim, {0}, {0}};
+    uint32_t seen = 0;
+    for (uint32_t k = 0; k < ndim; k++) {
+        uint32_t j = (perm >> (4 * k)) & 15;
+        if (j >= ndim || (seen >> j & 1))
+            return -EINVAL;
+        seen |= 1u << j;
+        g.ext[k] = ext[j];
+        g.sstride[k] = sstr[j];
+    }
+    if (!n)
+        return 0;
+    unsigned blocks = (unsigned)((n + 255) / 256);
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (elem) {
+    case 1:
+        permute_kernel<<<blocks, 256, 0, s>>>((uint8_t *)dst, (const uint8_t *)src, g, n);
+        break;
+    case 2:
+        permute_kernel<<<blocks, 256, 0, s>>>((uint16_t *)dst, (const uint16_t *)src, g, n);
+        break;
+    case 4:
+        permute_kernel<<<blocks, 256, 0, s>>>((uint32_t *)dst, (const uint32_t *)src, g, n);
+        break;
+    case 8:
+        permute_kernel<<<blocks, 256, 0, s>>>((uint64_t *)dst, (const uint64_t *)src, g, n);
+        break;
+    default:
+        return -EINVAL;
+    }
+    return cu(cudaGetLastError());
+}
+
 extern "C" int ag_host_alloc(size_t n, void **out)
 {
     void *p = NULL;

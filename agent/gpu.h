@@ -36,6 +36,12 @@ int ag_amax_merge_async(float *acc, const float *part, size_t n, void *stream);
 struct wb_box;
 int ag_box_move_async(float *b_arr, const struct wb_box *b, const float *a_arr,
                       const struct wb_box *a, const struct wb_box *in, int merge, void *stream);
+/* A transpose on the stream (the PERMUTE op; wb_permute() is the host's): dst, a packed
+ * array of extent ext[perm_k] along dim k, gets src (packed, extents ext[0..ndim)) with
+ * dst element i = src element j, j[perm_k] = i_k, where perm_k = (perm >> 4k) & 15.
+ * elem: 1, 2, 4 or 8 bytes. Device memory. */
+int ag_permute_async(void *dst, const void *src, size_t elem, uint32_t ndim, const uint64_t *ext,
+                     uint32_t perm, void *stream);
 /* The allocation (cudaMalloc'd block) device pointer p lies in: its base and size, from the
  * driver's cuMemGetAddressRange (reached through the runtime, so nothing links libcuda). */
 int ag_gpu_addr_range(const void *p, uintptr_t *base, uint64_t *size);

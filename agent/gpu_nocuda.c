@@ -61,6 +61,19 @@ int ag_stream_sync(void *stream)
     return -WB_E_NOGPU;
 }
 
+int ag_permute_async(void *dst, const void *src, size_t elem, uint32_t ndim, const uint64_t *ext,
+                     uint32_t perm, void *stream)
+{
+    (void)dst;
+    (void)src;
+    (void)elem;
+    (void)ndim;
+    (void)ext;
+    (void)perm;
+    (void)stream;
+    return -WB_E_NOGPU;
+}
+
 int ag_box_move_async(float *b_arr, const struct wb_box *b, const float *a_arr,
                       const struct wb_box *a, const struct wb_box *in, int merge, void *stream)
 {

@@ -84,6 +84,39 @@ int ag_ops_copy(const struct opctx *c, const struct wb_rt_op *op)
                            wb_rt_box(t, cp->dst_box), src, dst);
 }
 
+/* PERMUTE: the src box packed (in place when it is the whole view), transposed into dst (in
+ * place when dst_box is the whole view, as the planner emits it, else through scratch 1 and
+ * an unpack). The GPU path does on the stream what wb_permute() does on the host. */
+int ag_ops_permute(const struct opctx *c, const struct wb_rt_op *op)
+{
+    const struct wb_route_table *t = &c->d->table;
+    const struct wb_rt_permute *pm = &op->permute;
+    struct wb_quant_exec ex = ex_of(c->d);
+    const void *src;
+    int rc = packed_src(c, &pm->src, pm->src_box, c->d->scratch[0], &src);
+    if (rc)
+        return rc;
+    void *dst = ag_ops_view_ptr(c, &pm->dst);
+    if (!dst)
+        return -EINVAL;
+    const struct wb_box *sb = wb_rt_box(t, pm->src_box), *db = wb_rt_box(t, pm->dst_box);
+    const struct wb_shape *dsh = wb_rt_shape(t, pm->dst.shape);
+    bool whole = box_is_full(db, dsh);
+    void *out = whole ? dst : c->d->scratch[1];
+    size_t elem = wb_dtype_size(pm->src.dtype);
+    if (c->d->gpu) {
+        rc = ag_permute_async(out, src, elem, sb->ndim, sb->ext, pm->perm, c->d->stream);
+    } else {
+        uint8_t perm[WB_MAX_DIMS];
+        for (uint32_t k = 0; k < sb->ndim; k++)
+            perm[k] = (uint8_t)wb_rt_perm_dim(pm->perm, k);
+        rc = wb_permute(out, src, elem, sb->ndim, sb->ext, perm);
+    }
+    if (rc || whole)
+        return rc;
+    return wb_quant_unpack(&ex, pm->dst.dtype, dsh, db, out, dst);
+}
+
 /* The 2-D tile of a region (its last two dims) and the number of leading slices. */
 static void region_tile(const struct wb_box *r, enum wb_dtype dt, struct wb_quant_tile *tile,
                         uint64_t *lead)
@@ -373,6 +406,8 @@ uint64_t ag_ops_scratch_need(const struct wb_route_table *t)
         uint64_t n = 0;
         if (op->kind == WB_OP_COPY || op->kind == WB_OP_CAST)
             n = wb_box_numel(wb_rt_box(t, op->copy.src_box)) * 4;
+        else if (op->kind == WB_OP_PERMUTE)
+            n = wb_box_numel(wb_rt_box(t, op->permute.src_box)) * 8;
         else if (op->kind == WB_OP_QUANT)
             n = quant_scratch(wb_box_numel(wb_rt_box(t, op->quant.src_box)), op->quant.src.dtype);
         else if (op->kind == WB_OP_AMAX)

@@ -497,6 +497,7 @@ struct opctx {
 void *ag_ops_view_ptr(const struct opctx *c, const struct wb_rt_view *v);
 int ag_ops_copy(const struct opctx *c, const struct wb_rt_op *op);
 int ag_ops_quant(const struct opctx *c, const struct wb_rt_op *op);
+int ag_ops_permute(const struct opctx *c, const struct wb_rt_op *op);
 /* AMAX: partial amax of every block op's region touches (FP32, the region's block grid), into
  * host_part; on a GPU into dev_part, enqueued on the stream, and copied to host_part too unless
  * it is NULL (the caller reads it after an event). */

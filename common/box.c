@@ -209,3 +209,104 @@ bool wb_ranges_next(struct wb_ranges *r, uint64_t *offset, uint64_t *len)
     }
     return true;
 }
+
+/* ---------------------------------------------------------------- transposes */
+
+enum { PERMUTE_TILE = 32 };
+
+/* One tile of a 2-D transpose: rows [r0, r1) x cols [c0, c1) of dst, whose rows step dstep
+ * elements and whose columns are contiguous; src element (r, c) at r + c * sstep. */
+static void permute_tile(uint8_t *dst, const uint8_t *src, size_t elem, uint64_t r0, uint64_t r1,
+                         uint64_t c0, uint64_t c1, uint64_t dstep, uint64_t sstep)
+{
+    for (uint64_t r = r0; r < r1; r++) {
+        uint64_t di = r * dstep, si = r;
+        switch (elem) { /* one loop per size, so that each compiles to plain loads and stores */
+        case 1:
+            for (uint64_t c = c0; c < c1; c++)
+                dst[di + c] = src[si + c * sstep];
+            break;
+        case 2:
+            for (uint64_t c = c0; c < c1; c++)
+                ((uint16_t *)(void *)dst)[di + c] =
+                    ((const uint16_t *)(const void *)src)[si + c * sstep];
+            break;
+        case 4:
+            for (uint64_t c = c0; c < c1; c++)
+                ((uint32_t *)(void *)dst)[di + c] =
+                    ((const uint32_t *)(const void *)src)[si + c * sstep];
+            break;
+        default:
+            for (uint64_t c = c0; c < c1; c++)
+                ((uint64_t *)(void *)dst)[di + c] =
+                    ((const uint64_t *)(const void *)src)[si + c * sstep];
+            break;
+        }
+    }
+}
+
+int wb_permute(void *dst, const void *src, size_t elem, uint32_t ndim, const uint64_t *ext,
+               const uint8_t *perm)
+{
+    if ((elem != 1 && elem != 2 && elem != 4 && elem != 8) || ndim > WB_MAX_DIMS)
+        return -EINVAL;
+    uint32_t seen = 0;
+    for (uint32_t k = 0; k < ndim; k++) {
+        if (perm[k] >= ndim || (seen >> perm[k] & 1))
+            return -EINVAL;
+        seen |= 1u << perm[k];
+    }
+    uint64_t sstr[WB_MAX_DIMS], e[WB_MAX_DIMS], es[WB_MAX_DIMS], dstr[WB_MAX_DIMS], n = 1;
+    for (uint32_t d = ndim; d-- > 0;) {
+        sstr[d] = n;
+        n *= ext[d];
+    }
+    if (n == 0)
+        return 0;
+    if (ndim == 0) {
+        memcpy(dst, src, elem);
+        return 0;
+    }
+    uint64_t m = 1;
+    for (uint32_t k = ndim; k-- > 0;) {
+        e[k] = ext[perm[k]];
+        es[k] = sstr[perm[k]]; /* src stride along dst dim k */
+        dstr[k] = m;
+        m *= e[k];
+    }
+    /* dst's contiguous dim b, and a: the dst dim that is src's contiguous one */
+    uint32_t b = ndim - 1, a = 0;
+    while (perm[a] != ndim - 1)
+        a++;
+    uint64_t idx[WB_MAX_DIMS] = {0};
+    uint8_t *D = dst;
+    const uint8_t *S = src;
+    for (;;) {
+        uint64_t so = 0, dof = 0;
+        for (uint32_t k = 0; k < ndim; k++) {
+            so += idx[k] * es[k];
+            dof += idx[k] * dstr[k];
+        }
+        if (a == b) { /* src's rows stay rows: one copy each */
+            memcpy(D + dof * elem, S + so * elem, e[b] * elem);
+        } else {
+            for (uint64_t r0 = 0; r0 < e[a]; r0 += PERMUTE_TILE)
+                for (uint64_t c0 = 0; c0 < e[b]; c0 += PERMUTE_TILE)
+                    permute_tile(D + dof * elem, S + so * elem, elem, r0,
+                                 r0 + PERMUTE_TILE < e[a] ? r0 + PERMUTE_TILE : e[a], c0,
+                                 c0 + PERMUTE_TILE < e[b] ? c0 + PERMUTE_TILE : e[b], dstr[a],
+                                 es[b]);
+        }
+        /* the next index over the dims other than a and b (b alone when a == b) */
+        uint32_t k = ndim;
+        while (k-- > 0) {
+            if (k == a || k == b)
+                continue;
+            if (++idx[k] < e[k])
+                break;
+            idx[k] = 0;
+        }
+        if (k == UINT32_MAX)
+            return 0;
+    }
+}

@@ -155,6 +155,13 @@ struct wb_box wb_box_relative(const struct wb_box *b, const struct wb_box *origi
 struct wb_box wb_box_shift(const struct wb_box *b, const uint64_t *delta);
 /* "[0:128, 64:96]" into buf; returns buf. */
 char *wb_box_str(const struct wb_box *b, char *buf, size_t cap);
+/* Transposes a packed row-major array in host memory: src has extents ext[0..ndim); dst gets
+ * extent ext[perm[k]] along dim k, and dst element i is src element j with j[perm[k]] = i_k
+ * (PyTorch's src.permute(perm).contiguous()). elem is 1, 2, 4 or 8 bytes; dst and src do not
+ * overlap. Tiled, so that reads and writes both stay in cache lines. Returns 0, or -EINVAL
+ * (perm not a permutation of 0..ndim-1, another elem size). */
+int wb_permute(void *dst, const void *src, size_t elem, uint32_t ndim, const uint64_t *ext,
+               const uint8_t *perm);
 
 /* The contiguous byte ranges a box covers inside a row-major tensor, in increasing order and
  * maximally merged (a box spanning whole trailing dimensions is fewer, longer ranges).

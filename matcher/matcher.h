@@ -170,7 +170,8 @@ struct wb_component {
      * dst.ext[k] == src.ext[perm[k]], and dst element (i_0, ..., i_{n-1}) is src element j with
      * j[perm[k]] = i_k for every k: dst = src.permute(perm) in PyTorch terms (gpt-oss experts:
      * trainer [E, H, 2I], rollout [E, 2I, H], perm [0, 2, 1]). Not permuted: dims correspond
-     * in order, up to stacking. The planner refuses permuted components for now. */
+     * in order, up to stacking. The planner works in the permuted tensor's coordinates and
+     * has the trainer transpose its shard first (a route table's PERMUTE op). */
     bool permuted;
     uint8_t perm[WB_MAX_DIMS];
     /* A grouped split's piece (Megatron's linear_qkv: q of query group g > 0): it continues the

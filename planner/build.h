@@ -75,6 +75,14 @@ struct icomp {
     uint32_t b0;  /* shard boxes at ctx.ibox[b0 .. b0+nk), set ids at ctx.iset[b0 ..] */
     uint32_t cls; /* shard box class: components of one class have the same shard boxes */
     bool aligned; /* every shard edge on a 128 block edge (FP8 never straddles) */
+    /* A transposed component (wb_component.permuted): the item is planned in the coordinates
+     * of the permuted tensor (the rollout's dim order), so its shard boxes at ibox, sh (then
+     * &psh, set once the item's components are all in place) and its subpieces' S are
+     * permuted; emit.c transposes the shard into that order (a PERMUTE op) before anything
+     * reads it, and speaks the trainer's own order only to the shard and the gather. */
+    bool permuted;
+    uint8_t perm[WB_MAX_DIMS];
+    struct wb_shape psh;
 };
 
 /* One (subpiece, shard) demand of the current local-rank group, shared by all replicas. */
@@ -306,6 +314,13 @@ struct wb_box pl_map_to_dst(const struct wb_box *S, const struct wb_box *D,
 uint64_t pl_dst_bytes(const struct wb_mapping *m, const struct wb_box *S);
 /* Blocks whose origin element lies in S. */
 struct wb_box pl_origin_blocks(const struct wb_box *S);
+/* A component's permutation (rollout dim k is trainer dim perm[k]) as a route table's PERMUTE
+ * op carries it, and boxes between the trainer's dim order (T) and the permuted one (P):
+ * pl_perm_box(b)[k] = b[perm[k]], pl_unperm_box its inverse. */
+uint32_t pl_perm_pack(const uint8_t *perm, uint32_t ndim);
+struct wb_box pl_perm_box(const struct wb_box *b, const uint8_t *perm);
+struct wb_box pl_unperm_box(const struct wb_box *b, const uint8_t *perm);
+struct wb_shape pl_perm_shape(const struct wb_shape *s, const uint8_t *perm);
 /* The boxes of an assignment (of the item whose subpieces and shard boxes are in c). */
 void pl_asg_boxes(const struct plan_ctx *c, const struct item *it, const struct assign *a,
                   struct sd *out);

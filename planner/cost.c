@@ -94,7 +94,7 @@ static struct ckey class_key(const struct plan_ctx *c, const struct item *it)
     for (uint32_t ci = 0; ci < it->nc; ci++) {
         const struct wb_component *cp = pl_item_comp(c, it, ci);
         const struct wb_param *tp = &c->in->trainer->p[cp->trainer];
-        uint64_t w[4 + 4 * WB_MAX_DIMS];
+        uint64_t w[5 + 4 * WB_MAX_DIMS];
         size_t n = 0;
         w[n++] = tp->dtype;
         w[n++] = (uint64_t)(int64_t)c->pm->place[cp->trainer].rule;
@@ -106,6 +106,8 @@ static struct ckey class_key(const struct plan_ctx *c, const struct item *it)
             w[n++] = cp->src.off[d] << 20 ^ cp->src.ext[d];
         for (uint32_t d = 0; d < cp->dst.ndim && d < WB_MAX_DIMS; d++)
             w[n++] = cp->dst.ext[d]; /* not where: an expert's place in the stack differs */
+        if (cp->permuted)            /* only then: the other classes' keys stay as they were */
+            w[n++] = pl_perm_pack(cp->perm, tp->shape.ndim) + 1;
         for (size_t i = 0; i < n; i++) {
             h1 = hmix(h1, w[i]);
             h2 = hmix(h2 + 3, w[i]);
@@ -130,6 +132,17 @@ static double posts_of(uint64_t runs, uint64_t bytes, uint64_t nics)
     if (!runs)
         return 0;
     return (double)runs * (bytes / runs >= (64u << 10) ? (double)nics : 1.0);
+}
+
+/* A transposed component's PERMUTE op over `bytes` of the trainer tensor, done by one of the
+ * members: a copy's time (as the estimate costs it), and its temporary memory where `own`
+ * (direct: each part's owner; gather: a member's share of the subpieces, bytes / members). */
+static void transposed(struct mcost *x, uint64_t bytes, const struct wb_hw *hw, double members,
+                       bool own)
+{
+    x->tmp += own ? bytes : (uint64_t)((double)bytes / members);
+    x->gpu_s += (double)bytes / hw->copy_Bps / members;
+    x->ops += 1.0 / members;
 }
 
 /* Measures the first item of a class in both modes (c->sub and c->icomp must be its). */
@@ -205,7 +218,11 @@ static void measure(const struct plan_ctx *c, const struct item *it, struct ccos
             D->ops += 1.0 / members;
             D->gpu_s += (double)(wb_box_numel(&X) * wb_dtype_size(tp->dtype)) / rate / members;
             D->tmp += xv;
+            if (ic->permuted) /* the transposed copy of the part (a PERMUTE op) */
+                transposed(D, wb_box_numel(&X) * wb_dtype_size(tp->dtype), hw, members, true);
         }
+        if (ic->permuted) /* gather: the subpiece transposed out of the gathered tensor */
+            transposed(G, wb_box_numel(&sp->S) * wb_dtype_size(tp->dtype), hw, members, false);
     }
     for (int m = 0; m < 2; m++)
         cc->m[m].gpu_s += cc->m[m].ops * hw->kernel_s;

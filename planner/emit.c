@@ -59,8 +59,11 @@ static const struct wb_rt_peer *peers_of(struct tstate *ts, const struct icomp *
     pc->pe = pe;
     pc->n = 0;
     const struct wb_box *B = VEC_AT(&ts->c->ibox, struct wb_box, ic->b0);
-    for (uint32_t s = 0; s < ic->nk; s++)
-        pe[s] = (struct wb_rt_peer){pl_place_shard_rank(ts->c->pm, ic->tp, s, q), bx(ts, &B[s])};
+    for (uint32_t s = 0; s < ic->nk; s++) {
+        /* a gather moves the shards as the trainers hold them: in the trainer's dim order */
+        struct wb_box b = ic->permuted ? pl_unperm_box(&B[s], ic->perm) : B[s];
+        pe[s] = (struct wb_rt_peer){pl_place_shard_rank(ts->c->pm, ic->tp, s, q), bx(ts, &b)};
+    }
     if (ts->ro->boxes.err)
         return NULL;
     pc->cls = ic->cls;
@@ -459,7 +462,7 @@ static int plan_exchanges(struct plan_ctx *c, const struct item *it)
         struct sd x;
         pl_asg_boxes(c, it, &A[i], &x);
         struct wb_box bl = pl_box_blocks(&x.S);
-        struct wb_box e = pl_blocks_elems(&bl, &c->in->trainer->p[t].shape);
+        struct wb_box e = pl_blocks_elems(&bl, ic->sh);
         if (wb_box_contains(&B, &e))
             continue;
         if (!pl_vec_push(&need, key)) {
@@ -542,6 +545,30 @@ static int source_view(struct tstate *ts, uint32_t t, const struct wb_box *B,
     return 0;
 }
 
+/* A transposed component's data in the permuted tensor's order: box R (permuted coordinates)
+ * of view raw, which holds the tensor in the trainer's order (its shard, an H2D copy of rows
+ * of it, or the gathered tensor), transposed into TMP by a PERMUTE op. Every op and write
+ * after it reads the returned view, whose cover is R: the planner works in permuted
+ * coordinates throughout, and this is the one place where the trainer's order meets them. */
+static int permuted_view(struct tstate *ts, const struct icomp *ic, uint32_t t,
+                         const struct sview *raw, const struct wb_box *R, struct sview *out)
+{
+    struct wb_box Rt = pl_unperm_box(R, ic->perm), src = box_rel(&Rt, &raw->cover);
+    struct sview pv = sview_tmp(raw->dtype, R);
+    pv.off = tmp_alloc(ts, wb_box_numel(R) * wb_dtype_size(raw->dtype));
+    struct wb_box pf = wb_box_full(&pv.shape);
+    struct wb_rt_op *op = push_op(ts, WB_OP_PERMUTE, t);
+    if (!op)
+        return -ENOMEM;
+    op->permute.src = rtv(ts, raw);
+    op->permute.src_box = bx(ts, &src);
+    op->permute.dst = rtv(ts, &pv);
+    op->permute.dst_box = bx(ts, &pf);
+    op->permute.perm = pl_perm_pack(ic->perm, R->ndim);
+    *out = pv;
+    return 0;
+}
+
 /* The same piece for another replica, rollout rank g: the records [w0, w1) the piece's first
  * replica got fan out one copy further when g continues their rank progression (replicas come
  * in rising order, so a piece one rank writes to every replica is one record per write), else
@@ -577,6 +604,57 @@ static int clone_writes(struct tstate *ts, size_t w0, size_t w1, uint32_t g)
     return 0;
 }
 
+/* The GATHER of trainer tensor t (this rank's shard Bt, the trainer's dim order) into a TMP
+ * view of the whole tensor, *out. */
+static int gather_view(struct tstate *ts, const struct item *it, const struct icomp *ic, uint32_t q,
+                       const struct wb_box *Bt, uint32_t gather_seq, struct sview *out)
+{
+    struct plan_ctx *c = ts->c;
+    uint32_t t = ic->t;
+    const struct wb_param *p = &c->in->trainer->p[t];
+    struct sview sv;
+    int r;
+    struct sview own;
+    if (!wb_box_empty(Bt) || Bt->ndim == 0) {
+        r = source_view(ts, t, Bt, Bt, &own);
+    } else {
+        own = (struct sview){WB_BUF_PARAM, t, 0, p->dtype, wb_box_shape(Bt), *Bt};
+        r = 0;
+    }
+    if (r)
+        return r;
+    size_t elem = wb_dtype_size(p->dtype);
+    struct wb_box full = wb_box_full(&p->shape);
+    sv = sview_tmp(p->dtype, &full);
+    sv.off = tmp_alloc(ts, wb_shape_numel(&p->shape) * elem);
+    struct wb_rt_op *op = push_op(ts, WB_OP_GATHER, t);
+    if (!op)
+        return -ENOMEM;
+    const struct tplace *tp = &c->pm->place[t];
+    uint32_t nk = pl_place_nshards(c->pm, tp);
+    op->gather.src = rtv(ts, &own);
+    op->gather.dst = rtv(ts, &sv);
+    op->gather.peer0 = (uint32_t)ts->ro->peers.n;
+    op->gather.npeers = nk;
+    op->gather.mesh = it->mesh;
+    op->gather.seq = gather_seq;
+    op->gather.bytes_in = (wb_shape_numel(&p->shape) - wb_box_numel(Bt)) * elem;
+    ts->ro->gather_in += op->gather.bytes_in;
+    const struct wb_rt_peer *pe = peers_of(ts, ic, q);
+    if (!pe || pl_vec_reserve(&ts->ro->peers, nk))
+        return -ENOMEM;
+    memcpy(VEC_AT(&ts->ro->peers, struct wb_rt_peer, ts->ro->peers.n), pe, nk * sizeof(*pe));
+    ts->ro->peers.n += nk;
+    c->gathers++;
+    ts->coll = true;
+    if (ts->ngathered < WB_MAX_PIECES) {
+        ts->gathered_t[ts->ngathered] = t;
+        ts->gathered[ts->ngathered++] = sv;
+    }
+    *out = sv;
+    return 0;
+}
+
 /* The view a component's pieces are read from: with gather, the whole tensor all-gathered
  * into temporary memory (a GATHER op); otherwise this rank's shard B, cut to the bounding box
  * R of what its pieces (SD[0..na)) and its amax exchanges (XM[0..nx)) need. */
@@ -588,55 +666,40 @@ static int component_source(struct tstate *ts, const struct item *it, uint32_t c
     struct plan_ctx *c = ts->c;
     const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
     uint32_t t = pl_item_comp(c, it, ci)->trainer;
-    const struct wb_param *p = &c->in->trainer->p[t];
-    const struct wb_shape *sh = &p->shape;
-    bool gather = it->mode == WB_MODE_GATHER, fp8 = mp->xform == WB_XFORM_FP8_BLOCK;
     const struct icomp *ic = VEC_AT(&c->icomp, struct icomp, ci);
+    const struct wb_shape *sh = ic->sh; /* permuted for a transposed component */
+    bool gather = it->mode == WB_MODE_GATHER, fp8 = mp->xform == WB_XFORM_FP8_BLOCK;
     const struct wb_box B = *Bp;
+    /* the shard as the trainer holds it (B is in permuted coordinates when transposed) */
+    const struct wb_box Bt = ic->permuted ? pl_unperm_box(&B, ic->perm) : B;
     struct sview sv;
     int r;
     if (gather) {
-        for (uint32_t k = 0; k < ts->ngathered; k++)
+        bool have = false;
+        for (uint32_t k = 0; k < ts->ngathered && !have; k++)
             if (ts->gathered_t[k] == t) {
-                *out = ts->gathered[k];
-                return 0;
+                sv = ts->gathered[k];
+                have = true;
             }
-        struct sview own;
-        if (!wb_box_empty(&B) || B.ndim == 0) {
-            r = source_view(ts, t, &B, &B, &own);
-        } else {
-            own = (struct sview){WB_BUF_PARAM, t, 0, p->dtype, wb_box_shape(&B), B};
-            r = 0;
-        }
-        if (r)
+        if (!have && (r = gather_view(ts, it, ic, q, &Bt, gather_seq, &sv)))
             return r;
-        size_t elem = wb_dtype_size(p->dtype);
-        struct wb_box full = wb_box_full(sh);
-        sv = sview_tmp(p->dtype, &full);
-        sv.off = tmp_alloc(ts, wb_shape_numel(sh) * elem);
-        struct wb_rt_op *op = push_op(ts, WB_OP_GATHER, t);
-        if (!op)
-            return -ENOMEM;
-        const struct tplace *tp = &c->pm->place[t];
-        uint32_t nk = pl_place_nshards(c->pm, tp);
-        op->gather.src = rtv(ts, &own);
-        op->gather.dst = rtv(ts, &sv);
-        op->gather.peer0 = (uint32_t)ts->ro->peers.n;
-        op->gather.npeers = nk;
-        op->gather.mesh = it->mesh;
-        op->gather.seq = gather_seq;
-        op->gather.bytes_in = (wb_shape_numel(sh) - wb_box_numel(&B)) * elem;
-        ts->ro->gather_in += op->gather.bytes_in;
-        const struct wb_rt_peer *pe = peers_of(ts, ic, q);
-        if (!pe || pl_vec_reserve(&ts->ro->peers, nk))
-            return -ENOMEM;
-        memcpy(VEC_AT(&ts->ro->peers, struct wb_rt_peer, ts->ro->peers.n), pe, nk * sizeof(*pe));
-        ts->ro->peers.n += nk;
-        c->gathers++;
-        ts->coll = true;
-        if (ts->ngathered < WB_MAX_PIECES) {
-            ts->gathered_t[ts->ngathered] = t;
-            ts->gathered[ts->ngathered++] = sv;
+        if (ic->permuted && na > 0) {
+            /* the box its pieces need (whole FP8 blocks), transposed from the gathered
+             * tensor: not all of it, which would double the task's memory */
+            struct wb_box R = {.ndim = sh->ndim}, full = wb_box_full(sh);
+            for (size_t i = 0; i < na; i++) {
+                if (i > 0 && same_piece(&A[i], &A[i - 1]))
+                    continue;
+                struct wb_box need = SD[i].S;
+                if (fp8) {
+                    struct wb_box bl = pl_box_blocks(&SD[i].S), e = pl_blocks_elems(&bl, sh);
+                    wb_box_intersect(&e, &full, &need);
+                }
+                R = box_bbox(&R, &need);
+            }
+            struct sview raw = sv;
+            if ((r = permuted_view(ts, ic, t, &raw, &R, &sv)))
+                return r;
         }
     } else {
         struct wb_box R = {.ndim = B.ndim};
@@ -656,7 +719,15 @@ static int component_source(struct tstate *ts, const struct item *it, uint32_t c
             wb_box_intersect(&e, &B, &need);
             R = box_bbox(&R, &need);
         }
-        r = source_view(ts, t, &B, &R, &sv);
+        if (ic->permuted) {
+            struct wb_box Rt = pl_unperm_box(&R, ic->perm);
+            struct sview raw;
+            r = source_view(ts, t, &Bt, &Rt, &raw);
+            if (!r)
+                r = permuted_view(ts, ic, t, &raw, &R, &sv);
+        } else {
+            r = source_view(ts, t, &B, &R, &sv);
+        }
         if (r)
             return r;
     }
@@ -711,13 +782,14 @@ static int component_writes(struct tstate *ts, const struct item *it, uint32_t t
 
 /* An FP8 component: the amax exchanges, the shared quantization, each piece's own where it
  * needs none, and the writes of values and scales. */
-static int component_fp8(struct tstate *ts, const struct item *it, uint32_t t,
+static int component_fp8(struct tstate *ts, const struct item *it, const struct icomp *ic,
                          const struct wb_box *Bp, const struct sview *svp, const struct assign *A,
                          const struct sd *SD, size_t na, const uint32_t *XM, size_t nx)
 {
     struct plan_ctx *c = ts->c;
     const struct wb_mapping *mp = pl_ctx_map(c, it->mapping);
-    const struct wb_shape *sh = &c->in->trainer->p[t].shape;
+    uint32_t t = ic->t;
+    const struct wb_shape *sh = ic->sh; /* permuted for a transposed component */
     const struct wb_inventory *ri = c->in->rollout;
     const struct wb_shape *lshape, *lscale;
     const struct wb_box B = *Bp;
@@ -869,7 +941,7 @@ static int emit_component(struct tstate *ts, const struct item *it, uint32_t ci,
         return r;
     if (!fp8)
         return component_writes(ts, it, t, &sv, A, SD, na);
-    return component_fp8(ts, it, t, &B, &sv, A, SD, na, XM, nx);
+    return component_fp8(ts, it, ic, &B, &sv, A, SD, na, XM, nx);
 }
 
 int pl_emit_item(struct plan_ctx *c, uint32_t ii)

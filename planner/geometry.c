@@ -65,6 +65,42 @@ struct wb_box pl_origin_blocks(const struct wb_box *S)
     return b;
 }
 
+uint32_t pl_perm_pack(const uint8_t *perm, uint32_t ndim)
+{
+    uint32_t v = 0;
+    for (uint32_t k = 0; k < ndim; k++)
+        v |= (uint32_t)(perm[k] & 15) << (4 * k);
+    return v;
+}
+
+struct wb_box pl_perm_box(const struct wb_box *b, const uint8_t *perm)
+{
+    struct wb_box r = {.ndim = b->ndim};
+    for (uint32_t k = 0; k < b->ndim; k++) {
+        r.off[k] = b->off[perm[k]];
+        r.ext[k] = b->ext[perm[k]];
+    }
+    return r;
+}
+
+struct wb_box pl_unperm_box(const struct wb_box *b, const uint8_t *perm)
+{
+    struct wb_box r = {.ndim = b->ndim};
+    for (uint32_t k = 0; k < b->ndim; k++) {
+        r.off[perm[k]] = b->off[k];
+        r.ext[perm[k]] = b->ext[k];
+    }
+    return r;
+}
+
+struct wb_shape pl_perm_shape(const struct wb_shape *s, const uint8_t *perm)
+{
+    struct wb_shape r = {.ndim = s->ndim};
+    for (uint32_t k = 0; k < s->ndim; k++)
+        r.dim[k] = s->dim[perm[k]];
+    return r;
+}
+
 uint64_t pl_dst_bytes(const struct wb_mapping *m, const struct wb_box *S)
 {
     uint64_t v = wb_box_numel(S) * wb_dtype_size(m->dst_dtype);

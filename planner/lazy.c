@@ -133,6 +133,12 @@ void pl_seg_ops(const struct pl_seg *sg, const uint32_t *pool, const struct wb_r
             op.copy.src_box = box_of(&m, op.copy.src_box);
             op.copy.dst_box = box_of(&m, op.copy.dst_box);
             break;
+        case WB_OP_PERMUTE:
+            view_map(&op.permute.src, &m);
+            view_map(&op.permute.dst, &m);
+            op.permute.src_box = box_of(&m, op.permute.src_box);
+            op.permute.dst_box = box_of(&m, op.permute.dst_box);
+            break;
         case WB_OP_QUANT:
             view_map(&op.quant.src, &m);
             view_map(&op.quant.dst, &m);

@@ -469,45 +469,6 @@ struct auto_info {
     struct pl_auto_cost cost;
 };
 
-/* Not planned yet, refused here instead of planned wrong: transposed components (gpt-oss
- * experts: the boxes would be cut as if the dims corresponded in order). One line: the
- * first mapping, and how many more. (FP8 checkpoint copies are planned: the matcher gives
- * their scales a mapping of their own.) */
-static int refuse_transposed(const struct wb_plan_input *in, struct wb_errlist *el)
-{
-    int r = 0;
-    const struct wb_mapping *first = NULL;
-    const struct wb_component *fc = NULL;
-    size_t more = 0;
-    for (size_t m = 0; m < in->match->n; m++) {
-        const struct wb_mapping *mp = &in->match->map[m];
-        for (uint32_t k = 0; k < mp->ncomp; k++) {
-            const struct wb_component *cp = &mp->comp[k];
-            if (!cp->permuted)
-                continue;
-            if (first)
-                more++;
-            else {
-                first = mp;
-                fc = cp;
-            }
-            break;
-        }
-    }
-    if (first) {
-        char also[64] = "";
-        if (more)
-            snprintf(also, sizeof(also), "; %zu more mapping%s like it", more, more > 1 ? "s" : "");
-        wb_errlist_add(el,
-                       "%s: built from %s transposed (permute); the planner does not plan "
-                       "transposes yet (rule %s:%u)%s",
-                       in->rollout->p[first->rollout].name, in->trainer->p[fc->trainer].name,
-                       in->match->rules_path ? in->match->rules_path : "?", first->rule_line, also);
-        r = -WB_E_PLAN;
-    }
-    return r;
-}
-
 /* Auto's gather groups (*out, malloc'd: per (mapping, mesh)): force_groups when given, else
  * pl_auto_choose's choice, also kept in ai. Where any group gathers, the items, phases and
  * templates are cut again. */
@@ -604,8 +565,6 @@ static int build_once(const struct wb_plan_input *in, const struct wb_plan_opts 
     c.nr = in->rl->replicas * c.gpr;
     c.words = (c.nt + 63) / 64;
 
-    if ((r = refuse_transposed(in, el)))
-        goto out;
     bool *used = calloc(in->trainer->n + 1, sizeof(bool));
     if (!used) {
         r = -ENOMEM;

@@ -143,9 +143,12 @@ static uint64_t item_sig(const struct plan_ctx *c, const struct item *it)
         mix(mix(mix(mix(0x9E3779B97F4A7C15ull, it->nc), mp->xform), mp->dst_dtype), mp->scale >= 0);
     h = mix(h, it->mode);
     for (uint32_t ci = 0; ci < it->nc; ci++) {
-        uint32_t t = pl_item_comp(c, it, ci)->trainer;
+        const struct wb_component *cp = pl_item_comp(c, it, ci);
+        uint32_t t = cp->trainer;
         const struct wb_param *p = &c->in->trainer->p[t];
         h = mix(mix(h, p->dtype), (uint64_t)c->pm->place[t].rule);
+        if (cp->permuted) /* mixed in only then: other items' signatures stay as they were */
+            h = mix(h, pl_perm_pack(cp->perm, p->shape.ndim) + 1);
         for (uint32_t d = 0; d < p->shape.ndim; d++)
             h = mix(h, p->shape.dim[d]);
     }
@@ -168,7 +171,11 @@ static bool congruent(const struct plan_ctx *c, const struct stamp_rep *rp, cons
     const struct wb_placement_map *pm = c->pm;
     int64_t shift = 0;
     for (uint32_t ci = 0; ci < x->nc; ci++) {
-        uint32_t tx = pl_item_comp(c, x, ci)->trainer, ty = pl_item_comp(c, y, ci)->trainer;
+        const struct wb_component *cx = pl_item_comp(c, x, ci), *cy = pl_item_comp(c, y, ci);
+        uint32_t tx = cx->trainer, ty = cy->trainer;
+        if (cx->permuted != cy->permuted ||
+            (cx->permuted && memcmp(cx->perm, cy->perm, sizeof(cx->perm))))
+            return false;
         const struct wb_param *px = &c->in->trainer->p[tx], *py = &c->in->trainer->p[ty];
         const struct tplace *ax = &pm->place[tx], *ay = &pm->place[ty];
         if (px->dtype != py->dtype || !wb_shape_eq(&px->shape, &py->shape) || ax->rule != ay->rule)
@@ -482,6 +489,12 @@ static void op_refs(const struct wb_rt_op *op, uint32_t *box, uint32_t *nbox, ui
         shp[(*nshp)++] = op->copy.dst.shape;
         box[(*nbox)++] = op->copy.src_box;
         box[(*nbox)++] = op->copy.dst_box;
+        break;
+    case WB_OP_PERMUTE:
+        shp[(*nshp)++] = op->permute.src.shape;
+        shp[(*nshp)++] = op->permute.dst.shape;
+        box[(*nbox)++] = op->permute.src_box;
+        box[(*nbox)++] = op->permute.dst_box;
         break;
     case WB_OP_QUANT:
         shp[(*nshp)++] = op->quant.src.shape;

@@ -30,14 +30,16 @@ int pl_item_subpieces(struct plan_ctx *c, const struct item *it)
                     continue;
                 struct subpiece sp = {.l = l, .ci = ci};
                 uint32_t nd = I.ndim, ns = cp->src.ndim;
+                /* transposed: S in the permuted tensor's coordinates, dims in order */
+                struct wb_box psrc = cp->permuted ? pl_perm_box(&cp->src, cp->perm) : cp->src;
                 sp.S.ndim = ns;
                 for (uint32_t j = 0; j < ns; j++) {
                     int jd = (int)j + (int)nd - (int)ns;
                     if (jd < 0) {
-                        sp.S.off[j] = cp->src.off[j];
-                        sp.S.ext[j] = cp->src.ext[j];
+                        sp.S.off[j] = psrc.off[j];
+                        sp.S.ext[j] = psrc.ext[j];
                     } else {
-                        sp.S.off[j] = I.off[jd] - cp->dst.off[jd] + cp->src.off[j];
+                        sp.S.off[j] = I.off[jd] - cp->dst.off[jd] + psrc.off[j];
                         sp.S.ext[j] = I.ext[jd];
                     }
                 }
@@ -63,11 +65,31 @@ static bool straddles(const struct wb_box *X, const struct wb_box *B, const stru
     return !wb_box_contains(B, &e);
 }
 
+/* A transposed component's shard boxes and shape in the permuted tensor's coordinates, and
+ * whether their edges fall on block edges there (the blocks are the rollout's). */
+static void permute_comp(struct icomp *ic, const struct wb_component *cp, struct wb_box *B)
+{
+    ic->permuted = true;
+    memcpy(ic->perm, cp->perm, sizeof(ic->perm));
+    ic->psh = pl_perm_shape(ic->sh, cp->perm);
+    ic->aligned = true;
+    for (uint32_t k = 0; k < ic->nk; k++) {
+        B[k] = pl_perm_box(&B[k], cp->perm);
+        for (uint32_t d = 0; d < B[k].ndim; d++) {
+            uint64_t end = B[k].off[d] + B[k].ext[d];
+            if (qblock(B[k].ndim, d) > 1 && B[k].ext[d] &&
+                (B[k].off[d] % WB_FP8_BLOCK || (end % WB_FP8_BLOCK && end != ic->psh.dim[d])))
+                ic->aligned = false;
+        }
+    }
+}
+
 int pl_item_comps_prepare(struct plan_ctx *c, const struct item *it)
 {
     c->icomp.n = c->ibox.n = c->iset.n = 0;
     for (uint32_t ci = 0; ci < it->nc; ci++) {
-        struct icomp ic = {.t = pl_item_comp(c, it, ci)->trainer};
+        const struct wb_component *cp = pl_item_comp(c, it, ci);
+        struct icomp ic = {.t = cp->trainer};
         ic.tp = &c->pm->place[ic.t];
         ic.sh = &c->in->trainer->p[ic.t].shape;
         ic.cls = c->tcls[ic.t];
@@ -82,8 +104,15 @@ int pl_item_comps_prepare(struct plan_ctx *c, const struct item *it)
         c->ibox.n += ic.nk;
         for (uint32_t k = 0; k < ic.nk; k++)
             *VEC_AT(&c->iset, int64_t, c->iset.n++) = -1;
+        if (cp->permuted)
+            permute_comp(&ic, cp, VEC_AT(&c->ibox, struct wb_box, ic.b0));
         if (!pl_vec_push(&c->icomp, &ic))
             return -ENOMEM;
+    }
+    for (size_t i = 0; i < c->icomp.n; i++) { /* the vector has stopped moving */
+        struct icomp *ic = VEC_AT(&c->icomp, struct icomp, i);
+        if (ic->permuted)
+            ic->sh = &ic->psh;
     }
     return 0;
 }

@@ -125,11 +125,20 @@ static const struct rt_field quant_f[] = {
     U32(struct wb_rt_op, quant.grid),         U64(struct wb_rt_op, quant.scale_off),
     U64(struct wb_rt_op, quant.amax_off),
 };
+static const struct rt_field permute_f[] = {
+    REC(struct wb_rt_op, permute.src, &view_r), REC(struct wb_rt_op, permute.dst, &view_r),
+    U32(struct wb_rt_op, permute.src_box),      U32(struct wb_rt_op, permute.dst_box),
+    U32(struct wb_rt_op, permute.perm),
+};
 /* Indexed by enum wb_rt_op_kind (COPY and CAST share one record). */
 static const struct rt_record op_r[] = {
-    [WB_OP_H2D] = {h2d_f, N(h2d_f), NULL},    [WB_OP_GATHER] = {gather_f, N(gather_f), NULL},
-    [WB_OP_AMAX] = {amax_f, N(amax_f), NULL}, [WB_OP_COPY] = {copy_f, N(copy_f), NULL},
-    [WB_OP_CAST] = {copy_f, N(copy_f), NULL}, [WB_OP_QUANT] = {quant_f, N(quant_f), NULL},
+    [WB_OP_H2D] = {h2d_f, N(h2d_f), NULL},
+    [WB_OP_GATHER] = {gather_f, N(gather_f), NULL},
+    [WB_OP_AMAX] = {amax_f, N(amax_f), NULL},
+    [WB_OP_COPY] = {copy_f, N(copy_f), NULL},
+    [WB_OP_CAST] = {copy_f, N(copy_f), NULL},
+    [WB_OP_QUANT] = {quant_f, N(quant_f), NULL},
+    [WB_OP_PERMUTE] = {permute_f, N(permute_f), NULL},
 };
 
 static const struct rt_field phase_f[] = {
@@ -318,7 +327,7 @@ static void put_record(struct wb_mpw *w, const struct rt_record *rec, const void
 
 static const struct rt_record *op_record(uint32_t kind)
 {
-    return kind >= WB_OP_H2D && kind <= WB_OP_QUANT ? &op_r[kind] : NULL;
+    return kind >= WB_OP_H2D && kind <= WB_OP_PERMUTE ? &op_r[kind] : NULL;
 }
 
 static void put_op(struct wb_mpw *w, const struct wb_rt_op *o)
@@ -527,6 +536,25 @@ static bool box_in(const struct wb_route_table *t, const struct wb_rt_view *v, u
            wb_box_within(&t->shapes[v->shape], &t->boxes[b]);
 }
 
+/* A permute op: same dtype and ndim, perm a permutation of the dims, extents permuted. */
+static bool permute_ok(const struct wb_route_table *t, const struct wb_rt_permute *p)
+{
+    if (!box_in(t, &p->src, p->src_box) || !box_in(t, &p->dst, p->dst_box) ||
+        p->src.dtype != p->dst.dtype)
+        return false;
+    const struct wb_box *s = &t->boxes[p->src_box], *d = &t->boxes[p->dst_box];
+    if (s->ndim != d->ndim || (s->ndim < 8 && p->perm >> (4 * s->ndim)))
+        return false;
+    uint32_t seen = 0;
+    for (uint32_t k = 0; k < d->ndim; k++) {
+        uint32_t j = wb_rt_perm_dim(p->perm, k);
+        if (j >= s->ndim || seen >> j & 1 || d->ext[k] != s->ext[j])
+            return false;
+        seen |= 1u << j;
+    }
+    return true;
+}
+
 static bool op_ok(const struct wb_route_table *t, const struct wb_rt_op *o)
 {
     switch (o->kind) {
@@ -548,6 +576,8 @@ static bool op_ok(const struct wb_route_table *t, const struct wb_rt_op *o)
                wb_box_numel(&t->boxes[o->copy.src_box]) ==
                    wb_box_numel(&t->boxes[o->copy.dst_box]) &&
                (o->kind == WB_OP_CAST || o->copy.src.dtype == o->copy.dst.dtype);
+    case WB_OP_PERMUTE:
+        return permute_ok(t, &o->permute);
     case WB_OP_QUANT:
         return box_in(t, &o->quant.src, o->quant.src_box) && view_ok(t, &o->quant.dst) &&
                o->quant.region < t->nboxes && o->quant.grid < t->nboxes &&

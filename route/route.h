@@ -72,6 +72,7 @@ enum wb_rt_op_kind {
     WB_OP_COPY,    /* box copy, same dtype (projection fusion, packing, stacking) */
     WB_OP_CAST,    /* box copy with dtype conversion */
     WB_OP_QUANT,   /* FP8 E4M3 128x128 block quantization of a region */
+    WB_OP_PERMUTE, /* box copy, same dtype, with the dims permuted (a transpose) */
 };
 
 struct wb_rt_h2d {
@@ -142,6 +143,24 @@ struct wb_rt_quant {
     uint64_t amax_off;
 };
 
+/* Transposing box copy (a rule's `permute`: gpt-oss experts, trainer [E, H, 2I] -> rollout
+ * [E, 2I, H]): dst_box of dst (same dtype, same ndim n) gets src_box of src with its dims
+ * permuted: dst_box.ext[k] == src_box.ext[p_k] and the element at dst_box.off + i is the one
+ * at src_box.off + j with j[p_k] = i_k, where p_k = (perm >> 4k) & 15 (PyTorch's
+ * src.permute(p)). Ops after it that name the trainer tensor (AMAX, QUANT regions and blocks)
+ * speak of the permuted tensor: its dims in the rollout's order, so that FP8 blocks are
+ * 128x128 over the rollout tensor's last two dims. */
+struct wb_rt_permute {
+    struct wb_rt_view src, dst;
+    uint32_t src_box, dst_box; /* box indices */
+    uint32_t perm;             /* dst dim k is src dim (perm >> 4k) & 15 */
+};
+
+static inline uint32_t wb_rt_perm_dim(uint32_t perm, uint32_t k)
+{
+    return (perm >> (4 * k)) & 15;
+}
+
 enum { WB_RT_NONE = -1 }; /* as uint64_t: no offset */
 
 struct wb_rt_op {
@@ -153,6 +172,7 @@ struct wb_rt_op {
         struct wb_rt_amax amax;
         struct wb_rt_copy copy; /* COPY and CAST */
         struct wb_rt_quant quant;
+        struct wb_rt_permute permute;
     };
 };
 
@@ -302,7 +322,9 @@ enum {
     WB_MSG_RECV_LIST = 0x0402,
     WB_PLAN_FORMAT = 4, /* 2: tables carry mem_cap, block and mode; 3: write records carry
                            their replica fan-out (9 fields); 4: an AMAX op lists its peers
-                           (amax_peers) */
+                           (amax_peers); PERMUTE ops came later without a new number (it is
+                           in every plan's JSON, whose hashes are pinned): a decoder that
+                           predates them refuses such a table as malformed */
 };
 
 /* Appends an envelope holding the table to w (check wb_mpw_finish()). */

@@ -62,6 +62,11 @@ static void usage(FILE *f, const char *prog)
         "  --dtype bf16|fp8|both  the rollout's weights (default both; fp8 where the family\n"
         "                         has FP8 rules)\n"
         "  --seed N               the random values' seed (default 1)\n"
+        "  --gate-up ORDER        how the trainer's fused experts (gpt-oss gate_up_proj) order\n"
+        "                         gate and up along their last dim: interleaved (default:\n"
+        "                         what transformers' GptOssExperts reads) or halves ([gate |\n"
+        "                         up], how other fused MoE experts are held): whether the\n"
+        "                         family is right for a checkpoint that holds them so\n"
         "  --keep DIR             keep the tiny model, job, logs and dumps in DIR\n"
         "  The forward code is semcheck.py and its modules: $WB_SEMANTIC_DIR, else\n"
         "  PREFIX/share/weightbridge/semantic beside an installed bin/wb-match (make install\n"
@@ -98,7 +103,7 @@ static int is_file(const char *path)
 }
 
 struct sem_opts {
-    const char *family, *config, *dtype, *seed, *keep, *naming;
+    const char *family, *config, *dtype, *seed, *keep, *naming, *gate_up;
     const char *vars[64];
     int nvars;
     long tp, ep;
@@ -181,6 +186,10 @@ static int check_semantics(const struct sem_opts *o)
         argv[k++] = "--naming";
         argv[k++] = o->naming;
     }
+    if (o->gate_up) {
+        argv[k++] = "--gate-up";
+        argv[k++] = o->gate_up;
+    }
     argv[k] = NULL;
     fflush(stdout);
     execvp(python, (char *const *)argv);
@@ -251,6 +260,7 @@ int main(int argc, char **argv)
                                          {"dtype", required_argument, 0, 'D'},
                                          {"seed", required_argument, 0, 's'},
                                          {"keep", required_argument, 0, 'K'},
+                                         {"gate-up", required_argument, 0, 'G'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int o;
@@ -306,6 +316,14 @@ int main(int argc, char **argv)
         case 'K':
             so.keep = optarg;
             break;
+        case 'G':
+            if (strcmp(optarg, "interleaved") && strcmp(optarg, "halves")) {
+                fprintf(stderr, "wb-match: --gate-up '%s': expected interleaved or halves\n",
+                        optarg);
+                return 2;
+            }
+            so.gate_up = optarg;
+            break;
         case 'v': {
             if (so.nvars < (int)(sizeof(so.vars) / sizeof(so.vars[0])))
                 so.vars[so.nvars++] = optarg;
@@ -341,8 +359,9 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!check && (strcmp(so.dtype, "both") || strcmp(so.seed, "1") || so.keep)) {
-        fprintf(stderr, "wb-match: --dtype, --seed and --keep go with --check-semantics\n");
+    if (!check && (strcmp(so.dtype, "both") || strcmp(so.seed, "1") || so.keep || so.gate_up)) {
+        fprintf(stderr,
+                "wb-match: --dtype, --seed, --keep and --gate-up go with --check-semantics\n");
         return 2;
     }
     if (check) {

@@ -23,14 +23,13 @@ import numpy as np
 
 from numerics import FP8_BLOCK, bf16_values, block_expand, e4m3_values
 
-# the architectures with a forward here, and the config.json model_types that are one of them;
-# gpt_oss is known (a tiny model is made and moved) but has no forward yet: its experts are
-# transposed, which the planner does not plan, so no rollout of it can be read
-ARCHS = ("llama", "qwen3", "qwen3_moe", "deepseek_v3", "mixtral", "phi3")
+# the architectures with a forward here, and the config.json model_types that are one of them
+ARCHS = ("llama", "qwen3", "qwen3_moe", "deepseek_v3", "mixtral", "phi3", "gpt_oss")
 MODEL_TYPES = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3",
                "kimi_k2": "deepseek_v3", "mixtral": "mixtral", "phi3": "phi3", "gpt_oss": "gpt_oss"}
 VLLM_CLASS = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-              "deepseek_v3": "DeepseekV3ForCausalLM", "mixtral": "MixtralForCausalLM", "phi3": "Phi3ForCausalLM"}
+              "deepseek_v3": "DeepseekV3ForCausalLM", "mixtral": "MixtralForCausalLM", "phi3": "Phi3ForCausalLM",
+              "gpt_oss": "GptOssForCausalLM"}
 
 
 class Missing(Exception):
@@ -56,10 +55,19 @@ class Model:
         self.tied = bool(g("tie_word_embeddings", False))
         self.mla = arch == "deepseek_v3"
         self.qk_norm = arch in ("qwen3", "qwen3_moe")
+        # how the trainer's fused experts order gate and up (semcheck's --gate-up): interleaved
+        # (transformers' GptOssExperts: gate = [..., ::2], up = [..., 1::2]) or halves
+        self.gate_up = "interleaved"
         if arch == "qwen3_moe":
             self.E, self.topk, self.MI = g("num_experts"), g("num_experts_per_tok"), g("moe_intermediate_size")
         elif arch == "mixtral":
             self.E, self.topk, self.MI = g("num_local_experts"), g("num_experts_per_tok"), self.I
+        elif arch == "gpt_oss":
+            self.E, self.MI = g("num_local_experts"), self.I
+            self.topk = g("experts_per_token") or g("num_experts_per_tok")
+            self.limit = float(g("swiglu_limit", 7.0))
+            self.window = g("sliding_window") or 0
+            self.layer_types = g("layer_types") or []
         elif arch == "deepseek_v3":
             self.E, self.topk, self.MI = g("n_routed_experts"), g("num_experts_per_tok"), g("moe_intermediate_size")
             self.ql, self.kvl = g("q_lora_rank"), g("kv_lora_rank")
@@ -74,7 +82,7 @@ class Model:
         g = self.cfg.get
         if self.arch == "qwen3_moe":
             return L not in (g("mlp_only_layers") or []) and self.E > 0 and (L + 1) % g("decoder_sparse_step", 1) == 0
-        if self.arch == "mixtral":
+        if self.arch in ("mixtral", "gpt_oss"):
             return True
         if self.arch == "deepseek_v3":
             return self.E and L >= g("first_k_dense_replace", 0) and L % g("moe_layer_freq", 1) == 0
@@ -150,6 +158,8 @@ class HFWeights:
         if what in ("in_norm", "post_norm"):
             n = "input_layernorm" if what == "in_norm" else "post_attention_layernorm"
             return self.whole(p + n + ".weight", [H])
+        if m.arch == "gpt_oss":
+            return self.gpt_oss(p, L, what, e)
         a = p + "self_attn."
         if m.mla:
             nh, qd = m.nh, m.nope + m.rope
@@ -196,6 +206,45 @@ class HFWeights:
             else:
                 n = f + "experts.%d.%s_proj.weight" % (e, what)
             return self.whole(n, [H, MI] if what == "down" else [MI, H])
+        raise KeyError(what)
+
+    def gpt_oss(self, p, L, what, e):
+        """HF GptOssForCausalLM: biased q/k/v/o, per-head sinks, a biased router, and the experts
+        of a layer stacked: gate_up_proj [E, H, 2I] multiplied from the left (x @ W) whose
+        output columns are gate and up interleaved (gate = [..., ::2], up = [..., 1::2]),
+        down_proj [E, I, H] likewise; the logical weights are [out, in] as everywhere here."""
+        m, H = self.m, self.m.H
+        a, f = p + "self_attn.", p + "mlp."
+        nq, nk = m.nh * m.hd, m.nkv * m.hd
+        if what in ("q", "k", "v", "o"):
+            return self.whole(a + what + "_proj.weight", {"q": [nq, H], "k": [nk, H], "v": [nk, H], "o": [H, nq]}[what])
+        if what in ("q_bias", "k_bias", "v_bias", "o_bias"):
+            w = what[0]
+            return self.whole(a + w + "_proj.bias", [{"q": nq, "k": nk, "v": nk, "o": H}[w]])
+        if what == "sinks":
+            return self.whole(a + "sinks", [m.nh])
+        if what == "router":
+            return self.whole(f + "router.weight", [m.E, H])
+        if what == "router_bias":
+            return self.whole(f + "router.bias", [m.E])
+        E, MI = m.E, m.MI
+        if what in ("gate", "up", "gate_bias", "up_bias"):
+            b = what.endswith("_bias")
+            n = f + ("experts.gate_up_proj_bias" if b else "experts.gate_up_proj")
+            v = self.get(n, [E, 2 * MI] if b else [E, H, 2 * MI])[e]
+            k = 0 if what.startswith("gate") else 1
+            if m.gate_up == "halves":
+                cut, how = slice(k * MI, (k + 1) * MI), "%d:%d" % (k * MI, (k + 1) * MI)
+            else:
+                cut, how = slice(k, None, 2), "%d::2" % k
+            v = v[cut] if b else v[:, cut].T
+            return [Piece(v, None, None, "trainer %s (expert %d, %s%s)" % (n, e, "" if b else "columns ", how))]
+        if what == "down":
+            n = f + "experts.down_proj"
+            return [Piece(self.get(n, [E, MI, H])[e].T, None, None, "trainer %s (expert %d, transposed)" % (n, e))]
+        if what == "down_bias":
+            n = f + "experts.down_proj_bias"
+            return [Piece(self.get(n, [E, H])[e], None, None, "trainer %s (expert %d)" % (n, e))]
         raise KeyError(what)
 
 
@@ -365,8 +414,9 @@ class VllmWeights:
         m, H = self.m, self.m.H
         top = "model.layers.%d." % L if L is not None else "model."
         p = top + "mtp_block." if mtp else top  # vLLM's DeepSeekMTP: the decoder under mtp_block
-        if what == "embed":
-            return self.vocab_pieces("model.embed_tokens.weight", "the embedding")
+        if what == "embed":  # vLLM's GptOssModel calls it `embedding`
+            return self.vocab_pieces("model.embedding.weight" if m.arch == "gpt_oss" else "model.embed_tokens.weight",
+                                     "the embedding")
         if what == "lm_head":
             if m.tied:
                 return self.vocab_pieces("model.embed_tokens.weight", "the tied LM head")
@@ -384,6 +434,8 @@ class VllmWeights:
         if what in ("in_norm", "post_norm"):
             n = "input_layernorm" if what == "in_norm" else "post_attention_layernorm"
             return self.rep(p + n + ".weight", [H], n)
+        if m.arch == "gpt_oss":
+            return self.gpt_oss(p, what, e)
         a = p + "self_attn."
         if m.mla:
             nh, qd, vd = m.nh, m.nope + m.rope, m.vd
@@ -457,3 +509,71 @@ class VllmWeights:
             return self.row(f + "experts.w2_weight", MI, lambda c: [E, H, c], "down", e=e)
         return self.col(f + "experts.w13_weight", lambda rows: [E, rows, H], [("gate", MI, 0), ("up", MI, 0)], what,
                         e=e)
+
+    def gpt_oss(self, p, what, e):
+        """vLLM's GptOssForCausalLM (model_executor/models/gpt_oss.py): attn.qkv_proj [q; k; v] of
+        the rank's heads with its bias, o_proj row-parallel with its bias whole on every rank
+        (added once: RowParallelLinear adds it on rank 0), attn.sinks the rank's heads, the
+        router replicated, and one FusedMoE: w13_weight [E, 2I, H] whose rows are gate and up
+        interleaved (the swigluoai activation reads gate = rows ::2, up = rows 1::2 of the
+        rank's share), split over TP as one block of 2I/tp rows, w13_bias alike, w2_weight
+        [E, H, I] split along I, w2_bias whole on TP rank 0 (zeros elsewhere); with expert
+        parallelism each rank holds whole experts, biases included."""
+        m, H = self.m, self.m.H
+        a, f = p + "attn.", p + "mlp."
+        nq, nk = m.nh * m.hd, m.nkv * m.hd
+        comps = [("q", nq, m.nh), ("k", nk, m.nkv), ("v", nk, m.nkv)]
+        if what in ("q", "k", "v"):
+            return self.col(a + "qkv_proj.weight", lambda rows: [rows, H], comps, what)
+        if what in ("q_bias", "k_bias", "v_bias"):
+            return self.col(a + "qkv_proj.bias", lambda rows: [rows], comps, what[0], linear=False)
+        if what == "o":
+            return self.row(a + "o_proj.weight", nq, lambda c: [H, c], "o")
+        if what == "o_bias":
+            return self.rep(a + "o_proj.bias", [H], "o's bias")
+        if what == "sinks":
+            return self.col(a + "sinks", lambda rows: [rows], [("sinks", m.nh, m.nh)], "sinks", linear=False)
+        if what == "router":
+            return self.rep(f + "router.weight", [m.E, H], "the router")
+        if what == "router_bias":
+            return self.rep(f + "router.bias", [m.E], "the router's bias")
+        E, MI = m.E, m.MI
+        ep = self.ep > 1
+        per = E // self.ep if ep else E
+        out = []
+        for r in range(self.tp):
+            if ep:
+                er = r % self.ep
+                if not er * per <= e < (er + 1) * per:
+                    continue
+                le, lo, cnt = e - er * per, 0, MI
+            else:
+                le, (lo, cnt) = e, self.split(MI, r)
+            where = "rank %d, expert %d" % (r, e) if self.tp > 1 else "expert %d" % e
+            if what in ("gate", "up", "gate_bias", "up_bias"):
+                bias = what.endswith("_bias")
+                n = f + ("experts.w13_bias" if bias else "experts.w13_weight")
+                shape = [per, 2 * cnt] if bias else [per, 2 * cnt, H]
+                v, s, _ = self.local(r, n, shape, not bias)
+                if s is not None:
+                    raise Missing("rollout tensor %s: FP8, and vLLM's gpt-oss reads BF16 (or MXFP4) experts" % n)
+                k = 0 if what.startswith("gate") else 1
+                out.append(Piece(v[le][k::2], (lo, lo + cnt), None, "rollout %s (%s, rows %d::2, as vLLM reads expert %d %s)"
+                                 % (n, where, k, e, what.replace("_", " ")), rank=r))
+            elif what == "down":
+                n = f + "experts.w2_weight"
+                v, s, _ = self.local(r, n, [per, H, cnt], True)
+                if s is not None:
+                    raise Missing("rollout tensor %s: FP8, and vLLM's gpt-oss reads BF16 (or MXFP4) experts" % n)
+                out.append(Piece(v[le], None, (lo, lo + cnt), "rollout %s (%s, as vLLM reads expert %d down)"
+                                 % (n, where, e), rank=r))
+            elif what == "down_bias":
+                if not ep and r > 0:
+                    continue  # zeros there: vLLM adds the bias once, on TP rank 0
+                n = f + "experts.w2_bias"
+                v, _, _ = self.local(r, n, [per, H], False)
+                out.append(Piece(v[le], None, None, "rollout %s (%s, as vLLM reads expert %d's down bias)"
+                                 % (n, where, e), rank=r))
+            else:
+                raise KeyError(what)
+        return out

@@ -55,6 +55,15 @@ def vec(pieces):
     return pieces[0].w
 
 
+def bias(pieces, n):
+    """A bias of n entries from the pieces holding its rows (a split one: each rank's rows)."""
+    out = np.zeros(n)
+    for p in pieces:
+        lo, hi = p.rows or (0, n)
+        out[lo:hi] = p.w
+    return out
+
+
 def embed(pieces, ids, H):
     out = np.zeros((len(ids), H))
     for p in pieces:
@@ -124,6 +133,8 @@ def attention(R, L, h, mtp):
         att = R.t(L, "attention", causal_attention(qf, kf, kv[..., m.nope:], 1.0 / np.sqrt(qd)))
         return R.t(L, "o", row(R.w(L, "o", mtp=mtp), att, m.H))
     nh, nkv, hd = m.nh, m.nkv, m.hd
+    if m.arch == "gpt_oss":
+        return attention_gpt_oss(R, L, h)
     q = R.t(L, "q", col(R.w(L, "q", mtp=mtp), h, nh * hd))
     k = R.t(L, "k", col(R.w(L, "k", mtp=mtp), h, nkv * hd))
     v = R.t(L, "v", col(R.w(L, "v", mtp=mtp), h, nkv * hd))
@@ -134,6 +145,22 @@ def attention(R, L, h, mtp):
     q, k = rope_neox(q, m.theta), rope_neox(k, m.theta)
     att = R.t(L, "attention", causal_attention(q, k, v.reshape(T, nkv, hd), 1.0 / np.sqrt(hd), group=nh // nkv))
     return R.t(L, "o", row(R.w(L, "o", mtp=mtp), att, m.H))
+
+
+def attention_gpt_oss(R, L, h):
+    """gpt-oss: biased q/k/v/o, NeoX rotary (the tiny config has no YaRN scaling), a learned
+    sink logit per head in the softmax's denominator, and a sliding window on the layers
+    layer_types marks sliding_attention."""
+    m, T = R.m, h.shape[0]
+    nh, nkv, hd = m.nh, m.nkv, m.hd
+    q = R.t(L, "q", col(R.w(L, "q"), h, nh * hd) + bias(R.w(L, "q_bias"), nh * hd))
+    k = R.t(L, "k", col(R.w(L, "k"), h, nkv * hd) + bias(R.w(L, "k_bias"), nkv * hd))
+    v = R.t(L, "v", col(R.w(L, "v"), h, nkv * hd) + bias(R.w(L, "v_bias"), nkv * hd))
+    q, k = rope_neox(q.reshape(T, nh, hd), m.theta), rope_neox(k.reshape(T, nkv, hd), m.theta)
+    sliding = L < len(m.layer_types) and m.layer_types[L] == "sliding_attention"
+    att = R.t(L, "attention", causal_attention(q, k, v.reshape(T, nkv, hd), 1.0 / np.sqrt(hd), group=nh // nkv,
+                                               sinks=bias(R.w(L, "sinks"), nh), window=m.window if sliding else 0))
+    return R.t(L, "o", row(R.w(L, "o"), att, m.H) + vec(R.w(L, "o_bias")))
 
 
 def mlp(R, L, h, mtp):
@@ -167,7 +194,7 @@ def route(m, logits, bias):
             if g("norm_topk_prob", True):
                 ws = ws / ws.sum()
             w[t, sel] = ws * g("routed_scaling_factor", 1.0)
-        elif m.arch == "mixtral":
+        elif m.arch in ("mixtral", "gpt_oss"):  # gpt-oss: top-k of the biased logits, then softmax
             sel = np.argsort(-logits[t], kind="stable")[: m.topk]
             w[t, sel] = softmax(logits[t, sel])
         else:
@@ -180,8 +207,29 @@ def route(m, logits, bias):
     return w
 
 
+def moe_gpt_oss(R, L, h, routes):
+    """gpt-oss's experts: gate and up with biases, gate clamped above at swiglu_limit, up to
+    [-limit, limit], out = (up + 1) * gate * sigmoid(1.702 gate), then down with its bias."""
+    m = R.m
+    logits = R.t(L, "router", col(R.w(L, "router"), h, m.E) + vec(R.w(L, "router_bias")))
+    w = routes[L] if routes is not None else route(m, logits, None)
+    R.routes[L] = w
+    out = np.zeros_like(h)
+    for e in range(m.E):
+        g = R.t(L, "expert %d gate" % e, col(R.w(L, "gate", e), h, m.MI) + bias(R.w(L, "gate_bias", e), m.MI))
+        u = R.t(L, "expert %d up" % e, col(R.w(L, "up", e), h, m.MI) + bias(R.w(L, "up_bias", e), m.MI))
+        g = np.minimum(g, m.limit)
+        u = np.clip(u, -m.limit, m.limit)
+        a = (u + 1) * g / (1.0 + np.exp(-1.702 * g))
+        y = R.t(L, "expert %d down" % e, row(R.w(L, "down", e), a, m.H) + vec(R.w(L, "down_bias", e)))
+        out += w[:, e:e + 1] * y
+    return R.t(L, "experts", out)
+
+
 def moe(R, L, h, mtp, routes):
     m = R.m
+    if m.arch == "gpt_oss":
+        return moe_gpt_oss(R, L, h, routes)
     logits = R.t(L, "router", col(R.w(L, "router", mtp=mtp), h, m.E))
     bias = vec(R.w(L, "e_bias", mtp=mtp)) if m.arch == "deepseek_v3" else None
     w = routes[L] if routes is not None else route(m, logits, bias)

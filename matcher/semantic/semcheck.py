@@ -27,7 +27,7 @@ family's rules); the forward over the trainer's tensors is still Hugging Face's.
 
 Usage: semcheck.py --bin DIR --family FILE --config CONFIG.json [--var NAME=VALUE ...]
                    [--naming NAME] [--dtype bf16|fp8|both] [--tp N] [--ep N] [--seed N]
-                   [--keep DIR] [--timeout SECONDS]
+                   [--keep DIR] [--timeout SECONDS] [--gate-up interleaved|halves]
 Exit status: 0 the check passed, 1 it failed (the first difference is named), 2 usage.
 """
 
@@ -131,6 +131,7 @@ def check_one(a, arch, cfg, dtype, tmp):
         msg = "the check has no forward for %s yet (it knows %s)" % (arch, ", ".join(ARCHS))
         return False, lines + ["  FAIL " + msg], msg
     m = Model(tiny, arch)
+    m.gate_up = a.gate_up
     mtp = m.mtp if arch == "deepseek_v3" and ("model.layers.%d.eh_proj.weight" % m.L) in tinv else 0
     ids = np.random.default_rng(a.seed + 1).integers(0, m.V, TOKENS)
     hf = Run(HFWeights(m, vals), m)
@@ -202,6 +203,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", help="keep the tiny model, the job and the logs in this directory")
     ap.add_argument("--timeout", type=int, default=120, help="seconds for each program (default 120)")
+    ap.add_argument("--gate-up", choices=("interleaved", "halves"), default="interleaved",
+                    help="how the trainer's fused experts (gpt-oss gate_up_proj) order gate and up along their "
+                         "last dim")
     a = ap.parse_args()
     if not 1 <= a.tp <= 8 or a.ep not in (1, a.tp):
         say("wb-match: --check-semantics: --tp %d --ep %d: tp 1..8, and ep 1 or the tp (vLLM's expert "
@@ -219,6 +223,10 @@ def main():
         say("wb-match: --check-semantics: %s: model_type %r: the check knows %s"
             % (a.config, mt, ", ".join(sorted(MODEL_TYPES))))
         return 1
+    if a.gate_up != "interleaved" and arch != "gpt_oss":
+        say("wb-match: --check-semantics: --gate-up %s: only gpt-oss's trainer holds fused experts (%s is %s)"
+            % (a.gate_up, a.config, arch))
+        return 2
     tmp = a.keep or tempfile.mkdtemp(prefix="wb-semantic.")
     if a.keep:
         os.makedirs(tmp, exist_ok=True)

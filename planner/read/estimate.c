@@ -491,6 +491,11 @@ static int read_op(struct reader *rd, const struct wb_route_table *t, uint32_t r
         e->gpu_s += hw->kernel_s +
                     (double)op_box_bytes(t, op->copy.src_box, op->copy.src.dtype) / hw->copy_Bps;
         return 0;
+    case WB_OP_PERMUTE: /* costed as a copy: a tiled transpose reads and writes once */
+        e->gpu_s +=
+            hw->kernel_s +
+            (double)op_box_bytes(t, op->permute.src_box, op->permute.src.dtype) / hw->copy_Bps;
+        return 0;
     case WB_OP_QUANT: {
         uint64_t b = op_box_bytes(t, op->quant.src_box, op->quant.src.dtype);
         e->quant_bytes += b;

@@ -174,6 +174,9 @@ static const char *const layouts[][2] = {
                 "none), [peer, tag, peer_inbox_off, inbox_off, ...] (every peer sharing the "
                 "blocks)] (boxes are indices)"},
     {"op.copy", "[\"copy\" or \"cast\", tensor, src view, src_box, dst view, dst_box]"},
+    {"op.permute", "[\"permute\", tensor, src view, src_box, dst view, dst_box, perm]: dst "
+                   "dim k is src dim perm[k] (a transposed component; the ops after it that "
+                   "name the tensor speak of it permuted: regions, blocks and grids)"},
     {"op.quant", "[\"quant\", tensor, src view, src_box, dst view, region, grid, scale_off, "
                  "amax_off (-1: none)]: FP8 values at dst, FP32 scales (grid extents) at "
                  "scale_off"},
@@ -273,6 +276,25 @@ static void jw_op(struct jw *w, const struct wb_route_table *t, const struct wb_
         jw_view(w, &o->copy.dst);
         jw_cu(w, o->copy.dst_box);
         break;
+    case WB_OP_PERMUTE: {
+        const struct wb_rt_permute *pm = &o->permute;
+        jw_raw(w, "[\"permute\",");
+        jw_u64(w, o->tensor);
+        jw_ch(w, ',');
+        jw_view(w, &pm->src);
+        jw_cu(w, pm->src_box);
+        jw_ch(w, ',');
+        jw_view(w, &pm->dst);
+        jw_cu(w, pm->dst_box);
+        jw_raw(w, ",[");
+        for (uint32_t k = 0; k < wb_rt_box(t, pm->dst_box)->ndim; k++) {
+            if (k)
+                jw_ch(w, ',');
+            jw_u64(w, wb_rt_perm_dim(pm->perm, k));
+        }
+        jw_ch(w, ']');
+        break;
+    }
     case WB_OP_QUANT:
         jw_raw(w, "[\"quant\",");
         jw_u64(w, o->tensor);
@@ -775,8 +797,16 @@ static void jw_layouts(struct jw *w, const struct wb_plan_input *in)
     jw_u64(w, rl->ep);
     jw_raw(w, "},\n\"fp8_block\":");
     jw_u64(w, WB_FP8_BLOCK);
+    /* op.permute only where the match transposes: the files of plans without one stay as they
+     * were before transposes were planned (their hashes are pinned, tests/sh/plan_hashes.txt) */
+    bool transposes = false;
+    for (size_t m = 0; m < in->match->n && !transposes; m++)
+        for (uint32_t k = 0; k < in->match->map[m].ncomp; k++)
+            transposes |= in->match->map[m].comp[k].permuted;
     jw_raw(w, ",\n\"layouts\":{");
     for (size_t i = 0; i < WB_ARRAY_LEN(layouts); i++) {
+        if (!transposes && strcmp(layouts[i][0], "op.permute") == 0)
+            continue;
         if (i)
             jw_raw(w, ",\n");
         jw_str(w, layouts[i][0]);

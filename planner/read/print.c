@@ -97,6 +97,18 @@ void wb_route_table_print(const struct wb_route_table *t, const struct wb_plan_i
                     print_view(f, in, t, &op->copy.dst);
                     fprintf(f, "%s\n", wb_box_str(wb_rt_box(t, op->copy.dst_box), a, sizeof(a)));
                     break;
+                case WB_OP_PERMUTE:
+                    fprintf(f, "    permute %s ", tn);
+                    print_view(f, in, t, &op->permute.src);
+                    fprintf(f, "%s -> ",
+                            wb_box_str(wb_rt_box(t, op->permute.src_box), a, sizeof(a)));
+                    print_view(f, in, t, &op->permute.dst);
+                    fprintf(f, "%s dims [",
+                            wb_box_str(wb_rt_box(t, op->permute.dst_box), a, sizeof(a)));
+                    for (uint32_t k = 0; k < wb_rt_box(t, op->permute.dst_box)->ndim; k++)
+                        fprintf(f, "%s%u", k ? ", " : "", wb_rt_perm_dim(op->permute.perm, k));
+                    fprintf(f, "]\n");
+                    break;
                 case WB_OP_QUANT:
                     fprintf(f, "    quant %s ", tn);
                     print_view(f, in, t, &op->quant.src);

@@ -234,6 +234,27 @@ static void prefetch_task(const struct vctx *v, const struct wb_route_table *t,
     }
 }
 
+/* A PERMUTE op's boxes: inside their views, one ndim, extents permuted, dtypes equal (what a
+ * decoder checks of a table off the wire; a plan's own tables are checked here). */
+static bool permute_fits(const struct wb_route_table *t, const struct wb_rt_permute *p)
+{
+    if (p->src_box >= t->nboxes || p->dst_box >= t->nboxes || p->src.shape >= t->nshapes ||
+        p->dst.shape >= t->nshapes || p->src.dtype != p->dst.dtype)
+        return false;
+    const struct wb_box *s = &t->boxes[p->src_box], *d = &t->boxes[p->dst_box];
+    if (s->ndim != d->ndim || !wb_box_within(&t->shapes[p->src.shape], s) ||
+        !wb_box_within(&t->shapes[p->dst.shape], d))
+        return false;
+    uint32_t seen = 0;
+    for (uint32_t k = 0; k < d->ndim; k++) {
+        uint32_t j = wb_rt_perm_dim(p->perm, k);
+        if (j >= s->ndim || (seen >> j & 1) || d->ext[k] != s->ext[j])
+            return false;
+        seen |= 1u << j;
+    }
+    return true;
+}
+
 /* Checks task k of table t, whose ops and records are ops[0 .. k->nops) and
  * writes[0 .. k->nwrites) and whose ops' amax peers are t->amax_peers[peer0 - xoff ..] (op and
  * write numbers in messages are the table's; napeers: its amax peers expanded). */
@@ -310,6 +331,12 @@ static int check_task(struct vctx *v, const struct wb_route_table *t, const stru
             ok = view_readable(v, t, pr, &op->copy.src) && op->copy.dst.kind == WB_BUF_TMP &&
                  op->copy.dst.off + view_bytes(t, &op->copy.dst) <= k->tmp_bytes;
             r = push_range(pr, op->copy.dst.off, view_bytes(t, &op->copy.dst));
+            break;
+        case WB_OP_PERMUTE: /* the shapes were checked when the table was decoded or built */
+            ok = view_readable(v, t, pr, &op->permute.src) && op->permute.dst.kind == WB_BUF_TMP &&
+                 op->permute.dst.off + view_bytes(t, &op->permute.dst) <= k->tmp_bytes &&
+                 permute_fits(t, &op->permute);
+            r = push_range(pr, op->permute.dst.off, view_bytes(t, &op->permute.dst));
             break;
         case WB_OP_QUANT: {
             uint64_t grid = wb_box_numel(&t->boxes[op->quant.grid]) * 4;

@@ -6,7 +6,7 @@ It reads only the JSON (Python 3 standard library; none of the planner's code) a
   sources  every op and write of every routing table reads bytes its rank holds: its own
            shard (an owner listed for that tensor, within the shard's bytes), or TMP bytes an
            earlier op of the same task produced (H2D of its shard, a gather whose members are
-           the tensor's owners with their shard boxes, a copy, cast or quantization)
+           the tensor's owners with their shard boxes, a copy, cast, transpose or quantization)
   amax     every amax exchange has exactly one mirror: the same tag on the peer it names,
            naming this rank back, for the same tensor and blocks, with the inboxes crossed
   sizes    a task's write_bytes is the sum of its writes, a table's send_bytes the sum of its
@@ -16,12 +16,14 @@ It reads only the JSON (Python 3 standard library; none of the planner's code) a
   coverage every byte a rollout rank must receive is written exactly once: the writes to
            each local tensor tile [0, written) without gap or overlap
   meaning  every write carries what the match puts where it lands: following each byte back
-           through the task's ops (h2d, gather, copy, cast, quant) to the trainer tensor and
+           through the task's ops (h2d, gather, copy, cast, permute, quant) to the trainer tensor and
            elements it came from, and forward through the rollout rank's global boxes
            ("rollout_boxes") and the component map ("components") to the trainer tensor and
            elements the match says belong there -- the same tensor, the same elements in the
            same order, FP8 values and scales where the rollout tensor is FP8, unconverted bytes
-           where it is not; every quantization reads the region it names, and one whose region
+           where it is not, transposed exactly where the component is (a permute op's output is
+           in the permuted tensor's coordinates, as are the regions and blocks of the ops after
+           it); every quantization reads the region it names, and one whose region
            covers only part of an FP8 block (the rest held by other owners) uses the amax the
            owners exchanged
 Prints "ok <check>" or "FAIL <check>" (with the first problems) per check, then the tally
@@ -413,7 +415,9 @@ def audit_table(au, head, classes, trainer, rollout, t, recv):
                 full = trainer[tensor][2]
                 n = numel(full) * DTYPE_SIZE[dst[3]]
                 ok = r in listed \
-                    and all(owner_box(classes, trainer[tensor], k) == b for k, b in listed.items()) \
+                    and all(owner_box(classes, trainer[tensor], k) == b or
+                            (box_numel(b) == 0 and owner_box(classes, trainer[tensor], k) is None)
+                            for k, b in listed.items()) \
                     and sum(box_numel(b) for b in listed.values()) == numel(full) \
                     and dst[0] == 1 and shapes[dst[4]] == full \
                     and (box_numel(listed[r]) == 0 or readable(src)) and dst[2] + n <= tmp
@@ -426,6 +430,14 @@ def audit_table(au, head, classes, trainer, rollout, t, recv):
                 n = snum[dst[4]] * DTYPE_SIZE[dst[3]]
                 ok = readable(src) and se == de and dst[0] == 1 and dst[2] + n <= tmp \
                     and (kind == "cast" or src[3] == dst[3])
+                add(dst[2], n)
+            elif kind == "permute":
+                _, tensor, src, sbox, dst, dbox, perm = op
+                se, de = ext[sbox], ext[dbox]
+                n = snum[dst[4]] * DTYPE_SIZE[dst[3]]
+                ok = readable(src) and sorted(perm) == list(range(len(se))) and len(de) == len(se) \
+                    and all(de[k] == se[p] for k, p in enumerate(perm)) and dst[0] == 1 \
+                    and dst[2] + n <= tmp and src[3] == dst[3]
                 add(dst[2], n)
             else:
                 tensor, ok = op[1] if len(op) > 1 else -1, False
@@ -631,17 +643,20 @@ class Entry:
     """Bytes of a task's TMP (or a rank's PARAM shard) and what they hold: the view (byte offset
     voff of a row-major array of shape `shape`, es-byte elements) within box [boff, bend) holds
     trainer tensor T, element boff being T's element torig; kind: raw (as the trainer holds
-    it), cast, fp8 (quantized values) or scale (FP32 block scales, coordinates in blocks)."""
-    __slots__ = ("voff", "shape", "boff", "bend", "es", "kind", "T", "torig", "lo", "hi", "geo")
+    it), cast, fp8 (quantized values) or scale (FP32 block scales, coordinates in blocks);
+    perm: () in the trainer's dim order, else the coordinates (torig included) are those of T
+    permuted (dim k is T's dim perm[k]: after a permute op)."""
+    __slots__ = ("voff", "shape", "boff", "bend", "es", "kind", "T", "torig", "lo", "hi", "geo", "perm")
 
-    def __init__(self, voff, shape, boff, bend, es, kind, T, torig):
+    def __init__(self, voff, shape, boff, bend, es, kind, T, torig, perm=()):
         self.voff, self.shape, self.boff, self.bend = voff, shape, boff, bend
         self.es, self.kind, self.T, self.torig = es, kind, T, torig
+        self.perm = tuple(perm)
         last = [z - 1 for z in bend]
         self.lo = voff + ravel(boff, shape) * es
         self.hi = voff + (ravel(last, shape) + 1) * es if all(z > a for a, z in zip(boff, bend)) else self.lo
         # what a write's meaning depends on, but the tensor (cache key, Meaning.write)
-        self.geo = (kind, es, tuple(shape), tuple(boff), tuple(bend), tuple(torig))
+        self.geo = (kind, es, tuple(shape), tuple(boff), tuple(bend), tuple(torig), self.perm)
 
     def tcoords(self, v):
         """Trainer coordinates of view coordinates v (inside the box)."""
@@ -664,7 +679,7 @@ class Comps:
         self.c = sorted(comps, key=lambda x: x[2])
         self.offs = [x[2] for x in self.c]
 
-        self.geo = tuple((tuple(x[1]), tuple(x[2]), tuple(x[3])) for x in self.c)
+        self.geo = tuple((tuple(x[1]), tuple(x[2]), tuple(x[3]), x[4]) for x in self.c)
 
     def find(self, gc):
         """The index of the component holding element gc, or -1."""
@@ -692,15 +707,17 @@ class Meaning:
             if sc >= 0:
                 self.role[sc] = (m, 1)
             vals, scales = [], []
-            # (perm is kept for messages only: the planner refuses transposed components, so a
-            # plan holds none)
+            # a transposed component's src box is taken in the permuted tensor's coordinates,
+            # those of the entries a permute op makes (perm must match too)
             for T, src, dst, perm in components[m]:
+                if perm:
+                    src = [src[p] for p in perm]
                 so, do_, de = [a for a, _ in src], [a for a, _ in dst], [z for _, z in dst]
-                vals.append((T, so, do_, de, perm))
+                vals.append((T, so, do_, de, tuple(perm)))
                 if sc >= 0:
                     b_so = blocks(so, [z for _, z in src])[0]
                     b_do, b_de = blocks(do_, de)
-                    scales.append((T, b_so, b_do, b_de, perm))
+                    scales.append((T, b_so, b_do, b_de, tuple(perm)))
             self.comp.append((Comps(vals), Comps(scales)))
             tdt = trainer[components[m][0][0]][1] if components[m] else None
             self.want.append(("fp8", "scale") if xf == "fp8_block" else
@@ -805,7 +822,20 @@ class Meaning:
             e, c0, _ = got
             db = B[dbox]
             entries.append(Entry(dst[2], self.shapes[dst[4]], [a for a, _ in db], [z for _, z in db],
-                                 DTYPE_SIZE[dst[3]], "cast" if kind == "cast" else e.kind, e.T, c0))
+                                 DTYPE_SIZE[dst[3]], "cast" if kind == "cast" else e.kind, e.T, c0, e.perm))
+        elif kind == "permute":
+            _, T, src, sbox, dst, dbox, perm = op
+            got = self.resolve(r, entries, src, B[sbox])
+            if got is None:
+                return  # the sources check reports it
+            e, c0, _ = got
+            if e.perm or e.kind != "raw":
+                self.bad("rank %d op %d (permute of %s): transposes %s bytes%s" % (
+                    r, oi, self.tname(T), e.kind, " transposed already" if e.perm else ""))
+                return
+            db = B[dbox]
+            entries.append(Entry(dst[2], self.shapes[dst[4]], [a for a, _ in db], [z for _, z in db],
+                                 DTYPE_SIZE[dst[3]], "raw", e.T, [c0[p] for p in perm], perm))
         elif kind == "amax":
             amax.setdefault(op[7], []).append(B[op[5]])
         elif kind == "quant":
@@ -816,15 +846,19 @@ class Meaning:
             if got is not None and (got[0].T != T or got[1] != ro):
                 self.bad("rank %d op %d (quant of %s %s): reads %s %s" % (
                     r, oi, self.tname(T), ro, self.tname(got[0].T), got[1]))
-            self.check_amax(r, oi, T, reg, amax.get(amax_off, []) if amax_off >= 0 else [], amax_off)
+            perm = got[0].perm if got is not None else ()
+            self.check_amax(r, oi, T, reg, amax.get(amax_off, []) if amax_off >= 0 else [], amax_off, perm)
             shape = self.shapes[dst[4]]
-            entries.append(Entry(dst[2], shape, [0] * len(shape), shape, 1, "fp8", T, ro))
+            entries.append(Entry(dst[2], shape, [0] * len(shape), shape, 1, "fp8", T, ro, perm))
             gext = [z - a for a, z in gr]
-            entries.append(Entry(scale_off, gext, [0] * len(gext), gext, 4, "scale", T, [a for a, _ in gr]))
+            entries.append(Entry(scale_off, gext, [0] * len(gext), gext, 4, "scale", T, [a for a, _ in gr], perm))
 
-    def check_amax(self, r, oi, T, reg, shared, amax_off):
-        """Blocks the region covers only in part must be quantized with the owners' amax."""
+    def check_amax(self, r, oi, T, reg, shared, amax_off, perm=()):
+        """Blocks the region covers only in part must be quantized with the owners' amax (the
+        region in the permuted tensor's coordinates when perm says so)."""
         shape = self.trainer[T][2]
+        if perm:
+            shape = [shape[p] for p in perm]
         n = len(shape)
         bo, be = blocks([a for a, _ in reg], [z for _, z in reg])
         part = []
@@ -931,7 +965,7 @@ class Meaning:
                 self.bad("%s: lands on global element %s, which no component builds"
                          % (self.where(r, wi, g, d, doff), gc))
                 return None
-            T, cso, cdo, cde = comps.c[j][:4]
+            T, cso, cdo, cde, cperm = comps.c[j]
             io = [max(a, b) for a, b in zip(goff, cdo)]
             ie = [min(a, b) for a, b in zip(gend, cde)]
             ld = min(run_in_box(lc, loff, lend, lshape),
@@ -945,7 +979,7 @@ class Meaning:
             ta = e.tcoords(vc)
             ref = [0] * len(cso)
             te = [s + x for s, x in zip(cso, align([x - a for x, a in zip(gc, cdo)], ref))]
-            ok = e.T == T and ta == te
+            ok = e.T == T and ta == te and e.perm == cperm
             if ok and L > 1:
                 # the same elements in the same order: the same last element, and boxes that
                 # agree on every dim inside the outermost one the run steps through
@@ -959,8 +993,10 @@ class Meaning:
                 k0 = next((k for k in range(len(ta)) if ta[k] != se[k]), len(ta))
                 ok = se == de and all(sb0[k] == db0[k] and sb1[k] == db1[k] for k in range(k0 + 1, len(ta)))
             if not ok:
-                self.bad("%s: holds %s %s, the mapping puts %s %s there" % (
-                    self.where(r, wi, g, d, doff), self.tname(e.T), ta, self.tname(T), te))
+                self.bad("%s: holds %s %s%s, the mapping puts %s %s%s there" % (
+                    self.where(r, wi, g, d, doff), self.tname(e.T), ta,
+                    " permuted %s" % list(e.perm) if e.perm else "", self.tname(T), te,
+                    " permuted %s" % list(cperm) if cperm else ""))
                 return None
             steps.append(j)
             pos += L

@@ -8,8 +8,10 @@
 # must fail the check it breaks, naming the problem: 7 that break where bytes go or come from,
 # and 4 that keep every byte counted once and mean the wrong thing (two writes' destinations
 # swapped, layer 1's q_proj written into layer 0's qkv_proj, a quantization ignoring the amax
-# its owners exchanged, TP rank 0's slab written to rank 1 and back) -- and on Kimi-K2
-# 256 -> 128 (10.5M writes).
+# its owners exchanged, TP rank 0's slab written to rank 1 and back) --, on gpt-oss's
+# transposed experts (permute ops, FSDP shards of the moved dims, gather mode) and a copy of
+# one of its plans whose permute op keeps the dims in order, and on Kimi-K2 256 -> 128 (10.5M
+# writes).
 # Run from the repository root (make test does); wb-plan from $WB_BIN (default build/bin).
 # Prints the harness tally.
 bin=${WB_BIN:-build/bin}/wb-plan
@@ -48,10 +50,10 @@ audits_clean() { # name, wb-plan arguments...
 }
 
 # a broken copy of the demo's JSON: the auditor must fail, with this check and this line
-catches() { # name, expected FAIL line, expected problem line, python mutating `d`
+catches() { # name, expected FAIL line, expected problem line, python mutating `d` ($src: the plan)
     local name=$1 want=$2 line=$3 code=$4
     echo "$name ..."
-    python3 - "$tmp/demo_auto.json" "$tmp/$name.json" <<EOF
+    python3 - "$tmp/${src:-demo_auto}.json" "$tmp/$name.json" <<EOF
 import json, sys
 d = json.load(open(sys.argv[1]))
 $code
@@ -128,6 +130,38 @@ W[9 * 26 + 2], W[9 * 28 + 2] = 1, 0'
 else
     for n in write_overlaps write_source param_not_owned task_bytes amax_inbox amax_no_mirror \
         shards_overlap swapped_destinations wrong_layer amax_ignored wrong_rank; do bad $n; done
+fi
+# gpt-oss's transposed experts (a 1-layer config with hidden = intermediate = 256): 3 FSDP
+# trainers cutting the dims the transpose moves, and 2 cutting the experts, into TP 2
+python3 - "$tmp" <<'EOF'
+import json, sys
+c = json.load(open("configs/hf/gpt-oss-20b.json"))
+c.pop("quantization_config")
+c.update(num_hidden_layers=1, hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+         head_dim=64, vocab_size=512, num_local_experts=4, experts_per_token=2, layer_types=["sliding_attention"],
+         rope_scaling=None)
+json.dump(c, open(sys.argv[1] + "/oss.json", "w"))
+mesh = "world_size: %d\nmesh:\n  - {name: d0, size: %d}\nplacements:\n"
+moved = '  - match: "*.gate_up_proj"\n    place: {d0: shard(2)}\n  - match: "*.down_proj"\n    place: {d0: shard(1)}\n'
+rest = '  - match: "*"\n    place: {d0: shard(0)}\n'
+open(sys.argv[1] + "/oss_moved.yaml", "w").write(mesh % (3, 3) + moved + rest)
+open(sys.argv[1] + "/oss_experts.yaml", "w").write(mesh % (2, 2) + rest)
+open(sys.argv[1] + "/oss_tp2.yaml", "w").write("replicas: 1\ngpus_per_replica: 2\ntp: 2\n")
+EOF
+oss=(--model configs/models/gpt_oss.yaml --config "$tmp/oss.json" --rollout "$tmp/oss_tp2.yaml")
+audits_clean gpt_oss_moved_direct "${oss[@]}" --trainer "$tmp/oss_moved.yaml" --mode direct
+audits_clean gpt_oss_moved_gather "${oss[@]}" --trainer "$tmp/oss_moved.yaml" --mode gather
+audits_clean gpt_oss_experts "${oss[@]}" --trainer "$tmp/oss_experts.yaml" --mode direct
+if [ -f "$tmp/gpt_oss_experts.json" ]; then
+    # rank 0's shard of down_proj is 2 square experts: a permute op that keeps the dims in
+    # order fits every extent, and what it writes is down_proj untransposed
+    src=gpt_oss_experts catches permute_untransposed "FAIL meaning (2 problems)" \
+        "rank 0 write 26 (to rank 0 model.layers.0.mlp.experts.w2_weight +0): holds model.layers.0.mlp.experts.down_proj [0, 0, 0] permuted [0, 1, 2], the mapping puts model.layers.0.mlp.experts.down_proj [0, 0, 0] permuted [0, 2, 1] there" '
+names = [x[0] for x in d["trainer_tensors"]]
+op = next(o for o in d["tables"][0]["ops"] if o[0] == "permute" and names[o[1]].endswith(".down_proj"))
+op[6] = [0, 1, 2]'
+else
+    bad permute_untransposed
 fi
 # the shipped Kimi-K2 scenario, the default mode
 audits_clean kimi_k2_256_128 --model configs/models/deepseek_v3.yaml \

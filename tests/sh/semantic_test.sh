@@ -5,10 +5,12 @@
 # read as Hugging Face reads them against the same forward over each rank's tensors read as
 # vLLM reads them, into a BF16 and an FP8 rollout; then family files that wb-match accepts but
 # that mean the wrong thing -- k and v swapped, gate and up swapped (dense, and the experts'
-# w13 halves), q/k/v in another order, a square matrix transposed, Phi-3's fused tensors split
-# as wholes -- each failing the check with the tensor named (the exact last line). The trainer
-# namings other than hf are checked too (each shipped one passes; a Megatron linear_qkv or
-# linear_fc1 split without its groups fails). Run from the repository root (make test does);
+# w13 halves), q/k/v in another order, a square matrix transposed, gpt-oss's w2 not transposed,
+# Phi-3's fused tensors split as wholes, and gpt-oss's family for a checkpoint whose fused
+# experts hold gate and up as halves, not interleaved -- each failing the check with the layer
+# and tensor named (the exact last line). The trainer namings other than hf are checked too
+# (each shipped one passes; a Megatron linear_qkv or linear_fc1 split without its groups
+# fails). Run from the repository root (make test does);
 # the programs from $WB_BIN (default build/bin). Prints the harness tally.
 bin=${WB_BIN:-build/bin}
 pass=0 fail=0 skip=0
@@ -67,10 +69,12 @@ passes deepseek_v3_mtp --family $c/models/deepseek_v3.yaml --config $c/hf/DeepSe
 passes llama3 --family $c/models/llama3.yaml --config $c/hf/Llama-3.1-8B.json
 # Phi-3 holds qkv_proj and gate_up_proj fused: its family splits them (split rules)
 passes phi3 --family $c/models/phi3.yaml --config $c/hf/Phi-3-mini-4k-instruct.json
-# gpt-oss's experts are the HF tensors transposed, which the planner does not plan yet: the
-# check stops there, naming the tensor
-check gpt_oss "semantic check failed: bf16 rollout: model.layers.0.mlp.experts.w13_weight: built from model.layers.0.mlp.experts.gate_up_proj transposed (permute); the planner does not plan transposes yet (rule $PWD/$c/models/gpt_oss.yaml:111); 3 more mappings like it" \
-    --family $c/models/gpt_oss.yaml --config $c/hf/gpt-oss-20b.json
+# gpt-oss's experts are the HF tensors transposed (permute [0, 2, 1]), gate and up interleaved;
+# BF16 only (vLLM's gpt-oss holds MXFP4 experts, which weightbridge does not make): TP 2 (w13
+# split along 2I as one block), EP 2 (whole experts) and TP 1
+check gpt_oss "semantic check passed" --family $c/models/gpt_oss.yaml --config $c/hf/gpt-oss-20b.json
+check gpt_oss_ep2 "semantic check passed" --family $c/models/gpt_oss.yaml --config $c/hf/gpt-oss-20b.json --ep 2
+check gpt_oss_tp1 "semantic check passed" --family $c/models/gpt_oss.yaml --config $c/hf/gpt-oss-20b.json --tp 1
 # the other trainer namings (configs/models/README.md): the tiny model's Hugging Face values
 # written as that naming's framework holds them (matcher/semantic/convert.py: q/k/v interleaved
 # per query group, [gate_r; up_r] per trainer TP rank for mesh_tp, the experts fused, the vocab
@@ -145,11 +149,20 @@ rep(q, G + U, U + G, "gate_up_swap")
 rep(m, GE + UE, UE + GE, "w13_swap")
 O = "    from: model.layers.{L}.self_attn.o_proj.weight\n    shard: {tp: 1}\n"
 rep(l, O, O.replace("    shard", "    permute: [1, 0]\n    shard"), "transpose")
+# gpt-oss's w2 without its transpose: at hidden == intermediate (gpt-oss-20b's 2880; the tiny
+# model's 256 at TP 1) every shape still matches
+W2 = "    from: model.layers.{L}.mlp.experts.down_proj\n    permute: [0, 2, 1]\n"
+rep("configs/models/gpt_oss.yaml", W2, W2.replace("    permute: [0, 2, 1]\n", ""), "w2_unpermuted")
+import json
+c = json.load(open("configs/hf/gpt-oss-20b.json"))
+c.pop("quantization_config")  # wb-match's rollout: a BF16 checkpoint's config
+json.dump(c, open("%s/gpt-oss-20b-bf16.json" % d, "w"))
 EOF
-for f in kv_swap qkv_order gate_up_swap w13_swap transpose; do
+for f in kv_swap qkv_order gate_up_swap w13_swap transpose w2_unpermuted; do
     cfg=$c/hf/Qwen3-8B.json
     [ $f = w13_swap ] && cfg=$c/hf/Qwen3-30B-A3B.json
     [ $f = transpose ] && cfg=$c/hf/Llama-3.1-8B.json
+    [ $f = w2_unpermuted ] && cfg=$tmp/gpt-oss-20b-bf16.json
     if ! "$bin/wb-match" --family "$tmp/$f.yaml" --config $cfg >"$tmp/$f.match" 2>&1; then
         sed 's/^/    /' "$tmp/$f.match"
         bad "$f (wb-match should accept it)"
@@ -166,8 +179,15 @@ check w13_swap "semantic check failed: bf16 rollout: layer 0 expert 0 gate: roll
 # the FP8 rollout of a swap fails the same way (the values are outside E4M3's rounding)
 check kv_swap_fp8 "semantic check failed: fp8 rollout: layer 0 k: rollout model.layers.0.self_attn.qkv_proj.weight (rank 0, rows 256:384, as vLLM reads k) differs from trainer model.layers.0.self_attn.k_proj.weight (rows 0:128)" \
     --family "$tmp/kv_swap.yaml" --config $c/hf/Qwen3-8B.json --dtype fp8
-# a square o_proj transposed: the planner refuses transposes, naming it
-check transpose "semantic check failed: bf16 rollout: model.layers.0.self_attn.o_proj.weight: built from model.layers.0.self_attn.o_proj.weight transposed (permute); the planner does not plan transposes yet (rule $tmp/transpose.yaml:112); 1 more mapping like it" \
+# a square o_proj transposed: planned and moved as the family says, and wrong where vLLM reads it
+check transpose "semantic check failed: bf16 rollout: layer 0 o: rollout model.layers.0.self_attn.o_proj.weight (rank 0, columns 0:256, as vLLM reads o) differs from trainer model.layers.0.self_attn.o_proj.weight (columns 0:256)" \
     --family "$tmp/transpose.yaml" --config $c/hf/Llama-3.1-8B.json --dtype bf16
+# gpt-oss's w2 copied untransposed (a wrong permutation that every shape allows)
+check w2_unpermuted "semantic check failed: bf16 rollout: layer 0 expert 0 down: rollout model.layers.0.mlp.experts.w2_weight (expert 0, as vLLM reads expert 0 down) differs from trainer model.layers.0.mlp.experts.down_proj (expert 0, transposed) (columns 0:256)" \
+    --family "$tmp/w2_unpermuted.yaml" --config $c/hf/gpt-oss-20b.json --tp 1
+# the shipped family for a checkpoint whose fused experts hold gate and up as halves, not
+# interleaved as gpt-oss's: vLLM's w13 rows ::2 are then not the gate
+check gate_up_halves "semantic check failed: bf16 rollout: layer 0 expert 0 gate: rollout model.layers.0.mlp.experts.w13_weight (rank 0, expert 0, rows 0::2, as vLLM reads expert 0 gate) differs from trainer model.layers.0.mlp.experts.gate_up_proj (expert 0, columns 0:512) (rows 0:256)" \
+    --family $c/models/gpt_oss.yaml --config $c/hf/gpt-oss-20b.json --gate-up halves
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -230,6 +230,62 @@ static void test_ranges_3d_4d(void)
     check_ranges_exact(&s4, &full, 2);
 }
 
+/* wb_permute against the definition, element by element: every permutation of 3 and 4 dims
+ * (odd extents, so tiles end inside), 1/2/4/8-byte elements, against dst[i] = src[j] with
+ * j[perm[k]] = i[k]; bad permutations and element sizes refused. */
+static void check_permute(uint32_t nd, const uint64_t *ext, const uint8_t *perm, size_t el)
+{
+    uint64_t n = 1, sstr[WB_MAX_DIMS], e[WB_MAX_DIMS], dstr[WB_MAX_DIMS];
+    for (uint32_t d = nd; d-- > 0;) {
+        sstr[d] = n;
+        n *= ext[d];
+    }
+    uint64_t m = 1;
+    for (uint32_t k = nd; k-- > 0;) {
+        e[k] = ext[perm[k]];
+        dstr[k] = m;
+        m *= e[k];
+    }
+    uint8_t *src = malloc(n * el), *dst = malloc(n * el);
+    for (uint64_t i = 0; i < n * el; i++)
+        src[i] = (uint8_t)(i * 31 + i / 7);
+    CHECK_INT(wb_permute(dst, src, el, nd, ext, perm), 0);
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t so = 0;
+        for (uint32_t k = nd; k-- > 0;) {
+            uint64_t ik = i / dstr[k] % e[k];
+            so += ik * sstr[perm[k]];
+        }
+        bad += memcmp(dst + i * el, src + so * el, el) != 0;
+    }
+    CHECK_U64(bad, 0);
+    free(src);
+    free(dst);
+}
+
+static void test_permute(void)
+{
+    static const uint8_t p3[][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2},
+                                    {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+    const uint64_t e3[3] = {3, 37, 70};
+    for (size_t i = 0; i < WB_ARRAY_LEN(p3); i++)
+        for (size_t el = 1; el <= 8; el *= 2)
+            check_permute(3, e3, p3[i], el);
+    const uint64_t e4[4] = {2, 5, 33, 3};
+    const uint8_t p4[][4] = {{0, 1, 3, 2}, {3, 2, 1, 0}, {1, 3, 0, 2}, {2, 0, 3, 1}};
+    for (size_t i = 0; i < WB_ARRAY_LEN(p4); i++)
+        check_permute(4, e4, p4[i], 2);
+    const uint64_t e2[2] = {129, 65}; /* a transpose across several tiles */
+    check_permute(2, e2, (const uint8_t[]){1, 0}, 2);
+    uint8_t a[8] = {0}, b[8];
+    CHECK_INT(wb_permute(b, a, 2, 2, e2, (const uint8_t[]){1, 1}), -EINVAL);
+    CHECK_INT(wb_permute(b, a, 2, 2, e2, (const uint8_t[]){0, 2}), -EINVAL);
+    CHECK_INT(wb_permute(b, a, 3, 2, e2, (const uint8_t[]){1, 0}), -EINVAL);
+    const uint64_t e0[2] = {0, 5}; /* empty: nothing written */
+    CHECK_INT(wb_permute(b, a, 2, 2, e0, (const uint8_t[]){1, 0}), 0);
+}
+
 const struct wb_test wb_tests[] = {
     {"shape_basics", test_shape_basics, 0},
     {"box_intersect", test_box_intersect, 0},
@@ -239,5 +295,6 @@ const struct wb_test wb_tests[] = {
     {"ranges_empty_and_errors", test_ranges_empty_and_errors, 0},
     {"ranges_one_element_dims", test_ranges_one_element_dims, 0},
     {"ranges_3d_4d", test_ranges_3d_4d, 0},
+    {"permute", test_permute, 0},
     {0},
 };

@@ -278,6 +278,17 @@ static inline void sim_partial(const uint8_t *base, const struct wb_shape *vshap
     } while (sim_next(region, c));
 }
 
+/* The component that uses trainer tensor t transposed, or NULL. */
+static inline const struct wb_component *sim_permuted_use(const struct sim *s, uint32_t t)
+{
+    const struct wb_match *mt = s->f->in.match;
+    for (size_t m = 0; m < mt->n; m++)
+        for (uint32_t k = 0; k < mt->map[m].ncomp; k++)
+            if (mt->map[m].comp[k].trainer == t && mt->map[m].comp[k].permuted)
+                return &mt->map[m].comp[k];
+    return NULL;
+}
+
 /* The op on rank `peer` whose exchange with tag `tag` mirrors one of ours, and that
  * exchange's entry. */
 static inline const struct wb_rt_op *sim_mirror(const struct wb_plan *p, uint32_t peer,
@@ -309,8 +320,27 @@ static inline void sim_amax(struct sim *s, uint32_t r, const struct wb_rt_op *op
     uint64_t nb = wb_box_numel(BOX(op->amax.blocks));
     float *pa = calloc(nb + 1, sizeof(float));
     /* the peer's partial, computed from the peer's own shard (its PARAM data; an H2D copy
-     * holds the same rows) */
-    {
+     * holds the same rows); for a tensor used transposed, whose regions are in the permuted
+     * tensor's coordinates, from the whole tensor transposed here (the region lies in the
+     * peer's shard: its exchange says so) */
+    const struct wb_component *pc = sim_permuted_use(s, op->tensor);
+    if (pc) {
+        const struct wb_shape *ts = &s->f->in.trainer->p[op->tensor].shape;
+        struct wb_shape pts = {.ndim = ts->ndim};
+        for (uint32_t d = 0; d < ts->ndim; d++)
+            pts.dim[d] = ts->dim[pc->perm[d]];
+        uint8_t *pf = malloc(wb_shape_numel(ts) * 2 + 1);
+        struct wb_box pb = wb_box_full(&pts);
+        uint64_t i[WB_MAX_DIMS], j[WB_MAX_DIMS];
+        sim_start(&pb, i);
+        do {
+            for (uint32_t d = 0; d < pts.ndim; d++)
+                j[pc->perm[d]] = i[d];
+            memcpy(pf + sim_lin(&pts, i) * 2, s->full[op->tensor] + sim_lin(ts, j) * 2, 2);
+        } while (sim_next(&pb, i));
+        sim_partial(pf, &pts, PBOX(m->amax.region), PBOX(m->amax.region), PBOX(m->amax.blocks), pa);
+        free(pf);
+    } else {
         const struct wb_box *pb = &s->rk[pe->rank].box[op->tensor];
         struct wb_shape ps = wb_box_shape(pb);
         struct wb_box sb = *PBOX(m->amax.region);
@@ -377,6 +407,28 @@ static inline void sim_op(struct sim *s, uint32_t r, const struct wb_rt_op *op)
                     op->copy.src.dtype, BOX(op->copy.src_box), sim_view(s, r, &op->copy.dst),
                     wb_rt_shape(tb, op->copy.dst.shape), op->copy.dst.dtype, BOX(op->copy.dst_box));
         break;
+    case WB_OP_PERMUTE: { /* element by element: dst (i) = src (j), j[perm k] = i[k] */
+        const struct wb_rt_permute *pm = &op->permute;
+        const struct wb_box *sb = BOX(pm->src_box), *db = BOX(pm->dst_box);
+        const uint8_t *sv = sim_view(s, r, &pm->src);
+        uint8_t *dv = sim_view(s, r, &pm->dst);
+        size_t el = wb_dtype_size(pm->src.dtype);
+        CHECK_INT(pm->src.dtype, pm->dst.dtype);
+        CHECK_INT(sb->ndim, db->ndim);
+        if (wb_box_numel(db) == 0)
+            break;
+        uint64_t i[WB_MAX_DIMS], j[WB_MAX_DIMS];
+        sim_start(db, i);
+        do {
+            for (uint32_t k = 0; k < db->ndim; k++) {
+                uint32_t q = wb_rt_perm_dim(pm->perm, k);
+                j[q] = i[k] - db->off[k] + sb->off[q];
+            }
+            memcpy(dv + sim_lin(wb_rt_shape(tb, pm->dst.shape), i) * el,
+                   sv + sim_lin(wb_rt_shape(tb, pm->src.shape), j) * el, el);
+        } while (sim_next(db, i));
+        break;
+    }
     case WB_OP_AMAX:
         for (uint32_t k = 0; k < op->amax.npeers; k++)
             sim_amax(s, r, op, &tb->amax_peers[op->amax.peer0 + k]);
@@ -487,9 +539,36 @@ static inline void sim_check(struct sim *s)
         for (uint32_t k = 0; k < mp->ncomp; k++) {
             const struct wb_component *c = &mp->comp[k];
             const struct wb_shape *ts = &f->in.trainer->p[c->trainer].shape;
+            const uint8_t *full = s->full[c->trainer];
+            /* a transposed component: the reference transposes the whole trainer tensor
+             * (element by element) and goes on as for a rename of the transposed tensor */
+            struct wb_component pc;
+            struct wb_shape pts;
+            uint8_t *pfull = NULL;
+            if (c->permuted) {
+                size_t el = wb_dtype_size(f->in.trainer->p[c->trainer].dtype);
+                pts.ndim = ts->ndim;
+                for (uint32_t d = 0; d < ts->ndim; d++)
+                    pts.dim[d] = ts->dim[c->perm[d]];
+                pfull = malloc(wb_shape_numel(ts) * el + 1);
+                struct wb_box pb = wb_box_full(&pts);
+                uint64_t i[WB_MAX_DIMS], j[WB_MAX_DIMS];
+                sim_start(&pb, i);
+                do {
+                    for (uint32_t d = 0; d < pts.ndim; d++)
+                        j[c->perm[d]] = i[d];
+                    memcpy(pfull + sim_lin(&pts, i) * el, full + sim_lin(ts, j) * el, el);
+                } while (sim_next(&pb, i));
+                pc = *c;
+                pc.src = pb;
+                c = &pc;
+                ts = &pts;
+                full = pfull;
+            }
             if (mp->xform != WB_XFORM_FP8_BLOCK) {
-                sim_boxcopy(s->full[c->trainer], ts, f->in.trainer->p[c->trainer].dtype, &c->src,
-                            ref[mp->rollout], rs, mp->dst_dtype, &c->dst);
+                sim_boxcopy(full, ts, f->in.trainer->p[c->trainer].dtype, &c->src, ref[mp->rollout],
+                            rs, mp->dst_dtype, &c->dst);
+                free(pfull);
                 continue;
             }
             /* FP8 per block of the component (blocks from the trainer tensor origin) */
@@ -517,7 +596,7 @@ static inline void sim_check(struct sim *s)
                 sim_start(&blk, e);
                 do {
                     uint16_t b;
-                    memcpy(&b, s->full[c->trainer] + sim_lin(ts, e) * 2, 2);
+                    memcpy(&b, full + sim_lin(ts, e) * 2, 2);
                     float a = fabsf(sim_bf16_to_f(b));
                     am = a > am ? a : am;
                 } while (sim_next(&blk, e));
@@ -527,7 +606,7 @@ static inline void sim_check(struct sim *s)
                 sim_start(&blk, e);
                 do {
                     uint16_t b;
-                    memcpy(&b, s->full[c->trainer] + sim_lin(ts, e) * 2, 2);
+                    memcpy(&b, full + sim_lin(ts, e) * 2, 2);
                     uint64_t dc[WB_MAX_DIMS];
                     int shift = (int)c->dst.ndim - (int)c->src.ndim;
                     for (uint32_t jd = 0; jd < c->dst.ndim; jd++) {
@@ -549,6 +628,7 @@ static inline void sim_check(struct sim *s)
                 float scv = am / 448.0f;
                 memcpy(ref[mp->scale] + sim_lin(ss, sc) * 4, &scv, 4);
             } while (sim_next(&gb, bc));
+            free(pfull);
         }
     }
     /* compare every rollout rank's local tensors */

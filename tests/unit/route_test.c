@@ -1,7 +1,8 @@
 /* route_test.c — the routing-table and receive-list codec (route/): a table holding every op
  * kind, a fanned-out write record and every array decodes to what was encoded (records
  * expanded), plans' tables and receive lists survive encode -> decode -> encode byte for byte,
- * later formats' additions (an unknown key, trailing record fields) are skipped, and each
+ * later formats' additions (an unknown key, trailing record fields) are skipped, a PERMUTE op's
+ * permutation is checked, and each
  * malformed body gets its exact error. That the encoding itself did not change is
  * plan_golden_test's digests of the shipped scenarios. */
 #include "planner/planner.h"
@@ -384,8 +385,74 @@ static void test_recv_list(void)
     wb_mpw_free(&w);
 }
 
+/* A PERMUTE op (format 4 tables may carry one): its fields survive encode -> decode, and a
+ * permutation that is none (a repeated dim, a dim past ndim, a bit above them), extents that
+ * are not permuted, or a dtype change are refused as malformed. */
+static uint32_t perm_of(uint32_t a, uint32_t b, uint32_t c)
+{
+    return a | b << 4 | c << 8;
+}
+
+static int decode_permute(uint32_t perm, uint32_t dst_box, enum wb_dtype dst_dt,
+                          struct wb_rt_op *out)
+{
+    static const struct wb_shape sh[] = {{3, {2, 4, 6}}, {3, {2, 6, 4}}};
+    static const struct wb_box bx[] = {{3, {0, 0, 0}, {2, 4, 6}}, {3, {0, 0, 0}, {2, 6, 4}}};
+    struct wb_rt_op op = {.kind = WB_OP_PERMUTE,
+                          .tensor = 0,
+                          .permute = {.src = VIEW(WB_BUF_PARAM, WB_DTYPE_BF16),
+                                      .dst = VIEW(WB_BUF_TMP, dst_dt),
+                                      .src_box = 0,
+                                      .dst_box = dst_box,
+                                      .perm = perm}};
+    op.permute.src.off = 0;
+    op.permute.dst.shape = 1;
+    struct wb_rt_task task = TASKS[0];
+    task.nops = 1;
+    struct wb_route_table t = table(), d;
+    t.ops = &op;
+    t.nops = 1;
+    t.tasks = &task;
+    t.boxes = (struct wb_box *)bx;
+    t.nboxes = 2;
+    t.shapes = (struct wb_shape *)sh;
+    t.nshapes = 2;
+    t.npeers = t.namax_peers = 0;
+    struct wb_mpw w = encode(&t);
+    int rc = wb_route_table_decode(w.buf, w.len, &d);
+    wb_mpw_free(&w);
+    if (rc == 0) {
+        *out = d.ops[0];
+        wb_route_table_free(&d);
+    }
+    return rc;
+}
+
+static void test_permute_op(void)
+{
+    struct wb_rt_op op;
+    CHECK_INT(decode_permute(perm_of(0, 2, 1), 1, WB_DTYPE_BF16, &op), 0);
+    CHECK_INT(op.kind, WB_OP_PERMUTE);
+    CHECK_INT(op.permute.perm, perm_of(0, 2, 1));
+    CHECK_INT(wb_rt_perm_dim(op.permute.perm, 1), 2);
+    CHECK_INT(op.permute.src_box, 0);
+    CHECK_INT(op.permute.dst_box, 1);
+    CHECK_INT(op.permute.dst.kind, WB_BUF_TMP);
+    CHECK_INT(op.permute.dst.shape, 1);
+    CHECK_INT(decode_permute(perm_of(0, 2, 2), 1, WB_DTYPE_BF16, &op), -EBADMSG);
+    CHECK_INT(decode_permute(perm_of(0, 3, 1), 1, WB_DTYPE_BF16, &op), -EBADMSG);
+    CHECK_INT(decode_permute(perm_of(0, 2, 1) | 1u << 12, 1, WB_DTYPE_BF16, &op), -EBADMSG);
+    CHECK_INT(decode_permute(perm_of(0, 1, 2), 1, WB_DTYPE_BF16, &op), -EBADMSG);
+    CHECK_INT(decode_permute(perm_of(0, 2, 1), 0, WB_DTYPE_BF16, &op), -EBADMSG);
+    CHECK_INT(decode_permute(perm_of(0, 2, 1), 1, WB_DTYPE_FP16, &op), -EBADMSG);
+}
+
 const struct wb_test wb_tests[] = {
-    {"every_field", test_every_field, 0}, {"demo_auto", test_demo_auto, 0},
-    {"demo_gather", test_demo_gather, 0}, {"malformed", test_malformed, 0},
-    {"recv_list", test_recv_list, 0},     {0},
+    {"every_field", test_every_field, 0},
+    {"demo_auto", test_demo_auto, 0},
+    {"demo_gather", test_demo_gather, 0},
+    {"malformed", test_malformed, 0},
+    {"recv_list", test_recv_list, 0},
+    {"permute_op", test_permute_op, 0},
+    {0},
 };

@@ -107,16 +107,22 @@ static int global_values(const struct wb_ref *f, const struct wb_mapping *m, uin
     for (uint32_t c = 0; !rc && c < m->ncomp; c++) {
         const struct wb_component *cp = &m->comp[c];
         const struct wb_param *tp = &f->md.trainer.p[cp->trainer];
-        if (cp->trainer_scale >= 0 || m->fp8_scales || cp->permuted) {
-            snprintf(msg, cap, "%s: %s are not covered by the reference", rp->name,
-                     cp->permuted ? "transposed components" : "FP8 trainer checkpoints");
+        if (cp->trainer_scale >= 0 || m->fp8_scales) {
+            snprintf(msg, cap, "%s: FP8 trainer checkpoints are not covered by the reference",
+                     rp->name);
             rc = -ENOTSUP;
             break;
         }
         free(part);
-        part = malloc(wb_box_numel(&cp->src) * es + 1);
+        part = malloc(2 * wb_box_numel(&cp->src) * es + 1);
         rc = part ? wb_synth_fill(tp->name, f->seed, version, tp->dtype, &tp->shape, &cp->src, part)
                   : -ENOMEM;
+        if (!rc && cp->permuted) { /* dst = src.permute(perm), packed in the upper half */
+            uint8_t *t = part + wb_box_numel(&cp->src) * es;
+            rc = wb_permute(t, part, es, cp->src.ndim, cp->src.ext, cp->perm);
+            if (!rc)
+                memcpy(part, t, wb_box_numel(&cp->src) * es);
+        }
         if (!rc)
             rc = wb_quant_unpack(&(struct wb_quant_exec){WB_QUANT_HOST, NULL}, m->src_dtype,
                                  &rp->shape, &cp->dst, part, g);

@@ -34,6 +34,7 @@ struct cluster {
     const char *device;       /* the agents' GPU (--device), or NULL: host memory */
     const char *layout_extra; /* more lines for the demo's trainer layout (dtype: fp32), or NULL */
     bool job_trace; /* agents get no --trace: the job file's trace: key decides (job_extra) */
+    const char *first_tensor; /* the rollout's tensor 0, or NULL: model.embed_tokens.weight */
 };
 
 /* The demo plan's bytes per rollout. */
@@ -274,7 +275,9 @@ static void verify(struct cluster *c, uint64_t v)
     CHECK_INT(wb_ref_check_dump(ref, 0, v, forged, msg, sizeof(msg), &bytes), -WB_E_PLAN);
     char want[256];
     snprintf(want, sizeof(want), "rollout rank 0: %s: in the dump twice",
-             tensor == 0 ? "model.embed_tokens.weight" : "?");
+             tensor != 0       ? "?"
+             : c->first_tensor ? c->first_tensor
+                               : "model.embed_tokens.weight");
     CHECK_STR(msg, want);
     unlink(forged);
     ref_close(&rj);

@@ -487,6 +487,34 @@ static void test_phi3_split(void)
     }
 }
 
+/* gpt-oss's experts as Hugging Face holds them ([E, H, 2I] gate_up_proj, [E, I, H] down_proj),
+ * transposed into vLLM's w13_weight [E, 2I, H] / w2_weight [E, H, I] (the family's permute
+ * rules: PERMUTE ops before the writes), BF16 TP 2, from the demo's FSDP 2 x EP 2 shards (each
+ * trainer one expert), by real processes over tcp, auto and gather: every rollout byte checked
+ * against the reference, which transposes the synthetic source itself (controller/verify.c). */
+static void test_gpt_oss_transposed(void)
+{
+    static const char *const modes[] = {"auto", "gather"};
+    char cwd[512], hf[700];
+    CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
+    snprintf(hf, sizeof(hf), "%s/tests/fixtures/matcher/gpt-oss-tiny.json", cwd);
+    for (size_t m = 0; m < 2; m++) {
+        struct cluster c = {.provider = "tcp",
+                            .domain = "lo",
+                            .rules = "configs/models/gpt_oss.yaml",
+                            .hf_config = hf,
+                            .first_tensor = "model.embedding.weight"};
+        c.recv[0] = 2507288; /* wb-plan's recv_bytes for this model and layout */
+        c.recv[1] = 2503192;
+        snprintf(c.url, sizeof(c.url), "tcp://127.0.0.1:%u", e2e_port(31 + (unsigned)m));
+        write_job(&c, modes[m], "4MiB", false);
+        start(&c, NULL);
+        for (uint64_t v = 1; v <= 2; v++)
+            transfer_ok(&c, v, NULL);
+        stop(&c);
+    }
+}
+
 /* A write that does land where it should not (here: rollout 1 flips the first byte of a tensor
  * once its writes are in, as a stray write would) fails the version with the rollout, the
  * tensor and the bytes named; the rollout says it is torn, not version 1; the retry is whole. */
@@ -640,6 +668,7 @@ const struct wb_test wb_tests[] = {
     {"padded_vocab", test_padded_vocab, 120},
     {"amax_three_peers", test_amax_three_peers, 120},
     {"phi3_split", test_phi3_split, 180},
+    {"gpt_oss_transposed", test_gpt_oss_transposed, 180},
     {"controller_restart", test_controller_restart, 120},
     {"tcp_auto", test_tcp_auto, 120},
     {"tcp_gather", test_tcp_gather, 120},

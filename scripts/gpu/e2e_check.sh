@@ -15,7 +15,9 @@
 # every k_proj/v_proj block has four owners: AMAX ops with three peers) (the large models'
 # reference check runs on the last version only: the CPU reference takes a while); last,
 # amax3 and m9amax with the trainers' parameters in host memory (residence: host, as the
-# Kimi-K2 and Qwen3-235B layouts have it), so every task starts with H2D copies.
+# Kimi-K2 and Qwen3-235B layouts have it), so every task starts with H2D copies; last, gpt-oss's
+# transposed experts (gptoss-*: the CUDA transpose kernel, experts whole and sharded along the
+# dim the transpose moves).
 #
 # Usage: scripts/gpu/e2e_check.sh [--keep] [--no-build] [--bin DIR] [--only NAME,NAME...]
 #   --keep: leave the logs directory; --no-build: use the programs already built; --bin: the
@@ -93,7 +95,7 @@ failed=()
 run() {
     local name=$1 provider=$2 mode=$3 dir=$tmp/$1
     local config=${4:-$root/configs/jobs/demo/config.json} cap=${5:-4MiB} last=${6:-0}
-    local residence=${7:-gpu} trainer=$root/configs/jobs/demo/trainer.yaml
+    local residence=${7:-gpu} trainer=${trainer_file:-$root/configs/jobs/demo/trainer.yaml}
     [ -z "$only" ] || [[ $only == *",$name,"* ]] || return 0
     mkdir -p "$dir/dump" "$dir/traces"
     if [ "$residence" = host ]; then
@@ -105,7 +107,7 @@ run() {
     cat >"$dir/job.yaml" <<EOF
 name: $name
 model:
-  rules: $root/configs/models/qwen3_moe.yaml
+  rules: ${rules_file:-$root/configs/models/qwen3_moe.yaml}
   hf_config: $config
 trainer_layout: $trainer
 rollout_layout: $root/configs/jobs/demo/rollout.yaml
@@ -213,6 +215,38 @@ run m9amax-cudaipc-auto cudaipc auto "$tmp/m9amax.json" 1GiB 1
 # host residence, as the Kimi-K2 and Qwen3-235B layouts: the AMAX ops read what H2D copies wrote
 run amax3-host-cudaipc cudaipc auto "$tmp/amax3.json" 4MiB 0 host
 run m9amax-host-cudaipc cudaipc auto "$tmp/m9amax.json" 1GiB 1 host
+
+# gpt-oss's experts as Hugging Face holds them ([E, H, 2I] gate_up_proj), transposed into vLLM's
+# [E, 2I, H] w13 by PERMUTE ops on the CUDA kernel; BF16 TP 2 (gpt-oss has no FP8 rules): the
+# demo's FSDP 2 x EP 2 sharding (whole experts per trainer), then the experts' hidden dim sharded
+# (the dim the transpose moves), direct, gather and over tcp
+python3 - "$root/configs/hf/gpt-oss-20b.json" "$tmp/gptoss.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.pop("quantization_config")  # the rollout holds BF16
+c.update(hidden_size=1024, intermediate_size=1024, num_local_experts=32, num_hidden_layers=4,
+         num_attention_heads=16, num_key_value_heads=4, vocab_size=32768, layer_types=c["layer_types"][:4])
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+PY
+rules_file=$root/configs/models/gpt_oss.yaml
+run gptoss-cudaipc-auto cudaipc auto "$tmp/gptoss.json" 1GiB
+cat >"$tmp/gptoss-trainer.yaml" <<EOF
+world_size: 4
+gpus_per_node: 4
+mesh:
+  - {name: fsdp, size: 2}
+  - {name: ep, size: 2}
+placements:
+  - match: "*.mlp.experts.*_proj"
+    place: {fsdp: shard(1), ep: shard(0)}
+  - match: "*"
+    place: {fsdp: shard(0), ep: shard(0)}
+EOF
+trainer_file=$tmp/gptoss-trainer.yaml
+run gptoss-h-cudaipc-direct cudaipc direct "$tmp/gptoss.json" 1GiB
+run gptoss-h-cudaipc-gather cudaipc gather "$tmp/gptoss.json" 1GiB
+run gptoss-h-tcp-bounce-auto tcp auto "$tmp/gptoss.json" 1GiB
+unset rules_file trainer_file
 
 echo
 if [ ${#failed[@]} -gt 0 ]; then

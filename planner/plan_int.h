@@ -15,7 +15,23 @@ struct pl_plan {
     struct wb_plan pub;
     struct wb_route_table *tables;
     struct pl_lazy *lazy;
+    struct pl_est_memo *memo; /* NULL: none (estimate.c) */
 };
+
+/* The estimate of a plan made while it was built (auto mode simulates its choice where the cost
+ * model cannot settle it, a second or more at a thousand rollout GPUs) and what it was made
+ * from: the hardware models, the trainers' node size and the plan's cap. The simulation is
+ * deterministic, so wb_plan_estimate() of that plan with those hands out a copy instead of
+ * simulating again; anything else simulates. */
+struct pl_est_memo {
+    struct wb_estimate e;
+    struct wb_hw th, rh;
+    uint32_t gpus_per_node;
+    uint64_t mem_cap;
+};
+/* Keeps *e (taken over; zeroed) as p's memo for in; without memory *e is freed instead. */
+void pl_est_memo_set(struct wb_plan *p, const struct wb_plan_input *in, struct wb_estimate *e);
+void pl_est_memo_free(struct wb_plan *p);
 
 static inline struct pl_plan *pl_plan_of(const struct wb_plan *p)
 {

@@ -651,6 +651,79 @@ static void test_verify_estimate_together(void)
     fx_free(&f);
 }
 
+/* An estimate kept with the plan (auto mode's simulation of its choice) is handed out, copied,
+ * only for the hardware, node size and cap it was made with; anything else simulates again. */
+static bool same_estimate(const struct wb_estimate *a, const struct wb_estimate *b, uint32_t nt,
+                          uint32_t nr)
+{
+    return a->total_s == b->total_s && a->lower_bound_s == b->lower_bound_s &&
+           strcmp(a->bound, b->bound) == 0 && a->nphases == b->nphases &&
+           a->nsamples == b->nsamples && a->peak_tmp_bytes == b->peak_tmp_bytes &&
+           memcmp(a->phase, b->phase, a->nphases * sizeof(*a->phase)) == 0 &&
+           memcmp(a->trainer_end_s, b->trainer_end_s, nt * sizeof(double)) == 0 &&
+           memcmp(a->wait_s, b->wait_s, nt * sizeof(double)) == 0 &&
+           memcmp(a->rollout_end_s, b->rollout_end_s, nr * sizeof(double)) == 0 &&
+           memcmp(a->egress_Bps, b->egress_Bps, a->nsamples * sizeof(double)) == 0;
+}
+
+static void test_estimate_memo(void)
+{
+    struct fx f;
+    one_tensor_case(&f, FSDP4, "replicas: 2\ntp: 2\n", 4096, 1024, WB_SHARD_TP);
+    struct wb_plan *p = build(&f, WB_MODE_AUTO);
+    struct wb_estimate fresh, kept, got;
+    CHECK_INT(wb_plan_estimate(p, &f.in, &fresh, &f.el), 0);
+    CHECK_INT(wb_plan_estimate(p, &f.in, &kept, &f.el), 0);
+    kept.total_s = 123.0; /* marked: a copy of it shows it was not simulated again */
+    pl_est_memo_set(p, &f.in, &kept);
+    CHECK(kept.phase == NULL && kept.trainer_end_s == NULL);
+    CHECK_INT(wb_plan_estimate(p, &f.in, &got, &f.el), 0);
+    CHECK(got.total_s == 123.0);
+    got.total_s = fresh.total_s;
+    CHECK(same_estimate(&got, &fresh, p->ntrainers, p->nrollouts));
+    CHECK(got.phase != pl_plan_of(p)->memo->e.phase); /* a copy, freed on its own */
+    wb_estimate_free(&got);
+    /* with verify: verify's result, then the copy */
+    struct wb_errlist vel, eel;
+    wb_errlist_init(&vel);
+    wb_errlist_init(&eel);
+    struct wb_plan_checks ck;
+    wb_plan_verify_estimate(p, &f.in, &got, &vel, &eel, &ck);
+    CHECK_INT(ck.verify_rc, 0);
+    CHECK_INT(ck.est_rc, 0);
+    CHECK(got.total_s == 123.0);
+    wb_estimate_free(&got);
+    /* other hardware, node size or cap: simulated again */
+    double gbps = f.tl.hw.nic_gbps;
+    f.tl.hw.nic_gbps = gbps * 2;
+    CHECK_INT(wb_plan_estimate(p, &f.in, &got, &f.el), 0);
+    CHECK(got.total_s != 123.0);
+    wb_estimate_free(&got);
+    f.tl.hw.nic_gbps = gbps;
+    uint32_t gpn = f.tl.gpus_per_node;
+    f.tl.gpus_per_node = gpn + 1;
+    CHECK_INT(wb_plan_estimate(p, &f.in, &got, &f.el), 0);
+    CHECK(got.total_s != 123.0);
+    wb_estimate_free(&got);
+    f.tl.gpus_per_node = gpn;
+    p->mem_cap += 1;
+    CHECK_INT(wb_plan_estimate(p, &f.in, &got, &f.el), 0);
+    CHECK(got.total_s == fresh.total_s);
+    wb_estimate_free(&got);
+    p->mem_cap -= 1;
+    /* a plan that fails verify: no estimate, memo or not */
+    pl_tables(p)[0].writes[0].len -= 1;
+    wb_plan_verify_estimate(p, &f.in, &got, &vel, &eel, &ck);
+    CHECK_INT(ck.verify_rc, -WB_E_PLAN);
+    CHECK_INT(ck.est_rc, -ECANCELED);
+    CHECK(strstr(vel.msgs[0], "never written") != NULL);
+    wb_errlist_free(&vel);
+    wb_errlist_free(&eel);
+    wb_estimate_free(&fresh);
+    wb_plan_free(p); /* frees the memo */
+    fx_free(&f);
+}
+
 static void test_estimate_needs_hardware(void)
 {
     struct fx f;
@@ -766,6 +839,7 @@ const struct wb_test wb_tests[] = {
     {"verify_counts_all", test_verify_counts_all, 0},
     {"estimate_by_hand", test_estimate_by_hand, 0},
     {"verify_estimate_together", test_verify_estimate_together, 0},
+    {"estimate_memo", test_estimate_memo, 0},
     {"estimate_needs_hardware", test_estimate_needs_hardware, 0},
     {"cli", test_cli, 0},
     {0},

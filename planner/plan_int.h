@@ -261,6 +261,12 @@ uint32_t pl_table_nops(const struct wb_plan *p, uint32_t r);
 uint32_t pl_table_napeers(const struct wb_plan *p, uint32_t r);
 void pl_lazy_free(struct pl_lazy *lz, uint32_t ntables);
 
+/* verify's destination check in work per write record where the rollout replicas are
+ * congruent (verify_dest.c): 1 when every byte of every replica's local tensors is shown
+ * written exactly once, 0 when it cannot show that (the exact check then runs and names the
+ * problems), or -ENOMEM. */
+int pl_verify_dest_fast(const struct wb_plan *p, const struct wb_plan_input *in);
+
 /* wb_plan_verify, on the calling thread alone unless `threads` (then on up to three). */
 int pl_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el,
               bool threads);

@@ -289,6 +289,79 @@ static void test_balance(void)
     fx_free(&f);
 }
 
+/* verify's destination check by replica classes (verify_dest.c) where records reach some of
+ * the replicas: it shows a correct plan, and sends a broken one to the exact check, which names
+ * the bytes. 4 trainer replicas serve 3 rollout replicas, so a tensor's copies come from
+ * different senders and records fan out to one or two replicas. */
+static void test_verify_replica_classes(void)
+{
+    struct fx f;
+    fx_init(&f);
+    CHECK_INT(fx_layouts(&f,
+                         "world_size: 8\ngpus_per_node: 8\n"
+                         "mesh: [{name: dp, size: 4}, {name: fsdp, size: 2}]\n"
+                         "placements: [{match: \"*\", place: {fsdp: shard(0), dp: replicate}}]\n",
+                         "replicas: 3\n"),
+              0);
+    uint64_t rows[] = {100000, 60000, 35000};
+    for (int i = 0; i < 3; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "t%d", i);
+        uint32_t t = fx_t(&f, name, WB_DTYPE_BF16, fx_shape(2, rows[i], 64));
+        uint32_t r = fx_r(&f, name, WB_DTYPE_BF16, fx_shape(2, rows[i], 64));
+        struct wb_mapping *m = fx_map(&f, r, -1, WB_XFORM_COPY, WB_SHARD_REPLICATE, 0);
+        fx_comp_full(&f, m, t, fx_box(2, 0, rows[i], 0, 64));
+    }
+    struct wb_plan *p = build(&f, WB_MODE_AUTO);
+    CHECK_INT(p->nrollouts, 3);
+    struct wb_rt_write *one = NULL; /* a record reaching one replica */
+    uint32_t some = 0, all = 0;
+    for (uint32_t r = 0; r < p->ntrainers; r++)
+        for (uint32_t i = 0; i < pl_tables(p)[r].nwrites; i++) {
+            struct wb_rt_write *x = &pl_tables(p)[r].writes[i];
+            some += x->more < 2;
+            all += x->more == 2;
+            if (!x->more && x->len > 1 && !one)
+                one = x;
+        }
+    CHECK(some > 0 && one != NULL);
+    CHECK_INT(pl_verify_dest_fast(p, &f.in), 1);
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), 0);
+    /* the record's copy sent to the next replica: written twice there, never in its own */
+    uint32_t g = one->dst_rank, h = (g + 1) % 3;
+    const char *name = f.ri.p[one->dst_tensor].name;
+    char twice[512], never[512];
+    snprintf(twice, sizeof(twice), "rollout rank %u %s: bytes [%llu, %llu) written twice", h, name,
+             (unsigned long long)one->dst_off, (unsigned long long)(one->dst_off + one->len));
+    snprintf(never, sizeof(never), "rollout rank %u %s: bytes [%llu, %llu) never written", g, name,
+             (unsigned long long)one->dst_off, (unsigned long long)(one->dst_off + one->len));
+    one->dst_rank = h;
+    CHECK_INT(pl_verify_dest_fast(p, &f.in), 0);
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+    bool saw_twice = false, saw_never = false;
+    for (size_t i = 0; i < f.el.n; i++) {
+        saw_twice |= strcmp(f.el.msgs[i], twice) == 0;
+        saw_never |= strcmp(f.el.msgs[i], never) == 0;
+    }
+    CHECK(saw_twice && saw_never);
+    one->dst_rank = g;
+    wb_errlist_free(&f.el);
+    wb_errlist_init(&f.el);
+    /* one byte short: its last byte never written in that one replica */
+    one->len -= 1;
+    CHECK_INT(pl_verify_dest_fast(p, &f.in), 0);
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+    snprintf(never, sizeof(never), "rollout rank %u %s: bytes [%llu, %llu) never written", g, name,
+             (unsigned long long)(one->dst_off + one->len),
+             (unsigned long long)(one->dst_off + one->len + 1));
+    CHECK_INT(f.el.n, 1);
+    CHECK_STR(f.el.msgs[0], never);
+    one->len += 1;
+    CHECK_INT(pl_verify_dest_fast(p, &f.in), 1);
+    wb_plan_free(p);
+    fx_free(&f);
+}
+
 /* ---------------------------------------------------------------- refused, not planned */
 
 /* A family's match planned over 2 FSDP trainers and a TP 2 rollout; returns the plan's error. */
@@ -837,6 +910,7 @@ const struct wb_test wb_tests[] = {
     {"cap_below_largest_task", test_cap_below_largest_task, 0},
     {"verify_catches", test_verify_catches, 0},
     {"verify_counts_all", test_verify_counts_all, 0},
+    {"verify_replica_classes", test_verify_replica_classes, 0},
     {"estimate_by_hand", test_estimate_by_hand, 0},
     {"verify_estimate_together", test_verify_estimate_together, 0},
     {"estimate_memo", test_estimate_memo, 0},

@@ -1,22 +1,22 @@
 /* verify_dest.c — verify's destination check where the rollout replicas are congruent, in work
- * per write record instead of per written copy.
+ * per write record instead of per written copy and bucket.
  *
  * Replicas hold the same local tensors rank by rank (replica j's rank l has replica 0's rank l's
  * receive list), and the balancer sends each replica its bytes from whichever owner it picked,
  * so a record fans out to the same local rank of all replicas (a tensor with one owner per
  * shard) or of a few (a replicated one: at 32 Kimi-K2 replicas 3.4M of the 5.6M records, 7.3M
- * writes). The exact check (verify.c: check_destinations) counts and marks each such copy in
- * its own replica's bucket, a million buckets touched at random. Here a (local rank, local
- * tensor) pair is one class for all replicas: where every record of the class reaches every
- * replica, one bitmap of its written prefix stands for all of them (as the exact check's
- * replica classes do); where some record reaches only some, each granule holds a mask of the
- * replicas that wrote it, a record sets its copies' bits at once, and a bit set twice is a byte
- * written twice. Every granule must end with every replica's bit: every byte of every replica
+ * writes). The exact check (verify.c: check_destinations) counts and marks each copy in its own
+ * replica's bucket, 1.4M buckets looked up and touched at random. Here a (local rank, local
+ * tensor) pair is one class for all replicas, found in a small table: where every record of the
+ * class reaches every replica, one bitmap of its written prefix stands for all of them (as the
+ * exact check's replica classes do); where some record reaches only some, the class has a
+ * bitmap per replica at the class's granularity, and a record marks its copies' bitmaps. A bit
+ * set twice is a byte written twice; every bitmap must end full: every byte of every replica
  * written exactly once, inside its local tensor.
  *
  * It only proves. Whatever it cannot show — a record that does not fit the classes (copies at
  * other local ranks, past the last rank, to a tensor the rank does not hold, past the written
- * prefix), receive lists that differ between replicas, more than 32 replicas, masks larger
+ * prefix), receive lists that differ between replicas, more than 32 replicas, bitmaps larger
  * than the records, or any violation — sends verify to the exact check, which names every
  * problem as it always did. */
 #include <errno.h>
@@ -25,14 +25,15 @@
 
 #include "planner/plan_int.h"
 
-/* One (local rank, local tensor) class: its wanted prefix and its granule masks. */
+/* One (local rank, local tensor) class: its wanted prefix and its bitmaps. */
 struct dclass {
     uint64_t want;  /* bytes every replica's copy must have written: a prefix */
     uint64_t acc;   /* OR of the prefix and every offset and length: granule = lowest bit */
-    uint64_t at;    /* its masks at this index of the mask array */
+    uint64_t at;    /* its bitmaps at this word of bits */
+    uint64_t words; /* of one bitmap: a bit per granule */
     uint32_t count; /* records */
     uint8_t shift;  /* log2 granule */
-    bool some;      /* a record reaches only some replicas: a mask per granule, else a bit */
+    bool some;      /* a record reaches only some replicas: a bitmap per replica, else one */
 };
 
 struct dfast {
@@ -132,18 +133,16 @@ static void prefetch_mark(const struct dfast *f, const struct wb_route_table *t,
     if (w >= t->nwrites)
         return;
     const struct wb_rt_write *x = &t->writes[w];
-    uint32_t c;
-    uint32_t m;
+    uint32_t c, m;
     if (record_class(f, x, &c, &m)) {
-        uint64_t i = x->dst_off >> f->C[c].shift;
-        if (f->C[c].some)
-            __builtin_prefetch(&f->mask[f->C[c].at + i], 1);
-        else
-            __builtin_prefetch(&f->bits[f->C[c].at + i / 64], 1);
+        const struct dclass *d = &f->C[c];
+        uint64_t i = (x->dst_off >> d->shift) / 64;
+        __builtin_prefetch(&f->bits[d->at + (d->some ? __builtin_ctz(m) * d->words : 0) + i], 1);
     }
 }
 
-/* Pass 2: every record's granules get its copies' bits; false at a bit set twice. */
+/* Pass 2: every record's granules marked in its copies' bitmaps (the class's one where no
+ * record reaches only some replicas); false at a bit set twice. */
 static bool mark_pass(struct dfast *f)
 {
     for (uint32_t r = 0; r < f->p->ntrainers; r++) {
@@ -153,8 +152,7 @@ static bool mark_pass(struct dfast *f)
         for (uint32_t w = 0; w < t->nwrites; w++) {
             const struct wb_rt_write *x = &t->writes[w];
             prefetch_mark(f, t, w + AHEAD);
-            uint32_t c;
-            uint32_t m;
+            uint32_t c, m;
             if (!record_class(f, x, &c, &m))
                 return false;
             const struct dclass *d = &f->C[c];
@@ -164,13 +162,9 @@ static bool mark_pass(struct dfast *f)
                     return false;
                 continue;
             }
-            uint32_t *g = f->mask + d->at, twice = 0; /* no exit inside: vectorized */
-            for (uint64_t i = a; i < z; i++) {
-                twice |= g[i] & m;
-                g[i] |= m;
-            }
-            if (twice)
-                return false;
+            for (uint32_t j = 0; m; j++, m >>= 1)
+                if ((m & 1) && mark_bits(f->bits + d->at + j * d->words, a, z))
+                    return false;
         }
     }
     return true;
@@ -219,21 +213,19 @@ int pl_verify_dest_fast(const struct wb_plan *p, const struct wb_plan_input *in)
     rc = 0;
     if (!count_pass(&f))
         goto out;
-    uint64_t nmask = 0, nbits = 0, nrec = 0;
+    uint64_t nbits = 0, nrec = 0;
     for (uint64_t c = 0; c < nc; c++) {
         struct dclass *d = &f.C[c];
         d->shift = d->acc ? (uint8_t)__builtin_ctzll(d->acc) : 0;
-        uint64_t *n = d->some ? &nmask : &nbits;
-        d->at = *n;
-        *n += d->some ? d->want >> d->shift : ((d->want >> d->shift) + 63) / 64;
+        d->words = ((d->want >> d->shift) + 63) / 64;
+        d->at = nbits;
+        nbits += d->words * (d->some ? f.reps : 1);
         nrec += d->count;
     }
-    uint64_t ngran = nmask / 2 + nbits; /* in 8-byte words */
-    if (ngran > 4 * nrec + (1u << 20))
-        goto out; /* masks larger than the records: the exact check keeps intervals */
-    f.mask = pl_zalloc(nmask + 1, sizeof(uint32_t));
+    if (nbits > 4 * nrec + (1u << 20))
+        goto out; /* bitmaps larger than the records: the exact check keeps intervals */
     f.bits = pl_zalloc(nbits + 1, sizeof(uint64_t));
-    if (!f.mask || !f.bits) {
+    if (!f.bits) {
         rc = -ENOMEM;
         goto out;
     }
@@ -242,18 +234,14 @@ int pl_verify_dest_fast(const struct wb_plan *p, const struct wb_plan_input *in)
     for (uint64_t c = 0; c < nc; c++) {
         const struct dclass *d = &f.C[c];
         uint64_t n = d->want >> d->shift;
-        if (d->some) {
-            for (uint64_t i = 0; i < n; i++)
-                if (f.mask[d->at + i] != f.full)
+        for (uint32_t j = 0; j < (d->some ? f.reps : 1); j++) {
+            const uint64_t *g = f.bits + d->at + j * d->words;
+            for (uint64_t w = 0; w < n / 64; w++)
+                if (g[w] != ~0ull)
                     goto out;
-            continue;
-        }
-        const uint64_t *g = f.bits + d->at;
-        for (uint64_t w = 0; w < n / 64; w++)
-            if (g[w] != ~0ull)
+            if (n % 64 && g[n / 64] != (1ull << (n % 64)) - 1)
                 goto out;
-        if (n % 64 && g[n / 64] != (1ull << (n % 64)) - 1)
-            goto out;
+        }
     }
     rc = 1;
 out:
@@ -262,7 +250,6 @@ out:
     free(f.lr);
     free(f.rp);
     free(f.C);
-    free(f.mask);
     free(f.bits);
     wb_plan_tbuf_free(&f.tb);
     return rc;

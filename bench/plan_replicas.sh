@@ -3,8 +3,8 @@
 # the shipped 256-GPU trainer layout, rollout replicas of 32 GPUs (EP 32, TP 8, as the shipped
 # kimi-k2-rollout-128.yaml) at 4, 8, 16 and 32 replicas (128 to 1,024 rollout GPUs). Runs each
 # wb-plan given under /usr/bin/time -v, interleaved N times per size, and prints per size the
-# median wall seconds (and their range) and median peak RSS of each, and the second's medians
-# over the first's (ratio).
+# median wall seconds (and their range), CPU seconds and peak RSS of each, and the second's
+# medians over the first's (ratio).
 #   bench/plan_replicas.sh WB_PLAN_A [WB_PLAN_B] [N]   (run from the repository root; N
 #                                                       default 3; extra wb-plan flags in
 #                                                       $PLAN_FLAGS, default --estimate --verify)
@@ -36,8 +36,8 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 range() { sort -g | awk 'NR == 1 { a = $1 } { z = $1 } END { print a "-" z }'; }
 rc=0
 printf '%-9s %-6s' replicas GPUs
-for i in "${!bins[@]}"; do printf ' | %-8s %-11s %-9s' "wall[$i]" "(range)" "RSS[$i]"; done
-[ ${#bins[@]} -gt 1 ] && printf ' | %-10s %-9s' "wall 1/0" "RSS 1/0"
+for i in "${!bins[@]}"; do printf ' | %-8s %-11s %-8s %-9s' "wall[$i]" "(range)" "CPU[$i]" "RSS[$i]"; done
+[ ${#bins[@]} -gt 1 ] && printf ' | %-8s %-8s %-8s' "wall 1/0" "CPU 1/0" "RSS 1/0"
 echo
 for r in "${sizes[@]}"; do
     for _ in $(seq "$n"); do
@@ -51,6 +51,8 @@ for r in "${sizes[@]}"; do
             awk -F': ' '/Elapsed \(wall clock\)/ { n = split($2, t, ":"); s = 0;
                     for (j = 1; j <= n; j++) s = s * 60 + t[j]; print s }' "$tmp/time" >>"$tmp/wall.$r.$i"
             awk -F': ' '/Maximum resident set size/ { print $2 }' "$tmp/time" >>"$tmp/rss.$r.$i"
+            awk -F': ' '/User time/ { u = $2 } /System time/ { s = $2 } END { print u + s }' \
+                "$tmp/time" >>"$tmp/cpu.$r.$i"
             grep -v -e 'planned in' -e 'in [0-9.]* s)$' -e '(estimate in' -e '(simulated in' \
                 -e 'verify: ok' "$tmp/out" >"$tmp/sum.$i"
             if [ "$i" -gt 0 ] && ! cmp -s "$tmp/sum.0" "$tmp/sum.$i"; then
@@ -64,11 +66,15 @@ for r in "${sizes[@]}"; do
     for i in "${!bins[@]}"; do
         w[i]=$(median <"$tmp/wall.$r.$i")
         m[i]=$(median <"$tmp/rss.$r.$i")
-        printf ' | %-8s %-11s %-9s' "${w[i]} s" "($(range <"$tmp/wall.$r.$i"))" "$((m[i] / 1024)) MB"
+        u[i]=$(median <"$tmp/cpu.$r.$i")
+        printf ' | %-8s %-11s %-8s %-9s' "${w[i]} s" "($(range <"$tmp/wall.$r.$i"))" "${u[i]} s" \
+            "$((m[i] / 1024)) MB"
     done
-    [ ${#bins[@]} -gt 1 ] && printf ' | %-10s %-9s' "$(awk -v a="${w[1]}" -v b="${w[0]}" 'BEGIN { printf "%.3f", a / b }')" \
-        "$(awk -v a="${m[1]}" -v b="${m[0]}" 'BEGIN { printf "%.3f", a / b }')"
+    ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+    [ ${#bins[@]} -gt 1 ] && printf ' | %-8s %-8s %-8s' "$(ratio "${w[1]}" "${w[0]}")" \
+        "$(ratio "${u[1]}" "${u[0]}")" "$(ratio "${m[1]}" "${m[0]}")"
     echo
 done
-echo "(medians of $n runs each, interleaved; wb-plan $flags; wall and peak RSS from /usr/bin/time -v)"
+echo "(medians of $n runs each, interleaved; wb-plan $flags; wall, CPU (user + system) and peak RSS"
+echo " from /usr/bin/time -v; on a loaded machine the CPU seconds are the steadier comparison)"
 exit $rc

@@ -112,7 +112,14 @@ int pl_finish_tables(struct plan_ctx *c, struct wb_plan *p)
         struct vec loc, exp;
         pl_vec_init(&loc, sizeof(struct wb_rt_local));
         pl_vec_init(&exp, sizeof(struct wb_rt_expect));
-        for (size_t m = 0; m < mt->n; m++) {
+        /* another replica's rank holds what replica 0's rank l holds: copied, not rebuilt */
+        if (g >= c->gpr && pl_vec_reserve(&loc, p->recv[l].nlocal ? p->recv[l].nlocal : 1))
+            goto nomem;
+        if (g >= c->gpr) {
+            memcpy(loc.p, p->recv[l].local, p->recv[l].nlocal * sizeof(struct wb_rt_local));
+            loc.n = p->recv[l].nlocal;
+        }
+        for (size_t m = 0; m < mt->n && g < c->gpr; m++) {
             const struct rlocal *lo = &c->rloc[m * c->gpr + l];
             const struct wb_mapping *mp = &mt->map[m];
             if (lo->np == 0)
@@ -184,5 +191,6 @@ void wb_plan_free(struct wb_plan *p)
     free(p->stats.recv_bytes);
     free(p->stats.gather_in_bytes);
     pl_lazy_free(pp->lazy, p->ntrainers);
+    pl_est_memo_free(p);
     free(pp);
 }

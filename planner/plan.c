@@ -722,7 +722,7 @@ static int choose_build(const struct wb_plan_input *in, const struct wb_plan_opt
     double best_s = INFINITY;
     if (wb_plan_estimate(best, in, &e, &quiet) == 0) {
         best_s = e.total_s;
-        wb_estimate_free(&e);
+        pl_est_memo_set(best, in, &e); /* wb-plan --estimate asks for it again */
     }
     uint8_t *groups = malloc(ng + 1);
     r = groups ? 0 : -ENOMEM;
@@ -741,7 +741,7 @@ static int choose_build(const struct wb_plan_input *in, const struct wb_plan_opt
         double s = INFINITY;
         if (wb_plan_estimate(alt, in, &e, &quiet) == 0) {
             s = e.total_s;
-            wb_estimate_free(&e);
+            pl_est_memo_set(alt, in, &e);
         }
         wb_log(WB_LOG_DEBUG, "planner",
                "auto: simulated %.4f s for the choice so far, %.4f s for %s", best_s, s,

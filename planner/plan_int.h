@@ -15,7 +15,23 @@ struct pl_plan {
     struct wb_plan pub;
     struct wb_route_table *tables;
     struct pl_lazy *lazy;
+    struct pl_est_memo *memo; /* NULL: none (estimate.c) */
 };
+
+/* The estimate of a plan made while it was built (auto mode simulates its choice where the cost
+ * model cannot settle it, a second or more at a thousand rollout GPUs) and what it was made
+ * from: the hardware models, the trainers' node size and the plan's cap. The simulation is
+ * deterministic, so wb_plan_estimate() of that plan with those hands out a copy instead of
+ * simulating again; anything else simulates. */
+struct pl_est_memo {
+    struct wb_estimate e;
+    struct wb_hw th, rh;
+    uint32_t gpus_per_node;
+    uint64_t mem_cap;
+};
+/* Keeps *e (taken over; zeroed) as p's memo for in; without memory *e is freed instead. */
+void pl_est_memo_set(struct wb_plan *p, const struct wb_plan_input *in, struct wb_estimate *e);
+void pl_est_memo_free(struct wb_plan *p);
 
 static inline struct pl_plan *pl_plan_of(const struct wb_plan *p)
 {
@@ -244,6 +260,12 @@ const struct wb_route_table *pl_plan_table(const struct wb_plan *p, uint32_t r,
 uint32_t pl_table_nops(const struct wb_plan *p, uint32_t r);
 uint32_t pl_table_napeers(const struct wb_plan *p, uint32_t r);
 void pl_lazy_free(struct pl_lazy *lz, uint32_t ntables);
+
+/* verify's destination check in work per write record where the rollout replicas are
+ * congruent (verify_dest.c): 1 when every byte of every replica's local tensors is shown
+ * written exactly once, 0 when it cannot show that (the exact check then runs and names the
+ * problems), or -ENOMEM. */
+int pl_verify_dest_fast(const struct wb_plan *p, const struct wb_plan_input *in);
 
 /* wb_plan_verify, on the calling thread alone unless `threads` (then on up to three). */
 int pl_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el,

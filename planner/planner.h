@@ -414,6 +414,10 @@ struct wb_estimate {
     double *egress_Bps, *ingress_Bps, *gather_Bps;
 };
 
+/* Simulates p's execution on in's hardware models into *out (wb_estimate_free), or fails with
+ * the problem in el. The simulation is deterministic: a plan that auto mode simulated while
+ * choosing it keeps that estimate, and a call with the same hardware models, trainer node size
+ * and cap returns a copy of it instead of simulating again. */
 int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
                      struct wb_estimate *out, struct wb_errlist *el);
 

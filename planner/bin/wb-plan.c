@@ -432,7 +432,8 @@ int main(int argc, char **argv)
         }
         have_est = true;
         wb_estimate_print(&est, plan, stdout);
-        printf("  (simulated in %.2f s)\n", ck.est_s);
+        /* auto mode may have simulated this plan while choosing it: then this is a copy */
+        printf("  (estimate in %.2f s)\n", ck.est_s);
     }
     if (a.dump >= 0) {
         struct wb_plan_tbuf tb = {0};

@@ -1693,6 +1693,100 @@ static void sim_free(struct sim *s)
     free(s->phase_left);
 }
 
+/* ---------------------------------------------------------------- the plan's own estimate */
+
+/* Whether two hardware models give the same simulation (their names aside). */
+static bool hw_same(const struct wb_hw *a, const struct wb_hw *b)
+{
+    return a->nic_gbps == b->nic_gbps && a->nics_per_gpu == b->nics_per_gpu &&
+           a->nic_efficiency == b->nic_efficiency && a->nvlink_Bps == b->nvlink_Bps &&
+           a->h2d_Bps == b->h2d_Bps && a->copy_Bps == b->copy_Bps && a->quant_Bps == b->quant_Bps &&
+           a->kernel_s == b->kernel_s && a->write_submit_s == b->write_submit_s &&
+           a->barrier_s == b->barrier_s && a->gather_s == b->gather_s;
+}
+
+/* The memo of p when it was made from what in gives now, else NULL. */
+static const struct pl_est_memo *memo_for(const struct wb_plan *p, const struct wb_plan_input *in)
+{
+    const struct pl_est_memo *m = pl_plan_of(p)->memo;
+    if (!m || !hw_same(&m->th, &in->tl->hw) || !hw_same(&m->rh, &in->rl->hw) ||
+        m->gpus_per_node != in->tl->gpus_per_node || m->mem_cap != p->mem_cap)
+        return NULL;
+    return m;
+}
+
+static double *dup_doubles(const double *v, size_t n, bool *ok)
+{
+    if (!v)
+        return NULL;
+    double *d = malloc((n ? n : 1) * sizeof(double));
+    if (!d)
+        *ok = false;
+    else if (n)
+        memcpy(d, v, n * sizeof(double));
+    return d;
+}
+
+/* A copy of the memo's estimate into *out (0), or -ENOMEM. */
+static int memo_copy(const struct wb_plan *p, const struct pl_est_memo *m, struct wb_estimate *out)
+{
+    const struct wb_estimate *e = &m->e;
+    struct wb_estimate c = *e;
+    bool ok = true;
+    c.phase = NULL;
+    if (e->phase) {
+        c.phase = malloc((e->nphases ? e->nphases : 1) * sizeof(*c.phase));
+        if (c.phase)
+            memcpy(c.phase, e->phase, e->nphases * sizeof(*c.phase));
+        else
+            ok = false;
+    }
+    uint32_t nt = p->ntrainers, nr = p->nrollouts, ns = e->nsamples;
+    c.trainer_end_s = dup_doubles(e->trainer_end_s, nt, &ok);
+    c.busy_h2d_s = dup_doubles(e->busy_h2d_s, nt, &ok);
+    c.busy_gpu_s = dup_doubles(e->busy_gpu_s, nt, &ok);
+    c.busy_gather_s = dup_doubles(e->busy_gather_s, nt, &ok);
+    c.busy_submit_s = dup_doubles(e->busy_submit_s, nt, &ok);
+    c.wait_s = dup_doubles(e->wait_s, nt, &ok);
+    c.rollout_end_s = dup_doubles(e->rollout_end_s, nr, &ok);
+    c.egress_Bps = dup_doubles(e->egress_Bps, ns, &ok);
+    c.ingress_Bps = dup_doubles(e->ingress_Bps, ns, &ok);
+    c.gather_Bps = dup_doubles(e->gather_Bps, ns, &ok);
+    if (!ok) {
+        wb_estimate_free(&c);
+        return -ENOMEM;
+    }
+    *out = c;
+    return 0;
+}
+
+void pl_est_memo_set(struct wb_plan *p, const struct wb_plan_input *in, struct wb_estimate *e)
+{
+    pl_est_memo_free(p);
+    struct pl_est_memo *m = malloc(sizeof(*m));
+    if (!m) {
+        wb_estimate_free(e);
+        return;
+    }
+    m->e = *e;
+    memset(e, 0, sizeof(*e));
+    m->th = in->tl->hw;
+    m->rh = in->rl->hw;
+    m->gpus_per_node = in->tl->gpus_per_node;
+    m->mem_cap = p->mem_cap;
+    pl_plan_of(p)->memo = m;
+}
+
+void pl_est_memo_free(struct wb_plan *p)
+{
+    struct pl_est_memo *m = pl_plan_of(p)->memo;
+    if (!m)
+        return;
+    wb_estimate_free(&m->e);
+    free(m);
+    pl_plan_of(p)->memo = NULL;
+}
+
 static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
                     struct wb_estimate *out, struct wb_errlist *el, const atomic_bool *stop,
                     struct gate *read)
@@ -1702,6 +1796,11 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         wb_errlist_add(el, "%s: no hardware model (a `hardware:` key) for the estimate",
                        th->nic_gbps <= 0 ? in->tl->path : in->rl->path);
         return -WB_E_CONFIG;
+    }
+    const struct pl_est_memo *m = memo_for(p, in);
+    if (m) {
+        gate_set(read);
+        return memo_copy(p, m, out);
     }
     struct sim s;
     memset(&s, 0, sizeof(s));
@@ -1807,6 +1906,16 @@ void wb_plan_verify_estimate(const struct wb_plan *p, const struct wb_plan_input
                              struct wb_estimate *est, struct wb_errlist *verify_el,
                              struct wb_errlist *est_el, struct wb_plan_checks *res)
 {
+    if (memo_for(p, in) && in->tl->hw.nic_gbps > 0 && in->rl->hw.nic_gbps > 0) {
+        /* simulated while it was built: verify alone, on its own threads, then the copy */
+        uint64_t t0 = wb_now_ns();
+        res->verify_rc = pl_verify(p, in, verify_el, true);
+        res->verify_s = (double)(wb_now_ns() - t0) * 1e-9;
+        t0 = wb_now_ns();
+        res->est_rc = res->verify_rc ? -ECANCELED : estimate(p, in, est, est_el, NULL, NULL);
+        res->est_s = (double)(wb_now_ns() - t0) * 1e-9;
+        return;
+    }
     atomic_bool stop;
     atomic_init(&stop, false);
     struct gate read = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};

@@ -814,7 +814,12 @@ static uint64_t judge_buckets(struct bucket *B, uint64_t nb, const uint64_t *bit
 static int check_destinations(struct vctx *v)
 {
     const struct wb_plan *p = v->p;
-    int rc = -ENOMEM;
+    int rc = pl_verify_dest_fast(p, v->in);
+    wb_log(WB_LOG_DEBUG, "planner", "verify: destinations by replica classes: %s",
+           rc > 0 ? "shown" : "not shown, checked copy by copy");
+    if (rc)
+        return rc < 0 ? rc : 0; /* shown, class by class (verify_dest.c) */
+    rc = -ENOMEM;
     uint32_t *map_of = pl_rollout_mapping_of(v->in);
     uint64_t *base = malloc((p->nrollouts + 1) * sizeof(uint64_t));
     struct bucket *B = NULL;

@@ -295,6 +295,79 @@ static void test_balance(void)
     fx_free(&f);
 }
 
+/* verify's destination check by replica classes (verify_dest.c) where records reach some of
+ * the replicas: it shows a correct plan, and sends a broken one to the exact check, which names
+ * the bytes. 4 trainer replicas serve 3 rollout replicas, so a tensor's copies come from
+ * different senders and records fan out to one or two replicas. */
+static void test_verify_replica_classes(void)
+{
+    struct fx f;
+    fx_init(&f);
+    CHECK_INT(fx_layouts(&f,
+                         "world_size: 8\ngpus_per_node: 8\n"
+                         "mesh: [{name: dp, size: 4}, {name: fsdp, size: 2}]\n"
+                         "placements: [{match: \"*\", place: {fsdp: shard(0), dp: replicate}}]\n",
+                         "replicas: 3\n"),
+              0);
+    uint64_t rows[] = {100000, 60000, 35000};
+    for (int i = 0; i < 3; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "t%d", i);
+        uint32_t t = fx_t(&f, name, WB_DTYPE_BF16, fx_shape(2, rows[i], 64));
+        uint32_t r = fx_r(&f, name, WB_DTYPE_BF16, fx_shape(2, rows[i], 64));
+        struct wb_mapping *m = fx_map(&f, r, -1, WB_XFORM_COPY, WB_SHARD_REPLICATE, 0);
+        fx_comp_full(&f, m, t, fx_box(2, 0, rows[i], 0, 64));
+    }
+    struct wb_plan *p = build(&f, WB_MODE_AUTO);
+    CHECK_INT(p->nrollouts, 3);
+    struct wb_rt_write *one = NULL; /* a record reaching one replica */
+    uint32_t some = 0, all = 0;
+    for (uint32_t r = 0; r < p->ntrainers; r++)
+        for (uint32_t i = 0; i < pl_tables(p)[r].nwrites; i++) {
+            struct wb_rt_write *x = &pl_tables(p)[r].writes[i];
+            some += x->more < 2;
+            all += x->more == 2;
+            if (!x->more && x->len > 1 && !one)
+                one = x;
+        }
+    CHECK(some > 0 && one != NULL);
+    CHECK_INT(pl_verify_dest_fast(p, &f.in), 1);
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), 0);
+    /* the record's copy sent to the next replica: written twice there, never in its own */
+    uint32_t g = one->dst_rank, h = (g + 1) % 3;
+    const char *name = f.ri.p[one->dst_tensor].name;
+    char twice[512], never[512];
+    snprintf(twice, sizeof(twice), "rollout rank %u %s: bytes [%llu, %llu) written twice", h, name,
+             (unsigned long long)one->dst_off, (unsigned long long)(one->dst_off + one->len));
+    snprintf(never, sizeof(never), "rollout rank %u %s: bytes [%llu, %llu) never written", g, name,
+             (unsigned long long)one->dst_off, (unsigned long long)(one->dst_off + one->len));
+    one->dst_rank = h;
+    CHECK_INT(pl_verify_dest_fast(p, &f.in), 0);
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+    bool saw_twice = false, saw_never = false;
+    for (size_t i = 0; i < f.el.n; i++) {
+        saw_twice |= strcmp(f.el.msgs[i], twice) == 0;
+        saw_never |= strcmp(f.el.msgs[i], never) == 0;
+    }
+    CHECK(saw_twice && saw_never);
+    one->dst_rank = g;
+    wb_errlist_free(&f.el);
+    wb_errlist_init(&f.el);
+    /* one byte short: its last byte never written in that one replica */
+    one->len -= 1;
+    CHECK_INT(pl_verify_dest_fast(p, &f.in), 0);
+    CHECK_INT(wb_plan_verify(p, &f.in, &f.el), -WB_E_PLAN);
+    snprintf(never, sizeof(never), "rollout rank %u %s: bytes [%llu, %llu) never written", g, name,
+             (unsigned long long)(one->dst_off + one->len),
+             (unsigned long long)(one->dst_off + one->len + 1));
+    CHECK_INT(f.el.n, 1);
+    CHECK_STR(f.el.msgs[0], never);
+    one->len += 1;
+    CHECK_INT(pl_verify_dest_fast(p, &f.in), 1);
+    wb_plan_free(p);
+    fx_free(&f);
+}
+
 /* ---------------------------------------------------------------- refused, not planned */
 
 /* A family's match planned over 2 FSDP trainers and a TP 2 rollout; returns the plan's error. */
@@ -655,6 +728,79 @@ static void test_verify_estimate_together(void)
     fx_free(&f);
 }
 
+/* An estimate kept with the plan (auto mode's simulation of its choice) is handed out, copied,
+ * only for the hardware, node size and cap it was made with; anything else simulates again. */
+static bool same_estimate(const struct wb_estimate *a, const struct wb_estimate *b, uint32_t nt,
+                          uint32_t nr)
+{
+    return a->total_s == b->total_s && a->lower_bound_s == b->lower_bound_s &&
+           strcmp(a->bound, b->bound) == 0 && a->nphases == b->nphases &&
+           a->nsamples == b->nsamples && a->peak_tmp_bytes == b->peak_tmp_bytes &&
+           memcmp(a->phase, b->phase, a->nphases * sizeof(*a->phase)) == 0 &&
+           memcmp(a->trainer_end_s, b->trainer_end_s, nt * sizeof(double)) == 0 &&
+           memcmp(a->wait_s, b->wait_s, nt * sizeof(double)) == 0 &&
+           memcmp(a->rollout_end_s, b->rollout_end_s, nr * sizeof(double)) == 0 &&
+           memcmp(a->egress_Bps, b->egress_Bps, a->nsamples * sizeof(double)) == 0;
+}
+
+static void test_estimate_memo(void)
+{
+    struct fx f;
+    one_tensor_case(&f, FSDP4, "replicas: 2\ntp: 2\n", 4096, 1024, WB_SHARD_TP);
+    struct wb_plan *p = build(&f, WB_MODE_AUTO);
+    struct wb_estimate fresh, kept, got;
+    CHECK_INT(wb_plan_estimate(p, &f.in, &fresh, &f.el), 0);
+    CHECK_INT(wb_plan_estimate(p, &f.in, &kept, &f.el), 0);
+    kept.total_s = 123.0; /* marked: a copy of it shows it was not simulated again */
+    pl_est_memo_set(p, &f.in, &kept);
+    CHECK(kept.phase == NULL && kept.trainer_end_s == NULL);
+    CHECK_INT(wb_plan_estimate(p, &f.in, &got, &f.el), 0);
+    CHECK(got.total_s == 123.0);
+    got.total_s = fresh.total_s;
+    CHECK(same_estimate(&got, &fresh, p->ntrainers, p->nrollouts));
+    CHECK(got.phase != pl_plan_of(p)->memo->e.phase); /* a copy, freed on its own */
+    wb_estimate_free(&got);
+    /* with verify: verify's result, then the copy */
+    struct wb_errlist vel, eel;
+    wb_errlist_init(&vel);
+    wb_errlist_init(&eel);
+    struct wb_plan_checks ck;
+    wb_plan_verify_estimate(p, &f.in, &got, &vel, &eel, &ck);
+    CHECK_INT(ck.verify_rc, 0);
+    CHECK_INT(ck.est_rc, 0);
+    CHECK(got.total_s == 123.0);
+    wb_estimate_free(&got);
+    /* other hardware, node size or cap: simulated again */
+    double gbps = f.tl.hw.nic_gbps;
+    f.tl.hw.nic_gbps = gbps * 2;
+    CHECK_INT(wb_plan_estimate(p, &f.in, &got, &f.el), 0);
+    CHECK(got.total_s != 123.0);
+    wb_estimate_free(&got);
+    f.tl.hw.nic_gbps = gbps;
+    uint32_t gpn = f.tl.gpus_per_node;
+    f.tl.gpus_per_node = gpn + 1;
+    CHECK_INT(wb_plan_estimate(p, &f.in, &got, &f.el), 0);
+    CHECK(got.total_s != 123.0);
+    wb_estimate_free(&got);
+    f.tl.gpus_per_node = gpn;
+    p->mem_cap += 1;
+    CHECK_INT(wb_plan_estimate(p, &f.in, &got, &f.el), 0);
+    CHECK(got.total_s == fresh.total_s);
+    wb_estimate_free(&got);
+    p->mem_cap -= 1;
+    /* a plan that fails verify: no estimate, memo or not */
+    pl_tables(p)[0].writes[0].len -= 1;
+    wb_plan_verify_estimate(p, &f.in, &got, &vel, &eel, &ck);
+    CHECK_INT(ck.verify_rc, -WB_E_PLAN);
+    CHECK_INT(ck.est_rc, -ECANCELED);
+    CHECK(strstr(vel.msgs[0], "never written") != NULL);
+    wb_errlist_free(&vel);
+    wb_errlist_free(&eel);
+    wb_estimate_free(&fresh);
+    wb_plan_free(p); /* frees the memo */
+    fx_free(&f);
+}
+
 static void test_estimate_needs_hardware(void)
 {
     struct fx f;
@@ -768,8 +914,10 @@ const struct wb_test wb_tests[] = {
     {"cap_below_largest_task", test_cap_below_largest_task, 0},
     {"verify_catches", test_verify_catches, 0},
     {"verify_counts_all", test_verify_counts_all, 0},
+    {"verify_replica_classes", test_verify_replica_classes, 0},
     {"estimate_by_hand", test_estimate_by_hand, 0},
     {"verify_estimate_together", test_verify_estimate_together, 0},
+    {"estimate_memo", test_estimate_memo, 0},
     {"estimate_needs_hardware", test_estimate_needs_hardware, 0},
     {"cli", test_cli, 0},
     {0},

@@ -349,7 +349,18 @@ static void build_permuted(struct build *b, uint32_t t)
  * Components named `_` are cut off. Stacked (e = expert): the pieces go to rollout [e, ...].
  * The trainer tensor must be G x the sizes along the dim; the rollout (item) shape must be the
  * trainer's less the dropped parts. */
+static void build_split_pieces(struct build *b, uint32_t t, bool stacked, uint64_t e);
+
+/* A split that fails leaves its trainer tensor failed, not unused (one problem, said once). */
 static void build_split(struct build *b, uint32_t t, bool stacked, uint64_t e)
+{
+    bool was = b->bad;
+    build_split_pieces(b, t, stacked, e);
+    if (b->bad && !was)
+        b->c->t_failed[t] = 1;
+}
+
+static void build_split_pieces(struct build *b, uint32_t t, bool stacked, uint64_t e)
 {
     struct mctx *c = b->c;
     const struct wb_rule *rl = b->rl;

@@ -39,14 +39,17 @@ def run(cmd, what, timeout):
     return p.stdout + p.stderr
 
 
-def inventories(bindir, family, config, vars_, tmp, timeout):
+def inventories(bindir, family, config, vars_, tmp, timeout, naming=None):
     """The family's trainer and rollout inventories for config (dicts name -> (dtype, shape), in
-    inventory order), matched by wb-match."""
-    t, r = os.path.join(tmp, "trainer.json"), os.path.join(tmp, "rollout.json")
+    inventory order), matched by wb-match (in the trainer naming given, else the file's first)."""
+    tag = "" if naming is None else "." + naming
+    t, r = os.path.join(tmp, "trainer%s.json" % tag), os.path.join(tmp, "rollout%s.json" % tag)
     cmd = [os.path.join(bindir, "wb-match"), "--family", family, "--config", config, "--save-trainer", t,
            "--save-rollout", r]
     for v in vars_:
         cmd += ["--var", v]
+    if naming is not None:
+        cmd += ["--naming", naming]
     run(cmd, "wb-match", timeout)
     out = []
     for path in (t, r):
@@ -76,7 +79,7 @@ def read_dump(path, names):
     return out
 
 
-def broadcast(bindir, family, config, vars_, rollout_names, tp, ep, tmp, timeout, log):
+def broadcast(bindir, family, config, vars_, rollout_names, tp, ep, tmp, timeout, log, naming=None):
     """Plans and broadcasts the checkpoint in tmp/ckpt into tp*1 rollout ranks; returns each
     rank's local tensors (name -> bytes)."""
     port = free_port()
@@ -87,8 +90,9 @@ def broadcast(bindir, family, config, vars_, rollout_names, tp, ep, tmp, timeout
     job = os.path.join(tmp, "job.yaml")
     with open(job, "w") as f:
         f.write("name: semantic-check\nlisten: %s\ntoken: %s\nmodel:\n  rules: %s\n  hf_config: %s\n"
-                "  vars: \"%s\"\ntrainers: 2\nrollout_layout: %s\nmode: auto\nmem_cap: 64MiB\nprovider: tcp\n"
-                % (url, token, os.path.abspath(family), os.path.abspath(config), ",".join(vars_),
+                "  vars: \"%s\"\n  naming: \"%s\"\ntrainers: 2\nrollout_layout: %s\nmode: auto\nmem_cap: 64MiB\n"
+                "provider: tcp\n"
+                % (url, token, os.path.abspath(family), os.path.abspath(config), ",".join(vars_), naming or "",
                    os.path.join(tmp, "rollout.yaml")))
     ckpt = os.path.join(tmp, "ckpt")
     b = os.path.join(bindir, "wb-broadcast")

@@ -20,9 +20,14 @@ rollout's weights from the trainer run's inputs of that op -- agree to 0.998 (me
 0.99955-0.99964 on the shipped families), and the logits of the rollout's own forward, where
 FP8 rounding adds up over the layers, to 0.97 (measured 0.9891-0.9978).
 
+A trainer naming other than hf (--naming megatron, with --var mesh_tp=N for its TP size): the
+random values are the Hugging Face model's, and the checkpoint holds them as that naming's
+framework holds them (convert.py, written from the frameworks' conventions, not from the
+family's rules); the forward over the trainer's tensors is still Hugging Face's.
+
 Usage: semcheck.py --bin DIR --family FILE --config CONFIG.json [--var NAME=VALUE ...]
-                   [--dtype bf16|fp8|both] [--tp N] [--ep N] [--seed N] [--keep DIR]
-                   [--timeout SECONDS]
+                   [--naming NAME] [--dtype bf16|fp8|both] [--tp N] [--ep N] [--seed N]
+                   [--keep DIR] [--timeout SECONDS]
 Exit status: 0 the check passed, 1 it failed (the first difference is named), 2 usage.
 """
 
@@ -40,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from arch import ARCHS, MODEL_TYPES, VLLM_CLASS, HFWeights, Missing, Model, VllmWeights  # noqa: E402
 from forward import Run, compare, forward  # noqa: E402
 from numerics import cosine  # noqa: E402
+from convert import ConvertError, convert  # noqa: E402
 from pipeline import Failed, broadcast, inventories  # noqa: E402
 from tiny import FP8_QC, describe, random_tensor, shrink, write_safetensors  # noqa: E402
 
@@ -66,6 +72,17 @@ def trainer_unread(inv, read, mtp_from):
     return out
 
 
+def mesh_tp(vars_):
+    """--var mesh_tp=N (the trainer's TP size in the Megatron namings), else 1."""
+    n = 1
+    for v in vars_:
+        for item in v.split(","):
+            k, _, x = item.partition("=")
+            if k.strip() == "mesh_tp":
+                n = int(x)
+    return n
+
+
 def check_one(a, arch, cfg, dtype, tmp):
     """One rollout dtype: (passed, lines, first difference or None)."""
     lines = []
@@ -77,7 +94,8 @@ def check_one(a, arch, cfg, dtype, tmp):
     config = os.path.join(d, "config.json")
     with open(config, "w") as f:
         json.dump(tiny, f, indent=1)
-    tinv, rinv = inventories(a.bin, a.family, config, a.var, d, a.timeout)
+    other = a.naming not in (None, "hf")
+    tinv, rinv = inventories(a.bin, a.family, config, a.var, d, a.timeout, "hf" if other else None)
     if dtype == "fp8" and not any(v[0] == "fp8_e4m3" for v in rinv.values()):
         return None, ["fp8 rollout: skipped: the family makes no FP8 rollout tensor (no quant.fp8 rule matches)"], None
     rng = np.random.default_rng(a.seed)
@@ -86,12 +104,29 @@ def check_one(a, arch, cfg, dtype, tmp):
         b, v = random_tensor(rng, name, dt, shape)
         bits[name] = (dt, b)
         vals[name] = (dt, v)
+    if other:  # the same values as the naming's framework holds them
+        xinv, rinv = inventories(a.bin, a.family, config, a.var, d, a.timeout, a.naming)
+        try:
+            bits = convert(a.naming, bits, tiny, mesh_tp(a.var))
+        except ConvertError as e:
+            return False, lines + ["  FAIL %s" % e], str(e)
+        have = {n: (dt, list(b.shape)) for n, (dt, b) in bits.items()}
+        want = {n: (dt, list(sh)) for n, (dt, sh) in xinv.items()}
+        if have != want:
+            diff = [n for n in sorted(set(have) | set(want)) if have.get(n) != want.get(n)]
+            msg = ("the family's %s trainer inventory differs from the %s checkpoint the check writes at %d "
+                   "tensor(s): %s" % (a.naming, a.naming, len(diff), "; ".join(
+                       "%s: family %s, checkpoint %s" % (n, want.get(n), have.get(n)) for n in diff[:3])))
+            return False, lines + ["  FAIL " + msg], msg
+        lines.append("%s rollout: the checkpoint in the %s naming (mesh_tp %d): %d tensors from the %d Hugging "
+                     "Face ones" % (dtype, a.naming, mesh_tp(a.var), len(bits), len(tinv)))
     write_safetensors(os.path.join(d, "ckpt", "model.safetensors"), bits)
-    locs = broadcast(a.bin, a.family, config, a.var, list(rinv), a.tp, a.ep, d, a.timeout, lambda s: None)
+    locs = broadcast(a.bin, a.family, config, a.var, list(rinv), a.tp, a.ep, d, a.timeout, lambda s: None,
+                     a.naming)
     nbytes = sum(len(b) for loc in locs for b in loc.values())
     lines.append("%s rollout, tp %d%s: %d trainer tensors -> %d rollout tensors, matched, planned and broadcast by 2 "
                  "readers into %d rollout ranks (%d bytes)" % (dtype, a.tp, ", ep %d" % a.ep if a.ep > 1 else "",
-                                                              len(tinv), len(rinv), a.tp, nbytes))
+                                                              len(bits), len(rinv), a.tp, nbytes))
     if arch not in ARCHS:
         msg = "the check has no forward for %s yet (it knows %s)" % (arch, ", ".join(ARCHS))
         return False, lines + ["  FAIL " + msg], msg
@@ -160,6 +195,7 @@ def main():
     ap.add_argument("--family", required=True)
     ap.add_argument("--config", required=True)
     ap.add_argument("--var", action="append", default=[])
+    ap.add_argument("--naming", help="the trainer naming (one of the family's namings; default its first)")
     ap.add_argument("--dtype", choices=("bf16", "fp8", "both"), default="both")
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--ep", type=int, default=1)

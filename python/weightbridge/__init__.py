@@ -577,10 +577,11 @@ def plan(
     mem_cap: int = 0,
     tables: bool = False,
     vars: Optional[str] = None,
+    naming: Optional[str] = None,
 ) -> Dict[str, Any]:
     """The plan of a weight update, as ``wb-plan --json`` writes it, without any hardware:
     ``model`` the model-family YAML, ``config`` the Hugging Face config.json, ``trainer`` and
-    ``rollout`` the cluster layouts. Raises :class:`WeightbridgeError` listing every problem.
+    ``rollout`` the cluster layouts; ``naming`` the trainer naming (``wb-plan --naming``). Raises :class:`WeightbridgeError` listing every problem.
     With ``tables``, each rollout rank's ``receive[r]["local"]`` lists the tensors it holds as
     dicts (``tensor``, ``name``, ``dtype``, ``shape``, ``bytes``, ``written``) — what a rollout
     process registers — rather than the file's compact rows; everything else is as written."""
@@ -588,7 +589,7 @@ def plan(
         raise ValueError(f"mode: expected one of {', '.join(_MODES)}, got {mode!r}")
     src = _ModelSrc(
         rules=_s(model), config=_s(config), vars=_s(vars), trainer_layout=_s(trainer),
-        rollout_layout=_s(rollout),
+        rollout_layout=_s(rollout), naming=_s(naming),
     )
     opts = _PlanOpts(mode=_MODES[mode], mem_cap=int(mem_cap), threads=0, lazy=False)
     out, err = ctypes.c_void_p(), ctypes.c_void_p()

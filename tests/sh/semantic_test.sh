@@ -6,7 +6,9 @@
 # vLLM reads them, into a BF16 and an FP8 rollout; then family files that wb-match accepts but
 # that mean the wrong thing -- k and v swapped, gate and up swapped (dense, and the experts'
 # w13 halves), q/k/v in another order, a square matrix transposed, Phi-3's fused tensors split
-# as wholes -- each failing the check with the tensor named (the exact last line). Run from the repository root (make test does);
+# as wholes -- each failing the check with the tensor named (the exact last line). The trainer
+# namings other than hf are checked too (each shipped one passes; a Megatron linear_qkv or
+# linear_fc1 split without its groups fails). Run from the repository root (make test does);
 # the programs from $WB_BIN (default build/bin). Prints the harness tally.
 bin=${WB_BIN:-build/bin}
 pass=0 fail=0 skip=0
@@ -69,6 +71,46 @@ passes phi3 --family $c/models/phi3.yaml --config $c/hf/Phi-3-mini-4k-instruct.j
 # check stops there, naming the tensor
 check gpt_oss "semantic check failed: bf16 rollout: model.layers.0.mlp.experts.w13_weight: built from model.layers.0.mlp.experts.gate_up_proj transposed (permute); the planner does not plan transposes yet (rule $PWD/$c/models/gpt_oss.yaml:111); 3 more mappings like it" \
     --family $c/models/gpt_oss.yaml --config $c/hf/gpt-oss-20b.json
+# the other trainer namings (configs/models/README.md): the tiny model's Hugging Face values
+# written as that naming's framework holds them (matcher/semantic/convert.py: q/k/v interleaved
+# per query group, [gate_r; up_r] per trainer TP rank for mesh_tp, the experts fused, the vocab
+# padded to 128 x mesh_tp rows), broadcast by the naming's rules, the forward compared with
+# Hugging Face's
+passes qwen3.megatron --family $c/models/qwen3.yaml --config $c/hf/Qwen3-8B.json --naming megatron --var mesh_tp=2
+passes qwen3.megatron_local --family $c/models/qwen3.yaml --config $c/hf/Qwen3-8B.json --naming megatron_local --var mesh_tp=2
+passes llama3.megatron --family $c/models/llama3.yaml --config $c/hf/Llama-3.1-8B.json --naming megatron --var mesh_tp=2
+passes llama3.megatron_local --family $c/models/llama3.yaml --config $c/hf/Llama-3.1-8B.json --naming megatron_local
+passes qwen3_moe.fused --family $c/models/qwen3_moe.yaml --config $c/hf/Qwen3-30B-A3B.json --naming fused
+passes qwen3_moe.fused.ep2 --family $c/models/qwen3_moe.yaml --config $c/hf/Qwen3-30B-A3B.json --naming fused --ep 2
+passes qwen3_moe.megatron --family $c/models/qwen3_moe.yaml --config $c/hf/Qwen3-30B-A3B.json --naming megatron --var mesh_tp=2
+passes qwen3_moe.megatron_local --family $c/models/qwen3_moe.yaml --config $c/hf/Qwen3-30B-A3B.json --naming megatron_local --var mesh_tp=2
+# a family file a user might write for Megatron that wb-match accepts and that means the wrong
+# thing: linear_qkv split as if it held [all q; all k; all v] (no groups), linear_fc1 as one
+# [gate; up] although the trainer's 2 TP ranks each hold [gate_r; up_r] (no groups)
+"$py" - "$tmp" <<'EOF'
+import sys
+d = sys.argv[1]
+s = open("configs/models/qwen3.yaml").read()
+QKV = """    groups: num_key_value_heads
+    split:
+      - q: num_attention_heads/num_key_value_heads*head_dim
+      - k: head_dim
+      - v: head_dim
+"""
+FC1 = """    groups: mesh_tp
+    split: [gate: intermediate_size/mesh_tp, up: intermediate_size/mesh_tp]"""
+assert QKV in s and FC1 in s
+open(d + "/qkv_ungrouped.yaml", "w").write(s.replace(QKV, """    split:
+      - q: num_attention_heads*head_dim
+      - k: num_key_value_heads*head_dim
+      - v: num_key_value_heads*head_dim
+""", 1))
+open(d + "/fc1_ungrouped.yaml", "w").write(s.replace(FC1, "    split: [gate: intermediate_size, up: intermediate_size]", 1))
+EOF
+check qkv_ungrouped "semantic check failed: bf16 rollout: layer 0 q: rollout model.layers.0.self_attn.qkv_proj.weight (rank 1, rows 0:256, as vLLM reads q) differs from trainer model.layers.0.self_attn.q_proj.weight (rows 256:512)" \
+    --family "$tmp/qkv_ungrouped.yaml" --config $c/hf/Qwen3-8B.json --naming megatron --var mesh_tp=2 --dtype bf16
+check fc1_ungrouped "semantic check failed: bf16 rollout: layer 0 gate: rollout model.layers.0.mlp.gate_up_proj.weight (rank 1, rows 0:256, as vLLM reads gate) differs from trainer model.layers.0.mlp.gate_proj.weight (rows 256:512)" \
+    --family "$tmp/fc1_ungrouped.yaml" --config $c/hf/Qwen3-8B.json --naming megatron --var mesh_tp=2 --dtype bf16
 # a family written by a user (tests/fixtures: Mixtral), BF16 only: it has no FP8 rules
 check mixtral "semantic check passed" --family tests/fixtures/matcher/mixtral.yaml \
     --config tests/fixtures/matcher/Mixtral-8x7B-v0.1.json --dtype bf16
@@ -125,7 +167,7 @@ check w13_swap "semantic check failed: bf16 rollout: layer 0 expert 0 gate: roll
 check kv_swap_fp8 "semantic check failed: fp8 rollout: layer 0 k: rollout model.layers.0.self_attn.qkv_proj.weight (rank 0, rows 256:384, as vLLM reads k) differs from trainer model.layers.0.self_attn.k_proj.weight (rows 0:128)" \
     --family "$tmp/kv_swap.yaml" --config $c/hf/Qwen3-8B.json --dtype fp8
 # a square o_proj transposed: the planner refuses transposes, naming it
-check transpose "semantic check failed: bf16 rollout: model.layers.0.self_attn.o_proj.weight: built from model.layers.0.self_attn.o_proj.weight transposed (permute); the planner does not plan transposes yet (rule $tmp/transpose.yaml:74); 1 more mapping like it" \
+check transpose "semantic check failed: bf16 rollout: model.layers.0.self_attn.o_proj.weight: built from model.layers.0.self_attn.o_proj.weight transposed (permute); the planner does not plan transposes yet (rule $tmp/transpose.yaml:112); 1 more mapping like it" \
     --family "$tmp/transpose.yaml" --config $c/hf/Llama-3.1-8B.json --dtype bf16
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

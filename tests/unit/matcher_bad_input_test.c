@@ -80,9 +80,9 @@ static void test_negative_layer_count(void)
     struct wb_errlist el;
     gen_fails(QWEN3, cfg, "rollout", &el);
     EXPECT(&el,
-           "configs/models/qwen3.yaml:55:11: 'num_hidden_layers': loop layer ends at -5, a "
+           "configs/models/qwen3.yaml:94:11: 'num_hidden_layers': loop layer ends at -5, a "
            "negative index",
-           "configs/models/qwen3.yaml:61:11: 'num_hidden_layers': loop layer ends at -5, a "
+           "configs/models/qwen3.yaml:100:11: 'num_hidden_layers': loop layer ends at -5, a "
            "negative index");
     wb_errlist_free(&el);
 }
@@ -94,7 +94,7 @@ static void test_boolean_layer_count(void)
                               "\"num_hidden_layers\": true");
     struct wb_errlist el;
     gen_fails(QWEN3, cfg, "trainer", &el);
-    EXPECT(&el, "configs/models/qwen3.yaml:34:11: 'num_hidden_layers': field 'num_hidden_layers' "
+    EXPECT(&el, "configs/models/qwen3.yaml:44:11: 'num_hidden_layers': field 'num_hidden_layers' "
                 "is a boolean (true), not a number");
     wb_errlist_free(&el);
     /* booleans are fine as conditions (tie_word_embeddings == 0), not in arithmetic */
@@ -102,7 +102,7 @@ static void test_boolean_layer_count(void)
                   "\"hidden_size\": false");
     gen_fails(QWEN3, cfg, "trainer", &el);
     CHECK(el.n >= 1);
-    CHECK_STR(el.msgs[0], "configs/models/qwen3.yaml:29:7: 'hidden_size': field 'hidden_size' is "
+    CHECK_STR(el.msgs[0], "configs/models/qwen3.yaml:37:7: 'hidden_size': field 'hidden_size' is "
                           "a boolean (false), not a number");
     wb_errlist_free(&el);
 }
@@ -115,7 +115,7 @@ static void test_tie_word_embeddings_2(void)
                               "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": 2");
     struct wb_errlist el;
     gen_fails(QWEN3, cfg, "trainer", &el);
-    EXPECT(&el, "configs/models/qwen3.yaml:31:5: 'boolean(tie_word_embeddings) == 0': field "
+    EXPECT(&el, "configs/models/qwen3.yaml:39:5: 'boolean(tie_word_embeddings) == 0': field "
                 "'tie_word_embeddings' is 2, not a boolean (true or false)");
     wb_errlist_free(&el);
 }
@@ -169,9 +169,9 @@ static void test_dimension_2_62(void)
     struct wb_errlist el;
     gen_fails(QWEN3, cfg, "trainer", &el);
     EXPECT(&el,
-           "configs/models/qwen3.yaml:29:7: model.embed_tokens.weight [4611686018427387904, "
+           "configs/models/qwen3.yaml:37:7: model.embed_tokens.weight [4611686018427387904, "
            "4096]: more than 2^48 bytes (bf16)",
-           "configs/models/qwen3.yaml:33:7: lm_head.weight [4611686018427387904, 4096]: more "
+           "configs/models/qwen3.yaml:42:7: lm_head.weight [4611686018427387904, 4096]: more "
            "than 2^48 bytes (bf16)");
     wb_errlist_free(&el);
     /* the same in an inventory file */
@@ -196,7 +196,7 @@ static void test_string_for_a_number(void)
     gen_fails(QWEN3, cfg, "trainer", &el);
     CHECK(el.n >= 1);
     CHECK_STR(el.msgs[0], fmt("%s: check 'num_attention_heads %% num_key_value_heads == 0' "
-                              "(configs/models/qwen3.yaml:13:5): field 'num_attention_heads' is "
+                              "(configs/models/qwen3.yaml:20:5): field 'num_attention_heads' is "
                               "not an integer (\"32\")",
                               cfg));
     wb_errlist_free(&el);
@@ -209,11 +209,11 @@ static void test_float_for_a_number(void)
     struct wb_errlist el;
     gen_fails(QWEN3, cfg, "trainer", &el);
     EXPECT(&el,
-           "configs/models/qwen3.yaml:44:7: 'intermediate_size': field 'intermediate_size' is not "
+           "configs/models/qwen3.yaml:54:7: 'intermediate_size': field 'intermediate_size' is not "
            "an integer (12288.5) (with layer=0)",
-           "configs/models/qwen3.yaml:45:7: 'intermediate_size': field 'intermediate_size' is not "
+           "configs/models/qwen3.yaml:55:7: 'intermediate_size': field 'intermediate_size' is not "
            "an integer (12288.5) (with layer=0)",
-           "configs/models/qwen3.yaml:46:7: 'intermediate_size': field 'intermediate_size' is not "
+           "configs/models/qwen3.yaml:56:7: 'intermediate_size': field 'intermediate_size' is not "
            "an integer (12288.5) (with layer=0)");
     wb_errlist_free(&el);
 }
@@ -224,7 +224,7 @@ static void test_list_for_a_number(void)
                               "\"num_hidden_layers\": [36]");
     struct wb_errlist el;
     gen_fails(QWEN3, cfg, "trainer", &el);
-    EXPECT(&el, "configs/models/qwen3.yaml:34:11: 'num_hidden_layers': field 'num_hidden_layers' "
+    EXPECT(&el, "configs/models/qwen3.yaml:44:11: 'num_hidden_layers': field 'num_hidden_layers' "
                 "is not an integer (a list)");
     wb_errlist_free(&el);
 }
@@ -236,16 +236,16 @@ static void test_zero_size(void)
         derived("configs/hf/Qwen3-8B.json", "zero.json", "\"head_dim\": 128", "\"head_dim\": 0");
     struct wb_errlist el;
     gen_fails(QWEN3, cfg, "rollout", &el);
-    EXPECT(
-        &el,
-        "configs/models/qwen3.yaml:59:7: 'head_dim': dimension 0 of "
-        "model.layers.0.self_attn.q_norm.weight is zero (0) (with layer=0)",
-        "configs/models/qwen3.yaml:60:7: 'head_dim': dimension 0 of "
-        "model.layers.0.self_attn.k_norm.weight is zero (0) (with layer=0)",
-        "configs/models/qwen3.yaml:64:7: '(num_attention_heads + 2*num_key_value_heads)*head_dim': "
-        "dimension 0 of model.layers.0.self_attn.qkv_proj.weight is zero (0) (with layer=0)",
-        "configs/models/qwen3.yaml:66:7: 'num_attention_heads*head_dim': dimension 1 of "
-        "model.layers.0.self_attn.o_proj.weight is zero (0) (with layer=0)");
+    EXPECT(&el,
+           "configs/models/qwen3.yaml:98:7: 'head_dim': dimension 0 of "
+           "model.layers.0.self_attn.q_norm.weight is zero (0) (with layer=0)",
+           "configs/models/qwen3.yaml:99:7: 'head_dim': dimension 0 of "
+           "model.layers.0.self_attn.k_norm.weight is zero (0) (with layer=0)",
+           "configs/models/qwen3.yaml:103:7: '(num_attention_heads + "
+           "2*num_key_value_heads)*head_dim': "
+           "dimension 0 of model.layers.0.self_attn.qkv_proj.weight is zero (0) (with layer=0)",
+           "configs/models/qwen3.yaml:105:7: 'num_attention_heads*head_dim': dimension 1 of "
+           "model.layers.0.self_attn.o_proj.weight is zero (0) (with layer=0)");
     wb_errlist_free(&el);
 }
 
@@ -257,7 +257,7 @@ static void test_heads_not_dividing(void)
     struct wb_errlist el;
     gen_fails(QWEN3, cfg, "trainer", &el);
     EXPECT(&el, fmt("%s: check failed: 'num_attention_heads %% num_key_value_heads == 0' "
-                    "(configs/models/qwen3.yaml:13:5)",
+                    "(configs/models/qwen3.yaml:20:5)",
                     cfg));
     wb_errlist_free(&el);
 }
@@ -270,10 +270,10 @@ static void test_missing_vocab(void)
     gen_fails(QWEN3, cfg, "rollout", &el);
     EXPECT(&el,
            fmt("%s: missing field 'vocab_size' (needed by 'vocab_size' at "
-               "configs/models/qwen3.yaml:50:7)",
+               "configs/models/qwen3.yaml:89:7)",
                cfg),
            fmt("%s: missing field 'vocab_size' (needed by 'vocab_size' at "
-               "configs/models/qwen3.yaml:54:7)",
+               "configs/models/qwen3.yaml:93:7)",
                cfg));
     wb_errlist_free(&el);
 }
@@ -285,7 +285,7 @@ static void test_moe_config_to_dense_family(void)
     struct wb_errlist el;
     gen_fails(QWEN3, "configs/hf/Qwen3-30B-A3B.json", "trainer", &el);
     EXPECT(&el, "configs/hf/Qwen3-30B-A3B.json: model_type: qwen3_moe: not a model this family "
-                "file covers (configs/models/qwen3.yaml:6:13: model_type: qwen3)");
+                "file covers (configs/models/qwen3.yaml:8:13: model_type: qwen3)");
     wb_errlist_free(&el);
     /* the rules bound to it refuse it too */
     struct wb_match_rules *rules;
@@ -305,7 +305,7 @@ static void test_model_type_missing_or_not_a_string(void)
     struct wb_errlist el;
     gen_fails(QWEN3, cfg, "trainer", &el);
     EXPECT(&el, fmt("%s: model_type: missing; the family file covers qwen3 "
-                    "(configs/models/qwen3.yaml:6:13)",
+                    "(configs/models/qwen3.yaml:8:13)",
                     cfg));
     wb_errlist_free(&el);
     cfg = derived("configs/hf/Qwen3-8B.json", "mt3.json", "\"model_type\": \"qwen3\"",
@@ -736,7 +736,8 @@ static void test_wb_match_options(void)
         "replica (--ep = tp x data-parallel size, at least --tp)\n",
         2, "--tp", "8", "--ep", "4", NULL);
     wbm("wb-match: vars 'nope=1': 'nope' is not one of configs/models/qwen3.yaml's vars "
-        "(head_dim)\nwb-match: 1 problem\n",
+        "(head_dim, mesh_tp, make_vocab_size_divisible_by, padded_vocab_size)\nwb-match: 1 "
+        "problem\n",
         1, "--var", "nope=1", NULL);
 }
 

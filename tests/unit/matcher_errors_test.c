@@ -109,7 +109,7 @@ static void test_missing_trainer_tensor(void)
     qwen3_edited(&(struct edit){.skip = "model.layers.3.self_attn.o_proj.weight"}, NULL, &el);
     EXPECT(&el, "model.layers.3.self_attn.o_proj.weight: trainer tensor "
                 "model.layers.3.self_attn.o_proj.weight not found (rule "
-                "configs/models/qwen3.yaml:78)");
+                "configs/models/qwen3.yaml:118)");
     wb_errlist_free(&el);
 }
 
@@ -119,7 +119,7 @@ static void test_missing_fused_component(void)
     qwen3_edited(&(struct edit){.skip = "model.layers.2.self_attn.k_proj.weight"}, NULL, &el);
     EXPECT(&el, "model.layers.2.self_attn.qkv_proj.weight: trainer tensor "
                 "model.layers.2.self_attn.k_proj.weight not found (rule "
-                "configs/models/qwen3.yaml:71)");
+                "configs/models/qwen3.yaml:110)");
     wb_errlist_free(&el);
 }
 
@@ -138,7 +138,7 @@ static void test_missing_experts(void)
     EXPECT(&el, "model.layers.0.mlp.experts.w13_weight: 2 trainer tensors not found: "
                 "model.layers.0.mlp.experts.5.up_proj.weight, "
                 "model.layers.0.mlp.experts.77.gate_proj.weight (rule "
-                "configs/models/qwen3_moe.yaml:107)");
+                "configs/models/qwen3_moe.yaml:193)");
     CHECK(m == NULL);
     wb_errlist_free(&el);
     wb_inv_free(&t1);
@@ -174,7 +174,7 @@ static void test_extra_rollout_tensor(void)
     CHECK_INT(wb_match_run(p.rules, &p.t, &p.r, &m, &el), -WB_E_MATCH);
     EXPECT(&el, "model.layers.0.self_attn.extra.weight: trainer tensor "
                 "model.layers.0.self_attn.extra.weight not found (rule "
-                "configs/models/qwen3.yaml:98)");
+                "configs/models/qwen3.yaml:203)");
     wb_errlist_free(&el);
     pair_free(&p);
 }
@@ -187,7 +187,7 @@ static void test_fused_component_shape(void)
         NULL, &el);
     EXPECT(&el, "model.layers.0.self_attn.qkv_proj.weight: rollout shape [6144, 4096] != fused "
                 "trainer shape [5632, 4096] (q_proj 4096 + k_proj 512 + v_proj 1024) (rule "
-                "configs/models/qwen3.yaml:71)");
+                "configs/models/qwen3.yaml:110)");
     wb_errlist_free(&el);
 }
 
@@ -199,7 +199,7 @@ static void test_fused_components_disagree(void)
         NULL, &el);
     EXPECT(&el, "model.layers.4.mlp.gate_up_proj.weight: fused components do not agree outside "
                 "dim 0: gate_proj [12288, 4096], up_proj [12288, 2048] (rule "
-                "configs/models/qwen3.yaml:81)");
+                "configs/models/qwen3.yaml:122)");
     wb_errlist_free(&el);
 }
 
@@ -212,7 +212,7 @@ static void test_rename_shape(void)
                  &el);
     EXPECT(&el, "model.layers.1.self_attn.o_proj.weight: rollout shape [4096, 2048] != trainer "
                 "shape [4096, 4096] (model.layers.1.self_attn.o_proj.weight) (rule "
-                "configs/models/qwen3.yaml:78)");
+                "configs/models/qwen3.yaml:118)");
     wb_errlist_free(&el);
 }
 
@@ -225,7 +225,7 @@ static void test_wrong_scale_shape(void)
                      &el);
     EXPECT(&el, "model.layers.0.self_attn.qkv_proj.weight_scale_inv: scale fp32 [48, 16] != "
                 "expected fp32 [48, 32] for model.layers.0.self_attn.qkv_proj.weight [6144, "
-                "4096] in 128x128 blocks (rule configs/models/qwen3.yaml:71)");
+                "4096] in 128x128 blocks (rule configs/models/qwen3.yaml:110)");
     wb_errlist_free(&el);
 }
 
@@ -236,7 +236,7 @@ static void test_fp8_without_scale(void)
                      &el);
     EXPECT(&el, "model.layers.7.mlp.down_proj.weight: rollout dtype fp8_e4m3 needs scale tensor "
                 "model.layers.7.mlp.down_proj.weight_scale_inv (rule "
-                "configs/models/qwen3.yaml:87)");
+                "configs/models/qwen3.yaml:129)");
     wb_errlist_free(&el);
 }
 
@@ -248,7 +248,7 @@ static void test_fp8_not_allowed(void)
         &(struct edit){.name = "model.layers.0.input_layernorm.weight", .dtype = WB_DTYPE_FP8_E4M3},
         &el);
     EXPECT(&el, "model.layers.0.input_layernorm.weight: rollout dtype fp8_e4m3, but no quant.fp8 "
-                "pattern of configs/models/qwen3.yaml:19 allows FP8 for it (it stays in higher "
+                "pattern of configs/models/qwen3.yaml:26 allows FP8 for it (it stays in higher "
                 "precision)");
     wb_errlist_free(&el);
 }
@@ -258,7 +258,7 @@ static void test_unsupported_conversion(void)
     struct wb_errlist el;
     qwen3_edited(&(struct edit){.name = "model.norm.weight", .dtype = WB_DTYPE_I32}, NULL, &el);
     EXPECT(&el, "model.norm.weight: dtype conversion i32 -> bf16 not supported (trainer "
-                "model.norm.weight) (rule configs/models/qwen3.yaml:98)");
+                "model.norm.weight) (rule configs/models/qwen3.yaml:203)");
     wb_errlist_free(&el);
 }
 
@@ -298,9 +298,9 @@ static void test_all_reported_together(void)
     CHECK_INT(wb_match_run(p.rules, &t, &r, &m, &el), -WB_E_MATCH);
     EXPECT(&el,
            "model.embed_tokens.weight: rollout shape [151936, 2048] != trainer shape [151936, "
-           "4096] (model.embed_tokens.weight) (rule configs/models/qwen3.yaml:90)",
+           "4096] (model.embed_tokens.weight) (rule configs/models/qwen3.yaml:133)",
            "model.layers.35.mlp.gate_up_proj.weight: trainer tensor "
-           "model.layers.35.mlp.up_proj.weight not found (rule configs/models/qwen3.yaml:81)",
+           "model.layers.35.mlp.up_proj.weight not found (rule configs/models/qwen3.yaml:122)",
            "model.unused.weight fp32 [4]: trainer tensor not used by any rollout tensor and not "
            "declared ignorable (configs/models/qwen3.yaml)");
     wb_errlist_free(&el);
@@ -459,10 +459,10 @@ static void test_config_missing_field(void)
     CHECK_INT(wb_inv_generate(QWEN3, cfg, "trainer", &inv, &el), -WB_E_CONFIG);
     EXPECT(&el,
            fmt("%s: missing field 'num_key_value_heads' (needed by 'num_key_value_heads*head_dim' "
-               "at configs/models/qwen3.yaml:39:7)",
+               "at configs/models/qwen3.yaml:49:7)",
                cfg),
            fmt("%s: missing field 'num_key_value_heads' (needed by 'num_key_value_heads*head_dim' "
-               "at configs/models/qwen3.yaml:40:7)",
+               "at configs/models/qwen3.yaml:50:7)",
                cfg));
     CHECK_INT(inv.n, 0);
     wb_errlist_free(&el);

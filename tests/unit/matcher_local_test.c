@@ -199,7 +199,7 @@ static void test_ep_stacked_experts(void)
     check_piece(&l, 0, rshape(&f, w2), 2, 576, 192, 0);
     local_err(&f, w13, 0, 1, 0, 3,
               "model.layers.2.mlp.experts.w13_weight: ep 3 does not divide the 128 experts along "
-              "dim 0 (rule configs/models/qwen3_moe.yaml:107)");
+              "dim 0 (rule configs/models/qwen3_moe.yaml:193)");
     fam_free(&f);
 }
 
@@ -211,10 +211,10 @@ static void test_non_divisible_split(void)
     load("configs/models/qwen3.yaml", "configs/hf/Qwen3-8B.json", &f);
     local_err(&f, "model.layers.0.self_attn.qkv_proj.weight", 0, 3, 0, 1,
               "model.layers.0.self_attn.qkv_proj.weight: tp 3 does not divide the 32 heads of "
-              "component [0, 4096) along dim 0 (rule configs/models/qwen3.yaml:71)");
+              "component [0, 4096) along dim 0 (rule configs/models/qwen3.yaml:110)");
     local_err(&f, "model.embed_tokens.weight", 2, 3, 0, 1,
               "model.embed_tokens.weight: tp 3 does not divide the 151936 rows along dim 0 "
-              "padded to a multiple of 64 (151936 real) (rule configs/models/qwen3.yaml:90)");
+              "padded to a multiple of 64 (151936 real) (rule configs/models/qwen3.yaml:133)");
     struct wb_errlist el;
     wb_errlist_init(&el);
     struct local l;
@@ -284,7 +284,7 @@ static void test_fp8_blocks_cut(void)
     local_err(&f, w13, 0, 8, 0, 1,
               "model.layers.0.mlp.experts.w13_weight: tp 8 cuts component [0, 768) along dim 1 "
               "into 96-element pieces, not whole 128-element FP8 blocks (rule "
-              "configs/models/qwen3_moe.yaml:107)");
+              "configs/models/qwen3_moe.yaml:193)");
     struct local l;
     local_ok(&f, w13, 0, 8, 5, 8, &l);
     check_dims(&l.shape, 3, (uint64_t[]){16, 1536, 2048});
@@ -390,7 +390,7 @@ static void test_vocab_padding_32001_tp2(void)
     /* tp 5 does not divide 32,064: vLLM refuses it too (divide() in VocabParallelEmbedding) */
     local_err(&f, "lm_head.weight", 0, 5, 0, 1,
               "lm_head.weight: tp 5 does not divide the 32064 rows along dim 0 padded to a "
-              "multiple of 64 (32001 real) (rule configs/models/llama3.yaml:89)");
+              "multiple of 64 (32001 real) (rule configs/models/llama3.yaml:131)");
     fam_free(&f);
 }
 

@@ -3,7 +3,8 @@
  * (a typo falls through to the catch-all) unless optional, rules an earlier rule or
  * ignore.rollout shadows whole, the pattern inclusion behind that, the shipped phi3 family
  * against the Hugging Face checkpoint and vLLM's layout, and every shipped family with every
- * shipped config.json matching clean. Exact messages throughout. */
+ * shipped config.json matching clean; grouped splits (Megatron's linear_qkv, linear_fc1 per TP
+ * rank), dropped components, splits with stack and trainer namings. Exact messages throughout. */
 #include "matcher/matcher.h"
 #include "matcher/mpriv.h"
 #include "tests/unit/matcher_expect.h"
@@ -254,6 +255,358 @@ static void test_split_swapped_sizes_keep_shapes(void)
     tiny_free(&x);
 }
 
+/* ---------------------------------------------------------------- grouped, dropping, stacked */
+
+/* Megatron's linear_qkv: per query group [q of the group; k; v] along dim 0. The tiny model's
+ * 4 query heads in 2 groups of 2, heads of 4 rows: trainer rows g0 [q 0:8, k 8:12, v 12:16],
+ * g1 [q 16:24, k 24:28, v 28:32]; the rollout [q0 q1; k0 k1; v0 v1] = q 0:16, k 16:24, v
+ * 24:32, and its TP split sees one q, one k, one v (the pieces of group 1 join group 0's). */
+static void test_split_groups(void)
+{
+    struct tiny x;
+    CHECK_INT(tiny_match(&x, "  - rollout: m.{L}.qkv.weight\n"
+                             "    from: m.{L}.qkv.weight\n"
+                             "    groups: kv\n"
+                             "    split: [q: h/kv*hd, k: hd, v: hd]\n"
+                             "    shard: {tp: 0, head_dim: hd}\n"
+                             "  - rollout: \"*\"\n"
+                             "    from: \"*\"\n"),
+              0);
+    const struct wb_mapping *mp = mapping_of(x.m, &x.r, "m.0.qkv.weight");
+    CHECK_INT(mp->kind, WB_MAP_SPLIT);
+    CHECK_INT(mp->ncomp, 6);
+    static const uint64_t src[6] = {0, 16, 8, 24, 12, 28}, dst[6] = {0, 8, 16, 20, 24, 28};
+    static const uint64_t ext[6] = {8, 8, 4, 4, 4, 4};
+    for (uint32_t k = 0; k < 6; k++) {
+        CHECK_INT(mp->comp[k].src.off[0], src[k]);
+        CHECK_INT(mp->comp[k].dst.off[0], dst[k]);
+        CHECK_INT(mp->comp[k].src.ext[0], ext[k]);
+        CHECK_INT(mp->comp[k].joins_prev, k % 2);
+        CHECK_INT(mp->comp[k].heads, k < 2 ? 2 : 1);
+    }
+    /* exactly the split rule's pieces at every TP (test_split_ranks): q's 4 heads, k's and v's 2 */
+    CHECK_STR(pieces_str(x.m, &x.r, mp, 0, 2), "[16, 8]: [0:8, 0:8] [16:20, 0:8] [24:28, 0:8]");
+    CHECK_STR(pieces_str(x.m, &x.r, mp, 1, 2), "[16, 8]: [8:16, 0:8] [20:24, 0:8] [28:32, 0:8]");
+    CHECK_STR(pieces_str(x.m, &x.r, mp, 3, 4), "[12, 8]: [12:16, 0:8] [20:24, 0:8] [28:32, 0:8]");
+    tiny_free(&x);
+    /* sizes x groups must be the tensor's rows */
+    CHECK_INT(tiny_match(&x, "  - rollout: m.{L}.qkv.weight\n"
+                             "    from: m.{L}.qkv.weight\n"
+                             "    groups: h\n"
+                             "    split: [q: h/kv*hd, k: hd, v: hd]\n"
+                             "  - rollout: \"*\"\n"
+                             "    from: \"*\"\n"),
+              -WB_E_MATCH);
+    EXPECT(&x.el,
+           fmt("m.0.qkv.weight: split q 8 + k 4 + v 4 = 16, x 4 groups = 64, but trainer tensor "
+               "m.0.qkv.weight [32, 8] has 32 along dim 0 (rule %s:14)",
+               x.path),
+           fmt("m.1.qkv.weight: split q 8 + k 4 + v 4 = 16, x 4 groups = 64, but trainer tensor "
+               "m.1.qkv.weight [32, 8] has 32 along dim 0 (rule %s:14)",
+               x.path));
+    tiny_free(&x);
+    CHECK_INT(tiny_match(&x, "  - rollout: m.{L}.qkv.weight\n"
+                             "    from: m.{L}.qkv.weight\n"
+                             "    groups: kv - 2\n"
+                             "    split: [q: h/kv*hd, k: hd, v: hd]\n"
+                             "  - rollout: \"*\"\n"
+                             "    from: \"*\"\n"),
+              -WB_E_MATCH);
+    EXPECT(&x.el,
+           fmt("m.0.qkv.weight: split groups 'kv - 2': not positive (0) (rule %s:14)", x.path),
+           fmt("m.1.qkv.weight: split groups 'kv - 2': not positive (0) (rule %s:14)", x.path));
+    tiny_free(&x);
+}
+
+/* A component named `_` is cut off: the rollout is the trainer less it, its elements count as
+ * used; size 0 is allowed for it (Megatron's vocab padding when the vocab divides already). */
+static void test_split_drop(void)
+{
+    static const char fam[] = "family: t\n"
+                              "vars: {pad: 3}\n"
+                              "trainer:\n"
+                              "  - tensors:\n"
+                              "      emb: [10 + pad, 4]\n"
+                              "rollout:\n"
+                              "  - tensors:\n"
+                              "      emb: [10, 4]\n"
+                              "rules:\n"
+                              "  - rollout: emb\n"
+                              "    from: emb\n"
+                              "    split: [rows: 10, _: pad]\n"
+                              "    shard: {tp: 0, pad: 4}\n";
+    const char *path = put("drop.yaml", fam), *cfg = put("drop.json", "{}");
+    for (int pad = 0; pad <= 3; pad += 3) {
+        struct wb_errlist el;
+        wb_errlist_init(&el);
+        struct wb_match_rules *r = NULL;
+        struct wb_inventory t, ro;
+        wb_inv_init(&t);
+        wb_inv_init(&ro);
+        struct wb_match *m = NULL;
+        CHECK_INT(wb_match_rules_load(path, &r, &el), 0);
+        CHECK_INT(wb_match_rules_set_vars(r, pad ? "" : "pad=0", &el), 0);
+        CHECK_INT(wb_match_rules_generate(r, cfg, "trainer", &t, &el), 0);
+        CHECK_INT(wb_match_rules_generate(r, cfg, "rollout", &ro, &el), 0);
+        CHECK_INT(t.p[0].shape.dim[0], 10 + (uint64_t)pad);
+        CHECK_INT(wb_match_run(r, &t, &ro, &m, &el), 0);
+        CHECK_INT(el.n, 0);
+        CHECK_INT(m->n, 1);
+        CHECK_INT(m->map[0].ncomp, 1);
+        CHECK_INT(m->map[0].comp[0].src.off[0], 0);
+        CHECK_INT(m->map[0].comp[0].src.ext[0], 10);
+        CHECK_STR(pieces_str(m, &ro, &m->map[0], 1, 2), "[6, 4]: [6:10, 0:4]");
+        wb_match_free(m);
+        /* a rollout that is not the trainer less the dropped rows */
+        struct wb_shape s = {.ndim = 2, .dim = {11, 4}};
+        ro.p[0].shape = s;
+        CHECK_INT(wb_match_run(r, &t, &ro, &m, &el), -WB_E_MATCH);
+        if (pad)
+            EXPECT(&el,
+                   fmt("emb: rollout shape [11, 4] != trainer shape [13, 4] less the dropped `_` "
+                       "components = [10, 4] (emb) (rule %s:10)",
+                       path));
+        else
+            EXPECT(&el,
+                   fmt("emb: rollout shape [11, 4] != trainer shape [10, 4] (emb) (rule %s:10)",
+                       path));
+        wb_inv_free(&t);
+        wb_inv_free(&ro);
+        wb_match_rules_free(r);
+        wb_errlist_free(&el);
+    }
+}
+
+/* Per-expert tensors fused already ([gate; up] per trainer TP rank: groups 2), stacked into a
+ * FusedMoE w13 [E, 2I, H]: expert e's gate_r rows go to w13[e, r*I/2 ...], up_r to
+ * w13[e, I + r*I/2 ...]; the rollout's TP split along dim 1 gives each rank its share of gate
+ * and of up, whole. And a 3-D fused tensor [E, 2I, H] split along dim 1 (transformers 5). */
+static void test_split_stack(void)
+{
+    static const char fam[] = "family: t\n"
+                              "namings: [local, fused]\n"
+                              "trainer:\n"
+                              "  - naming: local\n"
+                              "    for: {e: 2}\n"
+                              "    tensors:\n"
+                              "      x.{e}.fc1: [16, 4]\n"
+                              "  - naming: fused\n"
+                              "    tensors:\n"
+                              "      x.gate_up: [2, 16, 4]\n"
+                              "rollout:\n"
+                              "  - tensors:\n"
+                              "      w13: [2, 16, 4]\n"
+                              "rules:\n"
+                              "  - rollout: w13\n"
+                              "    naming: local\n"
+                              "    stack: E\n"
+                              "    from: x.{E}.fc1\n"
+                              "    groups: 2\n"
+                              "    split: [gate: 4, up: 4]\n"
+                              "    dim: 1\n"
+                              "    shard: {ep: 0, tp: 1}\n"
+                              "  - rollout: w13\n"
+                              "    naming: fused\n"
+                              "    from: x.gate_up\n"
+                              "    split: [gate: 8, up: 8]\n"
+                              "    dim: 1\n"
+                              "    shard: {ep: 0, tp: 1}\n";
+    const char *path = put("stack.yaml", fam), *cfg = put("stack.json", "{}");
+    for (int fused = 0; fused < 2; fused++) {
+        struct wb_errlist el;
+        wb_errlist_init(&el);
+        struct wb_match_rules *r = NULL;
+        struct wb_inventory t, ro;
+        wb_inv_init(&t);
+        wb_inv_init(&ro);
+        struct wb_match *m = NULL;
+        CHECK_INT(wb_match_rules_load(path, &r, &el), 0);
+        CHECK_INT(wb_match_rules_set_naming(r, fused ? "fused" : "local", &el), 0);
+        CHECK_STR(wb_match_rules_naming(r), fused ? "fused" : "local");
+        CHECK_INT(wb_match_rules_generate(r, cfg, "trainer", &t, &el), 0);
+        CHECK_INT(wb_match_rules_generate(r, cfg, "rollout", &ro, &el), 0);
+        CHECK_INT(t.n, fused ? 1 : 2);
+        CHECK_INT(wb_match_run(r, &t, &ro, &m, &el), 0);
+        const struct wb_mapping *mp = &m->map[0];
+        CHECK_INT(mp->kind, fused ? WB_MAP_SPLIT : WB_MAP_STACK);
+        char b[128];
+        if (fused) {
+            CHECK_INT(mp->ncomp, 2);
+            CHECK_STR(wb_box_str(&mp->comp[1].src, b, sizeof(b)), "[0:2, 8:16, 0:4]");
+            CHECK_STR(wb_box_str(&mp->comp[1].dst, b, sizeof(b)), "[0:2, 8:16, 0:4]");
+        } else {
+            CHECK_INT(mp->ncomp, 8); /* 2 experts x (gate, up) x 2 groups */
+            /* expert 1's up of trainer rank 1: rows 12:16 of x.1.fc1, w13[1, 12:16] */
+            CHECK_INT(mp->comp[7].trainer, wb_inv_find(&t, "x.1.fc1"));
+            CHECK_STR(wb_box_str(&mp->comp[7].src, b, sizeof(b)), "[12:16, 0:4]");
+            CHECK_STR(wb_box_str(&mp->comp[7].dst, b, sizeof(b)), "[1:2, 12:16, 0:4]");
+            /* expert 1's gate of trainer rank 1 (rows 8:12) and up of rank 0 (rows 4:8) */
+            CHECK_STR(wb_box_str(&mp->comp[5].src, b, sizeof(b)), "[8:12, 0:4]");
+            CHECK_STR(wb_box_str(&mp->comp[5].dst, b, sizeof(b)), "[1:2, 4:8, 0:4]");
+            CHECK_STR(wb_box_str(&mp->comp[6].src, b, sizeof(b)), "[4:8, 0:4]");
+            CHECK_STR(wb_box_str(&mp->comp[6].dst, b, sizeof(b)), "[1:2, 8:12, 0:4]");
+        }
+        /* TP 2 without EP: rank 1 holds gate 4:8 and up 12:16 of every expert */
+        CHECK_STR(pieces_str(m, &ro, mp, 1, 2), "[2, 8, 4]: [0:2, 4:8, 0:4] [0:2, 12:16, 0:4]");
+        wb_match_free(m);
+        wb_inv_free(&t);
+        wb_inv_free(&ro);
+        wb_match_rules_free(r);
+        wb_errlist_free(&el);
+    }
+}
+
+/* FP8 rollouts: every piece of a grouped split must lie on 128-element block edges of the
+ * rollout tensor; pieces of 64 rows are refused, naming the piece. */
+static void test_split_groups_fp8(void)
+{
+    static const char fam[] = "family: t\n"
+                              "quant: {fp8: [qkv]}\n"
+                              "trainer:\n"
+                              "  - tensors:\n"
+                              "      qkv: [4*hd, 256]\n"
+                              "rollout:\n"
+                              "  - fp8: 1\n"
+                              "    tensors:\n"
+                              "      qkv: [4*hd, 256]\n"
+                              "rules:\n"
+                              "  - rollout: qkv\n"
+                              "    from: qkv\n"
+                              "    groups: 2\n"
+                              "    split: [q: hd, k: hd/2, v: hd/2]\n";
+    const char *path = put("g8.yaml", fam);
+    for (int hd = 256; hd >= 128; hd -= 128) {
+        struct wb_errlist el;
+        wb_errlist_init(&el);
+        struct wb_match_rules *r = NULL;
+        struct wb_inventory t, ro;
+        wb_inv_init(&t);
+        wb_inv_init(&ro);
+        struct wb_match *m = NULL;
+        const char *cfg = put("g8.json", fmt("{\"hd\": %d}", hd));
+        CHECK_INT(wb_match_rules_load(path, &r, &el), 0);
+        CHECK_INT(wb_match_rules_generate(r, cfg, "trainer", &t, &el), 0);
+        CHECK_INT(wb_match_rules_generate(r, cfg, "rollout", &ro, &el), 0);
+        CHECK_INT(wb_match_rules_bind_config(r, cfg, &el), 0);
+        int e = wb_match_run(r, &t, &ro, &m, &el);
+        if (hd == 256) { /* q 256 a group, k and v 128: every piece whole blocks */
+            CHECK_INT(e, 0);
+            CHECK_INT(m->map[0].xform, WB_XFORM_FP8_BLOCK);
+        } else {
+            CHECK_INT(e, -WB_E_MATCH);
+            EXPECT(&el, fmt("qkv: component k of group 0 [256, 320) along dim 0 is not aligned to "
+                            "128-element FP8 blocks; only the last component may end unaligned "
+                            "(rule %s:11)",
+                            path));
+        }
+        wb_match_free(m);
+        wb_inv_free(&t);
+        wb_inv_free(&ro);
+        wb_match_rules_free(r);
+        wb_errlist_free(&el);
+    }
+}
+
+/* namings: the trainer blocks and rules of one naming apply; rules of different namings may
+ * build the same rollout name; a naming the file lacks is an error naming its namings. */
+static void test_namings(void)
+{
+    static const char fam[] = "family: t\n"
+                              "namings: [a, b]\n"
+                              "trainer:\n"
+                              "  - naming: a\n"
+                              "    tensors: {w.a: [4]}\n"
+                              "  - naming: [b]\n"
+                              "    tensors: {w.b: [4]}\n"
+                              "  - tensors: {n: [2]}\n"
+                              "rollout:\n"
+                              "  - tensors: {w: [4], n: [2]}\n"
+                              "rules:\n"
+                              "  - rollout: w\n"
+                              "    naming: a\n"
+                              "    from: w.a\n"
+                              "  - rollout: w\n"
+                              "    naming: b\n"
+                              "    from: w.b\n"
+                              "  - rollout: \"*\"\n"
+                              "    from: \"*\"\n";
+    const char *path = put("nam.yaml", fam), *cfg = put("nam.json", "{}");
+    struct wb_errlist el;
+    wb_errlist_init(&el);
+    struct wb_match_rules *r = NULL;
+    CHECK_INT(wb_match_rules_load(path, &r, &el), 0);
+    const char *const *names;
+    CHECK_INT(wb_match_rules_namings(r, &names), 2);
+    CHECK_STR(names[1], "b");
+    CHECK_STR(wb_match_rules_naming(r), "a"); /* the first, by default */
+    for (int k = 0; k < 2; k++) {
+        struct wb_inventory t, ro;
+        wb_inv_init(&t);
+        wb_inv_init(&ro);
+        struct wb_match *m = NULL;
+        CHECK_INT(wb_match_rules_set_naming(r, k ? "b" : NULL, &el), 0);
+        CHECK_INT(wb_match_rules_generate(r, cfg, "trainer", &t, &el), 0);
+        CHECK_INT(wb_match_rules_generate(r, cfg, "rollout", &ro, &el), 0);
+        CHECK_INT(t.n, 2);
+        CHECK_STR(t.p[0].name, k ? "w.b" : "w.a");
+        CHECK_INT(wb_match_run(r, &t, &ro, &m, &el), 0);
+        CHECK_INT(el.n, 0);
+        CHECK_INT(m->map[0].comp[0].trainer, 0);
+        CHECK_INT(m->map[0].rule_line, k ? 15 : 12);
+        wb_match_free(m);
+        wb_inv_free(&t);
+        wb_inv_free(&ro);
+    }
+    CHECK_INT(wb_match_rules_set_naming(r, "c", &el), -WB_E_CONFIG);
+    EXPECT(&el, fmt("naming 'c': not one of %s's namings (a, b)", path));
+    wb_errlist_free(&el);
+    wb_match_rules_free(r);
+    /* wb_inv_generate_named: the same trainer inventory */
+    struct wb_inventory t;
+    wb_inv_init(&t);
+    CHECK_INT(wb_inv_generate_named(path, cfg, NULL, "b", "trainer", &t, &el), 0);
+    CHECK_STR(t.p[0].name, "w.b");
+    CHECK_INT(wb_inv_generate_named(path, cfg, NULL, "hf", "trainer", &t, &el), -WB_E_CONFIG);
+    EXPECT(&el, fmt("naming 'hf': not one of %s's namings (a, b)", path));
+    wb_errlist_free(&el);
+    wb_inv_free(&t);
+    /* a block's unknown naming, a rollout block's naming, namings listed twice */
+    static const struct {
+        const char *from, *to, *want;
+    } bad[] = {
+        {"  - naming: [b]\n", "  - naming: [b, x]\n",
+         "%s:6:17: naming: 'x' is not one of the file's namings (a, b)"},
+        {"  - tensors: {w: [4], n: [2]}\n", "  - naming: a\n    tensors: {w: [4], n: [2]}\n",
+         "%s:10:13: naming: only trainer blocks have a naming (the rollout side is the same for "
+         "every naming)"},
+    };
+    for (size_t i = 0; i < WB_ARRAY_LEN(bad); i++) {
+        char text[2048];
+        const char *at = strstr(fam, bad[i].from);
+        snprintf(text, sizeof(text), "%.*s%s%s", (int)(at - fam), fam, bad[i].to,
+                 at + strlen(bad[i].from));
+        const char *p = put("nam_bad.yaml", text);
+        struct wb_inventory x;
+        wb_inv_init(&x);
+        const char *side = i == 0 ? "trainer" : "rollout";
+        CHECK_INT(wb_inv_generate_named(p, cfg, NULL, NULL, side, &x, &el), -WB_E_CONFIG);
+        EXPECT(&el, fmt(bad[i].want, p));
+        wb_errlist_free(&el);
+        wb_inv_free(&x);
+    }
+    const char *p = put("nam_twice.yaml", "family: t\nnamings: [a, a]\nrules: []\n");
+    CHECK_INT(wb_match_rules_load(p, &r, &el), -WB_E_CONFIG);
+    EXPECT(&el, fmt("%s:2:14: namings: 'a' listed twice", p));
+    wb_errlist_free(&el);
+    /* rules of one naming still shadow each other */
+    char text[2048];
+    snprintf(text, sizeof(text), "%s  - rollout: w\n    naming: [b, a]\n    from: w.b\n", fam);
+    p = put("nam_dup.yaml", text);
+    CHECK_INT(wb_match_rules_load(p, &r, &el), -WB_E_CONFIG);
+    EXPECT(&el, fmt("%s:20:5: rollout 'w' duplicates the rule at line 12", p));
+    wb_errlist_free(&el);
+}
+
 /* The syntax: a list of `name: size` pairs, in order, on a rule with one `from`. */
 static void test_split_syntax(void)
 {
@@ -279,11 +632,17 @@ static void test_split_syntax(void)
          "%s:16:20: split[1]: k: bad expression '(16': expected ')' but found end of expression "
          "at column 4"},
         {"    split: [q: 16, k: 16]\n    permute: [1, 0]\n",
-         "%s:16:12: split: only for a rule with a single `from` (no fuse, stack, index, tied or "
-         "permute)"},
-        {"    split: [q: 16, k: 16]\n    tied: m.{L}.norm.weight\n",
-         "%s:16:12: split: only for a rule with a single `from` (no fuse, stack, index, tied or "
-         "permute)"},
+         "%s:16:12: split: only for a rule with a single `from` (no fuse, index or permute)"},
+        /* dropped components (`_`, may repeat) and groups */
+        {"    split: [_: 16, _: 16]\n",
+         "%s:16:12: split: every component is dropped (`_`); keep at least one"},
+        {"    groups: 2\n", "%s:16:13: groups: only with split (the components of one group)"},
+        {"    split: [q: 16, k: 16]\n    groups: (2\n",
+         "%s:17:13: groups: bad expression '(2': expected ')' but found end of expression at "
+         "column 3"},
+        {"    naming: megatron\n",
+         "%s:16:13: naming: 'megatron' is not one of the file's namings (hf)"},
+        {"    naming: []\n", "%s:16:13: naming: an empty list selects no naming"},
     };
     for (size_t i = 0; i < WB_ARRAY_LEN(cases); i++) {
         char rules[512];
@@ -310,8 +669,8 @@ static void test_split_syntax(void)
     wb_errlist_init(&el);
     struct wb_match_rules *r = NULL;
     CHECK_INT(wb_match_rules_load(path, &r, &el), -WB_E_CONFIG);
-    EXPECT(&el, fmt("%s:16:12: split: only for a rule with a single `from` (no fuse, stack, "
-                    "index, tied or permute)",
+    EXPECT(&el, fmt("%s:16:12: split: only for a rule with a single `from` (no fuse, index or "
+                    "permute)",
                     path));
     wb_errlist_free(&el);
 }
@@ -768,6 +1127,11 @@ const struct wb_test wb_tests[] = {
     {"split_sizes_checked", test_split_sizes_checked, 0},
     {"split_swapped_sizes_keep_shapes", test_split_swapped_sizes_keep_shapes, 0},
     {"split_syntax", test_split_syntax, 0},
+    {"split_groups", test_split_groups, 0},
+    {"split_drop", test_split_drop, 0},
+    {"split_stack", test_split_stack, 0},
+    {"split_groups_fp8", test_split_groups_fp8, 0},
+    {"namings", test_namings, 0},
     {"unbuilt_rule_typo", test_unbuilt_rule_typo, 0},
     {"unbuilt_rule_taken", test_unbuilt_rule_taken, 0},
     {"unbuilt_partial_rollout", test_unbuilt_partial_rollout, 0},

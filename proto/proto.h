@@ -201,7 +201,7 @@ static inline int64_t wb_reg_at_index(int64_t v)
 {
     if (v > -2)
         return -1;
-    return v < -2 - (int64_t)WB_REG_AT_MAX ? WB_REG_AT_MAX : -2 - v; /* no overflow */
+    return v < -2 - (int64_t)WB_REG_AT_MAX ? (int64_t)WB_REG_AT_MAX : -2 - v; /* no overflow */
 }
 
 struct wb_reg_tensor {

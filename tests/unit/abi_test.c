@@ -63,8 +63,7 @@ static const struct field model_src[] = {
     FIELD(struct wb_model_src, vars),           FIELD(struct wb_model_src, trainer_config),
     FIELD(struct wb_model_src, trainer_inv),    FIELD(struct wb_model_src, rollout_inv),
     FIELD(struct wb_model_src, trainer_layout), FIELD(struct wb_model_src, rollout_layout),
-    FIELD(struct wb_model_src, trainer_mem),
-    FIELD(struct wb_model_src, naming),
+    FIELD(struct wb_model_src, trainer_mem),    FIELD(struct wb_model_src, naming),
 };
 
 static const struct field push_stats[] = {

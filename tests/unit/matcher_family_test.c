@@ -147,7 +147,7 @@ static void test_qwen3_8b(void)
     CHECK_INT(m->comp[2].heads, 8);
     CHECK_INT(m->shard.kind, WB_SHARD_TP);
     CHECK_INT(m->shard.dim, 0);
-    CHECK_INT(m->rule_line, 71);
+    CHECK_INT(m->rule_line, 110);
     CHECK_INT(m->xform, WB_XFORM_COPY);
     CHECK_INT(m->scale, -1);
 

@@ -206,16 +206,16 @@ static void test_problem_count(void)
         want, sizeof(want),
         "wb-plan: planning: 190 problems\n"
         "  model.embed_tokens.weight: tp 3 does not divide the 151936 rows along dim 0 padded to "
-        "a multiple of 64 (151936 real) %s129)\n"
+        "a multiple of 64 (151936 real) %s219)\n"
         "  lm_head.weight: tp 3 does not divide the 151936 rows along dim 0 padded to a multiple "
-        "of 64 (151936 real) %s132)\n",
+        "of 64 (151936 real) %s223)\n",
         rule, rule);
     for (int l = 0; l < 9; l++)
         n += (size_t)snprintf(want + n, sizeof(want) - n,
                               "  model.layers.%d.self_attn.qkv_proj.weight: tp 3 does not divide "
-                              "the 64 heads of component [0, 8192) along dim 0 %s97)\n"
+                              "the 64 heads of component [0, 8192) along dim 0 %s181)\n"
                               "  model.layers.%d.self_attn.o_proj.weight: tp 3 does not divide "
-                              "component [0, 8192) (8192 elements) along dim 1 %s104)\n",
+                              "component [0, 8192) (8192 elements) along dim 1 %s189)\n",
                               l, rule, l, rule);
     snprintf(want + n, sizeof(want) - n, "  ... and 170 more, not listed\n");
     CHECK_STR(o, want);

@@ -360,6 +360,51 @@ def tail(path, n=60):
         return ""
 
 
+def run_job(children, tmp, url, env, seconds):
+    """Starts the job's processes ({name: argv}: "controller", "rollout", "trainers"), each logging
+    to tmp/NAME.log, and waits until the rollout and the trainers exited 0. The first child that
+    fails, a controller that exits early, or `seconds` passing ends the run: every child is
+    killed (found by MARK) and the reason returned with the failed child's log tail; else None.
+    Prints the trainers' and the rollout's report lines either way."""
+    procs, logs, files = {}, {}, []
+    failed = None
+    try:
+        for name, cmd in children.items():
+            logs[name] = os.path.join(tmp, name + ".log")
+            files.append(open(logs[name], "w"))
+            procs[name] = subprocess.Popen(cmd, env=env, stdout=files[-1], stderr=subprocess.STDOUT)
+        deadline = time.time() + seconds
+        while failed is None:
+            rc = {n: p.poll() for n, p in procs.items()}
+            bad = [n for n, c in rc.items() if c not in (None, 0)]
+            if bad:
+                failed = f"{bad[0]} exited {rc[bad[0]]}:\n{tail(logs[bad[0]])}"
+            elif rc["rollout"] == 0 and rc["trainers"] == 0:
+                break
+            elif rc["controller"] == 0:
+                failed = f"the controller exited before the job was done:\n{tail(logs['controller'])}"
+            elif time.time() > deadline:
+                failed = f"not done in {seconds} s; still running: {[n for n, c in rc.items() if c is None]}"
+            time.sleep(0.2)
+    finally:
+        if failed is None and "controller" in procs:  # done: the controller ends the job
+            try:
+                subprocess.run([os.path.join(BIN, "wb-ctl"), "-c", url, "--timeout", "10s", "shutdown"], env=env,
+                               capture_output=True, timeout=30)
+                procs["controller"].wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        open(os.path.join(tmp, "abort"), "w").close()  # whoever still waits stops
+        kill_ours()
+        for f in files:
+            f.close()
+    for name in ("trainers", "rollout"):
+        for line in tail(logs.get(name, ""), 400).splitlines():
+            if line.startswith(("trainer rank", "rollout:", "case ", "    ")):
+                log("  " + line)
+    return failed
+
+
 def run_case(case, a):
     import torch
 
@@ -399,42 +444,7 @@ dead_after: 10s
         "trainers": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world),
                      __file__, "--role", "trainer", *common],
     }
-    procs, logs, files = {}, {}, []
-    failed = None
-    try:
-        for name, cmd in children.items():
-            logs[name] = os.path.join(tmp, name + ".log")
-            files.append(open(logs[name], "w"))
-            procs[name] = subprocess.Popen(cmd, env=env, stdout=files[-1], stderr=subprocess.STDOUT)
-        deadline = time.time() + a.timeout + 120
-        while failed is None:
-            rc = {n: p.poll() for n, p in procs.items()}
-            bad = [n for n, c in rc.items() if c not in (None, 0)]
-            if bad:
-                failed = f"{bad[0]} exited {rc[bad[0]]}:\n{tail(logs[bad[0]])}"
-            elif rc["rollout"] == 0 and rc["trainers"] == 0:
-                break
-            elif rc["controller"] == 0:
-                failed = f"the controller exited before the job was done:\n{tail(logs['controller'])}"
-            elif time.time() > deadline:
-                failed = f"not done in {a.timeout + 120} s; still running: {[n for n, c in rc.items() if c is None]}"
-            time.sleep(0.2)
-    finally:
-        if failed is None and "controller" in procs:  # done: the controller ends the job
-            try:
-                subprocess.run([os.path.join(BIN, "wb-ctl"), "-c", url, "--timeout", "10s", "shutdown"], env=env,
-                               capture_output=True, timeout=30)
-                procs["controller"].wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
-        open(os.path.join(tmp, "abort"), "w").close()  # whoever still waits stops
-        kill_ours()
-        for f in files:
-            f.close()
-    for name in ("trainers", "rollout"):
-        for line in tail(logs.get(name, ""), 400).splitlines():
-            if line.startswith(("trainer rank", "rollout:", "case ", "    ")):
-                log("  " + line)
+    failed = run_job(children, tmp, url, env, a.timeout + 120)
     if failed:
         log(f"case {case}: FAILED: {failed}")
         return 1

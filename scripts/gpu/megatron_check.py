@@ -40,7 +40,6 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -411,42 +410,7 @@ dead_after: 20s
         "trainers": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                      __file__, "--role", "trainer", *common],
     }
-    procs, logs, files = {}, {}, []
-    failed = None
-    try:
-        for name, cmd in children.items():
-            logs[name] = os.path.join(tmp, name + ".log")
-            files.append(open(logs[name], "w"))
-            procs[name] = subprocess.Popen(cmd, env=env, stdout=files[-1], stderr=subprocess.STDOUT)
-        deadline = time.time() + a.timeout + 120
-        while failed is None:
-            rc = {n: p.poll() for n, p in procs.items()}
-            bad = [n for n, x in rc.items() if x not in (None, 0)]
-            if bad:
-                failed = f"{bad[0]} exited {rc[bad[0]]}:\n{F.tail(logs[bad[0]])}"
-            elif rc["rollout"] == 0 and rc["trainers"] == 0:
-                break
-            elif rc["controller"] == 0:
-                failed = f"the controller exited before the job was done:\n{F.tail(logs['controller'])}"
-            elif time.time() > deadline:
-                failed = f"not done in {a.timeout + 120} s; still running: {[n for n, x in rc.items() if x is None]}"
-            time.sleep(0.2)
-    finally:
-        if failed is None:
-            try:
-                subprocess.run([os.path.join(BIN, "wb-ctl"), "-c", url, "--timeout", "10s", "shutdown"], env=env,
-                               capture_output=True, timeout=30)
-                procs["controller"].wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
-        open(os.path.join(tmp, "abort"), "w").close()
-        F.kill_ours()
-        for f in files:
-            f.close()
-    for name in ("trainers", "rollout"):
-        for line in F.tail(logs.get(name, ""), 400).splitlines():
-            if line.startswith(("trainer rank", "case ", "    ")):
-                log("  " + line)
+    failed = F.run_job(children, tmp, url, env, a.timeout + 120)
     if failed:
         log(f"case {case}: FAILED: {failed}")
         return 1

@@ -85,3 +85,43 @@ def raises(exc, want, fn, *args, **kw):
             raise AssertionError(f"{exc.__name__} text\n  {e}\nexpected\n  {want}") from None
         return
     raise AssertionError(f"no {exc.__name__}: expected\n  {want}")
+
+
+def checked_rollout(wb, url, rank, token, case, local, want_of, versions, log):
+    """A rollout process's whole life in the byte-checking tests: numpy buffers for `local` (the
+    local tensors wb.plan() lists for this rank: name, dtype, shape), registered with wb.Rollout;
+    its post-update hook compares every byte with want_of(v) ({name: array}, computed by the
+    test independently) before the version counts, so no later version can land meanwhile, and
+    fails the version naming the tensors that differ. Waits for every version and asserts each
+    was checked and none differed."""
+    import numpy as np
+
+    np_of = {"bf16": np.uint16, "fp8_e4m3": np.uint8, "fp32": np.float32}
+    bufs = {l["name"]: np.zeros(l["shape"], np_of[l["dtype"]]) for l in local}
+    total = sum(b.nbytes for b in bufs.values())
+    differ = {}
+
+    def hook(v):
+        want = want_of(v)
+        bad, differ[v] = [], 0
+        for name, b in bufs.items():
+            w = want[name]
+            if list(w.shape) != list(b.shape):
+                raise ValueError(f"{name}: rank {rank} holds {list(b.shape)}, expected {list(w.shape)}")
+            # the same element size: the expected bits as they are (a uint32 array may hold
+            # FP32 bits); another size: converted to the buffer's type
+            w = w.view(b.dtype) if w.dtype.itemsize == b.dtype.itemsize else w.astype(b.dtype)
+            n = int((b.view(np.uint8) != w.view(np.uint8)).sum())
+            if n:
+                bad.append(f"{name}: {n} of {b.nbytes} bytes")
+                differ[v] += n
+        log(f"case {case}: rollout {rank} version {v}: {differ[v]} of {total} bytes differ")
+        if bad:
+            raise ValueError(f"{len(bad)} of {len(bufs)} tensors differ: " + "; ".join(bad[:12]))
+
+    r = wb.Rollout(url, bufs, rank=rank, token=token, dtypes={l["name"]: l["dtype"] for l in local},
+                   hook=hook, tx_domain="lo", timeout=60)
+    for v in versions:
+        assert r.wait(v, 60) >= v
+    assert sorted(differ) == list(versions) and not any(differ.values()), differ
+    r.close()

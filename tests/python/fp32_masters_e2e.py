@@ -295,7 +295,6 @@ def expected(case, local, version):
     return want
 
 
-NP = {"bf16": np.uint16, "fp8_e4m3": np.uint8, "fp32": np.float32}
 
 # ---------------------------------------------------------------- the processes
 
@@ -327,28 +326,7 @@ def run_trainer(case, rank, url, tmp):
 def run_rollout(case, rank, url, tmp):
     with open(os.path.join(tmp, "locals.json")) as f:
         local = json.load(f)
-    bufs = {l["name"]: np.zeros(l["shape"], NP[l["dtype"]]) for l in local}
-    total = sum(b.nbytes for b in bufs.values())
-    differ = {}
-
-    def hook(v):
-        want = expected(case, local, v)
-        bad, differ[v] = [], 0
-        for name, b in bufs.items():
-            n = int((b.view(np.uint8) != want[name].view(np.uint8)).sum())
-            if n:
-                bad.append(f"{name}: {n} of {b.nbytes} bytes")
-                differ[v] += n
-        log(f"case {case}: rollout {rank} version {v}: {differ[v]} of {total} bytes differ")
-        if bad:
-            raise ValueError(f"{len(bad)} of {len(bufs)} tensors differ: " + "; ".join(bad[:12]))
-
-    r = wb.Rollout(url, bufs, rank=rank, token=TOKEN, dtypes={l["name"]: l["dtype"] for l in local},
-                   hook=hook, tx_domain="lo", timeout=60)
-    for v in VERSIONS:
-        assert r.wait(v, 60) >= v
-    assert sorted(differ) == list(VERSIONS) and not any(differ.values()), differ
-    r.close()
+    _procs.checked_rollout(wb, url, rank, TOKEN, case, local, lambda v: expected(case, local, v), VERSIONS, log)
 
 
 # ---------------------------------------------------------------- the harness

@@ -66,7 +66,6 @@ CONFIGS, FP8_QC = _hf.CONFIGS, _hf.FP8_QC
 named_parameters, full_tensor, expected = _hf.named_parameters, _hf.full_tensor, _hf.expected
 
 
-NP = {"bf16": np.uint16, "fp8_e4m3": np.uint8, "fp32": np.float32}
 
 # ---------------------------------------------------------------- the processes
 
@@ -96,28 +95,7 @@ def run_rollout(case, rank, url, tmp):
     c = CONFIGS[family]
     with open(os.path.join(tmp, "locals.json")) as f:
         local = json.load(f)
-    bufs = {l["name"]: np.zeros(l["shape"], NP[l["dtype"]]) for l in local}
-    total = sum(b.nbytes for b in bufs.values())
-    differ = {}
-
-    def hook(v):
-        want = expected(family, c, local, v)
-        bad, differ[v] = [], 0
-        for name, b in bufs.items():
-            n = int((b.view(np.uint8) != want[name].astype(b.dtype).view(np.uint8)).sum())
-            if n:
-                bad.append(f"{name}: {n} of {b.nbytes} bytes")
-                differ[v] += n
-        log(f"case {case}: rollout {rank} version {v}: {differ[v]} of {total} bytes differ")
-        if bad:
-            raise ValueError(f"{len(bad)} of {len(bufs)} tensors differ: " + "; ".join(bad[:12]))
-
-    r = wb.Rollout(url, bufs, rank=rank, token=TOKEN, dtypes={l["name"]: l["dtype"] for l in local},
-                   hook=hook, tx_domain="lo", timeout=60)
-    for v in VERSIONS:
-        assert r.wait(v, 60) >= v
-    assert sorted(differ) == list(VERSIONS) and not any(differ.values()), differ
-    r.close()
+    _procs.checked_rollout(wb, url, rank, TOKEN, case, local, lambda v: expected(family, c, local, v), VERSIONS, log)
 
 
 # ---------------------------------------------------------------- the harness

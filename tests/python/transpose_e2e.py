@@ -16,7 +16,7 @@ with what numpy computes independently from the trainers' full tensors: the expe
 transposed (np.transpose), for TP rank r of 2 gate_up_proj's columns [r I, (r + 1) I) and
 down_proj's rows [r I/2, (r + 1) I/2), for EP rank r the experts [2r, 2r + 2) whole, and for
 FP8 each expert's matrix quantized with DeepGEMM's per_block_cast_to_fp8 rule (the reference of
-tests/python/fsdp2_derived_e2e.py, self-checked there and here).
+tests/python/_hf.py, self-checked there and here).
 
 Usage: transpose_e2e.py [case...]   (the harness: WB_BIN names the programs' directory)
 Prints harness lines, "case X: rollout R version V: 0 of N bytes differ", and the tally.
@@ -39,7 +39,7 @@ import weightbridge as wb  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _procs  # noqa: E402  (waiting for a job's processes)
-from fsdp2_derived_e2e import per_block_cast_to_fp8, self_check  # noqa: E402  (the DeepGEMM reference)
+from _hf import per_block_cast_to_fp8, self_check  # noqa: E402  (the DeepGEMM reference)
 
 TOKEN = os.environ.setdefault("WB_E2E_TOKEN", "e2e-transpose-%d" % random.randrange(1 << 30))
 VERSIONS = (1, 2)
@@ -154,7 +154,6 @@ def expected(case, g, version):
     return want
 
 
-NP = {"bf16": np.uint16, "fp8_e4m3": np.uint8, "fp32": np.float32}
 
 # ---------------------------------------------------------------- the processes
 
@@ -186,33 +185,14 @@ def run_trainer(case, rank, url, tmp):
 def run_rollout(case, rank, url, tmp):
     with open(os.path.join(tmp, "locals.json")) as f:
         local = json.load(f)[rank]
-    bufs = {l["name"]: np.zeros(l["shape"], NP[l["dtype"]]) for l in local}
-    total = sum(b.nbytes for b in bufs.values())
-    differ = {}
 
-    def hook(v):
+    def want_of(v):
         want = expected(case, rank, v)
-        if sorted(want) != sorted(bufs):
-            raise ValueError(f"rank {rank} holds {sorted(bufs)}, expected {sorted(want)}")
-        bad, differ[v] = [], 0
-        for name, b in bufs.items():
-            w = want[name]
-            if list(w.shape) != list(b.shape):
-                raise ValueError(f"{name}: rank {rank} holds {list(b.shape)}, expected {list(w.shape)}")
-            n = int((b.view(np.uint8) != w.astype(b.dtype).view(np.uint8)).sum())
-            if n:
-                bad.append(f"{name}: {n} of {b.nbytes} bytes")
-                differ[v] += n
-        log(f"case {case}: rollout {rank} version {v}: {differ[v]} of {total} bytes differ")
-        if bad:
-            raise ValueError(f"{len(bad)} of {len(bufs)} tensors differ: " + "; ".join(bad[:12]))
+        if sorted(want) != sorted(l["name"] for l in local):
+            raise ValueError(f"rank {rank} holds {sorted(l['name'] for l in local)}, expected {sorted(want)}")
+        return want
 
-    r = wb.Rollout(url, bufs, rank=rank, token=TOKEN, dtypes={l["name"]: l["dtype"] for l in local},
-                   hook=hook, tx_domain="lo", timeout=60)
-    for v in VERSIONS:
-        assert r.wait(v, 60) >= v
-    assert sorted(differ) == list(VERSIONS) and not any(differ.values()), differ
-    r.close()
+    _procs.checked_rollout(wb, url, rank, TOKEN, case, local, want_of, VERSIONS, log)
 
 
 # ---------------------------------------------------------------- the harness

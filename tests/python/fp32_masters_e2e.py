@@ -295,6 +295,8 @@ def expected(case, local, version):
     return want
 
 
+NP = {"bf16": np.uint16, "fp8_e4m3": np.uint8, "fp32": np.float32}  # dlpack_e2e reads it
+
 
 # ---------------------------------------------------------------- the processes
 

@@ -125,3 +125,17 @@ def checked_rollout(wb, url, rank, token, case, local, want_of, versions, log):
         assert r.wait(v, 60) >= v
     assert sorted(differ) == list(versions) and not any(differ.values()), differ
     r.close()
+
+
+def child_or_main(argv, run_trainer, run_rollout, main, error):
+    """A test file's entry: `trainer|rollout CASE RANK URL TMP` runs that process of a job (exit 3
+    with the message on an `error`, the weightbridge exception type), anything else the tests."""
+    if len(argv) > 1 and argv[1] in ("trainer", "rollout"):
+        role, case, rank, url, tmp = argv[1:6]
+        try:
+            (run_trainer if role == "trainer" else run_rollout)(case, int(rank), url, tmp)
+        except error as e:
+            print(e, flush=True)
+            return 3
+        return 0
+    return main()

@@ -188,12 +188,4 @@ def main():
 BIN = os.environ.get("WB_BIN", os.path.join(ROOT, "build/bin"))
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] in ("trainer", "rollout"):
-        role, case, rank, url, tmp = sys.argv[1:6]
-        try:
-            (run_trainer if role == "trainer" else run_rollout)(case, int(rank), url, tmp)
-        except wb.WeightbridgeError as e:
-            print(e, flush=True)
-            sys.exit(3)
-    else:
-        sys.exit(main())
+    sys.exit(_procs.child_or_main(sys.argv, run_trainer, run_rollout, main, wb.WeightbridgeError))

@@ -192,5 +192,6 @@ void wb_plan_free(struct wb_plan *p)
     free(p->stats.gather_in_bytes);
     pl_lazy_free(pp->lazy, p->ntrainers);
     pl_est_memo_free(p);
+    free(p->relay_tried);
     free(pp);
 }

@@ -775,8 +775,26 @@ int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
     struct wb_plan_opts o = *opts_in;
     if (!o.mem_cap)
         o.mem_cap = WB_MEM_CAP_DEFAULT;
+    /* the relay shape is checked before a minute of planning */
+    struct wb_relay relay;
+    char why[256];
+    if (wb_relay_resolve(&o.relay, in->rl->replicas, &relay, why, sizeof(why))) {
+        wb_errlist_add(el, "%s: %s", in->rl->path ? in->rl->path : "rollout layout", why);
+        return -WB_E_CONFIG;
+    }
     int r = choose_build(in, &o, stamp, out, nstamped, el);
     if (!r && o.fit_cap)
         fit_cap(*out);
+    if (r)
+        return r;
+    if (relay.kind != WB_RELAY_AUTO) {
+        (*out)->relay = in->rl->replicas > 1 ? relay : (struct wb_relay){WB_RELAY_OFF, 0, 0};
+        return 0;
+    }
+    (*out)->relay = relay; /* the roots asked for, if any: auto keeps them */
+    if ((r = pl_relay_choose(*out, in))) {
+        wb_plan_free(*out);
+        *out = NULL;
+    }
     return r;
 }

@@ -28,10 +28,20 @@ struct pl_est_memo {
     struct wb_hw th, rh;
     uint32_t gpus_per_node;
     uint64_t mem_cap;
+    struct wb_relay relay; /* the shape it simulated */
 };
 /* Keeps *e (taken over; zeroed) as p's memo for in; without memory *e is freed instead. */
 void pl_est_memo_set(struct wb_plan *p, const struct wb_plan_input *in, struct wb_estimate *e);
 void pl_est_memo_free(struct wb_plan *p);
+/* The estimate of p as if executed under relay shape `shape` (resolved; OFF: no relay), which
+ * need not be p's own (relay auto simulates the shapes it chooses among). */
+int pl_estimate_relay(const struct wb_plan *p, const struct wb_plan_input *in,
+                      const struct wb_relay *shape, struct wb_estimate *out, struct wb_errlist *el);
+/* relay auto (relay.c): simulates the shapes that can win and records the fastest in p->relay
+ * (its estimate kept as p's memo) and what it tried in p->relay_tried. 0 or -ENOMEM. */
+int pl_relay_choose(struct wb_plan *p, const struct wb_plan_input *in);
+/* wb_relay_verify of p's own relay over every replica (the forest its estimate assumes). */
+int pl_relay_verify_plan(const struct wb_plan *p, struct wb_errlist *el);
 
 static inline struct pl_plan *pl_plan_of(const struct wb_plan *p)
 {

@@ -251,6 +251,88 @@ static inline struct wb_plan_input wb_model_input(const struct wb_model *m)
     return (struct wb_plan_input){&m->trainer, &m->rollout, m->match, &m->tl, &m->rl};
 }
 
+/* ---------------------------------------------------------------- relay (issue #30) */
+
+/* Replicas relaying to replicas. Where the trainers' NIC egress bounds an update (every byte
+ * leaves a trainer once per replica), the member replicas of an attempt form a forest: the
+ * trainers write only the roots' entries of their tables, and every other replica's local rank
+ * l is written by its parent replica's local rank l, which forwards each expect entry's bytes
+ * to the same offsets as soon as it has counted them (the replicas hold the same receive lists
+ * rank by rank: congruence is checked, wb_relay_verify). OFF is today's plan: the trainers
+ * write every replica. AUTO is only a request: wb_plan_build() simulates the shapes that can
+ * win on the layouts' hardware model and records the fastest (off included). */
+enum wb_relay_kind { WB_RELAY_OFF = 0, WB_RELAY_CHAIN, WB_RELAY_TREE, WB_RELAY_AUTO };
+/* The names, indexed by enum wb_relay_kind, NULL-terminated (a config loader's choices). */
+extern const char *const wb_relay_kind_names[];
+/* "off", "chain", "tree", "auto" -> *out; -EINVAL otherwise. */
+int wb_relay_kind_parse(const char *s, enum wb_relay_kind *out);
+
+/* A relay shape. fanout: children per relaying replica (chain: 1; tree: >= 2; 0 asks for the
+ * default: chain 1, tree 2); roots: replicas the trainers write (0: the default, 1). Over the
+ * members m_0 < m_1 < ... < m_{n-1} of an attempt, m_0 .. m_{R-1} are roots (R = min(roots,
+ * n)) and m_i, i >= R, is written by m_{(i - R) / fanout}: chain with R roots is R chains
+ * interleaved (m_i after m_{i-R}), a tree fills level by level. */
+struct wb_relay {
+    enum wb_relay_kind kind;
+    uint32_t fanout, roots;
+};
+
+/* The shape with its defaults applied and checked against the number of (capacity) replicas:
+ * 0, or -WB_E_CONFIG with why in err naming the value (a chain with a fanout, a tree with
+ * fanout 1, roots 0 or above the replicas). AUTO stays AUTO. */
+int wb_relay_resolve(const struct wb_relay *in, uint32_t replicas, struct wb_relay *out, char *err,
+                     size_t cap);
+
+enum { WB_RELAY_ROOT = UINT32_MAX, WB_RELAY_ABSENT = UINT32_MAX - 1 };
+/* The forest of one attempt: parent[j] for each of the `replicas` replicas: WB_RELAY_ROOT
+ * (written by the trainers), WB_RELAY_ABSENT (not a member: member[j] false), or the replica
+ * that writes it. member NULL: all. A resolved shape (OFF: every member a root). */
+void wb_relay_forest(const struct wb_relay *shape, uint32_t replicas, const bool *member,
+                     uint32_t *parent);
+
+/* A forest as the rollouts are told it: the replicas the trainers write, and per relaying
+ * replica its children (edges parent -> child). */
+struct wb_relay_edge {
+    uint32_t parent, child;
+};
+struct wb_relay_forest {
+    uint32_t nroots;
+    const uint32_t *roots;
+    uint32_t nedges;
+    const struct wb_relay_edge *edges;
+};
+/* The edges and roots of parent[] (wb_relay_forest) into f, its arrays malloc'd (free both). */
+int wb_relay_forest_edges(const uint32_t *parent, uint32_t replicas, uint32_t **roots,
+                          struct wb_relay_edge **edges, struct wb_relay_forest *f);
+
+struct wb_plan;
+/* Checks that the forest f over plan p's replicas writes every byte of every replica it names
+ * exactly once and from a correct source: each replica named is a root or the child of
+ * exactly one parent (not both, not twice), every replica reaches a root (no cycle), every
+ * index is a replica of the plan, and each child's local rank l holds the same receive list as
+ * its parent's local rank l (local tensors, dtypes, shapes, bytes, expected tags, bytes and
+ * writes), so that its parent's counted bytes are exactly its own. (The roots' bytes are the
+ * trainers' writes, which wb_plan_verify checks for every replica.) 0, or -WB_E_PLAN with
+ * every violation in el, each naming the replicas and the rank. */
+int wb_relay_verify(const struct wb_plan *p, const struct wb_relay_forest *f,
+                    struct wb_errlist *el);
+
+/* A shape in words: "off", "chain, 8 roots", "tree of fanout 2, 1 root". */
+const char *wb_relay_str(const struct wb_relay *r, char *buf, size_t cap);
+
+/* One simulated shape of auto's choice (wb_plan.relay_tried). */
+enum wb_relay_skip {
+    WB_RELAY_TRY_RUN = 0, /* simulated (or its simulation failed: total_s INFINITY) */
+    WB_RELAY_TRY_BOUND,   /* its lower bound is not below the best time simulated before */
+    WB_RELAY_TRY_HOPS,    /* the same kind with more roots was slower than with more still */
+};
+struct wb_relay_try {
+    struct wb_relay shape;
+    double total_s; /* the simulated time; INFINITY: not simulated (skipped says why) */
+    double bound_s; /* the shape's lower bound (busiest NIC at full speed) */
+    enum wb_relay_skip skipped;
+};
+
 struct wb_plan_opts {
     enum wb_plan_mode mode; /* DIRECT/GATHER force (DIRECT falls back to AMAX where FP8 blocks
                                straddle owners); AUTO chooses per (mapping, mesh) group by cost
@@ -269,6 +351,8 @@ struct wb_plan_opts {
                                checkpoint's tensors are the size they are). The plan itself is
                                the one mem_cap gives. Without it the plan keeps mem_cap, and
                                wb_plan_check_cap() tells whether it can be executed. */
+    struct wb_relay relay;  /* zeroed: off. Not a property of the tables (they hold every
+                               replica's entries): where they run, and the estimate */
 };
 
 /* A mesh: sorted member ranks. */
@@ -310,6 +394,10 @@ struct wb_plan {
     struct wb_plan_mesh *meshes;
     uint32_t nphases;
     struct wb_plan_stats stats;
+    struct wb_relay relay; /* resolved: off, chain or tree (auto's choice) */
+    /* auto's choice: the shapes it looked at, in the order simulated (NULL: none) */
+    uint32_t nrelay_tried;
+    struct wb_relay_try *relay_tried;
 };
 
 /* Trainer rank r's routing table as an executor gets it, for any plan: a lazy plan's table is
@@ -354,6 +442,11 @@ void wb_route_table_print(const struct wb_route_table *t, const struct wb_plan_i
  * -WB_E_PLAN with every violation counted in el (wb_errlist_count) and the first 20 kept with their
  * text. */
 int wb_plan_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb_errlist *el);
+
+/* The plan's relay, when it has one or auto chose: the shape, the forest over every replica
+ * (which replicas the trainers write, and who writes the others) and auto's simulated shapes.
+ * Nothing for a plan without relay asked. */
+void wb_relay_print(const struct wb_plan *p, FILE *f);
 
 /* Prints the summary (tensors, bytes, phases, entries, writes, per-sender/per-receiver
  * min/mean/max, imbalance vs lower bound and vs the reference greedy). */

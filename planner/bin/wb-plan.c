@@ -18,6 +18,7 @@ static const char usage[] =
     "               [--mode auto|direct|gather] [--mem-cap 1GiB] [--threads N] [--estimate]\n"
     "               [--json plan.json [--tables]] [--svg plan.svg] [--dump RANK] [--verify]\n"
     "               [--hw [trainer.|rollout.]KEY=VALUE] [--max-problems N]\n"
+    "               [--relay off|chain|tree|auto [--relay-fanout K] [--relay-roots R]]\n"
     "       wb-plan --model FAMILY.yaml --trainer-inv T.json --rollout-inv R.json --trainer ...\n"
     "       wb-plan --dump-config\n"
     "\n"
@@ -39,6 +40,13 @@ static const char usage[] =
     "                      straddle owners); gather: the reference (full_tensor() first); auto\n"
     "                      (default): per tensor group whichever costs less on the hardware\n"
     "                      model, never slower than both plain modes by the estimate\n"
+    "  --relay SHAPE       replicas relaying to replicas: off (default: the trainers write\n"
+    "                      every replica), chain, tree (the trainers write only the roots,\n"
+    "                      every other replica is written by its parent replica, rank by\n"
+    "                      rank), auto (the shape with the lowest simulated time, off\n"
+    "                      included; needs the layouts' hardware models)\n"
+    "  --relay-fanout K    children per relaying replica of a tree (default 2)\n"
+    "  --relay-roots R     replicas the trainers write (default 1; auto: tries 1, 2, 4, ...)\n"
     "  --mem-cap SIZE      executor temporary-memory cap per GPU (default 1GiB)\n"
     "  --threads N         threads building the tables (default: one per CPU, at most 8); the\n"
     "                      plan is the same for any number\n"
@@ -66,6 +74,7 @@ struct args {
     bool estimate, tables, verify;
     long dump;
     size_t max_problems;
+    struct wb_relay relay;
 };
 
 /* --hw: what-if values over the layouts' hardware models (both sides unless a side is named),
@@ -122,6 +131,9 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"verify", no_argument, 0, 'v'},
         {"dump-config", no_argument, 0, 'D'},
         {"max-problems", required_argument, 0, 'P'},
+        {"relay", required_argument, 0, 'L'},
+        {"relay-fanout", required_argument, 0, 'F'},
+        {"relay-roots", required_argument, 0, 'O'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -203,6 +215,26 @@ static int parse_args(int argc, char **argv, struct args *a)
         case 'e':
             a->estimate = true;
             break;
+        case 'L':
+            if (wb_relay_kind_parse(optarg, &a->relay.kind)) {
+                fprintf(stderr, "wb-plan: --relay: expected off, chain, tree or auto, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'F':
+        case 'O': {
+            char *end;
+            unsigned long v = strtoul(optarg, &end, 10);
+            if (*end || !*optarg || *optarg == '-' || v < 1 || v > 65536) {
+                fprintf(stderr,
+                        "wb-plan: --relay-%s: expected a number from 1 to 65536, got '%s'\n",
+                        c == 'F' ? "fanout" : "roots", optarg);
+                return 2;
+            }
+            *(c == 'F' ? &a->relay.fanout : &a->relay.roots) = (uint32_t)v;
+            break;
+        }
         case 'j':
             a->json = optarg;
             break;
@@ -258,6 +290,11 @@ static int parse_args(int argc, char **argv, struct args *a)
                                                      : NULL;
     if (missing) {
         fprintf(stderr, "wb-plan: missing %s\n%s", missing, usage);
+        return 2;
+    }
+    if ((a->relay.fanout || a->relay.roots) && a->relay.kind == WB_RELAY_OFF) {
+        fprintf(stderr, "wb-plan: --relay-fanout and --relay-roots go with --relay chain, tree or "
+                        "auto\n");
         return 2;
     }
     if (a->tables && !a->json) {
@@ -390,7 +427,7 @@ int main(int argc, char **argv)
     struct wb_plan_input in = wb_model_input(&md);
     /* lazy: every reader here takes the tables through wb_plan_table() */
     struct wb_plan_opts po = {
-        .mode = a.mode, .mem_cap = a.mem_cap, .threads = a.threads, .lazy = true};
+        .mode = a.mode, .mem_cap = a.mem_cap, .threads = a.threads, .lazy = true, .relay = a.relay};
     uint64_t t0 = wb_now_ns();
     /* refused as a job refuses it: a task over the cap would never start */
     if (wb_plan_build(&in, &po, &plan, &el) || wb_plan_check_cap(plan, &in, &el)) {
@@ -401,6 +438,7 @@ int main(int argc, char **argv)
     printf("wb-plan: %s (%s) -> %s, %zu trainer and %zu rollout tensors, planned in %.2f s\n",
            a.trainer, a.model, a.rollout, md.trainer.n, md.rollout.n, plan_s);
     wb_plan_print_summary(plan, &in, stdout);
+    wb_relay_print(plan, stdout);
     char warn[512];
     if (wb_plan_dtype_warning(&in, warn, sizeof(warn)))
         fprintf(stderr, "wb-plan: warning: %s (--config %s)\n", warn, a.config ? a.config : "-");
@@ -422,7 +460,12 @@ int main(int argc, char **argv)
             fail(&el, "verify", a.max_problems);
             goto out;
         }
-        printf("  verify: ok (every destination byte written once, every source held) in %.2f s\n",
+        printf("  verify: ok (every destination byte written once, every source held%s) in "
+               "%.2f s\n",
+               plan->relay.kind != WB_RELAY_OFF
+                   ? "; relay: every replica written once, by the trainers or a parent "
+                     "holding the same receive lists"
+                   : "",
                ck.verify_s);
     }
     if (a.estimate) {

@@ -32,9 +32,13 @@
 enum { MAX_STEPS = 4000000 };
 
 struct chunk {
-    uint32_t task; /* index into tasks, or gather instance | GATHER_BIT */
+    uint32_t task; /* index into tasks, or gather instance | GATHER_BIT, or RELAY_TASK */
+    uint32_t flow; /* a task's or a relay's: its flow (sim.flow), whose bytes a relay forwards */
     uint64_t left;
 };
+
+/* A chunk a relaying rollout forwards to a child (its flow's bytes, the same per copy). */
+enum { RELAY_TASK = UINT32_MAX };
 
 struct pair {
     uint32_t src, dst; /* node ids: trainers, then rollouts */
@@ -178,6 +182,18 @@ struct sim {
     uint32_t *nout, *nin;
     double *rollout_end; /* per rollout GPU: its last byte */
     size_t ndone;
+    /* Relay (wb_plan.relay, or the shape auto simulates): the forest over every replica; a
+     * trainer writes only copies to a root replica's ranks, and a chunk completing at a
+     * relaying rank is forwarded to the same local rank of each child replica (queued in rq
+     * while the step delivers, posted after it). */
+    bool relay;
+    uint32_t gpr, nrep;
+    uint32_t *rparent;   /* [nrep]: WB_RELAY_ROOT or the parent replica */
+    uint32_t *rkid0;     /* [nrep + 1]: replica j's children at rkids[rkid0[j] .. rkid0[j+1]) */
+    uint32_t *rkids;     /* [nrep] */
+    struct vec rq;       /* struct rpost: forwards to post after the step */
+    uint64_t relay_left; /* relay chunks posted and not yet delivered */
+    bool rq_err;
     double *barrier_done; /* per phase */
     uint32_t *phase_left; /* ranks not yet past the phase's last collective */
     double *arrive;       /* per phase: latest arrival */
@@ -369,7 +385,7 @@ static uint32_t class_of(struct sim *s, uint32_t dst, uint32_t w, uint32_t step)
 
 /* Queues `bytes` (per copy) from node a to node b and its copies. */
 static int post(struct sim *s, uint32_t a, uint32_t b, uint32_t w, uint32_t step, uint32_t id,
-                uint64_t bytes)
+                uint32_t flow, uint64_t bytes)
 {
     struct pair *p = get_pair(s, a, b, w, step);
     if (!p)
@@ -378,7 +394,7 @@ static int post(struct sim *s, uint32_t a, uint32_t b, uint32_t w, uint32_t step
         materialize(s, p, s->step);
     if (p->active && (double)p->left < 2 * p->rate + 1)
         s->shares_stale = true; /* its share may have been capped by what it had left */
-    struct chunk c = {id, bytes};
+    struct chunk c = {id, flow, bytes};
     if (!pl_vec_push(&p->q, &c))
         return -ENOMEM;
     p->left += bytes;
@@ -451,6 +467,20 @@ static int gather_inst(struct sim *s, uint64_t key, uint32_t *id)
     }
     s->ninst++;
     return 0;
+}
+
+/* The copies of record x the trainers write under a relay: those to root replicas, which in
+ * the forest over every replica are its first ones (a record's copies go to rising ranks). */
+static uint32_t relay_copies(const struct sim *s, const struct wb_rt_write *x)
+{
+    uint32_t n = 0, nc = wb_rt_copies(x);
+    while (n < nc) {
+        uint32_t d = wb_rt_copy_rank(x, n);
+        if (d >= s->nr || s->rparent[d / s->gpr] != WB_RELAY_ROOT)
+            break;
+        n++;
+    }
+    return n;
 }
 
 /* A reader of the tables: ranks [r0, r1). It writes their tasks in place, their collective
@@ -659,10 +689,15 @@ static void *read_ranks(void *arg)
             size_t f0 = rd->flow.n;
             e->f0 = (uint32_t)f0;
             uint32_t posts = 0;
+            uint64_t relay_bytes = 0;
             for (uint32_t w = 0; w < T->nwrites; w++) {
                 const struct wb_rt_write *x = &R.writes[w];
                 uint32_t g = x->dst_rank < p->nrollouts ? x->dst_rank : p->nrollouts;
                 uint32_t f = rd->seen[g], nc = wb_rt_copies(x), step = nc > 1 ? x->rank_step : 0;
+                if (s->relay && (nc = relay_copies(s, x)) == 0)
+                    continue; /* to relayed replicas only: their parents write them */
+                step = nc > 1 ? x->rank_step : 0;
+                relay_bytes += x->len * nc;
                 struct eflow *F = rd->flow.p;
                 if (f <= f0 || f > rd->flow.n || F[f - 1].dst != x->dst_rank || F[f - 1].w != nc ||
                     F[f - 1].step != step) {
@@ -677,6 +712,8 @@ static void *read_ranks(void *arg)
                 posts += nc * (x->len >= (64u << 10) ? (uint32_t)hw->nics_per_gpu : 1);
             }
             e->nflow = (uint32_t)(rd->flow.n - f0);
+            if (s->relay)
+                e->write_bytes = relay_bytes;
             /* the executor's one CPU thread launches the task's GPU ops and collectives and
              * posts its writes: all of that is CPU time on the rank's critical path */
             e->submit_s =
@@ -785,7 +822,8 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
     rd[0].r1 = rd[1].r0 = half;
     rd[1].r1 = nt;
     size_t *cend = NULL;
-    if (two && pl_lazy_of(p) && !(cend = malloc(((size_t)nt + 1) * sizeof(size_t)))) {
+    /* relay: every record is read (a stamped task's copies to root replicas are its own) */
+    if (two && pl_lazy_of(p) && !s->relay && !(cend = malloc(((size_t)nt + 1) * sizeof(size_t)))) {
         err = -ENOMEM;
         goto out;
     }
@@ -1042,6 +1080,79 @@ static int pop_events(struct sim *s)
     return 0;
 }
 
+/* ---------------------------------------------------------------- relay */
+
+/* A forward a relaying rollout posts once the step is delivered. */
+struct rpost {
+    uint32_t src, dst, flow; /* rollout ranks; the flow whose bytes it forwards */
+};
+
+/* Rollout rank g counted a chunk of `flow`: it forwards the same bytes to the same local rank
+ * of each child replica. The forwards are queued: a post may grow the pairs under the step's
+ * delivery loop; they are posted after it (a relay hop starts on the next step). */
+static void relay_forward(struct sim *s, uint32_t g, uint32_t flow)
+{
+    uint32_t j = g / s->gpr, l = g % s->gpr;
+    for (uint32_t i = s->rkid0[j]; i < s->rkid0[j + 1]; i++) {
+        struct rpost q = {g, s->rkids[i] * s->gpr + l, flow};
+        if (!pl_vec_push(&s->rq, &q))
+            s->rq_err = true;
+    }
+}
+
+/* A forwarded chunk landed at rollout rank g. */
+static void relay_landed(struct sim *s, uint32_t g, uint32_t flow, double when)
+{
+    if (when > s->rollout_end[g])
+        s->rollout_end[g] = when;
+    s->relay_left--;
+    relay_forward(s, g, flow);
+}
+
+/* Posts the forwards queued while the step was delivered. */
+static int relay_post(struct sim *s)
+{
+    if (s->rq_err)
+        return -ENOMEM;
+    const struct rpost *q = s->rq.p;
+    for (size_t i = 0; i < s->rq.n; i++) {
+        if (post(s, s->nt + q[i].src, s->nt + q[i].dst, 1, 0, RELAY_TASK, q[i].flow,
+                 s->flow[q[i].flow].bytes))
+            return -ENOMEM;
+        s->relay_left++;
+    }
+    s->rq.n = 0;
+    return 0;
+}
+
+/* The forest over every replica for shape (its children lists too); 0 or -ENOMEM. */
+static int relay_setup(struct sim *s, const struct wb_plan *p, const struct wb_relay *shape)
+{
+    s->relay = false;
+    if (!shape || shape->kind == WB_RELAY_OFF || !p->nrollouts || !p->recv)
+        return 0;
+    s->nrep = p->recv[p->nrollouts - 1].replica + 1;
+    s->gpr = p->nrollouts / s->nrep;
+    if (s->nrep < 2 || s->gpr * s->nrep != p->nrollouts)
+        return 0;
+    s->rparent = malloc(s->nrep * sizeof(uint32_t));
+    s->rkid0 = calloc(s->nrep + 2, sizeof(uint32_t));
+    s->rkids = malloc(s->nrep * sizeof(uint32_t));
+    if (!s->rparent || !s->rkid0 || !s->rkids)
+        return -ENOMEM;
+    wb_relay_forest(shape, s->nrep, NULL, s->rparent);
+    for (uint32_t j = 0; j < s->nrep; j++)
+        if (s->rparent[j] < s->nrep)
+            s->rkid0[s->rparent[j] + 2]++;
+    for (uint32_t j = 0; j < s->nrep; j++)
+        s->rkid0[j + 2] += s->rkid0[j + 1];
+    for (uint32_t j = 0; j < s->nrep; j++)
+        if (s->rparent[j] < s->nrep)
+            s->rkids[s->rkid0[s->rparent[j] + 1]++] = j;
+    s->relay = true;
+    return 0;
+}
+
 /* Delivers one step's share of a pair through its FIFO (chunk completions, task and gather
  * ends); the pair is then as at the start of the next step. */
 static void deliver(struct sim *s, struct pair *p, double t, double dt)
@@ -1059,15 +1170,20 @@ static void deliver(struct sim *s, struct pair *p, double t, double dt)
         p->left -= c->left;
         c->left = 0;
         double when = t + dt * (frac < 0 ? 0 : frac > 1 ? 1 : frac);
-        if (c->task & (1u << 31)) {
+        if (c->task == RELAY_TASK) {
+            relay_landed(s, p->dst - s->nt, c->flow, when);
+        } else if (c->task & (1u << 31)) {
             struct inst *in = &s->inst[c->task & ~(1u << 31)];
             if (--in->nflows == 0)
                 in->t_done = when;
         } else {
             struct etask *e = &s->task[c->task];
-            for (uint32_t k = 0, d = p->dst; p->dst >= s->nt && k < p->w; k++, d += p->step)
+            for (uint32_t k = 0, d = p->dst; p->dst >= s->nt && k < p->w; k++, d += p->step) {
                 if (when > s->rollout_end[d - s->nt])
                     s->rollout_end[d - s->nt] = when;
+                if (s->relay)
+                    relay_forward(s, d - s->nt, c->flow);
+            }
             if (--e->pending == 0) {
                 e->done = true;
                 e->t_end = when;
@@ -1207,7 +1323,7 @@ static double run_stage(struct sim *s, struct rank_state *rs, uint32_t *idx, uin
             e->pending = e->nflow;
             for (uint32_t f = e->f0; f < e->f0 + e->nflow; f++)
                 if (post(s, e->rank, s->nt + s->flow[f].dst, s->flow[f].w, s->flow[f].step,
-                         rs->t0 + *idx, s->flow[f].bytes))
+                         rs->t0 + *idx, f, s->flow[f].bytes))
                     return -1;
             if (e->nflow == 0) {
                 e->done = true;
@@ -1285,7 +1401,7 @@ static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct
                     in->nflows = f1 - in->f0;
                     in->t_done = in->nflows ? INFINITY : t + hw->gather_s;
                     for (uint32_t f = in->f0; f < f1; f++)
-                        if (post(s, s->rflow[f].src, s->rflow[f].dst, 1, 0,
+                        if (post(s, s->rflow[f].src, s->rflow[f].dst, 1, 0, 0,
                                  (uint32_t)(in - s->inst) | (1u << 31), s->rflow[f].bytes))
                             return -1;
                 }
@@ -1447,6 +1563,50 @@ static int lower_bound(const struct sim *s, double te, double re, double *out, c
     *out = lb;
     return 0;
 }
+/* The lower bound under a relay: the busiest NIC, now with each trainer's egress its copies
+ * to root replicas only, and a relaying rollout's egress its received bytes times its
+ * children; the trainers' copy engine, GPU and CPU as without. */
+static int relay_bound(const struct sim *s, double te, double re, double *out, char *bound,
+                       size_t cap)
+{
+    double lb = 0;
+    snprintf(bound, cap, "nothing to move");
+    uint64_t *eg = calloc(s->nt + 1, sizeof(uint64_t));
+    if (!eg)
+        return -ENOMEM;
+    for (size_t i = 0; i < s->ntask; i++)
+        for (uint32_t f = s->task[i].f0; f < s->task[i].f0 + s->task[i].nflow; f++)
+            eg[s->task[i].rank] += s->flow[f].bytes * s->flow[f].w;
+    for (size_t i = 0; i < s->nrflow; i++)
+        eg[s->rflow[i].src] += s->rflow[i].bytes;
+    char b1[32];
+    for (uint32_t r = 0; r < s->nt; r++)
+        BOUND((double)eg[r] / te, "trainer rank %u's NIC egress: %s at %.1f GB/s", r,
+              wb_fmt_bytes(eg[r], b1, 32), te / 1e9);
+    free(eg);
+    for (uint32_t g = 0; g < s->nr; g++) {
+        uint32_t j = g / s->gpr, kids = s->rkid0[j + 1] - s->rkid0[j];
+        uint64_t in = s->p->stats.recv_bytes[g], outb = in * kids;
+        bool o = outb > in;
+        BOUND((double)(o ? outb : in) / re,
+              "rollout rank %u's NIC %s (replica %u, %s): %s at %.1f GB/s", g,
+              o ? "egress" : "ingress", j, o ? "relaying" : "its own bytes",
+              wb_fmt_bytes(o ? outb : in, b1, 32), re / 1e9);
+    }
+    for (uint32_t r = 0; r < s->nt; r++) {
+        double h = 0, q = 0, cpu = 0;
+        for (uint32_t k = 0; k < s->rs[r].nt; k++) {
+            h += s->task[s->rs[r].t0 + k].h2d_s;
+            q += s->task[s->rs[r].t0 + k].gpu_s;
+            cpu += s->task[s->rs[r].t0 + k].submit_s;
+        }
+        BOUND(h, "trainer rank %u's host-to-device copies", r);
+        BOUND(q, "trainer rank %u's GPU ops (fuse, cast, quantize)", r);
+        BOUND(cpu, "trainer rank %u's CPU (launching ops, posting writes)", r);
+    }
+    *out = lb;
+    return 0;
+}
 #undef BOUND
 
 /* The step: fine enough that per-step granularity stays small against the whole, and against
@@ -1503,7 +1663,7 @@ static int simulate(struct sim *s, const struct wb_hw *th, double dt, const atom
     for (uint32_t q = 0; q < s->nphases; q++)
         if (s->barrier_done[q] == INFINITY && s->phase_left[q] == 0)
             s->barrier_done[q] = th->barrier_s;
-    for (size_t step = 0; done_tasks < s->ntask; step++) {
+    for (size_t step = 0; done_tasks < s->ntask || s->relay_left || s->rq.n; step++) {
         if (stop && atomic_load_explicit(stop, memory_order_relaxed)) {
             rc = -ECANCELED;
             break;
@@ -1575,7 +1735,7 @@ static int simulate(struct sim *s, const struct wb_hw *th, double dt, const atom
         double sent = 0, gsent = 0;
         uint64_t tc = wb_now_ns();
         t_stage += tc - tb;
-        if ((rc = net_step(s, t, dt, &sent, &gsent)))
+        if ((rc = net_step(s, t, dt, &sent, &gsent)) || (s->relay && (rc = relay_post(s))))
             break;
         t_net += wb_now_ns() - tc;
         t += dt;
@@ -1585,7 +1745,7 @@ static int simulate(struct sim *s, const struct wb_hw *th, double dt, const atom
             break;
         }
         done_tasks = s->ndone;
-        stall = done_tasks == last_done ? stall + 1 : 0;
+        stall = done_tasks == last_done && !s->relay_left ? stall + 1 : 0;
         last_done = done_tasks;
         if (stall > 2000000) {
             wb_errlist_add(el, "estimate: simulation stalled at %.3f s", t);
@@ -1688,6 +1848,10 @@ static void sim_free(struct sim *s)
     pl_vec_free(&s->due);
     pl_vec_free(&s->eagerl);
     pl_vec_free(&s->tstep);
+    free(s->rparent);
+    free(s->rkid0);
+    free(s->rkids);
+    pl_vec_free(&s->rq);
     free(s->barrier_done);
     free(s->arrive);
     free(s->phase_left);
@@ -1705,12 +1869,21 @@ static bool hw_same(const struct wb_hw *a, const struct wb_hw *b)
            a->barrier_s == b->barrier_s && a->gather_s == b->gather_s;
 }
 
+static bool relay_same(const struct wb_relay *a, const struct wb_relay *b)
+{
+    bool off_a = !a || a->kind == WB_RELAY_OFF, off_b = !b || b->kind == WB_RELAY_OFF;
+    if (off_a || off_b)
+        return off_a == off_b;
+    return a->kind == b->kind && a->fanout == b->fanout && a->roots == b->roots;
+}
+
 /* The memo of p when it was made from what in gives now, else NULL. */
 static const struct pl_est_memo *memo_for(const struct wb_plan *p, const struct wb_plan_input *in)
 {
     const struct pl_est_memo *m = pl_plan_of(p)->memo;
     if (!m || !hw_same(&m->th, &in->tl->hw) || !hw_same(&m->rh, &in->rl->hw) ||
-        m->gpus_per_node != in->tl->gpus_per_node || m->mem_cap != p->mem_cap)
+        m->gpus_per_node != in->tl->gpus_per_node || m->mem_cap != p->mem_cap ||
+        !relay_same(&m->relay, &p->relay))
         return NULL;
     return m;
 }
@@ -1774,6 +1947,7 @@ void pl_est_memo_set(struct wb_plan *p, const struct wb_plan_input *in, struct w
     m->rh = in->rl->hw;
     m->gpus_per_node = in->tl->gpus_per_node;
     m->mem_cap = p->mem_cap;
+    m->relay = p->relay;
     pl_plan_of(p)->memo = m;
 }
 
@@ -1788,8 +1962,8 @@ void pl_est_memo_free(struct wb_plan *p)
 }
 
 static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
-                    struct wb_estimate *out, struct wb_errlist *el, const atomic_bool *stop,
-                    struct gate *read)
+                    const struct wb_relay *shape, struct wb_estimate *out, struct wb_errlist *el,
+                    const atomic_bool *stop, struct gate *read)
 {
     const struct wb_hw *th = &in->tl->hw, *rh = &in->rl->hw;
     if (th->nic_gbps <= 0 || rh->nic_gbps <= 0) {
@@ -1798,6 +1972,8 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
         return -WB_E_CONFIG;
     }
     const struct pl_est_memo *m = memo_for(p, in);
+    if (m && !relay_same(&m->relay, shape))
+        m = NULL;
     if (m) {
         gate_set(read);
         return memo_copy(p, m, out);
@@ -1818,10 +1994,13 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     pl_vec_init(&s.due, sizeof(uint64_t));
     pl_vec_init(&s.eagerl, sizeof(uint32_t));
     pl_vec_init(&s.tstep, sizeof(double));
+    pl_vec_init(&s.rq, sizeof(struct rpost));
     struct wb_estimate e;
     memset(&e, 0, sizeof(e));
     uint64_t t_build = wb_now_ns();
-    int rc = s.phash ? build(&s, in, &rflows) : -ENOMEM;
+    int rc = s.phash ? relay_setup(&s, p, shape) : -ENOMEM;
+    if (!rc)
+        rc = build(&s, in, &rflows);
     t_build = wb_now_ns() - t_build;
     gate_set(read);
     if (rc == -E2BIG) {
@@ -1846,7 +2025,8 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     }
 
     double lb = 0;
-    if ((rc = lower_bound(&s, te, re, &lb, e.bound, sizeof(e.bound))))
+    if ((rc = s.relay ? relay_bound(&s, te, re, &lb, e.bound, sizeof(e.bound))
+                      : lower_bound(&s, te, re, &lb, e.bound, sizeof(e.bound))))
         goto out;
     e.lower_bound_s = lb;
 
@@ -1877,7 +2057,13 @@ out:
 int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
                      struct wb_estimate *out, struct wb_errlist *el)
 {
-    return estimate(p, in, out, el, NULL, NULL);
+    return estimate(p, in, &p->relay, out, el, NULL, NULL);
+}
+
+int pl_estimate_relay(const struct wb_plan *p, const struct wb_plan_input *in,
+                      const struct wb_relay *shape, struct wb_estimate *out, struct wb_errlist *el)
+{
+    return estimate(p, in, shape, out, el, NULL, NULL);
 }
 
 struct verify_job {
@@ -1912,7 +2098,8 @@ void wb_plan_verify_estimate(const struct wb_plan *p, const struct wb_plan_input
         res->verify_rc = pl_verify(p, in, verify_el, true);
         res->verify_s = (double)(wb_now_ns() - t0) * 1e-9;
         t0 = wb_now_ns();
-        res->est_rc = res->verify_rc ? -ECANCELED : estimate(p, in, est, est_el, NULL, NULL);
+        res->est_rc =
+            res->verify_rc ? -ECANCELED : estimate(p, in, &p->relay, est, est_el, NULL, NULL);
         res->est_s = (double)(wb_now_ns() - t0) * 1e-9;
         return;
     }
@@ -1929,7 +2116,8 @@ void wb_plan_verify_estimate(const struct wb_plan *p, const struct wb_plan_input
         j.s = (double)(wb_now_ns() - t0) * 1e-9;
     }
     uint64_t t0 = wb_now_ns();
-    res->est_rc = side || !j.rc ? estimate(p, in, est, est_el, &stop, &read) : -ECANCELED;
+    res->est_rc =
+        side || !j.rc ? estimate(p, in, &p->relay, est, est_el, &stop, &read) : -ECANCELED;
     gate_set(&read); /* an estimate that failed before reading */
     res->est_s = (double)(wb_now_ns() - t0) * 1e-9;
     if (side)

@@ -884,6 +884,57 @@ static void jw_estimate(struct jw *w, const struct wb_estimate *e, const struct 
     jw_raw(w, "}}");
 }
 
+/* The relay (a plan with one, or whose relay auto chose): the shape, the forest over every
+ * replica ("parent": -1 for a root, the writing replica otherwise) and auto's simulated
+ * shapes. A plan without relay asked has no "relay" key, so its JSON is as before. */
+static void jw_relay(struct jw *w, const struct wb_plan *p)
+{
+    if (p->relay.kind == WB_RELAY_OFF && !p->relay_tried)
+        return;
+    jw_raw(w, ",\n\"relay\":{\"kind\":");
+    jw_str(w, wb_relay_kind_names[p->relay.kind]);
+    jw_raw(w, ",\"fanout\":");
+    jw_u64(w, p->relay.fanout);
+    jw_raw(w, ",\"roots\":");
+    jw_u64(w, p->relay.roots);
+    uint32_t nrep = p->nrollouts && p->recv ? p->recv[p->nrollouts - 1].replica + 1 : 0;
+    uint32_t *parent = malloc(((size_t)nrep + 1) * sizeof(uint32_t));
+    if (!parent) {
+        w->err = -ENOMEM;
+        return;
+    }
+    wb_relay_forest(&p->relay, nrep, NULL, parent);
+    jw_raw(w, ",\"parent\":[");
+    for (uint32_t j = 0; j < nrep; j++) {
+        if (j)
+            jw_ch(w, ',');
+        if (parent[j] == WB_RELAY_ROOT)
+            jw_raw(w, "-1");
+        else
+            jw_u64(w, parent[j]);
+    }
+    free(parent);
+    jw_raw(w, "],\"tried\":[");
+    for (uint32_t i = 0; i < p->nrelay_tried; i++) {
+        const struct wb_relay_try *t = &p->relay_tried[i];
+        jw_raw(w, i ? ",{\"kind\":" : "{\"kind\":");
+        jw_str(w, wb_relay_kind_names[t->shape.kind]);
+        jw_raw(w, ",\"fanout\":");
+        jw_u64(w, t->shape.fanout);
+        jw_raw(w, ",\"roots\":");
+        jw_u64(w, t->shape.roots);
+        jw_raw(w, ",\"bound_s\":");
+        jw_f(w, t->bound_s);
+        jw_raw(w, ",\"total_s\":");
+        if (t->total_s == INFINITY)
+            jw_raw(w, "null");
+        else
+            jw_f(w, t->total_s);
+        jw_ch(w, '}');
+    }
+    jw_raw(w, "]}");
+}
+
 int wb_plan_write_json(const struct wb_plan *p, const struct wb_plan_input *in, bool tables,
                        FILE *f)
 {
@@ -900,6 +951,7 @@ int wb_plan_write_json_est(const struct wb_plan *p, const struct wb_plan_input *
     w->n = 0;
     w->err = 0;
     jw_summary(w, p);
+    jw_relay(w, p);
     if (est)
         jw_estimate(w, est, p);
     int rc = 0;

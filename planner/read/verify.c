@@ -1352,5 +1352,9 @@ int pl_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb
     free(v.tcls);
     if (r)
         return r;
-    return v.pr.n ? -WB_E_PLAN : 0;
+    /* under a relay, the replicas the trainers do not write are written by their parents */
+    int rr = p->relay.kind != WB_RELAY_OFF ? pl_relay_verify_plan(p, el) : 0;
+    if (rr == -ENOMEM)
+        return rr;
+    return v.pr.n || rr ? -WB_E_PLAN : 0;
 }

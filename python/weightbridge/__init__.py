@@ -549,6 +549,11 @@ class _ModelSrc(ctypes.Structure):
     ]
 
 
+class _Relay(ctypes.Structure):
+    # struct wb_relay (planner/planner.h): zeroed = off
+    _fields_ = [("kind", ctypes.c_int), ("fanout", ctypes.c_uint32), ("roots", ctypes.c_uint32)]
+
+
 class _PlanOpts(ctypes.Structure):
     # struct wb_plan_opts (planner/planner.h)
     _fields_ = [
@@ -557,6 +562,7 @@ class _PlanOpts(ctypes.Structure):
         ("threads", ctypes.c_uint32),
         ("lazy", ctypes.c_bool),
         ("fit_cap", ctypes.c_bool),
+        ("relay", _Relay),
     ]
 
 

@@ -55,7 +55,7 @@ struct field {
 static const struct field plan_opts[] = {
     FIELD(struct wb_plan_opts, mode),    FIELD(struct wb_plan_opts, mem_cap),
     FIELD(struct wb_plan_opts, threads), FIELD(struct wb_plan_opts, lazy),
-    FIELD(struct wb_plan_opts, fit_cap),
+    FIELD(struct wb_plan_opts, fit_cap), FIELD(struct wb_plan_opts, relay),
 };
 
 static const struct field model_src[] = {

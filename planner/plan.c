@@ -787,8 +787,8 @@ int pl_plan_build(const struct wb_plan_input *in, const struct wb_plan_opts *opt
         fit_cap(*out);
     if (r)
         return r;
-    if (relay.kind != WB_RELAY_AUTO) {
-        (*out)->relay = in->rl->replicas > 1 ? relay : (struct wb_relay){WB_RELAY_OFF, 0, 0};
+    if (relay.kind != WB_PLAN_RELAY_AUTO) {
+        (*out)->relay = in->rl->replicas > 1 ? relay : (struct wb_relay){WB_PLAN_RELAY_OFF, 0, 0};
         return 0;
     }
     (*out)->relay = relay; /* the roots asked for, if any: auto keeps them */

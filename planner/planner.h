@@ -261,7 +261,14 @@ static inline struct wb_plan_input wb_model_input(const struct wb_model *m)
  * rank by rank: congruence is checked, wb_relay_verify). OFF is today's plan: the trainers
  * write every replica. AUTO is only a request: wb_plan_build() simulates the shapes that can
  * win on the layouts' hardware model and records the fastest (off included). */
-enum wb_relay_kind { WB_RELAY_OFF = 0, WB_RELAY_CHAIN, WB_RELAY_TREE, WB_RELAY_AUTO };
+/* (The numbers are kept: a job's relay key can be stored as the same integer; the names carry
+ * PLAN_ so that a part naming its own relay switch WB_RELAY_* can include this header.) */
+enum wb_relay_kind {
+    WB_PLAN_RELAY_OFF = 0,
+    WB_PLAN_RELAY_CHAIN,
+    WB_PLAN_RELAY_TREE,
+    WB_PLAN_RELAY_AUTO
+};
 /* The names, indexed by enum wb_relay_kind, NULL-terminated (a config loader's choices). */
 extern const char *const wb_relay_kind_names[];
 /* "off", "chain", "tree", "auto" -> *out; -EINVAL otherwise. */

@@ -17,8 +17,8 @@
 #include "planner/plan_int.h"
 
 const char *const wb_relay_kind_names[] = {
-    [WB_RELAY_OFF] = "off",   [WB_RELAY_CHAIN] = "chain", [WB_RELAY_TREE] = "tree",
-    [WB_RELAY_AUTO] = "auto", [WB_RELAY_AUTO + 1] = NULL,
+    [WB_PLAN_RELAY_OFF] = "off",   [WB_PLAN_RELAY_CHAIN] = "chain", [WB_PLAN_RELAY_TREE] = "tree",
+    [WB_PLAN_RELAY_AUTO] = "auto", [WB_PLAN_RELAY_AUTO + 1] = NULL,
 };
 
 int wb_relay_kind_parse(const char *s, enum wb_relay_kind *out)
@@ -35,11 +35,11 @@ int wb_relay_resolve(const struct wb_relay *in, uint32_t replicas, struct wb_rel
                      size_t cap)
 {
     struct wb_relay r = *in;
-    if ((unsigned)r.kind > WB_RELAY_AUTO) {
+    if ((unsigned)r.kind > WB_PLAN_RELAY_AUTO) {
         snprintf(err, cap, "relay: unknown kind %d (off, chain, tree or auto)", (int)r.kind);
         return -WB_E_CONFIG;
     }
-    if (r.kind == WB_RELAY_OFF) {
+    if (r.kind == WB_PLAN_RELAY_OFF) {
         if (r.fanout || r.roots) {
             snprintf(err, cap,
                      "relay off: a fanout (%" PRIu32 ") or roots (%" PRIu32
@@ -47,16 +47,16 @@ int wb_relay_resolve(const struct wb_relay *in, uint32_t replicas, struct wb_rel
                      r.fanout, r.roots);
             return -WB_E_CONFIG;
         }
-        *out = (struct wb_relay){WB_RELAY_OFF, 0, 0};
+        *out = (struct wb_relay){WB_PLAN_RELAY_OFF, 0, 0};
         return 0;
     }
-    if (r.kind == WB_RELAY_CHAIN && r.fanout > 1) {
+    if (r.kind == WB_PLAN_RELAY_CHAIN && r.fanout > 1) {
         snprintf(err, cap,
                  "relay chain: fanout %" PRIu32 " (a chain has fanout 1; a tree has more)",
                  r.fanout);
         return -WB_E_CONFIG;
     }
-    if (r.kind == WB_RELAY_TREE && r.fanout == 1) {
+    if (r.kind == WB_PLAN_RELAY_TREE && r.fanout == 1) {
         snprintf(err, cap, "relay tree: fanout 1 is a chain (relay chain), a tree has 2 or more");
         return -WB_E_CONFIG;
     }
@@ -69,11 +69,11 @@ int wb_relay_resolve(const struct wb_relay *in, uint32_t replicas, struct wb_rel
                  r.roots, replicas, replicas == 1 ? "" : "s");
         return -WB_E_CONFIG;
     }
-    if (r.kind == WB_RELAY_CHAIN)
+    if (r.kind == WB_PLAN_RELAY_CHAIN)
         r.fanout = 1;
-    else if (r.kind == WB_RELAY_TREE && !r.fanout)
+    else if (r.kind == WB_PLAN_RELAY_TREE && !r.fanout)
         r.fanout = 2;
-    if (!r.roots && r.kind != WB_RELAY_AUTO)
+    if (!r.roots && r.kind != WB_PLAN_RELAY_AUTO)
         r.roots = 1;
     *out = r;
     return 0;
@@ -82,7 +82,9 @@ int wb_relay_resolve(const struct wb_relay *in, uint32_t replicas, struct wb_rel
 void wb_relay_forest(const struct wb_relay *shape, uint32_t replicas, const bool *member,
                      uint32_t *parent)
 {
-    uint32_t roots = shape->kind == WB_RELAY_OFF ? UINT32_MAX : shape->roots ? shape->roots : 1;
+    uint32_t roots = shape->kind == WB_PLAN_RELAY_OFF ? UINT32_MAX
+                     : shape->roots                   ? shape->roots
+                                                      : 1;
     uint32_t k = shape->fanout ? shape->fanout : 1;
     /* i: the place among the members; the member at place q is remembered while filling in
      * order (a place's parent is an earlier place) */
@@ -296,8 +298,8 @@ static int cand_cmp(const void *a, const void *b)
     if (x->bucket != y->bucket)
         return x->bucket < y->bucket ? -1 : 1;
     /* off: every replica a root */
-    uint32_t rx = x->shape.kind == WB_RELAY_OFF ? UINT32_MAX : x->shape.roots;
-    uint32_t ry = y->shape.kind == WB_RELAY_OFF ? UINT32_MAX : y->shape.roots;
+    uint32_t rx = x->shape.kind == WB_PLAN_RELAY_OFF ? UINT32_MAX : x->shape.roots;
+    uint32_t ry = y->shape.kind == WB_PLAN_RELAY_OFF ? UINT32_MAX : y->shape.roots;
     if (rx != ry)
         return rx > ry ? -1 : 1;
     return (int)x->shape.fanout - (int)y->shape.fanout;
@@ -307,7 +309,7 @@ int pl_relay_choose(struct wb_plan *p, const struct wb_plan_input *in)
 {
     const struct wb_hw *th = &in->tl->hw, *rh = &in->rl->hw;
     uint32_t nrep = in->rl->replicas, want_roots = p->relay.roots;
-    p->relay = (struct wb_relay){WB_RELAY_OFF, 0, 0};
+    p->relay = (struct wb_relay){WB_PLAN_RELAY_OFF, 0, 0};
     if (nrep < 2 || th->nic_gbps <= 0 || rh->nic_gbps <= 0)
         return 0; /* nothing to relay, or no model to choose by: off */
     double te = th->nic_gbps * 1e9 / 8 * (double)th->nics_per_gpu * th->nic_efficiency;
@@ -320,14 +322,15 @@ int pl_relay_choose(struct wb_plan *p, const struct wb_plan_input *in)
     double t_send = (double)max_send / te, t_recv = (double)max_recv / re;
     struct cand c[2 * 32 + 1];
     size_t n = 0;
-    c[n++] = (struct cand){{WB_RELAY_OFF, 0, 0}, t_send > t_recv ? t_send : t_recv};
+    c[n++] = (struct cand){{WB_PLAN_RELAY_OFF, 0, 0}, t_send > t_recv ? t_send : t_recv};
     for (uint32_t fan = 1; fan <= 2; fan++)
         for (uint32_t roots = 1; roots < nrep; roots *= 2) {
             uint32_t R = want_roots ? want_roots : roots;
             double b = t_send * R / nrep, relay_out = t_recv * fan;
             b = b > t_recv ? b : t_recv;
             b = b > relay_out ? b : relay_out;
-            c[n++] = (struct cand){{fan == 1 ? WB_RELAY_CHAIN : WB_RELAY_TREE, fan, R}, b};
+            c[n++] =
+                (struct cand){{fan == 1 ? WB_PLAN_RELAY_CHAIN : WB_PLAN_RELAY_TREE, fan, R}, b};
             if (want_roots)
                 break;
         }
@@ -350,16 +353,16 @@ int pl_relay_choose(struct wb_plan *p, const struct wb_plan_input *in)
     struct wb_estimate best;
     memset(&best, 0, sizeof(best));
     double best_s = INFINITY;
-    struct wb_relay best_shape = {WB_RELAY_OFF, 0, 0};
+    struct wb_relay best_shape = {WB_PLAN_RELAY_OFF, 0, 0};
     for (size_t i = 0; i < n; i++) {
         struct wb_relay_try *t = &p->relay_tried[p->nrelay_tried++];
         *t = (struct wb_relay_try){c[i].shape, INFINITY, c[i].bound};
-        unsigned kd = c[i].shape.kind == WB_RELAY_TREE ? 2 : 1;
+        unsigned kd = c[i].shape.kind == WB_PLAN_RELAY_TREE ? 2 : 1;
         if (c[i].bound >= best_s) {
             t->skipped = WB_RELAY_TRY_BOUND;
             continue;
         }
-        if (c[i].shape.kind != WB_RELAY_OFF && c[i].shape.roots < kind_stop[kd]) {
+        if (c[i].shape.kind != WB_PLAN_RELAY_OFF && c[i].shape.roots < kind_stop[kd]) {
             t->skipped = WB_RELAY_TRY_HOPS;
             continue;
         }
@@ -421,13 +424,13 @@ int pl_relay_verify_plan(const struct wb_plan *p, struct wb_errlist *el)
 const char *wb_relay_str(const struct wb_relay *r, char *buf, size_t cap)
 {
     uint32_t roots = r->roots ? r->roots : 1;
-    if (r->kind == WB_RELAY_CHAIN)
+    if (r->kind == WB_PLAN_RELAY_CHAIN)
         snprintf(buf, cap, "chain, %" PRIu32 " root%s", roots, roots == 1 ? "" : "s");
-    else if (r->kind == WB_RELAY_TREE)
+    else if (r->kind == WB_PLAN_RELAY_TREE)
         snprintf(buf, cap, "tree of fanout %" PRIu32 ", %" PRIu32 " root%s", r->fanout, roots,
                  roots == 1 ? "" : "s");
     else
-        snprintf(buf, cap, "%s", r->kind == WB_RELAY_AUTO ? "auto" : "off");
+        snprintf(buf, cap, "%s", r->kind == WB_PLAN_RELAY_AUTO ? "auto" : "off");
     return buf;
 }
 
@@ -472,7 +475,7 @@ void wb_relay_print(const struct wb_plan *p, FILE *f)
         }
         fprintf(f, "\n");
     }
-    if (p->relay.kind == WB_RELAY_OFF) {
+    if (p->relay.kind == WB_PLAN_RELAY_OFF) {
         if (p->relay_tried)
             fprintf(f, "  relay: off (chosen: the trainers write every replica)\n");
         return;

@@ -292,7 +292,7 @@ static int parse_args(int argc, char **argv, struct args *a)
         fprintf(stderr, "wb-plan: missing %s\n%s", missing, usage);
         return 2;
     }
-    if ((a->relay.fanout || a->relay.roots) && a->relay.kind == WB_RELAY_OFF) {
+    if ((a->relay.fanout || a->relay.roots) && a->relay.kind == WB_PLAN_RELAY_OFF) {
         fprintf(stderr, "wb-plan: --relay-fanout and --relay-roots go with --relay chain, tree or "
                         "auto\n");
         return 2;
@@ -462,7 +462,7 @@ int main(int argc, char **argv)
         }
         printf("  verify: ok (every destination byte written once, every source held%s) in "
                "%.2f s\n",
-               plan->relay.kind != WB_RELAY_OFF
+               plan->relay.kind != WB_PLAN_RELAY_OFF
                    ? "; relay: every replica written once, by the trainers or a parent "
                      "holding the same receive lists"
                    : "",

@@ -1129,7 +1129,7 @@ static int relay_post(struct sim *s)
 static int relay_setup(struct sim *s, const struct wb_plan *p, const struct wb_relay *shape)
 {
     s->relay = false;
-    if (!shape || shape->kind == WB_RELAY_OFF || !p->nrollouts || !p->recv)
+    if (!shape || shape->kind == WB_PLAN_RELAY_OFF || !p->nrollouts || !p->recv)
         return 0;
     s->nrep = p->recv[p->nrollouts - 1].replica + 1;
     s->gpr = p->nrollouts / s->nrep;
@@ -1871,7 +1871,7 @@ static bool hw_same(const struct wb_hw *a, const struct wb_hw *b)
 
 static bool relay_same(const struct wb_relay *a, const struct wb_relay *b)
 {
-    bool off_a = !a || a->kind == WB_RELAY_OFF, off_b = !b || b->kind == WB_RELAY_OFF;
+    bool off_a = !a || a->kind == WB_PLAN_RELAY_OFF, off_b = !b || b->kind == WB_PLAN_RELAY_OFF;
     if (off_a || off_b)
         return off_a == off_b;
     return a->kind == b->kind && a->fanout == b->fanout && a->roots == b->roots;

@@ -889,7 +889,7 @@ static void jw_estimate(struct jw *w, const struct wb_estimate *e, const struct 
  * shapes. A plan without relay asked has no "relay" key, so its JSON is as before. */
 static void jw_relay(struct jw *w, const struct wb_plan *p)
 {
-    if (p->relay.kind == WB_RELAY_OFF && !p->relay_tried)
+    if (p->relay.kind == WB_PLAN_RELAY_OFF && !p->relay_tried)
         return;
     jw_raw(w, ",\n\"relay\":{\"kind\":");
     jw_str(w, wb_relay_kind_names[p->relay.kind]);

@@ -1353,7 +1353,7 @@ int pl_verify(const struct wb_plan *p, const struct wb_plan_input *in, struct wb
     if (r)
         return r;
     /* under a relay, the replicas the trainers do not write are written by their parents */
-    int rr = p->relay.kind != WB_RELAY_OFF ? pl_relay_verify_plan(p, el) : 0;
+    int rr = p->relay.kind != WB_PLAN_RELAY_OFF ? pl_relay_verify_plan(p, el) : 0;
     if (rr == -ENOMEM)
         return rr;
     return v.pr.n || rr ? -WB_E_PLAN : 0;

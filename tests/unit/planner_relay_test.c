@@ -49,15 +49,15 @@ static void test_forest_shapes(void)
 {
     const uint32_t R = WB_RELAY_ROOT, A = WB_RELAY_ABSENT;
     uint32_t p[8];
-    struct wb_relay chain = {WB_RELAY_CHAIN, 1, 1};
+    struct wb_relay chain = {WB_PLAN_RELAY_CHAIN, 1, 1};
     wb_relay_forest(&chain, 4, NULL, p);
     CHECK(p[0] == R && p[1] == 0 && p[2] == 1 && p[3] == 2);
     /* two roots: two chains interleaved, 0 -> 2 -> 4 and 1 -> 3 */
-    struct wb_relay chain2 = {WB_RELAY_CHAIN, 1, 2};
+    struct wb_relay chain2 = {WB_PLAN_RELAY_CHAIN, 1, 2};
     wb_relay_forest(&chain2, 5, NULL, p);
     CHECK(p[0] == R && p[1] == R && p[2] == 0 && p[3] == 1 && p[4] == 2);
     /* a tree fills level by level */
-    struct wb_relay tree = {WB_RELAY_TREE, 2, 1};
+    struct wb_relay tree = {WB_PLAN_RELAY_TREE, 2, 1};
     wb_relay_forest(&tree, 7, NULL, p);
     CHECK(p[0] == R && p[1] == 0 && p[2] == 0 && p[3] == 1 && p[4] == 1 && p[5] == 2 && p[6] == 2);
     /* members only: replica 1 left the attempt, 3 takes its place after 0 */
@@ -65,7 +65,7 @@ static void test_forest_shapes(void)
     wb_relay_forest(&chain, 4, member, p);
     CHECK(p[0] == R && p[1] == A && p[2] == 0 && p[3] == 2);
     /* off: every member a root */
-    struct wb_relay off = {WB_RELAY_OFF, 0, 0};
+    struct wb_relay off = {WB_PLAN_RELAY_OFF, 0, 0};
     wb_relay_forest(&off, 4, member, p);
     CHECK(p[0] == R && p[1] == A && p[2] == R && p[3] == R);
     /* the edges and roots the rollouts are told */
@@ -89,24 +89,27 @@ static void test_resolve(void)
     struct wb_relay out;
     enum wb_relay_kind k;
     CHECK_INT(wb_relay_kind_parse("tree", &k), 0);
-    CHECK_INT(k, WB_RELAY_TREE);
+    CHECK_INT(k, WB_PLAN_RELAY_TREE);
     CHECK_INT(wb_relay_kind_parse("ring", &k), -EINVAL);
-    CHECK_INT(wb_relay_resolve(&(struct wb_relay){WB_RELAY_TREE, 0, 0}, 4, &out, err, sizeof(err)),
-              0);
-    CHECK(out.kind == WB_RELAY_TREE && out.fanout == 2 && out.roots == 1);
-    CHECK_INT(wb_relay_resolve(&(struct wb_relay){WB_RELAY_CHAIN, 0, 3}, 4, &out, err, sizeof(err)),
-              0);
-    CHECK(out.kind == WB_RELAY_CHAIN && out.fanout == 1 && out.roots == 3);
+    CHECK_INT(
+        wb_relay_resolve(&(struct wb_relay){WB_PLAN_RELAY_TREE, 0, 0}, 4, &out, err, sizeof(err)),
+        0);
+    CHECK(out.kind == WB_PLAN_RELAY_TREE && out.fanout == 2 && out.roots == 1);
+    CHECK_INT(
+        wb_relay_resolve(&(struct wb_relay){WB_PLAN_RELAY_CHAIN, 0, 3}, 4, &out, err, sizeof(err)),
+        0);
+    CHECK(out.kind == WB_PLAN_RELAY_CHAIN && out.fanout == 1 && out.roots == 3);
     struct {
         struct wb_relay in;
         const char *err;
     } bad[] = {
-        {{WB_RELAY_CHAIN, 3, 0}, "relay chain: fanout 3 (a chain has fanout 1; a tree has more)"},
-        {{WB_RELAY_TREE, 1, 0},
+        {{WB_PLAN_RELAY_CHAIN, 3, 0},
+         "relay chain: fanout 3 (a chain has fanout 1; a tree has more)"},
+        {{WB_PLAN_RELAY_TREE, 1, 0},
          "relay tree: fanout 1 is a chain (relay chain), a tree has 2 or "
          "more"},
-        {{WB_RELAY_TREE, 2, 5}, "relay roots 5: the rollout has 4 replicas"},
-        {{WB_RELAY_OFF, 0, 2},
+        {{WB_PLAN_RELAY_TREE, 2, 5}, "relay roots 5: the rollout has 4 replicas"},
+        {{WB_PLAN_RELAY_OFF, 0, 2},
          "relay off: a fanout (0) or roots (2) need relay chain, tree or "
          "auto"},
     };
@@ -133,15 +136,15 @@ static void test_estimate_by_hand(void)
 {
     struct fx f;
     four_entries_case(&f);
-    struct wb_plan *p = build_relay(&f, (struct wb_relay){WB_RELAY_OFF, 0, 0});
+    struct wb_plan *p = build_relay(&f, (struct wb_relay){WB_PLAN_RELAY_OFF, 0, 0});
     struct {
         struct wb_relay shape;
         double want_s, bound_s;
     } c[] = {
-        {{WB_RELAY_OFF, 0, 0}, 0.032, 0.032},
-        {{WB_RELAY_CHAIN, 1, 1}, 0.014, 0.008},
-        {{WB_RELAY_TREE, 2, 1}, 0.020, 0.016},
-        {{WB_RELAY_CHAIN, 1, 2}, 0.018, 0.016},
+        {{WB_PLAN_RELAY_OFF, 0, 0}, 0.032, 0.032},
+        {{WB_PLAN_RELAY_CHAIN, 1, 1}, 0.014, 0.008},
+        {{WB_PLAN_RELAY_TREE, 2, 1}, 0.020, 0.016},
+        {{WB_PLAN_RELAY_CHAIN, 1, 2}, 0.018, 0.016},
     };
     for (size_t i = 0; i < WB_ARRAY_LEN(c); i++) {
         struct wb_estimate e;
@@ -157,7 +160,7 @@ static void test_estimate_by_hand(void)
         wb_estimate_free(&e);
     }
     /* the plan's own relay is what wb_plan_estimate simulates */
-    p->relay = (struct wb_relay){WB_RELAY_CHAIN, 1, 1};
+    p->relay = (struct wb_relay){WB_PLAN_RELAY_CHAIN, 1, 1};
     struct wb_estimate e;
     CHECK_INT(wb_plan_estimate(p, &f.in, &e, &f.el), 0);
     CHECK(fabs(e.total_s - 0.014) <= 5 * e.sample_dt + 1e-9);
@@ -173,21 +176,21 @@ static void test_auto_choice(void)
 {
     struct fx f;
     four_entries_case(&f);
-    struct wb_plan *p = build_relay(&f, (struct wb_relay){WB_RELAY_AUTO, 0, 0});
-    CHECK_INT(p->relay.kind, WB_RELAY_CHAIN);
+    struct wb_plan *p = build_relay(&f, (struct wb_relay){WB_PLAN_RELAY_AUTO, 0, 0});
+    CHECK_INT(p->relay.kind, WB_PLAN_RELAY_CHAIN);
     CHECK_INT(p->relay.fanout, 1);
     CHECK_INT(p->relay.roots, 1);
     CHECK_INT(p->nrelay_tried, 5);
     const struct wb_relay_try *t = p->relay_tried;
     /* simulated first: the least bound, 8 ms */
-    CHECK(t[0].shape.kind == WB_RELAY_CHAIN && t[0].shape.roots == 1);
+    CHECK(t[0].shape.kind == WB_PLAN_RELAY_CHAIN && t[0].shape.roots == 1);
     CHECK(fabs(t[0].total_s - 0.014) < 0.0002);
     CHECK(fabs(t[0].bound_s - 0.008) < 1e-9);
     /* then the 16 ms bounds, more roots first, and off (32 ms): none simulated */
-    CHECK(t[1].shape.kind == WB_RELAY_CHAIN && t[1].shape.roots == 2);
-    CHECK(t[2].shape.kind == WB_RELAY_TREE && t[2].shape.roots == 2);
-    CHECK(t[3].shape.kind == WB_RELAY_TREE && t[3].shape.roots == 1);
-    CHECK(t[4].shape.kind == WB_RELAY_OFF);
+    CHECK(t[1].shape.kind == WB_PLAN_RELAY_CHAIN && t[1].shape.roots == 2);
+    CHECK(t[2].shape.kind == WB_PLAN_RELAY_TREE && t[2].shape.roots == 2);
+    CHECK(t[3].shape.kind == WB_PLAN_RELAY_TREE && t[3].shape.roots == 1);
+    CHECK(t[4].shape.kind == WB_PLAN_RELAY_OFF);
     for (int i = 1; i < 5; i++) {
         CHECK(t[i].total_s == INFINITY);
         CHECK_INT(t[i].skipped, WB_RELAY_TRY_BOUND);
@@ -213,8 +216,8 @@ static void test_auto_choice(void)
     wb_plan_free(p);
     /* without a hardware model there is nothing to choose by: off */
     f.rl.hw.nic_gbps = 0;
-    p = build_relay(&f, (struct wb_relay){WB_RELAY_AUTO, 0, 0});
-    CHECK_INT(p->relay.kind, WB_RELAY_OFF);
+    p = build_relay(&f, (struct wb_relay){WB_PLAN_RELAY_AUTO, 0, 0});
+    CHECK_INT(p->relay.kind, WB_PLAN_RELAY_OFF);
     buf = NULL;
     m = open_memstream(&buf, &len);
     CHECK_INT(wb_plan_write_json(p, &f.in, false, m), 0);
@@ -241,7 +244,7 @@ static void test_verify_forest(void)
 {
     struct fx f;
     four_entries_case(&f);
-    struct wb_plan *p = build_relay(&f, (struct wb_relay){WB_RELAY_CHAIN, 0, 0});
+    struct wb_plan *p = build_relay(&f, (struct wb_relay){WB_PLAN_RELAY_CHAIN, 0, 0});
     CHECK_INT(wb_plan_verify(p, &f.in, &f.el), 0);
     uint32_t r0[] = {0}, r02[] = {0, 2}, r00[] = {0, 0}, r9[] = {9};
     struct wb_relay_edge chain[] = {{0, 1}, {1, 2}, {2, 3}};

@@ -331,7 +331,8 @@ const char *wb_relay_str(const struct wb_relay *r, char *buf, size_t cap);
 enum wb_relay_skip {
     WB_RELAY_TRY_RUN = 0, /* simulated (or its simulation failed: total_s INFINITY) */
     WB_RELAY_TRY_BOUND,   /* its lower bound is not below the best time simulated before */
-    WB_RELAY_TRY_HOPS,    /* the same kind with more roots was slower than with more still */
+    WB_RELAY_TRY_HOPS,    /* fewer roots than a shape of its kind that was not 1% faster than
+                             the one with more roots before it: more hops, the same bound */
 };
 struct wb_relay_try {
     struct wb_relay shape;

@@ -282,8 +282,8 @@ int wb_relay_verify(const struct wb_plan *p, const struct wb_relay_forest *f, st
  * the best time simulated so far is not simulated (it cannot win), the others in the order
  * of their bounds, bounds within 1% of each other taken as equal and then more roots first
  * (fewer hops). The simulation decides, not the bound: a chain's hops cost time the bound does
- * not see. And once a shape simulates slower than the same kind with more roots at the same
- * bound, fewer roots are not simulated: they add hops and take nothing off the busiest NIC
+ * not see. And once a shape simulates no more than 1% faster than the same kind with more
+ * roots, fewer roots are not simulated: they add hops and take nothing off the busiest NIC
  * (a simulation of Kimi-K2 at 32 replicas is half a second; the choice stays within the 5 s
  * wb-plan is given at that size). */
 struct cand {
@@ -377,7 +377,7 @@ int pl_relay_choose(struct wb_plan *p, const struct wb_plan_input *in)
         if (rc)
             continue;
         t->total_s = e.total_s;
-        if (e.total_s >= kind_best[kd])
+        if (e.total_s >= kind_best[kd] * 0.99) /* fewer roots did not pay: stop there */
             kind_stop[kd] = c[i].shape.roots;
         kind_best[kd] = e.total_s < kind_best[kd] ? e.total_s : kind_best[kd];
         wb_log(WB_LOG_DEBUG, "planner",
@@ -465,7 +465,7 @@ void wb_relay_print(const struct wb_plan *p, FILE *f)
             if (t->total_s == INFINITY)
                 fprintf(f, "%s %s (not simulated: %s %.3f s)", i ? "," : "",
                         wb_relay_str(&t->shape, b, sizeof(b)),
-                        t->skipped == WB_RELAY_TRY_HOPS    ? "more hops than a slower one, bound"
+                        t->skipped == WB_RELAY_TRY_HOPS    ? "fewer roots stopped paying, bound"
                         : t->skipped == WB_RELAY_TRY_BOUND ? "its bound is above the best,"
                                                            : "its estimate failed, bound",
                         t->bound_s);

@@ -33,11 +33,11 @@ enum { MAX_STEPS = 4000000 };
 
 struct chunk {
     uint32_t task; /* index into tasks, or gather instance | GATHER_BIT, or RELAY_TASK */
-    uint32_t flow; /* a task's or a relay's: its flow (sim.flow), whose bytes a relay forwards */
+    uint32_t flow; /* a task's: its flow (sim.flow); a relay's: the expect entry it forwards */
     uint64_t left;
 };
 
-/* A chunk a relaying rollout forwards to a child (its flow's bytes, the same per copy). */
+/* A chunk a relaying rollout forwards to a child: one expect entry (all of a tag's bytes). */
 enum { RELAY_TASK = UINT32_MAX };
 
 struct pair {
@@ -183,11 +183,21 @@ struct sim {
     double *rollout_end; /* per rollout GPU: its last byte */
     size_t ndone;
     /* Relay (wb_plan.relay, or the shape auto simulates): the forest over every replica; a
-     * trainer writes only copies to a root replica's ranks, and a chunk completing at a
-     * relaying rank is forwarded to the same local rank of each child replica (queued in rq
-     * while the step delivers, posted after it). */
+     * trainer writes only copies to a root replica's ranks, and an expect entry (every byte
+     * of one tag at one rank) counted whole at a relaying rank is forwarded, as the agent
+     * does, to the same local rank of each child replica (queued in rq while the step
+     * delivers, posted after it). Entries are numbered per replica: local rank l's expect
+     * entry e is ebase[l] + e (replicas are congruent). */
     bool relay;
     uint32_t gpr, nrep;
+    uint32_t *ebase;  /* [gpr + 1] */
+    uint64_t *ebytes; /* [ebase[gpr]]: an entry's bytes */
+    uint32_t ntag;    /* tags below it have a slot in tag_e */
+    uint32_t *tag_e;  /* [gpr * ntag]: local rank l's entry of tag t, + 1 (0: none) */
+    uint64_t *got;    /* [nrep * ebase[gpr]]: bytes counted per rank and entry */
+    uint32_t *c0;     /* [nflow + 1]: flow f's bytes per tag at ctag/cbytes[c0[f] ..) */
+    uint32_t *ctag;
+    uint64_t *cbytes;
     uint32_t *rparent;   /* [nrep]: WB_RELAY_ROOT or the parent replica */
     uint32_t *rkid0;     /* [nrep + 1]: replica j's children at rkids[rkid0[j] .. rkid0[j+1]) */
     uint32_t *rkids;     /* [nrep] */
@@ -504,6 +514,13 @@ struct reader {
     size_t *cend;
     const struct eflow *flow_a;
     struct wb_plan_tbuf tb; /* one pass over a lazy plan: each table expanded */
+    struct vec contrib;     /* relay: struct rcontrib, a flow's bytes per tag */
+};
+
+/* Under a relay: `bytes` of flow `flow` (the reader's own numbering) carry tag `tag`. */
+struct rcontrib {
+    uint32_t flow, tag;
+    uint64_t bytes;
 };
 
 /* One op of table t (its amax peers at t->amax_peers[peer0 - xoff ..]). */
@@ -709,6 +726,20 @@ static void *read_ranks(void *arg)
                     rd->seen[g] = f = (uint32_t)rd->flow.n;
                 }
                 VEC_AT(&rd->flow, struct eflow, f - 1)->bytes += x->len;
+                if (s->relay) {
+                    struct rcontrib *lc =
+                        rd->contrib.n ? VEC_AT(&rd->contrib, struct rcontrib, rd->contrib.n - 1)
+                                      : NULL;
+                    if (lc && lc->flow == f - 1 && lc->tag == x->tag) {
+                        lc->bytes += x->len;
+                    } else {
+                        struct rcontrib nc2 = {f - 1, x->tag, x->len};
+                        if (!pl_vec_push(&rd->contrib, &nc2)) {
+                            rd->err = -ENOMEM;
+                            break;
+                        }
+                    }
+                }
                 posts += nc * (x->len >= (64u << 10) ? (uint32_t)hw->nics_per_gpu : 1);
             }
             e->nflow = (uint32_t)(rd->flow.n - f0);
@@ -777,6 +808,31 @@ static int merge_second(struct sim *s, const struct wb_plan *p, const struct rea
     return 0;
 }
 
+/* Under a relay: each flow's bytes per tag, in flow order (the second reader's flows follow
+ * the first's, as merge_flows put them). */
+static int relay_index(struct sim *s, const struct reader *rd)
+{
+    size_t n0 = rd[0].flow.n, nf = n0 + rd[1].flow.n, nc = rd[0].contrib.n + rd[1].contrib.n;
+    s->c0 = calloc(nf + 2, sizeof(uint32_t));
+    s->ctag = malloc((nc + 1) * sizeof(uint32_t));
+    s->cbytes = malloc((nc + 1) * sizeof(uint64_t));
+    if (!s->c0 || !s->ctag || !s->cbytes || nc >= UINT32_MAX)
+        return -ENOMEM;
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < rd[k].contrib.n; i++)
+            s->c0[VEC_AT(&rd[k].contrib, struct rcontrib, i)->flow + (k ? n0 : 0) + 2]++;
+    for (size_t f = 0; f < nf; f++)
+        s->c0[f + 2] += s->c0[f + 1];
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < rd[k].contrib.n; i++) {
+            const struct rcontrib *c = VEC_AT(&rd[k].contrib, struct rcontrib, i);
+            uint32_t at = s->c0[c->flow + (k ? n0 : 0) + 1]++;
+            s->ctag[at] = c->tag;
+            s->cbytes[at] = c->bytes;
+        }
+    return 0;
+}
+
 static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflows)
 {
     const struct wb_plan *p = s->p;
@@ -806,6 +862,7 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
     for (int k = 0; k < 2; k++) {
         rd[k] = (struct reader){s, in, NULL, tbase, obase, 0, 0, {0}, NULL, false, 0};
         pl_vec_init(&rd[k].flow, sizeof(struct eflow));
+        pl_vec_init(&rd[k].contrib, sizeof(struct rcontrib));
         rd[k].seen = calloc((size_t)p->nrollouts + 1, sizeof(uint32_t));
     }
     if (!s->task || !s->coll || !s->rs || !rd[0].seen || !rd[1].seen)
@@ -858,6 +915,7 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
         s->flow = NULL;
         for (int k = 0; k < 2; k++) {
             rd[k].flow.n = 0;
+            rd[k].contrib.n = 0;
             rd[k].stop = rd[k].two_pass = rd[k].second = false;
             rd[k].cend = NULL;
         }
@@ -869,9 +927,10 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
         if ((err = rd[0].err) || (err = merge_flows(s, rd, ntask)))
             goto out;
     }
-    err = 0;
+    err = s->relay ? relay_index(s, rd) : 0;
 out:
     for (int k = 0; k < 2; k++) {
+        pl_vec_free(&rd[k].contrib);
         pl_vec_free(&rd[k].flow);
         free(rd[k].seen);
         wb_plan_tbuf_free(&rd[k].tb);
@@ -1084,29 +1143,48 @@ static int pop_events(struct sim *s)
 
 /* A forward a relaying rollout posts once the step is delivered. */
 struct rpost {
-    uint32_t src, dst, flow; /* rollout ranks; the flow whose bytes it forwards */
+    uint32_t src, dst, flow; /* rollout ranks; the expect entry it forwards */
 };
 
-/* Rollout rank g counted a chunk of `flow`: it forwards the same bytes to the same local rank
- * of each child replica. The forwards are queued: a post may grow the pairs under the step's
- * delivery loop; they are posted after it (a relay hop starts on the next step). */
-static void relay_forward(struct sim *s, uint32_t g, uint32_t flow)
+/* Rollout rank g holds expect entry `ent` whole: it forwards it to the same local rank of each
+ * child replica. The forwards are queued: a post may grow the pairs under the step's delivery
+ * loop; they are posted after it (a relay hop starts on the next step). */
+static void relay_forward(struct sim *s, uint32_t g, uint32_t ent)
 {
     uint32_t j = g / s->gpr, l = g % s->gpr;
     for (uint32_t i = s->rkid0[j]; i < s->rkid0[j + 1]; i++) {
-        struct rpost q = {g, s->rkids[i] * s->gpr + l, flow};
+        struct rpost q = {g, s->rkids[i] * s->gpr + l, ent};
         if (!pl_vec_push(&s->rq, &q))
             s->rq_err = true;
     }
 }
 
-/* A forwarded chunk landed at rollout rank g. */
-static void relay_landed(struct sim *s, uint32_t g, uint32_t flow, double when)
+/* A chunk of trainer flow `flow` landed at rollout rank g: its bytes are counted per tag, and
+ * an entry counted whole is forwarded. */
+static void relay_counted(struct sim *s, uint32_t g, uint32_t flow)
+{
+    uint32_t j = g / s->gpr, l = g % s->gpr;
+    if (s->rkid0[j] == s->rkid0[j + 1])
+        return; /* relays to nobody */
+    for (uint32_t i = s->c0[flow]; i < s->c0[flow + 1]; i++) {
+        uint32_t t = s->ctag[i], e = t < s->ntag ? s->tag_e[(size_t)l * s->ntag + t] : 0;
+        if (!e)
+            continue; /* not an entry of its receive list: verify says so */
+        uint32_t ent = s->ebase[l] + e - 1;
+        uint64_t *got = &s->got[(size_t)j * s->ebase[s->gpr] + ent];
+        *got += s->cbytes[i];
+        if (*got == s->ebytes[ent])
+            relay_forward(s, g, ent);
+    }
+}
+
+/* A forwarded entry landed at rollout rank g (whole: one chunk). */
+static void relay_landed(struct sim *s, uint32_t g, uint32_t ent, double when)
 {
     if (when > s->rollout_end[g])
         s->rollout_end[g] = when;
     s->relay_left--;
-    relay_forward(s, g, flow);
+    relay_forward(s, g, ent);
 }
 
 /* Posts the forwards queued while the step was delivered. */
@@ -1117,7 +1195,7 @@ static int relay_post(struct sim *s)
     const struct rpost *q = s->rq.p;
     for (size_t i = 0; i < s->rq.n; i++) {
         if (post(s, s->nt + q[i].src, s->nt + q[i].dst, 1, 0, RELAY_TASK, q[i].flow,
-                 s->flow[q[i].flow].bytes))
+                 s->ebytes[q[i].flow]))
             return -ENOMEM;
         s->relay_left++;
     }
@@ -1141,6 +1219,28 @@ static int relay_setup(struct sim *s, const struct wb_plan *p, const struct wb_r
     if (!s->rparent || !s->rkid0 || !s->rkids)
         return -ENOMEM;
     wb_relay_forest(shape, s->nrep, NULL, s->rparent);
+    /* the entries of replica 0's ranks (every replica's, congruent), tags to entries */
+    s->ebase = calloc(s->gpr + 1, sizeof(uint32_t));
+    if (!s->ebase)
+        return -ENOMEM;
+    s->ntag = 1;
+    for (uint32_t l = 0; l < s->gpr; l++) {
+        const struct wb_recv_list *rl = &p->recv[l];
+        s->ebase[l + 1] = s->ebase[l] + rl->nexpect;
+        for (uint32_t e = 0; e < rl->nexpect; e++)
+            s->ntag = rl->expect[e].tag >= s->ntag ? rl->expect[e].tag + 1 : s->ntag;
+    }
+    size_t ne = s->ebase[s->gpr];
+    s->ebytes = malloc((ne + 1) * sizeof(uint64_t));
+    s->tag_e = calloc((size_t)s->gpr * s->ntag + 1, sizeof(uint32_t));
+    s->got = calloc((size_t)s->nrep * ne + 1, sizeof(uint64_t));
+    if (!s->ebytes || !s->tag_e || !s->got)
+        return -ENOMEM;
+    for (uint32_t l = 0; l < s->gpr; l++)
+        for (uint32_t e = 0; e < p->recv[l].nexpect; e++) {
+            s->ebytes[s->ebase[l] + e] = p->recv[l].expect[e].bytes;
+            s->tag_e[(size_t)l * s->ntag + p->recv[l].expect[e].tag] = e + 1;
+        }
     for (uint32_t j = 0; j < s->nrep; j++)
         if (s->rparent[j] < s->nrep)
             s->rkid0[s->rparent[j] + 2]++;
@@ -1182,7 +1282,7 @@ static void deliver(struct sim *s, struct pair *p, double t, double dt)
                 if (when > s->rollout_end[d - s->nt])
                     s->rollout_end[d - s->nt] = when;
                 if (s->relay)
-                    relay_forward(s, d - s->nt, c->flow);
+                    relay_counted(s, d - s->nt, c->flow);
             }
             if (--e->pending == 0) {
                 e->done = true;
@@ -1851,6 +1951,13 @@ static void sim_free(struct sim *s)
     free(s->rparent);
     free(s->rkid0);
     free(s->rkids);
+    free(s->ebase);
+    free(s->ebytes);
+    free(s->tag_e);
+    free(s->got);
+    free(s->c0);
+    free(s->ctag);
+    free(s->cbytes);
     pl_vec_free(&s->rq);
     free(s->barrier_done);
     free(s->arrive);

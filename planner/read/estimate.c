@@ -1501,8 +1501,8 @@ static int run_coll(struct sim *s, uint32_t r, double t, double dt, const struct
                     in->nflows = f1 - in->f0;
                     in->t_done = in->nflows ? INFINITY : t + hw->gather_s;
                     for (uint32_t f = in->f0; f < f1; f++)
-                        if (post(s, s->rflow[f].src, s->rflow[f].dst, 1, 0, 0,
-                                 (uint32_t)(in - s->inst) | (1u << 31), s->rflow[f].bytes))
+                        if (post(s, s->rflow[f].src, s->rflow[f].dst, 1, 0,
+                                 (uint32_t)(in - s->inst) | (1u << 31), 0, s->rflow[f].bytes))
                             return -1;
                 }
             }

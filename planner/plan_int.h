@@ -37,6 +37,9 @@ void pl_est_memo_free(struct wb_plan *p);
  * need not be p's own (relay auto simulates the shapes it chooses among). */
 int pl_estimate_relay(const struct wb_plan *p, const struct wb_plan_input *in,
                       const struct wb_relay *shape, struct wb_estimate *out, struct wb_errlist *el);
+/* Whether p keeps an estimate for in's hardware under `shape` (pl_estimate_relay then copies). */
+bool pl_est_memo_has(const struct wb_plan *p, const struct wb_plan_input *in,
+                     const struct wb_relay *shape);
 /* relay auto (relay.c): simulates the shapes that can win and records the fastest in p->relay
  * (its estimate kept as p's memo) and what it tried in p->relay_tried. 0 or -ENOMEM. */
 int pl_relay_choose(struct wb_plan *p, const struct wb_plan_input *in);

@@ -354,10 +354,23 @@ int pl_relay_choose(struct wb_plan *p, const struct wb_plan_input *in)
     memset(&best, 0, sizeof(best));
     double best_s = INFINITY;
     struct wb_relay best_shape = {WB_PLAN_RELAY_OFF, 0, 0};
+    /* auto mode may have simulated the plan without relay while building it: that time is
+     * known for free, it is what relay must beat, and wb-plan prints it beside the choice */
+    bool off_known = pl_est_memo_has(p, in, &best_shape) &&
+                     pl_estimate_relay(p, in, &best_shape, &best, &quiet) == 0;
+    double off_s = off_known ? best.total_s : INFINITY;
+    if (off_known) {
+        best_s = off_s;
+        kind_best[1] = off_s;
+    }
     for (size_t i = 0; i < n; i++) {
         struct wb_relay_try *t = &p->relay_tried[p->nrelay_tried++];
         *t = (struct wb_relay_try){c[i].shape, INFINITY, c[i].bound};
         unsigned kd = c[i].shape.kind == WB_PLAN_RELAY_TREE ? 2 : 1;
+        if (c[i].shape.kind == WB_PLAN_RELAY_OFF && off_known) {
+            t->total_s = off_s;
+            continue;
+        }
         if (c[i].bound >= best_s) {
             t->skipped = WB_RELAY_TRY_BOUND;
             continue;

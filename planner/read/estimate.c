@@ -2167,6 +2167,13 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     return estimate(p, in, &p->relay, out, el, NULL, NULL);
 }
 
+bool pl_est_memo_has(const struct wb_plan *p, const struct wb_plan_input *in,
+                     const struct wb_relay *shape)
+{
+    const struct pl_est_memo *m = memo_for(p, in);
+    return m && relay_same(&m->relay, shape);
+}
+
 int pl_estimate_relay(const struct wb_plan *p, const struct wb_plan_input *in,
                       const struct wb_relay *shape, struct wb_estimate *out, struct wb_errlist *el)
 {

@@ -86,26 +86,27 @@ void wb_relay_forest(const struct wb_relay *shape, uint32_t replicas, const bool
                      : shape->roots                   ? shape->roots
                                                       : 1;
     uint32_t k = shape->fanout ? shape->fanout : 1;
-    /* i: the place among the members; the member at place q is remembered while filling in
-     * order (a place's parent is an earlier place) */
-    uint32_t *at = malloc(((size_t)replicas + 1) * sizeof(uint32_t));
-    uint32_t i = 0;
+    /* i: the place of member j among the members; q: the place of member jq, the parent of
+     * the place being filled, which only moves forward ((i - roots) / k grows with i) */
+    uint32_t i = 0, q = 0, jq = 0;
+    while (jq < replicas && member && !member[jq])
+        jq++;
     for (uint32_t j = 0; j < replicas; j++) {
         if (member && !member[j]) {
             parent[j] = WB_RELAY_ABSENT;
             continue;
         }
-        if (i < roots)
+        if (i < roots) {
             parent[j] = WB_RELAY_ROOT;
-        else if (at)
-            parent[j] = at[(i - roots) / k];
-        else /* no memory for the places: every member a root (still a correct forest) */
-            parent[j] = WB_RELAY_ROOT;
-        if (at)
-            at[i] = j;
+        } else {
+            for (uint32_t want = (i - roots) / k; q < want; q++)
+                do
+                    jq++;
+                while (member && !member[jq]);
+            parent[j] = jq;
+        }
         i++;
     }
-    free(at);
 }
 
 int wb_relay_forest_edges(const uint32_t *parent, uint32_t replicas, uint32_t **roots,

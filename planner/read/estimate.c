@@ -1663,6 +1663,7 @@ static int lower_bound(const struct sim *s, double te, double re, double *out, c
     *out = lb;
     return 0;
 }
+
 /* The lower bound under a relay: the busiest NIC, now with each trainer's egress its copies
  * to root replicas only, and a relaying rollout's egress its received bytes times its
  * children; the trainers' copy engine, GPU and CPU as without. */

@@ -33,7 +33,7 @@
 
 static const char *M = "agent";
 
-static void peer_clear(struct peer *p)
+void ag_peer_clear(struct peer *p)
 {
     free(p->addr);
     free(p->sec);
@@ -64,6 +64,7 @@ static void data_release(struct data *d)
     free(d->resume.tskip);
     free(d->resume.task_bytes);
     free(d->rready);
+    free(d->rrelay);
     if (d->param != d->param_host_buf)
         wb_tx_mem_free(k, d->param);
     ag_host_free(d->param_host_buf);
@@ -75,9 +76,9 @@ static void data_release(struct data *d)
     wb_tx_mem_free(k, d->scratch[1]);
     free(d->hscratch);
     for (uint32_t i = 0; d->tpeer && i < d->table.ntrainers; i++)
-        peer_clear(&d->tpeer[i]);
+        ag_peer_clear(&d->tpeer[i]);
     for (uint32_t i = 0; d->rpeer && i < d->table.nrollouts; i++)
-        peer_clear(&d->rpeer[i]);
+        ag_peer_clear(&d->rpeer[i]);
     free(d->tpeer);
     free(d->rpeer);
     if (d->have_table)
@@ -500,7 +501,7 @@ static int parse_trainer_regions(struct peer *p, struct wb_mpr *r)
     return r->err;
 }
 
-static int parse_rollout_regions(struct peer *p, struct wb_mpr *r)
+int ag_peer_rollout_regions(struct peer *p, struct wb_mpr *r)
 {
     uint32_t n, two;
     if (wb_mpr_array(r, 1u << 24, &n))
@@ -562,7 +563,7 @@ int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size
         struct peer *p = tr ? &d->tpeer[rank] : &d->rpeer[rank];
         if (p->present && p->addr_len == alen && !memcmp(p->addr, addr, alen))
             continue; /* the same process as before */
-        peer_clear(p);
+        ag_peer_clear(p);
         struct wb_mpr ar;
         wb_mpr_init(&ar, addr, alen);
         int rc = wb_tx_peer_add(d->tx, &ar, &p->idx);
@@ -573,18 +574,18 @@ int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size
         }
         struct wb_mpr rr;
         wb_mpr_init(&rr, reg, rlen);
-        rc = tr ? parse_trainer_regions(p, &rr) : parse_rollout_regions(p, &rr);
+        rc = tr ? parse_trainer_regions(p, &rr) : ag_peer_rollout_regions(p, &rr);
         if (rc) {
             snprintf(err, errcap, "%s rank %" PRIu64 ": memory descriptors: %s",
                      wb_role_name((enum wb_role)role), rank, wb_strerror(rc));
-            peer_clear(p);
+            ag_peer_clear(p);
             return rc;
         }
         p->addr = malloc(alen);
         if (!p->addr) {
             snprintf(err, errcap, "%s rank %" PRIu64 ": transport address: out of memory",
                      wb_role_name((enum wb_role)role), rank);
-            peer_clear(p);
+            ag_peer_clear(p);
             return -ENOMEM;
         }
         memcpy(p->addr, addr, alen);
@@ -721,11 +722,79 @@ static bool skip_has(const struct skipset *ss, uint32_t g, uint64_t tag)
     return bsearch(&tag, ss->tags[g], ss->cnt[g], sizeof(uint64_t), cmp_u64) != NULL;
 }
 
-static int trainer_skip(struct data *d, const struct skipset *ss)
+int ag_relay_parse(const struct wb_bytes *b, uint32_t *replicas, uint32_t *per, uint32_t **parent)
+{
+    struct wb_mpr r;
+    uint32_t two, n;
+    uint64_t pr;
+    *replicas = *per = 0;
+    *parent = NULL;
+    wb_mpr_init(&r, b->p, b->n);
+    if (!b->n || wb_mpr_nil(&r))
+        return 0;
+    if (wb_mpr_array(&r, 2, &two) || two != 2 || wb_mpr_u64(&r, &pr) || pr == 0 ||
+        pr > WB_RANKS_MAX || wb_mpr_array(&r, WB_RANKS_MAX, &n))
+        return -EBADMSG;
+    uint32_t *par = malloc((n ? n : 1) * sizeof(uint32_t));
+    if (!par)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++)
+        par[i] = UINT32_MAX;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t k;
+        if (wb_mpr_array(&r, n, &k))
+            goto bad;
+        for (uint32_t j = 0; j < k; j++) {
+            uint64_t c;
+            /* a child of one parent, never itself, never a parent's parent: the forest */
+            if (wb_mpr_u64(&r, &c) || c >= n || c == i || par[c] != UINT32_MAX)
+                goto bad;
+            par[c] = i;
+        }
+    }
+    for (uint32_t i = 0; i < n; i++) { /* no cycle: every replica reaches a root */
+        uint32_t at = i, hops = 0;
+        while (par[at] != UINT32_MAX && hops++ <= n)
+            at = par[at];
+        if (hops > n)
+            goto bad;
+    }
+    if (r.err)
+        goto bad;
+    *replicas = n;
+    *per = (uint32_t)pr;
+    *parent = par;
+    return 0;
+bad:
+    free(par);
+    return -EBADMSG;
+}
+
+/* The attempt's writes not sent: what landed earlier (TRANSFER.skip) and, relayed, every write
+ * to a replica that another replica writes (TRANSFER.relay). */
+static int trainer_skip(struct data *d, const struct skipset *ss, const struct wb_bytes *relay)
 {
     const struct wb_route_table *t = &d->table;
+    uint32_t replicas, per, *parent;
+    int rc = ag_relay_parse(relay, &replicas, &per, &parent);
+    if (rc) {
+        snprintf(d->fail, sizeof(d->fail), "transfer: malformed relay forest");
+        return rc;
+    }
+    if (replicas && !d->rrelay && !(d->rrelay = calloc(t->nrollouts ? t->nrollouts : 1, 1))) {
+        free(parent);
+        return -ENOMEM;
+    }
+    if (replicas && !d->no_direct) { /* every write goes through the skips from now on */
+        d->no_direct = true;
+        ag_direct_release(d);
+    }
+    for (uint32_t g = 0; d->rrelay && g < t->nrollouts; g++)
+        d->rrelay[g] = replicas && g / per < replicas && parent[g / per] != UINT32_MAX;
     for (uint32_t k = 0; k < t->nwrites; k++)
-        d->resume.wskip[k] = skip_has(ss, t->writes[k].dst_rank, t->writes[k].tag);
+        d->resume.wskip[k] = skip_has(ss, t->writes[k].dst_rank, t->writes[k].tag) ||
+                             (d->rrelay && d->rrelay[t->writes[k].dst_rank]);
+    free(parent);
     return 0;
 }
 
@@ -796,9 +865,9 @@ int ag_data_start(struct data *d, const struct wb_body_version_epoch *b, char *e
         return rc;
     }
     if (d->role == WB_ROLE_TRAINER) {
-        trainer_skip(d, &ss);
+        rc = trainer_skip(d, &ss, &b->relay);
         skip_free(&ss);
-        rc = ag_exec_arm(d);
+        rc = rc ? rc : ag_exec_arm(d);
         if (rc) {
             snprintf(err, errcap, "%s", d->fail[0] ? d->fail : wb_strerror(rc));
             d->active = false;
@@ -815,7 +884,7 @@ int ag_data_start(struct data *d, const struct wb_body_version_epoch *b, char *e
     }
     bool mine = d->rank < ss.n;
     rc = ag_rollout_start(d, version, mine ? ss.tags[d->rank] : NULL, mine ? ss.cnt[d->rank] : 0,
-                          err, errcap);
+                          &b->relay, err, errcap);
     skip_free(&ss);
     wb_log(WB_LOG_DEBUG, M,
            "rollout rank %u: attempt of version %" PRIu64 " armed and open in %.3f ms", d->rank,

@@ -395,7 +395,8 @@ int ag_direct_prepare(struct data *d)
     const char *env = getenv("WB_DIRECT");
     /* Not for a sourced trainer (its values arrive through reads, the pipeline's H2D) nor where
      * the rollouts check each write's checksum (the pipeline computes them as it sends). */
-    if (!d->gpu || d->param_host || d->source || d->verify || (env && strcmp(env, "0") == 0))
+    if (!d->gpu || d->param_host || d->source || d->verify || d->no_direct ||
+        (env && strcmp(env, "0") == 0))
         return 0;
     uint8_t **shard_ptr = calloc(d->ntensors ? d->ntensors : 1, sizeof(*shard_ptr));
     if (!shard_ptr)

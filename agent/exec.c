@@ -404,13 +404,13 @@ int ag_exec_arm(struct data *d)
     memset(d->mx.gx_done, 0, (np ? np : 1) * sizeof(uint32_t));
     d->rready_left = 0;
     for (uint32_t g = 0; g < t->nrollouts; g++)
-        if (d->rready[g] != 2) {
+        if (d->rready[g] != 2 && !(d->rrelay && d->rrelay[g])) { /* relayed: not written */
             d->rready[g] = 0;
             d->rready_left++;
         }
     int rc = 0;
     for (uint32_t g = 0; !rc && g < t->nrollouts; g++)
-        if (d->rready[g] == 0)
+        if (d->rready[g] == 0 && !(d->rrelay && d->rrelay[g]))
             rc = expect(d, imm_make(IMM_READY, g), 1);
     for (uint32_t i = 0; !rc && i < t->namax; i++)
         rc = expect(d, imm_make(IMM_AMAX, t->amax[i].tag), t->amax[i].writes);

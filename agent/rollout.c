@@ -1,9 +1,10 @@
 /* rollout.c — a rollout's receive side: its local tensors (allocated, kept over a re-setup, or
  * the engine's own), their windows, the counters of an attempt's tags, the checksum inbox and
  * its checks, what landed of a version (so that a resumed attempt is sent only the rest), and
- * the dumps of its tensors. struct rollout is this file's alone; data.c reaches it through the
- * ag_rollout_* calls (xfer.h), and reads nothing of it. */
-#include "agent/xfer.h"
+ * the dumps of its tensors. struct rollout (rollout.h) is this file's and the relay's
+ * (relay.c); data.c reaches it through the ag_rollout_* calls (xfer.h), and reads nothing of
+ * it. */
+#include "agent/rollout.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,48 +15,6 @@
 #include <unistd.h>
 
 static const char *M = "agent";
-
-struct rollout {
-    struct wb_recv_list recv;
-    bool have_recv;
-    struct local *locals;
-    uint32_t *local_left;      /* [nlocal]: expect entries not yet in (its window closes at 0) */
-    bool windows_open;         /* the attempt's windows are open */
-    struct wb_tx_mr *empty_mr; /* what zero-byte tensors are described by */
-    void *empty_buf;
-    uint32_t *writers;     /* the trainer peers (transport indices) PEERS named */
-    uint32_t *writer_rank; /* [nwriters]: their trainer ranks, for messages */
-    uint32_t nwriters;
-    char (*lname)[WB_NAME_MAX]; /* [nlocal]: names for messages ("" when not sent) */
-    uint64_t local_bytes;
-    uint32_t max_data_tag;
-    int32_t *expect_of;     /* data tag -> expect index, -1 */
-    uint32_t *expect_local; /* [nexpect]: its local tensor */
-    uint8_t *reached;       /* [nexpect]: every write counted */
-    uint8_t *sum_reached;   /* [nexpect]: every checksum record counted */
-    /* resume: [nexpect] landed (and verified) in an attempt of landed_version */
-    uint8_t *landed;
-    uint64_t landed_version;
-    uint32_t *ready; /* expect indices with data and records in, waiting to be checked */
-    uint32_t nready;
-    uint32_t nlanded, nwant;
-    /* checksums (SETUP.verify): the inbox, records grouped by expect entry */
-    void *sum_in;
-    struct wb_tx_mr *sum_in_mr;
-    uint64_t sum_in_bytes;
-    void *sum_in_host;           /* GPU: its pinned host mirror, where records are read */
-    uint64_t *area;              /* [nexpect]: the entry's first slot */
-    struct wb_sum_gpu *rsum;     /* the batch of a tensor's records */
-    struct wb_sum_piece *rpiece; /* [rcap] */
-    uint64_t *rhash;             /* [rcap] */
-    uint64_t rcap;
-    bool corrupted;    /* testing: the byte was flipped (opts.corrupt) */
-    struct rtrace *tr; /* what the trace shows (d->trace set), NULL: not traced */
-    /* setup only: the previous setup's tensors, to take over */
-    struct kept *kept;
-    uint32_t nkept;
-    uint32_t nkept_taken;
-};
 
 /* A batch of checksum checks, for the trace: when, how many entries and bytes, the first
  * entries it held. */
@@ -123,6 +82,7 @@ void ag_rollout_close(struct data *d)
         return;
     if (d->rx->windows_open)
         rollout_windows(d, false);
+    ag_relay_stop(d);
     wb_tx_attempt_end(d->tx);
 }
 
@@ -520,6 +480,7 @@ void ag_rollout_trace(struct data *d)
  * and the ones it tells "ready". */
 int ag_rollout_peers(struct data *d, struct wb_mpr *r, uint32_t n, char *err, size_t errcap)
 {
+    ag_relay_forget_peers(d);
     free(d->rx->writers);
     free(d->rx->writer_rank);
     d->rx->nwriters = 0;
@@ -537,6 +498,15 @@ int ag_rollout_peers(struct data *d, struct wb_mpr *r, uint32_t n, char *err, si
             wb_mpr_bin(r, &reg, &rlen, 1u << 30)) {
             snprintf(err, errcap, "peer list: malformed entry %u", i);
             return -EBADMSG;
+        }
+        if (role == WB_ROLE_ROLLOUT && alen && rank != d->rank) { /* a relay neighbour */
+            struct wb_mpr ar, rr;
+            wb_mpr_init(&ar, addr, alen);
+            wb_mpr_init(&rr, reg, rlen);
+            int rc = ag_relay_peer(d, rank, &ar, &rr, err, errcap);
+            if (rc)
+                return rc;
+            continue;
         }
         if (role != WB_ROLE_TRAINER || !alen)
             continue;
@@ -622,7 +592,16 @@ static int rollout_open(struct data *d, char *err, size_t errcap)
     if (d->caps.windows && d->rx->sum_in_mr)
         wb_tx_mr_window(d->tx, d->rx->sum_in_mr, true);
     d->rx->windows_open = true;
-    for (uint32_t i = 0; i < d->rx->nwriters; i++) {
+    if (d->rx->parent_peer != UINT32_MAX) { /* relayed: the parent relay alone writes it */
+        int rc = wb_tx_write_imm(d->tx, d->rx->parent_peer, imm_make(IMM_READY, d->rank),
+                                 ag_relay_parent_ctx(d));
+        if (rc) {
+            snprintf(err, errcap, "rollout rank %u: telling its relay it is ready: %s", d->rank,
+                     wb_tx_errmsg(d->tx));
+            return rc;
+        }
+    }
+    for (uint32_t i = 0; d->rx->parent_peer == UINT32_MAX && i < d->rx->nwriters; i++) {
         int rc = wb_tx_write_imm(d->tx, d->rx->writers[i], imm_make(IMM_READY, d->rank),
                                  (void *)(uintptr_t)(READY_CTX | i));
         if (rc) {
@@ -639,6 +618,10 @@ static int rollout_open(struct data *d, char *err, size_t errcap)
 void ag_rollout_event(struct data *d, const struct wb_tx_event *ev)
 {
     uint64_t v = (uint64_t)(uintptr_t)ev->ctx;
+    if (ev->kind == WB_TX_EV_WRITE && (v & ~0xffffffffull) == RELAY_CTX) {
+        ag_relay_event(d, ev);
+        return;
+    }
     if (ev->kind != WB_TX_EV_WRITE || !ev->err || (v & ~0xffffffffull) != READY_CTX || !d->active ||
         d->fail[0] || !d->rx || (uint32_t)v >= d->rx->nwriters)
         return;
@@ -783,7 +766,16 @@ static void corrupt(struct data *d, uint32_t i)
  * heartbeats go on between the checks of large tensors; on a GPU: every ready entry up to
  * 4 GiB of them per turn (a kernel hashes that in milliseconds), so that the waits of a batch
  * are paid once, not per tensor. */
+static void step_landed(struct data *d);
+
 void ag_rollout_step(struct data *d)
+{
+    step_landed(d);
+    if (!d->fail[0])
+        ag_relay_step(d);
+}
+
+static void step_landed(struct data *d)
 {
     if (!d->rx->nready || d->fail[0])
         return;
@@ -811,6 +803,7 @@ void ag_rollout_step(struct data *d)
     for (uint32_t j = 0; j < n; j++) {
         d->rx->landed[ent[j]] = 1;
         d->rx->nlanded++;
+        ag_relay_landed(d, ent[j]);
     }
 }
 
@@ -886,9 +879,10 @@ int ag_data_dump(struct data *d, const char *dir, uint64_t version, char *err, s
 /* ---------------------------------------------------------------- what data.c asks */
 
 int ag_rollout_start(struct data *d, uint64_t version, const uint64_t *skip, uint32_t nskip,
-                     char *err, size_t errcap)
+                     const struct wb_bytes *relay, char *err, size_t errcap)
 {
     int rc = rollout_arm(d, version, skip, nskip, err, errcap);
+    rc = rc ? rc : ag_relay_start(d, relay, &d->rx->parent_peer, err, errcap);
     return rc ? rc : rollout_open(d, err, errcap);
 }
 
@@ -899,7 +893,7 @@ bool ag_rollout_windows_open(const struct data *d)
 
 bool ag_rollout_complete(const struct data *d)
 {
-    return d->rx->nlanded >= d->rx->nwant;
+    return d->rx->nlanded >= d->rx->nwant && ag_relay_done(d);
 }
 
 uint64_t ag_rollout_rx_bytes(const struct data *d)
@@ -915,6 +909,7 @@ void ag_rollout_size(const struct data *d, uint32_t *nlocal, uint64_t *bytes)
 
 void ag_rollout_bounds(const struct data *d, uint64_t *tags, uint64_t *notes)
 {
+    ag_relay_bounds(d, tags, notes);
     for (uint32_t i = 0; i < d->rx->recv.nexpect; i++) {
         *tags += d->verify ? 2 : 1;
         *notes += d->rx->recv.expect[i].writes * (d->verify ? 2 : 1);
@@ -960,6 +955,7 @@ int ag_rollout_setup(struct data *d, const void *plan, size_t plan_len,
     d->rx = calloc(1, sizeof(*d->rx));
     if (!d->rx)
         return -ENOMEM;
+    d->rx->parent_peer = UINT32_MAX;
     bool same_kind = ag_mem_kind(d) == c->kind && d->device == c->device;
     d->rx->kept = same_kind ? c->kept : NULL;
     d->rx->nkept = same_kind ? c->nkept : 0;
@@ -1006,6 +1002,7 @@ void ag_rollout_free(struct data *d)
         return;
     enum wb_tx_mem k = ag_mem_kind(d);
     rtrace_free(r->tr);
+    ag_relay_free(r->relay);
     wb_sum_gpu_free(r->rsum);
     ag_host_free(r->sum_in_host);
     free(r->rpiece);

@@ -123,6 +123,11 @@ static const uint64_t WARMUP_CTX = UINT64_MAX;
  * fails the attempt at once (that trainer will never write), instead of at its deadline. */
 static const uint64_t READY_CTX = 0xfffffffe00000000ull;
 
+/* A relaying rollout's forwards to child j have ctx RELAY_CTX | j, and its READY to its
+ * parent relay RELAY_CTX | RELAY_PARENT: their completions are the relay's (relay.c). */
+static const uint64_t RELAY_CTX = 0xfffffffd00000000ull;
+enum { RELAY_PARENT = 0xffffffu };
+
 /* The rollout-region entry that describes a rollout's checksum inbox instead of a tensor. */
 enum { SUM_INBOX_ENTRY = 0xffffffffu };
 
@@ -292,6 +297,11 @@ struct data {
      * a rollout this table never writes; how many of those written are still not ready */
     uint8_t *rready;
     uint32_t rready_left;
+    /* trainers, relayed attempts (TRANSFER.relay): [nrollouts] 1 for a rollout another replica
+     * writes in this attempt (this table's writes to it are skipped, its READY not awaited);
+     * no_direct: the job relays, so no write bypasses the skips (the direct path is off) */
+    uint8_t *rrelay;
+    bool no_direct;
     /* executor */
     struct task *tasks;
     uint32_t next_task, tasks_done;
@@ -361,9 +371,10 @@ void ag_rollout_carry_end(struct data *d, int rc, bool resetup, struct rollout_c
 void ag_rollout_free(struct data *d);
 int ag_rollout_peers(struct data *d, struct wb_mpr *r, uint32_t n, char *err, size_t errcap);
 /* Arms the attempt's counters (skip: this rank's tags not sent again, sorted), opens the
- * windows and tells every writer "ready". */
+ * windows and tells every writer "ready" — in a relayed attempt (relay: TRANSFER.relay) the
+ * parent relay instead of the trainers, when it has one — and arms its children's READY. */
 int ag_rollout_start(struct data *d, uint64_t version, const uint64_t *skip, uint32_t nskip,
-                     char *err, size_t errcap);
+                     const struct wb_bytes *relay, char *err, size_t errcap);
 /* The attempt is over: nothing more may land, nothing more counts. */
 void ag_rollout_close(struct data *d);
 /* A completion of the rollout's own notes: a READY that failed fails the attempt. */
@@ -381,6 +392,44 @@ void ag_rollout_bounds(const struct data *d, uint64_t *tags, uint64_t *notes);
  * trace. */
 void ag_rollout_trace_snap(struct data *d);
 void ag_rollout_trace(struct data *d);
+
+/* Parses TRANSFER.relay, [gpus per replica, [[children of replica 0], ...]]: the replica
+ * count, per replica its parent (UINT32_MAX: a root, written by the trainers), the ranks
+ * per replica. 0 with *replicas 0 when it is absent (no relay); -EBADMSG. parent is
+ * malloc'd (free it). */
+int ag_relay_parse(const struct wb_bytes *b, uint32_t *replicas, uint32_t *per, uint32_t **parent);
+
+/* relay.c: a rollout forwarding what it received to the same local rank of its child
+ * replicas (struct relay, d->rx's). */
+struct relay;
+/* PEERS: a relay neighbour (a rollout of another replica) and its regions. */
+int ag_relay_peer(struct data *d, uint64_t rank, struct wb_mpr *addr, struct wb_mpr *regions,
+                  char *err, size_t errcap);
+/* The attempt's part for this rollout (TRANSFER.relay, its bytes): its parent relay (the one
+ * writer it tells READY, instead of the trainers) and its children, whose READY is awaited.
+ * *parent_peer: the transport index of the parent, UINT32_MAX when the trainers write it. */
+int ag_relay_start(struct data *d, const struct wb_bytes *relay, uint32_t *parent_peer, char *err,
+                   size_t errcap);
+/* Expect entry i landed (and was checked): forwarded to every child as soon as it is ready. */
+void ag_relay_landed(struct data *d, uint32_t i);
+/* Posts what can go to the children that said READY. */
+void ag_relay_step(struct data *d);
+/* The ctx of the READY a rollout sends its parent relay. */
+void *ag_relay_parent_ctx(struct data *d);
+/* A new PEERS: the relay neighbours of the last one are forgotten. */
+void ag_relay_forget_peers(struct data *d);
+/* Every child has everything forwarded and fenced (or failed): the attempt may end here. */
+bool ag_relay_done(const struct data *d);
+/* A completion of a relay write or fence (ctx RELAY_CTX | j). */
+void ag_relay_event(struct data *d, const struct wb_tx_event *ev);
+/* What the attempt may count for the relay (children's READY). */
+void ag_relay_bounds(const struct data *d, uint64_t *tags, uint64_t *notes);
+/* The attempt ended: nothing more is forwarded (writes posted still complete). */
+void ag_relay_stop(struct data *d);
+void ag_relay_free(struct relay *r);
+/* Parses a rollout's regions blob (PEERS) into p (data.c). */
+int ag_peer_rollout_regions(struct peer *p, struct wb_mpr *r);
+void ag_peer_clear(struct peer *p);
 
 /* fill.c: the synthetic source's values in a synthetic trainer's shards, one fill at a time. */
 struct ag_fill;

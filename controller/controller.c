@@ -140,6 +140,9 @@ struct wb_controller {
     uint64_t conn_said;          /* connections and messages refused that the log has counted */
     uint64_t checked_ns;         /* check_dead's last turn (0: none yet) */
     struct ctl_metrics *metrics; /* the job's metrics: endpoint (NULL: off) */
+    /* The relay forest of the last attempt started (relay.c): per replica, the replica that
+     * forwards to it, CTL_RELAY_ROOT for one the trainers write. NULL: the job relays not. */
+    uint32_t *relay_parent;
     struct {
         uint64_t complete, failed, causes[FAIL_COUNT];
         uint64_t last_ns, last_bytes, bytes_total;
@@ -328,6 +331,8 @@ static void xfer_fail(struct wb_controller *c, enum fail_cause cause, const char
 static void metrics_publish(struct wb_controller *c);
 static void push_check(struct wb_controller *c);
 static void log_refusal(struct wb_controller *c, const char *what);
+static const char *relay_lost(const struct wb_controller *c, const struct agent *a, char *buf,
+                              size_t cap);
 static void teardown_check(struct wb_controller *c, uint64_t now);
 
 static void set_state(struct wb_controller *c, enum ctl_state s)
@@ -454,11 +459,22 @@ static void peer_head(struct wb_mpw *w, const struct agent *p)
     wb_mpw_bin(w, p->addr.len ? p->addr.buf : (uint8_t *)"", p->addr.len);
 }
 
+/* A rollout's relay neighbours: in a relaying job, the same local rank of every other replica
+ * (any of them may be its parent or child in an attempt's forest). */
+static bool relay_peer(const struct wb_controller *c, const struct agent *a, const struct agent *p)
+{
+    uint32_t per = c->plan.per_replica;
+    return c->relay_parent && per && a->role == WB_ROLE_ROLLOUT && p->role == WB_ROLE_ROLLOUT &&
+           p->rank != a->rank && p->rank % per == a->rank % per;
+}
+
 /* PEERS, per agent and scoped to its plan: a trainer gets the address of every trainer (the
  * barriers go to all) with the inbox descriptors of those it gathers or swaps amax with, and
  * the address of every rollout it writes to with the descriptors of exactly the tensors it
  * writes there; a rollout gets the addresses of the trainers that write to it (the only ones
- * whose notes it counts). Nobody learns a key it has no planned write for. */
+ * whose notes it counts) and, in a relaying job, the address and every descriptor of the same
+ * local rank of every other replica (its relay neighbours: the forest changes per attempt).
+ * Nobody learns a key it has no planned write for. */
 static void send_peers(struct wb_controller *c)
 {
     uint32_t nt = c->plan.ntrainers, nr = c->plan.nrollouts;
@@ -481,8 +497,9 @@ static void send_peers(struct wb_controller *c)
                 n +=
                     p->role == WB_ROLE_TRAINER || c->plan.writer_of[(size_t)p->rank * nt + a->rank];
             else
-                n +=
-                    p->role == WB_ROLE_TRAINER && c->plan.writer_of[(size_t)a->rank * nt + p->rank];
+                n += (p->role == WB_ROLE_TRAINER &&
+                      c->plan.writer_of[(size_t)a->rank * nt + p->rank]) ||
+                     relay_peer(c, a, p);
         }
         wb_mpw_array(&w, n);
         for (uint32_t j = 0; !err && scoped && j < c->nagents; j++) {
@@ -501,6 +518,9 @@ static void send_peers(struct wb_controller *c)
                        c->plan.writer_of[(size_t)a->rank * nt + p->rank]) {
                 peer_head(&w, p);
                 wb_mpw_bin(&w, "", 0);
+            } else if (relay_peer(c, a, p)) {
+                peer_head(&w, p);
+                wb_mpw_bin(&w, p->regions.buf ? p->regions.buf : (uint8_t *)"", p->regions.len);
             }
         }
         struct wb_body_peers b = {.gen = c->gen, .agents = mpw_bytes(&w)};
@@ -721,9 +741,11 @@ static void check_dead(struct wb_controller *c, uint64_t now)
                 a->unheard |= a->pipes[j] != 0;
             wb_log(WB_LOG_WARN, M, "%s rank %u is dead: silent for %.2f s", wb_role_name(a->role),
                    a->rank, (double)(now - a->last_ns) / 1e9);
+            char rl[300];
             if (c->x.active && !part_done(c, a))
-                xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u died (silent for %.2f s)",
-                          wb_role_name(a->role), a->rank, (double)(now - a->last_ns) / 1e9);
+                xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u died (silent for %.2f s)%s",
+                          wb_role_name(a->role), a->rank, (double)(now - a->last_ns) / 1e9,
+                          relay_lost(c, a, rl, sizeof(rl)));
             agent_reset(a); /* its pipes stay: their closing says the process is gone */
         }
     }
@@ -891,6 +913,38 @@ static bool version_far(const struct wb_controller *c, const char *what, uint64_
     return true;
 }
 
+/* The attempt's relay forest (relay.c) over its replicas — every replica, until replicas can
+ * be left out of an attempt — into TRANSFER.relay; nothing when the job relays not. */
+static int relay_attempt(struct wb_controller *c, struct wb_mpw *w)
+{
+    if (!c->relay_parent)
+        return 0;
+    const struct wb_job *j = c->job;
+    int rc = ctl_relay_forest(j->relay, (uint32_t)j->relay_fanout, (uint32_t)j->relay_roots, NULL,
+                              c->plan.replicas, c->relay_parent);
+    if (rc)
+        return rc;
+    ctl_relay_put(w, c->plan.per_replica, c->relay_parent, c->plan.replicas);
+    return wb_mpw_finish(w);
+}
+
+/* What a lost rollout rank takes with it when it relays: " (relay of replicas 2, 3, which
+ * fail with it)", or "" — appended to the reason an attempt fails. */
+static const char *relay_lost(const struct wb_controller *c, const struct agent *a, char *buf,
+                              size_t cap)
+{
+    char list[200];
+    buf[0] = 0;
+    if (!c->relay_parent || a->role != WB_ROLE_ROLLOUT || !c->plan.per_replica)
+        return buf;
+    uint32_t n = ctl_relay_downstream(c->relay_parent, c->plan.replicas,
+                                      a->rank / c->plan.per_replica, list, sizeof(list));
+    if (n)
+        snprintf(buf, cap, "; it relays to replica%s %s, which fail%s with it", n == 1 ? "" : "s",
+                 list, n == 1 ? "s" : "");
+    return buf;
+}
+
 /* Starts transfer v (client: the wb-ctl request to answer at the end, or NULL for a push). */
 static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nng_msg *client)
 {
@@ -917,7 +971,9 @@ static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nn
     bool fixed = true;
     for (uint32_t t = 0; t < c->plan.ntrainers; t++)
         fixed &= c->agents[t].synthetic || c->agents[t].sourced;
-    if (v == c->failed_version && fixed) {
+    /* A relayed job sends a failed version whole again: a relay would have to forward what
+     * landed at it in an earlier attempt, with records of this attempt (not done yet). */
+    if (v == c->failed_version && fixed && !c->relay_parent) {
         uint64_t any = 0;
         wb_mpw_array(&skip, c->plan.nrollouts);
         for (uint32_t r = 0; r < c->plan.nrollouts; r++) {
@@ -935,6 +991,10 @@ static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nn
                "transfer %" PRIu64 " resumed: %" PRIu64 " rollout%s keep what landed", v, any,
                any == 1 ? "" : "s");
     }
+    struct wb_mpw relay;
+    wb_mpw_init(&relay);
+    if (relay_attempt(c, &relay) == 0 && relay.len)
+        cmd.relay = mpw_bytes(&relay);
     for (uint32_t i = 0; i < c->nagents; i++) {
         struct agent *a = &c->agents[i];
         a->stats = (struct wb_xfer_stats){.rank = a->rank};
@@ -946,6 +1006,7 @@ static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nn
         cmd_queue(c, a, WB_CMD_TRANSFER, &cmd);
     }
     wb_mpw_free(&skip);
+    wb_mpw_free(&relay);
     wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " started", v);
 }
 
@@ -1367,9 +1428,10 @@ static void check_closed(struct wb_controller *c)
         else
             wb_log(WB_LOG_WARN, M, "%s rank %u is dead: its connection closed",
                    wb_role_name(a->role), a->rank);
+        char rl[300];
         if (c->x.active && !part_done(c, a))
-            xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u died (its connection closed)",
-                      wb_role_name(a->role), a->rank);
+            xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u died (its connection closed)%s",
+                      wb_role_name(a->role), a->rank, relay_lost(c, a, rl, sizeof(rl)));
         agent_reset(a);
     }
 }
@@ -2048,6 +2110,13 @@ int wb_controller_create_opts(const struct wb_job *job, const struct wb_controll
         err = -ENOMEM;
         goto err_plan;
     }
+    if (job->relay != WB_RELAY_OFF &&
+        !(c->relay_parent = malloc((c->plan.replicas ? c->plan.replicas : 1) * sizeof(uint32_t)))) {
+        err = -ENOMEM;
+        goto err_agents;
+    }
+    for (uint32_t r = 0; c->relay_parent && r < c->plan.replicas; r++)
+        c->relay_parent[r] = CTL_RELAY_ROOT;
     for (uint32_t i = 0; i < c->nagents; i++) {
         bool tr = i < c->plan.ntrainers;
         c->agents[i].role = tr ? WB_ROLE_TRAINER : WB_ROLE_ROLLOUT;
@@ -2084,6 +2153,7 @@ int wb_controller_create_opts(const struct wb_job *job, const struct wb_controll
 err_serve:
     ctl_serve_close(c->srv);
 err_agents:
+    free(c->relay_parent);
     free(c->agents);
 err_plan:
     ctl_plan_free(&c->plan);
@@ -2108,6 +2178,7 @@ void wb_controller_destroy(struct wb_controller *c)
     ctl_metrics_close(c->metrics);
     ctl_serve_close(c->srv); /* no callback of nng's runs after it */
     free(c->agents);
+    free(c->relay_parent);
     ctl_plan_free(&c->plan);
     ctl_sources_free(&c->src);
     free(c);

@@ -50,6 +50,8 @@ struct wb_job {
     char *trace;                 /* "" or a directory: agents write <role><rank>.v<N>.json */
     uint64_t trace_keep;         /* versions of traces each agent keeps there (1 .. 1000000) */
     bool verify; /* rollouts check every write against its checksum computed at the writer */
+    int relay;   /* enum wb_relay_shape: replicas forward to replicas (controller/relay.c) */
+    uint64_t relay_fanout, relay_roots; /* a tree's children per replica; the roots */
     uint64_t max_connections; /* introduced connections held at once (0: 4 per agent + 64) */
     uint64_t version_step;    /* a version may be at most this far past the last complete one */
     uint64_t handshake_ns; /* a connection not introduced (HELLO with the token) by then closes */
@@ -61,6 +63,10 @@ struct wb_job {
         char *key;  /* PEM private key of cert */
     } tls;
 };
+
+/* How rollout replicas relay a version to each other (the job's relay: key). */
+enum wb_relay_shape { WB_RELAY_OFF = 0, WB_RELAY_CHAIN, WB_RELAY_TREE };
+extern const char *const wb_relay_shape_names[]; /* "off", "chain", "tree", NULL */
 
 /* The longest duration a job or a request may set (7 days): longer ones are refused rather
  * than added to a clock reading, where 2^64 ns would wrap to an immediate deadline. */

@@ -42,9 +42,10 @@ struct ctl_plan {
      * trainer may register them (a checkpoint reader's share holds them) and nothing is sent */
     char **ignored_names;
     uint32_t nignored_names;
-    char *summary;        /* human-readable plan summary (wb-ctl plan) */
-    uint64_t total_bytes; /* every write of a transfer */
-    uint64_t *send_bytes; /* [ntrainers] */
+    char *summary;                  /* human-readable plan summary (wb-ctl plan) */
+    uint32_t replicas, per_replica; /* the rollout layout: rank = replica * per_replica + local */
+    uint64_t total_bytes;           /* every write of a transfer */
+    uint64_t *send_bytes;           /* [ntrainers] */
     uint64_t mem_cap, largest_task;
 };
 
@@ -95,6 +96,25 @@ int ctl_sources_init(struct ctl_sources *s, const struct wb_controller_opts *o);
 int ctl_sources_check(const struct ctl_sources *s, uint32_t rank, const char *have,
                       const struct wb_bytes *digests, char *msg, size_t cap);
 void ctl_sources_free(struct ctl_sources *s);
+
+/* ---------------------------------------------------------------- relay.c */
+
+/* A replica the trainers write (a root), or one not in the attempt: it has no parent. */
+enum { CTL_RELAY_ROOT = 0xffffffffu };
+
+/* The attempt's relay forest over the replicas whose member[r] is set (member NULL: all):
+ * parent[r] (replicas of them) is the replica that forwards to r, CTL_RELAY_ROOT for a root
+ * and for a replica not in the attempt. shape WB_RELAY_OFF: every replica is a root. -EINVAL
+ * for an unknown shape or a fanout or roots of 0, -ENOMEM. */
+int ctl_relay_forest(int shape, uint32_t fanout, uint32_t roots, const uint8_t *member,
+                     uint32_t replicas, uint32_t *parent);
+/* TRANSFER.relay: [ranks per replica, [per replica, the array of its child replicas]]. */
+void ctl_relay_put(struct wb_mpw *w, uint32_t per_replica, const uint32_t *parent,
+                   uint32_t replicas);
+/* The replicas below replica r (its children, theirs, ...): how many, and their list
+ * ("2, 3") in buf. */
+uint32_t ctl_relay_downstream(const uint32_t *parent, uint32_t replicas, uint32_t r, char *buf,
+                              size_t cap);
 
 /* ---------------------------------------------------------------- serve.c */
 

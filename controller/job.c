@@ -41,6 +41,8 @@ static const struct wb_cfg_field tls_fields[] = {
     {0},
 };
 
+const char *const wb_relay_shape_names[] = {"off", "chain", "tree", NULL};
+
 const struct wb_cfg_field wb_job_fields[] = {
     {"name", WB_CFG_STR, "job", "job name, shown in status and traces",
      offsetof(struct wb_job, name)},
@@ -94,6 +96,19 @@ const struct wb_cfg_field wb_job_fields[] = {
      "rollouts check every write against its checksum computed at the writer (costs a hash of "
      "every byte on both sides; on the GPU for GPU memory)",
      offsetof(struct wb_job, verify)},
+    {"relay", WB_CFG_ENUM, "off",
+     "rollout replicas relay each version to each other, so that the trainers send it once per "
+     "root instead of once per replica: off (the trainers write every replica), chain (replica "
+     "0 writes 1, 1 writes 2, ...) or tree (each replica writes relay_fanout others); a relaying "
+     "rollout forwards from its own tensors (no extra memory) and sends what it receives once "
+     "per child replica",
+     offsetof(struct wb_job, relay), wb_relay_shape_names},
+    {"relay_fanout", WB_CFG_U64, "2", "relay: tree: the child replicas of each replica (1 .. 64)",
+     offsetof(struct wb_job, relay_fanout)},
+    {"relay_roots", WB_CFG_U64, "1",
+     "relay: chain or tree: the replicas the trainers write, each the root of a chain or tree "
+     "(1 .. the replicas)",
+     offsetof(struct wb_job, relay_roots)},
     {"max_connections", WB_CFG_U64, "0",
      "control connections introduced with the token (HELLO) the controller holds at once; "
      "one over it is closed (0: 4 per agent + 64)",
@@ -269,6 +284,18 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
         char mat[1200];
         wb_errlist_add(el, "%s: trace_keep: %" PRIu64 " versions (1 to 1000000)",
                        key_at(y, "trace_keep", mat, sizeof(mat)), j.trace_keep);
+        err = -WB_E_CONFIG;
+    }
+    if (j.relay_fanout == 0 || j.relay_fanout > 64) {
+        char mat[1200];
+        wb_errlist_add(el, "%s: relay_fanout: %" PRIu64 " child replicas (1 to 64)",
+                       key_at(y, "relay_fanout", mat, sizeof(mat)), j.relay_fanout);
+        err = -WB_E_CONFIG;
+    }
+    if (j.relay_roots == 0) {
+        char mat[1200];
+        wb_errlist_add(el, "%s: relay_roots: must be at least 1",
+                       key_at(y, "relay_roots", mat, sizeof(mat)));
         err = -WB_E_CONFIG;
     }
     if (j.version_step == 0) {

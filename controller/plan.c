@@ -7,6 +7,7 @@
 #include "planner/planner.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,8 @@ static int plan_empty(const struct wb_job *job, struct ctl_plan *p)
 {
     p->ntrainers = (uint32_t)job->trainers;
     p->nrollouts = (uint32_t)job->rollouts;
+    p->replicas = 1; /* no layout: the rollouts count as one replica (nothing to relay) */
+    p->per_replica = p->nrollouts;
     p->table = calloc(p->ntrainers, sizeof(*p->table));
     p->shards = calloc(p->ntrainers, sizeof(*p->shards));
     p->recv = calloc(p->nrollouts, sizeof(*p->recv));
@@ -315,6 +318,8 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
     p->has_model = true;
     p->ntrainers = plan->ntrainers;
     p->nrollouts = plan->nrollouts;
+    p->replicas = md.rl.replicas;
+    p->per_replica = md.rl.gpus_per_replica;
     p->total_bytes = plan->stats.total_bytes;
     /* a cap below the largest task was refused above, or raised (fit_largest) */
     p->mem_cap = plan->mem_cap;
@@ -411,6 +416,8 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
         p->has_model = p->deferred = true;
         p->ntrainers = (uint32_t)job->trainers;
         p->nrollouts = p->md->rl.replicas * p->md->rl.gpus_per_replica;
+        p->replicas = p->md->rl.replicas;
+        p->per_replica = p->md->rl.gpus_per_replica;
         if (job->rollouts && job->rollouts != p->nrollouts) {
             wb_errlist_add(el, "job: rollouts %llu disagree with the rollout layout (%u)",
                            (unsigned long long)job->rollouts, p->nrollouts);
@@ -499,6 +506,18 @@ int ctl_plan_build(const struct wb_job *job, const struct wb_controller_opts *o,
         err = plan_given(job, o, &p, el);
     } else {
         err = plan_model(job, &p, el);
+    }
+    if (!err && job->relay != WB_RELAY_OFF && !p.has_model) {
+        wb_errlist_add(el, "job: relay: %s needs a model (rollout replicas to relay between)",
+                       wb_relay_shape_names[job->relay]);
+        err = -WB_E_CONFIG;
+    }
+    if (!err && job->relay != WB_RELAY_OFF && job->relay_roots > p.replicas) {
+        wb_errlist_add(el,
+                       "job: relay_roots: %" PRIu64 " roots, but the rollout layout has %u "
+                       "replica%s",
+                       job->relay_roots, p.replicas, p.replicas == 1 ? "" : "s");
+        err = -WB_E_CONFIG;
     }
     if (err) {
         ctl_plan_free(&p);

@@ -221,6 +221,7 @@ static const struct wb_field f_version_epoch[] = {
     F(struct wb_body_version_epoch, "key", WB_FIELD_BYTES, false, key),
     F(struct wb_body_version_epoch, "timeout_ns", WB_FIELD_U64, false, timeout_ns),
     F(struct wb_body_version_epoch, "skip", WB_FIELD_OBJ, false, skip),
+    F(struct wb_body_version_epoch, "relay", WB_FIELD_OBJ, false, relay),
 };
 static const struct wb_field f_abort[] = {
     F(struct wb_body_abort, "version", WB_FIELD_U64, true, version),

@@ -442,6 +442,12 @@ struct wb_body_version_epoch {
      * that landed in an earlier attempt of this version and are not sent again; nothing
      * (or an empty array) when everything is sent. */
     struct wb_bytes skip;
+    /* Relay (the job's relay: shape): [gpus per replica, [per rollout replica, the array of
+     * its child replicas]] — a child's every local rank l is written by its parent's local
+     * rank l, from the parent's own tensors, instead of by the trainers. A replica that is
+     * nobody's child is a root: the trainers write only the roots. Nothing: no relay, the
+     * trainers write every replica. */
+    struct wb_bytes relay;
 };
 
 struct wb_body_abort {

@@ -28,6 +28,9 @@ static void test_job_load(void)
     CHECK_U64(j.dead_ns, 2000000000ull);
     CHECK_U64(j.heartbeat_ns, 200000000ull);
     CHECK_U64(j.trainers, 4);
+    CHECK_INT(j.relay, WB_RELAY_OFF); /* today's behaviour unless the job asks */
+    CHECK_U64(j.relay_fanout, 2);
+    CHECK_U64(j.relay_roots, 1);
     CHECK_STR(j.provider, "tcp");
     wb_job_free(&j);
     wb_errlist_free(&el);

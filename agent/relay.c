@@ -1,0 +1,477 @@
+/* relay.c — a rollout relaying a version to the same local rank of its child replicas, so that
+ * the trainers send each byte once per root replica instead of once per replica (the job's
+ * relay: chain | tree; the controller makes the forest per attempt, controller/relay.c).
+ *
+ * Replicas are congruent: local rank l of every replica has the same receive list (tensors,
+ * expect entries, checksum slots), so a child is written exactly as the trainers would write
+ * it — the same offsets, the same number of writes per expect entry, each with a note of the
+ * entry's data tag — and counts, checks and completes with the code it runs when the
+ * trainers write it. Nothing of the engine is involved: the agent forwards from the tensors
+ * themselves (a registration of its own for reading, no extra memory), through the transport
+ * the trainers' writes take (host or GPU memory alike).
+ *
+ * Pipelined: an expect entry is forwarded to every child that said READY as soon as it
+ * landed here (counted and, verifying, checked), not after the whole version. Verifying, the
+ * child is sent the trainers' own checksum records (their MAC is under the attempt's key,
+ * which every member holds), and the entry is forwarded as the very writes those records
+ * describe: the child checks what it got against the sums computed at the trainer, end to
+ * end. Not verifying, an entry goes as its writes' count of equal pieces of the tensor.
+ *
+ * When a relay counts its version complete: once its own tensors are in AND every forward to
+ * every child has completed and a fence behind them came back (the bytes are placed at the
+ * child). The alternative — the controller waiting for the children's commits — holds
+ * anyway (a version completes only when every replica committed), but would let a relay end
+ * its attempt (close, be told ABORT, begin the next) with forwards still reading its tensors
+ * and in flight to a child; fenced, nothing of an attempt is left in flight once it ends
+ * here. A forward that fails (the child died or failed) does not fail the relay's own
+ * version: the child's failure is its own, and the controller names it and the replicas
+ * below it. */
+#include "agent/rollout.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *M = "agent";
+
+/* A relay neighbour: the same local rank of another replica (PEERS). */
+struct nbr {
+    uint64_t rank;
+    struct peer p;
+    int32_t *desc_of; /* [nlocal]: its descriptor (p.reg index) of local tensor k, -1 */
+};
+
+/* A child of this attempt. */
+struct child {
+    uint32_t nb;          /* its neighbour index */
+    bool ready;           /* its READY came: its windows are open */
+    bool failed;          /* a forward to it failed: nothing more goes */
+    bool fenced;          /* every entry went, and the fence behind them was posted */
+    uint32_t cursor;      /* entries of order[] forwarded */
+    uint64_t outstanding; /* writes and fences posted, not completed */
+};
+
+struct relay {
+    struct nbr *nbr;
+    uint32_t nnbr;
+    /* reading registrations of the tensors and the checksum inbox (made once per setup) */
+    struct wb_tx_mr **src_mr; /* [nlocal] */
+    struct wb_tx_mr *sum_src_mr;
+    bool registered;
+    /* the attempt */
+    uint8_t attempt; /* d->attempt it was started for: completions of another are stale */
+    struct child *child;
+    uint32_t nchild;
+    uint32_t *order; /* [nexpect]: the entries in the order they landed */
+    uint32_t norder;
+    bool stopped;
+    uint64_t bytes; /* forwarded this attempt, every child */
+};
+
+static struct relay *relay_of(struct data *d)
+{
+    if (!d->rx->relay)
+        d->rx->relay = calloc(1, sizeof(*d->rx->relay));
+    return d->rx->relay;
+}
+
+void ag_relay_free(struct relay *r)
+{
+    if (!r)
+        return;
+    for (uint32_t i = 0; i < r->nnbr; i++) {
+        ag_peer_clear(&r->nbr[i].p);
+        free(r->nbr[i].desc_of);
+    }
+    free(r->nbr);
+    free(r->src_mr); /* the registrations go with the transport */
+    free(r->child);
+    free(r->order);
+    free(r);
+}
+
+/* The tensors and the checksum inbox, registered for reading: windows close only on
+ * write-destination-only registrations, so the relay reads through registrations of its
+ * own and the windows stay as strict as without a relay. */
+static int relay_register(struct data *d, struct relay *r, char *err, size_t errcap)
+{
+    uint32_t nl = d->rx->recv.nlocal;
+    if (r->registered)
+        return 0;
+    r->src_mr = calloc(nl ? nl : 1, sizeof(*r->src_mr));
+    if (!r->src_mr)
+        return -ENOMEM;
+    for (uint32_t k = 0; k < nl; k++) {
+        const struct local *l = &d->rx->locals[k];
+        if (!l->desc.bytes)
+            continue;
+        int rc = wb_tx_mr_reg(d->tx, l->buf, l->desc.bytes, WB_TX_ACCESS_SRC, &r->src_mr[k]);
+        if (rc) {
+            snprintf(err, errcap, "relay: %s: cannot register it for reading: %s", d->rx->lname[k],
+                     wb_tx_errmsg(d->tx));
+            return rc;
+        }
+    }
+    if (d->verify && d->rx->sum_in) {
+        int rc = wb_tx_mr_reg(d->tx, d->rx->sum_in, d->rx->sum_in_bytes, WB_TX_ACCESS_SRC,
+                              &r->sum_src_mr);
+        if (rc) {
+            snprintf(err, errcap, "relay: the checksum inbox: cannot register it for reading: %s",
+                     wb_tx_errmsg(d->tx));
+            return rc;
+        }
+    }
+    r->registered = true;
+    return 0;
+}
+
+int ag_relay_peer(struct data *d, uint64_t rank, struct wb_mpr *addr, struct wb_mpr *regions,
+                  char *err, size_t errcap)
+{
+    struct relay *r = relay_of(d);
+    if (!r)
+        return -ENOMEM;
+    int rc = relay_register(d, r, err, errcap);
+    if (rc)
+        return rc;
+    struct nbr *nb = realloc(r->nbr, (r->nnbr + 1) * sizeof(*nb));
+    if (!nb)
+        return -ENOMEM;
+    r->nbr = nb;
+    nb = &r->nbr[r->nnbr];
+    memset(nb, 0, sizeof(*nb));
+    nb->rank = rank;
+    rc = wb_tx_peer_add(d->tx, addr, &nb->p.idx);
+    if (rc) {
+        snprintf(err, errcap, "rollout rank %" PRIu64 " (relay): transport address: %s", rank,
+                 wb_tx_errmsg(d->tx));
+        return rc;
+    }
+    rc = ag_peer_rollout_regions(&nb->p, regions);
+    uint32_t nl = d->rx->recv.nlocal;
+    if (!rc && !(nb->desc_of = malloc((nl ? nl : 1) * sizeof(int32_t))))
+        rc = -ENOMEM;
+    if (rc) {
+        snprintf(err, errcap, "rollout rank %" PRIu64 " (relay): memory descriptors: %s", rank,
+                 wb_strerror(rc));
+        ag_peer_clear(&nb->p);
+        free(nb->desc_of);
+        return rc;
+    }
+    for (uint32_t k = 0; k < nl; k++) {
+        nb->desc_of[k] = -1;
+        for (uint32_t j = 0; j < nb->p.nreg && nb->desc_of[k] < 0; j++)
+            if (nb->p.reg_tensor[j] == d->rx->locals[k].desc.tensor)
+                nb->desc_of[k] = (int32_t)j;
+    }
+    nb->p.present = true;
+    r->nnbr++;
+    if (wb_tx_connect(d->tx, nb->p.idx, (void *)(uintptr_t)WARMUP_CTX) != 0)
+        wb_log(WB_LOG_DEBUG, M, "rollout rank %u: warm-up to rollout rank %" PRIu64 ": %s", d->rank,
+               rank, wb_tx_errmsg(d->tx));
+    return 0;
+}
+
+void ag_relay_forget_peers(struct data *d)
+{
+    struct relay *r = d->rx ? d->rx->relay : NULL;
+    for (uint32_t i = 0; r && i < r->nnbr; i++) {
+        ag_peer_clear(&r->nbr[i].p);
+        free(r->nbr[i].desc_of);
+    }
+    if (r)
+        r->nnbr = 0;
+}
+
+static struct nbr *nbr_find(struct relay *r, uint64_t rank, uint32_t *at)
+{
+    for (uint32_t i = 0; r && i < r->nnbr; i++)
+        if (r->nbr[i].rank == rank) {
+            if (at)
+                *at = i;
+            return &r->nbr[i];
+        }
+    return NULL;
+}
+
+static void on_child_ready(void *arg, uint32_t imm)
+{
+    struct data *d = arg;
+    struct relay *r = d->rx->relay;
+    uint32_t rank = imm_tag_of(imm);
+    for (uint32_t j = 0; r && j < r->nchild; j++)
+        if (r->nbr[r->child[j].nb].rank == rank)
+            r->child[j].ready = true;
+}
+
+static void *ctx_of(const struct relay *r, uint32_t j)
+{
+    return (void *)(uintptr_t)(RELAY_CTX | ((uint64_t)r->attempt << 24) | j);
+}
+
+int ag_relay_start(struct data *d, const struct wb_bytes *relay, uint32_t *parent_peer, char *err,
+                   size_t errcap)
+{
+    uint32_t replicas, per, *parent;
+    *parent_peer = UINT32_MAX;
+    struct relay *r = d->rx->relay;
+    if (r) {
+        r->nchild = r->norder = 0;
+        r->stopped = false;
+        r->bytes = 0;
+        r->attempt = d->attempt;
+    }
+    int rc = ag_relay_parse(relay, &replicas, &per, &parent);
+    if (rc) {
+        snprintf(err, errcap, "rollout rank %u: transfer: malformed relay forest", d->rank);
+        return rc;
+    }
+    if (!replicas)
+        return 0;
+    uint32_t me = d->rank / per, local = d->rank % per;
+    if (me >= replicas || me != d->rx->recv.replica) {
+        snprintf(err, errcap,
+                 "rollout rank %u: the relay forest puts it in replica %u, its receive list in "
+                 "replica %u",
+                 d->rank, me, d->rx->recv.replica);
+        free(parent);
+        return -EPROTO;
+    }
+    if (parent[me] != UINT32_MAX) {
+        uint64_t pr = (uint64_t)parent[me] * per + local;
+        const struct nbr *nb = nbr_find(r, pr, NULL);
+        if (!nb) {
+            snprintf(err, errcap,
+                     "rollout rank %u: its relay, rollout rank %" PRIu64 " (replica %u), is not "
+                     "among its peers",
+                     d->rank, pr, parent[me]);
+            free(parent);
+            return -EPROTO;
+        }
+        *parent_peer = nb->p.idx;
+    }
+    uint32_t n = 0;
+    for (uint32_t c = 0; c < replicas; c++)
+        n += parent[c] == me;
+    if (n) {
+        struct child *ch = r ? realloc(r->child, n * sizeof(*ch)) : NULL;
+        uint32_t *order =
+            ch ? realloc(r->order, (d->rx->recv.nexpect + 1) * sizeof(uint32_t)) : NULL;
+        if (ch)
+            r->child = ch;
+        if (order)
+            r->order = order;
+        if (!order) {
+            snprintf(err, errcap, "rollout rank %u: relay: %s", d->rank,
+                     r ? wb_strerror(-ENOMEM) : "it has no relay neighbours (PEERS)");
+            free(parent);
+            return r ? -ENOMEM : -EPROTO;
+        }
+    }
+    for (uint32_t c = 0; c < replicas && !rc; c++) {
+        if (parent[c] != me)
+            continue;
+        uint64_t cr = (uint64_t)c * per + local;
+        uint32_t at;
+        const struct nbr *nb = nbr_find(r, cr, &at);
+        const char *lack = !nb                            ? "is not among its peers"
+                           : d->verify && !nb->p.has_sums ? "has no checksum inbox descriptor"
+                                                          : NULL;
+        for (uint32_t k = 0; nb && !lack && k < d->rx->recv.nlocal; k++)
+            if (d->rx->locals[k].desc.bytes && nb->desc_of[k] < 0)
+                lack = "has no descriptor of a tensor it holds";
+        if (lack) {
+            snprintf(err, errcap,
+                     "rollout rank %u: its child, rollout rank %" PRIu64 " (replica %u), %s",
+                     d->rank, cr, c, lack);
+            rc = -EPROTO;
+            break;
+        }
+        r->child[r->nchild++] = (struct child){.nb = at};
+        rc = wb_tx_expect(d->tx, imm_make(IMM_READY, (uint32_t)cr), 1, on_child_ready, d);
+        if (rc)
+            snprintf(err, errcap,
+                     "rollout rank %u: relay: the counter of rollout rank %" PRIu64 "'s READY: %s",
+                     d->rank, cr, wb_tx_errmsg(d->tx));
+    }
+    free(parent);
+    if (!rc && r && r->nchild)
+        wb_log(WB_LOG_DEBUG, M, "rollout rank %u: version %" PRIu64 ": relays to %u replica%s",
+               d->rank, d->version, r->nchild, r->nchild == 1 ? "" : "s");
+    return rc;
+}
+
+void ag_relay_landed(struct data *d, uint32_t i)
+{
+    struct relay *r = d->rx->relay;
+    if (r && r->nchild && !r->stopped && r->norder < d->rx->recv.nexpect)
+        r->order[r->norder++] = i;
+}
+
+static void child_failed(struct data *d, struct child *c, const char *what)
+{
+    struct relay *r = d->rx->relay;
+    if (c->failed)
+        return;
+    c->failed = true;
+    wb_log(WB_LOG_WARN, M,
+           "rollout rank %u: version %" PRIu64 ": forwarding to rollout rank %" PRIu64
+           " failed (%s); nothing more goes to it in this attempt",
+           d->rank, d->version, r->nbr[c->nb].rank, what);
+}
+
+/* One write of the relay to child j; false when it could not be posted (the child failed). */
+static bool post(struct data *d, uint32_t j, const struct wb_tx_write *w)
+{
+    struct relay *r = d->rx->relay;
+    struct child *c = &r->child[j];
+    int rc = wb_tx_write(d->tx, w);
+    if (rc) {
+        child_failed(d, c, wb_tx_errmsg(d->tx));
+        return false;
+    }
+    c->outstanding++;
+    r->bytes += w->len;
+    return true;
+}
+
+/* Expect entry i to child j: its writes (verifying: as the trainers' records describe them,
+ * and the records after them), each with the entry's note. */
+static bool forward(struct data *d, uint32_t j, uint32_t i)
+{
+    struct relay *r = d->rx->relay;
+    const struct nbr *nb = &r->nbr[r->child[j].nb];
+    const struct wb_rt_expect *e = &d->rx->recv.expect[i];
+    uint32_t k = d->rx->expect_local[i];
+    const struct local *l = &d->rx->locals[k];
+    const struct wb_tx_rdesc *dst = &nb->p.reg[nb->desc_of[k] < 0 ? 0 : nb->desc_of[k]];
+    struct wb_tx_write w = {.src = r->src_mr[k],
+                            .peer = nb->p.idx,
+                            .dst = dst,
+                            .has_imm = true,
+                            .imm = imm_make(IMM_DATA, e->tag),
+                            .ctx = ctx_of(r, j)};
+    if (!l->desc.bytes) { /* nothing to read: the notes alone */
+        w.src = NULL;
+        for (uint64_t n = 0; n < e->writes; n++)
+            if (!post(d, j, &w))
+                return false;
+        return true;
+    }
+    const uint8_t *in = d->gpu ? d->rx->sum_in_host : d->rx->sum_in;
+    for (uint64_t n = 0; n < e->writes; n++) {
+        if (d->verify) {
+            const struct wb_sum_record *x =
+                (const struct wb_sum_record *)(in + (d->rx->area[i] + n) * WB_SUM_RECORD);
+            w.src_off = w.dst_off = x->dst_off; /* checked against the tensor when it landed */
+            w.len = x->len;
+        } else {
+            w.src_off = w.dst_off = l->desc.bytes * n / e->writes;
+            w.len = l->desc.bytes * (n + 1) / e->writes - w.src_off;
+        }
+        if (!post(d, j, &w))
+            return false;
+    }
+    if (!d->verify)
+        return true;
+    struct wb_tx_write s = {.src = r->sum_src_mr,
+                            .src_off = d->rx->area[i] * WB_SUM_RECORD,
+                            .peer = nb->p.idx,
+                            .dst = &nb->p.sums,
+                            .dst_off = d->rx->area[i] * WB_SUM_RECORD,
+                            .len = WB_SUM_RECORD,
+                            .has_imm = true,
+                            .imm = imm_make(IMM_DATA, e->tag | IMM_SUM_BIT),
+                            .ctx = ctx_of(r, j)};
+    for (uint64_t n = 0; n < e->writes; n++, s.src_off += WB_SUM_RECORD, s.dst_off += WB_SUM_RECORD)
+        if (!post(d, j, &s))
+            return false;
+    return true;
+}
+
+void ag_relay_step(struct data *d)
+{
+    struct relay *r = d->rx->relay;
+    if (!r || !r->nchild || r->stopped)
+        return;
+    for (uint32_t j = 0; j < r->nchild; j++) {
+        struct child *c = &r->child[j];
+        if (!c->ready || c->failed || c->fenced)
+            continue;
+        while (c->cursor < r->norder && !c->failed)
+            if (forward(d, j, r->order[c->cursor]))
+                c->cursor++;
+        /* every entry this rollout receives went: a fence behind them, whose completion says
+         * they are placed at the child */
+        if (!c->failed && c->cursor == d->rx->nwant && r->norder == d->rx->nwant) {
+            int rc = wb_tx_fence(d->tx, r->nbr[c->nb].p.idx, ctx_of(r, j));
+            if (rc)
+                child_failed(d, c, wb_tx_errmsg(d->tx));
+            else {
+                c->outstanding++;
+                c->fenced = true;
+            }
+        }
+    }
+}
+
+bool ag_relay_done(const struct data *d)
+{
+    const struct relay *r = d->rx->relay;
+    for (uint32_t j = 0; r && j < r->nchild; j++) {
+        const struct child *c = &r->child[j];
+        if (c->outstanding || (!c->failed && !c->fenced))
+            return false;
+    }
+    if (r && r->nchild)
+        wb_log(WB_LOG_DEBUG, M,
+               "rollout rank %u: version %" PRIu64 ": %" PRIu64 " bytes relayed to %u replica%s",
+               d->rank, d->version, r->bytes, r->nchild, r->nchild == 1 ? "" : "s");
+    return true;
+}
+
+void ag_relay_event(struct data *d, const struct wb_tx_event *ev)
+{
+    uint64_t v = (uint64_t)(uintptr_t)ev->ctx;
+    struct relay *r = d->rx ? d->rx->relay : NULL;
+    uint32_t j = (uint32_t)(v & RELAY_PARENT);
+    uint8_t attempt = (uint8_t)(v >> 24);
+    if (j == RELAY_PARENT) { /* the READY to this attempt's parent */
+        if (ev->err && d->active && !d->fail[0] && attempt == d->attempt)
+            snprintf(d->fail, sizeof(d->fail),
+                     "telling its relay it is ready failed (%s); it will not write",
+                     ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));
+        return;
+    }
+    if (!r || attempt != r->attempt || j >= r->nchild)
+        return; /* a completion of an attempt before: nothing counts it */
+    struct child *c = &r->child[j];
+    if (c->outstanding)
+        c->outstanding--;
+    if (ev->err)
+        child_failed(d, c,
+                     ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));
+}
+
+void ag_relay_bounds(const struct data *d, uint64_t *tags, uint64_t *notes)
+{
+    const struct relay *r = d->rx ? d->rx->relay : NULL;
+    if (r) {
+        *tags += r->nnbr;
+        *notes += r->nnbr;
+    }
+}
+
+void ag_relay_stop(struct data *d)
+{
+    struct relay *r = d->rx ? d->rx->relay : NULL;
+    if (r)
+        r->stopped = true;
+}
+
+void *ag_relay_parent_ctx(struct data *d)
+{
+    return (void *)(uintptr_t)(RELAY_CTX | ((uint64_t)d->attempt << 24) | RELAY_PARENT);
+}

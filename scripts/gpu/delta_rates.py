@@ -20,7 +20,7 @@ issue's form ("first -> last (min-max)").
 
 --size GB scales the model up for the transfer benchmark: Qwen3-8B's layer shape (hidden 4096,
 intermediate 12288, 32 heads, 8 KV heads) with as many layers as make the BF16 weights at least
-GB gigabytes (9: 21 layers, 9.36 GB). --tiny is a small shape for the CPU (hidden 256, 2 layers,
+GB gigabytes (9: 21 layers, 9.35 GB). --tiny is a small shape for the CPU (hidden 256, 2 layers,
 vocab 1024). Without transformers (the CPU test machine has Debian's python3-torch 1.13 and no
 transformers) --model torch uses a small torch module with Qwen3's parameter names and shapes
 and a real forward (RMSNorm, grouped-query causal attention with per-head q/k norms, no rotary

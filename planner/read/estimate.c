@@ -2030,20 +2030,20 @@ void wb_estimate_print(const struct wb_estimate *e, const struct wb_plan *p, FIL
 /* ---------------------------------------------------------------- delta updates (#34)
  *
  * A delta update sends, per write, only the bytes that changed since the version the rollout
- * holds: each changed byte as its position in the write and its value (DELTA_ENTRY_BYTES: u32
- * offset + u8 value), packed into one payload that the rollout agent applies (a scatter) before
- * the version counts. The model takes a fraction `changed` of every FP8/BF16 write's bytes as
- * changed (ceil per write); other writes (FP32 block scales, FP16, FP32 weights) go in full.
- * A write goes as a delta only when its payload is at most half the write (the data path's
- * fallback) and the delta costs less than the full write at the uncontended link rate of one
- * trainer GPU to one rollout GPU: payload on the wire + the rollout's apply (reading the payload
- * and writing the changed bytes at its hardware model's copy_GBps, the memory bandwidth) <
- * the write on the wire. The trainer compares its output with its shadow of the last version
- * sent (reads both: 2 x the write's bytes at its copy_GBps, on its GPU stage) for every
- * FP8/BF16 write, whichever way it then goes. The rollout applies a payload as it lands: its
- * version ends after its last byte plus its largest payload's apply and one launch, or after
- * all its apply work and one launch if that is later. */
-enum { DELTA_ENTRY_BYTES = 5 };
+ * holds, as the data path encodes them (agent/delta.c): a record of a 32-byte header, then a
+ * u32 offset and the u8 value of each changed byte (DELTA_ENTRY_BYTES), padded to 8 bytes,
+ * written into the rollout's delta inbox; the rollout agent stores the records' bytes once the
+ * attempt's writes are in, before the version counts. The model takes a fraction `changed` of
+ * every FP8/BF16 write's bytes as changed (ceil per write); other writes (FP32 block scales,
+ * FP16, FP32 weights) go in full. A write goes as a delta only where header + entries are at
+ * most half the write (the data path's rule) and the delta costs less than the full write at
+ * the uncontended link rate of one trainer GPU to one rollout GPU: record on the wire + the
+ * rollout's apply (reading the record and writing the changed bytes at its hardware model's
+ * copy_GBps, the memory bandwidth) < the write on the wire. The trainer compares its output
+ * with its shadow of the last version sent (reads both: 2 x the write's bytes at its
+ * copy_GBps, on its GPU stage) for every FP8/BF16 write, whichever way it then goes. A
+ * rollout's version ends after its last byte plus all its apply work and one launch. */
+enum { DELTA_ENTRY_BYTES = 5, DELTA_RECORD_HEADER = 32 };
 
 struct delta_model {
     double changed;   /* fraction of FP8/BF16 bytes changed */
@@ -2069,9 +2069,10 @@ static enum delta_way delta_choose(const struct delta_model *dm, const struct wb
     uint64_t changed = (uint64_t)ceil(dm->changed * (double)x->len);
     if (changed > x->len)
         changed = x->len;
-    uint64_t payload = changed * DELTA_ENTRY_BYTES;
-    if (2 * payload > x->len)
+    uint64_t half = x->len / 2;
+    if (half <= DELTA_RECORD_HEADER || changed > (half - DELTA_RECORD_HEADER) / DELTA_ENTRY_BYTES)
         return DELTA_OVER_HALF;
+    uint64_t payload = (DELTA_RECORD_HEADER + changed * DELTA_ENTRY_BYTES + 7) / 8 * 8;
     double apply = (double)(payload + changed) / dm->apply_Bps;
     if ((double)payload / dm->link_Bps + apply >= (double)x->len / dm->link_Bps)
         return DELTA_NOT_CHEAPER;
@@ -2107,6 +2108,7 @@ int wb_plan_estimate_delta(const struct wb_plan *p, const struct wb_plan_input *
     memset(&d, 0, sizeof(d));
     d.changed = changed;
     d.entry_bytes = DELTA_ENTRY_BYTES;
+    d.header_bytes = DELTA_RECORD_HEADER;
     struct wb_estimate full, delta;
     int rc = estimate_as(p, in, NULL, &full, el, NULL, NULL);
     if (rc)
@@ -2117,10 +2119,9 @@ int wb_plan_estimate_delta(const struct wb_plan *p, const struct wb_plan_input *
         return rc;
     /* bytes and ways, every copy counted; each rollout's apply work */
     uint32_t nr = p->nrollouts;
-    double *work = calloc((size_t)nr + 1, sizeof(double)),
-           *most = calloc((size_t)nr + 1, sizeof(double));
+    double *work = calloc((size_t)nr + 1, sizeof(double));
     struct wb_plan_tbuf tb = {0};
-    rc = work && most ? 0 : -ENOMEM;
+    rc = work ? 0 : -ENOMEM;
     for (uint32_t r = 0; r < p->ntrainers && !rc; r++) {
         const struct wb_route_table *t = wb_plan_table(p, r, &tb);
         if (!t) {
@@ -2140,10 +2141,8 @@ int wb_plan_estimate_delta(const struct wb_plan *p, const struct wb_plan_input *
             *count[way] += nc;
             for (uint32_t k = 0; k < nc && way == DELTA_SENT; k++) {
                 uint32_t q = wb_rt_copy_rank(x, k);
-                if (q >= nr)
-                    continue;
-                work[q] += apply;
-                most[q] = apply > most[q] ? apply : most[q];
+                if (q < nr)
+                    work[q] += apply;
             }
         }
     }
@@ -2154,16 +2153,14 @@ int wb_plan_estimate_delta(const struct wb_plan *p, const struct wb_plan_input *
         for (uint32_t q = 0; q < nr; q++) {
             if (work[q] <= 0)
                 continue;
-            double end = delta.rollout_end_s[q] + most[q] + rh->kernel_s;
-            if (work[q] + rh->kernel_s > end)
-                end = work[q] + rh->kernel_s;
+            /* the records are stored once the attempt's writes are in */
+            double end = delta.rollout_end_s[q] + work[q] + rh->kernel_s;
             d.delta_s = end > d.delta_s ? end : d.delta_s;
             d.apply_s = work[q] > d.apply_s ? work[q] : d.apply_s;
         }
         *out = d;
     }
     free(work);
-    free(most);
     wb_estimate_free(&delta);
     return rc;
 }
@@ -2172,9 +2169,9 @@ void wb_delta_estimate_print(const struct wb_delta_estimate *d, FILE *f)
 {
     char a[32], b[32];
     fprintf(f,
-            "delta update (--changed %g: that fraction of FP8/BF16 bytes changed, %u bytes per "
-            "changed byte):\n",
-            d->changed, d->entry_bytes);
+            "delta update (--changed %g: that fraction of FP8/BF16 bytes changed; a record per "
+            "write: %u-byte header, %u bytes per changed byte):\n",
+            d->changed, d->header_bytes, d->entry_bytes);
     fprintf(f, "  sent %s of a full update's %s (%.2f %%)\n", wb_fmt_bytes(d->sent_bytes, a, 32),
             wb_fmt_bytes(d->full_bytes, b, 32),
             d->full_bytes ? 100.0 * (double)d->sent_bytes / (double)d->full_bytes : 0.0);
@@ -2185,6 +2182,6 @@ void wb_delta_estimate_print(const struct wb_delta_estimate *d, FILE *f)
             d->delta_writes, d->writes, d->full_other, d->full_over_half, d->full_not_cheaper);
     fprintf(f,
             "  estimate: %.3f s against %.3f s for a full update (%.3fx); the busiest rollout "
-            "applies %.3f ms of payloads\n",
+            "applies %.3f ms of records\n",
             d->delta_s, d->full_s, d->full_s > 0 ? d->delta_s / d->full_s : 0.0, 1e3 * d->apply_s);
 }

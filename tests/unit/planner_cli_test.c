@@ -331,13 +331,13 @@ static void test_delta_estimate(void)
     const char *o = DEMO(0, "--config", "configs/hf/Qwen3-235B-A22B-FP8.json", "--trainer",
                          "configs/clusters/qwen3-235b-trainer-128.yaml", "--rollout",
                          "configs/clusters/qwen3-235b-rollout-32.yaml", "--changed", "0.002");
-    CHECK(strstr(o, "delta update (--changed 0.002: that fraction of FP8/BF16 bytes changed, 5 "
-                    "bytes per changed byte):\n"
-                    "  sent 9.06 GiB of a full update's 884.91 GiB (1.02 %)\n"
-                    "  writes: 1314816 of 2502976 as deltas; in full: 1188160 not FP8/BF16 (block "
-                    "scales), 0 over half their size as a delta, 0 not cheaper as a delta\n"
+    CHECK(strstr(o, "delta update (--changed 0.002: that fraction of FP8/BF16 bytes changed; a "
+                    "record per write: 32-byte header, 5 bytes per changed byte):\n"
+                    "  sent 9.11 GiB of a full update's 884.91 GiB (1.03 %)\n"
+                    "  writes: 1266688 of 2502976 as deltas; in full: 1188160 not FP8/BF16 (block "
+                    "scales), 48128 over half their size as a delta, 0 not cheaper as a delta\n"
                     "  estimate: 0.102 s against 0.614 s for a full update (0.166x); the busiest "
-                    "rollout applies 0.125 ms of payloads\n") != NULL);
+                    "rollout applies 0.126 ms of records\n") != NULL);
     o = DEMO(2, "--changed", "0");
     CHECK_STR(o, "wb-plan: --changed: expected a fraction of the bytes, 0 < F <= 1 (0.002 for 0.2 "
                  "%), got '0'\n");

@@ -687,10 +687,10 @@ static void test_estimate_by_hand(void)
 }
 
 /* A delta update by hand (wb_plan_estimate_delta): 100 MB BF16, 1 trainer -> 1 rollout at
- * 12.5 GB/s, copies at 1 TB/s. At 0.2 % changed the one write sends ceil(0.002 x 10^8) = 200,000
- * changed bytes x 5 = 1 MB: 80 us on the wire after the trainer's compare with its shadow (2 x
- * 100 MB at 1 TB/s = 200 us), then the rollout's apply (1 MB read + 200 KB written at 1 TB/s =
- * 1.2 us): 281.2 us against 8 ms. */
+ * 12.5 GB/s, copies at 1 TB/s. At 0.2 % changed the one write sends a record of ceil(0.002 x
+ * 10^8) = 200,000 changed bytes x 5 + a 32-byte header = 1,000,032 bytes: 80 us on the wire
+ * after the trainer's compare with its shadow (2 x 100 MB at 1 TB/s = 200 us), then the
+ * rollout's apply (the record read + 200 KB written at 1 TB/s = 1.2 us): 281.2 us against 8 ms. */
 static void test_estimate_delta_by_hand(void)
 {
     struct fx f;
@@ -701,15 +701,16 @@ static void test_estimate_delta_by_hand(void)
     struct wb_delta_estimate d;
     CHECK_INT(wb_plan_estimate_delta(p, &f.in, 0.002, &d, &f.el), 0);
     CHECK_U64(d.full_bytes, 100000000);
-    CHECK_U64(d.sent_bytes, 1000000);
+    CHECK_U64(d.sent_bytes, 1000032);
     CHECK_U64(d.writes, 1);
     CHECK_U64(d.delta_writes, 1);
     CHECK_U64(d.full_other + d.full_over_half + d.full_not_cheaper, 0);
     CHECK_INT((int)d.entry_bytes, 5);
+    CHECK_INT((int)d.header_bytes, 32);
     CHECK(fabs(d.full_s - 0.008) <= 2 * 20e-6); /* the simulation's steps: 20 us at least */
     CHECK(fabs(d.delta_s - 0.0002812) <= 2 * d.step_s + 1e-9);
-    CHECK(fabs(d.apply_s - 1.2e-6) < 1e-12);
-    /* 20 % changed: a 100 MB payload is over half the write; it goes in full, after the compare */
+    CHECK(fabs(d.apply_s - 1.200032e-6) < 1e-15);
+    /* 20 % changed: a 100 MB record is over half the write; it goes in full, after the compare */
     CHECK_INT(wb_plan_estimate_delta(p, &f.in, 0.2, &d, &f.el), 0);
     CHECK_U64(d.sent_bytes, 100000000);
     CHECK_U64(d.full_over_half, 1);
@@ -735,12 +736,12 @@ static void test_estimate_delta_by_hand(void)
     p = build(&f, WB_MODE_AUTO);
     CHECK_INT(wb_plan_estimate_delta(p, &f.in, 0.002, &d, &f.el), 0);
     CHECK_U64(d.full_bytes, 200000000);
-    CHECK_U64(d.sent_bytes, 2000000);
+    CHECK_U64(d.sent_bytes, 2000064);
     CHECK_U64(d.writes, 2);
     CHECK_U64(d.delta_writes, 2);
     CHECK(fabs(d.full_s - 0.016) <= 2 * 20e-6);
     CHECK(fabs(d.delta_s - 0.0003612) <= 2 * d.step_s + 1e-9);
-    CHECK(fabs(d.apply_s - 1.2e-6) < 1e-12);
+    CHECK(fabs(d.apply_s - 1.200032e-6) < 1e-15);
     wb_plan_free(p);
     fx_free(&f);
 }

@@ -538,6 +538,31 @@ void wb_plan_verify_estimate(const struct wb_plan *p, const struct wb_plan_input
 void wb_estimate_free(struct wb_estimate *e);
 void wb_estimate_print(const struct wb_estimate *e, const struct wb_plan *p, FILE *f);
 
+/* A changed-only (delta) update against a full one (issue #34; wb-plan --changed F): a fraction
+ * `changed` (0 < F <= 1) of every FP8/BF16 write's bytes changed since the version the rollout
+ * holds; each write's changed bytes travel as one record (the data path's: header_bytes, then
+ * entry_bytes per changed byte: u32 offset + u8 value, padded to 8), which the rollout stores
+ * at its hardware model's copy_GBps before the version counts. A write goes as a delta where
+ * the record is at most half the write and costs less than the write (wire + apply against
+ * wire); block scales and other dtypes go in full. Both updates are simulated (wb_plan_estimate's
+ * model; the delta's with the trainer's compare against its shadow on its GPU stage and each
+ * rollout's apply after its bytes landed). Counts are writes, every replica copy counted. */
+struct wb_delta_estimate {
+    double changed;
+    uint32_t entry_bytes, header_bytes;
+    uint64_t full_bytes, sent_bytes; /* a full update's bytes, the delta update's */
+    uint64_t writes, delta_writes;
+    uint64_t full_other, full_over_half, full_not_cheaper; /* in full, and why */
+    double full_s, delta_s;                                /* the two estimates */
+    double apply_s;                                        /* the busiest rollout's apply work */
+    double step_s; /* the delta simulation's time step (its times are in steps) */
+};
+/* 0, or the estimate's error (-WB_E_CONFIG without hardware models; -EINVAL for a fraction
+ * outside (0, 1]) with the problem in el. */
+int wb_plan_estimate_delta(const struct wb_plan *p, const struct wb_plan_input *in, double changed,
+                           struct wb_delta_estimate *out, struct wb_errlist *el);
+void wb_delta_estimate_print(const struct wb_delta_estimate *d, FILE *f);
+
 /* Bar charts of bytes per trainer GPU and per rollout GPU, and the simulated timeline. */
 int wb_plan_write_svg(const struct wb_plan *p, const struct wb_estimate *e, FILE *f);
 

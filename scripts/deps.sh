@@ -10,7 +10,7 @@ clang_major=$(clang -dumpversion 2>/dev/null | cut -d. -f1 || true)
 pkgs=(
     build-essential pkg-config
     libfabric-dev libibverbs-dev libnng-dev libmsgpack-dev libyaml-dev libjansson-dev libxxhash-dev
-    iproute2 python3 python3-numpy python3-setuptools python3-pip python3-venv
+    iproute2 python3 python3-numpy python3-setuptools python3-pip python3-venv python3-torch
     clang "libclang-rt-${clang_major:-14}-dev" bsdutils openssl gdb
 )
 if [ "${1:-}" = "--list" ]; then
@@ -29,9 +29,10 @@ probe() {
 # The Python package's tests need numpy in some python3 (Debian's python3-numpy lives in
 # /usr/bin/python3's path even where another python3 comes first); the README's install makes a
 # venv, which on Debian needs python3-venv (ensurepip).
+# tests/sh/delta_rates_test.sh runs scripts/gpu/delta_rates.py on the CPU with Debian's torch.
 py_ok() {
     for p in /usr/bin/python3 python3; do
-        command -v "$p" >/dev/null && "$p" -c 'import numpy, setuptools, pip, ensurepip' 2>/dev/null &&
+        command -v "$p" >/dev/null && "$p" -c 'import numpy, setuptools, pip, ensurepip, torch' 2>/dev/null &&
             return 0
     done
     return 1

@@ -17,7 +17,7 @@ static const char usage[] =
     "usage: wb-plan --model FAMILY.yaml [--config config.json] --trainer T.yaml --rollout R.yaml\n"
     "               [--mode auto|direct|gather] [--mem-cap 1GiB] [--threads N] [--estimate]\n"
     "               [--json plan.json [--tables]] [--svg plan.svg] [--dump RANK] [--verify]\n"
-    "               [--hw [trainer.|rollout.]KEY=VALUE] [--max-problems N]\n"
+    "               [--hw [trainer.|rollout.]KEY=VALUE] [--max-problems N] [--changed F]\n"
     "               [--relay off|chain|tree|auto [--relay-fanout K] [--relay-roots R]]\n"
     "       wb-plan --model FAMILY.yaml --trainer-inv T.json --rollout-inv R.json --trainer ...\n"
     "       wb-plan --dump-config\n"
@@ -51,6 +51,10 @@ static const char usage[] =
     "  --threads N         threads building the tables (default: one per CPU, at most 8); the\n"
     "                      plan is the same for any number\n"
     "  --estimate          simulate the execution: time per phase and overall, lower bound\n"
+    "  --changed F         estimate a delta update where a fraction F (0 < F <= 1) of the\n"
+    "                      FP8/BF16 bytes changed (a record per write: 32-byte header, 5 bytes\n"
+    "                      per changed byte; a write goes in full where its record is over half\n"
+    "                      its size or not cheaper): bytes sent and time against a full update\n"
     "  --json FILE         write the plan summary as JSON (--tables: with every routing table\n"
     "                      and receive list, both inventories and every shard box: the file can\n"
     "                      be audited on its own, e.g. by tests/sh/plan_audit.py)\n"
@@ -72,6 +76,7 @@ struct args {
     uint64_t mem_cap;
     uint32_t threads;
     bool estimate, tables, verify;
+    double changed; /* --changed: > 0 asks for the delta estimate */
     long dump;
     size_t max_problems;
     struct wb_relay relay;
@@ -124,6 +129,7 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"mem-cap", required_argument, 0, 'C'},
         {"threads", required_argument, 0, 'n'},
         {"estimate", no_argument, 0, 'e'},
+        {"changed", required_argument, 0, 'g'},
         {"json", required_argument, 0, 'j'},
         {"tables", no_argument, 0, 'b'},
         {"svg", required_argument, 0, 's'},
@@ -222,6 +228,18 @@ static int parse_args(int argc, char **argv, struct args *a)
                 return 2;
             }
             break;
+        case 'g': {
+            char *end;
+            a->changed = strtod(optarg, &end);
+            if (end == optarg || *end || !(a->changed > 0 && a->changed <= 1)) {
+                fprintf(stderr,
+                        "wb-plan: --changed: expected a fraction of the bytes, 0 < F <= 1 "
+                        "(0.002 for 0.2 %%), got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        }
         case 'F':
         case 'O': {
             char *end;
@@ -477,6 +495,14 @@ int main(int argc, char **argv)
         wb_estimate_print(&est, plan, stdout);
         /* auto mode may have simulated this plan while choosing it: then this is a copy */
         printf("  (estimate in %.2f s)\n", ck.est_s);
+    }
+    if (a.changed > 0) {
+        struct wb_delta_estimate de;
+        if (wb_plan_estimate_delta(plan, &in, a.changed, &de, &est_el)) {
+            fail(&est_el, "delta estimate", a.max_problems);
+            goto out;
+        }
+        wb_delta_estimate_print(&de, stdout);
     }
     if (a.dump >= 0) {
         struct wb_plan_tbuf tb = {0};

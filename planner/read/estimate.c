@@ -207,7 +207,13 @@ struct sim {
     double *barrier_done; /* per phase */
     uint32_t *phase_left; /* ranks not yet past the phase's last collective */
     double *arrive;       /* per phase: latest arrival */
+    /* a delta update's model (wb_plan_estimate_delta), or NULL */
+    const struct delta_model *delta;
 };
+
+struct delta_model;
+static uint64_t delta_write_len(const struct delta_model *dm, const struct wb_rt_write *x,
+                                double *gpu_s);
 
 /* ---------------------------------------------------------------- pairs */
 
@@ -725,7 +731,9 @@ static void *read_ranks(void *arg)
                     }
                     rd->seen[g] = f = (uint32_t)rd->flow.n;
                 }
-                VEC_AT(&rd->flow, struct eflow, f - 1)->bytes += x->len;
+                /* a delta update sends a payload instead where it is cheaper */
+                uint64_t len = s->delta ? delta_write_len(s->delta, x, &e->gpu_s) : x->len;
+                VEC_AT(&rd->flow, struct eflow, f - 1)->bytes += len;
                 if (s->relay) {
                     struct rcontrib *lc =
                         rd->contrib.n ? VEC_AT(&rd->contrib, struct rcontrib, rd->contrib.n - 1)
@@ -740,7 +748,7 @@ static void *read_ranks(void *arg)
                         }
                     }
                 }
-                posts += nc * (x->len >= (64u << 10) ? (uint32_t)hw->nics_per_gpu : 1);
+                posts += nc * (len >= (64u << 10) ? (uint32_t)hw->nics_per_gpu : 1);
             }
             e->nflow = (uint32_t)(rd->flow.n - f0);
             if (s->relay)
@@ -2069,9 +2077,12 @@ void pl_est_memo_free(struct wb_plan *p)
     pl_plan_of(p)->memo = NULL;
 }
 
-static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
-                    const struct wb_relay *shape, struct wb_estimate *out, struct wb_errlist *el,
-                    const atomic_bool *stop, struct gate *read)
+/* The simulation of p's execution with the relay shape; with dm, of a delta update's (the plan's
+ * own estimate is a full update's: no memo then). */
+static int estimate_as(const struct wb_plan *p, const struct wb_plan_input *in,
+                       const struct wb_relay *shape, const struct delta_model *dm,
+                       struct wb_estimate *out, struct wb_errlist *el, const atomic_bool *stop,
+                       struct gate *read)
 {
     const struct wb_hw *th = &in->tl->hw, *rh = &in->rl->hw;
     if (th->nic_gbps <= 0 || rh->nic_gbps <= 0) {
@@ -2079,7 +2090,7 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
                        th->nic_gbps <= 0 ? in->tl->path : in->rl->path);
         return -WB_E_CONFIG;
     }
-    const struct pl_est_memo *m = memo_for(p, in);
+    const struct pl_est_memo *m = dm ? NULL : memo_for(p, in);
     if (m && !relay_same(&m->relay, shape))
         m = NULL;
     if (m) {
@@ -2091,6 +2102,7 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
     pl_intern_init(&s.ckeys, sizeof(struct ckey));
     pl_intern_init(&s.gkeys, sizeof(uint64_t));
     s.p = p;
+    s.delta = dm;
     s.nt = p->ntrainers;
     s.nr = p->nrollouts;
     s.nphases = p->nphases ? p->nphases : 1;
@@ -2160,6 +2172,13 @@ out:
     }
     *out = e;
     return 0;
+}
+
+static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
+                    const struct wb_relay *shape, struct wb_estimate *out, struct wb_errlist *el,
+                    const atomic_bool *stop, struct gate *read)
+{
+    return estimate_as(p, in, shape, NULL, out, el, stop, read);
 }
 
 int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
@@ -2310,4 +2329,163 @@ void wb_estimate_print(const struct wb_estimate *e, const struct wb_plan *p, FIL
             1e3 * max_of(e->rollout_end_s, p->nrollouts),
             1e3 * mean_of(e->rollout_end_s, p->nrollouts),
             wb_fmt_bytes(e->peak_tmp_bytes, a, sizeof(a)));
+}
+
+/* ---------------------------------------------------------------- delta updates (#34)
+ *
+ * A delta update sends, per write, only the bytes that changed since the version the rollout
+ * holds, as the data path encodes them (agent/delta.c): a record of a 32-byte header, then a
+ * u32 offset and the u8 value of each changed byte (DELTA_ENTRY_BYTES), padded to 8 bytes,
+ * written into the rollout's delta inbox; the rollout agent stores the records' bytes once the
+ * attempt's writes are in, before the version counts. The model takes a fraction `changed` of
+ * every FP8/BF16 write's bytes as changed (ceil per write); other writes (FP32 block scales,
+ * FP16, FP32 weights) go in full. A write goes as a delta only where header + entries are at
+ * most half the write (the data path's rule) and the delta costs less than the full write at
+ * the uncontended link rate of one trainer GPU to one rollout GPU: record on the wire + the
+ * rollout's apply (reading the record and writing the changed bytes at its hardware model's
+ * copy_GBps, the memory bandwidth) < the write on the wire. The trainer compares its output
+ * with its shadow of the last version sent (reads both: 2 x the write's bytes at its
+ * copy_GBps, on its GPU stage) for every FP8/BF16 write, whichever way it then goes. A
+ * rollout's version ends after its last byte plus all its apply work and one launch. */
+enum { DELTA_ENTRY_BYTES = 5, DELTA_RECORD_HEADER = 32 };
+
+struct delta_model {
+    double changed;   /* fraction of FP8/BF16 bytes changed */
+    double link_Bps;  /* one trainer GPU -> one rollout GPU at full speed */
+    double apply_Bps; /* the rollout's memory bandwidth (copy_Bps) */
+    double diff_Bps;  /* the trainer's (copy_Bps) */
+    const struct wb_inventory *rollout;
+};
+
+enum delta_way { DELTA_SENT, DELTA_OTHER_DTYPE, DELTA_OVER_HALF, DELTA_NOT_CHEAPER };
+
+/* How one write goes: *sent is what it puts on the wire (per copy), *apply_s the rollout's
+ * work for it (per copy). */
+static enum delta_way delta_choose(const struct delta_model *dm, const struct wb_rt_write *x,
+                                   uint64_t *sent, double *apply_s)
+{
+    *sent = x->len;
+    *apply_s = 0;
+    enum wb_dtype dt =
+        x->dst_tensor < dm->rollout->n ? dm->rollout->p[x->dst_tensor].dtype : WB_DTYPE_INVALID;
+    if (dt != WB_DTYPE_FP8_E4M3 && dt != WB_DTYPE_BF16)
+        return DELTA_OTHER_DTYPE;
+    uint64_t changed = (uint64_t)ceil(dm->changed * (double)x->len);
+    if (changed > x->len)
+        changed = x->len;
+    uint64_t half = x->len / 2;
+    if (half <= DELTA_RECORD_HEADER || changed > (half - DELTA_RECORD_HEADER) / DELTA_ENTRY_BYTES)
+        return DELTA_OVER_HALF;
+    uint64_t payload = (DELTA_RECORD_HEADER + changed * DELTA_ENTRY_BYTES + 7) / 8 * 8;
+    double apply = (double)(payload + changed) / dm->apply_Bps;
+    if ((double)payload / dm->link_Bps + apply >= (double)x->len / dm->link_Bps)
+        return DELTA_NOT_CHEAPER;
+    *sent = payload;
+    *apply_s = apply;
+    return DELTA_SENT;
+}
+
+/* The simulation's bytes for write record x (per copy); the trainer's compare with its shadow
+ * goes to its task's GPU time. */
+static uint64_t delta_write_len(const struct delta_model *dm, const struct wb_rt_write *x,
+                                double *gpu_s)
+{
+    uint64_t sent;
+    double apply;
+    if (delta_choose(dm, x, &sent, &apply) != DELTA_OTHER_DTYPE)
+        *gpu_s += 2.0 * (double)x->len / dm->diff_Bps;
+    return sent;
+}
+
+int wb_plan_estimate_delta(const struct wb_plan *p, const struct wb_plan_input *in, double changed,
+                           struct wb_delta_estimate *out, struct wb_errlist *el)
+{
+    if (!(changed > 0 && changed <= 1)) {
+        wb_errlist_add(el, "changed fraction %g: must be in (0, 1]", changed);
+        return -EINVAL;
+    }
+    const struct wb_hw *th = &in->tl->hw, *rh = &in->rl->hw;
+    double te = th->nic_gbps * 1e9 / 8 * (double)th->nics_per_gpu * th->nic_efficiency;
+    double re = rh->nic_gbps * 1e9 / 8 * (double)rh->nics_per_gpu * rh->nic_efficiency;
+    struct delta_model dm = {changed, te < re ? te : re, rh->copy_Bps, th->copy_Bps, in->rollout};
+    struct wb_delta_estimate d;
+    memset(&d, 0, sizeof(d));
+    d.changed = changed;
+    d.entry_bytes = DELTA_ENTRY_BYTES;
+    d.header_bytes = DELTA_RECORD_HEADER;
+    struct wb_estimate full, delta;
+    int rc = estimate_as(p, in, &p->relay, NULL, &full, el, NULL, NULL);
+    if (rc)
+        return rc;
+    d.full_s = full.total_s;
+    wb_estimate_free(&full);
+    if ((rc = estimate_as(p, in, &p->relay, &dm, &delta, el, NULL, NULL)))
+        return rc;
+    /* bytes and ways, every copy counted; each rollout's apply work */
+    uint32_t nr = p->nrollouts;
+    double *work = calloc((size_t)nr + 1, sizeof(double));
+    struct wb_plan_tbuf tb = {0};
+    rc = work ? 0 : -ENOMEM;
+    for (uint32_t r = 0; r < p->ntrainers && !rc; r++) {
+        const struct wb_route_table *t = wb_plan_table(p, r, &tb);
+        if (!t) {
+            rc = -ENOMEM;
+            break;
+        }
+        for (uint32_t w = 0; w < t->nwrites; w++) {
+            const struct wb_rt_write *x = &t->writes[w];
+            uint64_t sent, nc = wb_rt_copies(x);
+            double apply;
+            enum delta_way way = delta_choose(&dm, x, &sent, &apply);
+            d.full_bytes += nc * x->len;
+            d.sent_bytes += nc * sent;
+            d.writes += nc;
+            uint64_t *count[] = {&d.delta_writes, &d.full_other, &d.full_over_half,
+                                 &d.full_not_cheaper};
+            *count[way] += nc;
+            for (uint32_t k = 0; k < nc && way == DELTA_SENT; k++) {
+                uint32_t q = wb_rt_copy_rank(x, k);
+                if (q < nr)
+                    work[q] += apply;
+            }
+        }
+    }
+    wb_plan_tbuf_free(&tb);
+    if (!rc) {
+        d.delta_s = delta.total_s;
+        d.step_s = delta.sample_dt;
+        for (uint32_t q = 0; q < nr; q++) {
+            if (work[q] <= 0)
+                continue;
+            /* the records are stored once the attempt's writes are in */
+            double end = delta.rollout_end_s[q] + work[q] + rh->kernel_s;
+            d.delta_s = end > d.delta_s ? end : d.delta_s;
+            d.apply_s = work[q] > d.apply_s ? work[q] : d.apply_s;
+        }
+        *out = d;
+    }
+    free(work);
+    wb_estimate_free(&delta);
+    return rc;
+}
+
+void wb_delta_estimate_print(const struct wb_delta_estimate *d, FILE *f)
+{
+    char a[32], b[32];
+    fprintf(f,
+            "delta update (--changed %g: that fraction of FP8/BF16 bytes changed; a record per "
+            "write: %u-byte header, %u bytes per changed byte):\n",
+            d->changed, d->header_bytes, d->entry_bytes);
+    fprintf(f, "  sent %s of a full update's %s (%.2f %%)\n", wb_fmt_bytes(d->sent_bytes, a, 32),
+            wb_fmt_bytes(d->full_bytes, b, 32),
+            d->full_bytes ? 100.0 * (double)d->sent_bytes / (double)d->full_bytes : 0.0);
+    fprintf(f,
+            "  writes: %" PRIu64 " of %" PRIu64 " as deltas; in full: %" PRIu64
+            " not FP8/BF16 (block scales), %" PRIu64 " over half their size as a delta, %" PRIu64
+            " not cheaper as a delta\n",
+            d->delta_writes, d->writes, d->full_other, d->full_over_half, d->full_not_cheaper);
+    fprintf(f,
+            "  estimate: %.3f s against %.3f s for a full update (%.3fx); the busiest rollout "
+            "applies %.3f ms of records\n",
+            d->delta_s, d->full_s, d->full_s > 0 ? d->delta_s / d->full_s : 0.0, 1e3 * d->apply_s);
 }

@@ -323,6 +323,32 @@ static void test_estimate_bound_and_hw(void)
 #undef BIG
 }
 
+/* --changed F: a delta update's bytes and time against a full update's, on the shipped FP8
+ * Qwen3-235B 128 -> 32 (both simulated in the same run); bad fractions refused before
+ * anything is read, a layout without a hardware model named. */
+static void test_delta_estimate(void)
+{
+    const char *o = DEMO(0, "--config", "configs/hf/Qwen3-235B-A22B-FP8.json", "--trainer",
+                         "configs/clusters/qwen3-235b-trainer-128.yaml", "--rollout",
+                         "configs/clusters/qwen3-235b-rollout-32.yaml", "--changed", "0.002");
+    CHECK(strstr(o, "delta update (--changed 0.002: that fraction of FP8/BF16 bytes changed; a "
+                    "record per write: 32-byte header, 5 bytes per changed byte):\n"
+                    "  sent 9.11 GiB of a full update's 884.91 GiB (1.03 %)\n"
+                    "  writes: 1266688 of 2502976 as deltas; in full: 1188160 not FP8/BF16 (block "
+                    "scales), 48128 over half their size as a delta, 0 not cheaper as a delta\n"
+                    "  estimate: 0.102 s against 0.614 s for a full update (0.166x); the busiest "
+                    "rollout applies 0.126 ms of records\n") != NULL);
+    o = DEMO(2, "--changed", "0");
+    CHECK_STR(o, "wb-plan: --changed: expected a fraction of the bytes, 0 < F <= 1 (0.002 for 0.2 "
+                 "%), got '0'\n");
+    o = DEMO(2, "--changed", "1.5x");
+    CHECK_STR(o, "wb-plan: --changed: expected a fraction of the bytes, 0 < F <= 1 (0.002 for 0.2 "
+                 "%), got '1.5x'\n");
+    o = DEMO(1, "--changed", "0.01");
+    CHECK(strstr(o, "wb-plan: delta estimate: 1 problem\n  configs/jobs/demo/trainer.yaml: no "
+                    "hardware model (a `hardware:` key) for the estimate\n") != NULL);
+}
+
 const struct wb_test wb_tests[] = {
     {"outputs_checked_first", test_outputs_checked_first, 0},
     {"output_same_as_output", test_output_same_as_output, 0},
@@ -339,5 +365,6 @@ const struct wb_test wb_tests[] = {
     {"bf16_rollout_warning", test_bf16_rollout_warning, 0},
     {"cap_below_largest_task", test_cap_below_largest_task, 0},
     {"estimate_bound_and_hw", test_estimate_bound_and_hw, 60},
+    {"delta_estimate", test_delta_estimate, 60},
     {0},
 };

@@ -686,6 +686,66 @@ static void test_estimate_by_hand(void)
     fx_free(&f);
 }
 
+/* A delta update by hand (wb_plan_estimate_delta): 100 MB BF16, 1 trainer -> 1 rollout at
+ * 12.5 GB/s, copies at 1 TB/s. At 0.2 % changed the one write sends a record of ceil(0.002 x
+ * 10^8) = 200,000 changed bytes x 5 + a 32-byte header = 1,000,032 bytes: 80 us on the wire
+ * after the trainer's compare with its shadow (2 x 100 MB at 1 TB/s = 200 us), then the
+ * rollout's apply (the record read + 200 KB written at 1 TB/s = 1.2 us): 281.2 us against 8 ms. */
+static void test_estimate_delta_by_hand(void)
+{
+    struct fx f;
+    one_tensor_case(&f,
+                    "world_size: 1\nmesh: [{name: dp, size: 1}]\nplacements: [{match: \"*\"}]\n",
+                    "replicas: 1\n", 50000, 1000, WB_SHARD_REPLICATE);
+    struct wb_plan *p = build(&f, WB_MODE_AUTO);
+    struct wb_delta_estimate d;
+    CHECK_INT(wb_plan_estimate_delta(p, &f.in, 0.002, &d, &f.el), 0);
+    CHECK_U64(d.full_bytes, 100000000);
+    CHECK_U64(d.sent_bytes, 1000032);
+    CHECK_U64(d.writes, 1);
+    CHECK_U64(d.delta_writes, 1);
+    CHECK_U64(d.full_other + d.full_over_half + d.full_not_cheaper, 0);
+    CHECK_INT((int)d.entry_bytes, 5);
+    CHECK_INT((int)d.header_bytes, 32);
+    CHECK(fabs(d.full_s - 0.008) <= 2 * 20e-6); /* the simulation's steps: 20 us at least */
+    CHECK(fabs(d.delta_s - 0.0002812) <= 2 * d.step_s + 1e-9);
+    CHECK(fabs(d.apply_s - 1.200032e-6) < 1e-15);
+    /* 20 % changed: a 100 MB record is over half the write; it goes in full, after the compare */
+    CHECK_INT(wb_plan_estimate_delta(p, &f.in, 0.2, &d, &f.el), 0);
+    CHECK_U64(d.sent_bytes, 100000000);
+    CHECK_U64(d.full_over_half, 1);
+    CHECK_U64(d.delta_writes, 0);
+    CHECK(fabs(d.delta_s - 0.0082) <= 2 * d.step_s + 1e-9);
+    CHECK(d.apply_s == 0);
+    /* a rollout that applies at 1 MB/s: 1.2 s of apply against 7.92 ms saved, so in full */
+    f.rl.hw.copy_Bps = 1e6;
+    CHECK_INT(wb_plan_estimate_delta(p, &f.in, 0.002, &d, &f.el), 0);
+    CHECK_U64(d.sent_bytes, 100000000);
+    CHECK_U64(d.full_not_cheaper, 1);
+    CHECK(fabs(d.delta_s - 0.0082) <= 2 * d.step_s + 1e-9);
+    f.rl.hw.copy_Bps = 1e12;
+    /* the fraction is checked */
+    CHECK_INT(wb_plan_estimate_delta(p, &f.in, 0, &d, &f.el), -EINVAL);
+    CHECK_STR(fx_errors(&f.el), "changed fraction 0: must be in (0, 1]");
+    wb_plan_free(p);
+    fx_free(&f);
+    /* 2 replicas: one record, two copies; each rollout applies its own payload */
+    one_tensor_case(&f,
+                    "world_size: 1\nmesh: [{name: dp, size: 1}]\nplacements: [{match: \"*\"}]\n",
+                    "replicas: 2\n", 50000, 1000, WB_SHARD_REPLICATE);
+    p = build(&f, WB_MODE_AUTO);
+    CHECK_INT(wb_plan_estimate_delta(p, &f.in, 0.002, &d, &f.el), 0);
+    CHECK_U64(d.full_bytes, 200000000);
+    CHECK_U64(d.sent_bytes, 2000064);
+    CHECK_U64(d.writes, 2);
+    CHECK_U64(d.delta_writes, 2);
+    CHECK(fabs(d.full_s - 0.016) <= 2 * 20e-6);
+    CHECK(fabs(d.delta_s - 0.0003612) <= 2 * d.step_s + 1e-9);
+    CHECK(fabs(d.apply_s - 1.200032e-6) < 1e-15);
+    wb_plan_free(p);
+    fx_free(&f);
+}
+
 /* wb_plan_verify_estimate: both results as the two calls give them; a plan that fails verify
  * gets verify's own problems and no estimate. */
 static void test_verify_estimate_together(void)
@@ -916,6 +976,7 @@ const struct wb_test wb_tests[] = {
     {"verify_counts_all", test_verify_counts_all, 0},
     {"verify_replica_classes", test_verify_replica_classes, 0},
     {"estimate_by_hand", test_estimate_by_hand, 0},
+    {"estimate_delta_by_hand", test_estimate_delta_by_hand, 0},
     {"verify_estimate_together", test_verify_estimate_together, 0},
     {"estimate_memo", test_estimate_memo, 0},
     {"estimate_needs_hardware", test_estimate_needs_hardware, 0},

@@ -41,6 +41,9 @@ struct nbr {
     uint64_t rank;
     struct peer p;
     int32_t *desc_of; /* [nlocal]: its descriptor (p.reg index) of local tensor k, -1 */
+    uint8_t *addr;    /* its transport address (PEERS), to add it again */
+    size_t alen;
+    bool broken; /* a forward to it failed: the transport refuses it until it is added again */
 };
 
 /* A child of this attempt. */
@@ -84,6 +87,7 @@ void ag_relay_free(struct relay *r)
     for (uint32_t i = 0; i < r->nnbr; i++) {
         ag_peer_clear(&r->nbr[i].p);
         free(r->nbr[i].desc_of);
+        free(r->nbr[i].addr);
     }
     free(r->nbr);
     free(r->src_mr); /* the registrations go with the transport */
@@ -143,7 +147,12 @@ int ag_relay_peer(struct data *d, uint64_t rank, struct wb_mpr *addr, struct wb_
     nb = &r->nbr[r->nnbr];
     memset(nb, 0, sizeof(*nb));
     nb->rank = rank;
+    const uint8_t *a0 = addr->p;
     rc = wb_tx_peer_add(d->tx, addr, &nb->p.idx);
+    if (!rc && (nb->addr = malloc((size_t)(addr->p - a0))) != NULL) {
+        nb->alen = (size_t)(addr->p - a0);
+        memcpy(nb->addr, a0, nb->alen);
+    }
     if (rc) {
         snprintf(err, errcap, "rollout rank %" PRIu64 " (relay): transport address: %s", rank,
                  wb_tx_errmsg(d->tx));
@@ -158,6 +167,7 @@ int ag_relay_peer(struct data *d, uint64_t rank, struct wb_mpr *addr, struct wb_
                  wb_strerror(rc));
         ag_peer_clear(&nb->p);
         free(nb->desc_of);
+        free(nb->addr);
         return rc;
     }
     for (uint32_t k = 0; k < nl; k++) {
@@ -180,9 +190,32 @@ void ag_relay_forget_peers(struct data *d)
     for (uint32_t i = 0; r && i < r->nnbr; i++) {
         ag_peer_clear(&r->nbr[i].p);
         free(r->nbr[i].desc_of);
+        free(r->nbr[i].addr);
     }
     if (r)
         r->nnbr = 0;
+}
+
+/* A forward of an attempt before failed (typically: it reached a window its child had closed
+ * when that attempt was aborted, while it was still on its way), and the transport refuses
+ * that peer since. Added again it is a fresh peer, so one failed attempt does not fail every
+ * later one: 0, or negative (said in the log). */
+static int readd(struct data *d, struct nbr *nb)
+{
+    struct wb_mpr ar;
+    uint32_t idx;
+    wb_mpr_init(&ar, nb->addr, nb->alen);
+    int rc = wb_tx_peer_add(d->tx, &ar, &idx);
+    if (rc) {
+        wb_log(WB_LOG_WARN, M, "rollout rank %u: relay: adding rollout rank %" PRIu64 " again: %s",
+               d->rank, nb->rank, wb_tx_errmsg(d->tx));
+        return rc;
+    }
+    nb->p.idx = idx;
+    nb->broken = false;
+    wb_log(WB_LOG_INFO, M, "rollout rank %u: relay: rollout rank %" PRIu64 " added again", d->rank,
+           nb->rank);
+    return 0;
 }
 
 static struct nbr *nbr_find(struct relay *r, uint64_t rank, uint32_t *at)
@@ -289,6 +322,8 @@ int ag_relay_start(struct data *d, const struct wb_bytes *relay, uint32_t *paren
             rc = -EPROTO;
             break;
         }
+        if (r->nbr[at].broken && r->nbr[at].addr)
+            readd(d, &r->nbr[at]);
         r->child[r->nchild++] = (struct child){.nb = at};
         rc = wb_tx_expect(d->tx, imm_make(IMM_READY, (uint32_t)cr), 1, on_child_ready, d);
         if (rc)
@@ -316,6 +351,7 @@ static void child_failed(struct data *d, struct child *c, const char *what)
     if (c->failed)
         return;
     c->failed = true;
+    r->nbr[c->nb].broken = true;
     wb_log(WB_LOG_WARN, M,
            "rollout rank %u: version %" PRIu64 ": forwarding to rollout rank %" PRIu64
            " failed (%s); nothing more goes to it in this attempt",
@@ -327,7 +363,13 @@ static bool post(struct data *d, uint32_t j, const struct wb_tx_write *w)
 {
     struct relay *r = d->rx->relay;
     struct child *c = &r->child[j];
+    struct nbr *nb = &r->nbr[c->nb];
     int rc = wb_tx_write(d->tx, w);
+    if (rc == -WB_E_PEER && nb->addr && readd(d, nb) == 0) { /* failed in an attempt before */
+        struct wb_tx_write again = *w;
+        again.peer = nb->p.idx;
+        rc = wb_tx_write(d->tx, &again);
+    }
     if (rc) {
         child_failed(d, c, wb_tx_errmsg(d->tx));
         return false;

@@ -15,6 +15,9 @@ struct wb_trainer_layout;
 
 struct ctl_plan {
     uint32_t ntrainers, nrollouts;
+    /* The rollout fleet: replicas (rollout_layout's replicas:, its capacity) of replica_ranks
+     * ranks each; replica k holds ranks [k * replica_ranks, (k + 1) * replica_ranks). */
+    uint32_t replicas, replica_ranks;
     bool has_model; /* false: control plane only (empty tables) */
     /* The job names no trainer layout: it is derived from the trainers' registrations, and
      * the tables exist only after ctl_plan_finish(). md holds the loaded model until then. */

@@ -62,6 +62,9 @@ static int print_result(const struct wb_msg *m, char *why, size_t cap)
     printf("transfer %" PRIu64 ": complete in %.3f ms (trainers sent by %.3f ms, rollouts "
            "received by %.3f ms)\n",
            res.version, ms(res.total_ns), ms(res.sent_ns), ms(res.received_ns));
+    if (res.replicas > 1 && res.complete_on < res.replicas) /* the others did not take it */
+        printf("transfer %" PRIu64 ": complete on %" PRIu64 " of %" PRIu64 " replicas (%s)\n",
+               res.version, res.complete_on, res.replicas, res.dropped);
     printf("%-8s %12s %7s %6s %10s", "trainer", "bytes", "writes", "tasks", "peak_tmp");
     for (int s = 0; s < WB_STAGE_COUNT; s++)
         printf(" %8s", wb_stage_name(s));
@@ -120,6 +123,8 @@ static int print_status(const struct wb_msg *m, char *why, size_t cap)
     /* every agent the job waits for (no "ready" in the line: scripts look for that word) */
     if (wb_status_missing(&st, missing, sizeof(missing)) > 0)
         printf("waiting for %s\n", missing);
+    if (st.fleet[0])
+        printf("%s\n", st.fleet);
     wb_mpr_init(&r, st.agents.p, st.agents.n);
     if (wb_mpr_array(&r, 2 * WB_RANKS_MAX, &n)) {
         snprintf(why, cap, "STATUS: agents: not an array");
@@ -139,7 +144,8 @@ static int print_status(const struct wb_msg *m, char *why, size_t cap)
             printf(" %8" PRIu64 " %9s", a.version, a.in_flight ? "yes" : "no");
         else
             printf(" %8s %9s", "-", "-");
-        printf(" %8" PRIu64 " %8" PRIu64 "\n", a.seen_ms, a.dropped);
+        printf(" %8" PRIu64 " %8" PRIu64 "%s\n", a.seen_ms, a.dropped,
+               a.stale ? "  stale" : ""); /* missed a version: its replica was not a member */
         if (a.err[0])
             printf("         setup failed: %s\n", a.err);
     }

@@ -93,6 +93,7 @@ struct agent {
      * whose replica was incomplete then, joins in a round of its own (in_round). */
     bool ready, in_round;
     bool xfer_sent; /* rollouts: told of the attempt in flight (a member of it) */
+    bool draining;  /* rollouts: its replica was drained; told to exit */
     struct wb_xfer_stats stats;
     uint64_t rx_bytes;
 };
@@ -129,6 +130,7 @@ struct replica {
     uint64_t join_t0, setup_ns;
     uint64_t join_ns;       /* its last join: setup and catch-up, ns (0: none) */
     uint32_t catchup_fails; /* catch-up attempts that failed since it began to join */
+    bool drained;           /* left on purpose (wb-ctl drain) until a rank of it registers */
 };
 
 struct wb_controller {
@@ -1031,7 +1033,9 @@ static void fleet_missing(struct wb_controller *c, uint64_t v, char *out, size_t
         }
         for (uint32_t l = 0; l < c->plan.replica_ranks; l++)
             any |= rep_rank(c, k, l)->session != 0;
-        if (c->rep[k].why[0] && c->rep[k].dropped_version == v)
+        if (c->rep[k].drained)
+            snprintf(one, sizeof(one), "replica %u drained", k);
+        else if (c->rep[k].why[0] && c->rep[k].dropped_version == v)
             snprintf(one, sizeof(one), "replica %u dropped: %s", k, c->rep[k].why);
         else if (!replica_whole(c, k))
             snprintf(one, sizeof(one), "replica %u %s", k, any ? "incomplete" : "absent");
@@ -1721,6 +1725,9 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
             lost(c, a, why);
     }
     agent_reset(a);
+    if (role == WB_ROLE_ROLLOUT) /* a drained replica is back as soon as a rank of it is */
+        c->rep[rep_of(c, a)].drained = false;
+    a->draining = false;
     memset(a->pipes, 0, sizeof(a->pipes)); /* the new session's connections, recorded anew */
     a->refused[0] = 0;
     c->sessions++;
@@ -1796,12 +1803,13 @@ static void check_closed(struct wb_controller *c)
         if (!gone || !a->alive)
             continue;
         a->alive = false;
-        if (c->shutting_down)
-            wb_log(WB_LOG_INFO, M, "%s rank %u left (the job is shutting down)",
-                   wb_role_name(a->role), a->rank);
+        if (c->shutting_down || a->draining)
+            wb_log(WB_LOG_INFO, M, "%s rank %u left (%s)", wb_role_name(a->role), a->rank,
+                   a->draining ? "its replica was drained" : "the job is shutting down");
         else
             wb_log(WB_LOG_WARN, M, "%s rank %u is dead: its connection closed",
                    wb_role_name(a->role), a->rank);
+        a->left = a->draining;
         char why[200];
         snprintf(why, sizeof(why), "%s rank %u died (its connection closed)", wb_role_name(a->role),
                  a->rank);
@@ -1918,6 +1926,7 @@ union body {
     struct wb_body_rep_drained drained;
     struct wb_body_leave leave;
     struct wb_body_ctl_transfer xfer;
+    struct wb_body_ctl_drain drain;
     struct wb_session s; /* the first member of every agent call after REGISTER */
 };
 
@@ -2183,6 +2192,56 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
     wb_mpw_free(&conns);
 }
 
+/* wb-ctl drain --replica K: the replica leaves on purpose. It is dropped from the attempt in
+ * flight, its rollouts are told to exit (a drained node is usually about to be shut down or
+ * upgraded: nothing of the job should stay on it), and the status says "drained" until a rank
+ * of it registers again, which makes it join like any other. Refused, with nothing done, when
+ * fewer than min_replicas whole replicas would be left. */
+static void on_ctl_drain(struct wb_controller *c, nng_msg *req, const struct wb_body_ctl_drain *b)
+{
+    char msg[300];
+    if (b->replica >= c->plan.replicas) {
+        snprintf(msg, sizeof(msg), "drain: replica %" PRIu64 " is outside the job's %u replicas",
+                 b->replica, c->plan.replicas);
+        reply_error(c, req, -EINVAL, msg);
+        return;
+    }
+    uint32_t k = (uint32_t)b->replica, alive = 0, whole = 0;
+    for (uint32_t l = 0; l < c->plan.replica_ranks; l++)
+        alive += rep_rank(c, k, l)->alive;
+    for (uint32_t j = 0; j < c->plan.replicas; j++)
+        whole += j != k && replica_whole(c, j);
+    if (c->shutting_down || !alive) {
+        snprintf(msg, sizeof(msg), "drain: replica %u has no live rollout%s", k,
+                 c->shutting_down ? " (the job is shutting down)" : "");
+        reply_error(c, req, -EINVAL, msg);
+        return;
+    }
+    if (replica_whole(c, k) && whole < min_reps(c)) {
+        snprintf(msg, sizeof(msg),
+                 "drain: replica %u: %u whole replica%s would be left, fewer than min_replicas "
+                 "(%u)",
+                 k, whole, whole == 1 ? "" : "s", min_reps(c));
+        reply_error(c, req, -EBUSY, msg);
+        return;
+    }
+    if (c->x.active && !c->x.aborting && c->xmem[k] &&
+        !drop_replica(c, k, "drained (wb-ctl drain)"))
+        xfer_fail(c, FAIL_AGENT_LOST, "replica %u was drained (wb-ctl drain)", k);
+    c->rep[k].drained = true;
+    c->rep[k].joining = false;
+    for (uint32_t l = 0; l < c->plan.replica_ranks; l++) {
+        struct agent *a = rep_rank(c, k, l);
+        if (a->alive) {
+            a->draining = true;
+            cmd_queue(c, a, WB_CMD_EXIT, NULL);
+        }
+    }
+    wb_log(WB_LOG_INFO, M, "replica %u drained: its %u live rollout%s told to exit", k, alive,
+           alive == 1 ? "" : "s");
+    reply_ok(c, req);
+}
+
 static void on_ctl_plan(struct wb_controller *c, nng_msg *req)
 {
     struct wb_body_plan_info b = {{c->plan.summary, strlen(c->plan.summary)}};
@@ -2263,6 +2322,7 @@ static void on_message(struct wb_controller *c, nng_msg *req)
     case WB_MSG_CTL_STATUS:
     case WB_MSG_CTL_PLAN:
     case WB_MSG_CTL_SHUTDOWN:
+    case WB_MSG_CTL_DRAIN:
         break;
     default:
         reply_error(c, req, -EBADMSG, "refused: unknown message type");
@@ -2290,6 +2350,9 @@ static void on_message(struct wb_controller *c, nng_msg *req)
         break;
     case WB_MSG_CTL_SHUTDOWN:
         on_ctl_shutdown(c, req);
+        break;
+    case WB_MSG_CTL_DRAIN:
+        on_ctl_drain(c, req, &b.drain);
         break;
     default:
         on_agent_call(c, req, m.type, &b);

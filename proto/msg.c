@@ -199,6 +199,9 @@ static const struct wb_field f_ctl_transfer[] = {
     F(struct wb_body_ctl_transfer, "version", WB_FIELD_U64, true, version),
     F(struct wb_body_ctl_transfer, "timeout_ns", WB_FIELD_U64, false, timeout_ns),
 };
+static const struct wb_field f_ctl_drain[] = {
+    F(struct wb_body_ctl_drain, "replica", WB_FIELD_U64, true, replica),
+};
 static const struct wb_field f_setup[] = {
     F(struct wb_body_setup, "gen", WB_FIELD_U64, true, gen),
     F(struct wb_body_setup, "seed", WB_FIELD_U64, true, seed),
@@ -308,6 +311,7 @@ static const struct spec specs[] = {
     S0(WB_MSG_CTL_STATUS, "STATUS_REQUEST"),
     S0(WB_MSG_CTL_PLAN, "PLAN_REQUEST"),
     S0(WB_MSG_CTL_SHUTDOWN, "SHUTDOWN"),
+    S(WB_MSG_CTL_DRAIN, "DRAIN", f_ctl_drain),
     S0(WB_MSG_HELLO, "HELLO"),
     S(WB_CMD_SETUP, "SETUP", f_setup),
     S(WB_CMD_PEERS, "PEERS", f_peers),

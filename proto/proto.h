@@ -96,6 +96,7 @@ enum wb_msg_type {
     WB_MSG_CTL_STATUS,            /* no fields -> STATUS */
     WB_MSG_CTL_PLAN,              /* no fields -> PLAN_INFO */
     WB_MSG_CTL_SHUTDOWN,          /* no fields -> OK; agents are told to exit */
+    WB_MSG_CTL_DRAIN,             /* struct wb_body_ctl_drain -> OK or ERROR */
     /* every connection's first message (wb_chan sends it) */
     WB_MSG_HELLO = 0x0728, /* no fields -> WELCOME or ERROR */
     /* commands (inside COMMANDS) */
@@ -328,6 +329,12 @@ struct wb_body_ready {
 struct wb_body_ctl_transfer {
     uint64_t version;
     uint64_t timeout_ns; /* 0: the job's transfer_timeout */
+};
+
+/* DRAIN: a rollout replica leaves the fleet on purpose: it is dropped from the attempt in
+ * flight (if it is a member) and its rollouts are told to exit. */
+struct wb_body_ctl_drain {
+    uint64_t replica;
 };
 
 struct wb_body_result {

@@ -16,6 +16,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: wb-ctl [options] transfer --version N | status | plan | shutdown\n"
+               "       wb-ctl [options] drain --replica K\n"
                "       wb-ctl verify --config JOB --dump DIR --version N [--rank R]\n"
                "\n"
                "  transfer --version N   run transfer N; prints per-GPU bytes, per-stage and\n"
@@ -26,6 +27,9 @@ static void usage(FILE *f)
                "                         version and whether an update is in flight)\n"
                "  plan                   the plan summary\n"
                "  shutdown               stop the agents and the controller\n"
+               "  drain --replica K      rollout replica K leaves the fleet: dropped from the\n"
+               "                         transfer in flight, its rollouts told to exit; it\n"
+               "                         joins again when its ranks register again\n"
                "  verify                 check every rollout's dump of version N (wb-agent\n"
                "                         --dump DIR) against the reference computed from the\n"
                "                         job's model: synthetic source, fusion, quant CPU\n"
@@ -419,12 +423,13 @@ int main(int argc, char **argv)
                                        {"config", required_argument, 0, 'J'},
                                        {"dump", required_argument, 0, 'U'},
                                        {"rank", required_argument, 0, 'R'},
+                                       {"replica", required_argument, 0, 'P'},
                                        {"help", no_argument, 0, 'h'},
                                        {0}};
     const char *url = "tcp://127.0.0.1:7420", *token = NULL;
     const char *config = NULL, *dump = NULL;
     uint64_t timeout = 120ull * 1000000000, version = 0;
-    int64_t rank = -1;
+    int64_t rank = -1, replica = -1;
     int ch;
     while ((ch = getopt_long(argc, argv, "c:t:v:h", lo, NULL)) != -1) {
         switch (ch) {
@@ -462,6 +467,13 @@ int main(int argc, char **argv)
         case 'R':
             if (wb_parse_i64(optarg, &rank) || rank < 0 || rank > UINT32_MAX) {
                 fprintf(stderr, "wb-ctl: --rank: expected a rollout rank, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'P':
+            if (wb_parse_i64(optarg, &replica) || replica < 0 || replica > UINT32_MAX) {
+                fprintf(stderr, "wb-ctl: --replica: expected a rollout replica index, got '%s'\n",
+                        optarg);
                 return 2;
             }
             break;
@@ -504,6 +516,13 @@ int main(int argc, char **argv)
         wb_msg_encode(&w, WB_MSG_CTL_PLAN, token, NULL);
     } else if (strcmp(cmd, "shutdown") == 0) {
         wb_msg_encode(&w, WB_MSG_CTL_SHUTDOWN, token, NULL);
+    } else if (strcmp(cmd, "drain") == 0) {
+        if (replica < 0) {
+            fprintf(stderr, "wb-ctl: drain needs --replica K\n");
+            return 2;
+        }
+        struct wb_body_ctl_drain b = {(uint64_t)replica};
+        wb_msg_encode(&w, WB_MSG_CTL_DRAIN, token, &b);
     } else {
         fprintf(stderr, "wb-ctl: unknown command '%s'\n", cmd);
         usage(stderr);
@@ -513,5 +532,7 @@ int main(int argc, char **argv)
     bool line = strcmp(cmd, "transfer") == 0 && progress_start(&prog, url, token, version);
     int rc = call_then(url, token, timeout, &w, line ? &prog : NULL);
     wb_mpw_free(&w);
+    if (rc == 0 && strcmp(cmd, "drain") == 0)
+        printf("replica %" PRId64 " drained: its rollouts were told to exit\n", replica);
     return rc;
 }

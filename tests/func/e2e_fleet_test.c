@@ -115,7 +115,8 @@ static void fleet_stop(struct fleet *f, int nro)
     for (int t = 0; t < NTR; t++)
         CHECK_INT(e2e_wait(f->tr[t], 20000), 0);
     for (int r = 0; r < nro; r++)
-        CHECK_INT(e2e_wait(f->ro[r], 20000), 0);
+        if (f->ro[r]) /* 0: exited before (drained) */
+            CHECK_INT(e2e_wait(f->ro[r], 20000), 0);
 }
 
 /* Rollout `rank`'s dump of version v against the reference, every byte. */
@@ -231,7 +232,8 @@ static void test_drop_and_rejoin(void)
 }
 
 /* (c) capacity 4, min_replicas 3: the job runs on 3 replicas; a 4th started while versions run
- * joins at a version boundary, receives the current version and the next, verified. */
+ * joins at a version boundary, receives the current version and the next, verified. (d) One
+ * is drained (wb-ctl drain) and the others go on. */
 static void test_join_while_running(void)
 {
     struct fleet f = {0};
@@ -271,6 +273,31 @@ static void test_join_while_running(void)
     CHECK(line != NULL);
     printf("    %.*s (first version held: %" PRIu64 ")\n", (int)strcspn(line, "\n"), line, first);
     free(out);
+
+    /* (d) drain: replica 0 leaves on purpose, its rollout exits; the others go on. Draining a
+     * second one would leave 2 whole replicas, fewer than min_replicas: refused, nothing done. */
+    CHECK_INT(fleet_ctl(&f, &out, "drain --replica 0"), 0);
+    CHECK_STR(out, "replica 0 drained: its rollouts were told to exit\n");
+    free(out);
+    CHECK_INT(e2e_wait(f.ro[0], 20000), 0);
+    f.ro[0] = 0;
+    CHECK_INT(fleet_ctl(&f, &out, "drain --replica 1"), 1);
+    CHECK_STR(out, "wb-ctl: drain: replica 1: 2 whole replicas would be left, fewer than "
+                   "min_replicas (3)\n");
+    free(out);
+    CHECK_INT(fleet_ctl(&f, &out, "drain --replica 7"), 1);
+    CHECK_STR(out, "wb-ctl: drain: replica 7 is outside the job's 4 replicas\n");
+    free(out);
+    out = fleet_wait(&f, "replicas: 3 of 4 hold version 4 (min_replicas 3); replica 0 drained",
+                     10000);
+    CHECK_CONTAINS(out, "rollout      0 left");
+    free(out);
+    transfer_ok(&f, 5, &out);
+    CHECK_CONTAINS(out, "transfer 5: complete on 3 of 4 replicas (replica 0 drained)\n");
+    free(out);
+    for (uint32_t r = 1; r < 4; r++)
+        fleet_verify(&f, r, 5);
+    CHECK(!dumped(&f, 0, 5));
     fleet_stop(&f, 4);
 }
 
@@ -297,7 +324,7 @@ static void test_min_replicas_config(void)
 
 const struct wb_test wb_tests[] = {
     {"drop_and_rejoin", test_drop_and_rejoin, 180},
-    {"join_while_running", test_join_while_running, 180},
+    {"join_and_drain", test_join_while_running, 180},
     {"min_replicas_config", test_min_replicas_config, 30},
     {0},
 };

@@ -11,7 +11,7 @@
 #include <inttypes.h>
 #include <sys/stat.h>
 
-enum { NTR = 4, MAXRO = 4 };
+enum { NTR = 4, MAXRO = 6 };
 
 /* The demo model's bytes at a rollout of TP 1 (less than twice the 1711904 of a TP 2 rank: TP 2
  * replicates some) */
@@ -24,12 +24,12 @@ struct fleet {
 
 static const char *TOK = "WB_TOKEN=fleet-tok";
 
-static void fleet_job(struct fleet *f, int replicas, int min_replicas)
+static void fleet_job_tp(struct fleet *f, int replicas, int tp, int min_replicas)
 {
     char cwd[512], rl[800], text[3000];
     CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
-    snprintf(text, sizeof(text), "replicas: %d\ngpus_per_replica: 1\ntp: 1\ngpus_per_node: 1\n",
-             replicas);
+    snprintf(text, sizeof(text), "replicas: %d\ngpus_per_replica: %d\ntp: %d\ngpus_per_node: %d\n",
+             replicas, tp, tp, tp);
     snprintf(rl, sizeof(rl), "%s", wb_test_write_file("rollout.yaml", text));
     snprintf(f->url, sizeof(f->url), "tcp://127.0.0.1:%u", e2e_port(3));
     snprintf(text, sizeof(text),
@@ -42,6 +42,11 @@ static void fleet_job(struct fleet *f, int replicas, int min_replicas)
     snprintf(f->job, sizeof(f->job), "%s", wb_test_write_file("job.yaml", text));
     snprintf(f->dump, sizeof(f->dump), "%s/dump", wb_test_tmpdir());
     mkdir(f->dump, 0755);
+}
+
+static void fleet_job(struct fleet *f, int replicas, int min_replicas)
+{
+    fleet_job_tp(f, replicas, 1, min_replicas);
 }
 
 static pid_t fleet_agent(struct fleet *f, const char *role, int rank, const char *log)
@@ -301,6 +306,66 @@ static void test_join_while_running(void)
     fleet_stop(&f, 4);
 }
 
+/* Replicas of two ranks (TP 2): one rank of replica 1 is killed mid-transfer; replica 0
+ * completes, the surviving rank of replica 1 is told to abort once the transfer ended and says
+ * torn (the attempt opened its windows); restarted, the dead rank and its survivor are caught up
+ * together, and both hold the version. */
+static void test_survivor_torn(void)
+{
+    struct fleet f = {0};
+    char *out;
+    fleet_job_tp(&f, 2, 2, 1);
+    fleet_start(&f, 4);
+    transfer_ok(&f, 1, &out);
+    free(out);
+    kill(f.ro[3], SIGSTOP);
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s/wb-ctl", e2e_bin());
+    char *cargv[] = {cmd,   "-c",       f.url,       "--token", "fleet-tok", "--timeout",
+                     "60s", "transfer", "--version", "2",       NULL};
+    pid_t client = e2e_spawn("client.log", NULL, cargv);
+    free(fleet_wait(&f, "in flight: 2", 10000));
+    kill(f.ro[3], SIGKILL);
+    CHECK_INT(e2e_wait(client, 60000), 0);
+    CHECK_INT(e2e_wait(f.ro[3], 5000), 128 + SIGKILL);
+    out = e2e_slurp("client.log");
+    CHECK_CONTAINS(out,
+                   "transfer 2: complete on 1 of 2 replicas (replica 1 dropped: rollout rank 3 "
+                   "died (its connection closed))\n");
+    free(out);
+    for (uint32_t r = 0; r < 2; r++) {
+        char path[800], msg[512];
+        struct wb_errlist el;
+        struct wb_job job;
+        struct wb_ref *ref = NULL;
+        uint64_t bytes = 0;
+        wb_errlist_init(&el);
+        CHECK_INT(wb_job_load(f.job, &job, &el), 0);
+        CHECK_INT(wb_ref_load(&job, &ref, &el), 0);
+        snprintf(path, sizeof(path), "%s/rollout%u.v2.bin", f.dump, r);
+        CHECK_INT(wb_ref_check_dump(ref, r, 2, path, msg, sizeof(msg), &bytes), 0);
+        CHECK_U64(bytes, 1711904); /* a TP 2 rank of the demo */
+        wb_ref_free(ref);
+        wb_job_free(&job);
+        wb_errlist_free(&el);
+    }
+    CHECK(!dumped(&f, 2, 2));
+    out = fleet_wait(&f, "     torn        no", 10000); /* its ABORT came, the heartbeat says */
+    CHECK_CONTAINS(out, "replicas: 1 of 2 hold version 2 (min_replicas 1); replica 1 dropped: "
+                        "rollout rank 3 died (its connection closed)\n");
+    CHECK_CONTAINS(out, "rollout      2 alive");
+    free(out);
+    f.ro[3] = fleet_rollout(&f, 3);
+    out = fleet_wait(&f, "replicas: 2 of 2 hold version 2 (min_replicas 1); replica 1 joined in ",
+                     30000);
+    CHECK(!strstr(out, "torn"));
+    free(out);
+    for (uint32_t r = 2; r < 4; r++) {
+        CHECK(dumped(&f, r, 2));
+    }
+    fleet_stop(&f, 4);
+}
+
 /* min_replicas beyond the fleet is refused where the job file sets it. */
 static void test_min_replicas_config(void)
 {
@@ -325,6 +390,7 @@ static void test_min_replicas_config(void)
 const struct wb_test wb_tests[] = {
     {"drop_and_rejoin", test_drop_and_rejoin, 180},
     {"join_and_drain", test_join_while_running, 180},
+    {"survivor_torn", test_survivor_torn, 180},
     {"min_replicas_config", test_min_replicas_config, 30},
     {0},
 };

@@ -56,10 +56,11 @@ static pid_t fleet_agent(struct fleet *f, const char *role, int rank, const char
     char *env[] = {(char *)TOK, lvl, NULL};
     snprintf(path, sizeof(path), "%s/wb-agent", e2e_bin());
     snprintf(rk, sizeof(rk), "%d", rank);
-    char *argv[] = {path,           "--role", (char *)role, "--rank", rk,
-                    "--controller", f->url,   "--dump",     f->dump,  NULL};
+    /* lo: not whatever interface comes first (a test's veth pair may come and go meanwhile) */
+    char *argv[] = {path,   "--role",      (char *)role, "--rank", rk,      "--controller",
+                    f->url, "--tx-domain", "lo",         "--dump", f->dump, NULL};
     if (strcmp(role, "trainer") == 0)
-        argv[7] = NULL; /* trainers dump nothing */
+        argv[9] = NULL; /* trainers dump nothing */
     return e2e_spawn(log, env, argv);
 }
 

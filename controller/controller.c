@@ -119,6 +119,7 @@ struct xfer {
     uint64_t abort_deadline;
     char why[512];
     bool catchup;                /* internal: the last complete version to joining replicas */
+    bool timeout_dropped;        /* its time ran out once: stalled replicas were dropped */
     char dropped[WB_ERRMSG_MAX]; /* replicas dropped from it, and why */
 };
 
@@ -978,9 +979,9 @@ static void teardown_check(struct wb_controller *c, uint64_t now)
         if (a->alive && a->xfer_sent) /* the others never heard of the attempt */
             queue_abort(c, a, c->x.version, c->x.why);
     }
-    if (c->x.catchup) /* the joining replicas try again at the next boundary, or join next */
+    if (c->x.catchup) /* its replicas try again at the next boundary (3 times), or join next */
         for (uint32_t k = 0; k < c->plan.replicas; k++)
-            c->rep[k].catchup_fails += c->rep[k].joining;
+            c->rep[k].catchup_fails += c->xmem[k];
     char msg[600];
     snprintf(msg, sizeof(msg), "transfer %" PRIu64 " failed: %s", c->x.version, c->x.why);
     metrics_publish(c); /* a client told of the failure reads it counted */
@@ -1111,6 +1112,9 @@ static void xfer_result(struct wb_controller *c)
     for (uint32_t k = 0; k < c->plan.replicas; k++)
         if (c->rep[k].joining && replica_holds(c, k, c->last_version))
             join_done(c, k, now);
+        else if (catchup && c->xmem[k]) /* set up all along: it only missed the version */
+            wb_log(WB_LOG_INFO, M, "replica %u caught up with version %" PRIu64 " in %.3f s", k,
+                   c->last_version, (double)(now - c->x.start_ns) / 1e9);
     if (catchup) { /* no client's version: the metrics count the job's versions */
         xfer_end(c);
         wb_mpw_free(&tr);
@@ -1320,6 +1324,7 @@ static void kick(struct wb_controller *c)
             nwant += want[k];
         } else {
             holding++;
+            c->rep[k].catchup_fails = 0;
             if (c->rep[k].joining)
                 join_done(c, k, now);
         }
@@ -1534,9 +1539,48 @@ static void push_check(struct wb_controller *c)
     xfer_start(c, v, c->job->transfer_ns, NULL, NULL);
 }
 
+/* The attempt's time is up and member rollouts it waits for are suspect (silent: stalled,
+ * stopped, starved): their replicas are dropped, once per attempt, where enough members
+ * remain, and the others get the attempt's time once more (the trainers may have been waiting
+ * for a stalled rollout's "ready"; they write nothing more to it now). True when done. */
+static bool timeout_drop(struct wb_controller *c, uint64_t now)
+{
+    uint8_t cand[WB_RANKS_MAX] = {0};
+    uint32_t ncand = 0, left = 0;
+    if (c->x.timeout_dropped || c->plan.replicas > WB_RANKS_MAX)
+        return false;
+    for (uint32_t r = 0; r < c->plan.nrollouts; r++) {
+        const struct agent *a = &c->agents[c->plan.ntrainers + r];
+        uint32_t k = rep_of(c, a);
+        bool pending = c->x.completing ? !a->committed : !a->done;
+        if (in_attempt(c, a) && pending && a->suspect && !cand[k]) {
+            cand[k] = 1;
+            ncand++;
+        }
+    }
+    for (uint32_t k = 0; k < c->plan.replicas; k++)
+        left += c->xmem[k] && !cand[k];
+    if (!ncand || left == 0 || (!c->x.catchup && left < min_reps(c)))
+        return false;
+    c->x.timeout_dropped = true;
+    for (uint32_t r = 0; r < c->plan.nrollouts; r++) {
+        const struct agent *a = &c->agents[c->plan.ntrainers + r];
+        uint32_t k = rep_of(c, a);
+        char why[200];
+        if (!cand[k] || !c->xmem[k] || !a->suspect)
+            continue;
+        snprintf(why, sizeof(why), "rollout rank %u stalled (silent for %.1f s at the timeout)",
+                 a->rank, (double)(now - a->last_ns) / 1e9);
+        drop_replica(c, k, why);
+    }
+    c->x.deadline = now + (c->x.deadline - c->x.start_ns);
+    xfer_check(c);
+    return true;
+}
+
 static void xfer_timeout(struct wb_controller *c, uint64_t now)
 {
-    if (!c->x.active || c->x.aborting || now < c->x.deadline)
+    if (!c->x.active || c->x.aborting || now < c->x.deadline || timeout_drop(c, now))
         return;
     char list[300];
     size_t pos = 0;
@@ -1857,6 +1901,11 @@ static void on_rep_done(struct wb_controller *c, struct agent *a, uint64_t versi
 {
     if (!c->x.active || c->x.aborting || version != c->x.version || a->done ||
         !in_attempt(c, a)) /* a dropped replica's rank: its part is over */
+        return;
+    /* A rollout's answer to an ABORT of an earlier attempt of this version (a dropped replica's
+     * rank that ran again, say, and hears of its attempt's end late): no news, and no failure
+     * of this one. */
+    if (!ok && a->role == WB_ROLE_ROLLOUT && strcmp(err, "aborted") == 0)
         return;
     if (!ok) {
         xfer_fail(c, FAIL_AGENT_ERROR, "%s rank %u: %s", wb_role_name(a->role), a->rank, err);

@@ -509,7 +509,9 @@ int main(int argc, char **argv)
         }
         struct wb_body_ctl_transfer b = {version, timeout};
         wb_msg_encode(&w, WB_MSG_CTL_TRANSFER, token, &b);
-        timeout += 5ull * 1000000000; /* the controller's own failure report comes first */
+        /* the controller's own failure report comes first; a transfer that dropped stalled
+         * replicas at its timeout gets that time once more (README: Replicas) */
+        timeout = 2 * timeout + 5ull * 1000000000;
     } else if (strcmp(cmd, "status") == 0) {
         wb_msg_encode(&w, WB_MSG_CTL_STATUS, token, NULL);
     } else if (strcmp(cmd, "plan") == 0) {

@@ -80,13 +80,14 @@ static int fleet_ctl(struct fleet *f, char **out, const char *args)
 static char *fleet_wait(struct fleet *f, const char *needle, unsigned ms)
 {
     char *out = NULL;
-    for (unsigned t = 0; t <= ms; t += 100) {
+    uint64_t end = wb_now_ns() + ms * 1000000ull; /* only ends a hang */
+    do {
         free(out);
         fleet_ctl(f, &out, "--timeout 5s status");
         if (strstr(out, needle))
             return out;
         e2e_sleep_ms(100);
-    }
+    } while (wb_now_ns() < end);
     char *log = e2e_slurp("controller.log");
     wb_test_fail(__FILE__, __LINE__, "status never said \"%s\":\n%s\ncontroller log:\n%s", needle,
                  out, log);
@@ -367,6 +368,43 @@ static void test_survivor_torn(void)
     fleet_stop(&f, 4);
 }
 
+/* A rollout stopped (not killed) before a transfer: silent, suspect, it stalls the transfer
+ * until its timeout; then its replica is dropped and the others complete. Continued, it is
+ * told the attempt ended, and is caught up with the version it missed. */
+static void test_stalled_dropped(void)
+{
+    struct fleet f = {0};
+    char *out;
+    fleet_job(&f, 3, 2);
+    fleet_start(&f, 3);
+    transfer_ok(&f, 1, &out);
+    free(out);
+    kill(f.ro[1], SIGSTOP);
+    CHECK_INT(fleet_ctl(&f, &out, "--timeout 4s transfer --version 2"), 0);
+    CHECK_CONTAINS(out,
+                   "transfer 2: complete on 2 of 3 replicas (replica 1 dropped: rollout rank 1 "
+                   "stalled (silent for ");
+    CHECK_CONTAINS(out, " s at the timeout))\n");
+    free(out);
+    fleet_verify(&f, 0, 2);
+    fleet_verify(&f, 2, 2);
+    kill(f.ro[1], SIGCONT);
+    out = fleet_wait(&f, "replicas: 3 of 3 hold version 2 (min_replicas 2)\n", 30000);
+    CHECK(!strstr(out, "torn"));
+    free(out);
+    fleet_verify(&f, 1, 2);
+    out = e2e_slurp("controller.log");
+    CHECK_CONTAINS(out, "transfer 2 started: a catch-up of 1 joining replica");
+    CHECK_CONTAINS(out, "replica 1 caught up with version 2 in ");
+    free(out);
+    transfer_ok(&f, 3, &out);
+    CHECK(!strstr(out, "replicas"));
+    free(out);
+    for (uint32_t r = 0; r < 3; r++)
+        fleet_verify(&f, r, 3);
+    fleet_stop(&f, 3);
+}
+
 /* min_replicas beyond the fleet is refused where the job file sets it. */
 static void test_min_replicas_config(void)
 {
@@ -392,6 +430,7 @@ const struct wb_test wb_tests[] = {
     {"drop_and_rejoin", test_drop_and_rejoin, 180},
     {"join_and_drain", test_join_while_running, 180},
     {"survivor_torn", test_survivor_torn, 180},
+    {"stalled_dropped", test_stalled_dropped, 180},
     {"min_replicas_config", test_min_replicas_config, 30},
     {0},
 };

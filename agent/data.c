@@ -65,6 +65,7 @@ static void data_release(struct data *d)
     free(d->resume.task_bytes);
     free(d->rready);
     free(d->rrelay);
+    free(d->rout);
     if (d->param != d->param_host_buf)
         wb_tx_mem_free(k, d->param);
     ag_host_free(d->param_host_buf);
@@ -310,7 +311,8 @@ static int setup_trainer(struct data *d, const void *plan, size_t plan_len, cons
     d->tpeer = calloc(t->ntrainers ? t->ntrainers : 1, sizeof(*d->tpeer));
     d->rpeer = calloc(t->nrollouts ? t->nrollouts : 1, sizeof(*d->rpeer));
     d->rready = malloc(t->nrollouts ? t->nrollouts : 1);
-    if (!d->tpeer || !d->rpeer || !d->rready)
+    d->rout = calloc(t->nrollouts ? t->nrollouts : 1, 1);
+    if (!d->tpeer || !d->rpeer || !d->rready || !d->rout)
         return -ENOMEM;
     memset(d->rready, 2, t->nrollouts); /* 2: never written by this table */
     for (uint32_t k = 0; k < t->nwrites; k++)
@@ -798,6 +800,70 @@ static int trainer_skip(struct data *d, const struct skipset *ss, const struct w
     return 0;
 }
 
+/* The replica indices of a msgpack array (TRANSFER.members, DROP.replicas), each rank of them
+ * set to `mark` in rout (nrollouts entries, replica_ranks ranks per replica); with `invert`,
+ * every rank of the other replicas instead. Nothing or an empty array with invert: nothing
+ * marked (every replica is a member). -EBADMSG for a malformed list. */
+static int replicas_mark(const struct wb_bytes *b, uint64_t replica_ranks, uint32_t nrollouts,
+                         bool invert, uint8_t mark, uint8_t *rout)
+{
+    struct wb_mpr r;
+    uint32_t n = 0;
+    wb_mpr_init(&r, b->p, b->n);
+    if (!b->n || wb_mpr_nil(&r))
+        return 0;
+    if (wb_mpr_array(&r, WB_RANKS_MAX, &n))
+        return -EBADMSG;
+    if (!n)
+        return 0;
+    if (!replica_ranks)
+        return -EBADMSG;
+    uint8_t *in = calloc(nrollouts ? nrollouts : 1, 1);
+    if (!in)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t k;
+        if (wb_mpr_u64(&r, &k)) {
+            free(in);
+            return -EBADMSG;
+        }
+        for (uint64_t g = k * replica_ranks; g < (k + 1) * replica_ranks && g < nrollouts; g++)
+            in[g] = 1;
+    }
+    for (uint32_t g = 0; g < nrollouts; g++)
+        if (in[g] != invert)
+            rout[g] = mark;
+    free(in);
+    return 0;
+}
+
+void ag_data_drop(struct data *d, const struct wb_body_drop *b)
+{
+    if (d->role != WB_ROLE_TRAINER || d->empty || !d->active || b->version != d->version ||
+        b->epoch != d->epoch)
+        return;
+    uint32_t nr = d->table.nrollouts;
+    uint8_t *mark = calloc(nr ? nr : 1, 1);
+    if (!mark)
+        return; /* the attempt goes on writing to them: their failures then fail it */
+    if (replicas_mark(&b->replicas, b->replica_ranks, nr, false, 1, mark)) {
+        wb_log(WB_LOG_ERROR, M, "trainer rank %u: DROP: malformed list of replicas", d->rank);
+        free(mark);
+        return;
+    }
+    uint32_t n = 0;
+    for (uint32_t g = 0; g < nr; g++)
+        if (mark[g] && d->rout[g] != ROUT_OUT) {
+            ag_exec_rank_out(d, g, ROUT_OUT);
+            n++;
+        }
+    free(mark);
+    wb_log(WB_LOG_INFO, M,
+           "trainer rank %u: transfer %" PRIu64 ": %u rollout rank%s dropped, nothing more "
+           "written to them",
+           d->rank, d->version, n, n == 1 ? "" : "s");
+}
+
 /* What this side may count in one attempt: every counter it arms, and the notes behind them
  * (the transport's bounds for the attempt; a little slack for nothing). */
 static void attempt_bounds(const struct data *d, uint64_t *tags, uint64_t *notes)
@@ -867,6 +933,23 @@ int ag_data_start(struct data *d, const struct wb_body_version_epoch *b, char *e
     if (d->role == WB_ROLE_TRAINER) {
         rc = trainer_skip(d, &ss, &b->relay);
         skip_free(&ss);
+        /* the attempt's member set: nothing is written to the other replicas' ranks */
+        if (!rc) {
+            memset(d->rout, ROUT_IN, d->table.nrollouts);
+            rc = replicas_mark(&b->members, b->replica_ranks, d->table.nrollouts, true, ROUT_OUT,
+                               d->rout);
+            if (rc) {
+                snprintf(err, errcap, "transfer: malformed member set");
+                d->active = false;
+                return rc;
+            }
+            d->direct_off = false;
+            for (uint32_t k = 0; k < d->table.nwrites; k++)
+                if (d->rout[d->table.writes[k].dst_rank]) {
+                    d->resume.wskip[k] = 1;
+                    d->direct_off = true;
+                }
+        }
         rc = rc ? rc : ag_exec_arm(d);
         if (rc) {
             snprintf(err, errcap, "%s", d->fail[0] ? d->fail : wb_strerror(rc));

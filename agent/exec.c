@@ -404,7 +404,9 @@ int ag_exec_arm(struct data *d)
     memset(d->mx.gx_done, 0, (np ? np : 1) * sizeof(uint32_t));
     d->rready_left = 0;
     for (uint32_t g = 0; g < t->nrollouts; g++)
-        if (d->rready[g] != 2 && !(d->rrelay && d->rrelay[g])) { /* relayed: not written */
+        if (d->rready[g] != 2 && d->rout[g]) {
+            d->rready[g] = 3; /* out of this attempt: never waited for */
+        } else if (d->rready[g] != 2 && !(d->rrelay && d->rrelay[g])) { /* relayed: not written */
             d->rready[g] = 0;
             d->rready_left++;
         }
@@ -429,6 +431,23 @@ int ag_exec_arm(struct data *d)
     return rc;
 }
 
+void ag_exec_rank_out(struct data *d, uint32_t g, uint8_t why)
+{
+    const struct wb_route_table *t = &d->table;
+    if (g >= t->nrollouts)
+        return;
+    if (d->rout[g] == ROUT_IN) /* its writes not posted yet are never posted */
+        for (uint32_t k = 0; k < t->nwrites; k++)
+            if (t->writes[k].dst_rank == g)
+                d->resume.wskip[k] = 1;
+    if (why == ROUT_OUT || d->rout[g] == ROUT_IN)
+        d->rout[g] = why;
+    if (d->rready[g] == 0) { /* its "ready" is not waited for any more */
+        d->rready[g] = 3;
+        d->rready_left--;
+    }
+}
+
 /* Every rollout the task writes to said it is ready (its windows are open). */
 static bool writes_ready(const struct data *d, uint32_t ti)
 {
@@ -447,7 +466,7 @@ static bool writes_ready(const struct data *d, uint32_t ti)
  * rollout said it is ready: its kernels store into the rollouts' memory. */
 static int direct_launch(struct data *d)
 {
-    if (d->rready_left)
+    if (d->rready_left || d->direct_off)
         return 0;
     int rc = ag_direct_launch(d);
     if (rc)
@@ -498,11 +517,23 @@ int ag_exec_start(struct data *d)
 
 /* ---------------------------------------------------------------- posting */
 
+/* 0 when posted; 1 when not, its rollout being out of the attempt (dropped, or a write to it
+ * failed: the controller drops its replica or ends the attempt); else a failure. */
 static int post(struct data *d, struct task *tk, uint32_t ti, struct wb_tx_write *w,
                 enum wb_role role, uint32_t rank)
 {
+    if (role == WB_ROLE_ROLLOUT && d->rout[rank])
+        return 1;
     w->ctx = wctx(d, role, rank, ti);
     int rc = wb_tx_write(d->tx, w);
+    if (rc && role == WB_ROLE_ROLLOUT && rc == -WB_E_PEER) {
+        wb_log(WB_LOG_WARN, M,
+               "trainer rank %u: rollout rank %u is gone (%s): nothing more is "
+               "written to it",
+               d->rank, rank, wb_tx_errmsg(d->tx));
+        ag_exec_rank_out(d, rank, ROUT_LOST);
+        return 1;
+    }
     if (rc) {
         fail(d, "write to %s rank %u (%" PRIu64 " bytes at %" PRIu64 "): %s", wb_role_name(role),
              rank, w->len, w->dst_off, wb_tx_errmsg(d->tx));
@@ -680,6 +711,8 @@ static int post_writes(struct data *d, struct task *tk, uint32_t ti)
         int rc = post(d, tk, ti, &w, WB_ROLE_ROLLOUT, wr->dst_rank);
         if (!rc && d->verify)
             rc = post_record(d, tk, ti, rt->write0 + k, p);
+        if (rc > 0) /* its rollout is out of the attempt */
+            continue;
         if (rc)
             return rc;
         d->stats.bytes += w.len;
@@ -924,6 +957,10 @@ static int announce_direct(struct data *d, struct task *tk, uint32_t ti)
         uint32_t n = 1, rank = (uint32_t)(d->akeys[k] >> 32), tag = (uint32_t)d->akeys[k];
         while (k + n < nk && d->akeys[k + n] == d->akeys[k])
             n++;
+        if (d->rout[rank]) { /* dropped from the attempt meanwhile */
+            k += n;
+            continue;
+        }
         int rc = wb_tx_write_imms(d->tx, d->rpeer[rank].idx, imm_make(IMM_DATA, tag), n,
                                   wctx(d, WB_ROLE_ROLLOUT, rank, ti));
         if (rc) {
@@ -1075,9 +1112,21 @@ void ag_exec_event(struct data *d, const struct wb_tx_event *ev)
     uint32_t ti = (uint32_t)v, rank = (uint32_t)(v >> 32) & 0x7fffff;
     enum wb_role role = (enum wb_role)((v >> 55) & 1);
     bool mine = d->active && ((v >> 56) & 0xff) == d->attempt;
-    if (ev->err && mine)
+    /* A failed write to a rollout ends that rollout's part, not the attempt: the controller
+     * drops its replica (the report waits for that) or, where too few replicas would be left,
+     * ends the attempt. A trainer's failure ends it here. */
+    if (ev->err && mine && role == WB_ROLE_ROLLOUT && rank < d->table.nrollouts) {
+        if (d->rout[rank] == ROUT_IN)
+            wb_log(WB_LOG_WARN, M,
+                   "trainer rank %u: a write to rollout rank %u failed: %s; nothing more is "
+                   "written to it",
+                   d->rank, rank,
+                   ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));
+        ag_exec_rank_out(d, rank, ROUT_LOST);
+    } else if (ev->err && mine) {
         fail(d, "write to %s rank %u failed: %s", wb_role_name(role), rank,
              ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));
+    }
     if (mine && ti < d->table.ntasks && d->tasks[ti].writes_left)
         d->tasks[ti].writes_left--;
 }
@@ -1132,7 +1181,7 @@ int ag_exec_step(struct data *d)
             d->next_task++;
             continue;
         }
-        if (ag_direct_has(d, d->next_task)) {
+        if (!d->direct_off && ag_direct_has(d, d->next_task)) {
             tk->st = T_DIRECT;
             tk->span_stage = -1;
             d->next_task++;
@@ -1200,6 +1249,9 @@ int ag_exec_step(struct data *d)
         return 0;
     for (uint32_t p = 0; p < t->nphases; p++)
         if (t->phases[p].barrier_after && !d->mx.barrier_done[p])
+            return 0;
+    for (uint32_t g = 0; g < t->nrollouts; g++)
+        if (d->rout[g] == ROUT_LOST) /* its replica's DROP (or the abort) comes next */
             return 0;
     wb_log(WB_LOG_DEBUG, M, "trainer rank %u: every write complete %.3f ms after the start",
            d->rank, (double)(wb_now_ns() - d->start_ns) / 1e6);

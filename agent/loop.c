@@ -525,6 +525,7 @@ union cmd_body {
     struct wb_body_ready ready;
     struct wb_body_error refused;
     struct wb_body_skipped skipped;
+    struct wb_body_drop drop;
 };
 
 static int on_commands(struct wb_endpoint *ep, void *buf, size_t len)
@@ -581,6 +582,10 @@ static int on_commands(struct wb_endpoint *ep, void *buf, size_t len)
             break;
         case WB_CMD_EXIT:
             ep->exiting = true;
+            break;
+        case WB_CMD_DROP:
+            if (ep->d && ep->xfer_active)
+                ag_data_drop(ep->d, &b.drop);
             break;
         case WB_CMD_SKIPPED:
             if (ep->o.role == WB_ROLE_TRAINER)

@@ -281,6 +281,12 @@ int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size
  * arm their counters and start the executor (synthetic values generated first), rollouts arm
  * theirs, open their windows and tell their trainers they are ready. */
 int ag_data_start(struct data *d, const struct wb_body_version_epoch *b, char *err, size_t errcap);
+/* Trainers: DROP — the replicas it names are out of the attempt in flight (nothing more is
+ * written to their ranks; a write to them that failed is no failure). Another attempt's DROP
+ * is ignored. */
+void ag_data_drop(struct data *d, const struct wb_body_drop *b);
+/* Trainers: rollout rank g is out of the attempt in flight (dropped, or lost: why). */
+void ag_exec_rank_out(struct data *d, uint32_t g, uint8_t why);
 /* Testing (wb-agent's SIGUSR1; async-signal-safe): the loop writes the rollout's tensors as
  * they are into <dump>/state/rollout<rank>.v<version>.bin and, after it, the version and torn
  * flag it claims into <dump>/state/rollout<rank>.txt ("version V torn 0|1"). */

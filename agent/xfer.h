@@ -42,6 +42,8 @@ enum { IMM_TAG_BITS = 29 };
 /* A checksum record (SETUP.verify) goes with IMM_DATA and its data tag with this bit set:
  * data tags (rollout tensor index + 1, at most 2^19 tensors) stay below it. */
 enum { IMM_SUM_BIT = 1u << 21 };
+/* data.rout: a rollout rank in the attempt, out of it, or lost (see there) */
+enum { ROUT_IN = 0, ROUT_OUT, ROUT_LOST };
 
 static inline uint32_t imm_make(enum imm_kind k, uint32_t tag)
 {
@@ -302,6 +304,12 @@ struct data {
      * no_direct: the job relays, so no write bypasses the skips (the direct path is off) */
     uint8_t *rrelay;
     bool no_direct;
+    /* trainers: [nrollouts] per rollout rank, for the attempt in flight: ROUT_OUT when its
+     * replica is no member of the attempt or was dropped from it (DROP): nothing is written to
+     * it; ROUT_LOST when a write to it failed and the controller has not dropped it yet: the
+     * attempt's report waits for that DROP (or the abort), it does not fail. */
+    uint8_t *rout;
+    bool direct_off; /* a rollout was out when the attempt started: no direct path in it */
     /* executor */
     struct task *tasks;
     uint32_t next_task, tasks_done;

@@ -88,6 +88,12 @@ struct agent {
      * dead_after. */
     uint32_t pipes[4];
     bool drained; /* trainers, an attempt being torn down: its writes all completed */
+    /* Set up and connected (a trainer: its table's peers known; a rollout: its trainers know
+     * its address and regions) since the last full round: a rollout that registers later, or
+     * whose replica was incomplete then, joins in a round of its own (in_round). */
+    bool ready, in_round;
+    bool xfer_sent; /* rollouts: told of the attempt in flight (a member of it) */
+    bool draining;  /* rollouts: its replica was drained; told to exit */
     struct wb_xfer_stats stats;
     uint64_t rx_bytes;
 };
@@ -103,7 +109,7 @@ struct xfer {
     uint64_t version;
     uint64_t start_ns, deadline;
     nng_msg *client; /* held wb-ctl request */
-    uint32_t trainers_done, rollouts_done, committed;
+    uint32_t trainers_done;
     uint64_t sent_ns, received_ns; /* when the last SENT / RECEIVED came */
     bool completing;               /* COMPLETE sent, waiting for COMMITTED */
     /* A failed attempt is torn down before anything else runs: the trainers stop and report
@@ -112,6 +118,20 @@ struct xfer {
     bool aborting;
     uint64_t abort_deadline;
     char why[512];
+    bool catchup;                /* internal: the last complete version to joining replicas */
+    bool timeout_dropped;        /* its time ran out once: stalled replicas were dropped */
+    char dropped[WB_ERRMSG_MAX]; /* replicas dropped from it, and why */
+};
+
+/* A rollout replica of the fleet (rollout_layout's replicas: the job's capacity). */
+struct replica {
+    char why[300];            /* why it was last dropped from an attempt ("" none) */
+    uint64_t dropped_version; /* ... of that version */
+    bool joining;             /* whole, being set up or caught up before it is a member */
+    uint64_t join_t0, setup_ns;
+    uint64_t join_ns;       /* its last join: setup and catch-up, ns (0: none) */
+    uint32_t catchup_fails; /* catch-up attempts that failed since it began to join */
+    bool drained;           /* left on purpose (wb-ctl drain) until a rank of it registers */
 };
 
 struct wb_controller {
@@ -135,6 +155,13 @@ struct wb_controller {
     uint32_t refuse_logged;
     uint64_t refuse_quiet; /* ... and not logged */
     struct xfer x;
+    struct replica *rep; /* [plan.replicas] */
+    uint8_t *xmem;       /* [plan.replicas] members of the attempt in flight */
+    bool join_round;     /* the setup round under way adds rollouts; the trainers keep theirs */
+    /* A client's transfer that came while joining replicas were set up or caught up: it
+     * starts once that is done (instead of a refusal the client would have to retry). */
+    nng_msg *queued;
+    uint64_t queued_version, queued_timeout, queued_until;
     bool shutting_down;
     uint64_t exit_deadline, exit_linger;
     uint64_t conn_said;          /* connections and messages refused that the log has counted */
@@ -159,6 +186,64 @@ static struct agent *agent_at(struct wb_controller *c, enum wb_role role, uint32
     if (rank >= n)
         return NULL;
     return &c->agents[(role == WB_ROLE_TRAINER ? 0 : c->plan.ntrainers) + rank];
+}
+
+/* ---------------------------------------------------------------- the fleet
+ *
+ * Rollout replicas are the units of completion. A replica is whole when every rank of it is
+ * alive, usable when besides every rank is set up (ready); an attempt's members are the
+ * usable replicas (or, catching up, the joining ones), and only they are told of it. A member
+ * that loses a rank mid-attempt is dropped while min_replicas members remain; the others
+ * complete. */
+
+static uint32_t rep_of(const struct wb_controller *c, const struct agent *a)
+{
+    return c->plan.replica_ranks ? a->rank / c->plan.replica_ranks : 0;
+}
+
+static struct agent *rep_rank(struct wb_controller *c, uint32_t k, uint32_t l)
+{
+    return &c->agents[c->plan.ntrainers + k * c->plan.replica_ranks + l];
+}
+
+static bool replica_whole(struct wb_controller *c, uint32_t k)
+{
+    for (uint32_t l = 0; l < c->plan.replica_ranks; l++)
+        if (!rep_rank(c, k, l)->alive)
+            return false;
+    return true;
+}
+
+static bool replica_usable(struct wb_controller *c, uint32_t k)
+{
+    for (uint32_t l = 0; l < c->plan.replica_ranks; l++)
+        if (!rep_rank(c, k, l)->alive || !rep_rank(c, k, l)->ready)
+            return false;
+    return true;
+}
+
+/* Every rank of replica k holds version v whole (as its reports and heartbeats say). */
+static bool replica_holds(struct wb_controller *c, uint32_t k, uint64_t v)
+{
+    for (uint32_t l = 0; l < c->plan.replica_ranks; l++) {
+        const struct agent *a = rep_rank(c, k, l);
+        if (!a->alive || a->version != v || a->torn)
+            return false;
+    }
+    return true;
+}
+
+/* The whole replicas the job needs (min_replicas; 0 or more than the fleet: all of it). */
+static uint32_t min_reps(const struct wb_controller *c)
+{
+    uint64_t m = c->job->min_replicas;
+    return m && m < c->plan.replicas ? (uint32_t)m : c->plan.replicas;
+}
+
+/* A rollout that is no member of the attempt in flight has no part in it. */
+static bool in_attempt(const struct wb_controller *c, const struct agent *a)
+{
+    return a->role == WB_ROLE_TRAINER || (c->x.active && c->xmem[rep_of(c, a)]);
 }
 
 /* ---------------------------------------------------------------- replies */
@@ -463,7 +548,7 @@ static void peer_head(struct wb_mpw *w, const struct agent *p)
  * (any of them may be its parent or child in an attempt's forest). */
 static bool relay_peer(const struct wb_controller *c, const struct agent *a, const struct agent *p)
 {
-    uint32_t per = c->plan.per_replica;
+    uint32_t per = c->plan.replica_ranks;
     return c->relay_parent && per && a->role == WB_ROLE_ROLLOUT && p->role == WB_ROLE_ROLLOUT &&
            p->rank != a->rank && p->rank % per == a->rank % per;
 }
@@ -488,11 +573,15 @@ static void send_peers(struct wb_controller *c)
     for (uint32_t i = 0; i < c->nagents; i++) {
         struct agent *a = &c->agents[i];
         bool tr = a->role == WB_ROLE_TRAINER;
+        if (!a->in_round) /* set up before, or not in this round */
+            continue;
         struct wb_mpw w;
         wb_mpw_init(&w);
         uint32_t n = 0;
         for (uint32_t j = 0; scoped && j < c->nagents; j++) {
             const struct agent *p = &c->agents[j];
+            if (p->role == WB_ROLE_ROLLOUT && !p->ready && !p->in_round)
+                continue; /* a rollout set up in a round of its own later */
             if (tr)
                 n +=
                     p->role == WB_ROLE_TRAINER || c->plan.writer_of[(size_t)p->rank * nt + a->rank];
@@ -504,6 +593,8 @@ static void send_peers(struct wb_controller *c)
         wb_mpw_array(&w, n);
         for (uint32_t j = 0; !err && scoped && j < c->nagents; j++) {
             const struct agent *p = &c->agents[j];
+            if (p->role == WB_ROLE_ROLLOUT && !p->ready && !p->in_round)
+                continue;
             if (tr && p->role == WB_ROLE_TRAINER) {
                 peer_head(&w, p);
                 if (c->plan.tpeer_of[(size_t)a->rank * nt + p->rank] && p->regions.len)
@@ -613,15 +704,79 @@ static bool part_done(const struct wb_controller *c, const struct agent *a)
     return c->x.active && !c->x.aborting && (a->role == WB_ROLE_TRAINER ? a->done : a->committed);
 }
 
+static void kick(struct wb_controller *c);
+
+/* A setup round: SETUP to the agents that need it, then PEERS, then READY. A full round (a
+ * trainer is new or came back: it must learn every rollout's keys anew, and every rollout
+ * gets new ones, so that nothing a departed trainer learnt still works) sets up every trainer
+ * and the rollouts of every whole replica; a join round (the trainers are set up) sets up only
+ * the rollouts of whole replicas that are not, and tells the trainers of them — the members
+ * keep their transports and keys (a rollout learns no key of anybody's, so one that departed
+ * takes nothing with it that still works). */
+static void round_start(struct wb_controller *c)
+{
+    /* a relaying job sets everybody up again: its members' relays learn the new ranks (and
+     * their keys) at a setup only */
+    bool full = c->relay_parent != NULL;
+    for (uint32_t t = 0; t < c->plan.ntrainers; t++)
+        full |= !c->agents[t].ready;
+    uint64_t now = wb_now_ns();
+    c->gen++;
+    c->join_round = !full;
+    set_state(c, ST_SETUP);
+    uint32_t joining = 0;
+    for (uint32_t k = 0; k < c->plan.replicas; k++) {
+        if (!replica_whole(c, k) || (!full && replica_usable(c, k)))
+            continue;
+        if (!c->rep[k].joining && (c->last_version || c->join_round)) {
+            c->rep[k].joining = true;
+            c->rep[k].join_t0 = now;
+        }
+        joining++;
+    }
+    for (uint32_t i = 0; i < c->nagents; i++) {
+        struct agent *a = &c->agents[i];
+        a->in_round = false;
+        if (full)
+            a->ready = false;
+        if (a->role == WB_ROLE_ROLLOUT && (!replica_whole(c, rep_of(c, a)) || a->ready))
+            continue;
+        a->in_round = true;
+        if (a->role == WB_ROLE_TRAINER && !full)
+            continue; /* set up already: it only learns the new peers */
+        a->setup_session = 0;
+        send_setup(c, a);
+    }
+    if (!full)
+        wb_log(WB_LOG_INFO, M, "gen %" PRIu64 ": %u replica%s join", c->gen, joining,
+               joining == 1 ? "" : "s");
+}
+
 /* Moves the setup state machine forward after any event. */
 static void advance(struct wb_controller *c)
 {
     char why[400];
-    if (!agents_all_alive(c, why, sizeof(why))) {
+    bool enough = agents_all_alive(c, why, sizeof(why));
+    if (!enough && !c->plan.deferred) { /* a deferred plan is made from every registration */
+        uint32_t whole = 0;
+        enough = true;
+        for (uint32_t t = 0; t < c->plan.ntrainers; t++)
+            enough &= c->agents[t].alive;
+        for (uint32_t k = 0; k < c->plan.replicas; k++)
+            whole += replica_whole(c, k);
+        enough &= whole >= min_reps(c);
+    }
+    /* an agent of the round under way is gone: the round starts over */
+    for (uint32_t i = 0; enough && i < c->nagents; i++)
+        if ((c->state == ST_SETUP || c->state == ST_CONNECT) && c->agents[i].in_round &&
+            !c->agents[i].alive)
+            set_state(c, ST_WAITING);
+    if (!enough) {
         if (c->state != ST_WAITING) {
             bool needed = false; /* a dead agent the transfer in flight still waits for */
             for (uint32_t i = 0; i < c->nagents; i++)
-                needed |= !c->agents[i].alive && !part_done(c, &c->agents[i]);
+                needed |= !c->agents[i].alive && !part_done(c, &c->agents[i]) &&
+                          in_attempt(c, &c->agents[i]);
             if (c->x.active && needed)
                 xfer_fail(c, FAIL_AGENT_LOST, "%s", why);
             set_state(c, ST_WAITING);
@@ -631,36 +786,47 @@ static void advance(struct wb_controller *c)
     if (c->state == ST_WAITING && c->plan.deferred &&
         (c->sessions == c->refused_sessions || !finish_plan(c)))
         return;
-    if (c->state == ST_WAITING) {
-        /* Membership changed (an agent registered, or one died): every agent is set up anew —
-         * new transports, new memory keys — so that nothing a departed process learnt (an
-         * address, a key) still works. Rollouts keep their weights across it. */
-        c->gen++;
-        set_state(c, ST_SETUP);
-        for (uint32_t i = 0; i < c->nagents; i++) {
-            c->agents[i].setup_session = 0;
-            send_setup(c, &c->agents[i]);
-        }
-    }
+    bool join = false; /* a whole replica not set up, at a version boundary */
+    for (uint32_t k = 0;
+         c->state == ST_READY && !c->x.active && !c->shutting_down && k < c->plan.replicas; k++)
+        join |= replica_whole(c, k) && !replica_usable(c, k);
+    if (c->state == ST_WAITING || join)
+        round_start(c);
     if (c->state == ST_SETUP) {
         for (uint32_t i = 0; i < c->nagents; i++)
-            if (c->agents[i].setup_session != c->agents[i].session)
+            if (c->agents[i].in_round && c->agents[i].setup_session != c->agents[i].session)
                 return;
         set_state(c, ST_CONNECT);
         send_peers(c);
     }
     if (c->state == ST_CONNECT) {
         for (uint32_t i = 0; i < c->nagents; i++)
-            if (c->agents[i].connected_gen != c->gen)
+            if (c->agents[i].in_round && c->agents[i].connected_gen != c->gen)
                 return;
         set_state(c, ST_READY);
-        wb_log(WB_LOG_INFO, M, "ready: %u trainers, %u rollouts", c->plan.ntrainers,
-               c->plan.nrollouts);
+        uint32_t usable = 0;
         struct wb_body_ready r = {c->gen};
         for (uint32_t i = 0; i < c->nagents; i++)
-            cmd_queue(c, &c->agents[i], WB_CMD_READY, &r);
-        push_check(c);
+            if (c->agents[i].in_round) {
+                c->agents[i].ready = true;
+                c->agents[i].in_round = false;
+                cmd_queue(c, &c->agents[i], WB_CMD_READY, &r);
+            }
+        uint64_t now = wb_now_ns();
+        for (uint32_t k = 0; k < c->plan.replicas; k++) {
+            usable += replica_usable(c, k);
+            if (c->rep[k].joining && replica_usable(c, k) && !c->rep[k].setup_ns)
+                c->rep[k].setup_ns = now - c->rep[k].join_t0;
+        }
+        if (c->plan.replicas > 1)
+            wb_log(WB_LOG_INFO, M, "ready: %u trainers, %u of %u replicas (%u rollouts)",
+                   c->plan.ntrainers, usable, c->plan.replicas, c->plan.nrollouts);
+        else
+            wb_log(WB_LOG_INFO, M, "ready: %u trainers, %u rollouts", c->plan.ntrainers,
+                   c->plan.nrollouts);
     }
+    if (c->state == ST_READY)
+        kick(c);
 }
 
 /* A new session for (role, rank): a restart, or a re-registration after the controller lost
@@ -694,6 +860,88 @@ static void agent_reset(struct agent *a)
     a->commits = 0;
     a->dropped = 0;
     a->suspect = false;
+    a->ready = false; /* its replica joins again once it is whole */
+}
+
+/* Drops replica k from the attempt in flight (true), or says it cannot be (false: fewer than
+ * min_replicas members would be left — one for a catch-up — and the attempt fails instead).
+ * The trainers are told to write nothing more to its ranks; its surviving ranks are told to
+ * abort once the attempt ended (their windows stay open until then: a write of a trainer that
+ * had not heard of the drop yet lands in an open window). */
+static bool drop_replica(struct wb_controller *c, uint32_t k, const char *why)
+{
+    if (!c->x.active || c->x.aborting || !c->xmem[k])
+        return true;
+    uint32_t left = 0;
+    for (uint32_t j = 0; j < c->plan.replicas; j++)
+        left += c->xmem[j] && j != k;
+    if (left == 0 || (!c->x.catchup && left < min_reps(c)))
+        return false;
+    c->xmem[k] = 0;
+    size_t at = strlen(c->x.dropped);
+    snprintf(c->x.dropped + at, sizeof(c->x.dropped) - at, "%sreplica %u dropped: %s",
+             at ? "; " : "", k, why);
+    snprintf(c->rep[k].why, sizeof(c->rep[k].why), "%s", why);
+    c->rep[k].dropped_version = c->x.version;
+    wb_log(WB_LOG_WARN, M, "transfer %" PRIu64 ": replica %u dropped: %s; %u replica%s go on",
+           c->x.version, k, why, left, left == 1 ? "" : "s");
+    struct wb_mpw w;
+    wb_mpw_init(&w);
+    wb_mpw_array(&w, 1);
+    wb_mpw_u64(&w, k);
+    struct wb_body_drop d = {.version = c->x.version,
+                             .epoch = c->epochs,
+                             .replicas = mpw_bytes(&w),
+                             .replica_ranks = c->plan.replica_ranks};
+    for (uint32_t t = 0; !w.err && t < c->plan.ntrainers; t++)
+        if (c->agents[t].alive && c->agents[t].session == c->agents[t].xfer_session)
+            cmd_queue(c, &c->agents[t], WB_CMD_DROP, &d);
+    wb_mpw_free(&w);
+    return true;
+}
+
+/* Replica j is written by replica k's ranks in this attempt's relay forest, directly or through
+ * other relays. */
+static bool relay_below(const struct wb_controller *c, uint32_t j, uint32_t k)
+{
+    for (uint32_t p = j, n = 0; c->relay_parent && n <= c->plan.replicas; n++) {
+        p = c->relay_parent[p];
+        if (p == CTL_RELAY_ROOT || p >= c->plan.replicas)
+            return false;
+        if (p == k)
+            return true;
+    }
+    return false;
+}
+
+/* Drops replica k and, where it relays, every member replica below it (they wait for forwards
+ * that will not come); false where that leaves too few (drop_replica). */
+static bool drop_subtree(struct wb_controller *c, uint32_t k, const char *why)
+{
+    if (!drop_replica(c, k, why))
+        return false;
+    for (uint32_t j = 0; c->relay_parent && j < c->plan.replicas; j++)
+        if (j != k && c->xmem[j] && relay_below(c, j, k)) {
+            char w[200];
+            snprintf(w, sizeof(w), "below replica %u, a relay that was lost", k);
+            if (!drop_replica(c, j, w))
+                return false;
+        }
+    return true;
+}
+
+/* Agent a is gone (why says how) while an attempt may need it: a member rollout's replica is
+ * dropped where it can be (with the replicas it relays to); otherwise the attempt fails, as for
+ * a trainer. */
+static void lost(struct wb_controller *c, struct agent *a, const char *why)
+{
+    if (!c->x.active || part_done(c, a) || !in_attempt(c, a))
+        return;
+    char rl[300], full[600];
+    snprintf(full, sizeof(full), "%s%s", why, relay_lost(c, a, rl, sizeof(rl)));
+    if (a->role == WB_ROLE_ROLLOUT && drop_subtree(c, rep_of(c, a), full))
+        return;
+    xfer_fail(c, FAIL_AGENT_LOST, "%s", full);
 }
 
 /* Silence, in two stages. A process that crashed or was killed closes its connections, and
@@ -741,11 +989,10 @@ static void check_dead(struct wb_controller *c, uint64_t now)
                 a->unheard |= a->pipes[j] != 0;
             wb_log(WB_LOG_WARN, M, "%s rank %u is dead: silent for %.2f s", wb_role_name(a->role),
                    a->rank, (double)(now - a->last_ns) / 1e9);
-            char rl[300];
-            if (c->x.active && !part_done(c, a))
-                xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u died (silent for %.2f s)%s",
-                          wb_role_name(a->role), a->rank, (double)(now - a->last_ns) / 1e9,
-                          relay_lost(c, a, rl, sizeof(rl)));
+            char why[200];
+            snprintf(why, sizeof(why), "%s rank %u died (silent for %.2f s)", wb_role_name(a->role),
+                     a->rank, (double)(now - a->last_ns) / 1e9);
+            lost(c, a, why);
             agent_reset(a); /* its pipes stay: their closing says the process is gone */
         }
     }
@@ -760,7 +1007,9 @@ static void xfer_end(struct wb_controller *c)
     for (uint32_t i = 0; i < c->nagents; i++) {
         c->agents[i].done = false;
         c->agents[i].committed = false;
+        c->agents[i].xfer_sent = false;
     }
+    memset(c->xmem, 0, c->plan.replicas);
 }
 
 /* A trainer whose writes of the attempt can no longer land: drained, dead, or replaced by
@@ -782,9 +1031,12 @@ static void teardown_check(struct wb_controller *c, uint64_t now)
             return;
     for (uint32_t r = 0; r < c->plan.nrollouts; r++) {
         struct agent *a = &c->agents[c->plan.ntrainers + r];
-        if (a->alive)
+        if (a->alive && a->xfer_sent) /* the others never heard of the attempt */
             queue_abort(c, a, c->x.version, c->x.why);
     }
+    if (c->x.catchup) /* its replicas try again at the next boundary (3 times), or join next */
+        for (uint32_t k = 0; k < c->plan.replicas; k++)
+            c->rep[k].catchup_fails += c->xmem[k];
     char msg[600];
     snprintf(msg, sizeof(msg), "transfer %" PRIu64 " failed: %s", c->x.version, c->x.why);
     metrics_publish(c); /* a client told of the failure reads it counted */
@@ -821,6 +1073,51 @@ static void xfer_fail(struct wb_controller *c, enum fail_cause cause, const char
     teardown_check(c, now);
 }
 
+/* The replicas that do not hold version v, and why, in one line ("replica 1 dropped: rollout
+ * rank 1 died (its connection closed); replica 3 absent"); *n: how many hold it. */
+static void fleet_missing(struct wb_controller *c, uint64_t v, char *out, size_t cap, uint32_t *n)
+{
+    size_t at = 0;
+    out[0] = 0;
+    *n = 0;
+    for (uint32_t k = 0; k < c->plan.replicas; k++) {
+        char one[400];
+        bool any = false;
+        if (replica_holds(c, k, v)) {
+            (*n)++;
+            continue;
+        }
+        for (uint32_t l = 0; l < c->plan.replica_ranks; l++)
+            any |= rep_rank(c, k, l)->session != 0;
+        if (c->rep[k].drained)
+            snprintf(one, sizeof(one), "replica %u drained", k);
+        else if (c->rep[k].why[0] && c->rep[k].dropped_version == v)
+            snprintf(one, sizeof(one), "replica %u dropped: %s", k, c->rep[k].why);
+        else if (!replica_whole(c, k))
+            snprintf(one, sizeof(one), "replica %u %s", k, any ? "incomplete" : "absent");
+        else
+            snprintf(one, sizeof(one), "replica %u %s", k, c->rep[k].joining ? "joining" : "stale");
+        int w = snprintf(out + at, cap - at, "%s%s", at ? "; " : "", one);
+        at = w > 0 && (size_t)w < cap - at ? at + (size_t)w : at;
+    }
+}
+
+/* Replica k holds the last complete version: its join (setup and catch-up) is over. */
+static void join_done(struct wb_controller *c, uint32_t k, uint64_t now)
+{
+    struct replica *r = &c->rep[k];
+    r->join_ns = now - r->join_t0;
+    wb_log(WB_LOG_INFO, M,
+           "replica %u joined in %.3f s (set up in %.3f s, then caught up with version %" PRIu64
+           " in %.3f s)",
+           k, (double)r->join_ns / 1e9, (double)r->setup_ns / 1e9, c->last_version,
+           (double)(r->join_ns - (r->setup_ns < r->join_ns ? r->setup_ns : r->join_ns)) / 1e9);
+    r->joining = false;
+    r->setup_ns = 0;
+    r->catchup_fails = 0;
+    r->why[0] = 0;
+}
+
 static void xfer_result(struct wb_controller *c)
 {
     uint64_t now = wb_now_ns();
@@ -840,11 +1137,45 @@ static void xfer_result(struct wb_controller *c)
                                .received_ns = c->x.received_ns,
                                .trainers = mpw_bytes(&tr),
                                .rollout_bytes = mpw_bytes(&rb)};
-    wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " complete in %.3f s", c->x.version,
-           (double)(now - c->x.start_ns) / 1e9);
+    uint32_t holding = 0;
+    fleet_missing(c, c->x.version, b.dropped, sizeof(b.dropped), &holding);
+    b.replicas = c->plan.replicas;
+    b.complete_on = holding;
+    if (holding < c->plan.replicas)
+        wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " complete in %.3f s on %u of %u replicas (%s)",
+               c->x.version, (double)(now - c->x.start_ns) / 1e9, holding, c->plan.replicas,
+               b.dropped);
+    else
+        wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " complete in %.3f s%s", c->x.version,
+               (double)(now - c->x.start_ns) / 1e9,
+               c->x.catchup ? " (a catch-up of joining replicas)" : "");
+    /* the surviving ranks of dropped replicas close their windows now: every trainer's writes
+     * completed (it reported them sent) */
+    for (uint32_t r = 0; r < c->plan.nrollouts; r++) {
+        struct agent *a = &c->agents[c->plan.ntrainers + r];
+        char why[400];
+        if (!a->alive || !a->xfer_sent || c->xmem[rep_of(c, a)])
+            continue;
+        snprintf(why, sizeof(why), "replica %u was dropped from it: %s", rep_of(c, a),
+                 c->rep[rep_of(c, a)].why);
+        queue_abort(c, a, c->x.version, why);
+    }
     nng_msg *client = c->x.client;
+    bool catchup = c->x.catchup;
     c->last_version = c->x.version;
     c->failed_version = 0;
+    for (uint32_t k = 0; k < c->plan.replicas; k++)
+        if (c->rep[k].joining && replica_holds(c, k, c->last_version))
+            join_done(c, k, now);
+        else if (catchup && c->xmem[k]) /* set up all along: it only missed the version */
+            wb_log(WB_LOG_INFO, M, "replica %u caught up with version %" PRIu64 " in %.3f s", k,
+                   c->last_version, (double)(now - c->x.start_ns) / 1e9);
+    if (catchup) { /* no client's version: the metrics count the job's versions */
+        xfer_end(c);
+        wb_mpw_free(&tr);
+        wb_mpw_free(&rb);
+        return;
+    }
     uint64_t bytes = 0;
     for (uint32_t t = 0; t < c->plan.ntrainers; t++)
         bytes += c->agents[t].stats.bytes;
@@ -863,21 +1194,32 @@ static void xfer_result(struct wb_controller *c)
     wb_mpw_free(&rb);
 }
 
-/* After each report: all trainers sent and all rollouts counted -> publish; all committed ->
- * answer the client. */
+/* After each report: all trainers sent and every member rollout counted -> publish; every
+ * member committed -> answer the client. */
 static void xfer_check(struct wb_controller *c)
 {
     if (!c->x.active || c->x.aborting)
         return;
-    if (!c->x.completing && c->x.trainers_done == c->plan.ntrainers &&
-        c->x.rollouts_done == c->plan.nrollouts) {
+    uint32_t need = 0, done = 0, committed = 0;
+    for (uint32_t r = 0; r < c->plan.nrollouts; r++) {
+        const struct agent *a = &c->agents[c->plan.ntrainers + r];
+        if (!in_attempt(c, a))
+            continue;
+        need++;
+        done += a->done;
+        committed += a->committed;
+    }
+    if (done == need && !c->x.received_ns)
+        c->x.received_ns = wb_now_ns() - c->x.start_ns;
+    if (!c->x.completing && c->x.trainers_done == c->plan.ntrainers && done == need) {
         c->x.completing = true;
         struct wb_body_version b = {c->x.version};
         for (uint32_t r = 0; r < c->plan.nrollouts; r++)
-            cmd_queue(c, &c->agents[c->plan.ntrainers + r], WB_CMD_COMPLETE, &b);
+            if (in_attempt(c, &c->agents[c->plan.ntrainers + r]))
+                cmd_queue(c, &c->agents[c->plan.ntrainers + r], WB_CMD_COMPLETE, &b);
     }
-    if (c->x.completing && c->x.committed == c->plan.nrollouts) {
-        /* the trainers' processes learn that every rollout holds the version */
+    if (c->x.completing && committed == need) {
+        /* the trainers' processes learn that every member holds the version */
         struct wb_body_version b = {c->x.version};
         for (uint32_t t = 0; t < c->plan.ntrainers; t++)
             cmd_queue(c, &c->agents[t], WB_CMD_COMPLETE, &b);
@@ -913,18 +1255,18 @@ static bool version_far(const struct wb_controller *c, const char *what, uint64_
     return true;
 }
 
-/* The attempt's relay forest (relay.c) over its replicas — every replica, until replicas can
- * be left out of an attempt — into TRANSFER.relay; nothing when the job relays not. */
+/* The attempt's relay forest (relay.c) over its member replicas into TRANSFER.relay; nothing
+ * when the job relays not. */
 static int relay_attempt(struct wb_controller *c, struct wb_mpw *w)
 {
     if (!c->relay_parent)
         return 0;
     const struct wb_job *j = c->job;
-    int rc = ctl_relay_forest(j->relay, (uint32_t)j->relay_fanout, (uint32_t)j->relay_roots, NULL,
-                              c->plan.replicas, c->relay_parent);
+    int rc = ctl_relay_forest(j->relay, (uint32_t)j->relay_fanout, (uint32_t)j->relay_roots,
+                              c->xmem, c->plan.replicas, c->relay_parent);
     if (rc)
         return rc;
-    ctl_relay_put(w, c->plan.per_replica, c->relay_parent, c->plan.replicas);
+    ctl_relay_put(w, c->plan.replica_ranks, c->relay_parent, c->plan.replicas);
     return wb_mpw_finish(w);
 }
 
@@ -935,20 +1277,28 @@ static const char *relay_lost(const struct wb_controller *c, const struct agent 
 {
     char list[200];
     buf[0] = 0;
-    if (!c->relay_parent || a->role != WB_ROLE_ROLLOUT || !c->plan.per_replica)
+    if (!c->relay_parent || a->role != WB_ROLE_ROLLOUT || !c->plan.replica_ranks)
         return buf;
     uint32_t n = ctl_relay_downstream(c->relay_parent, c->plan.replicas,
-                                      a->rank / c->plan.per_replica, list, sizeof(list));
+                                      a->rank / c->plan.replica_ranks, list, sizeof(list));
     if (n)
         snprintf(buf, cap, "; it relays to replica%s %s, which fail%s with it", n == 1 ? "" : "s",
                  list, n == 1 ? "s" : "");
     return buf;
 }
 
-/* Starts transfer v (client: the wb-ctl request to answer at the end, or NULL for a push). */
-static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nng_msg *client)
+/* Starts transfer v (client: the wb-ctl request to answer at the end, or NULL for a push or
+ * a catch-up). members: the replicas it goes to (a catch-up's), NULL: every usable one. */
+static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nng_msg *client,
+                       const uint8_t *members)
 {
     xfer_end(c);
+    uint32_t nmem = 0;
+    for (uint32_t k = 0; k < c->plan.replicas; k++) {
+        c->xmem[k] = members ? members[k] : replica_usable(c, k);
+        nmem += c->xmem[k];
+    }
+    c->x.catchup = members != NULL;
     c->x.active = true;
     c->x.version = v;
     if (v > c->attempted)
@@ -960,8 +1310,22 @@ static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nn
     /* The attempt's MAC key: its members alone learn it (over this channel), so a note that
      * counts is a member's; nobody else, a former member included, can make one. */
     uint64_t key[2] = {wb_random_u64(), wb_random_u64()};
-    struct wb_body_version_epoch cmd = {
-        .version = v, .epoch = c->epochs, .key = {key, sizeof(key)}, .timeout_ns = timeout};
+    struct wb_body_version_epoch cmd = {.version = v,
+                                        .epoch = c->epochs,
+                                        .key = {key, sizeof(key)},
+                                        .timeout_ns = timeout,
+                                        .replica_ranks = c->plan.replica_ranks};
+    /* the member set; nothing when every replica is one (the wire's meaning before fleets) */
+    struct wb_mpw mem;
+    wb_mpw_init(&mem);
+    if (nmem < c->plan.replicas) {
+        wb_mpw_array(&mem, nmem);
+        for (uint32_t k = 0; k < c->plan.replicas; k++)
+            if (c->xmem[k])
+                wb_mpw_u64(&mem, k);
+        if (wb_mpw_finish(&mem) == 0)
+            cmd.members = mpw_bytes(&mem);
+    }
     /* Another attempt of a version that failed: what landed at each rollout since (it said so
      * when told to abort, and has kept its session) is not sent again — when every trainer's
      * bytes of a version are fixed: a checkpoint's, or the synthetic source's. A process's own
@@ -999,15 +1363,103 @@ static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nn
         struct agent *a = &c->agents[i];
         a->stats = (struct wb_xfer_stats){.rank = a->rank};
         a->rx_bytes = 0;
-        a->pushed = 0;
         a->done_bytes = a->total_bytes = 0;
         a->xfer_session = a->session;
         a->drained = false;
+        if (!in_attempt(c, a))
+            continue;
+        if (c->x.catchup) { /* it holds another version after this: nothing landed of v */
+            free(a->landed.buf);
+            a->landed = (struct ctl_blob){0};
+            a->landed_version = 0;
+        }
+        if (!c->x.catchup)
+            a->pushed = 0;
+        a->xfer_sent = true;
+        if (nmem < c->plan.replicas && !cmd.members.n) { /* never "every replica" by mistake */
+            wb_log(WB_LOG_ERROR, M, "transfer %" PRIu64 ": no memory for its member set", v);
+            continue; /* the attempt times out, naming who did not answer */
+        }
         cmd_queue(c, a, WB_CMD_TRANSFER, &cmd);
     }
     wb_mpw_free(&skip);
     wb_mpw_free(&relay);
-    wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " started", v);
+    wb_mpw_free(&mem);
+    if (c->x.catchup)
+        wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " started: a catch-up of %u joining replica%s",
+               v, nmem, nmem == 1 ? "" : "s");
+    else if (nmem < c->plan.replicas)
+        wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " started on %u of %u replicas", v, nmem,
+               c->plan.replicas);
+    else
+        wb_log(WB_LOG_INFO, M, "transfer %" PRIu64 " started", v);
+}
+
+/* At a version boundary (ready, nothing in flight): usable replicas that do not hold the last
+ * complete version are caught up with it — where every trainer's bytes of a version are fixed
+ * (synthetic, checkpoint) and other replicas hold it; otherwise they take part in the next
+ * version whole — then a client's transfer that waited for that starts, then pushes. */
+static void kick(struct wb_controller *c)
+{
+    if (c->state != ST_READY || c->x.active || c->shutting_down)
+        return;
+    uint64_t now = wb_now_ns();
+    bool fixed = c->plan.ntrainers > 0;
+    for (uint32_t t = 0; t < c->plan.ntrainers; t++)
+        fixed &= c->agents[t].synthetic || c->agents[t].sourced;
+    uint8_t want[WB_RANKS_MAX];
+    uint32_t nwant = 0, holding = 0;
+    for (uint32_t k = 0; k < c->plan.replicas && k < WB_RANKS_MAX; k++) {
+        want[k] = 0;
+        if (!replica_usable(c, k))
+            continue;
+        if (c->last_version && !replica_holds(c, k, c->last_version)) {
+            want[k] = c->rep[k].catchup_fails < 3; /* then it joins with the next version */
+            nwant += want[k];
+        } else {
+            holding++;
+            c->rep[k].catchup_fails = 0;
+            if (c->rep[k].joining)
+                join_done(c, k, now);
+        }
+    }
+    if (nwant && holding && fixed) {
+        xfer_start(c, c->last_version, c->job->transfer_ns, NULL, want);
+        return;
+    }
+    if (c->queued) {
+        nng_msg *q = c->queued;
+        c->queued = NULL;
+        if (c->queued_version <= c->last_version) {
+            char msg[200];
+            snprintf(msg, sizeof(msg),
+                     "version %" PRIu64 " is not newer than the last complete version %" PRIu64,
+                     c->queued_version, c->last_version);
+            reply_error(c, q, -EINVAL, msg);
+        } else {
+            xfer_start(c, c->queued_version, c->queued_timeout, q, NULL);
+            return;
+        }
+    }
+    push_check(c);
+}
+
+/* A client's transfer that waits for joining replicas is refused when the job is no longer
+ * ready or its time passed. */
+static void queued_check(struct wb_controller *c, uint64_t now)
+{
+    if (!c->queued || (c->state != ST_WAITING && now < c->queued_until))
+        return;
+    char why[400], msg[480];
+    if (c->state != ST_WAITING)
+        snprintf(msg, sizeof(msg), "transfer %" PRIu64 ": timed out waiting for joining replicas",
+                 c->queued_version);
+    else if (!agents_all_alive(c, why, sizeof(why)))
+        snprintf(msg, sizeof(msg), "not ready: %s", why);
+    else
+        snprintf(msg, sizeof(msg), "not ready: agents are in waiting (gen %" PRIu64 ")", c->gen);
+    reply_error(c, c->queued, c->state != ST_WAITING ? -ETIMEDOUT : -EAGAIN, msg);
+    c->queued = NULL;
 }
 
 static void on_ctl_transfer(struct wb_controller *c, nng_msg *req,
@@ -1023,7 +1475,7 @@ static void on_ctl_transfer(struct wb_controller *c, nng_msg *req,
         reply_error(c, req, -WB_E_PEER, "controller is shutting down");
         return;
     }
-    if (c->x.active) {
+    if (c->x.active && (!c->x.catchup || c->x.aborting)) {
         if (c->x.aborting)
             snprintf(msg, sizeof(msg),
                      "transfer %" PRIu64 " failed (%.150s) and is being torn down; retry once "
@@ -1049,6 +1501,21 @@ static void on_ctl_transfer(struct wb_controller *c, nng_msg *req,
         reply_error(c, req, -ERANGE, msg);
         return;
     }
+    /* joining replicas being set up or caught up: the transfer starts once they are */
+    if (c->x.active || (c->join_round && (c->state == ST_SETUP || c->state == ST_CONNECT))) {
+        if (c->queued) {
+            snprintf(msg, sizeof(msg),
+                     "transfer %" PRIu64 " is waiting for joining replicas to be set up",
+                     c->queued_version);
+            reply_error(c, req, -EBUSY, msg);
+            return;
+        }
+        c->queued = req;
+        c->queued_version = v;
+        c->queued_timeout = timeout;
+        c->queued_until = wb_now_ns() + timeout;
+        return;
+    }
     if (c->state != ST_READY) {
         if (agents_all_alive(c, why, sizeof(why)))
             snprintf(why, sizeof(why), "agents are in %s (gen %" PRIu64 ")", state_names[c->state],
@@ -1057,7 +1524,7 @@ static void on_ctl_transfer(struct wb_controller *c, nng_msg *req,
         reply_error(c, req, -EAGAIN, msg);
         return;
     }
-    xfer_start(c, v, timeout, req);
+    xfer_start(c, v, timeout, req, NULL);
 }
 
 /* Tells the trainers that `version` will never be transferred: a push of `by` replaced it.
@@ -1163,19 +1630,60 @@ static void push_check(struct wb_controller *c)
     for (uint32_t t = 0; t < c->plan.ntrainers; t++)
         if (!c->agents[t].pushed || c->agents[t].pushed != v)
             return;
-    xfer_start(c, v, c->job->transfer_ns, NULL);
+    xfer_start(c, v, c->job->transfer_ns, NULL, NULL);
+}
+
+/* The attempt's time is up and member rollouts it waits for are suspect (silent: stalled,
+ * stopped, starved): their replicas are dropped, once per attempt, where enough members
+ * remain, and the others get the attempt's time once more (the trainers may have been waiting
+ * for a stalled rollout's "ready"; they write nothing more to it now). True when done. */
+static bool timeout_drop(struct wb_controller *c, uint64_t now)
+{
+    uint8_t cand[WB_RANKS_MAX] = {0};
+    uint32_t ncand = 0, left = 0;
+    if (c->x.timeout_dropped || c->plan.replicas > WB_RANKS_MAX)
+        return false;
+    for (uint32_t r = 0; r < c->plan.nrollouts; r++) {
+        const struct agent *a = &c->agents[c->plan.ntrainers + r];
+        uint32_t k = rep_of(c, a);
+        bool pending = c->x.completing ? !a->committed : !a->done;
+        if (in_attempt(c, a) && pending && a->suspect && !cand[k]) {
+            cand[k] = 1;
+            ncand++;
+        }
+    }
+    for (uint32_t k = 0; k < c->plan.replicas; k++)
+        left += c->xmem[k] && !cand[k];
+    if (!ncand || left == 0 || (!c->x.catchup && left < min_reps(c)))
+        return false;
+    c->x.timeout_dropped = true;
+    for (uint32_t r = 0; r < c->plan.nrollouts; r++) {
+        const struct agent *a = &c->agents[c->plan.ntrainers + r];
+        uint32_t k = rep_of(c, a);
+        char why[200];
+        if (!cand[k] || !c->xmem[k] || !a->suspect)
+            continue;
+        snprintf(why, sizeof(why), "rollout rank %u stalled (silent for %.1f s at the timeout)",
+                 a->rank, (double)(now - a->last_ns) / 1e9);
+        drop_replica(c, k, why);
+    }
+    c->x.deadline = now + (c->x.deadline - c->x.start_ns);
+    xfer_check(c);
+    return true;
 }
 
 static void xfer_timeout(struct wb_controller *c, uint64_t now)
 {
-    if (!c->x.active || c->x.aborting || now < c->x.deadline)
+    if (!c->x.active || c->x.aborting || now < c->x.deadline || timeout_drop(c, now))
         return;
     char list[300];
     size_t pos = 0;
     list[0] = 0;
     for (uint32_t i = 0; i < c->nagents && pos < sizeof(list) - 40; i++) {
         struct agent *a = &c->agents[i];
-        bool pending = c->x.completing ? a->role == WB_ROLE_ROLLOUT && !a->committed : !a->done;
+        bool pending = !in_attempt(c, a) ? false
+                       : c->x.completing ? a->role == WB_ROLE_ROLLOUT && !a->committed
+                                         : !a->done;
         if (pending)
             pos +=
                 (size_t)snprintf(list + pos, sizeof(list) - pos, "%s%s rank %u%s", pos ? ", " : "",
@@ -1347,10 +1855,17 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
     if (a->session) {
         wb_log(WB_LOG_INFO, M, "%s rank %u re-registers (session %" PRIu64 " replaced)", b->role,
                a->rank, a->session);
-        if (c->x.active)
-            xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u restarted", b->role, a->rank);
+        char why[200];
+        snprintf(why, sizeof(why), "%s rank %u restarted", b->role, a->rank);
+        if (c->x.active && a->role == WB_ROLE_TRAINER)
+            xfer_fail(c, FAIL_AGENT_LOST, "%s", why);
+        else /* a member rollout's replica is dropped; nothing else needs it */
+            lost(c, a, why);
     }
     agent_reset(a);
+    if (role == WB_ROLE_ROLLOUT) /* a drained replica is back as soon as a rank of it is */
+        c->rep[rep_of(c, a)].drained = false;
+    a->draining = false;
     memset(a->pipes, 0, sizeof(a->pipes)); /* the new session's connections, recorded anew */
     a->refused[0] = 0;
     c->sessions++;
@@ -1375,8 +1890,12 @@ static void on_register(struct wb_controller *c, nng_msg *req, const struct wb_b
     struct wb_body_registered r = {a->session, c->job->heartbeat_ns, c->job->dead_ns,
                                    c->job->poll_hold_ns};
     reply_msg(c, req, WB_MSG_REGISTERED, &r);
-    /* A new session always means a new setup round (its buffers and address are new). */
-    set_state(c, ST_WAITING);
+    /* A new session always means a setup round (its buffers and address are new): a new
+     * trainer's, a full one; a rollout's, a round that adds its replica at the next version
+     * boundary (advance), unless the round under way counted on it. */
+    if (role == WB_ROLE_TRAINER || c->plan.deferred || c->state == ST_SETUP ||
+        c->state == ST_CONNECT)
+        set_state(c, ST_WAITING);
 }
 
 /* The agent a session-carrying message comes from, or NULL after replying with an error. */
@@ -1422,16 +1941,17 @@ static void check_closed(struct wb_controller *c)
         if (!gone || !a->alive)
             continue;
         a->alive = false;
-        if (c->shutting_down)
-            wb_log(WB_LOG_INFO, M, "%s rank %u left (the job is shutting down)",
-                   wb_role_name(a->role), a->rank);
+        if (c->shutting_down || a->draining)
+            wb_log(WB_LOG_INFO, M, "%s rank %u left (%s)", wb_role_name(a->role), a->rank,
+                   a->draining ? "its replica was drained" : "the job is shutting down");
         else
             wb_log(WB_LOG_WARN, M, "%s rank %u is dead: its connection closed",
                    wb_role_name(a->role), a->rank);
-        char rl[300];
-        if (c->x.active && !part_done(c, a))
-            xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u died (its connection closed)%s",
-                      wb_role_name(a->role), a->rank, relay_lost(c, a, rl, sizeof(rl)));
+        a->left = a->draining;
+        char why[200];
+        snprintf(why, sizeof(why), "%s rank %u died (its connection closed)", wb_role_name(a->role),
+                 a->rank);
+        lost(c, a, why);
         agent_reset(a);
     }
 }
@@ -1473,7 +1993,13 @@ static void on_rep_setup(struct wb_controller *c, struct agent *a,
 static void on_rep_done(struct wb_controller *c, struct agent *a, uint64_t version, bool ok,
                         const char *err)
 {
-    if (!c->x.active || c->x.aborting || version != c->x.version || a->done)
+    if (!c->x.active || c->x.aborting || version != c->x.version || a->done ||
+        !in_attempt(c, a)) /* a dropped replica's rank: its part is over */
+        return;
+    /* A rollout's answer to an ABORT of an earlier attempt of this version (a dropped replica's
+     * rank that ran again, say, and hears of its attempt's end late): no news, and no failure
+     * of this one. */
+    if (!ok && a->role == WB_ROLE_ROLLOUT && strcmp(err, "aborted") == 0)
         return;
     if (!ok) {
         xfer_fail(c, FAIL_AGENT_ERROR, "%s rank %u: %s", wb_role_name(a->role), a->rank, err);
@@ -1482,12 +2008,8 @@ static void on_rep_done(struct wb_controller *c, struct agent *a, uint64_t versi
     a->done = true;
     if (a->role == WB_ROLE_TRAINER)
         c->x.trainers_done++;
-    else
-        c->x.rollouts_done++;
     if (a->role == WB_ROLE_TRAINER && c->x.trainers_done == c->plan.ntrainers)
         c->x.sent_ns = wb_now_ns() - c->x.start_ns;
-    if (a->role == WB_ROLE_ROLLOUT && c->x.rollouts_done == c->plan.nrollouts)
-        c->x.received_ns = wb_now_ns() - c->x.start_ns;
 }
 
 static void on_rep_sent(struct wb_controller *c, struct agent *a, const struct wb_body_rep_sent *b)
@@ -1524,12 +2046,12 @@ static void on_rep_committed(struct wb_controller *c, struct agent *a,
 {
     if (r->commits > a->commits)
         a->commits = r->commits;
-    if (c->x.active && c->x.completing && r->version == c->x.version && !a->committed) {
+    if (c->x.active && c->x.completing && r->version == c->x.version && !a->committed &&
+        in_attempt(c, a)) {
         a->committed = true;
         a->version = r->version;
         a->in_flight = false;
         a->torn = false;
-        c->x.committed++;
     }
 }
 
@@ -1547,6 +2069,7 @@ union body {
     struct wb_body_rep_drained drained;
     struct wb_body_leave leave;
     struct wb_body_ctl_transfer xfer;
+    struct wb_body_ctl_drain drain;
     struct wb_session s; /* the first member of every agent call after REGISTER */
 };
 
@@ -1596,9 +2119,10 @@ static void on_agent_call(struct wb_controller *c, nng_msg *req, uint32_t type, 
         a->left = true;
         wb_log(WB_LOG_INFO, M, "%s rank %u left (it closed its endpoint)", wb_role_name(a->role),
                a->rank);
-        if (c->x.active && !part_done(c, a))
-            xfer_fail(c, FAIL_AGENT_LOST, "%s rank %u left (it closed its endpoint)",
-                      wb_role_name(a->role), a->rank);
+        char why[200];
+        snprintf(why, sizeof(why), "%s rank %u left (it closed its endpoint)",
+                 wb_role_name(a->role), a->rank);
+        lost(c, a, why);
         agent_reset(a);
         reply_ok(c, req);
         return;
@@ -1763,7 +2287,9 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
                                           .seen_ms = a->session ? (now - a->last_ns) / 1000000 : 0,
                                           .done = a->done_bytes,
                                           .total = a->total_bytes,
-                                          .dropped = a->dropped};
+                                          .dropped = a->dropped,
+                                          .stale = a->role == WB_ROLE_ROLLOUT && a->alive &&
+                                                   !a->torn && a->version < c->last_version};
         snprintf(as.role, sizeof(as.role), "%s", wb_role_name(a->role));
         snprintf(as.state, sizeof(as.state), "%s", agent_state(a));
         snprintf(as.err, sizeof(as.err), "%s",
@@ -1784,9 +2310,79 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
                                .conns = mpw_bytes(&conns)};
     snprintf(b.job, sizeof(b.job), "%s", c->job->name);
     snprintf(b.state, sizeof(b.state), "%s", job_state(c));
+    if (c->plan.replicas > 1) { /* the fleet: who holds the version, who does not and why */
+        char missing[WB_ERRMSG_MAX - 100];
+        uint32_t holding = 0;
+        fleet_missing(c, c->last_version, missing, sizeof(missing), &holding);
+        int at = snprintf(b.fleet, sizeof(b.fleet),
+                          "replicas: %u of %u hold version %" PRIu64 " (min_replicas %u)%s%s",
+                          holding, c->plan.replicas, c->last_version, min_reps(c),
+                          missing[0] ? "; " : "", missing);
+        uint64_t last = 0;
+        uint32_t lk = 0;
+        for (uint32_t k = 0; k < c->plan.replicas; k++)
+            if (c->rep[k].join_ns && c->rep[k].join_t0 >= last) {
+                last = c->rep[k].join_t0;
+                lk = k;
+            }
+        if (last && at > 0 && (size_t)at < sizeof(b.fleet))
+            snprintf(b.fleet + at, sizeof(b.fleet) - (size_t)at,
+                     "; replica %u joined in %.3f s (setup and catch-up)", lk,
+                     (double)c->rep[lk].join_ns / 1e9);
+    }
     reply_msg(c, req, WB_MSG_STATUS, &b);
     wb_mpw_free(&agents);
     wb_mpw_free(&conns);
+}
+
+/* wb-ctl drain --replica K: the replica leaves on purpose. It is dropped from the attempt in
+ * flight, its rollouts are told to exit (a drained node is usually about to be shut down or
+ * upgraded: nothing of the job should stay on it), and the status says "drained" until a rank
+ * of it registers again, which makes it join like any other. Refused, with nothing done, when
+ * fewer than min_replicas whole replicas would be left. */
+static void on_ctl_drain(struct wb_controller *c, nng_msg *req, const struct wb_body_ctl_drain *b)
+{
+    char msg[300];
+    if (b->replica >= c->plan.replicas) {
+        snprintf(msg, sizeof(msg), "drain: replica %" PRIu64 " is outside the job's %u replicas",
+                 b->replica, c->plan.replicas);
+        reply_error(c, req, -EINVAL, msg);
+        return;
+    }
+    uint32_t k = (uint32_t)b->replica, alive = 0, whole = 0;
+    for (uint32_t l = 0; l < c->plan.replica_ranks; l++)
+        alive += rep_rank(c, k, l)->alive;
+    for (uint32_t j = 0; j < c->plan.replicas; j++)
+        whole += j != k && replica_whole(c, j);
+    if (c->shutting_down || !alive) {
+        snprintf(msg, sizeof(msg), "drain: replica %u has no live rollout%s", k,
+                 c->shutting_down ? " (the job is shutting down)" : "");
+        reply_error(c, req, -EINVAL, msg);
+        return;
+    }
+    if (replica_whole(c, k) && whole < min_reps(c)) {
+        snprintf(msg, sizeof(msg),
+                 "drain: replica %u: %u whole replica%s would be left, fewer than min_replicas "
+                 "(%u)",
+                 k, whole, whole == 1 ? "" : "s", min_reps(c));
+        reply_error(c, req, -EBUSY, msg);
+        return;
+    }
+    if (c->x.active && !c->x.aborting && c->xmem[k] &&
+        !drop_replica(c, k, "drained (wb-ctl drain)"))
+        xfer_fail(c, FAIL_AGENT_LOST, "replica %u was drained (wb-ctl drain)", k);
+    c->rep[k].drained = true;
+    c->rep[k].joining = false;
+    for (uint32_t l = 0; l < c->plan.replica_ranks; l++) {
+        struct agent *a = rep_rank(c, k, l);
+        if (a->alive) {
+            a->draining = true;
+            cmd_queue(c, a, WB_CMD_EXIT, NULL);
+        }
+    }
+    wb_log(WB_LOG_INFO, M, "replica %u drained: its %u live rollout%s told to exit", k, alive,
+           alive == 1 ? "" : "s");
+    reply_ok(c, req);
 }
 
 static void on_ctl_plan(struct wb_controller *c, nng_msg *req)
@@ -1805,6 +2401,10 @@ static void on_ctl_shutdown(struct wb_controller *c, nng_msg *req)
             return;
         }
     c->shutting_down = true;
+    if (c->queued) {
+        reply_error(c, c->queued, -WB_E_PEER, "controller is shutting down");
+        c->queued = NULL;
+    }
     /* Every live agent must hear its EXIT: one that misses it waits for a controller that
      * never comes back (rollouts outlive an outage on purpose). A busy agent may take a while
      * to poll; it is waited for until it acknowledges or falls silent for dead_after (then it
@@ -1865,6 +2465,7 @@ static void on_message(struct wb_controller *c, nng_msg *req)
     case WB_MSG_CTL_STATUS:
     case WB_MSG_CTL_PLAN:
     case WB_MSG_CTL_SHUTDOWN:
+    case WB_MSG_CTL_DRAIN:
         break;
     default:
         reply_error(c, req, -EBADMSG, "refused: unknown message type");
@@ -1892,6 +2493,9 @@ static void on_message(struct wb_controller *c, nng_msg *req)
         break;
     case WB_MSG_CTL_SHUTDOWN:
         on_ctl_shutdown(c, req);
+        break;
+    case WB_MSG_CTL_DRAIN:
+        on_ctl_drain(c, req, &b.drain);
         break;
     default:
         on_agent_call(c, req, m.type, &b);
@@ -1940,6 +2544,7 @@ static void on_tick(struct wb_controller *c, uint64_t now)
     xfer_timeout(c, now);
     teardown_check(c, now);
     advance(c);
+    queued_check(c, now);
     /* at most every 100 ms from here (the loop turns on every message); a transfer's outcome
      * is published at once where it is decided, before its client is answered */
     if (now - c->met.published_ns >= 100 * 1000000ull)
@@ -2106,9 +2711,19 @@ int wb_controller_create_opts(const struct wb_job *job, const struct wb_controll
         goto err_free;
     c->nagents = c->plan.ntrainers + c->plan.nrollouts;
     c->agents = calloc(c->nagents ? c->nagents : 1, sizeof(*c->agents));
-    if (!c->agents) {
+    c->rep = calloc(c->plan.replicas ? c->plan.replicas : 1, sizeof(*c->rep));
+    c->xmem = calloc(c->plan.replicas ? c->plan.replicas : 1, 1);
+    if (!c->agents || !c->rep || !c->xmem) {
         err = -ENOMEM;
-        goto err_plan;
+        goto err_agents;
+    }
+    if (job->min_replicas > c->plan.replicas) {
+        wb_errlist_add(el, "%s: min_replicas: %llu is more than the rollout layout's %u replica%s",
+                       job->min_replicas_at[0] ? job->min_replicas_at : "job",
+                       (unsigned long long)job->min_replicas, c->plan.replicas,
+                       c->plan.replicas == 1 ? "" : "s");
+        err = -WB_E_CONFIG;
+        goto err_agents;
     }
     if (job->relay != WB_RELAY_OFF &&
         !(c->relay_parent = malloc((c->plan.replicas ? c->plan.replicas : 1) * sizeof(uint32_t)))) {
@@ -2155,7 +2770,8 @@ err_serve:
 err_agents:
     free(c->relay_parent);
     free(c->agents);
-err_plan:
+    free(c->rep);
+    free(c->xmem);
     ctl_plan_free(&c->plan);
 err_free:
     if (o && o->trainer_layout) /* zeroed when the plan took it over */
@@ -2171,6 +2787,8 @@ void wb_controller_destroy(struct wb_controller *c)
         return;
     if (c->x.client)
         nng_msg_free(c->x.client);
+    if (c->queued)
+        nng_msg_free(c->queued);
     for (uint32_t i = 0; i < c->nagents; i++) {
         agent_reset(&c->agents[i]);
         free(c->agents[i].cmds);
@@ -2179,6 +2797,8 @@ void wb_controller_destroy(struct wb_controller *c)
     ctl_serve_close(c->srv); /* no callback of nng's runs after it */
     free(c->agents);
     free(c->relay_parent);
+    free(c->rep);
+    free(c->xmem);
     ctl_plan_free(&c->plan);
     ctl_sources_free(&c->src);
     free(c);

@@ -47,8 +47,13 @@ struct wb_job {
      * (shown, waited for); for dead_ns, dead. A closed connection is a death at once. */
     uint64_t heartbeat_ns, suspect_ns, dead_ns, transfer_ns, poll_hold_ns;
     uint64_t trainers, rollouts; /* expected agents; 0 = from the layouts */
-    char *trace;                 /* "" or a directory: agents write <role><rank>.v<N>.json */
-    uint64_t trace_keep;         /* versions of traces each agent keeps there (1 .. 1000000) */
+    /* Whole rollout replicas (every rank alive and set up) the job needs to be ready; a
+     * replica lost mid-transfer is dropped from it while this many remain (0: every replica,
+     * so that any loss fails the transfer). min_replicas_at: where the file sets it. */
+    uint64_t min_replicas;
+    char min_replicas_at[256];
+    char *trace;         /* "" or a directory: agents write <role><rank>.v<N>.json */
+    uint64_t trace_keep; /* versions of traces each agent keeps there (1 .. 1000000) */
     bool verify; /* rollouts check every write against its checksum computed at the writer */
     int relay;   /* enum wb_relay_shape: replicas forward to replicas (controller/relay.c) */
     uint64_t relay_fanout, relay_roots; /* a tree's children per replica; the roots */

@@ -15,6 +15,9 @@ struct wb_trainer_layout;
 
 struct ctl_plan {
     uint32_t ntrainers, nrollouts;
+    /* The rollout fleet: replicas (rollout_layout's replicas:, its capacity) of replica_ranks
+     * ranks each; replica k holds ranks [k * replica_ranks, (k + 1) * replica_ranks). */
+    uint32_t replicas, replica_ranks;
     bool has_model; /* false: control plane only (empty tables) */
     /* The job names no trainer layout: it is derived from the trainers' registrations, and
      * the tables exist only after ctl_plan_finish(). md holds the loaded model until then. */
@@ -42,10 +45,9 @@ struct ctl_plan {
      * trainer may register them (a checkpoint reader's share holds them) and nothing is sent */
     char **ignored_names;
     uint32_t nignored_names;
-    char *summary;                  /* human-readable plan summary (wb-ctl plan) */
-    uint32_t replicas, per_replica; /* the rollout layout: rank = replica * per_replica + local */
-    uint64_t total_bytes;           /* every write of a transfer */
-    uint64_t *send_bytes;           /* [ntrainers] */
+    char *summary;        /* human-readable plan summary (wb-ctl plan) */
+    uint64_t total_bytes; /* every write of a transfer */
+    uint64_t *send_bytes; /* [ntrainers] */
     uint64_t mem_cap, largest_task;
 };
 

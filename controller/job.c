@@ -84,6 +84,11 @@ const struct wb_cfg_field wb_job_fields[] = {
      offsetof(struct wb_job, trainers)},
     {"rollouts", WB_CFG_U64, "0", "rollout agents expected (0: from rollout_layout)",
      offsetof(struct wb_job, rollouts)},
+    {"min_replicas", WB_CFG_U64, "0",
+     "whole rollout replicas (every rank alive and set up) the job needs to run transfers; a "
+     "replica that loses a rank mid-transfer is dropped from it while this many remain, and "
+     "the others complete (0: every replica of rollout_layout)",
+     offsetof(struct wb_job, min_replicas)},
     {"trace", WB_CFG_STR, "",
      "directory where every agent writes a Chrome trace (Perfetto) of each version it took "
      "part in, <role><rank>.v<version>.json, named by tensor (empty: none; an agent that "
@@ -298,6 +303,8 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
                        key_at(y, "relay_roots", mat, sizeof(mat)));
         err = -WB_E_CONFIG;
     }
+    if (j.min_replicas)
+        key_at(y, "min_replicas", j.min_replicas_at, sizeof(j.min_replicas_at));
     if (j.version_step == 0) {
         wb_errlist_add(el, "%s: version_step: must be at least 1", path);
         err = -WB_E_CONFIG;

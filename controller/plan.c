@@ -16,8 +16,8 @@ static int plan_empty(const struct wb_job *job, struct ctl_plan *p)
 {
     p->ntrainers = (uint32_t)job->trainers;
     p->nrollouts = (uint32_t)job->rollouts;
-    p->replicas = 1; /* no layout: the rollouts count as one replica (nothing to relay) */
-    p->per_replica = p->nrollouts;
+    p->replicas = 1; /* no layout: the rollouts are one replica (nothing to relay) */
+    p->replica_ranks = p->nrollouts;
     p->table = calloc(p->ntrainers, sizeof(*p->table));
     p->shards = calloc(p->ntrainers, sizeof(*p->shards));
     p->recv = calloc(p->nrollouts, sizeof(*p->recv));
@@ -318,8 +318,8 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
     p->has_model = true;
     p->ntrainers = plan->ntrainers;
     p->nrollouts = plan->nrollouts;
-    p->replicas = md.rl.replicas;
-    p->per_replica = md.rl.gpus_per_replica;
+    p->replicas = md.rl.replicas ? md.rl.replicas : 1;
+    p->replica_ranks = p->nrollouts / p->replicas;
     p->total_bytes = plan->stats.total_bytes;
     /* a cap below the largest task was refused above, or raised (fit_largest) */
     p->mem_cap = plan->mem_cap;
@@ -416,8 +416,8 @@ static int plan_model(const struct wb_job *job, struct ctl_plan *p, struct wb_er
         p->has_model = p->deferred = true;
         p->ntrainers = (uint32_t)job->trainers;
         p->nrollouts = p->md->rl.replicas * p->md->rl.gpus_per_replica;
-        p->replicas = p->md->rl.replicas;
-        p->per_replica = p->md->rl.gpus_per_replica;
+        p->replicas = p->md->rl.replicas ? p->md->rl.replicas : 1;
+        p->replica_ranks = p->nrollouts / p->replicas;
         if (job->rollouts && job->rollouts != p->nrollouts) {
             wb_errlist_add(el, "job: rollouts %llu disagree with the rollout layout (%u)",
                            (unsigned long long)job->rollouts, p->nrollouts);

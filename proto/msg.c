@@ -79,6 +79,9 @@ static const struct wb_field f_result[] = {
     F(struct wb_body_result, "received_ns", WB_FIELD_U64, false, received_ns),
     F(struct wb_body_result, "trainers", WB_FIELD_OBJ, true, trainers),
     F(struct wb_body_result, "rollout_bytes", WB_FIELD_OBJ, true, rollout_bytes),
+    F(struct wb_body_result, "replicas", WB_FIELD_U64, false, replicas),
+    F(struct wb_body_result, "complete_on", WB_FIELD_U64, false, complete_on),
+    F(struct wb_body_result, "dropped", WB_FIELD_STR, false, dropped),
 };
 static const struct wb_field f_status[] = {
     F(struct wb_body_status, "job", WB_FIELD_STR, true, job),
@@ -88,6 +91,7 @@ static const struct wb_field f_status[] = {
     F(struct wb_body_status, "in_flight", WB_FIELD_U64, true, in_flight),
     F(struct wb_body_status, "agents", WB_FIELD_OBJ, true, agents),
     F(struct wb_body_status, "conns", WB_FIELD_OBJ, false, conns),
+    F(struct wb_body_status, "fleet", WB_FIELD_STR, false, fleet),
 };
 static const struct wb_field f_conn_stats[] = {
     F(struct wb_conn_stats, "held", WB_FIELD_U64, true, held),
@@ -195,6 +199,9 @@ static const struct wb_field f_ctl_transfer[] = {
     F(struct wb_body_ctl_transfer, "version", WB_FIELD_U64, true, version),
     F(struct wb_body_ctl_transfer, "timeout_ns", WB_FIELD_U64, false, timeout_ns),
 };
+static const struct wb_field f_ctl_drain[] = {
+    F(struct wb_body_ctl_drain, "replica", WB_FIELD_U64, true, replica),
+};
 static const struct wb_field f_setup[] = {
     F(struct wb_body_setup, "gen", WB_FIELD_U64, true, gen),
     F(struct wb_body_setup, "seed", WB_FIELD_U64, true, seed),
@@ -222,6 +229,14 @@ static const struct wb_field f_version_epoch[] = {
     F(struct wb_body_version_epoch, "timeout_ns", WB_FIELD_U64, false, timeout_ns),
     F(struct wb_body_version_epoch, "skip", WB_FIELD_OBJ, false, skip),
     F(struct wb_body_version_epoch, "relay", WB_FIELD_OBJ, false, relay),
+    F(struct wb_body_version_epoch, "members", WB_FIELD_OBJ, false, members),
+    F(struct wb_body_version_epoch, "replica_ranks", WB_FIELD_U64, false, replica_ranks),
+};
+static const struct wb_field f_drop[] = {
+    F(struct wb_body_drop, "version", WB_FIELD_U64, true, version),
+    F(struct wb_body_drop, "epoch", WB_FIELD_U64, true, epoch),
+    F(struct wb_body_drop, "replicas", WB_FIELD_OBJ, true, replicas),
+    F(struct wb_body_drop, "replica_ranks", WB_FIELD_U64, true, replica_ranks),
 };
 static const struct wb_field f_abort[] = {
     F(struct wb_body_abort, "version", WB_FIELD_U64, true, version),
@@ -253,6 +268,7 @@ static const struct wb_field f_agent_status[] = {
     F(struct wb_body_agent_status, "err", WB_FIELD_STR, false, err),
     F(struct wb_body_agent_status, "torn", WB_FIELD_BOOL, false, torn),
     F(struct wb_body_agent_status, "dropped", WB_FIELD_U64, false, dropped),
+    F(struct wb_body_agent_status, "stale", WB_FIELD_BOOL, false, stale),
 };
 #undef SESSION
 #undef F
@@ -296,6 +312,7 @@ static const struct spec specs[] = {
     S0(WB_MSG_CTL_STATUS, "STATUS_REQUEST"),
     S0(WB_MSG_CTL_PLAN, "PLAN_REQUEST"),
     S0(WB_MSG_CTL_SHUTDOWN, "SHUTDOWN"),
+    S(WB_MSG_CTL_DRAIN, "DRAIN", f_ctl_drain),
     S0(WB_MSG_HELLO, "HELLO"),
     S(WB_CMD_SETUP, "SETUP", f_setup),
     S(WB_CMD_PEERS, "PEERS", f_peers),
@@ -306,6 +323,7 @@ static const struct spec specs[] = {
     S(WB_CMD_READY, "READY", f_ready),
     S(WB_CMD_REFUSED, "REFUSED", f_error),
     S(WB_CMD_SKIPPED, "SKIPPED", f_skipped),
+    S(WB_CMD_DROP, "DROP", f_drop),
     S(WB_BODY_STATS, "STATS", f_stats),
     S(WB_BODY_AGENT_STATUS, "AGENT_STATUS", f_agent_status),
     S(WB_BODY_CONN_STATS, "CONN_STATS", f_conn_stats),

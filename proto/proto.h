@@ -96,6 +96,7 @@ enum wb_msg_type {
     WB_MSG_CTL_STATUS,            /* no fields -> STATUS */
     WB_MSG_CTL_PLAN,              /* no fields -> PLAN_INFO */
     WB_MSG_CTL_SHUTDOWN,          /* no fields -> OK; agents are told to exit */
+    WB_MSG_CTL_DRAIN,             /* struct wb_body_ctl_drain -> OK or ERROR */
     /* every connection's first message (wb_chan sends it) */
     WB_MSG_HELLO = 0x0728, /* no fields -> WELCOME or ERROR */
     /* commands (inside COMMANDS) */
@@ -110,6 +111,8 @@ enum wb_msg_type {
                               problem in detail); the agent stops */
     WB_CMD_SKIPPED,        /* struct wb_body_skipped (trainers): a pushed version that will
                               never be transferred, a newer push replaced it */
+    WB_CMD_DROP,           /* struct wb_body_drop (trainers): replicas dropped from the attempt
+                              in flight; nothing more is written to their ranks */
     /* nested maps */
     WB_BODY_STATS = 0x0740, /* struct wb_xfer_stats */
     WB_BODY_AGENT_STATUS,   /* struct wb_body_agent_status (one entry of STATUS.agents) */
@@ -328,6 +331,12 @@ struct wb_body_ctl_transfer {
     uint64_t timeout_ns; /* 0: the job's transfer_timeout */
 };
 
+/* DRAIN: a rollout replica leaves the fleet on purpose: it is dropped from the attempt in
+ * flight (if it is a member) and its rollouts are told to exit. */
+struct wb_body_ctl_drain {
+    uint64_t replica;
+};
+
 struct wb_body_result {
     uint64_t version, total_ns, gen;
     /* since the start, when the last trainer reported its writes done, the last rollout counted
@@ -335,6 +344,10 @@ struct wb_body_result {
     uint64_t sent_ns, received_ns;
     struct wb_bytes trainers;      /* array of WB_BODY_STATS maps, by rank */
     struct wb_bytes rollout_bytes; /* array of u64, by rank */
+    /* The fleet: the rollout replicas of the job (its capacity), how many hold this version
+     * now, and the replicas dropped from the attempt with why ("" when none). */
+    uint64_t replicas, complete_on;
+    char dropped[WB_ERRMSG_MAX];
 };
 
 struct wb_body_status {
@@ -343,6 +356,9 @@ struct wb_body_status {
     uint64_t gen, version, in_flight;
     struct wb_bytes agents; /* array of WB_BODY_AGENT_STATUS maps */
     struct wb_bytes conns;  /* a WB_BODY_CONN_STATS map (optional) */
+    /* The fleet in one line: "replicas: 2 of 3 hold version 4; replica 1 dropped from version 4
+     * (rollout rank 1 died (its connection closed))" ("" for a job of one replica). */
+    char fleet[WB_ERRMSG_MAX];
 };
 
 /* The controller's control connections: held now, and what it refused since it started. */
@@ -376,6 +392,8 @@ struct wb_body_agent_status {
     uint64_t done, total;    /* trainers: bytes of the transfer in flight written and to write */
     char err[WB_ERRMSG_MAX]; /* why its setup failed (state "failed"), "" otherwise */
     uint64_t dropped;        /* notes its transport refused (strangers, stale, forged, replayed) */
+    bool stale; /* rollouts: holds an older version than the last complete one (its replica
+                   missed versions: absent, dropped, being caught up) */
 };
 
 struct wb_body_plan_info {
@@ -448,6 +466,20 @@ struct wb_body_version_epoch {
      * nobody's child is a root: the trainers write only the roots. Nothing: no relay, the
      * trainers write every replica. */
     struct wb_bytes relay;
+    /* The attempt's member set: a msgpack array of rollout replica indices (replica k holds
+     * rollout ranks [k * replica_ranks, (k + 1) * replica_ranks)). Trainers write only to
+     * members' ranks; only members are told of the attempt. Nothing, or an empty array: every
+     * replica (the meaning before fleets). */
+    struct wb_bytes members;
+    uint64_t replica_ranks;
+};
+
+/* DROP (trainers): replicas dropped from the attempt (version, epoch) in flight: nothing more
+ * is written to their ranks, and a write to them that fails is no failure of the attempt. */
+struct wb_body_drop {
+    uint64_t version, epoch;
+    struct wb_bytes replicas; /* msgpack array of replica indices */
+    uint64_t replica_ranks;
 };
 
 struct wb_body_abort {

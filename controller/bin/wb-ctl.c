@@ -16,6 +16,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: wb-ctl [options] transfer --version N | status | plan | shutdown\n"
+               "       wb-ctl [options] drain --replica K\n"
                "       wb-ctl verify --config JOB --dump DIR --version N [--rank R]\n"
                "\n"
                "  transfer --version N   run transfer N; prints per-GPU bytes, per-stage and\n"
@@ -26,6 +27,9 @@ static void usage(FILE *f)
                "                         version and whether an update is in flight)\n"
                "  plan                   the plan summary\n"
                "  shutdown               stop the agents and the controller\n"
+               "  drain --replica K      rollout replica K leaves the fleet: dropped from the\n"
+               "                         transfer in flight, its rollouts told to exit; it\n"
+               "                         joins again when its ranks register again\n"
                "  verify                 check every rollout's dump of version N (wb-agent\n"
                "                         --dump DIR) against the reference computed from the\n"
                "                         job's model: synthetic source, fusion, quant CPU\n"
@@ -62,6 +66,9 @@ static int print_result(const struct wb_msg *m, char *why, size_t cap)
     printf("transfer %" PRIu64 ": complete in %.3f ms (trainers sent by %.3f ms, rollouts "
            "received by %.3f ms)\n",
            res.version, ms(res.total_ns), ms(res.sent_ns), ms(res.received_ns));
+    if (res.replicas > 1 && res.complete_on < res.replicas) /* the others did not take it */
+        printf("transfer %" PRIu64 ": complete on %" PRIu64 " of %" PRIu64 " replicas (%s)\n",
+               res.version, res.complete_on, res.replicas, res.dropped);
     printf("%-8s %12s %7s %6s %10s", "trainer", "bytes", "writes", "tasks", "peak_tmp");
     for (int s = 0; s < WB_STAGE_COUNT; s++)
         printf(" %8s", wb_stage_name(s));
@@ -120,6 +127,8 @@ static int print_status(const struct wb_msg *m, char *why, size_t cap)
     /* every agent the job waits for (no "ready" in the line: scripts look for that word) */
     if (wb_status_missing(&st, missing, sizeof(missing)) > 0)
         printf("waiting for %s\n", missing);
+    if (st.fleet[0])
+        printf("%s\n", st.fleet);
     wb_mpr_init(&r, st.agents.p, st.agents.n);
     if (wb_mpr_array(&r, 2 * WB_RANKS_MAX, &n)) {
         snprintf(why, cap, "STATUS: agents: not an array");
@@ -139,7 +148,8 @@ static int print_status(const struct wb_msg *m, char *why, size_t cap)
             printf(" %8" PRIu64 " %9s", a.version, a.in_flight ? "yes" : "no");
         else
             printf(" %8s %9s", "-", "-");
-        printf(" %8" PRIu64 " %8" PRIu64 "\n", a.seen_ms, a.dropped);
+        printf(" %8" PRIu64 " %8" PRIu64 "%s\n", a.seen_ms, a.dropped,
+               a.stale ? "  stale" : ""); /* missed a version: its replica was not a member */
         if (a.err[0])
             printf("         setup failed: %s\n", a.err);
     }
@@ -413,12 +423,13 @@ int main(int argc, char **argv)
                                        {"config", required_argument, 0, 'J'},
                                        {"dump", required_argument, 0, 'U'},
                                        {"rank", required_argument, 0, 'R'},
+                                       {"replica", required_argument, 0, 'P'},
                                        {"help", no_argument, 0, 'h'},
                                        {0}};
     const char *url = "tcp://127.0.0.1:7420", *token = NULL;
     const char *config = NULL, *dump = NULL;
     uint64_t timeout = 120ull * 1000000000, version = 0;
-    int64_t rank = -1;
+    int64_t rank = -1, replica = -1;
     int ch;
     while ((ch = getopt_long(argc, argv, "c:t:v:h", lo, NULL)) != -1) {
         switch (ch) {
@@ -459,6 +470,13 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'P':
+            if (wb_parse_i64(optarg, &replica) || replica < 0 || replica > UINT32_MAX) {
+                fprintf(stderr, "wb-ctl: --replica: expected a rollout replica index, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -491,13 +509,22 @@ int main(int argc, char **argv)
         }
         struct wb_body_ctl_transfer b = {version, timeout};
         wb_msg_encode(&w, WB_MSG_CTL_TRANSFER, token, &b);
-        timeout += 5ull * 1000000000; /* the controller's own failure report comes first */
+        /* the controller's own failure report comes first; a transfer that dropped stalled
+         * replicas at its timeout gets that time once more (README: Replicas) */
+        timeout = 2 * timeout + 5ull * 1000000000;
     } else if (strcmp(cmd, "status") == 0) {
         wb_msg_encode(&w, WB_MSG_CTL_STATUS, token, NULL);
     } else if (strcmp(cmd, "plan") == 0) {
         wb_msg_encode(&w, WB_MSG_CTL_PLAN, token, NULL);
     } else if (strcmp(cmd, "shutdown") == 0) {
         wb_msg_encode(&w, WB_MSG_CTL_SHUTDOWN, token, NULL);
+    } else if (strcmp(cmd, "drain") == 0) {
+        if (replica < 0) {
+            fprintf(stderr, "wb-ctl: drain needs --replica K\n");
+            return 2;
+        }
+        struct wb_body_ctl_drain b = {(uint64_t)replica};
+        wb_msg_encode(&w, WB_MSG_CTL_DRAIN, token, &b);
     } else {
         fprintf(stderr, "wb-ctl: unknown command '%s'\n", cmd);
         usage(stderr);
@@ -507,5 +534,7 @@ int main(int argc, char **argv)
     bool line = strcmp(cmd, "transfer") == 0 && progress_start(&prog, url, token, version);
     int rc = call_then(url, token, timeout, &w, line ? &prog : NULL);
     wb_mpw_free(&w);
+    if (rc == 0 && strcmp(cmd, "drain") == 0)
+        printf("replica %" PRId64 " drained: its rollouts were told to exit\n", replica);
     return rc;
 }

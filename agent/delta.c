@@ -284,7 +284,7 @@ void ag_delta_end(struct data *d, bool ok)
     if (!x || d->role != WB_ROLE_TRAINER)
         return;
     x->shadow_version = ok && x->nslots && x->touched == x->nslots ? d->version : 0;
-    d->stats.delta_ok = x->active;
+    d->stats.delta_ok = x->active ? 1 : 0;
 }
 
 /* The record of slot s (write len bytes at src against its shadow), into the outbox: its

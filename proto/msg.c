@@ -247,7 +247,7 @@ static const struct wb_field f_stats[] = {
     F(struct wb_xfer_stats, "mem_waits", WB_FIELD_U64, true, mem_waits),
     F(struct wb_xfer_stats, "full_bytes", WB_FIELD_U64, false, full_bytes),
     F(struct wb_xfer_stats, "delta_bytes", WB_FIELD_U64, false, delta_bytes),
-    F(struct wb_xfer_stats, "delta_ok", WB_FIELD_BOOL, false, delta_ok),
+    F(struct wb_xfer_stats, "delta_ok", WB_FIELD_U64, false, delta_ok),
 };
 static const struct wb_field f_agent_status[] = {
     F(struct wb_body_agent_status, "role", WB_FIELD_STR, true, role),

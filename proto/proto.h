@@ -495,7 +495,7 @@ struct wb_xfer_stats {
      * the bytes of delta records among bytes, and whether this trainer's shadow held the base
      * version (so it sent deltas where TRANSFER allowed them) */
     uint64_t full_bytes, delta_bytes;
-    bool delta_ok;
+    uint64_t delta_ok; /* 0 or 1 (a u64: the struct has no padding, and is compared whole) */
 };
 
 /* ================================================================ field tables */

@@ -82,7 +82,9 @@ struct ag_delta {
     uint8_t *in;
     uint64_t in_bytes;
     struct wb_tx_mr **in_mr; /* [nslab]: each slab its own registration (NULL: empty) */
-    bool applied;            /* this attempt's records are stored */
+    uint32_t **wtensor;      /* [nslab]: the rollout tensors trainer rank i writes here, sorted */
+    uint32_t *nwtensor;
+    bool applied; /* this attempt's records are stored */
     uint8_t *bounce;
     uint64_t bounce_len;
 };
@@ -131,6 +133,10 @@ void ag_delta_free(struct data *d)
     free(x->rslab_len);
     free(x->in);
     free(x->in_mr);
+    for (uint32_t i = 0; x->wtensor && i < x->nslab; i++)
+        free(x->wtensor[i]);
+    free(x->wtensor);
+    free(x->nwtensor);
     free(x->bounce);
     free(x);
     d->delta = NULL;
@@ -471,6 +477,55 @@ int ag_delta_rollout_setup(struct data *d, struct wb_mpw *w, char *err, size_t e
     return 0;
 }
 
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int ag_delta_writer(struct data *d, uint32_t rank, const void *list, size_t len)
+{
+    struct ag_delta *x = d->delta;
+    if (!x || rank >= x->nslab)
+        return 0;
+    if (!x->wtensor) {
+        x->wtensor = calloc(x->nslab ? x->nslab : 1, sizeof(*x->wtensor));
+        x->nwtensor = calloc(x->nslab ? x->nslab : 1, sizeof(*x->nwtensor));
+        if (!x->wtensor || !x->nwtensor)
+            return -ENOMEM;
+    }
+    free(x->wtensor[rank]);
+    x->wtensor[rank] = NULL;
+    x->nwtensor[rank] = 0;
+    struct wb_mpr r;
+    uint32_t n;
+    wb_mpr_init(&r, list, len);
+    if (!len || wb_mpr_array(&r, WB_WIRE_MAX_ARRAY, &n))
+        return len ? -EBADMSG : 0;
+    uint32_t *t = malloc((n ? n : 1) * sizeof(uint32_t));
+    if (!t)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t v;
+        if (wb_mpr_u64(&r, &v) || v > UINT32_MAX) {
+            free(t);
+            return -EBADMSG;
+        }
+        t[i] = (uint32_t)v;
+    }
+    qsort(t, n, sizeof(*t), cmp_u32);
+    x->wtensor[rank] = t;
+    x->nwtensor[rank] = n;
+    return 0;
+}
+
+/* Trainer rank t writes rollout tensor `tensor` here (PEERS said so). */
+static bool writes_tensor(const struct ag_delta *x, uint32_t t, uint32_t tensor)
+{
+    return x->wtensor && t < x->nslab && x->nwtensor[t] &&
+           bsearch(&tensor, x->wtensor[t], x->nwtensor[t], sizeof(uint32_t), cmp_u32);
+}
+
 static void slab_windows(struct data *d, bool open)
 {
     struct ag_delta *x = d->delta;
@@ -551,6 +606,8 @@ int ag_delta_apply(struct data *d, const struct local *locals, uint32_t nlocal,
                 why = "runs past its slab";
             else if (!l || h.len > l->desc.bytes || h.dst_off > l->desc.bytes - h.len)
                 why = "names bytes outside the tensors here";
+            else if (!writes_tensor(x, t, h.tensor))
+                why = "names a tensor that trainer does not write";
             const uint8_t *offs = s + at + REC_HDR, *vals = offs + 4 * (uint64_t)h.n;
             for (uint32_t i = 0; !why && i < h.n; i++) {
                 uint32_t o, p = 0;

@@ -554,6 +554,10 @@ int ag_rollout_peers(struct data *d, struct wb_mpr *r, uint32_t n, char *err, si
         }
         d->rx->writer_rank[d->rx->nwriters] = (uint32_t)rank;
         d->rx->writers[d->rx->nwriters++] = idx;
+        if ((rc = ag_delta_writer(d, (uint32_t)rank, reg, rlen)) != 0) {
+            snprintf(err, errcap, "trainer rank %" PRIu64 ": malformed list of its tensors", rank);
+            return rc;
+        }
         if (wb_tx_connect(d->tx, idx, (void *)(uintptr_t)WARMUP_CTX) != 0)
             wb_log(WB_LOG_DEBUG, M, "rollout rank %u: warm-up to trainer rank %" PRIu64 ": %s",
                    d->rank, rank, wb_tx_errmsg(d->tx));

@@ -413,6 +413,9 @@ void ag_delta_end(struct data *d, bool ok);
  * closed) and published; its window; the records of this attempt stored into the tensors,
  * once every write is in (0, or negative with d->fail set). */
 uint32_t ag_delta_regions(const struct data *d);
+/* PEERS: writer trainer `rank` writes the rollout tensors of the msgpack array (len bytes; a
+ * record of its may name those alone). Nothing to do outside a delta job. */
+int ag_delta_writer(struct data *d, uint32_t rank, const void *list, size_t len);
 int ag_delta_rollout_setup(struct data *d, struct wb_mpw *w, char *err, size_t errcap);
 void ag_delta_window(struct data *d, bool open);
 int ag_delta_apply(struct data *d, const struct local *locals, uint32_t nlocal,

@@ -463,6 +463,32 @@ static void regions_for(struct wb_mpw *w, const struct reg_index *ix, size_t n,
     wb_mpw_free(&part);
 }
 
+/* What a rollout learns of trainer t, one of its writers: nothing, or in a delta job the
+ * tensors t writes there (a msgpack array of rollout tensors, sorted) — a delta record of t
+ * may name those alone. */
+static void writes_to(struct wb_mpw *w, const struct wb_controller *c, uint32_t t, uint32_t g)
+{
+    if (!c->job->delta || !c->plan.dslab_r) {
+        wb_mpw_bin(w, "", 0);
+        return;
+    }
+    const uint64_t *k = c->plan.wkeys[t];
+    size_t n = c->plan.nwkeys[t], m = 0;
+    for (size_t i = 0; i < n; i++)
+        m += k[i] >> 32 == g;
+    struct wb_mpw part;
+    wb_mpw_init(&part);
+    wb_mpw_array(&part, (uint32_t)m);
+    for (size_t i = 0; i < n; i++)
+        if (k[i] >> 32 == g)
+            wb_mpw_u64(&part, k[i] & 0xffffffffu);
+    if (wb_mpw_finish(&part) == 0)
+        wb_mpw_bin(w, part.buf, part.len);
+    else
+        w->err = part.err ? part.err : -ENOMEM;
+    wb_mpw_free(&part);
+}
+
 static void peer_head(struct wb_mpw *w, const struct agent *p)
 {
     wb_mpw_array(w, 4);
@@ -517,7 +543,7 @@ static void send_peers(struct wb_controller *c)
             } else if (!tr && p->role == WB_ROLE_TRAINER &&
                        c->plan.writer_of[(size_t)a->rank * nt + p->rank]) {
                 peer_head(&w, p);
-                wb_mpw_bin(&w, "", 0);
+                writes_to(&w, c, p->rank, a->rank);
             }
         }
         struct wb_body_peers b = {.gen = c->gen, .agents = mpw_bytes(&w)};

@@ -306,8 +306,6 @@ static uint64_t make_record(struct data *d, struct dslot *s, const uint8_t *src,
     uint64_t limit = len / 2 > REC_HDR ? (len / 2 - REC_HDR) / 5 : 0;
     if (room > REC_HDR + 8 && (room - REC_HDR - 8) / 5 < limit)
         limit = (room - REC_HDR - 8) / 5;
-    if (room <= REC_HDR + 8)
-        limit = 0;
     uint64_t i = 0;
     for (; i + 8 <= len && n <= limit; i += 8) /* count, a word at a time */
         if (get_u64(src + i) != get_u64(sh + i))
@@ -317,11 +315,11 @@ static uint64_t make_record(struct data *d, struct dslot *s, const uint8_t *src,
         n += src[i] != sh[i];
     bool hook = d->o->corrupt_delta && d->o->corrupt_delta == d->version && !x->corrupted && n;
     uint64_t at = NO_PAYLOAD;
-    if (n <= limit) {
-        /* testing (--corrupt-delta): the first changed byte is left out, as if the shadow had
-         * held it already — the shadow no longer matches what the rollout holds */
-        uint64_t keep = hook ? n - 1 : n, skip = hook ? 1 : 0;
-        uint64_t size = (REC_HDR + 5 * keep + 7) / 8 * 8;
+    /* testing (--corrupt-delta): the first changed byte is left out, as if the shadow had held
+     * it already — the shadow no longer matches what the rollout holds */
+    uint64_t keep = hook ? n - 1 : n, skip = hook ? 1 : 0;
+    uint64_t size = (REC_HDR + 5 * keep + 7) / 8 * 8;
+    if (n <= limit && size <= room) { /* worth it, and it fits (a header alone may not) */
         at = x->out_used;
         uint8_t *r = x->out + at;
         struct wb_delta_rec h = {.epoch = d->epoch,

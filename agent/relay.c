@@ -158,7 +158,7 @@ int ag_relay_peer(struct data *d, uint64_t rank, struct wb_mpr *addr, struct wb_
                  wb_tx_errmsg(d->tx));
         return rc;
     }
-    rc = ag_peer_rollout_regions(&nb->p, regions);
+    rc = ag_peer_rollout_regions(&nb->p, regions, UINT32_MAX);
     uint32_t nl = d->rx->recv.nlocal;
     if (!rc && !(nb->desc_of = malloc((nl ? nl : 1) * sizeof(int32_t))))
         rc = -ENOMEM;

@@ -57,6 +57,12 @@ struct wb_job {
     bool verify; /* rollouts check every write against its checksum computed at the writer */
     int relay;   /* enum wb_relay_shape: replicas forward to replicas (controller/relay.c) */
     uint64_t relay_fanout, relay_roots; /* a tree's children per replica; the roots */
+    /* Delta updates: trainers send a rollout only the bytes that changed since the version it
+     * holds whole, and everything every delta_full_every versions and on any doubt. */
+    bool delta;
+    uint64_t delta_full_every;
+    /* The synthetic source changes this fraction of elements per version (0: all of them) */
+    double synthetic_change;
     uint64_t max_connections; /* introduced connections held at once (0: 4 per agent + 64) */
     uint64_t version_step;    /* a version may be at most this far past the last complete one */
     uint64_t handshake_ns; /* a connection not introduced (HELLO with the token) by then closes */
@@ -72,6 +78,15 @@ struct wb_job {
 /* How rollout replicas relay a version to each other (the job's relay: key). */
 enum wb_relay_shape { WB_RELAY_OFF = 0, WB_RELAY_CHAIN, WB_RELAY_TREE };
 extern const char *const wb_relay_shape_names[]; /* "off", "chain", "tree", NULL */
+/* The synthetic source's change period for the job's synthetic_change (wb_synth_fill_change):
+ * one element in every period changes per version; 0 when every element does. */
+static inline uint64_t wb_job_change_period(const struct wb_job *j)
+{
+    if (!(j->synthetic_change > 0))
+        return 0;
+    double p = 1.0 / j->synthetic_change + 0.5;
+    return p >= 1e18 ? (uint64_t)1e18 : (uint64_t)p;
+}
 
 /* The longest duration a job or a request may set (7 days): longer ones are refused rather
  * than added to a clock reading, where 2^64 ns would wrap to an immediate deadline. */

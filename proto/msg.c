@@ -82,6 +82,7 @@ static const struct wb_field f_result[] = {
     F(struct wb_body_result, "replicas", WB_FIELD_U64, false, replicas),
     F(struct wb_body_result, "complete_on", WB_FIELD_U64, false, complete_on),
     F(struct wb_body_result, "dropped", WB_FIELD_STR, false, dropped),
+    F(struct wb_body_result, "delta", WB_FIELD_BYTES, false, delta),
 };
 static const struct wb_field f_status[] = {
     F(struct wb_body_status, "job", WB_FIELD_STR, true, job),
@@ -89,6 +90,9 @@ static const struct wb_field f_status[] = {
     F(struct wb_body_status, "gen", WB_FIELD_U64, true, gen),
     F(struct wb_body_status, "version", WB_FIELD_U64, true, version),
     F(struct wb_body_status, "in_flight", WB_FIELD_U64, true, in_flight),
+    F(struct wb_body_status, "last_bytes", WB_FIELD_U64, false, last_bytes),
+    F(struct wb_body_status, "last_full_bytes", WB_FIELD_U64, false, last_full_bytes),
+    F(struct wb_body_status, "last_delta_rollouts", WB_FIELD_U64, false, last_delta_rollouts),
     F(struct wb_body_status, "agents", WB_FIELD_OBJ, true, agents),
     F(struct wb_body_status, "conns", WB_FIELD_OBJ, false, conns),
     F(struct wb_body_status, "fleet", WB_FIELD_STR, false, fleet),
@@ -214,6 +218,9 @@ static const struct wb_field f_setup[] = {
     F(struct wb_body_setup, "locals", WB_FIELD_BYTES, false, locals),
     F(struct wb_body_setup, "verify", WB_FIELD_BOOL, false, verify),
     F(struct wb_body_setup, "sums", WB_FIELD_BYTES, false, sums),
+    F(struct wb_body_setup, "delta", WB_FIELD_BOOL, false, delta),
+    F(struct wb_body_setup, "delta_slabs", WB_FIELD_BYTES, false, delta_slabs),
+    F(struct wb_body_setup, "change_period", WB_FIELD_U64, false, change_period),
 };
 static const struct wb_field f_peers[] = {
     F(struct wb_body_peers, "gen", WB_FIELD_U64, true, gen),
@@ -231,6 +238,8 @@ static const struct wb_field f_version_epoch[] = {
     F(struct wb_body_version_epoch, "relay", WB_FIELD_OBJ, false, relay),
     F(struct wb_body_version_epoch, "members", WB_FIELD_OBJ, false, members),
     F(struct wb_body_version_epoch, "replica_ranks", WB_FIELD_U64, false, replica_ranks),
+    F(struct wb_body_version_epoch, "delta", WB_FIELD_BYTES, false, delta),
+    F(struct wb_body_version_epoch, "delta_base", WB_FIELD_U64, false, delta_base),
 };
 static const struct wb_field f_drop[] = {
     F(struct wb_body_drop, "version", WB_FIELD_U64, true, version),
@@ -252,6 +261,9 @@ static const struct wb_field f_stats[] = {
     F(struct wb_xfer_stats, "stage_ns", WB_FIELD_U64S, true, stage_ns),
     F(struct wb_xfer_stats, "total_ns", WB_FIELD_U64, true, total_ns),
     F(struct wb_xfer_stats, "mem_waits", WB_FIELD_U64, true, mem_waits),
+    F(struct wb_xfer_stats, "full_bytes", WB_FIELD_U64, false, full_bytes),
+    F(struct wb_xfer_stats, "delta_bytes", WB_FIELD_U64, false, delta_bytes),
+    F(struct wb_xfer_stats, "delta_ok", WB_FIELD_U64, false, delta_ok),
 };
 static const struct wb_field f_agent_status[] = {
     F(struct wb_body_agent_status, "role", WB_FIELD_STR, true, role),

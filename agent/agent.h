@@ -74,6 +74,8 @@ struct wb_endpoint_opts {
     uint64_t dump_from;    /* rollouts: dump only versions >= this (0: every version) */
     const char *corrupt;   /* testing (rollouts of a verifying job): once this tensor landed,
                               flip its first byte before it is checked */
+    uint64_t corrupt_delta; /* testing (trainers of a delta job): in this version, leave one
+                               changed byte out of the deltas, as a shadow that held it would */
 };
 
 struct wb_endpoint;

@@ -54,6 +54,7 @@ static void data_release(struct data *d)
     d->io = NULL;
     wb_tx_close(d->tx); /* releases every registration */
     d->tx = NULL;
+    ag_delta_free(d);
     enum wb_tx_mem k = ag_mem_kind(d);
     ag_rollout_free(d);
     ag_host_free(d->stage);
@@ -338,6 +339,8 @@ static int setup_trainer(struct data *d, const void *plan, size_t plan_len, cons
         rc = ag_reg_alloc(d, d->scratch_bytes, 0, &d->scratch[k], NULL, "scratch", err, errcap);
     if (!rc && d->verify)
         rc = sums_trainer(d, &b->sums, err, errcap);
+    if (!rc)
+        rc = ag_delta_trainer_setup(d, err, errcap);
     d->resume.task_bytes = calloc(t->ntasks ? t->ntasks : 1, sizeof(uint64_t));
     d->resume.tskip = calloc(t->ntasks ? t->ntasks : 1, 1);
     d->resume.wskip = calloc(t->nwrites ? t->nwrites : 1, 1);
@@ -409,9 +412,9 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
     if (!d->empty)
         ag_trace_new(o->trace && *o->trace ? o->trace : d->job.trace, d->job.trace_keep,
                      d->job.name, d->role, d->rank, &d->trace);
-    int rc = 0;
     wb_mpw_init(&d->addr_blob);
     wb_mpw_init(&d->region_blob);
+    int rc = ag_delta_setup(d, b, err, errcap);
     if (!rc && !d->empty && o->device >= 0) {
         rc = ag_gpu_use(o->device);
         rc = rc ? rc : ag_stream_create(&d->stream);
@@ -431,8 +434,8 @@ int ag_data_setup(struct data **dp, struct wb_endpoint *ep, const struct wb_body
     if (!rc && !d->empty && o->role == WB_ROLE_TRAINER)
         ag_trace_trainer_setup(d);
     if (!rc && !d->empty && o->role == WB_ROLE_TRAINER && d->synthetic) {
-        struct ag_fill_src fs = {d->shards,         d->nshards, d->job.seed,
-                                 d->param_host_buf, d->stream,  d->device};
+        struct ag_fill_src fs = {d->shards, d->nshards, d->job.seed,         d->param_host_buf,
+                                 d->stream, d->device,  d->job.change_period};
         rc = ag_fill_new(&fs, &d->fill);
     }
     if (!rc && !d->empty && o->role == WB_ROLE_ROLLOUT)
@@ -500,7 +503,7 @@ static int parse_trainer_regions(struct peer *p, struct wb_mpr *r)
     return r->err;
 }
 
-static int parse_rollout_regions(struct peer *p, struct wb_mpr *r)
+static int parse_rollout_regions(struct peer *p, struct wb_mpr *r, uint32_t rank)
 {
     uint32_t n, two;
     if (wb_mpr_array(r, 1u << 24, &n))
@@ -518,6 +521,12 @@ static int parse_rollout_regions(struct peer *p, struct wb_mpr *r)
             if (wb_tx_rdesc_get(r, &p->sums))
                 return -EBADMSG;
             p->has_sums = true;
+            continue;
+        }
+        if (tn == DELTA_SLAB_ENTRY + rank) { /* ours; the controller hands out no other */
+            if (wb_tx_rdesc_get(r, &p->delta))
+                return -EBADMSG;
+            p->has_delta = true;
             continue;
         }
         if (wb_tx_rdesc_get(r, &p->reg[k]))
@@ -573,7 +582,7 @@ int ag_data_peers(struct data *d, const void *peers, size_t len, char *err, size
         }
         struct wb_mpr rr;
         wb_mpr_init(&rr, reg, rlen);
-        rc = tr ? parse_trainer_regions(p, &rr) : parse_rollout_regions(p, &rr);
+        rc = tr ? parse_trainer_regions(p, &rr) : parse_rollout_regions(p, &rr, d->rank);
         if (rc) {
             snprintf(err, errcap, "%s rank %" PRIu64 ": memory descriptors: %s",
                      wb_role_name((enum wb_role)role), rank, wb_strerror(rc));
@@ -798,6 +807,11 @@ int ag_data_start(struct data *d, const struct wb_body_version_epoch *b, char *e
     if (d->role == WB_ROLE_TRAINER) {
         trainer_skip(d, &ss);
         skip_free(&ss);
+        rc = ag_delta_start(d, b, err, errcap);
+        if (rc) {
+            d->active = false;
+            return rc;
+        }
         rc = ag_exec_arm(d);
         if (rc) {
             snprintf(err, errcap, "%s", d->fail[0] ? d->fail : wb_strerror(rc));
@@ -923,6 +937,8 @@ int ag_data_progress(struct data *d, struct data_done *out)
         ag_rollout_close(d);
     memset(out, 0, sizeof(*out));
     out->ok = d->fail[0] == 0;
+    if (d->role == WB_ROLE_TRAINER && !d->empty)
+        ag_delta_end(d, out->ok);
     snprintf(out->err, sizeof(out->err), "%s", d->fail);
     if (d->role == WB_ROLE_TRAINER && !d->empty)
         out->stats = d->stats;

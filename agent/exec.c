@@ -487,6 +487,8 @@ int ag_exec_start(struct data *d)
     }
     d->next_start_ns = 0;
     d->stats = (struct wb_xfer_stats){.rank = d->rank, .cap = d->cap};
+    for (uint32_t k = 0; k < t->nwrites; k++) /* what a full update writes */
+        d->stats.full_bytes += t->writes[k].len;
     int rc = ag_direct_prepare(d);
     if (rc) {
         fail(d, "direct path: %s", wb_strerror(rc));
@@ -677,7 +679,8 @@ static int post_writes(struct data *d, struct task *tk, uint32_t ti)
             w.src = d->shards[s - 1].mr;
             w.src_off = d->shards[s - 1].mr_off + wr->src_off;
         }
-        int rc = post(d, tk, ti, &w, WB_ROLE_ROLLOUT, wr->dst_rank);
+        int rc = d->delta ? ag_delta_write(d, rt->write0 + k, write_src(d, tk, wr), p, &w) : 0;
+        rc = rc < 0 ? rc : post(d, tk, ti, &w, WB_ROLE_ROLLOUT, wr->dst_rank);
         if (!rc && d->verify)
             rc = post_record(d, tk, ti, rt->write0 + k, p);
         if (rc)

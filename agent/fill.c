@@ -66,8 +66,9 @@ static void *fill_worker(void *arg)
         if (i >= f->src.nshards || atomic_load(&j->rc))
             return NULL;
         const struct shard *s = &f->src.shards[i];
-        int rc = wb_synth_fill(s->meta.name, f->src.seed, f->want, s->meta.dtype, &s->meta.shape,
-                               &s->meta.box, f->src.host + s->off);
+        int rc =
+            wb_synth_fill_change(s->meta.name, f->src.seed, f->want, f->src.change_period,
+                                 s->meta.dtype, &s->meta.shape, &s->meta.box, f->src.host + s->off);
         int none = 0;
         if (rc && atomic_compare_exchange_strong(&j->rc, &none, rc))
             snprintf(f->err, sizeof(f->err), "%.200s: cannot generate %s values", s->meta.name,
@@ -111,6 +112,11 @@ int ag_fill_begin(struct ag_fill *f, uint64_t version, char *err, size_t errcap)
         }
         f->thread_on = true;
         return 0;
+    }
+    if (f->src.change_period) { /* its kernel draws every element anew */
+        snprintf(err, errcap, "synthetic_change: not available for shards in GPU memory");
+        f->want = 0;
+        return -ENOTSUP;
     }
     for (uint32_t i = 0; i < f->src.nshards; i++) {
         const struct shard *s = &f->src.shards[i];

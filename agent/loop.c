@@ -313,7 +313,7 @@ static int on_call_reply(struct wb_endpoint *ep, void *buf, size_t len)
 
 static void cmd_setup(struct wb_endpoint *ep, const struct wb_body_setup *b)
 {
-    struct agent_job j = {.gen = b->gen, .seed = b->seed};
+    struct agent_job j = {.gen = b->gen, .seed = b->seed, .change_period = b->change_period};
     struct data_setup_out out = {0};
     char err[WB_ERRMSG_MAX] = "";
     snprintf(j.provider, sizeof(j.provider), "%s", b->provider);

@@ -41,6 +41,7 @@ static const struct ag_defaults {
 /* What the control loop learns from SETUP. */
 struct agent_job {
     uint64_t gen, seed;
+    uint64_t change_period; /* the synthetic source's (SETUP.change_period) */
     char provider[64];
     char trace[1024];
     uint32_t trace_keep; /* versions of traces kept (0: the default) */

@@ -112,6 +112,7 @@ static void rollout_windows(struct data *d, bool open)
         local_window(d, k, open);
     if (d->caps.windows && d->rx->sum_in_mr)
         wb_tx_mr_window(d->tx, d->rx->sum_in_mr, open);
+    ag_delta_window(d, open);
     d->rx->windows_open = open;
 }
 
@@ -237,7 +238,7 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
         return -EBADMSG;
     }
     struct wb_mpw *w = &d->region_blob;
-    wb_mpw_array(w, nl + (d->verify ? 1 : 0));
+    wb_mpw_array(w, nl + (d->verify ? 1 : 0) + ag_delta_regions(d));
     for (uint32_t i = 0; i < nl; i++) {
         struct local *l = &d->rx->locals[i];
         char what[64];
@@ -337,6 +338,8 @@ static int setup_rollout(struct data *d, const void *plan, size_t plan_len,
         wb_mpw_u64(w, SUM_INBOX_ENTRY);
         wb_tx_rdesc_put(w, &rd);
     }
+    if ((rc = ag_delta_rollout_setup(d, w, err, errcap)) != 0)
+        return rc;
     rollout_windows(d, false); /* read-only to the network until an attempt opens them */
     trace_setup(d);
     return wb_mpw_finish(w);
@@ -551,6 +554,10 @@ int ag_rollout_peers(struct data *d, struct wb_mpr *r, uint32_t n, char *err, si
         }
         d->rx->writer_rank[d->rx->nwriters] = (uint32_t)rank;
         d->rx->writers[d->rx->nwriters++] = idx;
+        if ((rc = ag_delta_writer(d, (uint32_t)rank, reg, rlen)) != 0) {
+            snprintf(err, errcap, "trainer rank %" PRIu64 ": malformed list of its tensors", rank);
+            return rc;
+        }
         if (wb_tx_connect(d->tx, idx, (void *)(uintptr_t)WARMUP_CTX) != 0)
             wb_log(WB_LOG_DEBUG, M, "rollout rank %u: warm-up to trainer rank %" PRIu64 ": %s",
                    d->rank, rank, wb_tx_errmsg(d->tx));
@@ -621,6 +628,7 @@ static int rollout_open(struct data *d, char *err, size_t errcap)
             local_window(d, k, true);
     if (d->caps.windows && d->rx->sum_in_mr)
         wb_tx_mr_window(d->tx, d->rx->sum_in_mr, true);
+    ag_delta_window(d, true);
     d->rx->windows_open = true;
     for (uint32_t i = 0; i < d->rx->nwriters; i++) {
         int rc = wb_tx_write_imm(d->tx, d->rx->writers[i], imm_make(IMM_READY, d->rank),
@@ -786,6 +794,12 @@ static void corrupt(struct data *d, uint32_t i)
 void ag_rollout_step(struct data *d)
 {
     if (!d->rx->nready || d->fail[0])
+        return;
+    /* a delta job: nothing is checked or counted before this attempt's deltas are stored,
+     * which is once every write is in (a record lands before the note that counts it) */
+    if (d->delta && d->rx->nready + d->rx->nlanded < d->rx->nwant)
+        return;
+    if (ag_delta_apply(d, d->rx->locals, d->rx->recv.nlocal, d->rx->writer_rank, d->rx->nwriters))
         return;
     uint32_t n = d->verify ? 0 : d->rx->nready;
     uint64_t bytes = 0;

@@ -115,6 +115,8 @@ struct peer {
     struct wb_tx_rdesc *reg;
     bool has_sums;
     struct wb_tx_rdesc sums;
+    bool has_delta; /* its delta inbox (a delta job) */
+    struct wb_tx_rdesc delta;
 };
 
 /* The ctx of notes no task has (warm-up, fences): their completions count for nothing. */
@@ -125,6 +127,9 @@ static const uint64_t READY_CTX = 0xfffffffe00000000ull;
 
 /* The rollout-region entry that describes a rollout's checksum inbox instead of a tensor. */
 enum { SUM_INBOX_ENTRY = 0xffffffffu };
+/* ... and those that describe its delta inbox's slabs (delta.c), one per writing trainer: this
+ * plus the trainer's rank (the controller hands each trainer its own alone). */
+static const uint64_t DELTA_SLAB_ENTRY = 1ull << 40;
 
 /* ---------------------------------------------------------------- sourced reads (io.c) */
 
@@ -320,6 +325,9 @@ struct data {
     struct resume resume;
     /* rollout: its receive side (rollout.c) */
     struct rollout *rx;
+    /* delta updates (delta.c; NULL: the job has none): a trainer's shadow and outbox, a
+     * rollout's delta inbox */
+    struct ag_delta *delta;
 };
 
 /* The memory kind of this agent's buffers (its device's, or host memory). */
@@ -382,6 +390,37 @@ void ag_rollout_bounds(const struct data *d, uint64_t *tags, uint64_t *notes);
 void ag_rollout_trace_snap(struct data *d);
 void ag_rollout_trace(struct data *d);
 
+/* delta.c: delta updates (the file says how and when they are exact). */
+struct ag_delta;
+/* SETUP of a delta job: d->delta, with the slabs kept for the role's setup (nothing when the
+ * job has no delta updates). */
+int ag_delta_setup(struct data *d, const struct wb_body_setup *b, char *err, size_t errcap);
+/* Frees d->delta (after the transport closed: it holds registrations). */
+void ag_delta_free(struct data *d);
+/* Trainers, once the table is decoded and the transport open: the shadow's slots, the shadow
+ * and the registered outbox. */
+int ag_delta_trainer_setup(struct data *d, char *err, size_t errcap);
+/* Trainers, at TRANSFER: which rollouts may get deltas, and whether the shadow holds the base. */
+int ag_delta_start(struct data *d, const struct wb_body_version_epoch *b, char *err, size_t errcap);
+/* Table write k (not skipped), about to be posted from src to rollout peer p as w: updates the
+ * shadow of its source and, where the write goes as a delta, rewrites w to carry the record
+ * into the rollout's delta inbox (1). 0: send it whole, as w says. */
+int ag_delta_write(struct data *d, uint32_t k, const uint8_t *src, const struct peer *p,
+                   struct wb_tx_write *w);
+/* Trainers, the attempt ended here (ok: every write of it completed): the shadow's version. */
+void ag_delta_end(struct data *d, bool ok);
+/* Rollouts: entries the regions blob gets (0 or 1); the inbox allocated, registered (window
+ * closed) and published; its window; the records of this attempt stored into the tensors,
+ * once every write is in (0, or negative with d->fail set). */
+uint32_t ag_delta_regions(const struct data *d);
+/* PEERS: writer trainer `rank` writes the rollout tensors of the msgpack array (len bytes; a
+ * record of its may name those alone). Nothing to do outside a delta job. */
+int ag_delta_writer(struct data *d, uint32_t rank, const void *list, size_t len);
+int ag_delta_rollout_setup(struct data *d, struct wb_mpw *w, char *err, size_t errcap);
+void ag_delta_window(struct data *d, bool open);
+int ag_delta_apply(struct data *d, const struct local *locals, uint32_t nlocal,
+                   const uint32_t *writer_rank, uint32_t nwriters);
+
 /* fill.c: the synthetic source's values in a synthetic trainer's shards, one fill at a time. */
 struct ag_fill;
 struct ag_fill_src {
@@ -391,6 +430,7 @@ struct ag_fill_src {
     uint8_t *host; /* the host arena the shards' offsets are in, NULL: shards on the GPU */
     void *stream;  /* GPU: where the kernels run */
     int device;
+    uint64_t change_period; /* wb_synth_fill_change's (0: every element changes) */
 };
 int ag_fill_new(const struct ag_fill_src *src, struct ag_fill **out);
 /* Starts version's fill (none may be under way); 0 or negative (err says why). */

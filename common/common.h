@@ -290,6 +290,13 @@ float wb_synth_value(const char *name, uint64_t seed, uint64_t version, uint64_t
  * (-EINVAL otherwise; -EINVAL when the box is not within the shape). */
 int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dtype dtype,
                   const struct wb_shape *shape, const struct wb_box *box, void *dst);
+/* The same for a source that changes slowly: with period P > 0, version N + 1 differs from N in
+ * the 1/P of the elements whose turn it is (each element draws a new value once every P
+ * versions, at a phase of its own), the rest bit for bit equal — a fine-tuning step's pattern,
+ * for delta updates. P = 0 is wb_synth_fill. Host memory only. */
+int wb_synth_fill_change(const char *name, uint64_t seed, uint64_t version, uint64_t period,
+                         enum wb_dtype dtype, const struct wb_shape *shape,
+                         const struct wb_box *box, void *dst);
 /* The same into device memory, by a CUDA kernel on `stream` (a cudaStream_t; NULL = the default
  * stream), asynchronously: the same bytes as wb_synth_fill. -WB_E_NOGPU in a build without
  * CUDA, -WB_E_CUDA when the launch fails. */

@@ -49,14 +49,40 @@ static int fill_stream(const char *name, uint64_t seed, uint64_t version, enum w
     return 0;
 }
 
+/* Slowly changing values (wb_synth_fill_change): element `index` takes generation
+ * g = (version + phase) / period, phase a hash of the index below period, so from one version to
+ * the next exactly the elements whose phase comes round (1 / period of them, spread evenly)
+ * draw new values. Its value is the stream of g's element, at the magnitude runs of the
+ * version-free stream: the runs, and so most FP8 block scales, stay put as a trained model's
+ * do. */
+static float changing_at(uint64_t h, uint64_t seed, uint64_t version, uint64_t period,
+                         uint64_t key0, float scale, uint64_t index)
+{
+    uint64_t phase = wb_splitmix64(key0 ^ wb_splitmix64(index)) % period;
+    uint64_t g = (version + phase) / period;
+    uint64_t kg = wb_splitmix64(h ^ wb_splitmix64(seed ^ wb_splitmix64(g))); /* stream_key's */
+    uint64_t u = wb_splitmix64(kg + index);
+    float x = (float)(int32_t)((u >> 40) & 0xffffff) * (1.0f / 8388608.0f) - 1.0f;
+    uint32_t run = (uint32_t)(((key0 ^ (index >> 14)) * 0x9e3779b97f4a7c15ull) >> 62);
+    return x * scale * (1.0f / (float)(1u << run));
+}
+
 int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dtype dtype,
                   const struct wb_shape *shape, const struct wb_box *box, void *dst)
+{
+    return wb_synth_fill_change(name, seed, version, 0, dtype, shape, box, dst);
+}
+
+int wb_synth_fill_change(const char *name, uint64_t seed, uint64_t version, uint64_t period,
+                         enum wb_dtype dtype, const struct wb_shape *shape,
+                         const struct wb_box *box, void *dst)
 {
     float scale;
     uint64_t key;
     int rc = fill_stream(name, seed, version, dtype, shape, box, &key, &scale);
     if (rc)
         return rc;
+    uint64_t h = name_hash(name), key0 = period ? stream_key(name, seed, 0, &scale) : 0;
     uint64_t n = wb_box_numel(box);
     uint32_t nd = box->ndim;
     uint64_t idx[WB_MAX_DIMS] = {0};
@@ -64,7 +90,8 @@ int wb_synth_fill(const char *name, uint64_t seed, uint64_t version, enum wb_dty
         uint64_t lin = 0;
         for (uint32_t d = 0; d < nd; d++)
             lin = lin * shape->dim[d] + box->off[d] + idx[d];
-        float v = wb_synth_at(key, scale, lin);
+        float v = period ? changing_at(h, seed, version, period, key0, scale, lin)
+                         : wb_synth_at(key, scale, lin);
         if (dtype == WB_DTYPE_FP32)
             ((float *)dst)[k] = v;
         else if (dtype == WB_DTYPE_BF16)

@@ -129,6 +129,12 @@ struct wb_controller {
     uint64_t last_version;     /* last complete transfer */
     uint64_t failed_version;   /* the version whose last attempt failed (0: none) */
     uint64_t attempted;        /* the highest version this process started an attempt of */
+    /* Delta updates: the last attempt completed, so the next may send deltas (false at start
+     * and after any failed attempt); per rollout, whether this attempt allows it one; the
+     * last complete version's bytes, a full update's and the rollouts that got deltas. */
+    bool delta_next;
+    uint8_t *x_delta;
+    uint64_t last_bytes, last_full_bytes, last_delta_rollouts;
     uint64_t epochs;           /* the epoch of the last transfer attempt started */
     struct ctl_sources src;    /* the source each trainer rank must read (register.c) */
     uint64_t refuse_t0;        /* refusals logged in the second from refuse_t0 ... */
@@ -351,6 +357,11 @@ static void send_setup(struct wb_controller *c, struct agent *a)
         b.locals = (struct wb_bytes){c->plan.locals[a->rank].buf, c->plan.locals[a->rank].len};
     if (tr && c->plan.sums)
         b.sums = (struct wb_bytes){c->plan.sums[a->rank].buf, c->plan.sums[a->rank].len};
+    const struct ctl_blob *slabs = tr ? c->plan.dslab_t : c->plan.dslab_r;
+    b.delta = j->delta && slabs;
+    if (b.delta)
+        b.delta_slabs = (struct wb_bytes){slabs[a->rank].buf, slabs[a->rank].len};
+    b.change_period = wb_job_change_period(j);
     snprintf(b.provider, sizeof(b.provider), "%s", j->provider);
     snprintf(b.trace, sizeof(b.trace), "%s", j->trace);
     b.trace_keep = j->trace_keep;
@@ -404,9 +415,10 @@ static int index_regions(const struct ctl_blob *b, struct reg_index **out, size_
 }
 
 /* The part of rollout g's regions trainer t may have: the tensors it writes there, and the
- * checksum inbox (SUM_INBOX_ENTRY) when it writes there at all. */
+ * checksum inbox (SUM_INBOX_ENTRY) and its own slab of the delta inbox (agent/xfer.h:
+ * DELTA_SLAB_ENTRY + t) when it writes there at all. */
 static void regions_for(struct wb_mpw *w, const struct reg_index *ix, size_t n,
-                        const uint64_t *keys, size_t nkeys, uint32_t g)
+                        const uint64_t *keys, size_t nkeys, uint32_t g, uint32_t t)
 {
     size_t lo = 0, hi = nkeys;
     while (lo < hi) { /* the first key of rollout g */
@@ -420,17 +432,20 @@ static void regions_for(struct wb_mpw *w, const struct reg_index *ix, size_t n,
     while (k1 < nkeys && keys[k1] >> 32 == g)
         k1++;
     uint32_t count = 0;
-    const struct reg_index *sum = NULL;
-    for (size_t i = 0; i < n; i++)
+    const struct reg_index *sum = NULL, *slab = NULL;
+    for (size_t i = 0; i < n; i++) {
         if (ix[i].tensor == 0xffffffffu)
             sum = &ix[i];
+        if (ix[i].tensor == (1ull << 40) + t)
+            slab = &ix[i];
+    }
     for (size_t k = k0; k < k1; k++) {
         struct reg_index key = {.tensor = keys[k] & 0xffffffffu};
         count += bsearch(&key, ix, n, sizeof(*ix), cmp_reg) != NULL;
     }
     struct wb_mpw part;
     wb_mpw_init(&part);
-    wb_mpw_array(&part, count + (sum ? 1 : 0));
+    wb_mpw_array(&part, count + (sum ? 1 : 0) + (slab ? 1 : 0));
     for (size_t k = k0; k < k1; k++) {
         struct reg_index key = {.tensor = keys[k] & 0xffffffffu};
         const struct reg_index *e = bsearch(&key, ix, n, sizeof(*ix), cmp_reg);
@@ -439,6 +454,34 @@ static void regions_for(struct wb_mpw *w, const struct reg_index *ix, size_t n,
     }
     if (sum)
         wb_mpw_raw(&part, sum->p, sum->len);
+    if (slab)
+        wb_mpw_raw(&part, slab->p, slab->len);
+    if (wb_mpw_finish(&part) == 0)
+        wb_mpw_bin(w, part.buf, part.len);
+    else
+        w->err = part.err ? part.err : -ENOMEM;
+    wb_mpw_free(&part);
+}
+
+/* What a rollout learns of trainer t, one of its writers: nothing, or in a delta job the
+ * tensors t writes there (a msgpack array of rollout tensors, sorted) — a delta record of t
+ * may name those alone. */
+static void writes_to(struct wb_mpw *w, const struct wb_controller *c, uint32_t t, uint32_t g)
+{
+    if (!c->job->delta || !c->plan.dslab_r) {
+        wb_mpw_bin(w, "", 0);
+        return;
+    }
+    const uint64_t *k = c->plan.wkeys[t];
+    size_t n = c->plan.nwkeys[t], m = 0;
+    for (size_t i = 0; i < n; i++)
+        m += k[i] >> 32 == g;
+    struct wb_mpw part;
+    wb_mpw_init(&part);
+    wb_mpw_array(&part, (uint32_t)m);
+    for (size_t i = 0; i < n; i++)
+        if (k[i] >> 32 == g)
+            wb_mpw_u64(&part, k[i] & 0xffffffffu);
     if (wb_mpw_finish(&part) == 0)
         wb_mpw_bin(w, part.buf, part.len);
     else
@@ -496,11 +539,11 @@ static void send_peers(struct wb_controller *c)
             } else if (tr && c->plan.writer_of[(size_t)p->rank * nt + a->rank]) {
                 peer_head(&w, p);
                 regions_for(&w, ix[p->rank], nix[p->rank], c->plan.wkeys[a->rank],
-                            c->plan.nwkeys[a->rank], p->rank);
+                            c->plan.nwkeys[a->rank], p->rank, a->rank);
             } else if (!tr && p->role == WB_ROLE_TRAINER &&
                        c->plan.writer_of[(size_t)a->rank * nt + p->rank]) {
                 peer_head(&w, p);
-                wb_mpw_bin(&w, "", 0);
+                writes_to(&w, c, p->rank, a->rank);
             }
         }
         struct wb_body_peers b = {.gen = c->gen, .agents = mpw_bytes(&w)};
@@ -787,6 +830,7 @@ static void xfer_fail(struct wb_controller *c, enum fail_cause cause, const char
     va_end(ap);
     wb_log(WB_LOG_WARN, M, "transfer %" PRIu64 " failed: %s", c->x.version, why);
     c->failed_version = c->x.version;
+    c->delta_next = false; /* after any failed attempt, a full update */
     c->x.aborting = true;
     snprintf(c->x.why, sizeof(c->x.why), "%s", why);
     uint64_t now = wb_now_ns();
@@ -823,9 +867,25 @@ static void xfer_result(struct wb_controller *c)
     nng_msg *client = c->x.client;
     c->last_version = c->x.version;
     c->failed_version = 0;
-    uint64_t bytes = 0;
-    for (uint32_t t = 0; t < c->plan.ntrainers; t++)
+    c->delta_next = true;
+    uint64_t bytes = 0, full = 0;
+    uint32_t ok = 0, ndelta = 0;
+    for (uint32_t t = 0; t < c->plan.ntrainers; t++) {
         bytes += c->agents[t].stats.bytes;
+        full += c->agents[t].stats.full_bytes;
+        ok += c->agents[t].stats.delta_ok;
+    }
+    /* per rollout: allowed deltas, and sent them by every trainer (1), some (2) or none (0) */
+    uint8_t *dl = c->x_delta && c->job->delta ? malloc(c->plan.nrollouts + 1) : NULL;
+    for (uint32_t r = 0; dl && r < c->plan.nrollouts; r++) {
+        dl[r] = !c->x_delta[r] || !ok ? 0 : ok == c->plan.ntrainers ? 1 : 2;
+        ndelta += dl[r] != 0;
+    }
+    if (dl)
+        b.delta = (struct wb_bytes){dl, c->plan.nrollouts};
+    c->last_bytes = bytes;
+    c->last_full_bytes = c->job->delta ? full : 0;
+    c->last_delta_rollouts = ndelta;
     c->met.complete++;
     c->met.last_ns = now - c->x.start_ns;
     c->met.last_bytes = bytes;
@@ -837,6 +897,7 @@ static void xfer_result(struct wb_controller *c)
     metrics_publish(c); /* a client told of the result reads it counted */
     if (client)
         reply_msg(c, client, WB_MSG_RESULT, &b);
+    free(dl);
     wb_mpw_free(&tr);
     wb_mpw_free(&rb);
 }
@@ -891,6 +952,39 @@ static bool version_far(const struct wb_controller *c, const char *what, uint64_
     return true;
 }
 
+/* Delta updates: which rollouts transfer v may send only what changed (TRANSFER.delta). A
+ * rollout gets deltas only when it provably holds the base whole: it committed the last
+ * complete version (the base), is not torn, and no attempt failed since that version
+ * completed (delta_next: also false before this process completed any) — and v is not a
+ * multiple of delta_full_every, when everybody gets a full update. The trainers add their own
+ * condition: their record of what they sent holds the base (agent/delta.c). */
+static void delta_decide(struct wb_controller *c, uint64_t v, struct wb_body_version_epoch *cmd)
+{
+    const struct wb_job *j = c->job;
+    uint32_t nr = c->plan.nrollouts, n = 0;
+    if (!j->delta || !c->plan.dslab_t)
+        return;
+    if (!c->x_delta && !(c->x_delta = malloc(nr ? nr : 1)))
+        return; /* no memory: a full update */
+    uint64_t base = c->last_version;
+    bool all = c->delta_next && base && v > base && v % j->delta_full_every != 0;
+    for (uint32_t r = 0; r < nr; r++) {
+        const struct agent *a = &c->agents[c->plan.ntrainers + r];
+        c->x_delta[r] = all && a->alive && a->version == base && !a->torn;
+        n += c->x_delta[r];
+    }
+    if (n) {
+        cmd->delta = (struct wb_bytes){c->x_delta, nr};
+        cmd->delta_base = base;
+    }
+    wb_log(WB_LOG_INFO, M,
+           "transfer %" PRIu64 ": deltas against %" PRIu64 " to %u of %u rollouts%s", v, base, n,
+           nr,
+           !c->delta_next ? " (a full update after a failed attempt or a start)"
+           : base && v % j->delta_full_every == 0 ? " (delta_full_every)"
+                                                  : "");
+}
+
 /* Starts transfer v (client: the wb-ctl request to answer at the end, or NULL for a push). */
 static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nng_msg *client)
 {
@@ -935,6 +1029,7 @@ static void xfer_start(struct wb_controller *c, uint64_t v, uint64_t timeout, nn
                "transfer %" PRIu64 " resumed: %" PRIu64 " rollout%s keep what landed", v, any,
                any == 1 ? "" : "s");
     }
+    delta_decide(c, v, &cmd);
     for (uint32_t i = 0; i < c->nagents; i++) {
         struct agent *a = &c->agents[i];
         a->stats = (struct wb_xfer_stats){.rank = a->rank};
@@ -1717,6 +1812,9 @@ static void on_ctl_status(struct wb_controller *c, nng_msg *req)
     wb_body_put(&conns, WB_BODY_CONN_STATS, &cs);
     struct wb_body_status b = {.gen = c->gen,
                                .version = c->last_version,
+                               .last_bytes = c->last_bytes,
+                               .last_full_bytes = c->last_full_bytes,
+                               .last_delta_rollouts = c->last_delta_rollouts,
                                .in_flight = c->x.active ? c->x.version : 0,
                                .agents = mpw_bytes(&agents),
                                .conns = mpw_bytes(&conns)};
@@ -2108,6 +2206,7 @@ void wb_controller_destroy(struct wb_controller *c)
     ctl_metrics_close(c->metrics);
     ctl_serve_close(c->srv); /* no callback of nng's runs after it */
     free(c->agents);
+    free(c->x_delta);
     ctl_plan_free(&c->plan);
     ctl_sources_free(&c->src);
     free(c);

@@ -50,6 +50,12 @@ struct wb_job {
     char *trace;                 /* "" or a directory: agents write <role><rank>.v<N>.json */
     uint64_t trace_keep;         /* versions of traces each agent keeps there (1 .. 1000000) */
     bool verify; /* rollouts check every write against its checksum computed at the writer */
+    /* Delta updates: trainers send a rollout only the bytes that changed since the version it
+     * holds whole, and everything every delta_full_every versions and on any doubt. */
+    bool delta;
+    uint64_t delta_full_every;
+    /* The synthetic source changes this fraction of elements per version (0: all of them) */
+    double synthetic_change;
     uint64_t max_connections; /* introduced connections held at once (0: 4 per agent + 64) */
     uint64_t version_step;    /* a version may be at most this far past the last complete one */
     uint64_t handshake_ns; /* a connection not introduced (HELLO with the token) by then closes */
@@ -61,6 +67,16 @@ struct wb_job {
         char *key;  /* PEM private key of cert */
     } tls;
 };
+
+/* The synthetic source's change period for the job's synthetic_change (wb_synth_fill_change):
+ * one element in every period changes per version; 0 when every element does. */
+static inline uint64_t wb_job_change_period(const struct wb_job *j)
+{
+    if (!(j->synthetic_change > 0))
+        return 0;
+    double p = 1.0 / j->synthetic_change + 0.5;
+    return p >= 1e18 ? (uint64_t)1e18 : (uint64_t)p;
+}
 
 /* The longest duration a job or a request may set (7 days): longer ones are refused rather
  * than added to a clock reading, where 2^64 ns would wrap to an immediate deadline. */

@@ -28,6 +28,9 @@ struct ctl_plan {
                                 local tensors, in its order */
     struct ctl_blob *sums;   /* [ntrainers] with verify: per table write, its checksum slot at
                                 its rollout (u32 little-endian each) */
+    /* with delta: per trainer, its slab (offset, size) in each rollout's delta inbox; per
+     * rollout, each trainer's slab in it (u64 little-endian pairs; plan.c says the sizes) */
+    struct ctl_blob *dslab_t, *dslab_r;
     /* Who may write what (PEERS hands out nothing more): per trainer, the (rollout rank << 32
      * | rollout tensor) pairs it writes, sorted; the trainers whose inboxes it writes
      * (gather and amax peers, [ntrainers * ntrainers]: t * ntrainers + peer); per rollout, the

@@ -94,6 +94,22 @@ const struct wb_cfg_field wb_job_fields[] = {
      "rollouts check every write against its checksum computed at the writer (costs a hash of "
      "every byte on both sides; on the GPU for GPU memory)",
      offsetof(struct wb_job, verify)},
+    {"delta", WB_CFG_BOOL, "false",
+     "delta updates: a trainer sends a rollout only the bytes of its writes that changed since "
+     "the version the rollout holds whole (positions and values into a delta inbox the rollout "
+     "applies before the version counts); full updates every delta_full_every versions, after "
+     "a failed attempt and to a rollout that is torn or holds another version. Pipeline writes "
+     "from host memory only; the direct path and GPU trainers send full updates",
+     offsetof(struct wb_job, delta)},
+    {"delta_full_every", WB_CFG_U64, "16",
+     "with delta: every version that is a multiple of this is sent full to every rollout "
+     "(1: always full)",
+     offsetof(struct wb_job, delta_full_every)},
+    {"synthetic_change", WB_CFG_F64, "0",
+     "synthetic agents: the fraction of elements whose value changes from one version to the "
+     "next (0: every element, each version its own values; 0.002: a fine-tuning step's "
+     "pattern, for delta updates), rounded to one in a whole number of elements",
+     offsetof(struct wb_job, synthetic_change)},
     {"max_connections", WB_CFG_U64, "0",
      "control connections introduced with the token (HELLO) the controller holds at once; "
      "one over it is closed (0: 4 per agent + 64)",
@@ -269,6 +285,18 @@ int wb_job_load(const char *path, struct wb_job *job, struct wb_errlist *el)
         char mat[1200];
         wb_errlist_add(el, "%s: trace_keep: %" PRIu64 " versions (1 to 1000000)",
                        key_at(y, "trace_keep", mat, sizeof(mat)), j.trace_keep);
+        err = -WB_E_CONFIG;
+    }
+    if (j.delta_full_every == 0) {
+        char mat[1200];
+        wb_errlist_add(el, "%s: delta_full_every: must be at least 1",
+                       key_at(y, "delta_full_every", mat, sizeof(mat)));
+        err = -WB_E_CONFIG;
+    }
+    if (!(j.synthetic_change >= 0 && j.synthetic_change <= 1)) {
+        char mat[1200];
+        wb_errlist_add(el, "%s: synthetic_change: %g is not a fraction (0 to 1)",
+                       key_at(y, "synthetic_change", mat, sizeof(mat)), j.synthetic_change);
         err = -WB_E_CONFIG;
     }
     if (j.version_step == 0) {

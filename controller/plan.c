@@ -190,6 +190,69 @@ static int sums_rank(struct sums *s, struct ctl_plan *p, const struct wb_route_t
     return 0;
 }
 
+/* Delta updates: each rollout's delta inbox has a slab per trainer that writes to it, of an
+ * eighth of the bytes that trainer writes there, a header's room per write and 4 KiB
+ * (8-aligned): a record (32 bytes and 5 per changed byte) of a write that changed in up to
+ * 2.5 % of its bytes fits; a trainer sends whole what does not. Slabs come in trainer rank
+ * order. dbytes/dwrites: [ntrainers * nrollouts], filled table by table (delta_rank). */
+struct dslabs {
+    uint64_t *bytes, *writes;
+};
+
+static void delta_rank(struct dslabs *s, uint32_t nr, const struct wb_route_table *t, uint32_t r)
+{
+    for (uint32_t i = 0; i < t->nwrites; i++) {
+        const struct wb_rt_write *w = &t->writes[i];
+        for (uint32_t c = 0; c < wb_rt_copies(w); c++) {
+            uint32_t g = wb_rt_copy_rank(w, c);
+            if (g < nr) {
+                s->bytes[(size_t)r * nr + g] += w->len;
+                s->writes[(size_t)r * nr + g]++;
+            }
+        }
+    }
+}
+
+static uint64_t slab_size(uint64_t bytes, uint64_t writes)
+{
+    return bytes ? (bytes / 8 + writes * 64 + 4096 + 7) / 8 * 8 : 0;
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
+}
+
+static int delta_encode(struct dslabs *s, struct ctl_plan *p)
+{
+    uint32_t nt = p->ntrainers, nr = p->nrollouts;
+    p->dslab_t = calloc(nt ? nt : 1, sizeof(*p->dslab_t));
+    p->dslab_r = calloc(nr ? nr : 1, sizeof(*p->dslab_r));
+    if (!p->dslab_t || !p->dslab_r)
+        return -ENOMEM;
+    for (uint32_t t = 0; t < nt; t++)
+        if (!(p->dslab_t[t].buf = calloc(nr ? nr : 1, 16)))
+            return -ENOMEM;
+    for (uint32_t g = 0; g < nr; g++) {
+        uint8_t *b = calloc(nt ? nt : 1, 16);
+        if (!b)
+            return -ENOMEM;
+        p->dslab_r[g] = (struct ctl_blob){b, (size_t)nt * 16};
+        uint64_t off = 0;
+        for (uint32_t t = 0; t < nt; t++) {
+            uint64_t len = slab_size(s->bytes[(size_t)t * nr + g], s->writes[(size_t)t * nr + g]);
+            put_u64(b + 16 * (size_t)t, off);
+            put_u64(b + 16 * (size_t)t + 8, len);
+            put_u64(p->dslab_t[t].buf + 16 * (size_t)g, off);
+            put_u64(p->dslab_t[t].buf + 16 * (size_t)g + 8, len);
+            off += len;
+        }
+    }
+    for (uint32_t t = 0; t < nt; t++)
+        p->dslab_t[t].len = (size_t)nr * 16;
+    return 0;
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -332,12 +395,21 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
         goto out;
     }
     struct sums sums = {0};
+    struct dslabs ds = {0};
+    size_t ntr = (size_t)p->ntrainers * p->nrollouts + 1;
     err = scope_init(p);
     err = err || !job->verify ? err : sums_init(&sums, p, plan);
+    if (!err && job->delta && (!(ds.bytes = calloc(ntr, 8)) || !(ds.writes = calloc(ntr, 8))))
+        err = -ENOMEM;
     for (uint32_t r = 0; !err && r < p->ntrainers; r++) {
         const struct wb_route_table *t = wb_plan_table(plan, r, &tb);
         err = t ? table_rank(p, job->verify ? &sums : NULL, t, r) : -ENOMEM;
+        if (!err && ds.bytes)
+            delta_rank(&ds, p->nrollouts, t, r);
     }
+    err = err || !ds.bytes ? err : delta_encode(&ds, p);
+    free(ds.bytes);
+    free(ds.writes);
     free(sums.next);
     p->locals = calloc(p->nrollouts ? p->nrollouts : 1, sizeof(*p->locals));
     if (!err && !p->locals) /* a table that failed to encode stays an error */
@@ -521,6 +593,12 @@ void ctl_plan_free(struct ctl_plan *p)
     for (uint32_t i = 0; p->sums && i < p->ntrainers; i++)
         free(p->sums[i].buf);
     free(p->sums);
+    for (uint32_t i = 0; p->dslab_t && i < p->ntrainers; i++)
+        free(p->dslab_t[i].buf);
+    free(p->dslab_t);
+    for (uint32_t i = 0; p->dslab_r && i < p->nrollouts; i++)
+        free(p->dslab_r[i].buf);
+    free(p->dslab_r);
     for (uint32_t i = 0; p->wkeys && i < p->ntrainers; i++)
         free(p->wkeys[i]);
     free(p->wkeys);

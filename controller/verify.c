@@ -23,6 +23,7 @@
 
 struct wb_ref {
     uint64_t seed;
+    uint64_t change_period; /* the job's synthetic_change (wb_job_change_period) */
     struct wb_model md;
 };
 
@@ -38,6 +39,7 @@ int wb_ref_load(const struct wb_job *job, struct wb_ref **out, struct wb_errlist
     struct wb_model_src src;
     ctl_model_src(job, &src);
     f->seed = job->seed;
+    f->change_period = wb_job_change_period(job);
     /* A job whose trainer layout is derived or laid out by a broadcast's coordinator: the
      * rollout layout alone says what each rollout holds. */
     bool rollout_only = !*job->trainer_layout;
@@ -115,7 +117,8 @@ static int global_values(const struct wb_ref *f, const struct wb_mapping *m, uin
         }
         free(part);
         part = malloc(2 * wb_box_numel(&cp->src) * es + 1);
-        rc = part ? wb_synth_fill(tp->name, f->seed, version, tp->dtype, &tp->shape, &cp->src, part)
+        rc = part ? wb_synth_fill_change(tp->name, f->seed, version, f->change_period, tp->dtype,
+                                         &tp->shape, &cp->src, part)
                   : -ENOMEM;
         if (!rc && cp->permuted) { /* dst = src.permute(perm), packed in the upper half */
             uint8_t *t = part + wb_box_numel(&cp->src) * es;

@@ -79,6 +79,7 @@ static const struct wb_field f_result[] = {
     F(struct wb_body_result, "received_ns", WB_FIELD_U64, false, received_ns),
     F(struct wb_body_result, "trainers", WB_FIELD_OBJ, true, trainers),
     F(struct wb_body_result, "rollout_bytes", WB_FIELD_OBJ, true, rollout_bytes),
+    F(struct wb_body_result, "delta", WB_FIELD_BYTES, false, delta),
 };
 static const struct wb_field f_status[] = {
     F(struct wb_body_status, "job", WB_FIELD_STR, true, job),
@@ -86,6 +87,9 @@ static const struct wb_field f_status[] = {
     F(struct wb_body_status, "gen", WB_FIELD_U64, true, gen),
     F(struct wb_body_status, "version", WB_FIELD_U64, true, version),
     F(struct wb_body_status, "in_flight", WB_FIELD_U64, true, in_flight),
+    F(struct wb_body_status, "last_bytes", WB_FIELD_U64, false, last_bytes),
+    F(struct wb_body_status, "last_full_bytes", WB_FIELD_U64, false, last_full_bytes),
+    F(struct wb_body_status, "last_delta_rollouts", WB_FIELD_U64, false, last_delta_rollouts),
     F(struct wb_body_status, "agents", WB_FIELD_OBJ, true, agents),
     F(struct wb_body_status, "conns", WB_FIELD_OBJ, false, conns),
 };
@@ -207,6 +211,9 @@ static const struct wb_field f_setup[] = {
     F(struct wb_body_setup, "locals", WB_FIELD_BYTES, false, locals),
     F(struct wb_body_setup, "verify", WB_FIELD_BOOL, false, verify),
     F(struct wb_body_setup, "sums", WB_FIELD_BYTES, false, sums),
+    F(struct wb_body_setup, "delta", WB_FIELD_BOOL, false, delta),
+    F(struct wb_body_setup, "delta_slabs", WB_FIELD_BYTES, false, delta_slabs),
+    F(struct wb_body_setup, "change_period", WB_FIELD_U64, false, change_period),
 };
 static const struct wb_field f_peers[] = {
     F(struct wb_body_peers, "gen", WB_FIELD_U64, true, gen),
@@ -221,6 +228,8 @@ static const struct wb_field f_version_epoch[] = {
     F(struct wb_body_version_epoch, "key", WB_FIELD_BYTES, false, key),
     F(struct wb_body_version_epoch, "timeout_ns", WB_FIELD_U64, false, timeout_ns),
     F(struct wb_body_version_epoch, "skip", WB_FIELD_OBJ, false, skip),
+    F(struct wb_body_version_epoch, "delta", WB_FIELD_BYTES, false, delta),
+    F(struct wb_body_version_epoch, "delta_base", WB_FIELD_U64, false, delta_base),
 };
 static const struct wb_field f_abort[] = {
     F(struct wb_body_abort, "version", WB_FIELD_U64, true, version),
@@ -236,6 +245,9 @@ static const struct wb_field f_stats[] = {
     F(struct wb_xfer_stats, "stage_ns", WB_FIELD_U64S, true, stage_ns),
     F(struct wb_xfer_stats, "total_ns", WB_FIELD_U64, true, total_ns),
     F(struct wb_xfer_stats, "mem_waits", WB_FIELD_U64, true, mem_waits),
+    F(struct wb_xfer_stats, "full_bytes", WB_FIELD_U64, false, full_bytes),
+    F(struct wb_xfer_stats, "delta_bytes", WB_FIELD_U64, false, delta_bytes),
+    F(struct wb_xfer_stats, "delta_ok", WB_FIELD_U64, false, delta_ok),
 };
 static const struct wb_field f_agent_status[] = {
     F(struct wb_body_agent_status, "role", WB_FIELD_STR, true, role),

@@ -335,12 +335,18 @@ struct wb_body_result {
     uint64_t sent_ns, received_ns;
     struct wb_bytes trainers;      /* array of WB_BODY_STATS maps, by rank */
     struct wb_bytes rollout_bytes; /* array of u64, by rank */
+    /* Delta jobs: per rollout rank one byte, 0 sent full, 1 sent deltas by every trainer, 2 by
+     * some (the others' shadows did not hold the base); nothing: every rollout full */
+    struct wb_bytes delta;
 };
 
 struct wb_body_status {
     char job[WB_JOBNAME_MAX];
     char state[WB_ROLE_STR];
     uint64_t gen, version, in_flight;
+    /* the last complete version's bytes written and a full update's (0, 0: none yet), and
+     * how many rollouts got deltas */
+    uint64_t last_bytes, last_full_bytes, last_delta_rollouts;
     struct wb_bytes agents; /* array of WB_BODY_AGENT_STATUS maps */
     struct wb_bytes conns;  /* a WB_BODY_CONN_STATS map (optional) */
 };
@@ -400,6 +406,29 @@ struct wb_body_setup {
     bool verify;
     struct wb_bytes sums; /* trainers, with verify: per write of the table, its slot in its
                              rollout's inbox, u32 little-endian each */
+    /* Delta updates (job key delta): a rollout's delta inbox has a slab per trainer that
+     * writes to it, sized by the plan; a trainer writes the changed bytes of its writes there
+     * as records (struct wb_delta_rec) when TRANSFER says so. delta_slabs: trainers, per
+     * rollout rank, its slab's offset and size in that rollout's inbox; rollouts, per trainer
+     * rank, the slab's offset and size in its own (u64 little-endian pairs). */
+    bool delta;
+    struct wb_bytes delta_slabs;
+    /* Synthetic trainers: the source changes 1 / change_period of the elements per version
+     * (wb_synth_fill_change; 0: all of them). */
+    uint64_t change_period;
+};
+
+/* A delta record as a trainer writes it into its slab of a rollout's delta inbox, records back
+ * to back (8-byte aligned) from the slab's start: the write it stands for (bytes [dst_off,
+ * dst_off + len) of rollout tensor `tensor`), then n u32 offsets within the write, ascending,
+ * then the n byte values there, padded to 8. The rollout reads the records of this attempt
+ * (epoch) from the slab's start up to the first that is not, once every write it counts is in,
+ * and stores the values before it checks or commits anything. */
+struct wb_delta_rec {
+    uint64_t epoch; /* TRANSFER.epoch */
+    uint64_t dst_off, len;
+    uint32_t tensor; /* the rollout tensor (inventory index) */
+    uint32_t n;      /* bytes changed */
 };
 
 /* A checksum record as it lands in a rollout's sum inbox (little-endian on the wire, as every
@@ -442,6 +471,11 @@ struct wb_body_version_epoch {
      * that landed in an earlier attempt of this version and are not sent again; nothing
      * (or an empty array) when everything is sent. */
     struct wb_bytes skip;
+    /* Delta updates (TRANSFER only): per rollout rank one byte, 1 where the rollout holds
+     * version delta_base whole and may be sent only what changed since; nothing: all full. A
+     * trainer whose own record of what it sent (its shadow) is not of delta_base sends full. */
+    struct wb_bytes delta;
+    uint64_t delta_base;
 };
 
 struct wb_body_abort {
@@ -457,6 +491,11 @@ struct wb_xfer_stats {
     uint64_t stage_ns[WB_STAGE_COUNT]; /* summed busy time per stage */
     uint64_t total_ns;                 /* TRANSFER received -> last write completed */
     uint64_t mem_waits;                /* tasks that waited for memory under the cap */
+    /* Delta updates: what a full update writes (bytes equals it when everything went full),
+     * the bytes of delta records among bytes, and whether this trainer's shadow held the base
+     * version (so it sent deltas where TRANSFER allowed them) */
+    uint64_t full_bytes, delta_bytes;
+    uint64_t delta_ok; /* 0 or 1 (a u64: the struct has no padding, and is compared whole) */
 };
 
 /* ================================================================ field tables */

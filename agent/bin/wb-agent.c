@@ -44,6 +44,8 @@ static void usage(FILE *f)
         "                          version and torn flag claimed, under DIR/state/)\n"
         "      --corrupt TENSOR    testing (rollouts of a job that verifies): flip a byte of\n"
         "                          TENSOR once it landed, before it is checked\n"
+        "      --corrupt-delta N   testing (trainers of a delta job): in version N, leave a\n"
+        "                          changed byte out of the deltas, as a wrong shadow would\n"
         "  -h, --help              this text\n");
 }
 
@@ -71,6 +73,7 @@ int main(int argc, char **argv)
                                        {"dump-from", required_argument, 0, 'F'},
                                        {"tx-extra", required_argument, 0, 'X'},
                                        {"corrupt", required_argument, 0, 'K'},
+                                       {"corrupt-delta", required_argument, 0, 'Y'},
                                        {"help", no_argument, 0, 'h'},
                                        {0}};
     struct wb_endpoint_opts o = {
@@ -130,15 +133,17 @@ int main(int argc, char **argv)
         case 'U':
             o.dump = optarg;
             break;
-        case 'F': {
+        case 'F':
+        case 'Y': {
             char *end;
             errno = 0;
             unsigned long long v = strtoull(optarg, &end, 10);
             if (errno || end == optarg || *end || *optarg == '-') {
-                fprintf(stderr, "wb-agent: --dump-from: '%s' is not a version number\n", optarg);
+                fprintf(stderr, "wb-agent: --%s: '%s' is not a version number\n",
+                        ch == 'F' ? "dump-from" : "corrupt-delta", optarg);
                 return 2;
             }
-            o.dump_from = v;
+            *(ch == 'F' ? &o.dump_from : &o.corrupt_delta) = v;
             break;
         }
         case 'X':

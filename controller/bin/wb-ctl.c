@@ -79,6 +79,7 @@ static int print_result(const struct wb_msg *m, char *why, size_t cap)
         }
         printf(" %9.3f %10" PRIu64 " %6" PRIu64 "\n", ms(s.total_ns), s.cap, s.mem_waits);
         sum.bytes += s.bytes;
+        sum.full_bytes += s.full_bytes;
         sum.mem_waits += s.mem_waits;
         sum.cap = s.cap > sum.cap ? s.cap : sum.cap;
         sum.writes += s.writes;
@@ -93,6 +94,15 @@ static int print_result(const struct wb_msg *m, char *why, size_t cap)
     for (int k = 0; k < WB_STAGE_COUNT; k++)
         printf(" %8.3f", ms(sum.stage_ns[k]));
     printf(" %9.3f %10" PRIu64 " %6" PRIu64 "\n", ms(sum.total_ns), sum.cap, sum.mem_waits);
+    if (res.delta.n) { /* a delta job: what was sent against a full update, who got deltas */
+        printf("delta: %" PRIu64 " of a full update's %" PRIu64 " bytes (%.2f%%);", sum.bytes,
+               sum.full_bytes, sum.full_bytes ? 100.0 * (double)sum.bytes / sum.full_bytes : 0.0);
+        static const char *const how[] = {"full", "delta", "delta from some trainers"};
+        for (size_t i = 0; i < res.delta.n; i++)
+            printf("%s rollout %zu %s", i ? "," : "", i,
+                   how[((const uint8_t *)res.delta.p)[i] % 3]);
+        printf("\n");
+    }
     wb_mpr_init(&r, res.rollout_bytes.p, res.rollout_bytes.n);
     if (wb_mpr_array(&r, WB_RANKS_MAX, &n) == 0)
         for (uint32_t i = 0; i < n; i++) {
@@ -116,6 +126,12 @@ static int print_status(const struct wb_msg *m, char *why, size_t cap)
         printf("%" PRIu64 "\n", st.in_flight);
     else
         printf("none\n");
+    if (st.last_full_bytes) /* a delta job */
+        printf("version %" PRIu64 ": %" PRIu64 " of a full update's %" PRIu64
+               " bytes written (%.2f%%), deltas to %" PRIu64 " rollout%s\n",
+               st.version, st.last_bytes, st.last_full_bytes,
+               100.0 * (double)st.last_bytes / st.last_full_bytes, st.last_delta_rollouts,
+               st.last_delta_rollouts == 1 ? "" : "s");
     char missing[4096];
     /* every agent the job waits for (no "ready" in the line: scripts look for that word) */
     if (wb_status_missing(&st, missing, sizeof(missing)) > 0)

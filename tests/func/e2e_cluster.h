@@ -29,6 +29,7 @@ struct cluster {
     const char *rules;        /* the model-family file, or NULL: qwen3_moe.yaml (the demo's) */
     const char *job_extra;    /* more lines for the job file, or NULL */
     const char *corrupt;      /* rollout 1 flips a byte of this tensor once it lands, or NULL */
+    const char *trainer0_arg; /* one more argument for trainer 0 (--corrupt-delta=N), or NULL */
     uint64_t recv[NRO];       /* bytes each rollout receives per transfer; 0: the demo's */
     const char *peers_dir;    /* agents write the peer lists they get here ($WB_TEST_PEERS_OUT) */
     const char *device;       /* the agents' GPU (--device), or NULL: host memory */
@@ -148,6 +149,8 @@ static pid_t spawn_agent(struct cluster *c, int i, const char *extra)
         argv[n++] = "--corrupt";
         argv[n++] = (char *)c->corrupt;
     }
+    if (c->trainer0_arg && i == 0)
+        argv[n++] = (char *)c->trainer0_arg;
     char trace[700];
     if (i < NTR && !c->job_trace) { /* trainers' traces: <tmp>/traces/trainer<R>.v<N>.json */
         snprintf(trace, sizeof(trace), "%s/traces", wb_test_tmpdir());
@@ -301,7 +304,7 @@ static void result_row(const char *out, uint64_t *bytes, uint64_t *peak, uint64_
         wb_test_fail(__FILE__, __LINE__, "cannot read the totals row:\n%s", all);
 }
 
-static void transfer_ok(struct cluster *c, uint64_t v, uint64_t *queued)
+__attribute__((unused)) static void transfer_ok(struct cluster *c, uint64_t v, uint64_t *queued)
 {
     char *out, args[64];
     snprintf(args, sizeof(args), "--timeout 60s transfer --version %" PRIu64, v);

@@ -311,7 +311,10 @@ static void test_stats(void)
                               .peak_tmp = 4096,
                               .cap = 8192,
                               .total_ns = 123456789,
-                              .mem_waits = 2};
+                              .mem_waits = 2,
+                              .full_bytes = 1ull << 34,
+                              .delta_bytes = 77777,
+                              .delta_ok = 1};
     for (int i = 0; i < WB_STAGE_COUNT; i++)
         s.stage_ns[i] = 1000u * (unsigned)(i + 1);
     struct wb_mpw w;
@@ -326,7 +329,7 @@ static void test_stats(void)
     CHECK_MEM(&t, &s, sizeof(s));
     wb_mpr_init(&r, w.buf, w.len - 1);
     CHECK_INT(wb_body_get(&r, WB_BODY_STATS, &t, why, sizeof(why)), -EBADMSG);
-    CHECK_STR(why, "STATS: field \"mem_waits\": expected an unsigned integer");
+    CHECK_STR(why, "STATS: field \"delta_ok\": expected an unsigned integer");
     wb_mpw_free(&w);
     CHECK_STR(wb_stage_name(WB_STAGE_QUANT), "quant");
     CHECK_STR(wb_role_name(WB_ROLE_ROLLOUT), "rollout");

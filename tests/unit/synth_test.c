@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 static void test_deterministic(void)
 {
@@ -46,6 +47,47 @@ static void test_box_matches_full(void)
     free(f);
     free(full);
     free(part);
+}
+
+/* synthetic_change: with period P every element draws a new value exactly once in any P
+ * consecutive versions (at a phase of its own), the rest stay bit for bit; a shard's fill is
+ * the whole tensor's slice; period 0 is the plain source. */
+static void test_change_period(void)
+{
+    enum { N = 256, P = 8 };
+    struct wb_shape s = {.ndim = 2, .dim = {N, N}};
+    struct wb_box all = {.ndim = 2, .off = {0, 0}, .ext = {N, N}};
+    float *prev = malloc(N * N * 4), *cur = malloc(N * N * 4), *part = malloc(N * N * 4);
+    uint8_t *times = calloc(N * N, 1);
+    CHECK(prev && cur && part && times);
+    CHECK_INT(wb_synth_fill_change("w", 5, 3, 0, WB_DTYPE_FP32, &s, &all, cur), 0);
+    CHECK_INT(wb_synth_fill("w", 5, 3, WB_DTYPE_FP32, &s, &all, prev), 0);
+    CHECK_MEM(cur, prev, N * N * 4);
+    CHECK_INT(wb_synth_fill_change("w", 5, 1, P, WB_DTYPE_FP32, &s, &all, prev), 0);
+    uint64_t total = 0;
+    for (uint64_t v = 2; v <= P + 1; v++) {
+        CHECK_INT(wb_synth_fill_change("w", 5, v, P, WB_DTYPE_FP32, &s, &all, cur), 0);
+        uint64_t n = 0;
+        for (uint32_t i = 0; i < N * N; i++)
+            if (memcmp(&cur[i], &prev[i], 4)) {
+                n++;
+                times[i]++;
+            }
+        CHECK(n > N * N / P / 2 && n < N * N / P * 2); /* about 1/P of them each version */
+        total += n;
+        memcpy(prev, cur, N * N * 4);
+    }
+    CHECK_U64(total, N * N);
+    for (uint32_t i = 0; i < N * N; i++)
+        CHECK_INT(times[i], 1);
+    struct wb_box b = {.ndim = 2, .off = {100, 7}, .ext = {50, 60}};
+    CHECK_INT(wb_synth_fill_change("w", 5, P + 1, P, WB_DTYPE_FP32, &s, &b, part), 0);
+    for (uint32_t r = 0; r < 50; r++)
+        CHECK_MEM(&part[r * 60], &cur[(100 + r) * N + 7], 60 * 4);
+    free(prev);
+    free(cur);
+    free(part);
+    free(times);
 }
 
 static void test_half_conversions(void)
@@ -99,9 +141,7 @@ static void test_launch_env(void)
 }
 
 const struct wb_test wb_tests[] = {
-    {"deterministic", test_deterministic, 0},
-    {"box_matches_full", test_box_matches_full, 0},
-    {"half_conversions", test_half_conversions, 0},
-    {"launch_env", test_launch_env, 0},
-    {0},
+    {"deterministic", test_deterministic, 0}, {"box_matches_full", test_box_matches_full, 0},
+    {"change_period", test_change_period, 0}, {"half_conversions", test_half_conversions, 0},
+    {"launch_env", test_launch_env, 0},       {0},
 };

@@ -20,7 +20,8 @@
  * ended well here and touched every shadow slot (no write skipped by a resumed attempt, none
  * taken by the direct path). Anything else — a restart, a re-setup, an attempt that failed or
  * was resumed — leaves the shadow of no version, and the trainer sends full until a whole
- * attempt rebuilt it. A GPU trainer keeps no shadow (not built yet): it always sends full.
+ * attempt rebuilt it. A GPU trainer keeps no shadow here: its direct path (direct.c) keeps one on
+ * the GPU and stores changes only under the same two conditions; its pipeline writes go full.
  *
  * Rollout. The inbox is one registration (host memory), a slab per writing trainer, with its
  * window open only during an attempt. Once every write of the attempt is in (each record was
@@ -73,6 +74,7 @@ struct ag_delta {
     uint64_t out_bytes, out_used;
     struct wb_tx_mr *out_mr;
     uint64_t shadow_version; /* the version the whole shadow holds (0: none) */
+    uint64_t base;           /* this attempt's TRANSFER.delta_base */
     uint32_t stamp, touched;
     bool active;    /* this attempt sends deltas (the shadow holds its base) */
     bool corrupted; /* the testing hook fired in this attempt */
@@ -270,13 +272,14 @@ int ag_delta_start(struct data *d, const struct wb_body_version_epoch *b, char *
     }
     /* what the shadow holds is B's only if the last attempt here rebuilt it whole (B's) */
     x->active = any && x->nslots && b->delta_base && x->shadow_version == b->delta_base;
-    if (any && !x->active)
+    if (any && !x->active && x->nslots)
         wb_log(WB_LOG_INFO, M,
                "trainer rank %u: version %" PRIu64 ": deltas allowed against %" PRIu64
                ", but the shadow holds %s: sending full",
                d->rank, b->version, b->delta_base,
                x->shadow_version ? "another version" : "no version");
     x->shadow_version = 0; /* rewritten from here on */
+    x->base = b->delta_base;
     x->stamp++;
     x->touched = 0;
     x->out_used = 0;
@@ -290,7 +293,17 @@ void ag_delta_end(struct data *d, bool ok)
     if (!x || d->role != WB_ROLE_TRAINER)
         return;
     x->shadow_version = ok && x->nslots && x->touched == x->nslots ? d->version : 0;
-    d->stats.delta_ok = x->active ? 1 : 0;
+    d->stats.delta_ok = x->active || ag_direct_sent_delta(d) ? 1 : 0;
+    ag_direct_end(d, ok);
+}
+
+bool ag_delta_allowed(const struct data *d, uint32_t g, uint64_t *base)
+{
+    const struct ag_delta *x = d->delta;
+    if (!x || d->role != WB_ROLE_TRAINER || g >= x->nroll || !x->allow[g])
+        return false;
+    *base = x->base;
+    return x->base != 0;
 }
 
 /* The record of slot s (write len bytes at src against its shadow), into the outbox: its

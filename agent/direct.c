@@ -13,7 +13,12 @@
  * rows (scales), with every cut at a 128-row block boundary, so each piece is a tile of its own
  * with the same blocks, amax and bytes as the one-tile quantization. Anything else (gathers,
  * amax exchanges, repacking copies, host-resident shards, unaligned cuts) runs on the general
- * pipeline, in the same transfer. */
+ * pipeline, in the same transfer.
+ *
+ * Delta jobs: every item keeps a shadow in GPU memory of what its destination holds, and where
+ * the attempt allows a delta to every rollout the batch stores into, against the version the
+ * shadows hold whole, the kernels store only the 4-byte units and scales that changed (quant.h,
+ * wb_quant_batch_run_delta). Any other attempt stores everything and refills the shadows. */
 #include "agent/xfer.h"
 #include "quant/quant.h"
 
@@ -30,12 +35,28 @@ struct ag_direct {
     void *ev;    /* after the batch's kernels */
     int state;   /* 0 none, 1 launched, 2 done: its tasks announce their writes */
     uint64_t t0; /* launch time (its span) */
+    /* Delta jobs: every item's shadow (device memory: what its destination holds once the
+     * batch ran in an attempt that ended well here) and the bytes-stored counter after it. */
+    void *shadow;
+    uint64_t shadow_bytes;
+    uint64_t *stored_dev;
+    uint64_t stored_seen;    /* the counter's value before this attempt's run */
+    uint64_t shadow_version; /* the version the shadows hold whole (0: none) */
+    uint8_t *writes_to;      /* [nrollouts]: the batch stores into this rollout */
+    bool delta;              /* this attempt's run stores changes only */
 };
 
 static void direct_clear(struct ag_direct *dr)
 {
     ag_event_destroy(dr->ev);
     dr->ev = NULL;
+    wb_quant_gpu_free(dr->shadow);
+    dr->shadow = NULL;
+    dr->stored_dev = NULL;
+    dr->shadow_bytes = 0;
+    dr->shadow_version = 0;
+    free(dr->writes_to);
+    dr->writes_to = NULL;
     wb_quant_batch_free(dr->batch);
     dr->batch = NULL;
     ag_direct_plan_free(&dr->plan);
@@ -385,6 +406,62 @@ static uint8_t *tx_dst(void *arg, const struct wb_rt_write *w)
     return NULL;
 }
 
+/* A delta job's shadows: one device allocation, every item's bytes (and a quantization's
+ * scales) at 16-byte aligned places, the stored-bytes counter last; the items point into it. */
+static int shadows_make(struct data *d, struct ag_direct *dr)
+{
+    struct ag_direct_plan *pl = &dr->plan;
+    uint64_t n = 0;
+    for (size_t i = 0; i < pl->nq; i++) {
+        const struct wb_quant_item *it = &pl->q[i];
+        struct wb_quant_tile tl = {it->dtype, it->rows, it->cols, it->row0, it->col0};
+        struct wb_quant_grid g;
+        if (wb_quant_fp8_grid(&tl, 0, it->rows, &g))
+            return -EINVAL;
+        n += (it->rows * it->cols + 15) / 16 * 16 + (g.rows * g.cols * 4 + 15) / 16 * 16;
+    }
+    for (size_t i = 0; i < pl->nc; i++)
+        n += (pl->c[i].rows * pl->c[i].bytes + 15) / 16 * 16;
+    int rc = wb_quant_gpu_alloc(n + 16, &dr->shadow);
+    if (rc)
+        return rc;
+    uint8_t *at = dr->shadow;
+    for (size_t i = 0; i < pl->nq; i++) {
+        struct wb_quant_item *it = &pl->q[i];
+        struct wb_quant_tile tl = {it->dtype, it->rows, it->cols, it->row0, it->col0};
+        struct wb_quant_grid g;
+        wb_quant_fp8_grid(&tl, 0, it->rows, &g);
+        it->shadow = at;
+        at += (it->rows * it->cols + 15) / 16 * 16;
+        it->shadow_scale = (float *)at;
+        at += (g.rows * g.cols * 4 + 15) / 16 * 16;
+    }
+    for (size_t i = 0; i < pl->nc; i++) {
+        pl->c[i].shadow = at;
+        at += (pl->c[i].rows * pl->c[i].bytes + 15) / 16 * 16;
+    }
+    dr->stored_dev = (uint64_t *)at;
+    dr->shadow_bytes = n;
+    uint64_t zero = 0;
+    rc = wb_quant_gpu_copy(dr->stored_dev, &zero, sizeof(zero), d->stream);
+    rc = rc ? rc : wb_quant_gpu_sync(d->stream);
+    dr->writes_to = calloc(d->table.nrollouts ? d->table.nrollouts : 1, 1);
+    if (!rc && !dr->writes_to)
+        rc = -ENOMEM;
+    for (uint32_t ti = 0; !rc && ti < d->table.ntasks; ti++)
+        for (uint32_t k = 0; pl->is_direct[ti] && k < d->table.tasks[ti].nwrites; k++) {
+            uint32_t g = d->table.writes[d->table.tasks[ti].write0 + k].dst_rank;
+            if (g < d->table.nrollouts)
+                dr->writes_to[g] = 1;
+        }
+    if (!rc)
+        wb_log(WB_LOG_INFO, "agent",
+               "trainer rank %u: delta updates on the direct path: shadows of %" PRIu64
+               " bytes in GPU memory",
+               d->rank, n);
+    return rc;
+}
+
 int ag_direct_prepare(struct data *d)
 {
     if (d->direct)
@@ -407,6 +484,13 @@ int ag_direct_prepare(struct data *d)
     free(shard_ptr);
     if (rc)
         return rc;
+    if (dr->plan.ntasks && d->delta) {
+        rc = shadows_make(d, dr);
+        if (rc) {
+            direct_clear(dr); /* not again: the tasks take the pipeline */
+            return rc;
+        }
+    }
     if (dr->plan.ntasks) {
         struct wb_quant_exec ex = {WB_QUANT_DEVICE, d->stream};
         rc = wb_quant_batch_create(&ex, dr->plan.q, dr->plan.nq, dr->plan.c, dr->plan.nc,
@@ -449,7 +533,15 @@ int ag_direct_launch(struct data *d)
     dr->t0 = wb_now_ns();
     wb_log(WB_LOG_DEBUG, "agent", "trainer rank %u: every rollout ready %.3f ms after the start",
            d->rank, (double)(dr->t0 - d->start_ns) / 1e6);
-    int rc = wb_quant_batch_run(dr->batch, d->stream);
+    /* changes only where this attempt allows every rollout the batch stores into a delta
+     * against the version the shadows hold */
+    uint64_t base = 0;
+    dr->delta = dr->shadow && dr->shadow_version;
+    for (uint32_t g = 0; dr->delta && g < d->table.nrollouts; g++)
+        if (dr->writes_to[g])
+            dr->delta = ag_delta_allowed(d, g, &base) && base == dr->shadow_version;
+    dr->shadow_version = 0; /* rewritten from here on */
+    int rc = wb_quant_batch_run_delta(dr->batch, d->stream, dr->delta, dr->stored_dev);
     rc = rc ? rc : ag_event_record(d->stream, &dr->ev);
     if (rc)
         return rc;
@@ -467,7 +559,32 @@ int ag_direct_poll(struct data *d, uint64_t *t0)
         dr->state = 2;
         *t0 = dr->t0;
     }
+    if (r > 0 && dr->shadow) { /* what the run stored (a full run: every byte) */
+        uint64_t now = 0;
+        r = wb_quant_gpu_copy(&now, dr->stored_dev, sizeof(now), NULL);
+        r = r ? r : wb_quant_gpu_sync(NULL);
+        if (r)
+            return r;
+        if (dr->delta) {
+            d->stats.bytes += now - dr->stored_seen;
+            d->stats.delta_bytes += now - dr->stored_seen;
+        }
+        dr->stored_seen = now;
+        r = 1;
+    }
     return r;
+}
+
+bool ag_direct_sent_delta(const struct data *d)
+{
+    return d->direct && d->direct->state == 2 && d->direct->delta;
+}
+
+void ag_direct_end(struct data *d, bool ok)
+{
+    struct ag_direct *dr = d->direct;
+    if (dr && dr->shadow)
+        dr->shadow_version = ok && dr->state == 2 ? d->version : 0;
 }
 
 bool ag_direct_done(const struct data *d)

@@ -953,7 +953,8 @@ static int announce_direct(struct data *d, struct task *tk, uint32_t ti)
     for (uint32_t k = 0; k < rt->nwrites; k++) {
         const struct wb_rt_write *wr = &t->writes[rt->write0 + k];
         d->akeys[nk++] = (uint64_t)wr->dst_rank << 32 | wr->tag;
-        d->stats.bytes += wr->len;
+        if (!ag_direct_sent_delta(d)) /* else counted as stored, when the batch finished */
+            d->stats.bytes += wr->len;
     }
     qsort(d->akeys, nk, sizeof(*d->akeys), cmp_key);
     for (uint32_t k = 0; k < nk;) {

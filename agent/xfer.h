@@ -466,6 +466,8 @@ int ag_delta_write(struct data *d, uint32_t k, const uint8_t *src, const struct 
                    struct wb_tx_write *w);
 /* Trainers, the attempt ended here (ok: every write of it completed): the shadow's version. */
 void ag_delta_end(struct data *d, bool ok);
+/* This attempt allows rollout g a delta (TRANSFER.delta), against *base (TRANSFER.delta_base). */
+bool ag_delta_allowed(const struct data *d, uint32_t g, uint64_t *base);
 /* Rollouts: entries the regions blob gets (0 or 1); the inbox allocated, registered (window
  * closed) and published; its window; the records of this attempt stored into the tensors,
  * once every write is in (0, or negative with d->fail set). */
@@ -584,6 +586,11 @@ int ag_direct_poll(struct data *d, uint64_t *t0);
 bool ag_direct_done(const struct data *d);
 /* Forgets the attempt's launch (a new attempt, an abort). */
 void ag_direct_reset(struct data *d);
+/* Delta jobs: the batch ran in this attempt storing changes only (its writes' bytes are then
+ * what it stored, counted when it finished, not what the writes span). */
+bool ag_direct_sent_delta(const struct data *d);
+/* The attempt ended (ok: well here): the shadows hold this version, or none. */
+void ag_direct_end(struct data *d, bool ok);
 
 /* ops.c: one routing-table op, or part of one; see exec.c for the stepping. */
 struct opctx {

@@ -34,6 +34,8 @@ static int check_qitem(size_t i, const struct wb_quant_item *it)
         bad = "it is empty";
     else if (!it->src || !it->q || !it->scale)
         bad = "a buffer is NULL";
+    else if (!it->shadow != !it->shadow_scale)
+        bad = "it has a shadow for its bytes or its scales but not both";
     else if (it->src_ld < it->cols || it->q_ld < it->cols)
         bad = "a row stride is below the row length";
     else if (it->scale_ld < wb_quant_blocks(it->col0 % WB_FP8_BLOCK + it->cols))
@@ -117,8 +119,68 @@ int wb_quant_batch_create(const struct wb_quant_exec *ex, const struct wb_quant_
     return 0;
 }
 
+/* Stores n bytes of new values at dst unless delta and the shadow holds them already; the
+ * shadow follows. Returns the bytes stored. */
+static uint64_t store_unit(uint8_t *dst, uint8_t *shadow, const uint8_t *v, size_t n, bool delta)
+{
+    if (delta && memcmp(shadow, v, n) == 0)
+        return 0;
+    memcpy(dst, v, n);
+    memcpy(shadow, v, n);
+    return n;
+}
+
+/* A quantized tile's results into place: unit by unit against the shadow (quant.h), or plainly
+ * without one. Returns the bytes stored through the shadow. */
+static uint64_t host_scatter(const struct wb_quant_item *it, const uint8_t *qb, const float *sc,
+                             const struct wb_quant_grid *g, bool delta)
+{
+    uint64_t n = 0;
+    if (!it->shadow) {
+        for (uint64_t r = 0; r < it->rows; r++)
+            memcpy(it->q + r * it->q_ld, qb + r * it->cols, it->cols);
+        for (uint64_t i = 0; i < g->rows; i++)
+            memcpy(it->scale + i * it->scale_ld, sc + i * g->cols, g->cols * sizeof(float));
+        return 0;
+    }
+    for (uint64_t r = 0; r < it->rows; r++)
+        for (uint64_t c = 0; c < it->cols;) {
+            uint64_t edge = c + WB_FP8_BLOCK - (it->col0 + c) % WB_FP8_BLOCK;
+            uint64_t end = c + 4;
+            end = end < edge ? end : edge;
+            end = end < it->cols ? end : it->cols;
+            n += store_unit(it->q + r * it->q_ld + c, it->shadow + r * it->cols + c,
+                            qb + r * it->cols + c, end - c, delta);
+            c = end;
+        }
+    for (uint64_t i = 0; i < g->rows; i++)
+        for (uint64_t j = 0; j < g->cols; j++)
+            n += store_unit((uint8_t *)(it->scale + i * it->scale_ld + j),
+                            (uint8_t *)(it->shadow_scale + i * g->cols + j),
+                            (const uint8_t *)(sc + i * g->cols + j), sizeof(float), delta);
+    return n;
+}
+
+/* A copy's rows: 4-byte units from each row's start against the shadow, or plainly. */
+static uint64_t host_copy(const struct wb_copy_item *it, bool delta)
+{
+    uint64_t n = 0;
+    for (uint64_t r = 0; r < it->rows; r++) {
+        uint8_t *d = (uint8_t *)it->dst + r * it->dst_ld;
+        const uint8_t *s = (const uint8_t *)it->src + r * it->src_ld;
+        if (!it->shadow) {
+            memmove(d, s, it->bytes);
+            continue;
+        }
+        uint8_t *sh = (uint8_t *)it->shadow + r * it->bytes;
+        for (uint64_t c = 0; c < it->bytes; c += 4)
+            n += store_unit(d + c, sh + c, s + c, it->bytes - c < 4 ? it->bytes - c : 4, delta);
+    }
+    return n;
+}
+
 /* One item on the host: rows staged contiguous, the reference pass, results scattered. */
-static int host_quant(const struct wb_quant_item *it)
+static int host_quant(const struct wb_quant_item *it, bool delta, uint64_t *stored)
 {
     size_t esz = wb_dtype_size(it->dtype);
     struct wb_quant_pass p = {
@@ -148,34 +210,35 @@ static int host_quant(const struct wb_quant_item *it)
     p.q = qb;
     p.scale_inv = sc;
     qt_cpu_pass(&p);
-    for (uint64_t r = 0; r < it->rows; r++)
-        memcpy(it->q + r * it->q_ld, qb + r * it->cols, it->cols);
-    for (uint64_t i = 0; i < p.grid.rows; i++)
-        memcpy(it->scale + i * it->scale_ld, sc + i * p.grid.cols, p.grid.cols * sizeof(float));
+    *stored += host_scatter(it, qb, sc, &p.grid, delta);
     free(src);
     free(qb);
     free(sc);
     return 0;
 }
 
-int wb_quant_batch_run(struct wb_quant_batch *b, void *stream)
+int wb_quant_batch_run_delta(struct wb_quant_batch *b, void *stream, bool delta, uint64_t *stored)
 {
     if (!b)
         return -EINVAL;
     if (b->device)
-        return qt_dev_batch_run(b->dev, stream);
+        return qt_dev_batch_run(b->dev, stream, delta, stored);
+    uint64_t n = 0;
     for (size_t i = 0; i < b->nq; i++) {
-        int rc = host_quant(&b->q[i]);
+        int rc = host_quant(&b->q[i], delta, &n);
         if (rc)
             return rc;
     }
-    for (size_t i = 0; i < b->nc; i++) {
-        const struct wb_copy_item *it = &b->c[i];
-        for (uint64_t r = 0; r < it->rows; r++)
-            memmove((uint8_t *)it->dst + r * it->dst_ld, (const uint8_t *)it->src + r * it->src_ld,
-                    it->bytes);
-    }
+    for (size_t i = 0; i < b->nc; i++)
+        n += host_copy(&b->c[i], delta);
+    if (stored)
+        *stored += n;
     return 0;
+}
+
+int wb_quant_batch_run(struct wb_quant_batch *b, void *stream)
+{
+    return wb_quant_batch_run_delta(b, stream, false, NULL);
 }
 
 void wb_quant_batch_free(struct wb_quant_batch *b)

@@ -31,9 +31,9 @@ int qt_dev_batch_create(const struct wb_quant_item *q, size_t nq, const struct w
     return -WB_E_NOGPU;
 }
 
-int qt_dev_batch_run(struct wb_quant_dev_batch *b, void *stream)
+int qt_dev_batch_run(struct wb_quant_dev_batch *b, void *stream, bool delta, uint64_t *stored)
 {
-    (void)b, (void)stream;
+    (void)b, (void)stream, (void)delta, (void)stored;
     return -WB_E_NOGPU;
 }
 

@@ -298,13 +298,79 @@ bool aligned16(const void *p)
     return ((uintptr_t)p & 15) == 0;
 }
 
+/* Bytes stored, summed over the CTA's warps into *stored (one atomic per warp that stored). */
+__device__ __forceinline__ void count_stored(uint32_t n, uint64_t *stored)
+{
+    if (!stored)
+        return;
+    n = __reduce_add_sync(0xffffffffu, n);
+    if ((threadIdx.x & 31) == 0 && n)
+        atomicAdd(reinterpret_cast<unsigned long long *>(stored), (unsigned long long)n);
+}
+
+/* piece_store against a shadow (quant.h, wb_quant_batch_run_delta): each 4-byte unit of a group
+ * (16 bytes from the piece's first column, so units start at the piece's edge) is stored, and
+ * copied into the shadow at sh + (r * sld + c), when !delta or it differs from the shadow's.
+ * Returns the bytes stored. */
+template <int KIND, bool VEC, int THREADS>
+__device__ __forceinline__ uint32_t piece_store_delta(const Piece<KIND, THREADS> &pc, uint8_t *q,
+                                                      uint64_t ld, uint8_t *sh, uint64_t sld,
+                                                      uint64_t r_lo, uint64_t c_lo, uint32_t pcol,
+                                                      float s, bool delta)
+{
+    const uint32_t grp = threadIdx.x & 7;
+    uint32_t n = 0;
+#pragma unroll
+    for (int k = 0; k < Piece<KIND, THREADS>::SLOTS; k++) {
+        if (!pc.live[k])
+            continue;
+        const uint32_t row = (threadIdx.x + k * THREADS) >> 3;
+        const uint64_t c = c_lo + grp * 16;
+        uint8_t *d = q + (r_lo + row) * ld + c, *h = sh + (r_lo + row) * sld + c;
+        const uint4 qv = group_quant<KIND>(pc.w[k], s);
+        const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
+        if (VEC) {
+            const uint4 hv = *reinterpret_cast<const uint4 *>(h);
+            const uint32_t hw[4] = {hv.x, hv.y, hv.z, hv.w};
+            bool any = false;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (!delta || qw[j] != hw[j]) {
+                    reinterpret_cast<uint32_t *>(d)[j] = qw[j];
+                    n += 4;
+                    any = true;
+                }
+            if (any)
+                *reinterpret_cast<uint4 *>(h) = qv;
+        } else {
+            const uint32_t len = min(16u, pcol - grp * 16);
+            for (uint32_t u = 0; u < len; u += 4) {
+                const uint32_t m = min(4u, len - u);
+                bool diff = !delta;
+                for (uint32_t j = 0; j < m; j++)
+                    diff |= h[u + j] != (uint8_t)(qw[(u + j) / 4] >> (8 * ((u + j) % 4)));
+                if (!diff)
+                    continue;
+                for (uint32_t j = 0; j < m; j++) {
+                    const uint8_t v = (uint8_t)(qw[(u + j) / 4] >> (8 * ((u + j) % 4)));
+                    d[u + j] = v;
+                    h[u + j] = v;
+                }
+                n += m;
+            }
+        }
+    }
+    return n;
+}
+
 /* The batch kernel: the fused pass of pass_kernel over many strided tiles. CTA p finds its item
  * (the last whose first piece is <= p) by binary search, then does what pass_kernel does for
  * one block piece, with the item's row strides. Same loads, reduction and conversion, so the
- * bytes are those of the one-tile kernel. */
-template <int KIND, bool VEC>
-__global__ void __launch_bounds__(256)
-    batch_kernel(const wb_quant_dev_qitem *__restrict__ items, uint32_t n)
+ * bytes are those of the one-tile kernel. SHADOW: the items have shadows (changed-only stores,
+ * piece_store_delta; the scale likewise). */
+template <int KIND, bool VEC, bool SHADOW>
+__global__ void __launch_bounds__(256) batch_kernel(const wb_quant_dev_qitem *__restrict__ items,
+                                                    uint32_t n, bool delta, uint64_t *stored)
 {
     constexpr int THREADS = 256;
     __shared__ uint32_t warp_max[THREADS / 32];
@@ -320,26 +386,47 @@ __global__ void __launch_bounds__(256)
     piece_load<KIND, VEC, THREADS>(pc, static_cast<const char *>(it.src), it.src_ld, r_lo, c_lo,
                                    prow, pcol);
     const float amax = wb_amax_final(piece_amax_bits<KIND, THREADS>(pc, warp_max));
-    if (threadIdx.x == 0)
-        it.scale[bi * it.scale_ld + bj] = wb_amax_scale_inv(amax);
-    piece_store<KIND, VEC, THREADS>(pc, it.q, it.q_ld, r_lo, c_lo, pcol, wb_amax_scale(amax));
+    if (!SHADOW) {
+        if (threadIdx.x == 0)
+            it.scale[bi * it.scale_ld + bj] = wb_amax_scale_inv(amax);
+        piece_store<KIND, VEC, THREADS>(pc, it.q, it.q_ld, r_lo, c_lo, pcol, wb_amax_scale(amax));
+        return;
+    }
+    uint32_t stored_n = 0;
+    if (threadIdx.x == 0) {
+        const float si = wb_amax_scale_inv(amax);
+        float *hs = it.shadow_scale + bi * it.gcols + bj;
+        if (!delta || __float_as_uint(*hs) != __float_as_uint(si)) {
+            it.scale[bi * it.scale_ld + bj] = si;
+            *hs = si;
+            stored_n = 4;
+        }
+    }
+    stored_n += piece_store_delta<KIND, VEC, THREADS>(pc, it.q, it.q_ld, it.shadow, it.cols, r_lo,
+                                                      c_lo, pcol, wb_amax_scale(amax), delta);
+    count_stored(stored_n, stored);
 }
 
 template <int KIND>
 cudaError_t batch_launch(const wb_quant_dev_qitem *items, uint32_t n, unsigned pieces, bool vec,
-                         cudaStream_t st)
+                         bool shadow, bool delta, uint64_t *stored, cudaStream_t st)
 {
-    if (vec)
-        batch_kernel<KIND, true><<<pieces, 256, 0, st>>>(items, n);
+    if (shadow && vec)
+        batch_kernel<KIND, true, true><<<pieces, 256, 0, st>>>(items, n, delta, stored);
+    else if (shadow)
+        batch_kernel<KIND, false, true><<<pieces, 256, 0, st>>>(items, n, delta, stored);
+    else if (vec)
+        batch_kernel<KIND, true, false><<<pieces, 256, 0, st>>>(items, n, delta, stored);
     else
-        batch_kernel<KIND, false><<<pieces, 256, 0, st>>>(items, n);
+        batch_kernel<KIND, false, false><<<pieces, 256, 0, st>>>(items, n, delta, stored);
     return cudaGetLastError();
 }
 
 } // namespace
 
 extern "C" int qt_dev_fp8_batch(const struct wb_quant_dev_qitem *items, size_t n, uint64_t pieces,
-                                enum wb_dtype dtype, bool vec, void *stream)
+                                enum wb_dtype dtype, bool vec, bool shadow, bool delta,
+                                uint64_t *stored, void *stream)
 {
     if (!n || !pieces)
         return 0;
@@ -352,13 +439,16 @@ extern "C" int qt_dev_fp8_batch(const struct wb_quant_dev_qitem *items, size_t n
     cudaError_t e;
     switch (dtype) {
     case WB_DTYPE_BF16:
-        e = batch_launch<K_BF16>(items, (uint32_t)n, (unsigned)pieces, vec, st);
+        e = batch_launch<K_BF16>(items, (uint32_t)n, (unsigned)pieces, vec, shadow, delta, stored,
+                                 st);
         break;
     case WB_DTYPE_FP16:
-        e = batch_launch<K_FP16>(items, (uint32_t)n, (unsigned)pieces, vec, st);
+        e = batch_launch<K_FP16>(items, (uint32_t)n, (unsigned)pieces, vec, shadow, delta, stored,
+                                 st);
         break;
     default:
-        e = batch_launch<K_FP32>(items, (uint32_t)n, (unsigned)pieces, vec, st);
+        e = batch_launch<K_FP32>(items, (uint32_t)n, (unsigned)pieces, vec, shadow, delta, stored,
+                                 st);
         break;
     }
     return wb_quant_cuda_err(e, "batch quantization kernel launch");

@@ -171,6 +171,12 @@ struct wb_quant_item {
     uint64_t scale_ld; /* floats */
     uint64_t rows, cols;
     uint64_t row0, col0;
+    /* Optional (wb_quant_batch_run_delta): what the destination holds, kept by the caller —
+     * the item's e4m3 bytes, rows x cols with row stride cols, and its scales, the grid's
+     * rows x columns (wb_quant_fp8_grid over all rows) with row stride its columns. Both or
+     * neither; they must not overlap the destination. */
+    uint8_t *shadow;
+    float *shadow_scale;
 };
 
 /* A 2-D byte copy: rows rows of `bytes` bytes, row r from src + r * src_ld to dst + r * dst_ld
@@ -179,6 +185,7 @@ struct wb_copy_item {
     const void *src;
     void *dst;
     uint64_t rows, bytes, src_ld, dst_ld;
+    void *shadow; /* optional: what dst holds, rows x bytes, row stride bytes (below) */
 };
 
 struct wb_quant_batch;
@@ -192,6 +199,18 @@ int wb_quant_batch_create(const struct wb_quant_exec *ex, const struct wb_quant_
  * batch wrote). Device: enqueued on `stream`, one launch per source dtype and alignment class
  * plus one for the copies. Host: done on return. */
 int wb_quant_batch_run(struct wb_quant_batch *b, void *stream);
+/* Changed-only stores: the same run, where an item with a shadow stores into its destination
+ * only the units whose new value differs from the shadow's, and the shadow follows (delta), or
+ * stores every unit and fills the shadow with it (!delta: a full update that seeds the
+ * shadow). A unit is 4 bytes: of a quantization's e4m3 bytes, counted in each row from the tile's
+ * first column and from every 128-column block edge of the global grid after it (the last unit
+ * before an edge or the row's end is shorter); of a copy's bytes, counted from each row's start;
+ * and each scale (4 bytes). Items without a shadow store everything. Exact only where the
+ * destination holds what the shadow holds: the caller's promise (a destination written by
+ * anything else since must get !delta). When stored is not NULL, the bytes of the units stored
+ * through items with a shadow are added to *stored (device memory for a device batch, ordered
+ * on stream; host memory otherwise). */
+int wb_quant_batch_run_delta(struct wb_quant_batch *b, void *stream, bool delta, uint64_t *stored);
 void wb_quant_batch_free(struct wb_quant_batch *b);
 
 /* ---------------------------------------------------------------- device buffers */

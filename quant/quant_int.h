@@ -66,14 +66,17 @@ struct wb_quant_dev_qitem {
     uint64_t src_ld, q_ld, scale_ld, rows, cols, row0, col0;
     uint64_t grow, gcol, gcols; /* the item's grid: first global block, block columns */
     uint64_t first;
+    uint8_t *shadow; /* wb_quant_item's, NULL: none */
+    float *shadow_scale;
 };
 /* Enqueues the batch kernel over n device-resident items holding `pieces` block pieces. */
 int qt_dev_fp8_batch(const struct wb_quant_dev_qitem *items, size_t n, uint64_t pieces,
-                     enum wb_dtype dtype, bool vec, void *stream);
+                     enum wb_dtype dtype, bool vec, bool shadow, bool delta, uint64_t *stored,
+                     void *stream);
 struct wb_quant_dev_batch;
 int qt_dev_batch_create(const struct wb_quant_item *q, size_t nq, const struct wb_copy_item *c,
                         size_t nc, struct wb_quant_dev_batch **out);
-int qt_dev_batch_run(struct wb_quant_dev_batch *b, void *stream);
+int qt_dev_batch_run(struct wb_quant_dev_batch *b, void *stream, bool delta, uint64_t *stored);
 void qt_dev_batch_free(struct wb_quant_dev_batch *b);
 
 /* NVIDIA's own host conversion __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) from

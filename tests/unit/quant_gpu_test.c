@@ -459,9 +459,139 @@ static void test_gpu_batch(void)
     free(got);
 }
 
+/* Changed-only stores on the device (wb_quant_batch_run_delta) against the host path, which
+ * quant_test's batch_delta checks independently: tiles of every class (16-byte BF16, an
+ * element-wise tile whose origin is inside a block, FP32) and copies (16-byte, odd) with shadows,
+ * seeded by a full run, then a delta run after a small change of the sources, then one after
+ * none: destinations, shadows and the bytes stored equal the host's at each step. */
+static void test_gpu_batch_delta(void)
+{
+    need_gpu();
+    enum { SR = 600, SC = 640, QA = 1 << 20, SA = 4096, CA = 1 << 18, HA = 1 << 20 };
+    const enum wb_dtype dts[2] = {WB_DTYPE_BF16, WB_DTYPE_FP32};
+    void *src[2], *dsrc[2];
+    for (int d = 0; d < 2; d++)
+        src[d] = random_tensor(dts[d], SR, SC, 21 + d, false);
+    uint8_t *hq = calloc(1, QA), *hs = calloc(1, SA), *hc = calloc(1, CA), *hh = calloc(1, HA);
+    uint8_t *got = malloc(QA);
+    CHECK(hq && hs && hc && hh && got);
+    uint8_t *dq = to_dev(hq, QA), *ds = to_dev(hs, SA), *dc = to_dev(hc, CA), *dh = to_dev(hh, HA);
+    /* {dtype, rows, cols, row0, col0, q at, scales at, shadow at, shadow scales at} */
+    static const struct {
+        int dt;
+        uint64_t r, c, row0, col0, q_at, s_at, h_at, hs_at;
+    } T[] = {
+        {0, 256, 512, 0, 0, 0, 0, 0, 900000},               /* 16-byte class */
+        {0, 130, 200, 50, 70, 200000, 256, 200000, 900400}, /* element-wise, mid-block */
+        {1, 140, 272, 0, 16, 300000, 512, 300000, 900800},  /* fp32 */
+    };
+    struct wb_quant_item hi[3], di[3];
+    for (int i = 0; i < 3; i++) {
+        enum wb_dtype dt = dts[T[i].dt];
+        uint64_t gc = wb_quant_blocks(T[i].col0 % WB_FP8_BLOCK + T[i].c);
+        hi[i] = (struct wb_quant_item){dt,
+                                       src[T[i].dt],
+                                       SC,
+                                       hq + T[i].q_at,
+                                       T[i].c,
+                                       (float *)(hs + T[i].s_at),
+                                       gc,
+                                       T[i].r,
+                                       T[i].c,
+                                       T[i].row0,
+                                       T[i].col0,
+                                       hh + T[i].h_at,
+                                       (float *)(hh + T[i].hs_at)};
+        di[i] = hi[i];
+        di[i].q = dq + T[i].q_at;
+        di[i].scale = (float *)(ds + T[i].s_at);
+        di[i].shadow = dh + T[i].h_at;
+        di[i].shadow_scale = (float *)(dh + T[i].hs_at);
+    }
+    struct wb_copy_item hcp[2] = {{hq, hc, 1, 65536, 65536, 65536, hh + 500000},
+                                  {hq + 3, hc + 70001, 33, 77, 101, 99, hh + 600000}};
+    struct wb_copy_item dcp[2];
+    for (int i = 0; i < 2; i++) {
+        dcp[i] = hcp[i];
+        dcp[i].src = dq + ((const uint8_t *)hcp[i].src - hq);
+        dcp[i].dst = dc + ((uint8_t *)hcp[i].dst - hc);
+        dcp[i].shadow = dh + ((uint8_t *)hcp[i].shadow - hh);
+    }
+    uint64_t *dn = NULL;
+    CHECK_INT(wb_quant_gpu_alloc(sizeof(uint64_t), (void **)&dn), 0);
+    struct wb_quant_batch *hb, *db;
+    CHECK_INT(wb_quant_batch_create(&HOST, hi, 3, hcp, 2, &hb), 0);
+    CHECK_INT(wb_quant_batch_create(&DEV, di, 3, dcp, 2, &db), 0);
+    uint64_t seed = 77;
+    for (int step = 0; step < 3; step++) {
+        if (step == 1) /* a small step: 2000 elements move by 1/8 of their exponent's step */
+            for (int k = 0; k < 2000; k++) {
+                uint64_t e = rng_next(&seed) % ((uint64_t)SR * SC);
+                if (k % 2)
+                    ((uint32_t *)src[1])[e] ^= 1u << 20;
+                else
+                    ((uint16_t *)src[0])[e] ^= 1u << 4;
+            }
+        for (int d = 0; d < 2; d++) {
+            if (step < 2) {
+                if (step)
+                    wb_quant_gpu_free(dsrc[d]);
+                dsrc[d] = to_dev(src[d], (size_t)SR * SC * wb_dtype_size(dts[d]));
+            }
+        }
+        if (step < 2) { /* the device items read the new copies */
+            wb_quant_batch_free(db);
+            for (int i = 0; i < 3; i++)
+                di[i].src = dsrc[T[i].dt];
+            CHECK_INT(wb_quant_batch_create(&DEV, di, 3, dcp, 2, &db), 0);
+        }
+        uint64_t hn = 0, zero = 0, dnh = 0;
+        CHECK_INT(wb_quant_gpu_copy(dn, &zero, sizeof(zero), NULL), 0);
+        CHECK_INT(wb_quant_batch_run_delta(hb, NULL, step > 0, &hn), 0);
+        CHECK_INT(wb_quant_batch_run_delta(db, NULL, step > 0, dn), 0);
+        CHECK_INT(wb_quant_gpu_sync(NULL), 0);
+        CHECK_INT(wb_quant_gpu_copy(&dnh, dn, sizeof(dnh), NULL), 0);
+        CHECK_INT(wb_quant_gpu_sync(NULL), 0);
+        CHECK_INT(dnh, hn);
+        if (step == 2)
+            CHECK_INT(hn, 0);
+        if (step == 1)
+            CHECK(hn > 0);
+        from_dev(got, dq, QA);
+        CHECK_MEM(got, hq, QA);
+        from_dev(got, ds, SA);
+        CHECK_MEM(got, hs, SA);
+        from_dev(got, dc, CA);
+        CHECK_MEM(got, hc, CA);
+        from_dev(got, dh, HA);
+        CHECK_MEM(got, hh, HA);
+    }
+    wb_quant_batch_free(hb);
+    wb_quant_batch_free(db);
+    for (int d = 0; d < 2; d++) {
+        free(src[d]);
+        wb_quant_gpu_free(dsrc[d]);
+    }
+    wb_quant_gpu_free(dn);
+    wb_quant_gpu_free(dq);
+    wb_quant_gpu_free(ds);
+    wb_quant_gpu_free(dc);
+    wb_quant_gpu_free(dh);
+    free(hq);
+    free(hs);
+    free(hc);
+    free(hh);
+    free(got);
+}
+
 const struct wb_test wb_tests[] = {
-    {"gpu_batch", test_gpu_batch, 0}, {"gpu_block", test_gpu_block, 120},
-    {"gpu_split", test_gpu_split, 0}, {"gpu_pack", test_gpu_pack, 0},
-    {"gpu_cast", test_gpu_cast, 0},   {"gpu_encoder_sweep", test_gpu_encoder_sweep, 0},
-    {"gpu_auto", test_gpu_auto, 0},   {0},
+    {"gpu_batch", test_gpu_batch, 0},
+    {"gpu_batch_delta", test_gpu_batch_delta, 0},
+    {"gpu_block", test_gpu_block, 120},
+    {"gpu_split", test_gpu_split, 0},
+    {"gpu_pack", test_gpu_pack, 0},
+    {"gpu_cast", test_gpu_cast, 0},
+    {"gpu_encoder_sweep", test_gpu_encoder_sweep, 0},
+    {"gpu_auto", test_gpu_auto, 0},
+    {0},
 };

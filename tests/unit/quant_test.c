@@ -675,8 +675,142 @@ static void test_batch_host(void)
     free(cpy);
 }
 
+/* The 4-byte units of a quantized tile's row that differ between a and b (quant.h's units:
+ * from column 0 and from every 128-column edge of the global grid), counted independently of
+ * batch.c: a unit is [c, next) with next the nearer of c + 4, the next edge and the row end. */
+static uint64_t units_differing(const uint8_t *a, const uint8_t *b, uint64_t rows, uint64_t cols,
+                                uint64_t col0, uint64_t *first_same)
+{
+    uint64_t n = 0;
+    *first_same = UINT64_MAX;
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t start = 0;
+        for (uint64_t c = 1; c <= cols; c++) {
+            if (c < cols && c - start < 4 && (col0 + c) % 128 != 0)
+                continue;
+            if (memcmp(a + r * cols + start, b + r * cols + start, c - start))
+                n += c - start;
+            else if (*first_same == UINT64_MAX)
+                *first_same = r * cols + start;
+            start = c;
+        }
+    }
+    return n;
+}
+
+/* Changed-only stores on the host (wb_quant_batch_run_delta): a full run seeds the shadows and
+ * stores everything; after a few source elements change, a delta run leaves the destination
+ * equal to a plain run's output on the new values, stores exactly the differing units (counted
+ * independently) and scales, and stores nothing else: a byte of an unchanged unit, flipped in
+ * the destination beforehand, stays flipped. Copies likewise, in units from each row's start. */
+static void test_batch_delta(void)
+{
+    setenv("WB_LOG", "warn", 1);
+    enum { R = 260, C = 300, LD = 320, COL0 = 100, GR = 3, GC = 4 }; /* cols 100..400: 4 blocks */
+    uint16_t *src = malloc(R * LD * 2);
+    uint8_t *q = malloc(R * C), *ref0 = malloc(R * C), *ref1 = malloc(R * C), *sh = malloc(R * C);
+    float s[GR * GC], s0[GR * GC], s1[GR * GC], ssh[GR * GC];
+    CHECK(src && q && ref0 && ref1 && sh);
+    uint64_t seed = 9;
+    for (int i = 0; i < R * LD; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        src[i] = wb_f32_to_bf16((float)(int32_t)(seed >> 40) / (float)(1 << 20));
+    }
+    struct wb_quant_item plain = {WB_DTYPE_BF16, src, LD, ref0, C, s0, GC, R, C, 0, COL0};
+    struct wb_quant_item it = plain;
+    it.q = q;
+    it.scale = s;
+    it.shadow = sh;
+    it.shadow_scale = ssh;
+    struct wb_quant_batch *pb = NULL, *db = NULL;
+    CHECK_INT(wb_quant_batch_create(&HOST, &plain, 1, NULL, 0, &pb), 0);
+    CHECK_INT(wb_quant_batch_create(&HOST, &it, 1, NULL, 0, &db), 0);
+    CHECK_INT(wb_quant_batch_run(pb, NULL), 0);
+    uint64_t stored = 0;
+    CHECK_INT(wb_quant_batch_run_delta(db, NULL, false, &stored), 0);
+    CHECK_INT(stored, (uint64_t)R * C + 4 * GR * GC);
+    CHECK_MEM(q, ref0, R * C);
+    CHECK_MEM(sh, ref0, R * C);
+    CHECK_MEM(s, s0, sizeof(s));
+    CHECK_MEM(ssh, s0, sizeof(s));
+    /* a small step: 40 elements move by a few ulps, one block's largest grows */
+    for (int k = 0; k < 40; k++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t e = (seed >> 20) % R * LD + (seed >> 44) % C;
+        src[e] = (uint16_t)(src[e] + 3);
+    }
+    src[5 * LD + 50] = wb_f32_to_bf16(4096.0f);
+    plain.q = ref1;
+    plain.scale = s1;
+    wb_quant_batch_free(pb);
+    CHECK_INT(wb_quant_batch_create(&HOST, &plain, 1, NULL, 0, &pb), 0);
+    CHECK_INT(wb_quant_batch_run(pb, NULL), 0);
+    uint64_t same, want = units_differing(ref0, ref1, R, C, COL0, &same);
+    uint64_t nscales = 0;
+    for (int i = 0; i < GR * GC; i++)
+        nscales += memcmp(&s0[i], &s1[i], 4) != 0;
+    CHECK(want > 0 && want < (uint64_t)R * C / 3); /* one block rescaled, 40 elements */
+    CHECK_INT(nscales, 1);
+    CHECK(same != UINT64_MAX);
+    q[same] ^= 0xff; /* not the shadow's: a unit that does not change is not stored */
+    stored = 0;
+    CHECK_INT(wb_quant_batch_run_delta(db, NULL, true, &stored), 0);
+    CHECK_INT(stored, want + 4 * nscales);
+    CHECK_INT(q[same], ref1[same] ^ 0xff);
+    q[same] ^= 0xff;
+    CHECK_MEM(q, ref1, R * C);
+    CHECK_MEM(sh, ref1, R * C);
+    CHECK_MEM(s, s1, sizeof(s));
+    CHECK_MEM(ssh, s1, sizeof(s));
+    /* nothing changed: nothing stored */
+    stored = 0;
+    CHECK_INT(wb_quant_batch_run_delta(db, NULL, true, &stored), 0);
+    CHECK_INT(stored, 0);
+    wb_quant_batch_free(pb);
+    wb_quant_batch_free(db);
+
+    /* a 2-D copy: rows of 10 bytes (units 4, 4, 2) */
+    uint8_t cs[3 * 16], cd[3 * 12], csh[3 * 10];
+    for (int i = 0; i < (int)sizeof(cs); i++)
+        cs[i] = (uint8_t)(i * 7);
+    memset(cd, 0x5a, sizeof(cd));
+    struct wb_copy_item cp = {cs, cd, 3, 10, 16, 12, csh};
+    CHECK_INT(wb_quant_batch_create(&HOST, NULL, 0, &cp, 1, &db), 0);
+    stored = 0;
+    CHECK_INT(wb_quant_batch_run_delta(db, NULL, false, &stored), 0);
+    CHECK_INT(stored, 30);
+    cs[16 + 9] ^= 1;   /* row 1, the short unit */
+    cs[32 + 0] ^= 1;   /* row 2, its first unit */
+    cd[24 + 5] = 0x11; /* row 2's second unit does not change: stays */
+    stored = 0;
+    CHECK_INT(wb_quant_batch_run_delta(db, NULL, true, &stored), 0);
+    CHECK_INT(stored, 2 + 4);
+    for (int r = 0; r < 3; r++)
+        for (int c = 0; c < 10; c++) {
+            CHECK_INT(cd[r * 12 + c], r == 2 && c == 5 ? 0x11 : cs[r * 16 + c]);
+            CHECK_INT(csh[r * 10 + c], cs[r * 16 + c]);
+        }
+    CHECK_INT(cd[10], 0x5a); /* the stride's gap untouched */
+    wb_quant_batch_free(db);
+
+    char buf[512];
+    struct wb_test_stderr c;
+    it.shadow_scale = NULL;
+    wb_test_stderr_begin(&c);
+    CHECK_INT(wb_quant_batch_create(&HOST, &it, 1, NULL, 0, &db), -EINVAL);
+    CHECK_STR(wb_test_stderr_end(&c, buf, sizeof(buf)),
+              "wb error quant: wb_quant_batch_create: quantization 0: it has a shadow for its "
+              "bytes or its scales but not both\n");
+    free(src);
+    free(q);
+    free(ref0);
+    free(ref1);
+    free(sh);
+}
+
 const struct wb_test wb_tests[] = {
     {"batch_host", test_batch_host, 0},
+    {"batch_delta", test_batch_delta, 0},
     {"encoder_specials", test_encoder_specials, 0},
     {"encoder_bf16_all", test_encoder_bf16_all, 120},
     {"encoder_fp32_sweep", test_encoder_fp32_sweep, 120},

@@ -60,20 +60,20 @@ struct wb_endpoint_opts {
     int32_t device;         /* GPU index of the tensors, -1 = host memory */
     const char *controller; /* nng URL */
     const char *token;
-    bool synthetic;        /* wb-agent: hold what the plan assigns, synthetic values */
-    const char *trace;     /* a directory for this agent's Chrome traces, one file per version
-                              (<role><rank>.v<version>.json), instead of the job's trace:
-                              directory; NULL: the job's */
-    uint64_t give_up_ns;   /* stop when the controller cannot be reached (no connection, no
-                              answer) this long (0: trainers 30 s, rollouts never: they keep
-                              the weights and wait); one that answers slowly is waited for */
-    uint64_t pace_ns;      /* testing: extra delay before each task starts (0 = none) */
-    const char *tx_domain; /* transport domain (NIC / interface), NULL = the provider's choice */
-    const char *dump;      /* rollouts: directory for rollout<rank>.v<N>.bin after each version */
-    const char *tx_extra;  /* more transport config lines (YAML, wb_tx_cfg keys), or NULL */
-    uint64_t dump_from;    /* rollouts: dump only versions >= this (0: every version) */
-    const char *corrupt;   /* testing (rollouts of a verifying job): once this tensor landed,
-                              flip its first byte before it is checked */
+    bool synthetic;         /* wb-agent: hold what the plan assigns, synthetic values */
+    const char *trace;      /* a directory for this agent's Chrome traces, one file per version
+                               (<role><rank>.v<version>.json), instead of the job's trace:
+                               directory; NULL: the job's */
+    uint64_t give_up_ns;    /* stop when the controller cannot be reached (no connection, no
+                               answer) this long (0: trainers 30 s, rollouts never: they keep
+                               the weights and wait); one that answers slowly is waited for */
+    uint64_t pace_ns;       /* testing: extra delay before each task starts (0 = none) */
+    const char *tx_domain;  /* transport domain (NIC / interface), NULL = the provider's choice */
+    const char *dump;       /* rollouts: directory for rollout<rank>.v<N>.bin after each version */
+    const char *tx_extra;   /* more transport config lines (YAML, wb_tx_cfg keys), or NULL */
+    uint64_t dump_from;     /* rollouts: dump only versions >= this (0: every version) */
+    const char *corrupt;    /* testing (rollouts of a verifying job): once this tensor landed,
+                               flip its first byte before it is checked */
     uint64_t corrupt_delta; /* testing (trainers of a delta job): in this version, leave one
                                changed byte out of the deltas, as a shadow that held it would */
 };

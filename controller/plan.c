@@ -401,6 +401,8 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
     }
     struct sums sums = {0};
     struct dslabs ds = {0};
+    bool ipc = job->provider &&
+               (strcmp(job->provider, "cudaipc") == 0 || strcmp(job->provider, "cuda_ipc") == 0);
     size_t ntr = (size_t)p->ntrainers * p->nrollouts + 1;
     err = scope_init(p);
     err = err || !job->verify ? err : sums_init(&sums, p, plan);
@@ -409,7 +411,9 @@ static int plan_encode(const struct wb_job *job, struct ctl_plan *p, struct wb_m
     for (uint32_t r = 0; !err && r < p->ntrainers; r++) {
         const struct wb_route_table *t = wb_plan_table(plan, r, &tb);
         err = t ? table_rank(p, job->verify ? &sums : NULL, t, r) : -ENOMEM;
-        if (!err && ds.bytes)
+        /* CUDA IPC registers device memory only: no host inbox, its slabs are empty (pipeline
+         * writes go whole; the direct path stores changes itself, agent/direct.c) */
+        if (!err && ds.bytes && !ipc)
             delta_rank(&ds, p->nrollouts, t, r);
     }
     err = err || !ds.bytes ? err : delta_encode(&ds, p);

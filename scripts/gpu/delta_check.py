@@ -248,12 +248,14 @@ def job_file(tmp, a):
     path = os.path.join(tmp, "job.yaml")
     with open(os.path.join(tmp, "rollout.yaml"), "w") as f:
         f.write("replicas: 1\ntp: 1\ngpus_per_replica: 1\ngpus_per_node: 8\n")
+    with open(os.path.join(tmp, "trainer.yaml"), "w") as f:  # one trainer holding every tensor
+        f.write("world_size: 1\nmesh: [{name: dp, size: 1}]\nplacements: [{match: \"*\", place: {}}]\n")
     with open(path, "w") as f:
         f.write(f"""name: delta-check
 model:
   rules: {RULES}
   hf_config: {os.path.join(tmp, "config.json")}
-trainers: 1
+trainer_layout: {os.path.join(tmp, "trainer.yaml")}
 rollout_layout: {os.path.join(tmp, "rollout.yaml")}
 provider: cudaipc
 mem_cap: 4GiB
@@ -305,6 +307,7 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--deadline", type=float, default=1800, help="seconds before the run is ended")
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -340,7 +343,7 @@ def main():
              subprocess.Popen(me + ["--role", "trainer", url, tmp])]
     rc = 0
     try:
-        deadline = time.time() + 1800
+        deadline = time.time() + a.deadline
         while True:
             codes = [p.poll() for p in procs]
             if any(c not in (None, 0) for c in codes) or time.time() > deadline:

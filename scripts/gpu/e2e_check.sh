@@ -110,13 +110,14 @@ model:
   rules: ${rules_file:-$root/configs/models/qwen3_moe.yaml}
   hf_config: $config
 trainer_layout: $trainer
-rollout_layout: $root/configs/jobs/demo/rollout.yaml
+rollout_layout: ${rollout_file:-$root/configs/jobs/demo/rollout.yaml}
 mode: $mode
 mem_cap: $cap
 seed: 42
 provider: $provider
 heartbeat: 200ms
 dead_after: 3s
+${extra_keys:-}
 EOF
     echo
     echo "== $name: provider $provider, mode $mode, parameters in $residence memory; trainers on GPU 0, rollouts on GPU $rdev"
@@ -130,8 +131,10 @@ EOF
             --trace "$dir/traces" >"$dir/trainer$r.log" 2>&1 &
         pids+=($!)
     done
-    for r in 0 1; do
-        "$bin/wb-agent" --role rollout --rank $r --device $rdev --controller "$url" "${dom[@]}" \
+    for r in $(seq 0 $((${nrollouts:-2} - 1))); do # replica 1's ranks on GPU rdev2
+        local dev=$rdev
+        [ "$r" -ge 2 ] && dev=${rdev2:-$rdev}
+        "$bin/wb-agent" --role rollout --rank $r --device $dev --controller "$url" "${dom[@]}" \
             --dump "$dir/dump" >"$dir/rollout$r.log" 2>&1 &
         pids+=($!)
     done
@@ -212,6 +215,18 @@ config m9amax hidden_size=2048 intermediate_size=6144 moe_intermediate_size=768 
     num_attention_heads=16 num_key_value_heads=1 num_experts=16 num_hidden_layers=52 \
     vocab_size=32768
 run m9amax-cudaipc-auto cudaipc auto "$tmp/m9amax.json" 1GiB 1
+# relays (#30): two replicas of the demo's TP 2 rollout — replica 0 on the rollouts' GPU, replica 1
+# on GPU 0 beside the trainers (with two GPUs: 1 trainer GPU -> a rollout GPU relaying back to
+# a second replica) — without relay (the trainers write both) and with relay: chain (they write
+# replica 0, which forwards every tensor to replica 1 over CUDA IPC); every byte of both verified
+printf 'replicas: 2\ngpus_per_replica: 2\ntp: 2\ngpus_per_node: 2\n' >"$tmp/rollout2.yaml"
+rollout_file=$tmp/rollout2.yaml nrollouts=4 rdev2=0
+run relay-off-large cudaipc auto "$tmp/large.json" 1GiB
+extra_keys="relay: chain" run relay-chain-large cudaipc auto "$tmp/large.json" 1GiB
+run relay-off-m9 cudaipc auto "$tmp/m9amax.json" 1GiB 1
+extra_keys="relay: chain" run relay-chain-m9 cudaipc auto "$tmp/m9amax.json" 1GiB 1
+unset rollout_file nrollouts rdev2
+
 # host residence, as the Kimi-K2 and Qwen3-235B layouts: the AMAX ops read what H2D copies wrote
 run amax3-host-cudaipc cudaipc auto "$tmp/amax3.json" 4MiB 0 host
 run m9amax-host-cudaipc cudaipc auto "$tmp/m9amax.json" 1GiB 1 host

@@ -1622,6 +1622,23 @@ static int sim_alloc(struct sim *s, struct wb_estimate *e)
         }                                                                                          \
     } while (0)
 
+/* The trainers' own bounds, with or without relays: each rank's copy engine, GPU and CPU. */
+static double trainer_bounds(const struct sim *s, double lb, char *bound, size_t cap)
+{
+    for (uint32_t r = 0; r < s->nt; r++) {
+        double h = 0, q = 0, cpu = 0;
+        for (uint32_t k = 0; k < s->rs[r].nt; k++) {
+            h += s->task[s->rs[r].t0 + k].h2d_s;
+            q += s->task[s->rs[r].t0 + k].gpu_s;
+            cpu += s->task[s->rs[r].t0 + k].submit_s;
+        }
+        BOUND(h, "trainer rank %u's host-to-device copies", r);
+        BOUND(q, "trainer rank %u's GPU ops (fuse, cast, quantize)", r);
+        BOUND(cpu, "trainer rank %u's CPU (launching ops, posting writes)", r);
+    }
+    return lb;
+}
+
 /* The lower bound: the busiest NIC (writes plus gathers that leave the node), copy engine, GPU
  * or CPU at full speed; `bound` names it. */
 static int lower_bound(const struct sim *s, double te, double re, double *out, char *bound,
@@ -1657,17 +1674,7 @@ static int lower_bound(const struct sim *s, double te, double re, double *out, c
               "rollout rank %u's NIC ingress (replica %u, tp rank %u): %s at %.1f GB/s", g,
               rl->replica, rl->tp_rank, wb_fmt_bytes(s->p->stats.recv_bytes[g], b1, 32), re / 1e9);
     }
-    for (uint32_t r = 0; r < s->nt; r++) {
-        double h = 0, q = 0, cpu = 0;
-        for (uint32_t k = 0; k < s->rs[r].nt; k++) {
-            h += s->task[s->rs[r].t0 + k].h2d_s;
-            q += s->task[s->rs[r].t0 + k].gpu_s;
-            cpu += s->task[s->rs[r].t0 + k].submit_s;
-        }
-        BOUND(h, "trainer rank %u's host-to-device copies", r);
-        BOUND(q, "trainer rank %u's GPU ops (fuse, cast, quantize)", r);
-        BOUND(cpu, "trainer rank %u's CPU (launching ops, posting writes)", r);
-    }
+    lb = trainer_bounds(s, lb, bound, cap);
     *out = lb;
     return 0;
 }
@@ -1702,17 +1709,7 @@ static int relay_bound(const struct sim *s, double te, double re, double *out, c
               o ? "egress" : "ingress", j, o ? "relaying" : "its own bytes",
               wb_fmt_bytes(o ? outb : in, b1, 32), re / 1e9);
     }
-    for (uint32_t r = 0; r < s->nt; r++) {
-        double h = 0, q = 0, cpu = 0;
-        for (uint32_t k = 0; k < s->rs[r].nt; k++) {
-            h += s->task[s->rs[r].t0 + k].h2d_s;
-            q += s->task[s->rs[r].t0 + k].gpu_s;
-            cpu += s->task[s->rs[r].t0 + k].submit_s;
-        }
-        BOUND(h, "trainer rank %u's host-to-device copies", r);
-        BOUND(q, "trainer rank %u's GPU ops (fuse, cast, quantize)", r);
-        BOUND(cpu, "trainer rank %u's CPU (launching ops, posting writes)", r);
-    }
+    lb = trainer_bounds(s, lb, bound, cap);
     *out = lb;
     return 0;
 }

@@ -112,6 +112,10 @@ cleanup() {
     for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
     wait 2>/dev/null
     for n in "${nodes[@]}"; do ip netns del "$pre-$n" 2>/dev/null; done
+    # a namespace something still holds (a socket closing) outlives its name, and so does its
+    # veth pair: deleting our end deletes both, so no stray interface is left in the root
+    # namespace for later programs to bind to
+    for n in "${nodes[@]}"; do ip link del "$pre$n" 2>/dev/null; done
     ip link del "$br" 2>/dev/null
     rm -rf "$work/dump" "$work"/*.yaml "$work"/*.json
     [ "$logs" = "$work/logs" ] && rm -rf "$work"

@@ -15,10 +15,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 build=$(cd "$bin/.." && pwd)
 
-# leftovers of run PID (its namespaces, bridge, processes), or nothing
+# leftovers of run PID (its namespaces, bridge, interfaces, processes), or nothing
 leftovers() {
     ip netns list 2>/dev/null | grep "^wbs$1-"
     ip link show "wbs${1}b" >/dev/null 2>&1 && echo "bridge wbs${1}b"
+    ip -br link 2>/dev/null | awk -v p="wbs$1" 'index($1, p) == 1 { sub(/@.*/, "", $1); print "interface " $1 }'
     for f in "$2"/*/pids; do
         [ -f "$f" ] || continue
         while read -r p; do kill -0 "$p" 2>/dev/null && echo "process $p"; done <"$f"

@@ -158,12 +158,12 @@ if start "" && xfer 1 && xfer 2 && stop; then ok tree; else
 fi
 
 echo "relay killed ..."
-# Paced trainers (150 ms before each of their 21 tasks): the transfer runs for 3 s at least,
+# Paced trainers (400 ms before each of their 21 tasks): the transfer runs for 8 s at least,
 # and the relay is killed as soon as its status says it is in the attempt.
 job killed $'relay: chain\ndead_after: 3s'
 why=""
 killed_ok=0
-if start "--pace 150ms" && xfer 1; then
+if start "--pace 400ms" && xfer 1; then
     ctl --timeout 120s transfer --version 2 >"$dir/xfer2.out" 2>&1 &
     xpid=$!
     for _ in $(seq 400); do # until rollout rank 2 is in the attempt
@@ -194,7 +194,7 @@ echo "relay dropped ..."
 job dropped $'relay: tree\nrelay_fanout: 2\nmin_replicas: 2\ndead_after: 3s'
 why=""
 dropped_ok=0
-if start "--pace 150ms" && xfer 1; then
+if start "--pace 400ms" && xfer 1; then
     ctl --timeout 120s transfer --version 2 >"$dir/xfer2.out" 2>&1 &
     xpid=$!
     for _ in $(seq 400); do

@@ -209,6 +209,9 @@ EOF
 
 # ---------------------------------------------------------------- one configuration
 in_ns() { local n=$1; shift; ip netns exec "$pre-$n" "$@"; }
+# the same for a program started with &: exec, so that $! is the program itself (a killed
+# subshell would leave it running, holding its namespace and veth pair)
+bg_ns() { local n=$1; shift; exec ip netns exec "$pre-$n" "$@"; }
 ctl() { in_ns c "$bin/wb-ctl" -c "$url" "$@"; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
@@ -220,10 +223,10 @@ run() {
     mkdir -p "$work/dump"
     job "$extra" >"$work/job-$label.yaml"
     pids=()
-    in_ns c "$bin/wb-controller" --config "$work/job-$label.yaml" >"$d/controller.log" 2>&1 &
+    bg_ns c "$bin/wb-controller" --config "$work/job-$label.yaml" >"$d/controller.log" 2>&1 &
     pids+=($!)
     for ((r = 0; r < trainers; r++)); do
-        WB_LOG=info in_ns t "$bin/wb-agent" --role trainer --rank $r --controller "$url" \
+        WB_LOG=info bg_ns t "$bin/wb-agent" --role trainer --rank $r --controller "$url" \
             --tx-domain wb0 >"$d/trainer$r.log" 2>&1 &
         pids+=($!)
     done
@@ -232,7 +235,7 @@ run() {
     local from=$((versions + 1)) total=$((versions + 1))
     [ $smoke -eq 1 ] && from=1 total=$versions
     for ((q = 0; q < replicas * tp; q++)); do
-        in_ns "r$((q / tp))" "$bin/wb-agent" --role rollout --rank $q --controller "$url" \
+        bg_ns "r$((q / tp))" "$bin/wb-agent" --role rollout --rank $q --controller "$url" \
             --tx-domain wb0 --dump "$work/dump" --dump-from "$from" >"$d/rollout$q.log" 2>&1 &
         pids+=($!)
     done

@@ -22,12 +22,13 @@
 # with --plan-b 'ARGS' as the extra wb-plan arguments of its estimate (e.g. '--changed 0.002'),
 # and prints the ratio of the two, measured and estimated. Namespaces, bridge and processes are
 # removed on exit (any exit: a trap). Without root, ip, tc, network namespaces, a bridge or tbf
-# it prints "skipped: <reason>" and exits 0.
+# it prints "skipped: <reason>" and exits 0. --trace: every agent writes a Chrome trace of each
+# version (when each tensor landed, each trainer's writes) into LOGS/<a|b>/trace.
 #
 # Usage: bench/netns_shaped.sh [--rate 1gbit] [--trainers N] [--replicas R] [--tp G]
 #            [--layers L] [--hidden H] [--vocab V] [--fp8] [--versions V] [--mode auto|direct|gather]
 #            [--keys YAML] [--keys-b YAML] [--plan-b ARGS] [--smoke] [--build DIR]
-#            [--logs DIR] [--timeout S]
+#            [--logs DIR] [--trace] [--timeout S]
 #   defaults: 1gbit, 2 trainers, 2 replicas of 1 rollout, 8 layers of hidden 1024 (332 MB BF16),
 #   3 versions timed and a 4th verified. --smoke: 100mbit, 1 trainer, 1 replica, 2 layers of
 #   hidden 256, vocab 1024 (4 MB), 2 versions, every one verified (tests/sh/netns_shaped_test.sh
@@ -36,7 +37,7 @@
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 rate=1gbit trainers=2 replicas=2 tp=1 layers=8 hidden=1024 vocab=32000 fp8=0 versions=3
-mode=auto keys="" keys_b="" plan_b="" smoke=0 bin=${WB_BIN:-$here/build/bin} logs="" limit=300
+mode=auto trace=0 keys="" keys_b="" plan_b="" smoke=0 bin=${WB_BIN:-$here/build/bin} logs="" limit=300
 two=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -56,13 +57,14 @@ while [ $# -gt 0 ]; do
     --logs) logs=$2 ;;
     --timeout) limit=$2 ;;
     --fp8) fp8=1; shift; continue ;;
+    --trace) trace=1; shift; continue ;;
     --smoke)
         smoke=1 rate=100mbit trainers=1 replicas=1 tp=1 layers=2 hidden=256 vocab=1024 versions=2
         shift
         continue
         ;;
     -h | --help)
-        sed -n '2,35p' "$0"
+        sed -n '2,36p' "$0"
         exit 0
         ;;
     *)
@@ -221,13 +223,16 @@ run() {
     mkdir -p "$d"
     rm -rf "$work/dump"
     mkdir -p "$work/dump"
+    [ $trace -eq 1 ] && mkdir -p "$d/trace"
     job "$extra" >"$work/job-$label.yaml"
     pids=()
+    local tr=()
+    [ $trace -eq 1 ] && tr=(--trace "$d/trace")
     bg_ns c "$bin/wb-controller" --config "$work/job-$label.yaml" >"$d/controller.log" 2>&1 &
     pids+=($!)
     for ((r = 0; r < trainers; r++)); do
         WB_LOG=info bg_ns t "$bin/wb-agent" --role trainer --rank $r --controller "$url" \
-            --tx-domain wb0 >"$d/trainer$r.log" 2>&1 &
+            --tx-domain wb0 ${tr[@]+"${tr[@]}"} >"$d/trainer$r.log" 2>&1 &
         pids+=($!)
     done
     # a rollout dumping a version for the check is slower to commit it: one more version, not
@@ -236,7 +241,7 @@ run() {
     [ $smoke -eq 1 ] && from=1 total=$versions
     for ((q = 0; q < replicas * tp; q++)); do
         bg_ns "r$((q / tp))" "$bin/wb-agent" --role rollout --rank $q --controller "$url" \
-            --tx-domain wb0 --dump "$work/dump" --dump-from "$from" >"$d/rollout$q.log" 2>&1 &
+            --tx-domain wb0 ${tr[@]+"${tr[@]}"} --dump "$work/dump" --dump-from "$from" >"$d/rollout$q.log" 2>&1 &
         pids+=($!)
     done
     printf '%s\n' "${pids[@]}" >"$d/pids" # the processes of the run (the smoke test checks them)

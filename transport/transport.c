@@ -37,6 +37,11 @@ const struct wb_cfg_field wb_tx_cfg_fields[] = {
      OFF(shard_size), NULL, NULL},
     {"window", WB_CFG_U64, "0", "operations in flight per rail (0: the provider's queue size)",
      OFF(window), NULL, NULL},
+    {"inflight_bytes", WB_CFG_SIZE, "16MiB",
+     "fabric: data bytes handed to the provider per rail at once (writes are cut into pieces of "
+     "a quarter of it); a note waits behind at most that much on an ordered connection. 0: no "
+     "limit",
+     OFF(inflight_bytes), NULL, NULL},
     {"post_batch", WB_CFG_U64, "64", "operations posted per rail per poll", OFF(post_batch), NULL,
      NULL},
     {"cq_batch", WB_CFG_U64, "64", "completions read per fi_cq_read", OFF(cq_batch), NULL, NULL},
@@ -106,6 +111,9 @@ static int check_cfg(const struct wb_tx_cfg *c, struct wb_errlist *el)
     if ((c->bounce_chunks < 1 || c->bounce_chunks > 4096) && ++bad)
         wb_errlist_add(el, "transport.bounce_chunks: %" PRIu64 " is outside 1..4096",
                        c->bounce_chunks);
+    if (c->inflight_bytes && c->inflight_bytes < 65536 && ++bad)
+        wb_errlist_add(el, "transport.inflight_bytes: %" PRIu64 " is below 64 KiB (0: no limit)",
+                       c->inflight_bytes);
     if ((c->post_batch < 1 || c->post_batch > 4096) && ++bad)
         wb_errlist_add(el, "transport.post_batch: %" PRIu64 " is outside 1..4096", c->post_batch);
     if ((c->cq_batch < 1 || c->cq_batch > 1024) && ++bad)

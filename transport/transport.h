@@ -82,6 +82,7 @@ struct wb_tx_cfg {
     uint64_t rails;         /* endpoints (fabric) or copy streams (cudaipc), 1..WB_TX_MAX_RAILS */
     uint64_t shard_size;    /* writes longer than this are split across rails */
     uint64_t window;        /* operations in flight per rail (0: the provider's queue size) */
+    uint64_t inflight_bytes; /* fabric: data bytes in flight per rail beyond the first op (0: any) */
     uint64_t post_batch;    /* operations posted per rail per poll */
     uint64_t cq_batch;      /* completions read per fi_cq_read */
     int hmem;               /* enum wb_tx_hmem: register device memory with the provider */

@@ -703,6 +703,72 @@ static void test_notes_batched(void)
     pair_close(&p);
 }
 
+/* A note is not queued behind data it does not follow: writes W1 (4 KiB, tag 1) then W2
+ * (64 MiB, tag 2) to one peer over tcp, whose connection carries everything in order. With
+ * inflight_bytes bounding the data handed to the provider, W1's note (sent once W1 left)
+ * goes ahead of the W2 data still queued: it is read at B with nearly all of W2 yet to come,
+ * so W2's last bytes are still zero when tag 1 is counted. Unbounded, all of W2 is posted at
+ * once and the note is read behind it: W2 is whole when tag 1 is counted. Either way both
+ * land whole and each tag counts once. */
+static void notes_ahead(const char *yaml, bool ahead)
+{
+    enum { BIG = 64 << 20, SMALL = 4096 };
+    struct wb_tx *a = open_ok(yaml), *b = open_ok(yaml);
+    uint32_t peer = connect(a, b);
+    CHECK_INT(connect(b, a), 0);
+    uint8_t *src = malloc(BIG + SMALL), *dst = calloc(1, BIG + SMALL);
+    CHECK(src && dst);
+    memset(src, 0x5a, BIG + SMALL);
+    struct wb_tx_mr *smr, *dmr;
+    struct wb_tx_rdesc d;
+    CHECK_INT(wb_tx_mr_reg(a, src, BIG + SMALL, WB_TX_ACCESS_SRC, &smr), 0);
+    CHECK_INT(wb_tx_mr_reg(b, dst, BIG + SMALL, WB_TX_ACCESS_DST, &dmr), 0);
+    CHECK_INT(wb_tx_rdesc(b, dmr, &d), 0);
+    CHECK_INT(wb_tx_expect(b, 1, 1, NULL, (void *)"one"), 0);
+    CHECK_INT(wb_tx_expect(b, 2, 1, NULL, (void *)"two"), 0);
+    struct wb_tx_write w1 = {.src = smr, .peer = peer, .dst = &d, .len = SMALL, .has_imm = true,
+                             .imm = 1};
+    struct wb_tx_write w2 = {.src = smr, .src_off = SMALL, .peer = peer, .dst = &d,
+                             .dst_off = SMALL, .len = BIG, .has_imm = true, .imm = 2};
+    CHECK_INT(wb_tx_write(a, &w1), 0);
+    CHECK_INT(wb_tx_write(a, &w2), 0);
+    int done = 0, counted = 0, tail_at_one = -1;
+    struct wb_tx_event ev[64];
+    while (done < 2 || counted < 2) {
+        ssize_t k = wb_tx_poll(a, ev, 64);
+        CHECK(k >= 0);
+        for (ssize_t i = 0; i < k; i++)
+            CHECK_INT(ev[i].err, 0);
+        done += (int)k;
+        k = wb_tx_poll(b, ev, 64);
+        CHECK(k >= 0);
+        for (ssize_t i = 0; i < k; i++) {
+            CHECK_INT(ev[i].kind, WB_TX_EV_IMM);
+            if (strcmp(ev[i].ctx, "one") == 0) { /* how much of W2's tail is there now */
+                tail_at_one = 0;
+                for (int j = BIG + SMALL - SMALL; j < BIG + SMALL; j++)
+                    tail_at_one += dst[j] == 0x5a;
+                CHECK_INT(counted, 0);
+            }
+            counted++;
+        }
+    }
+    CHECK_INT(tail_at_one, ahead ? 0 : SMALL);
+    CHECK(memcmp(src, dst, BIG + SMALL) == 0);
+    CHECK_INT(wb_tx_mr_dereg(a, smr), 0);
+    CHECK_INT(wb_tx_mr_dereg(b, dmr), 0);
+    wb_tx_close(a);
+    wb_tx_close(b);
+    free(src);
+    free(dst);
+}
+
+static void test_notes_ahead(void)
+{
+    notes_ahead("provider: tcp\ndomain: lo\ninflight_bytes: 1MiB\n", true);
+    notes_ahead("provider: tcp\ndomain: lo\ninflight_bytes: 0\n", false);
+}
+
 /* Over the wire: a stranger's notes (a transport B never added) are dropped and counted at
  * B's end by the provider's source address, whatever they claim; a closed window refuses a
  * write under its key (the writer's completion fails) and lands nothing; opened again under
@@ -928,6 +994,7 @@ const struct wb_test wb_tests[] = {
     {"notes_bounded", test_notes_bounded, 0},
     {"notes_peer_times", test_notes_peer_times, 0},
     {"notes_batched", test_notes_batched, 0},
+    {"notes_ahead", test_notes_ahead, 120},
     {"notes_wire", test_notes_wire, 0},
     {"mbox", test_mbox, 0},
     {"mbox_stale_sweep", test_mbox_stale_sweep, 0},

@@ -89,6 +89,7 @@ struct fab_op {
 struct fab_list {
     struct fab_op *first, *last;
     size_t n;
+    uint64_t bytes; /* of its OP_DATA operations */
 };
 
 /* One wb_tx_write (or wb_tx_write_imm): done when `left` reaches 0. */
@@ -129,7 +130,10 @@ struct fab_rail {
     size_t nfa;
     struct fid_mr *pool_mr; /* bounce pool, registered on first use */
     void *pool_desc;
-    struct fab_list pending, posted;
+    /* Operations not yet posted: notes (not fences) in `notes`, posted before any data in
+     * `pending`, so that a note is never queued behind data it does not follow; `posted`: with
+     * the provider, at most `window` of them and, beyond the first, inflight_bytes of data. */
+    struct fab_list notes, pending, posted;
     /* Since when the provider has refused the head of `pending` (-FI_EAGAIN), 0: not refused.
      * tcp;ofi_rxm refuses every operation to a peer it cannot connect to (an address whose
      * endpoint closed: a peer set up again) and retries the connection on each post, forever;

@@ -41,6 +41,7 @@ static void list_push(struct fab_list *l, struct fab_op *op)
         l->first = op;
     l->last = op;
     l->n++;
+    l->bytes += op->kind == OP_DATA ? op->len : 0;
 }
 
 static void list_remove(struct fab_list *l, struct fab_op *op)
@@ -55,6 +56,7 @@ static void list_remove(struct fab_list *l, struct fab_op *op)
         l->last = op->prev;
     op->next = op->prev = NULL;
     l->n--;
+    l->bytes -= op->kind == OP_DATA ? op->len : 0;
 }
 
 /* A slab of `count` objects of `size` bytes, linked into fx->slabs. */
@@ -146,10 +148,15 @@ static void write_finish(struct fab_tx *fx, struct fab_write *w)
     fx->done_last = w;
 }
 
+/* A note goes ahead of every queued data operation: it follows only data that already left
+ * (its own write's, whose completion enqueued it) or none, so the data still queued is not
+ * its to wait for — on an ordered connection it would wait for all of it, and a destination
+ * that forwards what landed (a relay) would see nothing land until the whole queue went. */
 static void enqueue(struct fab_tx *fx, struct fab_op *op)
 {
+    struct fab_rail *r = &fx->rail[op->rail];
     op->state = ST_PENDING;
-    list_push(&fx->rail[op->rail].pending, op);
+    list_push(op->kind == OP_NOTE ? &r->notes : &r->pending, op);
 }
 
 /* One operation of w finished with err. The last one either starts w's final operation (the
@@ -213,11 +220,13 @@ static void peer_fail(struct fab_tx *fx, uint32_t peer, int err, int native, boo
                txi_peer_pid(&fx->base, peer), wb_strerror(err));
     }
     int code = err == -ETIMEDOUT ? -ETIMEDOUT : -WB_E_PEER;
-    struct fab_list *queues[WB_TX_MAX_RAILS + 1];
+    struct fab_list *queues[2 * WB_TX_MAX_RAILS + 1];
     size_t nq = 0;
     queues[nq++] = &fx->copyq;
-    for (uint32_t i = 0; i < fx->nrails; i++)
+    for (uint32_t i = 0; i < fx->nrails; i++) {
+        queues[nq++] = &fx->rail[i].notes;
         queues[nq++] = &fx->rail[i].pending;
+    }
     for (uint32_t i = 0; i < fx->nrails; i++) /* the head may change: a fresh count */
         fx->rail[i].refused_since = 0;
     for (size_t q = 0; q < nq; q++) {
@@ -385,6 +394,8 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
     uint64_t piece = m->bounce ? fx->cfg.bounce_size : FAB_MAX_OP;
     for (uint32_t i = 0; i < fx->nrails; i++)
         piece = min_u64(piece, fx->rail[i].max_msg);
+    if (fx->cfg.inflight_bytes) /* several in flight within the bound (room()) */
+        piece = min_u64(piece, fx->cfg.inflight_bytes / 4);
     uint64_t len = uw->len, nshards = 1;
     if (fx->nrails > 1 && len > fx->cfg.shard_size)
         nshards = min_u64(fx->nrails, div_up(len, fx->cfg.shard_size));
@@ -527,18 +538,17 @@ int fab_post_recvs(struct fab_tx *fx, uint32_t i)
     return 0;
 }
 
-/* Notes at the head of a rail's queue, to one peer, none a fence: those that fit one
- * injected message (a note is a small message: each on its own costs a system call and a TCP
- * segment at both ends, as much as a 64 KiB write's bytes). Returns how many were sent (at
- * least 2), 0 when there are not two to send together, or -FI_* from the provider. */
+/* Notes at the head of a rail's note queue, to one peer: those that fit one injected message
+ * (a note is a small message: each on its own costs a system call and a TCP segment at both
+ * ends, as much as a 64 KiB write's bytes). Returns how many were sent (at least 2), 0 when
+ * there are not two to send together, or -FI_* from the provider. */
 static ssize_t post_notes(struct fab_tx *fx, uint32_t i)
 {
     struct fab_rail *r = &fx->rail[i];
     size_t cap = r->inject_size < FAB_MSG_SIZE ? r->inject_size : FAB_MSG_SIZE, len = 0;
-    const struct fab_op *op = r->pending.first;
+    const struct fab_op *op = r->notes.first;
     ssize_t k = 0;
-    for (const struct fab_op *q = op; q && q->kind == OP_NOTE && q->peer == op->peer &&
-                                      !(q->flags & FI_DELIVERY_COMPLETE) && len + q->len <= cap;
+    for (const struct fab_op *q = op; q && q->peer == op->peer && len + q->len <= cap;
          q = q->next, k++) {
         memcpy(r->batch + len, q->note, q->len);
         len += q->len;
@@ -551,6 +561,18 @@ static ssize_t post_notes(struct fab_tx *fx, uint32_t i)
     return e ? e : k;
 }
 
+/* Whether op, the head of its queue, may go to the provider now: fewer than `window`
+ * operations there and, for data, no more than inflight_bytes of data with it (a first one
+ * always goes, however large). Bounding the data bounds how long a note posted now waits
+ * behind it on an ordered connection, without taking from the rate: the connection's socket
+ * buffer holds less than that. */
+static bool room(const struct fab_tx *fx, const struct fab_rail *r, const struct fab_op *op)
+{
+    uint64_t cap = fx->cfg.inflight_bytes;
+    return r->posted.n < r->window &&
+           (op->kind != OP_DATA || !cap || !r->posted.bytes || r->posted.bytes + op->len <= cap);
+}
+
 static void post_rail(struct fab_tx *fx, uint32_t i, uint64_t now)
 {
     struct fab_rail *r = &fx->rail[i];
@@ -560,8 +582,11 @@ static void post_rail(struct fab_tx *fx, uint32_t i, uint64_t now)
             r->recv_repost[wd] &= ~(1ull << k);
             repost_recv(fx, i, wd * 64 + k);
         }
-    for (uint64_t n = 0; r->pending.first && r->posted.n < r->window && n < fx->cfg.post_batch;) {
-        struct fab_op *op = r->pending.first;
+    for (uint64_t n = 0; n < fx->cfg.post_batch;) {
+        struct fab_list *q = r->notes.first ? &r->notes : &r->pending;
+        struct fab_op *op = q->first;
+        if (!op || !room(fx, r, op))
+            break;
         ssize_t e = op->kind == OP_NOTE ? post_notes(fx, i) : 0;
         if (e > 0 || (e < 0 && e != -FI_EAGAIN)) { /* that many notes left as one, or failed */
             if (e < 0)
@@ -571,8 +596,8 @@ static void post_rail(struct fab_tx *fx, uint32_t i, uint64_t now)
                 fx->st.ops_posted++;
             r->refused_since = 0;
             for (ssize_t k = e > 0 ? e : 1; k > 0; k--, n++) {
-                op = r->pending.first;
-                list_remove(&r->pending, op);
+                op = q->first;
+                list_remove(q, op);
                 op_finish(fx, op, e < 0 ? (int)e : 0, e < 0 ? (int)-e : 0);
             }
             continue;
@@ -585,7 +610,7 @@ static void post_rail(struct fab_tx *fx, uint32_t i, uint64_t now)
             break;
         }
         r->refused_since = 0;
-        list_remove(&r->pending, op);
+        list_remove(q, op);
         n++;
         if (e < 0) {
             wb_log(WB_LOG_WARN, "transport", "fabric: rail %u: posting to peer %u: %s", i, op->peer,
@@ -846,7 +871,7 @@ static void check_peers(struct fab_tx *fx, uint64_t now)
             peer_fail(fx, op->peer, -ETIMEDOUT, 0, true);
         /* the head of the queue refused all that time: its peer, not the rail, is stuck (a
          * rail whose window is full has posted operations, which time out first) */
-        if ((op = r->pending.first) && r->refused_since &&
+        if ((op = r->notes.first ? r->notes.first : r->pending.first) && r->refused_since &&
             now - r->refused_since > fx->cfg.op_timeout)
             peer_fail(fx, op->peer, -ETIMEDOUT, 0, true);
     }

@@ -522,6 +522,13 @@ struct wb_estimate {
 int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
                      struct wb_estimate *out, struct wb_errlist *el);
 
+/* One update to one replica alone, as a replica that joins a running job is caught up
+ * (issue #30): the plan covers every replica up to the fleet's capacity, so a join re-plans
+ * nothing; the trainers write that replica's copies only (the attempt's member set is the one
+ * replica). A plan of one replica: wb_plan_estimate. */
+int wb_plan_estimate_join(const struct wb_plan *p, const struct wb_plan_input *in,
+                          struct wb_estimate *out, struct wb_errlist *el);
+
 /* wb_plan_verify and wb_plan_estimate of one plan at once (wb-plan --verify --estimate): with
  * two CPUs or more, verify runs on one thread beside the simulation, which is mostly one
  * thread itself, so both take about as long as the longer one (else one after the other).

@@ -17,7 +17,7 @@ static const char usage[] =
     "usage: wb-plan --model FAMILY.yaml [--config config.json] --trainer T.yaml --rollout R.yaml\n"
     "               [--mode auto|direct|gather] [--mem-cap 1GiB] [--threads N] [--estimate]\n"
     "               [--json plan.json [--tables]] [--svg plan.svg] [--dump RANK] [--verify]\n"
-    "               [--hw [trainer.|rollout.]KEY=VALUE] [--max-problems N] [--changed F]\n"
+    "               [--hw [trainer.|rollout.]KEY=VALUE] [--max-problems N] [--changed F] [--join]\n"
     "               [--relay off|chain|tree|auto [--relay-fanout K] [--relay-roots R]]\n"
     "       wb-plan --model FAMILY.yaml --trainer-inv T.json --rollout-inv R.json --trainer ...\n"
     "       wb-plan --dump-config\n"
@@ -55,6 +55,9 @@ static const char usage[] =
     "                      FP8/BF16 bytes changed (a record per write: 32-byte header, 5 bytes\n"
     "                      per changed byte; a write goes in full where its record is over half\n"
     "                      its size or not cheaper): bytes sent and time against a full update\n"
+    "  --join              estimate catching up a replica that joins the running job: an\n"
+    "                      update to that replica alone (nothing is re-planned: the plan\n"
+    "                      covers every replica up to `replicas:`, the fleet's capacity)\n"
     "  --json FILE         write the plan summary as JSON (--tables: with every routing table\n"
     "                      and receive list, both inventories and every shard box: the file can\n"
     "                      be audited on its own, e.g. by tests/sh/plan_audit.py)\n"
@@ -75,7 +78,7 @@ struct args {
     enum wb_plan_mode mode;
     uint64_t mem_cap;
     uint32_t threads;
-    bool estimate, tables, verify;
+    bool estimate, tables, verify, join;
     double changed; /* --changed: > 0 asks for the delta estimate */
     long dump;
     size_t max_problems;
@@ -130,6 +133,7 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"threads", required_argument, 0, 'n'},
         {"estimate", no_argument, 0, 'e'},
         {"changed", required_argument, 0, 'g'},
+        {"join", no_argument, 0, 'J'},
         {"json", required_argument, 0, 'j'},
         {"tables", no_argument, 0, 'b'},
         {"svg", required_argument, 0, 's'},
@@ -220,6 +224,9 @@ static int parse_args(int argc, char **argv, struct args *a)
         }
         case 'e':
             a->estimate = true;
+            break;
+        case 'J':
+            a->join = true;
             break;
         case 'L':
             if (wb_relay_kind_parse(optarg, &a->relay.kind)) {
@@ -503,6 +510,20 @@ int main(int argc, char **argv)
             goto out;
         }
         wb_delta_estimate_print(&de, stdout);
+    }
+    if (a.join) {
+        struct wb_estimate je;
+        uint64_t t0 = wb_now_ns();
+        if (wb_plan_estimate_join(plan, &in, &je, &est_el)) {
+            fail(&est_el, "join estimate", a.max_problems);
+            goto out;
+        }
+        uint32_t nrep = plan->nrollouts ? plan->recv[plan->nrollouts - 1].replica + 1 : 0;
+        printf("join: a replica added while the job runs (within replicas: %u, the capacity the "
+               "plan covers) is not re-planned: it is set up alone, then caught up from the "
+               "trainers in %.3f s (one update to it alone; estimated in %.2f s)\n",
+               nrep, je.total_s, (double)(wb_now_ns() - t0) / 1e9);
+        wb_estimate_free(&je);
     }
     if (a.dump >= 0) {
         struct wb_plan_tbuf tb = {0};

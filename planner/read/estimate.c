@@ -189,6 +189,7 @@ struct sim {
      * delivers, posted after it). Entries are numbered per replica: local rank l's expect
      * entry e is ebase[l] + e (replicas are congruent). */
     bool relay;
+    const bool *member; /* [replicas]: the attempt's member set (NULL: every replica) */
     uint32_t gpr, nrep;
     uint32_t *ebase;  /* [gpr + 1] */
     uint64_t *ebytes; /* [ebase[gpr]]: an entry's bytes */
@@ -1215,7 +1216,7 @@ static int relay_post(struct sim *s)
 static int relay_setup(struct sim *s, const struct wb_plan *p, const struct wb_relay *shape)
 {
     s->relay = false;
-    if (!shape || shape->kind == WB_PLAN_RELAY_OFF || !p->nrollouts || !p->recv)
+    if (!shape || (shape->kind == WB_PLAN_RELAY_OFF && !s->member) || !p->nrollouts || !p->recv)
         return 0;
     s->nrep = p->recv[p->nrollouts - 1].replica + 1;
     s->gpr = p->nrollouts / s->nrep;
@@ -1226,7 +1227,7 @@ static int relay_setup(struct sim *s, const struct wb_plan *p, const struct wb_r
     s->rkids = malloc(s->nrep * sizeof(uint32_t));
     if (!s->rparent || !s->rkid0 || !s->rkids)
         return -ENOMEM;
-    wb_relay_forest(shape, s->nrep, NULL, s->rparent);
+    wb_relay_forest(shape, s->nrep, s->member, s->rparent);
     /* the entries of replica 0's ranks (every replica's, congruent), tags to entries */
     s->ebase = calloc(s->gpr + 1, sizeof(uint32_t));
     if (!s->ebase)
@@ -2078,8 +2079,8 @@ void pl_est_memo_free(struct wb_plan *p)
  * own estimate is a full update's: no memo then). */
 static int estimate_as(const struct wb_plan *p, const struct wb_plan_input *in,
                        const struct wb_relay *shape, const struct delta_model *dm,
-                       struct wb_estimate *out, struct wb_errlist *el, const atomic_bool *stop,
-                       struct gate *read)
+                       const bool *member, struct wb_estimate *out, struct wb_errlist *el,
+                       const atomic_bool *stop, struct gate *read)
 {
     const struct wb_hw *th = &in->tl->hw, *rh = &in->rl->hw;
     if (th->nic_gbps <= 0 || rh->nic_gbps <= 0) {
@@ -2087,7 +2088,7 @@ static int estimate_as(const struct wb_plan *p, const struct wb_plan_input *in,
                        th->nic_gbps <= 0 ? in->tl->path : in->rl->path);
         return -WB_E_CONFIG;
     }
-    const struct pl_est_memo *m = dm ? NULL : memo_for(p, in);
+    const struct pl_est_memo *m = dm || member ? NULL : memo_for(p, in);
     if (m && !relay_same(&m->relay, shape))
         m = NULL;
     if (m) {
@@ -2100,6 +2101,7 @@ static int estimate_as(const struct wb_plan *p, const struct wb_plan_input *in,
     pl_intern_init(&s.gkeys, sizeof(uint64_t));
     s.p = p;
     s.delta = dm;
+    s.member = member;
     s.nt = p->ntrainers;
     s.nr = p->nrollouts;
     s.nphases = p->nphases ? p->nphases : 1;
@@ -2175,13 +2177,28 @@ static int estimate(const struct wb_plan *p, const struct wb_plan_input *in,
                     const struct wb_relay *shape, struct wb_estimate *out, struct wb_errlist *el,
                     const atomic_bool *stop, struct gate *read)
 {
-    return estimate_as(p, in, shape, NULL, out, el, stop, read);
+    return estimate_as(p, in, shape, NULL, NULL, out, el, stop, read);
 }
 
 int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
                      struct wb_estimate *out, struct wb_errlist *el)
 {
     return estimate(p, in, &p->relay, out, el, NULL, NULL);
+}
+
+int wb_plan_estimate_join(const struct wb_plan *p, const struct wb_plan_input *in,
+                          struct wb_estimate *out, struct wb_errlist *el)
+{
+    uint32_t nrep = p->nrollouts && p->recv ? p->recv[p->nrollouts - 1].replica + 1 : 0;
+    if (nrep < 2)
+        return estimate_as(p, in, &p->relay, NULL, NULL, out, el, NULL, NULL);
+    bool *member = calloc(nrep, sizeof(bool));
+    if (!member)
+        return -ENOMEM;
+    member[0] = true; /* replicas are congruent: any one costs the same */
+    int rc = estimate_as(p, in, &p->relay, NULL, member, out, el, NULL, NULL);
+    free(member);
+    return rc;
 }
 
 bool pl_est_memo_has(const struct wb_plan *p, const struct wb_plan_input *in,
@@ -2411,12 +2428,12 @@ int wb_plan_estimate_delta(const struct wb_plan *p, const struct wb_plan_input *
     d.entry_bytes = DELTA_ENTRY_BYTES;
     d.header_bytes = DELTA_RECORD_HEADER;
     struct wb_estimate full, delta;
-    int rc = estimate_as(p, in, &p->relay, NULL, &full, el, NULL, NULL);
+    int rc = estimate_as(p, in, &p->relay, NULL, NULL, &full, el, NULL, NULL);
     if (rc)
         return rc;
     d.full_s = full.total_s;
     wb_estimate_free(&full);
-    if ((rc = estimate_as(p, in, &p->relay, &dm, &delta, el, NULL, NULL)))
+    if ((rc = estimate_as(p, in, &p->relay, &dm, NULL, &delta, el, NULL, NULL)))
         return rc;
     /* bytes and ways, every copy counted; each rollout's apply work */
     uint32_t nr = p->nrollouts;

@@ -76,22 +76,22 @@ enum wb_tx_hmem { WB_TX_HMEM_AUTO = 0, WB_TX_HMEM_OFF };
 /* Loaded from YAML by wb_cfg_parse(wb_tx_cfg_fields, ...) or filled with wb_cfg_defaults();
  * free with wb_cfg_free(wb_tx_cfg_fields, cfg). */
 struct wb_tx_cfg {
-    int backend;            /* enum wb_tx_backend */
-    char *provider;         /* fabric: libfabric provider ("tcp", "shm", "efa", "verbs;ofi_rxm") */
-    char *domain;           /* fabric: comma-separated domain (NIC / interface) names, "" = all */
-    uint64_t rails;         /* endpoints (fabric) or copy streams (cudaipc), 1..WB_TX_MAX_RAILS */
-    uint64_t shard_size;    /* writes longer than this are split across rails */
-    uint64_t window;        /* operations in flight per rail (0: the provider's queue size) */
-    uint64_t inflight_bytes; /* fabric: data bytes in flight per rail beyond the first op (0: any) */
-    uint64_t post_batch;    /* operations posted per rail per poll */
-    uint64_t cq_batch;      /* completions read per fi_cq_read */
-    int hmem;               /* enum wb_tx_hmem: register device memory with the provider */
-    bool stage_host;        /* fabric: move host memory through the bounce/staging path too */
-    uint64_t bounce_size;   /* bytes per pinned bounce chunk (device sources without FI_HMEM) */
-    uint64_t bounce_chunks; /* bounce chunks, i.e. device-to-host copies in flight */
-    uint64_t op_timeout;    /* ns an operation may stay in flight before its peer is failed */
-    int64_t device;         /* cudaipc: CUDA device of this process (-1: the current one) */
-    uint64_t bw_hint;       /* bytes/s reported by query (0: what the backend can tell) */
+    int backend;             /* enum wb_tx_backend */
+    char *provider;          /* fabric: libfabric provider ("tcp", "shm", "efa", "verbs;ofi_rxm") */
+    char *domain;            /* fabric: comma-separated domain (NIC / interface) names, "" = all */
+    uint64_t rails;          /* endpoints (fabric) or copy streams (cudaipc), 1..WB_TX_MAX_RAILS */
+    uint64_t shard_size;     /* writes longer than this are split across rails */
+    uint64_t window;         /* operations in flight per rail (0: the provider's queue size) */
+    uint64_t inflight_bytes; /* fabric: data bytes posted per rail (0: no bound) */
+    uint64_t post_batch;     /* operations posted per rail per poll */
+    uint64_t cq_batch;       /* completions read per fi_cq_read */
+    int hmem;                /* enum wb_tx_hmem: register device memory with the provider */
+    bool stage_host;         /* fabric: move host memory through the bounce/staging path too */
+    uint64_t bounce_size;    /* bytes per pinned bounce chunk (device sources without FI_HMEM) */
+    uint64_t bounce_chunks;  /* bounce chunks, i.e. device-to-host copies in flight */
+    uint64_t op_timeout;     /* ns an operation may stay in flight before its peer is failed */
+    int64_t device;          /* cudaipc: CUDA device of this process (-1: the current one) */
+    uint64_t bw_hint;        /* bytes/s reported by query (0: what the backend can tell) */
 };
 
 /* The table behind struct wb_tx_cfg: keys, types, defaults and docs. */

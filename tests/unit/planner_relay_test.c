@@ -179,8 +179,8 @@ static void test_join_by_hand(void)
     struct fx f;
     four_entries_case(&f);
     struct wb_plan *p = build_relay(&f, (struct wb_relay){WB_PLAN_RELAY_OFF, 0, 0});
-    struct wb_relay shapes[] = {{WB_PLAN_RELAY_OFF, 0, 0}, {WB_PLAN_RELAY_CHAIN, 1, 1},
-                                {WB_PLAN_RELAY_TREE, 2, 1}};
+    struct wb_relay shapes[] = {
+        {WB_PLAN_RELAY_OFF, 0, 0}, {WB_PLAN_RELAY_CHAIN, 1, 1}, {WB_PLAN_RELAY_TREE, 2, 1}};
     for (size_t i = 0; i < WB_ARRAY_LEN(shapes); i++) {
         p->relay = shapes[i];
         struct wb_estimate e;
@@ -452,8 +452,19 @@ static void test_cli(void)
                       "relay: every replica written once, by the trainers or a parent holding "
                       "the same receive lists) in ") != NULL);
     /* --join: the catch-up of a joining replica, estimated; it needs the hardware models */
-    char *join[] = {exe, "--model", "configs/models/qwen3.yaml", "--trainer", t, "--rollout", r,
-                    "--trainer-inv", ti, "--rollout-inv", ri, "--join", NULL};
+    char *join[] = {exe,
+                    "--model",
+                    "configs/models/qwen3.yaml",
+                    "--trainer",
+                    t,
+                    "--rollout",
+                    r,
+                    "--trainer-inv",
+                    ti,
+                    "--rollout-inv",
+                    ri,
+                    "--join",
+                    NULL};
     CHECK_INT(wb_test_capture(run_argv, join, out, sizeof(out)), 1);
     snprintf(want, sizeof(want),
              "wb-plan: join estimate: 1 problem\n  %s: no hardware model (a `hardware:` key) for "
@@ -470,10 +481,10 @@ static void test_cli(void)
     join[4] = th;
     join[6] = rh;
     CHECK_INT(wb_test_capture(run_argv, join, out, sizeof(out)), 0);
-    CHECK(strstr(out, "join: a replica added while the job runs (within replicas: 4, the capacity "
-                      "the plan covers) is not re-planned: it is set up alone, then caught up "
-                      "from the trainers in 0.000 s (one update to it alone; estimated in ") !=
-          NULL);
+    CHECK(strstr(out,
+                 "join: a replica added while the job runs (within replicas: 4, the capacity "
+                 "the plan covers) is not re-planned: it is set up alone, then caught up "
+                 "from the trainers in 0.000 s (one update to it alone; estimated in ") != NULL);
     free(th);
     free(rh);
     free(t);

@@ -726,10 +726,16 @@ static void notes_ahead(const char *yaml, bool ahead)
     CHECK_INT(wb_tx_rdesc(b, dmr, &d), 0);
     CHECK_INT(wb_tx_expect(b, 1, 1, NULL, (void *)"one"), 0);
     CHECK_INT(wb_tx_expect(b, 2, 1, NULL, (void *)"two"), 0);
-    struct wb_tx_write w1 = {.src = smr, .peer = peer, .dst = &d, .len = SMALL, .has_imm = true,
-                             .imm = 1};
-    struct wb_tx_write w2 = {.src = smr, .src_off = SMALL, .peer = peer, .dst = &d,
-                             .dst_off = SMALL, .len = BIG, .has_imm = true, .imm = 2};
+    struct wb_tx_write w1 = {
+        .src = smr, .peer = peer, .dst = &d, .len = SMALL, .has_imm = true, .imm = 1};
+    struct wb_tx_write w2 = {.src = smr,
+                             .src_off = SMALL,
+                             .peer = peer,
+                             .dst = &d,
+                             .dst_off = SMALL,
+                             .len = BIG,
+                             .has_imm = true,
+                             .imm = 2};
     CHECK_INT(wb_tx_write(a, &w1), 0);
     CHECK_INT(wb_tx_write(a, &w2), 0);
     int done = 0, counted = 0, tail_at_one = -1;

@@ -572,9 +572,8 @@ static ssize_t post_notes(struct fab_tx *fx, uint32_t i)
 static bool room(const struct fab_tx *fx, const struct fab_rail *r, const struct fab_op *op)
 {
     uint64_t cap = fx->cfg.inflight_bytes;
-    return r->posted.n < r->window &&
-           (op->kind != OP_DATA || op->chunk || !cap || !r->posted.bytes ||
-            r->posted.bytes + op->len <= cap);
+    return r->posted.n < r->window && (op->kind != OP_DATA || op->chunk || !cap ||
+                                       !r->posted.bytes || r->posted.bytes + op->len <= cap);
 }
 
 static void post_rail(struct fab_tx *fx, uint32_t i, uint64_t now)

@@ -386,7 +386,7 @@ static uint64_t note_mac(const uint8_t key[WB_MAC_KEY_BYTES], const struct note_
     uint8_t m[offsetof(struct note_wire, mac) + 3 * sizeof(uint64_t)];
     size_t n = offsetof(struct note_wire, mac);
     memcpy(m, w, n);
-    if (w->flags & WB_TXN_COMMIT) {
+    if (w->flags & (WB_TXN_COMMIT | WB_TXN_PROGRESS)) {
         memcpy(m + n, &w->region, 3 * sizeof(uint64_t));
         n += 3 * sizeof(uint64_t);
     }
@@ -396,7 +396,7 @@ static uint64_t note_mac(const uint8_t key[WB_MAC_KEY_BYTES], const struct note_
 /* The bytes of a note with these flags on the wire. */
 static size_t note_len(unsigned flags)
 {
-    return flags & WB_TXN_COMMIT ? WB_TXN_WIRE : WB_TXN_SHORT;
+    return flags & (WB_TXN_COMMIT | WB_TXN_PROGRESS) ? WB_TXN_WIRE : WB_TXN_SHORT;
 }
 
 /* The next seq of (peer, tag) in this attempt; UINT32_MAX when out of memory. */
@@ -593,12 +593,13 @@ int txi_note_accept(struct wb_tx *tx, const void *buf, size_t len, uint32_t src,
         return refuse(tx, &s->st.forged);
     memset(&w, 0, sizeof(w));
     memcpy(&w, buf, WB_TXN_SHORT);
-    if (len != note_len(w.flags) && !(len == WB_TXN_WIRE && !(w.flags & WB_TXN_COMMIT)))
+    if (len != note_len(w.flags) && !(len == WB_TXN_WIRE && note_len(w.flags) == WB_TXN_SHORT))
         return refuse(tx, &s->st.forged); /* a mailbox slot is WB_TXN_WIRE, whatever the note */
-    if (w.flags & WB_TXN_COMMIT)
+    if (note_len(w.flags) == WB_TXN_WIRE)
         memcpy(&w, buf, sizeof(w));
     if (w.magic != NOTE_MAGIC || w.version != NOTE_VERSION ||
-        (w.flags & ~(unsigned)(WB_TXN_COUNT | WB_TXN_COMMIT | WB_TXN_WARMUP)) ||
+        (w.flags & ~(unsigned)(WB_TXN_COUNT | WB_TXN_COMMIT | WB_TXN_WARMUP | WB_TXN_PROGRESS)) ||
+        ((w.flags & WB_TXN_PROGRESS) && (w.flags & ~(unsigned)WB_TXN_PROGRESS)) ||
         ((w.flags & WB_TXN_COUNT) && (w.count == 0 || w.count > WB_TXN_MAX_COUNT)))
         return refuse(tx, &s->st.forged);
     if (w.src != txi_peer_uid(tx, src) || w.dst != txi_uid(tx))

@@ -168,8 +168,22 @@ struct wb_tx_core {
     uint32_t npeers, peer_cap;
     struct wb_txn_state *notes; /* the attempt, its counters, arrived notes (note.c) */
     uint64_t next_mr_id;
+    wb_tx_progress_cb progress_cb;
+    void *progress_arg;
     char err[320];
 };
+
+void wb_tx_on_progress(struct wb_tx *tx, wb_tx_progress_cb cb, void *arg)
+{
+    tx->core->progress_cb = cb;
+    tx->core->progress_arg = arg;
+}
+
+void txi_progress(struct wb_tx *tx, uint32_t tag, uint64_t region, uint64_t off, uint64_t len)
+{
+    if (tx->core->progress_cb)
+        tx->core->progress_cb(tx->core->progress_arg, tag, region, off, len);
+}
 
 int txi_proc_stat(int64_t pid, uint64_t *start, bool *zombie)
 {

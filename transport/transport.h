@@ -166,6 +166,15 @@ struct wb_tx_write {
     bool has_imm;
     uint32_t imm; /* the tag counted at the destination when has_imm */
     void *ctx;    /* returned in the completion event */
+    /* The destination hears of each piece as it is placed, under the tag `imm` (with or
+     * without has_imm), before the write counts (wb_tx_on_progress: a destination that
+     * forwards what landed starts early). Fabric backend, destinations without staging;
+     * elsewhere nothing is heard. */
+    bool progress;
+    /* Completes only once a note sent to the peer after its completion cannot be read before
+     * its bytes are placed (delivery-complete, or on an ordered connection once in the
+     * stream): for a write without an immediate whose bytes a later note announces. */
+    bool settle;
 };
 
 enum wb_tx_event_kind {
@@ -218,6 +227,7 @@ struct wb_tx_stats {
     uint64_t eagain;        /* times the provider said -FI_EAGAIN */
     uint64_t errors;        /* error completions delivered */
     uint64_t imm_recv;      /* immediates counted here */
+    uint64_t progress_recv; /* progress notes heard here (wb_tx_on_progress) */
     uint64_t bounce_copies; /* device->host copies into bounce chunks */
     uint64_t staged_copies; /* host mirror->device copies of landed bytes */
 };
@@ -404,6 +414,16 @@ int wb_tx_peer_notes(const struct wb_tx *tx, uint32_t peer, struct wb_tx_peer_no
  * — a WB_TX_EV_IMM event with ctx = arg is returned. n == 0 is reached at once. -EBUSY when the
  * tag is already armed, -ENOSPC when the attempt's max_tags counters are in use, -ENOMEM. */
 int wb_tx_expect(struct wb_tx *tx, uint32_t tag, uint64_t n, wb_tx_imm_cb cb, void *arg);
+
+/* A piece of a progress write (wb_tx_write.progress) placed here: `len` bytes at `off` of the
+ * registration `region` (its wb_tx_mr.id; off counts from the registration's start), of a write
+ * whose immediate is `tag`. Checked as every note is (this attempt's member, its MAC), but the
+ * range is the sender's word: check it against what the tag stands for. Called from
+ * wb_tx_poll(). */
+typedef void (*wb_tx_progress_cb)(void *arg, uint32_t tag, uint64_t region, uint64_t off,
+                                  uint64_t len);
+/* Sets (cb NULL: clears) the progress hook. Without one, progress notes are dropped. */
+void wb_tx_on_progress(struct wb_tx *tx, wb_tx_progress_cb cb, void *arg);
 
 /* Immediates of `tag` arrived and not yet taken by a reached expectation. */
 uint64_t wb_tx_imm_count(const struct wb_tx *tx, uint32_t tag);

@@ -43,7 +43,9 @@ uint64_t txi_peer_uid(const struct wb_tx *tx, uint32_t peer);
 enum { WB_TXN_MAX_COUNT = 1 << 24 };          /* immediates one note may stand for */
 enum { WB_TXN_WIRE = 80, WB_TXN_SHORT = 56 }; /* bytes of a note on the wire */
 enum { WB_TXN_NOBODY = 0xffffffffu };         /* a note's sender is no peer of this transport */
-enum { WB_TXN_COUNT = 1, WB_TXN_COMMIT = 2, WB_TXN_WARMUP = 4 }; /* note flags */
+/* note flags: COUNT n immediates of tag; COMMIT: copy the staged range first; WARMUP: nothing;
+ * PROGRESS: the range (of a write with immediate tag) is placed, nothing counts */
+enum { WB_TXN_COUNT = 1, WB_TXN_COMMIT = 2, WB_TXN_WARMUP = 4, WB_TXN_PROGRESS = 8 };
 
 /* An accepted note: count `tag` (COUNT) and/or copy a staged range first (COMMIT). */
 struct wb_txn {
@@ -84,6 +86,9 @@ int txi_note_early(struct wb_tx *tx, uint8_t wire[WB_TXN_WIRE], uint32_t *src);
 /* Counts a refusal the backend made itself (a provider write carrying CQ data, a commit for a
  * closed or unknown region). */
 void txi_note_refuse(struct wb_tx *tx, enum wb_txn_refusal why);
+
+/* An accepted progress note: the hook (wb_tx_on_progress) hears of it. */
+void txi_progress(struct wb_tx *tx, uint32_t tag, uint64_t region, uint64_t off, uint64_t len);
 
 /* Counts n accepted immediates of `tag`; a reached expectation is queued for the next drain.
  * A tag without a counter where the attempt has no room for another is dropped (stats). */

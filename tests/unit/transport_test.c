@@ -775,6 +775,103 @@ static void test_notes_ahead(void)
     notes_ahead("provider: tcp\ndomain: lo\ninflight_bytes: 0\n", false);
 }
 
+/* Progress writes (wb_tx_write.progress): the destination hears of each piece once it is
+ * placed — its bytes are there when the hook runs — then the write counts once. 4 MiB at a
+ * 1 MiB inflight_bytes go as 16 pieces of 256 KiB: 16 ranges covering exactly the write, at
+ * the registration's offsets, all heard before the count. A staged destination (stage_host)
+ * hears nothing and counts as ever. */
+struct heard {
+    uint32_t n, tag;
+    uint64_t region, bytes, lo, hi;
+    const uint8_t *dst, *src;
+    bool placed;
+};
+
+static void on_progress(void *arg, uint32_t tag, uint64_t region, uint64_t off, uint64_t len)
+{
+    struct heard *h = arg;
+    h->n++;
+    h->tag = tag;
+    h->region = region;
+    h->bytes += len;
+    h->lo = off < h->lo ? off : h->lo;
+    h->hi = off + len > h->hi ? off + len : h->hi;
+    h->placed = h->placed && memcmp(h->dst + off, h->src + off, len) == 0;
+}
+
+static void progress_case(const char *yaml, uint32_t want_pieces)
+{
+    enum { SZ = 4 << 20, AT = 8192 };
+    struct wb_tx *a = open_ok(yaml), *b = open_ok(yaml);
+    uint32_t peer = connect(a, b);
+    CHECK_INT(connect(b, a), 0);
+    uint8_t *src = malloc(SZ + AT), *dst = calloc(1, SZ + AT);
+    CHECK(src && dst);
+    for (int i = 0; i < SZ + AT; i++)
+        src[i] = (uint8_t)(i * 13 + 1);
+    struct wb_tx_mr *smr, *dmr;
+    struct wb_tx_rdesc d;
+    CHECK_INT(wb_tx_mr_reg(a, src, SZ + AT, WB_TX_ACCESS_SRC, &smr), 0);
+    CHECK_INT(wb_tx_mr_reg(b, dst, SZ + AT, WB_TX_ACCESS_DST, &dmr), 0);
+    CHECK_INT(wb_tx_rdesc(b, dmr, &d), 0);
+    struct heard h = {.lo = UINT64_MAX, .dst = dst, .src = src, .placed = true};
+    wb_tx_on_progress(b, on_progress, &h);
+    CHECK_INT(wb_tx_expect(b, 7, 1, NULL, (void *)"seven"), 0);
+    struct wb_tx_write w = {.src = smr,
+                            .src_off = AT,
+                            .peer = peer,
+                            .dst = &d,
+                            .dst_off = AT,
+                            .len = SZ,
+                            .has_imm = true,
+                            .imm = 7,
+                            .progress = true};
+    CHECK_INT(wb_tx_write(a, &w), 0);
+    int done = 0, counted = 0;
+    uint32_t heard_at_count = UINT32_MAX;
+    struct wb_tx_event ev[8];
+    while (done < 1 || counted < 1) {
+        ssize_t k = wb_tx_poll(a, ev, 8);
+        CHECK(k >= 0);
+        for (ssize_t i = 0; i < k; i++)
+            CHECK_INT(ev[i].err, 0);
+        done += (int)k;
+        k = wb_tx_poll(b, ev, 8);
+        CHECK(k >= 0);
+        for (ssize_t i = 0; i < k; i++) {
+            CHECK_STR(ev[i].ctx, "seven");
+            heard_at_count = h.n;
+        }
+        counted += (int)k;
+    }
+    CHECK_INT(heard_at_count, want_pieces);
+    CHECK_INT(h.n, want_pieces);
+    if (want_pieces) {
+        CHECK_INT(h.tag, 7);
+        CHECK_U64(h.region, dmr->id);
+        CHECK_U64(h.bytes, SZ);
+        CHECK_U64(h.lo, AT);
+        CHECK_U64(h.hi, AT + SZ);
+        CHECK(h.placed);
+    }
+    CHECK(memcmp(src + AT, dst + AT, SZ) == 0);
+    struct wb_tx_stats st;
+    CHECK_INT(wb_tx_stats(b, &st), 0);
+    CHECK_U64(st.progress_recv, want_pieces);
+    CHECK_INT(wb_tx_mr_dereg(a, smr), 0);
+    CHECK_INT(wb_tx_mr_dereg(b, dmr), 0);
+    wb_tx_close(a);
+    wb_tx_close(b);
+    free(src);
+    free(dst);
+}
+
+static void test_progress(void)
+{
+    progress_case("provider: tcp\ndomain: lo\ninflight_bytes: 1MiB\n", 16);
+    progress_case("provider: tcp\ndomain: lo\ninflight_bytes: 1MiB\nstage_host: true\n", 0);
+}
+
 /* Over the wire: a stranger's notes (a transport B never added) are dropped and counted at
  * B's end by the provider's source address, whatever they claim; a closed window refuses a
  * write under its key (the writer's completion fails) and lands nothing; opened again under
@@ -1001,6 +1098,7 @@ const struct wb_test wb_tests[] = {
     {"notes_peer_times", test_notes_peer_times, 0},
     {"notes_batched", test_notes_batched, 0},
     {"notes_ahead", test_notes_ahead, 120},
+    {"progress", test_progress, 120},
     {"notes_wire", test_notes_wire, 0},
     {"mbox", test_mbox, 0},
     {"mbox_stale_sweep", test_mbox_stale_sweep, 0},

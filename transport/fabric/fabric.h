@@ -83,6 +83,7 @@ struct fab_op {
     void *gpu_ev;
     uint64_t len, raddr, rkey, data, flags;
     uint64_t t_post;           /* ns, for op_timeout */
+    struct fab_op *prog;       /* OP_DATA of a progress write: its piece's note, sent once done */
     uint8_t note[WB_TXN_WIRE]; /* OP_NOTE: what is sent */
 };
 

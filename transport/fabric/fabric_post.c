@@ -100,6 +100,10 @@ static struct fab_op *op_get(struct fab_tx *fx)
 
 static void op_put(struct fab_tx *fx, struct fab_op *op)
 {
+    if (op->prog) { /* a piece that did not complete: its progress note is not sent */
+        op_put(fx, op->prog);
+        op->prog = NULL;
+    }
     op->state = ST_FREE;
     op->next = fx->free_ops;
     fx->free_ops = op;
@@ -202,6 +206,17 @@ static void op_finish(struct fab_tx *fx, struct fab_op *op, int err, int native)
         return;
     }
     struct fab_write *w = op->w;
+    struct fab_op *prog = op->prog; /* a progress write's piece, placed: say so */
+    op->prog = NULL;
+    if (prog && (err || fx->peers[op->peer].failed)) {
+        op_put(fx, prog);
+        prog = NULL;
+    }
+    if (prog) {
+        w->left++;
+        fx->peers[op->peer].inflight++;
+        enqueue(fx, prog);
+    }
     fx->peers[op->peer].inflight--;
     op_put(fx, op);
     part_done(fx, w, err, native);
@@ -406,11 +421,13 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
     /* A note follows the data (its immediate, or the commit of a staged range), sent once the
      * data operations completed at the destination. */
     bool noted = staged_dst || uw->has_imm;
+    /* a progress write: a note per piece, made now (this attempt's), sent once it is placed */
+    bool progress = uw->progress && !staged_dst;
 
     struct fab_write *w = write_get(fx);
     if (!w)
         return -ENOMEM;
-    if (ops_reserve(fx, npieces + (noted ? 1 : 0))) {
+    if (ops_reserve(fx, npieces * (progress ? 2 : 1) + (noted ? 1 : 0))) {
         w->next = fx->free_writes;
         fx->free_writes = w;
         return -ENOMEM;
@@ -439,7 +456,8 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
      * stays on one rail, its note, sent on that rail once the data left, is read there only
      * after the data was placed; otherwise the note waits for the data's delivery completion
      * (an acknowledgement from the target). */
-    uint64_t flags = noted && !(fx->ordered && nshards == 1) ? FI_DELIVERY_COMPLETE : 0;
+    uint64_t flags =
+        (noted || uw->settle) && !(fx->ordered && nshards == 1) ? FI_DELIVERY_COMPLETE : 0;
     uint32_t s = 0;
     for (uint64_t off = 0; off < len; off += shard, s++) {
         uint32_t rail = (fx->rr + s) % fx->nrails, j = rail % p->nrem;
@@ -456,6 +474,18 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
             op->raddr = uw->dst->rail[j].addr + uw->dst->base + dof;
             op->rkey = uw->dst->rail[j].key;
             op->flags = flags;
+            if (progress) {
+                struct fab_op *pn = op_get(fx);
+                int e = txi_note_make(tx, uw->peer, WB_TXN_PROGRESS, uw->imm, 0, uw->dst->id,
+                                      uw->dst->base + dof, op->len, pn->note);
+                if (e < 0)
+                    op_put(fx, pn); /* the piece goes unannounced: the write counts as ever */
+                else {
+                    make_note(pn, (uint32_t)rail, uw->peer, e);
+                    pn->w = w;
+                    op->prog = pn;
+                }
+            }
             m->busy++;
             p->inflight++;
             if (m->bounce) {
@@ -653,6 +683,11 @@ static void handle_note(struct fab_tx *fx, const void *buf, size_t len, uint32_t
     struct wb_txn n;
     if (txi_note_accept(&fx->base, buf, len, src, &n) != 1)
         return;
+    if (n.flags & WB_TXN_PROGRESS) {
+        fx->st.progress_recv++;
+        txi_progress(&fx->base, n.tag, n.region, n.off, n.len);
+        return;
+    }
     if (!(n.flags & WB_TXN_COMMIT)) {
         if (n.flags & WB_TXN_COUNT) {
             fx->st.imm_recv += n.count;

@@ -802,6 +802,7 @@ static int trainer_skip(struct data *d, const struct skipset *ss, const struct w
     }
     for (uint32_t g = 0; d->rrelay && g < t->nrollouts; g++)
         d->rrelay[g] = replicas && g / per < replicas && parent[g / per] != UINT32_MAX;
+    d->relaying = replicas > 0;
     for (uint32_t k = 0; k < t->nwrites; k++)
         d->resume.wskip[k] = skip_has(ss, t->writes[k].dst_rank, t->writes[k].tag) ||
                              (d->rrelay && d->rrelay[t->writes[k].dst_rank]);

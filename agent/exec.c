@@ -527,6 +527,8 @@ static int post(struct data *d, struct task *tk, uint32_t ti, struct wb_tx_write
     if (role == WB_ROLE_ROLLOUT && d->rout[rank])
         return 1;
     w->ctx = wctx(d, role, rank, ti);
+    /* relaying: a root's rollout forwards each piece as soon as it is placed */
+    w->progress = role == WB_ROLE_ROLLOUT && d->relaying;
     int rc = wb_tx_write(d->tx, w);
     if (rc && role == WB_ROLE_ROLLOUT && rc == -WB_E_PEER) {
         wb_log(WB_LOG_WARN, M,

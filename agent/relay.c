@@ -10,13 +10,21 @@
  * themselves (a registration of its own for reading, no extra memory), through the transport
  * the trainers' writes take (host or GPU memory alike).
  *
- * Pipelined: an expect entry is forwarded to every child that said READY as soon as it
- * landed here (counted and, verifying, checked), not after the whole version. Verifying, the
- * child is sent the trainers' own checksum records (their MAC is under the attempt's key,
- * which every member holds), and the entry is forwarded as the very writes those records
- * describe: the child checks what it got against the sums computed at the trainer, end to
- * end. Not verifying, an entry goes as its writes' count of equal pieces of the tensor.
- *
+ * Pipelined by piece: the trainers' writes to a relaying replica announce each piece as it is
+ * placed (wb_tx_write.progress: the transport sends a progress note per piece of at most a
+ * quarter of transport.inflight_bytes), and the relay forwards that range to every child that
+ * said READY at once — a hop lags the one before by a piece, not by a tensor. Its forwards
+ * announce their pieces the same way, so a child relaying further starts as early. What the
+ * child counts is sent once the entry is whole and checked here, and only after every forward
+ * of it completed (a write that settles: nothing sent after it is read before its bytes are
+ * placed): one note standing for the entry's writes (the number its trainers would have
+ * sent) and, verifying, the trainers' own checksum records (their MAC is under the attempt's
+ * key, which every member holds), so the child checks what it got against the sums computed
+ * at the trainer, end to end. An entry whose pieces were not all announced (a transport that
+ * does not: CUDA IPC, a staged GPU destination; or a note not heard) goes whole once it
+ * landed. The count notes may trail the data: they matter for the child's own completion and
+ * checks, not for what it forwards.
+
  * When a relay counts its version complete: once its own tensors are in AND every forward to
  * every child has completed and a fence behind them came back (the bytes are placed at the
  * child). The alternative — the controller waiting for the children's commits — holds
@@ -52,8 +60,17 @@ struct child {
     bool ready;           /* its READY came: its windows are open */
     bool failed;          /* a forward to it failed: nothing more goes */
     bool fenced;          /* every entry went, and the fence behind them was posted */
-    uint32_t cursor;      /* entries of order[] forwarded */
-    uint64_t outstanding; /* writes and fences posted, not completed */
+    uint32_t rcursor;     /* ranges of rng[] forwarded */
+    uint32_t cursor;      /* entries of order[] whose counts (and records) went */
+    uint64_t data_out;    /* range forwards posted, not completed */
+    uint64_t outstanding; /* writes, notes and fences posted, not completed */
+};
+
+/* A range of a tensor placed here this attempt: expect entry i's bytes [off, off + len) of its
+ * tensor. */
+struct rng {
+    uint32_t i;
+    uint64_t off, len;
 };
 
 struct relay {
@@ -68,7 +85,11 @@ struct relay {
     struct child *child;
     uint32_t nchild;
     uint32_t *order; /* [nexpect]: the entries in the order they landed */
+    uint32_t *rmark; /* [nexpect]: ranges heard when order[k] landed (its are among them) */
     uint32_t norder;
+    struct rng *rng; /* ranges placed, in the order heard */
+    uint32_t nrng, rcap;
+    uint64_t *cover; /* [nexpect]: bytes of entry i heard as ranges */
     bool stopped;
     uint64_t bytes; /* forwarded this attempt, every child */
 };
@@ -93,6 +114,9 @@ void ag_relay_free(struct relay *r)
     free(r->src_mr); /* the registrations go with the transport */
     free(r->child);
     free(r->order);
+    free(r->rmark);
+    free(r->rng);
+    free(r->cover);
     free(r);
 }
 
@@ -239,9 +263,42 @@ static void on_child_ready(void *arg, uint32_t imm)
             r->child[j].ready = true;
 }
 
+enum { RELAY_DATA = 1u << 23 }; /* in a completion's child index: a range forward */
+
 static void *ctx_of(const struct relay *r, uint32_t j)
 {
     return (void *)(uintptr_t)(RELAY_CTX | ((uint64_t)r->attempt << 24) | j);
+}
+
+/* A piece of a trainer's (or this replica's parent's) write placed here: queued for the
+ * children, if it is what the tag stands for — a range of the entry's own tensor, the entry
+ * not landed yet (a note is the sender's word; anything else is ignored, and the entry then
+ * goes whole once it landed). */
+static void on_progress(void *arg, uint32_t imm, uint64_t region, uint64_t off, uint64_t len)
+{
+    struct data *d = arg;
+    struct relay *r = d->rx ? d->rx->relay : NULL;
+    uint32_t tag = imm_tag_of(imm);
+    if (!r || !r->nchild || r->stopped || !d->active || imm_kind_of(imm) != IMM_DATA ||
+        tag > d->rx->max_data_tag || d->rx->expect_of[tag] < 0)
+        return;
+    uint32_t i = (uint32_t)d->rx->expect_of[tag], k = d->rx->expect_local[i];
+    if (k == UINT32_MAX || d->rx->landed[i] || !len)
+        return;
+    const struct local *l = &d->rx->locals[k];
+    if (region != l->rd.id || off < l->rd.base || len > l->desc.bytes ||
+        off - l->rd.base > l->desc.bytes - len || r->cover[i] >= l->desc.bytes)
+        return;
+    if (r->nrng == r->rcap) {
+        uint32_t cap = r->rcap ? 2 * r->rcap : 256;
+        struct rng *g = realloc(r->rng, cap * sizeof(*g));
+        if (!g)
+            return; /* goes whole once it landed */
+        r->rng = g;
+        r->rcap = cap;
+    }
+    r->rng[r->nrng++] = (struct rng){i, off - l->rd.base, len};
+    r->cover[i] += len;
 }
 
 int ag_relay_start(struct data *d, const struct wb_bytes *relay, uint32_t *parent_peer, char *err,
@@ -251,7 +308,7 @@ int ag_relay_start(struct data *d, const struct wb_bytes *relay, uint32_t *paren
     *parent_peer = UINT32_MAX;
     struct relay *r = d->rx->relay;
     if (r) {
-        r->nchild = r->norder = 0;
+        r->nchild = r->norder = r->nrng = 0;
         r->stopped = false;
         r->bytes = 0;
         r->attempt = d->attempt;
@@ -289,14 +346,23 @@ int ag_relay_start(struct data *d, const struct wb_bytes *relay, uint32_t *paren
     for (uint32_t c = 0; c < replicas; c++)
         n += parent[c] == me;
     if (n) {
+        size_t ne = d->rx->recv.nexpect + 1;
         struct child *ch = r ? realloc(r->child, n * sizeof(*ch)) : NULL;
-        uint32_t *order =
-            ch ? realloc(r->order, (d->rx->recv.nexpect + 1) * sizeof(uint32_t)) : NULL;
+        uint32_t *order = ch ? realloc(r->order, ne * sizeof(uint32_t)) : NULL;
+        uint32_t *rmark = order ? realloc(r->rmark, ne * sizeof(uint32_t)) : NULL;
+        uint64_t *cover = rmark ? realloc(r->cover, ne * sizeof(uint64_t)) : NULL;
         if (ch)
             r->child = ch;
         if (order)
             r->order = order;
-        if (!order) {
+        if (rmark)
+            r->rmark = rmark;
+        if (cover) {
+            r->cover = cover;
+            memset(cover, 0, ne * sizeof(uint64_t));
+            wb_tx_on_progress(d->tx, on_progress, d);
+        }
+        if (!cover) {
             snprintf(err, errcap, "rollout rank %u: relay: %s", d->rank,
                      r ? wb_strerror(-ENOMEM) : "it has no relay neighbours (PEERS)");
             free(parent);
@@ -341,8 +407,27 @@ int ag_relay_start(struct data *d, const struct wb_bytes *relay, uint32_t *paren
 void ag_relay_landed(struct data *d, uint32_t i)
 {
     struct relay *r = d->rx->relay;
-    if (r && r->nchild && !r->stopped && r->norder < d->rx->recv.nexpect)
-        r->order[r->norder++] = i;
+    if (!r || !r->nchild || r->stopped || r->norder >= d->rx->recv.nexpect)
+        return;
+    uint32_t k = d->rx->expect_local[i];
+    uint64_t bytes = k == UINT32_MAX ? 0 : d->rx->locals[k].desc.bytes;
+    if (r->cover[i] < bytes) { /* not every piece was heard: the whole tensor goes */
+        if (r->nrng == r->rcap) {
+            uint32_t cap = r->rcap ? 2 * r->rcap : 256;
+            struct rng *g = realloc(r->rng, cap * sizeof(*g));
+            if (!g) {
+                r->stopped = true;
+                snprintf(d->fail, sizeof(d->fail), "relay: %s", wb_strerror(-ENOMEM));
+                return;
+            }
+            r->rng = g;
+            r->rcap = cap;
+        }
+        r->rng[r->nrng++] = (struct rng){i, 0, bytes};
+        r->cover[i] = bytes;
+    }
+    r->rmark[r->norder] = r->nrng;
+    r->order[r->norder++] = i;
 }
 
 static void child_failed(struct data *d, struct child *c, const char *what)
@@ -379,42 +464,46 @@ static bool post(struct data *d, uint32_t j, const struct wb_tx_write *w)
     return true;
 }
 
-/* Expect entry i to child j: its writes (verifying: as the trainers' records describe them,
- * and the records after them), each with the entry's note. */
-static bool forward(struct data *d, uint32_t j, uint32_t i)
+/* A range to child j: read from this replica's tensor, written to the same offsets of the
+ * child's, announcing its pieces (for a child that relays further) and settling (the entry's
+ * count, sent once it completed, cannot overtake it). */
+static bool forward_range(struct data *d, uint32_t j, const struct rng *g)
 {
     struct relay *r = d->rx->relay;
     const struct nbr *nb = &r->nbr[r->child[j].nb];
-    const struct wb_rt_expect *e = &d->rx->recv.expect[i];
-    uint32_t k = d->rx->expect_local[i];
-    const struct local *l = &d->rx->locals[k];
-    const struct wb_tx_rdesc *dst = &nb->p.reg[nb->desc_of[k] < 0 ? 0 : nb->desc_of[k]];
+    uint32_t k = d->rx->expect_local[g->i];
     struct wb_tx_write w = {.src = r->src_mr[k],
+                            .src_off = g->off,
                             .peer = nb->p.idx,
-                            .dst = dst,
-                            .has_imm = true,
-                            .imm = imm_make(IMM_DATA, e->tag),
-                            .ctx = ctx_of(r, j)};
-    if (!l->desc.bytes) { /* nothing to read: the notes alone */
-        w.src = NULL;
-        for (uint64_t n = 0; n < e->writes; n++)
-            if (!post(d, j, &w))
-                return false;
-        return true;
-    }
-    const uint8_t *in = d->gpu ? d->rx->sum_in_host : d->rx->sum_in;
-    for (uint64_t n = 0; n < e->writes; n++) {
-        if (d->verify) {
-            const struct wb_sum_record *x =
-                (const struct wb_sum_record *)(in + (d->rx->area[i] + n) * WB_SUM_RECORD);
-            w.src_off = w.dst_off = x->dst_off; /* checked against the tensor when it landed */
-            w.len = x->len;
-        } else {
-            w.src_off = w.dst_off = l->desc.bytes * n / e->writes;
-            w.len = l->desc.bytes * (n + 1) / e->writes - w.src_off;
-        }
-        if (!post(d, j, &w))
+                            .dst = &nb->p.reg[nb->desc_of[k] < 0 ? 0 : nb->desc_of[k]],
+                            .dst_off = g->off,
+                            .len = g->len,
+                            .imm = imm_make(IMM_DATA, d->rx->recv.expect[g->i].tag),
+                            .ctx = ctx_of(r, j | RELAY_DATA),
+                            .progress = true,
+                            .settle = true};
+    if (!post(d, j, &w))
+        return false;
+    r->child[j].data_out++;
+    return true;
+}
+
+/* What child j counts for entry i, once its bytes are placed there: one note standing for the
+ * entry's writes and, verifying, the trainers' checksum records, each with its note. */
+static bool forward_counts(struct data *d, uint32_t j, uint32_t i)
+{
+    struct relay *r = d->rx->relay;
+    struct child *c = &r->child[j];
+    const struct nbr *nb = &r->nbr[c->nb];
+    const struct wb_rt_expect *e = &d->rx->recv.expect[i];
+    if (e->writes) {
+        int rc = wb_tx_write_imms(d->tx, nb->p.idx, imm_make(IMM_DATA, e->tag), (uint32_t)e->writes,
+                                  ctx_of(r, j));
+        if (rc) {
+            child_failed(d, c, wb_tx_errmsg(d->tx));
             return false;
+        }
+        c->outstanding++;
     }
     if (!d->verify)
         return true;
@@ -442,8 +531,13 @@ void ag_relay_step(struct data *d)
         struct child *c = &r->child[j];
         if (!c->ready || c->failed || c->fenced)
             continue;
-        while (c->cursor < r->norder && !c->failed)
-            if (forward(d, j, r->order[c->cursor]))
+        while (c->rcursor < r->nrng && !c->failed)
+            if (forward_range(d, j, &r->rng[c->rcursor]))
+                c->rcursor++;
+        /* counts of the landed entries whose ranges all went, once those completed */
+        while (c->cursor < r->norder && !c->failed && !c->data_out &&
+               c->rcursor >= r->rmark[c->cursor])
+            if (forward_counts(d, j, r->order[c->cursor]))
                 c->cursor++;
         /* every entry this rollout receives went: a fence behind them, whose completion says
          * they are placed at the child */
@@ -487,11 +581,15 @@ void ag_relay_event(struct data *d, const struct wb_tx_event *ev)
                      ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));
         return;
     }
+    bool data = j & RELAY_DATA;
+    j &= ~(uint32_t)RELAY_DATA;
     if (!r || attempt != r->attempt || j >= r->nchild)
         return; /* a completion of an attempt before: nothing counts it */
     struct child *c = &r->child[j];
     if (c->outstanding)
         c->outstanding--;
+    if (data && c->data_out)
+        c->data_out--;
     if (ev->err)
         child_failed(d, c,
                      ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));

@@ -308,6 +308,7 @@ struct data {
      * writes in this attempt (this table's writes to it are skipped, its READY not awaited);
      * no_direct: the job relays, so no write bypasses the skips (the direct path is off) */
     uint8_t *rrelay;
+    bool relaying; /* this attempt relays: writes to rollouts announce their pieces */
     bool no_direct;
     /* trainers: [nrollouts] per rollout rank, for the attempt in flight: ROUT_OUT when its
      * replica is no member of the attempt or was dropped from it (DROP): nothing is written to

@@ -33,12 +33,17 @@ enum { MAX_STEPS = 4000000 };
 
 struct chunk {
     uint32_t task; /* index into tasks, or gather instance | GATHER_BIT, or RELAY_TASK */
-    uint32_t flow; /* a task's: its flow (sim.flow); a relay's: the expect entry it forwards */
-    uint64_t left;
+    uint32_t flow; /* a task's: its flow (sim.flow) */
+    uint64_t left, bytes;
 };
 
-/* A chunk a relaying rollout forwards to a child: one expect entry (all of a tag's bytes). */
+/* A chunk a relaying rollout forwards to a child: one piece of what was placed there. */
 enum { RELAY_TASK = UINT32_MAX };
+/* A relay forwards what was placed a piece at a time, as the agent does: the trainers' writes
+ * to a relaying rank and its own forwards announce each piece of at most a quarter of the
+ * transport's inflight_bytes (16 MiB by default); under a relay a flow is posted as chunks of
+ * at most that. */
+enum { RELAY_PIECE = 4 << 20 };
 
 struct pair {
     uint32_t src, dst; /* node ids: trainers, then rollouts */
@@ -183,22 +188,12 @@ struct sim {
     double *rollout_end; /* per rollout GPU: its last byte */
     size_t ndone;
     /* Relay (wb_plan.relay, or the shape auto simulates): the forest over every replica; a
-     * trainer writes only copies to a root replica's ranks, and an expect entry (every byte
-     * of one tag at one rank) counted whole at a relaying rank is forwarded, as the agent
-     * does, to the same local rank of each child replica (queued in rq while the step
-     * delivers, posted after it). Entries are numbered per replica: local rank l's expect
-     * entry e is ebase[l] + e (replicas are congruent). */
+     * trainer writes only copies to a root replica's ranks, and what is placed at a relaying
+     * rank is forwarded, as the agent does, to the same local rank of each child replica a
+     * piece at a time (RELAY_PIECE; queued in rq while the step delivers, posted after it). */
     bool relay;
     const bool *member; /* [replicas]: the attempt's member set (NULL: every replica) */
     uint32_t gpr, nrep;
-    uint32_t *ebase;  /* [gpr + 1] */
-    uint64_t *ebytes; /* [ebase[gpr]]: an entry's bytes */
-    uint32_t ntag;    /* tags below it have a slot in tag_e */
-    uint32_t *tag_e;  /* [gpr * ntag]: local rank l's entry of tag t, + 1 (0: none) */
-    uint64_t *got;    /* [nrep * ebase[gpr]]: bytes counted per rank and entry */
-    uint32_t *c0;     /* [nflow + 1]: flow f's bytes per tag at ctag/cbytes[c0[f] ..) */
-    uint32_t *ctag;
-    uint64_t *cbytes;
     uint32_t *rparent;   /* [nrep]: WB_RELAY_ROOT or the parent replica */
     uint32_t *rkid0;     /* [nrep + 1]: replica j's children at rkids[rkid0[j] .. rkid0[j+1]) */
     uint32_t *rkids;     /* [nrep] */
@@ -411,7 +406,7 @@ static int post(struct sim *s, uint32_t a, uint32_t b, uint32_t w, uint32_t step
         materialize(s, p, s->step);
     if (p->active && (double)p->left < 2 * p->rate + 1)
         s->shares_stale = true; /* its share may have been capped by what it had left */
-    struct chunk c = {id, flow, bytes};
+    struct chunk c = {id, flow, bytes, bytes};
     if (!pl_vec_push(&p->q, &c))
         return -ENOMEM;
     p->left += bytes;
@@ -521,13 +516,6 @@ struct reader {
     size_t *cend;
     const struct eflow *flow_a;
     struct wb_plan_tbuf tb; /* one pass over a lazy plan: each table expanded */
-    struct vec contrib;     /* relay: struct rcontrib, a flow's bytes per tag */
-};
-
-/* Under a relay: `bytes` of flow `flow` (the reader's own numbering) carry tag `tag`. */
-struct rcontrib {
-    uint32_t flow, tag;
-    uint64_t bytes;
 };
 
 /* One op of table t (its amax peers at t->amax_peers[peer0 - xoff ..]). */
@@ -735,20 +723,6 @@ static void *read_ranks(void *arg)
                 /* a delta update sends a payload instead where it is cheaper */
                 uint64_t len = s->delta ? delta_write_len(s->delta, x, &e->gpu_s) : x->len;
                 VEC_AT(&rd->flow, struct eflow, f - 1)->bytes += len;
-                if (s->relay) {
-                    struct rcontrib *lc =
-                        rd->contrib.n ? VEC_AT(&rd->contrib, struct rcontrib, rd->contrib.n - 1)
-                                      : NULL;
-                    if (lc && lc->flow == f - 1 && lc->tag == x->tag) {
-                        lc->bytes += x->len;
-                    } else {
-                        struct rcontrib nc2 = {f - 1, x->tag, x->len};
-                        if (!pl_vec_push(&rd->contrib, &nc2)) {
-                            rd->err = -ENOMEM;
-                            break;
-                        }
-                    }
-                }
                 posts += nc * (len >= (64u << 10) ? (uint32_t)hw->nics_per_gpu : 1);
             }
             e->nflow = (uint32_t)(rd->flow.n - f0);
@@ -817,31 +791,6 @@ static int merge_second(struct sim *s, const struct wb_plan *p, const struct rea
     return 0;
 }
 
-/* Under a relay: each flow's bytes per tag, in flow order (the second reader's flows follow
- * the first's, as merge_flows put them). */
-static int relay_index(struct sim *s, const struct reader *rd)
-{
-    size_t n0 = rd[0].flow.n, nf = n0 + rd[1].flow.n, nc = rd[0].contrib.n + rd[1].contrib.n;
-    s->c0 = calloc(nf + 2, sizeof(uint32_t));
-    s->ctag = malloc((nc + 1) * sizeof(uint32_t));
-    s->cbytes = malloc((nc + 1) * sizeof(uint64_t));
-    if (!s->c0 || !s->ctag || !s->cbytes || nc >= UINT32_MAX)
-        return -ENOMEM;
-    for (int k = 0; k < 2; k++)
-        for (size_t i = 0; i < rd[k].contrib.n; i++)
-            s->c0[VEC_AT(&rd[k].contrib, struct rcontrib, i)->flow + (k ? n0 : 0) + 2]++;
-    for (size_t f = 0; f < nf; f++)
-        s->c0[f + 2] += s->c0[f + 1];
-    for (int k = 0; k < 2; k++)
-        for (size_t i = 0; i < rd[k].contrib.n; i++) {
-            const struct rcontrib *c = VEC_AT(&rd[k].contrib, struct rcontrib, i);
-            uint32_t at = s->c0[c->flow + (k ? n0 : 0) + 1]++;
-            s->ctag[at] = c->tag;
-            s->cbytes[at] = c->bytes;
-        }
-    return 0;
-}
-
 static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflows)
 {
     const struct wb_plan *p = s->p;
@@ -871,7 +820,6 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
     for (int k = 0; k < 2; k++) {
         rd[k] = (struct reader){s, in, NULL, tbase, obase, 0, 0, {0}, NULL, false, 0};
         pl_vec_init(&rd[k].flow, sizeof(struct eflow));
-        pl_vec_init(&rd[k].contrib, sizeof(struct rcontrib));
         rd[k].seen = calloc((size_t)p->nrollouts + 1, sizeof(uint32_t));
     }
     if (!s->task || !s->coll || !s->rs || !rd[0].seen || !rd[1].seen)
@@ -924,7 +872,6 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
         s->flow = NULL;
         for (int k = 0; k < 2; k++) {
             rd[k].flow.n = 0;
-            rd[k].contrib.n = 0;
             rd[k].stop = rd[k].two_pass = rd[k].second = false;
             rd[k].cend = NULL;
         }
@@ -936,10 +883,9 @@ static int build(struct sim *s, const struct wb_plan_input *in, struct vec *rflo
         if ((err = rd[0].err) || (err = merge_flows(s, rd, ntask)))
             goto out;
     }
-    err = s->relay ? relay_index(s, rd) : 0;
+    err = 0;
 out:
     for (int k = 0; k < 2; k++) {
-        pl_vec_free(&rd[k].contrib);
         pl_vec_free(&rd[k].flow);
         free(rd[k].seen);
         wb_plan_tbuf_free(&rd[k].tb);
@@ -1152,48 +1098,30 @@ static int pop_events(struct sim *s)
 
 /* A forward a relaying rollout posts once the step is delivered. */
 struct rpost {
-    uint32_t src, dst, flow; /* rollout ranks; the expect entry it forwards */
+    uint32_t src, dst; /* rollout ranks */
+    uint64_t bytes;
 };
 
-/* Rollout rank g holds expect entry `ent` whole: it forwards it to the same local rank of each
- * child replica. The forwards are queued: a post may grow the pairs under the step's delivery
- * loop; they are posted after it (a relay hop starts on the next step). */
-static void relay_forward(struct sim *s, uint32_t g, uint32_t ent)
+/* A piece of `bytes` was placed at rollout rank g: a relaying rank forwards it to the same
+ * local rank of each child replica. The forwards are queued: a post may grow the pairs under
+ * the step's delivery loop; they are posted after it (a hop starts on the next step). */
+static void relay_placed(struct sim *s, uint32_t g, uint64_t bytes)
 {
     uint32_t j = g / s->gpr, l = g % s->gpr;
     for (uint32_t i = s->rkid0[j]; i < s->rkid0[j + 1]; i++) {
-        struct rpost q = {g, s->rkids[i] * s->gpr + l, ent};
+        struct rpost q = {g, s->rkids[i] * s->gpr + l, bytes};
         if (!pl_vec_push(&s->rq, &q))
             s->rq_err = true;
     }
 }
 
-/* A chunk of trainer flow `flow` landed at rollout rank g: its bytes are counted per tag, and
- * an entry counted whole is forwarded. */
-static void relay_counted(struct sim *s, uint32_t g, uint32_t flow)
-{
-    uint32_t j = g / s->gpr, l = g % s->gpr;
-    if (s->rkid0[j] == s->rkid0[j + 1])
-        return; /* relays to nobody */
-    for (uint32_t i = s->c0[flow]; i < s->c0[flow + 1]; i++) {
-        uint32_t t = s->ctag[i], e = t < s->ntag ? s->tag_e[(size_t)l * s->ntag + t] : 0;
-        if (!e)
-            continue; /* not an entry of its receive list: verify says so */
-        uint32_t ent = s->ebase[l] + e - 1;
-        uint64_t *got = &s->got[(size_t)j * s->ebase[s->gpr] + ent];
-        *got += s->cbytes[i];
-        if (*got == s->ebytes[ent])
-            relay_forward(s, g, ent);
-    }
-}
-
-/* A forwarded entry landed at rollout rank g (whole: one chunk). */
-static void relay_landed(struct sim *s, uint32_t g, uint32_t ent, double when)
+/* A forwarded piece landed at rollout rank g. */
+static void relay_landed(struct sim *s, uint32_t g, uint64_t bytes, double when)
 {
     if (when > s->rollout_end[g])
         s->rollout_end[g] = when;
     s->relay_left--;
-    relay_forward(s, g, ent);
+    relay_placed(s, g, bytes);
 }
 
 /* Posts the forwards queued while the step was delivered. */
@@ -1203,8 +1131,7 @@ static int relay_post(struct sim *s)
         return -ENOMEM;
     const struct rpost *q = s->rq.p;
     for (size_t i = 0; i < s->rq.n; i++) {
-        if (post(s, s->nt + q[i].src, s->nt + q[i].dst, 1, 0, RELAY_TASK, q[i].flow,
-                 s->ebytes[q[i].flow]))
+        if (post(s, s->nt + q[i].src, s->nt + q[i].dst, 1, 0, RELAY_TASK, 0, q[i].bytes))
             return -ENOMEM;
         s->relay_left++;
     }
@@ -1228,28 +1155,6 @@ static int relay_setup(struct sim *s, const struct wb_plan *p, const struct wb_r
     if (!s->rparent || !s->rkid0 || !s->rkids)
         return -ENOMEM;
     wb_relay_forest(shape, s->nrep, s->member, s->rparent);
-    /* the entries of replica 0's ranks (every replica's, congruent), tags to entries */
-    s->ebase = calloc(s->gpr + 1, sizeof(uint32_t));
-    if (!s->ebase)
-        return -ENOMEM;
-    s->ntag = 1;
-    for (uint32_t l = 0; l < s->gpr; l++) {
-        const struct wb_recv_list *rl = &p->recv[l];
-        s->ebase[l + 1] = s->ebase[l] + rl->nexpect;
-        for (uint32_t e = 0; e < rl->nexpect; e++)
-            s->ntag = rl->expect[e].tag >= s->ntag ? rl->expect[e].tag + 1 : s->ntag;
-    }
-    size_t ne = s->ebase[s->gpr];
-    s->ebytes = malloc((ne + 1) * sizeof(uint64_t));
-    s->tag_e = calloc((size_t)s->gpr * s->ntag + 1, sizeof(uint32_t));
-    s->got = calloc((size_t)s->nrep * ne + 1, sizeof(uint64_t));
-    if (!s->ebytes || !s->tag_e || !s->got)
-        return -ENOMEM;
-    for (uint32_t l = 0; l < s->gpr; l++)
-        for (uint32_t e = 0; e < p->recv[l].nexpect; e++) {
-            s->ebytes[s->ebase[l] + e] = p->recv[l].expect[e].bytes;
-            s->tag_e[(size_t)l * s->ntag + p->recv[l].expect[e].tag] = e + 1;
-        }
     for (uint32_t j = 0; j < s->nrep; j++)
         if (s->rparent[j] < s->nrep)
             s->rkid0[s->rparent[j] + 2]++;
@@ -1280,7 +1185,7 @@ static void deliver(struct sim *s, struct pair *p, double t, double dt)
         c->left = 0;
         double when = t + dt * (frac < 0 ? 0 : frac > 1 ? 1 : frac);
         if (c->task == RELAY_TASK) {
-            relay_landed(s, p->dst - s->nt, c->flow, when);
+            relay_landed(s, p->dst - s->nt, c->bytes, when);
         } else if (c->task & (1u << 31)) {
             struct inst *in = &s->inst[c->task & ~(1u << 31)];
             if (--in->nflows == 0)
@@ -1291,7 +1196,7 @@ static void deliver(struct sim *s, struct pair *p, double t, double dt)
                 if (when > s->rollout_end[d - s->nt])
                     s->rollout_end[d - s->nt] = when;
                 if (s->relay)
-                    relay_counted(s, d - s->nt, c->flow);
+                    relay_placed(s, d - s->nt, c->bytes);
             }
             if (--e->pending == 0) {
                 e->done = true;
@@ -1429,11 +1334,19 @@ static double run_stage(struct sim *s, struct rank_state *rs, uint32_t *idx, uin
             break;
         *left = 0;
         if (which == 2) { /* posted: its flows enter the network */
-            e->pending = e->nflow;
-            for (uint32_t f = e->f0; f < e->f0 + e->nflow; f++)
-                if (post(s, e->rank, s->nt + s->flow[f].dst, s->flow[f].w, s->flow[f].step,
-                         rs->t0 + *idx, f, s->flow[f].bytes))
-                    return -1;
+            e->pending = 0;
+            for (uint32_t f = e->f0; f < e->f0 + e->nflow; f++) {
+                /* under a relay, in pieces: each is forwarded once placed */
+                uint64_t b = s->flow[f].bytes, at = 0, piece = s->relay ? RELAY_PIECE : b;
+                do {
+                    uint64_t n = b - at < piece ? b - at : piece;
+                    if (post(s, e->rank, s->nt + s->flow[f].dst, s->flow[f].w, s->flow[f].step,
+                             rs->t0 + *idx, f, n))
+                        return -1;
+                    e->pending++;
+                    at += n;
+                } while (at < b);
+            }
             if (e->nflow == 0) {
                 e->done = true;
                 e->t_end = t + (dt - budget);
@@ -1958,13 +1871,6 @@ static void sim_free(struct sim *s)
     free(s->rparent);
     free(s->rkid0);
     free(s->rkids);
-    free(s->ebase);
-    free(s->ebytes);
-    free(s->tag_e);
-    free(s->got);
-    free(s->c0);
-    free(s->ctag);
-    free(s->cbytes);
     pl_vec_free(&s->rq);
     free(s->barrier_done);
     free(s->arrive);

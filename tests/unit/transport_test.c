@@ -359,7 +359,9 @@ struct pair {
 
 enum { PSZ = 1 << 20 };
 
-static void pair_open(struct pair *p, const char *yaml)
+/* Two transports, a -> b, with `size` bytes registered at each end (src: a pattern, dst:
+ * zeros). */
+static void pair_open_size(struct pair *p, const char *yaml, size_t size)
 {
     memset(p, 0, sizeof(*p));
     p->a = open_ok(yaml);
@@ -367,14 +369,19 @@ static void pair_open(struct pair *p, const char *yaml)
     p->peer = connect(p->a, p->b);
     CHECK_INT(p->peer, 0);
     CHECK_INT(connect(p->b, p->a), 0);
-    p->src = malloc(PSZ);
-    p->dst = calloc(1, PSZ);
+    p->src = malloc(size);
+    p->dst = calloc(1, size);
     CHECK(p->src && p->dst);
-    for (int i = 0; i < PSZ; i++)
-        p->src[i] = (uint8_t)(i * 7);
-    CHECK_INT(wb_tx_mr_reg(p->a, p->src, PSZ, WB_TX_ACCESS_SRC, &p->smr), 0);
-    CHECK_INT(wb_tx_mr_reg(p->b, p->dst, PSZ, WB_TX_ACCESS_DST, &p->dmr), 0);
+    for (size_t i = 0; i < size; i++)
+        p->src[i] = (uint8_t)(i % 251 + 1); /* never 0: a byte in place differs from none */
+    CHECK_INT(wb_tx_mr_reg(p->a, p->src, size, WB_TX_ACCESS_SRC, &p->smr), 0);
+    CHECK_INT(wb_tx_mr_reg(p->b, p->dst, size, WB_TX_ACCESS_DST, &p->dmr), 0);
     CHECK_INT(wb_tx_rdesc(p->b, p->dmr, &p->d), 0);
+}
+
+static void pair_open(struct pair *p, const char *yaml)
+{
+    pair_open_size(p, yaml, PSZ);
 }
 
 static void pair_close(struct pair *p)
@@ -387,8 +394,10 @@ static void pair_close(struct pair *p)
     free(p->dst);
 }
 
-/* Polls both until a has n write events and b has `imm` IMM events (written to out). */
-static void pair_run(struct pair *p, int n, int imm, struct wb_tx_event *out)
+/* Polls both until a has n write events (each without error) and b has `imm` events, calling
+ * on_b(event, arg) for each of b's as it comes. */
+static void pair_run_cb(struct pair *p, int n, int imm,
+                        void (*on_b)(const struct wb_tx_event *, void *), void *arg)
 {
     struct wb_tx_event ev[64];
     int got = 0, gimm = 0;
@@ -402,11 +411,29 @@ static void pair_run(struct pair *p, int n, int imm, struct wb_tx_event *out)
         }
         k = wb_tx_poll(p->b, ev, 64);
         CHECK(k >= 0);
-        for (ssize_t i = 0; i < k; i++)
-            out[gimm++] = ev[i];
+        for (ssize_t i = 0; i < k; i++, gimm++)
+            on_b(&ev[i], arg);
     }
     CHECK_INT(got, n);
     CHECK_INT(gimm, imm);
+}
+
+struct collect {
+    struct wb_tx_event *out;
+    int n;
+};
+
+static void collect(const struct wb_tx_event *ev, void *arg)
+{
+    struct collect *c = arg;
+    c->out[c->n++] = *ev;
+}
+
+/* Polls both until a has n write events and b has `imm` IMM events (written to out). */
+static void pair_run(struct pair *p, int n, int imm, struct wb_tx_event *out)
+{
+    struct collect c = {out, 0};
+    pair_run_cb(p, n, imm, collect, &c);
 }
 
 static void test_register_rules(void)
@@ -710,63 +737,46 @@ static void test_notes_batched(void)
  * so W2's last bytes are still zero when tag 1 is counted. Unbounded, all of W2 is posted at
  * once and the note is read behind it: W2 is whole when tag 1 is counted. Either way both
  * land whole and each tag counts once. */
+struct ahead {
+    const struct pair *p;
+    uint64_t tail_from, tail_len;
+    int counted;
+    int64_t tail_at_one; /* bytes of W2's tail in place when tag 1 counted (-1: not yet) */
+};
+
+static void on_ahead(const struct wb_tx_event *ev, void *arg)
+{
+    struct ahead *h = arg;
+    CHECK_INT(ev->kind, WB_TX_EV_IMM);
+    if (strcmp(ev->ctx, "one") == 0) { /* how much of W2's tail is there now */
+        CHECK_INT(h->counted, 0);
+        h->tail_at_one = 0;
+        for (uint64_t j = h->tail_from; j < h->tail_from + h->tail_len; j++)
+            h->tail_at_one += h->p->dst[j] == h->p->src[j];
+    }
+    h->counted++;
+}
+
 static void notes_ahead(const char *yaml, bool ahead)
 {
     enum { BIG = 64 << 20, SMALL = 4096 };
-    struct wb_tx *a = open_ok(yaml), *b = open_ok(yaml);
-    uint32_t peer = connect(a, b);
-    CHECK_INT(connect(b, a), 0);
-    uint8_t *src = malloc(BIG + SMALL), *dst = calloc(1, BIG + SMALL);
-    CHECK(src && dst);
-    memset(src, 0x5a, BIG + SMALL);
-    struct wb_tx_mr *smr, *dmr;
-    struct wb_tx_rdesc d;
-    CHECK_INT(wb_tx_mr_reg(a, src, BIG + SMALL, WB_TX_ACCESS_SRC, &smr), 0);
-    CHECK_INT(wb_tx_mr_reg(b, dst, BIG + SMALL, WB_TX_ACCESS_DST, &dmr), 0);
-    CHECK_INT(wb_tx_rdesc(b, dmr, &d), 0);
-    CHECK_INT(wb_tx_expect(b, 1, 1, NULL, (void *)"one"), 0);
-    CHECK_INT(wb_tx_expect(b, 2, 1, NULL, (void *)"two"), 0);
+    struct pair p;
+    pair_open_size(&p, yaml, BIG + SMALL);
+    CHECK_INT(wb_tx_expect(p.b, 1, 1, NULL, (void *)"one"), 0);
+    CHECK_INT(wb_tx_expect(p.b, 2, 1, NULL, (void *)"two"), 0);
     struct wb_tx_write w1 = {
-        .src = smr, .peer = peer, .dst = &d, .len = SMALL, .has_imm = true, .imm = 1};
-    struct wb_tx_write w2 = {.src = smr,
-                             .src_off = SMALL,
-                             .peer = peer,
-                             .dst = &d,
-                             .dst_off = SMALL,
-                             .len = BIG,
-                             .has_imm = true,
-                             .imm = 2};
-    CHECK_INT(wb_tx_write(a, &w1), 0);
-    CHECK_INT(wb_tx_write(a, &w2), 0);
-    int done = 0, counted = 0, tail_at_one = -1;
-    struct wb_tx_event ev[64];
-    while (done < 2 || counted < 2) {
-        ssize_t k = wb_tx_poll(a, ev, 64);
-        CHECK(k >= 0);
-        for (ssize_t i = 0; i < k; i++)
-            CHECK_INT(ev[i].err, 0);
-        done += (int)k;
-        k = wb_tx_poll(b, ev, 64);
-        CHECK(k >= 0);
-        for (ssize_t i = 0; i < k; i++) {
-            CHECK_INT(ev[i].kind, WB_TX_EV_IMM);
-            if (strcmp(ev[i].ctx, "one") == 0) { /* how much of W2's tail is there now */
-                tail_at_one = 0;
-                for (int j = BIG + SMALL - SMALL; j < BIG + SMALL; j++)
-                    tail_at_one += dst[j] == 0x5a;
-                CHECK_INT(counted, 0);
-            }
-            counted++;
-        }
-    }
-    CHECK_INT(tail_at_one, ahead ? 0 : SMALL);
-    CHECK(memcmp(src, dst, BIG + SMALL) == 0);
-    CHECK_INT(wb_tx_mr_dereg(a, smr), 0);
-    CHECK_INT(wb_tx_mr_dereg(b, dmr), 0);
-    wb_tx_close(a);
-    wb_tx_close(b);
-    free(src);
-    free(dst);
+        .src = p.smr, .peer = p.peer, .dst = &p.d, .len = SMALL, .has_imm = true, .imm = 1};
+    struct wb_tx_write w2 = w1;
+    w2.src_off = w2.dst_off = SMALL;
+    w2.len = BIG;
+    w2.imm = 2;
+    CHECK_INT(wb_tx_write(p.a, &w1), 0);
+    CHECK_INT(wb_tx_write(p.a, &w2), 0);
+    struct ahead h = {&p, BIG, SMALL, 0, -1};
+    pair_run_cb(&p, 2, 2, on_ahead, &h);
+    CHECK(h.tail_at_one == (ahead ? 0 : SMALL));
+    CHECK(memcmp(p.src, p.dst, BIG + SMALL) == 0);
+    pair_close(&p);
 }
 
 static void test_notes_ahead(void)
@@ -781,9 +791,9 @@ static void test_notes_ahead(void)
  * the registration's offsets, all heard before the count. A staged destination (stage_host)
  * hears nothing and counts as ever. */
 struct heard {
-    uint32_t n, tag;
+    uint32_t n, tag, at_count; /* pieces heard, their tag, how many when the write counted */
     uint64_t region, bytes, lo, hi;
-    const uint8_t *dst, *src;
+    const struct pair *p;
     bool placed;
 };
 
@@ -796,74 +806,50 @@ static void on_progress(void *arg, uint32_t tag, uint64_t region, uint64_t off, 
     h->bytes += len;
     h->lo = off < h->lo ? off : h->lo;
     h->hi = off + len > h->hi ? off + len : h->hi;
-    h->placed = h->placed && memcmp(h->dst + off, h->src + off, len) == 0;
+    h->placed = h->placed && memcmp(h->p->dst + off, h->p->src + off, len) == 0;
+}
+
+static void on_seven(const struct wb_tx_event *ev, void *arg)
+{
+    struct heard *h = arg;
+    CHECK_STR(ev->ctx, "seven");
+    h->at_count = h->n;
 }
 
 static void progress_case(const char *yaml, uint32_t want_pieces)
 {
     enum { SZ = 4 << 20, AT = 8192 };
-    struct wb_tx *a = open_ok(yaml), *b = open_ok(yaml);
-    uint32_t peer = connect(a, b);
-    CHECK_INT(connect(b, a), 0);
-    uint8_t *src = malloc(SZ + AT), *dst = calloc(1, SZ + AT);
-    CHECK(src && dst);
-    for (int i = 0; i < SZ + AT; i++)
-        src[i] = (uint8_t)(i * 13 + 1);
-    struct wb_tx_mr *smr, *dmr;
-    struct wb_tx_rdesc d;
-    CHECK_INT(wb_tx_mr_reg(a, src, SZ + AT, WB_TX_ACCESS_SRC, &smr), 0);
-    CHECK_INT(wb_tx_mr_reg(b, dst, SZ + AT, WB_TX_ACCESS_DST, &dmr), 0);
-    CHECK_INT(wb_tx_rdesc(b, dmr, &d), 0);
-    struct heard h = {.lo = UINT64_MAX, .dst = dst, .src = src, .placed = true};
-    wb_tx_on_progress(b, on_progress, &h);
-    CHECK_INT(wb_tx_expect(b, 7, 1, NULL, (void *)"seven"), 0);
-    struct wb_tx_write w = {.src = smr,
+    struct pair p;
+    pair_open_size(&p, yaml, SZ + AT);
+    struct heard h = {.lo = UINT64_MAX, .p = &p, .placed = true};
+    wb_tx_on_progress(p.b, on_progress, &h);
+    CHECK_INT(wb_tx_expect(p.b, 7, 1, NULL, (void *)"seven"), 0);
+    struct wb_tx_write w = {.src = p.smr,
                             .src_off = AT,
-                            .peer = peer,
-                            .dst = &d,
+                            .peer = p.peer,
+                            .dst = &p.d,
                             .dst_off = AT,
                             .len = SZ,
                             .has_imm = true,
                             .imm = 7,
                             .progress = true};
-    CHECK_INT(wb_tx_write(a, &w), 0);
-    int done = 0, counted = 0;
-    uint32_t heard_at_count = UINT32_MAX;
-    struct wb_tx_event ev[8];
-    while (done < 1 || counted < 1) {
-        ssize_t k = wb_tx_poll(a, ev, 8);
-        CHECK(k >= 0);
-        for (ssize_t i = 0; i < k; i++)
-            CHECK_INT(ev[i].err, 0);
-        done += (int)k;
-        k = wb_tx_poll(b, ev, 8);
-        CHECK(k >= 0);
-        for (ssize_t i = 0; i < k; i++) {
-            CHECK_STR(ev[i].ctx, "seven");
-            heard_at_count = h.n;
-        }
-        counted += (int)k;
-    }
-    CHECK_INT(heard_at_count, want_pieces);
+    CHECK_INT(wb_tx_write(p.a, &w), 0);
+    pair_run_cb(&p, 1, 1, on_seven, &h);
+    CHECK_INT(h.at_count, want_pieces);
     CHECK_INT(h.n, want_pieces);
     if (want_pieces) {
         CHECK_INT(h.tag, 7);
-        CHECK_U64(h.region, dmr->id);
+        CHECK_U64(h.region, p.dmr->id);
         CHECK_U64(h.bytes, SZ);
         CHECK_U64(h.lo, AT);
         CHECK_U64(h.hi, AT + SZ);
         CHECK(h.placed);
     }
-    CHECK(memcmp(src + AT, dst + AT, SZ) == 0);
+    CHECK(memcmp(p.src + AT, p.dst + AT, SZ) == 0);
     struct wb_tx_stats st;
-    CHECK_INT(wb_tx_stats(b, &st), 0);
+    CHECK_INT(wb_tx_stats(p.b, &st), 0);
     CHECK_U64(st.progress_recv, want_pieces);
-    CHECK_INT(wb_tx_mr_dereg(a, smr), 0);
-    CHECK_INT(wb_tx_mr_dereg(b, dmr), 0);
-    wb_tx_close(a);
-    wb_tx_close(b);
-    free(src);
-    free(dst);
+    pair_close(&p);
 }
 
 static void test_progress(void)

@@ -455,9 +455,11 @@ int fab_write(struct wb_tx *tx, const struct wb_tx_write *uw)
     /* Where the provider reads a connection's stream in order (fx->ordered) and the write
      * stays on one rail, its note, sent on that rail once the data left, is read there only
      * after the data was placed; otherwise the note waits for the data's delivery completion
-     * (an acknowledgement from the target). */
-    uint64_t flags =
-        (noted || uw->settle) && !(fx->ordered && nshards == 1) ? FI_DELIVERY_COMPLETE : 0;
+     * (an acknowledgement from the target). Each piece's progress note likewise, and a
+     * settling write's completion (a note the caller sends after it). */
+    uint64_t flags = (noted || progress || uw->settle) && !(fx->ordered && nshards == 1)
+                         ? FI_DELIVERY_COMPLETE
+                         : 0;
     uint32_t s = 0;
     for (uint64_t off = 0; off < len; off += shard, s++) {
         uint32_t rail = (fx->rr + s) % fx->nrails, j = rail % p->nrem;

@@ -62,9 +62,15 @@ struct child {
     bool fenced;          /* every entry went, and the fence behind them was posted */
     uint32_t rcursor;     /* ranges of rng[] forwarded */
     uint32_t cursor;      /* entries of order[] whose counts (and records) went */
-    uint64_t data_out;    /* range forwards posted, not completed */
+    uint32_t *pend;       /* [nexpect]: forwards of entry i posted, not completed */
     uint64_t outstanding; /* writes, notes and fences posted, not completed */
 };
+
+/* A forward of the attempt: to child j, a range of entry i (its completion's ctx says which). */
+struct fwd {
+    uint32_t j, i;
+};
+enum { FWD_MAX = 1u << 24 }; /* forwards an attempt may post (the ctx has 24 bits for it) */
 
 /* A range of a tensor placed here this attempt: expect entry i's bytes [off, off + len) of its
  * tensor. */
@@ -90,6 +96,9 @@ struct relay {
     struct rng *rng; /* ranges placed, in the order heard */
     uint32_t nrng, rcap;
     uint64_t *cover; /* [nexpect]: bytes of entry i heard as ranges */
+    uint32_t *pend;  /* [nchild * nexpect]: the children's pend arrays */
+    struct fwd *fwd; /* the attempt's forwards, by their ctx */
+    uint32_t nfwd, fcap;
     bool stopped;
     uint64_t bytes; /* forwarded this attempt, every child */
 };
@@ -117,6 +126,8 @@ void ag_relay_free(struct relay *r)
     free(r->rmark);
     free(r->rng);
     free(r->cover);
+    free(r->pend);
+    free(r->fwd);
     free(r);
 }
 
@@ -263,8 +274,6 @@ static void on_child_ready(void *arg, uint32_t imm)
             r->child[j].ready = true;
 }
 
-enum { RELAY_DATA = 1u << 23 }; /* in a completion's child index: a range forward */
-
 static void *ctx_of(const struct relay *r, uint32_t j)
 {
     return (void *)(uintptr_t)(RELAY_CTX | ((uint64_t)r->attempt << 24) | j);
@@ -308,7 +317,7 @@ int ag_relay_start(struct data *d, const struct wb_bytes *relay, uint32_t *paren
     *parent_peer = UINT32_MAX;
     struct relay *r = d->rx->relay;
     if (r) {
-        r->nchild = r->norder = r->nrng = 0;
+        r->nchild = r->norder = r->nrng = r->nfwd = 0;
         r->stopped = false;
         r->bytes = 0;
         r->attempt = d->attempt;
@@ -351,18 +360,22 @@ int ag_relay_start(struct data *d, const struct wb_bytes *relay, uint32_t *paren
         uint32_t *order = ch ? realloc(r->order, ne * sizeof(uint32_t)) : NULL;
         uint32_t *rmark = order ? realloc(r->rmark, ne * sizeof(uint32_t)) : NULL;
         uint64_t *cover = rmark ? realloc(r->cover, ne * sizeof(uint64_t)) : NULL;
+        uint32_t *pend = cover ? realloc(r->pend, n * ne * sizeof(uint32_t)) : NULL;
         if (ch)
             r->child = ch;
         if (order)
             r->order = order;
         if (rmark)
             r->rmark = rmark;
-        if (cover) {
+        if (cover)
             r->cover = cover;
+        if (pend) {
+            r->pend = pend;
             memset(cover, 0, ne * sizeof(uint64_t));
+            memset(pend, 0, n * ne * sizeof(uint32_t));
             wb_tx_on_progress(d->tx, on_progress, d);
         }
-        if (!cover) {
+        if (!pend) {
             snprintf(err, errcap, "rollout rank %u: relay: %s", d->rank,
                      r ? wb_strerror(-ENOMEM) : "it has no relay neighbours (PEERS)");
             free(parent);
@@ -390,7 +403,9 @@ int ag_relay_start(struct data *d, const struct wb_bytes *relay, uint32_t *paren
         }
         if (r->nbr[at].broken && r->nbr[at].addr)
             readd(d, &r->nbr[at]);
-        r->child[r->nchild++] = (struct child){.nb = at};
+        r->child[r->nchild] = (struct child){
+            .nb = at, .pend = r->pend + (size_t)r->nchild * (d->rx->recv.nexpect + 1)};
+        r->nchild++;
         rc = wb_tx_expect(d->tx, imm_make(IMM_READY, (uint32_t)cr), 1, on_child_ready, d);
         if (rc)
             snprintf(err, errcap,
@@ -472,19 +487,31 @@ static bool forward_range(struct data *d, uint32_t j, const struct rng *g)
     struct relay *r = d->rx->relay;
     const struct nbr *nb = &r->nbr[r->child[j].nb];
     uint32_t k = d->rx->expect_local[g->i];
-    struct wb_tx_write w = {.src = r->src_mr[k],
-                            .src_off = g->off,
-                            .peer = nb->p.idx,
-                            .dst = &nb->p.reg[nb->desc_of[k] < 0 ? 0 : nb->desc_of[k]],
-                            .dst_off = g->off,
-                            .len = g->len,
-                            .imm = imm_make(IMM_DATA, d->rx->recv.expect[g->i].tag),
-                            .ctx = ctx_of(r, j | RELAY_DATA),
-                            .progress = true,
-                            .settle = true};
+    if (r->nfwd == r->fcap) {
+        uint32_t cap = r->fcap ? 2 * r->fcap : 1024;
+        struct fwd *f = cap <= FWD_MAX ? realloc(r->fwd, cap * sizeof(*f)) : NULL;
+        if (!f) {
+            child_failed(d, &r->child[j], "no room to track its forwards");
+            return false;
+        }
+        r->fwd = f;
+        r->fcap = cap;
+    }
+    struct wb_tx_write w = {
+        .src = r->src_mr[k],
+        .src_off = g->off,
+        .peer = nb->p.idx,
+        .dst = &nb->p.reg[nb->desc_of[k] < 0 ? 0 : nb->desc_of[k]],
+        .dst_off = g->off,
+        .len = g->len,
+        .imm = imm_make(IMM_DATA, d->rx->recv.expect[g->i].tag),
+        .ctx = (void *)(uintptr_t)(RELAY_FWD_CTX | ((uint64_t)r->attempt << 24) | r->nfwd),
+        .progress = true,
+        .settle = true};
     if (!post(d, j, &w))
         return false;
-    r->child[j].data_out++;
+    r->fwd[r->nfwd++] = (struct fwd){j, g->i};
+    r->child[j].pend[g->i]++;
     return true;
 }
 
@@ -535,8 +562,8 @@ void ag_relay_step(struct data *d)
             if (forward_range(d, j, &r->rng[c->rcursor]))
                 c->rcursor++;
         /* counts of the landed entries whose ranges all went, once those completed */
-        while (c->cursor < r->norder && !c->failed && !c->data_out &&
-               c->rcursor >= r->rmark[c->cursor])
+        while (c->cursor < r->norder && !c->failed && c->rcursor >= r->rmark[c->cursor] &&
+               !c->pend[r->order[c->cursor]])
             if (forward_counts(d, j, r->order[c->cursor]))
                 c->cursor++;
         /* every entry this rollout receives went: a fence behind them, whose completion says
@@ -572,6 +599,20 @@ void ag_relay_event(struct data *d, const struct wb_tx_event *ev)
 {
     uint64_t v = (uint64_t)(uintptr_t)ev->ctx;
     struct relay *r = d->rx ? d->rx->relay : NULL;
+    if ((v & ~0xffffffffull) == RELAY_FWD_CTX) { /* a range forward */
+        uint32_t k = (uint32_t)(v & (FWD_MAX - 1));
+        if (!r || (uint8_t)(v >> 24) != r->attempt || k >= r->nfwd)
+            return; /* of an attempt before */
+        struct child *c = &r->child[r->fwd[k].j];
+        if (c->outstanding)
+            c->outstanding--;
+        if (c->pend[r->fwd[k].i])
+            c->pend[r->fwd[k].i]--;
+        if (ev->err)
+            child_failed(d, c,
+                         ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));
+        return;
+    }
     uint32_t j = (uint32_t)(v & RELAY_PARENT);
     uint8_t attempt = (uint8_t)(v >> 24);
     if (j == RELAY_PARENT) { /* the READY to this attempt's parent */
@@ -581,15 +622,11 @@ void ag_relay_event(struct data *d, const struct wb_tx_event *ev)
                      ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));
         return;
     }
-    bool data = j & RELAY_DATA;
-    j &= ~(uint32_t)RELAY_DATA;
     if (!r || attempt != r->attempt || j >= r->nchild)
         return; /* a completion of an attempt before: nothing counts it */
     struct child *c = &r->child[j];
     if (c->outstanding)
         c->outstanding--;
-    if (data && c->data_out)
-        c->data_out--;
     if (ev->err)
         child_failed(d, c,
                      ev->err == -WB_E_PEER ? "the peer died or failed" : wb_strerror(ev->err));

@@ -626,7 +626,8 @@ static int rollout_open(struct data *d, char *err, size_t errcap)
 void ag_rollout_event(struct data *d, const struct wb_tx_event *ev)
 {
     uint64_t v = (uint64_t)(uintptr_t)ev->ctx;
-    if (ev->kind == WB_TX_EV_WRITE && (v & ~0xffffffffull) == RELAY_CTX) {
+    if (ev->kind == WB_TX_EV_WRITE &&
+        ((v & ~0xffffffffull) == RELAY_CTX || (v & ~0xffffffffull) == RELAY_FWD_CTX)) {
         ag_relay_event(d, ev);
         return;
     }

@@ -127,10 +127,14 @@ static const uint64_t WARMUP_CTX = UINT64_MAX;
  * fails the attempt at once (that trainer will never write), instead of at its deadline. */
 static const uint64_t READY_CTX = 0xfffffffe00000000ull;
 
-/* A relaying rollout's forwards to child j have ctx RELAY_CTX | j, and its READY to its
- * parent relay RELAY_CTX | RELAY_PARENT: their completions are the relay's (relay.c). */
+/* A relaying rollout's notes, checksum records and fences to child j have ctx RELAY_CTX |
+ * attempt << 24 | j, and its READY to its parent relay RELAY_CTX | RELAY_PARENT: their
+ * completions are the relay's (relay.c). */
 static const uint64_t RELAY_CTX = 0xfffffffd00000000ull;
 enum { RELAY_PARENT = 0xffffffu };
+/* A relay's forward of a range has ctx RELAY_FWD_CTX | attempt << 24 | k: its k-th forward of
+ * the attempt (relay.c keeps which child and which entry). */
+static const uint64_t RELAY_FWD_CTX = 0xfffffffc00000000ull;
 
 /* The rollout-region entry that describes a rollout's checksum inbox instead of a tensor. */
 enum { SUM_INBOX_ENTRY = 0xffffffffu };

@@ -318,17 +318,18 @@ estimate() {
 }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b > 0 ? a / b : 0) }'; }
+oneline() { printf '%s' "${1//$'\n'/; }"; } # job keys of several lines, as one for a label
 echo "== netns_shaped: 1 trainer node ($trainers agents) -> $replicas replica node(s) ($tp rollout(s) each), links $rate each way (tbf), libfabric tcp; logs in $logs"
 estimate "" "$logs/plan-a.txt" || exit 1
 grep -E '^  (rollout dtype|bytes):' "$logs/plan-a.txt"
 run a "$keys" || exit 1
 med_a=$med est_a=$est
-echo "a${keys:+ ($keys)}: median $med_a s of $versions versions ($range), estimate $est_a s: measured / estimate $(ratio "$med_a" "$est_a")"
+echo "a${keys:+ ($(oneline "$keys"))}: median $med_a s of $versions versions ($range), estimate $est_a s: measured / estimate $(ratio "$med_a" "$est_a")"
 if [ $two -eq 1 ]; then
     estimate "$plan_b" "$logs/plan-b.txt" || exit 1
     run b "$keys_b" || exit 1
     med_b=$med est_b=$est
-    echo "b${keys_b:+ ($keys_b)}${plan_b:+ [wb-plan $plan_b]}: median $med_b s of $versions versions ($range), estimate $est_b s: measured / estimate $(ratio "$med_b" "$est_b")"
+    echo "b${keys_b:+ ($(oneline "$keys_b"))}${plan_b:+ [wb-plan $plan_b]}: median $med_b s of $versions versions ($range), estimate $est_b s: measured / estimate $(ratio "$med_b" "$est_b")"
     echo "b / a: measured $(ratio "$med_b" "$med_a"), estimated $(ratio "$est_b" "$est_a")"
 fi
 echo "netns_shaped: ok"

@@ -279,6 +279,22 @@ static void *ctx_of(const struct relay *r, uint32_t j)
     return (void *)(uintptr_t)(RELAY_CTX | ((uint64_t)r->attempt << 24) | j);
 }
 
+/* Appends a range placed here (entry i's bytes [off, off + len)); false without memory. */
+static bool rng_push(struct relay *r, uint32_t i, uint64_t off, uint64_t len)
+{
+    if (r->nrng == r->rcap) {
+        uint32_t cap = r->rcap ? 2 * r->rcap : 256;
+        struct rng *g = realloc(r->rng, cap * sizeof(*g));
+        if (!g)
+            return false;
+        r->rng = g;
+        r->rcap = cap;
+    }
+    r->rng[r->nrng++] = (struct rng){i, off, len};
+    r->cover[i] += len;
+    return true;
+}
+
 /* A piece of a trainer's (or this replica's parent's) write placed here: queued for the
  * children, if it is what the tag stands for — a range of the entry's own tensor, the entry
  * not landed yet (a note is the sender's word; anything else is ignored, and the entry then
@@ -298,16 +314,7 @@ static void on_progress(void *arg, uint32_t imm, uint64_t region, uint64_t off, 
     if (region != l->rd.id || off < l->rd.base || len > l->desc.bytes ||
         off - l->rd.base > l->desc.bytes - len || r->cover[i] >= l->desc.bytes)
         return;
-    if (r->nrng == r->rcap) {
-        uint32_t cap = r->rcap ? 2 * r->rcap : 256;
-        struct rng *g = realloc(r->rng, cap * sizeof(*g));
-        if (!g)
-            return; /* goes whole once it landed */
-        r->rng = g;
-        r->rcap = cap;
-    }
-    r->rng[r->nrng++] = (struct rng){i, off - l->rd.base, len};
-    r->cover[i] += len;
+    rng_push(r, i, off - l->rd.base, len); /* without memory: goes whole once it landed */
 }
 
 int ag_relay_start(struct data *d, const struct wb_bytes *relay, uint32_t *parent_peer, char *err,
@@ -427,19 +434,12 @@ void ag_relay_landed(struct data *d, uint32_t i)
     uint32_t k = d->rx->expect_local[i];
     uint64_t bytes = k == UINT32_MAX ? 0 : d->rx->locals[k].desc.bytes;
     if (r->cover[i] < bytes) { /* not every piece was heard: the whole tensor goes */
-        if (r->nrng == r->rcap) {
-            uint32_t cap = r->rcap ? 2 * r->rcap : 256;
-            struct rng *g = realloc(r->rng, cap * sizeof(*g));
-            if (!g) {
-                r->stopped = true;
-                snprintf(d->fail, sizeof(d->fail), "relay: %s", wb_strerror(-ENOMEM));
-                return;
-            }
-            r->rng = g;
-            r->rcap = cap;
+        r->cover[i] = 0;
+        if (!rng_push(r, i, 0, bytes)) {
+            r->stopped = true;
+            snprintf(d->fail, sizeof(d->fail), "relay: %s", wb_strerror(-ENOMEM));
+            return;
         }
-        r->rng[r->nrng++] = (struct rng){i, 0, bytes};
-        r->cover[i] = bytes;
     }
     r->rmark[r->norder] = r->nrng;
     r->order[r->norder++] = i;

@@ -522,6 +522,9 @@ struct wb_estimate {
 int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
                      struct wb_estimate *out, struct wb_errlist *el);
 
+/* The rollout replicas p covers (its receive lists' last replica + 1; 0 without rollouts). */
+uint32_t wb_plan_replicas(const struct wb_plan *p);
+
 /* One update to one replica alone, as a replica that joins a running job is caught up
  * (issue #30): the plan covers every replica up to the fleet's capacity, so a join re-plans
  * nothing; the trainers write that replica's copies only (the attempt's member set is the one

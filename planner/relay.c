@@ -172,10 +172,15 @@ static bool recv_differs(const struct wb_recv_list *a, const struct wb_recv_list
     return false;
 }
 
+uint32_t wb_plan_replicas(const struct wb_plan *p)
+{
+    return p->nrollouts && p->recv ? p->recv[p->nrollouts - 1].replica + 1 : 0;
+}
+
 int wb_relay_verify(const struct wb_plan *p, const struct wb_relay_forest *f, struct wb_errlist *el)
 {
     size_t before = wb_errlist_count(el);
-    uint32_t nrep = p->nrollouts && p->recv ? p->recv[p->nrollouts - 1].replica + 1 : 0;
+    uint32_t nrep = wb_plan_replicas(p);
     uint32_t gpr = nrep ? p->nrollouts / nrep : 0;
     if (!nrep || gpr * nrep != p->nrollouts) {
         wb_errlist_add(el, "relay: the plan's %" PRIu32 " rollout ranks are not whole replicas",
@@ -417,7 +422,7 @@ int pl_relay_choose(struct wb_plan *p, const struct wb_plan_input *in)
 
 int pl_relay_verify_plan(const struct wb_plan *p, struct wb_errlist *el)
 {
-    uint32_t nrep = p->nrollouts && p->recv ? p->recv[p->nrollouts - 1].replica + 1 : 0;
+    uint32_t nrep = wb_plan_replicas(p);
     uint32_t *parent = malloc(((size_t)nrep + 1) * sizeof(uint32_t)), *roots = NULL;
     struct wb_relay_edge *edges = NULL;
     struct wb_relay_forest f;
@@ -494,7 +499,7 @@ void wb_relay_print(const struct wb_plan *p, FILE *f)
             fprintf(f, "  relay: off (chosen: the trainers write every replica)\n");
         return;
     }
-    uint32_t nrep = p->nrollouts && p->recv ? p->recv[p->nrollouts - 1].replica + 1 : 0;
+    uint32_t nrep = wb_plan_replicas(p);
     uint32_t *parent = malloc(((size_t)nrep + 1) * sizeof(uint32_t));
     if (!parent)
         return;

@@ -518,7 +518,7 @@ int main(int argc, char **argv)
             fail(&est_el, "join estimate", a.max_problems);
             goto out;
         }
-        uint32_t nrep = plan->nrollouts ? plan->recv[plan->nrollouts - 1].replica + 1 : 0;
+        uint32_t nrep = wb_plan_replicas(plan);
         printf("join: a replica added while the job runs (within replicas: %u, the capacity the "
                "plan covers) is not re-planned: it is set up alone, then caught up from the "
                "trainers in %.3f s (one update to it alone; estimated in %.2f s)\n",

@@ -1145,7 +1145,7 @@ static int relay_setup(struct sim *s, const struct wb_plan *p, const struct wb_r
     s->relay = false;
     if (!shape || (shape->kind == WB_PLAN_RELAY_OFF && !s->member) || !p->nrollouts || !p->recv)
         return 0;
-    s->nrep = p->recv[p->nrollouts - 1].replica + 1;
+    s->nrep = wb_plan_replicas(p);
     s->gpr = p->nrollouts / s->nrep;
     if (s->nrep < 2 || s->gpr * s->nrep != p->nrollouts)
         return 0;
@@ -2095,7 +2095,7 @@ int wb_plan_estimate(const struct wb_plan *p, const struct wb_plan_input *in,
 int wb_plan_estimate_join(const struct wb_plan *p, const struct wb_plan_input *in,
                           struct wb_estimate *out, struct wb_errlist *el)
 {
-    uint32_t nrep = p->nrollouts && p->recv ? p->recv[p->nrollouts - 1].replica + 1 : 0;
+    uint32_t nrep = wb_plan_replicas(p);
     if (nrep < 2)
         return estimate_as(p, in, &p->relay, NULL, NULL, out, el, NULL, NULL);
     bool *member = calloc(nrep, sizeof(bool));

@@ -897,7 +897,7 @@ static void jw_relay(struct jw *w, const struct wb_plan *p)
     jw_u64(w, p->relay.fanout);
     jw_raw(w, ",\"roots\":");
     jw_u64(w, p->relay.roots);
-    uint32_t nrep = p->nrollouts && p->recv ? p->recv[p->nrollouts - 1].replica + 1 : 0;
+    uint32_t nrep = wb_plan_replicas(p);
     uint32_t *parent = malloc(((size_t)nrep + 1) * sizeof(uint32_t));
     if (!parent) {
         w->err = -ENOMEM;

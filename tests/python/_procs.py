@@ -1,24 +1,44 @@
 """What the Python end-to-end tests share: waiting for the processes of a job, the harness, an
 exact-error check."""
 
+import os
+import shutil
 import subprocess
 import time
+
+
+def stacks(pid):
+    """Every thread's stack of a live process, as gdb prints them (the evidence of a hang), or
+    why there is none."""
+    gdb = shutil.which("gdb")
+    if not gdb:
+        return "(no stacks: gdb is not installed)"
+    try:
+        r = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt"],
+                           capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "(no stacks: gdb did not finish in 60 s)"
+    lines = [l for l in r.stdout.splitlines() if l.startswith(("Thread ", "#"))]
+    return "\n".join(lines) or f"(no stacks: gdb printed none: {r.stderr.strip()[-300:]})"
 
 
 def wait_all(procs, seconds, log):
     """Waits for every (role, rank, Popen) in procs within one deadline of `seconds`. Lines a
     process printed that start with "case " are logged. The first failure (an exit status not 0,
     or no exit in time) kills the others, which would only wait for it, and is raised as an
-    AssertionError with that process's output."""
+    AssertionError with that process's output (and, for one that did not exit, its threads'
+    stacks). $WB_TEST_WAIT_S, when set, replaces `seconds` (to catch a rare hang sooner)."""
+    seconds = float(os.environ.get("WB_TEST_WAIT_S") or seconds)
     deadline = time.time() + seconds
     failed = None
     for role, r, p in procs:
         try:
             out, _ = p.communicate(timeout=max(1, deadline - time.time()))
         except subprocess.TimeoutExpired:
+            st = stacks(p.pid)
             p.kill()
             out, _ = p.communicate()
-            failed = failed or f"{role} {r} did not finish in {seconds} s:\n{out.decode()}"
+            failed = failed or f"{role} {r} did not finish in {seconds:g} s:\n{out.decode()}\nits stacks:\n{st}"
             continue
         text = out.decode()
         for line in text.splitlines():

@@ -34,6 +34,9 @@ import numpy as np  # noqa: E402
 
 import weightbridge as wb  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _procs  # noqa: E402  (waiting for a job's processes)
+
 JOB = os.path.join(ROOT, "configs/jobs/demo.yaml")
 CONFIG = os.path.join(ROOT, "configs/jobs/demo/config.json")
 SEED = 42  # the demo job's seed
@@ -344,9 +347,7 @@ def test_three_versions(tmp):
             procs.append(("rollout", r, spawn("rollout", r, c.url, dump)))
         for r in range(FSDP * EP):
             procs.append(("trainer", r, spawn("trainer", r, c.url)))
-        for role, r, p in procs:
-            out, _ = p.communicate(timeout=180)
-            check(p.returncode == 0, f"{role} {r} exited {p.returncode}:\n{out.decode()}")
+        _procs.wait_all(procs, 180, print)
         st = c.ctl("status").stdout
         check(f"version {VERSIONS[-1]}, in flight: none" in st, "status: " + st)
         for v in VERSIONS:
@@ -391,9 +392,7 @@ def test_derived_layout(tmp):
             procs.append(("rollout", r, spawn("rollout", r, c.url, dump)))
         for r in range(FSDP * EP):
             procs.append(("trainer", r, spawn("trainer", r, c.url, "fsdp")))
-        for role, r, p in procs:
-            out, _ = p.communicate(timeout=180)
-            check(p.returncode == 0, f"{role} {r} exited {p.returncode}:\n{out.decode()}")
+        _procs.wait_all(procs, 180, print)
         res = subprocess.run([os.path.join(BIN, "wb-ctl"), "verify", "--config", JOB, "--dump", dump,
                               "--version", str(VERSIONS[-1])], capture_output=True, text=True, timeout=120)
         check(res.returncode == 0 and "every byte equals the reference" in res.stdout, res.stdout + res.stderr)
@@ -444,9 +443,7 @@ def run_failing_version(tmp, mode, verify):
             procs.append(("rollout", r, spawn("rollout", r, c.url, dump, mode)))
         for r in range(FSDP * EP):
             procs.append(("trainer", r, spawn("trainer", r, c.url, mode)))
-        for role, r, p in procs:
-            out, _ = p.communicate(timeout=180)
-            check(p.returncode == 0, f"{role} {r} exited {p.returncode}:\n{out.decode()}")
+        _procs.wait_all(procs, 180, print)
         for r in range(2):
             check(not os.path.exists(os.path.join(dump, f"rollout{r}.v2.bin")), "version 2 was dumped as complete")
         res = subprocess.run([os.path.join(BIN, "wb-ctl"), "verify", "--config", JOB, "--dump", dump,

@@ -14,8 +14,10 @@ def stacks(pid):
     if not gdb:
         return "(no stacks: gdb is not installed)"
     try:
+        # not under the sanitizer runtime the tests preload for the library
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS")}
         r = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt"],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, env=env)
     except subprocess.TimeoutExpired:
         return "(no stacks: gdb did not finish in 60 s)"
     lines = [l for l in r.stdout.splitlines() if l.startswith(("Thread ", "#"))]
@@ -38,7 +40,8 @@ def wait_all(procs, seconds, log):
             st = stacks(p.pid)
             p.kill()
             out, _ = p.communicate()
-            failed = failed or f"{role} {r} did not finish in {seconds:g} s:\n{out.decode()}\nits stacks:\n{st}"
+            failed = failed or (f"{role} {r} did not finish in {seconds:g} s:\n{out.decode()}\n"
+                                f"its stacks:\n{st}")
             continue
         text = out.decode()
         for line in text.splitlines():

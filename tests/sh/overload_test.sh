@@ -164,23 +164,14 @@ no_deaths() { # WHEN
         fail "an agent was declared dead $1: $(grep -m1 ' is dead' "$tmp/controller.log")"
     fi
 }
-declare -A tick0 # each agent's ticks at the start of the idle period
-cpu_ticks() { # the agents' utime + stime, in clock ticks, summed; each agent's in tick0 on --mark
-    local p t=0 f
+ticks() { # ARRAY: each agent's utime + stime in clock ticks, from /proc, into ARRAY[name]
+    local -n into=$1
+    local p f
     for p in "${!apid[@]}"; do
         read -r -a f <"/proc/${apid[$p]}/stat" || fail "$p (pid ${apid[$p]}) is gone"
         # fields after "(comm)": the name holds no spaces here (wb-agent)
-        t=$((t + f[13] + f[14]))
-        [ "${1:-}" = --mark ] && tick0[$p]=$((f[13] + f[14]))
+        into[$p]=$((f[13] + f[14]))
     done
-    echo $t
-}
-busiest() { # the agents that used the most ticks since --mark, "name ticks" each, at most 4
-    local p f
-    for p in "${!apid[@]}"; do
-        read -r -a f <"/proc/${apid[$p]}/stat" || continue
-        echo "$p $((f[13] + f[14] - ${tick0[$p]:-0}))"
-    done | sort -k2,2nr | head -n 4 | paste -sd, - | sed 's/,/, /g'
 }
 
 v=1
@@ -190,24 +181,29 @@ echo "    version $v: $LAST (no load)"
 # idle: the agents sleep between versions
 hz=$(getconf CLK_TCK)
 sleep 1 # the last reports and dump threads settle
-cpu_ticks --mark >/dev/null
-t0=0
-for p in "${!apid[@]}"; do t0=$((t0 + tick0[$p])); done
+declare -A tick0 tick1
+ticks tick0
 w0=${EPOCHREALTIME/./}
 sleep "$idle_s"
-t1=$(cpu_ticks)
+ticks tick1
 w1=${EPOCHREALTIME/./}
+t0=0 t1=0 used=()
+for p in "${!apid[@]}"; do
+    t0=$((t0 + tick0[$p])) t1=$((t1 + tick1[$p]))
+    used+=("$p $((tick1[$p] - tick0[$p]))")
+done
 # percent of one core, two decimals: ticks / hz / wall seconds * 100
 pct100=$(((t1 - t0) * 100 * 100 * 1000000 / hz / (w1 - w0)))
 # The limit is the product's: 5 % for the release build. A sanitizer build (make test's) pays
-# ASan's allocator and checks on every message an idle agent handles (1.4-1.6x the release
-# build's CPU for the same wake-ups, measured on a 2-core VM): 8 % there.
+# ASan's allocator and checks on every message an idle agent handles (the demo job's idle
+# agents, 20 s on a 2-core VM: 2-3 ticks each with ASan, 1-2 in the release build): 8 % there.
 limit=5
 ldd "$bin/wb-agent" 2>/dev/null | grep -q libasan && limit=8
 printf '    idle: 64 agents used %d ticks (%d/s) in %d.%03d s: %d.%02d %% of one core (limit %d %%)\n' \
     $((t1 - t0)) "$hz" $(((w1 - w0) / 1000000)) $(((w1 - w0) / 1000 % 1000)) \
     $((pct100 / 100)) $((pct100 % 100)) "$limit"
-echo "    idle: the busiest agents (ticks): $(busiest)"
+echo "    idle: the busiest agents (ticks): $(printf '%s\n' "${used[@]}" | sort -k2,2nr | head -n 4 |
+    paste -sd, - | sed 's/,/, /g')"
 [ "$pct100" -lt $((limit * 100)) ] ||
     fail "64 idle agents used $((pct100 / 100)).$((pct100 % 100)) % of one core (limit $limit %)"
 no_deaths "while idle"
